@@ -1,0 +1,91 @@
+#include "engine/run_log.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace moevement::engine {
+
+std::string json_quote(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += fmt::format("\\u{:04x}", c);
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+void json_record::key(std::string_view k) {
+  if (!body_.empty()) body_ += ',';
+  body_ += json_quote(k);
+  body_ += ':';
+}
+
+json_record& json_record::add(std::string_view k, std::string_view value) {
+  key(k);
+  body_ += json_quote(value);
+  return *this;
+}
+
+json_record& json_record::add(std::string_view k, double value) {
+  key(k);
+  // JSON has no NaN or infinity; a diverged loss is recorded as null.
+  body_ += std::isfinite(value) ? fmt::format("{}", value) : "null";
+  return *this;
+}
+
+json_record& json_record::add(std::string_view k, std::int64_t value) {
+  key(k);
+  body_ += fmt::format("{}", value);
+  return *this;
+}
+
+json_record& json_record::add(std::string_view k, std::uint64_t value) {
+  key(k);
+  body_ += fmt::format("{}", value);
+  return *this;
+}
+
+json_record& json_record::add(std::string_view k, bool value) {
+  key(k);
+  body_ += value ? "true" : "false";
+  return *this;
+}
+
+run_log::run_log(const std::filesystem::path& path) : path_(path) {
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr) {
+    throw std::runtime_error(fmt::format("cannot open run log {}: {} (check that the directory "
+                                         "exists and is writable)",
+                                         path.string(), std::strerror(errno)));
+  }
+}
+
+run_log::~run_log() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void run_log::write(const json_record& record) {
+  const std::string line = record.str() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+    throw std::runtime_error(
+        fmt::format("writing run log {} failed: {}", path_.string(), std::strerror(errno)));
+  }
+}
+
+}  // namespace moevement::engine

@@ -1,0 +1,18 @@
+// The CUDA side, as seen from host code that must also build without CUDA.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace moevement::models::cuda {
+
+// True when this build has the CUDA backend compiled in.
+bool compiled();
+// Visible GPUs; 0 without CUDA or without a device (never throws).
+int device_count();
+// y[i] = a * x[i] + y[i] on device 0; for checking that kernels run. Throws without a GPU.
+std::vector<float> saxpy(float a, const std::vector<float>& x, const std::vector<float>& y);
+// "<name> (sm_XY)" of device 0, or why there is none.
+std::string describe_device();
+
+}  // namespace moevement::models::cuda

@@ -1,0 +1,20 @@
+// Durable-tier file writes: temp file in the same directory, write, fsync, rename over the
+// target, fsync the directory. A crash at any point leaves either the old file or the new
+// one, never a torn mix under the target name.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+#include "base/result.hpp"
+
+namespace moevement::recovery {
+
+// Throws with the path and the reason if any step fails; the target is then untouched.
+void write_file_atomically(const std::filesystem::path& target, std::span<const std::byte> bytes);
+
+result<std::vector<std::byte>> read_whole_file(const std::filesystem::path& path);
+
+}  // namespace moevement::recovery

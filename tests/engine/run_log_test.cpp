@@ -1,0 +1,44 @@
+#include "engine/run_log.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+
+namespace moevement::engine {
+namespace {
+
+TEST(run_log, escapes_strings) {
+  EXPECT_EQ(json_quote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+}
+
+TEST(run_log, one_object_per_line_in_field_order) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("run_log_test_" + std::to_string(::getpid()) + ".jsonl");
+  {
+    run_log log(path);
+    log.write(json_record().add("kind", "iteration").add("iter", 3).add("loss", 2.5));
+    log.write(json_record().add("kind", "failure").add("ok", false).add("loss", std::nan("")));
+  }
+  std::ifstream in(path);
+  std::string l1, l2, l3;
+  std::getline(in, l1);
+  std::getline(in, l2);
+  EXPECT_FALSE(std::getline(in, l3));
+  EXPECT_EQ(l1, R"({"kind":"iteration","iter":3,"loss":2.5})");
+  EXPECT_EQ(l2, R"({"kind":"failure","ok":false,"loss":null})");
+  std::filesystem::remove(path);
+}
+
+TEST(run_log, unwritable_path_throws_naming_it) {
+  try {
+    run_log log("/nonexistent-dir/run.jsonl");
+    FAIL() << "expected a throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/run.jsonl"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace moevement::engine

@@ -1,0 +1,72 @@
+#include "transport/ucx_context.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace moevement::transport {
+namespace {
+
+void check(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) {
+    throw std::runtime_error(fmt::format("{} failed: {} (check UCX_* environment variables and "
+                                         "`ucx_info -d` for the transports on this host)",
+                                         what, ucs_status_string(status)));
+  }
+}
+
+}  // namespace
+
+ucx_context::ucx_context() {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;  // one worker, driven from one thread
+  const ucs_status_t status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  check(status, "ucp_init");
+}
+
+ucx_context::~ucx_context() {
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+ucx_worker::ucx_worker(const ucx_context& context) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  check(ucp_worker_create(context.handle(), &params, &worker_), "ucp_worker_create");
+}
+
+ucx_worker::~ucx_worker() {
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+}
+
+int ucx_worker::event_fd() const {
+  int fd = -1;
+  check(ucp_worker_get_efd(worker_, &fd), "ucp_worker_get_efd");
+  return fd;
+}
+
+unsigned ucx_worker::progress() { return ucp_worker_progress(worker_); }
+
+std::vector<std::byte> ucx_worker::address() const {
+  ucp_address_t* addr = nullptr;
+  std::size_t len = 0;
+  check(ucp_worker_get_address(worker_, &addr, &len), "ucp_worker_get_address");
+  std::vector<std::byte> out(len);
+  std::memcpy(out.data(), addr, len);
+  ucp_worker_release_address(worker_, addr);
+  return out;
+}
+
+std::string ucx_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  return fmt::format("{}.{}.{}", major, minor, release);
+}
+
+}  // namespace moevement::transport
