@@ -1,8 +1,13 @@
 // The `moevement` command. Each subcommand lives in its own file of launcher/.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "build_config.hpp"
 #include "launcher/check.hpp"
@@ -13,9 +18,38 @@ constexpr std::string_view usage = R"(usage: moevement <command> [args]
 
 commands:
   check      verify this machine: UCX, wire format, BLIS determinism, CUDA
+  bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
   version    print the version
   help       print this text
 )";
+
+// Benchmarks are separate executables (bench/bench_NAME) so that their competitors' libraries
+// (CAF, ...) never link into the runtime; `moevement bench NAME` runs the one beside us.
+int run_bench(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: moevement bench NAME [args]   (NAME: a file bench/NAME_bench.cpp)\n";
+    return 2;
+  }
+  const std::string name = argv[2];
+  if (name.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos) {
+    std::cerr << "moevement bench: bad benchmark name '" << name << "'\n";
+    return 2;
+  }
+  const auto self = std::filesystem::read_symlink("/proc/self/exe");
+  const auto bench = self.parent_path().parent_path() / "bench" / ("bench_" + name);
+  if (!std::filesystem::exists(bench)) {
+    std::cerr << fmt::format("moevement bench: no benchmark '{}' (looked for {}; build it with "
+                             "ninja -C build)\n",
+                             name, bench.string());
+    return 2;
+  }
+  std::vector<char*> args{const_cast<char*>(bench.c_str())};
+  for (int i = 3; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(bench.c_str(), args.data());
+  std::cerr << "moevement bench: cannot run " << bench << "\n";
+  return 1;
+}
 
 }  // namespace
 
@@ -23,6 +57,7 @@ int main(int argc, char** argv) {
   try {
     const std::string_view command = argc > 1 ? argv[1] : "help";
     if (command == "check") return moevement::launcher::run_check(std::cout);
+    if (command == "bench") return run_bench(argc, argv);
     if (command == "version") {
       std::cout << "moevement " << MOEVEMENT_VERSION << "\n";
       return 0;
