@@ -24,12 +24,16 @@ void hasher::update(std::span<const std::byte> bytes) {
   XXH64_update(state_->s, bytes.data(), bytes.size());
 }
 
-std::uint64_t hasher::digest() const { return XXH64_digest(state_->s); }
+std::uint64_t hasher::digest() const {
+  return XXH64_digest(state_->s);
+}
 
 std::uint64_t xxhash64(std::span<const std::byte> bytes, std::uint64_t seed) {
   return XXH64(bytes.data(), bytes.size(), seed);
 }
 
-std::string hex16(std::uint64_t v) { return fmt::format("{:016x}", v); }
+std::string hex16(std::uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
 
 }  // namespace moevement

@@ -14,11 +14,21 @@ std::string json_quote(std::string_view s) {
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += fmt::format("\\u{:04x}", c);
@@ -70,9 +80,10 @@ json_record& json_record::add(std::string_view k, bool value) {
 run_log::run_log(const std::filesystem::path& path) : path_(path) {
   file_ = std::fopen(path.c_str(), "w");
   if (file_ == nullptr) {
-    throw std::runtime_error(fmt::format("cannot open run log {}: {} (check that the directory "
-                                         "exists and is writable)",
-                                         path.string(), std::strerror(errno)));
+    throw std::runtime_error(
+        fmt::format("cannot open run log {}: {} (check that the directory "
+                    "exists and is writable)",
+                    path.string(), std::strerror(errno)));
   }
 }
 

@@ -36,8 +36,7 @@ class fd_guard {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& target,
-                           std::span<const std::byte> bytes) {
+void write_file_atomically(const std::filesystem::path& target, std::span<const std::byte> bytes) {
   const std::filesystem::path dir =
       target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
   // The temp name is unique per process and call so concurrent writers never share one.

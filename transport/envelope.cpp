@@ -29,7 +29,9 @@ outgoing_envelope::outgoing_envelope(const envelope_header& h)
   root_.setBudgetNs(h.budget_ns);
 }
 
-kj::Array<capnp::word> outgoing_envelope::to_words() { return capnp::messageToFlatArray(message_); }
+kj::Array<capnp::word> outgoing_envelope::to_words() {
+  return capnp::messageToFlatArray(message_);
+}
 
 result<incoming_envelope> incoming_envelope::decode(std::span<const std::byte> bytes,
                                                     const decode_limits& limits) {
@@ -38,8 +40,8 @@ result<incoming_envelope> incoming_envelope::decode(std::span<const std::byte> b
                              limits.max_bytes)};
   }
   if (bytes.size() < sizeof(capnp::word) || bytes.size() % sizeof(capnp::word) != 0) {
-    return error{fmt::format("envelope of {} bytes is not a whole number of 8-byte words",
-                             bytes.size())};
+    return error{
+        fmt::format("envelope of {} bytes is not a whole number of 8-byte words", bytes.size())};
   }
   incoming_envelope env;
   const capnp::word* words = reinterpret_cast<const capnp::word*>(bytes.data());

@@ -35,9 +35,9 @@ struct envelope_header {
 
 // Limits applied to every decoded envelope. Defaults live here and only here.
 struct decode_limits {
-  std::size_t max_bytes = 16u << 20;             // whole message; tensors go out of band
+  std::size_t max_bytes = 16u << 20;                // whole message; tensors go out of band
   std::uint64_t traversal_words = (16u << 20) / 8;  // words readable in total
-  int nesting = 16;                               // pointer depth
+  int nesting = 16;                                 // pointer depth
 };
 
 // Builds one envelope. The payload is any Cap'n Proto struct.

@@ -10,9 +10,10 @@ namespace {
 
 void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) {
-    throw std::runtime_error(fmt::format("{} failed: {} (check UCX_* environment variables and "
-                                         "`ucx_info -d` for the transports on this host)",
-                                         what, ucs_status_string(status)));
+    throw std::runtime_error(
+        fmt::format("{} failed: {} (check UCX_* environment variables and "
+                    "`ucx_info -d` for the transports on this host)",
+                    what, ucs_status_string(status)));
   }
 }
 
@@ -51,7 +52,9 @@ int ucx_worker::event_fd() const {
   return fd;
 }
 
-unsigned ucx_worker::progress() { return ucp_worker_progress(worker_); }
+unsigned ucx_worker::progress() {
+  return ucp_worker_progress(worker_);
+}
 
 std::vector<std::byte> ucx_worker::address() const {
   ucp_address_t* addr = nullptr;

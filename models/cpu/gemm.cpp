@@ -31,6 +31,8 @@ void sgemm_reference(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
   }
 }
 
-void set_gemm_threads(int threads) { bli_thread_set_num_threads(threads); }
+void set_gemm_threads(int threads) {
+  bli_thread_set_num_threads(threads);
+}
 
 }  // namespace moevement::models::cpu

@@ -22,7 +22,9 @@ __global__ void saxpy_kernel(int n, float a, const float* x, float* y) {
 
 }  // namespace
 
-bool compiled() { return true; }
+bool compiled() {
+  return true;
+}
 
 int device_count() {
   int n = 0;

@@ -5,11 +5,17 @@
 
 namespace moevement::models::cuda {
 
-bool compiled() { return false; }
-int device_count() { return 0; }
+bool compiled() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
 std::vector<float> saxpy(float, const std::vector<float>&, const std::vector<float>&) {
   throw std::runtime_error("this build has no CUDA backend; reconfigure with -Dcuda=enabled");
 }
-std::string describe_device() { return "CUDA backend not compiled in"; }
+std::string describe_device() {
+  return "CUDA backend not compiled in";
+}
 
 }  // namespace moevement::models::cuda
