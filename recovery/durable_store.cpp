@@ -1,0 +1,222 @@
+#include "recovery/durable_store.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <sstream>
+#include <stdexcept>
+
+#include "base/hash.hpp"
+#include "recovery/atomic_file.hpp"
+
+namespace moevement::recovery {
+namespace {
+
+constexpr const char* manifest_name = "MANIFEST";
+constexpr const char* window_prefix = "window-";
+// A manifest lists blobs; more lines than this is not a manifest we wrote.
+constexpr std::size_t max_manifest_bytes = 1u << 20;
+
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+bool parse_u64(const std::string& s, std::uint64_t& out, int base = 10) {
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out, base);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+struct manifest_entry {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::uint64_t hash = 0;
+};
+
+result<std::vector<manifest_entry>> parse_manifest(const std::string& text, std::uint64_t id) {
+  const auto end_of_body = text.rfind("manifest-xxh64 ");
+  if (end_of_body == std::string::npos || (end_of_body > 0 && text[end_of_body - 1] != '\n')) {
+    return error{"manifest has no checksum line (torn or not a manifest)"};
+  }
+  const std::string body = text.substr(0, end_of_body);
+  std::string sum_line = text.substr(end_of_body + 15);
+  if (!sum_line.empty() && sum_line.back() == '\n') sum_line.pop_back();
+  std::uint64_t want = 0;
+  if (!parse_u64(sum_line, want, 16) || sum_line.size() != 16) {
+    return error{"manifest checksum line is malformed"};
+  }
+  if (xxhash64(as_bytes(body)) != want) return error{"manifest checksum mismatch (corrupt)"};
+
+  std::istringstream in(body);
+  std::string line;
+  if (!std::getline(in, line) || line.rfind("moevement-durable-window ", 0) != 0) {
+    return error{"manifest does not start with the moevement-durable-window header"};
+  }
+  std::uint64_t version = 0;
+  if (!parse_u64(line.substr(25), version) || version != durable_store::format_version) {
+    return error{
+        fmt::format("manifest format version '{}' is not {} (written by another "
+                    "moevement version; load it with that version)",
+                    line.substr(25), durable_store::format_version)};
+  }
+  std::uint64_t got_id = 0;
+  if (!std::getline(in, line) || line.rfind("window ", 0) != 0 ||
+      !parse_u64(line.substr(7), got_id) || got_id != id) {
+    return error{"manifest names another window than its directory"};
+  }
+  std::vector<manifest_entry> entries;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string tag, name, bytes, hash, extra;
+    fields >> tag >> name >> bytes >> hash;
+    manifest_entry e;
+    if (tag != "blob" || (fields >> extra) || !valid_blob_name(name) ||
+        !parse_u64(bytes, e.bytes) || hash.size() != 16 || !parse_u64(hash, e.hash, 16)) {
+      return error{fmt::format("manifest line '{}' is malformed", line)};
+    }
+    e.name = name;
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+}  // namespace
+
+bool valid_blob_name(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name[0] == '.' || name == manifest_name) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
+}
+
+durable_store::durable_store(std::filesystem::path dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) {
+    throw std::runtime_error(fmt::format("cannot create the durable checkpoint directory {}: {}",
+                                         dir_.string(), ec.message()));
+  }
+}
+
+std::filesystem::path durable_store::window_dir(std::uint64_t id) const {
+  return dir_ / fmt::format("{}{:020}", window_prefix, id);
+}
+
+void durable_store::write_window(std::uint64_t id, std::span<const blob_view> blobs) {
+  std::vector<const blob_view*> sorted;
+  for (const auto& b : blobs) {
+    if (!valid_blob_name(b.name)) {
+      throw std::invalid_argument(fmt::format(
+          "blob name '{}' is not allowed (use [A-Za-z0-9._-], at most 128, no leading '.')",
+          b.name));
+    }
+    sorted.push_back(&b);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [](const blob_view* a, const blob_view* b) { return a->name < b->name; });
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i]->name == sorted[i - 1]->name) {
+      throw std::invalid_argument(fmt::format("blob name '{}' appears twice", sorted[i]->name));
+    }
+  }
+  const auto wdir = window_dir(id);
+  std::error_code ec;
+  // Rewriting a window: drop its manifest first so it is never half old, half new.
+  std::filesystem::remove(wdir / manifest_name, ec);
+  std::filesystem::create_directories(wdir, ec);
+  if (ec) {
+    throw std::runtime_error(
+        fmt::format("cannot create window directory {}: {}", wdir.string(), ec.message()));
+  }
+  std::string body = fmt::format("moevement-durable-window {}\nwindow {}\n", format_version, id);
+  for (const blob_view* b : sorted) {
+    write_file_atomically(wdir / b->name, b->bytes);
+    body += fmt::format("blob {} {} {}\n", b->name, b->bytes.size(), hex16(xxhash64(b->bytes)));
+  }
+  const std::string manifest = body + "manifest-xxh64 " + hex16(xxhash64(as_bytes(body))) + "\n";
+  write_file_atomically(wdir / manifest_name, as_bytes(manifest));
+}
+
+result<loaded_window> durable_store::load(std::uint64_t id) const {
+  const auto wdir = window_dir(id);
+  const auto mpath = wdir / manifest_name;
+  std::error_code ec;
+  const auto msize = std::filesystem::file_size(mpath, ec);
+  if (ec) return error{fmt::format("window {}: no manifest ({})", id, ec.message())};
+  if (msize > max_manifest_bytes) {
+    return error{fmt::format("window {}: manifest of {} bytes is too large", id, msize)};
+  }
+  auto mbytes = read_whole_file(mpath);
+  if (!mbytes.ok()) return error{fmt::format("window {}: {}", id, mbytes.err().message)};
+  const std::string text(reinterpret_cast<const char*>(mbytes->data()), mbytes->size());
+  auto entries = parse_manifest(text, id);
+  if (!entries.ok()) return error{fmt::format("window {}: {}", id, entries.err().message)};
+
+  loaded_window w;
+  w.id = id;
+  for (const auto& e : *entries) {
+    const auto path = wdir / e.name;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec) return error{fmt::format("window {}: blob {}: missing ({})", id, e.name, ec.message())};
+    if (size != e.bytes) {
+      return error{
+          fmt::format("window {}: blob {}: {} bytes on disk, manifest says {} "
+                      "(truncated or torn)",
+                      id, e.name, size, e.bytes)};
+    }
+    auto bytes = read_whole_file(path);
+    if (!bytes.ok()) return error{fmt::format("window {}: {}", id, bytes.err().message)};
+    if (xxhash64(*bytes) != e.hash) {
+      return error{fmt::format("window {}: blob {}: checksum mismatch (corrupt)", id, e.name)};
+    }
+    w.blobs.emplace(e.name, std::move(*bytes));
+  }
+  return w;
+}
+
+std::vector<std::uint64_t> durable_store::windows() const {
+  std::vector<std::uint64_t> ids;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::uint64_t id = 0;
+    if (name.rfind(window_prefix, 0) != 0 || !parse_u64(name.substr(7), id)) continue;
+    if (std::filesystem::exists(entry.path() / manifest_name)) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+result<loaded_window> durable_store::load_latest(std::vector<std::string>* rejected) const {
+  const auto ids = windows();
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    auto w = load(*it);
+    if (w.ok()) return w;
+    if (rejected != nullptr) rejected->push_back(w.err().message);
+  }
+  return error{
+      fmt::format("no complete, verified checkpoint window in {} ({} candidate(s) "
+                  "rejected)",
+                  dir_.string(), ids.size())};
+}
+
+void durable_store::prune(std::size_t keep) {
+  const auto ids = windows();
+  if (ids.empty()) return;
+  const std::size_t drop = ids.size() > keep ? ids.size() - keep : 0;
+  for (std::size_t i = 0; i < drop; ++i) std::filesystem::remove_all(window_dir(ids[i]));
+  const std::uint64_t newest = ids.back();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::uint64_t id = 0;
+    if (name.rfind(window_prefix, 0) != 0 || !parse_u64(name.substr(7), id)) continue;
+    if (id < newest && !std::filesystem::exists(entry.path() / manifest_name)) {
+      std::filesystem::remove_all(entry.path());
+    }
+  }
+}
+
+}  // namespace moevement::recovery

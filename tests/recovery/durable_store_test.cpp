@@ -1,0 +1,182 @@
+#include "recovery/durable_store.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "base/hash.hpp"
+
+namespace moevement::recovery {
+namespace {
+
+class durable_store_test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("durable_store_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
+    std::vector<std::byte> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i * 131 + seed * 17) & 0xff);
+    return v;
+  }
+  void write(durable_store& s, std::uint64_t id, std::size_t n = 4096) {
+    const auto a = pattern(n, id), b = pattern(n / 2, id + 100);
+    const std::vector<blob_view> blobs{{"stage-0.bin", a}, {"stage-1.bin", b}};
+    s.write_window(id, blobs);
+  }
+  std::filesystem::path window_path(std::uint64_t id) const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "window-%020llu", static_cast<unsigned long long>(id));
+    return dir_ / buf;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(durable_store_test, round_trip_of_the_latest_window) {
+  durable_store s(dir_);
+  write(s, 10);
+  write(s, 20);
+  auto w = s.load_latest();
+  ASSERT_TRUE(w.ok()) << w.err().message;
+  EXPECT_EQ(w->id, 20u);
+  EXPECT_EQ(w->blobs.at("stage-0.bin"), pattern(4096, 20));
+  EXPECT_EQ(w->blobs.at("stage-1.bin"), pattern(2048, 120));
+}
+
+TEST_F(durable_store_test, corrupt_blob_falls_back_to_previous_window_with_reason) {
+  durable_store s(dir_);
+  write(s, 10);
+  write(s, 20);
+  {
+    std::fstream f(window_path(20) / "stage-1.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  std::vector<std::string> rejected;
+  auto w = s.load_latest(&rejected);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->id, 10u);
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_NE(rejected[0].find("stage-1.bin: checksum mismatch"), std::string::npos) << rejected[0];
+}
+
+TEST_F(durable_store_test, truncated_blob_is_rejected) {
+  durable_store s(dir_);
+  write(s, 10);
+  write(s, 20);
+  std::filesystem::resize_file(window_path(20) / "stage-0.bin", 1000);
+  std::vector<std::string> rejected;
+  auto w = s.load_latest(&rejected);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->id, 10u);
+  EXPECT_NE(rejected.at(0).find("truncated"), std::string::npos) << rejected[0];
+}
+
+TEST_F(durable_store_test, corrupt_or_foreign_manifest_is_rejected) {
+  durable_store s(dir_);
+  write(s, 10);
+  write(s, 20);
+  write(s, 30);
+  {  // flip a digit in window 30's manifest body
+    const auto p = window_path(30) / "MANIFEST";
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(30);
+    f.put('9');
+  }
+  {  // window 20's manifest replaced by one of another version, with a valid checksum
+    std::ofstream f(window_path(20) / "MANIFEST", std::ios::trunc);
+    f << "garbage\n";
+  }
+  std::vector<std::string> rejected;
+  auto w = s.load_latest(&rejected);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->id, 10u);
+  ASSERT_EQ(rejected.size(), 2u);
+  EXPECT_NE(rejected[0].find("window 30: manifest checksum mismatch"), std::string::npos)
+      << rejected[0];
+  EXPECT_NE(rejected[1].find("window 20:"), std::string::npos) << rejected[1];
+}
+
+TEST_F(durable_store_test, nothing_loadable_is_a_clear_error) {
+  durable_store s(dir_);
+  auto w = s.load_latest();
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.err().message.find("no complete, verified checkpoint window"), std::string::npos);
+}
+
+TEST_F(durable_store_test, bad_blob_names_are_refused) {
+  durable_store s(dir_);
+  const auto bytes = pattern(10, 1);
+  for (const char* bad : {"../escape", "a/b", ".hidden", "MANIFEST", ""}) {
+    const std::vector<blob_view> blobs{{bad, bytes}};
+    EXPECT_THROW(s.write_window(1, blobs), std::invalid_argument) << bad;
+  }
+  const std::vector<blob_view> dup{{"x", bytes}, {"x", bytes}};
+  EXPECT_THROW(s.write_window(1, dup), std::invalid_argument);
+}
+
+TEST_F(durable_store_test, manifest_naming_a_path_outside_the_window_is_rejected) {
+  durable_store s(dir_);
+  write(s, 10);
+  // A hand-made manifest with a traversal name and a correct checksum must still fail.
+  const std::string body =
+      "moevement-durable-window 1\nwindow 11\nblob ../../etc/passwd 1 "
+      "0000000000000000\n";
+  std::filesystem::create_directories(window_path(11));
+  std::ofstream(window_path(11) / "MANIFEST")
+      << body << "manifest-xxh64 "
+      << hex16(xxhash64(std::as_bytes(std::span(body.data(), body.size())))) << "\n";
+  std::vector<std::string> rejected;
+  auto w = s.load_latest(&rejected);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->id, 10u);
+  EXPECT_NE(rejected.at(0).find("malformed"), std::string::npos) << rejected[0];
+}
+
+TEST_F(durable_store_test, writer_killed_mid_window_leaves_previous_window_loadable) {
+  {
+    durable_store s(dir_);
+    write(s, 1);
+  }
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      durable_store s(dir_);
+      for (std::uint64_t id = 100;; ++id) write(s, id, 16u << 20);
+    }
+    ::usleep(30000 + attempt * 40000);
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    durable_store s(dir_);
+    std::vector<std::string> rejected;
+    auto w = s.load_latest(&rejected);
+    ASSERT_TRUE(w.ok()) << w.err().message;
+    // Whatever window loads is complete and exact.
+    const std::size_t n = w->id == 1 ? 4096 : (16u << 20);
+    EXPECT_EQ(w->blobs.at("stage-0.bin"), pattern(n, w->id));
+    EXPECT_EQ(w->blobs.at("stage-1.bin"), pattern(n / 2, w->id + 100));
+    s.prune(2);
+    EXPECT_LE(s.windows().size(), 2u);
+  }
+}
+
+TEST_F(durable_store_test, prune_keeps_the_newest) {
+  durable_store s(dir_);
+  for (std::uint64_t id : {5, 6, 7, 8}) write(s, id);
+  s.prune(2);
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{7, 8}));
+}
+
+}  // namespace
+}  // namespace moevement::recovery
