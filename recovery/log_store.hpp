@@ -1,0 +1,58 @@
+// The upstream log of one stage (paper section 3.4): every activation it sent downstream
+// and every gradient it sent upstream, kept at the sender in host memory, tagged
+// (iteration, micro-batch, direction), so a failed neighbour can replay alone. Entries older
+// than the persisted window are dropped (stale log cleanup). The log keeper actor owns one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <tuple>
+#include <vector>
+
+namespace moevement::recovery {
+
+enum class log_direction : std::uint8_t {
+  activation = 0,  // forward output sent to the next stage
+  gradient = 1,    // input gradient sent to the previous stage
+};
+
+struct log_key {
+  std::uint64_t iteration = 0;
+  std::uint32_t micro_batch = 0;
+  log_direction direction = log_direction::activation;
+  // The replica whose boundary this is (a stage sends to one replica of its neighbour).
+  std::uint32_t replica = 0;
+
+  auto operator<=>(const log_key&) const = default;
+};
+
+class log_store {
+ public:
+  // Keeps a copy of the tensor bytes. Appending the same key twice replaces the entry only
+  // if the bytes are identical (a replayed iteration resends the same bits); different
+  // bytes mean determinism was broken, which is reported as false.
+  bool append(const log_key& key, std::span<const std::byte> bytes);
+
+  // The bytes of one entry, or nothing if absent.
+  std::optional<std::span<const std::byte>> find(const log_key& key) const;
+
+  // Every entry of one iteration and direction, in micro-batch order (for a replay).
+  std::vector<log_key> keys_of(std::uint64_t iteration, log_direction direction) const;
+
+  // Drops every entry with iteration < first_kept. Returns the bytes freed.
+  std::size_t drop_before(std::uint64_t first_kept);
+
+  std::size_t bytes() const { return bytes_; }
+  std::size_t entries() const { return entries_.size(); }
+  // Oldest and newest iteration held, if any.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> span_held() const;
+
+ private:
+  std::map<log_key, std::vector<std::byte>> entries_;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace moevement::recovery

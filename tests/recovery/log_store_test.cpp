@@ -1,0 +1,57 @@
+#include "recovery/log_store.hpp"
+
+#include <gtest/gtest.h>
+
+namespace moevement::recovery {
+namespace {
+
+std::vector<std::byte> tensor(std::size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i + seed * 7) & 0xff);
+  return v;
+}
+
+TEST(log_store, keeps_entries_by_iteration_micro_batch_and_direction) {
+  log_store log;
+  EXPECT_TRUE(log.append({5, 1, log_direction::activation}, tensor(100, 1)));
+  EXPECT_TRUE(log.append({5, 0, log_direction::activation}, tensor(100, 2)));
+  EXPECT_TRUE(log.append({5, 0, log_direction::gradient}, tensor(50, 3)));
+  EXPECT_TRUE(log.append({6, 0, log_direction::activation}, tensor(100, 4)));
+  EXPECT_EQ(log.bytes(), 350u);
+  const auto acts = log.keys_of(5, log_direction::activation);
+  ASSERT_EQ(acts.size(), 2u);
+  EXPECT_EQ(acts[0].micro_batch, 0u);
+  EXPECT_EQ(acts[1].micro_batch, 1u);
+  auto g = log.find({5, 0, log_direction::gradient});
+  ASSERT_TRUE(g.has_value());
+  EXPECT_TRUE(std::equal(g->begin(), g->end(), tensor(50, 3).begin()));
+  EXPECT_FALSE(log.find({7, 0, log_direction::gradient}).has_value());
+}
+
+TEST(log_store, replayed_identical_bits_are_accepted_different_bits_flagged) {
+  log_store log;
+  ASSERT_TRUE(log.append({3, 0, log_direction::activation}, tensor(64, 1)));
+  EXPECT_TRUE(log.append({3, 0, log_direction::activation}, tensor(64, 1)));
+  EXPECT_FALSE(log.append({3, 0, log_direction::activation}, tensor(64, 2)));
+  EXPECT_EQ(log.bytes(), 64u);
+}
+
+TEST(log_store, stale_entries_dropped_and_memory_returns) {
+  log_store log;
+  for (std::uint64_t it = 0; it < 100; ++it) {
+    for (std::uint32_t mb = 0; mb < 4; ++mb) {
+      log.append({it, mb, log_direction::activation}, tensor(1000, int(it)));
+      log.append({it, mb, log_direction::gradient}, tensor(1000, int(it)));
+    }
+    // A window of 4 iterations persisted: keep only what the last window needs.
+    if (it >= 8) log.drop_before(it - 7);
+    EXPECT_LE(log.bytes(), 8u * 8 * 1000) << "log grows without bound at iteration " << it;
+  }
+  EXPECT_EQ(log.span_held()->first, 92u);
+  EXPECT_EQ(log.drop_before(1000), 8u * 8 * 1000);
+  EXPECT_EQ(log.bytes(), 0u);
+  EXPECT_FALSE(log.span_held().has_value());
+}
+
+}  // namespace
+}  // namespace moevement::recovery
