@@ -238,3 +238,70 @@ TEST(slurm_harness, down_with_a_running_step_leaves_no_process) {
 
 }  // namespace
 }  // namespace moevement::testing
+
+namespace moevement::testing {
+namespace {
+
+// A test process that dies without cleaning up (SIGKILL: no destructor runs) still leaves
+// nothing: the watchdog started for its --owner pid takes the cluster down.
+TEST(slurm_harness, a_killed_owner_leaves_no_process) {
+  if (const auto why = local_slurm::unavailable_reason(); !why.empty()) {
+    GTEST_SKIP() << "Slurm tests skipped: " << why;
+  }
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    std::string report;
+    try {
+      auto* c = new local_slurm(1);  // never freed: this process dies as a crashing test would
+      c->run("srun -n 2 sleep 120 >/dev/null 2>&1 &", 10);
+      report = c->dir() + "\n";
+      for (int pid : c->daemons()) report += std::to_string(pid) + " ";
+    } catch (const std::exception& e) {
+      report = std::string("error\n") + e.what();
+    }
+    report += "\n";
+    (void)!::write(fds[1], report.data(), report.size());
+    ::kill(::getpid(), SIGKILL);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  const auto lines = lines_of(report);
+  ASSERT_GE(lines.size(), 2u) << report;
+  ASSERT_NE(lines[0], "error") << report;
+  const std::string dir = lines[0];
+  std::vector<int> daemons;
+  std::istringstream in(lines[1]);
+  for (int pid; in >> pid;) daemons.push_back(pid);
+  ASSERT_GE(daemons.size(), 3u) << report;  // munged, slurmctld, slurmd
+  // Whatever still runs with this cluster's SLURM_CONF, or as one of its daemons.
+  auto left = [&] {
+    std::vector<int> out;
+    for (int pid : daemons) {
+      if (local_slurm::alive(pid)) out.push_back(pid);
+    }
+    const auto r = run_command(
+        "grep -lzx 'SLURM_CONF=" + dir + "/slurm.conf' /proc/[0-9]*/environ 2>/dev/null", 10);
+    for (const auto& line : lines_of(r.output)) {
+      const int pid = std::atoi(line.c_str() + 6);
+      if (pid > 0 && local_slurm::alive(pid)) out.push_back(pid);
+    }
+    return out;
+  };
+  EXPECT_TRUE(eventually(30, [&] { return left().empty(); }))
+      << "left after the owner died: " << ::testing::PrintToString(left());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace moevement::testing
