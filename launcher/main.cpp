@@ -11,6 +11,7 @@
 
 #include "build_config.hpp"
 #include "launcher/check.hpp"
+#include "launcher/slurm_env_cmd.hpp"
 
 namespace {
 
@@ -19,6 +20,7 @@ constexpr std::string_view usage = R"(usage: moevement <command> [args]
 commands:
   check      verify this machine: UCX, wire format, BLIS determinism, CUDA
   bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
+  slurm-env  print what this task learned from Slurm's environment (run under srun), as JSON
   version    print the version
   help       print this text
 )";
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
     const std::string_view command = argc > 1 ? argv[1] : "help";
     if (command == "check") return moevement::launcher::run_check(std::cout);
     if (command == "bench") return run_bench(argc, argv);
+    if (command == "slurm-env") return moevement::launcher::run_slurm_env(std::cout);
     if (command == "version") {
       std::cout << "moevement " << MOEVEMENT_VERSION << "\n";
       return 0;
