@@ -409,13 +409,13 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
   p.global_batch = r.count("plan.global_batch", p.global_batch);
   p.micro_batch = r.count("plan.micro_batch", p.micro_batch);
   p.zero1 = r.boolean("plan.zero1", p.zero1);
-  if (p.pp > in.model.layers) {
+  if (p.pp > 2 * in.model.layers) {
     fail("plan.pp", std::to_string(p.pp) + " stages exceed the model's " +
-                        std::to_string(in.model.layers) + " layers");
+                        std::to_string(2 * in.model.layers) + " half-layers");
   }
-  if (in.model.experts > 0 && in.model.experts % p.ep != 0) {
-    fail("plan.ep", std::to_string(p.ep) + " does not divide the model's " +
-                        std::to_string(in.model.experts) + " experts");
+  if (in.model.experts > 0 && in.model.experts % p.ep != 0 && p.ep % in.model.experts != 0) {
+    fail("plan.ep", std::to_string(p.ep) + " and the model's " + std::to_string(in.model.experts) +
+                        " experts must divide one another");
   }
   if (p.global_batch % (p.micro_batch * p.dp) != 0) {
     fail("plan.global_batch", "must be a multiple of plan.micro_batch x plan.dp");

@@ -33,15 +33,10 @@ std::vector<double> expert_shares(const model_shape& m, double zipf) {
   return p;
 }
 
-double layer_flops_per_token(const model_shape& m, int layer) {
-  double f = attention_flops_per_token(m);
-  if (layer_is_moe(m, layer)) {
-    f += 6.0 * m.hidden * static_cast<double>(m.experts);
-    f += 6.0 * expert_params(m) * (m.top_k + m.shared_experts);
-  } else {
-    f += 6.0 * dense_ffn_params(m);
-  }
-  return f;
+double ffn_flops_per_token(const model_shape& m, int layer) {
+  if (!layer_is_moe(m, layer)) return 6.0 * dense_ffn_params(m);
+  return 6.0 * m.hidden * static_cast<double>(m.experts) +
+         6.0 * expert_params(m) * (m.top_k + m.shared_experts);
 }
 
 double embedding_flops_per_token(const model_shape& m) {
@@ -51,27 +46,34 @@ double head_flops_per_token(const model_shape& m) {
   return 6.0 * static_cast<double>(m.vocab) * m.hidden;
 }
 
-// Contiguous split of layers into `stages` non-empty groups minimizing the largest per-token
-// cost, with the embedding on the first stage and the head on the last. Returns the first layer
-// of each stage plus `layers` at the end. Binary search on the cap, greedy fill per cap.
-std::vector<int> partition_layers(const model_shape& m, int stages) {
-  std::vector<double> cost(static_cast<std::size_t>(m.layers));
-  for (int l = 0; l < m.layers; ++l)
-    cost[static_cast<std::size_t>(l)] = layer_flops_per_token(m, l);
-  cost.front() += embedding_flops_per_token(m);
-  cost.back() += head_flops_per_token(m);
+// Blocks are half-layers: block 2l is layer l's attention (with the embedding before layer 0),
+// block 2l + 1 its FFN or MoE (with the head after the last layer). Splitting at half-layers
+// lets deep pipelines have more stages than layers (Figure 11: 61 layers on 64 stages).
+double block_cost(const model_shape& m, int b) {
+  const int layer = b / 2;
+  if (b % 2 == 0) return attention_flops_per_token(m) + (b == 0 ? embedding_flops_per_token(m) : 0);
+  return ffn_flops_per_token(m, layer) + (layer == m.layers - 1 ? head_flops_per_token(m) : 0);
+}
+
+// Contiguous split of the blocks into `stages` non-empty groups minimizing the largest
+// per-token cost. Returns the first block of each stage plus the block count at the end.
+// Binary search on the cap, greedy fill per cap.
+std::vector<int> partition_blocks(const model_shape& m, int stages) {
+  const int blocks = 2 * m.layers;
+  std::vector<double> cost(static_cast<std::size_t>(blocks));
+  for (int b = 0; b < blocks; ++b) cost[static_cast<std::size_t>(b)] = block_cost(m, b);
   const auto greedy = [&](double cap) {
-    std::vector<int> b{0};
+    std::vector<int> bounds{0};
     double acc = 0;
-    for (int l = 0; l < m.layers; ++l) {
-      const double c = cost[static_cast<std::size_t>(l)];
-      if (acc + c > cap && l > b.back()) {
-        b.push_back(l);
+    for (int b = 0; b < blocks; ++b) {
+      const double c = cost[static_cast<std::size_t>(b)];
+      if (acc + c > cap && b > bounds.back()) {
+        bounds.push_back(b);
         acc = 0;
       }
       acc += c;
     }
-    return b;
+    return bounds;
   };
   double lo = *std::max_element(cost.begin(), cost.end());
   double hi = std::accumulate(cost.begin(), cost.end(), 0.0);
@@ -79,20 +81,20 @@ std::vector<int> partition_layers(const model_shape& m, int stages) {
     const double mid = 0.5 * (lo + hi);
     (static_cast<int>(greedy(mid).size()) <= stages ? hi : lo) = mid;
   }
-  std::vector<int> b = greedy(hi);
-  // Fewer groups than stages: split multi-layer groups (never raises the largest cost).
-  while (static_cast<int>(b.size()) < stages) {
-    b.push_back(m.layers);
-    for (std::size_t g = b.size() - 1; g-- > 0;) {
-      if (b[g + 1] - b[g] >= 2) {
-        b.insert(b.begin() + static_cast<std::ptrdiff_t>(g) + 1, b[g + 1] - 1);
+  std::vector<int> bounds = greedy(hi);
+  // Fewer groups than stages: split multi-block groups (never raises the largest cost).
+  while (static_cast<int>(bounds.size()) < stages) {
+    bounds.push_back(blocks);
+    for (std::size_t g = bounds.size() - 1; g-- > 0;) {
+      if (bounds[g + 1] - bounds[g] >= 2) {
+        bounds.insert(bounds.begin() + static_cast<std::ptrdiff_t>(g) + 1, bounds[g + 1] - 1);
         break;
       }
     }
-    b.pop_back();
+    bounds.pop_back();
   }
-  b.push_back(m.layers);
-  return b;
+  bounds.push_back(blocks);
+  return bounds;
 }
 
 double per_gpu_inter_bw(const cluster_spec& c) {
@@ -107,7 +109,7 @@ double microbatch_compute_s(const stage_costs& s, const std::vector<double>& fac
     if (s.ops[i].ep_rank < 0) {
       replicated += f;
     } else {
-      per_rank[static_cast<std::size_t>(s.ops[i].ep_rank)] += f;
+      per_rank[static_cast<std::size_t>(s.ops[i].ep_rank)] += f / s.expert_replication;
     }
   }
   const double worst_rank = *std::max_element(per_rank.begin(), per_rank.end());
@@ -139,11 +141,12 @@ iteration_costs estimate_iteration(const model_shape& m, const cluster_spec& c, 
                                    const model_constants& k, int snapshot_replicas) {
   require(m.layers > 0 && m.hidden > 0, "model: layers and hidden must be positive");
   require(p.pp >= 1 && p.dp >= 1 && p.ep >= 1, "plan: pp, dp and ep must be at least 1");
-  require(p.pp <= m.layers, "plan.pp: " + std::to_string(p.pp) + " stages but the model has " +
-                                std::to_string(m.layers) + " layers");
-  require(m.experts == 0 || m.experts % p.ep == 0,
-          "plan.ep: " + std::to_string(p.ep) + " does not divide the " + std::to_string(m.experts) +
-              " experts per layer");
+  require(p.pp <= 2 * m.layers, "plan.pp: " + std::to_string(p.pp) +
+                                    " stages but the model has only " +
+                                    std::to_string(2 * m.layers) + " half-layers");
+  require(m.experts == 0 || m.experts % p.ep == 0 || p.ep % m.experts == 0,
+          "plan.ep: " + std::to_string(p.ep) + " and the " + std::to_string(m.experts) +
+              " experts per layer must divide one another");
   require(p.micro_batch >= 1 && p.global_batch % (p.micro_batch * p.dp) == 0,
           "plan.global_batch: " + std::to_string(p.global_batch) +
               " is not a multiple of plan.micro_batch x plan.dp");
@@ -156,7 +159,9 @@ iteration_costs estimate_iteration(const model_shape& m, const cluster_spec& c, 
 
   iteration_costs out;
   out.microbatches = p.microbatches();
-  const auto bounds = partition_layers(m, p.pp);
+  const auto bounds = partition_blocks(m, p.pp);
+  // With fewer experts than EP ranks each expert is replicated on ep / experts ranks.
+  const int expert_replication = m.experts > 0 && p.ep > m.experts ? p.ep / m.experts : 1;
   const auto shares = expert_shares(m, k.expert_popularity_zipf);
   const double tokens_mb = static_cast<double>(p.micro_batch) * m.seq_len;
   const double inter_bw = per_gpu_inter_bw(c);
@@ -175,16 +180,19 @@ iteration_costs estimate_iteration(const model_shape& m, const cluster_spec& c, 
     st.gpus = p.ep * p.dp;
     st.tokens_per_microbatch = tokens_mb;
     st.flops_per_s = c.peak_flops * c.compute_efficiency;
+    st.expert_replication = expert_replication;
     const auto add = [&](op_kind kind, int layer, double params, double flops, double share,
                          int rank) {
       st.ops.push_back(stage_op{kind, layer, params, flops, share, rank});
     };
     if (s == 0)
       add(op_kind::embedding, -1, embedding_params(m), embedding_flops_per_token(m), 1, -1);
-    for (int l = bounds[static_cast<std::size_t>(s)]; l < bounds[static_cast<std::size_t>(s) + 1];
-         ++l) {
-      add(op_kind::attention, l, attention_params(m), attention_flops_per_token(m), 1, -1);
-      if (layer_is_moe(m, l)) {
+    for (int b = bounds[static_cast<std::size_t>(s)]; b < bounds[static_cast<std::size_t>(s) + 1];
+         ++b) {
+      const int l = b / 2;
+      if (b % 2 == 0) {
+        add(op_kind::attention, l, attention_params(m), attention_flops_per_token(m), 1, -1);
+      } else if (layer_is_moe(m, l)) {
         const double gate = static_cast<double>(m.hidden) * m.experts;
         add(op_kind::gate, l, gate, 6.0 * gate, 1, -1);
         for (int e = 0; e < m.shared_experts; ++e) {
@@ -223,18 +231,23 @@ iteration_costs estimate_iteration(const model_shape& m, const cluster_spec& c, 
     st.microbatch_s = st.compute_s + st.comm_s;
     worst_mb = std::max(worst_mb, st.microbatch_s);
 
-    // Gradient reduction: replicated parameters over EP x DP GPUs, experts over DP GPUs.
+    // Gradient reduction: replicated parameters over EP x DP GPUs, each expert over its DP x
+    // replication holders.
     const int ne_group = p.ep * p.dp;
     const bool ne_intra = ne_group <= c.gpus_per_node && p.dp == 1;
-    const bool ex_intra = p.dp == 1 || (p.dp - 1) * p.pp * p.ep + 1 <= c.gpus_per_node;
+    const int ex_group = p.dp * expert_replication;
+    const bool ex_intra =
+        (p.dp == 1 && p.ep <= c.gpus_per_node) || (p.dp - 1) * p.pp * p.ep + 1 <= c.gpus_per_node;
     const double ne = ring_allreduce_s(replicated_params * k.grad_bytes_per_param, ne_group,
                                        ne_intra ? c.intra_node_bytes_per_s : inter_bw,
                                        ne_intra ? c.alpha_intra_s : c.alpha_inter_s);
-    const double ex = ring_allreduce_s(expert_params_total / p.ep * k.grad_bytes_per_param, p.dp,
-                                       ex_intra ? c.intra_node_bytes_per_s : inter_bw,
-                                       ex_intra ? c.alpha_intra_s : c.alpha_inter_s);
+    const double ex = ring_allreduce_s(
+        expert_params_total / std::min(p.ep, std::max(1, m.experts)) * k.grad_bytes_per_param,
+        ex_group, ex_intra ? c.intra_node_bytes_per_s : inter_bw,
+        ex_intra ? c.alpha_intra_s : c.alpha_inter_s);
     st.sync_s = (ne + ex) * (1.0 - k.sync_overlap);
-    st.params_per_gpu = replicated_params + expert_params_total / p.ep;
+    st.params_per_gpu =
+        replicated_params + expert_params_total / std::min(p.ep, std::max(1, m.experts));
     const double shard =
         p.zero1 ? replicated_params / ne_group + expert_params_total / st.gpus : st.params_per_gpu;
     st.update_s = shard * k.update_bytes_per_param / c.hbm_bytes_per_s;

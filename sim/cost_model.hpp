@@ -76,6 +76,7 @@ struct stage_costs {
   double memory_per_gpu = 0;  // bytes of weights, grads, optimizer shard (no activations)
   int gpus = 0;               // GPUs holding this stage (EP x DP)
   int ep = 1;
+  int expert_replication = 1;  // EP ranks holding each expert (ep / experts when ep > experts)
   double tokens_per_microbatch = 0;
   double flops_per_s = 0;  // sustained per GPU
 };
