@@ -109,7 +109,11 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
         if (p.kind == policy_kind::dense_memory) {
           snap = std::max(snap, bytes / s.snapshot_bytes_per_s);
         } else {
-          snap = std::max(snap, bytes / s.gpus / c.host_device_bytes_per_s);
+          // CheckFreq snapshots to local host memory only; a measured or calibrated snapshot
+          // bandwidth replaces the nominal device-to-host one.
+          const double bw =
+              c.snapshot_bytes_per_s > 0 ? c.snapshot_bytes_per_s : c.host_device_bytes_per_s;
+          snap = std::max(snap, bytes / s.gpus / bw);
         }
       }
       if (p.snapshot_s >= 0) snap = p.snapshot_s;
@@ -196,12 +200,12 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
           snap = std::max(snap, bytes / s.snapshot_bytes_per_s);
           per_gpu_state = std::max(per_gpu_state, stage_state_bytes(s) / s.gpus);
         }
+        if (m.pec_k.empty()) m.snapshot_s = snap;
         m.pec_k.push_back(k);
         m.pec_stall_s.push_back(std::max(0.0, snap - overlap));
         if (k >= experts) break;
         k = std::min(experts, 2 * k);
       }
-      m.snapshot_s = m.pec_stall_s.front() + overlap;
       m.stall_s = m.pec_stall_s.front();
       m.load_s = per_gpu_state / per_gpu_inter_bw(c);
       m.interval = 1;
@@ -300,7 +304,9 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
   }
   out.overhead_fraction = out.overhead_s_per_iter / t;
   out.expected_recovery_s = m.restart_s + m.load_s + recompute;
+  out.expected_recompute_s = recompute;
   out.total_recovery_s = duration_s / mtbf_s * out.expected_recovery_s;
+  out.total_recompute_s = duration_s / mtbf_s * recompute;
   out.ettr = 1.0 / (1.0 + out.overhead_fraction) / (1.0 + out.expected_recovery_s / mtbf_s);
   return out;
 }
@@ -363,6 +369,7 @@ struct trial_outcome {
   double ettr = 0;
   int failures = 0;
   double recovery_s = 0;
+  double recompute_s = 0;
   double overhead_s_per_iter = 0;
 };
 
@@ -438,6 +445,7 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
       const std::int64_t lost = progress - checkpoint;
       progress = checkpoint;
       out.recovery_s += static_cast<double>(lost) * t_iter;
+      out.recompute_s += static_cast<double>(lost) * t_iter;
       if (m.kind == policy_kind::pec) {
         const double age = (static_cast<double>(m.experts) / m.pec_k[pec_level] - 1) / 2;
         lost_tokens +=
@@ -448,13 +456,17 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
       }
     }
     double resume = fail.time_s + m.restart_s + m.load_s + work;
+    double recompute = fail.time_s - t + work;  // the aborted iteration and the replay
     fail = next_failure(fail.time_s);
     while (fail.time_s < resume && fail.time_s < f.duration_s) {
       // A failure during recovery restarts it (same scope, same replay).
       ++out.failures;
+      // Replay done before this failure is lost again.
+      recompute += std::max(0.0, fail.time_s - (resume - work));
       resume = fail.time_s + m.restart_s + m.load_s + work;
       fail = next_failure(fail.time_s);
     }
+    out.recompute_s += recompute;
     out.recovery_s += std::min(resume, f.duration_s) - t;  // includes the aborted iteration
     t = resume;
   }
@@ -480,11 +492,13 @@ monte_carlo_result monte_carlo(const policy_model& m, double mtbf_s, const failu
     e.push_back(o.ettr);
     r.failures_mean += o.failures;
     r.recovery_s_mean += o.recovery_s;
+    r.recompute_s_mean += o.recompute_s;
     r.overhead_s_per_iter_mean += o.overhead_s_per_iter;
   }
   const double n = f.trials;
   r.failures_mean /= n;
   r.recovery_s_mean /= n;
+  r.recompute_s_mean /= n;
   r.overhead_s_per_iter_mean /= n;
   double sum = 0;
   for (double x : e) sum += x;

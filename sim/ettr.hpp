@@ -80,8 +80,11 @@ struct closed_form {
   int interval = 1;
   double overhead_s_per_iter = 0;
   double overhead_fraction = 0;
-  double expected_recovery_s = 0;  // E[R] per failure: restart + load + recomputation
-  double total_recovery_s = 0;     // expected failures in the run x E[R]
+  double expected_recovery_s = 0;   // E[R] per failure: restart + load + recomputation
+  double expected_recompute_s = 0;  // of which recomputation (rollback or localized replay)
+  double total_recovery_s = 0;      // expected failures in the run x E[R]
+  double total_recompute_s = 0;     // expected failures in the run x recomputation (what the
+                                    // paper's Table 3 calls total recovery time)
   double ettr = 0;
 };
 
@@ -103,7 +106,8 @@ struct monte_carlo_result {
   double ettr_mean = 0, ettr_std = 0, ettr_p05 = 0, ettr_p50 = 0, ettr_p95 = 0;
   double ettr_min = 0, ettr_max = 0;
   double failures_mean = 0;
-  double recovery_s_mean = 0;  // total over the run
+  double recovery_s_mean = 0;   // total over the run
+  double recompute_s_mean = 0;  // of which recomputation (no restart, no load)
   double overhead_s_per_iter_mean = 0;
   double stderr_mean() const;
 };

@@ -83,7 +83,7 @@ void print_table(std::ostream& out, const sim_config& cfg, const simulation_resu
       cfg.failures.duration_s / 3600, cfg.failures.restart_s, cfg.failures.trials,
       cfg.failures.seed, r.from_trace ? ", failures from the trace" : "");
   out << fmt::format("{:<5} {:<13} {:>12} {:>16} {:>10} {:>10} {:>7} {:>22}\n", "MTBF", "policy",
-                     "interval", "overhead s (%)", "E[R] s", "recovery s", "ETTR",
+                     "interval", "overhead s (%)", "E[R] s", "recompute s", "ETTR",
                      "ETTR MC mean±std");
   double last = -1;
   for (const auto& row : r.rows) {
@@ -93,7 +93,8 @@ void print_table(std::ostream& out, const sim_config& cfg, const simulation_resu
                        mtbf_label(row.mtbf_s), policy_name(row.policy), interval_label(row),
                        fmt::format("{:.3f} ({:.1f}%)", row.closed.overhead_s_per_iter,
                                    100 * row.closed.overhead_fraction),
-                       row.closed.expected_recovery_s, row.closed.total_recovery_s, row.closed.ettr,
+                       row.closed.expected_recovery_s, row.closed.total_recompute_s,
+                       row.closed.ettr,
                        fmt::format("{:.3f}±{:.3f} [{:.3f},{:.3f}]", row.mc.ettr_mean,
                                    row.mc.ettr_std, row.mc.ettr_p05, row.mc.ettr_p95));
   }
@@ -102,21 +103,25 @@ void print_table(std::ostream& out, const sim_config& cfg, const simulation_resu
 void write_csv_header(std::ostream& out) {
   out << "name,model,gpus,pp,dp,ep,microbatches,iteration_s,mtbf_min,policy,interval,w_sparse,"
          "pec_k0,overhead_s,overhead_fraction,expected_recovery_s,total_recovery_s,ettr_closed,"
-         "ettr_mc_mean,ettr_mc_std,ettr_mc_p05,ettr_mc_p95,mc_failures,mc_recovery_s,trials\n";
+         "ettr_mc_mean,ettr_mc_std,ettr_mc_p05,ettr_mc_p95,mc_failures,mc_recovery_s,trials,"
+         "snapshot_s,stall_s,restart_s,load_s,expected_recompute_s,total_recompute_s,"
+         "mc_recompute_s\n";
 }
 
 void write_csv_rows(std::ostream& out, const simulation_result& r) {
   for (const auto& row : r.rows) {
     out << fmt::format(
         "{},{},{},{},{},{},{},{:.6f},{:.3f},{},{},{},{},{:.6f},{:.6f},{:.3f},{:.3f},{:.6f},{:.6f},"
-        "{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{}\n",
+        "{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{},{:.6f},{:.6f},{:.3f},{:.6f},{:.3f},{:.3f},{:.3f}\n",
         r.name, r.model.name, r.plan.gpus(), r.plan.pp, r.plan.dp, r.plan.ep, r.costs.microbatches,
         r.costs.iteration_s, row.mtbf_s / 60, policy_name(row.policy), row.closed.interval,
         row.model.w_sparse, row.model.pec_k.empty() ? 0 : row.model.pec_k.front(),
         row.closed.overhead_s_per_iter, row.closed.overhead_fraction,
         row.closed.expected_recovery_s, row.closed.total_recovery_s, row.closed.ettr,
         row.mc.ettr_mean, row.mc.ettr_std, row.mc.ettr_p05, row.mc.ettr_p95, row.mc.failures_mean,
-        row.mc.recovery_s_mean, row.mc.trials);
+        row.mc.recovery_s_mean, row.mc.trials, row.model.snapshot_s, row.model.stall_s,
+        row.model.restart_s, row.model.load_s, row.closed.expected_recompute_s,
+        row.closed.total_recompute_s, row.mc.recompute_s_mean);
   }
 }
 
