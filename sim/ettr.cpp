@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -129,6 +130,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
         load = persist;
       }
       m.load_s = load;
+      m.persist_lag_s = snap + persist;
       const auto with_interval = [&](int k) {
         policy_model x = m;
         x.interval = k;
@@ -201,6 +203,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
           per_gpu_state = std::max(per_gpu_state, stage_state_bytes(s) / s.gpus);
         }
         if (m.pec_k.empty()) m.snapshot_s = snap;
+        m.pec_snapshot_s.push_back(snap);
         m.pec_k.push_back(k);
         m.pec_stall_s.push_back(std::max(0.0, snap - overlap));
         if (k >= experts) break;
@@ -246,6 +249,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
         load = std::max(load, window_bytes / (s.gpus * per_gpu_inter_bw(c)));
       }
       m.snapshot_s = slot_s;
+      m.persist_lag_s = slot_s;
       m.stall_s = std::max(0.0, slot_s - overlap);
       m.load_s = load;
       m.interval = 1;
@@ -264,17 +268,22 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
     case policy_kind::dense_disk:
     case policy_kind::dense_memory:
       out.overhead_s_per_iter = m.stall_s / m.interval;
-      recompute = 0.5 * m.interval * t;  // global rollback: half an interval on average
+      // Global rollback: half an interval on average, plus one more interval when the failure
+      // hits before the newest checkpoint is persisted.
+      recompute = 0.5 * m.interval * t + std::min(m.persist_lag_s, m.interval * t);
       break;
     case policy_kind::moevement: {
       out.overhead_s_per_iter = m.stall_s;
-      // Localized replay: W conversion iterations plus (W - 1) / 2 catch-up on average, for a
-      // stage drawn uniformly, plus the aborted iteration.
+      // Localized replay of a stage drawn uniformly: W - 1 conversion iterations, then
+      // (W - 1) / 2 all-active catch-up iterations on average (one window more when the failure
+      // hits before the newest window is persisted), plus the aborted iteration.
       double replay = 0;
       for (std::size_t s = 0; s < m.conversion_s.size(); ++s) {
         double r = 0;
-        for (double x : m.conversion_s[s]) r += x;
-        r += 0.5 * (m.w_sparse - 1) * m.catch_up_s[s];
+        for (int j = 0; j + 1 < m.w_sparse; ++j)
+          r += m.conversion_s[s][static_cast<std::size_t>(j)];
+        r += (0.5 * (m.w_sparse - 1) + std::min(m.persist_lag_s, m.w_sparse * t) / t) *
+             m.catch_up_s[s];
         replay += r / static_cast<double>(m.conversion_s.size());
       }
       recompute = replay + 0.5 * t;
@@ -298,7 +307,7 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
           ++level;
       }
       out.overhead_s_per_iter = iters_total > 0 ? overhead_time / iters_total : m.stall_s;
-      recompute = 0.5 * t;
+      recompute = 0.5 * t + std::min(m.pec_snapshot_s[level], t);
       break;
     }
   }
@@ -400,7 +409,22 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
   const bool dense = m.kind == policy_kind::dense_disk || m.kind == policy_kind::dense_memory;
   trial_outcome out;
   double t = 0;
-  std::int64_t progress = 0, checkpoint = 0;
+  // A checkpoint (dense) or window (moevement) counts only once it is persisted, persist_lag_s
+  // after the iteration that completed it; until then a failure falls back to the previous one.
+  struct pending_checkpoint {
+    std::int64_t progress;
+    double valid_at;
+  };
+  std::deque<pending_checkpoint> pending;
+  std::int64_t valid = 0;         // latest persisted checkpoint or window end
+  std::int64_t dense_anchor = 0;  // moevement: a dense state (start, or after a recovery)
+  const auto promote = [&](double now) {
+    while (!pending.empty() && pending.front().valid_at <= now) {
+      valid = pending.front().progress;
+      pending.pop_front();
+    }
+  };
+  std::int64_t progress = 0;
   std::size_t pec_level = 0;
   double lost_tokens = 0, stall_total = 0;
   std::int64_t iterations_run = 0;
@@ -421,29 +445,43 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
       ++progress;
       ++iterations_run;
       stall_total += stall;
-      if (dense && progress % m.interval == 0) checkpoint = progress;
-      if (!dense) checkpoint = progress;
+      const std::int64_t every = dense                              ? m.interval
+                                 : m.kind == policy_kind::moevement ? m.w_sparse
+                                                                    : 1;
+      double lag = m.persist_lag_s;
+      if (m.kind == policy_kind::pec) lag = m.pec_snapshot_s[pec_level];
+      if (progress % every == 0) pending.push_back({progress, t + lag});
+      promote(t);
       continue;
     }
     if (fail.time_s >= f.duration_s) break;
     // A failure aborts the running iteration.
     ++out.failures;
     const int stage = pick_stage(fail.stage);
+    promote(fail.time_s);
+    pending.clear();  // snapshots in flight die with the failure
     double work = 0;  // recomputation after restart and load
     if (m.kind == policy_kind::moevement) {
-      const std::int64_t w = m.w_sparse;
+      // The failed stage converts the last persisted window (W replayed iterations with frozen
+      // operators turning active) and catches up to the others; with no window since the last
+      // dense state it replays from that state.
       const auto s = static_cast<std::size_t>(stage);
-      if (progress < w) {
-        work = static_cast<double>(progress) * m.catch_up_s[s];
+      if (valid > dense_anchor) {
+        // Slots were taken after iterations valid-W+1 .. valid. Loading slot j and replaying the
+        // next iteration activates slot j's operators; after slot W-1 every operator is active,
+        // so the window costs W-1 conversion iterations and the rest are all-active catch-up.
+        for (int j = 0; j + 1 < m.w_sparse; ++j)
+          work += m.conversion_s[s][static_cast<std::size_t>(j)];
+        work += static_cast<double>(progress - valid) * m.catch_up_s[s];
       } else {
-        for (double x : m.conversion_s[s]) work += x;
-        work += static_cast<double>(progress % w) * m.catch_up_s[s];
+        work = static_cast<double>(progress - dense_anchor) * m.catch_up_s[s];
       }
+      dense_anchor = progress;
     } else {
       // Global rollback: the lost iterations are redone below as ordinary iterations; they count
       // as recovery time.
-      const std::int64_t lost = progress - checkpoint;
-      progress = checkpoint;
+      const std::int64_t lost = progress - valid;
+      progress = valid;
       out.recovery_s += static_cast<double>(lost) * t_iter;
       out.recompute_s += static_cast<double>(lost) * t_iter;
       if (m.kind == policy_kind::pec) {

@@ -45,9 +45,11 @@ struct policy_model {
   policy_kind kind = policy_kind::moevement;
   double iteration_s = 0;  // fault-free iteration time
   double update_s = 0;
-  int interval = 1;       // iterations per checkpoint
-  double stall_s = 0;     // training stall per checkpoint
-  double snapshot_s = 0;  // time to take one checkpoint (before overlap)
+  int interval = 1;          // iterations per checkpoint
+  double stall_s = 0;        // training stall per checkpoint
+  double snapshot_s = 0;     // time to take one checkpoint (before overlap)
+  double persist_lag_s = 0;  // from the end of the checkpointed iteration until the checkpoint
+                             // can be recovered from (snapshot + replication, or + disk persist)
   double restart_s = 0;
   double load_s = 0;  // reading the checkpoint back on recovery
   int stages = 1;
@@ -58,6 +60,7 @@ struct policy_model {
   std::vector<double> catch_up_s;
   // pec: stall and experts per checkpoint at each doubling level.
   std::vector<double> pec_stall_s;
+  std::vector<double> pec_snapshot_s;
   std::vector<int> pec_k;
   int experts = 0;
   double pec_node_fraction = 0;  // fraction of MoE layers whose experts a failed node held

@@ -159,7 +159,7 @@ TEST(ettr, moevement_replays_between_w_and_two_w_local_iterations) {
   const double fixed = m.restart_s + m.load_s + 0.5 * m.iteration_s;
   double lo = 1e300, hi = 0;
   for (std::size_t s = 0; s < m.conversion_s.size(); ++s) {
-    lo = std::min(lo, m.w_sparse * m.conversion_s[s].front());
+    lo = std::min(lo, (m.w_sparse - 1) * m.conversion_s[s].front());
     hi = std::max(hi, 2.0 * m.w_sparse * m.catch_up_s[s]);
   }
   EXPECT_GE(cf.expected_recovery_s - fixed, lo);
