@@ -78,6 +78,15 @@ void print_table(std::ostream& out, const sim_config& cfg, const simulation_resu
         fmt::format("{}-{}", first, last), st.params / 1e9, st.microbatch_s, st.compute_s,
         st.comm_s, st.sync_s, st.snapshot_bytes_per_s / 1e9, st.memory_per_gpu / 1e9);
   }
+  for (std::size_t s = 0; s < r.costs.stages.size(); ++s) {
+    const double need = r.costs.stages[s].memory_per_gpu;
+    if (need > cfg.inputs.cluster.gpu_memory_bytes) {
+      out << fmt::format(
+          "warning: stage {} needs {:.1f} GB per GPU for weights, gradients and optimizer state "
+          "alone; cluster.gpu_memory_gb is {:.0f}\n",
+          s, need / 1e9, cfg.inputs.cluster.gpu_memory_bytes / 1e9);
+    }
+  }
   out << fmt::format(
       "run {:.1f} h, restart {:.1f} s per failure, {} Monte Carlo trials, seed {}{}\n\n",
       cfg.failures.duration_s / 3600, cfg.failures.restart_s, cfg.failures.trials,
@@ -155,13 +164,16 @@ std::vector<simulation_result> run_sweep(const sim_config& cfg) {
       } catch (const std::invalid_argument& e) {
         throw std::invalid_argument(std::string("config key 'sweep.policies': ") + e.what());
       }
-      // Same settings as the configured policy of that kind, if any.
+      // Same settings as the configured policy of that kind; otherwise the paper's choices.
+      bool configured = false;
       for (const auto& q : cfg.policies) {
-        if (q.kind == ps.kind) ps = q;
+        if (q.kind == ps.kind) {
+          ps = q;
+          configured = true;
+        }
       }
-      if (ps.kind == policy_kind::dense_memory && ps.rule == interval_rule::young &&
-          cfg.policies.empty())
-        ps.rule = interval_rule::oracle;
+      if (!configured && ps.kind == policy_kind::dense_memory) ps.rule = interval_rule::oracle;
+      if (!configured && ps.kind == policy_kind::dense_disk) ps.rule = interval_rule::cap;
       c.policies.push_back(ps);
     }
     c.trace.clear();
