@@ -242,3 +242,45 @@ TEST(ettr, paper_models_match_table_two) {
 
 }  // namespace
 }  // namespace moevement::sim
+
+namespace moevement::sim {
+namespace {
+
+TEST(ettr, moevement_stalls_only_when_two_active_operators_do_not_fit) {
+  const fixture fast(0.2);
+  EXPECT_EQ(fast.build(policy_kind::moevement, 600).stall_s, 0);
+  const fixture slow(1e-4);  // 0.1 MB/s: nothing fits
+  const auto m = slow.build(policy_kind::moevement, 600);
+  EXPECT_GT(m.stall_s, 0);
+  EXPECT_GT(evaluate_closed_form(m, 600, slow.f.duration_s).overhead_fraction, 0);
+  // W_sparse = ceil(operators / 2) for the stage with the most operators.
+  std::size_t most = 0;
+  for (const auto& s : slow.costs.stages) most = std::max(most, s.ops.size());
+  EXPECT_EQ(m.w_sparse, static_cast<int>((most + 1) / 2));
+}
+
+// Section 3.5: deferring popular experts keeps them frozen longer during conversion, so the
+// ascending-popularity order replays cheaper than the opposite order when popularity is skewed.
+TEST(ettr, popularity_order_makes_conversion_cheaper) {
+  model_inputs in = gpt_moe_inputs();
+  in.constants.expert_popularity_zipf = 1.0;
+  const auto costs = estimate_iteration(in.model, in.cluster, in.plan, in.constants, 2);
+  const auto& stage = costs.stages[1];
+  const auto ascending = order_by_popularity(stage.snapshot);
+  const std::vector<std::size_t> descending(ascending.rbegin(), ascending.rend());
+  const auto conversion = [&](const std::vector<std::size_t>& order) {
+    const int w = 4;
+    const int a = static_cast<int>((order.size() + w - 1) / w);
+    const auto schedule = generate_schedule(order, w, a);
+    double total = 0;
+    for (int j = 0; j + 1 < w; ++j) {
+      total += local_replay_iteration_s(stage, active_after_slot(schedule, order.size(), j),
+                                        costs.microbatches, in.constants);
+    }
+    return total;
+  };
+  EXPECT_LT(conversion(ascending), conversion(descending));
+}
+
+}  // namespace
+}  // namespace moevement::sim
