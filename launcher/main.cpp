@@ -40,10 +40,9 @@ int run_bench(int argc, char** argv) {
   const auto self = std::filesystem::read_symlink("/proc/self/exe");
   const auto bench = self.parent_path().parent_path() / "bench" / ("bench_" + name);
   if (!std::filesystem::exists(bench)) {
-    std::cerr << fmt::format(
-        "moevement bench: no benchmark '{}' (looked for {}; build it with "
-        "ninja -C build)\n",
-        name, bench.string());
+    std::cerr << fmt::format("moevement bench: no benchmark '{}' (looked for {}; build it with "
+                             "ninja -C build)\n",
+                             name, bench.string());
     return 2;
   }
   std::vector<char*> args{const_cast<char*>(bench.c_str())};
