@@ -11,6 +11,7 @@
 
 #include "build_config.hpp"
 #include "launcher/check.hpp"
+#include "launcher/simulate.hpp"
 #include "launcher/slurm_env_cmd.hpp"
 
 namespace {
@@ -21,6 +22,7 @@ commands:
   check      verify this machine: UCX, wire format, BLIS determinism, CUDA
   bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
   slurm-env  print what this task learned from Slurm's environment (run under srun), as JSON
+  simulate   estimate ETTR per checkpoint policy (moevement simulate --help)
   version    print the version
   help       print this text
 )";
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
     if (command == "check") return moevement::launcher::run_check(std::cout);
     if (command == "bench") return run_bench(argc, argv);
     if (command == "slurm-env") return moevement::launcher::run_slurm_env(std::cout);
+    if (command == "simulate")
+      return moevement::launcher::run_simulate(argc, argv, std::cout, std::cerr);
     if (command == "version") {
       std::cout << "moevement " << MOEVEMENT_VERSION << "\n";
       return 0;

@@ -1,0 +1,63 @@
+// Simulator configuration: one TOML file (examples/configs/simulate_*.toml), every key
+// overridable with `--set key=value`, unknown keys and wrong types rejected with the key's name.
+// Also reads the profile file our engine will write (`moevement bench policies --profile-out`),
+// whose measured values replace the analytical ones. Formats: docs/simulator.md.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sim/cost_model.hpp"
+#include "sim/ettr.hpp"
+
+namespace moevement::sim {
+
+struct profile_data {
+  int format_version = 1;
+  std::string producer;
+  double iteration_s = -1;                   // measured fault-free iteration time
+  double update_s = -1;                      // optimizer step
+  double sync_s = -1;                        // gradient synchronization
+  std::vector<double> stage_microbatch_s;    // forward + backward of one micro-batch, per stage
+  double snapshot_bytes_per_s_per_gpu = -1;  // sustained snapshot + replication bandwidth
+  double restart_s = -1;                     // detection to replacement ready
+  std::map<std::string, double> snapshot_s;  // measured full-checkpoint time per policy name
+};
+
+struct sweep_settings {
+  std::vector<std::string> models{"deepseek-32b", "deepseek-67b", "deepseek-145b", "deepseek-671b"};
+  std::vector<int> gpus{512, 1536, 4096, 16384};
+  std::vector<int> stages{16, 24, 32, 64};
+  std::vector<int> pipelines{4, 8, 16, 32};
+  std::vector<double> mtbf_minutes{60, 30, 10};
+  std::vector<std::string> policies{"dense-memory", "moevement"};
+  int microbatches_per_stage = 2;  // M = this x PP (the paper does not give Figure 11's batch)
+};
+
+struct sim_config {
+  std::string name;
+  model_inputs inputs;
+  std::vector<policy_settings> policies;
+  failure_settings failures;
+  std::vector<double> mtbf_s;
+  std::vector<failure_event> trace;  // empty: Poisson failures
+  std::optional<profile_data> profile;
+  sweep_settings sweep;
+};
+
+// `base_dir` resolves relative paths (failures.trace, profile.file). Overrides are "key=value"
+// with TOML values (strings may be bare). Throws std::invalid_argument naming the key.
+sim_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
+                        const std::filesystem::path& base_dir);
+sim_config load_config(const std::filesystem::path& file,
+                       const std::vector<std::string>& overrides);
+
+profile_data parse_profile(std::string_view toml_text);
+// Replaces modelled costs by measured ones and returns the adjusted costs.
+iteration_costs apply_profile(iteration_costs costs, const profile_data& p);
+
+}  // namespace moevement::sim

@@ -1,0 +1,140 @@
+#include "sim/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "sim/report.hpp"
+
+namespace moevement::sim {
+namespace {
+
+std::filesystem::path source_root() {
+  const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
+  if (root == nullptr)
+    throw std::runtime_error("MOEVEMENT_SOURCE_ROOT is not set (run via meson test)");
+  return root;
+}
+
+constexpr const char* minimal = R"(
+[model]
+preset = "gpt-moe"
+[plan]
+pp = 3
+dp = 4
+ep = 8
+)";
+
+std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_config(text, sets, ".");
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(config, every_example_config_loads_and_runs) {
+  int found = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(source_root() / "examples" / "configs")) {
+    const auto name = e.path().filename().string();
+    if (!name.starts_with("simulate_")) continue;
+    ++found;
+    const auto cfg = load_config(e.path(), {"failures.trials=3", "failures.mtbf_minutes=[30]"});
+    const auto r = run_simulation(cfg);
+    EXPECT_EQ(r.rows.size(), cfg.policies.size()) << name;
+    for (const auto& row : r.rows) {
+      EXPECT_GT(row.closed.ettr, 0) << name;
+      EXPECT_LE(row.closed.ettr, 1) << name;
+    }
+  }
+  EXPECT_GE(found, 4);
+}
+
+TEST(config, defaults_and_overrides) {
+  const auto cfg = parse_config(
+      minimal,
+      {"failures.mtbf_minutes=[60, 10]", "plan.dp=2", "policies.dense-memory.interval=7",
+       "policies.list=[\"dense-memory\",\"moevement\"]", "cluster.gpu=h100"},
+      ".");
+  EXPECT_EQ(cfg.inputs.model.name, "gpt-moe");
+  EXPECT_EQ(cfg.inputs.plan.dp, 2);
+  EXPECT_EQ(cfg.mtbf_s, (std::vector<double>{3600, 600}));
+  EXPECT_EQ(cfg.inputs.cluster.gpu, "h100");  // a bare word is a string
+  ASSERT_EQ(cfg.policies.size(), 2u);
+  EXPECT_EQ(cfg.policies[0].rule, interval_rule::fixed);
+  EXPECT_EQ(cfg.policies[0].fixed_interval, 7);
+  EXPECT_EQ(cfg.failures.duration_s, 12 * 3600.0);
+}
+
+TEST(config, bad_configs_name_the_key) {
+  EXPECT_NE(error_of(std::string(minimal) + "[plan2]\nx = 1\n").find("'plan2.x'"),
+            std::string::npos);
+  EXPECT_NE(error_of(minimal, {"plan.pq=3"}).find("'plan.pq'"), std::string::npos);
+  EXPECT_NE(error_of(minimal, {"plan.pp=\"three\""}).find("'plan.pp': expected an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(minimal, {"plan.ep=5"}).find("'plan.ep'"), std::string::npos);
+  EXPECT_NE(error_of(minimal, {"plan.pp=25"}).find("'plan.pp'"), std::string::npos);
+  EXPECT_NE(error_of(minimal, {"plan.global_batch=500"}).find("'plan.global_batch'"),
+            std::string::npos);
+  EXPECT_NE(error_of(minimal, {"failures.mtbf_minutes=[60, -1]"}).find("'failures.mtbf_minutes'"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(minimal, {"cluster.compute_efficiency=1.5"}).find("'cluster.compute_efficiency'"),
+      std::string::npos);
+  EXPECT_NE(error_of(minimal, {"policies.list=[\"gemini\"]"}).find("'policies.list'"),
+            std::string::npos);
+  EXPECT_NE(error_of(minimal, {"policies.dense-disk.interval=\"daly\""})
+                .find("'policies.dense-disk.interval'"),
+            std::string::npos);
+  EXPECT_NE(error_of(minimal, {"model.preset=gpt-9"}).find("'model.preset'"), std::string::npos);
+  EXPECT_NE(error_of("[plan]\npp = 1\n").find("'model.preset'"), std::string::npos);
+  EXPECT_NE(error_of(minimal, {"failures.trace=no-such-file"}).find("'failures.trace'"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model\n").find("not valid TOML"), std::string::npos);
+  EXPECT_NE(error_of(minimal, {"novalue"}).find("expected key=value"), std::string::npos);
+}
+
+TEST(config, profile_replaces_modelled_costs) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sim_profile_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "p.toml") << "[profile]\nformat_version = 1\nproducer = \"test\"\n"
+                                     "stage_microbatch_s = [0.1, 0.2, 0.1]\nsync_s = 0.05\n"
+                                     "update_s = 0.02\nsnapshot_gb_per_s_per_gpu = 0.5\n"
+                                     "restart_s = 4\n[profile.snapshot_s]\ndense-memory = 3.5\n";
+  }
+  const auto cfg = parse_config(std::string(minimal) + "[profile]\nfile = \"p.toml\"\n",
+                                {"failures.trials=10"}, dir);
+  ASSERT_TRUE(cfg.profile.has_value());
+  EXPECT_EQ(cfg.failures.restart_s, 4);
+  const auto r = run_simulation(cfg);
+  // (M + S - 1) x max stage time + sync + update, from the measured values.
+  EXPECT_NEAR(r.costs.iteration_s, (4 + 3 - 1) * 0.2 + 0.05 + 0.02, 1e-12);
+  EXPECT_NEAR(r.costs.stages[0].snapshot_bytes_per_s, 0.5e9 * 32, 1);
+  for (const auto& row : r.rows) {
+    if (row.policy == policy_kind::dense_memory) {
+      EXPECT_EQ(row.model.snapshot_s, 3.5);
+    }
+  }
+  std::ofstream(dir / "bad.toml") << "[profile]\nformat_version = 2\n";
+  try {
+    parse_config(std::string(minimal) + "[profile]\nfile = \"bad.toml\"\n", {}, dir);
+    ADD_FAILURE() << "format 2 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("profile.format_version"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir / "short.toml") << "[profile]\nformat_version = 1\nstage_microbatch_s = [1]\n";
+  const auto short_cfg =
+      parse_config(std::string(minimal) + "[profile]\nfile = \"short.toml\"\n", {}, dir);
+  EXPECT_THROW(run_simulation(short_cfg), std::invalid_argument);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moevement::sim
