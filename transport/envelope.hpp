@@ -35,9 +35,9 @@ struct envelope_header {
 
 // Limits applied to every decoded envelope. Defaults live here and only here.
 struct decode_limits {
-  std::size_t max_bytes = 16u << 20;             // whole message; tensors go out of band
+  std::size_t max_bytes = 16u << 20;                // whole message; tensors go out of band
   std::uint64_t traversal_words = (16u << 20) / 8;  // words readable in total
-  int nesting = 16;                               // pointer depth
+  int nesting = 16;                                 // pointer depth
 };
 
 // Builds one envelope. The payload is any Cap'n Proto struct.
@@ -85,9 +85,13 @@ class incoming_envelope {
     return any.template getAs<Payload>();
   }
   bool copied() const { return !aligned_copy_.empty(); }
+  // Keeps the buffer the envelope reads in place alive as long as the envelope: links hand
+  // envelopes to handlers, which may keep them past the receive.
+  void hold(std::shared_ptr<const void> buffer) { buffer_ = std::move(buffer); }
 
  private:
   incoming_envelope() = default;
+  std::shared_ptr<const void> buffer_;  // declared first: destroyed after the reader
   std::vector<capnp::word> aligned_copy_;
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
   envelope_header header_;
