@@ -29,7 +29,9 @@ outgoing_envelope::outgoing_envelope(const envelope_header& h)
   root_.setBudgetNs(h.budget_ns);
 }
 
-kj::Array<capnp::word> outgoing_envelope::to_words() { return capnp::messageToFlatArray(message_); }
+kj::Array<capnp::word> outgoing_envelope::to_words() {
+  return capnp::messageToFlatArray(message_);
+}
 
 result<incoming_envelope> incoming_envelope::decode(std::span<const std::byte> bytes,
                                                     const decode_limits& limits) {
@@ -38,16 +40,16 @@ result<incoming_envelope> incoming_envelope::decode(std::span<const std::byte> b
                              limits.max_bytes)};
   }
   if (bytes.size() < sizeof(capnp::word) || bytes.size() % sizeof(capnp::word) != 0) {
-    return error{fmt::format("envelope of {} bytes is not a whole number of 8-byte words",
-                             bytes.size())};
+    return error{
+        fmt::format("envelope of {} bytes is not a whole number of 8-byte words", bytes.size())};
   }
   incoming_envelope env;
   const capnp::word* words = reinterpret_cast<const capnp::word*>(bytes.data());
   const std::size_t n_words = bytes.size() / sizeof(capnp::word);
   if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(capnp::word) != 0) {
-    env.aligned_copy_.resize(n_words);
-    std::memcpy(static_cast<void*>(env.aligned_copy_.data()), bytes.data(), bytes.size());
-    words = env.aligned_copy_.data();
+    env.aligned_copy_ = kj::heapArray<capnp::word>(n_words);
+    std::memcpy(static_cast<void*>(env.aligned_copy_.begin()), bytes.data(), bytes.size());
+    words = env.aligned_copy_.begin();
   }
   capnp::ReaderOptions options;
   options.traversalLimitInWords = limits.traversal_words;

@@ -143,6 +143,15 @@ struct inbound {
   bool failed = false;
 };
 
+// An unpacked remote key; destroyed when neither the cache nor a get in flight holds it.
+struct remote_key {
+  ucp_rkey_h handle = nullptr;
+  ~remote_key() {
+    if (handle != nullptr) ucp_rkey_destroy(handle);
+  }
+};
+constexpr std::size_t max_cached_rkeys = 64;  // per connection; unpacking maps shared memory
+
 struct connection {
   std::uint64_t serial = 0;
   ucp_ep_h ep = nullptr;
@@ -152,6 +161,9 @@ struct connection {
   node_id peer = 0;
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;
+  // Unpacked rkeys by region id: unpacking (and, on shared memory, mapping the segment and
+  // faulting its pages in) costs more than a pull of megabytes.
+  std::map<std::uint64_t, std::shared_ptr<remote_key>> rkeys;
 };
 
 struct peer_entry {
@@ -169,6 +181,7 @@ struct pull_op {
   std::uint64_t id = 0;
   node_id peer = 0;
   std::uint64_t conn = 0;
+  std::uint64_t region = 0;
   std::byte* into = nullptr;
   std::size_t length = 0;
   std::uint32_t rma = rma_none;  // the rma_level we offered the exporter
@@ -938,18 +951,24 @@ struct link_state : std::enable_shared_from_this<link_state> {
     pull_op& op = *pit->second;
     connection* c = find_conn(op.conn);
     if (c == nullptr) return finish_pull(id, error{"pull failed: peer lost"});
-    ucp_rkey_h rkey = nullptr;
-    if (ucp_ep_rkey_unpack(c->ep, packed.data(), &rkey) != UCS_OK) {
-      return finish_pull(id, error{"pull failed: the peer's rkey does not unpack"});
+    std::shared_ptr<remote_key> key;
+    if (auto it = c->rkeys.find(op.region); it != c->rkeys.end()) {
+      key = it->second;
+    } else {
+      key = std::make_shared<remote_key>();
+      if (ucp_ep_rkey_unpack(c->ep, packed.data(), &key->handle) != UCS_OK) {
+        key->handle = nullptr;
+        return finish_pull(id, error{"pull failed: the peer's rkey does not unpack"});
+      }
+      if (c->rkeys.size() >= max_cached_rkeys) c->rkeys.erase(c->rkeys.begin());  // the oldest
+      c->rkeys[op.region] = key;
     }
     ++counters.pulls_by_rma;
     auto p = std::make_unique<pending_request>();
-    p->done = [this, id, rkey](ucs_status_t st) {
-      ucp_rkey_destroy(rkey);
-      complete_transfer(id, st);
-    };
+    p->keep = key;  // the rkey outlives the get even if the cache drops it
+    p->done = [this, id](ucs_status_t st) { complete_transfer(id, st); };
     ucp_request_param_t param = request_params(p.get());
-    track(ucp_get_nbx(c->ep, op.into, op.length, address, rkey, &param), std::move(p));
+    track(ucp_get_nbx(c->ep, op.into, op.length, address, key->handle, &param), std::move(p));
     kick();
   }
 
@@ -1031,21 +1050,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
 using detail::link_state;
 
 // ---- bulk descriptors and regions -------------------------------------------------------------
-
-void write_descriptor(wire::BulkDescriptor::Builder b, const bulk_descriptor& d) {
-  b.setNode(d.node);
-  b.setRegion(d.region);
-  b.setOffset(d.offset);
-  b.setLength(d.length);
-}
-
-result<bulk_descriptor> read_descriptor(wire::BulkDescriptor::Reader r) {
-  bulk_descriptor d{r.getNode(), r.getRegion(), r.getOffset(), r.getLength()};
-  if (d.length == 0) return error{"bulk descriptor of zero length"};
-  if (d.region == 0) return error{"bulk descriptor names region 0, which no node exports"};
-  if (d.offset + d.length < d.offset) return error{"bulk descriptor range overflows"};
-  return d;
-}
 
 bulk_region::bulk_region(std::shared_ptr<detail::region_record> record,
                          std::weak_ptr<detail::link_state> link)
@@ -1300,6 +1304,7 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   op->id = s.next_pull++;
   op->peer = d.node;
   op->conn = (*c)->serial;
+  op->region = d.region;
   op->into = into.data();
   op->length = into.size();
   op->rma = rma;

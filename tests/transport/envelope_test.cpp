@@ -98,8 +98,8 @@ TEST(envelope, traversal_limit_enforced) {
   }();
   decode_limits limits;
   limits.traversal_words = 128;
-  auto in = incoming_envelope::decode(std::as_bytes(std::span(words.begin(), words.size())),
-                                      limits);
+  auto in =
+      incoming_envelope::decode(std::as_bytes(std::span(words.begin(), words.size())), limits);
   EXPECT_FALSE(in.ok());
 }
 
