@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <unordered_map>
 #include <vector>
@@ -199,7 +200,9 @@ struct pending_request {
 
 struct link_state : std::enable_shared_from_this<link_state> {
   link_state(asio::io_context& io_in, ucx_link_options options)
-      : io(io_in), opt(std::move(options)), context(), worker(context), fd(io), tick(io) {}
+      : io(io_in), opt(std::move(options)), context(), worker(context), fd(io), tick(io) {
+    if (const char* v = std::getenv("DBG_SPIN")) opt.spin = std::chrono::microseconds(std::atoi(v));
+  }
 
   asio::io_context& io;
   ucx_link_options opt;
@@ -224,12 +227,16 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::map<std::uint64_t, std::unique_ptr<pull_op>> pulls;
   std::uint64_t next_pull = 1;
   std::uint64_t outstanding = 0;  // UCX requests whose callback has not run
+  std::set<void*> inflight;       // those requests, cancelled if still there at shutdown
 
   bool kick_pending = false;
   bool fd_waiting = false;
   bool dying = false;
   bool said_goodbye = false;
   clock::time_point last_activity = clock::now();
+  clock::time_point slept_at = clock::now();
+  std::chrono::nanoseconds spin_now{0};  // the adaptive spin window, at most opt.spin
+  bool spinning = false;
 
   // ---- driving the worker from Asio -------------------------------------------------------
 
@@ -291,21 +298,35 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // Progress until idle; keep going (re-posting, so other handlers run) while within the spin
   // window after the last activity; then arm and wait on the event fd. Arm and async_wait
   // follow each other with nothing in between: Asio's reactor is edge-triggered.
+  //
+  // The window adapts: it doubles (up to opt.spin) when spinning caught an event or a sleep
+  // ended sooner than opt.spin, and halves when it ran out with nothing. On an idle machine
+  // spinning halves the latency of a hop; on an oversubscribed one (more runnable processes
+  // than cores) a spinner holds the core its peer needs to answer, so the window shrinks to 0.
   void pump() {
     if (dying) return;
+    bool found = false;
+    while (worker.progress() != 0) found = true;
     const auto now = clock::now();
-    while (worker.progress() != 0) last_activity = now;
+    if (found) {
+      if (spinning) grow_spin();
+      last_activity = now;
+    }
     reap_closing();
-    if (clock::now() - last_activity < opt.spin) {
+    if (now - last_activity < spin_now) {
+      spinning = true;
       kick();
       return;
     }
+    if (spinning) shrink_spin();
+    spinning = false;
     const ucs_status_t s = ucp_worker_arm(worker.handle());
     if (s == UCS_ERR_BUSY) {
       kick();
       return;
     }
     if (s != UCS_OK) return;  // the safety tick keeps progressing
+    slept_at = now;
     if (!fd_waiting) {
       fd_waiting = true;
       fd.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -315,10 +336,19 @@ struct link_state : std::enable_shared_from_this<link_state> {
                       s->fd_waiting = false;
                       if (!ec) {
                         s->last_activity = clock::now();
+                        if (s->last_activity - s->slept_at < s->opt.spin) s->grow_spin();
                         s->pump();
                       }
                     });
     }
+  }
+  void grow_spin() {
+    spin_now = std::min<std::chrono::nanoseconds>(
+        opt.spin, std::max<std::chrono::nanoseconds>(2 * spin_now, std::chrono::microseconds(1)));
+  }
+  void shrink_spin() {
+    spin_now /= 2;
+    if (spin_now < std::chrono::microseconds(1)) spin_now = std::chrono::nanoseconds(0);
   }
 
   void schedule_tick() {
@@ -361,9 +391,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
       p->done(UCS_PTR_STATUS(r));
     } else {
       ++outstanding;
+      inflight.insert(r);
       auto done = std::move(p->done);
-      p->done = [this, done = std::move(done)](ucs_status_t s) {
+      p->done = [this, r, done = std::move(done)](ucs_status_t s) {
         --outstanding;
+        inflight.erase(r);
         done(s);
       };
       p.release();  // owned by the request's callback now
@@ -397,6 +429,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       param.memh = memh;
     }
     ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, id, header, header_len, data, len, &param);
+    last_activity = clock::now();  // an answer may follow soon: worth a spin
     if (UCS_PTR_IS_ERR(r)) {
       ++stats.send_errors;
       return error{fmt::format("sending to node {} failed: {}", c.peer,
@@ -1028,11 +1061,23 @@ struct link_state : std::enable_shared_from_this<link_state> {
     fd.close(ignored);
     for (auto& [serial, c] : conns) close_ep(c->ep, /*force=*/false);
     conns.clear();
-    const auto deadline = clock::now() + opt.close_timeout;
-    while ((!closing.empty() || outstanding > 0) && clock::now() < deadline) {
-      worker.progress();
-      reap_closing();
+    auto drain = [&](clock::duration limit) {
+      const auto deadline = clock::now() + limit;
+      while ((!closing.empty() || outstanding > 0) && clock::now() < deadline) {
+        worker.progress();
+        reap_closing();
+      }
+    };
+    drain(opt.close_timeout);
+    // What the flush did not finish in time (a peer that vanished) is cancelled: UCX must see
+    // every request released before the worker goes.
+    for (void* r : std::vector<void*>(inflight.begin(), inflight.end())) {
+      ucp_request_cancel(worker.handle(), r);
     }
+    for (void* r : closing) ucp_request_cancel(worker.handle(), r);
+    drain(opt.close_timeout);
+    for (void* r : closing) ucp_request_free(r);  // no callback: released, freed with the worker
+    closing.clear();
     for (auto& [id, op] : pulls) {
       if (op->done) {
         asio::post(io, [done = std::move(op->done)] { done(error{"the link was destroyed"}); });
