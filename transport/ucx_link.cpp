@@ -1008,15 +1008,19 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // How native the endpoint's RMA is, from the lanes UCX chose (ucp_ep_print_info): rma_bw
   // lanes (registered user memory) and get lanes (memory of the transports' own kind). Lanes
   // over TCP only emulate RMA (slower than rendezvous), so they do not count.
-  static std::optional<std::uint32_t> detect_rma_level(ucp_ep_h ep) {
+  static std::string describe(ucp_ep_h ep) {
     char* text = nullptr;
     std::size_t size = 0;
     FILE* f = ::open_memstream(&text, &size);
-    if (f == nullptr) return std::nullopt;
+    if (f == nullptr) return {};
     ucp_ep_print_info(ep, f);
     std::fclose(f);
-    const std::string info(text, size);
+    std::string info(text, size);
     std::free(text);
+    return info;
+  }
+  static std::optional<std::uint32_t> detect_rma_level(ucp_ep_h ep) {
+    const std::string info = describe(ep);
     std::map<int, bool> lane_is_tcp;
     bool any_bw = false, bw_native = true, any_get = false, get_native = true;
     std::vector<int> get_lanes;
@@ -1311,6 +1315,12 @@ result<bulk_path> ucx_link::path_to(node_id peer) {
   pe.rma = *level;
   pe.path = *level == detail::rma_none ? bulk_path::rendezvous : bulk_path::rma;
   return pe.path;
+}
+
+result<std::string> ucx_link::endpoint_info(node_id peer) {
+  auto c = state_->connection_to(peer);
+  if (!c.ok()) return c.err();
+  return detail::link_state::describe((*c)->ep);
 }
 
 void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_handler done) {

@@ -95,6 +95,10 @@ class ucx_link final : public link {
   // or its endpoint is not wired up yet (then retry after a message exchange).
   result<bulk_path> path_to(node_id peer);
 
+  // UCX's description of the endpoint to a peer (its lanes: which transport carries active
+  // messages, RMA, rendezvous), to check what was selected (docs/infiniband.md).
+  result<std::string> endpoint_info(node_id peer);
+
   // For the malformed-input tests only: sends a raw active message of the link's protocol
   // (`am` is one of its ids) with arbitrary header and data bytes.
   void send_raw_for_tests(node_id to, unsigned am, std::span<const std::byte> header,

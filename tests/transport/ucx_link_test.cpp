@@ -252,6 +252,9 @@ TEST_P(ucx_link_test, automatic_bulk_path_follows_the_transport) {
   auto path = link_->path_to(6);
   ASSERT_TRUE(path.ok()) << path.err().message;
   EXPECT_EQ(*path, tcp() ? bulk_path::rendezvous : bulk_path::rma);
+  auto info = link_->endpoint_info(6);
+  ASSERT_TRUE(info.ok());
+  EXPECT_NE(info->find(tcp() ? "tcp/" : "memory"), std::string::npos) << *info;
   part(6, pid);
 }
 
