@@ -194,6 +194,11 @@ struct pull_op {
 struct pending_request {
   std::function<void(ucs_status_t)> done;
   std::shared_ptr<void> keep;  // whatever the request reads from or writes to
+  // UCX may run the callback inside the call that starts the request (seen with
+  // ucp_am_recv_data_nbx on a failed endpoint); track() then finishes it.
+  bool issued = false;
+  bool early = false;
+  ucs_status_t early_status = UCS_OK;
 };
 
 }  // namespace
@@ -379,16 +384,25 @@ struct link_state : std::enable_shared_from_this<link_state> {
     finish_request(request, status, user_data);
   }
   static void finish_request(void* request, ucs_status_t status, void* user_data) {
-    std::unique_ptr<pending_request> p(static_cast<pending_request*>(user_data));
+    auto* raw = static_cast<pending_request*>(user_data);
     ucp_request_free(request);
+    if (!raw->issued) {  // inside the starting call: track() owns it still
+      raw->early = true;
+      raw->early_status = status;
+      return;
+    }
+    std::unique_ptr<pending_request> p(raw);
     p->done(status);
   }
   // Completes `r` now if UCX did, else when its callback runs (inside progress).
   void track(ucs_status_ptr_t r, std::unique_ptr<pending_request> p) {
+    p->issued = true;
     if (r == nullptr) {
       p->done(UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
       p->done(UCS_PTR_STATUS(r));
+    } else if (p->early) {  // completed (and freed) inside the starting call
+      p->done(p->early_status);
     } else {
       ++outstanding;
       inflight.insert(r);
