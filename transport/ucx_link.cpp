@@ -205,7 +205,7 @@ struct pending_request {
 
 struct link_state : std::enable_shared_from_this<link_state> {
   link_state(asio::io_context& io_in, ucx_link_options options)
-      : io(io_in), opt(std::move(options)), context(), worker(context), fd(io), tick(io) {
+      : io(io_in), opt(std::move(options)), context(), worker(context), fd(io), tick(io), poll(io) {
     if (const char* v = std::getenv("DBG_SPIN")) opt.spin = std::chrono::microseconds(std::atoi(v));
   }
 
@@ -217,6 +217,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::uint16_t port = 0;
   asio::posix::stream_descriptor fd;
   asio::steady_timer tick;
+  asio::steady_timer poll;  // see pump(): requests in flight without events
+  bool poll_pending = false;
+  std::chrono::nanoseconds poll_interval{20'000};
 
   link_handlers handlers;
   link_stats stats;
@@ -332,6 +335,24 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     if (s != UCS_OK) return;  // the safety tick keeps progressing
     slept_at = now;
+    // Requests in flight may need our progress without any event arriving (a send waiting for
+    // room in a full shared-memory FIFO: the receiver draining it signals nothing). Poll for
+    // them with a timer that backs off from 20 us to the safety tick while nothing moves.
+    if (outstanding > 0) {
+      poll_interval = found
+                          ? std::chrono::nanoseconds(20'000)
+                          : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
+      if (!poll_pending) {
+        poll_pending = true;
+        poll.expires_after(poll_interval);
+        poll.async_wait([w = weak_from_this()](const std::error_code& ec) {
+          auto st = w.lock();
+          if (!st) return;
+          st->poll_pending = false;
+          if (!ec) st->pump();
+        });
+      }
+    }
     if (!fd_waiting) {
       fd_waiting = true;
       fd.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -1075,6 +1096,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     dying = true;
     std::error_code ignored;
     tick.cancel();
+    poll.cancel();
     fd.cancel(ignored);
     fd.close(ignored);
     for (auto& [serial, c] : conns) close_ep(c->ep, /*force=*/false);
