@@ -47,9 +47,9 @@ result<incoming_envelope> incoming_envelope::decode(std::span<const std::byte> b
   const capnp::word* words = reinterpret_cast<const capnp::word*>(bytes.data());
   const std::size_t n_words = bytes.size() / sizeof(capnp::word);
   if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(capnp::word) != 0) {
-    env.aligned_copy_.resize(n_words);
-    std::memcpy(static_cast<void*>(env.aligned_copy_.data()), bytes.data(), bytes.size());
-    words = env.aligned_copy_.data();
+    env.aligned_copy_ = kj::heapArray<capnp::word>(n_words);
+    std::memcpy(static_cast<void*>(env.aligned_copy_.begin()), bytes.data(), bytes.size());
+    words = env.aligned_copy_.begin();
   }
   capnp::ReaderOptions options;
   options.traversalLimitInWords = limits.traversal_words;

@@ -84,11 +84,15 @@ class incoming_envelope {
     }
     return any.template getAs<Payload>();
   }
-  bool copied() const { return !aligned_copy_.empty(); }
+  bool copied() const { return aligned_copy_.size() != 0; }
+  // Keeps the buffer the envelope reads in place alive as long as the envelope: links hand
+  // envelopes to handlers, which may keep them past the receive.
+  void hold(std::shared_ptr<const void> buffer) { buffer_ = std::move(buffer); }
 
  private:
   incoming_envelope() = default;
-  std::vector<capnp::word> aligned_copy_;
+  std::shared_ptr<const void> buffer_;   // declared first: destroyed after the reader
+  kj::Array<capnp::word> aligned_copy_;  // (capnp::word is not copyable: no std::vector)
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
   envelope_header header_;
 };

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -20,6 +21,21 @@ void check(ucs_status_t status, const char* what) {
 }  // namespace
 
 ucx_context::ucx_context() {
+  // UCX 1.13 drops its shared-memory transports from endpoints with peer error handling
+  // unless these are set (same-host traffic then falls to TCP, ~10x slower). They configure
+  // UCT memory domains, which only the environment reaches (ucp_config_modify does not), so
+  // they are set there before the context reads it; an explicit setting wins, and they are
+  // left out where UCX_TLS excludes shared memory (UCX would warn that they are unused).
+  const char* tls = std::getenv("UCX_TLS");
+  const std::string t = tls != nullptr ? tls : "";
+  const bool shm_possible = t.empty() || t[0] == '^' || t.find("sm") != std::string::npos ||
+                            t.find("posix") != std::string::npos ||
+                            t.find("sysv") != std::string::npos ||
+                            t.find("all") != std::string::npos;
+  if (shm_possible) {
+    ::setenv("UCX_POSIX_ERROR_HANDLING", "y", /*overwrite=*/0);
+    ::setenv("UCX_SYSV_ERROR_HANDLING", "y", /*overwrite=*/0);
+  }
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucp_params_t params{};

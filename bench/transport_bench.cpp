@@ -1,0 +1,343 @@
+// `moevement bench transport`: ucx_link against ucx_perftest, same machine, same run.
+//
+// For each transport (shared memory: UCX's default on one host; TCP: UCX_TLS=tcp) it runs
+//   latency   ours: ping-pong of envelopes carrying 8 bytes (seq), half the round trip, median
+//             theirs: ucx_perftest -t ucp_am_lat -s 8 (median)
+//   msg rate  ours: a burst of such envelopes one way, counted by the peer
+//             theirs: ucx_perftest -t ucp_am_bw -s 8 (overall message rate)
+//   bandwidth ours: pull() of a bulk region of SIZE (the automatic path: RMA get on shared
+//             memory, active-message rendezvous on TCP), repeated, into one buffer
+//             theirs: the same UCP operation in ucx_perftest: -t ucp_get on shared memory,
+//             -t ucp_am_bw on TCP
+// and prints `<metric>: ours=<v> theirs=<v> ratio=<r>` (better-is-higher: theirs/ours for
+// latency). Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp]
+#include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <asio/io_context.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/transport_bench.capnp.h"
+#include "transport/ucx_link.hpp"
+
+extern char** environ;
+
+namespace {
+
+using namespace moevement;
+using namespace moevement::transport;
+using clock_type = std::chrono::steady_clock;
+
+constexpr char token[] = "bench-token";
+
+enum kind : std::uint8_t {
+  k_ready = 1,
+  k_ping,
+  k_pong,
+  k_rate,
+  k_rate_done,
+  k_export,
+  k_exported,
+  k_release,
+  k_bye
+};
+
+kj::Array<capnp::word> message(node_id from, node_id to, kind k, std::uint64_t value,
+                               const bulk_descriptor& d = {}) {
+  outgoing_envelope out({{from, 1, 1}, {to, 1, 1}, 0, 0, 0});
+  auto p = out.init_payload<wire::bench::BenchMessage>();
+  p.setKind(k);
+  p.setValue(value);
+  write_descriptor(p.initDescriptor(), d);
+  return out.to_words();
+}
+
+struct decoded {
+  kind k;
+  std::uint64_t value;
+  bulk_descriptor d;
+};
+decoded read(const incoming_envelope& env) {
+  auto p = env.payload<wire::bench::BenchMessage>().value();
+  auto d = p.getDescriptor();
+  return {static_cast<kind>(p.getKind()),
+          p.getValue(),
+          {d.getNode(), d.getRegion(), d.getOffset(), d.getLength()}};
+}
+
+// ---- the peer process --------------------------------------------------------------------------
+
+int run_peer(std::uint16_t port) {
+  asio::io_context io;
+  ucx_link_options o;
+  o.self = 1;
+  o.job_token = token;
+  ucx_link link(io, o);
+  link.add_peer(0, "127.0.0.1", port);
+  std::optional<bulk_region> region;
+  std::uint64_t rate_count = 0;
+  link.set_handlers({[&](node_id, incoming_envelope env) {
+                       const auto m = read(env);
+                       switch (m.k) {
+                         case k_ping:
+                           (void)link.send(0, message(1, 0, k_pong, m.value));
+                           break;
+                         case k_rate:
+                           if (++rate_count == m.value) {
+                             (void)link.send(0, message(1, 0, k_rate_done, rate_count));
+                             rate_count = 0;
+                           }
+                           break;
+                         case k_export: {
+                           region = link.allocate_region(m.value);
+                           auto mem = region->memory();
+                           for (std::size_t i = 0; i < mem.size(); i += 4096)
+                             mem[i] = std::byte(i >> 12);
+                           (void)link.send(0, message(1, 0, k_exported, 0, region->describe_all()));
+                           break;
+                         }
+                         case k_release:
+                           region.reset();
+                           break;
+                         case k_bye:
+                           link.say_goodbye();
+                           io.stop();
+                           break;
+                         default:
+                           break;
+                       }
+                     },
+                     [&](node_id, peer_loss, const std::string&) { io.stop(); }});
+  (void)link.send(0, message(1, 0, k_ready, 0));
+  io.run();
+  return 0;
+}
+
+// ---- ours --------------------------------------------------------------------------------------
+
+struct numbers {
+  double latency_us = 0;
+  double rate_mps = 0;
+  std::vector<double> bw_gbps;  // per size
+};
+
+numbers run_ours(const std::vector<std::size_t>& sizes, bool quick) {
+  asio::io_context io;
+  ucx_link_options o;
+  o.self = 0;
+  o.job_token = token;
+  ucx_link link(io, o);
+  std::vector<decoded> inbox;
+  std::optional<std::string> gone;
+  link.set_handlers({[&](node_id, incoming_envelope env) { inbox.push_back(read(env)); },
+                     [&](node_id, peer_loss, const std::string& d) { gone = d; }});
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::vector<std::string> args{self, "--peer", std::to_string(link.port())};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    throw std::runtime_error("cannot start the bench peer");
+  }
+  auto wait_for = [&](kind k) {
+    const auto deadline = clock_type::now() + std::chrono::seconds(120);
+    for (;;) {
+      for (auto it = inbox.begin(); it != inbox.end(); ++it) {
+        if (it->k == k) {
+          auto m = *it;
+          inbox.erase(it);
+          return m;
+        }
+      }
+      if (gone) throw std::runtime_error("bench peer lost: " + *gone);
+      if (clock_type::now() > deadline) throw std::runtime_error("bench peer went silent");
+      io.restart();
+      io.run_one_for(std::chrono::milliseconds(10));
+    }
+  };
+  wait_for(k_ready);
+  numbers n;
+
+  // Latency: one ping in flight; each pong triggers the next ping from the handler's loop.
+  {
+    const int iters = quick ? 2000 : 20000;
+    std::vector<double> half_rtt;
+    half_rtt.reserve(iters);
+    for (int i = 0; i < iters + iters / 10; ++i) {
+      const auto t0 = clock_type::now();
+      (void)link.send(1, message(0, 1, k_ping, i));
+      while (inbox.empty()) {
+        io.restart();
+        io.run_one();
+      }
+      inbox.clear();
+      if (i >= iters / 10) {  // the first tenth warms up
+        half_rtt.push_back(
+            std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / 2);
+      }
+    }
+    std::nth_element(half_rtt.begin(), half_rtt.begin() + half_rtt.size() / 2, half_rtt.end());
+    n.latency_us = half_rtt[half_rtt.size() / 2];
+  }
+  // Message rate: a burst, the peer answers after the last one (per-peer FIFO).
+  {
+    const std::uint64_t count = quick ? 20000 : 200000;
+    const auto t0 = clock_type::now();
+    for (std::uint64_t i = 0; i < count; ++i) (void)link.send(1, message(0, 1, k_rate, count));
+    wait_for(k_rate_done);
+    n.rate_mps = count / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e6;
+  }
+  // Bandwidth: pulls of an exported region into one (pre-touched) buffer.
+  for (std::size_t size : sizes) {
+    (void)link.send(1, message(0, 1, k_export, size));
+    const auto d = wait_for(k_exported).d;
+    std::vector<std::byte> into(size, std::byte{1});
+    const int reps = std::max<int>(2, static_cast<int>((quick ? 256ull : 2048ull << 20) / size));
+    double seconds = 0;
+    for (int r = 0; r < reps + 1; ++r) {
+      std::optional<result<void>> done;
+      const auto t0 = clock_type::now();
+      link.pull(d, into, [&](result<void> res) { done = std::move(res); });
+      while (!done) {
+        io.restart();
+        io.run_one();
+      }
+      if (!done->ok()) throw std::runtime_error("pull failed: " + done->err().message);
+      if (r > 0) seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+    }
+    n.bw_gbps.push_back(static_cast<double>(size) * reps / seconds / 1e9);
+    (void)link.send(1, message(0, 1, k_release, 0));
+  }
+  (void)link.send(1, message(0, 1, k_bye, 0));
+  int status = 0;
+  const auto deadline = clock_type::now() + std::chrono::seconds(10);
+  while (::waitpid(pid, &status, WNOHANG) == 0 && clock_type::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(5));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return n;
+}
+
+// ---- theirs: ucx_perftest ----------------------------------------------------------------------
+
+// One ucx_perftest client/server pair; the CSV line's fields (iterations, p50 latency, avg
+// latency, overall latency, avg bw MB/s, overall bw MB/s, avg msg rate, overall msg rate).
+std::vector<double> perftest(const std::string& test, std::size_t size, long iters, int port) {
+  const std::string server_cmd = fmt::format("ucx_perftest -p {} >/dev/null 2>&1", port);
+  pid_t server = -1;
+  const char* sh_args[] = {"/bin/sh", "-c", server_cmd.c_str(), nullptr};
+  if (::posix_spawn(&server, "/bin/sh", nullptr, nullptr, const_cast<char**>(sh_args), environ) !=
+      0) {
+    throw std::runtime_error("cannot start ucx_perftest (install ucx-utils)");
+  }
+  std::vector<double> fields;
+  for (int attempt = 0; attempt < 50 && fields.empty(); ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string cmd =
+        fmt::format("ucx_perftest 127.0.0.1 -p {} -t {} -s {} -n {} -w {} -v 2>/dev/null", port,
+                    test, size, iters, std::max(1L, iters / 10));
+    FILE* f = ::popen(cmd.c_str(), "r");
+    if (f == nullptr) continue;
+    char line[512];
+    std::string last;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      const char* p = line;
+      while (*p == ' ') ++p;
+      if (std::strchr(p, ',') != nullptr && *p >= '0' && *p <= '9') last = p;
+    }
+    ::pclose(f);
+    std::stringstream ss(last);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) fields.push_back(std::stod(cell));
+    if (fields.size() < 8) fields.clear();
+  }
+  ::kill(server, SIGTERM);
+  ::waitpid(server, nullptr, 0);
+  if (fields.empty()) throw std::runtime_error("ucx_perftest " + test + " gave no result");
+  return fields;
+}
+
+numbers run_theirs(bool tcp, const std::vector<std::size_t>& sizes, bool quick) {
+  int port = 20000 + ::getpid() % 20000;
+  numbers n;
+  n.latency_us = perftest("ucp_am_lat", 8, quick ? 2000 : 20000, port++)[1];
+  n.rate_mps = perftest("ucp_am_bw", 8, quick ? 20000 : 200000, port++)[7] / 1e6;
+  for (std::size_t size : sizes) {
+    const long reps = std::max<long>(2, static_cast<long>((quick ? 256ull : 2048ull << 20) / size));
+    const auto f = perftest(tcp ? "ucp_am_bw" : "ucp_get", size, reps, port++);
+    n.bw_gbps.push_back(f[5] * 1e6 / 1e9 * 1.048576);  // perftest's MB is 2^20 bytes
+  }
+  return n;
+}
+
+std::string size_name(std::size_t s) {
+  return s >= (1u << 30) ? fmt::format("{}GiB", s >> 30) : fmt::format("{}MiB", s >> 20);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc >= 3 && std::string(argv[1]) == "--peer") {
+      return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])));
+    }
+    bool quick = false, with_1g = true;
+    std::vector<std::string> transports{"shm", "tcp"};
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--quick") {
+        quick = true;
+        with_1g = false;
+      } else if (a == "--no-1g") {
+        with_1g = false;
+      } else if (a == "--transport" && i + 1 < argc) {
+        transports = {argv[++i]};
+      } else {
+        std::fprintf(stderr, "usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp]\n");
+        return 2;
+      }
+    }
+    std::vector<std::size_t> sizes{4u << 20, 64u << 20};
+    if (with_1g) sizes.push_back(1u << 30);
+    for (const auto& t : transports) {
+      const bool tcp = t == "tcp";
+      if (tcp) {
+        ::setenv("UCX_TLS", "tcp", 1);
+      } else {
+        ::unsetenv("UCX_TLS");
+      }
+      const numbers ours = run_ours(sizes, quick);
+      const numbers theirs = run_theirs(tcp, sizes, quick);
+      std::printf("transport_%s_latency_8B_us: ours=%.3f theirs=%.3f ratio=%.3f\n", t.c_str(),
+                  ours.latency_us, theirs.latency_us, theirs.latency_us / ours.latency_us);
+      std::printf("transport_%s_msg_rate_8B_Mmsg_per_s: ours=%.4f theirs=%.4f ratio=%.3f\n",
+                  t.c_str(), ours.rate_mps, theirs.rate_mps, ours.rate_mps / theirs.rate_mps);
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        std::printf("transport_%s_bandwidth_%s_GB_per_s: ours=%.3f theirs=%.3f ratio=%.3f\n",
+                    t.c_str(), size_name(sizes[i]).c_str(), ours.bw_gbps[i], theirs.bw_gbps[i],
+                    ours.bw_gbps[i] / theirs.bw_gbps[i]);
+      }
+      std::fflush(stdout);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_transport: %s\n", e.what());
+    return 1;
+  }
+}

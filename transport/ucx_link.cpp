@@ -1,0 +1,1421 @@
+#include "transport/ucx_link.hpp"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <kj/exception.h>
+#include <netdb.h>
+#include <unistd.h>
+
+#include <array>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/ucx_context.hpp"
+
+namespace moevement::transport {
+namespace detail {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Active message ids of the link's own protocol.
+enum am_id : unsigned {
+  am_hello = 1,     // header hello_header, data: the job token
+  am_welcome,       // header welcome_header: the acceptor admitted us
+  am_refused,       // no payload: the acceptor refused our token
+  am_envelope,      // data: one serialized envelope
+  am_goodbye,       // no payload: the sender is shutting down cleanly
+  am_bulk_request,  // header bulk_request_header
+  am_bulk_data,     // header bulk_reply_header, data: the bytes (rendezvous when large)
+  am_bulk_rkey,     // header bulk_reply_header, data: the packed rkey
+  am_bulk_error,    // header bulk_reply_header (code says why)
+};
+constexpr am_id all_am_ids[] = {am_hello,     am_welcome,   am_refused,
+                                am_envelope,  am_goodbye,   am_bulk_request,
+                                am_bulk_data, am_bulk_rkey, am_bulk_error};
+
+constexpr std::uint32_t wire_magic = 0x56454f4d;  // "MOEV"
+constexpr std::uint32_t wire_version = 1;
+constexpr std::size_t max_token_bytes = 256;
+constexpr std::size_t max_rkey_bytes = 4096;
+
+struct hello_header {
+  std::uint32_t magic, version, node, token_bytes;
+};
+struct welcome_header {
+  std::uint32_t magic, version, node, reserved;
+};
+struct bulk_request_header {
+  std::uint64_t request, region, offset, length;
+  std::uint32_t rma, reserved;  // rma: an rma_level, what the puller's endpoint can do
+};
+// How far the puller's RMA lanes are native (not emulated over TCP).
+enum rma_level : std::uint32_t {
+  rma_none = 0,       // rendezvous only
+  rma_allocated = 1,  // native for regions UCX allocated (shared-memory transports)
+  rma_any = 2,        // native for any registered memory (InfiniBand, RoCE), or forced
+};
+enum bulk_error_code : std::uint32_t { no_such_region = 1, out_of_range = 2, not_mapped = 3 };
+struct bulk_reply_header {
+  std::uint64_t request, address, length;
+  std::uint32_t code, reserved;
+};
+
+template <class T>
+bool read_header(const void* header, std::size_t length, T& out) {
+  if (length != sizeof(T)) return false;
+  std::memcpy(&out, header, sizeof(T));
+  return true;
+}
+
+bool same_token(const std::string& a, const void* b, std::size_t b_len) {
+  // Constant time in the token's content, so a prober learns nothing from timing.
+  if (a.size() != b_len) return false;
+  unsigned char diff = 0;
+  const auto* p = static_cast<const unsigned char*>(b);
+  for (std::size_t i = 0; i < b_len; ++i) diff |= static_cast<unsigned char>(a[i]) ^ p[i];
+  return diff == 0;
+}
+
+void check(ucs_status_t status, const std::string& what) {
+  if (status != UCS_OK) {
+    throw std::runtime_error(fmt::format("{} failed: {} (see docs/transport.md for UCX settings)",
+                                         what, ucs_status_string(status)));
+  }
+}
+
+sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t& len) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    throw std::runtime_error(
+        fmt::format("cannot resolve '{}': {} (give a host name or an IP "
+                    "address this machine can reach)",
+                    host, ::gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  len = res->ai_addrlen;
+  ::freeaddrinfo(res);
+  return ss;
+}
+
+}  // namespace
+
+struct region_record {
+  std::uint64_t id = 0;
+  std::byte* base = nullptr;
+  std::size_t length = 0;
+  ucp_context_h context = nullptr;
+  ucp_mem_h memh = nullptr;
+  std::vector<std::byte> rkey;  // packed once, sent to pullers taking the RMA path
+  std::uint64_t in_flight = 0;
+  bool allocated = false;  // UCX allocated it: shareable by the shared-memory transports
+  void unmap() {
+    if (memh != nullptr) ucp_mem_unmap(context, memh);
+    memh = nullptr;
+    base = nullptr;
+    length = 0;
+  }
+  ~region_record() { unmap(); }
+};
+
+namespace {
+
+// One received envelope awaiting in-order delivery.
+struct inbound {
+  enum class kind { envelope, goodbye } what = kind::envelope;
+  std::shared_ptr<std::vector<capnp::word>> buffer;
+  std::size_t bytes = 0;
+  bool ready = false;
+  bool failed = false;
+};
+
+// An unpacked remote key; destroyed when neither the cache nor a get in flight holds it.
+struct remote_key {
+  ucp_rkey_h handle = nullptr;
+  ~remote_key() {
+    if (handle != nullptr) ucp_rkey_destroy(handle);
+  }
+};
+constexpr std::size_t max_cached_rkeys = 64;  // per connection; unpacking maps shared memory
+
+struct connection {
+  std::uint64_t serial = 0;
+  ucp_ep_h ep = nullptr;
+  bool outgoing = false;
+  bool admitted = false;  // outgoing: from the start; incoming: after a valid hello
+  bool welcomed = false;  // outgoing: the acceptor admitted us (the endpoint is wired)
+  node_id peer = 0;
+  clock::time_point created;
+  std::deque<std::shared_ptr<inbound>> inbox;
+  // Unpacked rkeys by region id: unpacking (and, on shared memory, mapping the segment and
+  // faulting its pages in) costs more than a pull of megabytes.
+  std::map<std::uint64_t, std::shared_ptr<remote_key>> rkeys;
+};
+
+struct peer_entry {
+  std::string host;
+  std::uint16_t port = 0;
+  bool addressed = false;
+  std::uint64_t send_conn = 0;  // serial of the connection we send on; 0: none yet
+  bool lost = false;
+  bool path_known = false;
+  bulk_path path = bulk_path::rendezvous;
+  std::uint32_t rma = 0;  // rma_level, once path_known
+};
+
+struct pull_op {
+  std::uint64_t id = 0;
+  node_id peer = 0;
+  std::uint64_t conn = 0;
+  std::uint64_t region = 0;
+  std::byte* into = nullptr;
+  std::size_t length = 0;
+  std::uint32_t rma = rma_none;  // the rma_level we offered the exporter
+  bool transferring = false;     // a UCX request moves the bytes; it completes on its own
+  ucx_link::pull_handler done;
+};
+
+// Heap state of one UCX request; the callback frees it.
+struct pending_request {
+  std::function<void(ucs_status_t)> done;
+  std::shared_ptr<void> keep;  // whatever the request reads from or writes to
+  // UCX may run the callback inside the call that starts the request (seen with
+  // ucp_am_recv_data_nbx on a failed endpoint); track() then finishes it.
+  bool issued = false;
+  bool early = false;
+  ucs_status_t early_status = UCS_OK;
+};
+
+}  // namespace
+
+struct link_state : std::enable_shared_from_this<link_state> {
+  link_state(asio::io_context& io_in, ucx_link_options options)
+      : io(io_in), opt(std::move(options)), context(), worker(context), fd(io), tick(io), poll(io) {
+    if (const char* v = std::getenv("DBG_SPIN")) opt.spin = std::chrono::microseconds(std::atoi(v));
+  }
+
+  asio::io_context& io;
+  ucx_link_options opt;
+  ucx_context context;
+  ucx_worker worker;
+  ucp_listener_h listener = nullptr;
+  std::uint16_t port = 0;
+  asio::posix::stream_descriptor fd;
+  asio::steady_timer tick;
+  asio::steady_timer poll;  // see pump(): requests in flight without events
+  bool poll_pending = false;
+  std::chrono::nanoseconds poll_interval{20'000};
+
+  link_handlers handlers;
+  link_stats stats;
+  ucx_link_counters counters;
+
+  std::uint64_t next_serial = 1;
+  std::map<std::uint64_t, std::unique_ptr<connection>> conns;
+  std::unordered_map<ucp_ep_h, std::uint64_t> by_ep;
+  std::map<node_id, peer_entry> peers;
+  std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
+  std::map<std::uint64_t, std::shared_ptr<region_record>> regions;
+  std::uint64_t next_region = 1;
+  std::map<std::uint64_t, std::unique_ptr<pull_op>> pulls;
+  std::uint64_t next_pull = 1;
+  std::uint64_t outstanding = 0;  // UCX requests whose callback has not run
+  std::set<void*> inflight;       // those requests, cancelled if still there at shutdown
+
+  bool kick_pending = false;
+  bool fd_waiting = false;
+  bool dying = false;
+  bool said_goodbye = false;
+  clock::time_point last_activity = clock::now();
+  clock::time_point slept_at = clock::now();
+  std::chrono::nanoseconds spin_now{0};  // the adaptive spin window, at most opt.spin
+  bool spinning = false;
+
+  // ---- driving the worker from Asio -------------------------------------------------------
+
+  void start() {
+    const int dup_fd = ::dup(worker.event_fd());
+    if (dup_fd < 0) throw std::runtime_error("dup of the UCX worker event fd failed");
+    fd.assign(dup_fd);
+    for (am_id id : all_am_ids) {
+      ucp_am_handler_param_t p{};
+      p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      p.id = id;
+      p.flags = UCP_AM_FLAG_WHOLE_MSG;
+      p.cb = &on_am;
+      p.arg = new_am_arg(id);
+      check(ucp_worker_set_am_recv_handler(worker.handle(), &p), "ucp_worker_set_am_recv_handler");
+    }
+    socklen_t len = 0;
+    sockaddr_storage ss = resolve(opt.listen_host, opt.listen_port, len);
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    lp.sockaddr.addrlen = len;
+    lp.conn_handler.cb = &on_conn_request;
+    lp.conn_handler.arg = this;
+    check(ucp_listener_create(worker.handle(), &lp, &listener),
+          fmt::format("listening on {}:{}", opt.listen_host, opt.listen_port));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    check(ucp_listener_query(listener, &attr), "ucp_listener_query");
+    if (attr.sockaddr.ss_family == AF_INET) {
+      port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+    } else {
+      port = ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
+    }
+    schedule_tick();
+    kick();
+  }
+
+  // The AM callback gets the link and the id through one pointer: ids are small, so the
+  // argument is the address of an element of am_args.
+  std::array<std::pair<link_state*, am_id>, 16> am_args{};
+  void* new_am_arg(am_id id) {
+    am_args[id] = {this, id};
+    return &am_args[id];
+  }
+
+  void kick() {
+    if (kick_pending || dying) return;
+    kick_pending = true;
+    asio::post(io, [w = weak_from_this()] {
+      if (auto s = w.lock()) {
+        s->kick_pending = false;
+        s->pump();
+      }
+    });
+  }
+
+  // Progress until idle; keep going (re-posting, so other handlers run) while within the spin
+  // window after the last activity; then arm and wait on the event fd. Arm and async_wait
+  // follow each other with nothing in between: Asio's reactor is edge-triggered.
+  //
+  // The window adapts: it doubles (up to opt.spin) when spinning caught an event or a sleep
+  // ended sooner than opt.spin, and halves when it ran out with nothing. On an idle machine
+  // spinning halves the latency of a hop; on an oversubscribed one (more runnable processes
+  // than cores) a spinner holds the core its peer needs to answer, so the window shrinks to 0.
+  void pump() {
+    if (dying) return;
+    bool found = false;
+    while (worker.progress() != 0) found = true;
+    const auto now = clock::now();
+    if (found) {
+      if (spinning) grow_spin();
+      last_activity = now;
+    }
+    reap_closing();
+    if (now - last_activity < spin_now) {
+      spinning = true;
+      kick();
+      return;
+    }
+    if (spinning) shrink_spin();
+    spinning = false;
+    const ucs_status_t s = ucp_worker_arm(worker.handle());
+    if (s == UCS_ERR_BUSY) {
+      kick();
+      return;
+    }
+    if (s != UCS_OK) return;  // the safety tick keeps progressing
+    slept_at = now;
+    // Requests in flight may need our progress without any event arriving (a send waiting for
+    // room in a full shared-memory FIFO: the receiver draining it signals nothing). Poll for
+    // them with a timer that backs off from 20 us to the safety tick while nothing moves.
+    if (outstanding > 0) {
+      poll_interval = found
+                          ? std::chrono::nanoseconds(20'000)
+                          : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
+      if (!poll_pending) {
+        poll_pending = true;
+        poll.expires_after(poll_interval);
+        poll.async_wait([w = weak_from_this()](const std::error_code& ec) {
+          auto st = w.lock();
+          if (!st) return;
+          st->poll_pending = false;
+          if (!ec) st->pump();
+        });
+      }
+    }
+    if (!fd_waiting) {
+      fd_waiting = true;
+      fd.async_wait(asio::posix::stream_descriptor::wait_read,
+                    [w = weak_from_this()](const std::error_code& ec) {
+                      auto s = w.lock();
+                      if (!s) return;
+                      s->fd_waiting = false;
+                      if (!ec) {
+                        s->last_activity = clock::now();
+                        if (s->last_activity - s->slept_at < s->opt.spin) s->grow_spin();
+                        s->pump();
+                      }
+                    });
+    }
+  }
+  void grow_spin() {
+    spin_now = std::min<std::chrono::nanoseconds>(
+        opt.spin, std::max<std::chrono::nanoseconds>(2 * spin_now, std::chrono::microseconds(1)));
+  }
+  void shrink_spin() {
+    spin_now /= 2;
+    if (spin_now < std::chrono::microseconds(1)) spin_now = std::chrono::nanoseconds(0);
+  }
+
+  void schedule_tick() {
+    tick.expires_after(opt.safety_tick);
+    tick.async_wait([w = weak_from_this()](const std::error_code& ec) {
+      auto s = w.lock();
+      if (!s || ec || s->dying) return;
+      s->check_hello_timeouts();
+      s->pump();
+      s->schedule_tick();
+    });
+  }
+
+  void reap_closing() {
+    std::erase_if(closing, [](void* req) {
+      if (ucp_request_check_status(req) == UCS_INPROGRESS) return false;
+      ucp_request_free(req);
+      return true;
+    });
+  }
+
+  // ---- UCX requests --------------------------------------------------------------------------
+
+  static void on_send_done(void* request, ucs_status_t status, void* user_data) {
+    finish_request(request, status, user_data);
+  }
+  static void on_recv_done(void* request, ucs_status_t status, std::size_t, void* user_data) {
+    finish_request(request, status, user_data);
+  }
+  static void finish_request(void* request, ucs_status_t status, void* user_data) {
+    auto* raw = static_cast<pending_request*>(user_data);
+    ucp_request_free(request);
+    if (!raw->issued) {  // inside the starting call: track() owns it still
+      raw->early = true;
+      raw->early_status = status;
+      return;
+    }
+    std::unique_ptr<pending_request> p(raw);
+    p->done(status);
+  }
+  // Completes `r` now if UCX did, else when its callback runs (inside progress).
+  void track(ucs_status_ptr_t r, std::unique_ptr<pending_request> p) {
+    p->issued = true;
+    if (r == nullptr) {
+      p->done(UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      p->done(UCS_PTR_STATUS(r));
+    } else if (p->early) {  // completed (and freed) inside the starting call
+      p->done(p->early_status);
+    } else {
+      ++outstanding;
+      inflight.insert(r);
+      auto done = std::move(p->done);
+      p->done = [this, r, done = std::move(done)](ucs_status_t s) {
+        --outstanding;
+        inflight.erase(r);
+        done(s);
+      };
+      p.release();  // owned by the request's callback now
+    }
+  }
+
+  ucp_request_param_t request_params(pending_request* p, bool recv_am = false) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    if (recv_am) {
+      param.cb.recv_am = &on_recv_done;
+    } else {
+      param.cb.send = &on_send_done;
+    }
+    param.user_data = p;
+    return param;
+  }
+
+  // Sends one active message on a connection. `keep` owns what header and data point into.
+  result<void> send_am(connection& c, am_id id, const void* header, std::size_t header_len,
+                       const void* data, std::size_t len, std::shared_ptr<void> keep,
+                       std::function<void(ucs_status_t)> done, ucp_mem_h memh = nullptr) {
+    auto p = std::make_unique<pending_request>();
+    p->keep = std::move(keep);
+    p->done = std::move(done);
+    ucp_request_param_t param = request_params(p.get());
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver learns which endpoint it came on
+    if (memh != nullptr) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = memh;
+    }
+    ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, id, header, header_len, data, len, &param);
+    last_activity = clock::now();  // an answer may follow soon: worth a spin
+    if (UCS_PTR_IS_ERR(r)) {
+      ++stats.send_errors;
+      return error{fmt::format("sending to node {} failed: {}", c.peer,
+                               ucs_status_string(UCS_PTR_STATUS(r)))};
+    }
+    track(r, std::move(p));
+    kick();
+    return {};
+  }
+
+  // A message of the link's own protocol: a header copy lives with the request.
+  template <class Header>
+  void send_control(connection& c, am_id id, const Header& h, const void* data = nullptr,
+                    std::size_t len = 0, std::shared_ptr<void> keep = nullptr) {
+    struct holder {
+      Header header;
+      std::shared_ptr<void> keep;
+    };
+    auto hold = std::make_shared<holder>(holder{h, std::move(keep)});
+    const void* hp = &hold->header;
+    (void)send_am(c, id, hp, sizeof(Header), data, len, hold, [this](ucs_status_t s) {
+      if (s != UCS_OK) ++stats.send_errors;
+    });
+  }
+  void send_signal(connection& c, am_id id) {
+    (void)send_am(c, id, nullptr, 0, nullptr, 0, nullptr, [this](ucs_status_t s) {
+      if (s != UCS_OK) ++stats.send_errors;
+    });
+  }
+
+  // ---- connections -------------------------------------------------------------------------
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* s = static_cast<link_state*>(arg);
+    auto it = s->by_ep.find(ep);
+    if (it == s->by_ep.end()) return;
+    const std::uint64_t serial = it->second;
+    asio::post(s->io, [w = s->weak_from_this(), serial, status] {
+      if (auto st = w.lock()) {
+        st->fail_connection(serial, fmt::format("endpoint error: {}", ucs_status_string(status)));
+      }
+    });
+  }
+
+  connection& add_connection(ucp_ep_h ep, bool outgoing, node_id peer) {
+    auto c = std::make_unique<connection>();
+    c->serial = next_serial++;
+    c->ep = ep;
+    c->outgoing = outgoing;
+    c->admitted = outgoing;
+    c->peer = peer;
+    c->created = clock::now();
+    auto& ref = *c;
+    by_ep[ep] = c->serial;
+    conns[c->serial] = std::move(c);
+    return ref;
+  }
+
+  connection* find_conn(std::uint64_t serial) {
+    auto it = conns.find(serial);
+    return it == conns.end() ? nullptr : it->second.get();
+  }
+
+  ucp_ep_params_t ep_params() {
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &on_ep_error;
+    p.err_handler.arg = this;
+    return p;
+  }
+
+  static void on_conn_request(ucp_conn_request_h request, void* arg) {
+    auto* s = static_cast<link_state*>(arg);
+    // Endpoints are not created inside progress; the accept runs as a posted handler.
+    asio::post(s->io, [w = s->weak_from_this(), request, listener = s->listener] {
+      auto st = w.lock();
+      if (!st || st->dying) {
+        if (st) ucp_listener_reject(listener, request);
+        return;
+      }
+      st->accept(request);
+    });
+  }
+
+  void accept(ucp_conn_request_h request) {
+    ucp_ep_params_t p = ep_params();
+    p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    p.conn_request = request;
+    ucp_ep_h ep = nullptr;
+    if (ucp_ep_create(worker.handle(), &p, &ep) != UCS_OK) return;
+    add_connection(ep, /*outgoing=*/false, 0);
+    kick();
+  }
+
+  result<connection*> connection_to(node_id peer) {
+    auto it = peers.find(peer);
+    if (it == peers.end()) {
+      return error{fmt::format("unknown node {}: call add_peer() with its address first", peer)};
+    }
+    auto& pe = it->second;
+    if (pe.lost) return error{fmt::format("node {} is lost; re-add it once it is back", peer)};
+    if (auto* c = find_conn(pe.send_conn)) return c;
+    if (!pe.addressed) return error{fmt::format("no address for node {}", peer)};
+    socklen_t len = 0;
+    sockaddr_storage ss{};
+    try {
+      ss = resolve(pe.host, pe.port, len);
+    } catch (const std::exception& e) {
+      return error{e.what()};
+    }
+    ucp_ep_params_t p = ep_params();
+    p.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    p.sockaddr.addrlen = len;
+    ucp_ep_h ep = nullptr;
+    if (const ucs_status_t st = ucp_ep_create(worker.handle(), &p, &ep); st != UCS_OK) {
+      return error{fmt::format("cannot connect to node {} at {}:{}: {}", peer, pe.host, pe.port,
+                               ucs_status_string(st))};
+    }
+    connection& c = add_connection(ep, /*outgoing=*/true, peer);
+    pe.send_conn = c.serial;
+    auto token = std::make_shared<std::string>(opt.job_token);
+    hello_header h{wire_magic, wire_version, opt.self,
+                   static_cast<std::uint32_t>(opt.job_token.size())};
+    send_control(c, am_hello, h, token->data(), token->size(), token);
+    return &c;
+  }
+
+  void close_ep(ucp_ep_h ep, bool force) {
+    by_ep.erase(ep);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
+    kick();
+  }
+
+  // Drops a connection; if it carried an admitted peer, that peer is lost.
+  void fail_connection(std::uint64_t serial, const std::string& detail) {
+    connection* c = find_conn(serial);
+    if (c == nullptr) return;
+    const bool admitted = c->admitted;
+    const node_id peer = c->peer;
+    close_ep(c->ep, /*force=*/true);
+    conns.erase(serial);
+    fail_waiting_pulls(serial, detail);
+    if (admitted) lose_peer(peer, peer_loss::crash, detail);
+  }
+
+  // Marks a peer lost (once), closes all its connections, reports it.
+  void lose_peer(node_id peer, peer_loss why, const std::string& detail) {
+    auto it = peers.find(peer);
+    if (it == peers.end() || it->second.lost) return;
+    // After our own goodbye, peers closing on us is expected, not news.
+    if (said_goodbye) why = peer_loss::goodbye;
+    it->second.lost = true;
+    it->second.send_conn = 0;
+    it->second.path_known = false;
+    std::vector<std::uint64_t> doomed;
+    for (auto& [serial, c] : conns) {
+      if (c->admitted && c->peer == peer) doomed.push_back(serial);
+    }
+    for (auto serial : doomed) {
+      close_ep(conns[serial]->ep, why == peer_loss::crash);
+      conns.erase(serial);
+      fail_waiting_pulls(serial, detail);
+    }
+    if (handlers.on_peer_lost) {
+      asio::post(io, [w = weak_from_this(), peer, why, detail] {
+        if (auto s = w.lock()) {
+          if (s->handlers.on_peer_lost) s->handlers.on_peer_lost(peer, why, detail);
+        }
+      });
+    }
+  }
+
+  void check_hello_timeouts() {
+    const auto now = clock::now();
+    std::vector<std::uint64_t> silent;
+    for (auto& [serial, c] : conns) {
+      if (!c->outgoing && !c->admitted && now - c->created > opt.hello_timeout) {
+        silent.push_back(serial);
+      }
+    }
+    for (auto serial : silent) {
+      ++counters.hello_timeouts;
+      fail_connection(serial, "no hello within the timeout");
+    }
+  }
+
+  // ---- receiving ---------------------------------------------------------------------------
+
+  static ucs_status_t on_am(void* arg, const void* header, std::size_t header_len, void* data,
+                            std::size_t len, const ucp_am_recv_param_t* param) {
+    auto* a = static_cast<std::pair<link_state*, am_id>*>(arg);
+    return a->first->receive(a->second, header, header_len, data, len, param);
+  }
+
+  ucs_status_t receive(am_id id, const void* header, std::size_t header_len, void* data,
+                       std::size_t len, const ucp_am_recv_param_t* param) {
+    last_activity = clock::now();
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) {
+      ++stats.malformed;  // we cannot tell who sent it
+      return UCS_OK;      // drops it (a rendezvous is completed empty for the sender)
+    }
+    auto it = by_ep.find(param->reply_ep);
+    if (it == by_ep.end()) return UCS_OK;  // a connection being closed
+    connection& c = *conns.at(it->second);
+    if (id == am_hello) return on_hello(c, header, header_len, data, len, rndv);
+    if (!c.admitted) {
+      ++stats.malformed;  // nothing but a hello is accepted before admission
+      return UCS_OK;
+    }
+    switch (id) {
+      case am_welcome: {
+        welcome_header h{};
+        if (!c.outgoing || !read_header(header, header_len, h) || h.magic != wire_magic ||
+            h.node != c.peer) {
+          ++stats.malformed;
+          post_fail(c.serial, "bad welcome (is another node listening at that address?)");
+          return UCS_OK;
+        }
+        c.welcomed = true;
+        return UCS_OK;
+      }
+      case am_refused:
+        if (c.outgoing) {
+          post_lose(c.peer, peer_loss::crash, "refused by the peer: wrong job token");
+        }
+        return UCS_OK;
+      case am_envelope:
+        return on_envelope(c, data, len, rndv);
+      case am_goodbye: {
+        auto in = std::make_shared<inbound>();
+        in->what = inbound::kind::goodbye;
+        in->ready = true;
+        c.inbox.push_back(in);
+        post_deliver(c.serial);
+        return UCS_OK;
+      }
+      case am_bulk_request: {
+        bulk_request_header h{};
+        if (!read_header(header, header_len, h) || len != 0) {
+          ++stats.malformed;
+          return UCS_OK;
+        }
+        asio::post(io, [w = weak_from_this(), serial = c.serial, h] {
+          if (auto s = w.lock()) s->serve_pull(serial, h);
+        });
+        return UCS_OK;
+      }
+      case am_bulk_data:
+      case am_bulk_rkey:
+      case am_bulk_error:
+        return on_bulk_reply(c, id, header, header_len, data, len, rndv);
+      default:
+        ++stats.malformed;
+        return UCS_OK;
+    }
+  }
+
+  ucs_status_t on_hello(connection& c, const void* header, std::size_t header_len, const void* data,
+                        std::size_t len, bool rndv) {
+    hello_header h{};
+    if (c.admitted) {  // a second hello (or one on our own connection): ignored, counted
+      ++counters.bad_hellos;
+      ++stats.malformed;
+      return UCS_OK;
+    }
+    if (c.outgoing || rndv || !read_header(header, header_len, h) || h.magic != wire_magic ||
+        h.version != wire_version || h.token_bytes != len || len > max_token_bytes) {
+      ++counters.bad_hellos;
+      ++stats.malformed;
+      post_fail(c.serial, "bad hello");
+      return UCS_OK;
+    }
+    if (!same_token(opt.job_token, data, len)) {
+      ++counters.refused_tokens;
+      ++stats.malformed;
+      const std::uint64_t serial = c.serial;
+      asio::post(io, [w = weak_from_this(), serial] {
+        auto s = w.lock();
+        if (!s) return;
+        if (connection* conn = s->find_conn(serial)) {
+          s->send_signal(*conn, am_refused);
+          s->close_ep(conn->ep, /*force=*/false);  // flushes the refusal first
+          s->conns.erase(serial);
+        }
+      });
+      return UCS_OK;
+    }
+    c.admitted = true;
+    c.peer = h.node;
+    auto& pe = peers[h.node];
+    if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
+    if (find_conn(pe.send_conn) == nullptr) pe.send_conn = c.serial;
+    const std::uint64_t serial = c.serial;
+    asio::post(io, [w = weak_from_this(), serial] {
+      auto s = w.lock();
+      if (!s) return;
+      if (connection* conn = s->find_conn(serial)) {
+        s->send_control(*conn, am_welcome,
+                        welcome_header{wire_magic, wire_version, s->opt.self, 0});
+      }
+    });
+    return UCS_OK;
+  }
+
+  ucs_status_t on_envelope(connection& c, void* data, std::size_t len, bool rndv) {
+    if (len > opt.limits.max_bytes || len < sizeof(capnp::word) || len % sizeof(capnp::word)) {
+      ++stats.malformed;
+      return UCS_OK;  // a rendezvous is dropped without moving its bytes
+    }
+    auto in = std::make_shared<inbound>();
+    in->buffer = std::make_shared<std::vector<capnp::word>>(len / sizeof(capnp::word));
+    in->bytes = len;
+    c.inbox.push_back(in);
+    if (!rndv) {
+      // Eager data lives only during this callback: one copy of a small message into an
+      // aligned buffer, which the envelope then reads in place.
+      std::memcpy(static_cast<void*>(in->buffer->data()), data, len);
+      in->ready = true;
+      post_deliver(c.serial);
+      return UCS_OK;
+    }
+    // Rendezvous: the bytes go straight into our aligned buffer (no copy), started outside
+    // progress.
+    asio::post(io, [w = weak_from_this(), serial = c.serial, in, data] {
+      auto s = w.lock();
+      if (!s) return;
+      if (s->find_conn(serial) == nullptr) {
+        ucp_am_data_release(s->worker.handle(), data);
+        return;
+      }
+      auto p = std::make_unique<pending_request>();
+      p->keep = in;
+      p->done = [s = s.get(), serial, in](ucs_status_t st) {
+        if (st == UCS_OK) {
+          in->ready = true;
+        } else {
+          in->failed = true;
+        }
+        s->post_deliver(serial);
+      };
+      ucp_request_param_t param = s->request_params(p.get(), /*recv_am=*/true);
+      s->track(
+          ucp_am_recv_data_nbx(s->worker.handle(), data, in->buffer->data(), in->bytes, &param),
+          std::move(p));
+      s->kick();
+    });
+    return UCS_INPROGRESS;
+  }
+
+  void post_deliver(std::uint64_t serial) {
+    asio::post(io, [w = weak_from_this(), serial] {
+      if (auto s = w.lock()) s->deliver(serial);
+    });
+  }
+  void post_fail(std::uint64_t serial, std::string detail) {
+    asio::post(io, [w = weak_from_this(), serial, detail = std::move(detail)] {
+      if (auto s = w.lock()) s->fail_connection(serial, detail);
+    });
+  }
+  void post_lose(node_id peer, peer_loss why, std::string detail) {
+    asio::post(io, [w = weak_from_this(), peer, why, detail = std::move(detail)] {
+      if (auto s = w.lock()) s->lose_peer(peer, why, detail);
+    });
+  }
+
+  // Hands ready envelopes to the handler in arrival order.
+  void deliver(std::uint64_t serial) {
+    connection* c = find_conn(serial);
+    while (c != nullptr && !c->inbox.empty() &&
+           (c->inbox.front()->ready || c->inbox.front()->failed)) {
+      auto in = std::move(c->inbox.front());
+      c->inbox.pop_front();
+      const node_id from = c->peer;
+      if (in->failed) continue;
+      if (in->what == inbound::kind::goodbye) {
+        lose_peer(from, peer_loss::goodbye, "the peer said goodbye");
+        return;
+      }
+      auto env = incoming_envelope::decode(
+          std::as_bytes(std::span(in->buffer->data(), in->buffer->size())), opt.limits);
+      if (!env.ok()) {
+        ++stats.malformed;
+        continue;
+      }
+      ++stats.received;
+      env->hold(in->buffer);
+      if (handlers.on_message) {
+        try {
+          handlers.on_message(from, std::move(*env));
+        } catch (const kj::Exception&) {
+          ++stats.malformed;  // a payload field failed lazy validation in the handler
+        }
+      }
+      c = find_conn(serial);  // the handler may have forgotten the peer
+    }
+  }
+
+  // ---- bulk: the exporter's side ----------------------------------------------------------
+
+  void serve_pull(std::uint64_t serial, const bulk_request_header& h) {
+    connection* c = find_conn(serial);
+    if (c == nullptr) return;
+    auto reject = [&](bulk_error_code code) {
+      ++counters.bulk_rejected;
+      send_control(*c, am_bulk_error, bulk_reply_header{h.request, 0, 0, code, 0});
+    };
+    auto it = regions.find(h.region);
+    if (it == regions.end() || it->second->memh == nullptr) return reject(no_such_region);
+    auto region = it->second;
+    if (h.length == 0 || h.offset > region->length || h.length > region->length - h.offset) {
+      return reject(out_of_range);
+    }
+    ++counters.bulk_served;
+    std::byte* start = region->base + h.offset;
+    if (h.rma == rma_any || (h.rma == rma_allocated && region->allocated)) {
+      if (region->rkey.empty()) return reject(not_mapped);
+      send_control(
+          *c, am_bulk_rkey,
+          bulk_reply_header{h.request, reinterpret_cast<std::uint64_t>(start), h.length, 0, 0},
+          region->rkey.data(), region->rkey.size(), region);
+      return;
+    }
+    struct holder {
+      bulk_reply_header header;
+      std::shared_ptr<region_record> region;
+    };
+    auto hold = std::make_shared<holder>(holder{{h.request, 0, h.length, 0, 0}, region});
+    ++region->in_flight;
+    (void)send_am(
+        *c, am_bulk_data, &hold->header, sizeof(bulk_reply_header), start, h.length, hold,
+        [this, region](ucs_status_t s) {
+          --region->in_flight;
+          if (s != UCS_OK) ++stats.send_errors;
+        },
+        region->memh);
+  }
+
+  // ---- bulk: the puller's side ------------------------------------------------------------
+
+  void finish_pull(std::uint64_t id, result<void> r) {
+    auto it = pulls.find(id);
+    if (it == pulls.end()) return;
+    auto op = std::move(it->second);
+    pulls.erase(it);
+    if (r.ok()) {
+      ++counters.pulls_ok;
+    } else {
+      ++counters.pulls_failed;
+    }
+    asio::post(io, [done = std::move(op->done), r = std::move(r)] { done(r); });
+  }
+
+  void fail_waiting_pulls(std::uint64_t serial, const std::string& detail) {
+    std::vector<std::uint64_t> ids;
+    for (auto& [id, op] : pulls) {
+      if (op->conn == serial && !op->transferring) ids.push_back(id);
+    }
+    for (auto id : ids) finish_pull(id, error{"pull failed: peer lost: " + detail});
+  }
+
+  ucs_status_t on_bulk_reply(connection& c, am_id id, const void* header, std::size_t header_len,
+                             void* data, std::size_t len, bool rndv) {
+    bulk_reply_header h{};
+    if (!read_header(header, header_len, h)) {
+      ++stats.malformed;
+      return UCS_OK;
+    }
+    auto it = pulls.find(h.request);
+    if (it == pulls.end() || it->second->conn != c.serial || it->second->transferring) {
+      ++stats.malformed;  // a reply to nothing we asked this peer for
+      return UCS_OK;
+    }
+    pull_op& op = *it->second;
+    const std::uint64_t pid = op.id;
+    if (id == am_bulk_error) {
+      post_finish(pid, error{fmt::format("node {} refused the pull: {}", op.peer,
+                                         h.code == no_such_region ? "no such region"
+                                         : h.code == out_of_range ? "range outside the region"
+                                                                  : "region not mapped")});
+      return UCS_OK;
+    }
+    if (id == am_bulk_data) {
+      if (h.length != op.length || len != op.length) {
+        ++stats.malformed;
+        post_finish(pid, error{"pull failed: the peer sent a reply of the wrong size"});
+        return UCS_OK;
+      }
+      op.transferring = true;
+      if (!rndv) {
+        std::memcpy(op.into, data, len);
+        post_finish(pid, {});
+        return UCS_OK;
+      }
+      asio::post(io, [w = weak_from_this(), pid, data] {
+        auto s = w.lock();
+        if (!s) return;
+        auto pit = s->pulls.find(pid);
+        if (pit == s->pulls.end()) {
+          ucp_am_data_release(s->worker.handle(), data);
+          return;
+        }
+        auto p = std::make_unique<pending_request>();
+        p->done = [s = s.get(), pid](ucs_status_t st) { s->complete_transfer(pid, st); };
+        ucp_request_param_t param = s->request_params(p.get(), /*recv_am=*/true);
+        s->track(ucp_am_recv_data_nbx(s->worker.handle(), data, pit->second->into,
+                                      pit->second->length, &param),
+                 std::move(p));
+        s->kick();
+      });
+      return UCS_INPROGRESS;
+    }
+    // am_bulk_rkey
+    if (op.rma == rma_none || rndv || h.length != op.length || len == 0 || len > max_rkey_bytes) {
+      ++stats.malformed;
+      post_finish(pid, error{"pull failed: the peer sent a malformed rkey reply"});
+      return UCS_OK;
+    }
+    op.transferring = true;
+    auto rkey = std::make_shared<std::vector<std::byte>>(len);
+    std::memcpy(rkey->data(), data, len);
+    asio::post(io, [w = weak_from_this(), pid, rkey, address = h.address] {
+      if (auto s = w.lock()) s->start_get(pid, *rkey, address);
+    });
+    return UCS_OK;
+  }
+
+  void post_finish(std::uint64_t id, result<void> r) {
+    asio::post(io, [w = weak_from_this(), id, r = std::move(r)]() mutable {
+      if (auto s = w.lock()) s->finish_pull(id, std::move(r));
+    });
+  }
+
+  void complete_transfer(std::uint64_t id, ucs_status_t st) {
+    if (st == UCS_OK) {
+      post_finish(id, {});
+    } else {
+      post_finish(id, error{fmt::format("pull failed mid-transfer: {}", ucs_status_string(st))});
+    }
+  }
+
+  void start_get(std::uint64_t id, const std::vector<std::byte>& packed, std::uint64_t address) {
+    auto pit = pulls.find(id);
+    if (pit == pulls.end()) return;
+    pull_op& op = *pit->second;
+    connection* c = find_conn(op.conn);
+    if (c == nullptr) return finish_pull(id, error{"pull failed: peer lost"});
+    std::shared_ptr<remote_key> key;
+    if (auto it = c->rkeys.find(op.region); it != c->rkeys.end()) {
+      key = it->second;
+    } else {
+      key = std::make_shared<remote_key>();
+      if (ucp_ep_rkey_unpack(c->ep, packed.data(), &key->handle) != UCS_OK) {
+        key->handle = nullptr;
+        return finish_pull(id, error{"pull failed: the peer's rkey does not unpack"});
+      }
+      if (c->rkeys.size() >= max_cached_rkeys) c->rkeys.erase(c->rkeys.begin());  // the oldest
+      c->rkeys[op.region] = key;
+    }
+    ++counters.pulls_by_rma;
+    auto p = std::make_unique<pending_request>();
+    p->keep = key;  // the rkey outlives the get even if the cache drops it
+    p->done = [this, id](ucs_status_t st) { complete_transfer(id, st); };
+    ucp_request_param_t param = request_params(p.get());
+    track(ucp_get_nbx(c->ep, op.into, op.length, address, key->handle, &param), std::move(p));
+    kick();
+  }
+
+  // How native the endpoint's RMA is, from the lanes UCX chose (ucp_ep_print_info): rma_bw
+  // lanes (registered user memory) and get lanes (memory of the transports' own kind). Lanes
+  // over TCP only emulate RMA (slower than rendezvous), so they do not count.
+  static std::string describe(ucp_ep_h ep) {
+    char* text = nullptr;
+    std::size_t size = 0;
+    FILE* f = ::open_memstream(&text, &size);
+    if (f == nullptr) return {};
+    ucp_ep_print_info(ep, f);
+    std::fclose(f);
+    std::string info(text, size);
+    std::free(text);
+    return info;
+  }
+  static std::optional<std::uint32_t> detect_rma_level(ucp_ep_h ep) {
+    const std::string info = describe(ep);
+    std::map<int, bool> lane_is_tcp;
+    bool any_bw = false, bw_native = true, any_get = false, get_native = true;
+    std::vector<int> get_lanes;
+    std::size_t pos = 0;
+    while (pos < info.size()) {
+      std::size_t eol = info.find('\n', pos);
+      if (eol == std::string::npos) eol = info.size();
+      const std::string line = info.substr(pos, eol - pos);
+      pos = eol + 1;
+      int lane = -1;
+      if (std::sscanf(line.c_str(), "# lane[%d]", &lane) == 1 ||
+          (line.find("lane[") != std::string::npos &&
+           std::sscanf(line.c_str() + line.find("lane["), "lane[%d]", &lane) == 1)) {
+        const bool tcp = line.find("tcp/") != std::string::npos;
+        lane_is_tcp[lane] = tcp;
+        if (line.find("rma_bw") != std::string::npos) {
+          any_bw = true;
+          bw_native = bw_native && !tcp;
+        }
+      } else if (const auto g = line.find("get[");
+                 g != std::string::npos && std::sscanf(line.c_str() + g, "get[%d]", &lane) == 1) {
+        get_lanes.push_back(lane);
+      }
+    }
+    for (int lane : get_lanes) {
+      any_get = true;
+      get_native = get_native && !lane_is_tcp[lane];
+    }
+    if (lane_is_tcp.empty()) return std::nullopt;  // not wired up yet
+    if (any_bw && bw_native) return rma_any;
+    if (any_get && get_native) return rma_allocated;
+    return rma_none;
+  }
+
+  // ---- shutdown ----------------------------------------------------------------------------
+
+  void shutdown() {
+    dying = true;
+    std::error_code ignored;
+    tick.cancel();
+    poll.cancel();
+    fd.cancel(ignored);
+    fd.close(ignored);
+    for (auto& [serial, c] : conns) close_ep(c->ep, /*force=*/false);
+    conns.clear();
+    auto drain = [&](clock::duration limit) {
+      const auto deadline = clock::now() + limit;
+      while ((!closing.empty() || outstanding > 0) && clock::now() < deadline) {
+        worker.progress();
+        reap_closing();
+      }
+    };
+    drain(opt.close_timeout);
+    // What the flush did not finish in time (a peer that vanished) is cancelled: UCX must see
+    // every request released before the worker goes.
+    for (void* r : std::vector<void*>(inflight.begin(), inflight.end())) {
+      ucp_request_cancel(worker.handle(), r);
+    }
+    for (void* r : closing) ucp_request_cancel(worker.handle(), r);
+    drain(opt.close_timeout);
+    for (void* r : closing) ucp_request_free(r);  // no callback: released, freed with the worker
+    closing.clear();
+    for (auto& [id, op] : pulls) {
+      if (op->done) {
+        asio::post(io, [done = std::move(op->done)] { done(error{"the link was destroyed"}); });
+      }
+    }
+    pulls.clear();
+    if (listener != nullptr) ucp_listener_destroy(listener);
+    for (auto& [id, r] : regions) r->unmap();
+    regions.clear();
+  }
+};
+
+}  // namespace detail
+
+using detail::link_state;
+
+// ---- bulk descriptors and regions -------------------------------------------------------------
+
+bulk_region::bulk_region(std::shared_ptr<detail::region_record> record,
+                         std::weak_ptr<detail::link_state> link)
+    : record_(std::move(record)), link_(std::move(link)) {}
+bulk_region::~bulk_region() {
+  reset();
+}
+bulk_region::bulk_region(bulk_region&& o) noexcept
+    : record_(std::move(o.record_)), link_(std::move(o.link_)) {}
+bulk_region& bulk_region::operator=(bulk_region&& o) noexcept {
+  if (this != &o) {
+    reset();
+    record_ = std::move(o.record_);
+    link_ = std::move(o.link_);
+  }
+  return *this;
+}
+void bulk_region::reset() {
+  if (!record_) return;
+  if (auto s = link_.lock()) s->regions.erase(record_->id);
+  // The mapping goes when the last holder does: a pull being served keeps it alive.
+  record_.reset();
+}
+std::span<std::byte> bulk_region::memory() const {
+  if (!record_) return {};
+  return {record_->base, record_->length};
+}
+std::uint64_t bulk_region::id() const {
+  return record_ ? record_->id : 0;
+}
+std::uint64_t bulk_region::in_flight() const {
+  return record_ ? record_->in_flight : 0;
+}
+bulk_descriptor bulk_region::describe(std::uint64_t offset, std::uint64_t length) const {
+  auto s = link_.lock();
+  if (!record_ || !s) throw std::logic_error("describe() on a withdrawn bulk region");
+  if (length == 0 || offset > record_->length || length > record_->length - offset) {
+    throw std::out_of_range(fmt::format("bytes [{}, +{}) are outside the region of {} bytes",
+                                        offset, length, record_->length));
+  }
+  return {s->opt.self, record_->id, offset, length};
+}
+
+// ---- ucx_link ---------------------------------------------------------------------------------
+
+namespace {
+ucx_link_options checked(ucx_link_options o) {
+  if (o.job_token.empty() || o.job_token.size() > detail::max_token_bytes) {
+    throw std::invalid_argument(
+        "ucx_link needs a job token of 1 to 256 bytes (every process of the job must share it)");
+  }
+  return o;
+}
+}  // namespace
+
+ucx_link::ucx_link(asio::io_context& io, ucx_link_options options)
+    : state_(std::make_shared<link_state>(io, checked(std::move(options)))) {
+  state_->start();
+}
+
+ucx_link::~ucx_link() {
+  state_->shutdown();
+}
+
+std::uint16_t ucx_link::port() const {
+  return state_->port;
+}
+
+void ucx_link::add_peer(node_id peer, const std::string& host, std::uint16_t port) {
+  auto& pe = state_->peers[peer];
+  if (pe.lost) pe = {};
+  pe.host = host;
+  pe.port = port;
+  pe.addressed = true;
+}
+
+node_id ucx_link::self() const {
+  return state_->opt.self;
+}
+void ucx_link::set_handlers(link_handlers handlers) {
+  state_->handlers = std::move(handlers);
+}
+link_stats ucx_link::stats() const {
+  return state_->stats;
+}
+ucx_link_counters ucx_link::counters() const {
+  return state_->counters;
+}
+
+result<void> ucx_link::send(node_id to, kj::Array<capnp::word> message) {
+  auto& s = *state_;
+  const std::size_t bytes = message.size() * sizeof(capnp::word);
+  if (bytes > s.opt.limits.max_bytes) {
+    return error{
+        fmt::format("envelope of {} bytes exceeds the limit of {} bytes; send tensors "
+                    "as bulk descriptors",
+                    bytes, s.opt.limits.max_bytes)};
+  }
+  if (to == s.opt.self) {
+    // Same semantics as a remote send: decoded, counted, delivered by a posted handler.
+    auto buffer = std::make_shared<kj::Array<capnp::word>>(std::move(message));
+    asio::post(s.io, [w = s.weak_from_this(), buffer] {
+      auto st = w.lock();
+      if (!st) return;
+      auto env = incoming_envelope::decode(
+          std::as_bytes(std::span(buffer->begin(), buffer->size())), st->opt.limits);
+      if (!env.ok()) {
+        ++st->stats.malformed;
+        return;
+      }
+      ++st->stats.received;
+      env->hold(buffer);
+      if (st->handlers.on_message) st->handlers.on_message(st->opt.self, std::move(*env));
+    });
+    ++s.stats.sent;
+    return {};
+  }
+  auto c = s.connection_to(to);
+  if (!c.ok()) {
+    ++s.stats.send_errors;
+    return c.err();
+  }
+  auto owned = std::make_shared<kj::Array<capnp::word>>(std::move(message));
+  const void* data = owned->begin();
+  auto r = s.send_am(**c, detail::am_envelope, nullptr, 0, data, bytes, owned,
+                     [st = &s](ucs_status_t status) {
+                       if (status != UCS_OK) ++st->stats.send_errors;
+                     });
+  if (r.ok()) ++s.stats.sent;
+  return r;
+}
+
+void ucx_link::forget(node_id peer) {
+  state_->lose_peer(peer, peer_loss::crash, "forgotten (declared lost by the caller)");
+}
+
+void ucx_link::say_goodbye() {
+  auto& s = *state_;
+  s.said_goodbye = true;
+  for (auto& [serial, c] : s.conns) {
+    if (c->admitted) s.send_signal(*c, detail::am_goodbye);
+  }
+}
+
+bulk_region ucx_link::export_region(std::span<std::byte> memory) {
+  auto& s = *state_;
+  if (memory.empty()) throw std::invalid_argument("export_region of zero bytes");
+  ucp_mem_map_params_t p{};
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  p.address = memory.data();
+  p.length = memory.size();
+  auto r = std::make_shared<detail::region_record>();
+  r->context = s.context.handle();
+  detail::check(ucp_mem_map(s.context.handle(), &p, &r->memh), "ucp_mem_map (export_region)");
+  r->base = memory.data();
+  r->length = memory.size();
+  void* packed = nullptr;
+  std::size_t packed_len = 0;
+  if (ucp_rkey_pack(s.context.handle(), r->memh, &packed, &packed_len) == UCS_OK) {
+    r->rkey.resize(packed_len);
+    std::memcpy(r->rkey.data(), packed, packed_len);
+    ucp_rkey_buffer_release(packed);
+  }
+  r->id = s.next_region++;
+  s.regions[r->id] = r;
+  return bulk_region(r, s.weak_from_this());
+}
+
+bulk_region ucx_link::allocate_region(std::size_t bytes) {
+  auto& s = *state_;
+  if (bytes == 0) throw std::invalid_argument("allocate_region of zero bytes");
+  ucp_mem_map_params_t p{};
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                 UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  p.address = nullptr;
+  p.length = bytes;
+  p.flags = UCP_MEM_MAP_ALLOCATE;
+  auto r = std::make_shared<detail::region_record>();
+  r->context = s.context.handle();
+  detail::check(ucp_mem_map(s.context.handle(), &p, &r->memh), "ucp_mem_map (allocate_region)");
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  detail::check(ucp_mem_query(r->memh, &attr), "ucp_mem_query");
+  r->base = static_cast<std::byte*>(attr.address);
+  r->length = bytes;
+  r->allocated = true;
+  void* packed = nullptr;
+  std::size_t packed_len = 0;
+  if (ucp_rkey_pack(s.context.handle(), r->memh, &packed, &packed_len) == UCS_OK) {
+    r->rkey.resize(packed_len);
+    std::memcpy(r->rkey.data(), packed, packed_len);
+    ucp_rkey_buffer_release(packed);
+  }
+  r->id = s.next_region++;
+  s.regions[r->id] = r;
+  return bulk_region(r, s.weak_from_this());
+}
+
+result<bulk_path> ucx_link::path_to(node_id peer) {
+  auto& s = *state_;
+  auto c = s.connection_to(peer);
+  if (!c.ok()) return c.err();
+  auto& pe = s.peers[peer];
+  if (s.opt.bulk != bulk_path::automatic) return s.opt.bulk;
+  if (pe.path_known) return pe.path;
+  // An outgoing endpoint is wired once the acceptor welcomed us; an accepted one is wired
+  // once the hello arrived.
+  if ((*c)->outgoing && !(*c)->welcomed) {
+    return error{fmt::format("endpoint to node {} not wired up yet", peer)};
+  }
+  auto level = detail::link_state::detect_rma_level((*c)->ep);
+  if (!level) return error{fmt::format("cannot tell the RMA transport to node {}", peer)};
+  pe.path_known = true;
+  pe.rma = *level;
+  pe.path = *level == detail::rma_none ? bulk_path::rendezvous : bulk_path::rma;
+  return pe.path;
+}
+
+result<std::string> ucx_link::endpoint_info(node_id peer) {
+  auto c = state_->connection_to(peer);
+  if (!c.ok()) return c.err();
+  return detail::link_state::describe((*c)->ep);
+}
+
+void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_handler done) {
+  auto& s = *state_;
+  auto fail = [&](std::string why) {
+    ++s.counters.pulls_failed;
+    asio::post(s.io, [done = std::move(done), why = std::move(why)] { done(error{why}); });
+  };
+  if (d.length == 0 || into.size() != d.length) {
+    return fail(fmt::format("pull: the buffer has {} bytes, the descriptor names {}", into.size(),
+                            d.length));
+  }
+  if (d.node == s.opt.self) {
+    auto it = s.regions.find(d.region);
+    if (it == s.regions.end() || d.offset > it->second->length ||
+        d.length > it->second->length - d.offset) {
+      ++s.counters.bulk_rejected;
+      return fail("pull: the descriptor names no local region range");
+    }
+    std::memcpy(into.data(), it->second->base + d.offset, d.length);
+    ++s.counters.pulls_ok;
+    asio::post(s.io, [done = std::move(done)] { done(result<void>{}); });
+    return;
+  }
+  auto c = s.connection_to(d.node);
+  if (!c.ok()) return fail("pull: " + c.err().message);
+  // The exporter makes the final choice: it knows whether the region is of a kind the
+  // endpoint's native RMA lanes can reach.
+  std::uint32_t rma = detail::rma_none;
+  if (s.opt.bulk == bulk_path::rma) {
+    rma = detail::rma_any;
+  } else if (s.opt.bulk == bulk_path::automatic && path_to(d.node).ok()) {
+    rma = s.peers[d.node].rma;
+  }
+  auto op = std::make_unique<detail::pull_op>();
+  op->id = s.next_pull++;
+  op->peer = d.node;
+  op->conn = (*c)->serial;
+  op->region = d.region;
+  op->into = into.data();
+  op->length = into.size();
+  op->rma = rma;
+  op->done = std::move(done);
+  const std::uint64_t id = op->id;
+  s.pulls[id] = std::move(op);
+  s.send_control(**c, detail::am_bulk_request,
+                 detail::bulk_request_header{id, d.region, d.offset, d.length, rma, 0});
+}
+
+void ucx_link::send_raw_for_tests(node_id to, unsigned am, std::span<const std::byte> header,
+                                  std::span<const std::byte> data) {
+  auto& s = *state_;
+  auto c = s.connection_to(to);
+  if (!c.ok()) return;
+  auto h = std::make_shared<std::vector<std::byte>>(header.begin(), header.end());
+  auto d = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
+  auto keep = std::make_shared<std::pair<decltype(h), decltype(d)>>(h, d);
+  (void)s.send_am(**c, static_cast<detail::am_id>(am), h->data(), h->size(), d->data(), d->size(),
+                  keep, [](ucs_status_t) {});
+}
+
+}  // namespace moevement::transport

@@ -1,0 +1,111 @@
+// ucx_link: the link between processes over UCX (shared memory, TCP, InfiniBand/RoCE).
+//
+// One UCX context and worker per process, progressed from the link's asio::io_context:
+// progress until idle, spin briefly, arm the worker, wait on (a dup of) its event fd; a safety
+// timer catches any lost wakeup. Each process listens on host:port; endpoints to peers are
+// created on demand (add_peer() gives the address) with peer error handling. The first
+// message on a connection is a hello carrying the job token and the node id: a wrong token
+// is refused (counted; the connector sees its peer lost), anything before a valid hello is
+// dropped and counted. Envelopes travel as active messages: small ones eagerly, large ones by
+// rendezvous straight into an aligned buffer the envelope is then read from in place.
+// Bulk regions (bulk.hpp) are pulled with pull(). See docs/transport.md.
+#pragma once
+
+#include <asio/io_context.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "transport/bulk.hpp"
+#include "transport/link.hpp"
+
+namespace moevement::transport {
+
+// Every tunable of the UCX link, with its one default.
+struct ucx_link_options {
+  node_id self = 0;
+  std::string job_token;  // required; peers presenting another token are refused
+  std::string listen_host = "127.0.0.1";
+  std::uint16_t listen_port = 0;                  // 0: any free port (see ucx_link::port())
+  std::chrono::microseconds spin{50};             // keep progressing this long after activity
+  std::chrono::milliseconds safety_tick{5};       // progress at least this often, armed or not
+  std::chrono::milliseconds hello_timeout{5000};  // accepted but silent connections are closed
+  std::chrono::milliseconds close_timeout{1000};  // bound on the flush at destruction
+  decode_limits limits;                           // applied to every received envelope
+  bulk_path bulk = bulk_path::automatic;
+};
+
+// What the link counts besides link_stats.
+struct ucx_link_counters {
+  std::uint64_t refused_tokens = 0;  // hellos with a wrong job token
+  std::uint64_t bad_hellos = 0;      // hellos that were malformed or came twice
+  std::uint64_t hello_timeouts = 0;  // accepted connections closed for silence
+  std::uint64_t bulk_rejected = 0;   // pull requests we refused to serve (bad descriptor)
+  std::uint64_t bulk_served = 0;     // pull requests served
+  std::uint64_t pulls_ok = 0;        // our pulls that completed
+  std::uint64_t pulls_failed = 0;    // our pulls that completed with an error
+  std::uint64_t pulls_by_rma = 0;    // our pulls the exporter answered with an rkey
+};
+
+class ucx_link final : public link {
+ public:
+  // Creates the UCX context, worker and listener. Throws with a message saying what to check
+  // when UCX cannot come up or the address cannot be bound.
+  ucx_link(asio::io_context& io, ucx_link_options options);
+  // Flushes and closes every endpoint (bounded by close_timeout). Call say_goodbye() first
+  // for a clean shutdown; without it peers see a crash.
+  ~ucx_link() override;
+  ucx_link(const ucx_link&) = delete;
+  ucx_link& operator=(const ucx_link&) = delete;
+
+  // The port the listener is bound to.
+  std::uint16_t port() const;
+  // Where to reach a peer; the endpoint is created on the first send or pull. Re-adding a
+  // lost peer (e.g. a restarted node) makes it reachable again.
+  void add_peer(node_id peer, const std::string& host, std::uint16_t port);
+
+  node_id self() const override;
+  void set_handlers(link_handlers handlers) override;
+  result<void> send(node_id to, kj::Array<capnp::word> message) override;
+  void forget(node_id peer) override;
+  // After it, peers that drop their connections are reported as peer_loss::goodbye: this
+  // process is leaving and expects them to.
+  void say_goodbye() override;
+  link_stats stats() const override;
+  ucx_link_counters counters() const;
+
+  // Registers memory for export. export_region: memory the caller owns (RMA over shared
+  // memory then uses CMA). allocate_region: UCX allocates it (shareable by the posix/sysv
+  // shared-memory transports, the fastest same-host path).
+  bulk_region export_region(std::span<std::byte> memory);
+  bulk_region allocate_region(std::size_t bytes);
+
+  using pull_handler = std::function<void(result<void>)>;
+  // Pulls the bytes a descriptor names from its node into `into` (which must be exactly
+  // descriptor.length bytes and stay valid until `done` runs). `done` is posted exactly once:
+  // ok, or an error (bad descriptor, peer refused, peer lost mid-transfer).
+  void pull(const bulk_descriptor& descriptor, std::span<std::byte> into, pull_handler done);
+  // The path automatic pulls from this peer take for regions from allocate_region(); for
+  // export_region() memory it is RMA only where the RMA lanes register any memory
+  // (InfiniBand), else rendezvous. Connects if needed. An error if the peer is unknown, lost,
+  // or its endpoint is not wired up yet (then retry after a message exchange).
+  result<bulk_path> path_to(node_id peer);
+
+  // UCX's description of the endpoint to a peer (its lanes: which transport carries active
+  // messages, RMA, rendezvous), to check what was selected (docs/infiniband.md).
+  result<std::string> endpoint_info(node_id peer);
+
+  // For the malformed-input tests only: sends a raw active message of the link's protocol
+  // (`am` is one of its ids) with arbitrary header and data bytes.
+  void send_raw_for_tests(node_id to, unsigned am, std::span<const std::byte> header,
+                          std::span<const std::byte> data);
+
+ private:
+  std::shared_ptr<detail::link_state> state_;
+};
+
+}  // namespace moevement::transport
