@@ -11,6 +11,7 @@
 
 #include "build_config.hpp"
 #include "launcher/check.hpp"
+#include "launcher/train.hpp"
 
 namespace {
 
@@ -18,6 +19,7 @@ constexpr std::string_view usage = R"(usage: moevement <command> [args]
 
 commands:
   check      verify this machine: UCX, wire format, BLIS determinism, CUDA
+  train CONFIG [--set k=v]  train in this process (no actors); prints state_hash=
   bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
   version    print the version
   help       print this text
@@ -38,9 +40,10 @@ int run_bench(int argc, char** argv) {
   const auto self = std::filesystem::read_symlink("/proc/self/exe");
   const auto bench = self.parent_path().parent_path() / "bench" / ("bench_" + name);
   if (!std::filesystem::exists(bench)) {
-    std::cerr << fmt::format("moevement bench: no benchmark '{}' (looked for {}; build it with "
-                             "ninja -C build)\n",
-                             name, bench.string());
+    std::cerr << fmt::format(
+        "moevement bench: no benchmark '{}' (looked for {}; build it with "
+        "ninja -C build)\n",
+        name, bench.string());
     return 2;
   }
   std::vector<char*> args{const_cast<char*>(bench.c_str())};
@@ -58,6 +61,7 @@ int main(int argc, char** argv) {
     const std::string_view command = argc > 1 ? argv[1] : "help";
     if (command == "check") return moevement::launcher::run_check(std::cout);
     if (command == "bench") return run_bench(argc, argv);
+    if (command == "train") return moevement::launcher::run_train(argc, argv);
     if (command == "version") {
       std::cout << "moevement " << MOEVEMENT_VERSION << "\n";
       return 0;

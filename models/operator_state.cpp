@@ -1,0 +1,132 @@
+#include "models/operator_state.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "base/hash.hpp"
+#include "models/rng.hpp"
+
+namespace moevement::models {
+
+std::string_view op_kind_name(op_kind k) {
+  switch (k) {
+    case op_kind::embedding:
+      return "embedding";
+    case op_kind::norm:
+      return "norm";
+    case op_kind::attention:
+      return "attention";
+    case op_kind::gate:
+      return "gate";
+    case op_kind::expert:
+      return "expert";
+    case op_kind::head:
+      return "head";
+  }
+  return "?";
+}
+
+operator_state::operator_state(std::string name, op_kind kind, std::vector<param_spec> params,
+                               dtype compute)
+    : name_(std::move(name)), kind_(kind), dtype_(compute), params_(std::move(params)) {
+  offsets_.push_back(0);
+  for (const auto& p : params_) {
+    std::int64_t n = 1;
+    for (const auto d : p.shape) n *= d;
+    numel_ += n;
+    offsets_.push_back(numel_);
+  }
+  const auto n = static_cast<std::size_t>(numel_);
+  master_.assign(n, 0.0f);
+  m_.assign(n, 0.0f);
+  v_.assign(n, 0.0f);
+  grad_.assign(n, 0.0f);
+  expanded_.assign(n, 0.0f);
+  compute_.assign(n * dtype_size(dtype_), std::byte{0});
+}
+
+void operator_state::init(std::uint64_t seed, std::uint64_t op_index) {
+  for (std::size_t p = 0; p < params_.size(); ++p) {
+    const auto key = make_key({seed, 0x696e6974 /*"init"*/, op_index, p});
+    for (std::int64_t j = offsets_[p]; j < offsets_[p + 1]; ++j) {
+      master_[j] = params_[p].init_std == 0.0f
+                       ? params_[p].init_value
+                       : static_cast<float>(params_[p].init_std *
+                                            random_normal(key, std::uint64_t(j - offsets_[p])));
+    }
+  }
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  std::fill(v_.begin(), v_.end(), 0.0f);
+  step_ = 0;
+  refresh_compute();
+}
+
+void operator_state::refresh_compute() {
+  convert_from_f32(dtype_, master_, compute_);
+  convert_to_f32(dtype_, compute_, expanded_);
+}
+
+void operator_state::set_compute_bytes(std::span<const std::byte> bytes) {
+  if (bytes.size() != compute_.size()) {
+    throw std::invalid_argument("operator " + name_ + ": compute weights of " +
+                                std::to_string(bytes.size()) + " bytes, expected " +
+                                std::to_string(compute_.size()));
+  }
+  std::copy(bytes.begin(), bytes.end(), compute_.begin());
+  convert_to_f32(dtype_, compute_, expanded_);
+}
+
+void operator_state::set_mode(op_mode m) {
+  if (m == mode_) return;
+  mode_ = m;
+  if (m == op_mode::active) refresh_compute();
+  zero_grad();
+}
+
+void operator_state::zero_grad() {
+  std::fill(grad_.begin(), grad_.end(), 0.0f);
+}
+
+double operator_state::grad_sq_sum() const {
+  if (mode_ != op_mode::active) return 0.0;
+  double s = 0.0;
+  for (const float g : grad_) s += double(g) * g;
+  return s;
+}
+
+void operator_state::adamw_step(const adamw_config& cfg, float grad_mul) {
+  if (mode_ != op_mode::active) return;
+  ++step_;
+  // bias corrections once per operator, in fp64, then one rounding to fp32
+  const float bc1 = static_cast<float>(1.0 - std::pow(double(cfg.beta1), double(step_)));
+  const float bc2 = static_cast<float>(1.0 - std::pow(double(cfg.beta2), double(step_)));
+  for (std::size_t p = 0; p < params_.size(); ++p) {
+    const float wd = params_[p].decay ? cfg.weight_decay : 0.0f;
+    for (std::int64_t j = offsets_[p]; j < offsets_[p + 1]; ++j) {
+      const float g = grad_[j] * grad_mul;
+      m_[j] = cfg.beta1 * m_[j] + (1.0f - cfg.beta1) * g;
+      v_[j] = cfg.beta2 * v_[j] + (1.0f - cfg.beta2) * (g * g);
+      const float mhat = m_[j] / bc1;
+      const float vhat = v_[j] / bc2;
+      master_[j] -= cfg.lr * (mhat / (std::sqrt(vhat) + cfg.eps) + wd * master_[j]);
+    }
+  }
+  refresh_compute();
+}
+
+std::uint64_t operator_state::digest() const {
+  hasher h;
+  h.update(std::as_bytes(std::span<const float>(master_)));
+  h.update(std::as_bytes(std::span<const float>(m_)));
+  h.update(std::as_bytes(std::span<const float>(v_)));
+  h.update_value(step_);
+  return h.digest();
+}
+
+void operator_state::reset_popularity() {
+  std::fill(routed_tokens_.begin(), routed_tokens_.end(), 0);
+  std::fill(prob_sums_.begin(), prob_sums_.end(), 0.0);
+}
+
+}  // namespace moevement::models

@@ -1,0 +1,51 @@
+// Single-process training (what `moevement train` runs, and the reference the engine must
+// match bit for bit): one stage over all layers, micro-batches 0..M-1 forward then backward in
+// order, one AdamW step per iteration.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "models/config.hpp"
+#include "models/data.hpp"
+#include "models/model.hpp"
+
+namespace moevement::models {
+
+struct iteration_stats {
+  std::int64_t iteration = 0;
+  double loss = 0.0;      // mean cross-entropy over the micro-batches (nats per byte)
+  double aux_loss = 0.0;  // mean over micro-batches of the summed load-balancing losses
+  double grad_norm = 0.0;
+  bool applied = true;  // false: fp16 overflow, step skipped
+  float loss_scale = 1.0f;
+};
+
+class trainer {
+ public:
+  // Validates the config, loads the corpus, builds and initialises the model.
+  trainer(const model_config& model, const train_config& train);
+
+  iteration_stats train_iteration();
+  // Mean cross-entropy over train.val_batches fixed validation micro-batches.
+  double validation_loss();
+  std::uint64_t state_hash() const;
+
+  moe_model& model() { return model_; }
+  const loss_scaler& scaler() const { return scaler_; }
+  std::int64_t iteration() const { return iteration_; }
+  std::int64_t tokens_per_iteration() const {
+    return std::int64_t(train_.micro_batches) * train_.micro_batch_size * train_.seq_len;
+  }
+
+ private:
+  model_config model_cfg_;
+  train_config train_;
+  corpus corpus_;
+  moe_model model_;
+  stage stage_;
+  loss_scaler scaler_;
+  std::int64_t iteration_ = 0;
+};
+
+}  // namespace moevement::models
