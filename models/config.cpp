@@ -44,7 +44,7 @@ model_config preset(std::string_view name) {
   // that this architecture (GELU experts of two matrices) has about the published totals.
   // For the simulator only (shapes and counts); far too large to train here.
   else if (name == "moe-llava")
-    set(32, 2048, 32, 4, 2, 2560, 2048, 100352, 0);
+    set(32, 2048, 32, 4, 2, 3712, 2048, 100352, 0);
   else if (name == "gpt-moe")
     set(12, 2048, 16, 32, 6, 4352, 2048, 50257, 0);
   else if (name == "qwen-moe")
