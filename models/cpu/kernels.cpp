@@ -1,9 +1,12 @@
 #include "models/cpu/kernels.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include <immintrin.h>
 
 #include "models/cpu/gemm.hpp"
 
@@ -155,25 +158,94 @@ void attention_backward(float* dqkv, float* scratch, const float* dy, const floa
 namespace {
 constexpr float gelu_s = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float gelu_a = 0.044715f;
-}  // namespace
 
-void gelu_forward(float* out, const float* x, int n) {
-  for (int i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float u = gelu_s * (v + gelu_a * v * v * v);
-    out[i] = 0.5f * v * (1.0f + std::tanh(u));
-  }
+// exp(x) from + - * only (Cephes' expf: Cody-Waite reduction, degree-6 polynomial, ~1 ulp), so
+// the bits depend on no libm. Inputs clamped to [-87, 88]. exp_poly8 is the same sequence of
+// IEEE operations on 8 lanes (AVX2 is part of the fixed -march; no FMA is used), so a vector
+// lane and the scalar tail give identical bits.
+inline float exp_poly(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick (|x / ln 2| < 2^22)
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = (y * (r * r) + r) + 1.0f;
+  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
+  return y * std::bit_cast<float>(bits);
 }
 
-void gelu_backward(float* dx, const float* dout, const float* x, int n) {
-  for (int i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float u = gelu_s * (v + gelu_a * v * v * v);
-    const float th = std::tanh(u);
-    const float du = gelu_s * (1.0f + 3.0f * gelu_a * v * v);
-    const float g = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
-    dx[i] = g * dout[i];
+inline __m256 exp_poly8(__m256 x) {
+  const auto c = [](float v) { return _mm256_set1_ps(v); };
+  x = _mm256_min_ps(_mm256_max_ps(x, c(-87.0f)), c(88.0f));
+  const __m256 n =
+      _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, c(1.44269504088896341f)), c(12582912.0f)),
+                    c(12582912.0f));
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, c(0.693359375f))),
+                                 _mm256_mul_ps(n, c(-2.12194440e-4f)));
+  __m256 y = c(1.9875691500e-4f);
+  y = _mm256_add_ps(_mm256_mul_ps(y, r), c(1.3981999507e-3f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, r), c(8.3334519073e-3f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, r), c(4.1665795894e-2f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, r), c(1.6666665459e-1f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, r), c(5.0000001201e-1f));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(r, r)), r), c(1.0f));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+inline float gelu1(float v) {
+  const float u = gelu_s * (v + gelu_a * v * v * v);
+  return v / (1.0f + exp_poly(-2.0f * u));
+}
+inline float gelu_grad1(float v, float d) {
+  const float u = gelu_s * (v + gelu_a * v * v * v);
+  const float s = 1.0f / (1.0f + exp_poly(-2.0f * u));
+  const float du = gelu_s * (1.0f + 3.0f * gelu_a * v * v);
+  return (s + 2.0f * v * s * (1.0f - s) * du) * d;
+}
+}  // namespace
+
+// gelu(v) = 0.5 v (1 + tanh(u)) = v * sigmoid(2u),  u = sqrt(2/pi) (v + 0.044715 v^3)
+void gelu_forward(float* out, const float* x, int n) {
+  const __m256 s = _mm256_set1_ps(gelu_s), a = _mm256_set1_ps(gelu_a);
+  const __m256 one = _mm256_set1_ps(1.0f), m2 = _mm256_set1_ps(-2.0f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(a, v), v), v);
+    const __m256 u = _mm256_mul_ps(s, _mm256_add_ps(v, v3));
+    const __m256 e = exp_poly8(_mm256_mul_ps(m2, u));
+    _mm256_storeu_ps(out + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
   }
+  for (; i < n; ++i) out[i] = gelu1(x[i]);
+}
+
+// d gelu / dv = s + 2 v s (1 - s) du/dv,  s = sigmoid(2u)
+void gelu_backward(float* dx, const float* dout, const float* x, int n) {
+  const __m256 gs = _mm256_set1_ps(gelu_s), a = _mm256_set1_ps(gelu_a);
+  const __m256 one = _mm256_set1_ps(1.0f), m2 = _mm256_set1_ps(-2.0f), two = _mm256_set1_ps(2.0f);
+  const __m256 three_a = _mm256_set1_ps(3.0f * gelu_a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(a, v), v), v);
+    const __m256 u = _mm256_mul_ps(gs, _mm256_add_ps(v, v3));
+    const __m256 sg = _mm256_div_ps(one, _mm256_add_ps(one, exp_poly8(_mm256_mul_ps(m2, u))));
+    const __m256 du =
+        _mm256_mul_ps(gs, _mm256_add_ps(one, _mm256_mul_ps(_mm256_mul_ps(three_a, v), v)));
+    // (s + ((((2 v) s) (1 - s)) du)) d, the association order of gelu_grad1
+    const __m256 t = _mm256_mul_ps(
+        _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(two, v), sg), _mm256_sub_ps(one, sg)), du);
+    _mm256_storeu_ps(dx + i, _mm256_mul_ps(_mm256_add_ps(sg, t), _mm256_loadu_ps(dout + i)));
+  }
+  for (; i < n; ++i) dx[i] = gelu_grad1(x[i], dout[i]);
 }
 
 void softmax_xent_forward(float* losses, float* probs, const float* logits,

@@ -149,6 +149,21 @@ TEST(kernels, gelu_matches_reference_and_finite_differences) {
       x, rd, [&] { return dot(ref::gelu(x), r); }, "ref dx");
 }
 
+TEST(kernels, gelu_vector_lanes_and_scalar_tail_give_identical_bits) {
+  const std::vector<float> x = to_f(rand_vec(4099, 15, 12.0));
+  const std::vector<float> d = to_f(rand_vec(4099, 16));
+  std::vector<float> y(x.size()), dx(x.size());
+  gelu_forward(y.data(), x.data(), int(x.size()));
+  gelu_backward(dx.data(), d.data(), x.data(), int(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    float y1, dx1;
+    gelu_forward(&y1, &x[i], 1);  // n = 1: the scalar path
+    gelu_backward(&dx1, &d[i], &x[i], 1);
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(y1), std::bit_cast<std::uint32_t>(y[i])) << x[i];
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(dx1), std::bit_cast<std::uint32_t>(dx[i])) << x[i];
+  }
+}
+
 TEST(kernels, softmax_xent_matches_reference_and_finite_differences) {
   const int n = 4, v = 9;
   vec logits = rounded(rand_vec(n * v, 14, 3.0));
