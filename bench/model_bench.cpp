@@ -42,12 +42,12 @@ std::vector<gemm_shape> step_gemms(const model_config& m, const train_config& t)
   for (int l = 0; l < m.layers; ++l) {
     linear(n, c, 3 * c);
     for (int i = 0; i < t.micro_batch_size * m.heads; ++i) {
-      g.push_back({false, true, tt, tt, hs, 3 * c, 3 * c, tt});  // q k^T
-      g.push_back({false, false, tt, hs, tt, tt, 3 * c, c});     // att v
-      g.push_back({false, true, tt, tt, hs, c, 3 * c, tt});      // datt
-      g.push_back({true, false, tt, hs, tt, tt, c, 3 * c});      // dv
-      g.push_back({false, false, tt, hs, tt, tt, 3 * c, 3 * c}); // dq
-      g.push_back({true, false, tt, hs, tt, tt, 3 * c, 3 * c});  // dk
+      g.push_back({false, true, tt, tt, hs, 3 * c, 3 * c, tt});   // q k^T
+      g.push_back({false, false, tt, hs, tt, tt, 3 * c, c});      // att v
+      g.push_back({false, true, tt, tt, hs, c, 3 * c, tt});       // datt
+      g.push_back({true, false, tt, hs, tt, tt, c, 3 * c});       // dv
+      g.push_back({false, false, tt, hs, tt, tt, 3 * c, 3 * c});  // dq
+      g.push_back({true, false, tt, hs, tt, tt, 3 * c, 3 * c});   // dk
     }
     linear(n, c, c);
     linear(n, c, e);
@@ -108,10 +108,11 @@ int main(int argc, char** argv) {
     best_gemm = std::min(best_gemm, seconds_since(t0));
   }
   const double tokens = double(tr.tokens_per_iteration());
-  fmt::print("# small: {:.1f} M parameters, {} tokens per step (B={} T={} M={}), {:.2f} GFLOP of "
-             "GEMM per step, best of {} steps, 1 BLIS thread\n",
-             double(m.parameter_count()) / 1e6, tokens, t.micro_batch_size, t.seq_len,
-             t.micro_batches, flops_step / 1e9, repeats);
+  fmt::print(
+      "# small: {:.1f} M parameters, {} tokens per step (B={} T={} M={}), {:.2f} GFLOP of "
+      "GEMM per step, best of {} steps, 1 BLIS thread\n",
+      double(m.parameter_count()) / 1e6, tokens, t.micro_batch_size, t.seq_len, t.micro_batches,
+      flops_step / 1e9, repeats);
   fmt::print("# step {:.3f} s, the same GEMMs alone {:.3f} s\n", best_step, best_gemm);
   const double ours_tps = tokens / best_step, theirs_tps = tokens / best_gemm;
   fmt::print("small_tokens_per_s: ours={:.1f} theirs={:.1f} ratio={:.3f}\n", ours_tps, theirs_tps,

@@ -38,6 +38,14 @@ int run_train(int argc, char** argv) {
   models::model_config model = models::preset("tiny");
   models::train_config train;
   models::apply_config(map, model, train);
+  // The engine's data parallelism, emulated in this process so `train` is its reference.
+  if (const auto it = map.find("parallel.dp"); it != map.end()) {
+    const auto* dp = std::get_if<std::int64_t>(&it->second);
+    if (dp == nullptr || *dp < 1 || *dp > 1024) {
+      throw models::config_error("parallel.dp", "expected an integer in [1, 1024]");
+    }
+    train.data_parallel = static_cast<int>(*dp);
+  }
   for (const auto& [key, value] : map) {
     if (!is_engine_section(key)) {
       throw models::config_error(key, "unknown key (see docs/configuration.md)");
@@ -46,10 +54,10 @@ int run_train(int argc, char** argv) {
   models::trainer tr(model, train);
   std::cout << fmt::format(
       "model {}: {} layers, d_model {}, {} experts (top-{}), {:.3f} M parameters ({:.3f} M "
-      "active), compute {}\n",
+      "active), compute {}, {} replica(s)\n",
       model.preset, model.layers, model.d_model, model.experts, model.top_k,
       double(model.parameter_count()) / 1e6, double(model.active_parameter_count()) / 1e6,
-      models::dtype_name(model.compute_dtype));
+      models::dtype_name(model.compute_dtype), train.data_parallel);
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   models::iteration_stats st;

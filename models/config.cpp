@@ -220,6 +220,7 @@ void validate(const model_config& m, const train_config& t) {
     throw config_error("train.seq_len",
                        fmt::format("{} exceeds model.max_seq_len ({})", t.seq_len, m.max_seq_len));
   }
+  if (t.data_parallel < 1) throw config_error("parallel.dp", "must be at least 1");
   if (m.vocab != 256) throw config_error("model.preset", "the byte-level trainer needs vocab 256");
 }
 

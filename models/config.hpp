@@ -70,6 +70,9 @@ struct train_config {
   float loss_scale = 65536.0f;  // initial dynamic loss scale (f16 compute only)
   int loss_scale_window = 200;  // good steps before the scale doubles
   std::int64_t log_every = 10;  // iterations between progress lines
+  // Data-parallel replicas emulated in one process (the engine's parallel.dp; not a train.*
+  // key): replica d trains on its own micro-batches (data position keyed by d).
+  int data_parallel = 1;
 };
 
 std::vector<std::string> preset_names();

@@ -1,5 +1,6 @@
 #include "models/trainer.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "models/cpu/gemm.hpp"
@@ -27,25 +28,43 @@ trainer::trainer(const model_config& model, const train_config& train)
 
 iteration_stats trainer::train_iteration() {
   const int b = train_.micro_batch_size, t = train_.seq_len, m = train_.micro_batches;
+  const int dp = train_.data_parallel;
   std::vector<std::int32_t> tokens(std::size_t(b) * t), targets(std::size_t(b) * t);
-  for (auto& op : model_.ops()) {
-    op.zero_grad();
-    op.reset_popularity();
-  }
+  for (auto& op : model_.ops()) op.reset_popularity();
   iteration_stats st;
   st.iteration = iteration_;
   st.loss_scale = scaler_.scale;
-  const float loss_grad = scaler_.scale / float(m);
-  for (int mb = 0; mb < m; ++mb) {
-    fill_batch(corpus_, split::train, train_.seed, iteration_, /*replica=*/0, mb, b, t,
-               tokens.data(), targets.data());
-    const auto fr = stage_.forward(mb, tokens.data(), nullptr, targets.data());
-    st.loss += fr.loss;
-    st.aux_loss += fr.aux_loss;
-    stage_.backward(mb, nullptr, loss_grad);
+  const float loss_grad = scaler_.scale / float(m * dp);
+  auto& ops = model_.ops();
+  if (dp > 1) replica_sum_.resize(ops.size());
+  for (int d = 0; d < dp; ++d) {
+    for (auto& op : ops) op.zero_grad();
+    for (int mb = 0; mb < m; ++mb) {
+      fill_batch(corpus_, split::train, train_.seed, iteration_, d, mb, b, t, tokens.data(),
+                 targets.data());
+      const auto fr = stage_.forward(mb, tokens.data(), nullptr, targets.data());
+      st.loss += fr.loss;
+      st.aux_loss += fr.aux_loss;
+      stage_.backward(mb, nullptr, loss_grad);
+    }
+    if (dp == 1) break;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const auto g = ops[i].grad();
+      auto& sum = replica_sum_[i];
+      if (d == 0) {
+        sum.assign(g.begin(), g.end());
+      } else {
+        for (std::size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
+      }
+    }
   }
-  st.loss /= m;
-  st.aux_loss /= m;
+  if (dp > 1) {
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      std::copy(replica_sum_[i].begin(), replica_sum_[i].end(), ops[i].grad().begin());
+    }
+  }
+  st.loss /= m * dp;
+  st.aux_loss /= m * dp;
   std::vector<double> sq;
   sq.reserve(model_.ops().size());
   for (const auto& op : model_.ops()) sq.push_back(op.grad_sq_sum());

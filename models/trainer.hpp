@@ -1,6 +1,11 @@
 // Single-process training (what `moevement train` runs, and the reference the engine must
 // match bit for bit): one stage over all layers, micro-batches 0..M-1 forward then backward in
 // order, one AdamW step per iteration.
+//
+// With data_parallel = D > 1, replica d (in order 0..D-1) accumulates the gradients of its own
+// M micro-batches from zero, with loss_grad = loss_scale / (M * D); the iteration's gradient is
+// then the left fold g_0 + g_1 + ... + g_{D-1}, elementwise in replica order. A distributed
+// all-reduce must sum in that order to match bit for bit (with D = 2 any order matches).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +40,8 @@ class trainer {
   const loss_scaler& scaler() const { return scaler_; }
   std::int64_t iteration() const { return iteration_; }
   std::int64_t tokens_per_iteration() const {
-    return std::int64_t(train_.micro_batches) * train_.micro_batch_size * train_.seq_len;
+    return std::int64_t(train_.micro_batches) * train_.micro_batch_size * train_.seq_len *
+           train_.data_parallel;
   }
 
  private:
@@ -46,6 +52,7 @@ class trainer {
   stage stage_;
   loss_scaler scaler_;
   std::int64_t iteration_ = 0;
+  std::vector<std::vector<float>> replica_sum_;  // [ops][numel], only when data_parallel > 1
 };
 
 }  // namespace moevement::models

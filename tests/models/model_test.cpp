@@ -115,45 +115,70 @@ TEST(model, whole_model_gradient_matches_finite_differences_per_operator) {
   EXPECT_GE(checked, 12);
 }
 
-// Runs `iterations` of training with the model split into `stages` stages in this process,
-// exchanging copies of activations and gradients as the engine would: all forwards of the
-// micro-batches, then their backwards in micro-batch order.
-std::uint64_t train_pipelined(int stages, const model_config& m, const train_config& t) {
+// Runs training with `replicas` data-parallel copies of the model, each split into `stages`
+// stages in this process, exchanging copies of activations and gradients as the engine would:
+// all forwards of the micro-batches, then their backwards in micro-batch order; then the
+// replicas' gradients are summed in replica order and every replica steps.
+std::uint64_t train_distributed(int stages, int replicas, const model_config& m,
+                                const train_config& t) {
   const corpus c = corpus::load(t.corpus, t.val_fraction, t.seq_len);
-  moe_model model(m, t.seed);
-  std::vector<std::unique_ptr<stage>> st;
-  for (const auto& r : partition(m, stages)) {
-    st.push_back(std::make_unique<stage>(model, r, t.micro_batch_size, t.seq_len));
+  std::vector<std::unique_ptr<moe_model>> models;
+  std::vector<std::vector<std::unique_ptr<stage>>> st(replicas);
+  for (int d = 0; d < replicas; ++d) {
+    models.push_back(std::make_unique<moe_model>(m, t.seed));
+    for (const auto& r : partition(m, stages)) {
+      st[d].push_back(std::make_unique<stage>(*models[d], r, t.micro_batch_size, t.seq_len));
+    }
   }
-  loss_scaler scaler;
+  std::vector<loss_scaler> scaler(replicas);
   const int n = t.micro_batch_size * t.seq_len;
   std::vector<std::int32_t> tok(n), tgt(n);
+  const float loss_grad = 1.0f / float(t.micro_batches * replicas);
   for (std::int64_t it = 0; it < t.iterations; ++it) {
-    for (auto& op : model.ops()) op.zero_grad();
-    for (int mb = 0; mb < t.micro_batches; ++mb) {
-      fill_batch(c, split::train, t.seed, it, 0, mb, t.micro_batch_size, t.seq_len, tok.data(),
-                 tgt.data());
-      std::vector<float> x;
-      for (int s = 0; s < stages; ++s) {
-        const auto r = st[s]->forward(mb, tok.data(), x.empty() ? nullptr : x.data(), tgt.data());
-        x.assign(r.activation.begin(), r.activation.end());  // "sent" to the next stage
+    for (int d = 0; d < replicas; ++d) {
+      for (auto& op : models[d]->ops()) op.zero_grad();
+      for (int mb = 0; mb < t.micro_batches; ++mb) {
+        fill_batch(c, split::train, t.seed, it, d, mb, t.micro_batch_size, t.seq_len, tok.data(),
+                   tgt.data());
+        std::vector<float> x;
+        for (int s = 0; s < stages; ++s) {
+          const auto r =
+              st[d][s]->forward(mb, tok.data(), x.empty() ? nullptr : x.data(), tgt.data());
+          x.assign(r.activation.begin(), r.activation.end());  // "sent" to the next stage
+        }
+      }
+      for (int mb = 0; mb < t.micro_batches; ++mb) {
+        std::vector<float> g;
+        for (int s = stages - 1; s >= 0; --s) {
+          const auto r = st[d][s]->backward(mb, g.empty() ? nullptr : g.data(), loss_grad);
+          g.assign(r.begin(), r.end());
+        }
       }
     }
-    const float loss_grad = 1.0f / float(t.micro_batches);
-    for (int mb = 0; mb < t.micro_batches; ++mb) {
-      std::vector<float> g;
-      for (int s = stages - 1; s >= 0; --s) {
-        const auto r = st[s]->backward(mb, g.empty() ? nullptr : g.data(), loss_grad);
-        g.assign(r.begin(), r.end());
+    // all-reduce: left fold in replica order, result on every replica
+    for (std::size_t i = 0; i < models[0]->ops().size(); ++i) {
+      std::vector<float> sum(models[0]->ops()[i].grad().begin(), models[0]->ops()[i].grad().end());
+      for (int d = 1; d < replicas; ++d) {
+        const auto g = models[d]->ops()[i].grad();
+        for (std::size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
+      }
+      for (int d = 0; d < replicas; ++d) {
+        std::copy(sum.begin(), sum.end(), models[d]->ops()[i].grad().begin());
       }
     }
-    std::vector<double> sq;
-    for (const auto& op : model.ops()) sq.push_back(op.grad_sq_sum());
-    const auto plan = plan_step(sq, scaler, t.grad_clip);
-    const adamw_config a{t.lr, t.beta1, t.beta2, t.eps, t.weight_decay};
-    for (auto& op : model.ops()) op.adamw_step(a, plan.grad_mul);
+    for (int d = 0; d < replicas; ++d) {
+      std::vector<double> sq;
+      for (const auto& op : models[d]->ops()) sq.push_back(op.grad_sq_sum());
+      const auto plan = plan_step(sq, scaler[d], t.grad_clip);
+      const adamw_config a{t.lr, t.beta1, t.beta2, t.eps, t.weight_decay};
+      for (auto& op : models[d]->ops()) op.adamw_step(a, plan.grad_mul);
+    }
   }
-  return state_hash(model.op_digests(), scaler);
+  const auto h = state_hash(models[0]->op_digests(), scaler[0]);
+  for (int d = 1; d < replicas; ++d) {
+    EXPECT_EQ(state_hash(models[d]->op_digests(), scaler[d]), h) << "replica " << d;
+  }
+  return h;
 }
 
 TEST(model, pipelining_over_1_2_and_4_stages_changes_no_bit) {
@@ -163,7 +188,22 @@ TEST(model, pipelining_over_1_2_and_4_stages_changes_no_bit) {
   trainer tr(m, t);
   for (int i = 0; i < t.iterations; ++i) tr.train_iteration();
   const auto want = tr.state_hash();
-  for (int s : {1, 2, 4}) EXPECT_EQ(train_pipelined(s, m, t), want) << s << " stages";
+  for (int s : {1, 2, 4}) EXPECT_EQ(train_distributed(s, 1, m, t), want) << s << " stages";
+}
+
+TEST(model, data_parallel_replicas_match_the_trainer_for_any_pipeline_depth) {
+  const model_config m = preset("tiny");
+  train_config t = test_train();
+  t.iterations = 2;
+  t.data_parallel = 3;
+  trainer tr(m, t);
+  for (int i = 0; i < t.iterations; ++i) tr.train_iteration();
+  const auto want = tr.state_hash();
+  for (int s : {1, 2}) EXPECT_EQ(train_distributed(s, 3, m, t), want) << s << " stages";
+  t.data_parallel = 1;
+  trainer single(m, t);
+  for (int i = 0; i < t.iterations; ++i) single.train_iteration();
+  EXPECT_NE(single.state_hash(), want) << "replicas see different data";
 }
 
 TEST(model, frozen_operators_give_bitwise_the_same_output_and_input_gradient) {
@@ -279,7 +319,7 @@ TEST(trainer, one_and_two_blis_threads_give_the_same_state_hash) {
   t.micro_batch_size = 4;
   t.seq_len = 64;
   t.micro_batches = 1;
-  t.iterations = 2;
+  t.iterations = 1;
   std::uint64_t h[2];
   for (int threads : {1, 2}) {
     t.blis_threads = threads;
