@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "models/cuda/kernels.hpp"
 
@@ -245,6 +247,78 @@ __global__ void softmax_xent_backward_k(float* dlogits, const float* probs,
 
 void launched(const char* what) { check(cudaGetLastError(), what); }
 
+// One thread per token for everything below: a token's slots are visited in slot order and no
+// output element is written by two threads.
+__global__ void gate_backward_k(float* dlogits, const float* probs, const std::int32_t* expert,
+                                const float* dweight, const std::int32_t* routed, float daux,
+                                int n, int e, int k) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  // dp[j] = aux gradient + combine-weight gradients of the slots that chose j (CPU order)
+  const float* p = probs + long(i) * e;
+  float* dl = dlogits + long(i) * e;
+  for (int j = 0; j < e; ++j) {
+    dl[j] = float(double(daux) * e * (double(routed[j]) / (double(n) * k)) / n);
+  }
+  for (int s = 0; s < k; ++s) dl[expert[long(i) * k + s]] += dweight[long(i) * k + s];
+  double dot = 0.0;
+  for (int j = 0; j < e; ++j) dot += double(p[j]) * dl[j];
+  const float d = float(dot);
+  for (int j = 0; j < e; ++j) dl[j] = p[j] * (dl[j] - d);
+}
+__global__ void moe_gather_k(float* xs, const float* x, const std::int32_t* token, int rows,
+                             int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(rows) * c) return;
+  xs[i] = x[long(token[i / c]) * c + i % c];
+}
+__global__ void moe_combine_forward_k(float* out, const float* ye, const std::int32_t* row,
+                                      const float* weight, int n, int k, int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(n) * c) return;
+  const long tok = i / c;
+  const int x = int(i % c);
+  float o = 0.0f;
+  for (int s = 0; s < k; ++s) {
+    const int r = row[tok * k + s];
+    if (r >= 0) o += weight[tok * k + s] * ye[long(r) * c + x];
+  }
+  out[i] = o;
+}
+__global__ void moe_combine_backward_k(float* dye, float* dweight, const float* dout,
+                                       const float* ye, const std::int32_t* row,
+                                       const float* weight, int n, int k, int c) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* d = dout + long(i) * c;
+  for (int s = 0; s < k; ++s) {
+    const int r = row[long(i) * k + s];
+    if (r < 0) {
+      dweight[long(i) * k + s] = 0.0f;
+      continue;
+    }
+    const float w = weight[long(i) * k + s];
+    double dot = 0.0;
+    for (int x = 0; x < c; ++x) {
+      dye[long(r) * c + x] = w * d[x];
+      dot += double(d[x]) * ye[long(r) * c + x];
+    }
+    dweight[long(i) * k + s] = float(dot);
+  }
+}
+__global__ void moe_scatter_add_k(float* dx, const float* dxs, const std::int32_t* row, int n,
+                                  int k, int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(n) * c) return;
+  const long tok = i / c;
+  float acc = dx[i];
+  for (int s = 0; s < k; ++s) {
+    const int r = row[tok * k + s];
+    if (r >= 0) acc += dxs[long(r) * c + i % c];
+  }
+  dx[i] = acc;
+}
+
 }  // namespace
 
 void matmul_forward(context& ctx, float* out, const float* x, const float* w, int n, int in,
@@ -360,6 +434,66 @@ void softmax_xent_forward(context& ctx, float* losses, float* probs, const float
   softmax_xent_forward_k<<<blocks(n), block, 0, ctx.get().stream>>>(losses, probs, logits, targets,
                                                                      n, v);
   launched("softmax_xent_forward");
+}
+
+void gate_forward(context& ctx, device_routing& r, const float* logits, int n, int e, int k,
+                  double capacity_factor) {
+  std::vector<float> host(std::size_t(n) * e);
+  check(cudaMemcpyAsync(host.data(), logits, host.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                        ctx.get().stream),
+        "cudaMemcpyAsync");
+  ctx.synchronize();
+  cpu::gate_forward(r.host, host.data(), n, e, k, capacity_factor);
+  auto up = [&ctx](auto& dst, const auto& src) {
+    using T = typename std::decay_t<decltype(src)>::value_type;
+    dst = std::make_unique<device_array<T>>(ctx, src.size());
+    dst->upload(src);
+  };
+  up(r.probs, r.host.probs);
+  up(r.weight, r.host.weight);
+  up(r.expert, r.host.expert);
+  up(r.row, r.host.row);
+  up(r.token, r.host.token);
+  up(r.routed, r.host.routed);
+}
+
+void gate_backward(context& ctx, float* dlogits, const device_routing& r, const float* dweight,
+                   float daux) {
+  const auto& h = r.host;
+  gate_backward_k<<<blocks(h.n), block, 0, ctx.get().stream>>>(
+      dlogits, r.probs->data(), r.expert->data(), dweight, r.routed->data(), daux, h.n, h.e, h.k);
+  launched("gate_backward");
+}
+
+void moe_gather(context& ctx, float* xs, const float* x, const device_routing& r, int c) {
+  const int rows = r.host.rows();
+  if (rows == 0) return;
+  moe_gather_k<<<blocks(long(rows) * c), block, 0, ctx.get().stream>>>(xs, x, r.token->data(),
+                                                                       rows, c);
+  launched("moe_gather");
+}
+
+void moe_combine_forward(context& ctx, float* out, const float* ye, const device_routing& r,
+                         int c) {
+  const auto& h = r.host;
+  moe_combine_forward_k<<<blocks(long(h.n) * c), block, 0, ctx.get().stream>>>(
+      out, ye, r.row->data(), r.weight->data(), h.n, h.k, c);
+  launched("moe_combine_forward");
+}
+
+void moe_combine_backward(context& ctx, float* dye, float* dweight, const float* dout,
+                          const float* ye, const device_routing& r, int c) {
+  const auto& h = r.host;
+  moe_combine_backward_k<<<blocks(h.n), block, 0, ctx.get().stream>>>(
+      dye, dweight, dout, ye, r.row->data(), r.weight->data(), h.n, h.k, c);
+  launched("moe_combine_backward");
+}
+
+void moe_scatter_add(context& ctx, float* dx, const float* dxs, const device_routing& r, int c) {
+  const auto& h = r.host;
+  moe_scatter_add_k<<<blocks(long(h.n) * c), block, 0, ctx.get().stream>>>(dx, dxs, r.row->data(),
+                                                                            h.n, h.k, c);
+  launched("moe_scatter_add");
 }
 
 void softmax_xent_backward(context& ctx, float* dlogits, const float* probs,

@@ -13,6 +13,8 @@
 #include <memory>
 #include <vector>
 
+#include "models/cpu/kernels.hpp"
+
 namespace moevement::models::cuda {
 
 // A stream, a cuBLAS handle and its fixed workspace on device 0. Throws without a GPU.
@@ -73,5 +75,24 @@ void softmax_xent_forward(context& ctx, float* losses, float* probs, const float
                           const std::int32_t* targets, int n, int v);
 void softmax_xent_backward(context& ctx, float* dlogits, const float* probs,
                            const std::int32_t* targets, float dloss, int n, int v);
+
+// MoE routing: the gate's logits come back to the host, cpu::gate_forward (softmax, top-k,
+// stable counting sort, capacity) plans the permutation, and its arrays go to the device.
+// The permutation is tiny next to the expert GEMMs, and one planner means one set of bits.
+struct device_routing {
+  cpu::routing host;  // the plan (probs, expert, weight, row, offsets, token, routed, aux)
+  std::unique_ptr<device_array<float>> probs, weight;         // [N,E], [N,K]
+  std::unique_ptr<device_array<std::int32_t>> expert, row;    // [N,K], [N,K]
+  std::unique_ptr<device_array<std::int32_t>> token, routed;  // [rows], [E]
+};
+void gate_forward(context& ctx, device_routing& r, const float* logits, int n, int e, int k,
+                  double capacity_factor);
+void gate_backward(context& ctx, float* dlogits, const device_routing& r, const float* dweight,
+                   float daux);
+void moe_gather(context& ctx, float* xs, const float* x, const device_routing& r, int c);
+void moe_combine_forward(context& ctx, float* out, const float* ye, const device_routing& r, int c);
+void moe_combine_backward(context& ctx, float* dye, float* dweight, const float* dout,
+                          const float* ye, const device_routing& r, int c);
+void moe_scatter_add(context& ctx, float* dx, const float* dxs, const device_routing& r, int c);
 
 }  // namespace moevement::models::cuda

@@ -78,4 +78,24 @@ void softmax_xent_backward(context&, float*, const float*, const std::int32_t*, 
   missing();
 }
 
+void gate_forward(context&, device_routing&, const float*, int, int, int, double) {
+  missing();
+}
+void gate_backward(context&, float*, const device_routing&, const float*, float) {
+  missing();
+}
+void moe_gather(context&, float*, const float*, const device_routing&, int) {
+  missing();
+}
+void moe_combine_forward(context&, float*, const float*, const device_routing&, int) {
+  missing();
+}
+void moe_combine_backward(context&, float*, float*, const float*, const float*,
+                          const device_routing&, int) {
+  missing();
+}
+void moe_scatter_add(context&, float*, const float*, const device_routing&, int) {
+  missing();
+}
+
 }  // namespace moevement::models::cuda

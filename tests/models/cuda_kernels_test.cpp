@@ -147,5 +147,44 @@ TEST_F(cuda_kernels, gelu_is_bitwise_the_cpu_and_embedding_and_xent_match) {
   expect_close(gdl.download(), dl, 1e-5f, "dlogits");
 }
 
+TEST_F(cuda_kernels, moe_routing_gather_combine_and_scatter_are_bitwise_the_cpu) {
+  cuda::context ctx;
+  const int n = 40, e = 5, k = 2, c = 16;
+  for (const double cf : {0.0, 0.7}) {
+    const auto logits = rand_vec(n * e, 20, 2.0f), x = rand_vec(n * c, 21);
+    const auto dout = rand_vec(n * c, 22);
+    cpu::routing r;
+    cpu::gate_forward(r, logits.data(), n, e, k, cf);
+    const int rows = r.rows();
+    const auto ye = rand_vec(std::size_t(rows) * c, 23), dxs = rand_vec(std::size_t(rows) * c, 24);
+    std::vector<float> xs(rows * c), out(n * c), dye(rows * c), dw(n * k), dl(n * e),
+        dx(n * c, 0.5f);
+    cpu::moe_gather(xs.data(), x.data(), r, c);
+    cpu::moe_combine_forward(out.data(), ye.data(), r, c);
+    cpu::moe_combine_backward(dye.data(), dw.data(), dout.data(), ye.data(), r, c);
+    cpu::gate_backward(dl.data(), r, dw.data(), 0.01f);
+    cpu::moe_scatter_add(dx.data(), dxs.data(), r, c);
+
+    auto glog = dev(ctx, logits), gx = dev(ctx, x), gdout = dev(ctx, dout);
+    auto gye = dev(ctx, ye), gdxs = dev(ctx, dxs), gdx = dev(ctx, std::vector<float>(n * c, 0.5f));
+    cuda::device_routing gr;
+    cuda::gate_forward(ctx, gr, glog->data(), n, e, k, cf);
+    EXPECT_EQ(gr.host.token, r.token);
+    cuda::device_array<float> gxs(ctx, xs.size()), gout(ctx, out.size()), gdye(ctx, dye.size()),
+        gdw(ctx, dw.size()), gdl(ctx, dl.size());
+    cuda::moe_gather(ctx, gxs.data(), gx->data(), gr, c);
+    cuda::moe_combine_forward(ctx, gout.data(), gye->data(), gr, c);
+    cuda::moe_combine_backward(ctx, gdye.data(), gdw.data(), gdout->data(), gye->data(), gr, c);
+    cuda::gate_backward(ctx, gdl.data(), gr, gdw.data(), 0.01f);
+    cuda::moe_scatter_add(ctx, gdx->data(), gdxs->data(), gr, c);
+    EXPECT_TRUE(same_bits(gxs.download(), xs));
+    EXPECT_TRUE(same_bits(gout.download(), out));
+    EXPECT_TRUE(same_bits(gdye.download(), dye));
+    EXPECT_TRUE(same_bits(gdw.download(), dw));
+    EXPECT_TRUE(same_bits(gdl.download(), dl));
+    EXPECT_TRUE(same_bits(gdx->download(), dx));
+  }
+}
+
 }  // namespace
 }  // namespace moevement::models
