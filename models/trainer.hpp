@@ -37,6 +37,12 @@ class trainer {
   std::uint64_t state_hash() const;
 
   moe_model& model() { return model_; }
+  // Resume: after restoring every operator's master, m, v and step (and refresh_compute()),
+  // set the data position and loss scaler; nothing else is training state.
+  void set_position(std::int64_t iteration, const loss_scaler& scaler) {
+    iteration_ = iteration;
+    scaler_ = scaler;
+  }
   const loss_scaler& scaler() const { return scaler_; }
   std::int64_t iteration() const { return iteration_; }
   std::int64_t tokens_per_iteration() const {

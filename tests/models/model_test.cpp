@@ -206,6 +206,31 @@ TEST(model, data_parallel_replicas_match_the_trainer_for_any_pipeline_depth) {
   EXPECT_NE(single.state_hash(), want) << "replicas see different data";
 }
 
+TEST(trainer, restoring_master_m_v_step_and_position_resumes_bit_exactly) {
+  model_config m = preset("tiny");
+  m.compute_dtype = dtype::f16;  // so the loss scaler is part of what must be restored
+  const train_config t = test_train();
+  trainer a(m, t);
+  for (int i = 0; i < 3; ++i) a.train_iteration();
+  trainer b(m, t);
+  for (std::size_t i = 0; i < a.model().ops().size(); ++i) {
+    const auto& from = a.model().ops()[i];
+    auto& to = b.model().ops()[i];
+    std::copy(from.master().begin(), from.master().end(), to.master().begin());
+    std::copy(from.adam_m().begin(), from.adam_m().end(), to.adam_m().begin());
+    std::copy(from.adam_v().begin(), from.adam_v().end(), to.adam_v().begin());
+    to.set_step(from.step());
+    to.refresh_compute();
+  }
+  b.set_position(a.iteration(), a.scaler());
+  EXPECT_EQ(b.state_hash(), a.state_hash());
+  for (int i = 0; i < 2; ++i) {
+    a.train_iteration();
+    b.train_iteration();
+  }
+  EXPECT_EQ(b.state_hash(), a.state_hash());
+}
+
 TEST(model, frozen_operators_give_bitwise_the_same_output_and_input_gradient) {
   const model_config m = preset("tiny");
   const train_config t = test_train();
