@@ -204,6 +204,11 @@ stage::forward_result stage::forward(int mb, const std::int32_t* tokens, const f
                            " is already in flight");
   }
   mb_cache local;
+  if (!spare_.empty()) {  // reuse buffers: no allocation or page faults in steady state
+    local = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  if (training) cache_[mb] = std::move(local);
   mb_cache& c = training ? cache_[mb] : local;
   const int layers = range_.last_layer - range_.first_layer;
   c.layers.resize(layers);
@@ -237,7 +242,10 @@ stage::forward_result stage::forward(int mb, const std::int32_t* tokens, const f
     c.nf.resize(nc);
     c.rstdf.resize(n);
     c.probs.resize(std::size_t(n) * v);
-    std::vector<float> logits(std::size_t(n) * v), losses(n);
+    std::vector<float>& logits = h_logits_;
+    std::vector<float>& losses = h_losses_;
+    logits.resize(std::size_t(n) * v);
+    losses.resize(n);
     cpu::rmsnorm_forward(c.nf.data(), c.rstdf.data(), c.out.data(), nf.weight(0), n, ch);
     cpu::matmul_forward(logits.data(), c.nf.data(), head.weight(0), n, ch, v);
     cpu::softmax_xent_forward(losses.data(), c.probs.data(), logits.data(), targets, n, v);
@@ -247,6 +255,7 @@ stage::forward_result stage::forward(int mb, const std::int32_t* tokens, const f
   } else {
     res.activation = training ? std::span<const float>(c.out) : std::span<const float>();
   }
+  if (!training) spare_.push_back(std::move(local));
   return res;
 }
 
@@ -260,11 +269,17 @@ std::span<const float> stage::backward(int mb, const float* grad_out, float loss
   const auto& cfg = model_.config();
   const int n = b_ * t_, ch = cfg.d_model, v = cfg.vocab;
   const std::size_t nc = std::size_t(n) * ch;
-  std::vector<float> dcur(nc), dnext(nc);
+  std::vector<float>& dcur = d_cur_;
+  std::vector<float>& dnext = d_next_;
+  dcur.resize(nc);
+  dnext.resize(nc);
   if (range_.has_head) {
     auto& nf = op(model_.final_norm());
     auto& head = op(model_.head());
-    std::vector<float> dlogits(std::size_t(n) * v), dnf(nc);
+    std::vector<float>& dlogits = h_dlogits_;
+    std::vector<float>& dnf = h_dnf_;
+    dlogits.resize(std::size_t(n) * v);
+    dnf.resize(nc);
     // the micro-batch loss is a mean over its N tokens
     cpu::softmax_xent_backward(dlogits.data(), c.probs.data(), c.targets.data(),
                                loss_grad / float(n), n, v);
@@ -286,9 +301,10 @@ std::span<const float> stage::backward(int mb, const float* grad_out, float loss
     auto& emb = op(model_.embedding());
     cpu::embedding_backward(emb.grad(0), emb.grad(1), dcur.data(), c.tokens.data(), b_, t_, ch);
   } else {
-    grad_in_ = std::move(dcur);
+    grad_in_.swap(dcur);
     result = grad_in_;
   }
+  spare_.push_back(std::move(it->second));
   cache_.erase(it);
   return result;
 }

@@ -113,8 +113,10 @@ class stage {
   stage_range range_;
   int b_, t_;
   std::map<int, mb_cache> cache_;
+  std::vector<mb_cache> spare_;  // finished caches, kept so their buffers are reused
   // scratch reused across calls (no state between calls)
   std::vector<float> d_a_, d_b_, d_c_, d_qkv_, d_att_, d_logits_, d_weight_, d_ye_, d_xs_, d_h_;
+  std::vector<float> h_logits_, h_losses_, h_dlogits_, h_dnf_, d_cur_, d_next_;
   std::vector<float> grad_in_;
 };
 

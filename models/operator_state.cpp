@@ -101,15 +101,21 @@ void operator_state::adamw_step(const adamw_config& cfg, float grad_mul) {
   // bias corrections once per operator, in fp64, then one rounding to fp32
   const float bc1 = static_cast<float>(1.0 - std::pow(double(cfg.beta1), double(step_)));
   const float bc2 = static_cast<float>(1.0 - std::pow(double(cfg.beta2), double(step_)));
+  const float b1 = cfg.beta1, b2 = cfg.beta2, lr = cfg.lr, eps = cfg.eps;
+  float* __restrict w = master_.data();
+  float* __restrict m = m_.data();
+  float* __restrict v = v_.data();
+  const float* __restrict grad = grad_.data();
   for (std::size_t p = 0; p < params_.size(); ++p) {
     const float wd = params_[p].decay ? cfg.weight_decay : 0.0f;
+    // elementwise only (no reduction), so vector lanes give the scalar loop's bits
     for (std::int64_t j = offsets_[p]; j < offsets_[p + 1]; ++j) {
-      const float g = grad_[j] * grad_mul;
-      m_[j] = cfg.beta1 * m_[j] + (1.0f - cfg.beta1) * g;
-      v_[j] = cfg.beta2 * v_[j] + (1.0f - cfg.beta2) * (g * g);
-      const float mhat = m_[j] / bc1;
-      const float vhat = v_[j] / bc2;
-      master_[j] -= cfg.lr * (mhat / (std::sqrt(vhat) + cfg.eps) + wd * master_[j]);
+      const float g = grad[j] * grad_mul;
+      m[j] = b1 * m[j] + (1.0f - b1) * g;
+      v[j] = b2 * v[j] + (1.0f - b2) * (g * g);
+      const float mhat = m[j] / bc1;
+      const float vhat = v[j] / bc2;
+      w[j] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * w[j]);
     }
   }
   refresh_compute();

@@ -68,12 +68,6 @@ float f16_to_f32(std::uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
-std::uint16_t f32_to_bf16(float f) {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
 void convert_from_f32(dtype to, std::span<const float> src, std::span<std::byte> dst) {
   if (dst.size() != src.size() * dtype_size(to)) {
     throw std::invalid_argument("convert_from_f32: destination size does not match");

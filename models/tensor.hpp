@@ -26,7 +26,11 @@ std::string_view device_name(device d);
 // Round-to-nearest-even conversions. f16: overflow gives +-inf, NaN stays NaN.
 std::uint16_t f32_to_f16(float f);
 float f16_to_f32(std::uint16_t h);
-std::uint16_t f32_to_bf16(float f);
+inline std::uint16_t f32_to_bf16(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
 inline float bf16_to_f32(std::uint16_t h) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
 }
