@@ -130,7 +130,7 @@ __global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const
   const float* xi = x + long(i) * c;
   double ss = 0.0;
   for (int j = 0; j < c; ++j) ss += double(xi[j]) * xi[j];
-  const float r = float(1.0 / sqrt(ss / c + 1e-5f));
+  const float r = float(1.0 / sqrt(ss / c + cpu::rmsnorm_eps));
   rstd[i] = r;
   for (int j = 0; j < c; ++j) out[long(i) * c + j] = (xi[j] * r) * w[j];
 }
