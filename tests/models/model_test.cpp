@@ -231,6 +231,101 @@ TEST(trainer, restoring_master_m_v_step_and_position_resumes_bit_exactly) {
   EXPECT_EQ(b.state_hash(), a.state_hash());
 }
 
+// Sparse checkpoint and sparse-to-dense conversion by replay (paper section 3.2) on the
+// operator API: slot 0 (end of iteration 2) holds the full state of the even operators and the
+// compute weights of the odd ones; slot 1 (end of iteration 3) the full state of the odd ones.
+// Recovery loads slot 0 (odd operators frozen), replays iteration 3, activates the odd
+// operators from slot 1, and continues: the result must be bit-identical to never failing.
+// The global-norm clip couples all operators, so replay must reuse the step plan logged for
+// iteration 3 (frozen operators have no gradient to contribute to the norm).
+struct full_state {
+  std::vector<float> master, m, v;
+  std::int64_t step;
+};
+struct replay_fixture {
+  model_config m = preset("tiny");
+  train_config t = test_train();
+  corpus c = corpus::load(t.corpus, t.val_fraction, t.seq_len);
+  // forward+backward of iteration `it` on all micro-batches; returns the step plan
+  step_plan grads(moe_model& model, std::int64_t it, loss_scaler& scaler) {
+    stage st(model, partition(m, 1)[0], t.micro_batch_size, t.seq_len);
+    const int n = t.micro_batch_size * t.seq_len;
+    std::vector<std::int32_t> tok(n), tgt(n);
+    for (auto& op : model.ops()) op.zero_grad();
+    for (int mb = 0; mb < t.micro_batches; ++mb) {
+      fill_batch(c, split::train, t.seed, it, 0, mb, t.micro_batch_size, t.seq_len, tok.data(),
+                 tgt.data());
+      st.forward(mb, tok.data(), nullptr, tgt.data());
+      st.backward(mb, nullptr, 1.0f / float(t.micro_batches));
+    }
+    std::vector<double> sq;
+    for (const auto& op : model.ops()) sq.push_back(op.grad_sq_sum());
+    return plan_step(sq, scaler, t.grad_clip);
+  }
+  void step(moe_model& model, const step_plan& plan) {
+    const adamw_config a{t.lr, t.beta1, t.beta2, t.eps, t.weight_decay};
+    for (auto& op : model.ops()) op.adamw_step(a, plan.grad_mul);
+  }
+};
+
+TEST(model, sparse_snapshots_and_replay_with_frozen_operators_recover_bit_exactly) {
+  replay_fixture f;
+  f.t.grad_clip = 0.05f;  // small enough that clipping is active every iteration
+  moe_model model(f.m, f.t.seed);
+  loss_scaler scaler;
+  std::vector<full_state> slot0_full(model.ops().size()), slot1_full(model.ops().size());
+  std::vector<std::vector<std::byte>> slot0_compute(model.ops().size());
+  std::vector<step_plan> plans;
+  for (std::int64_t it = 0; it < 6; ++it) {
+    plans.push_back(f.grads(model, it, scaler));
+    EXPECT_LT(plans.back().grad_mul, 1.0f) << "clipping is active";
+    f.step(model, plans.back());
+    for (std::size_t i = 0; i < model.ops().size(); ++i) {
+      const auto& op = model.ops()[i];
+      const full_state s{{op.master().begin(), op.master().end()},
+                         {op.adam_m().begin(), op.adam_m().end()},
+                         {op.adam_v().begin(), op.adam_v().end()},
+                         op.step()};
+      if (it == 2 && i % 2 == 0) slot0_full[i] = s;
+      if (it == 2 && i % 2 == 1) {
+        slot0_compute[i].assign(op.compute_bytes().begin(), op.compute_bytes().end());
+      }
+      if (it == 3 && i % 2 == 1) slot1_full[i] = s;
+    }
+  }
+  const auto want = state_hash(model.op_digests(), scaler);
+
+  auto recover = [&](bool reuse_logged_plan) {
+    moe_model r(f.m, 999);  // a replacement: its own init is overwritten
+    loss_scaler rs;
+    auto load_full = [](operator_state& op, const full_state& s) {
+      std::copy(s.master.begin(), s.master.end(), op.master().begin());
+      std::copy(s.m.begin(), s.m.end(), op.adam_m().begin());
+      std::copy(s.v.begin(), s.v.end(), op.adam_v().begin());
+      op.set_step(s.step);
+      op.refresh_compute();
+    };
+    for (std::size_t i = 0; i < r.ops().size(); ++i) {
+      if (i % 2 == 0) {
+        load_full(r.ops()[i], slot0_full[i]);
+      } else {
+        r.ops()[i].set_mode(op_mode::frozen);
+        r.ops()[i].set_compute_bytes(slot0_compute[i]);
+      }
+    }
+    const auto plan = f.grads(r, 3, rs);  // replay iteration 3
+    f.step(r, reuse_logged_plan ? plans[3] : plan);
+    for (std::size_t i = 1; i < r.ops().size(); i += 2) {
+      load_full(r.ops()[i], slot1_full[i]);
+      r.ops()[i].set_mode(op_mode::active);
+    }
+    for (std::int64_t it = 4; it < 6; ++it) f.step(r, f.grads(r, it, rs));
+    return state_hash(r.op_digests(), rs);
+  };
+  EXPECT_EQ(recover(true), want);
+  EXPECT_NE(recover(false), want) << "a norm over the active operators only is not the norm";
+}
+
 TEST(model, frozen_operators_give_bitwise_the_same_output_and_input_gradient) {
   const model_config m = preset("tiny");
   const train_config t = test_train();
