@@ -11,7 +11,9 @@ namespace moevement::models {
 
 using cpu::routing;
 
-moe_model::moe_model(const model_config& cfg, std::uint64_t seed) : cfg_(cfg) {
+moe_model::moe_model(const model_config& cfg, std::uint64_t seed, std::size_t first_op,
+                     std::size_t last_op)
+    : cfg_(cfg) {
   const std::int64_t c = cfg.d_model, v = cfg.vocab, f = cfg.d_ff, e = cfg.experts;
   const dtype dt = cfg.compute_dtype;
   const float std0 = 0.02f;
@@ -46,13 +48,28 @@ moe_model::moe_model(const model_config& cfg, std::uint64_t seed) : cfg_(cfg) {
                     std::vector<param_spec>{{"w", {c}, 0.0f, 1.0f, false}}, dt);
   ops_.emplace_back("head", op_kind::head, std::vector<param_spec>{{"w", {c, v}, std0, 0.0f, true}},
                     dt);
-  for (std::size_t i = 0; i < ops_.size(); ++i) ops_[i].init(seed, i);
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    if (i >= first_op && i < last_op) {
+      ops_[i].init(seed, i);
+    } else {
+      ops_[i].release();
+    }
+  }
 }
 
 std::vector<std::uint64_t> moe_model::op_digests() const {
+  return op_digests(0, ops_.size());
+}
+
+std::vector<std::uint64_t> moe_model::op_digests(std::size_t first, std::size_t last) const {
   std::vector<std::uint64_t> d;
-  d.reserve(ops_.size());
-  for (const auto& op : ops_) d.push_back(op.digest());
+  for (std::size_t i = first; i < last && i < ops_.size(); ++i) {
+    if (!ops_[i].allocated()) {
+      throw std::logic_error("op_digests: operator " + ops_[i].name() +
+                             " is not held by this partial model; gather digests per stage");
+    }
+    d.push_back(ops_[i].digest());
+  }
   return d;
 }
 
@@ -81,6 +98,12 @@ std::vector<stage_range> partition(const model_config& cfg, int stages) {
 
 stage::stage(moe_model& model, stage_range range, int micro_batch_size, int seq_len)
     : model_(model), range_(range), b_(micro_batch_size), t_(seq_len) {
+  for (std::size_t i = range.first_op; i < range.last_op; ++i) {
+    if (!model.ops()[i].allocated()) {
+      throw std::invalid_argument("stage: operator " + model.ops()[i].name() +
+                                  " is not allocated in this model");
+    }
+  }
   if (seq_len > model.config().max_seq_len) {
     throw std::invalid_argument("stage: seq_len exceeds the model's max_seq_len");
   }

@@ -28,7 +28,11 @@ namespace moevement::models {
 
 class moe_model {
  public:
-  moe_model(const model_config& cfg, std::uint64_t seed);
+  // Builds every operator (names, shapes) but allocates and initialises state only for the
+  // owned range [first_op, last_op) (default: all), e.g. a pipeline stage's operators; init is
+  // counter-based per operator, so a partial model holds exactly the full model's values.
+  moe_model(const model_config& cfg, std::uint64_t seed, std::size_t first_op = 0,
+            std::size_t last_op = std::size_t(-1));
 
   const model_config& config() const { return cfg_; }
   std::vector<operator_state>& ops() { return ops_; }
@@ -46,6 +50,8 @@ class moe_model {
 
   // xxhash64 over every operator's digest() in canonical order (see state_hash()).
   std::vector<std::uint64_t> op_digests() const;
+  // Digests of operators [first, last) (all must be allocated), for gathering across stages.
+  std::vector<std::uint64_t> op_digests(std::size_t first, std::size_t last) const;
 
  private:
   std::size_t layer_base(int layer) const { return 1 + std::size_t(layer) * (4 + cfg_.experts); }

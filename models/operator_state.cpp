@@ -130,6 +130,12 @@ std::uint64_t operator_state::digest() const {
   return h.digest();
 }
 
+void operator_state::release() {
+  for (auto* b : {&master_, &m_, &v_, &grad_, &expanded_}) std::vector<float>().swap(*b);
+  std::vector<std::byte>().swap(compute_);
+  allocated_ = false;
+}
+
 void operator_state::reset_popularity() {
   std::fill(routed_tokens_.begin(), routed_tokens_.end(), 0);
   std::fill(prob_sums_.begin(), prob_sums_.end(), 0.0);

@@ -95,6 +95,11 @@ class operator_state {
   const std::vector<double>& prob_sums() const { return prob_sums_; }
   void reset_popularity();
 
+  // Frees every buffer (an operator another stage owns); allocated() is then false and the
+  // operator must not be used.
+  void release();
+  bool allocated() const { return allocated_; }
+
  private:
   std::string name_;
   op_kind kind_;
@@ -106,6 +111,7 @@ class operator_state {
   std::vector<float> master_, m_, v_, grad_, expanded_;
   std::vector<std::byte> compute_;
   std::int64_t step_ = 0;
+  bool allocated_ = true;
   std::vector<std::int64_t> routed_tokens_;
   std::vector<double> prob_sums_;
 };

@@ -122,21 +122,30 @@ TEST(model, whole_model_gradient_matches_finite_differences_per_operator) {
 std::uint64_t train_distributed(int stages, int replicas, const model_config& m,
                                 const train_config& t) {
   const corpus c = corpus::load(t.corpus, t.val_fraction, t.seq_len);
-  std::vector<std::unique_ptr<moe_model>> models;
+  const auto parts = partition(m, stages);
+  // one partial model per (replica, stage), holding only that stage's operators
+  std::vector<std::vector<std::unique_ptr<moe_model>>> models(replicas);
   std::vector<std::vector<std::unique_ptr<stage>>> st(replicas);
   for (int d = 0; d < replicas; ++d) {
-    models.push_back(std::make_unique<moe_model>(m, t.seed));
-    for (const auto& r : partition(m, stages)) {
-      st[d].push_back(std::make_unique<stage>(*models[d], r, t.micro_batch_size, t.seq_len));
+    for (const auto& r : parts) {
+      models[d].push_back(std::make_unique<moe_model>(m, t.seed, r.first_op, r.last_op));
+      st[d].push_back(std::make_unique<stage>(*models[d].back(), r, t.micro_batch_size, t.seq_len));
     }
   }
+  auto owner = [&](int d, std::size_t i) -> operator_state& {
+    for (int s = 0; s < stages; ++s) {
+      if (i >= parts[s].first_op && i < parts[s].last_op) return models[d][s]->ops()[i];
+    }
+    throw std::logic_error("no owner");
+  };
+  const std::size_t n_ops = parts.back().last_op;
   std::vector<loss_scaler> scaler(replicas);
   const int n = t.micro_batch_size * t.seq_len;
   std::vector<std::int32_t> tok(n), tgt(n);
   const float loss_grad = 1.0f / float(t.micro_batches * replicas);
   for (std::int64_t it = 0; it < t.iterations; ++it) {
     for (int d = 0; d < replicas; ++d) {
-      for (auto& op : models[d]->ops()) op.zero_grad();
+      for (std::size_t i = 0; i < n_ops; ++i) owner(d, i).zero_grad();
       for (int mb = 0; mb < t.micro_batches; ++mb) {
         fill_batch(c, split::train, t.seed, it, d, mb, t.micro_batch_size, t.seq_len, tok.data(),
                    tgt.data());
@@ -156,29 +165,46 @@ std::uint64_t train_distributed(int stages, int replicas, const model_config& m,
       }
     }
     // all-reduce: left fold in replica order, result on every replica
-    for (std::size_t i = 0; i < models[0]->ops().size(); ++i) {
-      std::vector<float> sum(models[0]->ops()[i].grad().begin(), models[0]->ops()[i].grad().end());
+    for (std::size_t i = 0; i < n_ops; ++i) {
+      std::vector<float> sum(owner(0, i).grad().begin(), owner(0, i).grad().end());
       for (int d = 1; d < replicas; ++d) {
-        const auto g = models[d]->ops()[i].grad();
+        const auto g = owner(d, i).grad();
         for (std::size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
       }
-      for (int d = 0; d < replicas; ++d) {
-        std::copy(sum.begin(), sum.end(), models[d]->ops()[i].grad().begin());
-      }
+      for (int d = 0; d < replicas; ++d)
+        std::copy(sum.begin(), sum.end(), owner(d, i).grad().begin());
     }
     for (int d = 0; d < replicas; ++d) {
-      std::vector<double> sq;
-      for (const auto& op : models[d]->ops()) sq.push_back(op.grad_sq_sum());
+      std::vector<double> sq;  // gathered from the stages in canonical order
+      for (std::size_t i = 0; i < n_ops; ++i) sq.push_back(owner(d, i).grad_sq_sum());
       const auto plan = plan_step(sq, scaler[d], t.grad_clip);
       const adamw_config a{t.lr, t.beta1, t.beta2, t.eps, t.weight_decay};
-      for (auto& op : models[d]->ops()) op.adamw_step(a, plan.grad_mul);
+      for (std::size_t i = 0; i < n_ops; ++i) owner(d, i).adamw_step(a, plan.grad_mul);
     }
   }
-  const auto h = state_hash(models[0]->op_digests(), scaler[0]);
-  for (int d = 1; d < replicas; ++d) {
-    EXPECT_EQ(state_hash(models[d]->op_digests(), scaler[d]), h) << "replica " << d;
-  }
-  return h;
+  auto hash = [&](int d) {
+    std::vector<std::uint64_t> digests;
+    for (int s = 0; s < stages; ++s) {
+      const auto part = models[d][s]->op_digests(parts[s].first_op, parts[s].last_op);
+      digests.insert(digests.end(), part.begin(), part.end());
+    }
+    return state_hash(digests, scaler[d]);
+  };
+  for (int d = 1; d < replicas; ++d) EXPECT_EQ(hash(d), hash(0)) << "replica " << d;
+  return hash(0);
+}
+
+TEST(model, a_partial_model_holds_only_its_stage_and_the_full_models_values) {
+  const model_config m = preset("tiny");
+  moe_model full(m, 5);
+  const auto parts = partition(m, 2);
+  moe_model part(m, 5, parts[1].first_op, parts[1].last_op);
+  EXPECT_FALSE(part.ops()[0].allocated());
+  EXPECT_TRUE(part.ops()[part.head()].allocated());
+  EXPECT_EQ(part.op_digests(parts[1].first_op, parts[1].last_op),
+            full.op_digests(parts[1].first_op, parts[1].last_op));
+  EXPECT_THROW(part.op_digests(), std::logic_error);
+  EXPECT_THROW(stage(part, parts[0], 2, 8), std::invalid_argument);
 }
 
 TEST(model, pipelining_over_1_2_and_4_stages_changes_no_bit) {
