@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include <immintrin.h>
+
 #include "base/hash.hpp"
 #include "models/rng.hpp"
 
@@ -90,8 +92,25 @@ void operator_state::zero_grad() {
 
 double operator_state::grad_sq_sum() const {
   if (mode_ != op_mode::active) return 0.0;
+  // Fixed order: 8 fp64 partial sums, element j going to partial j % 8 (in element order),
+  // then the partials added 0..7, then the tail. One long dependency chain would be 8x slower.
+  const float* g = grad_.data();
+  const std::size_t n = grad_.size();
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 x = _mm256_loadu_ps(g + j);
+    const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+    hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+  }
+  double part[8];
+  _mm256_storeu_pd(part, lo);
+  _mm256_storeu_pd(part + 4, hi);
   double s = 0.0;
-  for (const float g : grad_) s += double(g) * g;
+  for (const double p : part) s += p;
+  for (; j < n; ++j) s += double(g[j]) * g[j];
   return s;
 }
 
@@ -106,16 +125,41 @@ void operator_state::adamw_step(const adamw_config& cfg, float grad_mul) {
   float* __restrict m = m_.data();
   float* __restrict v = v_.data();
   const float* __restrict grad = grad_.data();
+  const float one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
   for (std::size_t p = 0; p < params_.size(); ++p) {
     const float wd = params_[p].decay ? cfg.weight_decay : 0.0f;
-    // elementwise only (no reduction), so vector lanes give the scalar loop's bits
-    for (std::int64_t j = offsets_[p]; j < offsets_[p + 1]; ++j) {
+    // Elementwise only (no reduction). The AVX2 lanes run the scalar tail's exact sequence of
+    // IEEE operations (no FMA; sqrt and division are correctly rounded in both), so the bits do
+    // not depend on where a parameter falls. std::sqrt alone would not vectorise (errno).
+    std::int64_t j = offsets_[p];
+    const std::int64_t end = offsets_[p + 1];
+    const __m256 vmul = _mm256_set1_ps(grad_mul), vb1 = _mm256_set1_ps(b1),
+                 vb2 = _mm256_set1_ps(b2), v1b1 = _mm256_set1_ps(one_b1),
+                 v1b2 = _mm256_set1_ps(one_b2), vbc1 = _mm256_set1_ps(bc1),
+                 vbc2 = _mm256_set1_ps(bc2), vlr = _mm256_set1_ps(lr), veps = _mm256_set1_ps(eps),
+                 vwd = _mm256_set1_ps(wd);
+    for (; j + 8 <= end; j += 8) {
+      const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + j), vmul);
+      const __m256 mj =
+          _mm256_add_ps(_mm256_mul_ps(vb1, _mm256_loadu_ps(m + j)), _mm256_mul_ps(v1b1, g));
+      const __m256 vj = _mm256_add_ps(_mm256_mul_ps(vb2, _mm256_loadu_ps(v + j)),
+                                      _mm256_mul_ps(v1b2, _mm256_mul_ps(g, g)));
+      _mm256_storeu_ps(m + j, mj);
+      _mm256_storeu_ps(v + j, vj);
+      const __m256 mhat = _mm256_div_ps(mj, vbc1);
+      const __m256 vhat = _mm256_div_ps(vj, vbc2);
+      const __m256 wj = _mm256_loadu_ps(w + j);
+      const __m256 upd = _mm256_add_ps(
+          _mm256_div_ps(mhat, _mm256_add_ps(_mm256_sqrt_ps(vhat), veps)), _mm256_mul_ps(vwd, wj));
+      _mm256_storeu_ps(w + j, _mm256_sub_ps(wj, _mm256_mul_ps(vlr, upd)));
+    }
+    for (; j < end; ++j) {
       const float g = grad[j] * grad_mul;
-      m[j] = b1 * m[j] + (1.0f - b1) * g;
-      v[j] = b2 * v[j] + (1.0f - b2) * (g * g);
+      m[j] = b1 * m[j] + one_b1 * g;
+      v[j] = b2 * v[j] + one_b2 * (g * g);
       const float mhat = m[j] / bc1;
       const float vhat = v[j] / bc2;
-      w[j] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * w[j]);
+      w[j] = w[j] - lr * (mhat / (std::sqrt(vhat) + eps) + wd * w[j]);
     }
   }
   refresh_compute();

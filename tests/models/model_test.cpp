@@ -53,6 +53,19 @@ TEST(model, canonical_operator_order_and_partition) {
   EXPECT_THROW(partition(m, 5), std::invalid_argument);
 }
 
+TEST(model, gradient_square_sum_has_its_documented_fixed_order) {
+  operator_state op("x", op_kind::norm, {{"w", {27}, 0.0f, 1.0f, false}}, dtype::f32);
+  for (int j = 0; j < 27; ++j) op.grad()[j] = 0.1f * float(j * j % 11) - 0.37f;
+  double part[8] = {};
+  for (int j = 0; j < 24; ++j) part[j % 8] += double(op.grad()[j]) * op.grad()[j];
+  double want = 0.0;
+  for (const double p : part) want += p;
+  for (int j = 24; j < 27; ++j) want += double(op.grad()[j]) * op.grad()[j];
+  EXPECT_EQ(op.grad_sq_sum(), want);
+  op.set_mode(op_mode::frozen);
+  EXPECT_EQ(op.grad_sq_sum(), 0.0);
+}
+
 TEST(model, paper_presets_have_about_the_published_parameter_counts) {
   const std::pair<const char*, double> want[] = {
       {"moe-llava", 2.9e9}, {"gpt-moe", 7.3e9}, {"qwen-moe", 14.3e9}, {"deepseek-moe", 16.4e9}};
