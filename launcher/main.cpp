@@ -13,6 +13,7 @@
 #include "launcher/check.hpp"
 #include "launcher/simulate.hpp"
 #include "launcher/slurm_env_cmd.hpp"
+#include "launcher/train.hpp"
 
 namespace {
 
@@ -20,6 +21,7 @@ constexpr std::string_view usage = R"(usage: moevement <command> [args]
 
 commands:
   check      verify this machine: UCX, wire format, BLIS determinism, CUDA
+  train CONFIG [--set k=v]  train in this process (no actors); prints state_hash=
   bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
   slurm-env  print what this task learned from Slurm's environment (run under srun), as JSON
   simulate   estimate ETTR per checkpoint policy (moevement simulate --help)
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
     if (command == "slurm-env") return moevement::launcher::run_slurm_env(std::cout);
     if (command == "simulate")
       return moevement::launcher::run_simulate(argc, argv, std::cout, std::cerr);
+    if (command == "train") return moevement::launcher::run_train(argc, argv);
     if (command == "version") {
       std::cout << "moevement " << MOEVEMENT_VERSION << "\n";
       return 0;

@@ -1,0 +1,89 @@
+#include "launcher/config.hpp"
+
+#include <fmt/format.h>
+
+#include <toml++/toml.h>
+#include <charconv>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace moevement::launcher {
+
+namespace {
+
+void flatten(const toml::table& t, const std::string& prefix, models::config_map& out,
+             const std::string& path) {
+  for (const auto& [k, node] : t) {
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const auto* sub = node.as_table()) {
+      flatten(*sub, key, out, path);
+    } else if (const auto* i = node.as_integer()) {
+      out[key] = i->get();
+    } else if (const auto* f = node.as_floating_point()) {
+      out[key] = f->get();
+    } else if (const auto* b = node.as_boolean()) {
+      out[key] = b->get();
+    } else if (const auto* s = node.as_string()) {
+      out[key] = s->get();
+    } else {
+      throw models::config_error(
+          key, fmt::format("{} line {}: unsupported value type (use a boolean, number or string)",
+                           path, node.source().begin.line));
+    }
+  }
+}
+
+}  // namespace
+
+models::config_map load_config_file(const std::string& path) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw std::runtime_error(
+        fmt::format("{} line {}: {}", path, e.source().begin.line, e.description()));
+  }
+  models::config_map out;
+  flatten(t, "", out, path);
+  return out;
+}
+
+void apply_override(models::config_map& map, std::string_view assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0) {
+    throw std::runtime_error(fmt::format("--set '{}': expected key=value", assignment));
+  }
+  const std::string key(assignment.substr(0, eq));
+  std::string_view v = assignment.substr(eq + 1);
+  if (v == "true" || v == "false") {
+    map[key] = v == "true";
+    return;
+  }
+  std::int64_t i = 0;
+  const auto [ip, iec] = std::from_chars(v.data(), v.data() + v.size(), i);
+  if (iec == std::errc() && ip == v.data() + v.size() && !v.empty()) {
+    map[key] = i;
+    return;
+  }
+  const std::string s(v);
+  char* end = nullptr;
+  const double d = std::strtod(s.c_str(), &end);
+  if (!s.empty() && end == s.c_str() + s.size()) {
+    map[key] = d;
+    return;
+  }
+  if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front()) {
+    v = v.substr(1, v.size() - 2);
+  }
+  map[key] = std::string(v);
+}
+
+bool is_engine_section(std::string_view key) {
+  for (const std::string_view s : {"parallel.", "checkpoint.", "cluster.", "failure.", "engine."}) {
+    if (key.starts_with(s)) return true;
+  }
+  return false;
+}
+
+}  // namespace moevement::launcher

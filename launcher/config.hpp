@@ -1,0 +1,25 @@
+// The TOML config file and `--set key=value` overrides, as a flat map of dotted keys that each
+// layer consumes its own sections from (models: model.* and train.*; the engine: its own).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "models/config.hpp"
+
+namespace moevement::launcher {
+
+// Reads a TOML file into dotted keys. Nested tables become "a.b.c"; values must be booleans,
+// integers, floats or strings. Throws std::runtime_error with the file, line and key on error.
+models::config_map load_config_file(const std::string& path);
+
+// Applies one "key=value" override. The value is typed like TOML: true/false, an integer, a
+// float, or else a string (quotes optional). A key absent from the file is added.
+void apply_override(models::config_map& map, std::string_view assignment);
+
+// Sections `moevement train` accepts and ignores (they belong to the distributed engine), so
+// that one config file serves both `train` and `launch`.
+bool is_engine_section(std::string_view key);
+
+}  // namespace moevement::launcher

@@ -1,0 +1,89 @@
+// Model and training settings: presets, the `model.*` and `train.*` keys of the TOML config,
+// and their validation. Every default lives here, once (docs/configuration.md lists them).
+// The TOML file itself is read by the launcher into a flat key -> value map (config_map), so
+// this layer needs no TOML library and the engine's keys stay the engine's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "models/tensor.hpp"
+
+namespace moevement::models {
+
+using config_value = std::variant<bool, std::int64_t, double, std::string>;
+// Dotted keys ("model.preset") to values, as read from TOML and `--set key=value`.
+using config_map = std::map<std::string, config_value, std::less<>>;
+
+// A bad setting; what() starts with the key so the user knows what to fix.
+class config_error : public std::runtime_error {
+ public:
+  config_error(std::string key, const std::string& problem)
+      : std::runtime_error(key + ": " + problem), key_(std::move(key)) {}
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+};
+
+struct model_config {
+  std::string preset = "tiny";
+  int layers = 4;
+  int d_model = 32;              // C
+  int heads = 4;                 // NH (C % NH == 0)
+  int experts = 4;               // E routed experts per layer
+  int top_k = 2;                 // K slots per token
+  int d_ff = 64;                 // F, hidden size of each expert
+  int max_seq_len = 64;          // rows of the position embedding
+  int vocab = 256;               // bytes as tokens
+  int shared_experts = 0;        // paper presets only (DeepSeek-MoE); the CPU model trains with 0
+  double capacity_factor = 0.0;  // 0: dropless
+  float aux_loss_coef = 0.01f;
+  dtype compute_dtype = dtype::bf16;  // 2-byte compute weights (f32 allowed for gradient tests)
+
+  std::int64_t parameter_count() const;         // all operators
+  std::int64_t active_parameter_count() const;  // per token: non-experts + (K + shared) experts
+};
+
+struct train_config {
+  std::int64_t iterations = 200;
+  int micro_batches = 2;
+  int micro_batch_size = 8;  // B
+  int seq_len = 32;          // T
+  std::uint64_t seed = 1;
+  float lr = 3e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;   // on matrices only (never norms or embeddings)
+  float grad_clip = 1.0f;      // global L2 norm; 0 disables
+  std::int64_t val_every = 0;  // 0: validate only at the end
+  int val_batches = 4;
+  std::string corpus = "/usr/share/games/fortunes";  // a file, or a directory of them
+  double val_fraction = 0.1;  // the tail of the corpus held out for validation
+  int blis_threads = 1;
+  float loss_scale = 65536.0f;  // initial dynamic loss scale (f16 compute only)
+  int loss_scale_window = 200;  // good steps before the scale doubles
+  std::int64_t log_every = 10;  // iterations between progress lines
+  // Data-parallel replicas emulated in one process (the engine's parallel.dp; not a train.*
+  // key): replica d trains on its own micro-batches (data position keyed by d).
+  int data_parallel = 1;
+};
+
+std::vector<std::string> preset_names();
+// The shapes of a preset; throws config_error("model.preset") for an unknown name.
+model_config preset(std::string_view name);
+
+// Applies and removes every `model.*` and `train.*` key of `map` (model.preset first, so other
+// model keys override the preset). Unknown keys in these sections, wrong types and bad values
+// throw config_error naming the key. Keys of other sections are left in the map.
+void apply_config(config_map& map, model_config& model, train_config& train);
+// Cross-checks that need both (top-k > experts, seq_len > max_seq_len, ...).
+void validate(const model_config& model, const train_config& train);
+
+}  // namespace moevement::models

@@ -1,0 +1,512 @@
+// CUDA kernels; see kernels.hpp for the determinism rules. One thread per output row or
+// column where the CPU loops sequentially, in the CPU's order: slow next to fused kernels, but
+// every reduction has one fixed order and there is no atomic anywhere.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "models/cuda/kernels.hpp"
+
+namespace moevement::models::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
+  }
+}
+
+constexpr std::size_t workspace_bytes = 32u << 20;  // fixed cuBLAS workspace per context
+constexpr int block = 256;
+int blocks(long n) {
+  return int((n + block - 1) / block);
+}
+
+}  // namespace
+
+struct context::impl {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* workspace = nullptr;
+};
+
+context::context() : impl_(std::make_unique<impl>()) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    throw std::runtime_error("no CUDA device visible");
+  }
+  check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaMalloc(&impl_->workspace, workspace_bytes), "cudaMalloc(workspace)");
+  check(cublasCreate(&impl_->blas), "cublasCreate");
+  check(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
+  // A fixed workspace on one stream makes cuBLAS's choices, and so its bits, repeatable;
+  // pedantic math rules out TF32 and other reduced-precision paths.
+  check(cublasSetWorkspace(impl_->blas, impl_->workspace, workspace_bytes), "cublasSetWorkspace");
+  check(cublasSetMathMode(impl_->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+}
+
+context::~context() {
+  if (impl_->blas != nullptr) cublasDestroy(impl_->blas);
+  if (impl_->workspace != nullptr) cudaFree(impl_->workspace);
+  if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
+}
+
+void context::synchronize() {
+  check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
+}
+
+template <class T>
+device_array<T>::device_array(context& ctx, std::size_t n) : ctx_(ctx), n_(n) {
+  check(cudaMalloc(&data_, n * sizeof(T) + 1), "cudaMalloc");
+}
+template <class T>
+device_array<T>::~device_array() {
+  cudaFree(data_);
+}
+template <class T>
+void device_array<T>::upload(const std::vector<T>& host) {
+  if (host.size() != n_) throw std::invalid_argument("device_array::upload: size mismatch");
+  check(cudaMemcpyAsync(data_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice,
+                        ctx_.get().stream),
+        "cudaMemcpyAsync");
+  ctx_.synchronize();
+}
+template <class T>
+std::vector<T> device_array<T>::download() const {
+  std::vector<T> out(n_);
+  check(
+      cudaMemcpyAsync(out.data(), data_, n_ * sizeof(T), cudaMemcpyDeviceToHost, ctx_.get().stream),
+      "cudaMemcpyAsync");
+  ctx_.synchronize();
+  return out;
+}
+template class device_array<float>;
+template class device_array<std::int32_t>;
+
+namespace {
+
+// Row-major C[m,n] = alpha op(A) op(B) + beta C as column-major C^T = op(B)^T op(A)^T.
+void gemm(context& ctx, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+          long stride_a, const float* b, int ldb, long stride_b, float beta, float* c, int ldc,
+          long stride_c, int batch) {
+  check(cublasSgemmStridedBatched(ctx.get().blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, stride_b,
+                                  a, lda, stride_a, &beta, c, ldc, stride_c, batch),
+        "cublasSgemmStridedBatched");
+}
+
+__global__ void embedding_forward_k(float* out, const std::int32_t* tok, const float* wte,
+                                    const float* wpe, int b, int t, int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(b) * t * c) return;
+  const long row = i / c;
+  const int x = int(i % c), pos = int(row % t);
+  out[i] = wte[long(tok[row]) * c + x] + wpe[long(pos) * c + x];
+}
+
+// dwte: thread per channel, tokens in (b, t) order, as the CPU does; no two threads share an
+// element, so no atomics.
+__global__ void embedding_backward_wte_k(float* dwte, const float* dout, const std::int32_t* tok,
+                                         int n, int c) {
+  const int x = blockIdx.x * blockDim.x + threadIdx.x;
+  if (x >= c) return;
+  for (int r = 0; r < n; ++r) dwte[long(tok[r]) * c + x] += dout[long(r) * c + x];
+}
+__global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int b, int t, int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(t) * c) return;
+  const int pos = int(i / c), x = int(i % c);
+  for (int r = 0; r < b; ++r) dwpe[i] += dout[(long(r) * t + pos) * c + x];
+}
+
+__global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const float* w, int n,
+                                  int c) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* xi = x + long(i) * c;
+  double ss = 0.0;
+  for (int j = 0; j < c; ++j) ss += double(xi[j]) * xi[j];
+  const float r = float(1.0 / sqrt(ss / c + cpu::rmsnorm_eps));
+  rstd[i] = r;
+  for (int j = 0; j < c; ++j) out[long(i) * c + j] = (xi[j] * r) * w[j];
+}
+__global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float* x, const float* w,
+                                      const float* rstd, int n, int c) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* xi = x + long(i) * c;
+  const float* di = dout + long(i) * c;
+  const float r = rstd[i];
+  double dot = 0.0;
+  for (int j = 0; j < c; ++j) dot += double(di[j] * w[j]) * double(xi[j] * r);
+  const float mean = float(dot / c);
+  for (int j = 0; j < c; ++j) dx[long(i) * c + j] = r * (di[j] * w[j] - (xi[j] * r) * mean);
+}
+__global__ void rmsnorm_backward_dw_k(float* dw, const float* dout, const float* x,
+                                      const float* rstd, int n, int c) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  for (int i = 0; i < n; ++i) dw[j] += dout[long(i) * c + j] * (x[long(i) * c + j] * rstd[i]);
+}
+
+// Causal softmax of each [T] row of scores in place; zero above the diagonal.
+__global__ void causal_softmax_k(float* att, long rows, int t) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= rows) return;
+  const int r = int(i % t);
+  float* row = att + i * t;
+  float mx = -INFINITY;
+  for (int j = 0; j <= r; ++j) mx = fmaxf(mx, row[j]);
+  double sum = 0.0;
+  for (int j = 0; j <= r; ++j) {
+    row[j] = expf(row[j] - mx);
+    sum += row[j];
+  }
+  const float inv = float(1.0 / sum);
+  for (int j = 0; j <= r; ++j) row[j] *= inv;
+  for (int j = r + 1; j < t; ++j) row[j] = 0.0f;
+}
+__global__ void causal_softmax_backward_k(float* ds, const float* att, long rows, int t) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= rows) return;
+  const int r = int(i % t);
+  float* d = ds + i * t;
+  const float* a = att + i * t;
+  double dot = 0.0;
+  for (int j = 0; j <= r; ++j) dot += double(a[j]) * d[j];
+  const float dd = float(dot);
+  for (int j = 0; j <= r; ++j) d[j] = a[j] * (d[j] - dd);
+  for (int j = r + 1; j < t; ++j) d[j] = 0.0f;
+}
+
+// The CPU's polynomial exp (kernels.cpp), operation for operation; with --fmad=false the bits
+// are the CPU's.
+__device__ float exp_poly(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = (y * (r * r) + r) + 1.0f;
+  return y * __int_as_float((int(n) + 127) << 23);
+}
+constexpr float gelu_s = 0.7978845608028654f;
+constexpr float gelu_a = 0.044715f;
+
+__global__ void gelu_forward_k(float* out, const float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i];
+  const float u = gelu_s * (v + gelu_a * v * v * v);
+  out[i] = v / (1.0f + exp_poly(-2.0f * u));
+}
+__global__ void gelu_backward_k(float* dx, const float* dout, const float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i];
+  const float u = gelu_s * (v + gelu_a * v * v * v);
+  const float s = 1.0f / (1.0f + exp_poly(-2.0f * u));
+  const float du = gelu_s * (1.0f + 3.0f * gelu_a * v * v);
+  dx[i] = (s + 2.0f * v * s * (1.0f - s) * du) * dout[i];
+}
+
+__global__ void softmax_xent_forward_k(float* losses, float* probs, const float* logits,
+                                       const std::int32_t* targets, int n, int v) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* l = logits + long(i) * v;
+  float* p = probs + long(i) * v;
+  float mx = -INFINITY;
+  for (int j = 0; j < v; ++j) mx = fmaxf(mx, l[j]);
+  double sum = 0.0;
+  for (int j = 0; j < v; ++j) {
+    p[j] = expf(l[j] - mx);
+    sum += p[j];
+  }
+  const float inv = float(1.0 / sum);
+  for (int j = 0; j < v; ++j) p[j] *= inv;
+  losses[i] = float(log(sum) + mx - l[targets[i]]);
+}
+__global__ void softmax_xent_backward_k(float* dlogits, const float* probs,
+                                        const std::int32_t* targets, float dloss, int n, int v) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(n) * v) return;
+  const long row = i / v;
+  const int j = int(i % v);
+  dlogits[i] = (probs[i] - (j == targets[row] ? 1.0f : 0.0f)) * dloss;
+}
+
+void launched(const char* what) {
+  check(cudaGetLastError(), what);
+}
+
+// One thread per token for everything below: a token's slots are visited in slot order and no
+// output element is written by two threads.
+__global__ void gate_backward_k(float* dlogits, const float* probs, const std::int32_t* expert,
+                                const float* dweight, const std::int32_t* routed, float daux, int n,
+                                int e, int k) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  // dp[j] = aux gradient + combine-weight gradients of the slots that chose j (CPU order)
+  const float* p = probs + long(i) * e;
+  float* dl = dlogits + long(i) * e;
+  for (int j = 0; j < e; ++j) {
+    dl[j] = float(double(daux) * e * (double(routed[j]) / (double(n) * k)) / n);
+  }
+  for (int s = 0; s < k; ++s) dl[expert[long(i) * k + s]] += dweight[long(i) * k + s];
+  double dot = 0.0;
+  for (int j = 0; j < e; ++j) dot += double(p[j]) * dl[j];
+  const float d = float(dot);
+  for (int j = 0; j < e; ++j) dl[j] = p[j] * (dl[j] - d);
+}
+__global__ void moe_gather_k(float* xs, const float* x, const std::int32_t* token, int rows,
+                             int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(rows) * c) return;
+  xs[i] = x[long(token[i / c]) * c + i % c];
+}
+__global__ void moe_combine_forward_k(float* out, const float* ye, const std::int32_t* row,
+                                      const float* weight, int n, int k, int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(n) * c) return;
+  const long tok = i / c;
+  const int x = int(i % c);
+  float o = 0.0f;
+  for (int s = 0; s < k; ++s) {
+    const int r = row[tok * k + s];
+    if (r >= 0) o += weight[tok * k + s] * ye[long(r) * c + x];
+  }
+  out[i] = o;
+}
+__global__ void moe_combine_backward_k(float* dye, float* dweight, const float* dout,
+                                       const float* ye, const std::int32_t* row,
+                                       const float* weight, int n, int k, int c) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* d = dout + long(i) * c;
+  for (int s = 0; s < k; ++s) {
+    const int r = row[long(i) * k + s];
+    if (r < 0) {
+      dweight[long(i) * k + s] = 0.0f;
+      continue;
+    }
+    const float w = weight[long(i) * k + s];
+    double dot = 0.0;
+    for (int x = 0; x < c; ++x) {
+      dye[long(r) * c + x] = w * d[x];
+      dot += double(d[x]) * ye[long(r) * c + x];
+    }
+    dweight[long(i) * k + s] = float(dot);
+  }
+}
+__global__ void moe_scatter_add_k(float* dx, const float* dxs, const std::int32_t* row, int n,
+                                  int k, int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(n) * c) return;
+  const long tok = i / c;
+  float acc = dx[i];
+  for (int s = 0; s < k; ++s) {
+    const int r = row[tok * k + s];
+    if (r >= 0) acc += dxs[long(r) * c + i % c];
+  }
+  dx[i] = acc;
+}
+
+}  // namespace
+
+void matmul_forward(context& ctx, float* out, const float* x, const float* w, int n, int in,
+                    int out_dim) {
+  if (n == 0) return;
+  gemm(ctx, false, false, n, out_dim, in, 1.0f, x, in, 0, w, out_dim, 0, 0.0f, out, out_dim, 0, 1);
+}
+
+void matmul_backward(context& ctx, float* dx, float* dw, const float* dout, const float* x,
+                     const float* w, int n, int in, int out_dim) {
+  if (n == 0) return;
+  if (dx != nullptr) {
+    gemm(ctx, false, true, n, in, out_dim, 1.0f, dout, out_dim, 0, w, out_dim, 0, 0.0f, dx, in, 0,
+         1);
+  }
+  if (dw != nullptr) {
+    gemm(ctx, true, false, in, out_dim, n, 1.0f, x, in, 0, dout, out_dim, 0, 1.0f, dw, out_dim, 0,
+         1);
+  }
+}
+
+void embedding_forward(context& ctx, float* out, const std::int32_t* tokens, const float* wte,
+                       const float* wpe, int b, int t, int c) {
+  const long n = long(b) * t * c;
+  embedding_forward_k<<<blocks(n), block, 0, ctx.get().stream>>>(out, tokens, wte, wpe, b, t, c);
+  launched("embedding_forward");
+}
+
+void embedding_backward(context& ctx, float* dwte, float* dwpe, const float* dout,
+                        const std::int32_t* tokens, int b, int t, int c) {
+  if (dwte != nullptr) {
+    embedding_backward_wte_k<<<blocks(c), block, 0, ctx.get().stream>>>(dwte, dout, tokens, b * t,
+                                                                        c);
+    launched("embedding_backward(wte)");
+  }
+  if (dwpe != nullptr) {
+    embedding_backward_wpe_k<<<blocks(long(t) * c), block, 0, ctx.get().stream>>>(dwpe, dout, b, t,
+                                                                                  c);
+    launched("embedding_backward(wpe)");
+  }
+}
+
+void rmsnorm_forward(context& ctx, float* out, float* rstd, const float* x, const float* w, int n,
+                     int c) {
+  rmsnorm_forward_k<<<blocks(n), block, 0, ctx.get().stream>>>(out, rstd, x, w, n, c);
+  launched("rmsnorm_forward");
+}
+
+void rmsnorm_backward(context& ctx, float* dx, float* dw, const float* dout, const float* x,
+                      const float* w, const float* rstd, int n, int c) {
+  rmsnorm_backward_dx_k<<<blocks(n), block, 0, ctx.get().stream>>>(dx, dout, x, w, rstd, n, c);
+  launched("rmsnorm_backward(dx)");
+  if (dw != nullptr) {
+    rmsnorm_backward_dw_k<<<blocks(c), block, 0, ctx.get().stream>>>(dw, dout, x, rstd, n, c);
+    launched("rmsnorm_backward(dw)");
+  }
+}
+
+void attention_forward(context& ctx, float* y, float* att, const float* qkv, int b, int t, int c,
+                       int nh) {
+  const int hs = c / nh, c3 = 3 * c;
+  const float scale = 1.0f / sqrtf(float(hs));
+  const long tt = long(t) * t;
+  for (int i = 0; i < b; ++i) {
+    const float* base = qkv + long(i) * t * c3;
+    float* a = att + long(i) * nh * tt;
+    // scores[h] [T,T] = scale q_h k_h^T, batched over heads
+    gemm(ctx, false, true, t, t, hs, scale, base, c3, hs, base + c, c3, hs, 0.0f, a, t, tt, nh);
+    causal_softmax_k<<<blocks(long(nh) * t), block, 0, ctx.get().stream>>>(a, long(nh) * t, t);
+    launched("causal_softmax");
+    // y_h [T,hs] = att_h v_h
+    gemm(ctx, false, false, t, hs, t, 1.0f, a, t, tt, base + 2 * c, c3, hs, 0.0f,
+         y + long(i) * t * c, c, hs, nh);
+  }
+}
+
+void attention_backward(context& ctx, float* dqkv, float* scratch, const float* dy,
+                        const float* att, const float* qkv, int b, int t, int c, int nh) {
+  const int hs = c / nh, c3 = 3 * c;
+  const float scale = 1.0f / sqrtf(float(hs));
+  const long tt = long(t) * t;
+  for (int i = 0; i < b; ++i) {
+    const float* base = qkv + long(i) * t * c3;
+    float* dbase = dqkv + long(i) * t * c3;
+    const float* a = att + long(i) * nh * tt;
+    const float* dyb = dy + long(i) * t * c;
+    gemm(ctx, false, true, t, t, hs, 1.0f, dyb, c, hs, base + 2 * c, c3, hs, 0.0f, scratch, t, tt,
+         nh);  // datt = dy_h v_h^T
+    gemm(ctx, true, false, t, hs, t, 1.0f, a, t, tt, dyb, c, hs, 0.0f, dbase + 2 * c, c3, hs,
+         nh);  // dv = att^T dy_h
+    causal_softmax_backward_k<<<blocks(long(nh) * t), block, 0, ctx.get().stream>>>(
+        scratch, a, long(nh) * t, t);
+    launched("causal_softmax_backward");
+    gemm(ctx, false, false, t, hs, t, scale, scratch, t, tt, base + c, c3, hs, 0.0f, dbase, c3, hs,
+         nh);  // dq = scale ds k
+    gemm(ctx, true, false, t, hs, t, scale, scratch, t, tt, base, c3, hs, 0.0f, dbase + c, c3, hs,
+         nh);  // dk = scale ds^T q
+  }
+}
+
+void gelu_forward(context& ctx, float* out, const float* x, int n) {
+  gelu_forward_k<<<blocks(n), block, 0, ctx.get().stream>>>(out, x, n);
+  launched("gelu_forward");
+}
+
+void gelu_backward(context& ctx, float* dx, const float* dout, const float* x, int n) {
+  gelu_backward_k<<<blocks(n), block, 0, ctx.get().stream>>>(dx, dout, x, n);
+  launched("gelu_backward");
+}
+
+void softmax_xent_forward(context& ctx, float* losses, float* probs, const float* logits,
+                          const std::int32_t* targets, int n, int v) {
+  softmax_xent_forward_k<<<blocks(n), block, 0, ctx.get().stream>>>(losses, probs, logits, targets,
+                                                                    n, v);
+  launched("softmax_xent_forward");
+}
+
+void gate_forward(context& ctx, device_routing& r, const float* logits, int n, int e, int k,
+                  double capacity_factor) {
+  std::vector<float> host(std::size_t(n) * e);
+  check(cudaMemcpyAsync(host.data(), logits, host.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                        ctx.get().stream),
+        "cudaMemcpyAsync");
+  ctx.synchronize();
+  cpu::gate_forward(r.host, host.data(), n, e, k, capacity_factor);
+  auto up = [&ctx](auto& dst, const auto& src) {
+    using T = typename std::decay_t<decltype(src)>::value_type;
+    dst = std::make_unique<device_array<T>>(ctx, src.size());
+    dst->upload(src);
+  };
+  up(r.probs, r.host.probs);
+  up(r.weight, r.host.weight);
+  up(r.expert, r.host.expert);
+  up(r.row, r.host.row);
+  up(r.token, r.host.token);
+  up(r.routed, r.host.routed);
+}
+
+void gate_backward(context& ctx, float* dlogits, const device_routing& r, const float* dweight,
+                   float daux) {
+  const auto& h = r.host;
+  gate_backward_k<<<blocks(h.n), block, 0, ctx.get().stream>>>(
+      dlogits, r.probs->data(), r.expert->data(), dweight, r.routed->data(), daux, h.n, h.e, h.k);
+  launched("gate_backward");
+}
+
+void moe_gather(context& ctx, float* xs, const float* x, const device_routing& r, int c) {
+  const int rows = r.host.rows();
+  if (rows == 0) return;
+  moe_gather_k<<<blocks(long(rows) * c), block, 0, ctx.get().stream>>>(xs, x, r.token->data(), rows,
+                                                                       c);
+  launched("moe_gather");
+}
+
+void moe_combine_forward(context& ctx, float* out, const float* ye, const device_routing& r,
+                         int c) {
+  const auto& h = r.host;
+  moe_combine_forward_k<<<blocks(long(h.n) * c), block, 0, ctx.get().stream>>>(
+      out, ye, r.row->data(), r.weight->data(), h.n, h.k, c);
+  launched("moe_combine_forward");
+}
+
+void moe_combine_backward(context& ctx, float* dye, float* dweight, const float* dout,
+                          const float* ye, const device_routing& r, int c) {
+  const auto& h = r.host;
+  moe_combine_backward_k<<<blocks(h.n), block, 0, ctx.get().stream>>>(
+      dye, dweight, dout, ye, r.row->data(), r.weight->data(), h.n, h.k, c);
+  launched("moe_combine_backward");
+}
+
+void moe_scatter_add(context& ctx, float* dx, const float* dxs, const device_routing& r, int c) {
+  const auto& h = r.host;
+  moe_scatter_add_k<<<blocks(long(h.n) * c), block, 0, ctx.get().stream>>>(dx, dxs, r.row->data(),
+                                                                           h.n, h.k, c);
+  launched("moe_scatter_add");
+}
+
+void softmax_xent_backward(context& ctx, float* dlogits, const float* probs,
+                           const std::int32_t* targets, float dloss, int n, int v) {
+  softmax_xent_backward_k<<<blocks(long(n) * v), block, 0, ctx.get().stream>>>(
+      dlogits, probs, targets, dloss, n, v);
+  launched("softmax_xent_backward");
+}
+
+}  // namespace moevement::models::cuda

@@ -1,0 +1,98 @@
+// The CUDA backend: the kernels of cpu/kernels.hpp on device memory, with the same shapes and
+// conventions (input gradients written, weight gradients accumulated, skipped when null).
+// Determinism: one stream per context; cuBLAS with a fixed workspace on that stream and
+// pedantic math (no TF32); our kernels never use float atomics: every output element is owned
+// by one thread, which reduces in a fixed order (mostly the CPU's order). GELU uses the same
+// polynomial exp as the CPU and is bitwise equal to it; other kernels match the CPU to
+// rounding and themselves bitwise run to run.
+// Built when CUDA is found; without it every entry point throws (kernels_stub.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "models/cpu/kernels.hpp"
+
+namespace moevement::models::cuda {
+
+// A stream, a cuBLAS handle and its fixed workspace on device 0. Throws without a GPU.
+class context {
+ public:
+  context();
+  ~context();
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+  void synchronize();
+  struct impl;
+  impl& get() { return *impl_; }
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+// Owned device array of T (float or std::int32_t).
+template <class T>
+class device_array {
+ public:
+  device_array(context& ctx, std::size_t n);
+  ~device_array();
+  device_array(const device_array&) = delete;
+  device_array& operator=(const device_array&) = delete;
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  void upload(const std::vector<T>& host);  // host.size() == size()
+  std::vector<T> download() const;          // synchronises the context's stream
+
+ private:
+  context& ctx_;
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+void matmul_forward(context& ctx, float* out, const float* x, const float* w, int n, int in,
+                    int out_dim);
+void matmul_backward(context& ctx, float* dx, float* dw, const float* dout, const float* x,
+                     const float* w, int n, int in, int out_dim);
+void embedding_forward(context& ctx, float* out, const std::int32_t* tokens, const float* wte,
+                       const float* wpe, int b, int t, int c);
+void embedding_backward(context& ctx, float* dwte, float* dwpe, const float* dout,
+                        const std::int32_t* tokens, int b, int t, int c);
+void rmsnorm_forward(context& ctx, float* out, float* rstd, const float* x, const float* w, int n,
+                     int c);
+void rmsnorm_backward(context& ctx, float* dx, float* dw, const float* dout, const float* x,
+                      const float* w, const float* rstd, int n, int c);
+// att [B,NH,T,T]; scratch for backward [NH,T,T]
+void attention_forward(context& ctx, float* y, float* att, const float* qkv, int b, int t, int c,
+                       int nh);
+void attention_backward(context& ctx, float* dqkv, float* scratch, const float* dy,
+                        const float* att, const float* qkv, int b, int t, int c, int nh);
+void gelu_forward(context& ctx, float* out, const float* x, int n);
+void gelu_backward(context& ctx, float* dx, const float* dout, const float* x, int n);
+void softmax_xent_forward(context& ctx, float* losses, float* probs, const float* logits,
+                          const std::int32_t* targets, int n, int v);
+void softmax_xent_backward(context& ctx, float* dlogits, const float* probs,
+                           const std::int32_t* targets, float dloss, int n, int v);
+
+// MoE routing: the gate's logits come back to the host, cpu::gate_forward (softmax, top-k,
+// stable counting sort, capacity) plans the permutation, and its arrays go to the device.
+// The permutation is tiny next to the expert GEMMs, and one planner means one set of bits.
+struct device_routing {
+  cpu::routing host;  // the plan (probs, expert, weight, row, offsets, token, routed, aux)
+  std::unique_ptr<device_array<float>> probs, weight;         // [N,E], [N,K]
+  std::unique_ptr<device_array<std::int32_t>> expert, row;    // [N,K], [N,K]
+  std::unique_ptr<device_array<std::int32_t>> token, routed;  // [rows], [E]
+};
+void gate_forward(context& ctx, device_routing& r, const float* logits, int n, int e, int k,
+                  double capacity_factor);
+void gate_backward(context& ctx, float* dlogits, const device_routing& r, const float* dweight,
+                   float daux);
+void moe_gather(context& ctx, float* xs, const float* x, const device_routing& r, int c);
+void moe_combine_forward(context& ctx, float* out, const float* ye, const device_routing& r, int c);
+void moe_combine_backward(context& ctx, float* dye, float* dweight, const float* dout,
+                          const float* ye, const device_routing& r, int c);
+void moe_scatter_add(context& ctx, float* dx, const float* dxs, const device_routing& r, int c);
+
+}  // namespace moevement::models::cuda

@@ -1,0 +1,101 @@
+// Built instead of kernels.cu when CUDA is not compiled in: every entry point says so.
+#include <stdexcept>
+
+#include "models/cuda/kernels.hpp"
+
+namespace moevement::models::cuda {
+namespace {
+[[noreturn]] void missing() {
+  throw std::runtime_error("this build has no CUDA backend; reconfigure with -Dcuda=enabled");
+}
+}  // namespace
+
+struct context::impl {};
+context::context() {
+  missing();
+}
+context::~context() = default;
+void context::synchronize() {
+  missing();
+}
+
+template <class T>
+device_array<T>::device_array(context& ctx, std::size_t) : ctx_(ctx) {
+  missing();
+}
+template <class T>
+device_array<T>::~device_array() = default;
+template <class T>
+void device_array<T>::upload(const std::vector<T>&) {
+  missing();
+}
+template <class T>
+std::vector<T> device_array<T>::download() const {
+  missing();
+}
+template class device_array<float>;
+template class device_array<std::int32_t>;
+
+void matmul_forward(context&, float*, const float*, const float*, int, int, int) {
+  missing();
+}
+void matmul_backward(context&, float*, float*, const float*, const float*, const float*, int, int,
+                     int) {
+  missing();
+}
+void embedding_forward(context&, float*, const std::int32_t*, const float*, const float*, int, int,
+                       int) {
+  missing();
+}
+void embedding_backward(context&, float*, float*, const float*, const std::int32_t*, int, int,
+                        int) {
+  missing();
+}
+void rmsnorm_forward(context&, float*, float*, const float*, const float*, int, int) {
+  missing();
+}
+void rmsnorm_backward(context&, float*, float*, const float*, const float*, const float*,
+                      const float*, int, int) {
+  missing();
+}
+void attention_forward(context&, float*, float*, const float*, int, int, int, int) {
+  missing();
+}
+void attention_backward(context&, float*, float*, const float*, const float*, const float*, int,
+                        int, int, int) {
+  missing();
+}
+void gelu_forward(context&, float*, const float*, int) {
+  missing();
+}
+void gelu_backward(context&, float*, const float*, const float*, int) {
+  missing();
+}
+void softmax_xent_forward(context&, float*, float*, const float*, const std::int32_t*, int, int) {
+  missing();
+}
+void softmax_xent_backward(context&, float*, const float*, const std::int32_t*, float, int, int) {
+  missing();
+}
+
+void gate_forward(context&, device_routing&, const float*, int, int, int, double) {
+  missing();
+}
+void gate_backward(context&, float*, const device_routing&, const float*, float) {
+  missing();
+}
+void moe_gather(context&, float*, const float*, const device_routing&, int) {
+  missing();
+}
+void moe_combine_forward(context&, float*, const float*, const device_routing&, int) {
+  missing();
+}
+void moe_combine_backward(context&, float*, float*, const float*, const float*,
+                          const device_routing&, int) {
+  missing();
+}
+void moe_scatter_add(context&, float*, const float*, const device_routing&, int) {
+  missing();
+}
+
+}  // namespace moevement::models::cuda
