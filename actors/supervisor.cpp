@@ -32,8 +32,9 @@ awaitable<bool> supervisor::start_range(std::size_t from) {
   for (std::size_t i = from; i < children_.size(); ++i) {
     auto r = co_await children_[i].spec.start(system());
     if (!r.ok()) {
-      co_await give_up(exit_reason::failure(
-          fmt::format("child '{}' failed to start: {}", children_[i].spec.id, r.err().message)));
+      auto why = exit_reason::failure(
+          fmt::format("child '{}' failed to start: {}", children_[i].spec.id, r.err().message));
+      co_await give_up(std::move(why));
       co_return false;
     }
     children_[i].ref = *r;
@@ -46,9 +47,9 @@ awaitable<void> supervisor::stop_range(std::size_t from) {
   for (std::size_t i = children_.size(); i-- > from;) {
     const actor_ref ref = std::exchange(children_[i].ref, actor_ref{});
     if (!ref.valid()) continue;
-    retired_.insert(ref.actor);
-    (void)co_await system().stop_and_wait(ref, exit_reason::shutdown("stopped by supervisor"),
-                                          children_[i].spec.shutdown_timeout);
+    retired_.push_back(ref);
+    auto why = exit_reason::shutdown("stopped by supervisor");
+    (void)co_await system().stop_and_wait(ref, std::move(why), children_[i].spec.shutdown_timeout);
   }
 }
 
@@ -67,13 +68,12 @@ awaitable<void> supervisor::give_up(exit_reason why) {
 }
 
 awaitable<void> supervisor::on_exit(actor_ref who, exit_reason why) {
-  if (retired_.erase(who.actor) != 0 && who.node == self().node) co_return;
+  if (std::erase(retired_, who) != 0) co_return;
   std::size_t i = 0;
   while (i < children_.size() && children_[i].ref != who) ++i;
   if (i == children_.size()) {
-    // Not a child: the exit of our own parent (or of a retired remote child). A parent's
-    // failure or shutdown takes this subtree down, children first.
-    if (retired_.erase(who.actor) != 0) co_return;
+    // Not a child: the exit of our own parent. Its failure or shutdown takes this subtree
+    // down, children first.
     co_await give_up(why);
     co_return;
   }
@@ -86,14 +86,15 @@ awaitable<void> supervisor::on_exit(actor_ref who, exit_reason why) {
     co_return;
   }
   if (!note_restart()) {
-    co_await give_up({exit_kind::error,
-                      fmt::format("restart intensity exceeded ({} restarts in {} ms); last: "
+    exit_reason why_up{exit_kind::error,
+                       fmt::format("restart intensity exceeded ({} restarts in {} ms); last: "
                                   "child '{}' exited ({})",
                                   intensity_.max_restarts,
                                   std::chrono::duration_cast<std::chrono::milliseconds>(
                                       intensity_.period)
                                       .count(),
-                                  children_[i].spec.id, why.to_string())});
+                                  children_[i].spec.id, why.to_string())};
+    co_await give_up(std::move(why_up));
     co_return;
   }
   std::size_t from = i;
@@ -101,8 +102,9 @@ awaitable<void> supervisor::on_exit(actor_ref who, exit_reason why) {
     case strategy::one_for_one: {
       auto r = co_await children_[i].spec.start(system());
       if (!r.ok()) {
-        co_await give_up(exit_reason::failure(fmt::format(
-            "child '{}' failed to restart: {}", children_[i].spec.id, r.err().message)));
+        auto why_up = exit_reason::failure(fmt::format(
+            "child '{}' failed to restart: {}", children_[i].spec.id, r.err().message));
+        co_await give_up(std::move(why_up));
         co_return;
       }
       children_[i].ref = *r;

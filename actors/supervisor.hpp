@@ -102,7 +102,7 @@ class supervisor : public actor {
   restart_intensity intensity_;
   std::vector<child> children_;
   std::deque<clock::time_point> restart_log_;
-  std::set<std::uint64_t> retired_;  // actor ids we stopped on purpose: their exits are ignored
+  std::vector<actor_ref> retired_;  // children we stopped on purpose: their exits are ignored
 };
 
 }  // namespace moevement::actors

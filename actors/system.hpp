@@ -25,6 +25,10 @@
 // so a handler may ask others; two actors asking each other from inside handlers wait until
 // one ask times out (an error, never a hang). Down and exit notifications also queue.
 //
+// Compiler caveat (g++ 12): an aggregate temporary (`T{...}`, `{...}`, a lambda capturing
+// something with a destructor) inside a co_await expression is destroyed twice. Name such
+// values first and std::move them in: `auto why = ...; co_await f(std::move(why));`.
+//
 // Delivery: same-process messages are built once in an in-memory Cap'n Proto message and
 // handed over without serialization; remote ones go through the link in an envelope and are
 // copied (and so validated) into the same in-memory form on arrival. Either way the handler
