@@ -143,31 +143,54 @@ awaitable<void> actor_system::run_cell(std::shared_ptr<cell> c, std::shared_ptr<
       }
       if (!was_dead) terminate(*c, exit_reason::failure(what));
     }
+    if (*alive) recycle(std::move(m));
   }
   // The actor object goes with the last reference to the cell, after its handlers unwound.
 }
 
 awaitable<void> actor_system::dispatch(cell& c, mail& m) {
-  // (No switch here: g++ 12 has trouble with co_await inside switch cases.)
   actor* a = c.impl.get();
-  if (m.what == mail::kind::down) {
-    co_await a->on_down(m.about, m.reason);
-  } else if (m.what == mail::kind::exit) {
-    co_await a->on_exit(m.about, m.reason);
-  } else if (m.what == mail::kind::call) {
-    co_await m.call(*a);
-  } else if (m.header.correlation_id != 0 && m.deadline < clock::now()) {
+  if (m.what == mail::kind::down) return a->on_down(m.about, m.reason);
+  if (m.what == mail::kind::exit) return a->on_exit(m.about, m.reason);
+  if (m.what == mail::kind::call) return m.call(*a);
+  if (m.header.correlation_id != 0 && m.deadline < clock::now()) {
     ++stats_.expired;  // the caller has already given up: do not run the handler
-  } else if (const actor::handler_entry* h = a->find_handler(m.header.type_id)) {
-    co_await h->invoke(*a, m);
-  } else {
-    reply_error(m.header, "no handler for this message type");  // checked at send; kept
+    return nothing();
   }
+  if (const actor::handler_entry* h = a->find_handler(m.header.type_id)) return h->invoke(*a, m);
+  reply_error(m.header, "no handler for this message type");  // checked at send; kept
+  return nothing();
 }
 
 void actor_system::enqueue(cell& c, mail_ptr m) {
   c.mailbox.push_back(std::move(m));
-  if (c.waiter) asio::post(io_, std::exchange(c.waiter, {}));
+  if (c.waiter) schedule(std::exchange(c.waiter, {}));
+}
+
+void actor_system::schedule(unique_function<void()> fn) {
+  ready_.push_back(std::move(fn));
+  if (drain_posted_) return;
+  drain_posted_ = true;
+  asio::post(io_, [this, alive = alive_] {
+    if (*alive) drain();
+  });
+}
+
+void actor_system::drain() {
+  // Bounded rounds, then back to Asio so timers and I/O are served between bursts.
+  constexpr int max_rounds = 64;
+  for (int round = 0; round < max_rounds && !ready_.empty(); ++round) {
+    std::swap(running_, ready_);
+    for (auto& fn : running_) fn();
+    running_.clear();
+  }
+  drain_posted_ = false;
+  if (!ready_.empty()) {
+    drain_posted_ = true;
+    asio::post(io_, [this, alive = alive_] {
+      if (*alive) drain();
+    });
+  }
 }
 
 void actor_system::terminate(cell& c, exit_reason why) {
@@ -205,7 +228,7 @@ void actor_system::terminate(cell& c, exit_reason why) {
   auto watchers = std::move(c.watchers);
   for (const auto& w : watchers) deliver_down(w.who, c.ref, why, w.is_link);
   if (c.waiter) {
-    asio::post(io_, std::exchange(c.waiter, {}));
+    schedule(std::exchange(c.waiter, {}));
   } else if (c.in_handler) {
     c.cancel.emit(asio::cancellation_type::terminal);
   }
@@ -230,7 +253,7 @@ void actor_system::deliver_down(actor_ref watcher, actor_ref target, const exit_
   if (w == nullptr) return;
   if (is_link) {
     if (w->impl->trap_exit_) {
-      auto m = std::make_unique<mail>();
+      auto m = make_mail();
       m->what = mail::kind::exit;
       m->about = target;
       m->reason = why;
@@ -241,7 +264,7 @@ void actor_system::deliver_down(actor_ref watcher, actor_ref target, const exit_
     }
     return;
   }
-  auto m = std::make_unique<mail>();
+  auto m = make_mail();
   m->what = mail::kind::down;
   m->about = target;
   m->reason = why;
@@ -304,7 +327,7 @@ result<void> actor_system::post_call(actor_ref to, unique_function<awaitable<voi
   cell* c = find_cell(to);
   if (c == nullptr) return error{fmt::format("actor {} is not a running local actor",
                                              to.to_string())};
-  auto m = std::make_unique<mail>();
+  auto m = make_mail();
   m->what = mail::kind::call;
   m->call = std::move(fn);
   enqueue(*c, std::move(m));
@@ -540,7 +563,7 @@ void actor_system::pending_complete(std::uint64_t corr, result<mail_ptr> r) {
   pending_close(corr);
   if (!waiter) return;
   // Always posted: a completion never resumes the asker inside someone else's call.
-  asio::post(io_, [w = std::move(waiter), r = std::move(r)]() mutable { w(std::move(r)); });
+  schedule([w = std::move(waiter), r = std::move(r)]() mutable { w(std::move(r)); });
 }
 
 void actor_system::send_reply_local(std::uint64_t corr, mail_ptr reply) {
@@ -653,7 +676,7 @@ void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
                                c.capacity));
     return;
   }
-  auto m = std::make_unique<mail>();
+  auto m = make_mail();
   m->header = h;
   if (h.budget_ns != 0) m->deadline = clock::now() + std::chrono::nanoseconds(h.budget_ns);
   if (auto ok = entry->copy_in(env, *m); !ok) {
@@ -688,7 +711,7 @@ void actor_system::on_wire_reply(transport::incoming_envelope& env) {
     pending_complete(corr, error{fmt::format("reply of unexpected type {:#x}", h.type_id)});
     return;
   }
-  auto m = std::make_unique<mail>();
+  auto m = make_mail();
   m->header = h;
   if (auto ok = p->copy_in(env, *m); !ok) {
     ++stats_.malformed;

@@ -54,6 +54,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -151,6 +152,17 @@ struct mail {
   actor_ref about;                                         // down/exit: who stopped
   exit_reason reason;                                      // down/exit: why
   unique_function<awaitable<void>(actor&)> call;     // kind::call (local only)
+
+  // Back to a fresh state, for reuse from the system's pool.
+  void reset() {
+    what = kind::user;
+    header = {};
+    deadline = clock::time_point::max();
+    about = {};
+    reason = {};
+    call = {};
+    builder_.reset();
+  }
 
   capnp::MallocMessageBuilder& builder() {
     if (!builder_) {
@@ -362,6 +374,17 @@ class actor_system {
   void shutdown();
 
   // ---- used by actor and typed_ref templates
+  mail_ptr make_mail() {
+    if (mail_pool_.empty()) return std::make_unique<mail>();
+    mail_ptr m = std::move(mail_pool_.back());
+    mail_pool_.pop_back();
+    return m;
+  }
+  void recycle(mail_ptr m) {
+    if (mail_pool_.size() >= mail_pool_limit) return;
+    m->reset();
+    mail_pool_.push_back(std::move(m));
+  }
   void send_reply_local(std::uint64_t correlation_id, mail_ptr reply);
   result<void> send_envelope(node_id to, transport::outgoing_envelope& out);
 
@@ -406,7 +429,9 @@ class actor_system {
 
   actor_ref start_actor(std::unique_ptr<actor> impl, spawn_options opts);
   awaitable<void> run_cell(std::shared_ptr<cell> c, std::shared_ptr<bool> alive);
+  // Not a coroutine: returns the handler's own awaitable (one frame per message).
   awaitable<void> dispatch(cell& c, mail& m);
+  static awaitable<void> nothing() { co_return; }
   void enqueue(cell& c, mail_ptr m);
   void terminate(cell& c, exit_reason why);
   void deliver_down(actor_ref watcher, actor_ref target, const exit_reason& why, bool is_link);
@@ -415,6 +440,12 @@ class actor_system {
   result<void> check_reachable(actor_ref to) const;
   result<void> check_local_target(actor_ref to, std::uint64_t type_id, cell*& out);
   void reply_error(const transport::envelope_header& request, const std::string& message);
+
+  // Resumptions (mailbox wake-ups, ask completions) run later from one posted drain, in
+  // order: never inside the caller's call, and without one trip through Asio's scheduler
+  // (and its reactor poll) per message.
+  void schedule(unique_function<void()> fn);
+  void drain();
 
   // asks
   std::uint64_t pending_open(actor_ref target, clock::time_point deadline,
@@ -459,6 +490,11 @@ class actor_system {
   std::map<std::string, actor_ref> names_;
   std::map<std::string, actor_ref> global_names_;  // head only
   std::vector<remote_watch> remote_watches_;
+  static constexpr std::size_t mail_pool_limit = 4096;
+  std::vector<mail_ptr> mail_pool_;
+  std::vector<unique_function<void()>> ready_;
+  std::vector<unique_function<void()>> running_;
+  bool drain_posted_ = false;
 
   std::vector<pending> pending_;
   std::vector<std::uint32_t> free_pending_;
@@ -495,6 +531,9 @@ template <class Msg, class Self>
 void actor::on(awaitable<void> (Self::*fn)(typename Msg::Reader)) {
   static_assert(Self::interface::template accepts_tell<Msg>,
                 "this message is not a tell_t<> in the actor's interface");
+  if (find_handler(capnp::typeId<Msg>()) != nullptr) {
+    throw std::logic_error("actor: a message type can have one handler only");
+  }
   handler_entry h;
   h.type_id = capnp::typeId<Msg>();
   h.copy_in = &detail::copy_payload<Msg>;
@@ -511,6 +550,9 @@ void actor::on(awaitable<void> (Self::*fn)(typename Req::Reader, typename Resp::
   static_assert(std::is_same_v<typename Self::interface::template reply_of<Req>, Resp>,
                 "the handler's reply type differs from the interface's");
   using fn_t = decltype(fn);
+  if (find_handler(capnp::typeId<Req>()) != nullptr) {
+    throw std::logic_error("actor: a message type can have one handler only");
+  }
   handler_entry h;
   h.type_id = capnp::typeId<Req>();
   h.reply_type_id = capnp::typeId<Resp>();
@@ -522,7 +564,7 @@ void actor::on(awaitable<void> (Self::*fn)(typename Req::Reader, typename Resp::
           req.header.receiver, req.header.sender, capnp::typeId<Resp>(),
           req.header.correlation_id | reply_bit, 0};
       if (req.header.sender.node == sys.node()) {
-        auto r = std::make_unique<mail>();
+        auto r = sys.make_mail();
         r->header = reply_header;
         co_await (self.*f)(req.builder().getRoot<Req>().asReader(),
                            r->builder().initRoot<Resp>());
@@ -570,7 +612,7 @@ result<void> actor_system::tell(actor_ref to, Fill&& fill, actor_ref from) {
   if (to.node == node_) {
     cell* c = nullptr;
     if (auto ok = check_local_target(to, type_id, c); !ok) return ok;
-    auto m = std::make_unique<mail>();
+    auto m = make_mail();
     m->header = {from.address(), to.address(), type_id, 0, 0};
     fill(m->builder().initRoot<Msg>());
     enqueue(*c, std::move(m));
@@ -592,7 +634,7 @@ awaitable<result<reply<Resp>>> actor_system::ask(actor_ref to, clock::duration t
     cell* c = nullptr;
     if (auto ok = check_local_target(to, type_id, c); !ok) co_return ok.err();
     const std::uint64_t corr = pending_open(to, deadline, capnp::typeId<Resp>(), nullptr);
-    auto m = std::make_unique<mail>();
+    auto m = make_mail();
     m->header = {from.address(), to.address(), type_id, corr, 0};
     m->deadline = deadline;
     fill(m->builder().initRoot<Req>());
