@@ -282,7 +282,8 @@ const actor_system::cell* actor_system::find_cell(actor_ref ref) const {
 
 bool actor_system::alive(actor_ref ref) const { return find_cell(ref) != nullptr; }
 
-result<void> actor_system::check_local_target(actor_ref to, std::uint64_t type_id, cell*& out) {
+result<void> actor_system::check_local_target(actor_ref to, std::uint64_t type_id,
+                                              std::uint64_t reply_type, cell*& out) {
   if (to.incarnation != config_.incarnation) {
     return error{fmt::format("actor {} belongs to incarnation {} of node {}, which is gone "
                              "(now {}); look the actor up again",
@@ -294,9 +295,11 @@ result<void> actor_system::check_local_target(actor_ref to, std::uint64_t type_i
                              to.to_string())};
   }
   cell& c = *it->second;
-  if (c.impl->find_handler(type_id) == nullptr) {
-    return error{fmt::format("actor {} does not handle message type {:#x}", to.to_string(),
-                             type_id)};
+  const actor::handler_entry* h = c.impl->find_handler(type_id);
+  if (h == nullptr || h->reply_type_id != reply_type) {
+    return error{fmt::format("actor {} does not handle message type {:#x} as {}",
+                             to.to_string(), type_id,
+                             reply_type != 0 ? "an ask with this reply type" : "a tell")};
   }
   if (c.mailbox.size() >= c.capacity) {
     ++stats_.mailbox_full;

@@ -365,6 +365,12 @@ class actor_system {
   // Non-head nodes join through the head; afterwards every member heartbeats every other.
   awaitable<result<void>> join(clock::duration timeout);
   std::vector<member_info> members() const;
+  // When a member was last heard from (any message); nullopt for non-members.
+  std::optional<clock::time_point> last_heard(node_id n) const {
+    auto it = members_.find(n);
+    if (it == members_.end()) return std::nullopt;
+    return it->second.last_heard;
+  }
   void on_membership(std::function<void(node_id, member_event)> fn) {
     membership_fn_ = std::move(fn);
   }
@@ -438,7 +444,9 @@ class actor_system {
   cell* find_cell(actor_ref ref);
   const cell* find_cell(actor_ref ref) const;
   result<void> check_reachable(actor_ref to) const;
-  result<void> check_local_target(actor_ref to, std::uint64_t type_id, cell*& out);
+  // reply_type: 0 for a tell, else the reply type the asker expects.
+  result<void> check_local_target(actor_ref to, std::uint64_t type_id, std::uint64_t reply_type,
+                                  cell*& out);
   void reply_error(const transport::envelope_header& request, const std::string& message);
 
   // Resumptions (mailbox wake-ups, ask completions) run later from one posted drain, in
@@ -611,7 +619,7 @@ result<void> actor_system::tell(actor_ref to, Fill&& fill, actor_ref from) {
   if (!from.valid()) from = {node_, config_.incarnation, 0};  // replies route by node
   if (to.node == node_) {
     cell* c = nullptr;
-    if (auto ok = check_local_target(to, type_id, c); !ok) return ok;
+    if (auto ok = check_local_target(to, type_id, 0, c); !ok) return ok;
     auto m = make_mail();
     m->header = {from.address(), to.address(), type_id, 0, 0};
     fill(m->builder().initRoot<Msg>());
@@ -632,7 +640,9 @@ awaitable<result<reply<Resp>>> actor_system::ask(actor_ref to, clock::duration t
   const auto deadline = clock::now() + timeout;
   if (to.node == node_) {
     cell* c = nullptr;
-    if (auto ok = check_local_target(to, type_id, c); !ok) co_return ok.err();
+    if (auto ok = check_local_target(to, type_id, capnp::typeId<Resp>(), c); !ok) {
+      co_return ok.err();
+    }
     const std::uint64_t corr = pending_open(to, deadline, capnp::typeId<Resp>(), nullptr);
     auto m = make_mail();
     m->header = {from.address(), to.address(), type_id, corr, 0};

@@ -131,6 +131,38 @@ TEST(actors, dead_target_and_dead_incarnation_fail_fast) {
   });
 }
 
+TEST(actors, untyped_sends_of_the_wrong_kind_fail_at_once) {
+  cluster c;
+  auto& sys = c.add(1);
+  c.run([&]() -> awaitable<void> {
+    auto e = sys.spawn<echo>();
+    // Ping is a tell: asking it would never be answered, so it is refused.
+    auto r = co_await sys.ask<msg::Ping, msg::Sum>(e, 10s);
+    CO_ASSERT(!r.ok());
+    // Add is answered with Sum, not Done.
+    auto r2 = co_await sys.ask<msg::Add, msg::Done>(e, 10s);
+    EXPECT_FALSE(r2.ok());
+    // Add is an ask: telling it is refused too.
+    EXPECT_FALSE(sys.tell<msg::Add>(e).ok());
+    // A message type the actor does not take at all.
+    EXPECT_FALSE(sys.tell<msg::Sum>(e).ok());
+  });
+}
+
+class twice : public actor {
+ public:
+  using interface = actors::interface<tell_t<msg::Ping>>;
+  twice() {
+    on<msg::Ping>(&twice::ping);
+    on<msg::Ping>(&twice::ping);
+  }
+
+ private:
+  awaitable<void> ping(msg::Ping::Reader) { co_return; }
+};
+
+TEST(actors, a_message_type_has_one_handler) { EXPECT_THROW(twice{}, std::logic_error); }
+
 TEST(actors, asks_queued_at_a_stopping_actor_get_an_error_not_a_timeout) {
   cluster c;
   auto& sys = c.add(1);
