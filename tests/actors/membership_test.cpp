@@ -31,6 +31,13 @@ TEST(membership, nodes_join_through_the_head_and_see_each_other) {
     EXPECT_EQ(head.members().size(), 2u);
     EXPECT_EQ(n1.members().size(), 2u);  // head and node 2 (told by the head)
     EXPECT_EQ(n2.members().size(), 2u);
+    // Members know each other's incarnation: a ref of an older one fails without a message.
+    auto e = n2.spawn<echo>();
+    actor_ref stale = e;
+    stale.incarnation = 0xdead;
+    const auto sent_before = c.link(1).stats().sent;
+    EXPECT_FALSE(n1.tell<msg::Ping>(stale).ok());
+    EXPECT_EQ(c.link(1).stats().sent, sent_before);
     // Heartbeats keep an idle cluster alive well past the timeout.
     co_await sleep_for(300ms);
     EXPECT_EQ(head.members().size(), 2u);

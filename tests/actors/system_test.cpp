@@ -292,6 +292,24 @@ TEST(actors, remote_tell_ask_and_errors_over_the_loopback_link) {
   });
 }
 
+TEST(actors, a_remote_ref_of_a_dead_incarnation_fails) {
+  cluster c;
+  auto& n1 = c.add(1);
+  auto& n2 = c.add(2, {.incarnation = 4});
+  c.run([&]() -> awaitable<void> {
+    auto e = n2.spawn<echo>();
+    actor_ref stale = e;
+    stale.incarnation = 3;
+    // Node 1 does not know node 2's incarnation (no membership): node 2 refuses it.
+    const auto t0 = clock::now();
+    auto r = co_await n1.ask<msg::Add, msg::Sum>(stale, 10s);
+    CO_ASSERT(!r.ok());
+    EXPECT_LT(clock::now() - t0, 1s);
+    EXPECT_NE(r.err().message.find("incarnation"), std::string::npos) << r.err().message;
+    EXPECT_EQ(n2.stats().dead_letters, 1u);
+  });
+}
+
 TEST(actors, malformed_wire_messages_get_an_error_reply_not_a_crash) {
   cluster c;
   auto& n1 = c.add(1);
