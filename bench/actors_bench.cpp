@@ -1,0 +1,207 @@
+// `moevement bench actors`: our actor runtime against CAF 0.17.6 in the same run.
+//   request_response_rt_per_s  one client actor asks one server actor, one ask outstanding
+//                              (ours: ask with a deadline; CAF: request(...).then chained)
+//   one_way_msgs_per_s         one sender tells one receiver N messages
+// Ours runs on one io_context thread (the design); CAF runs with its default scheduler.
+// Usage: bench_actors [round_trips] [messages]
+#include <fmt/format.h>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "actors/system.hpp"
+#include "bench/actors_bench.capnp.h"
+#include "transport/loopback_link.hpp"
+
+namespace {
+
+using namespace moevement;
+using namespace moevement::actors;
+using moevement::bench::Note;
+using moevement::bench::Num;
+using moevement::bench::Ran;
+using moevement::bench::Run;
+using std::chrono::duration;
+
+double seconds_since(clock::time_point t0) {
+  return duration<double>(clock::now() - t0).count();
+}
+
+// ---- ours ----------------------------------------------------------------------------------
+
+class server : public actor {
+ public:
+  using interface = actors::interface<ask_t<Num, Num>, tell_t<Note>>;
+  server() {
+    on<Num, Num>(&server::inc);
+    on<Note>(&server::count);
+  }
+  std::uint64_t received = 0;
+
+ private:
+  awaitable<void> inc(Num::Reader m, Num::Builder out) {
+    out.setValue(m.getValue() + 1);
+    co_return;
+  }
+  awaitable<void> count(Note::Reader) {
+    ++received;
+    co_return;
+  }
+};
+
+class client : public actor {
+ public:
+  using interface = actors::interface<ask_t<Run, Ran>>;
+  explicit client(actor_ref srv) : server_(srv) { on<Run, Ran>(&client::run); }
+
+ private:
+  awaitable<void> run(Run::Reader m, Ran::Builder out) {
+    const std::uint64_t n = m.getCount();
+    std::int64_t v = 0;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      auto r = co_await ask<Num, Num>(server_, std::chrono::seconds(10),
+                                      [v](Num::Builder b) { b.setValue(v); });
+      if (!r.ok()) throw std::runtime_error(r.err().message);
+      v = r->get().getValue();
+    }
+    out.setCount(static_cast<std::uint64_t>(v));
+  }
+  actor_ref server_;
+};
+
+template <class Body>
+void run_ours(Body body) {
+  asio::io_context io;
+  transport::loopback_hub hub(io);
+  auto link = hub.attach(1);
+  actor_system sys(io, *link);
+  asio::co_spawn(io, body(sys), [&](std::exception_ptr e) {
+    sys.shutdown();
+    if (e) std::rethrow_exception(e);
+  });
+  io.run();
+}
+
+double ours_round_trips(std::uint64_t n) {
+  double rate = 0;
+  run_ours([&](actor_system& sys) -> awaitable<void> {
+    auto srv = sys.spawn<server>();
+    auto cli = sys.spawn<client>(srv.ref);
+    const auto t0 = clock::now();
+    auto r =
+        co_await cli.ask<Run>(std::chrono::seconds(600), [n](Run::Builder b) { b.setCount(n); });
+    const double s = seconds_since(t0);
+    if (!r.ok() || r->get().getCount() != n) throw std::runtime_error("round trips failed");
+    rate = static_cast<double>(n) / s;
+  });
+  return rate;
+}
+
+double ours_one_way(std::uint64_t n) {
+  double rate = 0;
+  run_ours([&](actor_system& sys) -> awaitable<void> {
+    auto srv = sys.spawn<server>();
+    auto* s = sys.local_actor<server>(srv);  // read the count at the end, on this thread
+    auto ex = co_await asio::this_coro::executor;
+    const auto t0 = clock::now();
+    std::uint64_t sent = 0;
+    while (sent < n) {
+      // Send until the bounded mailbox refuses, then let the receiver drain it.
+      if (srv.tell<Note>([sent](Note::Builder b) { b.setValue(static_cast<std::int64_t>(sent)); })
+              .ok()) {
+        ++sent;
+        continue;
+      }
+      co_await asio::post(ex, asio::use_awaitable);
+    }
+    while (s->received < n) {
+      co_await asio::post(ex, asio::use_awaitable);
+    }
+    rate = static_cast<double>(n) / seconds_since(t0);
+  });
+  return rate;
+}
+
+// ---- CAF -----------------------------------------------------------------------------------
+
+caf::behavior caf_server(caf::event_based_actor*) {
+  return {[](std::int64_t x) { return x + 1; }};
+}
+
+void caf_loop(caf::event_based_actor* self, caf::actor srv, std::uint64_t left, std::int64_t v) {
+  self->request(srv, caf::infinite, v).then([=](std::int64_t r) {
+    if (left > 1) {
+      caf_loop(self, srv, left - 1, r);
+    } else {
+      self->quit();
+    }
+  });
+}
+
+double caf_round_trips(caf::actor_system& sys, std::uint64_t n) {
+  auto srv = sys.spawn(caf_server);
+  const auto t0 = clock::now();
+  sys.spawn([=](caf::event_based_actor* self) { caf_loop(self, srv, n, 0); });
+  // Wait for the client only: the server stays up until we drop it.
+  while (sys.registry().running() > 1) std::this_thread::yield();
+  const double s = seconds_since(t0);
+  caf::anon_send_exit(srv, caf::exit_reason::user_shutdown);
+  while (sys.registry().running() > 0) std::this_thread::yield();
+  return static_cast<double>(n) / s;
+}
+
+struct counter_state {
+  std::uint64_t n = 0;
+};
+
+double caf_one_way(caf::actor_system& sys, std::uint64_t n) {
+  auto receiver = sys.spawn([n](caf::stateful_actor<counter_state>* self) -> caf::behavior {
+    return {[=](std::int64_t) {
+      if (++self->state.n == n) self->quit();
+    }};
+  });
+  const auto t0 = clock::now();
+  sys.spawn([=](caf::event_based_actor* self) {
+    for (std::uint64_t i = 0; i < n; ++i) self->send(receiver, static_cast<std::int64_t>(i));
+    self->quit();
+  });
+  while (sys.registry().running() > 0) std::this_thread::yield();
+  return static_cast<double>(n) / seconds_since(t0);
+}
+
+void report(const char* metric, double ours, double theirs) {
+  fmt::print("{}: ours={:.0f} theirs={:.0f} ratio={:.2f}\n", metric, ours, theirs, ours / theirs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::uint64_t round_trips = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1'000'000;
+  const std::uint64_t messages = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 4'000'000;
+  constexpr int repeats = 3;  // best of three, each side
+  const bool verbose = std::getenv("BENCH_VERBOSE") != nullptr;
+  double ours_rt = 0, caf_rt = 0, ours_ow = 0, caf_ow = 0;
+  {
+    caf::actor_system_config cfg;
+    caf::actor_system sys{cfg};
+    for (int i = 0; i < repeats; ++i) {
+      ours_rt = std::max(ours_rt, ours_round_trips(round_trips));
+      if (verbose) fmt::print(stderr, "ours rt {:.0f}\n", ours_rt);
+      caf_rt = std::max(caf_rt, caf_round_trips(sys, round_trips));
+      if (verbose) fmt::print(stderr, "caf rt {:.0f}\n", caf_rt);
+      ours_ow = std::max(ours_ow, ours_one_way(messages));
+      if (verbose) fmt::print(stderr, "ours ow {:.0f}\n", ours_ow);
+      caf_ow = std::max(caf_ow, caf_one_way(sys, messages));
+      if (verbose) fmt::print(stderr, "caf ow {:.0f}\n", caf_ow);
+    }
+  }
+  report("local_request_response_rt_per_s", ours_rt, caf_rt);
+  report("local_one_way_msgs_per_s", ours_ow, caf_ow);
+  return 0;
+}

@@ -1,0 +1,146 @@
+// Membership and failure detection over loopback links: join through the head, heartbeats,
+// crash, hang (no transport signal: heartbeats must find it) and goodbye. The same checks are
+// written against transport::link so that they can run over ucx_link between processes.
+#include "tests/actors/harness.hpp"
+
+namespace moevement::actors::testing {
+namespace {
+
+system_config fast(std::uint32_t incarnation = 1) {
+  system_config cfg;
+  cfg.incarnation = incarnation;
+  cfg.heartbeat_interval = 10ms;
+  cfg.heartbeat_timeout = 100ms;
+  return cfg;
+}
+
+struct events {
+  std::vector<std::pair<node_id, member_event>> seen;
+  clock::time_point lost_at{};
+};
+
+TEST(membership, nodes_join_through_the_head_and_see_each_other) {
+  cluster c;
+  auto& head = c.add(0, fast());
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    co_await sleep_for(5ms);
+    EXPECT_EQ(head.members().size(), 2u);
+    EXPECT_EQ(n1.members().size(), 2u);  // head and node 2 (told by the head)
+    EXPECT_EQ(n2.members().size(), 2u);
+    // Members know each other's incarnation: a ref of an older one fails without a message.
+    auto e = n2.spawn<echo>();
+    actor_ref stale = e;
+    stale.incarnation = 0xdead;
+    const auto sent_before = c.link(1).stats().sent;
+    EXPECT_FALSE(n1.tell<msg::Ping>(stale).ok());
+    EXPECT_EQ(c.link(1).stats().sent, sent_before);
+    // Heartbeats keep an idle cluster alive well past the timeout.
+    co_await sleep_for(300ms);
+    EXPECT_EQ(head.members().size(), 2u);
+    EXPECT_EQ(n1.members().size(), 2u);
+  });
+}
+
+// Detection of a hung node: no transport signal at all, only missing heartbeats.
+TEST(membership, a_hung_node_is_detected_by_heartbeat_timeout_and_its_monitors_fire) {
+  cluster c;
+  auto& head = c.add(0, fast());
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  events ev;
+  head.on_membership([&](node_id n, member_event e) {
+    ev.seen.emplace_back(n, e);
+    if (e == member_event::lost) ev.lost_at = clock::now();
+  });
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    auto w = head.spawn<watcher>();
+    auto w1 = n1.spawn<watcher>();
+    std::vector<actor_ref> on2;
+    for (int i = 0; i < 3; ++i) on2.push_back(n2.spawn<echo>());
+    co_await sleep_for(1ms);
+    for (auto& a : on2) {
+      head.local_actor<watcher>(w)->monitor(a);
+      n1.local_actor<watcher>(w1)->monitor(a);
+    }
+    co_await sleep_for(20ms);
+    const auto hung_at = clock::now();
+    const auto heard_before = head.last_heard(2);
+    CO_ASSERT(heard_before.has_value());
+    c.hub().hang(2);
+    // An ask in flight to the hung node ends at its deadline, never hangs.
+    typed_ref<echo> e{&head, on2[0]};
+    auto r = co_await e.ask<msg::Add>(50ms);
+    EXPECT_FALSE(r.ok());
+    co_await sleep_for(250ms);
+    CO_ASSERT(ev.lost_at != clock::time_point{});
+    const auto took = ev.lost_at - hung_at;
+    EXPECT_GE(ev.lost_at - *heard_before, 100ms);  // never before the configured silence
+    // Upper bound: timeout + one interval, plus generous slack for a loaded 2-core machine.
+    EXPECT_LT(took, 100ms + 10ms + 150ms);
+    // Every monitor of every actor on the lost node fired, on both surviving nodes.
+    auto* hw = head.local_actor<watcher>(w);
+    auto* nw = n1.local_actor<watcher>(w1);
+    EXPECT_EQ(hw->events.size(), 3u);
+    EXPECT_EQ(nw->events.size(), 3u);
+    for (auto& x : hw->events) EXPECT_EQ(x.why.kind, exit_kind::node_lost);
+    for (auto& x : nw->events) EXPECT_EQ(x.why.kind, exit_kind::node_lost);
+    EXPECT_EQ(head.members().size(), 1u);
+    // Forgotten by the link: sends to it fail fast now.
+    EXPECT_FALSE(e.tell<msg::Ping>().ok());
+  });
+}
+
+TEST(membership, a_crashed_node_is_detected_by_the_transport_at_once) {
+  cluster c;
+  auto& head = c.add(0, fast());
+  auto& n1 = c.add(1, fast());
+  events ev;
+  head.on_membership([&](node_id n, member_event e) { ev.seen.emplace_back(n, e); });
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    auto w = head.spawn<watcher>();
+    auto a = n1.spawn<echo>();
+    co_await sleep_for(1ms);
+    head.local_actor<watcher>(w)->monitor(a);
+    co_await sleep_for(2ms);
+    c.hub().crash(1);
+    co_await sleep_for(5ms);  // far below the heartbeat timeout
+    CO_ASSERT(ev.seen.size() == 2);
+    EXPECT_EQ(ev.seen[1], std::make_pair(node_id{1}, member_event::lost));
+    auto* hw = head.local_actor<watcher>(w);
+    CO_ASSERT(hw->events.size() == 1);
+    EXPECT_EQ(hw->events[0].why.kind, exit_kind::node_lost);
+  });
+}
+
+TEST(membership, goodbye_is_a_shutdown_not_a_failure) {
+  cluster c;
+  auto& head = c.add(0, fast());
+  auto& n1 = c.add(1, fast());
+  events ev;
+  head.on_membership([&](node_id n, member_event e) { ev.seen.emplace_back(n, e); });
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    auto w = head.spawn<watcher>();
+    auto a = n1.spawn<echo>();
+    co_await sleep_for(1ms);
+    head.local_actor<watcher>(w)->monitor(a);
+    co_await sleep_for(2ms);
+    n1.shutdown();
+    co_await sleep_for(5ms);
+    CO_ASSERT(ev.seen.size() == 2);
+    EXPECT_EQ(ev.seen[1], std::make_pair(node_id{1}, member_event::goodbye));
+    auto* hw = head.local_actor<watcher>(w);
+    CO_ASSERT(hw->events.size() == 1);
+    EXPECT_FALSE(hw->events[0].why.abnormal());  // shutdown
+  });
+}
+
+}  // namespace
+}  // namespace moevement::actors::testing
