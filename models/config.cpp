@@ -109,15 +109,12 @@ std::string get_string(const std::string& key, const config_value& v) {
 
 constexpr std::int64_t int_max = std::numeric_limits<int>::max();
 
-}  // namespace
+using setter = std::function<void(const std::string&, const config_value&)>;
+using setter_map = std::map<std::string, setter, std::less<>>;
 
-void apply_config(config_map& map, model_config& model, train_config& train) {
-  if (auto it = map.find("model.preset"); it != map.end()) {
-    model = preset(get_string(it->first, it->second));
-    map.erase(it);
-  }
-  using setter = std::function<void(const std::string&, const config_value&)>;
-  const std::map<std::string, setter, std::less<>> setters = {
+// Every model.* and train.* key with how it is parsed and validated: the one list of keys.
+setter_map make_setters(model_config& model, train_config& train) {
+  return {
       {"model.layers", [&](auto& k, auto& v) { model.layers = int(get_int(k, v, 1, 4096)); }},
       {"model.d_model", [&](auto& k, auto& v) { model.d_model = int(get_int(k, v, 1, 1 << 16)); }},
       {"model.heads", [&](auto& k, auto& v) { model.heads = int(get_int(k, v, 1, 1024)); }},
@@ -181,6 +178,24 @@ void apply_config(config_map& map, model_config& model, train_config& train) {
          train.log_every = get_int(k, v, 1, std::numeric_limits<std::int64_t>::max());
        }},
   };
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  model_config model;
+  train_config train;
+  std::vector<std::string> keys{"model.preset"};
+  for (const auto& [key, set] : make_setters(model, train)) keys.push_back(key);
+  return keys;
+}
+
+void apply_config(config_map& map, model_config& model, train_config& train) {
+  if (auto it = map.find("model.preset"); it != map.end()) {
+    model = preset(get_string(it->first, it->second));
+    map.erase(it);
+  }
+  const setter_map setters = make_setters(model, train);
   for (auto it = map.begin(); it != map.end();) {
     const std::string& key = it->first;
     const bool ours = key.starts_with("model.") || key.starts_with("train.");

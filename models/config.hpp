@@ -46,6 +46,7 @@ struct model_config {
   float aux_loss_coef = 0.01f;
   dtype compute_dtype = dtype::bf16;  // 2-byte compute weights (f32 allowed for gradient tests)
 
+  bool operator==(const model_config&) const = default;
   std::int64_t parameter_count() const;         // all operators
   std::int64_t active_parameter_count() const;  // per token: non-experts + (K + shared) experts
 };
@@ -73,6 +74,8 @@ struct train_config {
   // Data-parallel replicas emulated in one process (the engine's parallel.dp; not a train.*
   // key): replica d trains on its own micro-batches (data position keyed by d).
   int data_parallel = 1;
+
+  bool operator==(const train_config&) const = default;
 };
 
 std::vector<std::string> preset_names();
@@ -83,6 +86,8 @@ model_config preset(std::string_view name);
 // model keys override the preset). Unknown keys in these sections, wrong types and bad values
 // throw config_error naming the key. Keys of other sections are left in the map.
 void apply_config(config_map& map, model_config& model, train_config& train);
+// Every key apply_config accepts (docs/configuration.md must list each; a test checks).
+std::vector<std::string> config_keys();
 // Cross-checks that need both (top-k > experts, seq_len > max_seq_len, ...).
 void validate(const model_config& model, const train_config& train);
 
