@@ -1,6 +1,8 @@
 // `moevement train` as a user runs it: trains, ends with state_hash=, rejects bad configs by key.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include "tests/support/run_moevement.hpp"
 
 #include <array>
 #include <cstdio>
@@ -10,23 +12,9 @@
 
 namespace {
 
-struct run_result {
-  int exit_code;
-  std::string output;
-};
-
+using moevement::test_support::run_result;
 run_result run(const std::string& args) {
-  const char* bin = std::getenv("MOEVEMENT_BIN");
-  if (bin == nullptr) throw std::runtime_error("MOEVEMENT_BIN is not set (run through meson test)");
-  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) throw std::runtime_error("popen failed");
-  std::string out;
-  std::array<char, 4096> buf;
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return moevement::test_support::run_moevement(args);
 }
 
 std::string tiny() {
