@@ -241,10 +241,11 @@ TEST_P(cluster_test, a_hung_node_is_detected_by_heartbeat_timeout_within_its_bou
     co_await sleep_for(3 * interval);
     CO_ASSERT(!first_loss(1).has_value());
 
+    CO_ASSERT(sys_->last_heard(1).has_value());
+    clock::time_point heard = *sys_->last_heard(1);
     const auto stopped_at = clock::now();
     ::kill(pid, SIGSTOP);
     // Track when node 1 was last heard from until it is declared lost.
-    clock::time_point heard = *sys_->last_heard(1);
     const bool lost = co_await wait_until(
         [&] {
           if (auto h = sys_->last_heard(1)) heard = std::max(heard, *h);
