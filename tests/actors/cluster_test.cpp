@@ -7,6 +7,8 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <capnp/serialize.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -349,6 +351,36 @@ TEST_P(cluster_test, remote_spawn_and_asks_across_processes) {
     // An unknown type name is an error reply, not a hang.
     auto bad = co_await sys_->spawn_named(1, "no_such_type", 5s);
     EXPECT_FALSE(bad.ok());
+    // Ill-typed and malformed asks across processes: error replies, the node stays up.
+    {
+      auto r = co_await sys_->ask<msg::Ping, msg::Sum>(a, 5s);  // a type it does not take
+      EXPECT_FALSE(r.ok());
+      const actor_ref nobody{a.node, a.incarnation, 999999};
+      auto r2 = co_await sys_->ask<msg::Add, msg::Sum>(nobody, 5s);
+      EXPECT_FALSE(r2.ok());
+      // Type id Add, payload a list: refused by the node with an error reply (which arrives
+      // here for no open ask, so it is counted as late).
+      capnp::MallocMessageBuilder mb;
+      auto root = mb.initRoot<wire::Envelope>();
+      auto snd = root.initSender();
+      snd.setNode(0);
+      snd.setIncarnation(sys_->incarnation());
+      auto rcv = root.initReceiver();
+      rcv.setNode(a.node);
+      rcv.setIncarnation(a.incarnation);
+      rcv.setActor(a.actor);
+      root.setTypeId(capnp::typeId<msg::Add>());
+      root.setCorrelationId(0x7777);
+      root.getPayload().initAs<capnp::List<std::uint64_t>>(3);
+      const auto late_before = sys_->stats().late_replies;
+      CO_ASSERT(link_->send(a.node, capnp::messageToFlatArray(mb)).ok());
+      EXPECT_TRUE(co_await wait_until([&] { return sys_->stats().late_replies > late_before; }));
+      auto fill = [](msg::Add::Builder b) { b.setA(1); };
+      auto ok = co_await sys_->ask<msg::Add, msg::Sum>(a, 5s, fill);
+      CO_ASSERT(ok.ok());
+      EXPECT_EQ(ok->get().getValue(), 1);
+      EXPECT_TRUE(first_loss(1) == std::nullopt);
+    }
     // A deadline shorter than the handler: an error, not before the deadline.
     {
       const auto deadline = 200ms;
