@@ -3,12 +3,17 @@
 // is reported by the transport; a node hung with SIGSTOP only by missing heartbeats; a clean
 // shutdown says goodbye. Each runs over shared memory (UCX's default on one host) and over
 // UCX_TLS=tcp. Every bound is relative to the configured heartbeat settings or ask deadlines.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <capnp/serialize.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -104,7 +109,7 @@ class cluster_test : public ::testing::TestWithParam<std::string> {
     if (failure) std::rethrow_exception(failure);
   }
 
-  pid_t spawn_node(node_id node, int actors) {
+  pid_t spawn_node(node_id node, int actors, std::vector<std::string> extra = {}) {
     std::vector<std::string> args{helper_,
                                   std::to_string(link_->port()),
                                   token,
@@ -112,6 +117,7 @@ class cluster_test : public ::testing::TestWithParam<std::string> {
                                   std::to_string(interval.count()),
                                   std::to_string(timeout.count()),
                                   std::to_string(actors)};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -410,6 +416,79 @@ TEST_P(cluster_test, remote_spawn_and_asks_across_processes) {
     EXPECT_FALSE(r.ok());
     EXPECT_LT(clock::now() - asked_at, 10s / 10);
     EXPECT_EQ(co_await wait_exit(pid), 128 + SIGKILL);
+  });
+}
+
+// A port on 127.0.0.1 that was free a moment ago (for a node others must connect to).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Three processes: node 2 monitors node 1's actors directly (its own connection to node 1).
+// When node 1 is killed, the monitors on node 2 fire too, with node_lost, and node 2 stays.
+TEST_P(cluster_test, monitors_on_every_surviving_node_fire_when_a_node_is_killed) {
+  run([&]() -> awaitable<void> {
+    constexpr int n_actors = 3;
+    actor_ref collector = sys_->spawn<echo>();  // logs the seq of every Ping it gets
+    CO_ASSERT((co_await sys_->register_global("collector", collector, 1s)).ok());
+    const std::uint16_t port1 = free_port();
+    CO_ASSERT(port1 != 0);
+    const pid_t pid1 = spawn_node(1, n_actors, {std::to_string(port1)});
+    auto targets = co_await node_actors(1, n_actors);
+    CO_ASSERT(targets.size() == std::size_t{n_actors});
+    const pid_t pid2 = spawn_node(2, n_actors, {"0", "1:" + std::to_string(port1)});
+    CO_ASSERT((co_await node_actors(2, n_actors)).size() == std::size_t{n_actors});
+    auto log = [&]() -> const std::vector<std::uint64_t>& {
+      return sys_->local_actor<echo>(collector)->log;
+    };
+    constexpr std::uint64_t armed_seq = 0xa4a4;  // as in actor_node.cpp
+    CO_ASSERT(co_await wait_until([&] { return !log().empty(); }));
+    EXPECT_EQ(log()[0], armed_seq) << "node 2 lost " << log()[0] - armed_seq << " sends";
+    auto watchers = watch_all(targets);
+    co_await sleep_for(3 * interval);
+    CO_ASSERT(!first_loss(1).has_value());
+    CO_ASSERT(!first_loss(2).has_value());
+
+    const auto killed_at = clock::now();
+    ::kill(pid1, SIGKILL);
+    CO_ASSERT(co_await wait_until([&] { return log().size() == 1 + n_actors; }));
+    const auto reported_at = clock::now();
+    // Node 2 learnt of it from its own transport, not from a heartbeat timeout.
+    EXPECT_LT(reported_at - killed_at, timeout);
+    std::vector<std::uint64_t> expected;
+    for (const auto& t : targets) {
+      expected.push_back(t.actor * 16 + static_cast<std::uint64_t>(exit_kind::node_lost));
+    }
+    std::vector<std::uint64_t> got(log().begin() + 1, log().end());
+    std::ranges::sort(expected);
+    std::ranges::sort(got);
+    EXPECT_EQ(got, expected);
+    CO_ASSERT(co_await wait_until([&] {
+      return downs(watchers[0]) == targets.size() && downs(watchers[1]) == targets.size();
+    }));
+    EXPECT_EQ(first_loss(1)->what, member_event::lost);
+    // The survivor is still a member, and answers.
+    co_await sleep_for(timeout + interval);
+    EXPECT_FALSE(first_loss(2).has_value());
+    auto peer = co_await node_actors(2, 1);
+    CO_ASSERT(peer.size() == 1u);
+    auto fill = [](msg::Add::Builder b) { b.setB(7); };
+    auto r = co_await sys_->ask<msg::Add, msg::Sum>(peer[0], 5s, fill);
+    CO_ASSERT(r.ok());
+    EXPECT_EQ(r->get().getValue(), 7);
+    EXPECT_EQ(co_await wait_exit(pid1), 128 + SIGKILL);
+    (void)pid2;  // killed in teardown
   });
 }
 
