@@ -2,9 +2,18 @@
 //   request_response_rt_per_s  one client actor asks one server actor, one ask outstanding
 //                              (ours: ask with a deadline; CAF: request(...).then chained)
 //   one_way_msgs_per_s         one sender tells one receiver N messages
+//   <tls>_ping_pong_latency_us cross-process: an ask from node 0 to a server actor spawned by
+//                              name on node 1 (another process, ucx_link over 127.0.0.1), half
+//                              the round trip, median; against ucx_perftest -t ucp_am_lat -s 8
+//                              (median) on the same transport (shm: UCX's default on one host;
+//                              tcp: UCX_TLS=tcp). ratio = theirs/ours (latency: lower is better).
 // Ours runs on one io_context thread (the design); CAF runs with its default scheduler.
-// Usage: bench_actors [round_trips] [messages]
+// Usage: bench_actors [round_trips] [messages] [pings]     (bench_actors --peer PORT: node 1)
 #include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
@@ -13,11 +22,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <thread>
 
 #include "actors/system.hpp"
 #include "bench/actors_bench.capnp.h"
 #include "transport/loopback_link.hpp"
+#include "transport/ucx_link.hpp"
+
+extern char** environ;
 
 namespace {
 
@@ -128,6 +145,162 @@ double ours_one_way(std::uint64_t n) {
   return rate;
 }
 
+// ---- ours, across processes ----------------------------------------------------------------
+
+constexpr char token[] = "bench-actors-token";
+
+// Node 1: serves `server` actors by name until the head leaves.
+int run_peer(std::uint16_t port) {
+  asio::io_context io(1);
+  transport::ucx_link_options o;
+  o.self = 1;
+  o.job_token = token;
+  transport::ucx_link link(io, o);
+  link.add_peer(0, "127.0.0.1", port);
+  actor_system sys(io, link, {.incarnation = 1, .head = 0});
+  sys.register_type<server>("server");
+  bool done = false;
+  int status = 0;
+  sys.on_membership([&](transport::node_id n, member_event e) {
+    if (n == 0 && e != member_event::up) {
+      status = e == member_event::goodbye ? 0 : 1;
+      done = true;
+    }
+  });
+  asio::co_spawn(
+      io,
+      [&]() -> awaitable<void> {
+        if (auto j = co_await sys.join(std::chrono::seconds(30)); !j.ok()) {
+          std::fprintf(stderr, "bench peer: %s\n", j.err().message.c_str());
+          status = 1;
+          done = true;
+        }
+      },
+      asio::detached);
+  const auto limit = clock::now() + std::chrono::minutes(10);
+  while (!done && clock::now() < limit) io.run_one_for(std::chrono::milliseconds(100));
+  sys.shutdown();
+  io.restart();
+  io.run_for(std::chrono::milliseconds(100));
+  return status;
+}
+
+// Median half round trip (µs) of `pings` asks from this process to a server on node 1.
+double ours_ping_pong_us(int pings) {
+  asio::io_context io(1);
+  transport::ucx_link_options o;
+  o.self = 0;
+  o.job_token = token;
+  transport::ucx_link link(io, o);
+  actor_system sys(io, link, {.incarnation = 1, .head = 0});
+  bool joined = false;
+  sys.on_membership([&](transport::node_id, member_event e) {
+    if (e == member_event::up) joined = true;
+  });
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::vector<std::string> args{self, "--peer", std::to_string(link.port())};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    throw std::runtime_error("cannot start the bench peer");
+  }
+  double median = 0;
+  std::exception_ptr failure;
+  bool finished = false;
+  asio::co_spawn(
+      io,
+      [&]() -> awaitable<void> {
+        const auto until = clock::now() + std::chrono::seconds(60);
+        while (!joined) {
+          if (clock::now() > until) throw std::runtime_error("bench peer never joined");
+          asio::steady_timer t(io, std::chrono::milliseconds(1));
+          co_await t.async_wait(asio::use_awaitable);
+        }
+        auto srv = co_await sys.spawn_named(1, "server", std::chrono::seconds(10));
+        if (!srv.ok()) throw std::runtime_error(srv.err().message);
+        std::vector<double> half_rtt;
+        half_rtt.reserve(static_cast<std::size_t>(pings));
+        std::int64_t v = 0;
+        for (int i = 0; i < pings + pings / 10; ++i) {  // the first tenth warms up
+          const auto t0 = clock::now();
+          auto fill = [v](Num::Builder b) { b.setValue(v); };
+          auto r = co_await sys.ask<Num, Num>(*srv, std::chrono::seconds(10), fill);
+          const auto t1 = clock::now();
+          if (!r.ok()) throw std::runtime_error(r.err().message);
+          if (r->get().getValue() != v + 1) throw std::runtime_error("wrong reply");
+          v = r->get().getValue();
+          if (i >= pings / 10) {
+            half_rtt.push_back(duration<double, std::micro>(t1 - t0).count() / 2);
+          }
+        }
+        std::nth_element(half_rtt.begin(), half_rtt.begin() + half_rtt.size() / 2, half_rtt.end());
+        median = half_rtt[half_rtt.size() / 2];
+      },
+      [&](std::exception_ptr e) {
+        failure = e;
+        finished = true;
+      });
+  const auto limit = clock::now() + std::chrono::minutes(5);
+  while (!finished && clock::now() < limit) {
+    io.restart();
+    io.run_one_for(std::chrono::milliseconds(100));
+  }
+  sys.shutdown();  // goodbye: the peer exits
+  io.restart();
+  io.run_for(std::chrono::milliseconds(200));
+  int st = 0;
+  for (int i = 0; i < 50 && ::waitpid(pid, &st, WNOHANG) != pid; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (i == 49) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (!finished) throw std::runtime_error("cross-process ping-pong did not finish");
+  return median;
+}
+
+// ---- theirs across processes: ucx_perftest ---------------------------------------------------
+
+// p50 latency (µs) of one ucx_perftest ucp_am_lat client/server pair (8-byte messages).
+double perftest_am_lat_us(long iters, int port) {
+  const std::string server_cmd = fmt::format("ucx_perftest -p {} >/dev/null 2>&1", port);
+  pid_t server = -1;
+  const char* sh_args[] = {"/bin/sh", "-c", server_cmd.c_str(), nullptr};
+  if (::posix_spawn(&server, "/bin/sh", nullptr, nullptr, const_cast<char**>(sh_args), environ) !=
+      0) {
+    throw std::runtime_error("cannot start ucx_perftest (install ucx-utils)");
+  }
+  std::vector<double> fields;
+  for (int attempt = 0; attempt < 50 && fields.empty(); ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string cmd =
+        fmt::format("ucx_perftest 127.0.0.1 -p {} -t ucp_am_lat -s 8 -n {} -w {} -v 2>/dev/null",
+                    port, iters, std::max(1L, iters / 10));
+    FILE* f = ::popen(cmd.c_str(), "r");
+    if (f == nullptr) continue;
+    char line[512];
+    std::string last;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      const char* p = line;
+      while (*p == ' ') ++p;
+      if (std::strchr(p, ',') != nullptr && *p >= '0' && *p <= '9') last = p;
+    }
+    ::pclose(f);
+    std::stringstream ss(last);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) fields.push_back(std::stod(cell));
+    if (fields.size() < 8) fields.clear();
+  }
+  ::kill(server, SIGTERM);
+  ::waitpid(server, nullptr, 0);
+  if (fields.empty()) throw std::runtime_error("ucx_perftest ucp_am_lat gave no result");
+  return fields[1];  // iterations, p50 latency, ...
+}
+
 // ---- CAF -----------------------------------------------------------------------------------
 
 caf::behavior caf_server(caf::event_based_actor*) {
@@ -182,6 +355,9 @@ void report(const char* metric, double ours, double theirs) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "--peer") {
+    return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])));
+  }
   const std::uint64_t round_trips = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1'000'000;
   const std::uint64_t messages = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 4'000'000;
   constexpr int repeats = 3;  // best of three, each side
@@ -203,5 +379,25 @@ int main(int argc, char** argv) {
   }
   report("local_request_response_rt_per_s", ours_rt, caf_rt);
   report("local_one_way_msgs_per_s", ours_ow, caf_ow);
+  const int pings = argc > 3 ? std::atoi(argv[3]) : 20000;
+  int port = 20000 + ::getpid() % 20000;
+  for (const std::string tls : {"shm", "tcp"}) {
+    if (tls == "tcp") {
+      ::setenv("UCX_TLS", "tcp", 1);
+    } else {
+      ::unsetenv("UCX_TLS");
+    }
+    double ours = 0, theirs = 0;
+    try {
+      ours = ours_ping_pong_us(pings);
+      theirs = perftest_am_lat_us(pings, port++);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_actors: %s ping-pong: %s\n", tls.c_str(), e.what());
+      return 1;
+    }
+    fmt::print("{}_ping_pong_latency_us: ours={:.2f} theirs={:.2f} ratio={:.2f}\n", tls, ours,
+               theirs, theirs / ours);
+  }
+  ::unsetenv("UCX_TLS");
   return 0;
 }

@@ -162,6 +162,11 @@ struct connection {
   node_id peer = 0;
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;
+  // Outgoing: envelopes sent before the welcome, sent in order once it arrives. UCX 1.13 on
+  // shared memory fails sends queued while the endpoint is wiring up (measured: "Invalid
+  // am_short_iov length: 168 (expected: <= 100)", the message lost) when several go out
+  // back to back on a fresh endpoint.
+  std::deque<std::shared_ptr<kj::Array<capnp::word>>> held;
   // Unpacked rkeys by region id: unpacking (and, on shared memory, mapping the segment and
   // faulting its pages in) costs more than a pull of megabytes.
   std::map<std::uint64_t, std::shared_ptr<remote_key>> rkeys;
@@ -475,6 +480,24 @@ struct link_state : std::enable_shared_from_this<link_state> {
     return {};
   }
 
+  result<void> send_envelope(connection& c, std::shared_ptr<kj::Array<capnp::word>> owned) {
+    const void* data = owned->begin();
+    const std::size_t bytes = owned->size() * sizeof(capnp::word);
+    return send_am(c, am_envelope, nullptr, 0, data, bytes, std::move(owned),
+                   [this](ucs_status_t status) {
+                     if (status != UCS_OK) ++stats.send_errors;
+                   });
+  }
+  void release_held(std::uint64_t serial) {
+    connection* c = find_conn(serial);
+    if (c == nullptr) return;
+    while (!c->held.empty()) {
+      auto m = std::move(c->held.front());
+      c->held.pop_front();
+      (void)send_envelope(*c, std::move(m));  // a failure is counted in send_am
+    }
+  }
+
   // A message of the link's own protocol: a header copy lives with the request.
   template <class Header>
   void send_control(connection& c, am_id id, const Header& h, const void* data = nullptr,
@@ -692,6 +715,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
           return UCS_OK;
         }
         c.welcomed = true;
+        if (!c.held.empty()) {  // not inside progress: sends go out from a posted handler
+          asio::post(io, [w = weak_from_this(), serial = c.serial] {
+            if (auto st = w.lock()) st->release_held(serial);
+          });
+        }
         return UCS_OK;
       }
       case am_refused:
@@ -1258,11 +1286,12 @@ result<void> ucx_link::send(node_id to, kj::Array<capnp::word> message) {
     return c.err();
   }
   auto owned = std::make_shared<kj::Array<capnp::word>>(std::move(message));
-  const void* data = owned->begin();
-  auto r = s.send_am(**c, detail::am_envelope, nullptr, 0, data, bytes, owned,
-                     [st = &s](ucs_status_t status) {
-                       if (status != UCS_OK) ++st->stats.send_errors;
-                     });
+  if ((*c)->outgoing && (!(*c)->welcomed || !(*c)->held.empty())) {
+    (*c)->held.push_back(std::move(owned));  // sent once the peer welcomed us, in order
+    ++s.stats.sent;
+    return {};
+  }
+  auto r = s.send_envelope(**c, std::move(owned));
   if (r.ok()) ++s.stats.sent;
   return r;
 }
