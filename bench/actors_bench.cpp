@@ -31,6 +31,7 @@
 
 #include "actors/system.hpp"
 #include "bench/actors_bench.capnp.h"
+#include "bench/ucx_perftest.hpp"
 #include "transport/loopback_link.hpp"
 #include "transport/ucx_link.hpp"
 
@@ -267,38 +268,7 @@ double ours_ping_pong_us(int pings) {
 
 // p50 latency (µs) of one ucx_perftest ucp_am_lat client/server pair (8-byte messages).
 double perftest_am_lat_us(long iters, int port) {
-  const std::string server_cmd = fmt::format("ucx_perftest -p {} >/dev/null 2>&1", port);
-  pid_t server = -1;
-  const char* sh_args[] = {"/bin/sh", "-c", server_cmd.c_str(), nullptr};
-  if (::posix_spawn(&server, "/bin/sh", nullptr, nullptr, const_cast<char**>(sh_args), environ) !=
-      0) {
-    throw std::runtime_error("cannot start ucx_perftest (install ucx-utils)");
-  }
-  std::vector<double> fields;
-  for (int attempt = 0; attempt < 50 && fields.empty(); ++attempt) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const std::string cmd =
-        fmt::format("ucx_perftest 127.0.0.1 -p {} -t ucp_am_lat -s 8 -n {} -w {} -v 2>/dev/null",
-                    port, iters, std::max(1L, iters / 10));
-    FILE* f = ::popen(cmd.c_str(), "r");
-    if (f == nullptr) continue;
-    char line[512];
-    std::string last;
-    while (std::fgets(line, sizeof line, f) != nullptr) {
-      const char* p = line;
-      while (*p == ' ') ++p;
-      if (std::strchr(p, ',') != nullptr && *p >= '0' && *p <= '9') last = p;
-    }
-    ::pclose(f);
-    std::stringstream ss(last);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) fields.push_back(std::stod(cell));
-    if (fields.size() < 8) fields.clear();
-  }
-  ::kill(server, SIGTERM);
-  ::waitpid(server, nullptr, 0);
-  if (fields.empty()) throw std::runtime_error("ucx_perftest ucp_am_lat gave no result");
-  return fields[1];  // iterations, p50 latency, ...
+  return moevement::bench::perftest("ucp_am_lat", 8, iters, port)[1];  // p50 latency
 }
 
 // ---- CAF -----------------------------------------------------------------------------------
