@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -18,28 +17,41 @@ struct documented_key {
   std::string default_text;  // as written between backticks, or "preset"
 };
 
+// The `...` tokens of one table cell.
+std::vector<std::string> ticked(const std::string& cell) {
+  std::vector<std::string> out;
+  for (std::size_t a = cell.find('`'); a != std::string::npos; a = cell.find('`', a)) {
+    const std::size_t b = cell.find('`', a + 1);
+    if (b == std::string::npos) break;
+    out.push_back(cell.substr(a + 1, b - a - 1));
+    a = b + 1;
+  }
+  return out;
+}
+
+// Rows of the form | `k1`, `k2` | `v1`, `v2` | meaning |  (no std::regex: g++ 12 warns
+// falsely inside it under the sanitizers).
 std::vector<documented_key> read_reference() {
   const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
   if (root == nullptr) throw std::runtime_error("MOEVEMENT_SOURCE_ROOT is not set");
   std::ifstream in(std::string(root) + "/docs/configuration.md");
   if (!in) throw std::runtime_error("cannot open docs/configuration.md");
   std::vector<documented_key> out;
-  // | `k1`, `k2` | `v1`, `v2` | meaning |
-  const std::regex row(R"(^\| *((?:`[a-z_0-9]+\.[a-z_0-9]+`(?:, *)?)+) *\| *([^|]*?) *\|)");
-  const std::regex tick("`([^`]*)`");
   std::string line;
   while (std::getline(in, line)) {
-    std::smatch m;
-    if (!std::regex_search(line, m, row)) continue;
-    std::vector<std::string> keys, values;
-    const std::string keys_text = m[1], values_text = m[2];
-    for (std::sregex_iterator it(keys_text.begin(), keys_text.end(), tick), end; it != end; ++it)
-      keys.push_back((*it)[1]);
-    for (std::sregex_iterator it(values_text.begin(), values_text.end(), tick), end; it != end;
-         ++it)
-      values.push_back((*it)[1]);
+    if (!line.starts_with("| `")) continue;
+    const std::size_t bar1 = line.find('|', 1);
+    const std::size_t bar2 = bar1 == std::string::npos ? bar1 : line.find('|', bar1 + 1);
+    if (bar2 == std::string::npos) continue;
+    const auto keys = ticked(line.substr(1, bar1 - 1));
+    const std::string values_text = line.substr(bar1 + 1, bar2 - bar1 - 1);
+    const auto values = ticked(values_text);
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      out.push_back({keys[i], i < values.size() ? values[i] : values_text});
+      if (keys[i].find('.') == std::string::npos) continue;
+      std::string fallback = values_text;
+      fallback.erase(0, fallback.find_first_not_of(' '));
+      fallback.erase(fallback.find_last_not_of(' ') + 1);
+      out.push_back({keys[i], i < values.size() ? values[i] : fallback});
     }
   }
   return out;
