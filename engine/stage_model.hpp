@@ -1,0 +1,92 @@
+// What one pipeline stage computes. The engine (the stage actor, the in-process pipeline, the
+// replay) drives a stage_model: it decides the order (1F1B), moves boundary tensors, reduces
+// gradients across replicas and steps the optimizer over operators(). A stage_model only
+// computes. All calls come from one thread, never concurrently.
+//
+// The built-in model is the MoE transformer of models/ (make_moe_stage); a custom stage is
+// another stage_model registered by name (stage_registry.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "models/config.hpp"
+#include "models/model.hpp"
+#include "models/operator_state.hpp"
+
+namespace moevement::engine {
+
+// Where a stage sits in the job and what it trains.
+struct stage_setup {
+  models::model_config model;
+  models::train_config train;  // train.data_parallel == replicas
+  int stage = 0, stages = 1;
+  int replica = 0, replicas = 1;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
+struct stage_output {
+  std::span<const float> activation;  // [B,T,C] to the next stage (empty on the last stage)
+  double loss = 0.0;                  // last stage: mean cross-entropy of the micro-batch
+  double aux_loss = 0.0;              // this stage's share of the load-balancing loss
+};
+
+class stage_model {
+ public:
+  virtual ~stage_model() = default;
+
+  // Floats in one boundary tensor (activation or its gradient), e.g. B*T*C.
+  virtual std::size_t boundary_floats() const = 0;
+  // The operators this stage owns, in canonical order (the unit of state: snapshots, digests,
+  // the optimizer step, gradient reduction all walk this list).
+  virtual std::vector<models::operator_state*> operators() = 0;
+
+  // Start of an iteration: the data position of later forwards. The engine has already
+  // zeroed gradients and popularity counters.
+  virtual void begin_iteration(std::int64_t iteration) = 0;
+  // Forward of micro-batch `mb` of the current iteration. x_in: the previous stage's
+  // activation [B,T,C] (empty on the first stage, which reads its tokens from the data
+  // loader; the last stage reads its targets the same way). The output is valid until the
+  // next call.
+  virtual stage_output forward(int mb, std::span<const float> x_in) = 0;
+  // Backward of micro-batch `mb` (after its forward). grad_out: gradient of this stage's
+  // output (empty on the last stage). loss_grad = loss_scale / (micro_batches * replicas).
+  // Accumulates weight gradients of active operators; returns the gradient of x_in (empty on
+  // the first stage), valid until the next call.
+  virtual std::span<const float> backward(int mb, std::span<const float> grad_out,
+                                          float loss_grad) = 0;
+  // Drops every micro-batch in flight (an aborted iteration). Weights are untouched.
+  virtual void abort_iteration() = 0;
+  // Validation forward of held-out batch `index` (no state kept, counters untouched).
+  virtual stage_output validate(int index, std::span<const float> x_in) = 0;
+};
+
+// The MoE transformer's stage: layers partition(model, stages)[stage], its operators
+// initialised from train.seed exactly as the whole model's (models/model.hpp), the corpus
+// loaded when the stage is first or last. Throws config_error on a bad setup.
+std::unique_ptr<stage_model> make_moe_stage(const stage_setup& setup);
+
+// ---- what the engine does over operators() (shared by the actor, the in-process pipeline
+// and the replay, so all three produce the same bits)
+
+// Zero every gradient and reset popularity counters.
+void begin_operators(std::span<models::operator_state* const> ops);
+// Floats in all gradients, in operator order (the all-reduce buffer).
+std::size_t gradient_floats(std::span<models::operator_state* const> ops);
+void copy_gradients_out(std::span<models::operator_state* const> ops, std::span<float> out);
+void copy_gradients_in(std::span<models::operator_state* const> ops, std::span<const float> in);
+// acc[j] = acc[j] + g[j]: one step of the left fold g_0 + g_1 + ... in replica order.
+void accumulate(std::span<float> acc, std::span<const float> g);
+// Per-operator sum of squared gradients (models::plan_step's input), in operator order.
+std::vector<double> gradient_sq_sums(std::span<models::operator_state* const> ops);
+// AdamW on every active operator when plan.apply.
+void apply_step(std::span<models::operator_state* const> ops, const models::step_plan& plan,
+                const models::train_config& train);
+// Every operator's digest, in operator order (state_hash's input).
+std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* const> ops);
+
+}  // namespace moevement::engine
