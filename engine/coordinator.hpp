@@ -1,0 +1,142 @@
+// The coordinator: one per job, on the head node. It admits the worker processes (bootstrap),
+// gives each its role (a stage and replica, or spare), wires the stage actors together, and
+// drives iterations: Iterate to every stage, gathers the reduced gradients' squared sums in
+// canonical order, plans the optimizer step (clipping, fp16 loss scaling: the loss scaler is
+// the coordinator's), Step to every stage, then the next iteration or a validation round. It
+// can pause between iterations, abort the iteration in progress (nothing stepped; it is re-run
+// under a new epoch) and resume. At the end it gathers the operators' digests: state_hash.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/system.hpp"
+#include "engine/engine.capnp.h"
+#include "engine/job_config.hpp"
+#include "engine/run_log.hpp"
+#include "models/model.hpp"
+
+namespace moevement::engine {
+
+struct iteration_record {
+  std::int64_t iteration = 0;
+  double loss = 0.0, aux_loss = 0.0, grad_norm = 0.0;
+  bool applied = true;
+  float loss_scale = 1.0f;
+  double seconds = 0.0;         // wall time of the iteration (Iterate sent .. all Stepped)
+  double tokens_per_s = 0.0;
+  double max_compute_s = 0.0;   // the busiest stage's forward + backward time
+  std::int64_t attempts = 1;    // > 1 when the iteration was aborted and re-run
+};
+
+struct job_outcome {
+  bool ok = false;
+  std::string message;           // what went wrong (empty when ok)
+  std::uint64_t state_hash = 0;  // when ok
+  double final_loss = 0.0, val_loss = 0.0;
+  double seconds = 0.0;          // from the first iteration to the last step
+  std::int64_t iterations = 0;
+  double tokens_per_s = 0.0;
+};
+
+struct coordinator_callbacks {
+  std::function<void(const iteration_record&)> on_iteration;
+  std::function<void(std::int64_t iteration, double val_loss)> on_validation;
+  std::function<void(const job_outcome&)> on_finished;  // exactly once
+};
+
+struct worker_info {
+  transport::node_id node = 0;
+  std::string host;
+  std::uint16_t port = 0;
+  int pid = 0;
+  actors::actor_ref agent;
+  int stage = -1, replica = -1;  // -1: spare
+  actors::actor_ref stage_actor;
+};
+
+class coordinator : public actors::actor {
+ public:
+  using interface =
+      actors::interface<actors::tell_t<wire::WorkerHello>, actors::tell_t<wire::StageReady>,
+                        actors::tell_t<wire::StageDone>, actors::tell_t<wire::Stepped>,
+                        actors::tell_t<wire::StageFailed>, actors::tell_t<wire::ValLoss>>;
+  static constexpr const char* registered_name = "moevement.coordinator";
+
+  // raw: the config as read (sent to every worker); job: its resolution. Workers are nodes
+  // 1..job.workers() + job.spares. log may be null.
+  coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks,
+              run_log* log);
+
+  // Between iterations: stop after the current one / go on. abort_iteration(): drop the
+  // iteration in progress on every stage and re-run it (resume() if paused).
+  void pause() { pause_requested_ = true; }
+  asio::awaitable<void> resume();
+  asio::awaitable<void> abort_iteration();
+  // Test hook: abort iteration `iteration` once, when its first stage reports, then resume.
+  void abort_once_at(std::int64_t iteration) { abort_at_ = iteration; }
+
+  const std::map<transport::node_id, worker_info>& workers() const { return workers_; }
+  // The job has failed (a worker lost, a stage failed): stop with this message.
+  void fail(const std::string& message);
+  bool finished() const { return finished_; }
+
+ protected:
+  asio::awaitable<void> on_start() override;
+  void on_stop(const actors::exit_reason& why) override;
+
+ private:
+  enum class phase : std::uint8_t { admitting, starting, running, stepping, validating, paused,
+                                    done };
+  asio::awaitable<void> hello(wire::WorkerHello::Reader m);
+  asio::awaitable<void> ready(wire::StageReady::Reader m);
+  asio::awaitable<void> stage_done(wire::StageDone::Reader m);
+  asio::awaitable<void> stepped(wire::Stepped::Reader m);
+  asio::awaitable<void> stage_failed(wire::StageFailed::Reader m);
+  asio::awaitable<void> val_loss(wire::ValLoss::Reader m);
+
+  asio::awaitable<void> wire_and_start();
+  void start_iteration();
+  asio::awaitable<void> after_iteration();
+  void start_validation();
+  asio::awaitable<void> finish();
+  void finish_with(job_outcome outcome);
+  actors::actor_ref stage_ref(int s, int d) const { return stages_[std::size_t(d * job_.pp + s)]; }
+
+  job_config job_;
+  models::config_map raw_;
+  coordinator_callbacks callbacks_;
+  run_log* log_;
+  int expected_workers_;
+  std::map<transport::node_id, worker_info> workers_;
+  std::vector<actors::actor_ref> stages_;  // [dp * pp], index d * pp + s
+  int ready_count_ = 0;
+
+  phase phase_ = phase::admitting;
+  models::loss_scaler scaler_;
+  std::int64_t iteration_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::int64_t attempts_ = 0;
+  bool pause_requested_ = false;
+  std::int64_t abort_at_ = -1;
+  // the current epoch's reports, index d * pp + s
+  std::vector<std::optional<std::vector<double>>> sq_, losses_, aux_;
+  std::vector<double> compute_s_;
+  int done_count_ = 0, stepped_count_ = 0;
+  models::step_plan plan_;
+  std::chrono::steady_clock::time_point iteration_start_, job_start_;
+  double train_seconds_ = 0.0;
+  iteration_record last_;
+  std::uint64_t val_round_ = 0;
+  std::vector<std::optional<double>> val_losses_;
+  double last_val_ = 0.0;
+  bool finished_ = false;
+};
+
+}  // namespace moevement::engine

@@ -1,0 +1,143 @@
+@0xca70d9bf422b0924;
+# The engine's protocol: bootstrap (launcher <-> worker agents), the training iteration
+# (coordinator <-> stage actors, stage <-> stage) and validation. Every message is untrusted
+# on arrival: handlers check iteration, epoch, micro-batch and sizes against their own state.
+#
+# Epochs: the coordinator numbers every Iterate it sends (an aborted iteration is re-run under
+# a new epoch), and every stage-to-stage message carries the epoch it belongs to, so that
+# leftovers of an aborted attempt are recognised and dropped.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("moevement::engine::wire");
+
+using Envelope = import "/transport/envelope.capnp";
+using Bulk = import "/transport/bulk.capnp";
+using Job = import "/engine/job_config.capnp";
+using Address = Envelope.ActorAddress;
+
+# ---- bootstrap
+
+struct Peer {
+  node @0 :UInt32;
+  host @1 :Text;
+  port @2 :UInt16;
+}
+# A worker process is up: where it listens, and its agent actor.
+struct WorkerHello {
+  node @0 :UInt32;
+  host @1 :Text;
+  port @2 :UInt16;
+  agent @3 :Address;
+  pid @4 :Int32;
+}
+# The coordinator's answer once every worker said hello: every peer's address (so that all
+# can heartbeat all), the job's config, and this worker's role (stage -1: a spare).
+struct Assign {
+  peers @0 :List(Peer);
+  config @1 :Job.JobConfig;
+  stage @2 :Int32;
+  replica @3 :Int32;
+  coordinator @4 :Address;
+}
+# The worker joined and built its stage (error non-empty: it could not).
+struct StageReady {
+  node @0 :UInt32;
+  stage @1 :Int32;
+  replica @2 :Int32;
+  actor @3 :Address;
+  error @4 :Text;
+}
+# A stage's neighbours: the previous and next stage of its replica (invalid at the ends) and
+# every replica of this stage in replica order (the reduction chain).
+struct Wire {
+  prev @0 :Address;
+  next @1 :Address;
+  replicas @2 :List(Address);
+}
+struct WireAck {}
+struct Shutdown {}
+
+# ---- one iteration
+
+struct Iterate {
+  iteration @0 :Int64;
+  epoch @1 :UInt64;
+  lossScale @2 :Float32;
+}
+# A boundary tensor [B,T,C] fp32 ready to pull: an activation to the next stage, or the
+# gradient of this stage's input to the previous one.
+struct Activation {
+  epoch @0 :UInt64;
+  microBatch @1 :Int32;
+  tensor @2 :Bulk.BulkDescriptor;
+}
+struct Gradient {
+  epoch @0 :UInt64;
+  microBatch @1 :Int32;
+  tensor @2 :Bulk.BulkDescriptor;
+}
+# Gradient reduction along the replicas in order: replica d sends g_0 + ... + g_d to d + 1;
+# the last replica sends the total to every other.
+struct ReducePartial {
+  epoch @0 :UInt64;
+  tensor @1 :Bulk.BulkDescriptor;
+}
+struct ReduceTotal {
+  epoch @0 :UInt64;
+  tensor @1 :Bulk.BulkDescriptor;
+}
+# A replica of a stage has its reduced gradient.
+struct StageDone {
+  stage @0 :Int32;
+  replica @1 :Int32;
+  epoch @2 :UInt64;
+  sqSums @3 :List(Float64);     # per operator, in canonical order
+  losses @4 :List(Float64);     # last stage: per micro-batch cross-entropy
+  auxLosses @5 :List(Float64);  # per micro-batch, this stage's load-balancing loss
+  computeSeconds @6 :Float64;   # forward + backward time (the bubble measurement)
+}
+struct Step {
+  epoch @0 :UInt64;
+  apply @1 :Bool;
+  gradMul @2 :Float32;
+}
+struct Stepped {
+  stage @0 :Int32;
+  replica @1 :Int32;
+  epoch @2 :UInt64;
+}
+# Drop the iteration in progress (nothing was stepped); answered once dropped.
+struct Abort {
+  epoch @0 :UInt64;
+}
+struct AbortAck {}
+# Something failed inside a stage (a pull, a computation); the coordinator decides.
+struct StageFailed {
+  stage @0 :Int32;
+  replica @1 :Int32;
+  message @2 :Text;
+}
+
+# ---- validation (replica 0's pipeline)
+
+struct Validate {
+  round @0 :UInt64;
+  batches @1 :Int32;
+}
+struct ValActivation {
+  round @0 :UInt64;
+  index @1 :Int32;
+  tensor @2 :Bulk.BulkDescriptor;
+}
+struct ValLoss {
+  round @0 :UInt64;
+  index @1 :Int32;
+  loss @2 :Float64;
+}
+
+# ---- state
+
+struct DigestsQuery {}
+struct Digests {
+  values @0 :List(UInt64);  # per operator, in canonical order
+}

@@ -1,0 +1,465 @@
+#include "engine/stage_actor.hpp"
+
+#include <fmt/format.h>
+#include <asio/co_spawn.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace moevement::engine {
+
+namespace {
+
+using actors::actor_ref;
+using asio::awaitable;
+using transport::bulk_descriptor;
+
+std::span<float> floats(const transport::bulk_region& r) {
+  auto bytes = r.memory();
+  return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
+}
+
+actor_ref read_ref(::moevement::wire::ActorAddress::Reader a) {
+  return {a.getNode(), a.getIncarnation(), a.getActor()};
+}
+
+result<bulk_descriptor> descriptor_of(::moevement::wire::BulkDescriptor::Reader r) {
+  return transport::read_descriptor(r);
+}
+
+// A region of at least one float (UCX refuses empty allocations).
+transport::bulk_region allocate_floats(bulk_io& io, std::size_t n) {
+  return io.allocate(std::max<std::size_t>(n, 1) * sizeof(float));
+}
+
+}  // namespace
+
+stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
+                         actor_ref coordinator, std::unique_ptr<stage_hooks> hooks)
+    : setup_(std::move(setup)),
+      model_(std::move(model)),
+      io_(io),
+      coordinator_(coordinator),
+      hooks_(hooks ? std::move(hooks) : std::make_unique<stage_hooks>()),
+      ops_(model_->operators()),
+      plan_(one_f_one_b(setup_.stage, setup_.stages, setup_.train.micro_batches)),
+      bf_(model_->boundary_floats()),
+      gf_(gradient_floats(ops_)),
+      m_(setup_.train.micro_batches) {
+  const std::size_t slots = std::size_t(m_) * bf_;
+  act_out_ = allocate_floats(io_, slots);
+  grad_out_ = allocate_floats(io_, slots);
+  red_out_ = allocate_floats(io_, gf_);
+  val_out_ = allocate_floats(io_, std::size_t(std::max(setup_.train.val_batches, 1)) * bf_);
+  in_ = std::make_shared<incoming>();
+  in_->act.resize(setup_.first() ? 0 : slots);
+  in_->grad.resize(setup_.last() ? 0 : slots);
+  if (setup_.replicas > 1) {
+    in_->partial.resize(setup_.replica > 0 ? gf_ : 0);
+    in_->total.resize(setup_.replica < setup_.replicas - 1 ? gf_ : 0);
+  }
+  in_->val.resize(setup_.first() ? 0 : bf_);
+  act_epoch_.assign(std::size_t(m_), 0);
+  grad_epoch_.assign(std::size_t(m_), 0);
+
+  on<wire::Wire, wire::WireAck>(&stage_actor::wire);
+  on<wire::Iterate>(&stage_actor::iterate);
+  on<wire::Activation>(&stage_actor::activation);
+  on<wire::Gradient>(&stage_actor::gradient);
+  on<wire::ReducePartial>(&stage_actor::reduce_partial);
+  on<wire::ReduceTotal>(&stage_actor::reduce_total);
+  on<wire::Step>(&stage_actor::step);
+  on<wire::Abort, wire::AbortAck>(&stage_actor::abort);
+  on<wire::Validate>(&stage_actor::validate);
+  on<wire::ValActivation>(&stage_actor::val_activation);
+  on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
+}
+
+stage_actor::~stage_actor() { pool_.join(); }
+
+template <class F>
+awaitable<void> stage_actor::compute(F&& fn) {
+  auto task = [&fn]() -> awaitable<void> {
+    fn();
+    co_return;
+  };
+  co_await asio::co_spawn(pool_.get_executor(), std::move(task), asio::use_awaitable);
+}
+
+void stage_actor::fail(const std::string& what) {
+  if (failed_) return;
+  failed_ = true;
+  const std::string msg =
+      fmt::format("stage {} replica {}: {}", setup_.stage, setup_.replica, what);
+  (void)tell<wire::StageFailed>(coordinator_, [&](wire::StageFailed::Builder b) {
+    b.setStage(setup_.stage);
+    b.setReplica(setup_.replica);
+    b.setMessage(msg);
+  });
+}
+
+bool stage_actor::accept(std::uint64_t epoch) {
+  if (epoch == epoch_ && phase_ != phase::aborted && phase_ != phase::idle) return true;
+  // The next epoch's inputs may arrive before its Iterate does, but only once this stage is
+  // done with the current one (the coordinator starts an epoch after every stage finished).
+  if (epoch == epoch_ + 1 &&
+      (phase_ == phase::idle || phase_ == phase::stepped || phase_ == phase::aborted)) {
+    return true;
+  }
+  ++dropped_;
+  return false;
+}
+
+awaitable<bool> stage_actor::pull(const bulk_descriptor& d, std::span<float> into) {
+  std::span<std::byte> bytes{reinterpret_cast<std::byte*>(into.data()), into.size_bytes()};
+  auto r = co_await io_.pull(d, bytes, in_);
+  if (!r.ok()) {
+    fail("pull from node " + std::to_string(d.node) + " failed: " + r.err().message);
+    co_return false;
+  }
+  co_return true;
+}
+
+awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) {
+  prev_ = read_ref(m.getPrev());
+  next_ = read_ref(m.getNext());
+  replicas_.clear();
+  for (auto a : m.getReplicas()) replicas_.push_back(read_ref(a));
+  if (replicas_.size() != std::size_t(setup_.replicas) ||
+      !(replicas_[std::size_t(setup_.replica)] == self()) ||
+      prev_.valid() == setup_.first() || next_.valid() == setup_.last()) {
+    fail("inconsistent wiring from the coordinator");
+  }
+  co_return;
+}
+
+awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
+  if (failed_ || m.getEpoch() <= epoch_) co_return;
+  epoch_ = m.getEpoch();
+  iteration_ = m.getIteration();
+  loss_scale_ = m.getLossScale();
+  phase_ = phase::running;
+  next_step_ = 0;
+  losses_.assign(std::size_t(m_), 0.0);
+  aux_.assign(std::size_t(m_), 0.0);
+  compute_s_ = 0.0;
+  const std::int64_t it = iteration_;
+  co_await compute([&] {
+    begin_operators(ops_);
+    model_->begin_iteration(it);
+  });
+  co_await advance();
+}
+
+awaitable<void> stage_actor::advance() {
+  using sclock = std::chrono::steady_clock;
+  const float loss_grad = loss_scale_ / float(m_ * setup_.replicas);
+  while (!failed_ && phase_ == phase::running && next_step_ < plan_.size()) {
+    const pipeline_step s = plan_[next_step_];
+    const auto mb = std::size_t(s.micro_batch);
+    const std::int64_t it = iteration_;
+    if (s.what == pass::forward) {
+      if (!setup_.first() && act_epoch_[mb] != epoch_) co_return;  // wait for the activation
+      bool bad = false;
+      co_await compute([&] {
+        const auto t0 = sclock::now();
+        std::span<const float> x;
+        if (!setup_.first()) x = std::span<const float>(in_->act).subspan(mb * bf_, bf_);
+        const stage_output out = model_->forward(s.micro_batch, x);
+        losses_[mb] = out.loss;
+        aux_[mb] = out.aux_loss;
+        if (!setup_.last()) {
+          if (out.activation.size() != bf_) {
+            bad = true;
+            return;
+          }
+          auto slot = floats(act_out_).subspan(mb * bf_, bf_);
+          std::copy(out.activation.begin(), out.activation.end(), slot.begin());
+          hooks_->on_boundary_send(it, s.micro_batch, boundary::activation, slot);
+        }
+        compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
+      });
+      if (bad) {
+        fail("the stage's forward returned an activation of the wrong size");
+        co_return;
+      }
+      if (!setup_.last()) {
+        const auto d = act_out_.describe(mb * bf_ * sizeof(float), bf_ * sizeof(float));
+        const std::uint64_t e = epoch_;
+        (void)tell<wire::Activation>(next_, [&](wire::Activation::Builder b) {
+          b.setEpoch(e);
+          b.setMicroBatch(s.micro_batch);
+          transport::write_descriptor(b.initTensor(), d);
+        });
+      }
+    } else {
+      if (!setup_.last() && grad_epoch_[mb] != epoch_) co_return;  // wait for the gradient
+      bool bad = false;
+      co_await compute([&] {
+        const auto t0 = sclock::now();
+        std::span<const float> g;
+        if (!setup_.last()) g = std::span<const float>(in_->grad).subspan(mb * bf_, bf_);
+        const auto dx = model_->backward(s.micro_batch, g, loss_grad);
+        if (!setup_.first()) {
+          if (dx.size() != bf_) {
+            bad = true;
+            return;
+          }
+          auto slot = floats(grad_out_).subspan(mb * bf_, bf_);
+          std::copy(dx.begin(), dx.end(), slot.begin());
+          hooks_->on_boundary_send(it, s.micro_batch, boundary::gradient, slot);
+        }
+        compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
+      });
+      if (bad) {
+        fail("the stage's backward returned an input gradient of the wrong size");
+        co_return;
+      }
+      if (!setup_.first()) {
+        const auto d = grad_out_.describe(mb * bf_ * sizeof(float), bf_ * sizeof(float));
+        const std::uint64_t e = epoch_;
+        (void)tell<wire::Gradient>(prev_, [&](wire::Gradient::Builder b) {
+          b.setEpoch(e);
+          b.setMicroBatch(s.micro_batch);
+          transport::write_descriptor(b.initTensor(), d);
+        });
+      }
+    }
+    ++next_step_;
+  }
+  if (!failed_ && phase_ == phase::running && next_step_ == plan_.size()) {
+    phase_ = phase::reducing;
+    co_await reduce();
+  }
+}
+
+awaitable<void> stage_actor::reduce() {
+  const int d = setup_.replica, n = setup_.replicas;
+  if (n == 1) {
+    co_await finish_reduce();
+    co_return;
+  }
+  if (phase_ == phase::reducing) {
+    if (d > 0 && partial_epoch_ != epoch_) co_return;  // wait for g_0 + ... + g_{d-1}
+    co_await compute([&] {
+      auto acc = floats(red_out_).first(gf_);
+      copy_gradients_out(ops_, acc);
+      // acc = g_d + (g_0 + ... + g_{d-1}): float addition commutes, so this is bit for bit
+      // the left fold (... + g_{d-1}) + g_d of the reference.
+      if (d > 0) accumulate(acc, in_->partial);
+      if (d == n - 1) copy_gradients_in(ops_, acc);
+    });
+    const auto desc = red_out_.describe(0, gf_ * sizeof(float));
+    const std::uint64_t e = epoch_;
+    if (d < n - 1) {
+      (void)tell<wire::ReducePartial>(replicas_[std::size_t(d + 1)],
+                                      [&](wire::ReducePartial::Builder b) {
+                                        b.setEpoch(e);
+                                        transport::write_descriptor(b.initTensor(), desc);
+                                      });
+      phase_ = phase::wait_total;
+    } else {
+      for (int r = 0; r < n - 1; ++r) {
+        (void)tell<wire::ReduceTotal>(replicas_[std::size_t(r)], [&](wire::ReduceTotal::Builder b) {
+          b.setEpoch(e);
+          transport::write_descriptor(b.initTensor(), desc);
+        });
+      }
+      co_await finish_reduce();
+      co_return;
+    }
+  }
+  if (phase_ == phase::wait_total && total_epoch_ == epoch_) {
+    co_await compute([&] { copy_gradients_in(ops_, in_->total); });
+    co_await finish_reduce();
+  }
+}
+
+awaitable<void> stage_actor::finish_reduce() {
+  phase_ = phase::reduced;
+  std::vector<double> sq;
+  co_await compute([&] { sq = gradient_sq_sums(ops_); });
+  const std::uint64_t e = epoch_;
+  (void)tell<wire::StageDone>(coordinator_, [&](wire::StageDone::Builder b) {
+    b.setStage(setup_.stage);
+    b.setReplica(setup_.replica);
+    b.setEpoch(e);
+    auto s = b.initSqSums(static_cast<unsigned>(sq.size()));
+    for (unsigned i = 0; i < sq.size(); ++i) s.set(i, sq[i]);
+    if (setup_.last()) {
+      auto l = b.initLosses(static_cast<unsigned>(losses_.size()));
+      for (unsigned i = 0; i < losses_.size(); ++i) l.set(i, losses_[i]);
+    }
+    auto a = b.initAuxLosses(static_cast<unsigned>(aux_.size()));
+    for (unsigned i = 0; i < aux_.size(); ++i) a.set(i, aux_[i]);
+    b.setComputeSeconds(compute_s_);
+  });
+}
+
+awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
+  const int mb = m.getMicroBatch();
+  auto d = descriptor_of(m.getTensor());
+  if (setup_.first() || mb < 0 || mb >= m_ || !d.ok() || d->length != bf_ * sizeof(float)) {
+    ++dropped_;
+    co_return;
+  }
+  if (!accept(m.getEpoch())) co_return;
+  const std::uint64_t e = m.getEpoch();
+  if (!co_await pull(*d, std::span<float>(in_->act).subspan(std::size_t(mb) * bf_, bf_))) {
+    co_return;
+  }
+  act_epoch_[std::size_t(mb)] = e;
+  if (e == epoch_) co_await advance();
+}
+
+awaitable<void> stage_actor::gradient(wire::Gradient::Reader m) {
+  const int mb = m.getMicroBatch();
+  auto d = descriptor_of(m.getTensor());
+  if (setup_.last() || mb < 0 || mb >= m_ || !d.ok() || d->length != bf_ * sizeof(float)) {
+    ++dropped_;
+    co_return;
+  }
+  if (!accept(m.getEpoch())) co_return;
+  const std::uint64_t e = m.getEpoch();
+  if (!co_await pull(*d, std::span<float>(in_->grad).subspan(std::size_t(mb) * bf_, bf_))) {
+    co_return;
+  }
+  grad_epoch_[std::size_t(mb)] = e;
+  if (e == epoch_) co_await advance();
+}
+
+awaitable<void> stage_actor::reduce_partial(wire::ReducePartial::Reader m) {
+  auto d = descriptor_of(m.getTensor());
+  if (in_->partial.empty() || !d.ok() || d->length != gf_ * sizeof(float)) {
+    ++dropped_;
+    co_return;
+  }
+  if (!accept(m.getEpoch())) co_return;
+  const std::uint64_t e = m.getEpoch();
+  if (!co_await pull(*d, in_->partial)) co_return;
+  partial_epoch_ = e;
+  if (e == epoch_ && phase_ == phase::reducing) co_await reduce();
+}
+
+awaitable<void> stage_actor::reduce_total(wire::ReduceTotal::Reader m) {
+  auto d = descriptor_of(m.getTensor());
+  if (in_->total.empty() || !d.ok() || d->length != gf_ * sizeof(float)) {
+    ++dropped_;
+    co_return;
+  }
+  // The total comes only after this replica sent its partial sum (same epoch).
+  if (m.getEpoch() != epoch_ || phase_ != phase::wait_total) {
+    ++dropped_;
+    co_return;
+  }
+  if (!co_await pull(*d, in_->total)) co_return;
+  total_epoch_ = m.getEpoch();
+  co_await reduce();
+}
+
+awaitable<void> stage_actor::step(wire::Step::Reader m) {
+  if (failed_ || m.getEpoch() != epoch_ || phase_ != phase::reduced) {
+    ++dropped_;
+    co_return;
+  }
+  models::step_plan plan;
+  plan.apply = m.getApply();
+  plan.grad_mul = m.getGradMul();
+  const std::int64_t it = iteration_;
+  co_await compute([&] {
+    apply_step(ops_, plan, setup_.train);
+    hooks_->after_step(it, ops_);
+  });
+  phase_ = phase::stepped;
+  const std::uint64_t e = epoch_;
+  (void)tell<wire::Stepped>(coordinator_, [&](wire::Stepped::Builder b) {
+    b.setStage(setup_.stage);
+    b.setReplica(setup_.replica);
+    b.setEpoch(e);
+  });
+}
+
+awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder) {
+  if (m.getEpoch() != epoch_ || phase_ == phase::stepped) co_return;
+  co_await compute([&] { model_->abort_iteration(); });
+  phase_ = phase::aborted;
+}
+
+awaitable<void> stage_actor::validate(wire::Validate::Reader m) {
+  if (!setup_.first() || setup_.replica != 0 || m.getBatches() != setup_.train.val_batches) {
+    ++dropped_;
+    co_return;
+  }
+  const std::uint64_t round = m.getRound();
+  for (int i = 0; i < m.getBatches() && !failed_; ++i) {
+    stage_output out;
+    co_await compute([&] {
+      out = model_->validate(i, {});
+      if (!setup_.last() && out.activation.size() == bf_) {
+        auto slot = floats(val_out_).subspan(std::size_t(i) * bf_, bf_);
+        std::copy(out.activation.begin(), out.activation.end(), slot.begin());
+      }
+    });
+    if (setup_.last()) {
+      const double loss = out.loss;
+      (void)tell<wire::ValLoss>(coordinator_, [&](wire::ValLoss::Builder b) {
+        b.setRound(round);
+        b.setIndex(i);
+        b.setLoss(loss);
+      });
+    } else {
+      const auto d = val_out_.describe(std::size_t(i) * bf_ * sizeof(float), bf_ * sizeof(float));
+      (void)tell<wire::ValActivation>(next_, [&](wire::ValActivation::Builder b) {
+        b.setRound(round);
+        b.setIndex(i);
+        transport::write_descriptor(b.initTensor(), d);
+      });
+    }
+  }
+}
+
+awaitable<void> stage_actor::val_activation(wire::ValActivation::Reader m) {
+  const int i = m.getIndex();
+  auto d = descriptor_of(m.getTensor());
+  if (setup_.first() || i < 0 || i >= setup_.train.val_batches || !d.ok() ||
+      d->length != bf_ * sizeof(float)) {
+    ++dropped_;
+    co_return;
+  }
+  const std::uint64_t round = m.getRound();
+  if (!co_await pull(*d, in_->val)) co_return;
+  stage_output out;
+  co_await compute([&] {
+    out = model_->validate(i, in_->val);
+    if (!setup_.last() && out.activation.size() == bf_) {
+      auto slot = floats(val_out_).subspan(std::size_t(i) * bf_, bf_);
+      std::copy(out.activation.begin(), out.activation.end(), slot.begin());
+    }
+  });
+  if (setup_.last()) {
+    const double loss = out.loss;
+    (void)tell<wire::ValLoss>(coordinator_, [&](wire::ValLoss::Builder b) {
+      b.setRound(round);
+      b.setIndex(i);
+      b.setLoss(loss);
+    });
+  } else {
+    const auto dd = val_out_.describe(std::size_t(i) * bf_ * sizeof(float), bf_ * sizeof(float));
+    (void)tell<wire::ValActivation>(next_, [&](wire::ValActivation::Builder b) {
+      b.setRound(round);
+      b.setIndex(i);
+      transport::write_descriptor(b.initTensor(), dd);
+    });
+  }
+}
+
+awaitable<void> stage_actor::digests(wire::DigestsQuery::Reader, wire::Digests::Builder out) {
+  std::vector<std::uint64_t> d;
+  co_await compute([&] { d = operator_digests(ops_); });
+  auto l = out.initValues(static_cast<unsigned>(d.size()));
+  for (unsigned i = 0; i < d.size(); ++i) l.set(i, d[i]);
+}
+
+}  // namespace moevement::engine

@@ -1,0 +1,111 @@
+// The stage actor: one per (stage, replica), in its worker process. It drives a stage_model
+// through an iteration for the coordinator: 1F1B over the micro-batches (boundary tensors
+// exported and pulled, see bulk_io.hpp), the gradient reduction along the replicas of its
+// stage in replica order, the optimizer step the coordinator planned, the hooks of a
+// checkpoint policy, validation on replica 0, and its operators' digests.
+//
+// Message-driven: every handler does what the inputs it has allow, then returns, so that a
+// neighbour's tensor arriving while this stage computes simply waits in the mailbox. The
+// computation itself runs on the actor's own compute thread (awaited), so the node's
+// heartbeats never stall behind a long GEMM.
+#pragma once
+
+#include <asio/thread_pool.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "actors/system.hpp"
+#include "engine/bulk_io.hpp"
+#include "engine/engine.capnp.h"
+#include "engine/hooks.hpp"
+#include "engine/schedule.hpp"
+#include "engine/stage_model.hpp"
+
+namespace moevement::engine {
+
+class stage_actor : public actors::actor {
+ public:
+  using interface = actors::interface<
+      actors::ask_t<wire::Wire, wire::WireAck>, actors::tell_t<wire::Iterate>,
+      actors::tell_t<wire::Activation>, actors::tell_t<wire::Gradient>,
+      actors::tell_t<wire::ReducePartial>, actors::tell_t<wire::ReduceTotal>,
+      actors::tell_t<wire::Step>, actors::ask_t<wire::Abort, wire::AbortAck>,
+      actors::tell_t<wire::Validate>, actors::tell_t<wire::ValActivation>,
+      actors::ask_t<wire::DigestsQuery, wire::Digests>>;
+
+  // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
+  // hooks may be null (policy none).
+  stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
+              actors::actor_ref coordinator, std::unique_ptr<stage_hooks> hooks);
+  ~stage_actor() override;
+
+  // Messages dropped as stale (an aborted epoch) or refused as malformed.
+  std::uint64_t dropped() const { return dropped_; }
+
+ private:
+  enum class phase : std::uint8_t { idle, running, reducing, wait_total, reduced, stepped, aborted };
+  struct incoming {  // pull targets; shared with in-flight pulls
+    std::vector<float> act, grad, partial, total, val;  // [M*bf] [M*bf] [G] [G] [bf]
+  };
+
+  asio::awaitable<void> wire(wire::Wire::Reader m, wire::WireAck::Builder);
+  asio::awaitable<void> iterate(wire::Iterate::Reader m);
+  asio::awaitable<void> activation(wire::Activation::Reader m);
+  asio::awaitable<void> gradient(wire::Gradient::Reader m);
+  asio::awaitable<void> reduce_partial(wire::ReducePartial::Reader m);
+  asio::awaitable<void> reduce_total(wire::ReduceTotal::Reader m);
+  asio::awaitable<void> step(wire::Step::Reader m);
+  asio::awaitable<void> abort(wire::Abort::Reader m, wire::AbortAck::Builder);
+  asio::awaitable<void> validate(wire::Validate::Reader m);
+  asio::awaitable<void> val_activation(wire::ValActivation::Reader m);
+  asio::awaitable<void> digests(wire::DigestsQuery::Reader, wire::Digests::Builder out);
+
+  // Runs the 1F1B steps whose inputs are here, then the reduction when all are done.
+  asio::awaitable<void> advance();
+  asio::awaitable<void> reduce();
+  asio::awaitable<void> finish_reduce();
+  // Whether a stage-to-stage message of `epoch` is to be taken (else counted and dropped).
+  bool accept(std::uint64_t epoch);
+  // Pulls into `into`; false (and the coordinator told) on failure.
+  asio::awaitable<bool> pull(const transport::bulk_descriptor& d, std::span<float> into);
+  // Runs fn on the compute thread and waits for it.
+  template <class F>
+  asio::awaitable<void> compute(F&& fn);
+  void fail(const std::string& what);
+
+  stage_setup setup_;
+  std::unique_ptr<stage_model> model_;
+  bulk_io& io_;
+  actors::actor_ref coordinator_;
+  std::unique_ptr<stage_hooks> hooks_;
+  actors::actor_ref prev_, next_;
+  std::vector<actors::actor_ref> replicas_;
+  std::vector<models::operator_state*> ops_;
+  std::vector<pipeline_step> plan_;
+  std::size_t bf_ = 0;  // floats per boundary tensor
+  std::size_t gf_ = 0;  // floats in all gradients
+  int m_ = 1;           // micro-batches
+
+  // outgoing tensors, exported: [M*bf] activations, [M*bf] input gradients, [G] reduction,
+  // [val_batches*bf] validation activations
+  transport::bulk_region act_out_, grad_out_, red_out_, val_out_;
+  std::shared_ptr<incoming> in_;
+  std::vector<std::uint64_t> act_epoch_, grad_epoch_;  // the epoch each input slot holds
+  std::uint64_t partial_epoch_ = 0, total_epoch_ = 0;
+
+  std::uint64_t epoch_ = 0;
+  std::int64_t iteration_ = 0;
+  float loss_scale_ = 1.0f;
+  phase phase_ = phase::idle;
+  std::size_t next_step_ = 0;
+  std::vector<double> losses_, aux_;
+  double compute_s_ = 0.0;
+  std::uint64_t dropped_ = 0;
+  bool failed_ = false;
+
+  asio::thread_pool pool_{1};  // last: joined first, before the model it computes on dies
+};
+
+}  // namespace moevement::engine
