@@ -86,6 +86,8 @@ class coordinator : public actors::actor {
   // The job has failed (a worker lost, a stage failed): stop with this message.
   void fail(const std::string& message);
   bool finished() const { return finished_; }
+  // Past admission and wiring: iterations have begun.
+  bool started() const { return phase_ != phase::admitting && phase_ != phase::starting; }
 
  protected:
   asio::awaitable<void> on_start() override;

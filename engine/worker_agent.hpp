@@ -27,6 +27,7 @@ class worker_agent : public actors::actor {
 
   // Tells the coordinator this worker is up (call once the agent has started).
   void say_hello(actors::actor_ref coordinator, const std::string& host);
+  bool assigned() const { return assigned_; }
 
  private:
   asio::awaitable<void> assign(wire::Assign::Reader m);

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "build_config.hpp"
+#include "engine/stage_registry.hpp"
 #include "launcher/check.hpp"
+#include "launcher/launch.hpp"
 #include "launcher/simulate.hpp"
 #include "launcher/slurm_env_cmd.hpp"
 #include "launcher/train.hpp"
@@ -21,6 +23,9 @@ constexpr std::string_view usage = R"(usage: moevement <command> [args]
 
 commands:
   check      verify this machine: UCX, wire format, BLIS determinism, CUDA
+  launch CONFIG [--set k=v] train on a local cluster of worker processes (pp x dp stage
+             actors over UCX); shows progress, writes the run log, prints state_hash=
+  worker     one worker process of a job (started by launch, or by Slurm)
   train CONFIG [--set k=v]  train in this process (no actors); prints state_hash=
   bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
   slurm-env  print what this task learned from Slurm's environment (run under srun), as JSON
@@ -69,6 +74,11 @@ int main(int argc, char** argv) {
     if (command == "simulate")
       return moevement::launcher::run_simulate(argc, argv, std::cout, std::cerr);
     if (command == "train") return moevement::launcher::run_train(argc, argv);
+    if (command == "launch" || command == "worker") {
+      const auto registry = moevement::engine::stage_registry::with_builtins();
+      return command == "launch" ? moevement::launcher::run_launch(argc, argv, registry)
+                                 : moevement::launcher::run_worker(argc, argv, registry);
+    }
     if (command == "version") {
       std::cout << "moevement " << MOEVEMENT_VERSION << "\n";
       return 0;

@@ -1,0 +1,277 @@
+// `moevement launch CONFIG [--set key=value ...]`: the head process of a job on the local
+// backend. It listens (node 0), registers the coordinator, starts one `moevement worker`
+// process per (stage, replica) plus cluster.spares spares, shows progress, writes the run log,
+// and prints `state_hash=<16 hex>` at the end. Ctrl-C (or SIGTERM) stops every worker; the
+// workers are in their own process group and die with the head (PR_SET_PDEATHSIG), so no
+// process is left behind either way.
+#include <fmt/format.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "actors/system.hpp"
+#include "base/hash.hpp"
+#include "engine/coordinator.hpp"
+#include "engine/job_config.hpp"
+#include "engine/run_log.hpp"
+#include "launcher/config.hpp"
+#include "launcher/launch.hpp"
+#include "transport/ucx_link.hpp"
+
+namespace moevement::launcher {
+
+namespace {
+
+constexpr const char* launch_usage =
+    "usage: moevement launch CONFIG [--set key=value ...]\n"
+    "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n";
+
+std::string new_token() {
+  std::random_device rd;
+  std::string t;
+  for (int i = 0; i < 4; ++i) t += fmt::format("{:08x}", rd());
+  return t;
+}
+
+std::string duration_text(double s) {
+  const auto total = static_cast<long>(s + 0.5);
+  return fmt::format("{}:{:02d}", total / 60, static_cast<int>(total % 60));
+}
+
+std::string exit_text(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return fmt::format("was killed by signal {} ({})", sig, ::strsignal(sig));
+  }
+  return "stopped";
+}
+
+// Starts `self worker ...` in its own process group, dying with us.
+pid_t start_worker(const std::string& self, const std::vector<std::string>& args,
+                   const std::string& token) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(self.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);  // Ctrl-C goes to the head only; the head stops the workers
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
+    ::setenv("MOEVEMENT_JOB_TOKEN", token.c_str(), 1);
+    ::execv(self.c_str(), argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
+  if (argc < 3) {
+    std::cerr << launch_usage;
+    return 2;
+  }
+  models::config_map raw = load_config_file(argv[2]);
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--set" && i + 1 < argc) {
+      apply_override(raw, argv[++i]);
+    } else if (a.starts_with("--set=")) {
+      apply_override(raw, a.substr(6));
+    } else {
+      std::cerr << "moevement launch: unexpected argument '" << a << "'\n" << launch_usage;
+      return 2;
+    }
+  }
+  const engine::job_config job = engine::resolve_job(raw);
+  (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
+  const int nworkers = job.workers() + job.spares;
+  std::cout << fmt::format(
+      "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "
+      "{} spare(s), stage type {}, checkpoint policy {}\n",
+      job.model.preset, job.model.layers, double(job.model.parameter_count()) / 1e6, job.pp,
+      job.dp, job.workers(), job.spares, job.stage_type, job.policy);
+
+  const std::string token = new_token();
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  asio::io_context io(1);
+  transport::ucx_link_options opt;
+  opt.self = 0;
+  opt.job_token = token;
+  opt.listen_host = job.host;
+  transport::ucx_link link(io, opt);
+  actors::system_config cfg;
+  cfg.head = 0;
+  cfg.heartbeat_interval = std::chrono::milliseconds(job.heartbeat_ms);
+  cfg.heartbeat_timeout = std::chrono::milliseconds(job.failure_timeout_ms);
+  actors::actor_system sys(io, link, cfg);
+  engine::run_log log(job.run_log);
+
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  engine::job_outcome outcome;
+  outcome.message = "the job did not finish";
+  bool finished = false, progress_open = false, interrupted = false;
+  std::map<pid_t, transport::node_id> children;
+  asio::steady_timer linger(io), start_timer(io);
+  asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
+  auto end_line = [&] {
+    if (progress_open) std::cout << "\n";
+    progress_open = false;
+  };
+
+  engine::coordinator_callbacks cb;
+  cb.on_iteration = [&](const engine::iteration_record& r) {
+    const std::int64_t done = r.iteration + 1;
+    const double eta = r.seconds * double(job.train.iterations - done);
+    const std::string line = fmt::format(
+        "iter {:>6}/{}  loss {:.4f}  {:>8.0f} tok/s  {:.3f} s/iter  ETA {}", done,
+        job.train.iterations, r.loss, r.tokens_per_s, r.seconds, duration_text(eta));
+    if (tty) {
+      std::cout << "\r" << line << std::flush;
+      progress_open = true;
+    } else if (r.iteration % job.train.log_every == 0 || done == job.train.iterations) {
+      std::cout << line << "\n" << std::flush;
+    }
+  };
+  cb.on_validation = [&](std::int64_t it, double v) {
+    end_line();
+    std::cout << fmt::format("iter {:>6}  val_loss {:.4f}\n", it + 1, v) << std::flush;
+  };
+  cb.on_finished = [&](const engine::job_outcome& o) {
+    finished = true;
+    outcome = o;
+    start_timer.cancel();
+    // Let the Shutdown messages go out, then leave.
+    linger.expires_after(std::chrono::milliseconds(200));
+    linger.async_wait([&](const std::error_code&) {
+      sys.shutdown();
+      linger.expires_after(std::chrono::milliseconds(100));
+      linger.async_wait([&](const std::error_code&) { io.stop(); });
+    });
+  };
+  auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log);
+  auto fail = [&](const std::string& why) {
+    if (auto* c = sys.local_actor<engine::coordinator>(coord)) c->fail(why);
+  };
+
+  std::function<void(const std::error_code&, int)> on_signal = [&](const std::error_code& ec,
+                                                                   int sig) {
+    if (ec) return;
+    if (sig == SIGCHLD) {
+      int status = 0;
+      pid_t pid;
+      while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+        auto it = children.find(pid);
+        if (it == children.end()) continue;
+        const transport::node_id n = it->second;
+        children.erase(it);
+        if (!finished) {
+          end_line();
+          fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
+        }
+      }
+    } else if (!finished) {
+      end_line();
+      interrupted = true;
+      fail(fmt::format("interrupted by signal {} ({}): stopped every worker", sig,
+                       ::strsignal(sig)));
+    }
+    signals.async_wait(on_signal);
+  };
+  signals.async_wait(on_signal);
+
+  start_timer.expires_after(std::chrono::milliseconds(job.start_timeout_ms));
+  start_timer.async_wait([&](const std::error_code& ec) {
+    auto* c = sys.local_actor<engine::coordinator>(coord);
+    if (ec || finished || c == nullptr || c->started()) return;
+    fail(fmt::format("the workers did not all start within cluster.start_timeout_ms = {} ms "
+                     "({} of {} said hello)",
+                     job.start_timeout_ms, c->workers().size(), nworkers));
+  });
+
+  asio::co_spawn(
+      io,
+      [&]() -> actors::awaitable<void> {
+        auto r = co_await sys.register_global(engine::coordinator::registered_name, coord,
+                                              std::chrono::seconds(5));
+        if (!r.ok()) {
+          fail("cannot register the coordinator: " + r.err().message);
+          co_return;
+        }
+        const std::string head = fmt::format("{}:{}", job.host, link.port());
+        for (int n = 1; n <= nworkers; ++n) {
+          const std::vector<std::string> args{
+              "worker",         "--head",
+              head,             "--node",
+              std::to_string(n), "--host",
+              job.host,         "--heartbeat-ms",
+              std::to_string(job.heartbeat_ms), "--failure-timeout-ms",
+              std::to_string(job.failure_timeout_ms)};
+          try {
+            children[start_worker(self, args, token)] = transport::node_id(n);
+          } catch (const std::exception& e) {
+            fail(e.what());
+            co_return;
+          }
+        }
+      },
+      asio::detached);
+
+  io.run();
+  end_line();
+
+  // Every worker goes: those that did not exit after Shutdown get SIGTERM, then SIGKILL.
+  auto reap = [&](std::chrono::milliseconds within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (!children.empty() && std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        children.erase(pid);
+      } else if (pid < 0 && errno == ECHILD) {
+        children.clear();
+      } else {
+        ::usleep(10000);
+      }
+    }
+  };
+  reap(std::chrono::milliseconds(outcome.ok ? 3000 : 200));
+  for (const auto& [pid, n] : children) ::kill(pid, SIGTERM);
+  reap(std::chrono::milliseconds(2000));
+  for (const auto& [pid, n] : children) ::kill(pid, SIGKILL);
+  reap(std::chrono::milliseconds(2000));
+
+  if (!outcome.ok) {
+    std::cerr << "moevement launch: " << outcome.message << "\n";
+    std::cerr << "run log: " << job.run_log << "\n";
+    return interrupted ? 130 : 1;
+  }
+  std::cout << fmt::format(
+      "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, {:.2f} s)\n",
+      outcome.final_loss, outcome.val_loss, outcome.tokens_per_s, outcome.iterations,
+      outcome.seconds);
+  std::cout << "run log: " << job.run_log << "\n";
+  std::cout << "state_hash=" << hex16(outcome.state_hash) << "\n";
+  return 0;
+}
+
+}  // namespace moevement::launcher

@@ -1,0 +1,154 @@
+// `moevement worker --head HOST:PORT --node N [--host H] [--heartbeat-ms X]
+//  [--failure-timeout-ms Y]`, with the job token in MOEVEMENT_JOB_TOKEN (never on the command
+// line, where other users could read it). Started by `moevement launch` (or by Slurm).
+#include <fmt/format.h>
+#include <unistd.h>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "actors/system.hpp"
+#include "engine/coordinator.hpp"
+#include "engine/worker_agent.hpp"
+#include "launcher/launch.hpp"
+#include "transport/ucx_link.hpp"
+
+namespace moevement::launcher {
+
+namespace {
+
+constexpr const char* worker_usage =
+    "usage: moevement worker --head HOST:PORT --node N [--host H] [--heartbeat-ms X] "
+    "[--failure-timeout-ms Y]\n"
+    "  started by `moevement launch`; the job token comes in MOEVEMENT_JOB_TOKEN\n";
+
+struct worker_args {
+  std::string head_host;
+  std::uint16_t head_port = 0;
+  transport::node_id node = 0;
+  std::string host = "127.0.0.1";
+  long heartbeat_ms = 100, failure_timeout_ms = 1000;
+};
+
+long number(const std::string& flag, const std::string& v, long lo, long hi) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo || x > hi) {
+    throw std::invalid_argument(fmt::format("{}: expected an integer in [{}, {}], got '{}'", flag,
+                                            lo, hi, v));
+  }
+  return x;
+}
+
+worker_args parse(int argc, char** argv) {
+  worker_args a;
+  for (int i = 2; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(f + ": missing value\n" + worker_usage);
+    const std::string v = argv[++i];
+    if (f == "--head") {
+      const auto colon = v.rfind(':');
+      if (colon == std::string::npos) throw std::invalid_argument("--head: expected HOST:PORT");
+      a.head_host = v.substr(0, colon);
+      a.head_port = std::uint16_t(number("--head", v.substr(colon + 1), 1, 65535));
+    } else if (f == "--node") {
+      a.node = transport::node_id(number(f, v, 1, 1 << 20));
+    } else if (f == "--host") {
+      a.host = v;
+    } else if (f == "--heartbeat-ms") {
+      a.heartbeat_ms = number(f, v, 1, 60000);
+    } else if (f == "--failure-timeout-ms") {
+      a.failure_timeout_ms = number(f, v, 1, 600000);
+    } else {
+      throw std::invalid_argument("unexpected argument '" + f + "'\n" + worker_usage);
+    }
+  }
+  if (a.head_host.empty() || a.node == 0) {
+    throw std::invalid_argument(std::string("--head and --node are required\n") + worker_usage);
+  }
+  return a;
+}
+
+}  // namespace
+
+int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
+  const worker_args args = parse(argc, argv);
+  const char* token = std::getenv("MOEVEMENT_JOB_TOKEN");
+  if (token == nullptr || *token == '\0') {
+    std::cerr << "moevement worker: MOEVEMENT_JOB_TOKEN is not set (workers are started by "
+                 "`moevement launch`, which sets it)\n";
+    return 2;
+  }
+  auto say = [&](const std::string& what) {
+    std::cerr << fmt::format("worker {} (pid {}): {}\n", args.node, ::getpid(), what);
+  };
+  asio::io_context io(1);
+  transport::ucx_link_options opt;
+  opt.self = args.node;
+  opt.job_token = token;
+  opt.listen_host = args.host;
+  transport::ucx_link link(io, opt);
+  link.add_peer(0, args.head_host, args.head_port);
+  actors::system_config cfg;
+  cfg.head = 0;
+  cfg.heartbeat_interval = std::chrono::milliseconds(args.heartbeat_ms);
+  cfg.heartbeat_timeout = std::chrono::milliseconds(args.failure_timeout_ms);
+  actors::actor_system sys(io, link, cfg);
+
+  int status = 1;
+  bool stopping = false;
+  asio::steady_timer linger(io);
+  asio::steady_timer admission(io);
+  asio::signal_set signals(io, SIGTERM, SIGINT);
+  // Shuts the system down (goodbye to the peers), then lets the loop flush for a moment.
+  auto stop = [&](int s, const std::string& why) {
+    if (stopping) return;
+    stopping = true;
+    status = s;
+    if (s != 0) say(why);
+    signals.cancel();
+    admission.cancel();
+    sys.shutdown();
+    linger.expires_after(std::chrono::milliseconds(100));
+    linger.async_wait([&](const std::error_code&) { io.stop(); });
+  };
+  signals.async_wait([&](const std::error_code& ec, int sig) {
+    if (!ec) stop(128 + sig, fmt::format("stopped by signal {}", sig));
+  });
+  sys.on_membership([&](transport::node_id n, actors::member_event e) {
+    if (n == cfg.head && e != actors::member_event::up) stop(1, "lost the head: stopping");
+  });
+  auto agent = sys.spawn<engine::worker_agent>(link, registry,
+                                               [&](int s, const std::string& why) { stop(s, why); });
+  // Before it joins, a worker is no member and cannot see the head die: bound the wait.
+  admission.expires_after(std::chrono::seconds(120));
+  admission.async_wait([&](const std::error_code& ec) {
+    auto* a = sys.local_actor<engine::worker_agent>(agent);
+    if (!ec && (a == nullptr || !a->assigned())) stop(1, "no role from the head in 120 s");
+  });
+  const std::string host = args.host;
+  asio::co_spawn(
+      io,
+      [&, host]() -> actors::awaitable<void> {
+        auto coord = co_await sys.whereis_global(engine::coordinator::registered_name,
+                                                 std::chrono::seconds(30));
+        if (!coord.ok() || !coord->valid()) {
+          stop(1, "cannot find the coordinator at the head: " +
+                      (coord.ok() ? std::string("not registered") : coord.err().message));
+          co_return;
+        }
+        if (auto* a = sys.local_actor<engine::worker_agent>(agent)) a->say_hello(*coord, host);
+      },
+      asio::detached);
+  io.run();
+  return status;
+}
+
+}  // namespace moevement::launcher
