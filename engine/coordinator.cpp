@@ -124,6 +124,15 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
     w.replica = idx / job_.pp;
   }
   workers_[n] = w;
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "worker_up")
+                    .add("node", std::int64_t{n})
+                    .add("pid", w.pid)
+                    .add("stage", w.stage)
+                    .add("replica", w.replica));
+  }
   if (int(workers_.size()) < expected_workers_) co_return;
   // Everyone is here: every worker learns every address, the config and its role.
   phase_ = phase::starting;
