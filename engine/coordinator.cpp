@@ -299,7 +299,10 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   }
   last_.loss /= mbs * job_.dp;
   last_.aux_loss /= mbs * job_.dp;
-  for (double c : compute_s_) last_.max_compute_s = std::max(last_.max_compute_s, c);
+  for (double c : compute_s_) {
+    last_.max_compute_s = std::max(last_.max_compute_s, c);
+    last_.mean_compute_s += c / double(compute_s_.size());
+  }
   phase_ = phase::stepping;
   const std::uint64_t e = epoch_;
   const bool apply = plan_.apply;
@@ -336,6 +339,7 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
                     .add("iteration_s", last_.seconds)
                     .add("tokens_per_s", last_.tokens_per_s)
                     .add("max_stage_compute_s", last_.max_compute_s)
+                    .add("mean_stage_compute_s", last_.mean_compute_s)
                     .add("attempts", last_.attempts));
   }
   if (callbacks_.on_iteration) callbacks_.on_iteration(last_);

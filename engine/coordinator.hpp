@@ -32,6 +32,7 @@ struct iteration_record {
   double seconds = 0.0;         // wall time of the iteration (Iterate sent .. all Stepped)
   double tokens_per_s = 0.0;
   double max_compute_s = 0.0;   // the busiest stage's forward + backward time
+  double mean_compute_s = 0.0;  // the mean over stages (1 - mean / seconds: the bubble)
   std::int64_t attempts = 1;    // > 1 when the iteration was aborted and re-run
 };
 

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 #include <unistd.h>
+#include <asio/co_spawn.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include "engine/job_config.hpp"
 #include "engine/stage_actor.hpp"
@@ -87,7 +90,27 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
     setup.stages = job.pp;
     setup.replica = replica;
     setup.replicas = job.dp;
-    auto model = registry_.find(job.stage_type)(setup);
+    // Building a stage (initialising its weights, loading the corpus) can take seconds: on a
+    // thread of its own, so that this node's heartbeats go on meanwhile.
+    const stage_factory& factory = registry_.find(job.stage_type);
+    std::unique_ptr<stage_model> model;
+    std::string build_error;
+    {
+      asio::thread_pool builder(1);
+      auto build = [&]() -> asio::awaitable<void> {
+        try {
+          model = factory(setup);
+        } catch (const std::exception& e) {
+          build_error = e.what();
+        }
+        co_return;
+      };
+      co_await asio::co_spawn(builder.get_executor(), std::move(build), asio::use_awaitable);
+    }
+    if (!build_error.empty()) {
+      report({}, build_error);
+      co_return;
+    }
     bulk_ = std::make_unique<bulk_io>(link_);
     stage_ = system().spawn<stage_actor>(std::move(setup), std::move(model), *bulk_,
                                          coordinator, nullptr);
