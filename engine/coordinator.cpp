@@ -172,6 +172,7 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     }
     w.stage_actor = r;
     stages_[std::size_t(w.replica * job_.pp + w.stage)] = r;
+    monitor(r);  // a stage actor that stops (its handler threw) ends the job, never a hang
   }
   if (++ready_count_ == expected_workers_) co_await wire_and_start();
 }
@@ -438,6 +439,17 @@ awaitable<void> coordinator::abort_iteration() {
                     .add("epoch", std::int64_t(e)));
   }
   if (!pause_requested_) start_iteration();
+}
+
+awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
+  if (finished_) co_return;
+  for (const auto& [n, w] : workers_) {
+    if (w.stage_actor == who) {
+      fail(fmt::format("the actor of stage {} replica {} (worker {}) stopped: {}", w.stage,
+                       w.replica, n, why.to_string()));
+      co_return;
+    }
+  }
 }
 
 awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {

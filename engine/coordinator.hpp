@@ -93,6 +93,7 @@ class coordinator : public actors::actor {
  protected:
   asio::awaitable<void> on_start() override;
   void on_stop(const actors::exit_reason& why) override;
+  asio::awaitable<void> on_down(actors::actor_ref who, actors::exit_reason why) override;
 
  private:
   enum class phase : std::uint8_t { admitting, starting, running, stepping, validating, paused,
