@@ -183,6 +183,23 @@ TEST(replay, frozen_operator_keeps_its_state_and_outputs_still_match) {
   }
 }
 
+TEST(replay, single_stage_replays_from_the_data_alone) {
+  const auto t = test_train(1);
+  local_pipeline pipe(models::preset("tiny"), t, 1);
+  pipe.train_iteration();
+  auto ops = pipe.stage(0, 0).operators();
+  const auto before = snapshot(ops);
+  const auto st = pipe.train_iteration();
+  const auto after = operator_digests(ops);
+  for (std::size_t i = 0; i < ops.size(); ++i) restore(*ops[i], before[i]);
+  const auto out = replay_iteration(pipe.stage(0, 0), 1, pipe.last_loss_grad(), {0, 1, 3, {}, {}});
+  double loss = 0.0;
+  for (double l : out.losses) loss += l;
+  EXPECT_EQ(loss / 3, st.loss);
+  apply_step(ops, pipe.last_plan(), t);
+  EXPECT_EQ(operator_digests(ops), after);
+}
+
 TEST(replay, inputs_that_do_not_fit_throw) {
   const auto t = test_train(1);
   local_pipeline pipe(models::preset("tiny"), t, 2);
