@@ -275,11 +275,19 @@ stage::forward_result stage::forward(int mb, const std::int32_t* tokens, const f
     double sum = 0.0;
     for (const float x : losses) sum += x;
     res.loss = sum / n;
+  } else if (training) {
+    res.activation = c.out;
   } else {
-    res.activation = training ? std::span<const float>(c.out) : std::span<const float>();
+    val_out_.swap(c.out);  // c goes back to spare_; keep its output (a swap, no copy)
+    res.activation = val_out_;
   }
   if (!training) spare_.push_back(std::move(local));
   return res;
+}
+
+void stage::abort() {
+  for (auto& [mb, c] : cache_) spare_.push_back(std::move(c));
+  cache_.clear();
 }
 
 std::span<const float> stage::backward(int mb, const float* grad_out, float loss_grad) {

@@ -84,7 +84,7 @@ class stage {
   };
   // Forward of micro-batch `mb`. The first stage reads tokens [B,T]; the others x_in [B,T,C].
   // The last stage needs targets [B,T]. With training=false (validation) nothing is kept and
-  // popularity counters are untouched.
+  // popularity counters are untouched; the activation is then valid until the next forward.
   forward_result forward(int mb, const std::int32_t* tokens, const float* x_in,
                          const std::int32_t* targets, bool training = true);
   // Backward of micro-batch `mb` (its forward must have run with training=true).
@@ -97,6 +97,9 @@ class stage {
 
   // Micro-batches whose activations are held (forward done, backward not yet).
   std::size_t in_flight() const { return cache_.size(); }
+  // Drops every micro-batch in flight (an aborted iteration); their buffers are kept for reuse.
+  // Weights and gradients are untouched.
+  void abort();
 
  private:
   struct layer_cache {
@@ -124,6 +127,7 @@ class stage {
   std::vector<float> d_a_, d_b_, d_c_, d_qkv_, d_att_, d_logits_, d_weight_, d_ye_, d_xs_, d_h_;
   std::vector<float> h_logits_, h_losses_, h_dlogits_, h_dnf_, d_cur_, d_next_;
   std::vector<float> grad_in_;
+  std::vector<float> val_out_;  // [N,C] validation output (training=false keeps no cache)
 };
 
 // Dynamic loss scaling for fp16 compute weights; part of the training state (in state_hash).

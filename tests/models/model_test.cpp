@@ -530,5 +530,29 @@ TEST(trainer, fp16_compute_weights_train_reproducibly_with_the_scaler_in_the_sta
   EXPECT_NE(state_hash(tr.model().op_digests(), other), tr.state_hash());
 }
 
+TEST(model, stage_abort_drops_in_flight_and_validation_returns_the_activation) {
+  const model_config m = preset("tiny");
+  const train_config t = test_train();
+  const corpus c = corpus::load(t.corpus, t.val_fraction, t.seq_len);
+  moe_model model(m, 1);
+  const auto parts = partition(m, 2);
+  stage s0(model, parts[0], t.micro_batch_size, t.seq_len);
+  const int n = t.micro_batch_size * t.seq_len;
+  std::vector<std::int32_t> tok(n), tgt(n);
+  fill_batch(c, split::train, 1, 0, 0, 0, t.micro_batch_size, t.seq_len, tok.data(), tgt.data());
+  const auto r = s0.forward(0, tok.data(), nullptr, tgt.data());
+  const std::vector<float> train_out(r.activation.begin(), r.activation.end());
+  s0.forward(1, tok.data(), nullptr, tgt.data());
+  EXPECT_EQ(s0.in_flight(), 2u);
+  s0.abort();
+  EXPECT_EQ(s0.in_flight(), 0u);
+  EXPECT_THROW(s0.backward(0, train_out.data(), 1.0f), std::logic_error);
+  // validation keeps nothing in flight but hands out the same activation a training forward
+  // computes (the next stage of a pipeline needs it)
+  const auto v = s0.forward(-1, tok.data(), nullptr, tgt.data(), false);
+  EXPECT_EQ(s0.in_flight(), 0u);
+  EXPECT_TRUE(same_bits(v.activation, train_out));
+}
+
 }  // namespace
 }  // namespace moevement::models

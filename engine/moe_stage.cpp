@@ -1,0 +1,124 @@
+// The built-in stage: a slice of the MoE transformer of models/ (make_moe_stage).
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/stage_model.hpp"
+#include "models/cpu/gemm.hpp"
+#include "models/data.hpp"
+
+namespace moevement::engine {
+namespace {
+
+class moe_stage final : public stage_model {
+ public:
+  moe_stage(const stage_setup& setup, const models::stage_range& range)
+      : setup_(setup),
+        model_(setup.model, setup.train.seed, range.first_op, range.last_op),
+        stage_(model_, range, setup.train.micro_batch_size, setup.train.seq_len) {
+    if (setup.first() || setup.last()) {
+      corpus_.emplace(
+          models::corpus::load(setup.train.corpus, setup.train.val_fraction, setup.train.seq_len));
+    }
+    const std::size_t n = std::size_t(stage_.tokens());
+    tokens_.resize(n);
+    targets_.resize(n);
+    for (std::size_t i = range.first_op; i < range.last_op; ++i) ops_.push_back(&model_.ops()[i]);
+  }
+
+  std::size_t boundary_floats() const override {
+    return std::size_t(stage_.tokens()) * std::size_t(setup_.model.d_model);
+  }
+  std::vector<models::operator_state*> operators() override { return ops_; }
+
+  void begin_iteration(std::int64_t iteration) override {
+    stage_.abort();  // nothing of an earlier iteration may survive into this one
+    iteration_ = iteration;
+  }
+
+  stage_output forward(int mb, std::span<const float> x_in) override {
+    if (mb < 0 || mb >= setup_.train.micro_batches) {
+      throw std::out_of_range("moe_stage::forward: micro-batch " + std::to_string(mb) +
+                              " is not in [0, train.micro_batches)");
+    }
+    check_boundary(x_in, !setup_.first(), "x_in");
+    fill(models::split::train, iteration_, setup_.replica, mb);
+    const auto r =
+        stage_.forward(mb, tokens_.data(), x_in.empty() ? nullptr : x_in.data(), targets_.data());
+    return {r.activation, r.loss, r.aux_loss};
+  }
+
+  std::span<const float> backward(int mb, std::span<const float> grad_out,
+                                  float loss_grad) override {
+    check_boundary(grad_out, !setup_.last(), "grad_out");
+    return stage_.backward(mb, grad_out.empty() ? nullptr : grad_out.data(), loss_grad);
+  }
+
+  void abort_iteration() override { stage_.abort(); }
+
+  stage_output validate(int index, std::span<const float> x_in) override {
+    check_boundary(x_in, !setup_.first(), "x_in");
+    // the trainer's validation batches: (seed, val, index, replica 0, micro-batch 0)
+    fill(models::split::val, index, 0, 0);
+    const auto r = stage_.forward(-1, tokens_.data(), x_in.empty() ? nullptr : x_in.data(),
+                                  targets_.data(), /*training=*/false);
+    return {r.activation, r.loss, r.aux_loss};
+  }
+
+ private:
+  void check_boundary(std::span<const float> t, bool needed, const char* what) const {
+    const std::size_t want = needed ? boundary_floats() : 0;
+    if (t.size() != want) {
+      throw std::invalid_argument("moe_stage " + std::to_string(setup_.stage) + ": " + what +
+                                  " has " + std::to_string(t.size()) + " floats, expected " +
+                                  std::to_string(want));
+    }
+  }
+  void fill(models::split s, std::int64_t iteration, int replica, int mb) {
+    if (!corpus_) return;  // a middle stage reads no data
+    models::fill_batch(*corpus_, s, setup_.train.seed, iteration, replica, mb,
+                       setup_.train.micro_batch_size, setup_.train.seq_len, tokens_.data(),
+                       targets_.data());
+  }
+
+  stage_setup setup_;
+  models::moe_model model_;
+  models::stage stage_;
+  std::optional<models::corpus> corpus_;
+  std::vector<models::operator_state*> ops_;
+  std::vector<std::int32_t> tokens_, targets_;  // [B,T] scratch
+  std::int64_t iteration_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<stage_model> make_moe_stage(const stage_setup& setup) {
+  if (setup.stages < 1 || setup.stage < 0 || setup.stage >= setup.stages) {
+    throw models::config_error("parallel.pp", "stage " + std::to_string(setup.stage) +
+                                                  " is not in [0, " + std::to_string(setup.stages) +
+                                                  ")");
+  }
+  if (setup.stages > setup.model.layers) {
+    throw models::config_error("parallel.pp", std::to_string(setup.stages) +
+                                                  " stages exceed the model's " +
+                                                  std::to_string(setup.model.layers) +
+                                                  " layers; use at most model.layers stages");
+  }
+  if (setup.replicas < 1 || setup.replica < 0 || setup.replica >= setup.replicas) {
+    throw models::config_error("parallel.dp", "replica " + std::to_string(setup.replica) +
+                                                  " is not in [0, " +
+                                                  std::to_string(setup.replicas) + ")");
+  }
+  if (setup.train.data_parallel != setup.replicas) {
+    throw models::config_error("parallel.dp", "train.data_parallel (" +
+                                                  std::to_string(setup.train.data_parallel) +
+                                                  ") must equal the number of replicas (" +
+                                                  std::to_string(setup.replicas) + ")");
+  }
+  models::validate(setup.model, setup.train);
+  models::cpu::set_gemm_threads(setup.train.blis_threads);
+  const auto range = models::partition(setup.model, setup.stages)[std::size_t(setup.stage)];
+  return std::make_unique<moe_stage>(setup, range);
+}
+
+}  // namespace moevement::engine

@@ -1,0 +1,75 @@
+#include "engine/stage_model.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace moevement::engine {
+
+void begin_operators(std::span<models::operator_state* const> ops) {
+  for (auto* op : ops) {
+    op->zero_grad();
+    op->reset_popularity();
+  }
+}
+
+std::size_t gradient_floats(std::span<models::operator_state* const> ops) {
+  std::size_t n = 0;
+  for (const auto* op : ops) n += op->grad().size();
+  return n;
+}
+
+void copy_gradients_out(std::span<models::operator_state* const> ops, std::span<float> out) {
+  if (out.size() != gradient_floats(ops)) {
+    throw std::invalid_argument("copy_gradients_out: buffer has " + std::to_string(out.size()) +
+                                " floats, the gradients " + std::to_string(gradient_floats(ops)));
+  }
+  auto it = out.begin();
+  for (const auto* op : ops) it = std::copy(op->grad().begin(), op->grad().end(), it);
+}
+
+void copy_gradients_in(std::span<models::operator_state* const> ops, std::span<const float> in) {
+  if (in.size() != gradient_floats(ops)) {
+    throw std::invalid_argument("copy_gradients_in: buffer has " + std::to_string(in.size()) +
+                                " floats, the gradients " + std::to_string(gradient_floats(ops)));
+  }
+  auto it = in.begin();
+  for (auto* op : ops) {
+    const auto g = op->grad();
+    std::copy(it, it + std::ptrdiff_t(g.size()), g.begin());
+    it += std::ptrdiff_t(g.size());
+  }
+}
+
+void accumulate(std::span<float> acc, std::span<const float> g) {
+  if (acc.size() != g.size()) {
+    throw std::invalid_argument("accumulate: sizes differ (" + std::to_string(acc.size()) + " vs " +
+                                std::to_string(g.size()) + ")");
+  }
+  for (std::size_t j = 0; j < acc.size(); ++j) acc[j] += g[j];
+}
+
+std::vector<double> gradient_sq_sums(std::span<models::operator_state* const> ops) {
+  std::vector<double> sq;
+  sq.reserve(ops.size());
+  for (const auto* op : ops) sq.push_back(op->grad_sq_sum());
+  return sq;
+}
+
+void apply_step(std::span<models::operator_state* const> ops, const models::step_plan& plan,
+                const models::train_config& train) {
+  if (!plan.apply) return;
+  const models::adamw_config cfg{train.lr, train.beta1, train.beta2, train.eps, train.weight_decay};
+  for (auto* op : ops) {
+    if (op->mode() == models::op_mode::active) op->adamw_step(cfg, plan.grad_mul);
+  }
+}
+
+std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* const> ops) {
+  std::vector<std::uint64_t> d;
+  d.reserve(ops.size());
+  for (const auto* op : ops) d.push_back(op->digest());
+  return d;
+}
+
+}  // namespace moevement::engine
