@@ -11,8 +11,8 @@ stage_registry stage_registry::with_builtins() {
 }
 
 void stage_registry::add(const std::string& name, stage_factory factory) {
-  if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
-                          std::string::npos) {
+  if (name.empty() ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
     throw std::invalid_argument("stage type name '" + name +
                                 "' must be lower-case letters, digits and _");
   }
