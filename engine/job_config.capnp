@@ -1,12 +1,12 @@
-@0x81d02f8314b3874d;
-# The job's config as the launcher read it (TOML + --set), sent to every worker, which
-# resolves and validates it again (untrusted: see read_config).
+@0xc95797ed0dcfb1fd;
+# The job configuration as the head sends it to every worker: the flat key -> value map read
+# from TOML and --set, before resolution (each worker resolves it again; engine/job_config.hpp).
 
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("moevement::engine::wire");
 
 struct ConfigEntry {
-  key @0 :Text;
+  key @0 :Text;  # dotted, e.g. "parallel.pp"
   value :union {
     boolean @1 :Bool;
     integer @2 :Int64;
@@ -14,6 +14,7 @@ struct ConfigEntry {
     text @4 :Text;
   }
 }
+
 struct JobConfig {
-  entries @0 :List(ConfigEntry);
+  entries @0 :List(ConfigEntry);  # sorted by key, no duplicates
 }

@@ -1,74 +1,317 @@
-// PROVISIONAL (replaced by the engine-config branch).
 #include "engine/job_config.hpp"
+
+#include <fmt/format.h>
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string_view>
 
 namespace moevement::engine {
 
 namespace {
-std::int64_t int_of(models::config_map& m, const std::string& k, std::int64_t def) {
-  auto it = m.find(k);
-  if (it == m.end()) return def;
-  const auto* v = std::get_if<std::int64_t>(&it->second);
-  if (v == nullptr) throw models::config_error(k, "expected an integer");
-  const auto r = *v;
-  m.erase(it);
-  return r;
+
+using models::config_error;
+using models::config_value;
+
+std::string type_name(const config_value& v) {
+  switch (v.index()) {
+    case 0:
+      return "a boolean";
+    case 1:
+      return "an integer";
+    case 2:
+      return "a number";
+    default:
+      return "a string";
+  }
 }
-std::string str_of(models::config_map& m, const std::string& k, std::string def) {
-  auto it = m.find(k);
-  if (it == m.end()) return def;
-  const auto* v = std::get_if<std::string>(&it->second);
-  if (v == nullptr) throw models::config_error(k, "expected a string");
-  auto r = *v;
-  m.erase(it);
-  return r;
+
+std::int64_t get_int(const std::string& key, const config_value& v, std::int64_t lo,
+                     std::int64_t hi) {
+  const auto* x = std::get_if<std::int64_t>(&v);
+  if (x == nullptr) throw config_error(key, "expected an integer, got " + type_name(v));
+  if (*x < lo || *x > hi) {
+    throw config_error(key, fmt::format("{} is out of range [{}, {}]", *x, lo, hi));
+  }
+  return *x;
 }
+
+std::string get_string(const std::string& key, const config_value& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  if (s == nullptr) throw config_error(key, "expected a string, got " + type_name(v));
+  return *s;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::string get_choice(const std::string& key, const config_value& v,
+                       const std::vector<std::string>& choices) {
+  std::string s = get_string(key, v);
+  if (std::find(choices.begin(), choices.end(), s) == choices.end()) {
+    throw config_error(key,
+                       fmt::format("unknown value '{}' (choose one of: {})", s, join(choices)));
+  }
+  return s;
+}
+
+bool all_of_chars(std::string_view s, std::string_view allowed) {
+  return s.find_first_not_of(allowed) == std::string_view::npos;
+}
+
+constexpr std::string_view lower_digits_underscore = "abcdefghijklmnopqrstuvwxyz0123456789_";
+constexpr std::int64_t hour_ms = 3'600'000;
+
+const std::vector<std::string>& backend_names() {
+  static const std::vector<std::string> names{"local", "slurm"};
+  return names;
+}
+
+using setter = std::function<void(const std::string&, const config_value&)>;
+using setter_map = std::map<std::string, setter, std::less<>>;
+
+// Every engine key with how it is parsed and validated on its own: the one list of keys.
+setter_map make_setters(job_config& j) {
+  return {
+      {"parallel.pp", [&](auto& k, auto& v) { j.pp = int(get_int(k, v, 1, max_job_workers)); }},
+      {"parallel.dp", [&](auto& k, auto& v) { j.dp = int(get_int(k, v, 1, max_job_workers)); }},
+      {"checkpoint.policy",
+       [&](auto& k, auto& v) { j.policy = get_choice(k, v, checkpoint_policy_names()); }},
+      {"cluster.backend", [&](auto& k, auto& v) { j.backend = get_choice(k, v, backend_names()); }},
+      {"cluster.spares",
+       [&](auto& k, auto& v) { j.spares = int(get_int(k, v, 0, max_job_workers)); }},
+      {"cluster.host",
+       [&](auto& k, auto& v) {
+         std::string h = get_string(k, v);
+         if (h.empty() || h.size() > 253 ||
+             !all_of_chars(h,
+                           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.:-_")) {
+           throw config_error(k, fmt::format("'{}' is not a host name or IP address (letters, "
+                                             "digits, '.', ':', '-', '_'; e.g. 127.0.0.1)",
+                                             h));
+         }
+         j.host = std::move(h);
+       }},
+      {"cluster.heartbeat_ms",
+       [&](auto& k, auto& v) { j.heartbeat_ms = get_int(k, v, 1, 60'000); }},
+      {"cluster.failure_timeout_ms",
+       [&](auto& k, auto& v) { j.failure_timeout_ms = get_int(k, v, 1, hour_ms); }},
+      {"cluster.start_timeout_ms",
+       [&](auto& k, auto& v) { j.start_timeout_ms = get_int(k, v, 1, 24 * hour_ms); }},
+      {"engine.stage",
+       [&](auto& k, auto& v) {
+         std::string s = get_string(k, v);
+         if (s.empty() || s.size() > 64 || !all_of_chars(s, lower_digits_underscore)) {
+           throw config_error(k, fmt::format("'{}' is not a stage type name (lower-case letters, "
+                                             "digits and _; the built-in type is moe)",
+                                             s));
+         }
+         j.stage_type = std::move(s);
+       }},
+      {"engine.run_log",
+       [&](auto& k, auto& v) {
+         std::string p = get_string(k, v);
+         if (p.empty() || p.size() > 4096 || p.find('\0') != std::string::npos) {
+           throw config_error(k, "expected a file path (non-empty, at most 4096 bytes)");
+         }
+         j.run_log = std::move(p);
+       }},
+  };
+}
+
+bool is_engine_key(std::string_view key) {
+  for (const std::string_view s : {"parallel.", "checkpoint.", "cluster.", "engine."}) {
+    if (key.starts_with(s)) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+std::vector<std::string> checkpoint_policy_names() {
+  return {"none", "moevement", "dense-memory", "dense-disk", "pec"};
+}
+
+bool policy_available(const std::string& name) {
+  return name == "none";
+}
+
+std::vector<std::string> job_config_keys() {
+  job_config j;
+  std::vector<std::string> keys;
+  for (const auto& [key, set] : make_setters(j)) keys.push_back(key);
+  return keys;
+}
 
 job_config resolve_job(models::config_map map) {
   job_config j;
-  j.model = models::preset("tiny");
-  models::apply_config(map, j.model, j.train);
-  j.pp = int(int_of(map, "parallel.pp", 1));
-  j.dp = int(int_of(map, "parallel.dp", 1));
-  j.spares = int(int_of(map, "cluster.spares", 0));
-  j.policy = str_of(map, "checkpoint.policy", "none");
-  j.backend = str_of(map, "cluster.backend", "local");
-  j.stage_type = str_of(map, "engine.stage", "moe");
-  j.run_log = str_of(map, "engine.run_log", "run.jsonl");
-  if (!map.empty()) throw models::config_error(map.begin()->first, "unknown key");
-  if (j.pp > j.model.layers) throw models::config_error("parallel.pp", "more stages than layers");
+  models::apply_config(map, j.model, j.train);  // consumes model.* and train.*
+  const setter_map setters = make_setters(j);
+  for (const auto& [key, value] : map) {
+    const auto s = setters.find(key);
+    if (s == setters.end()) {
+      throw config_error(key, is_engine_key(key)
+                                  ? "unknown key (the engine's parallel.*, checkpoint.*, "
+                                    "cluster.* and engine.* keys are in docs/configuration.md)"
+                                  : "unknown key (sections: model, train, parallel, checkpoint, "
+                                    "cluster, engine; see docs/configuration.md)");
+    }
+    s->second(key, value);
+  }
   j.train.data_parallel = j.dp;
+
+  // Cross-checks, after every key is read so that the order of keys does not matter.
+  models::validate(j.model, j.train);
+  if (j.stage_type == "moe" && j.pp > j.model.layers) {
+    throw config_error("parallel.pp",
+                       fmt::format("{} pipeline stages but the model has {} layers (model.layers); "
+                                   "use at most {} stages",
+                                   j.pp, j.model.layers, j.model.layers));
+  }
+  if (j.workers() > max_job_workers) {
+    throw config_error("parallel.dp",
+                       fmt::format("parallel.pp x parallel.dp = {} x {} = {} workers; at most {}",
+                                   j.pp, j.dp, j.workers(), max_job_workers));
+  }
+  if (j.workers() + j.spares > max_job_workers) {
+    throw config_error(
+        "cluster.spares",
+        fmt::format("{} workers + {} spares exceed {} processes; use at most {} "
+                    "spares",
+                    j.workers(), j.spares, max_job_workers, max_job_workers - j.workers()));
+  }
+  if (j.failure_timeout_ms < 2 * j.heartbeat_ms) {
+    throw config_error("cluster.failure_timeout_ms",
+                       fmt::format("{} ms is less than two heartbeats (cluster.heartbeat_ms = {}); "
+                                   "a late heartbeat would look like a failure",
+                                   j.failure_timeout_ms, j.heartbeat_ms));
+  }
+  if (!policy_available(j.policy)) {
+    throw config_error(
+        "checkpoint.policy",
+        fmt::format("'{}' is not available yet in this version; use none", j.policy));
+  }
+  if (j.backend == "slurm") {
+    throw config_error("cluster.backend",
+                       "'slurm' is not available yet in this version (see docs/slurm.md); use "
+                       "local");
+  }
   return j;
 }
 
-std::vector<std::string> job_config_keys() { return {}; }
-
-void write_config(wire::JobConfig::Builder b, const models::config_map& map) {
-  auto list = b.initEntries(static_cast<unsigned>(map.size()));
+void write_config(wire::JobConfig::Builder out, const models::config_map& map) {
+  auto entries = out.initEntries(static_cast<unsigned>(map.size()));
   unsigned i = 0;
-  for (const auto& [k, v] : map) {
-    auto e = list[i++];
-    e.setKey(k);
-    if (const auto* x = std::get_if<bool>(&v)) e.getValue().setBoolean(*x);
-    if (const auto* x = std::get_if<std::int64_t>(&v)) e.getValue().setInteger(*x);
-    if (const auto* x = std::get_if<double>(&v)) e.getValue().setReal(*x);
-    if (const auto* x = std::get_if<std::string>(&v)) e.getValue().setText(*x);
+  for (const auto& [key, value] : map) {
+    auto e = entries[i++];
+    e.setKey(capnp::Text::Reader(key.data(), key.size()));
+    auto v = e.initValue();
+    if (const auto* b = std::get_if<bool>(&value)) {
+      v.setBoolean(*b);
+    } else if (const auto* n = std::get_if<std::int64_t>(&value)) {
+      v.setInteger(*n);
+    } else if (const auto* d = std::get_if<double>(&value)) {
+      v.setReal(*d);
+    } else {
+      const auto& text = std::get<std::string>(value);
+      v.setText(capnp::Text::Reader(text.data(), text.size()));
+    }
   }
 }
 
-result<models::config_map> read_config(wire::JobConfig::Reader r) {
-  models::config_map m;
-  for (auto e : r.getEntries()) {
-    auto v = e.getValue();
-    switch (v.which()) {
-      case wire::ConfigEntry::Value::BOOLEAN: m[e.getKey()] = v.getBoolean(); break;
-      case wire::ConfigEntry::Value::INTEGER: m[e.getKey()] = v.getInteger(); break;
-      case wire::ConfigEntry::Value::REAL: m[e.getKey()] = v.getReal(); break;
-      case wire::ConfigEntry::Value::TEXT: m[e.getKey()] = std::string(v.getText()); break;
-      default: return error{"bad entry"};
-    }
+namespace {
+
+// A short printable rendering of untrusted text for error messages.
+std::string printable(std::string_view s) {
+  std::string out;
+  for (const char c : s.substr(0, 40)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (s.size() > 40) out += "...";
+  return out;
+}
+
+// Dotted names of [a-z0-9_-] segments, at least two, none empty: "model.preset".
+bool valid_key(std::string_view key) {
+  constexpr std::string_view segment_chars = "abcdefghijklmnopqrstuvwxyz0123456789_-";
+  if (key.find('.') == std::string_view::npos) return false;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = key.find('.', start);
+    const std::string_view seg =
+        key.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+    if (seg.empty() || !all_of_chars(seg, segment_chars)) return false;
+    if (dot == std::string_view::npos) return true;
+    start = dot + 1;
   }
-  return m;
+}
+
+}  // namespace
+
+result<models::config_map> read_config(wire::JobConfig::Reader in,
+                                       const config_wire_limits& limits) {
+  try {
+    auto entries = in.getEntries();
+    if (entries.size() > limits.max_entries) {
+      return error{fmt::format("job config has {} entries; at most {} are accepted", entries.size(),
+                               limits.max_entries)};
+    }
+    models::config_map out;
+    for (unsigned i = 0; i < entries.size(); ++i) {
+      const auto e = entries[i];
+      const auto key_text = e.getKey();
+      const std::string_view key(key_text.begin(), key_text.size());
+      if (key.size() > limits.max_key_bytes) {
+        return error{fmt::format("job config entry {}: key of {} bytes exceeds {} bytes", i,
+                                 key.size(), limits.max_key_bytes)};
+      }
+      if (!valid_key(key)) {
+        return error{
+            fmt::format("job config entry {}: key '{}' is not a dotted name of "
+                        "[a-z0-9_-] parts",
+                        i, printable(key))};
+      }
+      models::config_value value;
+      const auto v = e.getValue();
+      switch (v.which()) {
+        case wire::ConfigEntry::Value::BOOLEAN:
+          value = v.getBoolean();
+          break;
+        case wire::ConfigEntry::Value::INTEGER:
+          value = std::int64_t(v.getInteger());
+          break;
+        case wire::ConfigEntry::Value::REAL:
+          value = v.getReal();
+          break;
+        case wire::ConfigEntry::Value::TEXT: {
+          const auto t = v.getText();
+          const std::string_view text(t.begin(), t.size());
+          if (text.size() > limits.max_text_bytes) {
+            return error{fmt::format("job config key {}: text of {} bytes exceeds {} bytes", key,
+                                     text.size(), limits.max_text_bytes)};
+          }
+          if (text.find('\0') != std::string_view::npos) {
+            return error{fmt::format("job config key {}: text contains a NUL byte", key)};
+          }
+          value = std::string(text);
+          break;
+        }
+        default:
+          return error{fmt::format("job config key {}: unknown value kind {}", key,
+                                   static_cast<unsigned>(v.which()))};
+      }
+      if (!out.emplace(std::string(key), std::move(value)).second) {
+        return error{fmt::format("job config key {} appears twice", key)};
+      }
+    }
+    return out;
+  } catch (const kj::Exception& e) {
+    return error{fmt::format("malformed job config: {}", e.getDescription().cStr())};
+  }
 }
 
 }  // namespace moevement::engine

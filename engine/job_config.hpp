@@ -1,6 +1,13 @@
-// PROVISIONAL (replaced by the engine-config branch).
+// The job configuration of `moevement launch`: the model.* and train.* keys (models/config.hpp)
+// plus the engine's own sections parallel.*, checkpoint.*, cluster.*, engine.*, resolved from the
+// flat config_map the launcher reads from TOML and --set. Every engine default lives in
+// job_config below (docs/configuration.md lists them; a test checks).
+//
+// On the wire (job_config.capnp) the head sends the unresolved map; each worker resolves it
+// again with resolve_job, so head and workers agree by construction.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,23 +20,54 @@ namespace moevement::engine {
 
 struct job_config {
   models::model_config model;
-  models::train_config train;
-  int pp = 1, dp = 1;
-  std::string policy = "none";
-  std::string backend = "local";
-  int spares = 0;
-  std::string host = "127.0.0.1";
-  std::string stage_type = "moe";
-  std::string run_log = "run.jsonl";
-  std::int64_t heartbeat_ms = 100;
-  std::int64_t failure_timeout_ms = 1000;
-  std::int64_t start_timeout_ms = 30000;
+  models::train_config train;              // train.data_parallel == dp
+  int pp = 1;                              // parallel.pp: pipeline stages
+  int dp = 1;                              // parallel.dp: data-parallel replicas of each stage
+  std::string policy = "none";             // checkpoint.policy
+  std::string backend = "local";           // cluster.backend: local | slurm
+  int spares = 0;                          // cluster.spares: idle workers beside pp*dp
+  std::string host = "127.0.0.1";          // cluster.host: where the head listens
+  std::string stage_type = "moe";          // engine.stage: a stage_registry name
+  std::string run_log = "run.jsonl";       // engine.run_log: path of the JSONL run log
+  std::int64_t heartbeat_ms = 100;         // cluster.heartbeat_ms
+  std::int64_t failure_timeout_ms = 1000;  // cluster.failure_timeout_ms: silence => dead
+  std::int64_t start_timeout_ms = 30000;   // cluster.start_timeout_ms: workers must join by then
+
   int workers() const { return pp * dp; }
+  bool operator==(const job_config&) const = default;
 };
 
+// Upper bound on pp*dp + cluster.spares (processes of one job).
+inline constexpr int max_job_workers = 256;
+
+// Consumes every key of the map: model.* and train.* (models::apply_config) and the engine's
+// sections. An unknown key, a wrong type or a bad value throws models::config_error naming the
+// key, saying what is allowed. Cross-checks: parallel.pp <= model.layers for stage type "moe";
+// pp*dp + spares <= max_job_workers; checkpoint.policy and cluster.backend name choices that
+// exist, and only those this version runs. engine.stage is checked against the stage registry
+// by the launcher, not here (only its spelling is checked here).
 job_config resolve_job(models::config_map map);
+
+// The engine's own keys (parallel.*, checkpoint.*, cluster.*, engine.*); the model.* and
+// train.* keys are models::config_keys().
 std::vector<std::string> job_config_keys();
-void write_config(wire::JobConfig::Builder b, const models::config_map& map);
-result<models::config_map> read_config(wire::JobConfig::Reader r);
+
+// The policy names of checkpoint.policy, in documentation order, and those this version runs.
+std::vector<std::string> checkpoint_policy_names();
+bool policy_available(const std::string& name);
+
+// Limits on a config read from the wire (untrusted). Defaults live here and only here.
+struct config_wire_limits {
+  std::size_t max_entries = 1024;
+  std::size_t max_key_bytes = 128;
+  std::size_t max_text_bytes = 4096;
+};
+
+// The map as sent by the head (before resolution).
+void write_config(wire::JobConfig::Builder out, const models::config_map& map);
+// Checks everything (entry count, key spelling and length, text length, duplicates, unknown
+// union members, malformed pointers) and never throws: a bad input is an error result.
+result<models::config_map> read_config(wire::JobConfig::Reader in,
+                                       const config_wire_limits& limits = {});
 
 }  // namespace moevement::engine

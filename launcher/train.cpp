@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/hash.hpp"
+#include "engine/job_config.hpp"
 #include "launcher/config.hpp"
 #include "models/trainer.hpp"
 
@@ -35,22 +36,16 @@ int run_train(int argc, char** argv) {
       return 2;
     }
   }
-  models::model_config model = models::preset("tiny");
-  models::train_config train;
-  models::apply_config(map, model, train);
-  // The engine's data parallelism, emulated in this process so `train` is its reference.
-  if (const auto it = map.find("parallel.dp"); it != map.end()) {
-    const auto* dp = std::get_if<std::int64_t>(&it->second);
-    if (dp == nullptr || *dp < 1 || *dp > 1024) {
-      throw models::config_error("parallel.dp", "expected an integer in [1, 1024]");
-    }
-    train.data_parallel = static_cast<int>(*dp);
+  // `train` reads model.*, train.* and parallel.dp (it emulates the data-parallel replicas in
+  // this process, so it is the bit-exact reference of `launch`); the engine's other keys are
+  // accepted and ignored so that one file serves both. Anything else is an unknown key.
+  models::config_map own;
+  for (auto& [key, value] : map) {
+    if (!is_engine_section(key) || key == "parallel.dp") own.emplace(key, std::move(value));
   }
-  for (const auto& [key, value] : map) {
-    if (!is_engine_section(key)) {
-      throw models::config_error(key, "unknown key (see docs/configuration.md)");
-    }
-  }
+  const engine::job_config job = engine::resolve_job(std::move(own));
+  const models::model_config& model = job.model;
+  const models::train_config& train = job.train;
   models::trainer tr(model, train);
   std::cout << fmt::format(
       "model {}: {} layers, d_model {}, {} experts (top-{}), {:.3f} M parameters ({:.3f} M "

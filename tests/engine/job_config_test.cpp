@@ -1,0 +1,418 @@
+#include "engine/job_config.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <gtest/gtest.h>
+#include <kj/exception.h>
+
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <set>
+#include <span>
+
+#include "transport/envelope.hpp"
+
+namespace moevement::engine {
+namespace {
+
+using models::config_error;
+using models::config_map;
+
+// The key a bad config is rejected with (and its message, for the checks that need it).
+struct rejection {
+  std::string key;
+  std::string message;
+};
+
+rejection reject(const config_map& map) {
+  try {
+    (void)resolve_job(map);
+  } catch (const config_error& e) {
+    return {e.key(), e.what()};
+  }
+  ADD_FAILURE() << "accepted a bad config";
+  return {};
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(job_config, defaults) {
+  const job_config j = resolve_job({});
+  EXPECT_EQ(j, job_config{});
+  EXPECT_EQ(j.pp, 1);
+  EXPECT_EQ(j.dp, 1);
+  EXPECT_EQ(j.workers(), 1);
+  EXPECT_EQ(j.policy, "none");
+  EXPECT_EQ(j.backend, "local");
+  EXPECT_EQ(j.spares, 0);
+  EXPECT_EQ(j.host, "127.0.0.1");
+  EXPECT_EQ(j.stage_type, "moe");
+  EXPECT_EQ(j.run_log, "run.jsonl");
+  EXPECT_EQ(j.heartbeat_ms, 100);
+  EXPECT_EQ(j.failure_timeout_ms, 1000);
+  EXPECT_EQ(j.start_timeout_ms, 30000);
+  EXPECT_EQ(j.model, models::preset("tiny"));
+  EXPECT_EQ(j.train, models::train_config{});
+}
+
+TEST(job_config, every_engine_key_overrides_its_default) {
+  // key -> (a value other than the default, how to see it took effect)
+  const std::map<std::string,
+                 std::pair<models::config_value, std::function<bool(const job_config&)>>>
+      cases{
+          {"parallel.pp", {std::int64_t(2), [](auto& j) { return j.pp == 2; }}},
+          {"parallel.dp", {std::int64_t(3), [](auto& j) { return j.dp == 3; }}},
+          {"checkpoint.policy", {std::string("none"), [](auto& j) { return j.policy == "none"; }}},
+          {"cluster.backend", {std::string("local"), [](auto& j) { return j.backend == "local"; }}},
+          {"cluster.spares", {std::int64_t(2), [](auto& j) { return j.spares == 2; }}},
+          {"cluster.host", {std::string("::1"), [](auto& j) { return j.host == "::1"; }}},
+          {"cluster.heartbeat_ms",
+           {std::int64_t(50), [](auto& j) { return j.heartbeat_ms == 50; }}},
+          {"cluster.failure_timeout_ms",
+           {std::int64_t(700), [](auto& j) { return j.failure_timeout_ms == 700; }}},
+          {"cluster.start_timeout_ms",
+           {std::int64_t(5000), [](auto& j) { return j.start_timeout_ms == 5000; }}},
+          {"engine.stage",
+           {std::string("my_stage"), [](auto& j) { return j.stage_type == "my_stage"; }}},
+          {"engine.run_log",
+           {std::string("out/log.jsonl"), [](auto& j) { return j.run_log == "out/log.jsonl"; }}},
+      };
+  std::set<std::string> covered;
+  config_map all;
+  for (const auto& [key, c] : cases) {
+    covered.insert(key);
+    all[key] = c.first;
+    const job_config j = resolve_job({{key, c.first}});
+    EXPECT_TRUE(c.second(j)) << key;
+  }
+  const auto keys = job_config_keys();
+  EXPECT_EQ(covered, std::set<std::string>(keys.begin(), keys.end()))
+      << "a key of job_config_keys() has no override case here";
+  // All at once, with model.* and train.* beside them.
+  all["model.preset"] = std::string("small");
+  all["train.iterations"] = std::int64_t(7);
+  const job_config j = resolve_job(all);
+  for (const auto& [key, c] : cases) EXPECT_TRUE(c.second(j)) << key;
+  EXPECT_EQ(j.model.preset, "small");
+  EXPECT_EQ(j.train.iterations, 7);
+  EXPECT_EQ(j.train.data_parallel, 3) << "train.data_parallel must follow parallel.dp";
+  EXPECT_EQ(j.workers(), 6);
+}
+
+TEST(job_config, wrong_type_names_the_key) {
+  for (const auto& key : job_config_keys()) {
+    const auto r = reject({{key, true}});
+    EXPECT_EQ(r.key, key);
+    EXPECT_TRUE(contains(r.message, "expected")) << r.message;
+  }
+  EXPECT_EQ(reject({{"parallel.pp", 2.5}}).key, "parallel.pp");
+  EXPECT_EQ(reject({{"parallel.dp", std::string("2")}}).key, "parallel.dp");
+  EXPECT_EQ(reject({{"checkpoint.policy", std::int64_t(1)}}).key, "checkpoint.policy");
+}
+
+TEST(job_config, bad_values_name_the_key) {
+  const std::vector<std::pair<std::string, models::config_value>> bad{
+      {"parallel.pp", std::int64_t(0)},
+      {"parallel.pp", std::int64_t(-3)},
+      {"parallel.dp", std::int64_t(0)},
+      {"parallel.dp", std::int64_t(1000)},
+      {"cluster.spares", std::int64_t(-1)},
+      {"cluster.backend", std::string("kubernetes")},
+      {"cluster.host", std::string("")},
+      {"cluster.host", std::string("bad host")},
+      {"cluster.heartbeat_ms", std::int64_t(0)},
+      {"cluster.failure_timeout_ms", std::int64_t(-5)},
+      {"cluster.start_timeout_ms", std::int64_t(0)},
+      {"engine.stage", std::string("Bad-Name")},
+      {"engine.stage", std::string("")},
+      {"engine.run_log", std::string("")},
+  };
+  for (const auto& [key, value] : bad) EXPECT_EQ(reject({{key, value}}).key, key);
+}
+
+TEST(job_config, unknown_keys_are_rejected_by_name) {
+  for (const std::string key :
+       {"parallel.ppp", "cluster.spare", "engine.stages", "checkpoint.windw", "failure.rate",
+        "iterations", "trian.iterations", "model.bogus", "train.bogus"}) {
+    const auto r = reject({{key, std::int64_t(1)}});
+    EXPECT_EQ(r.key, key);
+    EXPECT_TRUE(contains(r.message, "unknown key")) << r.message;
+  }
+}
+
+TEST(job_config, model_and_train_errors_pass_through) {
+  EXPECT_EQ(reject({{"train.iterations", std::string("many")}}).key, "train.iterations");
+  EXPECT_EQ(reject({{"model.preset", std::string("huge")}}).key, "model.preset");
+  EXPECT_EQ(reject({{"model.top_k", std::int64_t(9)}}).key, "model.top_k");  // > experts
+}
+
+TEST(job_config, more_stages_than_layers_is_an_error_on_parallel_pp) {
+  EXPECT_EQ(resolve_job({{"parallel.pp", std::int64_t(4)}}).pp, 4);  // tiny: 4 layers
+  const auto r = reject({{"parallel.pp", std::int64_t(5)}});
+  EXPECT_EQ(r.key, "parallel.pp");
+  EXPECT_TRUE(contains(r.message, "4 layers")) << r.message;
+  EXPECT_EQ(resolve_job({{"parallel.pp", std::int64_t(5)}, {"model.layers", std::int64_t(8)}}).pp,
+            5);
+  EXPECT_EQ(reject({{"parallel.pp", std::int64_t(9)}, {"model.preset", std::string("small")}}).key,
+            "parallel.pp");
+  // A custom stage type decides itself how it splits; only "moe" is checked here.
+  EXPECT_EQ(
+      resolve_job({{"parallel.pp", std::int64_t(5)}, {"engine.stage", std::string("mine")}}).pp, 5);
+}
+
+TEST(job_config, worker_count_is_bounded) {
+  const job_config ok =
+      resolve_job({{"parallel.pp", std::int64_t(4)}, {"parallel.dp", std::int64_t(64)}});
+  EXPECT_EQ(ok.workers(), max_job_workers);
+  EXPECT_EQ(reject({{"parallel.pp", std::int64_t(4)}, {"parallel.dp", std::int64_t(65)}}).key,
+            "parallel.dp");
+  EXPECT_EQ(reject({{"parallel.pp", std::int64_t(2)},
+                    {"parallel.dp", std::int64_t(100)},
+                    {"cluster.spares", std::int64_t(57)}})
+                .key,
+            "cluster.spares");
+}
+
+TEST(job_config, failure_timeout_must_cover_two_heartbeats) {
+  EXPECT_EQ(reject({{"cluster.heartbeat_ms", std::int64_t(600)}}).key,
+            "cluster.failure_timeout_ms");
+  EXPECT_EQ(resolve_job({{"cluster.heartbeat_ms", std::int64_t(500)}}).heartbeat_ms, 500);
+}
+
+TEST(job_config, policies_other_than_none_are_not_available_yet) {
+  const auto names = checkpoint_policy_names();
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"none", "moevement", "dense-memory", "dense-disk", "pec"}));
+  for (const auto& name : names) {
+    if (name == "none") continue;
+    const auto r = reject({{"checkpoint.policy", name}});
+    EXPECT_EQ(r.key, "checkpoint.policy");
+    EXPECT_TRUE(
+        contains(r.message, "'" + name + "' is not available yet in this version; use none"))
+        << r.message;
+  }
+  const auto r = reject({{"checkpoint.policy", std::string("sparse")}});
+  EXPECT_EQ(r.key, "checkpoint.policy");
+  EXPECT_TRUE(contains(r.message, "none, moevement, dense-memory, dense-disk, pec")) << r.message;
+}
+
+TEST(job_config, slurm_backend_is_not_available_yet) {
+  const auto r = reject({{"cluster.backend", std::string("slurm")}});
+  EXPECT_EQ(r.key, "cluster.backend");
+  EXPECT_TRUE(contains(r.message, "not available yet")) << r.message;
+}
+
+// --- the wire form ---------------------------------------------------------------------------
+
+std::vector<capnp::word> encode(const config_map& map) {
+  capnp::MallocMessageBuilder message;
+  write_config(message.initRoot<wire::JobConfig>(), map);
+  const auto flat = capnp::messageToFlatArray(message);
+  return {flat.begin(), flat.end()};
+}
+
+// Decodes untrusted words with limits, as a receiver would; never throws.
+result<config_map> decode(const std::vector<capnp::word>& words,
+                          const config_wire_limits& limits = {}) {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = 1 << 20;
+  options.nestingLimit = 16;
+  try {
+    capnp::FlatArrayMessageReader reader(
+        kj::ArrayPtr<const capnp::word>(words.data(), words.size()), options);
+    return read_config(reader.getRoot<wire::JobConfig>(), limits);
+  } catch (const kj::Exception& e) {
+    // Only the segment table and root pointer are read outside read_config.
+    return error{e.getDescription().cStr()};
+  }
+}
+
+config_map sample_map() {
+  return {
+      {"model.preset", std::string("small")},
+      {"train.iterations", std::int64_t(20)},
+      {"train.seed", std::numeric_limits<std::int64_t>::max()},
+      {"train.offset", std::numeric_limits<std::int64_t>::min()},
+      {"train.lr", 1e-3},
+      {"train.tiny", 4.9e-324},
+      {"train.negative", -0.0},
+      {"parallel.pp", std::int64_t(2)},
+      {"cluster.some_flag", true},
+      {"cluster.other-flag", false},
+      {"engine.run_log", std::string("runs/ü日本.jsonl")},
+      {"engine.empty", std::string("")},
+  };
+}
+
+TEST(job_config_wire, round_trip_is_exact) {
+  for (const config_map& map : {sample_map(), config_map{}}) {
+    const auto got = decode(encode(map));
+    ASSERT_TRUE(got.ok()) << got.err().message;
+    EXPECT_EQ(*got, map);
+  }
+  // And the resolved job is the same on both sides.
+  const config_map job{{"parallel.pp", std::int64_t(2)},
+                       {"parallel.dp", std::int64_t(2)},
+                       {"model.preset", std::string("small")}};
+  EXPECT_EQ(resolve_job(decode(encode(job)).value()), resolve_job(job));
+}
+
+TEST(job_config_wire, round_trip_inside_an_envelope) {
+  transport::outgoing_envelope out({{1, 1, 1}, {2, 1, 0}, 0, 1, 0});
+  write_config(out.init_payload<wire::JobConfig>(), sample_map());
+  const auto words = out.to_words();
+  auto in =
+      transport::incoming_envelope::decode(std::as_bytes(std::span(words.begin(), words.size())));
+  ASSERT_TRUE(in.ok()) << in.err().message;
+  auto payload = in->payload<wire::JobConfig>();
+  ASSERT_TRUE(payload.ok()) << payload.err().message;
+  const auto got = read_config(*payload);
+  ASSERT_TRUE(got.ok()) << got.err().message;
+  EXPECT_EQ(*got, sample_map());
+}
+
+bool rejected_with(const result<config_map>& r, const std::string& part) {
+  if (r.ok()) {
+    ADD_FAILURE() << "accepted a malformed config";
+    return false;
+  }
+  EXPECT_TRUE(contains(r.err().message, part)) << r.err().message;
+  return true;
+}
+
+TEST(job_config_wire, key_length_is_limited) {
+  const std::string ok = "a." + std::string(126, 'x');  // 128 bytes
+  EXPECT_TRUE(decode(encode({{ok, true}})).ok());
+  EXPECT_TRUE(rejected_with(decode(encode({{ok + "x", true}})), "exceeds 128 bytes"));
+}
+
+TEST(job_config_wire, entry_count_is_limited) {
+  config_map map;
+  for (int i = 0; i < 1024; ++i) map["k.n" + std::to_string(i)] = std::int64_t(i);
+  EXPECT_TRUE(decode(encode(map)).ok());
+  map["k.last"] = true;
+  EXPECT_TRUE(rejected_with(decode(encode(map)), "at most 1024"));
+  config_wire_limits small;
+  small.max_entries = 3;
+  EXPECT_TRUE(rejected_with(decode(encode(sample_map()), small), "at most 3"));
+}
+
+TEST(job_config_wire, text_length_is_limited) {
+  EXPECT_TRUE(decode(encode({{"a.b", std::string(4096, 'x')}})).ok());
+  EXPECT_TRUE(rejected_with(decode(encode({{"a.b", std::string(4097, 'x')}})), "4097 bytes"));
+  EXPECT_TRUE(rejected_with(decode(encode({{"a.b", std::string("x\0y", 3)}})), "NUL"));
+}
+
+TEST(job_config_wire, keys_must_be_dotted_lower_case_names) {
+  for (const std::string& key : std::vector<std::string>{
+           "", "nodot", "Model.preset", "model..preset", ".model", "model.", "a b.c", "a.b/c",
+           "a.b=c", "model.pre\nset", std::string("a.b\0c", 5), "a.\xc3\xbc"}) {
+    EXPECT_TRUE(rejected_with(decode(encode({{key, true}})), "not a dotted name")) << key;
+  }
+  for (const std::string key : {"a.b", "model.preset", "x-1.y_2.z3"}) {
+    EXPECT_TRUE(decode(encode({{key, true}})).ok()) << key;
+  }
+}
+
+TEST(job_config_wire, duplicate_keys_are_rejected) {
+  capnp::MallocMessageBuilder message;
+  auto entries = message.initRoot<wire::JobConfig>().initEntries(3);
+  entries[0].setKey("parallel.pp");
+  entries[0].initValue().setInteger(2);
+  entries[1].setKey("parallel.dp");
+  entries[1].initValue().setInteger(2);
+  entries[2].setKey("parallel.pp");
+  entries[2].initValue().setInteger(4);
+  const auto flat = capnp::messageToFlatArray(message);
+  EXPECT_TRUE(rejected_with(decode({flat.begin(), flat.end()}), "parallel.pp appears twice"));
+}
+
+TEST(job_config_wire, unknown_value_kind_is_rejected) {
+  // A value union tag from a newer schema (or a flipped bit): ConfigEntry's data section is
+  // word 0 (bool in bit 0, union tag in bits 16..31) and word 1 (integer or real).
+  constexpr std::uint64_t marker = 0x1234'5678'9abc'def0ull;
+  auto words = encode({{"a.b", std::int64_t(marker)}});
+  bool patched = false;
+  for (std::size_t i = 1; i < words.size(); ++i) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, &words[i], 8);
+    if (w != marker) continue;
+    std::uint64_t tag_word = 0;
+    std::memcpy(&tag_word, &words[i - 1], 8);
+    ASSERT_EQ((tag_word >> 16) & 0xffff, 1u) << "tag of integer";
+    tag_word |= std::uint64_t(7) << 16;
+    std::memcpy(static_cast<void*>(&words[i - 1]), &tag_word, 8);
+    patched = true;
+  }
+  ASSERT_TRUE(patched);
+  EXPECT_TRUE(rejected_with(decode(words), "unknown value kind 7"));
+}
+
+TEST(job_config_wire, random_and_mutated_inputs_never_crash) {
+  std::mt19937_64 rng(2026);
+  const auto good = encode(sample_map());
+  int accepted = 0;
+  for (int round = 0; round < 20000; ++round) {
+    std::vector<capnp::word> w;
+    if (round % 2 == 0) {  // pure noise
+      w.resize(1 + rng() % 48);
+      for (auto& x : w) {
+        const std::uint64_t r = rng();
+        std::memcpy(static_cast<void*>(&x), &r, 8);
+      }
+    } else {  // a valid message with a few bits flipped
+      w = good;
+      auto* b = reinterpret_cast<unsigned char*>(w.data());
+      const std::size_t len = w.size() * sizeof(capnp::word);
+      const int flips = 1 + int(rng() % 4);
+      for (int f = 0; f < flips; ++f)
+        b[rng() % len] ^= static_cast<unsigned char>(1u << (rng() % 8));
+    }
+    result<config_map> r = error{""};
+    ASSERT_NO_THROW(r = decode(w));
+    if (!r.ok()) {
+      EXPECT_FALSE(r.err().message.empty());
+      continue;
+    }
+    ++accepted;
+    // Whatever is accepted obeys the limits.
+    EXPECT_LE(r->size(), 1024u);
+    for (const auto& [key, value] : *r) {
+      EXPECT_LE(key.size(), 128u);
+      EXPECT_NE(key.find('.'), std::string::npos);
+      if (const auto* s = std::get_if<std::string>(&value)) {
+        EXPECT_LE(s->size(), 4096u);
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0) << "no flip left a valid message: the corpus tests nothing";
+}
+
+TEST(job_config_wire, mutated_envelopes_never_crash) {
+  transport::outgoing_envelope out({{1, 1, 1}, {2, 1, 0}, 0, 1, 0});
+  write_config(out.init_payload<wire::JobConfig>(), sample_map());
+  const auto flat = out.to_words();
+  const std::vector<capnp::word> good(flat.begin(), flat.end());
+  std::mt19937_64 rng(7);
+  int read = 0;
+  for (int round = 0; round < 5000; ++round) {
+    auto w = good;
+    auto* b = reinterpret_cast<unsigned char*>(w.data());
+    const std::size_t len = w.size() * sizeof(capnp::word);
+    for (int f = 0; f < 3; ++f) b[rng() % len] ^= static_cast<unsigned char>(1 + rng() % 255);
+    auto in = transport::incoming_envelope::decode(std::as_bytes(std::span(w)));
+    if (!in.ok()) continue;
+    auto p = in->payload<wire::JobConfig>();
+    if (!p.ok()) continue;
+    ++read;
+    ASSERT_NO_THROW((void)read_config(*p));
+  }
+  EXPECT_GT(read, 0) << "no mutation reached read_config: the corpus tests nothing";
+}
+
+}  // namespace
+}  // namespace moevement::engine

@@ -1,0 +1,43 @@
+// The example job configs resolve as `moevement launch` reads them (TOML -> resolve_job).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "engine/job_config.hpp"
+#include "launcher/config.hpp"
+
+namespace moevement::launcher {
+namespace {
+
+std::string example(const std::string& name) {
+  const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
+  if (root == nullptr) throw std::runtime_error("MOEVEMENT_SOURCE_ROOT is not set");
+  return std::string(root) + "/examples/configs/" + name;
+}
+
+TEST(example_configs, demo_is_small_in_two_stages_by_two_replicas) {
+  const auto j = engine::resolve_job(load_config_file(example("demo.toml")));
+  EXPECT_EQ(j.model.preset, "small");
+  EXPECT_EQ(j.pp, 2);
+  EXPECT_EQ(j.dp, 2);
+  EXPECT_EQ(j.workers(), 4);
+  EXPECT_EQ(j.policy, "none");
+}
+
+TEST(example_configs, pipeline_tiny_is_tiny_in_two_stages_by_two_replicas) {
+  const auto j = engine::resolve_job(load_config_file(example("pipeline_tiny.toml")));
+  EXPECT_EQ(j.model.preset, "tiny");
+  EXPECT_EQ(j.pp, 2);
+  EXPECT_EQ(j.dp, 2);
+  EXPECT_EQ(j.train.iterations, 20);
+}
+
+TEST(example_configs, training_examples_resolve) {
+  for (const char* name : {"tiny.toml", "small.toml"}) {
+    EXPECT_NO_THROW((void)engine::resolve_job(load_config_file(example(name)))) << name;
+  }
+}
+
+}  // namespace
+}  // namespace moevement::launcher
