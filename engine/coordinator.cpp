@@ -34,7 +34,8 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
       raw_(std::move(raw)),
       callbacks_(std::move(callbacks)),
       log_(log),
-      expected_workers_(job_.workers() + job_.spares) {
+      expected_workers_(job_.workers() + job_.spares),
+      abort_at_(job_.abort_at) {
   stages_.resize(std::size_t(job_.workers()));
   scaler_.enabled = job_.model.compute_dtype == models::dtype::f16;
   scaler_.scale = scaler_.enabled ? job_.train.loss_scale : 1.0f;

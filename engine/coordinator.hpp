@@ -80,7 +80,8 @@ class coordinator : public actors::actor {
   void pause() { pause_requested_ = true; }
   asio::awaitable<void> resume();
   asio::awaitable<void> abort_iteration();
-  // Test hook: abort iteration `iteration` once, when its first stage reports, then resume.
+  // Test hook (engine.abort_at): abort `iteration` once, when its first stage reports, then
+  // re-run it.
   void abort_once_at(std::int64_t iteration) { abort_at_ = iteration; }
 
   const std::map<transport::node_id, worker_info>& workers() const { return workers_; }
@@ -118,6 +119,7 @@ class coordinator : public actors::actor {
   coordinator_callbacks callbacks_;
   run_log* log_;
   int expected_workers_;
+  std::int64_t abort_at_ = -1;
   std::map<transport::node_id, worker_info> workers_;
   std::vector<actors::actor_ref> stages_;  // [dp * pp], index d * pp + s
   int ready_count_ = 0;
@@ -128,7 +130,6 @@ class coordinator : public actors::actor {
   std::uint64_t epoch_ = 0;
   std::int64_t attempts_ = 0;
   bool pause_requested_ = false;
-  std::int64_t abort_at_ = -1;
   // the current epoch's reports, index d * pp + s
   std::vector<std::optional<std::vector<double>>> sq_, losses_, aux_;
   std::vector<double> compute_s_;

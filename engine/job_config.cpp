@@ -122,6 +122,8 @@ setter_map make_setters(job_config& j) {
          }
          j.run_log = std::move(p);
        }},
+      {"engine.abort_at",
+       [&](auto& k, auto& v) { j.abort_at = get_int(k, v, -1, std::int64_t(1) << 40); }},
   };
 }
 

@@ -31,6 +31,7 @@ struct job_config {
   std::string run_log = "run.jsonl";       // engine.run_log: path of the JSONL run log
   std::int64_t heartbeat_ms = 100;         // cluster.heartbeat_ms
   std::int64_t failure_timeout_ms = 1000;  // cluster.failure_timeout_ms: silence => dead
+  std::int64_t abort_at = -1;              // engine.abort_at: abort this iteration once (tests)
   std::int64_t start_timeout_ms = 30000;   // cluster.start_timeout_ms: workers must join by then
 
   int workers() const { return pp * dp; }

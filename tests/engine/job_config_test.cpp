@@ -80,6 +80,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::string("my_stage"), [](auto& j) { return j.stage_type == "my_stage"; }}},
           {"engine.run_log",
            {std::string("out/log.jsonl"), [](auto& j) { return j.run_log == "out/log.jsonl"; }}},
+          {"engine.abort_at", {std::int64_t(3), [](auto& j) { return j.abort_at == 3; }}},
       };
   std::set<std::string> covered;
   config_map all;
@@ -130,6 +131,8 @@ TEST(job_config, bad_values_name_the_key) {
       {"engine.stage", std::string("Bad-Name")},
       {"engine.stage", std::string("")},
       {"engine.run_log", std::string("")},
+      {"engine.abort_at", std::int64_t(-2)},
+      {"engine.abort_at", std::string("3")},
   };
   for (const auto& [key, value] : bad) EXPECT_EQ(reject({{key, value}}).key, key);
 }

@@ -109,6 +109,24 @@ TEST(launch, pp2_dp2_learns_and_repeats_bit_for_bit) {
   EXPECT_EQ(hash_of(a.output).size(), 16u);
 }
 
+TEST(launch, an_aborted_and_rerun_iteration_changes_no_bit) {
+  const std::string log = log_path("abort");
+  const std::string set = short_run("--set parallel.dp=2 --set parallel.pp=2", log);
+  const auto plain = run_moevement("launch " + tiny() + " " + set);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto aborted = run_moevement("launch " + tiny() + " " + set + " --set engine.abort_at=2");
+  ASSERT_EQ(aborted.exit_code, 0) << aborted.output;
+  EXPECT_EQ(hash_of(plain.output), hash_of(aborted.output));
+  bool event = false, rerun = false;
+  for (const auto& l : lines_of(log)) {
+    event |= l.find("\"event\":\"iteration_aborted\",\"iteration\":2") != std::string::npos;
+    rerun |= l.find("\"kind\":\"iteration\",\"iteration\":2,") != std::string::npos &&
+             number_field(l, "attempts") == 2;
+  }
+  EXPECT_TRUE(event);
+  EXPECT_TRUE(rerun);
+}
+
 // ---- failures: a launch in the background, its workers found through the run log
 
 struct background_launch {
