@@ -89,15 +89,16 @@ int main(int argc, char** argv) {
     double ours = 1e30, theirs = 1e30;
     for (int r = 0; r < repeats; ++r) {
       theirs = std::min(theirs, per_iteration(run(bin + " train" + common)));
-      ours = std::min(ours, per_iteration(run(bin + " launch" + common + " --set engine.run_log=" +
-                                              log)));
+      ours = std::min(
+          ours, per_iteration(run(bin + " launch" + common + " --set engine.run_log=" + log)));
     }
     std::printf("iteration_s_pp1_dp1: ours=%.4f theirs=%.4f ratio=%.3f\n", ours, theirs,
                 theirs / ours);
     for (const auto& [pp, m] : std::vector<std::pair<int, int>>{{2, 4}, {2, 8}, {4, 8}}) {
       double best = 0.0;
       for (int r = 0; r < repeats; ++r) {
-        run(fmt::format("{} launch{} --set parallel.pp={} --set train.micro_batches={} --set "
+        run(
+            fmt::format("{} launch{} --set parallel.pp={} --set train.micro_batches={} --set "
                         "engine.run_log={}",
                         bin, common, pp, m, log));
         best = std::max(best, busy_fraction(log));

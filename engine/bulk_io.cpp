@@ -8,8 +8,8 @@ namespace moevement::engine {
 asio::awaitable<result<void>> bulk_io::pull(transport::bulk_descriptor from,
                                             std::span<std::byte> into, std::shared_ptr<void> keep) {
   if (into.size() != from.length) {
-    co_return error{"pull: the descriptor names " + std::to_string(from.length) +
-                    " bytes where " + std::to_string(into.size()) + " were expected"};
+    co_return error{"pull: the descriptor names " + std::to_string(from.length) + " bytes where " +
+                    std::to_string(into.size()) + " were expected"};
   }
   auto initiate = [this, from, into, keep = std::move(keep)](auto handler) mutable {
     // ucx_link's callback is a copyable std::function; the awaitable's handler is move-only.

@@ -66,14 +66,17 @@ awaitable<void> coordinator::on_start() {
                       .add("replica", w.replica)
                       .add("iteration", iteration_));
     }
-    fail(fmt::format("worker {} ({}, pid {}) {} at iteration {}; checkpoint.policy = {} cannot "
-                     "recover a lost worker, so the job stops",
-                     n, role, w.pid, how, iteration_, job_.policy));
+    fail(
+        fmt::format("worker {} ({}, pid {}) {} at iteration {}; checkpoint.policy = {} cannot "
+                    "recover a lost worker, so the job stops",
+                    n, role, w.pid, how, iteration_, job_.policy));
   });
   co_return;
 }
 
-void coordinator::on_stop(const actors::exit_reason&) { system().on_membership({}); }
+void coordinator::on_stop(const actors::exit_reason&) {
+  system().on_membership({});
+}
 
 void coordinator::fail(const std::string& message) {
   if (finished_) return;
@@ -161,8 +164,7 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   if (phase_ != phase::starting || it == workers_.end()) co_return;
   worker_info& w = it->second;
   if (m.getError().size() > 0) {
-    fail(fmt::format("worker {} could not start its stage: {}", w.node,
-                     std::string(m.getError())));
+    fail(fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError())));
     co_return;
   }
   if (w.stage >= 0) {
@@ -324,8 +326,8 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
   train_seconds_ += secs;
   last_.seconds = secs;
-  const double tokens = double(job_.train.micro_batches) * job_.train.micro_batch_size *
-                        job_.train.seq_len * job_.dp;
+  const double tokens =
+      double(job_.train.micro_batches) * job_.train.micro_batch_size * job_.train.seq_len * job_.dp;
   last_.tokens_per_s = secs > 0 ? tokens / secs : 0.0;
   last_.attempts = attempts_;
   attempts_ = 0;
@@ -353,8 +355,7 @@ awaitable<void> coordinator::after_iteration() {
   if (finished_) co_return;
   const bool last = iteration_ >= job_.train.iterations;
   const bool validate_now = job_.train.val_every > 0 && iteration_ % job_.train.val_every == 0;
-  if ((last || validate_now) && job_.train.val_batches > 0 &&
-      (phase_ != phase::validating)) {
+  if ((last || validate_now) && job_.train.val_batches > 0 && (phase_ != phase::validating)) {
     start_validation();
     co_return;
   }
@@ -476,10 +477,10 @@ awaitable<void> coordinator::finish() {
   o.val_loss = last_val_;
   o.iterations = iteration_;
   o.seconds = train_seconds_;
-  o.tokens_per_s = train_seconds_ > 0 ? double(job_.train.micro_batches) *
-                                            job_.train.micro_batch_size * job_.train.seq_len *
-                                            job_.dp * double(iteration_) / train_seconds_
-                                      : 0.0;
+  o.tokens_per_s = train_seconds_ > 0
+                       ? double(job_.train.micro_batches) * job_.train.micro_batch_size *
+                             job_.train.seq_len * job_.dp * double(iteration_) / train_seconds_
+                       : 0.0;
   finish_with(std::move(o));
 }
 

@@ -29,7 +29,7 @@ struct iteration_record {
   double loss = 0.0, aux_loss = 0.0, grad_norm = 0.0;
   bool applied = true;
   float loss_scale = 1.0f;
-  double seconds = 0.0;         // wall time of the iteration (Iterate sent .. all Stepped)
+  double seconds = 0.0;  // wall time of the iteration (Iterate sent .. all Stepped)
   double tokens_per_s = 0.0;
   double max_compute_s = 0.0;   // the busiest stage's forward + backward time
   double mean_compute_s = 0.0;  // the mean over stages (1 - mean / seconds: the bubble)
@@ -41,7 +41,7 @@ struct job_outcome {
   std::string message;           // what went wrong (empty when ok)
   std::uint64_t state_hash = 0;  // when ok
   double final_loss = 0.0, val_loss = 0.0;
-  double seconds = 0.0;          // from the first iteration to the last step
+  double seconds = 0.0;  // from the first iteration to the last step
   std::int64_t iterations = 0;
   double tokens_per_s = 0.0;
 };
@@ -97,8 +97,15 @@ class coordinator : public actors::actor {
   asio::awaitable<void> on_down(actors::actor_ref who, actors::exit_reason why) override;
 
  private:
-  enum class phase : std::uint8_t { admitting, starting, running, stepping, validating, paused,
-                                    done };
+  enum class phase : std::uint8_t {
+    admitting,
+    starting,
+    running,
+    stepping,
+    validating,
+    paused,
+    done
+  };
   asio::awaitable<void> hello(wire::WorkerHello::Reader m);
   asio::awaitable<void> ready(wire::StageReady::Reader m);
   asio::awaitable<void> stage_done(wire::StageDone::Reader m);

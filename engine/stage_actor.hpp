@@ -27,13 +27,13 @@ namespace moevement::engine {
 
 class stage_actor : public actors::actor {
  public:
-  using interface = actors::interface<
-      actors::ask_t<wire::Wire, wire::WireAck>, actors::tell_t<wire::Iterate>,
-      actors::tell_t<wire::Activation>, actors::tell_t<wire::Gradient>,
-      actors::tell_t<wire::ReducePartial>, actors::tell_t<wire::ReduceTotal>,
-      actors::tell_t<wire::Step>, actors::ask_t<wire::Abort, wire::AbortAck>,
-      actors::tell_t<wire::Validate>, actors::tell_t<wire::ValActivation>,
-      actors::ask_t<wire::DigestsQuery, wire::Digests>>;
+  using interface =
+      actors::interface<actors::ask_t<wire::Wire, wire::WireAck>, actors::tell_t<wire::Iterate>,
+                        actors::tell_t<wire::Activation>, actors::tell_t<wire::Gradient>,
+                        actors::tell_t<wire::ReducePartial>, actors::tell_t<wire::ReduceTotal>,
+                        actors::tell_t<wire::Step>, actors::ask_t<wire::Abort, wire::AbortAck>,
+                        actors::tell_t<wire::Validate>, actors::tell_t<wire::ValActivation>,
+                        actors::ask_t<wire::DigestsQuery, wire::Digests>>;
 
   // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
   // hooks may be null (policy none).
@@ -45,8 +45,16 @@ class stage_actor : public actors::actor {
   std::uint64_t dropped() const { return dropped_; }
 
  private:
-  enum class phase : std::uint8_t { idle, running, reducing, wait_total, reduced, stepped, aborted };
-  struct incoming {  // pull targets; shared with in-flight pulls
+  enum class phase : std::uint8_t {
+    idle,
+    running,
+    reducing,
+    wait_total,
+    reduced,
+    stepped,
+    aborted
+  };
+  struct incoming {                                     // pull targets; shared with in-flight pulls
     std::vector<float> act, grad, partial, total, val;  // [M*bf] [M*bf] [G] [G] [bf]
   };
 

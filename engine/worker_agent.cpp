@@ -112,8 +112,8 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
       co_return;
     }
     bulk_ = std::make_unique<bulk_io>(link_);
-    stage_ = system().spawn<stage_actor>(std::move(setup), std::move(model), *bulk_,
-                                         coordinator, nullptr);
+    stage_ = system().spawn<stage_actor>(std::move(setup), std::move(model), *bulk_, coordinator,
+                                         nullptr);
     report(stage_, "");
   } catch (const std::exception& e) {
     report({}, e.what());

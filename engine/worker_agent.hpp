@@ -18,8 +18,7 @@ namespace moevement::engine {
 
 class worker_agent : public actors::actor {
  public:
-  using interface =
-      actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Shutdown>>;
+  using interface = actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Shutdown>>;
 
   // on_exit(status, message): the process should end (Shutdown: 0; a failure: 1).
   worker_agent(transport::ucx_link& link, const stage_registry& registry,

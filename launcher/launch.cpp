@@ -108,8 +108,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   std::cout << fmt::format(
       "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "
       "{} spare(s), stage type {}, checkpoint policy {}\n",
-      job.model.preset, job.model.layers, double(job.model.parameter_count()) / 1e6, job.pp,
-      job.dp, job.workers(), job.spares, job.stage_type, job.policy);
+      job.model.preset, job.model.layers, double(job.model.parameter_count()) / 1e6, job.pp, job.dp,
+      job.workers(), job.spares, job.stage_type, job.policy);
 
   const std::string token = new_token();
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -142,9 +142,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   cb.on_iteration = [&](const engine::iteration_record& r) {
     const std::int64_t done = r.iteration + 1;
     const double eta = r.seconds * double(job.train.iterations - done);
-    const std::string line = fmt::format(
-        "iter {:>6}/{}  loss {:.4f}  {:>8.0f} tok/s  {:.3f} s/iter  ETA {}", done,
-        job.train.iterations, r.loss, r.tokens_per_s, r.seconds, duration_text(eta));
+    const std::string line =
+        fmt::format("iter {:>6}/{}  loss {:.4f}  {:>8.0f} tok/s  {:.3f} s/iter  ETA {}", done,
+                    job.train.iterations, r.loss, r.tokens_per_s, r.seconds, duration_text(eta));
     if (tty) {
       std::cout << "\r" << line << std::flush;
       progress_open = true;
@@ -203,9 +203,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   start_timer.async_wait([&](const std::error_code& ec) {
     auto* c = sys.local_actor<engine::coordinator>(coord);
     if (ec || finished || c == nullptr || c->started()) return;
-    fail(fmt::format("the workers did not all start within cluster.start_timeout_ms = {} ms "
-                     "({} of {} said hello)",
-                     job.start_timeout_ms, c->workers().size(), nworkers));
+    fail(
+        fmt::format("the workers did not all start within cluster.start_timeout_ms = {} ms "
+                    "({} of {} said hello)",
+                    job.start_timeout_ms, c->workers().size(), nworkers));
   });
 
   asio::co_spawn(
@@ -219,13 +220,17 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         }
         const std::string head = fmt::format("{}:{}", job.host, link.port());
         for (int n = 1; n <= nworkers; ++n) {
-          const std::vector<std::string> args{
-              "worker",         "--head",
-              head,             "--node",
-              std::to_string(n), "--host",
-              job.host,         "--heartbeat-ms",
-              std::to_string(job.heartbeat_ms), "--failure-timeout-ms",
-              std::to_string(job.failure_timeout_ms)};
+          const std::vector<std::string> args{"worker",
+                                              "--head",
+                                              head,
+                                              "--node",
+                                              std::to_string(n),
+                                              "--host",
+                                              job.host,
+                                              "--heartbeat-ms",
+                                              std::to_string(job.heartbeat_ms),
+                                              "--failure-timeout-ms",
+                                              std::to_string(job.failure_timeout_ms)};
           try {
             children[start_worker(self, args, token)] = transport::node_id(n);
           } catch (const std::exception& e) {

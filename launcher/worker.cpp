@@ -41,8 +41,8 @@ long number(const std::string& flag, const std::string& v, long lo, long hi) {
   char* end = nullptr;
   const long x = std::strtol(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || x < lo || x > hi) {
-    throw std::invalid_argument(fmt::format("{}: expected an integer in [{}, {}], got '{}'", flag,
-                                            lo, hi, v));
+    throw std::invalid_argument(
+        fmt::format("{}: expected an integer in [{}, {}], got '{}'", flag, lo, hi, v));
   }
   return x;
 }
@@ -125,8 +125,8 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   sys.on_membership([&](transport::node_id n, actors::member_event e) {
     if (n == cfg.head && e != actors::member_event::up) stop(1, "lost the head: stopping");
   });
-  auto agent = sys.spawn<engine::worker_agent>(link, registry,
-                                               [&](int s, const std::string& why) { stop(s, why); });
+  auto agent = sys.spawn<engine::worker_agent>(
+      link, registry, [&](int s, const std::string& why) { stop(s, why); });
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.
   admission.expires_after(std::chrono::seconds(120));
   admission.async_wait([&](const std::error_code& ec) {

@@ -37,8 +37,8 @@ class residual_mlp final : public engine::stage_model {
     // (seed, index) the same way whichever stage holds it.
     auto add = [&](std::uint64_t index, std::string name, models::op_kind kind,
                    std::vector<param_spec> params) {
-      auto& op = ops_.emplace_back(std::make_unique<operator_state>(std::move(name), kind,
-                                                                    std::move(params), dt));
+      auto& op = ops_.emplace_back(
+          std::make_unique<operator_state>(std::move(name), kind, std::move(params), dt));
       op->init(s.train.seed, index);
     };
     if (s.first()) {
@@ -114,11 +114,11 @@ class residual_mlp final : public engine::stage_model {
       models::cpu::matmul_backward(da.data(), mlp.grad(1), dx_.data(), k.a.data(), mlp.weight(1),
                                    n_, f_, c_);
       models::cpu::gelu_backward(dh.data(), da.data(), k.h.data(), n_ * f_);
-      models::cpu::matmul_backward(dn.data(), mlp.grad(0), dh.data(), k.n.data(), mlp.weight(0),
-                                   n_, c_, f_);
+      models::cpu::matmul_backward(dn.data(), mlp.grad(0), dh.data(), k.n.data(), mlp.weight(0), n_,
+                                   c_, f_);
       models::cpu::rmsnorm_backward(dxn.data(), norm.grad(0), dn.data(),
-                                    m.xs[std::size_t(b)].data(), norm.weight(0), k.rstd.data(),
-                                    n_, c_);
+                                    m.xs[std::size_t(b)].data(), norm.weight(0), k.rstd.data(), n_,
+                                    c_);
       for (std::size_t j = 0; j < nc; ++j) dx_[j] += dxn[j];
     }
     if (s_.first()) {
@@ -170,9 +170,8 @@ class residual_mlp final : public engine::stage_model {
     std::size_t op = 0;
     if (s_.first()) {
       const operator_state& emb = *ops_[op++];
-      models::cpu::embedding_forward(m.xs[0].data(), m.tokens.data(), emb.weight(0),
-                                     emb.weight(1), s_.train.micro_batch_size, s_.train.seq_len,
-                                     c_);
+      models::cpu::embedding_forward(m.xs[0].data(), m.tokens.data(), emb.weight(0), emb.weight(1),
+                                     s_.train.micro_batch_size, s_.train.seq_len, c_);
     } else {
       if (x_in.size() != nc) throw std::invalid_argument("residual_mlp: x_in has the wrong size");
       m.xs[0].assign(x_in.begin(), x_in.end());

@@ -25,7 +25,9 @@ std::string hash_of(const std::string& out) {
   return at == std::string::npos ? "" : out.substr(at + 11, 16);
 }
 
-std::string config() { return source_path("examples/custom_stage/residual_mlp.toml"); }
+std::string config() {
+  return source_path("examples/custom_stage/residual_mlp.toml");
+}
 std::string log() {
   return " --set engine.run_log=" + ::testing::TempDir() + "custom_stage_" +
          std::to_string(::getpid()) + ".jsonl";

@@ -24,12 +24,13 @@ using moevement::test_support::run_moevement;
 using moevement::test_support::source_path;
 using namespace std::chrono_literals;
 
-std::string tiny() { return source_path("examples/configs/tiny.toml"); }
+std::string tiny() {
+  return source_path("examples/configs/tiny.toml");
+}
 
 // A run log path private to this test process.
 std::string log_path(const std::string& name) {
-  return ::testing::TempDir() + "launch_test_" + std::to_string(::getpid()) + "_" + name +
-         ".jsonl";
+  return ::testing::TempDir() + "launch_test_" + std::to_string(::getpid()) + "_" + name + ".jsonl";
 }
 
 std::string hash_of(const std::string& out) {
@@ -91,7 +92,8 @@ TEST(launch, pp2_dp2_learns_and_repeats_bit_for_bit) {
   const std::string log = log_path("learn");
   const std::string args = "launch " + tiny() +
                            " --set parallel.pp=2 --set parallel.dp=2 --set train.iterations=30 "
-                           "--set train.seq_len=32 --set engine.run_log=" + log;
+                           "--set train.seq_len=32 --set engine.run_log=" +
+                           log;
   const auto a = run_moevement(args);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   std::vector<double> losses;
@@ -140,8 +142,8 @@ struct background_launch {
     const std::string bin = std::getenv("MOEVEMENT_BIN");
     const std::string cmd = "exec " + bin + " launch " + tiny() +
                             " --set train.iterations=100000 --set parallel.pp=2 "
-                            "--set parallel.dp=2 --set engine.run_log=" + log + " " + extra +
-                            " > " + out_path + " 2>&1";
+                            "--set parallel.dp=2 --set engine.run_log=" +
+                            log + " " + extra + " > " + out_path + " 2>&1";
     pid = ::fork();
     if (pid == 0) {
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
@@ -272,10 +274,10 @@ TEST(launch, bad_configs_name_the_key) {
   struct bad {
     std::string set, key;
   };
-  for (const bad& b : {bad{"parallel.pp=5", "parallel.pp"}, bad{"parallel.dp=two", "parallel.dp"},
-                       bad{"parallel.ppp=2", "parallel.ppp"},
-                       bad{"train.micro_batches=0", "train.micro_batches"},
-                       bad{"engine.stage=nope", "engine.stage"}}) {
+  for (const bad& b :
+       {bad{"parallel.pp=5", "parallel.pp"}, bad{"parallel.dp=two", "parallel.dp"},
+        bad{"parallel.ppp=2", "parallel.ppp"}, bad{"train.micro_batches=0", "train.micro_batches"},
+        bad{"engine.stage=nope", "engine.stage"}}) {
     const auto r = run_moevement("launch " + tiny() + " --set " + b.set + log);
     EXPECT_NE(r.exit_code, 0) << b.set;
     EXPECT_NE(r.output.find(b.key), std::string::npos) << b.set << ": " << r.output;
