@@ -66,6 +66,10 @@ awaitable<void> coordinator::on_start() {
                       .add("replica", w.replica)
                       .add("iteration", iteration_));
     }
+    if (w.stage < 0 && started()) {  // a spare: training goes on, with one spare fewer
+      workers_.erase(it);
+      return;
+    }
     fail(
         fmt::format("worker {} ({}, pid {}) {} at iteration {}; checkpoint.policy = {} cannot "
                     "recover a lost worker, so the job stops",

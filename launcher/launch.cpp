@@ -184,9 +184,19 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         if (it == children.end()) continue;
         const transport::node_id n = it->second;
         children.erase(it);
-        if (!finished) {
+        auto* c = sys.local_actor<engine::coordinator>(coord);
+        bool spare = false;
+        if (c != nullptr && c->started()) {
+          const auto w = c->workers().find(n);
+          spare = w == c->workers().end() || w->second.stage < 0;
+        }
+        if (!finished && !spare) {
           end_line();
           fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
+        } else if (!finished) {
+          end_line();
+          std::cout << fmt::format("spare worker {} (pid {}) {}; training goes on\n", n, pid,
+                                   exit_text(status));
         }
       }
     } else if (!finished) {

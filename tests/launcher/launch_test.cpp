@@ -92,7 +92,7 @@ TEST(launch, pp2_dp2_learns_and_repeats_bit_for_bit) {
   const std::string log = log_path("learn");
   const std::string args = "launch " + tiny() +
                            " --set parallel.pp=2 --set parallel.dp=2 --set train.iterations=30 "
-                           "--set train.seq_len=32 --set engine.run_log=" +
+                           "--set train.seq_len=32 --set cluster.spares=1 --set engine.run_log=" +
                            log;
   const auto a = run_moevement(args);
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -235,6 +235,25 @@ TEST(launch, killed_worker_under_policy_none_ends_the_job_with_a_clear_error) {
   bool logged = false;
   for (const auto& l : lines_of(job.log)) logged |= l.find("job_failed") != std::string::npos;
   EXPECT_TRUE(logged);
+}
+
+TEST(launch, a_lost_spare_does_not_stop_training) {
+  const std::string set = " --set train.iterations=40 --set train.seq_len=16";
+  background_launch job("spare", "--set cluster.spares=1" + set);
+  const auto pids = job.wait_for_workers(5);
+  ASSERT_EQ(pids.size(), 5u) << job.output();
+  pid_t spare = 0;
+  for (const auto& l : lines_of(job.log)) {
+    if (l.find("\"worker_up\"") != std::string::npos && number_field(l, "stage") == -1) {
+      spare = pid_t(number_field(l, "pid"));
+    }
+  }
+  ASSERT_GT(spare, 0);
+  ::kill(spare, SIGKILL);
+  ASSERT_EQ(job.wait(120s), 0) << job.output();
+  const auto reference = run_moevement("train " + tiny() + " --set parallel.dp=2" + set);
+  EXPECT_EQ(hash_of(job.output()), hash_of(reference.output)) << job.output();
+  EXPECT_TRUE(all_gone(pids));
 }
 
 TEST(launch, hung_worker_is_detected_by_heartbeats) {
