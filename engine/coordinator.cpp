@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <cstring>
 
 #include "base/hash.hpp"
@@ -459,8 +463,14 @@ awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
 }
 
 awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
-  fail("a stage failed: " + std::string(m.getMessage()));
-  co_return;
+  // A stage usually fails because a peer died under it (a pull broke). The head learns of
+  // that death itself within the failure timeout, with the better message (which worker,
+  // how it died): wait that long before blaming the stage.
+  std::string message = "a stage failed: " + std::string(m.getMessage());
+  asio::steady_timer grace(co_await asio::this_coro::executor,
+                           std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+  co_await grace.async_wait(asio::use_awaitable);
+  fail(message);
 }
 
 awaitable<void> coordinator::finish() {
