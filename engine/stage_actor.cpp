@@ -77,7 +77,9 @@ stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, 
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
 }
 
-stage_actor::~stage_actor() { pool_.join(); }
+stage_actor::~stage_actor() {
+  pool_.join();
+}
 
 template <class F>
 awaitable<void> stage_actor::compute(F&& fn) {
@@ -128,8 +130,8 @@ awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) 
   replicas_.clear();
   for (auto a : m.getReplicas()) replicas_.push_back(read_ref(a));
   if (replicas_.size() != std::size_t(setup_.replicas) ||
-      !(replicas_[std::size_t(setup_.replica)] == self()) ||
-      prev_.valid() == setup_.first() || next_.valid() == setup_.last()) {
+      !(replicas_[std::size_t(setup_.replica)] == self()) || prev_.valid() == setup_.first() ||
+      next_.valid() == setup_.last()) {
     fail("inconsistent wiring from the coordinator");
   }
   co_return;

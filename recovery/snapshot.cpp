@@ -189,7 +189,7 @@ snapshot_view parse_snapshot(std::span<const std::byte> bytes) {
     if (mode > 1) throw snapshot_error("snapshot operator " + e.name + ": bad mode");
     e.mode = mode == 0 ? models::op_mode::active : models::op_mode::frozen;
     e.numel = r.value<std::uint64_t>("numel");
-    if (e.numel > r.left() / sizeof(float) + 1) {
+    if (e.numel > r.left()) {  // every element takes at least one byte
       throw snapshot_error("snapshot operator " + e.name + ": numel " + std::to_string(e.numel) +
                            " exceeds the slot");
     }

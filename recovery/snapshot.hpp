@@ -70,7 +70,7 @@ struct snapshot_entry {
   std::string name;
   models::op_mode mode = models::op_mode::active;  // active: full state; frozen: compute only
   std::uint64_t numel = 0;
-  std::int64_t step = 0;                           // active only
+  std::int64_t step = 0;                              // active only
   std::span<const std::byte> master, adam_m, adam_v;  // active only, numel floats each
   std::span<const std::byte> compute;                 // frozen only
 };

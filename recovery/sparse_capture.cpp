@@ -22,7 +22,8 @@ int find_w_sparse(std::span<const std::vector<models::operator_state*>> stages,
   for (const auto& ops : stages) {
     std::vector<sim::sparse_op> sizes;
     for (const auto* op : ops) sizes.push_back(sparse_sizes(*op));
-    w = std::max(w, sim::find_window_size(sizes, iteration_seconds, bandwidth_bytes_per_s).w_sparse);
+    w = std::max(w,
+                 sim::find_window_size(sizes, iteration_seconds, bandwidth_bytes_per_s).w_sparse);
   }
   return w;
 }
@@ -41,8 +42,7 @@ stage_schedule::stage_schedule(const sparse_config& config,
           "bandwidth (both > 0)");
     }
     const std::vector<models::operator_state*> all(ops.begin(), ops.end());
-    w_ = find_w_sparse(std::span(&all, 1), config.iteration_seconds,
-                       config.bandwidth_bytes_per_s);
+    w_ = find_w_sparse(std::span(&all, 1), config.iteration_seconds, config.bandwidth_bytes_per_s);
   }
   o_active_ = int((n_ + std::size_t(w_) - 1) / std::size_t(w_));
   for (const auto* op : ops) is_expert_.push_back(op->kind() == models::op_kind::expert);
@@ -79,8 +79,8 @@ const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint
       for (std::size_t i = 0; i < n_; ++i) {
         if (is_expert_[i]) experts.push_back(it->second[i]);
       }
-      if (order_popularity_.empty() || sim::should_reorder(order_popularity_, experts,
-                                                           config_.reorder)) {
+      if (order_popularity_.empty() ||
+          sim::should_reorder(order_popularity_, experts, config_.reorder)) {
         std::vector<sim::sparse_op> pop(n_);
         for (std::size_t i = 0; i < n_; ++i) {
           pop[i].popularity = is_expert_[i] ? it->second[i] : std::numeric_limits<double>::max();
@@ -109,10 +109,10 @@ void sparse_capture::on_step(std::int64_t iteration, float loss_grad,
 
 void sparse_capture::on_boundary_send(std::int64_t iteration, int micro_batch,
                                       engine::boundary kind, std::span<const float> tensor) {
-  const log_key key{std::uint64_t(iteration), std::uint32_t(micro_batch),
-                    kind == engine::boundary::activation ? log_direction::activation
-                                                         : log_direction::gradient,
-                    std::uint32_t(replica_)};
+  const log_key key{
+      std::uint64_t(iteration), std::uint32_t(micro_batch),
+      kind == engine::boundary::activation ? log_direction::activation : log_direction::gradient,
+      std::uint32_t(replica_)};
   if (!log_.append(key, std::as_bytes(tensor))) ++log_conflicts_;
 }
 

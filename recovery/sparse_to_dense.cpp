@@ -98,8 +98,7 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
       for (const auto& e : views[d].back().entries) {
         if (e.index >= ops[d].size()) {
           throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " names operator " +
-                                 std::to_string(e.index) + " of " +
-                                 std::to_string(ops[d].size()));
+                                 std::to_string(e.index) + " of " + std::to_string(ops[d].size()));
         }
       }
     }
@@ -188,12 +187,12 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
       engine::replay_inputs ri{in.stage, in.stages, in.micro_batches, {}, {}};
       for (int mb = 0; mb < in.micro_batches; ++mb) {
         if (!first) {
-          ri.activations.push_back(logged(d < in.upstream.size() ? in.upstream[d] : nullptr, it,
-                                          mb, log_direction::activation, d, in.stage - 1, floats));
+          ri.activations.push_back(logged(d < in.upstream.size() ? in.upstream[d] : nullptr, it, mb,
+                                          log_direction::activation, d, in.stage - 1, floats));
         }
         if (!last) {
-          ri.gradients.push_back(logged(d < in.downstream.size() ? in.downstream[d] : nullptr,
-                                        it, mb, log_direction::gradient, d, in.stage + 1, floats));
+          ri.gradients.push_back(logged(d < in.downstream.size() ? in.downstream[d] : nullptr, it,
+                                        mb, log_direction::gradient, d, in.stage + 1, floats));
         }
       }
       const auto out = engine::replay_iteration(*replicas[d], it, step.loss_grad, ri);

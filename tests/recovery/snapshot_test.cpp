@@ -57,8 +57,7 @@ TEST_F(slot_fixture, bytes_hold_the_live_state) {
       EXPECT_EQ(std::memcmp(e.adam_v.data(), ops[i]->adam_v().data(), e.adam_v.size()), 0);
     } else {
       ASSERT_EQ(e.compute.size(), ops[i]->compute_bytes().size());
-      EXPECT_EQ(std::memcmp(e.compute.data(), ops[i]->compute_bytes().data(), e.compute.size()),
-                0);
+      EXPECT_EQ(std::memcmp(e.compute.data(), ops[i]->compute_bytes().data(), e.compute.size()), 0);
     }
   }
   EXPECT_EQ(k, v.entries.size());
@@ -71,7 +70,8 @@ TEST_F(slot_fixture, bytes_hold_the_live_state) {
       EXPECT_EQ(fops[e.index]->digest(), ops[e.index]->digest()) << e.name;
     } else {
       EXPECT_EQ(fops[e.index]->mode(), models::op_mode::frozen);
-      EXPECT_TRUE(std::ranges::equal(fops[e.index]->compute_bytes(), ops[e.index]->compute_bytes()));
+      EXPECT_TRUE(
+          std::ranges::equal(fops[e.index]->compute_bytes(), ops[e.index]->compute_bytes()));
       fops[e.index]->set_mode(models::op_mode::active);
     }
   }

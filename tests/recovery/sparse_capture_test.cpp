@@ -69,8 +69,8 @@ TEST(sparse_capture, slots_are_tagged_and_memory_stays_bounded) {
     EXPECT_EQ(v->first_iteration, std::int64_t(v->window) * w + 1);
     for (std::size_t j = 0; j < v->slots.size(); ++j) {
       const auto tag = parse_snapshot(v->slots[j]).tag;
-      EXPECT_EQ(tag, (snapshot_tag{v->window, std::uint32_t(j), v->first_iteration +
-                                   std::int64_t(j), 1, 0}));
+      EXPECT_EQ(tag, (snapshot_tag{v->window, std::uint32_t(j),
+                                   v->first_iteration + std::int64_t(j), 1, 0}));
     }
     // one persisted window and one in flight; logs and plans from the persisted window on
     EXPECT_LE(c1.windows_held(), 2u);
