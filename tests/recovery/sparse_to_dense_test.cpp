@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "engine/local_pipeline.hpp"
 
@@ -33,11 +34,13 @@ struct captured_job {
   models::train_config train;
   int pp;
   engine::local_pipeline pipe;
+  models::model_config model;
   std::vector<std::unique_ptr<stage_schedule>> schedules;  // [stage]
   std::vector<std::unique_ptr<sparse_capture>> caps;       // [replica * pp + stage]
 
-  captured_job(int stages, int dp)
-      : train(test_train(dp)), pp(stages), pipe(models::preset("tiny"), train, stages) {
+  captured_job(int stages, int dp, const models::model_config& m = models::preset("tiny"),
+               std::optional<models::train_config> t = std::nullopt)
+      : train(t ? *t : test_train(dp)), pp(stages), pipe(m, train, stages), model(m) {
     for (int s = 0; s < pp; ++s) {
       schedules.push_back(
           std::make_unique<stage_schedule>(sparse_config{w_sparse}, pipe.stage(s, 0).operators()));
@@ -91,48 +94,74 @@ std::vector<engine::stage_model*> replicas_of(engine::local_pipeline& p, int s) 
   return out;
 }
 
+// Trains `iterations` with the capture on, then rebuilds each stage in turn.
+void expect_bit_exact_conversions(captured_job& job) {
+  const int pp = job.pp, dp = job.train.data_parallel;
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  for (int s = 0; s < pp; ++s) {
+    SCOPED_TRACE(testing::Message() << "pp=" << pp << " dp=" << dp << " stage " << s);
+    // the replacement job: survivors' state copied, stage s fresh and converted
+    engine::local_pipeline fresh(job.model, job.train, pp);
+    for (int d = 0; d < dp; ++d) {
+      for (int o = 0; o < pp; ++o) {
+        if (o != s) copy_state(job.pipe.stage(o, d).operators(), fresh.stage(o, d).operators());
+      }
+    }
+    auto in = job.input(s);
+    for (int d = 0; d < dp; ++d) in.own.push_back(&job.cap(s, d).log());
+    const auto rep = sparse_to_dense(replicas_of(fresh, s), in);
+    EXPECT_EQ(rep.first_iteration, 7);
+    EXPECT_EQ(rep.iterations_replayed, 4);
+    ASSERT_EQ(rep.active_after_slot.size(), std::size_t(w_sparse));
+    EXPECT_LT(rep.active_after_slot.front(), rep.active_after_slot.back());
+    EXPECT_EQ(rep.sparse_replays, (w_sparse - 1) * dp);
+    // every tensor the replay sent matched what the lost stage had sent
+    const std::size_t sent_per_iteration =
+        std::size_t((s > 0) + (s + 1 < pp)) * std::size_t(job.train.micro_batches);
+    EXPECT_EQ(rep.tensors_checked, sent_per_iteration * 4 * std::size_t(dp));
+    for (int d = 0; d < dp; ++d) {
+      EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
+                engine::operator_digests(job.pipe.stage(s, d).operators()))
+          << "replica " << d;
+    }
+    fresh.set_position(job.pipe.iteration(), job.pipe.scaler());
+    EXPECT_EQ(fresh.state_hash(), job.pipe.state_hash());
+    if (s == pp - 1) {  // the rebuilt job resumes at t bit for bit (after the last check)
+      const auto sa = job.pipe.train_iteration();
+      const auto sb = fresh.train_iteration();
+      EXPECT_EQ(sa.loss, sb.loss);
+      EXPECT_EQ(job.pipe.state_hash(), fresh.state_hash());
+    }
+  }
+}
+
 TEST(sparse_to_dense, a_rebuilt_stage_is_bit_identical_and_the_job_trains_on_identically) {
   for (int pp : {2, 3}) {
     for (int dp : {1, 2}) {
       captured_job job(pp, dp);
-      for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
-      for (int s = 0; s < pp; ++s) {
-        SCOPED_TRACE(testing::Message() << "pp=" << pp << " dp=" << dp << " stage " << s);
-        // the replacement job: survivors' state copied, stage s fresh and converted
-        engine::local_pipeline fresh(models::preset("tiny"), job.train, pp);
-        for (int d = 0; d < dp; ++d) {
-          for (int o = 0; o < pp; ++o) {
-            if (o != s) copy_state(job.pipe.stage(o, d).operators(), fresh.stage(o, d).operators());
-          }
-        }
-        auto in = job.input(s);
-        for (int d = 0; d < dp; ++d) in.own.push_back(&job.cap(s, d).log());
-        const auto rep = sparse_to_dense(replicas_of(fresh, s), in);
-        EXPECT_EQ(rep.first_iteration, 7);
-        EXPECT_EQ(rep.iterations_replayed, 4);
-        ASSERT_EQ(rep.active_after_slot.size(), std::size_t(w_sparse));
-        EXPECT_LT(rep.active_after_slot.front(), rep.active_after_slot.back());
-        EXPECT_EQ(rep.sparse_replays, (w_sparse - 1) * dp);
-        // every tensor the replay sent matched what the lost stage had sent
-        const std::size_t sent_per_iteration = std::size_t((s > 0) + (s + 1 < pp)) * 2;
-        EXPECT_EQ(rep.tensors_checked, sent_per_iteration * 4 * std::size_t(dp));
-        for (int d = 0; d < dp; ++d) {
-          EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
-                    engine::operator_digests(job.pipe.stage(s, d).operators()))
-              << "replica " << d;
-        }
-        fresh.set_position(job.pipe.iteration(), job.pipe.scaler());
-        EXPECT_EQ(fresh.state_hash(), job.pipe.state_hash());
-        if (s == pp - 1) {  // the rebuilt job resumes at t bit for bit (after the last check)
-          engine::local_pipeline& a = job.pipe;
-          const auto sa = a.train_iteration();
-          const auto sb = fresh.train_iteration();
-          EXPECT_EQ(sa.loss, sb.loss);
-          EXPECT_EQ(a.state_hash(), fresh.state_hash());
-        }
-      }
+      expect_bit_exact_conversions(job);
     }
   }
+}
+
+// f16 with dynamic loss scaling (the scale changes inside the replayed iterations: the logged
+// plans and loss gradients, not recomputed ones, must be applied) and dp = 3 (the
+// all-reduce order matters from three replicas on).
+TEST(sparse_to_dense, f16_loss_scaling_and_three_replicas) {
+  auto m = models::preset("tiny");
+  m.compute_dtype = models::dtype::f16;
+  auto t = test_train(3);
+  t.loss_scale_window = 1;  // doubles after every good step, halves on overflow
+  captured_job job(2, 3, m, t);
+  expect_bit_exact_conversions(job);
+  // the scale moved inside the replayed iterations (the logged loss gradients differ)
+  float lo = 1e30f, hi = 0.0f;
+  for (const auto& [it, rec] : job.cap(0, 0).steps()) {
+    lo = std::min(lo, rec.loss_grad);
+    hi = std::max(hi, rec.loss_grad);
+  }
+  EXPECT_LT(lo, hi);
+  EXPECT_EQ(parse_snapshot(job.cap(1, 2).persisted()->slots.back()).scaler.enabled, true);
 }
 
 TEST(sparse_to_dense, every_operator_is_full_exactly_once_per_window) {
