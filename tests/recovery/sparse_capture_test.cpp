@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <memory>
 
 #include "engine/local_pipeline.hpp"
@@ -96,6 +97,29 @@ TEST(sparse_capture, a_capture_started_mid_window_waits_for_the_next) {
   ASSERT_TRUE(cap.persisted().has_value());
   EXPECT_EQ(cap.persisted()->window, 1u);
   EXPECT_EQ(cap.windows_held(), 1u);
+}
+
+// Section 3.2: each slot is smaller than a dense snapshot of the stage (full state of every
+// operator); the sizes are printed for docs/sparse-checkpointing.md.
+TEST(sparse_capture, slots_are_smaller_than_a_dense_snapshot) {
+  constexpr int w = 3;
+  engine::local_pipeline pipe{models::preset("tiny"), test_train(), 1};
+  const auto ops = pipe.stage(0, 0).operators();
+  stage_schedule sched(sparse_config{w}, ops);
+  sparse_capture cap(sched, 0, 0, &pipe.scaler());
+  pipe.set_hooks(0, 0, &cap);
+  for (int i = 0; i < w; ++i) pipe.train_iteration();
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  const std::size_t dense =
+      snapshot_size(cops, std::vector<capture_kind>(cops.size(), capture_kind::full));
+  const auto v = cap.persisted();
+  ASSERT_TRUE(v.has_value());
+  std::cout << "tiny, one stage, W=" << w << ": dense snapshot " << dense << " bytes; slots";
+  for (const auto slot : v->slots) {
+    EXPECT_LT(slot.size(), dense);
+    std::cout << " " << slot.size();
+  }
+  std::cout << "\n";
 }
 
 }  // namespace
