@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "models/model.hpp"
 #include "models/operator_state.hpp"
 
 namespace moevement::engine {
@@ -15,6 +16,10 @@ enum class boundary : std::uint8_t { activation, gradient };
 class stage_hooks {
  public:
   virtual ~stage_hooks() = default;
+  // The step of `iteration`, just before it is applied: the loss gradient its backwards used
+  // and the plan of its optimizer step (job-wide), which a replay of this iteration must reuse.
+  virtual void on_step(std::int64_t /*iteration*/, float /*loss_grad*/,
+                       const models::step_plan& /*plan*/) {}
   // After the optimizer step of `iteration` (applied or skipped): the snapshot point. ops are
   // the stage's operators in canonical order, as they are after the step.
   virtual void after_step(std::int64_t /*iteration*/,

@@ -160,7 +160,10 @@ models::iteration_stats local_pipeline::train_iteration() {
   plan_ = models::plan_step(sq, scaler_, train_.grad_clip);
   st.applied = plan_.apply;
   st.grad_norm = plan_.grad_norm;
-  for (auto& sl : slots_) apply_step(sl.ops, plan_, train_);
+  for (auto& sl : slots_) {
+    if (sl.hooks) sl.hooks->on_step(iteration_, loss_grad_, plan_);
+    apply_step(sl.ops, plan_, train_);
+  }
   for (int d = 0; d < replicas_; ++d) {
     for (int s = 0; s < stages_; ++s) {
       slot& sl = at(s, d);

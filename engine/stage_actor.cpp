@@ -371,6 +371,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   plan.grad_mul = m.getGradMul();
   const std::int64_t it = iteration_;
   co_await compute([&] {
+    hooks_->on_step(it, loss_scale_ / float(m_ * setup_.replicas), plan);
     apply_step(ops_, plan, setup_.train);
     hooks_->after_step(it, ops_);
   });

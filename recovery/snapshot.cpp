@@ -1,0 +1,238 @@
+#include "recovery/snapshot.hpp"
+
+#include <array>
+#include <cstring>
+#include <limits>
+
+#include "base/hash.hpp"
+#include "models/tensor.hpp"
+
+namespace moevement::recovery {
+namespace {
+
+constexpr std::array<char, 8> magic = {'M', 'V', 'S', 'N', 'A', 'P', '\0', '\0'};
+// magic, version, tag (8+4+8+4+4), scaler (1+4+4+4), operator count
+constexpr std::size_t header_bytes = 8 + 4 + 28 + 13 + 4;
+constexpr std::size_t checksum_bytes = 8;
+
+std::size_t entry_size(const models::operator_state& op, capture_kind kind) {
+  const auto numel = std::size_t(op.numel());
+  std::size_t n = 4 + 2 + op.name().size() + 1 + 8;
+  if (kind == capture_kind::full) {
+    n += 8 + 3 * numel * sizeof(float);
+  } else {
+    n += 8 + op.compute_bytes().size();
+  }
+  return n;
+}
+
+class writer {
+ public:
+  explicit writer(std::span<std::byte> out) : out_(out) {}
+  void bytes(const void* p, std::size_t n) {
+    if (n > out_.size() - at_) throw std::invalid_argument("snapshot: buffer too small");
+    if (n > 0) std::memcpy(out_.data() + at_, p, n);
+    at_ += n;
+  }
+  template <class T>
+  void value(T v) {
+    bytes(&v, sizeof v);
+  }
+  std::size_t at() const { return at_; }
+
+ private:
+  std::span<std::byte> out_;
+  std::size_t at_ = 0;
+};
+
+class reader {
+ public:
+  explicit reader(std::span<const std::byte> in) : in_(in) {}
+  std::span<const std::byte> take(std::size_t n, const char* what) {
+    if (n > in_.size() - at_) {
+      throw snapshot_error("snapshot truncated: " + std::string(what) + " needs " +
+                           std::to_string(n) + " bytes at offset " + std::to_string(at_) +
+                           ", only " + std::to_string(in_.size() - at_) + " left");
+    }
+    auto s = in_.subspan(at_, n);
+    at_ += n;
+    return s;
+  }
+  template <class T>
+  T value(const char* what) {
+    T v;
+    std::memcpy(&v, take(sizeof v, what).data(), sizeof v);
+    return v;
+  }
+  std::size_t left() const { return in_.size() - at_; }
+
+ private:
+  std::span<const std::byte> in_;
+  std::size_t at_ = 0;
+};
+
+void require_sizes(std::span<const models::operator_state* const> ops,
+                   std::span<const capture_kind> kinds) {
+  if (ops.size() != kinds.size()) {
+    throw std::invalid_argument("snapshot: " + std::to_string(kinds.size()) + " kinds for " +
+                                std::to_string(ops.size()) + " operators");
+  }
+}
+
+}  // namespace
+
+std::size_t snapshot_size(std::span<const models::operator_state* const> ops,
+                          std::span<const capture_kind> kinds) {
+  require_sizes(ops, kinds);
+  std::size_t n = header_bytes + checksum_bytes;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (kinds[i] != capture_kind::skip) n += entry_size(*ops[i], kinds[i]);
+  }
+  return n;
+}
+
+void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
+                    const models::loss_scaler& scaler,
+                    std::span<const models::operator_state* const> ops,
+                    std::span<const capture_kind> kinds) {
+  if (out.size() != snapshot_size(ops, kinds)) {
+    throw std::invalid_argument("snapshot: buffer of " + std::to_string(out.size()) +
+                                " bytes, the slot needs " +
+                                std::to_string(snapshot_size(ops, kinds)));
+  }
+  writer w(out);
+  w.bytes(magic.data(), magic.size());
+  w.value(snapshot_format_version);
+  w.value(tag.window);
+  w.value(tag.slot);
+  w.value(tag.state_iteration);
+  w.value(tag.stage);
+  w.value(tag.replica);
+  w.value(std::uint8_t(scaler.enabled ? 1 : 0));
+  w.value(scaler.scale);
+  w.value(scaler.good_steps);
+  w.value(scaler.window);
+  std::uint32_t count = 0;
+  for (auto k : kinds) count += k != capture_kind::skip ? 1 : 0;
+  w.value(count);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (kinds[i] == capture_kind::skip) continue;
+    const models::operator_state& op = *ops[i];
+    if (!op.allocated()) throw std::invalid_argument("snapshot: operator " + op.name() + " freed");
+    if (op.name().size() > std::numeric_limits<std::uint16_t>::max()) {
+      throw std::invalid_argument("snapshot: operator name too long: " + op.name());
+    }
+    w.value(std::uint32_t(i));
+    w.value(std::uint16_t(op.name().size()));
+    w.bytes(op.name().data(), op.name().size());
+    w.value(std::uint8_t(kinds[i] == capture_kind::full ? 0 : 1));
+    w.value(std::uint64_t(op.numel()));
+    if (kinds[i] == capture_kind::full) {
+      w.value(op.step());
+      for (auto s : {op.master(), op.adam_m(), op.adam_v()}) w.bytes(s.data(), s.size_bytes());
+    } else {
+      w.value(std::uint64_t(op.compute_bytes().size()));
+      w.bytes(op.compute_bytes().data(), op.compute_bytes().size());
+    }
+  }
+  hasher h;
+  h.update(out.first(w.at()));
+  w.value(h.digest());
+}
+
+snapshot_view parse_snapshot(std::span<const std::byte> bytes) {
+  if (bytes.size() < header_bytes + checksum_bytes) {
+    throw snapshot_error("snapshot truncated: " + std::to_string(bytes.size()) +
+                         " bytes is less than a header");
+  }
+  const auto body = bytes.first(bytes.size() - checksum_bytes);
+  std::uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data() + body.size(), sizeof stored);
+  if (std::memcmp(bytes.data(), magic.data(), magic.size()) != 0) {
+    throw snapshot_error("not a snapshot slot (bad magic)");
+  }
+  hasher h;
+  h.update(body);
+  if (h.digest() != stored) {
+    throw snapshot_error("snapshot checksum mismatch (corrupt or truncated slot of " +
+                         std::to_string(bytes.size()) + " bytes): fetch another copy");
+  }
+  reader r(body);
+  r.take(magic.size(), "magic");
+  const auto version = r.value<std::uint32_t>("format version");
+  if (version != snapshot_format_version) {
+    throw snapshot_error("snapshot format version " + std::to_string(version) + ", expected " +
+                         std::to_string(snapshot_format_version));
+  }
+  snapshot_view v;
+  v.bytes = bytes.size();
+  v.tag.window = r.value<std::uint64_t>("window");
+  v.tag.slot = r.value<std::uint32_t>("slot");
+  v.tag.state_iteration = r.value<std::int64_t>("iteration");
+  v.tag.stage = r.value<std::int32_t>("stage");
+  v.tag.replica = r.value<std::int32_t>("replica");
+  v.scaler.enabled = r.value<std::uint8_t>("scaler") != 0;
+  v.scaler.scale = r.value<float>("scaler");
+  v.scaler.good_steps = r.value<std::int32_t>("scaler");
+  v.scaler.window = r.value<std::int32_t>("scaler");
+  const auto count = r.value<std::uint32_t>("operator count");
+  for (std::uint32_t k = 0; k < count; ++k) {
+    snapshot_entry e;
+    e.index = r.value<std::uint32_t>("operator index");
+    if (!v.entries.empty() && e.index <= v.entries.back().index) {
+      throw snapshot_error("snapshot operators out of order at entry " + std::to_string(k));
+    }
+    const auto name_len = r.value<std::uint16_t>("name length");
+    const auto name = r.take(name_len, "name");
+    e.name.assign(reinterpret_cast<const char*>(name.data()), name.size());
+    const auto mode = r.value<std::uint8_t>("mode");
+    if (mode > 1) throw snapshot_error("snapshot operator " + e.name + ": bad mode");
+    e.mode = mode == 0 ? models::op_mode::active : models::op_mode::frozen;
+    e.numel = r.value<std::uint64_t>("numel");
+    if (e.numel > r.left()) {  // every element takes at least one byte
+      throw snapshot_error("snapshot operator " + e.name + ": numel " + std::to_string(e.numel) +
+                           " exceeds the slot");
+    }
+    if (e.mode == models::op_mode::active) {
+      e.step = r.value<std::int64_t>("step");
+      const std::size_t n = std::size_t(e.numel) * sizeof(float);
+      e.master = r.take(n, "master");
+      e.adam_m = r.take(n, "adam m");
+      e.adam_v = r.take(n, "adam v");
+    } else {
+      const auto n = r.value<std::uint64_t>("compute length");
+      e.compute = r.take(std::size_t(std::min<std::uint64_t>(n, r.left() + 1)), "compute");
+    }
+    v.entries.push_back(std::move(e));
+  }
+  if (r.left() != 0) {
+    throw snapshot_error("snapshot has " + std::to_string(r.left()) + " trailing bytes");
+  }
+  return v;
+}
+
+void load_operator(const snapshot_entry& entry, models::operator_state& op) {
+  if (entry.name != op.name() || entry.numel != std::uint64_t(op.numel())) {
+    throw snapshot_error("snapshot entry " + entry.name + " (" + std::to_string(entry.numel) +
+                         " parameters) does not fit operator " + op.name() + " (" +
+                         std::to_string(op.numel()) + "): the snapshot is of another model");
+  }
+  if (entry.mode == models::op_mode::active) {
+    std::memcpy(op.master().data(), entry.master.data(), entry.master.size());
+    std::memcpy(op.adam_m().data(), entry.adam_m.data(), entry.adam_m.size());
+    std::memcpy(op.adam_v().data(), entry.adam_v.data(), entry.adam_v.size());
+    op.set_step(entry.step);
+    op.set_mode(models::op_mode::active);
+    op.refresh_compute();
+  } else {
+    if (entry.compute.size() != op.compute_bytes().size()) {
+      throw snapshot_error("snapshot entry " + entry.name + ": " +
+                           std::to_string(entry.compute.size()) + " compute bytes, operator has " +
+                           std::to_string(op.compute_bytes().size()));
+    }
+    op.set_mode(models::op_mode::frozen);
+    op.set_compute_bytes(entry.compute);
+  }
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,192 @@
+#include "recovery/sparse_capture.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace moevement::recovery {
+
+sim::sparse_op sparse_sizes(const models::operator_state& op) {
+  sim::sparse_op s;
+  const auto floats = std::uint64_t(op.numel()) * sizeof(float);
+  s.compute_bytes = op.compute_bytes().size();
+  s.master_bytes = floats;
+  s.optim_bytes = 2 * floats;
+  return s;
+}
+
+int find_w_sparse(std::span<const std::vector<models::operator_state*>> stages,
+                  double iteration_seconds, double bandwidth_bytes_per_s) {
+  int w = 1;
+  for (const auto& ops : stages) {
+    std::vector<sim::sparse_op> sizes;
+    for (const auto* op : ops) sizes.push_back(sparse_sizes(*op));
+    w = std::max(w,
+                 sim::find_window_size(sizes, iteration_seconds, bandwidth_bytes_per_s).w_sparse);
+  }
+  return w;
+}
+
+stage_schedule::stage_schedule(const sparse_config& config,
+                               std::span<models::operator_state* const> ops)
+    : config_(config), n_(ops.size()) {
+  if (n_ == 0) throw std::invalid_argument("sparse schedule: the stage has no operators");
+  if (config.w_sparse < 0) throw std::invalid_argument("sparse schedule: w_sparse must be >= 0");
+  if (config.w_sparse > 0) {
+    w_ = config.w_sparse;
+  } else {
+    if (config.iteration_seconds <= 0 || config.bandwidth_bytes_per_s <= 0) {
+      throw std::invalid_argument(
+          "sparse schedule: w_sparse = 0 needs the profiled iteration time and snapshot "
+          "bandwidth (both > 0)");
+    }
+    const std::vector<models::operator_state*> all(ops.begin(), ops.end());
+    w_ = find_w_sparse(std::span(&all, 1), config.iteration_seconds, config.bandwidth_bytes_per_s);
+  }
+  o_active_ = int((n_ + std::size_t(w_) - 1) / std::size_t(w_));
+  for (const auto* op : ops) is_expert_.push_back(op->kind() == models::op_kind::expert);
+  // Before any count: experts (popularity 0) first, then the rest, each in index order.
+  std::vector<sim::sparse_op> pop(n_);
+  for (std::size_t i = 0; i < n_; ++i) {
+    pop[i].popularity = is_expert_[i] ? 0.0 : std::numeric_limits<double>::max();
+  }
+  order_ = sim::order_by_popularity(pop);
+}
+
+void stage_schedule::add_popularity(std::int64_t iteration,
+                                    std::span<models::operator_state* const> ops) {
+  if (ops.size() != n_) throw std::invalid_argument("sparse schedule: operator count changed");
+  auto& c = counts_[std::uint64_t(iteration) / std::uint64_t(w_)];
+  c.resize(n_, 0.0);
+  // A gate's counters are per expert of its layer: the next routed_tokens().size() experts.
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (ops[i]->kind() != models::op_kind::gate) continue;
+    const auto& routed = ops[i]->routed_tokens();
+    std::size_t e = 0;
+    for (std::size_t j = i + 1; j < n_ && e < routed.size(); ++j) {
+      if (!is_expert_[j]) continue;
+      c[j] += double(routed[e++]);
+    }
+  }
+}
+
+const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint64_t window) {
+  if (auto it = schedules_.find(window); it != schedules_.end()) return it->second;
+  if (window > 0) {
+    if (auto it = counts_.find(window - 1); it != counts_.end()) {
+      std::vector<double> experts;
+      for (std::size_t i = 0; i < n_; ++i) {
+        if (is_expert_[i]) experts.push_back(it->second[i]);
+      }
+      if (order_popularity_.empty() ||
+          sim::should_reorder(order_popularity_, experts, config_.reorder)) {
+        std::vector<sim::sparse_op> pop(n_);
+        for (std::size_t i = 0; i < n_; ++i) {
+          pop[i].popularity = is_expert_[i] ? it->second[i] : std::numeric_limits<double>::max();
+        }
+        const auto order = sim::order_by_popularity(pop);
+        if (order != order_) ++reorders_;
+        order_ = order;
+        order_popularity_ = std::move(experts);
+      }
+    }
+  }
+  // Counts and schedules older than the window before are of no further use.
+  counts_.erase(counts_.begin(), counts_.lower_bound(window == 0 ? 0 : window - 1));
+  schedules_.erase(schedules_.begin(), schedules_.lower_bound(window == 0 ? 0 : window - 1));
+  return schedules_[window] = sim::generate_schedule(order_, w_, o_active_);
+}
+
+sparse_capture::sparse_capture(stage_schedule& schedule, int stage, int replica,
+                               const models::loss_scaler* scaler)
+    : schedule_(schedule), stage_(stage), replica_(replica), scaler_(scaler) {}
+
+void sparse_capture::on_step(std::int64_t iteration, float loss_grad,
+                             const models::step_plan& plan) {
+  steps_[iteration] = {loss_grad, plan};
+}
+
+void sparse_capture::on_boundary_send(std::int64_t iteration, int micro_batch,
+                                      engine::boundary kind, std::span<const float> tensor) {
+  const log_key key{
+      std::uint64_t(iteration), std::uint32_t(micro_batch),
+      kind == engine::boundary::activation ? log_direction::activation : log_direction::gradient,
+      std::uint32_t(replica_)};
+  if (!log_.append(key, std::as_bytes(tensor))) ++log_conflicts_;
+}
+
+void sparse_capture::after_step(std::int64_t iteration,
+                                std::span<models::operator_state* const> ops) {
+  if (ops.size() != schedule_.operators()) {
+    throw std::invalid_argument("sparse capture: stage " + std::to_string(stage_) + " has " +
+                                std::to_string(ops.size()) + " operators, the schedule " +
+                                std::to_string(schedule_.operators()));
+  }
+  const auto w = std::uint64_t(schedule_.w_sparse());
+  const auto window = std::uint64_t(iteration) / w;
+  const auto slot = std::uint32_t(std::uint64_t(iteration) % w);
+  auto it = windows_.find(window);
+  if (it == windows_.end()) {
+    if (slot != 0) {
+      // Started (or resumed) mid-window: this window can never be complete; wait for the next.
+      schedule_.add_popularity(iteration, ops);
+      return;
+    }
+    window_buffers b;
+    b.first_iteration = iteration + 1;
+    if (!spare_.empty()) {
+      b.slots = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    b.slots.resize(w);
+    it = windows_.emplace(window, std::move(b)).first;
+  }
+  const auto& sched = schedule_.window_schedule(window)[slot];
+  kinds_.assign(ops.size(), capture_kind::skip);
+  for (auto i : sched.active) kinds_[i] = capture_kind::full;
+  for (auto i : sched.frozen) kinds_[i] = capture_kind::compute;
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  auto& buf = it->second.slots[slot];
+  // Same schedule slot as last window: same size, so the buffer is reused without allocating.
+  buf.resize(snapshot_size(cops, kinds_));
+  const models::loss_scaler scaler = scaler_ ? *scaler_ : models::loss_scaler{};
+  write_snapshot(buf, {window, slot, iteration + 1, stage_, replica_}, scaler, cops, kinds_);
+  last_slot_bytes_ = buf.size();
+  ++it->second.captured;
+  schedule_.add_popularity(iteration, ops);
+  if (slot + 1 == w && it->second.captured == int(w)) persist(window);
+}
+
+void sparse_capture::persist(std::uint64_t window) {
+  persisted_ = window;
+  // Keep this window and the one in flight after it; recycle the buffers of older ones.
+  for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
+    spare_.push_back(std::move(it->second.slots));
+    it = windows_.erase(it);
+  }
+  const std::int64_t first = windows_.at(window).first_iteration;
+  log_.drop_before(std::uint64_t(first));
+  steps_.erase(steps_.begin(), steps_.lower_bound(first));
+}
+
+std::optional<window_view> sparse_capture::persisted() const {
+  if (!persisted_) return std::nullopt;
+  const auto& b = windows_.at(*persisted_);
+  window_view v{*persisted_, b.first_iteration, {}};
+  for (const auto& s : b.slots) v.slots.emplace_back(s);
+  return v;
+}
+
+std::size_t sparse_capture::snapshot_bytes_held() const {
+  std::size_t n = 0;
+  for (const auto& [id, b] : windows_) {
+    for (const auto& s : b.slots) n += s.capacity();
+  }
+  for (const auto& spare : spare_) {
+    for (const auto& s : spare) n += s.capacity();
+  }
+  return n;
+}
+
+}  // namespace moevement::recovery

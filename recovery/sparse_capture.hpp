@@ -1,0 +1,144 @@
+// The capture half of the `moevement` policy, in process (paper sections 3.2, 3.4, 3.5):
+// - stage_schedule: Algorithm 1 over one stage's operators (sizes from the operators,
+//   popularity from the gates' routed-token counters), one schedule per window, shared by
+//   every replica of the stage so that the whole recovery group freezes the same operators.
+// - sparse_capture: the stage_hooks of one (stage, replica): after each optimizer step it
+//   copies the window's current slot (full state of the slot's operators, compute weights of
+//   the still-frozen ones) into a reused host buffer, logs every boundary tensor it sends and
+//   every step's plan, keeps one complete window and one in flight, and drops older windows
+//   and the logs no window still needs.
+//
+// The copy runs on the caller's (compute) thread, synchronously; the actor version moves it
+// to a background thread with pinned buffers (docs/sparse-checkpointing.md).
+//
+// Windows: iteration i's step produces slot i % W of window i / W, holding the state at the
+// start of iteration i + 1. Window k therefore replays from iteration k*W + 1 and is complete
+// (here: persisted; with replicators: once every slot has its copies) after iteration
+// k*W + W - 1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "engine/hooks.hpp"
+#include "recovery/log_store.hpp"
+#include "recovery/snapshot.hpp"
+#include "sim/sparse_schedule.hpp"
+
+namespace moevement::recovery {
+
+// How a stage's sparse schedule is chosen. The one place these defaults live.
+struct sparse_config {
+  // Iterations per window. 0: Algorithm 1's FindWindowSize from the profile below (see
+  // find_w_sparse; every stage must then use the largest W any stage needs).
+  int w_sparse = 0;
+  double iteration_seconds = 0.0;      // profiled fault-free iteration time
+  double bandwidth_bytes_per_s = 0.0;  // profiled device-to-host snapshot bandwidth
+  sim::reorder_thresholds reorder{};   // section 3.5: 10% change for 25% of the experts
+};
+
+// Algorithm 1 sizes of one operator: compute weights, FP32 master, Adam m + v.
+sim::sparse_op sparse_sizes(const models::operator_state& op);
+
+// FindWindowSize over every stage's operators (in index order): the W_sparse all stages
+// agree on, the largest any stage needs so that every stage's slot fits the iteration.
+int find_w_sparse(std::span<const std::vector<models::operator_state*>> stages,
+                  double iteration_seconds, double bandwidth_bytes_per_s);
+
+class stage_schedule {
+ public:
+  // ops: the stage's operators in canonical order (only sizes, kinds and names are read).
+  // Throws std::invalid_argument when w_sparse is 0 and the profile is missing.
+  stage_schedule(const sparse_config& config, std::span<models::operator_state* const> ops);
+
+  int w_sparse() const { return w_; }
+  int o_active() const { return o_active_; }
+  std::size_t operators() const { return n_; }
+
+  // Adds one replica's popularity counters after the step of `iteration` (the gates'
+  // routed-token counts, attributed to each gate's experts).
+  void add_popularity(std::int64_t iteration, std::span<models::operator_state* const> ops);
+
+  // The schedule of window `window` (fixed once asked for): the previous window's order, or
+  // a new ascending-popularity order when the popularity of the window before moved enough
+  // (sim::should_reorder). Non-expert operators are treated as the most popular (they see
+  // every token), so experts come first, as in the paper's Figure 6.
+  const std::vector<sim::schedule_slot>& window_schedule(std::uint64_t window);
+  std::uint64_t reorders() const { return reorders_; }
+
+ private:
+  sparse_config config_;
+  std::size_t n_;
+  int w_ = 1, o_active_ = 1;
+  std::vector<bool> is_expert_;
+  std::vector<std::size_t> order_;
+  std::vector<double> order_popularity_;  // expert popularity the current order came from
+  std::map<std::uint64_t, std::vector<double>> counts_;  // [window][operator]
+  std::map<std::uint64_t, std::vector<sim::schedule_slot>> schedules_;
+  std::uint64_t reorders_ = 0;
+};
+
+// The plan a replay of one iteration must apply (it depends on every stage's gradients).
+struct step_record {
+  float loss_grad = 0.0f;
+  models::step_plan plan;
+};
+
+// A complete window's slots, slot order (views into the capture's buffers).
+struct window_view {
+  std::uint64_t window = 0;
+  std::int64_t first_iteration = 0;  // the first iteration a conversion replays
+  std::vector<std::span<const std::byte>> slots;
+};
+
+class sparse_capture : public engine::stage_hooks {
+ public:
+  // schedule: the stage's (shared by its replicas, outlives this). scaler: the job's loss
+  // scaler, read at each capture (nullptr: recorded as disabled with scale 1).
+  sparse_capture(stage_schedule& schedule, int stage, int replica,
+                 const models::loss_scaler* scaler = nullptr);
+
+  void on_step(std::int64_t iteration, float loss_grad, const models::step_plan& plan) override;
+  void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override;
+  void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
+                        std::span<const float> tensor) override;
+
+  // The newest complete window, if any.
+  std::optional<window_view> persisted() const;
+  // The boundary tensors this replica sent (tagged with its replica), from the persisted
+  // window's first iteration on.
+  const log_store& log() const { return log_; }
+  const std::map<std::int64_t, step_record>& steps() const { return steps_; }
+
+  std::size_t windows_held() const { return windows_.size(); }
+  std::size_t snapshot_bytes_held() const;
+  std::size_t last_slot_bytes() const { return last_slot_bytes_; }
+  // Boundary sends whose bytes differed from an earlier entry of the same key.
+  std::uint64_t log_conflicts() const { return log_conflicts_; }
+
+ private:
+  struct window_buffers {
+    std::int64_t first_iteration = 0;
+    std::vector<std::vector<std::byte>> slots;  // [slot]
+    int captured = 0;
+  };
+  void persist(std::uint64_t window);
+
+  stage_schedule& schedule_;
+  int stage_, replica_;
+  const models::loss_scaler* scaler_;
+  std::map<std::uint64_t, window_buffers> windows_;
+  std::optional<std::uint64_t> persisted_;
+  std::vector<std::vector<std::vector<std::byte>>> spare_;  // buffers of dropped windows
+  log_store log_;
+  std::map<std::int64_t, step_record> steps_;
+  std::vector<capture_kind> kinds_;
+  std::size_t last_slot_bytes_ = 0;
+  std::uint64_t log_conflicts_ = 0;
+};
+
+}  // namespace moevement::recovery

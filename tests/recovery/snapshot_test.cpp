@@ -1,0 +1,104 @@
+// Snapshot slots: the bytes hold exactly the live state (full entries restore it bit for bit,
+// compute entries carry the compute weights), and corrupt or truncated bytes are rejected with
+// a clear error, never a crash.
+#include "recovery/snapshot.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "engine/local_pipeline.hpp"
+
+namespace moevement::recovery {
+namespace {
+
+models::train_config test_train() {
+  models::train_config t;
+  t.micro_batches = 2;
+  t.micro_batch_size = 2;
+  t.seq_len = 16;
+  return t;
+}
+
+struct slot_fixture : testing::Test {
+  engine::local_pipeline pipe{models::preset("tiny"), test_train(), 2};
+  std::vector<models::operator_state*> ops;
+  std::vector<const models::operator_state*> cops;
+  std::vector<capture_kind> kinds;
+  std::vector<std::byte> bytes;
+  void SetUp() override {
+    pipe.train_iteration();  // non-trivial m, v and step
+    ops = pipe.stage(1, 0).operators();
+    cops.assign(ops.begin(), ops.end());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      kinds.push_back(i % 3 == 0 ? capture_kind::full
+                                 : (i % 3 == 1 ? capture_kind::compute : capture_kind::skip));
+    }
+    bytes.resize(snapshot_size(cops, kinds));
+    write_snapshot(bytes, {7, 2, 9, 1, 0}, pipe.scaler(), cops, kinds);
+  }
+};
+
+TEST_F(slot_fixture, bytes_hold_the_live_state) {
+  const auto v = parse_snapshot(bytes);
+  EXPECT_EQ(v.tag, (snapshot_tag{7, 2, 9, 1, 0}));
+  EXPECT_EQ(v.scaler.scale, pipe.scaler().scale);
+  EXPECT_EQ(v.bytes, bytes.size());
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (kinds[i] == capture_kind::skip) continue;
+    ASSERT_LT(k, v.entries.size());
+    const auto& e = v.entries[k++];
+    EXPECT_EQ(e.index, i);
+    EXPECT_EQ(e.name, ops[i]->name());
+    if (kinds[i] == capture_kind::full) {
+      EXPECT_EQ(e.step, ops[i]->step());
+      EXPECT_EQ(std::memcmp(e.master.data(), ops[i]->master().data(), e.master.size()), 0);
+      EXPECT_EQ(std::memcmp(e.adam_v.data(), ops[i]->adam_v().data(), e.adam_v.size()), 0);
+    } else {
+      ASSERT_EQ(e.compute.size(), ops[i]->compute_bytes().size());
+      EXPECT_EQ(std::memcmp(e.compute.data(), ops[i]->compute_bytes().data(), e.compute.size()), 0);
+    }
+  }
+  EXPECT_EQ(k, v.entries.size());
+  // loading into a fresh stage reproduces the full operators' digests
+  engine::local_pipeline fresh{models::preset("tiny"), test_train(), 2};
+  auto fops = fresh.stage(1, 0).operators();
+  for (const auto& e : v.entries) load_operator(e, *fops[e.index]);
+  for (const auto& e : v.entries) {
+    if (e.mode == models::op_mode::active) {
+      EXPECT_EQ(fops[e.index]->digest(), ops[e.index]->digest()) << e.name;
+    } else {
+      EXPECT_EQ(fops[e.index]->mode(), models::op_mode::frozen);
+      EXPECT_TRUE(
+          std::ranges::equal(fops[e.index]->compute_bytes(), ops[e.index]->compute_bytes()));
+      fops[e.index]->set_mode(models::op_mode::active);
+    }
+  }
+  // an entry of another operator does not load
+  EXPECT_THROW(load_operator(v.entries[0], *fops[1]), snapshot_error);
+}
+
+TEST_F(slot_fixture, every_truncation_and_every_flipped_byte_is_rejected) {
+  for (std::size_t n = 0; n < bytes.size(); n += 1 + n / 8) {
+    EXPECT_THROW(parse_snapshot(std::span(bytes).first(n)), snapshot_error) << n << " bytes";
+  }
+  for (std::size_t at = 0; at < bytes.size(); at += 1 + at / 16) {
+    auto bad = bytes;
+    bad[at] ^= std::byte{0x01};
+    EXPECT_THROW(parse_snapshot(bad), snapshot_error) << "byte " << at;
+  }
+  auto longer = bytes;
+  longer.push_back(std::byte{0});
+  EXPECT_THROW(parse_snapshot(longer), snapshot_error);
+}
+
+TEST_F(slot_fixture, a_buffer_of_the_wrong_size_is_refused) {
+  std::vector<std::byte> small(bytes.size() - 1);
+  EXPECT_THROW(write_snapshot(small, {}, pipe.scaler(), cops, kinds), std::invalid_argument);
+  kinds.pop_back();
+  EXPECT_THROW(snapshot_size(cops, kinds), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace moevement::recovery

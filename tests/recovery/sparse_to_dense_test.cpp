@@ -1,0 +1,259 @@
+// Sparse-to-dense conversion: a whole job trained with the moevement capture on every stage
+// replica; one stage is then rebuilt from scratch (fresh stage models, as a replacement is)
+// from its persisted window and its neighbours' logs, and must be bit-identical to the
+// survivor's stage; the job with the rebuilt stage has the same state_hash and trains on
+// identically. Broken inputs fail with a clear error.
+#include "recovery/sparse_to_dense.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+
+#include "engine/local_pipeline.hpp"
+
+namespace moevement::recovery {
+namespace {
+
+constexpr int w_sparse = 3;
+// Three windows and two iterations: window 2 (iterations 7..9) is persisted, window 3 is in
+// flight, and t = 11 is not at a window boundary.
+constexpr int iterations = 11;
+
+models::train_config test_train(int dp) {
+  models::train_config t;
+  t.micro_batches = 2;
+  t.micro_batch_size = 2;
+  t.seq_len = 16;
+  t.data_parallel = dp;
+  return t;
+}
+
+struct captured_job {
+  models::train_config train;
+  int pp;
+  engine::local_pipeline pipe;
+  models::model_config model;
+  std::vector<std::unique_ptr<stage_schedule>> schedules;  // [stage]
+  std::vector<std::unique_ptr<sparse_capture>> caps;       // [replica * pp + stage]
+
+  captured_job(int stages, int dp, const models::model_config& m = models::preset("tiny"),
+               std::optional<models::train_config> t = std::nullopt)
+      : train(t ? *t : test_train(dp)), pp(stages), pipe(m, train, stages), model(m) {
+    for (int s = 0; s < pp; ++s) {
+      schedules.push_back(
+          std::make_unique<stage_schedule>(sparse_config{w_sparse}, pipe.stage(s, 0).operators()));
+    }
+    for (int d = 0; d < dp; ++d) {
+      for (int s = 0; s < pp; ++s) {
+        caps.push_back(
+            std::make_unique<sparse_capture>(*schedules[std::size_t(s)], s, d, &pipe.scaler()));
+        pipe.set_hooks(s, d, caps.back().get());
+      }
+    }
+  }
+  sparse_capture& cap(int s, int d) { return *caps[std::size_t(d * pp + s)]; }
+
+  // What a recovery of stage s at the current iteration gathers from the survivors.
+  conversion_input input(int s) {
+    conversion_input in;
+    in.stage = s;
+    in.stages = pp;
+    in.micro_batches = train.micro_batches;
+    in.target_iteration = pipe.iteration();
+    in.train = train;
+    for (int d = 0; d < train.data_parallel; ++d) {
+      const auto w = cap(s, d).persisted();
+      EXPECT_TRUE(w.has_value());
+      in.windows.push_back(w ? w->slots : std::vector<std::span<const std::byte>>{});
+      in.upstream.push_back(s > 0 ? &cap(s - 1, d).log() : nullptr);
+      in.downstream.push_back(s + 1 < pp ? &cap(s + 1, d).log() : nullptr);
+    }
+    // the plans are job-wide: any other stage has them
+    in.steps = &cap((s + 1) % pp, 0).steps();
+    return in;
+  }
+};
+
+void copy_state(std::span<models::operator_state* const> from,
+                std::span<models::operator_state* const> to) {
+  ASSERT_EQ(from.size(), to.size());
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    std::ranges::copy(from[i]->master(), to[i]->master().begin());
+    std::ranges::copy(from[i]->adam_m(), to[i]->adam_m().begin());
+    std::ranges::copy(from[i]->adam_v(), to[i]->adam_v().begin());
+    to[i]->set_step(from[i]->step());
+    to[i]->refresh_compute();
+  }
+}
+
+std::vector<engine::stage_model*> replicas_of(engine::local_pipeline& p, int s) {
+  std::vector<engine::stage_model*> out;
+  for (int d = 0; d < p.replicas(); ++d) out.push_back(&p.stage(s, d));
+  return out;
+}
+
+// Trains `iterations` with the capture on, then rebuilds each stage in turn.
+void expect_bit_exact_conversions(captured_job& job) {
+  const int pp = job.pp, dp = job.train.data_parallel;
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  for (int s = 0; s < pp; ++s) {
+    SCOPED_TRACE(testing::Message() << "pp=" << pp << " dp=" << dp << " stage " << s);
+    // the replacement job: survivors' state copied, stage s fresh and converted
+    engine::local_pipeline fresh(job.model, job.train, pp);
+    for (int d = 0; d < dp; ++d) {
+      for (int o = 0; o < pp; ++o) {
+        if (o != s) copy_state(job.pipe.stage(o, d).operators(), fresh.stage(o, d).operators());
+      }
+    }
+    auto in = job.input(s);
+    for (int d = 0; d < dp; ++d) in.own.push_back(&job.cap(s, d).log());
+    const auto rep = sparse_to_dense(replicas_of(fresh, s), in);
+    EXPECT_EQ(rep.first_iteration, 7);
+    EXPECT_EQ(rep.iterations_replayed, 4);
+    ASSERT_EQ(rep.active_after_slot.size(), std::size_t(w_sparse));
+    EXPECT_LT(rep.active_after_slot.front(), rep.active_after_slot.back());
+    EXPECT_EQ(rep.sparse_replays, (w_sparse - 1) * dp);
+    // every tensor the replay sent matched what the lost stage had sent
+    const std::size_t sent_per_iteration =
+        std::size_t((s > 0) + (s + 1 < pp)) * std::size_t(job.train.micro_batches);
+    EXPECT_EQ(rep.tensors_checked, sent_per_iteration * 4 * std::size_t(dp));
+    for (int d = 0; d < dp; ++d) {
+      EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
+                engine::operator_digests(job.pipe.stage(s, d).operators()))
+          << "replica " << d;
+    }
+    fresh.set_position(job.pipe.iteration(), job.pipe.scaler());
+    EXPECT_EQ(fresh.state_hash(), job.pipe.state_hash());
+    if (s == pp - 1) {  // the rebuilt job resumes at t bit for bit (after the last check)
+      const auto sa = job.pipe.train_iteration();
+      const auto sb = fresh.train_iteration();
+      EXPECT_EQ(sa.loss, sb.loss);
+      EXPECT_EQ(job.pipe.state_hash(), fresh.state_hash());
+    }
+  }
+}
+
+TEST(sparse_to_dense, a_rebuilt_stage_is_bit_identical_and_the_job_trains_on_identically) {
+  for (int pp : {2, 3}) {
+    for (int dp : {1, 2}) {
+      captured_job job(pp, dp);
+      expect_bit_exact_conversions(job);
+    }
+  }
+}
+
+// f16 with dynamic loss scaling (the scale changes inside the replayed iterations: the logged
+// plans and loss gradients, not recomputed ones, must be applied) and dp = 3 (the
+// all-reduce order matters from three replicas on).
+TEST(sparse_to_dense, f16_loss_scaling_and_three_replicas) {
+  auto m = models::preset("tiny");
+  m.compute_dtype = models::dtype::f16;
+  auto t = test_train(3);
+  t.loss_scale_window = 1;  // doubles after every good step, halves on overflow
+  captured_job job(2, 3, m, t);
+  expect_bit_exact_conversions(job);
+  // the scale moved inside the replayed iterations (the logged loss gradients differ)
+  float lo = 1e30f, hi = 0.0f;
+  for (const auto& [it, rec] : job.cap(0, 0).steps()) {
+    lo = std::min(lo, rec.loss_grad);
+    hi = std::max(hi, rec.loss_grad);
+  }
+  EXPECT_LT(lo, hi);
+  EXPECT_EQ(parse_snapshot(job.cap(1, 2).persisted()->slots.back()).scaler.enabled, true);
+}
+
+TEST(sparse_to_dense, every_operator_is_full_exactly_once_per_window) {
+  captured_job job(2, 1);
+  for (int i = 0; i < iterations; ++i) {
+    job.pipe.train_iteration();
+    for (int s = 0; s < 2; ++s) {
+      auto& sched = *job.schedules[std::size_t(s)];
+      const auto& w = sched.window_schedule(std::uint64_t(i / w_sparse));
+      EXPECT_EQ(sim::check_schedule(w, sched.operators()), "") << "stage " << s;
+    }
+  }
+  // popularity moved enough between windows to reorder (so conversions above ran across
+  // schedules that differ from window to window)
+  EXPECT_GT(job.schedules[0]->reorders() + job.schedules[1]->reorders(), 0u);
+  for (int s = 0; s < 2; ++s) {
+    const auto w = job.cap(s, 0).persisted();
+    ASSERT_TRUE(w.has_value());
+    const auto n = job.pipe.stage(s, 0).operators().size();
+    std::vector<int> full(n, 0);
+    for (const auto slot : w->slots) {
+      for (const auto& e : parse_snapshot(slot).entries) {
+        if (e.mode == models::op_mode::active) ++full[e.index];
+      }
+    }
+    EXPECT_TRUE(std::ranges::all_of(full, [](int c) { return c == 1; })) << "stage " << s;
+  }
+}
+
+struct broken_inputs : testing::Test {
+  captured_job job{3, 1};
+  std::vector<engine::stage_model*> fresh_replicas;
+  engine::local_pipeline fresh{models::preset("tiny"), test_train(1), 3};
+  void SetUp() override {
+    for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+    fresh_replicas = replicas_of(fresh, 1);
+  }
+};
+
+TEST_F(broken_inputs, a_corrupt_slot_is_rejected) {
+  auto in = job.input(1);
+  std::vector<std::byte> bad(in.windows[0][1].begin(), in.windows[0][1].end());
+  bad[bad.size() / 2] ^= std::byte{0x10};
+  in.windows[0][1] = bad;
+  try {
+    sparse_to_dense(fresh_replicas, in);
+    FAIL() << "a corrupt slot was accepted";
+  } catch (const snapshot_error& e) {
+    EXPECT_NE(std::string(e.what()).find("slot 1 of stage 1 replica 0"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  in = job.input(1);
+  in.windows[0][2] = in.windows[0][2].first(in.windows[0][2].size() - 3);  // truncated
+  EXPECT_THROW(sparse_to_dense(fresh_replicas, in), snapshot_error);
+  in = job.input(1);
+  in.windows[0].pop_back();  // a slot missing: some operators never get their full state
+  EXPECT_THROW(sparse_to_dense(fresh_replicas, in), conversion_error);
+}
+
+TEST_F(broken_inputs, a_missing_log_entry_or_plan_is_named) {
+  auto in = job.input(1);
+  // the upstream log without iteration 8's micro-batch 1 activation
+  log_store partial;
+  const log_store& full = job.cap(0, 0).log();
+  const auto [lo, hi] = *full.span_held();
+  for (auto it = lo; it <= hi; ++it) {
+    for (const auto& k : full.keys_of(it, log_direction::activation)) {
+      if (!(k.iteration == 8 && k.micro_batch == 1)) partial.append(k, *full.find(k));
+    }
+  }
+  in.upstream[0] = &partial;
+  try {
+    sparse_to_dense(fresh_replicas, in);
+    FAIL() << "a missing log entry was not noticed";
+  } catch (const conversion_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no activation of iteration 8 micro-batch 1"),
+              std::string::npos)
+        << e.what();
+  }
+  in = job.input(1);
+  in.downstream[0] = nullptr;
+  EXPECT_THROW(sparse_to_dense(fresh_replicas, in), conversion_error);
+  in = job.input(1);
+  auto steps = *in.steps;
+  steps.erase(9);
+  in.steps = &steps;
+  EXPECT_THROW(sparse_to_dense(fresh_replicas, in), conversion_error);
+  in = job.input(1);
+  in.target_iteration = 8;  // inside the persisted window
+  EXPECT_THROW(sparse_to_dense(fresh_replicas, in), conversion_error);
+}
+
+}  // namespace
+}  // namespace moevement::recovery
