@@ -27,4 +27,8 @@ struct actor_ref {
   std::string to_string() const;
 };
 
+// An actor_ref in and out of the wire's ActorAddress (messages that name actors).
+void write_ref(::moevement::wire::ActorAddress::Builder b, const actor_ref& r);
+actor_ref read_ref(::moevement::wire::ActorAddress::Reader r);
+
 }  // namespace moevement::actors

@@ -11,14 +11,6 @@
 namespace moevement::actors {
 namespace {
 
-void set_address(wire::ActorAddress::Builder b, const actor_ref& r) {
-  b.setNode(r.node);
-  b.setIncarnation(r.incarnation);
-  b.setActor(r.actor);
-}
-actor_ref get_address(wire::ActorAddress::Reader r) {
-  return {r.getNode(), r.getIncarnation(), r.getActor()};
-}
 void set_reason(proto::ExitReason::Builder b, const exit_reason& why) {
   b.setKind(static_cast<std::uint8_t>(why.kind));
   b.setDetail(why.detail);
@@ -215,7 +207,7 @@ void actor_system::terminate(cell& c, exit_reason why) {
           {c.ref.address(), {config_.head, 0, 0}, capnp::typeId<proto::Unregister>(), 0, 0});
       auto u = out.init_payload<proto::Unregister>();
       u.setName(n);
-      set_address(u.initActor(), c.ref);
+      write_ref(u.initActor(), c.ref);
       (void)send_envelope(config_.head, out);
     }
   }
@@ -248,8 +240,8 @@ void actor_system::deliver_down(actor_ref watcher, actor_ref target, const exit_
     transport::outgoing_envelope out(
         {target.address(), {watcher.node, 0, 0}, capnp::typeId<proto::Down>(), 0, 0});
     auto d = out.init_payload<proto::Down>();
-    set_address(d.initWatcher(), watcher);
-    set_address(d.initTarget(), target);
+    write_ref(d.initWatcher(), watcher);
+    write_ref(d.initTarget(), target);
     set_reason(d.initReason(), why);
     d.setIsLink(is_link);
     (void)send_envelope(watcher.node, out);
@@ -355,7 +347,7 @@ void actor_system::stop(actor_ref target, exit_reason why) {
   if (check_reachable(target).ok()) {
     transport::outgoing_envelope out({{}, {target.node, 0, 0}, capnp::typeId<proto::Stop>(), 0, 0});
     auto s = out.init_payload<proto::Stop>();
-    set_address(s.initTarget(), target);
+    write_ref(s.initTarget(), target);
     set_reason(s.initReason(), why);
     (void)send_envelope(target.node, out);
   }
@@ -369,7 +361,7 @@ awaitable<result<void>> actor_system::stop_and_wait(actor_ref target, exit_reaso
   }
   auto r = co_await ask_system<proto::Stop, proto::Ack>(target.node, timeout,
                                                         [&](proto::Stop::Builder s) {
-                                                          set_address(s.initTarget(), target);
+                                                          write_ref(s.initTarget(), target);
                                                           set_reason(s.initReason(), why);
                                                         });
   if (!r.ok()) co_return r.err();
@@ -381,8 +373,8 @@ void actor_system::send_watch(actor_ref watcher, actor_ref target, bool is_link)
   transport::outgoing_envelope out(
       {watcher.address(), {target.node, 0, 0}, capnp::typeId<proto::Watch>(), 0, 0});
   auto w = out.init_payload<proto::Watch>();
-  set_address(w.initWatcher(), watcher);
-  set_address(w.initTarget(), target);
+  write_ref(w.initWatcher(), watcher);
+  write_ref(w.initTarget(), target);
   w.setIsLink(is_link);
   if (!send_envelope(target.node, out).ok()) {
     remote_watches_.pop_back();
@@ -468,7 +460,7 @@ awaitable<result<void>> actor_system::register_global(std::string name, actor_re
     auto r = co_await ask_system<proto::Register, proto::Ack>(config_.head, timeout,
                                                               [&](proto::Register::Builder b) {
                                                                 b.setName(name);
-                                                                set_address(b.initActor(), ref);
+                                                                write_ref(b.initActor(), ref);
                                                               });
     if (!r.ok()) co_return r.err();
     c = find_cell(ref);  // it may have stopped while we waited
@@ -488,7 +480,7 @@ awaitable<result<actor_ref>> actor_system::whereis_global(std::string name,
   auto r = co_await ask_system<proto::Lookup, proto::Found>(
       config_.head, timeout, [&](proto::Lookup::Builder b) { b.setName(name); });
   if (!r.ok()) co_return r.err();
-  const actor_ref found = get_address(r->get().getActor());
+  const actor_ref found = read_ref(r->get().getActor());
   if (!found.valid()) co_return error{fmt::format("no actor named '{}'", name)};
   co_return found;
 }
@@ -523,7 +515,7 @@ awaitable<result<actor_ref>> actor_system::spawn_named(node_id where, std::strin
         b.setMailboxCapacity(static_cast<std::uint32_t>(opts.mailbox_capacity));
       });
   if (!r.ok()) co_return r.err();
-  co_return get_address(r->get().getActor());
+  co_return read_ref(r->get().getActor());
 }
 
 // ---- asks ------------------------------------------------------------------------------------
@@ -743,8 +735,8 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   if (t == capnp::typeId<proto::Heartbeat>()) return;  // heard() already noted it
   if (t == capnp::typeId<proto::Down>()) {
     auto d = env.payload<proto::Down>().value();
-    const actor_ref watcher = get_address(d.getWatcher());
-    const actor_ref target = get_address(d.getTarget());
+    const actor_ref watcher = read_ref(d.getWatcher());
+    const actor_ref target = read_ref(d.getTarget());
     const bool is_link = d.getIsLink();
     std::erase_if(remote_watches_, [&](const remote_watch& w) {
       return w.watcher == watcher && w.target == target && w.is_link == is_link;
@@ -759,8 +751,8 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   }
   if (t == capnp::typeId<proto::Watch>()) {
     auto w = env.payload<proto::Watch>().value();
-    const actor_ref watcher = get_address(w.getWatcher());
-    const actor_ref target = get_address(w.getTarget());
+    const actor_ref watcher = read_ref(w.getWatcher());
+    const actor_ref target = read_ref(w.getTarget());
     if (watcher.node != from) {
       ++stats_.malformed;
       return;
@@ -774,7 +766,7 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   }
   if (t == capnp::typeId<proto::Stop>()) {
     auto s = env.payload<proto::Stop>().value();
-    stop(get_address(s.getTarget()), get_reason(s.getReason()));
+    stop(read_ref(s.getTarget()), get_reason(s.getReason()));
     reply_wire<proto::Ack>(h, [](proto::Ack::Builder) {});
     return;
   }
@@ -788,8 +780,7 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
       return;
     }
     const actor_ref r = start_actor(it->second(), {s.getMailboxCapacity()});
-    reply_wire<proto::Spawned>(h,
-                               [&](proto::Spawned::Builder b) { set_address(b.initActor(), r); });
+    reply_wire<proto::Spawned>(h, [&](proto::Spawned::Builder b) { write_ref(b.initActor(), r); });
     return;
   }
   if (t == capnp::typeId<proto::Join>()) {
@@ -826,7 +817,7 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   }
   if (t == capnp::typeId<proto::Register>()) {
     auto r = env.payload<proto::Register>().value();
-    const actor_ref ref = get_address(r.getActor());
+    const actor_ref ref = read_ref(r.getActor());
     if (node_ != config_.head || ref.node != from) {
       reply_error(h, "register_global: not the head, or an actor of another node");
       return;
@@ -843,7 +834,7 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   if (t == capnp::typeId<proto::Unregister>()) {
     auto r = env.payload<proto::Unregister>().value();
     auto it = global_names_.find(r.getName());
-    if (it != global_names_.end() && it->second == get_address(r.getActor())) {
+    if (it != global_names_.end() && it->second == read_ref(r.getActor())) {
       global_names_.erase(it);
     }
     return;
@@ -852,8 +843,7 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
     auto l = env.payload<proto::Lookup>().value();
     auto it = global_names_.find(l.getName());
     const actor_ref found = it == global_names_.end() ? actor_ref{} : it->second;
-    reply_wire<proto::Found>(h,
-                             [&](proto::Found::Builder b) { set_address(b.initActor(), found); });
+    reply_wire<proto::Found>(h, [&](proto::Found::Builder b) { write_ref(b.initActor(), found); });
     return;
   }
   ++stats_.malformed;

@@ -21,14 +21,8 @@ using sclock = std::chrono::steady_clock;
 
 constexpr auto ask_timeout = std::chrono::seconds(30);
 
-actor_ref read_ref(::moevement::wire::ActorAddress::Reader a) {
-  return {a.getNode(), a.getIncarnation(), a.getActor()};
-}
-void write_ref(::moevement::wire::ActorAddress::Builder b, const actor_ref& r) {
-  b.setNode(r.node);
-  b.setIncarnation(r.incarnation);
-  b.setActor(r.actor);
-}
+using actors::read_ref;
+using actors::write_ref;
 
 }  // namespace
 

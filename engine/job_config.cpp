@@ -16,35 +16,6 @@ namespace {
 using models::config_error;
 using models::config_value;
 
-std::string type_name(const config_value& v) {
-  switch (v.index()) {
-    case 0:
-      return "a boolean";
-    case 1:
-      return "an integer";
-    case 2:
-      return "a number";
-    default:
-      return "a string";
-  }
-}
-
-std::int64_t get_int(const std::string& key, const config_value& v, std::int64_t lo,
-                     std::int64_t hi) {
-  const auto* x = std::get_if<std::int64_t>(&v);
-  if (x == nullptr) throw config_error(key, "expected an integer, got " + type_name(v));
-  if (*x < lo || *x > hi) {
-    throw config_error(key, fmt::format("{} is out of range [{}, {}]", *x, lo, hi));
-  }
-  return *x;
-}
-
-std::string get_string(const std::string& key, const config_value& v) {
-  const auto* s = std::get_if<std::string>(&v);
-  if (s == nullptr) throw config_error(key, "expected a string, got " + type_name(v));
-  return *s;
-}
-
 std::string join(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
@@ -53,7 +24,7 @@ std::string join(const std::vector<std::string>& names) {
 
 std::string get_choice(const std::string& key, const config_value& v,
                        const std::vector<std::string>& choices) {
-  std::string s = get_string(key, v);
+  std::string s = models::config_string(key, v);
   if (std::find(choices.begin(), choices.end(), s) == choices.end()) {
     throw config_error(key,
                        fmt::format("unknown value '{}' (choose one of: {})", s, join(choices)));
@@ -79,16 +50,18 @@ using setter_map = std::map<std::string, setter, std::less<>>;
 // Every engine key with how it is parsed and validated on its own: the one list of keys.
 setter_map make_setters(job_config& j) {
   return {
-      {"parallel.pp", [&](auto& k, auto& v) { j.pp = int(get_int(k, v, 1, max_job_workers)); }},
-      {"parallel.dp", [&](auto& k, auto& v) { j.dp = int(get_int(k, v, 1, max_job_workers)); }},
+      {"parallel.pp",
+       [&](auto& k, auto& v) { j.pp = int(models::config_int(k, v, 1, max_job_workers)); }},
+      {"parallel.dp",
+       [&](auto& k, auto& v) { j.dp = int(models::config_int(k, v, 1, max_job_workers)); }},
       {"checkpoint.policy",
        [&](auto& k, auto& v) { j.policy = get_choice(k, v, checkpoint_policy_names()); }},
       {"cluster.backend", [&](auto& k, auto& v) { j.backend = get_choice(k, v, backend_names()); }},
       {"cluster.spares",
-       [&](auto& k, auto& v) { j.spares = int(get_int(k, v, 0, max_job_workers)); }},
+       [&](auto& k, auto& v) { j.spares = int(models::config_int(k, v, 0, max_job_workers)); }},
       {"cluster.host",
        [&](auto& k, auto& v) {
-         std::string h = get_string(k, v);
+         std::string h = models::config_string(k, v);
          if (h.empty() || h.size() > 253 ||
              !all_of_chars(h,
                            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.:-_")) {
@@ -99,14 +72,14 @@ setter_map make_setters(job_config& j) {
          j.host = std::move(h);
        }},
       {"cluster.heartbeat_ms",
-       [&](auto& k, auto& v) { j.heartbeat_ms = get_int(k, v, 1, 60'000); }},
+       [&](auto& k, auto& v) { j.heartbeat_ms = models::config_int(k, v, 1, 60'000); }},
       {"cluster.failure_timeout_ms",
-       [&](auto& k, auto& v) { j.failure_timeout_ms = get_int(k, v, 1, hour_ms); }},
+       [&](auto& k, auto& v) { j.failure_timeout_ms = models::config_int(k, v, 1, hour_ms); }},
       {"cluster.start_timeout_ms",
-       [&](auto& k, auto& v) { j.start_timeout_ms = get_int(k, v, 1, 24 * hour_ms); }},
+       [&](auto& k, auto& v) { j.start_timeout_ms = models::config_int(k, v, 1, 24 * hour_ms); }},
       {"engine.stage",
        [&](auto& k, auto& v) {
-         std::string s = get_string(k, v);
+         std::string s = models::config_string(k, v);
          if (s.empty() || s.size() > 64 || !all_of_chars(s, lower_digits_underscore)) {
            throw config_error(k, fmt::format("'{}' is not a stage type name (lower-case letters, "
                                              "digits and _; the built-in type is moe)",
@@ -116,14 +89,14 @@ setter_map make_setters(job_config& j) {
        }},
       {"engine.run_log",
        [&](auto& k, auto& v) {
-         std::string p = get_string(k, v);
+         std::string p = models::config_string(k, v);
          if (p.empty() || p.size() > 4096 || p.find('\0') != std::string::npos) {
            throw config_error(k, "expected a file path (non-empty, at most 4096 bytes)");
          }
          j.run_log = std::move(p);
        }},
       {"engine.abort_at",
-       [&](auto& k, auto& v) { j.abort_at = get_int(k, v, -1, std::int64_t(1) << 40); }},
+       [&](auto& k, auto& v) { j.abort_at = models::config_int(k, v, -1, std::int64_t(1) << 40); }},
   };
 }
 

@@ -21,13 +21,8 @@ std::span<float> floats(const transport::bulk_region& r) {
   return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
 }
 
-actor_ref read_ref(::moevement::wire::ActorAddress::Reader a) {
-  return {a.getNode(), a.getIncarnation(), a.getActor()};
-}
-
-result<bulk_descriptor> descriptor_of(::moevement::wire::BulkDescriptor::Reader r) {
-  return transport::read_descriptor(r);
-}
+using actors::read_ref;
+using transport::read_descriptor;
 
 // A region of at least one float (UCX refuses empty allocations).
 transport::bulk_region allocate_floats(bulk_io& io, std::size_t n) {
@@ -302,7 +297,7 @@ awaitable<void> stage_actor::finish_reduce() {
 
 awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
   const int mb = m.getMicroBatch();
-  auto d = descriptor_of(m.getTensor());
+  auto d = read_descriptor(m.getTensor());
   if (setup_.first() || mb < 0 || mb >= m_ || !d.ok() || d->length != bf_ * sizeof(float)) {
     ++dropped_;
     co_return;
@@ -318,7 +313,7 @@ awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
 
 awaitable<void> stage_actor::gradient(wire::Gradient::Reader m) {
   const int mb = m.getMicroBatch();
-  auto d = descriptor_of(m.getTensor());
+  auto d = read_descriptor(m.getTensor());
   if (setup_.last() || mb < 0 || mb >= m_ || !d.ok() || d->length != bf_ * sizeof(float)) {
     ++dropped_;
     co_return;
@@ -333,7 +328,7 @@ awaitable<void> stage_actor::gradient(wire::Gradient::Reader m) {
 }
 
 awaitable<void> stage_actor::reduce_partial(wire::ReducePartial::Reader m) {
-  auto d = descriptor_of(m.getTensor());
+  auto d = read_descriptor(m.getTensor());
   if (in_->partial.empty() || !d.ok() || d->length != gf_ * sizeof(float)) {
     ++dropped_;
     co_return;
@@ -346,7 +341,7 @@ awaitable<void> stage_actor::reduce_partial(wire::ReducePartial::Reader m) {
 }
 
 awaitable<void> stage_actor::reduce_total(wire::ReduceTotal::Reader m) {
-  auto d = descriptor_of(m.getTensor());
+  auto d = read_descriptor(m.getTensor());
   if (in_->total.empty() || !d.ok() || d->length != gf_ * sizeof(float)) {
     ++dropped_;
     co_return;
@@ -396,36 +391,13 @@ awaitable<void> stage_actor::validate(wire::Validate::Reader m) {
     co_return;
   }
   const std::uint64_t round = m.getRound();
-  for (int i = 0; i < m.getBatches() && !failed_; ++i) {
-    stage_output out;
-    co_await compute([&] {
-      out = model_->validate(i, {});
-      if (!setup_.last() && out.activation.size() == bf_) {
-        auto slot = floats(val_out_).subspan(std::size_t(i) * bf_, bf_);
-        std::copy(out.activation.begin(), out.activation.end(), slot.begin());
-      }
-    });
-    if (setup_.last()) {
-      const double loss = out.loss;
-      (void)tell<wire::ValLoss>(coordinator_, [&](wire::ValLoss::Builder b) {
-        b.setRound(round);
-        b.setIndex(i);
-        b.setLoss(loss);
-      });
-    } else {
-      const auto d = val_out_.describe(std::size_t(i) * bf_ * sizeof(float), bf_ * sizeof(float));
-      (void)tell<wire::ValActivation>(next_, [&](wire::ValActivation::Builder b) {
-        b.setRound(round);
-        b.setIndex(i);
-        transport::write_descriptor(b.initTensor(), d);
-      });
-    }
-  }
+  const std::span<const float> none;  // the first stage reads its own batch
+  for (int i = 0; i < m.getBatches() && !failed_; ++i) co_await validate_one(round, i, none);
 }
 
 awaitable<void> stage_actor::val_activation(wire::ValActivation::Reader m) {
   const int i = m.getIndex();
-  auto d = descriptor_of(m.getTensor());
+  auto d = read_descriptor(m.getTensor());
   if (setup_.first() || i < 0 || i >= setup_.train.val_batches || !d.ok() ||
       d->length != bf_ * sizeof(float)) {
     ++dropped_;
@@ -433,9 +405,15 @@ awaitable<void> stage_actor::val_activation(wire::ValActivation::Reader m) {
   }
   const std::uint64_t round = m.getRound();
   if (!co_await pull(*d, in_->val)) co_return;
+  co_await validate_one(round, i, in_->val);
+}
+
+// Validation batch i on this stage: its loss to the coordinator (last stage) or its activation
+// down the pipeline.
+awaitable<void> stage_actor::validate_one(std::uint64_t round, int i, std::span<const float> x) {
   stage_output out;
   co_await compute([&] {
-    out = model_->validate(i, in_->val);
+    out = model_->validate(i, x);
     if (!setup_.last() && out.activation.size() == bf_) {
       auto slot = floats(val_out_).subspan(std::size_t(i) * bf_, bf_);
       std::copy(out.activation.begin(), out.activation.end(), slot.begin());
@@ -449,11 +427,11 @@ awaitable<void> stage_actor::val_activation(wire::ValActivation::Reader m) {
       b.setLoss(loss);
     });
   } else {
-    const auto dd = val_out_.describe(std::size_t(i) * bf_ * sizeof(float), bf_ * sizeof(float));
+    const auto d = val_out_.describe(std::size_t(i) * bf_ * sizeof(float), bf_ * sizeof(float));
     (void)tell<wire::ValActivation>(next_, [&](wire::ValActivation::Builder b) {
       b.setRound(round);
       b.setIndex(i);
-      transport::write_descriptor(b.initTensor(), dd);
+      transport::write_descriptor(b.initTensor(), d);
     });
   }
 }

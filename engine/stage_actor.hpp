@@ -68,6 +68,7 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> abort(wire::Abort::Reader m, wire::AbortAck::Builder);
   asio::awaitable<void> validate(wire::Validate::Reader m);
   asio::awaitable<void> val_activation(wire::ValActivation::Reader m);
+  asio::awaitable<void> validate_one(std::uint64_t round, int index, std::span<const float> x);
   asio::awaitable<void> digests(wire::DigestsQuery::Reader, wire::Digests::Builder out);
 
   // Runs the 1F1B steps whose inputs are here, then the reduction when all are done.

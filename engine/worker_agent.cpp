@@ -12,14 +12,8 @@
 namespace moevement::engine {
 
 namespace {
-actors::actor_ref read_ref(::moevement::wire::ActorAddress::Reader a) {
-  return {a.getNode(), a.getIncarnation(), a.getActor()};
-}
-void write_ref(::moevement::wire::ActorAddress::Builder b, const actors::actor_ref& r) {
-  b.setNode(r.node);
-  b.setIncarnation(r.incarnation);
-  b.setActor(r.actor);
-}
+using actors::read_ref;
+using actors::write_ref;
 constexpr auto join_timeout = std::chrono::seconds(30);
 }  // namespace
 

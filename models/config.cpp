@@ -60,9 +60,7 @@ model_config preset(std::string_view name) {
   return m;
 }
 
-namespace {
-
-std::string type_name(const config_value& v) {
+std::string config_type_name(const config_value& v) {
   switch (v.index()) {
     case 0:
       return "a boolean";
@@ -75,10 +73,10 @@ std::string type_name(const config_value& v) {
   }
 }
 
-std::int64_t get_int(const std::string& key, const config_value& v, std::int64_t lo,
-                     std::int64_t hi) {
+std::int64_t config_int(const std::string& key, const config_value& v, std::int64_t lo,
+                        std::int64_t hi) {
   if (!std::holds_alternative<std::int64_t>(v)) {
-    throw config_error(key, "expected an integer, got " + type_name(v));
+    throw config_error(key, "expected an integer, got " + config_type_name(v));
   }
   const auto x = std::get<std::int64_t>(v);
   if (x < lo || x > hi)
@@ -86,26 +84,28 @@ std::int64_t get_int(const std::string& key, const config_value& v, std::int64_t
   return x;
 }
 
-double get_double(const std::string& key, const config_value& v, double lo, double hi) {
+double config_double(const std::string& key, const config_value& v, double lo, double hi) {
   double x;
   if (std::holds_alternative<std::int64_t>(v)) {
     x = double(std::get<std::int64_t>(v));
   } else if (std::holds_alternative<double>(v)) {
     x = std::get<double>(v);
   } else {
-    throw config_error(key, "expected a number, got " + type_name(v));
+    throw config_error(key, "expected a number, got " + config_type_name(v));
   }
   if (!(x >= lo && x <= hi))
     throw config_error(key, fmt::format("{} is out of range [{}, {}]", x, lo, hi));
   return x;
 }
 
-std::string get_string(const std::string& key, const config_value& v) {
+std::string config_string(const std::string& key, const config_value& v) {
   if (!std::holds_alternative<std::string>(v)) {
-    throw config_error(key, "expected a string, got " + type_name(v));
+    throw config_error(key, "expected a string, got " + config_type_name(v));
   }
   return std::get<std::string>(v);
 }
+
+namespace {
 
 constexpr std::int64_t int_max = std::numeric_limits<int>::max();
 
@@ -115,67 +115,70 @@ using setter_map = std::map<std::string, setter, std::less<>>;
 // Every model.* and train.* key with how it is parsed and validated: the one list of keys.
 setter_map make_setters(model_config& model, train_config& train) {
   return {
-      {"model.layers", [&](auto& k, auto& v) { model.layers = int(get_int(k, v, 1, 4096)); }},
-      {"model.d_model", [&](auto& k, auto& v) { model.d_model = int(get_int(k, v, 1, 1 << 16)); }},
-      {"model.heads", [&](auto& k, auto& v) { model.heads = int(get_int(k, v, 1, 1024)); }},
-      {"model.experts", [&](auto& k, auto& v) { model.experts = int(get_int(k, v, 1, 1 << 16)); }},
-      {"model.top_k", [&](auto& k, auto& v) { model.top_k = int(get_int(k, v, 1, 1 << 16)); }},
-      {"model.d_ff", [&](auto& k, auto& v) { model.d_ff = int(get_int(k, v, 1, 1 << 20)); }},
+      {"model.layers", [&](auto& k, auto& v) { model.layers = int(config_int(k, v, 1, 4096)); }},
+      {"model.d_model",
+       [&](auto& k, auto& v) { model.d_model = int(config_int(k, v, 1, 1 << 16)); }},
+      {"model.heads", [&](auto& k, auto& v) { model.heads = int(config_int(k, v, 1, 1024)); }},
+      {"model.experts",
+       [&](auto& k, auto& v) { model.experts = int(config_int(k, v, 1, 1 << 16)); }},
+      {"model.top_k", [&](auto& k, auto& v) { model.top_k = int(config_int(k, v, 1, 1 << 16)); }},
+      {"model.d_ff", [&](auto& k, auto& v) { model.d_ff = int(config_int(k, v, 1, 1 << 20)); }},
       {"model.max_seq_len",
-       [&](auto& k, auto& v) { model.max_seq_len = int(get_int(k, v, 1, 1 << 20)); }},
+       [&](auto& k, auto& v) { model.max_seq_len = int(config_int(k, v, 1, 1 << 20)); }},
       {"model.capacity_factor",
-       [&](auto& k, auto& v) { model.capacity_factor = get_double(k, v, 0.0, 1e6); }},
+       [&](auto& k, auto& v) { model.capacity_factor = config_double(k, v, 0.0, 1e6); }},
       {"model.aux_loss_coef",
-       [&](auto& k, auto& v) { model.aux_loss_coef = float(get_double(k, v, 0.0, 1e3)); }},
+       [&](auto& k, auto& v) { model.aux_loss_coef = float(config_double(k, v, 0.0, 1e3)); }},
       {"model.compute_dtype",
        [&](auto& k, auto& v) {
          try {
-           model.compute_dtype = parse_dtype(get_string(k, v));
+           model.compute_dtype = parse_dtype(config_string(k, v));
          } catch (const std::invalid_argument& e) {
            throw config_error(k, e.what());
          }
        }},
       {"train.iterations",
        [&](auto& k, auto& v) {
-         train.iterations = get_int(k, v, 0, std::numeric_limits<std::int64_t>::max());
+         train.iterations = config_int(k, v, 0, std::numeric_limits<std::int64_t>::max());
        }},
       {"train.micro_batches",
-       [&](auto& k, auto& v) { train.micro_batches = int(get_int(k, v, 1, int_max)); }},
+       [&](auto& k, auto& v) { train.micro_batches = int(config_int(k, v, 1, int_max)); }},
       {"train.micro_batch_size",
-       [&](auto& k, auto& v) { train.micro_batch_size = int(get_int(k, v, 1, int_max)); }},
-      {"train.seq_len", [&](auto& k, auto& v) { train.seq_len = int(get_int(k, v, 1, int_max)); }},
+       [&](auto& k, auto& v) { train.micro_batch_size = int(config_int(k, v, 1, int_max)); }},
+      {"train.seq_len",
+       [&](auto& k, auto& v) { train.seq_len = int(config_int(k, v, 1, int_max)); }},
       {"train.seed",
        [&](auto& k, auto& v) {
-         train.seed = std::uint64_t(get_int(k, v, 0, std::numeric_limits<std::int64_t>::max()));
+         train.seed = std::uint64_t(config_int(k, v, 0, std::numeric_limits<std::int64_t>::max()));
        }},
-      {"train.lr", [&](auto& k, auto& v) { train.lr = float(get_double(k, v, 0.0, 10.0)); }},
+      {"train.lr", [&](auto& k, auto& v) { train.lr = float(config_double(k, v, 0.0, 10.0)); }},
       {"train.beta1",
-       [&](auto& k, auto& v) { train.beta1 = float(get_double(k, v, 0.0, 0.999999)); }},
+       [&](auto& k, auto& v) { train.beta1 = float(config_double(k, v, 0.0, 0.999999)); }},
       {"train.beta2",
-       [&](auto& k, auto& v) { train.beta2 = float(get_double(k, v, 0.0, 0.999999)); }},
-      {"train.eps", [&](auto& k, auto& v) { train.eps = float(get_double(k, v, 1e-30, 1.0)); }},
+       [&](auto& k, auto& v) { train.beta2 = float(config_double(k, v, 0.0, 0.999999)); }},
+      {"train.eps", [&](auto& k, auto& v) { train.eps = float(config_double(k, v, 1e-30, 1.0)); }},
       {"train.weight_decay",
-       [&](auto& k, auto& v) { train.weight_decay = float(get_double(k, v, 0.0, 1.0)); }},
+       [&](auto& k, auto& v) { train.weight_decay = float(config_double(k, v, 0.0, 1.0)); }},
       {"train.grad_clip",
-       [&](auto& k, auto& v) { train.grad_clip = float(get_double(k, v, 0.0, 1e9)); }},
+       [&](auto& k, auto& v) { train.grad_clip = float(config_double(k, v, 0.0, 1e9)); }},
       {"train.val_every",
        [&](auto& k, auto& v) {
-         train.val_every = get_int(k, v, 0, std::numeric_limits<std::int64_t>::max());
+         train.val_every = config_int(k, v, 0, std::numeric_limits<std::int64_t>::max());
        }},
       {"train.val_batches",
-       [&](auto& k, auto& v) { train.val_batches = int(get_int(k, v, 0, int_max)); }},
-      {"train.corpus", [&](auto& k, auto& v) { train.corpus = get_string(k, v); }},
+       [&](auto& k, auto& v) { train.val_batches = int(config_int(k, v, 0, int_max)); }},
+      {"train.corpus", [&](auto& k, auto& v) { train.corpus = config_string(k, v); }},
       {"train.val_fraction",
-       [&](auto& k, auto& v) { train.val_fraction = get_double(k, v, 0.01, 0.5); }},
+       [&](auto& k, auto& v) { train.val_fraction = config_double(k, v, 0.01, 0.5); }},
       {"train.blis_threads",
-       [&](auto& k, auto& v) { train.blis_threads = int(get_int(k, v, 1, 1024)); }},
+       [&](auto& k, auto& v) { train.blis_threads = int(config_int(k, v, 1, 1024)); }},
       {"train.loss_scale",
-       [&](auto& k, auto& v) { train.loss_scale = float(get_double(k, v, 1.0, 1e30)); }},
+       [&](auto& k, auto& v) { train.loss_scale = float(config_double(k, v, 1.0, 1e30)); }},
       {"train.loss_scale_window",
-       [&](auto& k, auto& v) { train.loss_scale_window = int(get_int(k, v, 1, int_max)); }},
+       [&](auto& k, auto& v) { train.loss_scale_window = int(config_int(k, v, 1, int_max)); }},
       {"train.log_every",
        [&](auto& k, auto& v) {
-         train.log_every = get_int(k, v, 1, std::numeric_limits<std::int64_t>::max());
+         train.log_every = config_int(k, v, 1, std::numeric_limits<std::int64_t>::max());
        }},
   };
 }
@@ -192,7 +195,7 @@ std::vector<std::string> config_keys() {
 
 void apply_config(config_map& map, model_config& model, train_config& train) {
   if (auto it = map.find("model.preset"); it != map.end()) {
-    model = preset(get_string(it->first, it->second));
+    model = preset(config_string(it->first, it->second));
     map.erase(it);
   }
   const setter_map setters = make_setters(model, train);

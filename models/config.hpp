@@ -78,6 +78,14 @@ struct train_config {
   bool operator==(const train_config&) const = default;
 };
 
+// Typed reads of one setting, for every layer's config: a wrong type or a value outside
+// [lo, hi] throws config_error naming the key ("expected an integer, got a string").
+std::string config_type_name(const config_value& v);  // "a boolean", "an integer", ...
+std::int64_t config_int(const std::string& key, const config_value& v, std::int64_t lo,
+                        std::int64_t hi);
+double config_double(const std::string& key, const config_value& v, double lo, double hi);
+std::string config_string(const std::string& key, const config_value& v);
+
 std::vector<std::string> preset_names();
 // The shapes of a preset; throws config_error("model.preset") for an unknown name.
 model_config preset(std::string_view name);
