@@ -80,9 +80,6 @@ class coordinator : public actors::actor {
   void pause() { pause_requested_ = true; }
   asio::awaitable<void> resume();
   asio::awaitable<void> abort_iteration();
-  // Test hook (engine.abort_at): abort `iteration` once, when its first stage reports, then
-  // re-run it.
-  void abort_once_at(std::int64_t iteration) { abort_at_ = iteration; }
 
   const std::map<transport::node_id, worker_info>& workers() const { return workers_; }
   // The job has failed (a worker lost, a stage failed): stop with this message.
