@@ -6,6 +6,7 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/hash.hpp"
@@ -44,36 +45,67 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::Stepped>(&coordinator::stepped);
   on<wire::StageFailed>(&coordinator::stage_failed);
   on<wire::ValLoss>(&coordinator::val_loss);
+  on<wire::WindowReplicated>(&coordinator::window_replicated);
+  can_recover_ = job_.policy == "moevement";
 }
 
 awaitable<void> coordinator::on_start() {
   system().on_membership([this](transport::node_id n, actors::member_event e) {
-    if (e == actors::member_event::up || finished_) return;
-    auto it = workers_.find(n);
-    if (it == workers_.end()) return;
-    const worker_info& w = it->second;
-    const std::string role = w.stage < 0 ? std::string("spare")
-                                         : fmt::format("stage {}, replica {}", w.stage, w.replica);
-    const std::string how = e == actors::member_event::goodbye ? "left the job" : "was lost";
-    if (log_ != nullptr) {
-      log_->write(json_record{}
-                      .add("kind", "event")
-                      .add("event", "worker_lost")
-                      .add("node", std::int64_t{n})
-                      .add("stage", w.stage)
-                      .add("replica", w.replica)
-                      .add("iteration", iteration_));
-    }
-    if (w.stage < 0 && started()) {  // a spare: training goes on, with one spare fewer
-      workers_.erase(it);
-      return;
-    }
-    fail(
-        fmt::format("worker {} ({}, pid {}) {} at iteration {}; checkpoint.policy = {} cannot "
-                    "recover a lost worker, so the job stops",
-                    n, role, w.pid, how, iteration_, job_.policy));
+    if (e == actors::member_event::up) return;
+    lose_worker(n, e == actors::member_event::goodbye ? "left the job" : "was lost");
   });
   co_return;
+}
+
+void coordinator::lose_worker(transport::node_id n, const std::string& how) {
+  if (finished_) return;
+  auto it = workers_.find(n);
+  if (it == workers_.end()) return;
+  const worker_info w = it->second;
+  const std::string role =
+      w.stage < 0 ? std::string("spare") : fmt::format("stage {}, replica {}", w.stage, w.replica);
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "worker_lost")
+                    .add("node", std::int64_t{n})
+                    .add("stage", w.stage)
+                    .add("replica", w.replica)
+                    .add("how", how)
+                    .add("iteration", iteration_));
+  }
+  ++losses_seen_;
+  if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
+  if (w.stage < 0 && started()) {  // a spare: training goes on, with one spare fewer
+    workers_.erase(it);
+    return;
+  }
+  const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
+    return kv.second.stage < 0 && kv.first != n;
+  });
+  if (!can_recover_ || !started() || phase_ == phase::recovering || !spare_left) {
+    std::string why;
+    if (!can_recover_) {
+      why = fmt::format("checkpoint.policy = {} cannot recover a lost worker", job_.policy);
+    } else if (!started()) {
+      why = "the job had not started training yet";
+    } else if (phase_ == phase::recovering) {
+      why = "it failed during another recovery, which this version does not handle yet";
+    } else {
+      why = "no spare worker is left (raise cluster.spares)";
+    }
+    fail(fmt::format("worker {} ({}, pid {}) {} at iteration {}; {}, so the job stops", n, role,
+                     w.pid, how, iteration_, why));
+    return;
+  }
+  workers_.erase(it);
+  stages_[std::size_t(w.replica * job_.pp + w.stage)] = actor_ref{};
+  recovery_ = recovery_state{};
+  recovery_->lost = w;
+  recovery_->detected = sclock::now();
+  // As a turn of this actor, so that it never interleaves with a handler.
+  (void)system().post_call(
+      self(), [this, w](actors::actor&) -> awaitable<void> { co_await start_recovery(w); });
 }
 
 void coordinator::on_stop(const actors::exit_reason&) {
@@ -163,12 +195,26 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
 
 awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   auto it = workers_.find(m.getNode());
-  if (phase_ != phase::starting || it == workers_.end()) co_return;
+  if (it == workers_.end()) co_return;
   worker_info& w = it->second;
+  const bool replacement = phase_ == phase::recovering && recovery_ && recovery_->spare == w.node;
+  if (phase_ != phase::starting && !replacement) co_return;
   if (m.getError().size() > 0) {
     fail(fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError())));
     co_return;
   }
+  const actor_ref ckpt = read_ref(m.getCheckpoint()), repl = read_ref(m.getReplicator());
+  if ((ckpt.valid() && ckpt.node != w.node) || (repl.valid() && repl.node != w.node)) {
+    fail(fmt::format("worker {} reported checkpoint actors of another node", w.node));
+    co_return;
+  }
+  w.checkpoint = ckpt;
+  w.replicator = repl;
+  w.op_sizes.clear();
+  for (auto o : m.getOpSizes()) {
+    w.op_sizes.push_back({o.getComputeBytes(), o.getMasterBytes(), o.getOptimBytes()});
+  }
+  w.snapshot_bandwidth = m.getSnapshotBandwidth();
   if (w.stage >= 0) {
     const actor_ref r = read_ref(m.getActor());
     if (r.node != w.node || m.getStage() != w.stage || m.getReplica() != w.replica) {
@@ -179,30 +225,66 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     stages_[std::size_t(w.replica * job_.pp + w.stage)] = r;
     monitor(r);  // a stage actor that stops (its handler threw) ends the job, never a hang
   }
+  if (replacement) {
+    co_await finish_recovery();
+    co_return;
+  }
   if (++ready_count_ == expected_workers_) co_await wire_and_start();
 }
 
-awaitable<void> coordinator::wire_and_start() {
+std::vector<actor_ref> coordinator::replicators_for(transport::node_id node) const {
+  // The next job.replicas workers after this one in node order (wrapping), never itself:
+  // spread so that losing one process never loses every copy of a slot. (One host here;
+  // on several hosts the placement prefers other hosts, see launcher/placement.)
+  std::vector<actor_ref> all;
+  std::vector<transport::node_id> nodes;
+  for (const auto& [n, w] : workers_) {
+    if (n != node && w.replicator.valid()) nodes.push_back(n);
+  }
+  std::vector<actor_ref> out;
+  if (nodes.empty()) return out;
+  auto start = std::upper_bound(nodes.begin(), nodes.end(), node) - nodes.begin();
+  for (std::size_t i = 0; i < nodes.size() && int(out.size()) < job_.snapshot_replicas; ++i) {
+    out.push_back(workers_.at(nodes[(std::size_t(start) + i) % nodes.size()]).replicator);
+  }
+  return out;
+}
+
+awaitable<bool> coordinator::wire_all() {
+  std::map<int, transport::node_id> node_of;  // stage index -> node
+  for (const auto& [n, w] : workers_) {
+    if (w.stage >= 0) node_of[w.replica * job_.pp + w.stage] = n;
+  }
   for (int d = 0; d < job_.dp; ++d) {
     for (int s = 0; s < job_.pp; ++s) {
       const actor_ref prev = s > 0 ? stage_ref(s - 1, d) : actor_ref{};
       const actor_ref next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
       std::vector<actor_ref> reps;
       for (int r = 0; r < job_.dp; ++r) reps.push_back(stage_ref(s, r));
+      const std::vector<actor_ref> repl =
+          can_recover_ ? replicators_for(node_of[d * job_.pp + s]) : std::vector<actor_ref>{};
       auto fill = [&](wire::Wire::Builder b) {
         write_ref(b.initPrev(), prev);
         write_ref(b.initNext(), next);
         auto l = b.initReplicas(static_cast<unsigned>(reps.size()));
         for (unsigned i = 0; i < reps.size(); ++i) write_ref(l[i], reps[i]);
+        auto rl = b.initReplicators(static_cast<unsigned>(repl.size()));
+        for (unsigned i = 0; i < repl.size(); ++i) write_ref(rl[i], repl[i]);
       };
       auto r = co_await ask<wire::Wire, wire::WireAck>(stage_ref(s, d), ask_timeout, fill);
-      if (finished_) co_return;
+      if (finished_) co_return false;
       if (!r.ok()) {
         fail(fmt::format("wiring stage {} replica {} failed: {}", s, d, r.err().message));
-        co_return;
+        co_return false;
       }
     }
   }
+  co_return true;
+}
+
+awaitable<void> coordinator::wire_and_start() {
+  const bool wired = co_await wire_all();
+  if (!wired) co_return;
   if (log_ != nullptr) {
     log_->write(json_record{}
                     .add("kind", "event")
@@ -228,8 +310,10 @@ void coordinator::start_iteration() {
   sq_.assign(n, std::nullopt);
   losses_.assign(n, std::nullopt);
   aux_.assign(n, std::nullopt);
+  pop_.assign(n, std::nullopt);
   compute_s_.assign(n, 0.0);
-  done_count_ = stepped_count_ = 0;
+  done_count_ = 0;
+  stepped_flags_.assign(n, false);
   iteration_start_ = sclock::now();
   const std::int64_t it = iteration_;
   const std::uint64_t e = epoch_;
@@ -264,13 +348,14 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   aux_[i] = to_vector(m.getAuxLosses());
   if (s == job_.pp - 1) losses_[i] = to_vector(m.getLosses());
   compute_s_[i] = m.getComputeSeconds();
+  pop_[i] = to_vector(m.getPopularity());
   ++done_count_;
   if (abort_at_ == iteration_) {
     abort_at_ = -1;
     co_await abort_iteration();
     co_return;
   }
-  if (done_count_ < int(stages_.size())) co_return;
+  if (done_count_ < int(stages_.size()) || recovery_) co_return;
 
   // Every replica of a stage must hold the same reduced gradient.
   std::vector<double> sq;
@@ -309,22 +394,89 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
     last_.max_compute_s = std::max(last_.max_compute_s, c);
     last_.mean_compute_s += c / double(compute_s_.size());
   }
+  if (can_recover_ && w_sparse_ == 0) {
+    // Algorithm 1 with this first iteration as the profile (forward, backward and reduction:
+    // what a snapshot copy overlaps with).
+    if (job_.w_sparse > 0) {
+      w_sparse_ = job_.w_sparse;
+    } else {
+      std::vector<std::vector<op_size>> sizes(std::size_t(job_.pp));
+      double bandwidth = 0.0;
+      for (const auto& [n, w] : workers_) {
+        if (w.stage < 0) continue;
+        sizes[std::size_t(w.stage)] = w.op_sizes;
+        if (w.snapshot_bandwidth > 0 && (bandwidth == 0 || w.snapshot_bandwidth < bandwidth)) {
+          bandwidth = w.snapshot_bandwidth;
+        }
+      }
+      const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
+      w_sparse_ = callbacks_.choose_window && bandwidth > 0
+                      ? std::max(1, callbacks_.choose_window(sizes, secs, bandwidth))
+                      : 1;
+    }
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "window_chosen")
+                      .add("w_sparse", w_sparse_)
+                      .add("iteration", iteration_));
+    }
+  }
+  if (can_recover_) steps_[iteration_] = {last_.loss_scale, plan_};
+  // Popularity of each stage, summed over its replicas in replica order.
+  std::vector<std::vector<double>> stage_pop(std::size_t(job_.pp));
+  for (int st = 0; st < job_.pp && can_recover_; ++st) {
+    for (int r = 0; r < job_.dp; ++r) {
+      const auto& p = pop_[std::size_t(r * job_.pp + st)];
+      if (!p) continue;
+      auto& acc = stage_pop[std::size_t(st)];
+      if (acc.empty()) acc.assign(p->size(), 0.0);
+      if (acc.size() != p->size()) continue;
+      for (std::size_t k = 0; k < acc.size(); ++k) acc[k] += (*p)[k];
+    }
+  }
   phase_ = phase::stepping;
   const std::uint64_t e = epoch_;
   const bool apply = plan_.apply;
   const float mul = plan_.grad_mul;
-  for (const actor_ref& r : stages_) {
-    (void)tell<wire::Step>(r, [&](wire::Step::Builder b) {
-      b.setEpoch(e);
-      b.setApply(apply);
-      b.setGradMul(mul);
-    });
+  const int w_sparse = w_sparse_;
+  for (int d = 0; d < job_.dp; ++d) {
+    for (int st = 0; st < job_.pp; ++st) {
+      const auto& pop = stage_pop[std::size_t(st)];
+      (void)tell<wire::Step>(stage_ref(st, d), [&](wire::Step::Builder b) {
+        b.setEpoch(e);
+        b.setApply(apply);
+        b.setGradMul(mul);
+        b.setWSparse(w_sparse);
+        auto l = b.initPopularity(static_cast<unsigned>(pop.size()));
+        for (unsigned k = 0; k < pop.size(); ++k) l.set(k, pop[k]);
+      });
+    }
   }
 }
 
+int coordinator::live_stages() const {
+  return int(
+      std::count_if(stages_.begin(), stages_.end(), [](const actor_ref& r) { return r.valid(); }));
+}
+
 awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
-  if (phase_ != phase::stepping || m.getEpoch() != epoch_) co_return;
-  if (++stepped_count_ < int(stages_.size())) co_return;
+  const int s = m.getStage(), d = m.getReplica();
+  if (phase_ != phase::stepping || m.getEpoch() != epoch_ || s < 0 || s >= job_.pp || d < 0 ||
+      d >= job_.dp) {
+    co_return;
+  }
+  const std::size_t i = std::size_t(d * job_.pp + s);
+  if (stepped_flags_[i]) co_return;
+  stepped_flags_[i] = true;
+  co_await maybe_stepped_all();
+}
+
+awaitable<void> coordinator::maybe_stepped_all() {
+  if (phase_ != phase::stepping) co_return;
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    if (stages_[i].valid() && !stepped_flags_[i]) co_return;
+  }
   const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
   train_seconds_ += secs;
   last_.seconds = secs;
@@ -350,6 +502,11 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   }
   if (callbacks_.on_iteration) callbacks_.on_iteration(last_);
   ++iteration_;
+  if (recovery_) {  // a stage was lost while the others stepped: rebuild it one further
+    phase_ = phase::paused;
+    co_await start_recovery(recovery_->lost);
+    co_return;
+  }
   co_await after_iteration();
 }
 
@@ -427,6 +584,7 @@ awaitable<void> coordinator::abort_iteration() {
   const std::uint64_t e = epoch_;
   phase_ = phase::paused;
   for (const actor_ref& r : stages_) {
+    if (!r.valid()) continue;  // lost: being recovered
     auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
     auto res = co_await ask<wire::Abort, wire::AbortAck>(r, ask_timeout, fill);
     if (finished_) co_return;
@@ -447,6 +605,8 @@ awaitable<void> coordinator::abort_iteration() {
 
 awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
   if (finished_) co_return;
+  // A node that died takes its actors with it: lose_worker handles that (and decides).
+  if (why.kind == actors::exit_kind::node_lost || !workers_.contains(who.node)) co_return;
   for (const auto& [n, w] : workers_) {
     if (w.stage_actor == who) {
       fail(fmt::format("the actor of stage {} replica {} (worker {}) stopped: {}", w.stage,
@@ -461,9 +621,13 @@ awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
   // that death itself within the failure timeout, with the better message (which worker,
   // how it died): wait that long before blaming the stage.
   std::string message = "a stage failed: " + std::string(m.getMessage());
+  const std::int64_t losses = losses_seen_;
   asio::steady_timer grace(co_await asio::this_coro::executor,
                            std::chrono::milliseconds(job_.failure_timeout_ms + 200));
   co_await grace.async_wait(asio::use_awaitable);
+  // A worker was lost meanwhile: that was the cause, and recovery (or the job's end) has
+  // been decided by lose_worker.
+  if (losses_seen_ != losses || recovery_) co_return;
   fail(message);
 }
 
@@ -492,4 +656,188 @@ awaitable<void> coordinator::finish() {
   finish_with(std::move(o));
 }
 
+// ---- policy moevement: windows and recovery
+
+awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m) {
+  const int s = m.getStage(), d = m.getReplica();
+  if (!can_recover_ || s < 0 || s >= job_.pp || d < 0 || d >= job_.dp) co_return;
+  const std::uint64_t window = m.getWindow();
+  if (persisted_ && window <= *persisted_) co_return;
+  auto& done = replicated_[window];
+  done.resize(stages_.size(), false);
+  done[std::size_t(d * job_.pp + s)] = true;
+  window_first_[window] = m.getFirstIteration();
+  if (!std::all_of(done.begin(), done.end(), [](bool b) { return b; })) co_return;
+  // Every stage has this window on its replicators: it is the one a recovery starts from.
+  persisted_ = window;
+  const std::int64_t first = window_first_[window];
+  persisted_first_ = first;
+  replicated_.erase(replicated_.begin(), replicated_.upper_bound(window));
+  window_first_.erase(window_first_.begin(), window_first_.upper_bound(window));
+  steps_.erase(steps_.begin(), steps_.lower_bound(first));
+  for (const auto& [n, w] : workers_) {
+    for (const actor_ref& r : {w.checkpoint, w.replicator}) {
+      if (!r.valid()) continue;
+      (void)tell<wire::WindowPersisted>(r, [&](wire::WindowPersisted::Builder b) {
+        b.setWindow(window);
+        b.setFirstIteration(first);
+      });
+    }
+  }
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "window_persisted")
+                    .add("window", std::int64_t(window))
+                    .add("first_iteration", first)
+                    .add("iteration", iteration_));
+  }
+}
+
+awaitable<void> coordinator::start_recovery(worker_info lost) {
+  if (finished_) co_return;
+  // While the survivors step, let them finish: the lost stage is then rebuilt one iteration
+  // further (its step plan is known), and nothing is recomputed outside it.
+  if (phase_ == phase::stepping) {
+    co_await maybe_stepped_all();  // the lost stage's Stepped is no longer waited for
+    co_return;
+  }
+  const phase was = phase_;
+  recovery_->resume_validation = was == phase::validating;
+  phase_ = phase::recovering;
+  if (was == phase::running) {
+    // Drop the iteration in progress everywhere else; it is re-run once the stage is back.
+    const std::uint64_t e = epoch_;
+    for (const actor_ref& r : stages_) {
+      if (!r.valid()) continue;
+      auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
+      auto res = co_await ask<wire::Abort, wire::AbortAck>(r, ask_timeout, fill);
+      if (finished_) co_return;
+      if (!res.ok()) {
+        fail("aborting the iteration for a recovery failed: " + res.err().message);
+        co_return;
+      }
+    }
+  }
+  // A spare becomes the lost stage.
+  transport::node_id spare = 0;
+  for (const auto& [n, w] : workers_) {
+    if (w.stage < 0) {
+      spare = n;
+      break;
+    }
+  }
+  if (spare == 0) {
+    fail(
+        fmt::format("stage {} replica {} was lost and no spare worker is left (raise "
+                    "cluster.spares)",
+                    lost.stage, lost.replica));
+    co_return;
+  }
+  worker_info& sw = workers_.at(spare);
+  sw.stage = lost.stage;
+  sw.replica = lost.replica;
+  recovery_->spare = spare;
+  recovery_->target = iteration_;
+  const std::int64_t target = iteration_;
+  const bool has_window = persisted_.has_value();
+  const std::uint64_t window = persisted_.value_or(0);
+  const std::int64_t first = has_window ? persisted_first_ : 0;
+  if (callbacks_.on_notice) {
+    callbacks_.on_notice(fmt::format(
+        "stage {} replica {} lost (worker {}); rebuilding it on spare worker {} from {} "
+        "(replaying iterations {}..{})",
+        lost.stage, lost.replica, lost.node, spare,
+        has_window ? fmt::format("window {}", window) : std::string("the initial state"), first,
+        target - 1));
+  }
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "recovery_start")
+                    .add("stage", lost.stage)
+                    .add("replica", lost.replica)
+                    .add("lost_node", std::int64_t{lost.node})
+                    .add("spare_node", std::int64_t{spare})
+                    .add("target_iteration", target)
+                    .add("window", has_window ? std::int64_t(window) : std::int64_t{-1})
+                    .add("replay_from", first));
+  }
+  // Where each replica of the stage finds its window and its neighbours' logs.
+  std::vector<actor_ref> holders;
+  for (const auto& [n, w] : workers_) {
+    if (w.replicator.valid()) holders.push_back(w.replicator);
+  }
+  auto agent_of = [&](int s, int d) -> actor_ref {
+    if (s < 0 || s >= job_.pp) return {};
+    for (const auto& [n, w] : workers_) {
+      if (w.stage == s && w.replica == d && n != spare) return w.checkpoint;
+    }
+    return {};
+  };
+  std::vector<std::pair<std::int64_t, step_entry>> steps;
+  for (auto it = steps_.lower_bound(first); it != steps_.end() && it->first < target; ++it) {
+    steps.emplace_back(it->first, it->second);
+  }
+  const int w_sparse = w_sparse_;
+  const actor_ref me = self();
+  const int st = lost.stage, rep = lost.replica, dp = job_.dp;
+  auto fill = [&](wire::Restore::Builder b) {
+    b.setStage(st);
+    b.setReplica(rep);
+    b.setTargetIteration(target);
+    b.setHasWindow(has_window);
+    b.setWindow(window);
+    b.setFirstIteration(first);
+    b.setWSparse(w_sparse);
+    auto src = b.initSources(static_cast<unsigned>(dp));
+    for (int d = 0; d < dp; ++d) {
+      auto h = src[unsigned(d)].initSlotHolders(static_cast<unsigned>(holders.size()));
+      for (unsigned i = 0; i < holders.size(); ++i) write_ref(h[i], holders[i]);
+      write_ref(src[unsigned(d)].initUpstream(), agent_of(st - 1, d));
+      write_ref(src[unsigned(d)].initDownstream(), agent_of(st + 1, d));
+    }
+    auto l = b.initSteps(static_cast<unsigned>(steps.size()));
+    for (unsigned i = 0; i < steps.size(); ++i) {
+      l[i].setIteration(steps[i].first);
+      l[i].setLossScale(steps[i].second.loss_scale);
+      l[i].setApply(steps[i].second.plan.apply);
+      l[i].setGradMul(steps[i].second.plan.grad_mul);
+      l[i].setGradNorm(steps[i].second.plan.grad_norm);
+    }
+    write_ref(b.initCoordinator(), me);
+  };
+  (void)tell<wire::Restore>(sw.agent, fill);
+}
+
+awaitable<void> coordinator::finish_recovery() {
+  const recovery_state rec = *recovery_;
+  const bool wired = co_await wire_all();
+  if (!wired) co_return;
+  recovery_.reset();
+  ++recoveries_;
+  const double secs = std::chrono::duration<double>(sclock::now() - rec.detected).count();
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "recovery_end")
+                    .add("stage", rec.lost.stage)
+                    .add("replica", rec.lost.replica)
+                    .add("spare_node", std::int64_t{rec.spare})
+                    .add("target_iteration", rec.target)
+                    .add("seconds", secs));
+  }
+  if (callbacks_.on_notice) {
+    callbacks_.on_notice(
+        fmt::format("stage {} replica {} recovered on worker {} in {:.2f} s; "
+                    "training resumes at iteration {}",
+                    rec.lost.stage, rec.lost.replica, rec.spare, secs, rec.target));
+  }
+  phase_ = phase::running;
+  if (rec.resume_validation) {
+    co_await after_iteration();  // the validation round is run again
+  } else {
+    start_iteration();  // the target iteration, under a new epoch
+  }
+}
 }  // namespace moevement::engine

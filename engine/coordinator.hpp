@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "actors/system.hpp"
+#include "engine/checkpoint.hpp"
 #include "engine/engine.capnp.h"
 #include "engine/job_config.hpp"
 #include "engine/run_log.hpp"
@@ -48,6 +49,16 @@ struct job_outcome {
 
 struct coordinator_callbacks {
   std::function<void(const iteration_record&)> on_iteration;
+  // Algorithm 1's FindWindowSize for policy moevement (recovery/ provides it): every stage's
+  // operator sizes, the profiled iteration time, the slowest stage's snapshot bandwidth.
+  std::function<int(const std::vector<std::vector<op_size>>& stages, double iteration_s,
+                    double bandwidth)>
+      choose_window;
+  // A worker was declared lost (the launcher makes sure the process is gone: a hung one
+  // would otherwise wake up later).
+  std::function<void(transport::node_id node, int pid)> on_worker_lost;
+  // One line for the operator about a failure or a recovery.
+  std::function<void(const std::string&)> on_notice;
   std::function<void(std::int64_t iteration, double val_loss)> on_validation;
   std::function<void(const job_outcome&)> on_finished;  // exactly once
 };
@@ -60,6 +71,9 @@ struct worker_info {
   actors::actor_ref agent;
   int stage = -1, replica = -1;  // -1: spare
   actors::actor_ref stage_actor;
+  actors::actor_ref checkpoint, replicator;  // the policy's actors there (moevement)
+  std::vector<op_size> op_sizes;
+  double snapshot_bandwidth = 0.0;
 };
 
 class coordinator : public actors::actor {
@@ -67,7 +81,8 @@ class coordinator : public actors::actor {
   using interface =
       actors::interface<actors::tell_t<wire::WorkerHello>, actors::tell_t<wire::StageReady>,
                         actors::tell_t<wire::StageDone>, actors::tell_t<wire::Stepped>,
-                        actors::tell_t<wire::StageFailed>, actors::tell_t<wire::ValLoss>>;
+                        actors::tell_t<wire::StageFailed>, actors::tell_t<wire::ValLoss>,
+                        actors::tell_t<wire::WindowReplicated>>;
   static constexpr const char* registered_name = "moevement.coordinator";
 
   // raw: the config as read (sent to every worker); job: its resolution. Workers are nodes
@@ -84,6 +99,13 @@ class coordinator : public actors::actor {
   const std::map<transport::node_id, worker_info>& workers() const { return workers_; }
   // The job has failed (a worker lost, a stage failed): stop with this message.
   void fail(const std::string& message);
+  // Worker `node` is gone (heartbeats stopped, it said goodbye, or its process exited; `how`
+  // says which). A spare is dropped; a stage is recovered on a spare when the policy can,
+  // else the job fails naming the worker.
+  void lose_worker(transport::node_id node, const std::string& how);
+  // The window every stage snapshots into (0 before it is chosen or under other policies).
+  int w_sparse() const { return w_sparse_; }
+  std::int64_t recoveries() const { return recoveries_; }
   bool finished() const { return finished_; }
   // Past admission and wiring: iterations have begun.
   bool started() const { return phase_ != phase::admitting && phase_ != phase::starting; }
@@ -101,6 +123,7 @@ class coordinator : public actors::actor {
     stepping,
     validating,
     paused,
+    recovering,
     done
   };
   asio::awaitable<void> hello(wire::WorkerHello::Reader m);
@@ -109,6 +132,17 @@ class coordinator : public actors::actor {
   asio::awaitable<void> stepped(wire::Stepped::Reader m);
   asio::awaitable<void> stage_failed(wire::StageFailed::Reader m);
   asio::awaitable<void> val_loss(wire::ValLoss::Reader m);
+  asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader m);
+
+  // Wires every stage: neighbours, replicas, and where its snapshot copies go.
+  asio::awaitable<bool> wire_all();
+  // Policy moevement: the lost stage (s, d) is rebuilt on a spare.
+  asio::awaitable<void> start_recovery(worker_info lost);
+  asio::awaitable<void> finish_recovery();
+  // Ends the stepping phase once every live stage has stepped.
+  asio::awaitable<void> maybe_stepped_all();
+  int live_stages() const;
+  std::vector<actors::actor_ref> replicators_for(transport::node_id node) const;
 
   asio::awaitable<void> wire_and_start();
   void start_iteration();
@@ -137,7 +171,8 @@ class coordinator : public actors::actor {
   // the current epoch's reports, index d * pp + s
   std::vector<std::optional<std::vector<double>>> sq_, losses_, aux_;
   std::vector<double> compute_s_;
-  int done_count_ = 0, stepped_count_ = 0;
+  int done_count_ = 0;
+  std::vector<bool> stepped_flags_;
   models::step_plan plan_;
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
   double train_seconds_ = 0.0;
@@ -146,6 +181,29 @@ class coordinator : public actors::actor {
   std::vector<std::optional<double>> val_losses_;
   double last_val_ = 0.0;
   bool finished_ = false;
+
+  // policy moevement
+  bool can_recover_ = false;
+  int w_sparse_ = 0;
+  std::vector<std::optional<std::vector<double>>> pop_;  // this epoch's popularity, by index
+  struct step_entry {
+    float loss_scale = 1.0f;
+    models::step_plan plan;
+  };
+  std::map<std::int64_t, step_entry> steps_;  // what replays apply, from the persisted window
+  std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [index] done
+  std::map<std::uint64_t, std::int64_t> window_first_;
+  std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
+  std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
+  std::int64_t losses_seen_ = 0, recoveries_ = 0;
+  struct recovery_state {
+    worker_info lost;
+    transport::node_id spare = 0;
+    std::int64_t target = 0;
+    bool resume_validation = false;  // the loss came during a validation round
+    std::chrono::steady_clock::time_point detected;
+  };
+  std::optional<recovery_state> recovery_;
 };
 
 }  // namespace moevement::engine

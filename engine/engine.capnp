@@ -46,6 +46,19 @@ struct StageReady {
   replica @2 :Int32;
   actor @3 :Address;
   error @4 :Text;
+  # The checkpoint policy's actors in this worker (invalid under policy none): the stage's
+  # checkpoint agent (snapshots, upstream log) and the replicator (peers' snapshot copies).
+  checkpoint @5 :Address;
+  replicator @6 :Address;
+  # Algorithm 1's inputs from this stage: each operator's sizes, and the measured bandwidth
+  # of writing a snapshot (bytes/s).
+  opSizes @7 :List(OpSize);
+  snapshotBandwidth @8 :Float64;
+}
+struct OpSize {
+  computeBytes @0 :UInt64;
+  masterBytes @1 :UInt64;
+  optimBytes @2 :UInt64;
 }
 # A stage's neighbours: the previous and next stage of its replica (invalid at the ends) and
 # every replica of this stage in replica order (the reduction chain).
@@ -53,6 +66,8 @@ struct Wire {
   prev @0 :Address;
   next @1 :Address;
   replicas @2 :List(Address);
+  # Where this stage's snapshot slots are copied (the replicators of other workers).
+  replicators @3 :List(Address);
 }
 struct WireAck {}
 struct Shutdown {}
@@ -95,11 +110,17 @@ struct StageDone {
   losses @4 :List(Float64);     # last stage: per micro-batch cross-entropy
   auxLosses @5 :List(Float64);  # per micro-batch, this stage's load-balancing loss
   computeSeconds @6 :Float64;   # forward + backward time (the bubble measurement)
+  popularity @7 :List(Float64); # per operator: tokens routed to it (experts), else 0
 }
 struct Step {
   epoch @0 :UInt64;
   apply @1 :Bool;
   gradMul @2 :Float32;
+  # Checkpointing: the window size every stage uses (0: not chosen yet, nothing captured),
+  # and this stage's popularity summed over its replicas in replica order (so that every
+  # replica of a stage computes the same sparse schedule).
+  wSparse @3 :Int32;
+  popularity @4 :List(Float64);
 }
 struct Stepped {
   stage @0 :Int32;
@@ -140,4 +161,48 @@ struct ValLoss {
 struct DigestsQuery {}
 struct Digests {
   values @0 :List(UInt64);  # per operator, in canonical order
+}
+
+# ---- checkpointing and recovery (policy moevement)
+
+# A stage's checkpoint agent: every slot of `window` is stored on its replicators.
+struct WindowReplicated {
+  stage @0 :Int32;
+  replica @1 :Int32;
+  window @2 :UInt64;
+  firstIteration @3 :Int64;
+}
+# The coordinator: every stage has `window` replicated; older windows, and logs and plans
+# before firstIteration, may go.
+struct WindowPersisted {
+  window @0 :UInt64;
+  firstIteration @1 :Int64;
+}
+# What a replay of one iteration applies (the same on every stage).
+struct StepRecord {
+  iteration @0 :Int64;
+  lossScale @1 :Float32;
+  apply @2 :Bool;
+  gradMul @3 :Float32;
+  gradNorm @4 :Float64;
+}
+# Where one replica of the failed stage finds what it needs.
+struct RestoreSource {
+  slotHolders @0 :List(Address);   # replicators holding this replica's window (any order)
+  upstream @1 :Address;            # the checkpoint agent of (stage - 1, replica); invalid at 0
+  downstream @2 :Address;          # the checkpoint agent of (stage + 1, replica); invalid last
+}
+# To a spare: become (stage, replica), rebuilt at the start of targetIteration from window
+# `window` (hasWindow false: from the initial state, replaying from iteration 0).
+struct Restore {
+  stage @0 :Int32;
+  replica @1 :Int32;
+  targetIteration @2 :Int64;
+  hasWindow @3 :Bool;
+  window @4 :UInt64;
+  firstIteration @5 :Int64;
+  wSparse @6 :Int32;
+  sources @7 :List(RestoreSource);  # [replica] of the stage
+  steps @8 :List(StepRecord);       # firstIteration .. targetIteration - 1
+  coordinator @9 :Address;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "actors/actor_ref.hpp"
 #include "models/model.hpp"
 #include "models/operator_state.hpp"
 
@@ -13,9 +14,19 @@ namespace moevement::engine {
 
 enum class boundary : std::uint8_t { activation, gradient };
 
+// What the coordinator decided for checkpointing at this step (policy moevement).
+struct checkpoint_step {
+  int w_sparse = 0;  // the window every stage uses; 0: not chosen yet (nothing to capture)
+  // Per operator: tokens routed to it in this iteration, summed over the stage's replicas in
+  // replica order (so every replica computes the same sparse schedule). Empty: no counts.
+  std::span<const double> popularity;
+};
+
 class stage_hooks {
  public:
   virtual ~stage_hooks() = default;
+  // Before on_step of `iteration` (compute thread).
+  virtual void before_step(std::int64_t /*iteration*/, const checkpoint_step& /*decided*/) {}
   // The step of `iteration`, just before it is applied: the loss gradient its backwards used
   // and the plan of its optimizer step (job-wide), which a replay of this iteration must reuse.
   virtual void on_step(std::int64_t /*iteration*/, float /*loss_grad*/,
@@ -28,6 +39,13 @@ class stage_hooks {
   // upstream (the upstream log). `tensor` is valid only during the call.
   virtual void on_boundary_send(std::int64_t /*iteration*/, int /*micro_batch*/, boundary /*kind*/,
                                 std::span<const float> /*tensor*/) {}
+
+  // On the stage actor's thread (not the compute thread), after the step's after_step
+  // returned: where a policy ships what it captured (never blocking).
+  virtual void after_step_shipped(std::int64_t /*iteration*/) {}
+  // On the stage actor's thread: where this stage's snapshot copies go (the coordinator's
+  // wiring; sent again after a recovery).
+  virtual void on_wired(std::span<const actors::actor_ref> /*replicators*/) {}
 };
 
 }  // namespace moevement::engine

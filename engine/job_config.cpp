@@ -56,6 +56,12 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) { j.dp = int(models::config_int(k, v, 1, max_job_workers)); }},
       {"checkpoint.policy",
        [&](auto& k, auto& v) { j.policy = get_choice(k, v, checkpoint_policy_names()); }},
+      {"checkpoint.w_sparse",
+       [&](auto& k, auto& v) { j.w_sparse = int(models::config_int(k, v, 0, 1 << 20)); }},
+      {"checkpoint.replicas",
+       [&](auto& k, auto& v) {
+         j.snapshot_replicas = int(models::config_int(k, v, 1, max_job_workers));
+       }},
       {"cluster.backend", [&](auto& k, auto& v) { j.backend = get_choice(k, v, backend_names()); }},
       {"cluster.spares",
        [&](auto& k, auto& v) { j.spares = int(models::config_int(k, v, 0, max_job_workers)); }},
@@ -114,7 +120,7 @@ std::vector<std::string> checkpoint_policy_names() {
 }
 
 bool policy_available(const std::string& name) {
-  return name == "none";
+  return name == "none" || name == "moevement";
 }
 
 std::vector<std::string> job_config_keys() {
@@ -170,7 +176,7 @@ job_config resolve_job(models::config_map map) {
   if (!policy_available(j.policy)) {
     throw config_error(
         "checkpoint.policy",
-        fmt::format("'{}' is not available yet in this version; use none", j.policy));
+        fmt::format("'{}' is not available yet in this version; use none or moevement", j.policy));
   }
   if (j.backend == "slurm") {
     throw config_error("cluster.backend",

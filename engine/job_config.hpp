@@ -20,16 +20,18 @@ namespace moevement::engine {
 
 struct job_config {
   models::model_config model;
-  models::train_config train;              // train.data_parallel == dp
-  int pp = 1;                              // parallel.pp: pipeline stages
-  int dp = 1;                              // parallel.dp: data-parallel replicas of each stage
-  std::string policy = "none";             // checkpoint.policy
-  std::string backend = "local";           // cluster.backend: local | slurm
-  int spares = 0;                          // cluster.spares: idle workers beside pp*dp
-  std::string host = "127.0.0.1";          // cluster.host: where the head listens
-  std::string stage_type = "moe";          // engine.stage: a stage_registry name
-  std::string run_log = "run.jsonl";       // engine.run_log: path of the JSONL run log
-  std::int64_t heartbeat_ms = 100;         // cluster.heartbeat_ms
+  models::train_config train;         // train.data_parallel == dp
+  int pp = 1;                         // parallel.pp: pipeline stages
+  int dp = 1;                         // parallel.dp: data-parallel replicas of each stage
+  std::string policy = "none";        // checkpoint.policy
+  int w_sparse = 0;                   // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
+  int snapshot_replicas = 2;          // checkpoint.replicas: copies of every snapshot slot (r)
+  std::string backend = "local";      // cluster.backend: local | slurm
+  int spares = 0;                     // cluster.spares: idle workers beside pp*dp
+  std::string host = "127.0.0.1";     // cluster.host: where the head listens
+  std::string stage_type = "moe";     // engine.stage: a stage_registry name
+  std::string run_log = "run.jsonl";  // engine.run_log: path of the JSONL run log
+  std::int64_t heartbeat_ms = 100;    // cluster.heartbeat_ms
   std::int64_t failure_timeout_ms = 1000;  // cluster.failure_timeout_ms: silence => dead
   std::int64_t abort_at = -1;              // engine.abort_at: abort this iteration once (tests)
   std::int64_t start_timeout_ms = 30000;   // cluster.start_timeout_ms: workers must join by then

@@ -124,6 +124,9 @@ awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) 
   next_ = read_ref(m.getNext());
   replicas_.clear();
   for (auto a : m.getReplicas()) replicas_.push_back(read_ref(a));
+  std::vector<actor_ref> replicators;
+  for (auto a : m.getReplicators()) replicators.push_back(read_ref(a));
+  hooks_->on_wired(replicators);
   if (replicas_.size() != std::size_t(setup_.replicas) ||
       !(replicas_[std::size_t(setup_.replica)] == self()) || prev_.valid() == setup_.first() ||
       next_.valid() == setup_.last()) {
@@ -276,8 +279,11 @@ awaitable<void> stage_actor::reduce() {
 
 awaitable<void> stage_actor::finish_reduce() {
   phase_ = phase::reduced;
-  std::vector<double> sq;
-  co_await compute([&] { sq = gradient_sq_sums(ops_); });
+  std::vector<double> sq, pop;
+  co_await compute([&] {
+    sq = gradient_sq_sums(ops_);
+    pop = operator_popularity(ops_);
+  });
   const std::uint64_t e = epoch_;
   (void)tell<wire::StageDone>(coordinator_, [&](wire::StageDone::Builder b) {
     b.setStage(setup_.stage);
@@ -292,6 +298,8 @@ awaitable<void> stage_actor::finish_reduce() {
     auto a = b.initAuxLosses(static_cast<unsigned>(aux_.size()));
     for (unsigned i = 0; i < aux_.size(); ++i) a.set(i, aux_[i]);
     b.setComputeSeconds(compute_s_);
+    auto p = b.initPopularity(static_cast<unsigned>(pop.size()));
+    for (unsigned i = 0; i < pop.size(); ++i) p.set(i, pop[i]);
   });
 }
 
@@ -365,11 +373,27 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   plan.apply = m.getApply();
   plan.grad_mul = m.getGradMul();
   const std::int64_t it = iteration_;
+  std::vector<double> popularity;
+  if (m.getPopularity().size() == ops_.size()) {
+    for (double x : m.getPopularity()) popularity.push_back(x);
+  }
+  const checkpoint_step decided{std::max(m.getWSparse(), 0), popularity};
+  std::string error;
   co_await compute([&] {
-    hooks_->on_step(it, loss_scale_ / float(m_ * setup_.replicas), plan);
-    apply_step(ops_, plan, setup_.train);
-    hooks_->after_step(it, ops_);
+    try {
+      hooks_->before_step(it, decided);
+      hooks_->on_step(it, loss_scale_ / float(m_ * setup_.replicas), plan);
+      apply_step(ops_, plan, setup_.train);
+      hooks_->after_step(it, ops_);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   });
+  if (!error.empty()) {
+    fail("checkpointing failed: " + error);
+    co_return;
+  }
+  hooks_->after_step_shipped(it);
   phase_ = phase::stepped;
   const std::uint64_t e = epoch_;
   (void)tell<wire::Stepped>(coordinator_, [&](wire::Stepped::Builder b) {

@@ -18,9 +18,14 @@ constexpr auto join_timeout = std::chrono::seconds(30);
 }  // namespace
 
 worker_agent::worker_agent(transport::ucx_link& link, const stage_registry& registry,
-                           std::function<void(int, const std::string&)> on_exit)
-    : link_(link), registry_(registry), on_exit_(std::move(on_exit)) {
+                           std::function<void(int, const std::string&)> on_exit,
+                           checkpoint_factory checkpoints)
+    : link_(link),
+      registry_(registry),
+      on_exit_(std::move(on_exit)),
+      checkpoints_(std::move(checkpoints)) {
   on<wire::Assign>(&worker_agent::assign);
+  on<wire::Restore>(&worker_agent::restore);
   on<wire::Shutdown>(&worker_agent::shutdown);
 }
 
@@ -35,21 +40,70 @@ void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& h
   });
 }
 
+void worker_agent::report(const actors::actor_ref& stage, const std::string& err) {
+  const transport::node_id me = system().node();
+  const actors::actor_ref ckpt =
+      checkpoint_ && stage.valid() ? checkpoint_->agent() : actors::actor_ref{};
+  const actors::actor_ref repl = checkpoint_ ? checkpoint_->replicator() : actors::actor_ref{};
+  std::vector<op_size> sizes;
+  double bandwidth = 0.0;
+  if (checkpoint_ && stage.valid()) {
+    sizes = checkpoint_->op_sizes();
+    bandwidth = checkpoint_->snapshot_bandwidth();
+  }
+  (void)tell<wire::StageReady>(coordinator_, [&](wire::StageReady::Builder b) {
+    b.setNode(me);
+    b.setStage(stage_index_);
+    b.setReplica(replica_);
+    write_ref(b.initActor(), stage);
+    b.setError(err);
+    write_ref(b.initCheckpoint(), ckpt);
+    write_ref(b.initReplicator(), repl);
+    auto l = b.initOpSizes(static_cast<unsigned>(sizes.size()));
+    for (unsigned i = 0; i < sizes.size(); ++i) {
+      l[i].setComputeBytes(sizes[i].compute_bytes);
+      l[i].setMasterBytes(sizes[i].master_bytes);
+      l[i].setOptimBytes(sizes[i].optim_bytes);
+    }
+    b.setSnapshotBandwidth(bandwidth);
+  });
+}
+
+// Building a stage (initialising its weights, loading the corpus) can take seconds: on a
+// thread of its own, so that this node's heartbeats go on meanwhile.
+static asio::awaitable<std::unique_ptr<stage_model>> build_stage(const stage_factory& factory,
+                                                                 const stage_setup& setup,
+                                                                 std::string& error) {
+  std::unique_ptr<stage_model> model;
+  asio::thread_pool builder(1);
+  auto build = [&]() -> asio::awaitable<void> {
+    try {
+      model = factory(setup);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    co_return;
+  };
+  co_await asio::co_spawn(builder.get_executor(), std::move(build), asio::use_awaitable);
+  co_return model;
+}
+
+void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> model) {
+  std::unique_ptr<stage_hooks> hooks;
+  if (checkpoint_) hooks = checkpoint_->make_hooks(setup, *model, coordinator_);
+  stage_ = system().spawn<stage_actor>(std::move(setup), std::move(model), *bulk_, coordinator_,
+                                       std::move(hooks));
+  report(stage_, "");
+}
+
 asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
   if (assigned_) co_return;
   assigned_ = true;
   const int stage = m.getStage(), replica = m.getReplica();
-  const actors::actor_ref coordinator = read_ref(m.getCoordinator());
+  stage_index_ = stage;
+  replica_ = replica;
+  coordinator_ = read_ref(m.getCoordinator());
   const transport::node_id me = system().node();
-  auto report = [&](const actors::actor_ref& ref, const std::string& err) {
-    (void)tell<wire::StageReady>(coordinator, [&](wire::StageReady::Builder b) {
-      b.setNode(me);
-      b.setStage(stage);
-      b.setReplica(replica);
-      write_ref(b.initActor(), ref);
-      b.setError(err);
-    });
-  };
   // Every peer's address first, so that heartbeats reach every member once we join.
   for (auto p : m.getPeers()) {
     if (p.getNode() == me || p.getNode() == system().config().head) continue;
@@ -66,51 +120,60 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
     report({}, "joining the cluster failed: " + joined.err().message);
     co_return;
   }
-  if (stage < 0) {  // a spare: idle until recovery needs it
-    report({}, "");
-    co_return;
-  }
   try {
-    job_config job = resolve_job(std::move(*cfg));
-    if (stage >= job.pp || replica < 0 || replica >= job.dp) {
+    job_ = resolve_job(std::move(*cfg));
+    bulk_ = std::make_unique<bulk_io>(link_);
+    if (checkpoints_) checkpoint_ = checkpoints_(system(), *bulk_, *job_);
+    if (stage < 0) {  // a spare: idle until recovery needs it
+      report({}, "");
+      co_return;
+    }
+    if (stage >= job_->pp || replica < 0 || replica >= job_->dp) {
       report({}, fmt::format("role stage {} replica {} is outside pp={} dp={}", stage, replica,
-                             job.pp, job.dp));
+                             job_->pp, job_->dp));
       co_return;
     }
     stage_setup setup;
-    setup.model = job.model;
-    setup.train = job.train;
+    setup.model = job_->model;
+    setup.train = job_->train;
     setup.stage = stage;
-    setup.stages = job.pp;
+    setup.stages = job_->pp;
     setup.replica = replica;
-    setup.replicas = job.dp;
-    // Building a stage (initialising its weights, loading the corpus) can take seconds: on a
-    // thread of its own, so that this node's heartbeats go on meanwhile.
-    const stage_factory& factory = registry_.find(job.stage_type);
-    std::unique_ptr<stage_model> model;
+    setup.replicas = job_->dp;
+    const stage_factory& factory = registry_.find(job_->stage_type);
     std::string build_error;
-    {
-      asio::thread_pool builder(1);
-      auto build = [&]() -> asio::awaitable<void> {
-        try {
-          model = factory(setup);
-        } catch (const std::exception& e) {
-          build_error = e.what();
-        }
-        co_return;
-      };
-      co_await asio::co_spawn(builder.get_executor(), std::move(build), asio::use_awaitable);
-    }
+    auto model = co_await build_stage(factory, setup, build_error);
     if (!build_error.empty()) {
       report({}, build_error);
       co_return;
     }
-    bulk_ = std::make_unique<bulk_io>(link_);
-    stage_ = system().spawn<stage_actor>(std::move(setup), std::move(model), *bulk_, coordinator,
-                                         nullptr);
-    report(stage_, "");
+    start_stage(std::move(setup), std::move(model));
   } catch (const std::exception& e) {
     report({}, e.what());
+  }
+}
+
+asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
+  // Only a spare that joined, once, and only from the coordinator that assigned it.
+  if (!job_ || stage_index_ >= 0 || restoring_ || !checkpoint_) co_return;
+  const int stage = m.getStage(), replica = m.getReplica();
+  if (stage < 0 || stage >= job_->pp || replica < 0 || replica >= job_->dp) co_return;
+  restoring_ = true;
+  stage_index_ = stage;
+  replica_ = replica;
+  stage_setup setup;
+  setup.model = job_->model;
+  setup.train = job_->train;
+  setup.stage = stage;
+  setup.stages = job_->pp;
+  setup.replica = replica;
+  setup.replicas = job_->dp;
+  try {
+    const stage_factory& factory = registry_.find(job_->stage_type);
+    auto model = co_await checkpoint_->restore(m, factory, setup);
+    start_stage(std::move(setup), std::move(model));
+  } catch (const std::exception& e) {
+    report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
   }
 }
 

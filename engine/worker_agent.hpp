@@ -6,10 +6,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "actors/system.hpp"
 #include "engine/bulk_io.hpp"
+#include "engine/checkpoint.hpp"
 #include "engine/engine.capnp.h"
 #include "engine/stage_registry.hpp"
 #include "transport/ucx_link.hpp"
@@ -18,11 +20,14 @@ namespace moevement::engine {
 
 class worker_agent : public actors::actor {
  public:
-  using interface = actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Shutdown>>;
+  using interface = actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Restore>,
+                                      actors::tell_t<wire::Shutdown>>;
 
   // on_exit(status, message): the process should end (Shutdown: 0; a failure: 1).
+  // checkpoints: the job's checkpoint policy in this process (empty: policy none).
   worker_agent(transport::ucx_link& link, const stage_registry& registry,
-               std::function<void(int, const std::string&)> on_exit);
+               std::function<void(int, const std::string&)> on_exit,
+               checkpoint_factory checkpoints = {});
 
   // Tells the coordinator this worker is up (call once the agent has started).
   void say_hello(actors::actor_ref coordinator, const std::string& host);
@@ -30,13 +35,22 @@ class worker_agent : public actors::actor {
 
  private:
   asio::awaitable<void> assign(wire::Assign::Reader m);
+  asio::awaitable<void> restore(wire::Restore::Reader m);
   asio::awaitable<void> shutdown(wire::Shutdown::Reader m);
+  // Spawns the stage actor for `model` and tells the coordinator (StageReady).
+  void start_stage(stage_setup setup, std::unique_ptr<stage_model> model);
+  void report(const actors::actor_ref& stage, const std::string& error);
 
   transport::ucx_link& link_;
   const stage_registry& registry_;
   std::function<void(int, const std::string&)> on_exit_;
+  checkpoint_factory checkpoints_;
   std::unique_ptr<bulk_io> bulk_;
-  bool assigned_ = false;
+  std::unique_ptr<worker_checkpoint> checkpoint_;
+  std::optional<job_config> job_;
+  actors::actor_ref coordinator_;
+  int stage_index_ = -1, replica_ = -1;
+  bool assigned_ = false, restoring_ = false;
   actors::actor_ref stage_;
 };
 

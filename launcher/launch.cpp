@@ -30,7 +30,9 @@
 #include "engine/job_config.hpp"
 #include "engine/run_log.hpp"
 #include "launcher/config.hpp"
+#include "launcher/inject.hpp"
 #include "launcher/launch.hpp"
+#include "recovery/moevement_policy.hpp"
 #include "transport/ucx_link.hpp"
 
 namespace moevement::launcher {
@@ -38,8 +40,9 @@ namespace moevement::launcher {
 namespace {
 
 constexpr const char* launch_usage =
-    "usage: moevement launch CONFIG [--set key=value ...]\n"
-    "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n";
+    "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...]\n"
+    "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
+    "  SPEC: kill:stage=S,replica=D,iter=T or hang:stage=S,replica=D,iter=T (docs/recovery.md)\n";
 
 std::string new_token() {
   std::random_device rd;
@@ -91,12 +94,17 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     return 2;
   }
   models::config_map raw = load_config_file(argv[2]);
+  std::vector<injection> injections;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--set" && i + 1 < argc) {
       apply_override(raw, argv[++i]);
     } else if (a.starts_with("--set=")) {
       apply_override(raw, a.substr(6));
+    } else if (a == "--inject" && i + 1 < argc) {
+      injections.push_back(parse_injection(argv[++i]));
+    } else if (a.starts_with("--inject=")) {
+      injections.push_back(parse_injection(a.substr(9)));
     } else {
       std::cerr << "moevement launch: unexpected argument '" << a << "'\n" << launch_usage;
       return 2;
@@ -104,6 +112,14 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   }
   const engine::job_config job = engine::resolve_job(raw);
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
+  for (const auto& inj : injections) {
+    if (inj.stage >= job.pp || inj.replica >= job.dp) {
+      throw std::invalid_argument(
+          fmt::format("--inject {}: there is no stage {} replica {} "
+                      "(pp={} dp={})",
+                      inj.text(), inj.stage, inj.replica, job.pp, job.dp));
+    }
+  }
   const int nworkers = job.workers() + job.spares;
   std::cout << fmt::format(
       "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "
@@ -139,7 +155,38 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   };
 
   engine::coordinator_callbacks cb;
+  actors::actor_ref coord_ref;
+  // Injected failures: once iteration T begins, the worker that runs (stage, replica) then.
+  auto inject_due = [&](std::int64_t next_iteration) {
+    auto* c = sys.local_actor<engine::coordinator>(coord_ref);
+    if (c == nullptr) return;
+    for (auto& inj : injections) {
+      if (inj.done || inj.iteration != next_iteration) continue;
+      for (const auto& [n, w] : c->workers()) {
+        if (w.stage != inj.stage || w.replica != inj.replica) continue;
+        inj.done = true;
+        const bool kill = inj.what == injection::kind::kill;
+        end_line();
+        std::cout << fmt::format("inject: {} (worker {}, pid {})\n", inj.text(), n, w.pid)
+                  << std::flush;
+        ::kill(w.pid, kill ? SIGKILL : SIGSTOP);
+        break;
+      }
+    }
+  };
+  cb.choose_window = recovery::choose_window;
+  cb.on_worker_lost = [&](transport::node_id n, int pid) {
+    // A hung worker must not wake up later and talk as if nothing happened.
+    for (const auto& [p, node] : children) {
+      if (node == n && p == pid) ::kill(pid, SIGKILL);
+    }
+  };
+  cb.on_notice = [&](const std::string& line) {
+    end_line();
+    std::cout << line << "\n" << std::flush;
+  };
   cb.on_iteration = [&](const engine::iteration_record& r) {
+    inject_due(r.iteration + 1);
     const std::int64_t done = r.iteration + 1;
     const double eta = r.seconds * double(job.train.iterations - done);
     const std::string line =
@@ -169,6 +216,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     });
   };
   auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log);
+  coord_ref = coord;
   auto fail = [&](const std::string& why) {
     if (auto* c = sys.local_actor<engine::coordinator>(coord)) c->fail(why);
   };
@@ -185,18 +233,22 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         const transport::node_id n = it->second;
         children.erase(it);
         auto* c = sys.local_actor<engine::coordinator>(coord);
-        bool spare = false;
-        if (c != nullptr && c->started()) {
+        bool spare = false, known = false;
+        if (c != nullptr) {
           const auto w = c->workers().find(n);
-          spare = w == c->workers().end() || w->second.stage < 0;
+          known = w != c->workers().end();
+          spare = c->started() && (!known || w->second.stage < 0);
         }
-        if (!finished && !spare) {
-          end_line();
-          fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
-        } else if (!finished) {
+        if (!finished && spare && known) {
           end_line();
           std::cout << fmt::format("spare worker {} (pid {}) {}; training goes on\n", n, pid,
                                    exit_text(status));
+        }
+        // The coordinator decides: recover the stage on a spare, or end the job saying so.
+        if (!finished && c != nullptr && known) {
+          c->lose_worker(n, exit_text(status));
+        } else if (!finished && (c == nullptr || !c->started())) {  // never said hello
+          fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
         }
       }
     } else if (!finished) {

@@ -18,6 +18,7 @@
 #include "engine/coordinator.hpp"
 #include "engine/worker_agent.hpp"
 #include "launcher/launch.hpp"
+#include "recovery/moevement_policy.hpp"
 #include "transport/ucx_link.hpp"
 
 namespace moevement::launcher {
@@ -126,7 +127,8 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
     if (n == cfg.head && e != actors::member_event::up) stop(1, "lost the head: stopping");
   });
   auto agent = sys.spawn<engine::worker_agent>(
-      link, registry, [&](int s, const std::string& why) { stop(s, why); });
+      link, registry, [&](int s, const std::string& why) { stop(s, why); },
+      recovery::policy_factory());
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.
   admission.expires_after(std::chrono::seconds(120));
   admission.async_wait([&](const std::error_code& ec) {

@@ -71,6 +71,15 @@ void stage_schedule::add_popularity(std::int64_t iteration,
   }
 }
 
+void stage_schedule::add_counts(std::int64_t iteration, std::span<const double> counts) {
+  if (counts.size() != n_) throw std::invalid_argument("sparse schedule: operator count changed");
+  auto& c = counts_[std::uint64_t(iteration) / std::uint64_t(w_)];
+  c.resize(n_, 0.0);
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (is_expert_[i]) c[i] += counts[i];
+  }
+}
+
 const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint64_t window) {
   if (auto it = schedules_.find(window); it != schedules_.end()) return it->second;
   if (window > 0) {
@@ -100,7 +109,10 @@ const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint
 
 sparse_capture::sparse_capture(stage_schedule& schedule, int stage, int replica,
                                const models::loss_scaler* scaler)
-    : schedule_(schedule), stage_(stage), replica_(replica), scaler_(scaler) {}
+    : schedule_(&schedule), stage_(stage), replica_(replica), scaler_(scaler) {}
+
+sparse_capture::sparse_capture(int stage, int replica)
+    : stage_(stage), replica_(replica), distributed_(true), scaler_(nullptr) {}
 
 void sparse_capture::on_step(std::int64_t iteration, float loss_grad,
                              const models::step_plan& plan) {
@@ -118,6 +130,15 @@ void sparse_capture::on_boundary_send(std::int64_t iteration, int micro_batch,
 
 void sparse_capture::after_step(std::int64_t iteration,
                                 std::span<models::operator_state* const> ops) {
+  if (schedule_ == nullptr) return;  // W_sparse not chosen yet
+  stage_schedule& schedule_ = *this->schedule_;
+  const auto add_popularity = [&] {
+    if (!distributed_) {
+      schedule_.add_popularity(iteration, ops);
+    } else if (counts_.size() == ops.size()) {
+      schedule_.add_counts(iteration, counts_);
+    }
+  };
   if (ops.size() != schedule_.operators()) {
     throw std::invalid_argument("sparse capture: stage " + std::to_string(stage_) + " has " +
                                 std::to_string(ops.size()) + " operators, the schedule " +
@@ -130,7 +151,7 @@ void sparse_capture::after_step(std::int64_t iteration,
   if (it == windows_.end()) {
     if (slot != 0) {
       // Started (or resumed) mid-window: this window can never be complete; wait for the next.
-      schedule_.add_popularity(iteration, ops);
+      add_popularity();
       return;
     }
     window_buffers b;
@@ -154,8 +175,8 @@ void sparse_capture::after_step(std::int64_t iteration,
   write_snapshot(buf, {window, slot, iteration + 1, stage_, replica_}, scaler, cops, kinds_);
   last_slot_bytes_ = buf.size();
   ++it->second.captured;
-  schedule_.add_popularity(iteration, ops);
-  if (slot + 1 == w && it->second.captured == int(w)) persist(window);
+  add_popularity();
+  if (!distributed_ && slot + 1 == w && it->second.captured == int(w)) persist(window);
 }
 
 void sparse_capture::persist(std::uint64_t window) {
@@ -168,6 +189,37 @@ void sparse_capture::persist(std::uint64_t window) {
   const std::int64_t first = windows_.at(window).first_iteration;
   log_.drop_before(std::uint64_t(first));
   steps_.erase(steps_.begin(), steps_.lower_bound(first));
+}
+
+void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iteration) {
+  persisted_ = window;
+  for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
+    spare_.push_back(std::move(it->second.slots));
+    it = windows_.erase(it);
+  }
+  log_.drop_before(std::uint64_t(std::max<std::int64_t>(first_iteration, 0)));
+  steps_.erase(steps_.begin(), steps_.lower_bound(first_iteration));
+}
+
+std::optional<std::span<const std::byte>> sparse_capture::slot_of(std::int64_t iteration) const {
+  if (schedule_ == nullptr) return std::nullopt;
+  const auto w = std::uint64_t(schedule_->w_sparse());
+  const auto it = windows_.find(std::uint64_t(iteration) / w);
+  if (it == windows_.end()) return std::nullopt;
+  const auto& slot = it->second.slots[std::uint64_t(iteration) % w];
+  if (slot.empty()) return std::nullopt;
+  return std::span<const std::byte>(slot);
+}
+
+bool sparse_capture::complete(std::uint64_t window) const {
+  const auto it = windows_.find(window);
+  return it != windows_.end() && schedule_ != nullptr &&
+         it->second.captured == schedule_->w_sparse();
+}
+
+std::int64_t sparse_capture::first_iteration(std::uint64_t window) const {
+  const auto it = windows_.find(window);
+  return it == windows_.end() ? -1 : it->second.first_iteration;
 }
 
 std::optional<window_view> sparse_capture::persisted() const {

@@ -62,6 +62,8 @@ class stage_schedule {
   // Adds one replica's popularity counters after the step of `iteration` (the gates'
   // routed-token counts, attributed to each gate's experts).
   void add_popularity(std::int64_t iteration, std::span<models::operator_state* const> ops);
+  // Adds per-operator counts (engine::operator_popularity, summed over replicas).
+  void add_counts(std::int64_t iteration, std::span<const double> counts);
 
   // The schedule of window `window` (fixed once asked for): the previous window's order, or
   // a new ascending-popularity order when the popularity of the window before moved enough
@@ -101,6 +103,21 @@ class sparse_capture : public engine::stage_hooks {
   // scaler, read at each capture (nullptr: recorded as disabled with scale 1).
   sparse_capture(stage_schedule& schedule, int stage, int replica,
                  const models::loss_scaler* scaler = nullptr);
+  // Distributed use (one process per replica): no schedule until the coordinator chose
+  // W_sparse (set_schedule); popularity comes agreed across replicas (set_counts before each
+  // after_step); windows are dropped only when the job persisted a newer one (drop_before).
+  sparse_capture(int stage, int replica);
+  void set_schedule(stage_schedule& schedule) { schedule_ = &schedule; }
+  bool has_schedule() const { return schedule_ != nullptr; }
+  void set_counts(std::span<const double> counts) { counts_.assign(counts.begin(), counts.end()); }
+  // Drops windows older than `window`, and logs and step plans before first_iteration.
+  void drop_before(std::uint64_t window, std::int64_t first_iteration);
+  // The slot captured by the step of `iteration`, if it was (distributed use: to ship it).
+  std::optional<std::span<const std::byte>> slot_of(std::int64_t iteration) const;
+  // Whether every slot of `window` was captured in this process.
+  bool complete(std::uint64_t window) const;
+  std::int64_t first_iteration(std::uint64_t window) const;
+  log_store& mutable_log() { return log_; }
 
   void on_step(std::int64_t iteration, float loss_grad, const models::step_plan& plan) override;
   void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override;
@@ -128,8 +145,10 @@ class sparse_capture : public engine::stage_hooks {
   };
   void persist(std::uint64_t window);
 
-  stage_schedule& schedule_;
+  stage_schedule* schedule_ = nullptr;
   int stage_, replica_;
+  bool distributed_ = false;
+  std::vector<double> counts_;
   const models::loss_scaler* scaler_;
   std::map<std::uint64_t, window_buffers> windows_;
   std::optional<std::uint64_t> persisted_;

@@ -72,8 +72,11 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
   // Parse and verify every slot before touching the stage.
   std::vector<std::vector<snapshot_view>> views(d_count);
   std::vector<std::vector<models::operator_state*>> ops(d_count);
+  bool from_initial = true;
+  for (const auto& win : in.windows) from_initial = from_initial && win.empty();
   for (std::size_t d = 0; d < d_count; ++d) {
     ops[d] = replicas[d]->operators();
+    if (from_initial) continue;
     if (in.windows[d].empty()) {
       throw conversion_error("sparse-to-dense: " + where(in.stage, d) + " has an empty window");
     }
@@ -108,6 +111,18 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
     }
   }
   const std::size_t w = views[0].size(), n = ops[0].size();
+  if (from_initial) {
+    for (std::size_t d = 0; d < d_count; ++d) {
+      for (const auto* op : ops[d]) {
+        if (op->mode() != models::op_mode::active) {
+          throw conversion_error(
+              "sparse-to-dense: a replay from the initial state needs fresh "
+              "replicas, but " +
+              op->name() + " is frozen");
+        }
+      }
+    }
+  }
   // The recovery group must freeze the same operators, or the reduced gradients are wrong.
   for (std::size_t d = 1; d < d_count; ++d) {
     for (std::size_t j = 0; j < w; ++j) {
@@ -124,7 +139,7 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
     }
   }
   // Every operator full in exactly one slot, with compute weights in every slot before it.
-  std::vector<int> full_slot(n, -1);
+  std::vector<int> full_slot(n, from_initial ? 0 : -1);
   for (std::size_t j = 0; j < w; ++j) {
     std::vector<bool> present(n, false);
     for (const auto& e : views[0][j].entries) {
@@ -153,8 +168,8 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
   }
 
   conversion_report rep;
-  rep.window = views[0][0].tag.window;
-  rep.first_iteration = views[0][0].tag.state_iteration;
+  rep.window = from_initial ? 0 : views[0][0].tag.window;
+  rep.first_iteration = from_initial ? in.initial_iteration : views[0][0].tag.state_iteration;
   const std::int64_t w0 = rep.first_iteration, t = in.target_iteration;
   if (t < w0 + std::int64_t(w) - 1) {
     throw conversion_error("sparse-to-dense: iteration " + std::to_string(t) +
@@ -168,7 +183,7 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
   }
   rep.iterations_replayed = int(t - w0);
 
-  std::size_t active = 0;
+  std::size_t active = from_initial ? n : 0;
   const auto load_slot = [&](std::size_t j) {
     for (std::size_t d = 0; d < d_count; ++d) {
       for (const auto& e : views[d][j].entries) load_operator(e, *ops[d][e.index]);
@@ -198,6 +213,11 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
       const auto out = engine::replay_iteration(*replicas[d], it, step.loss_grad, ri);
       if (active < n) ++rep.sparse_replays;
       const log_store* own = d < in.own.size() ? in.own[d] : nullptr;
+      for (int mb = 0; mb < in.micro_batches && in.on_sent; ++mb) {
+        if (!last)
+          in.on_sent(it, mb, log_direction::activation, d, out.activations[std::size_t(mb)]);
+        if (!first) in.on_sent(it, mb, log_direction::gradient, d, out.gradients[std::size_t(mb)]);
+      }
       for (int mb = 0; mb < in.micro_batches; ++mb) {
         if (!last) {
           check_sent(own, it, mb, log_direction::activation, d, out.activations[std::size_t(mb)],

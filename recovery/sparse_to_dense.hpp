@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <stdexcept>
@@ -45,6 +46,13 @@ struct conversion_input {
   // Step plans of w0 .. t-1 (the same on every stage: take them from any survivor).
   const std::map<std::int64_t, step_record>* steps = nullptr;
   models::train_config train;
+  // Every window empty (none was persisted yet): the replicas as given are the initial state
+  // (freshly built), and the replay runs from initial_iteration (0) to t.
+  std::int64_t initial_iteration = 0;
+  // Called with every tensor the replay sends (to rebuild the stage's own upstream log).
+  std::function<void(std::int64_t iteration, int micro_batch, log_direction dir,
+                     std::size_t replica, std::span<const float> tensor)>
+      on_sent;
 };
 
 struct conversion_report {

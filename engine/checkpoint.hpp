@@ -1,0 +1,53 @@
+// Where a checkpoint policy (recovery/) lives in a worker process. The launcher gives the
+// worker agent a factory; the agent makes one worker_checkpoint once the process has joined
+// the job, asks it for the stage's hooks when it runs a stage, and asks it to rebuild a lost
+// stage when the coordinator turns this spare into a replacement (Restore). Policy none has
+// no factory.
+#pragma once
+
+#include <asio/awaitable.hpp>
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "actors/system.hpp"
+#include "engine/bulk_io.hpp"
+#include "engine/engine.capnp.h"
+#include "engine/hooks.hpp"
+#include "engine/job_config.hpp"
+#include "engine/stage_registry.hpp"
+
+namespace moevement::engine {
+
+// Algorithm 1's view of one operator.
+struct op_size {
+  std::uint64_t compute_bytes = 0, master_bytes = 0, optim_bytes = 0;
+};
+
+class worker_checkpoint {
+ public:
+  virtual ~worker_checkpoint() = default;
+  // The replicator this process runs for its peers (invalid when the policy has none).
+  virtual actors::actor_ref replicator() const = 0;
+  // The checkpoint agent of this process's stage, valid once make_hooks() was called.
+  virtual actors::actor_ref agent() const = 0;
+  // The hooks of the stage this process runs (called once, on the actor thread, after the
+  // stage was built; `model` outlives the hooks). Also measures what Algorithm 1 needs.
+  virtual std::unique_ptr<stage_hooks> make_hooks(const stage_setup& setup, stage_model& model,
+                                                  actors::actor_ref coordinator) = 0;
+  virtual std::vector<op_size> op_sizes() const = 0;
+  virtual double snapshot_bandwidth() const = 0;  // bytes/s, measured by make_hooks()
+  // Rebuilds replica `setup.replica` of stage `setup.stage` at the start of the restore's
+  // target iteration (on the actor thread; heavy work goes to other threads). Throws with a
+  // message saying what was missing.
+  virtual asio::awaitable<std::unique_ptr<stage_model>> restore(wire::Restore::Reader plan,
+                                                                const stage_factory& factory,
+                                                                stage_setup setup) = 0;
+};
+
+using checkpoint_factory = std::function<std::unique_ptr<worker_checkpoint>(
+    actors::actor_system& system, bulk_io& io, const job_config& job)>;
+
+}  // namespace moevement::engine

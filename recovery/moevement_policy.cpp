@@ -1,0 +1,529 @@
+#include "recovery/moevement_policy.hpp"
+
+#include <fmt/format.h>
+#include <asio/co_spawn.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "recovery/snapshot.hpp"
+#include "recovery/sparse_to_dense.hpp"
+#include "sim/sparse_schedule.hpp"
+
+namespace moevement::recovery {
+
+namespace {
+
+using actors::actor_ref;
+using actors::read_ref;
+using actors::write_ref;
+using asio::awaitable;
+
+constexpr auto fetch_timeout = std::chrono::seconds(30);
+
+void write_key(wire::SlotKey::Builder b, int stage, int replica, std::uint64_t window,
+               std::uint32_t slot) {
+  b.setStage(stage);
+  b.setReplica(replica);
+  b.setWindow(window);
+  b.setSlot(slot);
+}
+
+// Runs fn on a thread of its own and waits (the actor thread keeps heartbeating); an
+// exception in fn comes back as a std::runtime_error with its message.
+template <class F>
+awaitable<void> off_thread(F&& fn) {
+  std::string error;
+  asio::thread_pool pool(1);
+  auto task = [&]() -> awaitable<void> {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    co_return;
+  };
+  co_await asio::co_spawn(pool.get_executor(), std::move(task), asio::use_awaitable);
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+// The stage's hooks: the capture under the shared mutex, shipping through the agent.
+class checkpoint_hooks : public engine::stage_hooks {
+ public:
+  checkpoint_hooks(std::shared_ptr<capture_shared> shared, actors::actor_system& system,
+                   actor_ref agent, std::vector<models::operator_state*> ops)
+      : shared_(std::move(shared)), system_(system), agent_(agent), ops_(std::move(ops)) {}
+
+  void before_step(std::int64_t, const engine::checkpoint_step& decided) override {
+    std::lock_guard lock(shared_->mu);
+    if (decided.w_sparse > 0 && !shared_->schedule) {
+      sparse_config c;
+      c.w_sparse = decided.w_sparse;
+      shared_->schedule.emplace(c, ops_);
+      shared_->capture.set_schedule(*shared_->schedule);
+    }
+    shared_->capture.set_counts(decided.popularity);
+  }
+  void on_step(std::int64_t iteration, float loss_grad, const models::step_plan& plan) override {
+    std::lock_guard lock(shared_->mu);
+    shared_->capture.on_step(iteration, loss_grad, plan);
+  }
+  void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override {
+    std::lock_guard lock(shared_->mu);
+    shared_->capture.after_step(iteration, ops);
+  }
+  void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
+                        std::span<const float> tensor) override {
+    std::lock_guard lock(shared_->mu);
+    shared_->capture.on_boundary_send(iteration, micro_batch, kind, tensor);
+  }
+  void after_step_shipped(std::int64_t iteration) override {
+    (void)system_.post_call(agent_, [iteration](actors::actor& a) -> awaitable<void> {
+      static_cast<checkpoint_agent&>(a).ship(iteration);
+      co_return;
+    });
+  }
+  void on_wired(std::span<const actor_ref> replicators) override {
+    std::vector<actor_ref> targets(replicators.begin(), replicators.end());
+    (void)system_.post_call(agent_, [targets](actors::actor& a) -> awaitable<void> {
+      static_cast<checkpoint_agent&>(a).set_targets(targets);
+      co_return;
+    });
+  }
+
+ private:
+  std::shared_ptr<capture_shared> shared_;
+  actors::actor_system& system_;
+  actor_ref agent_;
+  std::vector<models::operator_state*> ops_;
+};
+
+}  // namespace
+
+int choose_window(const std::vector<std::vector<engine::op_size>>& stages, double iteration_s,
+                  double bandwidth) {
+  int w = 1;
+  for (const auto& ops : stages) {
+    if (ops.empty()) continue;
+    std::vector<sim::sparse_op> sizes;
+    for (const auto& o : ops) {
+      sim::sparse_op s;
+      s.compute_bytes = o.compute_bytes;
+      s.master_bytes = o.master_bytes;
+      s.optim_bytes = o.optim_bytes;
+      sizes.push_back(s);
+    }
+    w = std::max(w, sim::find_window_size(sizes, iteration_s, bandwidth).w_sparse);
+  }
+  return w;
+}
+
+// ---- checkpoint agent
+
+checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io,
+                                   int stage, int replica, actor_ref coordinator, int copies,
+                                   policy_limits limits)
+    : shared_(std::move(shared)),
+      io_(io),
+      stage_(stage),
+      replica_(replica),
+      coordinator_(coordinator),
+      copies_(copies),
+      limits_(limits) {
+  on<wire::SlotStored>(&checkpoint_agent::stored);
+  on<engine::wire::WindowPersisted>(&checkpoint_agent::persisted);
+  on<wire::FetchLog, wire::LogData>(&checkpoint_agent::fetch_log);
+  on<wire::ReleaseLog>(&checkpoint_agent::release);
+}
+
+void checkpoint_agent::ship(std::int64_t iteration) {
+  std::uint64_t window = 0;
+  std::uint32_t slot = 0;
+  pending_slot p;
+  {
+    std::lock_guard lock(shared_->mu);
+    const auto bytes = shared_->capture.slot_of(iteration);
+    if (!bytes || !shared_->schedule) return;
+    const auto w = std::uint64_t(shared_->schedule->w_sparse());
+    window = std::uint64_t(iteration) / w;
+    slot = std::uint32_t(std::uint64_t(iteration) % w);
+    p.region = io_.allocate(bytes->size());
+    std::memcpy(p.region.memory().data(), bytes->data(), bytes->size());
+    auto& r = replicated_[window];
+    if (r.size() != w) r.assign(w, false);
+  }
+  auto& slot_state = pending_[{window, slot}] = std::move(p);
+  send(window, slot, slot_state);
+}
+
+void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_slot& p) {
+  const auto d = p.region.describe_all();
+  const actor_ref me = self();
+  for (const actor_ref& t : targets_) {
+    if (std::find(p.asked.begin(), p.asked.end(), t) != p.asked.end()) continue;
+    p.asked.push_back(t);
+    (void)tell<wire::StoreSlot>(t, [&](wire::StoreSlot::Builder b) {
+      write_key(b.initKey(), stage_, replica_, window, slot);
+      transport::write_descriptor(b.initTensor(), d);
+      write_ref(b.initFrom(), me);
+    });
+  }
+}
+
+void checkpoint_agent::set_targets(std::vector<actor_ref> replicators) {
+  targets_ = std::move(replicators);
+  // Slots still waiting for copies go to the new targets (a lost replicator never answers).
+  for (auto& [k, p] : pending_) {
+    p.asked = p.acked;
+    send(k.first, k.second, p);
+  }
+}
+
+awaitable<void> checkpoint_agent::stored(wire::SlotStored::Reader m) {
+  const auto key = m.getKey();
+  if (key.getStage() != stage_ || key.getReplica() != replica_) co_return;
+  const auto it = pending_.find({key.getWindow(), key.getSlot()});
+  if (it == pending_.end() || !m.getOk()) co_return;
+  // The answer names no sender we could trust more than the count: one more copy.
+  it->second.acked.push_back(actor_ref{});
+  const std::size_t need = std::min<std::size_t>(std::size_t(std::max(copies_, 1)),
+                                                 std::max<std::size_t>(targets_.size(), 1));
+  if (it->second.acked.size() < need) co_return;
+  const std::uint64_t window = key.getWindow();
+  auto& r = replicated_[window];
+  if (key.getSlot() < r.size()) r[key.getSlot()] = true;
+  pending_.erase(it);
+  check_window(window);
+}
+
+void checkpoint_agent::check_window(std::uint64_t window) {
+  const auto& r = replicated_[window];
+  if (r.empty() || !std::all_of(r.begin(), r.end(), [](bool b) { return b; })) return;
+  std::int64_t first = 0;
+  {
+    std::lock_guard lock(shared_->mu);
+    if (!shared_->capture.complete(window)) return;  // started mid-window (a replacement)
+    first = shared_->capture.first_iteration(window);
+  }
+  (void)tell<engine::wire::WindowReplicated>(coordinator_,
+                                             [&](engine::wire::WindowReplicated::Builder b) {
+                                               b.setStage(stage_);
+                                               b.setReplica(replica_);
+                                               b.setWindow(window);
+                                               b.setFirstIteration(first);
+                                             });
+}
+
+awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reader m) {
+  const std::uint64_t window = m.getWindow();
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->capture.drop_before(window, m.getFirstIteration());
+  }
+  replicated_.erase(replicated_.begin(), replicated_.lower_bound(window));
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    it = it->first.first < window ? pending_.erase(it) : std::next(it);
+  }
+  co_return;
+}
+
+awaitable<void> checkpoint_agent::fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out) {
+  const std::int64_t from = m.getFromIteration(), to = m.getToIteration();
+  const std::uint64_t mbs = m.getMicroBatches(), floats = m.getFloatsEach();
+  const auto dir = m.getGradient() ? log_direction::gradient : log_direction::activation;
+  if (from < 0 || to < from || to - from > (1 << 20) || mbs == 0 || mbs > 4096 || floats == 0 ||
+      floats > limits_.max_log_bytes / sizeof(float)) {
+    out.setError("malformed log request");
+    co_return;
+  }
+  const std::uint64_t each = floats * sizeof(float);
+  const std::uint64_t count = std::uint64_t(to - from + 1) * mbs;
+  if (count > limits_.max_log_bytes / each) {
+    out.setError(fmt::format("log request of {} tensors exceeds the limit", count));
+    co_return;
+  }
+  transport::bulk_region region = io_.allocate(count * each);
+  {
+    std::lock_guard lock(shared_->mu);
+    const log_store& log = shared_->capture.log();
+    std::byte* dst = region.memory().data();
+    for (std::int64_t it = from; it <= to; ++it) {
+      for (std::uint32_t mb = 0; mb < mbs; ++mb) {
+        const auto bytes = log.find({std::uint64_t(it), mb, dir, m.getReplica()});
+        if (!bytes || bytes->size() != each) {
+          out.setError(fmt::format(
+              "stage {} replica {} has no logged {} of iteration {} micro-batch {} for replica {}",
+              stage_, replica_, dir == log_direction::gradient ? "gradient" : "activation", it, mb,
+              m.getReplica()));
+          co_return;
+        }
+        std::memcpy(dst, bytes->data(), each);
+        dst += each;
+      }
+    }
+  }
+  while (leases_.size() >= limits_.max_log_leases) leases_.erase(leases_.begin());
+  const std::uint64_t lease = next_lease_++;
+  transport::write_descriptor(out.initTensor(), region.describe_all());
+  out.setLease(lease);
+  leases_.emplace(lease, std::move(region));
+}
+
+awaitable<void> checkpoint_agent::release(wire::ReleaseLog::Reader m) {
+  leases_.erase(m.getLease());
+  co_return;
+}
+
+// ---- replicator
+
+replicator::replicator(engine::bulk_io& io, policy_limits limits) : io_(io), limits_(limits) {
+  on<wire::StoreSlot>(&replicator::store);
+  on<wire::FetchSlot, wire::SlotData>(&replicator::fetch);
+  on<engine::wire::WindowPersisted>(&replicator::persisted);
+}
+
+std::size_t replicator::bytes_held() const {
+  std::size_t n = 0;
+  for (const auto& [k, r] : slots_) n += r.memory().size();
+  return n;
+}
+
+awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
+  const auto k = m.getKey();
+  const actor_ref from = read_ref(m.getFrom());
+  const key id{k.getStage(), k.getReplica(), k.getWindow(), k.getSlot()};
+  auto answer = [&](bool ok, const std::string& error) {
+    (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
+      write_key(b.initKey(), k.getStage(), k.getReplica(), k.getWindow(), k.getSlot());
+      b.setOk(ok);
+      b.setError(error);
+    });
+  };
+  auto d = transport::read_descriptor(m.getTensor());
+  if (!from.valid() || !d.ok() || d->node != from.node || d->length > limits_.max_slot_bytes) {
+    if (from.valid()) answer(false, "malformed StoreSlot");
+    co_return;
+  }
+  if (k.getWindow() < persisted_) {
+    answer(false, "window older than the persisted one");
+    co_return;
+  }
+  auto holder = std::make_shared<transport::bulk_region>(io_.allocate(d->length));
+  auto r = co_await io_.pull(*d, holder->memory(), holder);
+  if (!r.ok()) {
+    answer(false, "pull failed: " + r.err().message);
+    co_return;
+  }
+  slots_[id] = std::move(*holder);
+  answer(true, "");
+}
+
+awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out) {
+  const auto k = m.getKey();
+  const auto it = slots_.find(key{k.getStage(), k.getReplica(), k.getWindow(), k.getSlot()});
+  out.setFound(it != slots_.end());
+  if (it != slots_.end()) transport::write_descriptor(out.initTensor(), it->second.describe_all());
+  co_return;
+}
+
+awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
+  persisted_ = std::max(persisted_, m.getWindow());
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    it = std::get<2>(it->first) < persisted_ ? slots_.erase(it) : std::next(it);
+  }
+  co_return;
+}
+
+// ---- the worker's policy
+
+moevement_checkpoint::moevement_checkpoint(actors::actor_system& system, engine::bulk_io& io,
+                                           const engine::job_config& job, policy_limits limits)
+    : system_(system), io_(io), job_(job), limits_(limits) {
+  replicator_ = system_.spawn<recovery::replicator>(io_, limits_);
+}
+
+std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
+    const engine::stage_setup& setup, engine::stage_model& model, actor_ref coordinator) {
+  std::vector<models::operator_state*> ops = model.operators();
+  sizes_.clear();
+  for (const auto* op : ops) {
+    const auto s = sparse_sizes(*op);
+    sizes_.push_back({s.compute_bytes, s.master_bytes, s.optim_bytes});
+  }
+  {  // Algorithm 1's bandwidth: how fast this process writes a whole-stage snapshot.
+    const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+    const std::vector<capture_kind> kinds(ops.size(), capture_kind::full);
+    std::vector<std::byte> buf(snapshot_size(cops, kinds));
+    const auto t0 = std::chrono::steady_clock::now();
+    write_snapshot(buf, {}, models::loss_scaler{}, cops, kinds);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bandwidth_ = secs > 0 ? double(buf.size()) / secs : 0.0;
+  }
+  auto shared = std::make_shared<capture_shared>(setup.stage, setup.replica);
+  if (restored_log_) {
+    shared->capture.mutable_log() = std::move(*restored_log_);
+    restored_log_.reset();
+  }
+  agent_ = system_.spawn<checkpoint_agent>(shared, io_, setup.stage, setup.replica, coordinator,
+                                           job_.snapshot_replicas, limits_);
+  return std::make_unique<checkpoint_hooks>(shared, system_, agent_, std::move(ops));
+}
+
+awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
+    engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
+    engine::stage_setup setup) {
+  const int s = plan.getStage(), dp = job_.dp, mbs = job_.train.micro_batches;
+  const std::int64_t t = plan.getTargetIteration(), w0 = plan.getFirstIteration();
+  const bool has_window = plan.getHasWindow();
+  const int w = plan.getWSparse();
+  if (plan.getSources().size() != unsigned(dp) || t < w0 || w0 < 0 ||
+      (has_window && (w <= 0 || w > (1 << 20)))) {
+    throw std::runtime_error("malformed Restore from the coordinator");
+  }
+  std::map<std::int64_t, step_record> steps;
+  for (auto r : plan.getSteps()) {
+    step_record rec;
+    rec.loss_grad = r.getLossScale() / float(mbs * dp);
+    rec.plan.apply = r.getApply();
+    rec.plan.grad_mul = r.getGradMul();
+    rec.plan.grad_norm = r.getGradNorm();
+    steps[r.getIteration()] = rec;
+  }
+
+  // Fresh stages for every replica of the recovery group: the initial state, or what the
+  // window's slots overwrite.
+  const auto replicas = std::size_t(dp);
+  std::vector<std::unique_ptr<engine::stage_model>> models(replicas);
+  co_await off_thread([&] {
+    for (int d = 0; d < dp; ++d) {
+      engine::stage_setup sd = setup;
+      sd.replica = d;
+      models[std::size_t(d)] = factory(sd);
+    }
+  });
+  const std::size_t floats = models[0]->boundary_floats();
+
+  // The window of every replica, from whichever replicator still has each slot.
+  std::vector<std::vector<std::vector<std::byte>>> slots(replicas);
+  for (int d = 0; d < dp && has_window; ++d) {
+    const auto src = plan.getSources()[unsigned(d)];
+    for (int j = 0; j < w; ++j) {
+      bool found = false;
+      for (auto h : src.getSlotHolders()) {
+        const actor_ref holder = read_ref(h);
+        auto fill = [&](wire::FetchSlot::Builder b) {
+          write_key(b.initKey(), s, d, plan.getWindow(), std::uint32_t(j));
+        };
+        auto r = co_await system_.ask<wire::FetchSlot, wire::SlotData>(holder, fetch_timeout, fill);
+        if (!r.ok() || !r->get().getFound()) continue;  // lost, or not one of its holders
+        auto desc = transport::read_descriptor(r->get().getTensor());
+        if (!desc.ok() || desc->node != holder.node || desc->length > limits_.max_slot_bytes) {
+          continue;
+        }
+        auto buf = std::make_shared<std::vector<std::byte>>(desc->length);
+        auto pulled = co_await io_.pull(*desc, *buf, buf);
+        if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
+        slots[std::size_t(d)].push_back(std::move(*buf));
+        found = true;
+        break;
+      }
+      if (!found) {
+        throw std::runtime_error(fmt::format(
+            "slot {} of window {} of stage {} replica {} is on no live replicator (every copy "
+            "was lost)",
+            j, plan.getWindow(), s, d));
+      }
+    }
+  }
+
+  // The neighbours' upstream logs of [w0, t).
+  std::vector<log_store> up(replicas), down(replicas);
+  auto fetch_log = [&](actor_ref agent, bool gradient, int d, log_store& into) -> awaitable<void> {
+    if (t == w0) co_return;
+    auto fill = [&](wire::FetchLog::Builder b) {
+      b.setFromIteration(w0);
+      b.setToIteration(t - 1);
+      b.setGradient(gradient);
+      b.setReplica(std::uint32_t(d));
+      b.setMicroBatches(std::uint32_t(mbs));
+      b.setFloatsEach(floats);
+    };
+    auto r = co_await system_.ask<wire::FetchLog, wire::LogData>(agent, fetch_timeout, fill);
+    if (!r.ok()) throw std::runtime_error("fetching a neighbour's log failed: " + r.err().message);
+    if (r->get().getError().size() > 0) {
+      throw std::runtime_error("a neighbour cannot serve its log: " +
+                               std::string(r->get().getError()));
+    }
+    const std::uint64_t lease = r->get().getLease();
+    const std::uint64_t each = floats * sizeof(float);
+    const std::uint64_t expect = std::uint64_t(t - w0) * std::uint64_t(mbs) * each;
+    auto desc = transport::read_descriptor(r->get().getTensor());
+    if (!desc.ok() || desc->node != agent.node || desc->length != expect) {
+      throw std::runtime_error("a neighbour's log answer does not match the request");
+    }
+    auto buf = std::make_shared<std::vector<std::byte>>(expect);
+    auto pulled = co_await io_.pull(*desc, *buf, buf);
+    (void)system_.tell<wire::ReleaseLog>(agent,
+                                         [&](wire::ReleaseLog::Builder b) { b.setLease(lease); });
+    if (!pulled.ok())
+      throw std::runtime_error("pulling a neighbour's log failed: " + pulled.err().message);
+    const auto dir = gradient ? log_direction::gradient : log_direction::activation;
+    std::size_t off = 0;
+    for (std::int64_t it = w0; it < t; ++it) {
+      for (int mb = 0; mb < mbs; ++mb, off += each) {
+        into.append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)},
+                    std::span<const std::byte>(buf->data() + off, each));
+      }
+    }
+  };
+  for (int d = 0; d < dp; ++d) {
+    const auto src = plan.getSources()[unsigned(d)];
+    if (s > 0) co_await fetch_log(read_ref(src.getUpstream()), false, d, up[std::size_t(d)]);
+    if (s + 1 < job_.pp) {
+      co_await fetch_log(read_ref(src.getDownstream()), true, d, down[std::size_t(d)]);
+    }
+  }
+
+  // Sparse-to-dense conversion, then all-active replay up to t (sparse_to_dense.hpp).
+  conversion_input in;
+  in.stage = s;
+  in.stages = job_.pp;
+  in.micro_batches = mbs;
+  in.target_iteration = t;
+  in.windows.resize(std::size_t(dp));
+  for (int d = 0; d < dp; ++d) {
+    for (const auto& b : slots[std::size_t(d)]) in.windows[std::size_t(d)].emplace_back(b);
+    in.upstream.push_back(&up[std::size_t(d)]);
+    in.downstream.push_back(&down[std::size_t(d)]);
+  }
+  in.steps = &steps;
+  in.train = job_.train;
+  in.initial_iteration = w0;
+  auto own = std::make_unique<log_store>();
+  const std::size_t me = std::size_t(setup.replica);
+  in.on_sent = [&](std::int64_t it, int mb, log_direction dir, std::size_t d,
+                   std::span<const float> x) {
+    if (d == me)
+      own->append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)}, std::as_bytes(x));
+  };
+  std::vector<engine::stage_model*> ptrs;
+  for (auto& m : models) ptrs.push_back(m.get());
+  co_await off_thread([&] { (void)sparse_to_dense(ptrs, in); });
+  restored_log_ = std::move(own);
+  co_return std::move(models[me]);
+}
+
+engine::checkpoint_factory policy_factory(policy_limits limits) {
+  return [limits](actors::actor_system& system, engine::bulk_io& io,
+                  const engine::job_config& job) -> std::unique_ptr<engine::worker_checkpoint> {
+    if (job.policy != "moevement") return nullptr;
+    return std::make_unique<moevement_checkpoint>(system, io, job, limits);
+  };
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,143 @@
+// Policy `moevement` on actors (paper sections 3.2-3.4), in every worker process:
+//
+// - checkpoint_hooks (the stage's engine::stage_hooks, compute thread): the sparse capture of
+//   sparse_capture.hpp, once the coordinator chose W_sparse, with the popularity agreed
+//   across the stage's replicas; every boundary tensor sent goes to the upstream log.
+// - checkpoint_agent (one per stage process): ships each captured slot to the stage's r
+//   replicators (StoreSlot; they pull it), tells the coordinator when a whole window is
+//   replicated (WindowReplicated), drops what the job no longer needs once a newer window
+//   is persisted everywhere (WindowPersisted), and serves its upstream log to a replacement
+//   (FetchLog). This is the paper's log keeper: the log lives at the sender.
+// - replicator (one per worker, spares included): holds peers' slots in host memory, one
+//   persisted window and the ones in flight, and serves them (FetchSlot).
+// - moevement_checkpoint (engine::worker_checkpoint): makes the above, and restores a lost
+//   stage on a spare: pulls the window of every replica of the stage from any replicator
+//   that has it, the neighbours' logs, and runs sparse_to_dense (sparse_to_dense.hpp) up to
+//   the target iteration.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "engine/checkpoint.hpp"
+#include "recovery/recovery.capnp.h"
+#include "recovery/sparse_capture.hpp"
+
+namespace moevement::recovery {
+
+// Limits on what peers may ask of these actors (everything from the wire is untrusted). The
+// one place these defaults live.
+struct policy_limits {
+  std::uint64_t max_slot_bytes = std::uint64_t(4) << 30;  // one snapshot slot
+  std::uint64_t max_log_bytes = std::uint64_t(8) << 30;   // one FetchLog answer
+  std::size_t max_log_leases = 16;                        // FetchLog answers not yet released
+};
+
+// Algorithm 1's FindWindowSize over every stage (the largest W any stage needs).
+int choose_window(const std::vector<std::vector<engine::op_size>>& stages, double iteration_s,
+                  double bandwidth);
+
+// The capture state a stage's hooks (compute thread) and its agent (actor thread) share.
+struct capture_shared {
+  capture_shared(int stage, int replica) : capture(stage, replica) {}
+  std::mutex mu;
+  sparse_capture capture;
+  std::optional<stage_schedule> schedule;
+};
+
+class checkpoint_agent : public actors::actor {
+ public:
+  using interface = actors::interface<
+      actors::tell_t<wire::SlotStored>, actors::tell_t<engine::wire::WindowPersisted>,
+      actors::ask_t<wire::FetchLog, wire::LogData>, actors::tell_t<wire::ReleaseLog>>;
+
+  checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io, int stage,
+                   int replica, actors::actor_ref coordinator, int copies, policy_limits limits);
+
+  // Called on the actor thread (post_call) by the hooks.
+  void ship(std::int64_t iteration);
+  void set_targets(std::vector<actors::actor_ref> replicators);
+
+ private:
+  struct pending_slot {
+    transport::bulk_region region;
+    std::vector<actors::actor_ref> acked;
+    std::vector<actors::actor_ref> asked;
+  };
+  asio::awaitable<void> stored(wire::SlotStored::Reader m);
+  asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
+  asio::awaitable<void> fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out);
+  asio::awaitable<void> release(wire::ReleaseLog::Reader m);
+  void send(std::uint64_t window, std::uint32_t slot, pending_slot& p);
+  void check_window(std::uint64_t window);
+
+  std::shared_ptr<capture_shared> shared_;
+  engine::bulk_io& io_;
+  int stage_, replica_;
+  actors::actor_ref coordinator_;
+  int copies_;
+  policy_limits limits_;
+  std::vector<actors::actor_ref> targets_;
+  std::map<std::pair<std::uint64_t, std::uint32_t>, pending_slot> pending_;
+  std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [slot]
+  std::map<std::uint64_t, transport::bulk_region> leases_;
+  std::uint64_t next_lease_ = 1;
+};
+
+class replicator : public actors::actor {
+ public:
+  using interface = actors::interface<actors::tell_t<wire::StoreSlot>,
+                                      actors::ask_t<wire::FetchSlot, wire::SlotData>,
+                                      actors::tell_t<engine::wire::WindowPersisted>>;
+
+  replicator(engine::bulk_io& io, policy_limits limits);
+  std::size_t bytes_held() const;
+
+ private:
+  using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
+  asio::awaitable<void> store(wire::StoreSlot::Reader m);
+  asio::awaitable<void> fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out);
+  asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
+
+  engine::bulk_io& io_;
+  policy_limits limits_;
+  std::map<key, transport::bulk_region> slots_;
+  std::uint64_t persisted_ = 0;
+};
+
+class moevement_checkpoint : public engine::worker_checkpoint {
+ public:
+  moevement_checkpoint(actors::actor_system& system, engine::bulk_io& io,
+                       const engine::job_config& job, policy_limits limits = {});
+
+  actors::actor_ref replicator() const override { return replicator_; }
+  actors::actor_ref agent() const override { return agent_; }
+  std::unique_ptr<engine::stage_hooks> make_hooks(const engine::stage_setup& setup,
+                                                  engine::stage_model& model,
+                                                  actors::actor_ref coordinator) override;
+  std::vector<engine::op_size> op_sizes() const override { return sizes_; }
+  double snapshot_bandwidth() const override { return bandwidth_; }
+  asio::awaitable<std::unique_ptr<engine::stage_model>> restore(
+      engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
+      engine::stage_setup setup) override;
+
+ private:
+  actors::actor_system& system_;
+  engine::bulk_io& io_;
+  engine::job_config job_;
+  policy_limits limits_;
+  actors::actor_ref replicator_, agent_;
+  std::vector<engine::op_size> sizes_;
+  double bandwidth_ = 0.0;
+  // What a restore replayed for this replica: it becomes the new stage's upstream log.
+  std::unique_ptr<log_store> restored_log_;
+};
+
+// The worker-side factory of every policy that runs on actors (none: nullptr).
+engine::checkpoint_factory policy_factory(policy_limits limits = {});
+
+}  // namespace moevement::recovery

@@ -1,0 +1,57 @@
+@0xda4e8a1cc653318f;
+# The protocol of policy moevement's actors (recovery/moevement_policy.hpp): a stage's
+# checkpoint agent ships snapshot slots to replicators on other workers, and a replacement
+# pulls slots from replicators and its neighbours' upstream logs from their agents. Every
+# message is untrusted: sizes are checked against limits and against what the receiver
+# expects, descriptors against the exporter's regions.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("moevement::recovery::wire");
+
+using Envelope = import "/transport/envelope.capnp";
+using Bulk = import "/transport/bulk.capnp";
+
+struct SlotKey {
+  stage @0 :Int32;
+  replica @1 :Int32;
+  window @2 :UInt64;
+  slot @3 :UInt32;
+}
+# Agent -> replicator: pull this slot and keep it; answer SlotStored to `from`.
+struct StoreSlot {
+  key @0 :SlotKey;
+  tensor @1 :Bulk.BulkDescriptor;
+  from @2 :Envelope.ActorAddress;
+}
+struct SlotStored {
+  key @0 :SlotKey;
+  ok @1 :Bool;
+  error @2 :Text;
+}
+# Replacement -> replicator: where is this slot (found false: not here).
+struct FetchSlot {
+  key @0 :SlotKey;
+}
+struct SlotData {
+  found @0 :Bool;
+  tensor @1 :Bulk.BulkDescriptor;
+}
+# Replacement -> a neighbour's agent: the boundary tensors it sent to `replica` of the
+# failed stage in iterations [fromIteration, toIteration], every micro-batch, as one buffer
+# in (iteration, micro-batch) order; each tensor exactly floatsEach floats.
+struct FetchLog {
+  fromIteration @0 :Int64;
+  toIteration @1 :Int64;
+  gradient @2 :Bool;      # false: activations sent downstream; true: gradients sent upstream
+  replica @3 :UInt32;
+  microBatches @4 :UInt32;
+  floatsEach @5 :UInt64;
+}
+struct LogData {
+  error @0 :Text;        # non-empty: not served (what is missing)
+  tensor @1 :Bulk.BulkDescriptor;
+  lease @2 :UInt64;      # ReleaseLog(lease) once pulled
+}
+struct ReleaseLog {
+  lease @0 :UInt64;
+}
