@@ -66,7 +66,11 @@ TEST(job_config, every_engine_key_overrides_its_default) {
       cases{
           {"parallel.pp", {std::int64_t(2), [](auto& j) { return j.pp == 2; }}},
           {"parallel.dp", {std::int64_t(3), [](auto& j) { return j.dp == 3; }}},
-          {"checkpoint.policy", {std::string("none"), [](auto& j) { return j.policy == "none"; }}},
+          {"checkpoint.policy",
+           {std::string("moevement"), [](auto& j) { return j.policy == "moevement"; }}},
+          {"checkpoint.w_sparse", {std::int64_t(4), [](auto& j) { return j.w_sparse == 4; }}},
+          {"checkpoint.replicas",
+           {std::int64_t(3), [](auto& j) { return j.snapshot_replicas == 3; }}},
           {"cluster.backend", {std::string("local"), [](auto& j) { return j.backend == "local"; }}},
           {"cluster.spares", {std::int64_t(2), [](auto& j) { return j.spares == 2; }}},
           {"cluster.host", {std::string("::1"), [](auto& j) { return j.host == "::1"; }}},
@@ -186,16 +190,20 @@ TEST(job_config, failure_timeout_must_cover_two_heartbeats) {
   EXPECT_EQ(resolve_job({{"cluster.heartbeat_ms", std::int64_t(500)}}).heartbeat_ms, 500);
 }
 
-TEST(job_config, policies_other_than_none_are_not_available_yet) {
+TEST(job_config, only_none_and_moevement_are_available) {
   const auto names = checkpoint_policy_names();
   EXPECT_EQ(names,
             (std::vector<std::string>{"none", "moevement", "dense-memory", "dense-disk", "pec"}));
   for (const auto& name : names) {
-    if (name == "none") continue;
+    if (name == "none" || name == "moevement") {
+      EXPECT_EQ(resolve_job({{"checkpoint.policy", name}}).policy, name);
+      continue;
+    }
     const auto r = reject({{"checkpoint.policy", name}});
     EXPECT_EQ(r.key, "checkpoint.policy");
-    EXPECT_TRUE(
-        contains(r.message, "'" + name + "' is not available yet in this version; use none"))
+    EXPECT_TRUE(contains(r.message, "'" + name +
+                                        "' is not available yet in this version; use none or "
+                                        "moevement"))
         << r.message;
   }
   const auto r = reject({{"checkpoint.policy", std::string("sparse")}});

@@ -16,44 +16,16 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/launch_job.hpp"
 #include "tests/support/run_moevement.hpp"
 
 namespace {
 
-using moevement::test_support::run_moevement;
-using moevement::test_support::source_path;
+using namespace moevement::test_support;
 using namespace std::chrono_literals;
 
 std::string tiny() {
   return source_path("examples/configs/tiny.toml");
-}
-
-// A run log path private to this test process.
-std::string log_path(const std::string& name) {
-  return ::testing::TempDir() + "launch_test_" + std::to_string(::getpid()) + "_" + name + ".jsonl";
-}
-
-std::string hash_of(const std::string& out) {
-  const std::string tag = "state_hash=";
-  const auto at = out.rfind(tag);
-  if (at == std::string::npos || (at != 0 && out[at - 1] != '\n')) return "";
-  const std::string rest = out.substr(at + tag.size());
-  if (rest.size() != 17 || rest.back() != '\n') return "";
-  return rest.substr(0, 16);
-}
-
-std::vector<std::string> lines_of(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
-
-// The number after "key": in a JSON line (our run log writes flat objects).
-double number_field(const std::string& line, const std::string& key) {
-  const auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return -1;
-  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
 }
 
 std::string short_run(const std::string& extra, const std::string& log) {
@@ -129,99 +101,17 @@ TEST(launch, an_aborted_and_rerun_iteration_changes_no_bit) {
   EXPECT_TRUE(rerun);
 }
 
-// ---- failures: a launch in the background, its workers found through the run log
-
-struct background_launch {
-  pid_t pid = -1;
-  std::string out_path, log;
-
-  background_launch(const std::string& name, const std::string& extra) {
-    out_path = log_path(name) + ".out";
-    log = log_path(name);
-    ::unlink(log.c_str());
-    const std::string bin = std::getenv("MOEVEMENT_BIN");
-    const std::string cmd = "exec " + bin + " launch " + tiny() +
-                            " --set train.iterations=100000 --set parallel.pp=2 "
-                            "--set parallel.dp=2 --set engine.run_log=" +
-                            log + " " + extra + " > " + out_path + " 2>&1";
-    pid = ::fork();
-    if (pid == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
-      ::_exit(127);
-    }
-  }
-  // Worker pids from the run log's worker_up events, once all `n` are up and training runs.
-  std::vector<pid_t> wait_for_workers(std::size_t n) {
-    for (int i = 0; i < 600; ++i) {
-      std::vector<pid_t> pids;
-      bool training = false;
-      for (const auto& l : lines_of(log)) {
-        if (l.find("\"event\":\"worker_up\"") != std::string::npos) {
-          pids.push_back(pid_t(number_field(l, "pid")));
-        }
-        if (l.find("\"kind\":\"iteration\"") != std::string::npos) training = true;
-      }
-      if (pids.size() == n && training) return pids;
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) {  // the launch ended early
-        pid = -1;
-        return {};
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    return {};
-  }
-  // Exit status, or -1 if it had to be killed after `limit` (a hang: the test fails).
-  int wait(std::chrono::seconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    int status = 0;
-    while (std::chrono::steady_clock::now() < until) {
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-    return -1;
-  }
-  std::string output() const {
-    std::ifstream in(out_path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-  ~background_launch() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
+// A job of tiny in pp=2 x dp=2 that runs until it is stopped.
+struct endless_launch : background_launch {
+  endless_launch(const std::string& name, const std::string& extra)
+      : background_launch(name, tiny() +
+                                    " --set train.iterations=100000 --set parallel.pp=2 "
+                                    "--set parallel.dp=2 " +
+                                    extra) {}
 };
 
-// Gone, or a zombie waiting for a reaper that is not ours.
-bool process_gone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string s;
-  std::getline(stat, s);
-  const auto close = s.rfind(')');
-  return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z';
-}
-
-bool all_gone(const std::vector<pid_t>& pids) {
-  for (int i = 0; i < 200; ++i) {
-    bool gone = true;
-    for (pid_t p : pids) gone = gone && process_gone(p);
-    if (gone) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
 TEST(launch, killed_worker_under_policy_none_ends_the_job_with_a_clear_error) {
-  background_launch job("kill", "");
+  endless_launch job("kill", "");
   const auto pids = job.wait_for_workers(4);
   ASSERT_EQ(pids.size(), 4u) << job.output();
   ::kill(pids[1], SIGKILL);
@@ -239,7 +129,7 @@ TEST(launch, killed_worker_under_policy_none_ends_the_job_with_a_clear_error) {
 
 TEST(launch, a_lost_spare_does_not_stop_training) {
   const std::string set = " --set train.iterations=40 --set train.seq_len=16";
-  background_launch job("spare", "--set cluster.spares=1" + set);
+  endless_launch job("spare", "--set cluster.spares=1" + set);
   const auto pids = job.wait_for_workers(5);
   ASSERT_EQ(pids.size(), 5u) << job.output();
   pid_t spare = 0;
@@ -257,7 +147,7 @@ TEST(launch, a_lost_spare_does_not_stop_training) {
 }
 
 TEST(launch, hung_worker_is_detected_by_heartbeats) {
-  background_launch job("hang", "--set cluster.failure_timeout_ms=500");
+  endless_launch job("hang", "--set cluster.failure_timeout_ms=500");
   const auto pids = job.wait_for_workers(4);
   ASSERT_EQ(pids.size(), 4u) << job.output();
   ::kill(pids[2], SIGSTOP);
@@ -269,7 +159,7 @@ TEST(launch, hung_worker_is_detected_by_heartbeats) {
 }
 
 TEST(launch, interrupt_stops_every_worker) {
-  background_launch job("sigint", "");
+  endless_launch job("sigint", "");
   const auto pids = job.wait_for_workers(4);
   ASSERT_EQ(pids.size(), 4u) << job.output();
   ::kill(job.pid, SIGINT);
@@ -280,7 +170,7 @@ TEST(launch, interrupt_stops_every_worker) {
 }
 
 TEST(launch, head_killed_takes_its_workers_with_it) {
-  background_launch job("headkill", "");
+  endless_launch job("headkill", "");
   const auto pids = job.wait_for_workers(4);
   ASSERT_EQ(pids.size(), 4u) << job.output();
   ::kill(job.pid, SIGKILL);

@@ -1,0 +1,154 @@
+// Policy `moevement` under `moevement launch`, end to end with real processes: a worker
+// killed (SIGKILL) or hung (SIGSTOP) mid-run is rebuilt on a spare by sparse-to-dense
+// conversion from its replicated window and its neighbours' upstream logs, and the job ends
+// with the same state_hash as a run without failures (and as `moevement train`).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/support/launch_job.hpp"
+#include "tests/support/run_moevement.hpp"
+
+namespace {
+
+using namespace moevement::test_support;
+
+std::string tiny() {
+  return source_path("examples/configs/tiny.toml");
+}
+
+// tiny, 12 iterations, a window of 2 (so that several windows persist before a failure).
+std::string job(int pp, int dp, int spares, const std::string& extra = "") {
+  return tiny() + " --set train.iterations=12 --set train.seq_len=16 --set parallel.pp=" +
+         std::to_string(pp) + " --set parallel.dp=" + std::to_string(dp) +
+         " --set checkpoint.policy=moevement --set checkpoint.w_sparse=2 --set cluster.spares=" +
+         std::to_string(spares) + " " + extra;
+}
+
+// The fault-free hash of the same job (by `moevement train`, which launch equals).
+std::string reference(int dp) {
+  static std::map<int, std::string> cache;
+  if (!cache.contains(dp)) {
+    const auto r = run_moevement("train " + tiny() +
+                                 " --set train.iterations=12 --set train.seq_len=16 "
+                                 "--set parallel.dp=" +
+                                 std::to_string(dp));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    cache[dp] = hash_of(r.output);
+  }
+  return cache[dp];
+}
+
+struct outcome {
+  int exit_code = -1;
+  std::string output, hash;
+  std::vector<std::string> log;
+};
+
+outcome launch(const std::string& name, const std::string& args) {
+  background_launch j(name, args);
+  outcome o;
+  o.exit_code = j.wait(std::chrono::seconds(120));
+  o.output = j.output();
+  o.hash = hash_of(o.output);
+  o.log = lines_of(j.log);
+  return o;
+}
+
+const std::string* event(const outcome& o, const std::string& name) {
+  for (const auto& l : o.log) {
+    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) return &l;
+  }
+  return nullptr;
+}
+
+TEST(recovery, capture_and_replication_change_no_bit) {
+  const auto o = launch("clean", job(3, 1, 1));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  int persisted = 0;
+  for (const auto& l : o.log) persisted += l.find("window_persisted") != std::string::npos;
+  EXPECT_GE(persisted, 4) << "12 iterations with W=2 persist a window every 2 iterations";
+}
+
+TEST(recovery, a_killed_stage_is_rebuilt_bit_exact_wherever_it_sits) {
+  // middle, first and last stage of three; each from a persisted window.
+  for (const auto& [stage, iter] : std::vector<std::pair<int, int>>{{1, 7}, {0, 5}, {2, 9}}) {
+    const std::string inj =
+        "--inject kill:stage=" + std::to_string(stage) + ",replica=0,iter=" + std::to_string(iter);
+    const auto o = launch("kill" + std::to_string(stage), job(3, 1, 1, inj));
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    EXPECT_EQ(o.hash, reference(1)) << inj;
+    const std::string* start = event(o, "recovery_start");
+    ASSERT_NE(start, nullptr) << o.output;
+    EXPECT_EQ(number_field(*start, "stage"), stage);
+    EXPECT_EQ(number_field(*start, "target_iteration"), iter);
+    EXPECT_GE(number_field(*start, "window"), 0) << "a persisted window was there to start from";
+    // Localized: at most 2 x W_sparse iterations replayed.
+    EXPECT_LE(number_field(*start, "target_iteration") - number_field(*start, "replay_from"), 4);
+    EXPECT_NE(event(o, "recovery_end"), nullptr);
+    EXPECT_NE(o.output.find("recovered on worker"), std::string::npos) << o.output;
+  }
+}
+
+TEST(recovery, a_failure_before_any_window_replays_from_the_initial_state) {
+  const auto o = launch("early", job(2, 1, 1, "--inject kill:stage=1,replica=0,iter=1"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* start = event(o, "recovery_start");
+  ASSERT_NE(start, nullptr);
+  EXPECT_EQ(number_field(*start, "window"), -1);
+  EXPECT_EQ(number_field(*start, "replay_from"), 0);
+}
+
+TEST(recovery, one_lost_replica_of_a_data_parallel_stage) {
+  const auto o = launch("dp2", job(2, 2, 1, "--inject kill:stage=1,replica=1,iter=6"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  EXPECT_NE(event(o, "recovery_end"), nullptr);
+}
+
+TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
+  const auto o = launch("hang", job(2, 1, 1,
+                                    "--set cluster.failure_timeout_ms=400 "
+                                    "--inject hang:stage=0,replica=0,iter=6"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* lost = event(o, "worker_lost");
+  ASSERT_NE(lost, nullptr);
+  EXPECT_NE(lost->find("was lost"), std::string::npos) << *lost;  // by heartbeats
+  EXPECT_NE(event(o, "recovery_end"), nullptr);
+}
+
+TEST(recovery, two_failures_in_turn_use_two_spares) {
+  const auto o = launch("twice", job(3, 1, 2,
+                                     "--inject kill:stage=1,replica=0,iter=4 "
+                                     "--inject kill:stage=1,replica=0,iter=9"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  int ends = 0;
+  for (const auto& l : o.log) ends += l.find("recovery_end") != std::string::npos;
+  EXPECT_EQ(ends, 2);
+}
+
+TEST(recovery, without_a_spare_the_job_ends_saying_so) {
+  const auto o = launch("nospare", job(2, 1, 0, "--inject kill:stage=0,replica=0,iter=3"));
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("no spare worker is left"), std::string::npos) << o.output;
+  EXPECT_EQ(o.hash, "");
+}
+
+TEST(recovery, bad_injections_are_refused_before_anything_starts) {
+  for (const std::string spec :
+       {"explode:stage=0,replica=0,iter=1", "kill:stage=0,iter=1", "kill:stage=0,replica=0,iter=0",
+        "kill:stage=9,replica=0,iter=2", "kill:stage=0,replica=0,iter=x", "kill"}) {
+    const auto r = run_moevement("launch " + job(2, 1, 1) + " --inject " + spec);
+    EXPECT_NE(r.exit_code, 0) << spec;
+    EXPECT_NE(r.output.find("--inject"), std::string::npos) << spec << ": " << r.output;
+    EXPECT_EQ(r.output.find("state_hash="), std::string::npos);
+  }
+}
+
+}  // namespace

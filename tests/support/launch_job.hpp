@@ -1,0 +1,139 @@
+// `moevement launch` as tests drive it: a job in the background whose workers are found
+// through its run log, and readers of its output and run log.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace moevement::test_support {
+
+using namespace std::chrono_literals;
+
+// A run log path private to this test process.
+inline std::string log_path(const std::string& name) {
+  return ::testing::TempDir() + "launch_" + std::to_string(::getpid()) + "_" + name + ".jsonl";
+}
+
+inline std::string hash_of(const std::string& out) {
+  const std::string tag = "state_hash=";
+  const auto at = out.rfind(tag);
+  if (at == std::string::npos || (at != 0 && out[at - 1] != '\n')) return "";
+  const std::string rest = out.substr(at + tag.size());
+  if (rest.size() != 17 || rest.back() != '\n') return "";
+  return rest.substr(0, 16);
+}
+
+inline std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+// The number after "key": in a JSON line (our run log writes flat objects).
+inline double number_field(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return -1;
+  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+struct background_launch {
+  pid_t pid = -1;
+  std::string out_path, log;
+
+  // args: what follows `moevement launch` (config, --set, --inject); the run log is added.
+  background_launch(const std::string& name, const std::string& args) {
+    out_path = log_path(name) + ".out";
+    log = log_path(name);
+    ::unlink(log.c_str());
+    const std::string bin = std::getenv("MOEVEMENT_BIN");
+    const std::string cmd = "exec " + bin + " launch " + args + " --set engine.run_log=" + log +
+                            " > " + out_path + " 2>&1";
+    pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      ::_exit(127);
+    }
+  }
+  // Worker pids from the run log's worker_up events, once all `n` are up and training runs.
+  std::vector<pid_t> wait_for_workers(std::size_t n) {
+    for (int i = 0; i < 600; ++i) {
+      std::vector<pid_t> pids;
+      bool training = false;
+      for (const auto& l : lines_of(log)) {
+        if (l.find("\"event\":\"worker_up\"") != std::string::npos) {
+          pids.push_back(pid_t(number_field(l, "pid")));
+        }
+        if (l.find("\"kind\":\"iteration\"") != std::string::npos) training = true;
+      }
+      if (pids.size() == n && training) return pids;
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) {  // the launch ended early
+        pid = -1;
+        return {};
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    return {};
+  }
+  // Exit status, or -1 if it had to be killed after `limit` (a hang: the test fails).
+  int wait(std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    pid = -1;
+    return -1;
+  }
+  std::string output() const {
+    std::ifstream in(out_path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  ~background_launch() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+// Gone, or a zombie waiting for a reaper that is not ours.
+inline bool process_gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string s;
+  std::getline(stat, s);
+  const auto close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z';
+}
+
+inline bool all_gone(const std::vector<pid_t>& pids) {
+  for (int i = 0; i < 200; ++i) {
+    bool gone = true;
+    for (pid_t p : pids) gone = gone && process_gone(p);
+    if (gone) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+}  // namespace moevement::test_support
