@@ -21,6 +21,10 @@ class bulk_io {
 
   // A region of `bytes` the link allocates (shareable by the shared-memory transports).
   transport::bulk_region allocate(std::size_t bytes) { return link_.allocate_region(bytes); }
+  // Exports memory the caller owns and keeps unchanged while the region lives (no copy).
+  transport::bulk_region export_memory(std::span<std::byte> memory) {
+    return link_.export_region(memory);
+  }
 
   // Pulls what `from` names into `into` (exactly from.length bytes). `keep` is held until the
   // transfer has ended, whatever happens to the caller (it owns `into`'s memory).

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "base/hash.hpp"
 #include "engine/stage_model.hpp"
@@ -400,25 +401,33 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
     if (job_.w_sparse > 0) {
       w_sparse_ = job_.w_sparse;
     } else {
+      // The snapshot bandwidth each stage measured for a plain copy, shared with the r
+      // replications of every captured byte and with the other processes of its host (more
+      // processes than cores: they take turns).
+      std::map<std::string, int> per_host;
+      for (const auto& [n, w] : workers_) ++per_host[w.host];
+      const double cores = std::max(1u, std::thread::hardware_concurrency());
       std::vector<std::vector<op_size>> sizes(std::size_t(job_.pp));
-      double bandwidth = 0.0;
       for (const auto& [n, w] : workers_) {
         if (w.stage < 0) continue;
         sizes[std::size_t(w.stage)] = w.op_sizes;
-        if (w.snapshot_bandwidth > 0 && (bandwidth == 0 || w.snapshot_bandwidth < bandwidth)) {
-          bandwidth = w.snapshot_bandwidth;
-        }
+        const double share = std::max(1.0, double(per_host[w.host]) / cores);
+        const double b = w.snapshot_bandwidth / double(1 + job_.snapshot_replicas) / share;
+        if (b > 0 && (profile_bandwidth_ == 0 || b < profile_bandwidth_)) profile_bandwidth_ = b;
       }
-      const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
-      w_sparse_ = callbacks_.choose_window && bandwidth > 0
-                      ? std::max(1, callbacks_.choose_window(sizes, secs, bandwidth))
-                      : 1;
+      profile_seconds_ = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
+      w_sparse_ =
+          callbacks_.choose_window && profile_bandwidth_ > 0
+              ? std::max(1, callbacks_.choose_window(sizes, profile_seconds_, profile_bandwidth_))
+              : 1;
     }
     if (log_ != nullptr) {
       log_->write(json_record{}
                       .add("kind", "event")
                       .add("event", "window_chosen")
                       .add("w_sparse", w_sparse_)
+                      .add("profile_iteration_s", profile_seconds_)
+                      .add("profile_bandwidth", profile_bandwidth_)
                       .add("iteration", iteration_));
     }
   }
@@ -469,6 +478,10 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   const std::size_t i = std::size_t(d * job_.pp + s);
   if (stepped_flags_[i]) co_return;
   stepped_flags_[i] = true;
+  last_.snapshot_bytes += m.getSnapshotBytes();
+  last_.snapshot_host_bytes += m.getSnapshotHostBytes();
+  last_.log_host_bytes += m.getLogHostBytes();
+  last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
   co_await maybe_stepped_all();
 }
 
@@ -486,19 +499,28 @@ awaitable<void> coordinator::maybe_stepped_all() {
   last_.attempts = attempts_;
   attempts_ = 0;
   if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "iteration")
-                    .add("iteration", last_.iteration)
-                    .add("loss", last_.loss)
-                    .add("aux_loss", last_.aux_loss)
-                    .add("grad_norm", last_.grad_norm)
-                    .add("applied", last_.applied)
-                    .add("loss_scale", double(last_.loss_scale))
-                    .add("iteration_s", last_.seconds)
-                    .add("tokens_per_s", last_.tokens_per_s)
-                    .add("max_stage_compute_s", last_.max_compute_s)
-                    .add("mean_stage_compute_s", last_.mean_compute_s)
-                    .add("attempts", last_.attempts));
+    json_record rec;
+    rec.add("kind", "iteration")
+        .add("iteration", last_.iteration)
+        .add("loss", last_.loss)
+        .add("aux_loss", last_.aux_loss)
+        .add("grad_norm", last_.grad_norm)
+        .add("applied", last_.applied)
+        .add("loss_scale", double(last_.loss_scale))
+        .add("iteration_s", last_.seconds)
+        .add("tokens_per_s", last_.tokens_per_s)
+        .add("max_stage_compute_s", last_.max_compute_s)
+        .add("mean_stage_compute_s", last_.mean_compute_s)
+        .add("attempts", last_.attempts);
+    if (can_recover_) {
+      if (persisted_) last_.replication_lag = last_.iteration - (persisted_first_ + w_sparse_ - 2);
+      rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))
+          .add("stall_s", last_.stall_s)
+          .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
+          .add("log_host_bytes", std::int64_t(last_.log_host_bytes))
+          .add("replication_lag", last_.replication_lag);
+    }
+    log_->write(rec);
   }
   if (callbacks_.on_iteration) callbacks_.on_iteration(last_);
   ++iteration_;
@@ -705,8 +727,9 @@ awaitable<void> coordinator::start_recovery(worker_info lost) {
   const phase was = phase_;
   recovery_->resume_validation = was == phase::validating;
   phase_ = phase::recovering;
-  if (was == phase::running) {
-    // Drop the iteration in progress everywhere else; it is re-run once the stage is back.
+  {
+    // Drop the iteration in progress everywhere else (it is re-run once the stage is back),
+    // and clear what failed in the survivors because of the lost peer.
     const std::uint64_t e = epoch_;
     for (const actor_ref& r : stages_) {
       if (!r.valid()) continue;

@@ -35,6 +35,10 @@ struct iteration_record {
   double max_compute_s = 0.0;   // the busiest stage's forward + backward time
   double mean_compute_s = 0.0;  // the mean over stages (1 - mean / seconds: the bubble)
   std::int64_t attempts = 1;    // > 1 when the iteration was aborted and re-run
+  // policy moevement (summed over stages, the stall the longest)
+  std::uint64_t snapshot_bytes = 0, snapshot_host_bytes = 0, log_host_bytes = 0;
+  double stall_s = 0.0;
+  std::int64_t replication_lag = -1;  // iterations stepped since the persisted window's last
 };
 
 struct job_outcome {
@@ -185,7 +189,8 @@ class coordinator : public actors::actor {
   // policy moevement
   bool can_recover_ = false;
   int w_sparse_ = 0;
-  std::vector<std::optional<std::vector<double>>> pop_;  // this epoch's popularity, by index
+  double profile_seconds_ = 0.0, profile_bandwidth_ = 0.0;  // Algorithm 1's inputs
+  std::vector<std::optional<std::vector<double>>> pop_;     // this epoch's popularity, by index
   struct step_entry {
     float loss_scale = 1.0f;
     models::step_plan plan;

@@ -126,6 +126,11 @@ struct Stepped {
   stage @0 :Int32;
   replica @1 :Int32;
   epoch @2 :UInt64;
+  # The checkpoint policy's view of this step (engine/hooks.hpp checkpoint_stats).
+  snapshotBytes @3 :UInt64;
+  stallSeconds @4 :Float64;
+  snapshotHostBytes @5 :UInt64;
+  logHostBytes @6 :UInt64;
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

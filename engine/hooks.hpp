@@ -22,6 +22,14 @@ struct checkpoint_step {
   std::span<const double> popularity;
 };
 
+// What a policy reports after each step (the run log's per-iteration checkpoint columns).
+struct checkpoint_stats {
+  std::uint64_t snapshot_bytes = 0;       // bytes of the slot the last step captured
+  double stall_s = 0.0;                   // how long this step waited for the previous capture
+  std::uint64_t snapshot_host_bytes = 0;  // host memory of this stage's snapshot buffers
+  std::uint64_t log_host_bytes = 0;       // host memory of its upstream log
+};
+
 class stage_hooks {
  public:
   virtual ~stage_hooks() = default;
@@ -46,6 +54,8 @@ class stage_hooks {
   // On the stage actor's thread: where this stage's snapshot copies go (the coordinator's
   // wiring; sent again after a recovery).
   virtual void on_wired(std::span<const actors::actor_ref> /*replicators*/) {}
+  // On the stage actor's thread, after after_step_shipped.
+  virtual checkpoint_stats stats() const { return {}; }
 };
 
 }  // namespace moevement::engine

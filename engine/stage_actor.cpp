@@ -394,17 +394,26 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     co_return;
   }
   hooks_->after_step_shipped(it);
+  const checkpoint_stats st = hooks_->stats();
   phase_ = phase::stepped;
   const std::uint64_t e = epoch_;
   (void)tell<wire::Stepped>(coordinator_, [&](wire::Stepped::Builder b) {
     b.setStage(setup_.stage);
     b.setReplica(setup_.replica);
     b.setEpoch(e);
+    b.setSnapshotBytes(st.snapshot_bytes);
+    b.setStallSeconds(st.stall_s);
+    b.setSnapshotHostBytes(st.snapshot_host_bytes);
+    b.setLogHostBytes(st.log_host_bytes);
   });
 }
 
 awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder) {
-  if (m.getEpoch() != epoch_ || phase_ == phase::stepped) co_return;
+  if (m.getEpoch() != epoch_) co_return;
+  // What failed in this attempt (a pull from a peer that died, during the iteration or a
+  // validation round) was decided by the coordinator: what comes next is run again.
+  failed_ = false;
+  if (phase_ == phase::stepped || phase_ == phase::idle) co_return;  // nothing in flight
   co_await compute([&] { model_->abort_iteration(); });
   phase_ = phase::aborted;
 }

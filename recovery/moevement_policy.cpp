@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <stdexcept>
 
 #include "recovery/snapshot.hpp"
@@ -51,15 +54,34 @@ awaitable<void> off_thread(F&& fn) {
   if (!error.empty()) throw std::runtime_error(error);
 }
 
-// The stage's hooks: the capture under the shared mutex, shipping through the agent.
+// The stage's hooks. The capture of a step's slot runs on a capture thread of its own,
+// overlapped with the next iteration's forward and backward (which only read the state it
+// copies); the next step waits for it first (the stall), then ships it through the agent.
 class checkpoint_hooks : public engine::stage_hooks {
  public:
   checkpoint_hooks(std::shared_ptr<capture_shared> shared, actors::actor_system& system,
-                   actor_ref agent, std::vector<models::operator_state*> ops)
-      : shared_(std::move(shared)), system_(system), agent_(agent), ops_(std::move(ops)) {}
+                   actor_ref agent, std::vector<models::operator_state*> ops, policy_limits limits)
+      : shared_(std::move(shared)),
+        system_(system),
+        agent_(agent),
+        ops_(std::move(ops)),
+        limits_(limits) {}
+  ~checkpoint_hooks() override { pool_.join(); }
 
-  void before_step(std::int64_t, const engine::checkpoint_step& decided) override {
-    std::lock_guard lock(shared_->mu);
+  void before_step(std::int64_t iteration, const engine::checkpoint_step& decided) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pending_.valid()) {
+      pending_.wait();
+      pending_.get();  // rethrows what the capture threw
+    }
+    std::unique_lock lock(shared_->mu);
+    // A new window while replication is behind: wait for the job to persist one (bounded).
+    if (shared_->schedule && iteration % shared_->schedule->w_sparse() == 0) {
+      shared_->dropped.wait_for(lock, limits_.max_window_wait, [&] {
+        return shared_->capture.windows_held() < limits_.max_windows_held;
+      });
+    }
+    stall_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (decided.w_sparse > 0 && !shared_->schedule) {
       sparse_config c;
       c.w_sparse = decided.w_sparse;
@@ -72,20 +94,36 @@ class checkpoint_hooks : public engine::stage_hooks {
     std::lock_guard lock(shared_->mu);
     shared_->capture.on_step(iteration, loss_grad, plan);
   }
-  void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override {
-    std::lock_guard lock(shared_->mu);
-    shared_->capture.after_step(iteration, ops);
+  void after_step(std::int64_t iteration, std::span<models::operator_state* const>) override {
+    auto done = std::make_shared<std::promise<void>>();
+    pending_ = done->get_future();
+    asio::post(pool_, [this, iteration, done] {
+      try {
+        {
+          std::lock_guard lock(shared_->mu);
+          shared_->capture.after_step(iteration, ops_);
+          slot_bytes_ =
+              shared_->capture.slot_of(iteration) ? shared_->capture.last_slot_bytes() : 0;
+          host_bytes_ = shared_->capture.snapshot_bytes_held();
+        }
+        // Ship it from the actor thread (posting to the io_context is thread-safe).
+        asio::post(system_.io(), [sys = &system_, agent = agent_, iteration] {
+          (void)sys->post_call(agent, [iteration](actors::actor& a) -> awaitable<void> {
+            static_cast<checkpoint_agent&>(a).ship(iteration);
+            co_return;
+          });
+        });
+        done->set_value();
+      } catch (...) {
+        done->set_exception(std::current_exception());
+      }
+    });
   }
   void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
                         std::span<const float> tensor) override {
-    std::lock_guard lock(shared_->mu);
+    std::lock_guard lock(shared_->log_mu);
     shared_->capture.on_boundary_send(iteration, micro_batch, kind, tensor);
-  }
-  void after_step_shipped(std::int64_t iteration) override {
-    (void)system_.post_call(agent_, [iteration](actors::actor& a) -> awaitable<void> {
-      static_cast<checkpoint_agent&>(a).ship(iteration);
-      co_return;
-    });
+    log_bytes_ = shared_->capture.log().bytes();
   }
   void on_wired(std::span<const actor_ref> replicators) override {
     std::vector<actor_ref> targets(replicators.begin(), replicators.end());
@@ -94,13 +132,37 @@ class checkpoint_hooks : public engine::stage_hooks {
       co_return;
     });
   }
+  engine::checkpoint_stats stats() const override {
+    // The slot of this step is still being copied: report the previous one's size.
+    return {slot_bytes_.load(), stall_s_, host_bytes_.load(), log_bytes_.load()};
+  }
 
  private:
   std::shared_ptr<capture_shared> shared_;
   actors::actor_system& system_;
   actor_ref agent_;
   std::vector<models::operator_state*> ops_;
+  policy_limits limits_;
+  std::future<void> pending_;  // the capture in flight
+  double stall_s_ = 0.0;
+  std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0};
+  asio::thread_pool pool_{1};  // last: joined first
 };
+
+// Pulls what `from` names into `into` in pieces of at most `chunk` bytes.
+awaitable<result<void>> pull_chunked(engine::bulk_io& io, transport::bulk_descriptor from,
+                                     std::span<std::byte> into, std::shared_ptr<void> keep,
+                                     std::uint64_t chunk) {
+  if (into.size() != from.length) co_return error{"pull: size mismatch"};
+  for (std::uint64_t off = 0; off < from.length; off += chunk) {
+    transport::bulk_descriptor piece = from;
+    piece.offset = from.offset + off;
+    piece.length = std::min(chunk, from.length - off);
+    auto r = co_await io.pull(piece, into.subspan(off, piece.length), keep);
+    if (!r.ok()) co_return r;
+  }
+  co_return result<void>{};
+}
 
 }  // namespace
 
@@ -151,8 +213,9 @@ void checkpoint_agent::ship(std::int64_t iteration) {
     const auto w = std::uint64_t(shared_->schedule->w_sparse());
     window = std::uint64_t(iteration) / w;
     slot = std::uint32_t(std::uint64_t(iteration) % w);
-    p.region = io_.allocate(bytes->size());
-    std::memcpy(p.region.memory().data(), bytes->data(), bytes->size());
+    // The capture's own buffer, exported as it is: it stays unchanged until its window is
+    // dropped, which happens only after every copy of it was made (no copy here).
+    p.region = io_.export_memory({const_cast<std::byte*>(bytes->data()), bytes->size()});
     auto& r = replicated_[window];
     if (r.size() != w) r.assign(w, false);
   }
@@ -221,8 +284,9 @@ void checkpoint_agent::check_window(std::uint64_t window) {
 awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reader m) {
   const std::uint64_t window = m.getWindow();
   {
-    std::lock_guard lock(shared_->mu);
+    std::scoped_lock lock(shared_->mu, shared_->log_mu);
     shared_->capture.drop_before(window, m.getFirstIteration());
+    shared_->dropped.notify_all();
   }
   replicated_.erase(replicated_.begin(), replicated_.lower_bound(window));
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -248,7 +312,7 @@ awaitable<void> checkpoint_agent::fetch_log(wire::FetchLog::Reader m, wire::LogD
   }
   transport::bulk_region region = io_.allocate(count * each);
   {
-    std::lock_guard lock(shared_->mu);
+    std::lock_guard lock(shared_->log_mu);
     const log_store& log = shared_->capture.log();
     std::byte* dst = region.memory().data();
     for (std::int64_t it = from; it <= to; ++it) {
@@ -313,7 +377,7 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
     co_return;
   }
   auto holder = std::make_shared<transport::bulk_region>(io_.allocate(d->length));
-  auto r = co_await io_.pull(*d, holder->memory(), holder);
+  auto r = co_await pull_chunked(io_, *d, holder->memory(), holder, limits_.pull_chunk_bytes);
   if (!r.ok()) {
     answer(false, "pull failed: " + r.err().message);
     co_return;
@@ -354,12 +418,24 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     const auto s = sparse_sizes(*op);
     sizes_.push_back({s.compute_bytes, s.master_bytes, s.optim_bytes});
   }
-  {  // Algorithm 1's bandwidth: how fast this process writes a whole-stage snapshot.
-    const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
-    const std::vector<capture_kind> kinds(ops.size(), capture_kind::full);
-    std::vector<std::byte> buf(snapshot_size(cops, kinds));
+  {
+    // Algorithm 1's bandwidth: how fast this process writes snapshot bytes, measured on the
+    // stage's first operators up to a sample of policy_limits::bandwidth_sample_bytes (this
+    // runs on the actor thread: a whole-stage copy could outlast a heartbeat).
+    std::vector<const models::operator_state*> sample;
+    std::vector<capture_kind> kinds;
+    std::size_t bytes = 0;
+    for (const auto* op : ops) {
+      const auto s = sparse_sizes(*op);
+      const std::uint64_t full = s.master_bytes + s.optim_bytes;
+      if (!sample.empty() && bytes + full > limits_.bandwidth_sample_bytes) break;
+      sample.push_back(op);
+      kinds.push_back(capture_kind::full);
+      bytes += full;
+    }
+    std::vector<std::byte> buf(snapshot_size(sample, kinds));
     const auto t0 = std::chrono::steady_clock::now();
-    write_snapshot(buf, {}, models::loss_scaler{}, cops, kinds);
+    write_snapshot(buf, {}, models::loss_scaler{}, sample, kinds);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     bandwidth_ = secs > 0 ? double(buf.size()) / secs : 0.0;
@@ -371,7 +447,7 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   }
   agent_ = system_.spawn<checkpoint_agent>(shared, io_, setup.stage, setup.replica, coordinator,
                                            job_.snapshot_replicas, limits_);
-  return std::make_unique<checkpoint_hooks>(shared, system_, agent_, std::move(ops));
+  return std::make_unique<checkpoint_hooks>(shared, system_, agent_, std::move(ops), limits_);
 }
 
 awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
@@ -426,7 +502,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
           continue;
         }
         auto buf = std::make_shared<std::vector<std::byte>>(desc->length);
-        auto pulled = co_await io_.pull(*desc, *buf, buf);
+        auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
         if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
         slots[std::size_t(d)].push_back(std::move(*buf));
         found = true;
@@ -467,7 +543,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
       throw std::runtime_error("a neighbour's log answer does not match the request");
     }
     auto buf = std::make_shared<std::vector<std::byte>>(expect);
-    auto pulled = co_await io_.pull(*desc, *buf, buf);
+    auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
     (void)system_.tell<wire::ReleaseLog>(agent,
                                          [&](wire::ReleaseLog::Builder b) { b.setLease(lease); });
     if (!pulled.ok())

@@ -16,6 +16,8 @@
 //   the target iteration.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,6 +37,16 @@ struct policy_limits {
   std::uint64_t max_slot_bytes = std::uint64_t(4) << 30;  // one snapshot slot
   std::uint64_t max_log_bytes = std::uint64_t(8) << 30;   // one FetchLog answer
   std::size_t max_log_leases = 16;                        // FetchLog answers not yet released
+  std::uint64_t bandwidth_sample_bytes = 16u << 20;       // snapshot bytes timed for Algorithm 1
+  // Large pulls go in pieces of this size, one after the other, so that the processes' event
+  // loops (heartbeats) are never held by one huge transfer.
+  std::uint64_t pull_chunk_bytes = 8u << 20;
+  // Windows a stage holds at most (the persisted one, one complete and being replicated, the
+  // one being captured): a step that would start another waits (a stall) until the job
+  // persisted one more, at most max_window_wait, so that host memory stays bounded when
+  // replication falls behind.
+  std::size_t max_windows_held = 3;
+  std::chrono::milliseconds max_window_wait{10000};
 };
 
 // Algorithm 1's FindWindowSize over every stage (the largest W any stage needs).
@@ -42,9 +54,13 @@ int choose_window(const std::vector<std::vector<engine::op_size>>& stages, doubl
                   double bandwidth);
 
 // The capture state a stage's hooks (compute thread) and its agent (actor thread) share.
+// Two locks: `mu` for the windows, schedule and step plans (the capture thread holds it while
+// it copies a slot), `log_mu` for the upstream log (taken on every boundary send, so a send
+// never waits for a capture). Taking both: mu first.
 struct capture_shared {
   capture_shared(int stage, int replica) : capture(stage, replica) {}
-  std::mutex mu;
+  std::mutex mu, log_mu;
+  std::condition_variable dropped;  // notified (under mu) when the agent dropped windows
   sparse_capture capture;
   std::optional<stage_schedule> schedule;
 };
