@@ -250,6 +250,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   clock::time_point slept_at = clock::now();
   std::chrono::nanoseconds spin_now{0};  // the adaptive spin window, at most opt.spin
   bool spinning = false;
+  clock::time_point last_trace = clock::now();
+  ucs_status_t last_arm_error = UCS_OK;
 
   // ---- driving the worker from Asio -------------------------------------------------------
 
@@ -316,11 +318,27 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // ended sooner than opt.spin, and halves when it ran out with nothing. On an idle machine
   // spinning halves the latency of a hop; on an oversubscribed one (more runnable processes
   // than cores) a spinner holds the core its peer needs to answer, so the window shrinks to 0.
-  void pump() {
+  enum class wake { kick, fd, poll, tick };
+  void pump(wake why = wake::kick) {
     if (dying) return;
     bool found = false;
     while (worker.progress() != 0) found = true;
+    if (found) {
+      if (why == wake::tick) ++counters.tick_progress;
+      if (why == wake::poll) ++counters.poll_progress;
+      if (why == wake::fd) ++counters.fd_progress;
+    }
     const auto now = clock::now();
+    if (std::getenv("MOEVEMENT_UCX_TRACE") != nullptr && now - last_trace > std::chrono::seconds(1)) {
+      last_trace = now;
+      std::fprintf(stderr,
+                   "ucx_link[%u]: arms=%lu busy=%lu err=%lu last_err=%s tick=%lu poll=%lu fd=%lu "
+                   "outstanding=%lu closing=%zu conns=%zu spin=%ld\n",
+                   opt.self, counters.arms, counters.arm_busy, counters.arm_errors,
+                   ucs_status_string(last_arm_error), counters.tick_progress,
+                   counters.poll_progress, counters.fd_progress, outstanding, closing.size(),
+                   conns.size(), static_cast<long>(spin_now.count()));
+    }
     if (found) {
       if (spinning) grow_spin();
       last_activity = now;
@@ -334,11 +352,17 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (spinning) shrink_spin();
     spinning = false;
     const ucs_status_t s = ucp_worker_arm(worker.handle());
+    ++counters.arms;
     if (s == UCS_ERR_BUSY) {
+      ++counters.arm_busy;
       kick();
       return;
     }
-    if (s != UCS_OK) return;  // the safety tick keeps progressing
+    if (s != UCS_OK) {
+      ++counters.arm_errors;
+      last_arm_error = s;
+      return;  // the safety tick keeps progressing
+    }
     slept_at = now;
     // Requests in flight may need our progress without any event arriving (a send waiting for
     // room in a full shared-memory FIFO: the receiver draining it signals nothing). Poll for
@@ -354,7 +378,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
           auto st = w.lock();
           if (!st) return;
           st->poll_pending = false;
-          if (!ec) st->pump();
+          if (!ec) st->pump(wake::poll);
         });
       }
     }
@@ -368,7 +392,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
                       if (!ec) {
                         s->last_activity = clock::now();
                         if (s->last_activity - s->slept_at < s->opt.spin) s->grow_spin();
-                        s->pump();
+                        s->pump(wake::fd);
                       }
                     });
     }
@@ -388,7 +412,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       auto s = w.lock();
       if (!s || ec || s->dying) return;
       s->check_hello_timeouts();
-      s->pump();
+      s->pump(wake::tick);
       s->schedule_tick();
     });
   }
