@@ -250,8 +250,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
   clock::time_point slept_at = clock::now();
   std::chrono::nanoseconds spin_now{0};  // the adaptive spin window, at most opt.spin
   bool spinning = false;
-  clock::time_point last_trace = clock::now();
-  ucs_status_t last_arm_error = UCS_OK;
 
   // ---- driving the worker from Asio -------------------------------------------------------
 
@@ -329,16 +327,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
       if (why == wake::fd) ++counters.fd_progress;
     }
     const auto now = clock::now();
-    if (std::getenv("MOEVEMENT_UCX_TRACE") != nullptr && now - last_trace > std::chrono::seconds(1)) {
-      last_trace = now;
-      std::fprintf(stderr,
-                   "ucx_link[%u]: arms=%lu busy=%lu err=%lu last_err=%s tick=%lu poll=%lu fd=%lu "
-                   "outstanding=%lu closing=%zu conns=%zu spin=%ld\n",
-                   opt.self, counters.arms, counters.arm_busy, counters.arm_errors,
-                   ucs_status_string(last_arm_error), counters.tick_progress,
-                   counters.poll_progress, counters.fd_progress, outstanding, closing.size(),
-                   conns.size(), static_cast<long>(spin_now.count()));
-    }
     if (found) {
       if (spinning) grow_spin();
       last_activity = now;
@@ -360,7 +348,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     if (s != UCS_OK) {
       ++counters.arm_errors;
-      last_arm_error = s;
       return;  // the safety tick keeps progressing
     }
     slept_at = now;

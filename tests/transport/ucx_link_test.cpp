@@ -261,12 +261,15 @@ TEST_P(ucx_link_test, hung_forgotten_then_killed_peer_leaves_survivors_fast) {
   const auto after = delta(c0, link_->counters());
   auto show = [](const char* when, const ucx_link_counters& d) {
     std::printf("%s: arms=%lu busy=%lu errors=%lu progress by tick=%lu poll=%lu fd=%lu\n", when,
-                d.arms, d.arm_busy, d.arm_errors, d.tick_progress, d.poll_progress,
-                d.fd_progress);
+                d.arms, d.arm_busy, d.arm_errors, d.tick_progress, d.poll_progress, d.fd_progress);
   };
   show("before", before);
   show("after", after);
   EXPECT_EQ(after.arm_errors, before.arm_errors) << "the worker cannot be armed any more";
+  // The regression: UCX kept refusing to arm (UCS_ERR_BUSY) for ever, so the link spun on the
+  // worker at 100% CPU: hundreds of thousands of busy arms where there had been one per round.
+  EXPECT_LE(after.arm_busy, 2 * before.arm_busy + rounds) << "the worker stays busy: spinning";
+  EXPECT_LE(after.arms, 2 * before.arms + rounds) << "far more pump passes per round trip";
   // Before, the safety tick drove next to none of the round trips; a stuck link needs it for
   // about every one.
   EXPECT_LT(after.tick_progress, before.tick_progress + rounds / 10)
