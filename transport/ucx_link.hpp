@@ -52,6 +52,7 @@ struct ucx_link_counters {
   std::uint64_t arms = 0;            // ucp_worker_arm calls
   std::uint64_t arm_busy = 0;        // ... that returned UCS_ERR_BUSY (progress again)
   std::uint64_t arm_errors = 0;      // ... that failed otherwise (no fd wait: tick only)
+  std::uint64_t arm_stuck = 0;       // busy arms after a run of idle ones: polled, not spun
   std::uint64_t tick_progress = 0;   // safety-tick wakeups whose progress found events
   std::uint64_t poll_progress = 0;   // poll-timer wakeups whose progress found events
   std::uint64_t fd_progress = 0;     // event-fd wakeups whose progress found events
