@@ -53,8 +53,15 @@ ucx_context::~ucx_context() {
 
 ucx_worker::ucx_worker(const ucx_context& context) {
   ucp_worker_params_t params{};
-  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
   params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // Wake up for arriving data only. With send completions among the wakeup events (the
+  // default), UCX 1.13 refuses to arm (UCS_ERR_BUSY) while any send waits in a shared-memory
+  // transport's pending queue, UCX's own included: the flush that discards the endpoint to a
+  // peer that hung with its FIFO full and then died waits there for ever, so the worker could
+  // never sleep again (ucx_link spun, every survivor at 100% CPU). ucx_link progresses
+  // requests in flight from a poll timer anyway (transport/ucx_link.cpp, pump()).
+  params.events = UCP_WAKEUP_RX;
   check(ucp_worker_create(context.handle(), &params, &worker_), "ucp_worker_create");
 }
 

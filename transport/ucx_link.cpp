@@ -225,6 +225,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   asio::steady_timer poll;  // see pump(): requests in flight without events
   bool poll_pending = false;
   std::chrono::nanoseconds poll_interval{20'000};
+  // Consecutive arms answered UCS_ERR_BUSY by passes that found nothing; at max_busy_idle the
+  // pump polls (schedule_poll) instead of spinning.
+  static constexpr int max_busy_idle = 64;
+  int busy_idle = 0;
 
   link_handlers handlers;
   link_stats stats;
@@ -316,10 +320,16 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // ended sooner than opt.spin, and halves when it ran out with nothing. On an idle machine
   // spinning halves the latency of a hop; on an oversubscribed one (more runnable processes
   // than cores) a spinner holds the core its peer needs to answer, so the window shrinks to 0.
-  void pump() {
+  enum class wake { kick, fd, poll, tick };
+  void pump(wake why = wake::kick) {
     if (dying) return;
     bool found = false;
     while (worker.progress() != 0) found = true;
+    if (found) {
+      if (why == wake::tick) ++counters.tick_progress;
+      if (why == wake::poll) ++counters.poll_progress;
+      if (why == wake::fd) ++counters.fd_progress;
+    }
     const auto now = clock::now();
     if (found) {
       if (spinning) grow_spin();
@@ -334,30 +344,31 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (spinning) shrink_spin();
     spinning = false;
     const ucs_status_t s = ucp_worker_arm(worker.handle());
+    ++counters.arms;
     if (s == UCS_ERR_BUSY) {
-      kick();
+      ++counters.arm_busy;
+      // BUSY means events arrived between progress and arm: the next pass finds them. A run
+      // of BUSY with nothing found means UCX is stuck on something our progress cannot finish
+      // (see ucx_worker for the case we know); then poll instead of spinning on the core.
+      busy_idle = found ? 0 : busy_idle + 1;
+      if (busy_idle < max_busy_idle) {
+        kick();
+      } else {
+        ++counters.arm_stuck;
+        schedule_poll(found);
+      }
       return;
     }
-    if (s != UCS_OK) return;  // the safety tick keeps progressing
+    busy_idle = 0;
+    if (s != UCS_OK) {
+      ++counters.arm_errors;
+      return;  // the safety tick keeps progressing
+    }
     slept_at = now;
     // Requests in flight may need our progress without any event arriving (a send waiting for
-    // room in a full shared-memory FIFO: the receiver draining it signals nothing). Poll for
-    // them with a timer that backs off from 20 us to the safety tick while nothing moves.
-    if (outstanding > 0) {
-      poll_interval = found
-                          ? std::chrono::nanoseconds(20'000)
-                          : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
-      if (!poll_pending) {
-        poll_pending = true;
-        poll.expires_after(poll_interval);
-        poll.async_wait([w = weak_from_this()](const std::error_code& ec) {
-          auto st = w.lock();
-          if (!st) return;
-          st->poll_pending = false;
-          if (!ec) st->pump();
-        });
-      }
-    }
+    // room in a full shared-memory FIFO: the receiver draining it signals nothing, and the
+    // worker wakes us for arriving data only).
+    if (outstanding > 0) schedule_poll(found);
     if (!fd_waiting) {
       fd_waiting = true;
       fd.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -368,7 +379,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
                       if (!ec) {
                         s->last_activity = clock::now();
                         if (s->last_activity - s->slept_at < s->opt.spin) s->grow_spin();
-                        s->pump();
+                        s->pump(wake::fd);
                       }
                     });
     }
@@ -381,6 +392,21 @@ struct link_state : std::enable_shared_from_this<link_state> {
     spin_now /= 2;
     if (spin_now < std::chrono::microseconds(1)) spin_now = std::chrono::nanoseconds(0);
   }
+  // A pump after poll_interval, which starts at 20 us and doubles up to the safety tick while
+  // nothing moves.
+  void schedule_poll(bool found) {
+    poll_interval = found ? std::chrono::nanoseconds(20'000)
+                          : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
+    if (poll_pending) return;
+    poll_pending = true;
+    poll.expires_after(poll_interval);
+    poll.async_wait([w = weak_from_this()](const std::error_code& ec) {
+      auto st = w.lock();
+      if (!st) return;
+      st->poll_pending = false;
+      if (!ec) st->pump(wake::poll);
+    });
+  }
 
   void schedule_tick() {
     tick.expires_after(opt.safety_tick);
@@ -388,7 +414,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       auto s = w.lock();
       if (!s || ec || s->dying) return;
       s->check_hello_timeouts();
-      s->pump();
+      s->pump(wake::tick);
       s->schedule_tick();
     });
   }

@@ -49,6 +49,13 @@ struct ucx_link_counters {
   std::uint64_t pulls_ok = 0;        // our pulls that completed
   std::uint64_t pulls_failed = 0;    // our pulls that completed with an error
   std::uint64_t pulls_by_rma = 0;    // our pulls the exporter answered with an rkey
+  std::uint64_t arms = 0;            // ucp_worker_arm calls
+  std::uint64_t arm_busy = 0;        // ... that returned UCS_ERR_BUSY (progress again)
+  std::uint64_t arm_errors = 0;      // ... that failed otherwise (no fd wait: tick only)
+  std::uint64_t arm_stuck = 0;       // busy arms after a run of idle ones: polled, not spun
+  std::uint64_t tick_progress = 0;   // safety-tick wakeups whose progress found events
+  std::uint64_t poll_progress = 0;   // poll-timer wakeups whose progress found events
+  std::uint64_t fd_progress = 0;     // event-fd wakeups whose progress found events
 };
 
 class ucx_link final : public link {

@@ -208,6 +208,82 @@ TEST_P(ucx_link_test, forget_reports_once_and_fails_sends) {
   EXPECT_EQ(losses_.size(), 1u);
 }
 
+// A peer that hangs (SIGSTOP) with sends to it in flight, is forgotten (as the heartbeat does)
+// and then killed must leave the link as responsive as before: round trips to a survivor are
+// driven by event-fd wakeups again, not by the safety tick (the regression: ~5 ms a hop).
+TEST_P(ucx_link_test, hung_forgotten_then_killed_peer_leaves_survivors_fast) {
+  make_link();
+  const pid_t survivor = spawn(peer_args("echo", 11));
+  const pid_t hung = spawn(peer_args("echo", 12));
+  ASSERT_TRUE(wait_message("ready"));
+  ASSERT_TRUE(wait_message("ready"));
+  constexpr int rounds = 200;
+  // One message in flight at a time: each round trip needs a wakeup on each side.
+  auto ping_pong = [&](node_id peer) {
+    for (int i = 0; i < rounds; ++i) {
+      ASSERT_TRUE(link_->send(peer, encode(0, peer, testing::make("echo", i))).ok());
+      auto echo = wait_message("echo");
+      ASSERT_TRUE(echo.has_value()) << "round " << i;
+      ASSERT_EQ(echo->seq, std::uint64_t(i));
+    }
+  };
+  auto delta = [](const ucx_link_counters& a, const ucx_link_counters& b) {
+    ucx_link_counters d;
+    d.tick_progress = b.tick_progress - a.tick_progress;
+    d.arm_errors = b.arm_errors - a.arm_errors;
+    d.fd_progress = b.fd_progress - a.fd_progress;
+    d.arms = b.arms - a.arms;
+    d.arm_busy = b.arm_busy - a.arm_busy;
+    d.poll_progress = b.poll_progress - a.poll_progress;
+    d.arm_stuck = b.arm_stuck - a.arm_stuck;
+    return d;
+  };
+  ping_pong(12);
+  auto c0 = link_->counters();
+  ping_pong(11);
+  const auto before = delta(c0, link_->counters());
+
+  // Hang the peer, queue enough to it that sends stay in flight, then give up on it.
+  ASSERT_EQ(::kill(hung, SIGSTOP), 0);
+  const std::vector<std::byte> blob(4096, std::byte{7});
+  for (int i = 0; i < 500; ++i) {
+    (void)link_->send(12, encode(0, 12, testing::make("echo", i, blob)));
+  }
+  run_until([] { return false; }, 200ms);
+  link_->forget(12);
+  ASSERT_TRUE(run_until([&] { return !losses_.empty(); }));
+  ::kill(hung, SIGKILL);
+  ::waitpid(hung, nullptr, 0);
+  std::erase(children_, hung);
+  run_until([] { return false; }, 200ms);
+
+  c0 = link_->counters();
+  ping_pong(11);
+  const auto after = delta(c0, link_->counters());
+  auto show = [](const char* when, const ucx_link_counters& d) {
+    std::printf("%s: arms=%lu busy=%lu stuck=%lu errors=%lu progress by tick=%lu poll=%lu fd=%lu\n",
+                when, d.arms, d.arm_busy, d.arm_stuck, d.arm_errors, d.tick_progress,
+                d.poll_progress, d.fd_progress);
+  };
+  show("before", before);
+  show("after", after);
+  EXPECT_EQ(after.arm_errors, before.arm_errors) << "the worker cannot be armed any more";
+  // The regression: UCX kept refusing to arm (UCS_ERR_BUSY) for ever, so the link spun on the
+  // worker at 100% CPU: hundreds of thousands of busy arms where there had been one per round.
+  EXPECT_LE(after.arm_busy, 2 * before.arm_busy + rounds) << "the worker stays busy: spinning";
+  EXPECT_LE(after.arms, 2 * before.arms + rounds) << "far more pump passes per round trip";
+  // The pump's own guard (polling after a run of idle busy arms) must not be what saves it.
+  EXPECT_EQ(after.arm_stuck, 0u) << "UCX refuses to arm: the link fell back to polling";
+  // Before, the safety tick drove next to none of the round trips; a link that cannot sleep
+  // on the event fd needs it for most of them (counts, not times: both phases see the same
+  // machine load).
+  EXPECT_LE(after.tick_progress, 2 * before.tick_progress + rounds / 4)
+      << "round trips to the survivor are driven by the safety tick";
+  ASSERT_EQ(losses_.size(), 1u);
+  losses_.clear();
+  part(11, survivor);
+}
+
 TEST_P(ucx_link_test, wrong_token_is_refused_and_counted) {
   make_link();
   const pid_t pid = spawn(peer_args("intruder", 9, "not-the-job-token"));
