@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 namespace moevement::engine {
@@ -29,7 +30,19 @@ transport::bulk_region allocate_floats(bulk_io& io, std::size_t n) {
   return io.allocate(std::max<std::size_t>(n, 1) * sizeof(float));
 }
 
+bool tracing() {
+  static const bool on = std::getenv("MOEVEMENT_TRACE_STAGES") != nullptr;
+  return on;
+}
+
 }  // namespace
+
+#define STAGE_TRACE(...)                                                                      \
+  do {                                                                                        \
+    if (tracing())                                                                            \
+      fmt::print(stderr, "[stage {} r{} e{} ph{}] {}\n", setup_.stage, setup_.replica, epoch_, \
+                 int(phase_), fmt::format(__VA_ARGS__));                                      \
+  } while (0)
 
 stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
                          actor_ref coordinator, std::unique_ptr<stage_hooks> hooks)
@@ -86,6 +99,7 @@ awaitable<void> stage_actor::compute(F&& fn) {
 }
 
 void stage_actor::fail(const std::string& what) {
+  STAGE_TRACE("fail: {}", what);
   if (failed_) return;
   failed_ = true;
   const std::string msg =
@@ -120,6 +134,7 @@ awaitable<bool> stage_actor::pull(const bulk_descriptor& d, std::span<float> int
 }
 
 awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) {
+  STAGE_TRACE("wire");
   prev_ = read_ref(m.getPrev());
   next_ = read_ref(m.getNext());
   replicas_.clear();
@@ -136,6 +151,7 @@ awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) 
 }
 
 awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
+  STAGE_TRACE("iterate it={} epoch={} failed={}", m.getIteration(), m.getEpoch(), failed_);
   if (failed_ || m.getEpoch() <= epoch_) co_return;
   epoch_ = m.getEpoch();
   iteration_ = m.getIteration();
@@ -278,6 +294,7 @@ awaitable<void> stage_actor::reduce() {
 }
 
 awaitable<void> stage_actor::finish_reduce() {
+  STAGE_TRACE("done");
   phase_ = phase::reduced;
   std::vector<double> sq, pop;
   co_await compute([&] {
@@ -310,6 +327,7 @@ awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
     ++dropped_;
     co_return;
   }
+  STAGE_TRACE("activation mb={} epoch={}", mb, m.getEpoch());
   if (!accept(m.getEpoch())) co_return;
   const std::uint64_t e = m.getEpoch();
   if (!co_await pull(*d, std::span<float>(in_->act).subspan(std::size_t(mb) * bf_, bf_))) {
@@ -326,6 +344,7 @@ awaitable<void> stage_actor::gradient(wire::Gradient::Reader m) {
     ++dropped_;
     co_return;
   }
+  STAGE_TRACE("gradient mb={} epoch={}", mb, m.getEpoch());
   if (!accept(m.getEpoch())) co_return;
   const std::uint64_t e = m.getEpoch();
   if (!co_await pull(*d, std::span<float>(in_->grad).subspan(std::size_t(mb) * bf_, bf_))) {
@@ -409,6 +428,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
 }
 
 awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder) {
+  STAGE_TRACE("abort epoch={}", m.getEpoch());
   if (m.getEpoch() != epoch_) co_return;
   // What failed in this attempt (a pull from a peer that died, during the iteration or a
   // validation round) was decided by the coordinator: what comes next is run again.
