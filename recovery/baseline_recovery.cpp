@@ -19,14 +19,13 @@ struct candidate {
   std::function<std::vector<std::byte>()> fetch;
 };
 
-// Why `view` cannot restore stage s at `iteration` of `pipe`, or "" when it can.
+// Why `view` cannot restore stage s at `iteration` (-1: any) into ops, or "" when it can.
 std::string unfit(const snapshot_view& view, int s, std::int64_t iteration,
-                  engine::local_pipeline& pipe) {
+                  std::span<models::operator_state* const> ops) {
   if (view.tag.stage != s) return fmt::format("it is stage {}'s snapshot", view.tag.stage);
-  if (view.tag.state_iteration != iteration) {
+  if (iteration >= 0 && view.tag.state_iteration != iteration) {
     return fmt::format("it holds iteration {}, not {}", view.tag.state_iteration, iteration);
   }
-  const auto ops = pipe.stage(s, 0).operators();
   if (view.entries.size() != ops.size()) {
     return fmt::format("{} operators in it, the stage has {} (not a full snapshot of this model)",
                        view.entries.size(), ops.size());
@@ -65,7 +64,9 @@ rollback_report rollback(engine::local_pipeline& pipe,
         try {
           auto bytes = c.fetch();
           auto view = parse_snapshot(bytes);
-          if (const auto why = unfit(view, s, it, pipe); !why.empty()) throw snapshot_error(why);
+          if (const auto why = unfit(view, s, it, pipe.stage(s, 0).operators()); !why.empty()) {
+            throw snapshot_error(why);
+          }
           chosen[std::size_t(s)] = std::move(bytes);
           // the views point into chosen[s]'s heap buffer, which the move kept
           views[std::size_t(s)] = std::move(view);
@@ -112,6 +113,22 @@ rollback_report rollback(engine::local_pipeline& pipe,
 }
 
 }  // namespace
+
+restored_snapshot restore_full_snapshot(std::span<const std::byte> bytes, int stage,
+                                        std::int64_t iteration,
+                                        std::span<engine::stage_model* const> replicas) {
+  const auto view = parse_snapshot(bytes);
+  for (auto* replica : replicas) {
+    if (const auto why = unfit(view, stage, iteration, replica->operators()); !why.empty()) {
+      throw snapshot_error(fmt::format("snapshot cannot restore stage {}: {}", stage, why));
+    }
+  }
+  for (auto* replica : replicas) {
+    const auto ops = replica->operators();
+    for (std::size_t i = 0; i < ops.size(); ++i) load_operator(view.entries[i], *ops[i]);
+  }
+  return {view.tag, view.scaler};
+}
 
 rollback_report rollback_from_memory(engine::local_pipeline& pipe,
                                      std::span<const dense_capture* const> captures) {

@@ -37,6 +37,19 @@ struct rollback_report {
   std::size_t bytes_loaded = 0;       // snapshot bytes read (one per stage)
 };
 
+// The building block of a global rollback, for one stage (what each restarted stage actor
+// runs on the bytes it pulled): verifies that `bytes` is a full snapshot of `stage` at
+// `iteration` (-1: any) covering every operator of every replica, then loads it into all of
+// them. Throws snapshot_error saying what does not fit; nothing is loaded then. The caller
+// resumes the job at tag.state_iteration with the returned loss scaler.
+struct restored_snapshot {
+  snapshot_tag tag;
+  models::loss_scaler scaler;
+};
+restored_snapshot restore_full_snapshot(std::span<const std::byte> bytes, int stage,
+                                        std::int64_t iteration,
+                                        std::span<engine::stage_model* const> replicas);
+
 // Restores every stage replica of `pipe` from the captures' host-memory snapshots (any
 // surviving replica of a stage will do: replicas are identical after the all-reduce) and
 // sets the pipeline's position and loss scaler. captures: the survivors, any order.

@@ -163,6 +163,30 @@ TEST(dense_rollback, from_memory_is_bit_exact_for_pp2_dp2) {
   expect_resumes_bit_exactly(job.pipe, want);
 }
 
+TEST(dense_rollback, one_stage_from_bytes_checks_before_it_loads) {
+  dense_job job(2);
+  job.train_to(4);  // state 4 captured
+  engine::local_pipeline fresh(job.model, job.train, pp);
+  const auto bytes0 = job.caps[0]->latest()->bytes;  // stage 0 replica 0
+  std::vector<engine::stage_model*> stage1{&fresh.stage(1, 0), &fresh.stage(1, 1)};
+  const auto before = engine::operator_digests(fresh.stage(1, 0).operators());
+  try {
+    restore_full_snapshot(bytes0, 1, 4, stage1);
+    FAIL() << "stage 0's snapshot was loaded into stage 1";
+  } catch (const snapshot_error& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 0's snapshot"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(engine::operator_digests(fresh.stage(1, 0).operators()), before);  // untouched
+  std::vector<engine::stage_model*> stage0{&fresh.stage(0, 0), &fresh.stage(0, 1)};
+  EXPECT_THROW(restore_full_snapshot(bytes0, 0, 2, stage0), snapshot_error);  // wrong iteration
+  const auto got = restore_full_snapshot(bytes0, 0, -1, stage0);
+  EXPECT_EQ(got.tag.state_iteration, 4);
+  for (int d = 0; d < dp; ++d) {
+    EXPECT_EQ(engine::operator_digests(fresh.stage(0, d).operators()),
+              engine::operator_digests(job.pipe.stage(0, d).operators()));
+  }
+}
+
 TEST(dense_rollback, f16_loss_scaler_is_restored) {
   auto m = models::preset("tiny");
   m.compute_dtype = models::dtype::f16;
