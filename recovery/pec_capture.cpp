@@ -1,0 +1,193 @@
+#include "recovery/pec_capture.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <stdexcept>
+
+namespace moevement::recovery {
+
+std::vector<moe_layer> find_moe_layers(std::span<const models::operator_state* const> ops) {
+  std::vector<moe_layer> layers;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i]->kind() != models::op_kind::gate) continue;
+    moe_layer l{i, ops[i]->name(), {}};
+    const std::size_t want = ops[i]->routed_tokens().size();
+    for (std::size_t j = i + 1; j < ops.size() && l.experts.size() < want; ++j) {
+      if (ops[j]->kind() == models::op_kind::expert) l.experts.push_back(j);
+    }
+    if (l.experts.size() != want) {
+      throw std::invalid_argument(fmt::format("pec: gate {} routes to {} experts, the stage has {}",
+                                              l.name, want, l.experts.size()));
+    }
+    layers.push_back(std::move(l));
+  }
+  return layers;
+}
+
+pec_schedule::pec_schedule(int experts, pec_selection order, int interval,
+                           std::span<models::operator_state* const> ops)
+    : k_(experts), order_(order), interval_(interval), n_(ops.size()) {
+  if (experts < 1) throw std::invalid_argument("checkpoint.pec_experts: must be >= 1");
+  if (interval < 1) {
+    throw std::invalid_argument(
+        "pec: interval must be >= 1 (resolve checkpoint.interval = 0 with resolve_interval)");
+  }
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  layers_ = find_moe_layers(cops);
+  layer_of_.assign(n_, -1);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    for (auto e : layers_[l].experts) layer_of_[e] = int(l);
+  }
+  saved_at_.assign(n_, 0);
+  prev_saved_at_.assign(n_, 0);
+}
+
+void pec_schedule::add_counts(std::int64_t iteration,
+                              std::span<models::operator_state* const> ops) {
+  if (ops.size() != n_) throw std::invalid_argument("pec: the stage's operator count changed");
+  if (iteration < first_count_kept_) return;  // a range no recovery can ask for any more
+  auto& c = counts_[iteration];
+  c.resize(n_, 0);
+  for (const auto& l : layers_) {
+    const auto& routed = ops[l.gate]->routed_tokens();
+    for (std::size_t j = 0; j < l.experts.size(); ++j) c[l.experts[j]] += routed[j];
+  }
+}
+
+std::int64_t pec_schedule::routed_tokens(std::size_t op, std::int64_t from, std::int64_t to) const {
+  if (op >= n_ || layer_of_[op] < 0) {
+    throw std::out_of_range(fmt::format("pec: operator {} is not a routed expert", op));
+  }
+  if (from < first_count_kept_) {
+    throw std::out_of_range(
+        fmt::format("pec: routed-token counts from iteration {} were dropped (kept from {})", from,
+                    first_count_kept_));
+  }
+  std::int64_t sum = 0;
+  for (auto it = counts_.lower_bound(from); it != counts_.end() && it->first < to; ++it) {
+    sum += it->second[op];
+  }
+  return sum;
+}
+
+const std::vector<capture_kind>& pec_schedule::checkpoint_kinds(std::int64_t iteration) {
+  if (auto it = selections_.find(iteration); it != selections_.end()) return it->second;
+  if (!is_checkpoint(iteration)) {
+    throw std::invalid_argument(fmt::format(
+        "pec: iteration {} is not a checkpoint point of interval {}", iteration, interval_));
+  }
+  if (!selections_.empty() && selections_.rbegin()->first > iteration) {
+    throw std::logic_error(fmt::format("pec: checkpoint of iteration {} asked after that of {}",
+                                       iteration, selections_.rbegin()->first));
+  }
+  std::vector<capture_kind> kinds(n_, capture_kind::full);
+  const std::int64_t number = (iteration + 1) / interval_ - 1;  // 0-based checkpoint number
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const auto& experts = layers_[l].experts;
+    const std::size_t e = experts.size();
+    if (e == 0) continue;
+    const std::size_t keep = std::min<std::size_t>(std::size_t(k_), e);
+    const std::size_t start = std::size_t((number * k_ + std::int64_t(l)) % std::int64_t(e));
+    // rank[j]: where expert j comes in this checkpoint's sequential order
+    std::vector<std::size_t> by_rank(e);
+    for (std::size_t r = 0; r < e; ++r) by_rank[r] = (start + r) % e;
+    if (order_ == pec_selection::load_aware) {
+      std::vector<std::int64_t> unsaved(e);
+      for (std::size_t j = 0; j < e; ++j) {
+        unsaved[j] = routed_tokens(experts[j], saved_at_[experts[j]], iteration);
+      }
+      // most unsaved tokens first; stable, so ties keep the sequential order
+      std::stable_sort(by_rank.begin(), by_rank.end(),
+                       [&](std::size_t a, std::size_t b) { return unsaved[a] > unsaved[b]; });
+    }
+    for (std::size_t r = keep; r < e; ++r) kinds[experts[by_rank[r]]] = capture_kind::skip;
+  }
+  prev_saved_at_ = saved_at_;
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (kinds[i] == capture_kind::full) saved_at_[i] = iteration + 1;
+  }
+  // Counts older than every expert's save before this checkpoint can no longer be asked for.
+  std::int64_t oldest = iteration + 1;
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (layer_of_[i] >= 0) oldest = std::min(oldest, prev_saved_at_[i]);
+  }
+  first_count_kept_ = oldest;
+  counts_.erase(counts_.begin(), counts_.lower_bound(oldest));
+  while (selections_.size() > 1) selections_.erase(selections_.begin());
+  return selections_[iteration] = std::move(kinds);
+}
+
+pec_capture::pec_capture(pec_schedule& schedule, int stage, int replica,
+                         const models::loss_scaler* scaler)
+    : schedule_(schedule),
+      stage_(stage),
+      replica_(replica),
+      scaler_(scaler),
+      latest_(schedule.operators(), 0),
+      prev_latest_(schedule.operators(), 0) {}
+
+void pec_capture::after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) {
+  if (ops.size() != schedule_.operators()) {
+    throw std::invalid_argument(
+        fmt::format("pec capture: stage {} has {} operators, the "
+                    "schedule {}",
+                    stage_, ops.size(), schedule_.operators()));
+  }
+  schedule_.add_counts(iteration, ops);
+  if (!schedule_.is_checkpoint(iteration)) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& kinds = schedule_.checkpoint_kinds(iteration);
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  std::vector<std::byte> buf;
+  if (!spare_.empty()) {
+    buf = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  buf.resize(snapshot_size(cops, kinds));
+  const models::loss_scaler scaler = scaler_ ? *scaler_ : models::loss_scaler{};
+  const std::int64_t state = iteration + 1;
+  write_snapshot(buf, {std::uint64_t(state / schedule_.interval()), 0, state, stage_, replica_},
+                 scaler, cops, kinds);
+  last_bytes_ = buf.size();
+  held_[state] = std::move(buf);
+  prev_latest_ = latest_;
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    if (kinds[i] == capture_kind::full) latest_[i] = state;
+  }
+  // keep what is some operator's newest save, as of this checkpoint or the one before
+  std::set<std::int64_t> needed(latest_.begin(), latest_.end());
+  needed.insert(prev_latest_.begin(), prev_latest_.end());
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (needed.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    if (spare_.size() < 2) spare_.push_back(std::move(it->second));
+    it = held_.erase(it);
+  }
+  ++checkpoints_;
+  last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<pec_checkpoint_view> pec_capture::held() const {
+  std::vector<pec_checkpoint_view> out;
+  for (const auto& [it, bytes] : held_) out.push_back({it, bytes});
+  return out;
+}
+
+std::optional<std::int64_t> pec_capture::newest() const {
+  if (held_.empty()) return std::nullopt;
+  return held_.rbegin()->first;
+}
+
+std::size_t pec_capture::bytes_held() const {
+  std::size_t n = 0;
+  for (const auto& [it, b] : held_) n += b.capacity();
+  for (const auto& b : spare_) n += b.capacity();
+  return n;
+}
+
+}  // namespace moevement::recovery
