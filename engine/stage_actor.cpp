@@ -37,11 +37,11 @@ bool tracing() {
 
 }  // namespace
 
-#define STAGE_TRACE(...)                                                                      \
-  do {                                                                                        \
-    if (tracing())                                                                            \
+#define STAGE_TRACE(...)                                                                       \
+  do {                                                                                         \
+    if (tracing())                                                                             \
       fmt::print(stderr, "[stage {} r{} e{} ph{}] {}\n", setup_.stage, setup_.replica, epoch_, \
-                 int(phase_), fmt::format(__VA_ARGS__));                                      \
+                 int(phase_), fmt::format(__VA_ARGS__));                                       \
   } while (0)
 
 stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,

@@ -40,4 +40,14 @@ TEST(example_configs, training_examples_resolve) {
 }
 
 }  // namespace
+TEST(example_configs, failure_single_recovers_with_a_spare) {
+  const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
+  ASSERT_NE(root, nullptr);
+  const auto j = engine::resolve_job(
+      load_config_file(std::string(root) + "/examples/failure_single/config.toml"));
+  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_GE(j.spares, 1);
+  EXPECT_EQ(j.pp, 3);
+}
+
 }  // namespace moevement::launcher
