@@ -1,7 +1,8 @@
 // `moevement launch CONFIG [--set key=value ...]`: the head process of a job on the local
 // backend. It listens (node 0), registers the coordinator, starts one `moevement worker`
 // process per (stage, replica) plus cluster.spares spares, shows progress, writes the run log,
-// and prints `state_hash=<16 hex>` at the end. Ctrl-C (or SIGTERM) stops every worker; the
+// and prints `state_hash=<16 hex>` at the end. With cluster.backend = "slurm" the workers are
+// the tasks of one srun step instead (launcher/slurm_backend.hpp); the rest is the same. Ctrl-C (or SIGTERM) stops every worker; the
 // workers are in their own process group and die with the head (PR_SET_PDEATHSIG), so no
 // process is left behind either way.
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +33,7 @@
 #include "engine/run_log.hpp"
 #include "launcher/config.hpp"
 #include "launcher/launch.hpp"
+#include "launcher/slurm_backend.hpp"
 #include "transport/ucx_link.hpp"
 
 namespace moevement::launcher {
@@ -105,6 +108,13 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   const engine::job_config job = engine::resolve_job(raw);
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
   const int nworkers = job.workers() + job.spares;
+  const bool slurm = job.backend == "slurm";
+  if (slurm) {
+    if (const auto why = slurm_precheck(job)) {
+      std::cerr << "moevement launch: " << *why << "\n";
+      return 1;
+    }
+  }
   std::cout << fmt::format(
       "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "
       "{} spare(s), stage type {}, checkpoint policy {}\n",
@@ -131,6 +141,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   outcome.message = "the job did not finish";
   bool finished = false, progress_open = false, interrupted = false;
   std::map<pid_t, transport::node_id> children;
+  std::unique_ptr<slurm_step> step;  // backend slurm: srun, node 0 in `children`
   asio::steady_timer linger(io), start_timer(io);
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
   auto end_line = [&] {
@@ -184,6 +195,14 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         if (it == children.end()) continue;
         const transport::node_id n = it->second;
         children.erase(it);
+        if (step && pid == step->pid()) {
+          step->exited(status);
+          if (!finished) {
+            end_line();
+            fail(slurm_step_ended_text(job, *step, exit_text(status)));
+          }
+          continue;
+        }
         auto* c = sys.local_actor<engine::coordinator>(coord);
         bool spare = false;
         if (c != nullptr && c->started()) {
@@ -229,6 +248,15 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
           co_return;
         }
         const std::string head = fmt::format("{}:{}", job.host, link.port());
+        if (slurm) {
+          try {
+            step = start_slurm_step(job, self, head, token);
+            children[step->pid()] = 0;
+          } catch (const std::exception& e) {
+            fail(e.what());
+          }
+          co_return;
+        }
         for (int n = 1; n <= nworkers; ++n) {
           const std::vector<std::string> args{"worker",
                                               "--head",
@@ -269,6 +297,11 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       }
     }
   };
+  std::string step_end;
+  if (step) {  // srun goes first: the workers are its tasks
+    children.erase(step->pid());
+    step_end = step->stop(srun_grace_ms);
+  }
   reap(std::chrono::milliseconds(outcome.ok ? 3000 : 200));
   for (const auto& [pid, n] : children) ::kill(pid, SIGTERM);
   reap(std::chrono::milliseconds(2000));
@@ -278,6 +311,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   if (!outcome.ok) {
     std::cerr << "moevement launch: " << outcome.message << "\n";
     std::cerr << "run log: " << job.run_log << "\n";
+    if (step) {
+      std::cerr << "Slurm step output (each task's stdout and stderr): " << step->output_path()
+                << " (" << step_end << ")\n";
+    }
     return interrupted ? 130 : 1;
   }
   std::cout << fmt::format(
@@ -285,6 +322,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       outcome.final_loss, outcome.val_loss, outcome.tokens_per_s, outcome.iterations,
       outcome.seconds);
   std::cout << "run log: " << job.run_log << "\n";
+  if (step) {
+    std::cout << "Slurm step output (each task's stdout and stderr): " << step->output_path()
+              << "\n";
+  }
   std::cout << "state_hash=" << hex16(outcome.state_hash) << "\n";
   return 0;
 }

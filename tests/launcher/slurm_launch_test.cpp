@@ -1,0 +1,236 @@
+// `moevement launch` with cluster.backend = "slurm" against a real local Slurm of 3 nodes
+// (tests/launcher/slurm_harness.hpp): pp=2 x dp=2 (+1 spare) under srun gives the local
+// backend's state_hash; a worker killed with SIGKILL mid-run ends the job with a clear error
+// naming it and leaves no srun, slurmstepd or worker; a wrong partition and too few tasks are
+// clear errors. Skipped, saying why, where Slurm or munge is not installed.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/launcher/slurm_harness.hpp"
+
+namespace moevement::testing {
+namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+template <typename Fn>
+bool eventually(double timeout_s, Fn&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return done();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string hash_of(const std::string& out) {
+  const std::string tag = "\nstate_hash=";
+  const auto at = out.rfind(tag);
+  if (at == std::string::npos || out.size() < at + tag.size() + 16) return "";
+  return out.substr(at + tag.size(), 16);
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+class slurm_launch : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    skip_reason_ = local_slurm::unavailable_reason();
+    if (!skip_reason_.empty()) return;
+    cluster_ = std::make_unique<local_slurm>(3);
+  }
+  static void TearDownTestSuite() { cluster_.reset(); }
+
+  void SetUp() override {
+    if (!skip_reason_.empty()) GTEST_SKIP() << "Slurm tests skipped: " << skip_reason_;
+    ASSERT_NE(cluster_, nullptr);
+    ASSERT_FALSE(bin().empty()) << "MOEVEMENT_BIN is not set (run through meson test)";
+  }
+  void TearDown() override {
+    if (!cluster_) return;
+    // Nothing of a test's step may outlive it (checked here for every test).
+    EXPECT_TRUE(eventually(15, [] { return step_processes().empty(); }))
+        << "left: " << ::testing::PrintToString(step_processes());
+    const auto q = cluster_->run("squeue -h", 10);
+    EXPECT_EQ(q.output, "") << "a job is still queued or running";
+    cluster_->run("jobs=$(squeue -h -o %i); [ -z \"$jobs\" ] || scancel $jobs", 10);
+    if (HasFailure()) {
+      std::cerr << "cluster logs:\n" << cluster_->logs();
+      cluster_->keep_directory();
+    }
+  }
+
+  static std::string bin() { return env_or_empty("MOEVEMENT_BIN"); }
+  static std::string config() {
+    return env_or_empty("MOEVEMENT_SOURCE_ROOT") + "/examples/configs/pipeline_tiny.toml";
+  }
+  // `moevement launch` of pipeline_tiny with a run log in the cluster's directory.
+  static std::string launch(const std::string& name, const std::string& extra) {
+    return bin() + " launch " + config() + " --set engine.run_log=" + cluster_->dir() + "/" +
+           name + ".jsonl " + extra;
+  }
+  static std::string slurm_log(const std::string& name) {
+    return cluster_->dir() + "/" + name + ".slurm.log";
+  }
+
+  // Processes of the cluster other than its daemons (srun, slurmstepd, tasks).
+  static std::vector<std::string> step_processes() {
+    std::vector<std::string> out;
+    const auto& d = cluster_->daemons();
+    for (int pid : cluster_->processes()) {
+      if (std::find(d.begin(), d.end(), pid) != d.end()) continue;
+      const auto c = local_slurm::comm(pid);
+      if (c.empty() || c == "slurmscriptd") continue;
+      out.push_back(std::to_string(pid) + " " + c);
+    }
+    return out;
+  }
+
+  static inline std::unique_ptr<local_slurm> cluster_;
+  static inline std::string skip_reason_;
+};
+
+constexpr const char* short_run = "--set train.iterations=4 --set train.seq_len=16 ";
+constexpr const char* slurm_2x2 =
+    "--set cluster.backend=slurm --set cluster.spares=1 --set cluster.slurm_nodes=3 ";
+
+TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
+  const auto local = cluster_->run(launch("local", short_run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const auto slurm = cluster_->run(launch("slurm", std::string(short_run) + slurm_2x2), 120);
+  ASSERT_FALSE(slurm.timed_out) << slurm.output;
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
+                                << read_file(slurm_log("slurm"));
+  EXPECT_EQ(hash_of(local.output).size(), 16u) << local.output;
+  EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
+  EXPECT_TRUE(contains(slurm.output, "Slurm step output (each task's stdout and stderr): " +
+                                         slurm_log("slurm")))
+      << slurm.output;
+  EXPECT_TRUE(contains(slurm.output, "iter      4/4")) << "no progress display:\n" << slurm.output;
+  const std::string run_log = read_file(cluster_->dir() + "/slurm.jsonl");
+  EXPECT_TRUE(contains(run_log, "\"state_hash\":\"" + hash_of(local.output) + "\"")) << run_log;
+
+  // Each task said which role it took: 5 distinct nodes ids, one spare, and the two replicas
+  // of each stage on different Slurm nodes (placement).
+  const std::string step = read_file(slurm_log("slurm"));
+  const std::regex line(
+      R"(worker (\d+) \(pid \d+\): Slurm task (\d) of 5 on node (n\d): (stage (\d) replica (\d)|spare))");
+  std::set<std::string> ids, tasks;
+  std::map<std::string, std::set<std::string>> nodes_of_stage;
+  int spares = 0;
+  for (std::sregex_iterator it(step.begin(), step.end(), line), end; it != end; ++it) {
+    ids.insert((*it)[1]);
+    tasks.insert((*it)[2]);
+    if ((*it)[4] == "spare") {
+      ++spares;
+    } else {
+      nodes_of_stage[(*it)[5]].insert((*it)[3]);
+    }
+  }
+  EXPECT_EQ(ids, (std::set<std::string>{"1", "2", "3", "4", "5"})) << step;
+  EXPECT_EQ(tasks.size(), 5u) << step;
+  EXPECT_EQ(spares, 1) << step;
+  ASSERT_EQ(nodes_of_stage.size(), 2u) << step;
+  for (const auto& [stage, nodes] : nodes_of_stage) {
+    EXPECT_EQ(nodes.size(), 2u) << "replicas of stage " << stage << " share a node:\n" << step;
+  }
+  std::cout << "launch pp=2 dp=2: local " << local.seconds << " s, slurm " << slurm.seconds
+            << " s\n";
+}
+
+TEST_F(slurm_launch, a_worker_killed_mid_run_ends_the_job_with_a_clear_error_and_no_hung_srun) {
+  // Node 2 is (stage 1, replica 0). Killed with SIGKILL once the first iteration is logged.
+  const std::string dir = cluster_->dir();
+  const auto r = cluster_->run(
+      launch("kill", std::string("--set train.iterations=500 ") + slurm_2x2) + " >" + dir +
+          "/kill.out 2>&1 &\n"
+          "lp=$!\n"
+          "for i in $(seq 600); do grep -q '\"kind\":\"iteration\"' " +
+          dir +
+          "/kill.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+          "pid=$(sed -n 's/.*worker 2 (pid \\([0-9]*\\)): Slurm task.*/\\1/p' " +
+          slurm_log("kill") +
+          ")\n"
+          "[ -n \"$pid\" ] && kill -9 $pid && echo \"killed worker 2, pid $pid\"\n"
+          "wait $lp; echo \"launch exit $?\"; cat " +
+          dir + "/kill.out",
+      120);
+  ASSERT_FALSE(r.timed_out) << "launch hung after a worker was killed:\n" << r.output;
+  const std::smatch m = [&] {
+    std::smatch s;
+    std::regex_search(r.output, s, std::regex(R"(killed worker 2, pid (\d+))"));
+    return s;
+  }();
+  ASSERT_FALSE(m.empty()) << r.output << "\nstep output:\n" << read_file(slurm_log("kill"));
+  EXPECT_TRUE(contains(r.output, "launch exit 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "worker 2 (stage 1, replica 0, pid " + m[1].str() + ") was lost"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot recover a lost worker")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Slurm step output (each task's stdout and stderr): " +
+                                     slurm_log("kill")))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "state_hash=")) << r.output;
+  // The step saw the task die and the others leave; TearDown checks nothing is left.
+  EXPECT_TRUE(contains(read_file(slurm_log("kill")), "Killed")) << read_file(slurm_log("kill"));
+}
+
+TEST_F(slurm_launch, a_wrong_partition_is_a_clear_error) {
+  const auto r = cluster_->run(
+      launch("partition", std::string(short_run) + slurm_2x2 +
+                              "--set cluster.slurm_partition=nosuchpartition"),
+      60);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "the Slurm step ended before the job did")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Invalid partition name specified")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "cluster.slurm_partition = 'nosuchpartition' is not a partition of this "
+                       "cluster"))
+      << r.output;
+}
+
+TEST_F(slurm_launch, too_few_tasks_in_the_allocation_is_a_clear_error) {
+  // `moevement launch` inside `sbatch -n 2` for a job of 5 tasks.
+  const std::string out = cluster_->dir() + "/few.out";
+  const auto r = cluster_->run(
+      "id=$(sbatch --parsable -n 2 -o " + out + " --wrap '" +
+          launch("few", std::string(short_run) + slurm_2x2) +
+          "; echo launch exit $?') || exit 1\n"
+          "for i in $(seq 300); do\n"
+          "  st=$(scontrol show job $id -o | grep -o 'JobState=[A-Z_]*')\n"
+          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING) ;; *) break ;; esac\n"
+          "  sleep 0.1\n"
+          "done\n"
+          "cat " +
+          out,
+      60);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "too few Slurm tasks: this allocation has 2 (SLURM_NTASKS) but pp=2 x "
+                       "dp=2 workers + 1 spare(s) need 5; ask sbatch/salloc for -n 5"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "launch exit 1")) << r.output;
+}
+
+}  // namespace
+}  // namespace moevement::testing
