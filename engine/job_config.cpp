@@ -80,8 +80,9 @@ setter_map make_setters(job_config& j) {
       {"cluster.slurm_partition",
        [&](auto& k, auto& v) {
          std::string p = models::config_string(k, v);
-         if (p.size() > 64 || !all_of_chars(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                               "0123456789._-")) {
+         if (p.size() > 64 || !all_of_chars(p,
+                                            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                            "0123456789._-")) {
            throw config_error(k, fmt::format("'{}' is not a Slurm partition name (letters, "
                                              "digits, '.', '_', '-'; `sinfo -s` lists them)",
                                              p));
@@ -89,7 +90,9 @@ setter_map make_setters(job_config& j) {
          j.slurm_partition = std::move(p);
        }},
       {"cluster.slurm_nodes",
-       [&](auto& k, auto& v) { j.slurm_nodes = int(models::config_int(k, v, 0, max_job_workers)); }},
+       [&](auto& k, auto& v) {
+         j.slurm_nodes = int(models::config_int(k, v, 0, max_job_workers));
+       }},
       {"engine.stage",
        [&](auto& k, auto& v) {
          std::string s = models::config_string(k, v);
@@ -189,8 +192,7 @@ job_config resolve_job(models::config_map map) {
     throw config_error("cluster.slurm_nodes",
                        fmt::format("{} Slurm nodes for {} tasks (pp x dp + spares): a node "
                                    "would have no task; use at most {}",
-                                   j.slurm_nodes, j.workers() + j.spares,
-                                   j.workers() + j.spares));
+                                   j.slurm_nodes, j.workers() + j.spares, j.workers() + j.spares));
   }
   return j;
 }

@@ -1,10 +1,11 @@
 // `moevement launch CONFIG [--set key=value ...]`: the head process of a job on the local
 // backend. It listens (node 0), registers the coordinator, starts one `moevement worker`
 // process per (stage, replica) plus cluster.spares spares, shows progress, writes the run log,
-// and prints `state_hash=<16 hex>` at the end. With cluster.backend = "slurm" the workers are
-// the tasks of one srun step instead (launcher/slurm_backend.hpp); the rest is the same. Ctrl-C (or SIGTERM) stops every worker; the
+// and prints `state_hash=<16 hex>` at the end. Ctrl-C (or SIGTERM) stops every worker; the
 // workers are in their own process group and die with the head (PR_SET_PDEATHSIG), so no
 // process is left behind either way.
+// With cluster.backend = "slurm" the workers are the tasks of one srun step instead
+// (launcher/slurm_backend.hpp); the rest is the same.
 #include <fmt/format.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -234,8 +235,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     if (ec || finished || c == nullptr || c->started()) return;
     fail(
         fmt::format("the workers did not all start within cluster.start_timeout_ms = {} ms "
-                    "({} of {} said hello)",
-                    job.start_timeout_ms, c->workers().size(), nworkers));
+                    "({} of {} said hello){}",
+                    job.start_timeout_ms, c->workers().size(), nworkers,
+                    step ? "; the Slurm step's last lines:\n" + step->output_tail() : ""));
   });
 
   asio::co_spawn(

@@ -58,8 +58,8 @@ std::optional<std::string> resolve(const std::string& name) {
     for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
       if (pass == 0 && a->ai_family != AF_INET) continue;
       char host[NI_MAXHOST];
-      if (::getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof host, nullptr, 0,
-                        NI_NUMERICHOST) == 0) {
+      if (::getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof host, nullptr, 0, NI_NUMERICHOST) ==
+          0) {
         out = host;
         break;
       }
@@ -90,7 +90,8 @@ std::vector<std::string> srun_command(const engine::job_config& job, const std::
   if (!job.slurm_partition.empty()) c.push_back("--partition=" + job.slurm_partition);
   if (!in_allocation) {
     // Outside an allocation srun would queue for ever when the cluster cannot run the step.
-    c.push_back(fmt::format("--immediate={}", std::max<std::int64_t>(1, job.start_timeout_ms / 1000)));
+    c.push_back(
+        fmt::format("--immediate={}", std::max<std::int64_t>(1, job.start_timeout_ms / 1000)));
   }
   // One task dying must not end the step (recovery moves its stage to a spare): never -K1,
   // and say so explicitly in case the cluster's slurm.conf sets KillOnBadExit. --no-kill:
@@ -100,11 +101,11 @@ std::vector<std::string> srun_command(const engine::job_config& job, const std::
                      "--distribution=block",
                      // The token and the rest of our environment go with the tasks.
                      "--export=ALL", "--input=none", "--label", "--unbuffered"});
-  c.insert(c.end(), {self, "worker", "--slurm", "--head", args.head, "--pp",
-                     std::to_string(args.pp), "--dp", std::to_string(args.dp), "--spares",
-                     std::to_string(args.spares), "--heartbeat-ms",
-                     std::to_string(args.heartbeat_ms), "--failure-timeout-ms",
-                     std::to_string(args.failure_timeout_ms)});
+  c.insert(c.end(),
+           {self, "worker", "--slurm", "--head", args.head, "--pp", std::to_string(args.pp), "--dp",
+            std::to_string(args.dp), "--spares", std::to_string(args.spares), "--heartbeat-ms",
+            std::to_string(args.heartbeat_ms), "--failure-timeout-ms",
+            std::to_string(args.failure_timeout_ms)});
   if (!args.worker_host.empty()) c.insert(c.end(), {"--host", args.worker_host});
   return c;
 }
@@ -232,11 +233,11 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
     host = *addr;
   }
   // One line per task in the step's output: which task became which node (docs/slurm.md).
-  std::cerr << fmt::format(
-                   "worker {} (pid {}): Slurm task {} of {} on node {}: {}\n", role.node_id,
-                   ::getpid(), role.task, role.ntasks, role.node_name,
-                   role.stage >= 0 ? fmt::format("stage {} replica {}", role.stage, role.replica)
-                                   : std::string("spare"))
+  std::cerr << fmt::format("worker {} (pid {}): Slurm task {} of {} on node {}: {}\n", role.node_id,
+                           ::getpid(), role.task, role.ntasks, role.node_name,
+                           role.stage >= 0
+                               ? fmt::format("stage {} replica {}", role.stage, role.replica)
+                               : std::string("spare"))
             << std::flush;
   std::vector<std::string> args{argv[0],
                                 "worker",
@@ -334,10 +335,10 @@ bool slurm_step::wait_for_exit(int ms) {
 
 void slurm_step::scancel() {
   // The step's (or, outside an allocation, the job's) id by its unique name; scancel it.
-  const std::string cmd =
-      fmt::format("timeout 10 squeue -h -s -o '%i %j' 2>/dev/null | awk '$2 == \"{}\" {{print $1}}' "
-                  "| xargs -r timeout 10 scancel 2>/dev/null",
-                  name_);
+  const std::string cmd = fmt::format(
+      "timeout 10 squeue -h -s -o '%i %j' 2>/dev/null | awk '$2 == \"{}\" {{print $1}}' "
+      "| xargs -r timeout 10 scancel 2>/dev/null",
+      name_);
   (void)std::system(cmd.c_str());
 }
 
@@ -361,9 +362,8 @@ std::string slurm_step::stop(int grace_ms) {
 }
 
 // Backend slurm: starts the srun step of every worker and spare, and says where its output goes.
-std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job,
-                                             const std::string& self, const std::string& head,
-                                             const std::string& token) {
+std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, const std::string& self,
+                                             const std::string& head, const std::string& token) {
   slurm_task_args a;
   a.head = head;
   // One host (the tests' local Slurm): every task listens on the head's loopback address.
@@ -379,11 +379,12 @@ std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job,
   const bool in_allocation = std::getenv("SLURM_JOB_ID") != nullptr;
   auto command = srun_command(job, self, a, name, in_allocation);
   const std::string output = slurm_output_path(job.run_log);
-  std::cout << fmt::format("Slurm step {}: {} tasks{}{}{}; its output: {}\n", name,
-                           job.workers() + job.spares,
-                           job.slurm_nodes > 0 ? fmt::format(" on {} nodes", job.slurm_nodes) : "",
-                           job.slurm_partition.empty() ? "" : " in partition " + job.slurm_partition,
-                           in_allocation ? " inside this allocation" : "", output)
+  std::cout << fmt::format(
+                   "Slurm step {}: {} tasks{}{}{}; its output: {}\n", name,
+                   job.workers() + job.spares,
+                   job.slurm_nodes > 0 ? fmt::format(" on {} nodes", job.slurm_nodes) : "",
+                   job.slurm_partition.empty() ? "" : " in partition " + job.slurm_partition,
+                   in_allocation ? " inside this allocation" : "", output)
             << std::flush;
   return std::make_unique<slurm_step>(std::move(command), token, output, name);
 }
@@ -394,19 +395,21 @@ std::string slurm_step_ended_text(const engine::job_config& job, const slurm_ste
   const std::string tail = step.output_tail();
   std::string hint;
   if (tail.find("Invalid partition") != std::string::npos) {
-    hint = fmt::format("cluster.slurm_partition = '{}' is not a partition of this cluster "
-                       "(`sinfo -s` lists them)\n",
-                       job.slurm_partition);
+    hint = fmt::format(
+        "cluster.slurm_partition = '{}' is not a partition of this cluster "
+        "(`sinfo -s` lists them)\n",
+        job.slurm_partition);
   } else if (tail.find("More processors requested than permitted") != std::string::npos ||
              tail.find("Requested node configuration is not available") != std::string::npos ||
              tail.find("Unable to allocate resources") != std::string::npos) {
-    hint = fmt::format("too few Slurm tasks or nodes for pp={} x dp={} workers + {} spare(s) = {} "
-                       "tasks{}: ask sbatch/salloc for more (-n, -N) or lower cluster.spares\n",
-                       job.pp, job.dp, job.spares, job.workers() + job.spares,
-                       job.slurm_nodes > 0 ? fmt::format(" on {} nodes", job.slurm_nodes) : "");
+    hint = fmt::format(
+        "too few Slurm tasks or nodes for pp={} x dp={} workers + {} spare(s) = {} "
+        "tasks{}: ask sbatch/salloc for more (-n, -N) or lower cluster.spares\n",
+        job.pp, job.dp, job.spares, job.workers() + job.spares,
+        job.slurm_nodes > 0 ? fmt::format(" on {} nodes", job.slurm_nodes) : "");
   }
-  return fmt::format("the Slurm step ended before the job did (srun {}); it said:\n{}{}", how,
-                     tail, hint);
+  return fmt::format("the Slurm step ended before the job did (srun {}); it said:\n{}{}", how, tail,
+                     hint);
 }
 
 }  // namespace moevement::launcher

@@ -49,10 +49,10 @@ std::vector<std::string> srun_command(const engine::job_config& job, const std::
 
 // A task's role, from its Slurm environment.
 struct slurm_role {
-  int task = 0;            // SLURM_PROCID
-  int ntasks = 0;          // SLURM_NTASKS
-  std::string node_name;   // SLURMD_NODENAME
-  int node_index = 0;      // in the step's node list
+  int task = 0;                  // SLURM_PROCID
+  int ntasks = 0;                // SLURM_NTASKS
+  std::string node_name;         // SLURMD_NODENAME
+  int node_index = 0;            // in the step's node list
   int stage = -1, replica = -1;  // -1: a spare
   std::uint32_t node_id = 0;     // the coordinator's node id for this role (see below)
 };
@@ -76,9 +76,8 @@ class slurm_step;
 
 // The head's side: starts the srun step of every worker and spare (printing the step's name
 // and where its output goes), with the token in its environment.
-std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job,
-                                             const std::string& self, const std::string& head,
-                                             const std::string& token);
+std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, const std::string& self,
+                                             const std::string& head, const std::string& token);
 // Why the job cannot go on once srun ended before it (how: "exited with status 1", ...):
 // the last lines srun and the tasks wrote, and a hint for a wrong partition or too few tasks.
 std::string slurm_step_ended_text(const engine::job_config& job, const slurm_step& step,

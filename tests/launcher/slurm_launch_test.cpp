@@ -86,8 +86,8 @@ class slurm_launch : public ::testing::Test {
   }
   // `moevement launch` of pipeline_tiny with a run log in the cluster's directory.
   static std::string launch(const std::string& name, const std::string& extra) {
-    return bin() + " launch " + config() + " --set engine.run_log=" + cluster_->dir() + "/" +
-           name + ".jsonl " + extra;
+    return bin() + " launch " + config() + " --set engine.run_log=" + cluster_->dir() + "/" + name +
+           ".jsonl " + extra;
   }
   static std::string slurm_log(const std::string& name) {
     return cluster_->dir() + "/" + name + ".slurm.log";
@@ -123,8 +123,8 @@ TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
                                 << read_file(slurm_log("slurm"));
   EXPECT_EQ(hash_of(local.output).size(), 16u) << local.output;
   EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
-  EXPECT_TRUE(contains(slurm.output, "Slurm step output (each task's stdout and stderr): " +
-                                         slurm_log("slurm")))
+  EXPECT_TRUE(contains(slurm.output,
+                       "Slurm step output (each task's stdout and stderr): " + slurm_log("slurm")))
       << slurm.output;
   EXPECT_TRUE(contains(slurm.output, "iter      4/4")) << "no progress display:\n" << slurm.output;
   const std::string run_log = read_file(cluster_->dir() + "/slurm.jsonl");
@@ -186,19 +186,48 @@ TEST_F(slurm_launch, a_worker_killed_mid_run_ends_the_job_with_a_clear_error_and
   EXPECT_TRUE(contains(r.output, "worker 2 (stage 1, replica 0, pid " + m[1].str() + ") was lost"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "cannot recover a lost worker")) << r.output;
-  EXPECT_TRUE(contains(r.output, "Slurm step output (each task's stdout and stderr): " +
-                                     slurm_log("kill")))
+  EXPECT_TRUE(
+      contains(r.output, "Slurm step output (each task's stdout and stderr): " + slurm_log("kill")))
       << r.output;
   EXPECT_FALSE(contains(r.output, "state_hash=")) << r.output;
-  // The step saw the task die and the others leave; TearDown checks nothing is left.
-  EXPECT_TRUE(contains(read_file(slurm_log("kill")), "Killed")) << read_file(slurm_log("kill"));
+  // The step saw that one task die and nothing else: the others were not killed by Slurm
+  // (no -K1) but left on the head's Shutdown. TearDown checks that nothing is left.
+  const std::string step = read_file(slurm_log("kill"));
+  std::smatch task;
+  ASSERT_TRUE(std::regex_search(step, task, std::regex(R"(worker 2 \(pid \d+\): Slurm task (\d))")))
+      << step;
+  const std::regex ended(R"(task (\d+): (Killed|Terminated|Exited with exit code))");
+  std::vector<std::string> ends;
+  for (std::sregex_iterator it(step.begin(), step.end(), ended), end; it != end; ++it) {
+    ends.push_back(it->str());
+  }
+  EXPECT_EQ(ends, std::vector<std::string>{"task " + task[1].str() + ": Killed"}) << step;
+}
+
+TEST_F(slurm_launch, the_head_killed_with_sigkill_leaves_no_step_behind) {
+  // srun dies with its parent (PR_SET_PDEATHSIG: SIGTERM, which cancels the step) and the
+  // workers stop when they lose the head; TearDown checks that nothing is left.
+  const std::string dir = cluster_->dir();
+  const auto r = cluster_->run(
+      launch("head", std::string("--set train.iterations=500 ") + slurm_2x2) + " >" + dir +
+          "/head.out 2>&1 &\n"
+          "lp=$!\n"
+          "for i in $(seq 600); do grep -q '\"kind\":\"iteration\"' " +
+          dir +
+          "/head.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+          "kill -9 $lp; wait $lp; echo \"launch exit $?\"",
+      60);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_TRUE(contains(r.output, "launch exit 137")) << r.output;
+  EXPECT_TRUE(contains(read_file(dir + "/head.jsonl"), "\"kind\":\"iteration\""))
+      << "killed before training began";
 }
 
 TEST_F(slurm_launch, a_wrong_partition_is_a_clear_error) {
-  const auto r = cluster_->run(
-      launch("partition", std::string(short_run) + slurm_2x2 +
-                              "--set cluster.slurm_partition=nosuchpartition"),
-      60);
+  const auto r =
+      cluster_->run(launch("partition", std::string(short_run) + slurm_2x2 +
+                                            "--set cluster.slurm_partition=nosuchpartition"),
+                    60);
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "the Slurm step ended before the job did")) << r.output;
