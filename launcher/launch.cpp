@@ -42,8 +42,10 @@ namespace moevement::launcher {
 namespace {
 
 constexpr const char* launch_usage =
-    "usage: moevement launch CONFIG [--set key=value ...]\n"
-    "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n";
+    "usage: moevement launch CONFIG [--set key=value ...] [--sbatch [-- SBATCH_OPTION ...]]\n"
+    "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
+    "  --sbatch: (cluster.backend = \"slurm\") submit this launch as a Slurm batch job and "
+    "return\n";
 
 std::string new_token() {
   std::random_device rd;
@@ -95,12 +97,22 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     return 2;
   }
   models::config_map raw = load_config_file(argv[2]);
+  std::vector<std::string> overrides, sbatch_args;
+  bool sbatch = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--set" && i + 1 < argc) {
-      apply_override(raw, argv[++i]);
+      overrides.emplace_back(argv[++i]);
+      apply_override(raw, overrides.back());
     } else if (a.starts_with("--set=")) {
-      apply_override(raw, a.substr(6));
+      overrides.push_back(a.substr(6));
+      apply_override(raw, overrides.back());
+    } else if (a == "--sbatch") {
+      sbatch = true;
+      if (i + 1 < argc && std::string(argv[i + 1]) == "--") {
+        sbatch_args.assign(argv + i + 2, argv + argc);
+        break;
+      }
     } else {
       std::cerr << "moevement launch: unexpected argument '" << a << "'\n" << launch_usage;
       return 2;
@@ -110,6 +122,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
   const int nworkers = job.workers() + job.spares;
   const bool slurm = job.backend == "slurm";
+  if (sbatch) return submit_with_sbatch(job, argv[2], overrides, sbatch_args);
   if (slurm) {
     if (const auto why = slurm_precheck(job)) {
       std::cerr << "moevement launch: " << *why << "\n";

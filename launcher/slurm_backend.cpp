@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -69,6 +70,70 @@ std::optional<std::string> resolve(const std::string& name) {
   return out;
 }
 
+bool on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return false;
+  const std::string p = path;
+  for (std::size_t start = 0; start <= p.size();) {
+    const auto colon = std::min(p.find(':', start), p.size());
+    const auto dir = p.substr(start, colon - start);
+    if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    start = colon + 1;
+  }
+  return false;
+}
+
+// 'text' for bash, whatever it contains.
+std::string shell_quote(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// Runs argv (no shell) and returns its exit status (-1: did not exit normally) and its
+// stdout and stderr together.
+std::pair<int, std::string> run_capturing(std::vector<std::string> argv) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  std::vector<char*> c_args;
+  for (auto& a : argv) c_args.push_back(a.data());
+  c_args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execvp(c_args[0], c_args.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", c_args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string run_log_base(const std::string& run_log) {
+  std::string base = run_log;
+  if (base.ends_with(".jsonl")) base.resize(base.size() - 6);
+  return base;
+}
+
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
@@ -76,9 +141,7 @@ bool is_loopback(const std::string& host) {
 }  // namespace
 
 std::string slurm_output_path(const std::string& run_log) {
-  std::string base = run_log;
-  if (base.ends_with(".jsonl")) base.resize(base.size() - 6);
-  return base + ".slurm.log";
+  return run_log_base(run_log) + ".slurm.log";
 }
 
 std::vector<std::string> srun_command(const engine::job_config& job, const std::string& self,
@@ -158,17 +221,7 @@ slurm_role slurm_role_of(const slurm_env& env, int pp, int dp, int spares) {
 }
 
 std::optional<std::string> slurm_precheck(const engine::job_config& job) {
-  bool have_srun = false;
-  if (const char* path = std::getenv("PATH")) {
-    std::string p = path;
-    for (std::size_t start = 0; start <= p.size();) {
-      const auto colon = std::min(p.find(':', start), p.size());
-      const auto dir = p.substr(start, colon - start);
-      if (!dir.empty() && ::access((dir + "/srun").c_str(), X_OK) == 0) have_srun = true;
-      start = colon + 1;
-    }
-  }
-  if (!have_srun) {
+  if (!on_path("srun")) {
     return "cluster.backend = \"slurm\" but srun is not on PATH: run this on a Slurm login node "
            "or inside an allocation (salloc/sbatch), or use cluster.backend = \"local\"";
   }
@@ -386,6 +439,14 @@ std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, cons
                    job.slurm_partition.empty() ? "" : " in partition " + job.slurm_partition,
                    in_allocation ? " inside this allocation" : "", output)
             << std::flush;
+  const char* job_nodes = std::getenv("SLURM_JOB_NUM_NODES");
+  if (is_loopback(job.host) &&
+      (job.slurm_nodes > 1 || (job_nodes != nullptr && std::atoi(job_nodes) > 1))) {
+    std::cout << fmt::format(
+        "note: cluster.host = {} (loopback): every task must run on this machine; on a cluster "
+        "of several hosts set cluster.host to this machine's address (docs/slurm.md)\n",
+        job.host);
+  }
   return std::make_unique<slurm_step>(std::move(command), token, output, name);
 }
 
@@ -410,6 +471,67 @@ std::string slurm_step_ended_text(const engine::job_config& job, const slurm_ste
   }
   return fmt::format("the Slurm step ended before the job did (srun {}); it said:\n{}{}", how, tail,
                      hint);
+}
+
+int submit_with_sbatch(const engine::job_config& job, const std::string& config_path,
+                       const std::vector<std::string>& overrides,
+                       const std::vector<std::string>& sbatch_args) {
+  namespace fs = std::filesystem;
+  if (job.backend != "slurm") {
+    std::cerr << "moevement launch: --sbatch needs cluster.backend = \"slurm\" (add --set "
+                 "cluster.backend=slurm)\n";
+    return 2;
+  }
+  if (!on_path("sbatch")) {
+    std::cerr << "moevement launch: --sbatch but sbatch is not on PATH: run this on a Slurm "
+                 "login node\n";
+    return 1;
+  }
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string base = fs::absolute(run_log_base(job.run_log)).string();
+  const std::string script = base + ".sbatch.sh", output = base + ".sbatch.out";
+  {
+    std::ofstream out(script, std::ios::trunc);
+    out << "#!/bin/bash\n"
+           "# Written by `moevement launch --sbatch` (docs/slurm.md): the head of the job, inside "
+           "its\n# allocation; it starts the workers as one srun step.\n"
+        << "exec " << shell_quote(self) << " launch " << shell_quote(fs::absolute(config_path));
+    for (const auto& o : overrides) out << " --set " << shell_quote(o);
+    out << "\n";
+    if (!out) {
+      std::cerr << "moevement launch: cannot write the batch script " << script << "\n";
+      return 1;
+    }
+  }
+  std::vector<std::string> argv{"sbatch", "--parsable", "--job-name=moevement",
+                                fmt::format("--ntasks={}", job.workers() + job.spares),
+                                "--output=" + output};
+  if (job.slurm_nodes > 0) argv.push_back(fmt::format("--nodes={}", job.slurm_nodes));
+  if (!job.slurm_partition.empty()) argv.push_back("--partition=" + job.slurm_partition);
+  argv.insert(argv.end(), sbatch_args.begin(), sbatch_args.end());
+  argv.push_back(script);
+  const auto [status, said] = run_capturing(argv);
+  std::string id = said;
+  while (!id.empty() && (id.back() == '\n' || id.back() == '\r')) id.pop_back();
+  if (status != 0 || id.empty() || id.find_first_not_of("0123456789;") != std::string::npos) {
+    std::cerr << "moevement launch: sbatch failed (" << fmt::format("{}", fmt::join(argv, " "))
+              << "):\n"
+              << said;
+    if (said.find("Invalid partition") != std::string::npos) {
+      std::cerr << fmt::format(
+          "cluster.slurm_partition = '{}' is not a partition of this "
+          "cluster (`sinfo -s` lists them)\n",
+          job.slurm_partition);
+    }
+    return 1;
+  }
+  id = id.substr(0, id.find(';'));  // "id;cluster" on federated clusters
+  std::cout << fmt::format(
+      "submitted Slurm job {} ({} tasks): the head's output (progress, state_hash): {}\n"
+      "run log: {}\nSlurm step output (each task's stdout and stderr): {}\n"
+      "batch script: {}\n",
+      id, job.workers() + job.spares, output, job.run_log, slurm_output_path(job.run_log), script);
+  return 0;
 }
 
 }  // namespace moevement::launcher

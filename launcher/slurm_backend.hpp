@@ -72,6 +72,14 @@ std::optional<std::string> slurm_precheck(const engine::job_config& job);
 // runs run_worker() as that node.
 int run_slurm_worker(int argc, char** argv, const engine::stage_registry& registry);
 
+// `moevement launch CONFIG [--set k=v ...] --sbatch [-- SBATCH_OPTION ...]`: writes a batch
+// script that runs the same launch (the head) inside its allocation, submits it with sbatch
+// for pp x dp + spares tasks (cluster.slurm_nodes, cluster.slurm_partition; the options after
+// `--` go to sbatch as they are), prints the job id and where its output goes, and returns.
+int submit_with_sbatch(const engine::job_config& job, const std::string& config_path,
+                       const std::vector<std::string>& overrides,
+                       const std::vector<std::string>& sbatch_args);
+
 class slurm_step;
 
 // The head's side: starts the srun step of every worker and spare (printing the step's name

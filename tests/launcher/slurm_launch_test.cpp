@@ -158,6 +158,34 @@ TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
             << " s\n";
 }
 
+TEST_F(slurm_launch, launch_sbatch_submits_a_batch_job_that_gives_the_same_state_hash) {
+  // The head inside its own allocation (-n 5 -N 3): srun without --immediate, on the
+  // allocation's nodes.
+  const auto local = cluster_->run(launch("local_b", short_run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const auto r = cluster_->run(
+      "out=$(" + launch("batch", std::string(short_run) + slurm_2x2) +
+          " --sbatch -- --time=5) || { echo \"$out\"; exit 1; }\n"
+          "echo \"$out\"\n"
+          "id=$(echo \"$out\" | sed -n 's/^submitted Slurm job \\([0-9]*\\) .*/\\1/p')\n"
+          "for i in $(seq 600); do\n"
+          "  st=$(scontrol show job $id -o | grep -o 'JobState=[A-Z_]*')\n"
+          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING) ;; *) break ;; esac\n"
+          "  sleep 0.1\n"
+          "done\n"
+          "echo $st",
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "JobState=COMPLETED")) << r.output;
+  const std::string batch_out = cluster_->dir() + "/batch.sbatch.out";
+  EXPECT_TRUE(contains(r.output, "the head's output (progress, state_hash): " + batch_out))
+      << r.output;
+  const std::string head = read_file(batch_out);
+  EXPECT_EQ(hash_of(head), hash_of(local.output)) << head << "\nstep output:\n"
+                                                  << read_file(slurm_log("batch"));
+  EXPECT_TRUE(contains(head, "inside this allocation")) << head;
+}
+
 TEST_F(slurm_launch, a_worker_killed_mid_run_ends_the_job_with_a_clear_error_and_no_hung_srun) {
   // Node 2 is (stage 1, replica 0). Killed with SIGKILL once the first iteration is logged.
   const std::string dir = cluster_->dir();
