@@ -83,6 +83,22 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) { j.failure_timeout_ms = models::config_int(k, v, 1, hour_ms); }},
       {"cluster.start_timeout_ms",
        [&](auto& k, auto& v) { j.start_timeout_ms = models::config_int(k, v, 1, 24 * hour_ms); }},
+      {"cluster.slurm_partition",
+       [&](auto& k, auto& v) {
+         std::string p = models::config_string(k, v);
+         if (p.size() > 64 || !all_of_chars(p,
+                                            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                            "0123456789._-")) {
+           throw config_error(k, fmt::format("'{}' is not a Slurm partition name (letters, "
+                                             "digits, '.', '_', '-'; `sinfo -s` lists them)",
+                                             p));
+         }
+         j.slurm_partition = std::move(p);
+       }},
+      {"cluster.slurm_nodes",
+       [&](auto& k, auto& v) {
+         j.slurm_nodes = int(models::config_int(k, v, 0, max_job_workers));
+       }},
       {"engine.stage",
        [&](auto& k, auto& v) {
          std::string s = models::config_string(k, v);
@@ -178,10 +194,11 @@ job_config resolve_job(models::config_map map) {
         "checkpoint.policy",
         fmt::format("'{}' is not available yet in this version; use none or moevement", j.policy));
   }
-  if (j.backend == "slurm") {
-    throw config_error("cluster.backend",
-                       "'slurm' is not available yet in this version (see docs/slurm.md); use "
-                       "local");
+  if (j.slurm_nodes > j.workers() + j.spares) {
+    throw config_error("cluster.slurm_nodes",
+                       fmt::format("{} Slurm nodes for {} tasks (pp x dp + spares): a node "
+                                   "would have no task; use at most {}",
+                                   j.slurm_nodes, j.workers() + j.spares, j.workers() + j.spares));
   }
   return j;
 }

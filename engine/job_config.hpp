@@ -35,6 +35,8 @@ struct job_config {
   std::int64_t failure_timeout_ms = 1000;  // cluster.failure_timeout_ms: silence => dead
   std::int64_t abort_at = -1;              // engine.abort_at: abort this iteration once (tests)
   std::int64_t start_timeout_ms = 30000;   // cluster.start_timeout_ms: workers must join by then
+  std::string slurm_partition;             // cluster.slurm_partition: "" = Slurm's default
+  int slurm_nodes = 0;                     // cluster.slurm_nodes: srun -N; 0 = Slurm chooses
 
   int workers() const { return pp * dp; }
   bool operator==(const job_config&) const = default;

@@ -4,6 +4,8 @@
 // and prints `state_hash=<16 hex>` at the end. Ctrl-C (or SIGTERM) stops every worker; the
 // workers are in their own process group and die with the head (PR_SET_PDEATHSIG), so no
 // process is left behind either way.
+// With cluster.backend = "slurm" the workers are the tasks of one srun step instead
+// (launcher/slurm_backend.hpp); the rest is the same.
 #include <fmt/format.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -20,6 +22,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +35,7 @@
 #include "launcher/config.hpp"
 #include "launcher/inject.hpp"
 #include "launcher/launch.hpp"
+#include "launcher/slurm_backend.hpp"
 #include "recovery/moevement_policy.hpp"
 #include "transport/ucx_link.hpp"
 
@@ -41,8 +45,11 @@ namespace {
 
 constexpr const char* launch_usage =
     "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...]\n"
+    "                        [--sbatch [-- SBATCH_OPTION ...]]\n"
     "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
-    "  SPEC: kill:stage=S,replica=D,iter=T or hang:stage=S,replica=D,iter=T (docs/recovery.md)\n";
+    "  SPEC: kill:stage=S,replica=D,iter=T or hang:stage=S,replica=D,iter=T (docs/recovery.md)\n"
+    "  --sbatch: (cluster.backend = \"slurm\") submit this launch as a Slurm batch job and "
+    "return\n";
 
 std::string new_token() {
   std::random_device rd;
@@ -95,16 +102,26 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   }
   models::config_map raw = load_config_file(argv[2]);
   std::vector<injection> injections;
+  std::vector<std::string> overrides, sbatch_args;
+  bool sbatch = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--set" && i + 1 < argc) {
-      apply_override(raw, argv[++i]);
+      overrides.emplace_back(argv[++i]);
+      apply_override(raw, overrides.back());
     } else if (a.starts_with("--set=")) {
-      apply_override(raw, a.substr(6));
+      overrides.push_back(a.substr(6));
+      apply_override(raw, overrides.back());
     } else if (a == "--inject" && i + 1 < argc) {
       injections.push_back(parse_injection(argv[++i]));
     } else if (a.starts_with("--inject=")) {
       injections.push_back(parse_injection(a.substr(9)));
+    } else if (a == "--sbatch") {
+      sbatch = true;
+      if (i + 1 < argc && std::string(argv[i + 1]) == "--") {
+        sbatch_args.assign(argv + i + 2, argv + argc);
+        break;
+      }
     } else {
       std::cerr << "moevement launch: unexpected argument '" << a << "'\n" << launch_usage;
       return 2;
@@ -121,6 +138,14 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     }
   }
   const int nworkers = job.workers() + job.spares;
+  const bool slurm = job.backend == "slurm";
+  if (sbatch) return submit_with_sbatch(job, argv[2], overrides, sbatch_args);
+  if (slurm) {
+    if (const auto why = slurm_precheck(job)) {
+      std::cerr << "moevement launch: " << *why << "\n";
+      return 1;
+    }
+  }
   std::cout << fmt::format(
       "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "
       "{} spare(s), stage type {}, checkpoint policy {}\n",
@@ -147,6 +172,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   outcome.message = "the job did not finish";
   bool finished = false, progress_open = false, interrupted = false;
   std::map<pid_t, transport::node_id> children;
+  std::unique_ptr<slurm_step> step;  // backend slurm: srun, node 0 in `children`
   asio::steady_timer linger(io), start_timer(io);
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
   auto end_line = [&] {
@@ -232,6 +258,14 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         if (it == children.end()) continue;
         const transport::node_id n = it->second;
         children.erase(it);
+        if (step && pid == step->pid()) {
+          step->exited(status);
+          if (!finished) {
+            end_line();
+            fail(slurm_step_ended_text(job, *step, exit_text(status)));
+          }
+          continue;
+        }
         auto* c = sys.local_actor<engine::coordinator>(coord);
         bool spare = false, known = false;
         if (c != nullptr) {
@@ -267,8 +301,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     if (ec || finished || c == nullptr || c->started()) return;
     fail(
         fmt::format("the workers did not all start within cluster.start_timeout_ms = {} ms "
-                    "({} of {} said hello)",
-                    job.start_timeout_ms, c->workers().size(), nworkers));
+                    "({} of {} said hello){}",
+                    job.start_timeout_ms, c->workers().size(), nworkers,
+                    step ? "; the Slurm step's last lines:\n" + step->output_tail() : ""));
   });
 
   asio::co_spawn(
@@ -281,6 +316,15 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
           co_return;
         }
         const std::string head = fmt::format("{}:{}", job.host, link.port());
+        if (slurm) {
+          try {
+            step = start_slurm_step(job, self, head, token);
+            children[step->pid()] = 0;
+          } catch (const std::exception& e) {
+            fail(e.what());
+          }
+          co_return;
+        }
         for (int n = 1; n <= nworkers; ++n) {
           const std::vector<std::string> args{"worker",
                                               "--head",
@@ -321,6 +365,11 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       }
     }
   };
+  std::string step_end;
+  if (step) {  // srun goes first: the workers are its tasks
+    children.erase(step->pid());
+    step_end = step->stop(srun_grace_ms);
+  }
   reap(std::chrono::milliseconds(outcome.ok ? 3000 : 200));
   for (const auto& [pid, n] : children) ::kill(pid, SIGTERM);
   reap(std::chrono::milliseconds(2000));
@@ -330,6 +379,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   if (!outcome.ok) {
     std::cerr << "moevement launch: " << outcome.message << "\n";
     std::cerr << "run log: " << job.run_log << "\n";
+    if (step) {
+      std::cerr << "Slurm step output (each task's stdout and stderr): " << step->output_path()
+                << " (" << step_end << ")\n";
+    }
     return interrupted ? 130 : 1;
   }
   std::cout << fmt::format(
@@ -337,6 +390,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       outcome.final_loss, outcome.val_loss, outcome.tokens_per_s, outcome.iterations,
       outcome.seconds);
   std::cout << "run log: " << job.run_log << "\n";
+  if (step) {
+    std::cout << "Slurm step output (each task's stdout and stderr): " << step->output_path()
+              << "\n";
+  }
   std::cout << "state_hash=" << hex16(outcome.state_hash) << "\n";
   return 0;
 }

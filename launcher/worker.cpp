@@ -1,6 +1,7 @@
 // `moevement worker --head HOST:PORT --node N [--host H] [--heartbeat-ms X]
 //  [--failure-timeout-ms Y]`, with the job token in MOEVEMENT_JOB_TOKEN (never on the command
-// line, where other users could read it). Started by `moevement launch` (or by Slurm).
+// line, where other users could read it). Started by `moevement launch` (or by Slurm:
+// `moevement worker --slurm ...`, launcher/slurm_backend.hpp).
 #include <fmt/format.h>
 #include <unistd.h>
 #include <asio/co_spawn.hpp>
@@ -18,6 +19,7 @@
 #include "engine/coordinator.hpp"
 #include "engine/worker_agent.hpp"
 #include "launcher/launch.hpp"
+#include "launcher/slurm_backend.hpp"
 #include "recovery/moevement_policy.hpp"
 #include "transport/ucx_link.hpp"
 
@@ -80,6 +82,7 @@ worker_args parse(int argc, char** argv) {
 }  // namespace
 
 int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
+  if (argc > 2 && std::string(argv[2]) == "--slurm") return run_slurm_worker(argc, argv, registry);
   const worker_args args = parse(argc, argv);
   const char* token = std::getenv("MOEVEMENT_JOB_TOKEN");
   if (token == nullptr || *token == '\0') {

@@ -80,6 +80,9 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(700), [](auto& j) { return j.failure_timeout_ms == 700; }}},
           {"cluster.start_timeout_ms",
            {std::int64_t(5000), [](auto& j) { return j.start_timeout_ms == 5000; }}},
+          {"cluster.slurm_partition",
+           {std::string("gpu-a100"), [](auto& j) { return j.slurm_partition == "gpu-a100"; }}},
+          {"cluster.slurm_nodes", {std::int64_t(1), [](auto& j) { return j.slurm_nodes == 1; }}},
           {"engine.stage",
            {std::string("my_stage"), [](auto& j) { return j.stage_type == "my_stage"; }}},
           {"engine.run_log",
@@ -211,10 +214,21 @@ TEST(job_config, only_none_and_moevement_are_available) {
   EXPECT_TRUE(contains(r.message, "none, moevement, dense-memory, dense-disk, pec")) << r.message;
 }
 
-TEST(job_config, slurm_backend_is_not_available_yet) {
-  const auto r = reject({{"cluster.backend", std::string("slurm")}});
-  EXPECT_EQ(r.key, "cluster.backend");
-  EXPECT_TRUE(contains(r.message, "not available yet")) << r.message;
+TEST(job_config, slurm_backend_and_its_keys) {
+  const job_config j = resolve_job({{"cluster.backend", std::string("slurm")},
+                                    {"parallel.pp", std::int64_t(2)},
+                                    {"cluster.spares", std::int64_t(1)},
+                                    {"cluster.slurm_nodes", std::int64_t(3)},
+                                    {"cluster.slurm_partition", std::string("debug")}});
+  EXPECT_EQ(j.backend, "slurm");
+  EXPECT_EQ(j.slurm_nodes, 3);
+  EXPECT_EQ(j.slurm_partition, "debug");
+  auto r = reject({{"cluster.slurm_partition", std::string("a b")}});
+  EXPECT_EQ(r.key, "cluster.slurm_partition");
+  EXPECT_TRUE(contains(r.message, "sinfo -s")) << r.message;
+  r = reject({{"cluster.slurm_nodes", std::int64_t(2)}});  // 1 task: a node would be empty
+  EXPECT_EQ(r.key, "cluster.slurm_nodes");
+  EXPECT_TRUE(contains(r.message, "use at most 1")) << r.message;
 }
 
 // --- the wire form ---------------------------------------------------------------------------

@@ -1,0 +1,323 @@
+// `moevement launch` with cluster.backend = "slurm" against a real local Slurm of 3 nodes
+// (tests/launcher/slurm_harness.hpp): pp=2 x dp=2 (+1 spare) under srun gives the local
+// backend's state_hash; a worker killed with SIGKILL mid-run ends the job with a clear error
+// naming it and leaves no srun, slurmstepd or worker; a wrong partition and too few tasks are
+// clear errors. Skipped, saying why, where Slurm or munge is not installed.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/launcher/slurm_harness.hpp"
+
+namespace moevement::testing {
+namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+template <typename Fn>
+bool eventually(double timeout_s, Fn&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return done();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string hash_of(const std::string& out) {
+  const std::string tag = "\nstate_hash=";
+  const auto at = out.rfind(tag);
+  if (at == std::string::npos || out.size() < at + tag.size() + 16) return "";
+  return out.substr(at + tag.size(), 16);
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// One task's line in the step output: "T: worker N (pid P): Slurm task T of M on node X: ROLE"
+// (no std::regex: g++ 12 warns falsely inside it under the sanitizers).
+struct task_line {
+  int node = 0, pid = 0, task = 0, ntasks = 0;
+  std::string node_name, role;  // role: "stage S replica R" or "spare"
+};
+
+std::vector<task_line> task_lines(const std::string& text) {
+  std::vector<task_line> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("worker ");
+    if (at == std::string::npos) continue;
+    task_line t;
+    char name[32] = {}, role[64] = {};
+    if (std::sscanf(line.c_str() + at,
+                    "worker %d (pid %d): Slurm task %d of %d on node %31[^:]: %63[^\n]", &t.node,
+                    &t.pid, &t.task, &t.ntasks, name, role) == 6) {
+      t.node_name = name;
+      t.role = role;
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+class slurm_launch : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    skip_reason_ = local_slurm::unavailable_reason();
+    if (!skip_reason_.empty()) return;
+    cluster_ = std::make_unique<local_slurm>(3);
+  }
+  static void TearDownTestSuite() { cluster_.reset(); }
+
+  void SetUp() override {
+    if (!skip_reason_.empty()) GTEST_SKIP() << "Slurm tests skipped: " << skip_reason_;
+    ASSERT_NE(cluster_, nullptr);
+    ASSERT_FALSE(bin().empty()) << "MOEVEMENT_BIN is not set (run through meson test)";
+  }
+  void TearDown() override {
+    if (!cluster_) return;
+    // Nothing of a test's step may outlive it (checked here for every test).
+    EXPECT_TRUE(eventually(15, [] { return step_processes().empty(); }))
+        << "left: " << ::testing::PrintToString(step_processes());
+    const auto q = cluster_->run("squeue -h", 10);
+    EXPECT_EQ(q.output, "") << "a job is still queued or running";
+    cluster_->run("jobs=$(squeue -h -o %i); [ -z \"$jobs\" ] || scancel $jobs", 10);
+    if (HasFailure()) {
+      std::cerr << "cluster logs:\n" << cluster_->logs();
+      cluster_->keep_directory();
+    }
+  }
+
+  static std::string bin() { return env_or_empty("MOEVEMENT_BIN"); }
+  static std::string config() {
+    return env_or_empty("MOEVEMENT_SOURCE_ROOT") + "/examples/configs/pipeline_tiny.toml";
+  }
+  // `moevement launch` of pipeline_tiny with a run log in the cluster's directory.
+  static std::string launch(const std::string& name, const std::string& extra) {
+    return bin() + " launch " + config() + " --set engine.run_log=" + cluster_->dir() + "/" + name +
+           ".jsonl " + extra;
+  }
+  static std::string slurm_log(const std::string& name) {
+    return cluster_->dir() + "/" + name + ".slurm.log";
+  }
+
+  // Processes of the cluster other than its daemons (srun, slurmstepd, tasks).
+  static std::vector<std::string> step_processes() {
+    std::vector<std::string> out;
+    const auto& d = cluster_->daemons();
+    for (int pid : cluster_->processes()) {
+      if (std::find(d.begin(), d.end(), pid) != d.end()) continue;
+      const auto c = local_slurm::comm(pid);
+      if (c.empty() || c == "slurmscriptd") continue;
+      out.push_back(std::to_string(pid) + " " + c);
+    }
+    return out;
+  }
+
+  static inline std::unique_ptr<local_slurm> cluster_;
+  static inline std::string skip_reason_;
+};
+
+constexpr const char* short_run = "--set train.iterations=4 --set train.seq_len=16 ";
+constexpr const char* slurm_2x2 =
+    "--set cluster.backend=slurm --set cluster.spares=1 --set cluster.slurm_nodes=3 ";
+
+TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
+  const auto local = cluster_->run(launch("local", short_run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const auto slurm = cluster_->run(launch("slurm", std::string(short_run) + slurm_2x2), 120);
+  ASSERT_FALSE(slurm.timed_out) << slurm.output;
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
+                                << read_file(slurm_log("slurm"));
+  EXPECT_EQ(hash_of(local.output).size(), 16u) << local.output;
+  EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
+  EXPECT_TRUE(contains(slurm.output,
+                       "Slurm step output (each task's stdout and stderr): " + slurm_log("slurm")))
+      << slurm.output;
+  EXPECT_TRUE(contains(slurm.output, "iter      4/4")) << "no progress display:\n" << slurm.output;
+  const std::string run_log = read_file(cluster_->dir() + "/slurm.jsonl");
+  EXPECT_TRUE(contains(run_log, "\"state_hash\":\"" + hash_of(local.output) + "\"")) << run_log;
+
+  // Each task said which role it took: 5 distinct nodes ids, one spare, and the two replicas
+  // of each stage on different Slurm nodes (placement).
+  const std::string step = read_file(slurm_log("slurm"));
+  std::set<int> ids, tasks;
+  std::map<std::string, std::set<std::string>> nodes_of_stage;
+  int spares = 0;
+  for (const auto& t : task_lines(step)) {
+    EXPECT_EQ(t.ntasks, 5) << step;
+    ids.insert(t.node);
+    tasks.insert(t.task);
+    if (t.role == "spare") {
+      ++spares;
+    } else {
+      nodes_of_stage[t.role.substr(0, t.role.find(" replica"))].insert(t.node_name);
+    }
+  }
+  EXPECT_EQ(ids, (std::set<int>{1, 2, 3, 4, 5})) << step;
+  EXPECT_EQ(tasks.size(), 5u) << step;
+  EXPECT_EQ(spares, 1) << step;
+  ASSERT_EQ(nodes_of_stage.size(), 2u) << step;
+  for (const auto& [stage, nodes] : nodes_of_stage) {
+    EXPECT_EQ(nodes.size(), 2u) << "replicas of stage " << stage << " share a node:\n" << step;
+  }
+  std::cout << "launch pp=2 dp=2: local " << local.seconds << " s, slurm " << slurm.seconds
+            << " s\n";
+}
+
+TEST_F(slurm_launch, launch_sbatch_submits_a_batch_job_that_gives_the_same_state_hash) {
+  // The head inside its own allocation (-n 5 -N 3): srun without --immediate, on the
+  // allocation's nodes.
+  const auto local = cluster_->run(launch("local_b", short_run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const auto r = cluster_->run(
+      "out=$(" + launch("batch", std::string(short_run) + slurm_2x2) +
+          " --sbatch -- --time=5) || { echo \"$out\"; exit 1; }\n"
+          "echo \"$out\"\n"
+          "id=$(echo \"$out\" | sed -n 's/^submitted Slurm job \\([0-9]*\\) .*/\\1/p')\n"
+          "for i in $(seq 600); do\n"
+          "  st=$(scontrol show job $id -o | grep -o 'JobState=[A-Z_]*')\n"
+          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING) ;; *) break ;; esac\n"
+          "  sleep 0.1\n"
+          "done\n"
+          "echo $st",
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "JobState=COMPLETED")) << r.output;
+  const std::string batch_out = cluster_->dir() + "/batch.sbatch.out";
+  EXPECT_TRUE(contains(r.output, "the head's output (progress, state_hash): " + batch_out))
+      << r.output;
+  const std::string head = read_file(batch_out);
+  EXPECT_EQ(hash_of(head), hash_of(local.output)) << head << "\nstep output:\n"
+                                                  << read_file(slurm_log("batch"));
+  EXPECT_TRUE(contains(head, "inside this allocation")) << head;
+}
+
+TEST_F(slurm_launch, a_worker_killed_mid_run_ends_the_job_with_a_clear_error_and_no_hung_srun) {
+  // Node 2 is (stage 1, replica 0). Killed with SIGKILL once the first iteration is logged.
+  const std::string dir = cluster_->dir();
+  const auto r = cluster_->run(
+      launch("kill", std::string("--set train.iterations=500 ") + slurm_2x2) + " >" + dir +
+          "/kill.out 2>&1 &\n"
+          "lp=$!\n"
+          "for i in $(seq 600); do grep -q '\"kind\":\"iteration\"' " +
+          dir +
+          "/kill.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+          "pid=$(sed -n 's/.*worker 2 (pid \\([0-9]*\\)): Slurm task.*/\\1/p' " +
+          slurm_log("kill") +
+          ")\n"
+          "[ -n \"$pid\" ] && kill -9 $pid && echo \"killed worker 2, pid $pid\"\n"
+          "wait $lp; echo \"launch exit $?\"; cat " +
+          dir + "/kill.out",
+      120);
+  ASSERT_FALSE(r.timed_out) << "launch hung after a worker was killed:\n" << r.output;
+  const auto killed_at = r.output.find("killed worker 2, pid ");
+  ASSERT_NE(killed_at, std::string::npos) << r.output << "\nstep output:\n"
+                                          << read_file(slurm_log("kill"));
+  const std::string killed_pid = std::to_string(
+      std::atoi(r.output.c_str() + killed_at + std::strlen("killed worker 2, pid ")));
+  EXPECT_TRUE(contains(r.output, "launch exit 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "worker 2 (stage 1, replica 0, pid " + killed_pid + ") was lost"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot recover a lost worker")) << r.output;
+  EXPECT_TRUE(
+      contains(r.output, "Slurm step output (each task's stdout and stderr): " + slurm_log("kill")))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "state_hash=")) << r.output;
+  // The step saw that one task die and nothing else: the others were not killed by Slurm
+  // (no -K1) but left on the head's Shutdown. TearDown checks that nothing is left.
+  const std::string step = read_file(slurm_log("kill"));
+  int task = -1;
+  for (const auto& t : task_lines(step)) {
+    if (t.node == 2) task = t.task;
+  }
+  ASSERT_GE(task, 0) << step;
+  std::vector<std::string> ends;  // srun's "srun: error: n1: task 1: Killed" lines
+  std::istringstream in(step);
+  for (std::string line; std::getline(in, line);) {
+    if (!contains(line, "srun: error:")) continue;
+    if (contains(line, "Killed") || contains(line, "Terminated") || contains(line, "Exited")) {
+      ends.push_back(line.substr(line.find("task")));
+    }
+  }
+  EXPECT_EQ(ends, std::vector<std::string>{"task " + std::to_string(task) + ": Killed"}) << step;
+}
+
+TEST_F(slurm_launch, the_head_killed_with_sigkill_leaves_no_step_behind) {
+  // srun dies with its parent (PR_SET_PDEATHSIG: SIGTERM, which cancels the step) and the
+  // workers stop when they lose the head; TearDown checks that nothing is left.
+  const std::string dir = cluster_->dir();
+  const auto r = cluster_->run(
+      launch("head", std::string("--set train.iterations=500 ") + slurm_2x2) + " >" + dir +
+          "/head.out 2>&1 &\n"
+          "lp=$!\n"
+          "for i in $(seq 600); do grep -q '\"kind\":\"iteration\"' " +
+          dir +
+          "/head.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+          "kill -9 $lp; wait $lp; echo \"launch exit $?\"",
+      60);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_TRUE(contains(r.output, "launch exit 137")) << r.output;
+  EXPECT_TRUE(contains(read_file(dir + "/head.jsonl"), "\"kind\":\"iteration\""))
+      << "killed before training began";
+}
+
+TEST_F(slurm_launch, a_wrong_partition_is_a_clear_error) {
+  const auto r =
+      cluster_->run(launch("partition", std::string(short_run) + slurm_2x2 +
+                                            "--set cluster.slurm_partition=nosuchpartition"),
+                    60);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "the Slurm step ended before the job did")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Invalid partition name specified")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "cluster.slurm_partition = 'nosuchpartition' is not a partition of this "
+                       "cluster"))
+      << r.output;
+}
+
+TEST_F(slurm_launch, too_few_tasks_in_the_allocation_is_a_clear_error) {
+  // `moevement launch` inside `sbatch -n 2` for a job of 5 tasks.
+  const std::string out = cluster_->dir() + "/few.out";
+  const auto r = cluster_->run(
+      "id=$(sbatch --parsable -n 2 -o " + out + " --wrap '" +
+          launch("few", std::string(short_run) + slurm_2x2) +
+          "; echo launch exit $?') || exit 1\n"
+          "for i in $(seq 300); do\n"
+          "  st=$(scontrol show job $id -o | grep -o 'JobState=[A-Z_]*')\n"
+          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING) ;; *) break ;; esac\n"
+          "  sleep 0.1\n"
+          "done\n"
+          "cat " +
+          out,
+      60);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "too few Slurm tasks: this allocation has 2 (SLURM_NTASKS) but pp=2 x "
+                       "dp=2 workers + 1 spare(s) need 5; ask sbatch/salloc for -n 5"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "launch exit 1")) << r.output;
+}
+
+}  // namespace
+}  // namespace moevement::testing
