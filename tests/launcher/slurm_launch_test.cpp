@@ -1,6 +1,7 @@
 // `moevement launch` with cluster.backend = "slurm" against a real local Slurm of 3 nodes
 // (tests/launcher/slurm_harness.hpp): pp=2 x dp=2 (+1 spare) under srun gives the local
-// backend's state_hash; a worker killed with SIGKILL mid-run ends the job with a clear error
+// backend's state_hash; under policy moevement a task killed mid-run is rebuilt on a spare
+// task with the same state_hash; under none a worker killed mid-run ends the job with a clear error
 // naming it and leaves no srun, slurmstepd or worker; a wrong partition and too few tasks are
 // clear errors. Skipped, saying why, where Slurm or munge is not installed.
 #include <gtest/gtest.h>
@@ -260,6 +261,20 @@ TEST_F(slurm_launch, a_worker_killed_mid_run_ends_the_job_with_a_clear_error_and
     }
   }
   EXPECT_EQ(ends, std::vector<std::string>{"task " + std::to_string(task) + ": Killed"}) << step;
+}
+
+TEST_F(slurm_launch, a_killed_task_is_rebuilt_on_a_spare_task_with_the_same_state_hash) {
+  const std::string run = "--set train.iterations=12 --set train.seq_len=16 ";
+  const std::string moe = "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 ";
+  const auto local = cluster_->run(launch("fault_free", run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const auto slurm = cluster_->run(
+      launch("recover", run + moe + slurm_2x2 + "--inject kill:stage=1,replica=0,iter=6"), 120);
+  ASSERT_FALSE(slurm.timed_out) << slurm.output;
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
+                                << read_file(slurm_log("recover"));
+  EXPECT_TRUE(contains(slurm.output, "recovered on worker 5")) << slurm.output;
+  EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
 }
 
 TEST_F(slurm_launch, the_head_killed_with_sigkill_leaves_no_step_behind) {
