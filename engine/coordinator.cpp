@@ -148,12 +148,14 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
   const transport::node_id n = m.getNode();
   const actor_ref agent = read_ref(m.getAgent());
   if (phase_ != phase::admitting || n < 1 || n > transport::node_id(expected_workers_) ||
-      workers_.contains(n) || agent.node != n || m.getHost().size() > 255) {
+      workers_.contains(n) || agent.node != n || m.getHost().size() > 255 ||
+      m.getDomain().size() > 255) {
     co_return;  // not one of ours, or twice: ignored
   }
   worker_info w;
   w.node = n;
   w.host = m.getHost();
+  w.domain = m.getDomain().size() > 0 ? std::string(m.getDomain()) : w.host;
   w.port = m.getPort();
   w.pid = m.getPid();
   w.agent = agent;
@@ -234,19 +236,24 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
 }
 
 std::vector<actor_ref> coordinator::replicators_for(transport::node_id node) const {
-  // The next job.replicas workers after this one in node order (wrapping), never itself:
-  // spread so that losing one process never loses every copy of a slot. (One host here;
-  // on several hosts the placement prefers other hosts, see launcher/placement.)
-  std::vector<actor_ref> all;
+  // job.replicas workers after this one in node order (wrapping), never itself, those in
+  // another failure domain (Slurm node or host) first: losing one node then never loses every
+  // copy of a slot while there are other nodes.
   std::vector<transport::node_id> nodes;
   for (const auto& [n, w] : workers_) {
     if (n != node && w.replicator.valid()) nodes.push_back(n);
   }
+  const auto self = workers_.find(node);
+  const std::string domain = self == workers_.end() ? std::string() : self->second.domain;
+  std::vector<transport::node_id> ring;
+  const auto start =
+      std::size_t(std::upper_bound(nodes.begin(), nodes.end(), node) - nodes.begin());
+  for (std::size_t i = 0; i < nodes.size(); ++i) ring.push_back(nodes[(start + i) % nodes.size()]);
+  std::stable_partition(ring.begin(), ring.end(),
+                        [&](transport::node_id n) { return workers_.at(n).domain != domain; });
   std::vector<actor_ref> out;
-  if (nodes.empty()) return out;
-  auto start = std::upper_bound(nodes.begin(), nodes.end(), node) - nodes.begin();
-  for (std::size_t i = 0; i < nodes.size() && int(out.size()) < job_.snapshot_replicas; ++i) {
-    out.push_back(workers_.at(nodes[(std::size_t(start) + i) % nodes.size()]).replicator);
+  for (std::size_t i = 0; i < ring.size() && int(out.size()) < job_.snapshot_replicas; ++i) {
+    out.push_back(workers_.at(ring[i]).replicator);
   }
   return out;
 }
@@ -264,6 +271,17 @@ awaitable<bool> coordinator::wire_all() {
       for (int r = 0; r < job_.dp; ++r) reps.push_back(stage_ref(s, r));
       const std::vector<actor_ref> repl =
           can_recover_ ? replicators_for(node_of[d * job_.pp + s]) : std::vector<actor_ref>{};
+      if (can_recover_ && log_ != nullptr) {
+        std::string holders;
+        for (const auto& r : repl) holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
+        log_->write(json_record{}
+                        .add("kind", "event")
+                        .add("event", "snapshot_holders")
+                        .add("stage", s)
+                        .add("replica", d)
+                        .add("node", std::int64_t{node_of[d * job_.pp + s]})
+                        .add("holders", holders));
+      }
       auto fill = [&](wire::Wire::Builder b) {
         write_ref(b.initPrev(), prev);
         write_ref(b.initNext(), next);
@@ -689,8 +707,20 @@ awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m)
   done.resize(stages_.size(), false);
   done[std::size_t(d * job_.pp + s)] = true;
   window_first_[window] = m.getFirstIteration();
-  if (!std::all_of(done.begin(), done.end(), [](bool b) { return b; })) co_return;
+  maybe_persist();
+}
+
+void coordinator::maybe_persist() {
+  // Not while a recovery pulls the persisted window: a newer one would make the replicators
+  // drop the slots it is pulling. Decided again once the recovery is over.
+  if (recovery_) return;
+  std::optional<std::uint64_t> newest;
+  for (const auto& [w, done] : replicated_) {
+    if (std::all_of(done.begin(), done.end(), [](bool b) { return b; })) newest = w;
+  }
+  if (!newest) return;
   // Every stage has this window on its replicators: it is the one a recovery starts from.
+  const std::uint64_t window = *newest;
   persisted_ = window;
   const std::int64_t first = window_first_[window];
   persisted_first_ = first;
@@ -839,6 +869,7 @@ awaitable<void> coordinator::finish_recovery() {
   if (!wired) co_return;
   recovery_.reset();
   ++recoveries_;
+  maybe_persist();  // windows the stages finished replicating meanwhile
   const double secs = std::chrono::duration<double>(sclock::now() - rec.detected).count();
   if (log_ != nullptr) {
     log_->write(json_record{}

@@ -70,6 +70,7 @@ struct coordinator_callbacks {
 struct worker_info {
   transport::node_id node = 0;
   std::string host;
+  std::string domain;  // failure domain (Slurm node, else host)
   std::uint16_t port = 0;
   int pid = 0;
   actors::actor_ref agent;
@@ -137,6 +138,8 @@ class coordinator : public actors::actor {
   asio::awaitable<void> stage_failed(wire::StageFailed::Reader m);
   asio::awaitable<void> val_loss(wire::ValLoss::Reader m);
   asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader m);
+  // Persists the newest window every stage has replicated (never during a recovery).
+  void maybe_persist();
 
   // Wires every stage: neighbours, replicas, and where its snapshot copies go.
   asio::awaitable<bool> wire_all();

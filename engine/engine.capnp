@@ -29,6 +29,9 @@ struct WorkerHello {
   port @2 :UInt16;
   agent @3 :Address;
   pid @4 :Int32;
+  # The failure domain this process is in (its Slurm node, else its host): snapshot copies
+  # go to other domains first.
+  domain @5 :Text;
 }
 # The coordinator's answer once every worker said hello: every peer's address (so that all
 # can heartbeat all), the job's config, and this worker's role (stage -1: a spare).

@@ -29,7 +29,8 @@ worker_agent::worker_agent(transport::ucx_link& link, const stage_registry& regi
   on<wire::Shutdown>(&worker_agent::shutdown);
 }
 
-void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& host) {
+void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& host,
+                             const std::string& domain) {
   const auto port = link_.port();
   (void)tell<wire::WorkerHello>(coordinator, [&](wire::WorkerHello::Builder b) {
     b.setNode(system().node());
@@ -37,6 +38,7 @@ void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& h
     b.setPort(port);
     write_ref(b.initAgent(), self());
     b.setPid(::getpid());
+    b.setDomain(domain.empty() ? host : domain);
   });
 }
 

@@ -30,7 +30,9 @@ class worker_agent : public actors::actor {
                checkpoint_factory checkpoints = {});
 
   // Tells the coordinator this worker is up (call once the agent has started).
-  void say_hello(actors::actor_ref coordinator, const std::string& host);
+  // domain: the failure domain (Slurm node name; empty: the host).
+  void say_hello(actors::actor_ref coordinator, const std::string& host,
+                 const std::string& domain = "");
   bool assigned() const { return assigned_; }
 
  private:

@@ -300,6 +300,8 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
                                 std::to_string(role.node_id),
                                 "--host",
                                 host,
+                                "--domain",
+                                role.node_name,
                                 "--heartbeat-ms",
                                 std::to_string(heartbeat_ms),
                                 "--failure-timeout-ms",

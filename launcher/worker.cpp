@@ -28,8 +28,8 @@ namespace moevement::launcher {
 namespace {
 
 constexpr const char* worker_usage =
-    "usage: moevement worker --head HOST:PORT --node N [--host H] [--heartbeat-ms X] "
-    "[--failure-timeout-ms Y]\n"
+    "usage: moevement worker --head HOST:PORT --node N [--host H] [--domain NODE] "
+    "[--heartbeat-ms X] [--failure-timeout-ms Y]\n"
     "  started by `moevement launch`; the job token comes in MOEVEMENT_JOB_TOKEN\n";
 
 struct worker_args {
@@ -37,6 +37,7 @@ struct worker_args {
   std::uint16_t head_port = 0;
   transport::node_id node = 0;
   std::string host = "127.0.0.1";
+  std::string domain;  // failure domain (the Slurm node); empty: the host
   long heartbeat_ms = 100, failure_timeout_ms = 1000;
 };
 
@@ -65,6 +66,9 @@ worker_args parse(int argc, char** argv) {
       a.node = transport::node_id(number(f, v, 1, 1 << 20));
     } else if (f == "--host") {
       a.host = v;
+    } else if (f == "--domain") {
+      if (v.empty() || v.size() > 255) throw std::invalid_argument("--domain: 1 to 255 bytes");
+      a.domain = v;
     } else if (f == "--heartbeat-ms") {
       a.heartbeat_ms = number(f, v, 1, 60000);
     } else if (f == "--failure-timeout-ms") {
@@ -138,10 +142,10 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
     auto* a = sys.local_actor<engine::worker_agent>(agent);
     if (!ec && (a == nullptr || !a->assigned())) stop(1, "no role from the head in 120 s");
   });
-  const std::string host = args.host;
+  const std::string host = args.host, domain = args.domain;
   asio::co_spawn(
       io,
-      [&, host]() -> actors::awaitable<void> {
+      [&, host, domain]() -> actors::awaitable<void> {
         auto coord = co_await sys.whereis_global(engine::coordinator::registered_name,
                                                  std::chrono::seconds(30));
         if (!coord.ok() || !coord->valid()) {
@@ -149,7 +153,8 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
                       (coord.ok() ? std::string("not registered") : coord.err().message));
           co_return;
         }
-        if (auto* a = sys.local_actor<engine::worker_agent>(agent)) a->say_hello(*coord, host);
+        if (auto* a = sys.local_actor<engine::worker_agent>(agent))
+          a->say_hello(*coord, host, domain);
       },
       asio::detached);
   io.run();

@@ -275,6 +275,36 @@ TEST_F(slurm_launch, a_killed_task_is_rebuilt_on_a_spare_task_with_the_same_stat
                                 << read_file(slurm_log("recover"));
   EXPECT_TRUE(contains(slurm.output, "recovered on worker 5")) << slurm.output;
   EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
+  // Every stage's snapshot copies went to workers on other Slurm nodes than its own.
+  std::map<std::string, std::string> node_of;  // worker id -> Slurm node name
+  const std::string step = read_file(slurm_log("recover"));
+  for (std::size_t at = step.find("worker "); at != std::string::npos;
+       at = step.find("worker ", at + 1)) {
+    const auto sp = step.find(' ', at + 7);
+    const auto on = step.find(" on node ", at);
+    const auto eol = step.find(':', on == std::string::npos ? at : on + 9);
+    if (sp == std::string::npos || on == std::string::npos || eol == std::string::npos) continue;
+    if (step.find('\n', at) < on) continue;
+    node_of[step.substr(at + 7, sp - at - 7)] = step.substr(on + 9, eol - on - 9);
+  }
+  const std::string log = read_file(cluster_->dir() + "/recover.jsonl");
+  int checked = 0;
+  for (std::size_t at = log.find("\"snapshot_holders\""); at != std::string::npos;
+       at = log.find("\"snapshot_holders\"", at + 1)) {
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    const auto n = line.find("\"node\":"), h = line.find("\"holders\":\"");
+    ASSERT_NE(n, std::string::npos);
+    ASSERT_NE(h, std::string::npos);
+    const std::string self = std::to_string(std::atoi(line.c_str() + n + 7));
+    std::string holders = line.substr(h + 11, line.find('"', h + 11) - h - 11);
+    std::stringstream in(holders);
+    for (std::string x; std::getline(in, x, ',');) {
+      ASSERT_TRUE(node_of.contains(x) && node_of.contains(self)) << line << "\n" << step;
+      EXPECT_NE(node_of[x], node_of[self]) << "worker " << self << "'s copy on worker " << x;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 8) << "4 stages x 2 copies, before and after the recovery";
 }
 
 TEST_F(slurm_launch, the_head_killed_with_sigkill_leaves_no_step_behind) {
