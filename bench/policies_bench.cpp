@@ -4,7 +4,7 @@
 // runs only that part and the fault-free `moevement` runs it needs as reference).
 //
 // Options: --config FILE (default examples/configs/pipeline_tiny.toml), --set KEY=VALUE
-// (repeatable, passed to every run), --repeats N (default 3), --iterations N (default 20),
+// (repeatable, passed to every run), --repeats N (default 3), --iterations N (default 40),
 // --pp N (default 3: the recovery kills the middle stage), --dp N (default 1),
 // --spares N (default 1, every run, so both policies run on the same processes),
 // --w-sparse N (default 0: Algorithm 1 chooses), --kill-iter T (default 2/3 of the run),
@@ -51,96 +51,24 @@
 #include <thread>
 #include <vector>
 
+#include "bench/run_log_stats.hpp"
+
 extern char** environ;
 
 namespace {
 
 namespace fs = std::filesystem;
+using namespace moevement::bench;
 using sclock = std::chrono::steady_clock;
 
 struct options {
   std::string config = "examples/configs/pipeline_tiny.toml";
   std::vector<std::string> sets;
-  int repeats = 3, iterations = 20, pp = 3, dp = 1, spares = 1, w_sparse = 0;
+  int repeats = 3, iterations = 40, pp = 3, dp = 1, spares = 1, w_sparse = 0;
   int kill_iter = -1, kill_stage = -1;
   bool recovery = true, fault_free_compare = true;
   std::string profile_out;
 };
-
-// A run log line with the time (since the run's spawn) at which the bench first saw it.
-struct stamped {
-  double t = 0;
-  std::string line;
-};
-
-struct iteration_rec {
-  long iteration = 0;
-  double seconds = 0, stall_s = 0;
-  double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
-};
-
-// What one `moevement launch` left in its run log.
-struct run_result {
-  std::vector<iteration_rec> iterations;
-  int w_sparse = 0;
-  long window_chosen_at = -1;
-  double t_start = -1, t_end = -1;  // job_start, job_end seen
-  std::string state_hash;
-  bool recovered = false;
-  double recovery_s = 0;
-  long target = -1, replay_from = -1, window = -1;
-};
-
-double number(const std::string& line, const std::string& key) {
-  const auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return 0.0;
-  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
-}
-
-std::string text(const std::string& line, const std::string& key) {
-  const auto at = line.find("\"" + key + "\":\"");
-  if (at == std::string::npos) return {};
-  const auto from = at + key.size() + 4;
-  return line.substr(from, line.find('"', from) - from);
-}
-
-bool is_event(const std::string& line, const std::string& name) {
-  return line.find("\"event\":\"" + name + "\"") != std::string::npos;
-}
-
-run_result parse(const std::vector<stamped>& log) {
-  run_result r;
-  for (const auto& [t, l] : log) {
-    if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
-      iteration_rec it;
-      it.iteration = long(number(l, "iteration"));
-      it.seconds = number(l, "iteration_s");
-      it.stall_s = number(l, "stall_s");
-      it.snapshot_bytes = number(l, "snapshot_bytes");
-      it.host_bytes = number(l, "snapshot_host_bytes") + number(l, "log_host_bytes");
-      r.iterations.push_back(it);
-    } else if (is_event(l, "window_chosen")) {
-      r.w_sparse = int(number(l, "w_sparse"));
-      r.window_chosen_at = long(number(l, "iteration"));
-    } else if (is_event(l, "job_start")) {
-      r.t_start = t;
-    } else if (is_event(l, "job_end")) {
-      r.t_end = t;
-      r.state_hash = text(l, "state_hash");
-    } else if (is_event(l, "job_failed")) {
-      throw std::runtime_error("the job failed: " + l);
-    } else if (is_event(l, "recovery_start")) {
-      r.target = long(number(l, "target_iteration"));
-      r.replay_from = long(number(l, "replay_from"));
-      r.window = long(number(l, "window"));
-    } else if (is_event(l, "recovery_end")) {
-      r.recovered = true;
-      r.recovery_s = number(l, "seconds");
-    }
-  }
-  if (r.t_start < 0 || r.t_end < 0) throw std::runtime_error("no job_start/job_end in the log");
-  return r;
-}
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
@@ -203,48 +131,11 @@ std::vector<stamped> launch(const std::string& bin, const std::vector<std::strin
   return lines;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0.0 : s / double(v.size());
-}
-
 std::string loadavg() {
   std::ifstream in("/proc/loadavg");
   std::string a, b, c;
   in >> a >> b >> c;
   return a + " " + b + " " + c;
-}
-
-// Fault-free iteration time of each iteration index: the median over the runs.
-std::map<long, double> per_index(const std::vector<run_result>& runs) {
-  std::map<long, std::vector<double>> by;
-  for (const auto& r : runs) {
-    for (const auto& it : r.iterations) by[it.iteration].push_back(it.seconds);
-  }
-  std::map<long, double> m;
-  for (const auto& [i, v] : by) m[i] = median(v);
-  return m;
-}
-
-double ettr(const run_result& r, const std::map<long, double>& fault_free) {
-  std::set<long> committed;
-  for (const auto& it : r.iterations) committed.insert(it.iteration);
-  double useful = 0;
-  for (long i : committed) {
-    const auto f = fault_free.find(i);
-    if (f == fault_free.end())
-      throw std::runtime_error(fmt::format("no fault-free time for {}", i));
-    useful += f->second;
-  }
-  return useful / (r.t_end - r.t_start);
 }
 
 options parse_options(int argc, char** argv) {
@@ -332,13 +223,9 @@ int main(int argc, char** argv) {
       moe.push_back(parse(launch(bin, args("moevement", ""), log)));
     }
     // Counted: at or after the end of the first window, in every moevement run.
-    long skip = 1;
+    const long skip = counted_from(moe);
     int w = 0;
-    for (const auto& r : moe) {
-      if (r.window_chosen_at < 0) throw std::runtime_error("moevement run chose no window");
-      skip = std::max(skip, r.window_chosen_at + r.w_sparse);
-      w = std::max(w, r.w_sparse);
-    }
+    for (const auto& r : moe) w = std::max(w, r.w_sparse);
     std::vector<double> moe_s, stall, bytes, host;
     for (const auto& r : moe) {
       for (const auto& it : r.iterations) {
