@@ -277,6 +277,10 @@ int main(int argc, char** argv) {
       std::printf("recovery_window: %ld (replay_from %ld, target %ld)\n", f.window, f.replay_from,
                   f.target);
       std::printf("iterations_replayed: %ld\n", f.target - f.replay_from);
+      // Seen in the run log (2 ms polling): worker_lost -> recovery_start -> recovery_end.
+      std::printf("seen_lost_to_start_s: %.4f\nseen_start_to_end_s: %.4f\n",
+                  f.t_recovery_start - f.t_lost, f.t_recovery_end - f.t_recovery_start);
+      std::printf("time_lost_s: %.4f\n", time_lost(f, fault_free));
       const bool same = !f.state_hash.empty() && f.state_hash == moe.front().state_hash;
       std::printf("state_hash_equal: %s (%s vs fault-free %s)\n", same ? "yes" : "NO",
                   f.state_hash.c_str(), moe.front().state_hash.c_str());

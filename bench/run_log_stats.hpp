@@ -24,6 +24,7 @@ struct stamped {
 struct iteration_rec {
   long iteration = 0;
   double seconds = 0, stall_s = 0;
+  double t = 0;                               // when the bench saw the record
   double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
 };
 
@@ -37,6 +38,7 @@ struct run_result {
   bool recovered = false;
   double recovery_s = 0;
   long target = -1, replay_from = -1, window = -1;
+  double t_lost = -1, t_recovery_start = -1, t_recovery_end = -1;  // seen by the bench
 };
 
 inline double number(const std::string& line, const std::string& key) {
@@ -66,6 +68,7 @@ inline run_result parse(const std::vector<stamped>& log) {
       it.stall_s = number(l, "stall_s");
       it.snapshot_bytes = number(l, "snapshot_bytes");
       it.host_bytes = number(l, "snapshot_host_bytes") + number(l, "log_host_bytes");
+      it.t = t;
       r.iterations.push_back(it);
     } else if (is_event(l, "window_chosen")) {
       r.w_sparse = int(number(l, "w_sparse"));
@@ -77,13 +80,17 @@ inline run_result parse(const std::vector<stamped>& log) {
       r.state_hash = text(l, "state_hash");
     } else if (is_event(l, "job_failed")) {
       throw std::runtime_error("the job failed: " + l);
+    } else if (is_event(l, "worker_lost")) {
+      if (r.t_lost < 0) r.t_lost = t;
     } else if (is_event(l, "recovery_start")) {
+      r.t_recovery_start = t;
       r.target = long(number(l, "target_iteration"));
       r.replay_from = long(number(l, "replay_from"));
       r.window = long(number(l, "window"));
     } else if (is_event(l, "recovery_end")) {
       r.recovered = true;
       r.recovery_s = number(l, "seconds");
+      r.t_recovery_end = t;
     }
   }
   if (r.t_start < 0 || r.t_end < 0) throw std::runtime_error("no job_start/job_end in the log");
@@ -128,6 +135,20 @@ inline double ettr(const run_result& r, const std::map<long, double>& fault_free
   }
   if (r.t_end <= r.t_start) throw std::runtime_error("job_end not after job_start");
   return useful / (r.t_end - r.t_start);
+}
+
+// Wall time the failure cost the coordinator: from the record of the last iteration before
+// the failed one to the failed one's record, less that iteration's fault-free time (the
+// detection, the recovery and the aborted attempt together). -1 when not measurable.
+inline double time_lost(const run_result& r, const std::map<long, double>& fault_free) {
+  double before = -1, after = -1;
+  for (const auto& it : r.iterations) {
+    if (it.iteration == r.target - 1) before = it.t;
+    if (it.iteration == r.target && after < 0) after = it.t;
+  }
+  const auto f = fault_free.find(r.target);
+  if (before < 0 || after < 0 || f == fault_free.end()) return -1;
+  return after - before - f->second;
 }
 
 // The first counted iteration: the end of the first window in every run (window_chosen's

@@ -50,6 +50,9 @@ TEST(run_log_stats, parses_the_records_the_benchmark_needs) {
   EXPECT_EQ(r.window, 0);
   EXPECT_EQ(r.state_hash, "00ff00ff00ff00ff");
   EXPECT_DOUBLE_EQ(r.t_end - r.t_start, 0.6);
+  EXPECT_DOUBLE_EQ(r.t_recovery_end - r.t_recovery_start, 0.1);
+  // Iteration 2's record came 0.3 s after iteration 1's; fault-free it takes 0.25 s.
+  EXPECT_NEAR(time_lost(r, {{0, 0.5}, {1, 0.25}, {2, 0.25}}), 0.05, 1e-12);
 }
 
 TEST(run_log_stats, a_failed_or_unfinished_job_is_an_error) {
@@ -63,8 +66,8 @@ TEST(run_log_stats, a_failed_or_unfinished_job_is_an_error) {
 TEST(run_log_stats, ettr_counts_each_committed_iteration_once_at_its_fault_free_time) {
   run_result a, b;
   for (long i = 0; i < 3; ++i) {
-    a.iterations.push_back({i, 1.0 + double(i), 0, 0, 0});
-    b.iterations.push_back({i, 3.0 + double(i), 0, 0, 0});
+    a.iterations.push_back({i, 1.0 + double(i), 0, 0, 0, 0});
+    b.iterations.push_back({i, 3.0 + double(i), 0, 0, 0, 0});
   }
   const auto ff = per_index({a, b, a});  // median per index: 1, 2, 3
   EXPECT_DOUBLE_EQ(ff.at(0), 1.0);
@@ -73,9 +76,9 @@ TEST(run_log_stats, ettr_counts_each_committed_iteration_once_at_its_fault_free_
   faulty.t_start = 10;
   faulty.t_end = 22;
   // Iteration 1 recorded twice (attempted again after a failure): it counts once.
-  for (long i : {0L, 1L, 1L, 2L}) faulty.iterations.push_back({i, 100.0, 0, 0, 0});
+  for (long i : {0L, 1L, 1L, 2L}) faulty.iterations.push_back({i, 100.0, 0, 0, 0, 0});
   EXPECT_DOUBLE_EQ(ettr(faulty, ff), 6.0 / 12.0);
-  faulty.iterations.push_back({7, 1.0, 0, 0, 0});  // no fault-free time for it
+  faulty.iterations.push_back({7, 1.0, 0, 0, 0, 0});  // no fault-free time for it
   EXPECT_THROW(ettr(faulty, ff), std::runtime_error);
 }
 
