@@ -1,0 +1,315 @@
+// `moevement bench policies [options]`: what policy `moevement` costs a fault-free run under
+// `moevement launch` (real worker processes), against policy `none` on the same job, and
+// then what one failure costs it (the recovery part, also `moevement bench recovery`, which
+// runs only that part and the fault-free `moevement` runs it needs as reference).
+//
+// Options: --config FILE (default examples/configs/pipeline_tiny.toml), --set KEY=VALUE
+// (repeatable, passed to every run), --repeats N (default 3), --iterations N (default 40),
+// --pp N (default 3: the recovery kills the middle stage), --dp N (default 1),
+// --spares N (default 1, every run, so both policies run on the same processes),
+// --w-sparse N (default 0: Algorithm 1 chooses); every run gets
+// cluster.failure_timeout_ms=10000 (see below), --kill-iter T (default 2/3 of the run),
+// --kill-stage S (default pp/2), --no-recovery, --profile-out FILE.
+//
+// Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
+// Counted iterations: those at or after the end of the first window (window_chosen's
+// iteration + W_sparse; always after iteration 0), the same indices for both policies.
+//   iteration_time: ours = moevement's median counted iteration_s (pooled over repeats),
+//                   theirs = none's; ratio = theirs / ours (1 = no overhead)
+//   plus W_sparse, snapshot bytes per iteration (mean over counted iterations), mean stall,
+//   and the peak of snapshot_host_bytes + log_host_bytes over all iterations.
+// Recovery part: the same job under moevement with --inject kill:stage=S,replica=0,iter=T.
+//   recovery_s (recovery_end's seconds), iterations_replayed (target_iteration -
+//   replay_from), state_hash_equal (the job's final hash against the fault-free moevement
+//   run's: bit-exact recovery), and
+//   ETTR = sum over the iterations the faulty run committed (each iteration index of its
+//          iteration records, once) of that iteration's fault-free time (median of its
+//          iteration_s over the fault-free moevement runs), divided by the wall time from
+//          the job_start record to the job_end record. The run log has no timestamps, so the
+//          bench polls the log every 2 ms and stamps each line as it appears.
+//   ettr: ours = the faulty run's ETTR, theirs = the fault-free moevement runs' (median) by
+//         the same definition (what the engine loses between iterations without failures);
+//         ratio = ours / theirs.
+// Run from the source root. The dense baselines do not run under `moevement launch` yet;
+// their in-process numbers come from `moevement bench baselines`.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/run_log_stats.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace moevement::bench;
+using sclock = std::chrono::steady_clock;
+
+struct options {
+  std::string config = "examples/configs/pipeline_tiny.toml";
+  std::vector<std::string> sets;
+  int repeats = 3, iterations = 40, pp = 3, dp = 1, spares = 1, w_sparse = 0;
+  int kill_iter = -1, kill_stage = -1;
+  bool recovery = true, fault_free_compare = true;
+  std::string profile_out;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `bin args...` with its output in a file, stamping each run log line as it appears.
+std::vector<stamped> launch(const std::string& bin, const std::vector<std::string>& args,
+                            const fs::path& log) {
+  fs::remove(log);
+  const fs::path out = fs::path(log).replace_extension(".out");
+  std::vector<std::string> all{bin};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("cannot run " + bin);
+
+  const auto t0 = sclock::now();
+  std::vector<stamped> lines;
+  std::string partial;
+  std::streamoff read = 0;
+  auto poll = [&] {
+    std::ifstream in(log, std::ios::binary);
+    if (!in) return;
+    in.seekg(read);
+    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    read += std::streamoff(chunk.size());
+    const double t = std::chrono::duration<double>(sclock::now() - t0).count();
+    partial += chunk;
+    for (std::size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
+      lines.push_back({t, partial.substr(0, nl)});
+      partial.erase(0, nl + 1);
+    }
+  };
+  int status = 0;
+  for (;;) {
+    poll();
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (w < 0) throw std::runtime_error("waitpid failed");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  poll();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string cmd = bin;
+    for (const auto& a : args) cmd += " " + a;
+    throw std::runtime_error("failed: " + cmd + "\n" + slurp(out));
+  }
+  fs::remove(out);
+  return lines;
+}
+
+std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  const std::string self = fs::path(argv[0]).filename().string();
+  if (self == "bench_recovery") o.fault_free_compare = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "--config")
+      o.config = value();
+    else if (f == "--set")
+      o.sets.push_back(value());
+    else if (f == "--repeats")
+      o.repeats = std::atoi(value().c_str());
+    else if (f == "--iterations")
+      o.iterations = std::atoi(value().c_str());
+    else if (f == "--pp")
+      o.pp = std::atoi(value().c_str());
+    else if (f == "--dp")
+      o.dp = std::atoi(value().c_str());
+    else if (f == "--spares")
+      o.spares = std::atoi(value().c_str());
+    else if (f == "--w-sparse")
+      o.w_sparse = std::atoi(value().c_str());
+    else if (f == "--kill-iter")
+      o.kill_iter = std::atoi(value().c_str());
+    else if (f == "--kill-stage")
+      o.kill_stage = std::atoi(value().c_str());
+    else if (f == "--no-recovery")
+      o.recovery = false;
+    else if (f == "--profile-out")
+      o.profile_out = value();
+    else
+      throw std::runtime_error("unknown option " + f + " (see bench/policies_bench.cpp)");
+  }
+  if (o.repeats < 1 || o.iterations < 2 || o.pp < 1 || o.dp < 1) {
+    throw std::runtime_error("--repeats >= 1, --iterations >= 2, --pp >= 1, --dp >= 1");
+  }
+  if (o.kill_iter < 0) o.kill_iter = std::max(1, 2 * o.iterations / 3);
+  if (o.kill_stage < 0) o.kill_stage = o.pp / 2;
+  if (o.recovery && o.spares < 1) throw std::runtime_error("the recovery part needs --spares >= 1");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse_options(argc, argv);
+    const auto self = fs::read_symlink("/proc/self/exe");
+    const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
+    const fs::path log =
+        fs::temp_directory_path() / ("bench_policies_" + std::to_string(::getpid()) + ".jsonl");
+    auto args = [&](const std::string& policy, const std::string& inject) {
+      std::vector<std::string> a{"launch", o.config};
+      auto set = [&](const std::string& kv) {
+        a.push_back("--set");
+        a.push_back(kv);
+      };
+      set(fmt::format("train.iterations={}", o.iterations));
+      set("train.val_batches=0");
+      set("train.log_every=1000000");
+      set(fmt::format("parallel.pp={}", o.pp));
+      set(fmt::format("parallel.dp={}", o.dp));
+      set(fmt::format("cluster.spares={}", o.spares));
+      set("checkpoint.policy=" + policy);
+      if (policy == "moevement") set(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
+      // On a loaded 2-core machine the 1 s default heartbeat silence was taken for a lost
+      // worker (a false failure ends a `none` run); the injected kill is detected by the
+      // process's exit, not by this timeout. --set overrides it.
+      set("cluster.failure_timeout_ms=10000");
+      for (const auto& s : o.sets) set(s);
+      set("engine.run_log=" + log.string());
+      if (!inject.empty()) {
+        a.push_back("--inject");
+        a.push_back(inject);
+      }
+      return a;
+    };
+    std::printf("# config %s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load before: %s\n",
+                o.config.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats, loadavg().c_str());
+    std::vector<run_result> none, moe;
+    for (int r = 0; r < o.repeats; ++r) {
+      if (o.fault_free_compare) none.push_back(parse(launch(bin, args("none", ""), log)));
+      moe.push_back(parse(launch(bin, args("moevement", ""), log)));
+    }
+    // Counted: at or after the end of the first window, in every moevement run.
+    const long skip = counted_from(moe);
+    int w = 0;
+    for (const auto& r : moe) w = std::max(w, r.w_sparse);
+    std::vector<double> moe_s, stall, bytes, host;
+    for (const auto& r : moe) {
+      for (const auto& it : r.iterations) {
+        host.push_back(it.host_bytes);
+        if (it.iteration < skip) continue;
+        moe_s.push_back(it.seconds);
+        stall.push_back(it.stall_s);
+        bytes.push_back(it.snapshot_bytes);
+      }
+    }
+    if (moe_s.empty()) {
+      throw std::runtime_error(fmt::format(
+          "no iteration after the first window (it ends at {}): raise --iterations", skip));
+    }
+    const double moe_median = median(moe_s);
+    std::printf("# counted iterations: %ld..%d of each run\n", skip, o.iterations - 1);
+    std::printf("w_sparse: %d\n", w);
+    if (o.fault_free_compare) {
+      std::vector<double> none_s;
+      for (const auto& r : none) {
+        for (const auto& it : r.iterations) {
+          if (it.iteration >= skip) none_s.push_back(it.seconds);
+        }
+      }
+      const double none_median = median(none_s);
+      std::printf("iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median, none_median,
+                  none_median / moe_median);
+      std::printf("overhead_vs_none: %.2f%%\n", 100.0 * (moe_median / none_median - 1.0));
+    } else {
+      std::printf("iteration_time_moevement: %.5f\n", moe_median);
+    }
+    std::printf("snapshot_bytes_per_iteration: %.0f\n", mean(bytes));
+    std::printf("stall_s_mean: %.6f\n", mean(stall));
+    std::printf("peak_snapshot_log_host_bytes: %.0f\n",
+                *std::max_element(host.begin(), host.end()));
+
+    const auto fault_free = per_index(moe);
+    std::vector<double> ff_ettr;
+    for (const auto& r : moe) ff_ettr.push_back(ettr(r, fault_free));
+    double recovery_s = -1;
+    if (o.recovery) {
+      const std::string inject =
+          fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter);
+      std::printf("# recovery: %s\n", inject.c_str());
+      const run_result f = parse(launch(bin, args("moevement", inject), log));
+      if (!f.recovered) throw std::runtime_error("the injected kill led to no recovery_end");
+      recovery_s = f.recovery_s;
+      std::printf("recovery_s: %.4f\n", f.recovery_s);
+      std::printf("recovery_window: %ld (replay_from %ld, target %ld)\n", f.window, f.replay_from,
+                  f.target);
+      std::printf("iterations_replayed: %ld\n", f.target - f.replay_from);
+      // Seen in the run log (2 ms polling): worker_lost -> recovery_start -> recovery_end.
+      std::printf("seen_lost_to_start_s: %.4f\nseen_start_to_end_s: %.4f\n",
+                  f.t_recovery_start - f.t_lost, f.t_recovery_end - f.t_recovery_start);
+      std::printf("time_lost_s: %.4f\n", time_lost(f, fault_free));
+      const bool same = !f.state_hash.empty() && f.state_hash == moe.front().state_hash;
+      std::printf("state_hash_equal: %s (%s vs fault-free %s)\n", same ? "yes" : "NO",
+                  f.state_hash.c_str(), moe.front().state_hash.c_str());
+      const double ours = ettr(f, fault_free), theirs = median(ff_ettr);
+      std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f\n", ours, theirs, ours / theirs);
+      std::vector<double> walls;
+      for (const auto& r : moe) walls.push_back(r.t_end - r.t_start);
+      const double wall = f.t_end - f.t_start, wall_ff = median(walls);
+      std::printf("wall_s_job: ours=%.3f theirs=%.3f ratio=%.4f\n", wall, wall_ff, wall_ff / wall);
+    }
+    std::printf("# load after: %s\n", loadavg().c_str());
+    if (!o.profile_out.empty()) {
+      std::ofstream p(o.profile_out);
+      p << fmt::format(
+          "{{\"config\":\"{}\",\"pp\":{},\"dp\":{},\"iteration_s\":{:.6f},"
+          "\"snapshot_bytes_per_iteration\":{:.0f},\"w_sparse\":{},\"stall_s\":{:.6f},"
+          "\"recovery_s\":{:.4f}}}\n",
+          o.config, o.pp, o.dp, moe_median, mean(bytes), w, mean(stall), recovery_s);
+      if (!p) throw std::runtime_error("cannot write " + o.profile_out);
+    }
+    fs::remove(log);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench policies: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

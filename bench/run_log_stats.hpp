@@ -1,0 +1,165 @@
+// Reading a `moevement launch` run log (JSONL) back for the policies/recovery benchmark:
+// the records it needs, a median, and the ETTR definition. Header-only so that the test
+// (tests/bench/run_log_stats_test.cpp) checks exactly what the benchmark computes.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace moevement::bench {
+
+// A run log line with the time (since the run's spawn) at which the bench first saw it.
+struct stamped {
+  double t = 0;
+  std::string line;
+};
+
+struct iteration_rec {
+  long iteration = 0;
+  double seconds = 0, stall_s = 0;
+  double t = 0;                               // when the bench saw the record
+  double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
+};
+
+// What one `moevement launch` left in its run log.
+struct run_result {
+  std::vector<iteration_rec> iterations;
+  int w_sparse = 0;
+  long window_chosen_at = -1;
+  double t_start = -1, t_end = -1;  // job_start, job_end seen
+  std::string state_hash;
+  bool recovered = false;
+  double recovery_s = 0;
+  long target = -1, replay_from = -1, window = -1;
+  double t_lost = -1, t_recovery_start = -1, t_recovery_end = -1;  // seen by the bench
+};
+
+inline double number(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return 0.0;
+  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+inline std::string text(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return {};
+  const auto from = at + key.size() + 4;
+  return line.substr(from, line.find('"', from) - from);
+}
+
+inline bool is_event(const std::string& line, const std::string& name) {
+  return line.find("\"event\":\"" + name + "\"") != std::string::npos;
+}
+
+inline run_result parse(const std::vector<stamped>& log) {
+  run_result r;
+  for (const auto& [t, l] : log) {
+    if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+      iteration_rec it;
+      it.iteration = long(number(l, "iteration"));
+      it.seconds = number(l, "iteration_s");
+      it.stall_s = number(l, "stall_s");
+      it.snapshot_bytes = number(l, "snapshot_bytes");
+      it.host_bytes = number(l, "snapshot_host_bytes") + number(l, "log_host_bytes");
+      it.t = t;
+      r.iterations.push_back(it);
+    } else if (is_event(l, "window_chosen")) {
+      r.w_sparse = int(number(l, "w_sparse"));
+      r.window_chosen_at = long(number(l, "iteration"));
+    } else if (is_event(l, "job_start")) {
+      r.t_start = t;
+    } else if (is_event(l, "job_end")) {
+      r.t_end = t;
+      r.state_hash = text(l, "state_hash");
+    } else if (is_event(l, "job_failed")) {
+      throw std::runtime_error("the job failed: " + l);
+    } else if (is_event(l, "worker_lost")) {
+      if (r.t_lost < 0) r.t_lost = t;
+    } else if (is_event(l, "recovery_start")) {
+      r.t_recovery_start = t;
+      r.target = long(number(l, "target_iteration"));
+      r.replay_from = long(number(l, "replay_from"));
+      r.window = long(number(l, "window"));
+    } else if (is_event(l, "recovery_end")) {
+      r.recovered = true;
+      r.recovery_s = number(l, "seconds");
+      r.t_recovery_end = t;
+    }
+  }
+  if (r.t_start < 0 || r.t_end < 0) throw std::runtime_error("no job_start/job_end in the log");
+  return r;
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+inline double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / double(v.size());
+}
+
+// Fault-free iteration time of each iteration index: the median over the runs.
+inline std::map<long, double> per_index(const std::vector<run_result>& runs) {
+  std::map<long, std::vector<double>> by;
+  for (const auto& r : runs) {
+    for (const auto& it : r.iterations) by[it.iteration].push_back(it.seconds);
+  }
+  std::map<long, double> m;
+  for (const auto& [i, v] : by) m[i] = median(v);
+  return m;
+}
+
+// ETTR: the fault-free time of every iteration the run committed (each index once, however
+// often it was attempted or replayed), over the wall time from job_start to job_end.
+inline double ettr(const run_result& r, const std::map<long, double>& fault_free) {
+  std::set<long> committed;
+  for (const auto& it : r.iterations) committed.insert(it.iteration);
+  double useful = 0;
+  for (long i : committed) {
+    const auto f = fault_free.find(i);
+    if (f == fault_free.end())
+      throw std::runtime_error(fmt::format("no fault-free time for {}", i));
+    useful += f->second;
+  }
+  if (r.t_end <= r.t_start) throw std::runtime_error("job_end not after job_start");
+  return useful / (r.t_end - r.t_start);
+}
+
+// Wall time the failure cost the coordinator: from the record of the last iteration before
+// the failed one to the failed one's record, less that iteration's fault-free time (the
+// detection, the recovery and the aborted attempt together). -1 when not measurable.
+inline double time_lost(const run_result& r, const std::map<long, double>& fault_free) {
+  double before = -1, after = -1;
+  for (const auto& it : r.iterations) {
+    if (it.iteration == r.target - 1) before = it.t;
+    if (it.iteration == r.target && after < 0) after = it.t;
+  }
+  const auto f = fault_free.find(r.target);
+  if (before < 0 || after < 0 || f == fault_free.end()) return -1;
+  return after - before - f->second;
+}
+
+// The first counted iteration: the end of the first window in every run (window_chosen's
+// iteration + W_sparse), and never iteration 0.
+inline long counted_from(const std::vector<run_result>& runs) {
+  long skip = 1;
+  for (const auto& r : runs) {
+    if (r.window_chosen_at < 0) throw std::runtime_error("a moevement run chose no window");
+    skip = std::max(skip, r.window_chosen_at + r.w_sparse);
+  }
+  return skip;
+}
+
+}  // namespace moevement::bench
