@@ -210,7 +210,13 @@ struct pending_request {
 
 struct link_state : std::enable_shared_from_this<link_state> {
   link_state(asio::io_context& io_in, ucx_link_options options)
-      : io(io_in), opt(std::move(options)), context(), worker(context), fd(io), tick(io), poll(io) {}
+      : io(io_in),
+        opt(std::move(options)),
+        context(),
+        worker(context),
+        fd(io),
+        tick(io),
+        poll(io) {}
 
   asio::io_context& io;
   ucx_link_options opt;
