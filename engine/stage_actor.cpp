@@ -113,9 +113,12 @@ void stage_actor::fail(const std::string& what) {
 
 bool stage_actor::accept(std::uint64_t epoch) {
   if (epoch == epoch_ && phase_ != phase::aborted && phase_ != phase::idle) return true;
-  // The next epoch's inputs may arrive before its Iterate does, but only once this stage is
+  // A later epoch's inputs may arrive before its Iterate does, but only once this stage is
   // done with the current one (the coordinator starts an epoch after every stage finished).
-  if (epoch == epoch_ + 1 &&
+  // Later, not only the next: a replacement stage starts at epoch 0 while the job is at some
+  // epoch e, and its first inputs (for e) may beat its first Iterate (dropping them stalled
+  // the job after a recovery). advance() uses an input only when its epoch is the current one.
+  if (epoch > epoch_ &&
       (phase_ == phase::idle || phase_ == phase::stepped || phase_ == phase::aborted)) {
     return true;
   }

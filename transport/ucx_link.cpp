@@ -11,8 +11,10 @@
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -27,6 +29,13 @@ namespace detail {
 namespace {
 
 using clock = std::chrono::steady_clock;
+
+// MOEVEMENT_TRACE_LINK=1: one stderr line per connection event (connect, accept, hello,
+// welcome, failure, peer loss, goodbye, pull), for diagnosing stalls between processes.
+bool link_tracing() {
+  static const bool on = std::getenv("MOEVEMENT_TRACE_LINK") != nullptr;
+  return on;
+}
 
 // Active message ids of the link's own protocol.
 enum am_id : unsigned {
@@ -162,11 +171,13 @@ struct connection {
   node_id peer = 0;
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;
-  // Outgoing: envelopes sent before the welcome, sent in order once it arrives. UCX 1.13 on
-  // shared memory fails sends queued while the endpoint is wiring up (measured: "Invalid
-  // am_short_iov length: 168 (expected: <= 100)", the message lost) when several go out
-  // back to back on a fresh endpoint.
-  std::deque<std::shared_ptr<kj::Array<capnp::word>>> held;
+  // Outgoing: everything but the hello (envelopes, pull requests) issued before the welcome,
+  // sent in order once it arrives. UCX 1.13 on shared memory fails sends queued while the
+  // endpoint is wiring up (measured: "Invalid am_short_iov length: 168 (expected: <= 100)",
+  // the message lost) when several go out back to back on a fresh endpoint, and it may deliver
+  // a message sent after the hello before it (seen: a pull request overtook the hello, the
+  // acceptor dropped it as unadmitted and the pull never completed: a silent job stall).
+  std::deque<std::function<void(connection&)>> held;
   // Unpacked rkeys by region id: unpacking (and, on shared memory, mapping the segment and
   // faulting its pages in) costs more than a pull of megabytes.
   std::map<std::uint64_t, std::shared_ptr<remote_key>> rkeys;
@@ -207,6 +218,11 @@ struct pending_request {
 };
 
 }  // namespace
+
+#define LINK_TRACE(...)                                                                           \
+  do {                                                                                            \
+    if (link_tracing()) fmt::print(stderr, "[link {}] {}\n", opt.self, fmt::format(__VA_ARGS__)); \
+  } while (0)
 
 struct link_state : std::enable_shared_from_this<link_state> {
   link_state(asio::io_context& io_in, ucx_link_options options)
@@ -522,10 +538,20 @@ struct link_state : std::enable_shared_from_this<link_state> {
     connection* c = find_conn(serial);
     if (c == nullptr) return;
     while (!c->held.empty()) {
-      auto m = std::move(c->held.front());
+      auto send = std::move(c->held.front());
       c->held.pop_front();
-      (void)send_envelope(*c, std::move(m));  // a failure is counted in send_am
+      send(*c);  // a failure is counted in send_am
     }
+  }
+  // Runs `send` now, or once the peer welcomed us on this (outgoing) connection: nothing but
+  // the hello may go out before, and what was held goes first (in order).
+  void send_when_welcomed(connection& c, std::function<void(connection&)> send) {
+    if (c.outgoing && (!c.welcomed || !c.held.empty())) {
+      ++counters.held_sends;
+      c.held.push_back(std::move(send));
+      return;
+    }
+    send(c);
   }
 
   // A message of the link's own protocol: a header copy lives with the request.
@@ -555,6 +581,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
     auto it = s->by_ep.find(ep);
     if (it == s->by_ep.end()) return;
     const std::uint64_t serial = it->second;
+    if (link_tracing()) {
+      fmt::print(stderr, "[link {}] endpoint error on conn {}: {}\n", s->opt.self, serial,
+                 ucs_status_string(status));
+    }
     asio::post(s->io, [w = s->weak_from_this(), serial, status] {
       if (auto st = w.lock()) {
         st->fail_connection(serial, fmt::format("endpoint error: {}", ucs_status_string(status)));
@@ -609,7 +639,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     p.conn_request = request;
     ucp_ep_h ep = nullptr;
     if (ucp_ep_create(worker.handle(), &p, &ep) != UCS_OK) return;
-    add_connection(ep, /*outgoing=*/false, 0);
+    const auto& c = add_connection(ep, /*outgoing=*/false, 0);
+    LINK_TRACE("accepted conn {}", c.serial);
     kick();
   }
 
@@ -641,6 +672,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     connection& c = add_connection(ep, /*outgoing=*/true, peer);
     pe.send_conn = c.serial;
+    LINK_TRACE("connecting to node {} on conn {}", peer, c.serial);
     auto token = std::make_shared<std::string>(opt.job_token);
     hello_header h{wire_magic, wire_version, opt.self,
                    static_cast<std::uint32_t>(opt.job_token.size())};
@@ -664,6 +696,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (c == nullptr) return;
     const bool admitted = c->admitted;
     const node_id peer = c->peer;
+    LINK_TRACE("failing conn {} (node {}, admitted {}): {}", serial, peer, admitted, detail);
     close_ep(c->ep, /*force=*/true);
     conns.erase(serial);
     fail_waiting_pulls(serial, detail);
@@ -676,6 +709,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (it == peers.end() || it->second.lost) return;
     // After our own goodbye, peers closing on us is expected, not news.
     if (said_goodbye) why = peer_loss::goodbye;
+    LINK_TRACE("node {} lost ({}): {}", peer, why == peer_loss::goodbye ? "goodbye" : "crash",
+               detail);
     it->second.lost = true;
     it->second.send_conn = 0;
     it->second.path_known = false;
@@ -728,10 +763,14 @@ struct link_state : std::enable_shared_from_this<link_state> {
       return UCS_OK;      // drops it (a rendezvous is completed empty for the sender)
     }
     auto it = by_ep.find(param->reply_ep);
-    if (it == by_ep.end()) return UCS_OK;  // a connection being closed
+    if (it == by_ep.end()) {
+      LINK_TRACE("am {} on an unknown endpoint dropped", unsigned(id));
+      return UCS_OK;  // a connection being closed
+    }
     connection& c = *conns.at(it->second);
     if (id == am_hello) return on_hello(c, header, header_len, data, len, rndv);
     if (!c.admitted) {
+      LINK_TRACE("am {} before the hello on conn {} dropped", unsigned(id), c.serial);
       ++stats.malformed;  // nothing but a hello is accepted before admission
       return UCS_OK;
     }
@@ -745,6 +784,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
           return UCS_OK;
         }
         c.welcomed = true;
+        LINK_TRACE("welcomed by node {} on conn {}", c.peer, c.serial);
         if (!c.held.empty()) {  // not inside progress: sends go out from a posted handler
           asio::post(io, [w = weak_from_this(), serial = c.serial] {
             if (auto st = w.lock()) st->release_held(serial);
@@ -760,6 +800,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
       case am_envelope:
         return on_envelope(c, data, len, rndv);
       case am_goodbye: {
+        LINK_TRACE("goodbye from node {} on conn {} (header {} B, data {} B)", c.peer, c.serial,
+                   header_len, len);
         auto in = std::make_shared<inbound>();
         in->what = inbound::kind::goodbye;
         in->ready = true;
@@ -783,6 +825,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       case am_bulk_error:
         return on_bulk_reply(c, id, header, header_len, data, len, rndv);
       default:
+        LINK_TRACE("unknown am {} on conn {} dropped", unsigned(id), c.serial);
         ++stats.malformed;
         return UCS_OK;
     }
@@ -820,6 +863,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     c.admitted = true;
     c.peer = h.node;
+    LINK_TRACE("hello from node {} on conn {}", h.node, c.serial);
     auto& pe = peers[h.node];
     if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
     if (find_conn(pe.send_conn) == nullptr) pe.send_conn = c.serial;
@@ -980,6 +1024,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     } else {
       ++counters.pulls_failed;
     }
+    LINK_TRACE("pull {} from node {} finished: {}", id, op->peer, r.ok() ? "ok" : r.err().message);
     asio::post(io, [done = std::move(op->done), r = std::move(r)] { done(r); });
   }
 
@@ -1000,6 +1045,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     auto it = pulls.find(h.request);
     if (it == pulls.end() || it->second->conn != c.serial || it->second->transferring) {
+      LINK_TRACE("bulk reply {} for pull {} on conn {} matches nothing", unsigned(id), h.request,
+                 c.serial);
       ++stats.malformed;  // a reply to nothing we asked this peer for
       return UCS_OK;
     }
@@ -1317,7 +1364,9 @@ result<void> ucx_link::send(node_id to, kj::Array<capnp::word> message) {
   }
   auto owned = std::make_shared<kj::Array<capnp::word>>(std::move(message));
   if ((*c)->outgoing && (!(*c)->welcomed || !(*c)->held.empty())) {
-    (*c)->held.push_back(std::move(owned));  // sent once the peer welcomed us, in order
+    s.send_when_welcomed(**c, [&s, owned = std::move(owned)](detail::connection& conn) {
+      (void)s.send_envelope(conn, owned);
+    });
     ++s.stats.sent;
     return {};
   }
@@ -1333,6 +1382,7 @@ void ucx_link::forget(node_id peer) {
 void ucx_link::say_goodbye() {
   auto& s = *state_;
   s.said_goodbye = true;
+  if (detail::link_tracing()) fmt::print(stderr, "[link {}] saying goodbye\n", s.opt.self);
   for (auto& [serial, c] : s.conns) {
     if (c->admitted) s.send_signal(*c, detail::am_goodbye);
   }
@@ -1461,8 +1511,14 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   op->done = std::move(done);
   const std::uint64_t id = op->id;
   s.pulls[id] = std::move(op);
-  s.send_control(**c, detail::am_bulk_request,
-                 detail::bulk_request_header{id, d.region, d.offset, d.length, rma, 0});
+  if (detail::link_tracing()) {
+    fmt::print(stderr, "[link {}] pull {} from node {} region {} on conn {} (rma {})\n", s.opt.self,
+               id, d.node, d.region, (*c)->serial, rma);
+  }
+  const detail::bulk_request_header request{id, d.region, d.offset, d.length, rma, 0};
+  s.send_when_welcomed(**c, [&s, request](detail::connection& conn) {
+    s.send_control(conn, detail::am_bulk_request, request);
+  });
 }
 
 void ucx_link::send_raw_for_tests(node_id to, unsigned am, std::span<const std::byte> header,

@@ -49,6 +49,7 @@ struct ucx_link_counters {
   std::uint64_t pulls_ok = 0;        // our pulls that completed
   std::uint64_t pulls_failed = 0;    // our pulls that completed with an error
   std::uint64_t pulls_by_rma = 0;    // our pulls the exporter answered with an rkey
+  std::uint64_t held_sends = 0;      // envelopes and pull requests held until the peer's welcome
   std::uint64_t arms = 0;            // ucp_worker_arm calls
   std::uint64_t arm_busy = 0;        // ... that returned UCS_ERR_BUSY (progress again)
   std::uint64_t arm_errors = 0;      // ... that failed otherwise (no fd wait: tick only)

@@ -334,6 +334,38 @@ TEST_P(ucx_link_test, automatic_bulk_path_follows_the_transport) {
   part(6, pid);
 }
 
+// A pull issued on a fresh connection (nothing exchanged yet, the launcher's case: a stage
+// pulls from a peer it never spoke to) must not go out before the acceptor welcomed us: UCX may
+// deliver it ahead of the hello, the acceptor drops it as unadmitted and the pull never ends.
+// Held requests are counted; the pull then completes with the right bytes and the exporter saw
+// nothing malformed.
+TEST_P(ucx_link_test, pull_on_a_fresh_connection_waits_for_the_welcome) {
+  make_link();
+  auto region = link_->allocate_region(4096);
+  testing::fill_pattern(region.memory(), 7);
+  ucx_link_options o;
+  o.self = 1;
+  o.job_token = token;
+  ucx_link puller(io_, o);
+  puller.add_peer(0, "127.0.0.1", link_->port());
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::byte> into(region.memory().size());
+    std::optional<result<void>> done;
+    puller.pull(region.describe_all(), into, [&](result<void> r) { done = std::move(r); });
+    // The first pull opens the connection; the second comes after the welcome and goes out
+    // at once.
+    EXPECT_EQ(puller.counters().held_sends, 1u) << "round " << round;
+    ASSERT_TRUE(run_until([&] { return done.has_value(); })) << "the pull never completed";
+    ASSERT_TRUE(done->ok()) << done->err().message;
+    EXPECT_EQ(xxhash64(into), xxhash64(region.memory()));
+  }
+  EXPECT_EQ(link_->stats().malformed, 0u) << "the acceptor dropped something (before the hello?)";
+  EXPECT_EQ(link_->counters().bulk_served, 2u);
+  puller.say_goodbye();
+  ASSERT_TRUE(run_until([&] { return !losses_.empty(); }));
+  EXPECT_EQ(losses_.back().why, peer_loss::goodbye);
+}
+
 INSTANTIATE_TEST_SUITE_P(transports, ucx_link_test, ::testing::Values("shm", "tcp"));
 
 // ---- big tensors, each path ------------------------------------------------------------------
