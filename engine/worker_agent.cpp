@@ -15,6 +15,17 @@ namespace {
 using actors::read_ref;
 using actors::write_ref;
 constexpr auto join_timeout = std::chrono::seconds(30);
+
+stage_setup setup_for(const job_config& job, int stage, int replica) {
+  stage_setup setup;
+  setup.model = job.model;
+  setup.train = job.train;
+  setup.stage = stage;
+  setup.stages = job.pp;
+  setup.replica = replica;
+  setup.replicas = job.dp;
+  return setup;
+}
 }  // namespace
 
 worker_agent::worker_agent(transport::ucx_link& link, const stage_registry& registry,
@@ -135,13 +146,7 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
                              job_->pp, job_->dp));
       co_return;
     }
-    stage_setup setup;
-    setup.model = job_->model;
-    setup.train = job_->train;
-    setup.stage = stage;
-    setup.stages = job_->pp;
-    setup.replica = replica;
-    setup.replicas = job_->dp;
+    stage_setup setup = setup_for(*job_, stage, replica);
     const stage_factory& factory = registry_.find(job_->stage_type);
     std::string build_error;
     auto model = co_await build_stage(factory, setup, build_error);
@@ -163,13 +168,7 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   restoring_ = true;
   stage_index_ = stage;
   replica_ = replica;
-  stage_setup setup;
-  setup.model = job_->model;
-  setup.train = job_->train;
-  setup.stage = stage;
-  setup.stages = job_->pp;
-  setup.replica = replica;
-  setup.replicas = job_->dp;
+  stage_setup setup = setup_for(*job_, stage, replica);
   try {
     const stage_factory& factory = registry_.find(job_->stage_type);
     auto model = co_await checkpoint_->restore(m, factory, setup);

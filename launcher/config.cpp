@@ -86,4 +86,14 @@ bool is_engine_section(std::string_view key) {
   return false;
 }
 
+long flag_number(const std::string& flag, const std::string& value, long lo, long hi) {
+  char* end = nullptr;
+  const long x = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || x < lo || x > hi) {
+    throw std::invalid_argument(
+        fmt::format("{}: expected an integer in [{}, {}], got '{}'", flag, lo, hi, value));
+  }
+  return x;
+}
+
 }  // namespace moevement::launcher

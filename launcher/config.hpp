@@ -22,4 +22,8 @@ void apply_override(models::config_map& map, std::string_view assignment);
 // that one config file serves both `train` and `launch`.
 bool is_engine_section(std::string_view key);
 
+// The integer value of a command-line flag, in [lo, hi]; throws std::invalid_argument naming
+// the flag otherwise.
+long flag_number(const std::string& flag, const std::string& value, long lo, long hi);
+
 }  // namespace moevement::launcher

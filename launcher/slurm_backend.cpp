@@ -23,6 +23,7 @@
 #include <random>
 #include <thread>
 
+#include "launcher/config.hpp"
 #include "launcher/launch.hpp"
 
 namespace moevement::launcher {
@@ -34,16 +35,6 @@ constexpr const char* slurm_worker_usage =
     "[--heartbeat-ms X] [--failure-timeout-ms Y]\n"
     "  a task of the srun step that `moevement launch` starts (cluster.backend = \"slurm\"); the "
     "job token comes in MOEVEMENT_JOB_TOKEN\n";
-
-long number(const std::string& flag, const std::string& v, long lo, long hi) {
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < lo || x > hi) {
-    throw std::invalid_argument(
-        fmt::format("{}: expected an integer in [{}, {}], got '{}'", flag, lo, hi, v));
-  }
-  return x;
-}
 
 // The first address `name` resolves to (IPv4 preferred: what UCX's sockaddr listener and the
 // head most likely share).
@@ -255,15 +246,15 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
     } else if (f == "--host") {
       host = v;
     } else if (f == "--pp") {
-      pp = int(number(f, v, 1, engine::max_job_workers));
+      pp = int(flag_number(f, v, 1, engine::max_job_workers));
     } else if (f == "--dp") {
-      dp = int(number(f, v, 1, engine::max_job_workers));
+      dp = int(flag_number(f, v, 1, engine::max_job_workers));
     } else if (f == "--spares") {
-      spares = int(number(f, v, 0, engine::max_job_workers));
+      spares = int(flag_number(f, v, 0, engine::max_job_workers));
     } else if (f == "--heartbeat-ms") {
-      heartbeat_ms = number(f, v, 1, 60000);
+      heartbeat_ms = flag_number(f, v, 1, 60000);
     } else if (f == "--failure-timeout-ms") {
-      failure_timeout_ms = number(f, v, 1, 600000);
+      failure_timeout_ms = flag_number(f, v, 1, 600000);
     } else {
       throw std::invalid_argument("unexpected argument '" + f + "'\n" + slurm_worker_usage);
     }

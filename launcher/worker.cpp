@@ -18,6 +18,7 @@
 #include "actors/system.hpp"
 #include "engine/coordinator.hpp"
 #include "engine/worker_agent.hpp"
+#include "launcher/config.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/slurm_backend.hpp"
 #include "recovery/moevement_policy.hpp"
@@ -41,16 +42,6 @@ struct worker_args {
   long heartbeat_ms = 100, failure_timeout_ms = 1000;
 };
 
-long number(const std::string& flag, const std::string& v, long lo, long hi) {
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < lo || x > hi) {
-    throw std::invalid_argument(
-        fmt::format("{}: expected an integer in [{}, {}], got '{}'", flag, lo, hi, v));
-  }
-  return x;
-}
-
 worker_args parse(int argc, char** argv) {
   worker_args a;
   for (int i = 2; i < argc; ++i) {
@@ -61,18 +52,18 @@ worker_args parse(int argc, char** argv) {
       const auto colon = v.rfind(':');
       if (colon == std::string::npos) throw std::invalid_argument("--head: expected HOST:PORT");
       a.head_host = v.substr(0, colon);
-      a.head_port = std::uint16_t(number("--head", v.substr(colon + 1), 1, 65535));
+      a.head_port = std::uint16_t(flag_number("--head", v.substr(colon + 1), 1, 65535));
     } else if (f == "--node") {
-      a.node = transport::node_id(number(f, v, 1, 1 << 20));
+      a.node = transport::node_id(flag_number(f, v, 1, 1 << 20));
     } else if (f == "--host") {
       a.host = v;
     } else if (f == "--domain") {
       if (v.empty() || v.size() > 255) throw std::invalid_argument("--domain: 1 to 255 bytes");
       a.domain = v;
     } else if (f == "--heartbeat-ms") {
-      a.heartbeat_ms = number(f, v, 1, 60000);
+      a.heartbeat_ms = flag_number(f, v, 1, 60000);
     } else if (f == "--failure-timeout-ms") {
-      a.failure_timeout_ms = number(f, v, 1, 600000);
+      a.failure_timeout_ms = flag_number(f, v, 1, 600000);
     } else {
       throw std::invalid_argument("unexpected argument '" + f + "'\n" + worker_usage);
     }

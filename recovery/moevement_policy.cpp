@@ -241,7 +241,7 @@ void checkpoint_agent::set_targets(std::vector<actor_ref> replicators) {
   targets_ = std::move(replicators);
   // Slots still waiting for copies go to the new targets (a lost replicator never answers).
   for (auto& [k, p] : pending_) {
-    p.asked = p.acked;
+    p.asked.clear();
     send(k.first, k.second, p);
   }
 }
@@ -252,10 +252,10 @@ awaitable<void> checkpoint_agent::stored(wire::SlotStored::Reader m) {
   const auto it = pending_.find({key.getWindow(), key.getSlot()});
   if (it == pending_.end() || !m.getOk()) co_return;
   // The answer names no sender we could trust more than the count: one more copy.
-  it->second.acked.push_back(actor_ref{});
+  ++it->second.copies;
   const std::size_t need = std::min<std::size_t>(std::size_t(std::max(copies_, 1)),
                                                  std::max<std::size_t>(targets_.size(), 1));
-  if (it->second.acked.size() < need) co_return;
+  if (it->second.copies < need) co_return;
   const std::uint64_t window = key.getWindow();
   auto& r = replicated_[window];
   if (key.getSlot() < r.size()) r[key.getSlot()] = true;

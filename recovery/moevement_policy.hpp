@@ -81,8 +81,8 @@ class checkpoint_agent : public actors::actor {
  private:
   struct pending_slot {
     transport::bulk_region region;
-    std::vector<actors::actor_ref> acked;
-    std::vector<actors::actor_ref> asked;
+    std::size_t copies = 0;                // replicators that answered stored
+    std::vector<actors::actor_ref> asked;  // targets sent a StoreSlot
   };
   asio::awaitable<void> stored(wire::SlotStored::Reader m);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
