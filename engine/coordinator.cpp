@@ -861,6 +861,7 @@ awaitable<void> coordinator::start_recovery(worker_info lost) {
     write_ref(b.initCoordinator(), me);
   };
   (void)tell<wire::Restore>(sw.agent, fill);
+  if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_start", target);
 }
 
 awaitable<void> coordinator::finish_recovery() {
@@ -888,6 +889,7 @@ awaitable<void> coordinator::finish_recovery() {
                     rec.lost.stage, rec.lost.replica, rec.spare, secs, rec.target));
   }
   phase_ = phase::running;
+  if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_end", rec.target);
   if (rec.resume_validation) {
     co_await after_iteration();  // the validation round is run again
   } else {

@@ -63,6 +63,9 @@ struct coordinator_callbacks {
   std::function<void(transport::node_id node, int pid)> on_worker_lost;
   // One line for the operator about a failure or a recovery.
   std::function<void(const std::string&)> on_notice;
+  // A recovery began ("recovery_start") or every region of it ended ("recovery_end"); the
+  // launcher uses it to inject failures during a recovery.
+  std::function<void(const std::string& event, std::int64_t target_iteration)> on_recovery;
   std::function<void(std::int64_t iteration, double val_loss)> on_validation;
   std::function<void(const job_outcome&)> on_finished;  // exactly once
 };
