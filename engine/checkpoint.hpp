@@ -41,10 +41,17 @@ class worker_checkpoint {
   virtual double snapshot_bandwidth() const = 0;  // bytes/s, measured by make_hooks()
   // Rebuilds replica `setup.replica` of stage `setup.stage` at the start of the restore's
   // target iteration (on the actor thread; heavy work goes to other threads). Throws with a
-  // message saying what was missing.
+  // message saying what was missing. May be called again (a newer generation of the same
+  // role, after a cascading failure): the previous stage's hooks are gone by then.
   virtual asio::awaitable<std::unique_ptr<stage_model>> restore(wire::Restore::Reader plan,
                                                                 const stage_factory& factory,
                                                                 stage_setup setup) = 0;
+  // What the last restore() spent (for the run log's recovery breakdown).
+  struct restore_timing {
+    double pull_s = 0.0, replay_s = 0.0;
+    std::int64_t iterations_replayed = 0;
+  };
+  virtual restore_timing last_restore() const { return {}; }
 };
 
 using checkpoint_factory = std::function<std::unique_ptr<worker_checkpoint>(

@@ -73,25 +73,25 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
                     .add("stage", w.stage)
                     .add("replica", w.replica)
                     .add("how", how)
-                    .add("iteration", iteration_));
+                    .add("iteration", iteration_)
+                    .add("time_s", log_->seconds()));
   }
   ++losses_seen_;
   if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
-  if (w.stage < 0 && started()) {  // a spare: training goes on, with one spare fewer
+  const bool replacement = recovery_ && member_of(n).first != nullptr;
+  if (w.stage < 0 && !replacement && started()) {  // a spare: one fewer, training goes on
     workers_.erase(it);
     return;
   }
   const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
     return kv.second.stage < 0 && kv.first != n;
   });
-  if (!can_recover_ || !started() || phase_ == phase::recovering || !spare_left) {
+  if (!can_recover_ || !started() || !spare_left) {
     std::string why;
     if (!can_recover_) {
       why = fmt::format("checkpoint.policy = {} cannot recover a lost worker", job_.policy);
     } else if (!started()) {
       why = "the job had not started training yet";
-    } else if (phase_ == phase::recovering) {
-      why = "it failed during another recovery, which this version does not handle yet";
     } else {
       why = "no spare worker is left (raise cluster.spares)";
     }
@@ -101,12 +101,15 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
   }
   workers_.erase(it);
   stages_[std::size_t(w.replica * job_.pp + w.stage)] = actor_ref{};
-  recovery_ = recovery_state{};
-  recovery_->lost = w;
-  recovery_->detected = sclock::now();
-  // As a turn of this actor, so that it never interleaves with a handler.
-  (void)system().post_call(
-      self(), [this, w](actors::actor&) -> awaitable<void> { co_await start_recovery(w); });
+  if (!recovery_) {
+    recovery_ = recovery_state{};
+    recovery_->detected = sclock::now();
+  }
+  recovery_->pending.push_back(w);
+  // As a turn of this actor, so that it never interleaves with a handler (this is called
+  // from the membership callback, possibly while a handler is suspended).
+  (void)system().post_call(self(),
+                           [this](actors::actor&) -> awaitable<void> { co_await recover(); });
 }
 
 void coordinator::on_stop(const actors::exit_reason&) {
@@ -200,10 +203,23 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   auto it = workers_.find(m.getNode());
   if (it == workers_.end()) co_return;
   worker_info& w = it->second;
-  const bool replacement = phase_ == phase::recovering && recovery_ && recovery_->spare == w.node;
+  const auto [reg, member] = member_of(w.node);
+  const bool replacement = phase_ == phase::recovering && member != nullptr;
   if (phase_ != phase::starting && !replacement) co_return;
+  if (replacement && m.getGeneration() != reg->generation) co_return;  // an older restore's
   if (m.getError().size() > 0) {
-    fail(fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError())));
+    std::string message =
+        fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError()));
+    if (replacement) {
+      // A restore usually fails because a worker it pulled from died: the head learns of that
+      // within the failure timeout, and the region then grows (cascading) and restarts.
+      const std::int64_t losses = losses_seen_;
+      asio::steady_timer grace(co_await asio::this_coro::executor,
+                               std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+      co_await grace.async_wait(asio::use_awaitable);
+      if (finished_ || losses_seen_ != losses) co_return;
+    }
+    fail(message);
     co_return;
   }
   const actor_ref ckpt = read_ref(m.getCheckpoint()), repl = read_ref(m.getReplicator());
@@ -229,7 +245,12 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     monitor(r);  // a stage actor that stops (its handler threw) ends the job, never a hang
   }
   if (replacement) {
-    co_await finish_recovery();
+    member->ready = true;
+    member->pull_s = m.getPullSeconds();
+    member->replay_s = m.getReplaySeconds();
+    member->replayed = m.getIterationsReplayed();
+    reg->ready_at = sclock::now();
+    co_await maybe_finish_recovery();
     co_return;
   }
   if (++ready_count_ == expected_workers_) co_await wire_and_start();
@@ -544,7 +565,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
   ++iteration_;
   if (recovery_) {  // a stage was lost while the others stepped: rebuild it one further
     phase_ = phase::paused;
-    co_await start_recovery(recovery_->lost);
+    co_await recover();
     co_return;
   }
   co_await after_iteration();
@@ -746,77 +767,168 @@ void coordinator::maybe_persist() {
   }
 }
 
-awaitable<void> coordinator::start_recovery(worker_info lost) {
-  if (finished_) co_return;
-  // While the survivors step, let them finish: the lost stage is then rebuilt one iteration
-  // further (its step plan is known), and nothing is recomputed outside it.
-  if (phase_ == phase::stepping) {
-    co_await maybe_stepped_all();  // the lost stage's Stepped is no longer waited for
-    co_return;
+std::pair<coordinator::region*, coordinator::region_member*> coordinator::member_of(
+    transport::node_id spare) {
+  if (recovery_) {
+    for (region& r : recovery_->regions) {
+      for (region_member& m : r.members) {
+        if (m.spare == spare && spare != 0) return {&r, &m};
+      }
+    }
   }
-  const phase was = phase_;
-  recovery_->resume_validation = was == phase::validating;
-  phase_ = phase::recovering;
-  {
-    // Drop the iteration in progress everywhere else (it is re-run once the stage is back),
-    // and clear what failed in the survivors because of the lost peer.
+  return {nullptr, nullptr};
+}
+
+awaitable<void> coordinator::recover() {
+  if (finished_ || !recovery_) co_return;
+  if (!recovery_->begun) {
+    // While the survivors step, let them finish: the lost stages are then rebuilt one
+    // iteration further (its step plan is known), and nothing is recomputed outside them.
+    if (phase_ == phase::stepping) {
+      co_await maybe_stepped_all();  // the lost stages' Stepped are no longer waited for
+      co_return;
+    }
+    recovery_->begun = true;
+    recovery_->resume_validation = phase_ == phase::validating;
+    recovery_->target = iteration_;
+    phase_ = phase::recovering;
+    // Drop the iteration in progress everywhere else (it is re-run once the stages are back),
+    // and clear what failed in the survivors because of the lost peers.
     const std::uint64_t e = epoch_;
-    for (const actor_ref& r : stages_) {
-      if (!r.valid()) continue;
+    const std::vector<actor_ref> alive = stages_;
+    for (std::size_t i = 0; i < alive.size(); ++i) {
+      if (!alive[i].valid()) continue;
       auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
-      auto res = co_await ask<wire::Abort, wire::AbortAck>(r, ask_timeout, fill);
+      auto res = co_await ask<wire::Abort, wire::AbortAck>(alive[i], ask_timeout, fill);
       if (finished_) co_return;
-      if (!res.ok()) {
+      if (!res.ok() && stages_[i].valid()) {
         fail("aborting the iteration for a recovery failed: " + res.err().message);
         co_return;
       }
     }
   }
-  // A spare becomes the lost stage.
-  transport::node_id spare = 0;
-  for (const auto& [n, w] : workers_) {
-    if (w.stage < 0) {
-      spare = n;
-      break;
+  if (recovery_->pending.empty()) co_return;
+
+  // Place the new losses. A lost replacement leaves its role in its region, to be rebuilt on
+  // another spare; any other lost stage starts a region of its own, and regions that overlap
+  // or touch merge (contiguous lost stages recover jointly: the logs between them are gone).
+  for (const worker_info& w : recovery_->pending) {
+    auto [reg, member] = member_of(w.node);
+    if (member != nullptr) {
+      member->spare = 0;
+      reg->dirty = true;
+      continue;
+    }
+    region r;
+    r.first = r.last = w.stage;
+    r.members.push_back(region_member{w});
+    r.dirty = true;
+    recovery_->regions.push_back(std::move(r));
+  }
+  recovery_->pending.clear();
+  auto& regions = recovery_->regions;
+  for (bool merged = true; merged;) {
+    merged = false;
+    for (std::size_t i = 0; i < regions.size() && !merged; ++i) {
+      for (std::size_t j = i + 1; j < regions.size() && !merged; ++j) {
+        region& a = regions[i];
+        region& b = regions[j];
+        if (std::max(a.first, b.first) > std::min(a.last, b.last) + 1) continue;
+        a.first = std::min(a.first, b.first);
+        a.last = std::max(a.last, b.last);
+        for (auto& m : b.members) a.members.push_back(std::move(m));
+        a.dirty = true;
+        a.restarts = std::max(a.restarts, b.restarts) + (b.generation != 0 ? 1 : 0);
+        regions.erase(regions.begin() + std::ptrdiff_t(j));
+        merged = true;
+      }
     }
   }
-  if (spare == 0) {
-    fail(
-        fmt::format("stage {} replica {} was lost and no spare worker is left (raise "
-                    "cluster.spares)",
-                    lost.stage, lost.replica));
-    co_return;
+  std::sort(regions.begin(), regions.end(),
+            [](const region& a, const region& b) { return a.first < b.first; });
+  for (region& r : regions) {
+    if (!r.dirty) continue;
+    r.dirty = false;
+    if (r.generation != 0) ++r.restarts;
+    // Every role without a worker gets a spare; roles whose spare already restored an older
+    // generation restore again (same worker) with the enlarged region.
+    for (region_member& m : r.members) {
+      if (m.spare == 0) {
+        for (auto& [n, w] : workers_) {
+          if (w.stage < 0) {
+            m.spare = n;
+            w.stage = m.lost.stage;
+            w.replica = m.lost.replica;
+            break;
+          }
+        }
+      }
+      if (m.spare == 0) {
+        fail(fmt::format(
+            "stage {} replica {} was lost and no spare worker is left (raise cluster.spares)",
+            m.lost.stage, m.lost.replica));
+        co_return;
+      }
+      m.ready = false;
+      worker_info& sw = workers_.at(m.spare);
+      if (sw.stage_actor.valid()) {  // reported an older generation: that stage is dropped
+        sw.stage_actor = actor_ref{};
+        stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
+      }
+    }
+    r.generation = ++generations_;
+    r.started = sclock::now();
+    send_restores(r);
   }
-  worker_info& sw = workers_.at(spare);
-  sw.stage = lost.stage;
-  sw.replica = lost.replica;
-  recovery_->spare = spare;
-  recovery_->target = iteration_;
-  const std::int64_t target = iteration_;
+}
+
+void coordinator::send_restores(const region& r) {
+  const std::int64_t target = recovery_->target;
   const bool has_window = persisted_.has_value();
   const std::uint64_t window = persisted_.value_or(0);
   const std::int64_t first = has_window ? persisted_first_ : 0;
+  std::string roles, spares;
+  for (const region_member& m : r.members) {
+    roles += fmt::format("{}{}/{}", roles.empty() ? "" : ",", m.lost.stage, m.lost.replica);
+    spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
+  }
+  const std::string stages =
+      r.first == r.last ? fmt::format("stage {}", r.first)
+                        : fmt::format("stages {}..{} (jointly)", r.first, r.last);
   if (callbacks_.on_notice) {
+    std::string lost;
+    for (const region_member& m : r.members) {
+      lost += fmt::format("{}stage {} replica {} (worker {})", lost.empty() ? "" : ", ",
+                          m.lost.stage, m.lost.replica, m.lost.node);
+    }
     callbacks_.on_notice(fmt::format(
-        "stage {} replica {} lost (worker {}); rebuilding it on spare worker {} from {} "
-        "(replaying iterations {}..{})",
-        lost.stage, lost.replica, lost.node, spare,
+        "{} lost; {}rebuilding {} on spare worker(s) {} from {} (replaying iterations {}..{})",
+        lost, r.restarts > 0 ? "the recovery grew: " : "", stages, spares,
         has_window ? fmt::format("window {}", window) : std::string("the initial state"), first,
         target - 1));
   }
   if (log_ != nullptr) {
+    const region_member& m0 = r.members.front();
     log_->write(json_record{}
                     .add("kind", "event")
                     .add("event", "recovery_start")
-                    .add("stage", lost.stage)
-                    .add("replica", lost.replica)
-                    .add("lost_node", std::int64_t{lost.node})
-                    .add("spare_node", std::int64_t{spare})
+                    .add("stage", m0.lost.stage)
+                    .add("replica", m0.lost.replica)
+                    .add("lost_node", std::int64_t{m0.lost.node})
+                    .add("spare_node", std::int64_t{m0.spare})
+                    .add("first_stage", r.first)
+                    .add("last_stage", r.last)
+                    .add("roles", roles)
+                    .add("spares", spares)
+                    .add("generation", std::int64_t(r.generation))
+                    .add("restarts", r.restarts)
                     .add("target_iteration", target)
                     .add("window", has_window ? std::int64_t(window) : std::int64_t{-1})
-                    .add("replay_from", first));
+                    .add("replay_from", first)
+                    .add("time_s", log_->seconds()));
   }
-  // Where each replica of the stage finds its window and its neighbours' logs.
+  // Where the region's stage replicas find their windows, and the logs of the healthy stages
+  // just outside it (no region touches another, so those are never being rebuilt).
   std::vector<actor_ref> holders;
   for (const auto& [n, w] : workers_) {
     if (w.replicator.valid()) holders.push_back(w.replicator);
@@ -824,7 +936,7 @@ awaitable<void> coordinator::start_recovery(worker_info lost) {
   auto agent_of = [&](int s, int d) -> actor_ref {
     if (s < 0 || s >= job_.pp) return {};
     for (const auto& [n, w] : workers_) {
-      if (w.stage == s && w.replica == d && n != spare) return w.checkpoint;
+      if (w.stage == s && w.replica == d && member_of(n).first == nullptr) return w.checkpoint;
     }
     return {};
   };
@@ -832,61 +944,108 @@ awaitable<void> coordinator::start_recovery(worker_info lost) {
   for (auto it = steps_.lower_bound(first); it != steps_.end() && it->first < target; ++it) {
     steps.emplace_back(it->first, it->second);
   }
-  const int w_sparse = w_sparse_;
+  const int w_sparse = w_sparse_, dp = job_.dp, k = r.last - r.first + 1;
   const actor_ref me = self();
-  const int st = lost.stage, rep = lost.replica, dp = job_.dp;
-  auto fill = [&](wire::Restore::Builder b) {
-    b.setStage(st);
-    b.setReplica(rep);
-    b.setTargetIteration(target);
-    b.setHasWindow(has_window);
-    b.setWindow(window);
-    b.setFirstIteration(first);
-    b.setWSparse(w_sparse);
-    auto src = b.initSources(static_cast<unsigned>(dp));
-    for (int d = 0; d < dp; ++d) {
-      auto h = src[unsigned(d)].initSlotHolders(static_cast<unsigned>(holders.size()));
-      for (unsigned i = 0; i < holders.size(); ++i) write_ref(h[i], holders[i]);
-      write_ref(src[unsigned(d)].initUpstream(), agent_of(st - 1, d));
-      write_ref(src[unsigned(d)].initDownstream(), agent_of(st + 1, d));
-    }
-    auto l = b.initSteps(static_cast<unsigned>(steps.size()));
-    for (unsigned i = 0; i < steps.size(); ++i) {
-      l[i].setIteration(steps[i].first);
-      l[i].setLossScale(steps[i].second.loss_scale);
-      l[i].setApply(steps[i].second.plan.apply);
-      l[i].setGradMul(steps[i].second.plan.grad_mul);
-      l[i].setGradNorm(steps[i].second.plan.grad_norm);
-    }
-    write_ref(b.initCoordinator(), me);
-  };
-  (void)tell<wire::Restore>(sw.agent, fill);
+  for (const region_member& m : r.members) {
+    auto fill = [&](wire::Restore::Builder b) {
+      b.setStage(m.lost.stage);
+      b.setReplica(m.lost.replica);
+      b.setFirstStage(r.first);
+      b.setLastStage(r.last);
+      b.setGeneration(r.generation);
+      b.setTargetIteration(target);
+      b.setHasWindow(has_window);
+      b.setWindow(window);
+      b.setFirstIteration(first);
+      b.setWSparse(w_sparse);
+      auto src = b.initSources(static_cast<unsigned>(k * dp));
+      for (int j = 0; j < k; ++j) {
+        for (int d = 0; d < dp; ++d) {
+          auto e = src[unsigned(j * dp + d)];
+          auto h = e.initSlotHolders(static_cast<unsigned>(holders.size()));
+          for (unsigned i = 0; i < holders.size(); ++i) write_ref(h[i], holders[i]);
+          write_ref(e.initUpstream(), j == 0 ? agent_of(r.first - 1, d) : actor_ref{});
+          write_ref(e.initDownstream(), j == k - 1 ? agent_of(r.last + 1, d) : actor_ref{});
+        }
+      }
+      auto l = b.initSteps(static_cast<unsigned>(steps.size()));
+      for (unsigned i = 0; i < steps.size(); ++i) {
+        l[i].setIteration(steps[i].first);
+        l[i].setLossScale(steps[i].second.loss_scale);
+        l[i].setApply(steps[i].second.plan.apply);
+        l[i].setGradMul(steps[i].second.plan.grad_mul);
+        l[i].setGradNorm(steps[i].second.plan.grad_norm);
+      }
+      write_ref(b.initCoordinator(), me);
+    };
+    (void)tell<wire::Restore>(workers_.at(m.spare).agent, fill);
+  }
   if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_start", target);
 }
 
-awaitable<void> coordinator::finish_recovery() {
-  const recovery_state rec = *recovery_;
+awaitable<void> coordinator::maybe_finish_recovery() {
+  if (!recovery_ || !recovery_->pending.empty()) co_return;
+  for (const region& r : recovery_->regions) {
+    for (const region_member& m : r.members) {
+      if (!m.ready) co_return;
+    }
+  }
   const bool wired = co_await wire_all();
-  if (!wired) co_return;
+  if (!wired || finished_) co_return;
+  // A loss during the rewiring: recover() (already posted) grows or adds a region.
+  if (!recovery_->pending.empty()) co_return;
+  const recovery_state rec = std::move(*recovery_);
   recovery_.reset();
   ++recoveries_;
   maybe_persist();  // windows the stages finished replicating meanwhile
-  const double secs = std::chrono::duration<double>(sclock::now() - rec.detected).count();
-  if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "recovery_end")
-                    .add("stage", rec.lost.stage)
-                    .add("replica", rec.lost.replica)
-                    .add("spare_node", std::int64_t{rec.spare})
-                    .add("target_iteration", rec.target)
-                    .add("seconds", secs));
-  }
-  if (callbacks_.on_notice) {
-    callbacks_.on_notice(
-        fmt::format("stage {} replica {} recovered on worker {} in {:.2f} s; "
-                    "training resumes at iteration {}",
-                    rec.lost.stage, rec.lost.replica, rec.spare, secs, rec.target));
+  const auto now = sclock::now();
+  const double secs = std::chrono::duration<double>(now - rec.detected).count();
+  auto since = [](sclock::time_point a, sclock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  for (const region& r : rec.regions) {
+    double pull = 0.0, replay = 0.0;
+    std::int64_t replayed = 0;
+    std::string spares;
+    for (const region_member& m : r.members) {
+      pull = std::max(pull, m.pull_s);
+      replay = std::max(replay, m.replay_s);
+      replayed = std::max(replayed, m.replayed);
+      spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
+    }
+    if (log_ != nullptr) {
+      const region_member& m0 = r.members.front();
+      // seconds = detect .. resume; spawn = until this generation's Restores went out (the
+      // survivors' abort, earlier generations of the region); pull and replay as the slowest
+      // replacement reported them; rejoin = its report .. everyone rewired.
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "recovery_end")
+                      .add("stage", m0.lost.stage)
+                      .add("replica", m0.lost.replica)
+                      .add("spare_node", std::int64_t{m0.spare})
+                      .add("first_stage", r.first)
+                      .add("last_stage", r.last)
+                      .add("spares", spares)
+                      .add("generation", std::int64_t(r.generation))
+                      .add("restarts", r.restarts)
+                      .add("target_iteration", rec.target)
+                      .add("iterations_replayed", replayed)
+                      .add("seconds", secs)
+                      .add("spawn_s", since(rec.detected, r.started))
+                      .add("pull_s", pull)
+                      .add("replay_s", replay)
+                      .add("rejoin_s", since(r.ready_at, now))
+                      .add("time_s", log_->seconds()));
+    }
+    if (callbacks_.on_notice) {
+      callbacks_.on_notice(fmt::format(
+          "{} recovered on worker(s) {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s of {} "
+          "iterations); training resumes at iteration {}",
+          r.first == r.last ? fmt::format("stage {}", r.first)
+                            : fmt::format("stages {}..{}", r.first, r.last),
+          spares, secs, pull, replay, replayed, rec.target));
+    }
   }
   phase_ = phase::running;
   if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_end", rec.target);

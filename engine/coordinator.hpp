@@ -146,9 +146,15 @@ class coordinator : public actors::actor {
 
   // Wires every stage: neighbours, replicas, and where its snapshot copies go.
   asio::awaitable<bool> wire_all();
-  // Policy moevement: the lost stage (s, d) is rebuilt on a spare.
-  asio::awaitable<void> start_recovery(worker_info lost);
-  asio::awaitable<void> finish_recovery();
+  // Policy moevement (docs/recovery.md): the survivors are aborted once, the losses are
+  // placed in regions (contiguous lost stages merge; a loss inside or next to a region still
+  // recovering grows and restarts it, a disjoint one adds a region), and every region's
+  // replacements are sent a Restore of the region's current generation.
+  asio::awaitable<void> recover();
+  struct region;
+  void send_restores(const region& r);
+  // Once every replacement of every region reported: rewire and resume at the target.
+  asio::awaitable<void> maybe_finish_recovery();
   // Ends the stepping phase once every live stage has stepped.
   asio::awaitable<void> maybe_stepped_all();
   int live_stages() const;
@@ -207,13 +213,32 @@ class coordinator : public actors::actor {
   std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
   std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
   std::int64_t losses_seen_ = 0, recoveries_ = 0;
+  // A supervision subtree of the recovery: contiguous lost stages, rebuilt jointly.
+  struct region_member {
+    worker_info lost;               // the role (stage, replica) and the worker that had it
+    transport::node_id spare = 0;   // the worker rebuilding it (0: none yet)
+    bool ready = false;             // answered the region's current generation
+    double pull_s = 0.0, replay_s = 0.0;
+    std::int64_t replayed = 0;
+  };
+  struct region {
+    int first = 0, last = 0;  // stages first..last
+    std::vector<region_member> members;
+    std::uint64_t generation = 0;  // of the Restores sent last (0: none yet)
+    int restarts = 0;              // generations before the current one (cascading)
+    bool dirty = false;            // new, grown or lost a replacement: Restores to send
+    std::chrono::steady_clock::time_point started, ready_at;
+  };
   struct recovery_state {
-    worker_info lost;
-    transport::node_id spare = 0;
     std::int64_t target = 0;
+    bool begun = false;              // the survivors were aborted
     bool resume_validation = false;  // the loss came during a validation round
     std::chrono::steady_clock::time_point detected;
+    std::vector<worker_info> pending;  // losses not yet placed in a region
+    std::vector<region> regions;
   };
+  std::pair<region*, region_member*> member_of(transport::node_id spare);
+  std::uint64_t generations_ = 0;
   std::optional<recovery_state> recovery_;
 };
 

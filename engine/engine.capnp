@@ -57,6 +57,12 @@ struct StageReady {
   # of writing a snapshot (bytes/s).
   opSizes @7 :List(OpSize);
   snapshotBandwidth @8 :Float64;
+  # A replacement: the Restore generation it answers (older ones are ignored), and how long
+  # pulling the windows and logs and the replay took.
+  generation @9 :UInt64;
+  pullSeconds @10 :Float64;
+  replaySeconds @11 :Float64;
+  iterationsReplayed @12 :Int64;
 }
 struct OpSize {
   computeBytes @0 :UInt64;
@@ -201,7 +207,10 @@ struct RestoreSource {
   downstream @2 :Address;          # the checkpoint agent of (stage + 1, replica); invalid last
 }
 # To a spare: become (stage, replica), rebuilt at the start of targetIteration from window
-# `window` (hasWindow false: from the initial state, replaying from iteration 0).
+# `window` (hasWindow false: from the initial state, replaying from iteration 0), jointly
+# with the region firstStage..lastStage it lies in (contiguous lost stages). A region that
+# grew (a cascading failure) is restored again under a newer generation, also by spares
+# that already finished an older one.
 struct Restore {
   stage @0 :Int32;
   replica @1 :Int32;
@@ -210,7 +219,10 @@ struct Restore {
   window @4 :UInt64;
   firstIteration @5 :Int64;
   wSparse @6 :Int32;
-  sources @7 :List(RestoreSource);  # [replica] of the stage
+  sources @7 :List(RestoreSource);  # [(s - firstStage) * dp + replica] for s in the region
   steps @8 :List(StepRecord);       # firstIteration .. targetIteration - 1
   coordinator @9 :Address;
+  firstStage @10 :Int32;
+  lastStage @11 :Int32;
+  generation @12 :UInt64;
 }

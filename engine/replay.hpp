@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/stage_model.hpp"
@@ -33,5 +34,17 @@ struct replay_outputs {
 // when the inputs do not fit the stage. Weight gradients stay in the operators.
 replay_outputs replay_iteration(stage_model& stage, std::int64_t iteration, float loss_grad,
                                 const replay_inputs& inputs);
+
+// Joint replay of a region: one replica of stages inputs.stage .. inputs.stage + k - 1
+// (region[0..k-1]) for one iteration, in one process. `inputs` holds the region's boundary:
+// the activations the stage before it sent (none when it starts at stage 0) and the
+// gradients the stage after it sent back (none when it ends at the last stage). Tensors
+// between region stages pass in memory. Each stage runs its own 1F1B steps in their order
+// (whichever stage can proceed does), so each computes exactly what it computed in the
+// pipeline. Returns [k] outputs: what each stage sent (the internal ones included, for the
+// stages' own logs). With k = 1 it is replay_iteration.
+std::vector<replay_outputs> replay_region(std::span<stage_model* const> region,
+                                          std::int64_t iteration, float loss_grad,
+                                          const replay_inputs& inputs);
 
 }  // namespace moevement::engine

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -43,8 +44,13 @@ class run_log {
 
   // Writes one line and flushes, so a killed run keeps every record written before.
   void write(const json_record& record);
+  // Seconds since the log was opened (the `time_s` of events, to line them up).
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count();
+  }
 
  private:
+  std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
   std::FILE* file_ = nullptr;
   std::filesystem::path path_;
 };

@@ -79,6 +79,13 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
       l[i].setOptimBytes(sizes[i].optim_bytes);
     }
     b.setSnapshotBandwidth(bandwidth);
+    b.setGeneration(generation_);
+    if (restored_ && checkpoint_) {
+      const auto t = checkpoint_->last_restore();
+      b.setPullSeconds(t.pull_s);
+      b.setReplaySeconds(t.replay_s);
+      b.setIterationsReplayed(t.iterations_replayed);
+    }
   });
 }
 
@@ -161,11 +168,21 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
 }
 
 asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
-  // Only a spare that joined, once, and only from the coordinator that assigned it.
-  if (!job_ || stage_index_ >= 0 || restoring_ || !checkpoint_) co_return;
+  // Only a spare that joined, from the coordinator that assigned it; again only for the same
+  // role under a newer generation (its region grew while it was being restored).
+  if (!job_ || !checkpoint_) co_return;
   const int stage = m.getStage(), replica = m.getReplica();
+  const std::uint64_t generation = m.getGeneration();
   if (stage < 0 || stage >= job_->pp || replica < 0 || replica >= job_->dp) co_return;
-  restoring_ = true;
+  if (stage_index_ >= 0) {
+    if (!restored_ || generation <= generation_ || stage != stage_index_ || replica != replica_) {
+      co_return;
+    }
+    if (stage_.valid()) system().stop(stage_);  // never wired: the older restore's result
+    stage_ = {};
+  }
+  restored_ = true;
+  generation_ = generation;
   stage_index_ = stage;
   replica_ = replica;
   stage_setup setup = setup_for(*job_, stage, replica);

@@ -52,7 +52,8 @@ class worker_agent : public actors::actor {
   std::optional<job_config> job_;
   actors::actor_ref coordinator_;
   int stage_index_ = -1, replica_ = -1;
-  bool assigned_ = false, restoring_ = false;
+  bool assigned_ = false, restored_ = false;
+  std::uint64_t generation_ = 0;  // of the Restore this replacement last answered
   actors::actor_ref stage_;
 };
 

@@ -445,6 +445,7 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     shared->capture.mutable_log() = std::move(*restored_log_);
     restored_log_.reset();
   }
+  if (agent_.valid()) system_.stop(agent_);  // an older restore's stage (never wired)
   agent_ = system_.spawn<checkpoint_agent>(shared, io_, setup.stage, setup.replica, coordinator,
                                            job_.snapshot_replicas, limits_);
   return std::make_unique<checkpoint_hooks>(shared, system_, agent_, std::move(ops), limits_);
@@ -454,13 +455,22 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
     engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
     engine::stage_setup setup) {
   const int s = plan.getStage(), dp = job_.dp, mbs = job_.train.micro_batches;
+  const int first_stage = plan.getFirstStage(), last_stage = plan.getLastStage();
+  const int k = last_stage - first_stage + 1;  // stages of the region, rebuilt jointly
   const std::int64_t t = plan.getTargetIteration(), w0 = plan.getFirstIteration();
   const bool has_window = plan.getHasWindow();
   const int w = plan.getWSparse();
-  if (plan.getSources().size() != unsigned(dp) || t < w0 || w0 < 0 ||
+  if (first_stage < 0 || last_stage >= job_.pp || s < first_stage || s > last_stage ||
+      plan.getSources().size() != unsigned(k * dp) || t < w0 || w0 < 0 ||
       (has_window && (w <= 0 || w > (1 << 20)))) {
     throw std::runtime_error("malformed Restore from the coordinator");
   }
+  // Hooks of an older generation's stage are gone with its stage actor; its agent goes too.
+  if (agent_.valid()) system_.stop(agent_);
+  agent_ = {};
+  restored_log_.reset();
+  timing_ = {};
+  const auto started = std::chrono::steady_clock::now();
   std::map<std::int64_t, step_record> steps;
   for (auto r : plan.getSteps()) {
     step_record rec;
@@ -471,29 +481,33 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
     steps[r.getIteration()] = rec;
   }
 
-  // Fresh stages for every replica of the recovery group: the initial state, or what the
-  // window's slots overwrite.
-  const auto replicas = std::size_t(dp);
-  std::vector<std::unique_ptr<engine::stage_model>> models(replicas);
+  // Fresh stages for every replica of every stage of the region (index j * dp + d): the
+  // initial state, or what the windows' slots overwrite.
+  const auto all = std::size_t(k * dp);
+  std::vector<std::unique_ptr<engine::stage_model>> models(all);
   co_await off_thread([&] {
-    for (int d = 0; d < dp; ++d) {
-      engine::stage_setup sd = setup;
-      sd.replica = d;
-      models[std::size_t(d)] = factory(sd);
+    for (int j = 0; j < k; ++j) {
+      for (int d = 0; d < dp; ++d) {
+        engine::stage_setup sd = setup;
+        sd.stage = first_stage + j;
+        sd.replica = d;
+        models[std::size_t(j * dp + d)] = factory(sd);
+      }
     }
   });
   const std::size_t floats = models[0]->boundary_floats();
 
-  // The window of every replica, from whichever replicator still has each slot.
-  std::vector<std::vector<std::vector<std::byte>>> slots(replicas);
-  for (int d = 0; d < dp && has_window; ++d) {
-    const auto src = plan.getSources()[unsigned(d)];
+  // The window of every stage replica, from whichever replicator still has each slot.
+  std::vector<std::vector<std::vector<std::byte>>> slots(all);
+  for (std::size_t i = 0; i < all && has_window; ++i) {
+    const int st = first_stage + int(i) / dp, d = int(i) % dp;
+    const auto src = plan.getSources()[unsigned(i)];
     for (int j = 0; j < w; ++j) {
       bool found = false;
       for (auto h : src.getSlotHolders()) {
         const actor_ref holder = read_ref(h);
         auto fill = [&](wire::FetchSlot::Builder b) {
-          write_key(b.initKey(), s, d, plan.getWindow(), std::uint32_t(j));
+          write_key(b.initKey(), st, d, plan.getWindow(), std::uint32_t(j));
         };
         auto r = co_await system_.ask<wire::FetchSlot, wire::SlotData>(holder, fetch_timeout, fill);
         if (!r.ok() || !r->get().getFound()) continue;  // lost, or not one of its holders
@@ -504,7 +518,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         auto buf = std::make_shared<std::vector<std::byte>>(desc->length);
         auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
         if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
-        slots[std::size_t(d)].push_back(std::move(*buf));
+        slots[i].push_back(std::move(*buf));
         found = true;
         break;
       }
@@ -512,13 +526,14 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         throw std::runtime_error(fmt::format(
             "slot {} of window {} of stage {} replica {} is on no live replicator (every copy "
             "was lost)",
-            j, plan.getWindow(), s, d));
+            j, plan.getWindow(), st, d));
       }
     }
   }
 
-  // The neighbours' upstream logs of [w0, t).
-  std::vector<log_store> up(replicas), down(replicas);
+  // The upstream logs of [w0, t) of the healthy stages just outside the region.
+  const auto dpu = static_cast<std::size_t>(dp);
+  std::vector<log_store> up(dpu), down(dpu);
   auto fetch_log = [&](actor_ref agent, bool gradient, int d, log_store& into) -> awaitable<void> {
     if (t == w0) co_return;
     auto fill = [&](wire::FetchLog::Builder b) {
@@ -558,22 +573,29 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
     }
   };
   for (int d = 0; d < dp; ++d) {
-    const auto src = plan.getSources()[unsigned(d)];
-    if (s > 0) co_await fetch_log(read_ref(src.getUpstream()), false, d, up[std::size_t(d)]);
-    if (s + 1 < job_.pp) {
+    if (first_stage > 0) {
+      const auto src = plan.getSources()[unsigned(d)];
+      co_await fetch_log(read_ref(src.getUpstream()), false, d, up[std::size_t(d)]);
+    }
+    if (last_stage + 1 < job_.pp) {
+      const auto src = plan.getSources()[unsigned((k - 1) * dp + d)];
       co_await fetch_log(read_ref(src.getDownstream()), true, d, down[std::size_t(d)]);
     }
   }
+  const auto pulled_at = std::chrono::steady_clock::now();
 
-  // Sparse-to-dense conversion, then all-active replay up to t (sparse_to_dense.hpp).
+  // Sparse-to-dense conversion of the region, then all-active replay up to t.
   conversion_input in;
-  in.stage = s;
+  in.stage = first_stage;
+  in.region_stages = k;
   in.stages = job_.pp;
   in.micro_batches = mbs;
   in.target_iteration = t;
-  in.windows.resize(std::size_t(dp));
+  in.windows.resize(all);
+  for (std::size_t i = 0; i < all; ++i) {
+    for (const auto& sl : slots[i]) in.windows[i].emplace_back(sl);
+  }
   for (int d = 0; d < dp; ++d) {
-    for (const auto& b : slots[std::size_t(d)]) in.windows[std::size_t(d)].emplace_back(b);
     in.upstream.push_back(&up[std::size_t(d)]);
     in.downstream.push_back(&down[std::size_t(d)]);
   }
@@ -581,17 +603,22 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   in.train = job_.train;
   in.initial_iteration = w0;
   auto own = std::make_unique<log_store>();
-  const std::size_t me = std::size_t(setup.replica);
-  in.on_sent = [&](std::int64_t it, int mb, log_direction dir, std::size_t d,
+  const auto me = std::size_t(setup.replica);
+  in.on_sent = [&](int st, std::int64_t it, int mb, log_direction dir, std::size_t d,
                    std::span<const float> x) {
-    if (d == me)
+    if (st == s && d == me) {
       own->append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)}, std::as_bytes(x));
+    }
   };
   std::vector<engine::stage_model*> ptrs;
   for (auto& m : models) ptrs.push_back(m.get());
   co_await off_thread([&] { (void)sparse_to_dense(ptrs, in); });
+  const auto done = std::chrono::steady_clock::now();
+  timing_.pull_s = std::chrono::duration<double>(pulled_at - started).count();
+  timing_.replay_s = std::chrono::duration<double>(done - pulled_at).count();
+  timing_.iterations_replayed = t - w0;
   restored_log_ = std::move(own);
-  co_return std::move(models[me]);
+  co_return std::move(models[std::size_t((s - first_stage) * dp) + me]);
 }
 
 engine::checkpoint_factory policy_factory(policy_limits limits) {

@@ -140,6 +140,7 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   asio::awaitable<std::unique_ptr<engine::stage_model>> restore(
       engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
       engine::stage_setup setup) override;
+  restore_timing last_restore() const override { return timing_; }
 
  private:
   actors::actor_system& system_;
@@ -151,6 +152,7 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   double bandwidth_ = 0.0;
   // What a restore replayed for this replica: it becomes the new stage's upstream log.
   std::unique_ptr<log_store> restored_log_;
+  restore_timing timing_;
 };
 
 // The worker-side factory of every policy that runs on actors (none: nullptr).

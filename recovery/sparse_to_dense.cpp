@@ -60,60 +60,73 @@ void check_sent(const log_store* own, std::int64_t iteration, int mb, log_direct
 
 conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas,
                                   const conversion_input& in) {
-  const std::size_t d_count = replicas.size();
-  if (d_count == 0) throw conversion_error("sparse-to-dense: no replicas to rebuild");
-  if (in.windows.size() != d_count) {
+  const int k = in.region_stages;
+  if (k < 1 || in.stage < 0 || in.stage + k > in.stages) {
+    throw conversion_error("sparse-to-dense: region of stages " + std::to_string(in.stage) + ".." +
+                           std::to_string(in.stage + k - 1) + " is outside the pipeline");
+  }
+  if (replicas.empty() || replicas.size() % std::size_t(k) != 0) {
+    throw conversion_error("sparse-to-dense: " + std::to_string(replicas.size()) +
+                           " stage models for a region of " + std::to_string(k) + " stages");
+  }
+  const std::size_t d_count = replicas.size() / std::size_t(k);  // replicas of each stage
+  const std::size_t all = replicas.size();
+  if (in.windows.size() != all) {
     throw conversion_error("sparse-to-dense: " + std::to_string(in.windows.size()) +
-                           " windows for " + std::to_string(d_count) + " replicas");
+                           " windows for " + std::to_string(all) + " stage replicas");
   }
   if (in.steps == nullptr) throw conversion_error("sparse-to-dense: no step plans given");
-  const bool first = in.stage == 0, last = in.stage + 1 == in.stages;
+  const bool starts = in.stage == 0, ends = in.stage + k == in.stages;
+  const auto stage_of = [&](std::size_t i) { return in.stage + int(i / d_count); };
 
-  // Parse and verify every slot before touching the stage.
-  std::vector<std::vector<snapshot_view>> views(d_count);
-  std::vector<std::vector<models::operator_state*>> ops(d_count);
+  // Parse and verify every slot before touching the stages. Index i = j * d_count + d.
+  std::vector<std::vector<snapshot_view>> views(all);
+  std::vector<std::vector<models::operator_state*>> ops(all);
   bool from_initial = true;
   for (const auto& win : in.windows) from_initial = from_initial && win.empty();
-  for (std::size_t d = 0; d < d_count; ++d) {
-    ops[d] = replicas[d]->operators();
+  for (std::size_t i = 0; i < all; ++i) {
+    const std::size_t d = i % d_count;
+    const int s = stage_of(i);
+    ops[i] = replicas[i]->operators();
     if (from_initial) continue;
-    if (in.windows[d].empty()) {
-      throw conversion_error("sparse-to-dense: " + where(in.stage, d) + " has an empty window");
+    if (in.windows[i].empty()) {
+      throw conversion_error("sparse-to-dense: " + where(s, d) + " has an empty window");
     }
-    for (std::size_t j = 0; j < in.windows[d].size(); ++j) {
+    for (std::size_t j = 0; j < in.windows[i].size(); ++j) {
       try {
-        views[d].push_back(parse_snapshot(in.windows[d][j]));
+        views[i].push_back(parse_snapshot(in.windows[i][j]));
       } catch (const snapshot_error& e) {
-        throw snapshot_error("sparse-to-dense: slot " + std::to_string(j) + " of " +
-                             where(in.stage, d) + ": " + e.what());
+        throw snapshot_error("sparse-to-dense: slot " + std::to_string(j) + " of " + where(s, d) +
+                             ": " + e.what());
       }
-      const snapshot_tag& tag = views[d].back().tag;
-      const snapshot_tag& t0 = views[d].front().tag;
+      const snapshot_tag& tag = views[i].back().tag;
+      const snapshot_tag& t0 = views[i].front().tag;
       if (tag.slot != j || tag.window != t0.window ||
-          tag.state_iteration != t0.state_iteration + std::int64_t(j) || tag.stage != in.stage ||
+          tag.state_iteration != t0.state_iteration + std::int64_t(j) || tag.stage != s ||
           tag.replica != std::int32_t(d)) {
         throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " of " +
-                               where(in.stage, d) + " is tagged window " +
-                               std::to_string(tag.window) + " slot " + std::to_string(tag.slot) +
-                               " " + where(tag.stage, std::size_t(tag.replica)) +
+                               where(s, d) + " is tagged window " + std::to_string(tag.window) +
+                               " slot " + std::to_string(tag.slot) + " " +
+                               where(tag.stage, std::size_t(tag.replica)) +
                                ": not the window asked for");
       }
-      for (const auto& e : views[d].back().entries) {
-        if (e.index >= ops[d].size()) {
+      for (const auto& e : views[i].back().entries) {
+        if (e.index >= ops[i].size()) {
           throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " names operator " +
-                                 std::to_string(e.index) + " of " + std::to_string(ops[d].size()));
+                                 std::to_string(e.index) + " of " + std::to_string(ops[i].size()));
         }
       }
     }
-    if (views[d].size() != views[0].size() ||
-        views[d][0].tag.state_iteration != views[0][0].tag.state_iteration) {
-      throw conversion_error("sparse-to-dense: replicas hold different windows");
+    if (views[i].size() != views[0].size() ||
+        views[i][0].tag.state_iteration != views[0][0].tag.state_iteration ||
+        views[i][0].tag.window != views[0][0].tag.window) {
+      throw conversion_error("sparse-to-dense: " + where(s, d) + " holds another window than " +
+                             where(in.stage, 0));
     }
   }
-  const std::size_t w = views[0].size(), n = ops[0].size();
   if (from_initial) {
-    for (std::size_t d = 0; d < d_count; ++d) {
-      for (const auto* op : ops[d]) {
+    for (std::size_t i = 0; i < all; ++i) {
+      for (const auto* op : ops[i]) {
         if (op->mode() != models::op_mode::active) {
           throw conversion_error(
               "sparse-to-dense: a replay from the initial state needs fresh "
@@ -123,47 +136,56 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
       }
     }
   }
-  // The recovery group must freeze the same operators, or the reduced gradients are wrong.
-  for (std::size_t d = 1; d < d_count; ++d) {
-    for (std::size_t j = 0; j < w; ++j) {
-      const auto& a = views[0][j].entries;
-      const auto& b = views[d][j].entries;
-      bool same = a.size() == b.size();
-      for (std::size_t k = 0; same && k < a.size(); ++k) {
-        same = a[k].index == b[k].index && a[k].mode == b[k].mode;
-      }
-      if (!same) {
-        throw conversion_error("sparse-to-dense: replicas 0 and " + std::to_string(d) +
-                               " scheduled slot " + std::to_string(j) + " differently");
-      }
-    }
-  }
-  // Every operator full in exactly one slot, with compute weights in every slot before it.
-  std::vector<int> full_slot(n, from_initial ? 0 : -1);
-  for (std::size_t j = 0; j < w; ++j) {
-    std::vector<bool> present(n, false);
-    for (const auto& e : views[0][j].entries) {
-      present[e.index] = true;
-      if (e.mode == models::op_mode::active) {
-        if (full_slot[e.index] >= 0) {
-          throw conversion_error("sparse-to-dense: operator " + e.name + " is full in slots " +
-                                 std::to_string(full_slot[e.index]) + " and " + std::to_string(j));
+  const std::size_t w = views[0].size();
+  std::size_t n_all = 0;  // operators of the region (one replica of each stage)
+  for (int j = 0; j < k; ++j) {
+    const std::size_t base = std::size_t(j) * d_count;  // replica 0 of stage `stage + j`
+    const std::size_t n = ops[base].size();
+    n_all += n;
+    // The recovery group must freeze the same operators, or the reduced gradients are wrong.
+    for (std::size_t d = 1; d < d_count; ++d) {
+      for (std::size_t sl = 0; sl < w; ++sl) {
+        const auto& a = views[base][sl].entries;
+        const auto& b = views[base + d][sl].entries;
+        bool same = a.size() == b.size();
+        for (std::size_t e = 0; same && e < a.size(); ++e) {
+          same = a[e].index == b[e].index && a[e].mode == b[e].mode;
         }
-        full_slot[e.index] = int(j);
+        if (!same) {
+          throw conversion_error("sparse-to-dense: " + where(in.stage + j, 0) + " and replica " +
+                                 std::to_string(d) + " scheduled slot " + std::to_string(sl) +
+                                 " differently");
+        }
       }
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (full_slot[i] < 0 && !present[i]) {
-        throw conversion_error("sparse-to-dense: slot " + std::to_string(j) +
-                               " has neither the state nor the compute weights of operator " +
-                               ops[0][i]->name());
+    // Every operator full in exactly one slot, with compute weights in every slot before it.
+    std::vector<int> full_slot(n, from_initial ? 0 : -1);
+    for (std::size_t sl = 0; sl < w; ++sl) {
+      std::vector<bool> present(n, false);
+      for (const auto& e : views[base][sl].entries) {
+        present[e.index] = true;
+        if (e.mode == models::op_mode::active) {
+          if (full_slot[e.index] >= 0) {
+            throw conversion_error("sparse-to-dense: operator " + e.name + " is full in slots " +
+                                   std::to_string(full_slot[e.index]) + " and " +
+                                   std::to_string(sl));
+          }
+          full_slot[e.index] = int(sl);
+        }
+      }
+      for (std::size_t o = 0; o < n; ++o) {
+        if (full_slot[o] < 0 && !present[o]) {
+          throw conversion_error("sparse-to-dense: slot " + std::to_string(sl) +
+                                 " has neither the state nor the compute weights of operator " +
+                                 ops[base][o]->name());
+        }
       }
     }
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (full_slot[i] < 0) {
-      throw conversion_error("sparse-to-dense: the window never holds the full state of " +
-                             ops[0][i]->name() + " (incomplete window)");
+    for (std::size_t o = 0; o < n; ++o) {
+      if (full_slot[o] < 0) {
+        throw conversion_error("sparse-to-dense: the window never holds the full state of " +
+                               ops[base][o]->name() + " (incomplete window)");
+      }
     }
   }
 
@@ -183,69 +205,84 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
   }
   rep.iterations_replayed = int(t - w0);
 
-  std::size_t active = from_initial ? n : 0;
-  const auto load_slot = [&](std::size_t j) {
-    for (std::size_t d = 0; d < d_count; ++d) {
-      for (const auto& e : views[d][j].entries) load_operator(e, *ops[d][e.index]);
+  std::size_t active = from_initial ? n_all : 0;
+  const auto load_slot = [&](std::size_t sl) {
+    for (std::size_t i = 0; i < all; ++i) {
+      for (const auto& e : views[i][sl].entries) load_operator(e, *ops[i][e.index]);
     }
     active = 0;
-    for (const auto* op : ops[0]) active += op->mode() == models::op_mode::active ? 1 : 0;
+    for (int j = 0; j < k; ++j) {
+      for (const auto* op : ops[std::size_t(j) * d_count]) {
+        active += op->mode() == models::op_mode::active ? 1 : 0;
+      }
+    }
     rep.active_after_slot.push_back(active);
   };
 
   const std::size_t floats = replicas[0]->boundary_floats();
   std::vector<float> acc, g;
+  std::vector<engine::stage_model*> region(std::size_t(k), nullptr);
   for (std::int64_t it = w0; it < t; ++it) {
     if (std::size_t(it - w0) < w) load_slot(std::size_t(it - w0));
     const step_record& step = in.steps->at(it);
     for (std::size_t d = 0; d < d_count; ++d) {
       engine::replay_inputs ri{in.stage, in.stages, in.micro_batches, {}, {}};
       for (int mb = 0; mb < in.micro_batches; ++mb) {
-        if (!first) {
+        if (!starts) {
           ri.activations.push_back(logged(d < in.upstream.size() ? in.upstream[d] : nullptr, it, mb,
                                           log_direction::activation, d, in.stage - 1, floats));
         }
-        if (!last) {
+        if (!ends) {
           ri.gradients.push_back(logged(d < in.downstream.size() ? in.downstream[d] : nullptr, it,
-                                        mb, log_direction::gradient, d, in.stage + 1, floats));
+                                        mb, log_direction::gradient, d, in.stage + k, floats));
         }
       }
-      const auto out = engine::replay_iteration(*replicas[d], it, step.loss_grad, ri);
-      if (active < n) ++rep.sparse_replays;
-      const log_store* own = d < in.own.size() ? in.own[d] : nullptr;
-      for (int mb = 0; mb < in.micro_batches && in.on_sent; ++mb) {
-        if (!last)
-          in.on_sent(it, mb, log_direction::activation, d, out.activations[std::size_t(mb)]);
-        if (!first) in.on_sent(it, mb, log_direction::gradient, d, out.gradients[std::size_t(mb)]);
-      }
-      for (int mb = 0; mb < in.micro_batches; ++mb) {
-        if (!last) {
-          check_sent(own, it, mb, log_direction::activation, d, out.activations[std::size_t(mb)],
-                     rep.tensors_checked);
-        }
-        if (!first) {
-          check_sent(own, it, mb, log_direction::gradient, d, out.gradients[std::size_t(mb)],
-                     rep.tensors_checked);
+      for (int j = 0; j < k; ++j) region[std::size_t(j)] = replicas[std::size_t(j) * d_count + d];
+      const auto outs = engine::replay_region(region, it, step.loss_grad, ri);
+      for (int j = 0; j < k; ++j) {
+        const int s = in.stage + j;
+        const bool first = s == 0, last = s + 1 == in.stages;
+        const auto& out = outs[std::size_t(j)];
+        if (active < n_all) ++rep.sparse_replays;
+        const std::size_t i = std::size_t(j) * d_count + d;
+        const log_store* own = i < in.own.size() ? in.own[i] : nullptr;
+        for (int mb = 0; mb < in.micro_batches; ++mb) {
+          const auto m = std::size_t(mb);
+          if (!last) {
+            if (in.on_sent) in.on_sent(s, it, mb, log_direction::activation, d, out.activations[m]);
+            check_sent(own, it, mb, log_direction::activation, d, out.activations[m],
+                       rep.tensors_checked);
+          }
+          if (!first) {
+            if (in.on_sent) in.on_sent(s, it, mb, log_direction::gradient, d, out.gradients[m]);
+            check_sent(own, it, mb, log_direction::gradient, d, out.gradients[m],
+                       rep.tensors_checked);
+          }
         }
       }
     }
-    // The all-reduce as the engine does it: g_0 + g_1 + ... in replica order.
-    if (d_count > 1) {
-      acc.resize(engine::gradient_floats(ops[0]));
-      g.resize(acc.size());
-      engine::copy_gradients_out(ops[0], acc);
-      for (std::size_t d = 1; d < d_count; ++d) {
-        engine::copy_gradients_out(ops[d], g);
-        engine::accumulate(acc, g);
+    for (int j = 0; j < k; ++j) {
+      const std::size_t base = std::size_t(j) * d_count;
+      // The all-reduce as the engine does it: g_0 + g_1 + ... in replica order.
+      if (d_count > 1) {
+        acc.resize(engine::gradient_floats(ops[base]));
+        g.resize(acc.size());
+        engine::copy_gradients_out(ops[base], acc);
+        for (std::size_t d = 1; d < d_count; ++d) {
+          engine::copy_gradients_out(ops[base + d], g);
+          engine::accumulate(acc, g);
+        }
+        for (std::size_t d = 0; d < d_count; ++d) engine::copy_gradients_in(ops[base + d], acc);
       }
-      for (std::size_t d = 0; d < d_count; ++d) engine::copy_gradients_in(ops[d], acc);
+      for (std::size_t d = 0; d < d_count; ++d) {
+        engine::apply_step(ops[base + d], step.plan, in.train);
+      }
     }
-    for (std::size_t d = 0; d < d_count; ++d) engine::apply_step(ops[d], step.plan, in.train);
   }
   // t at the window's last slot: that slot is the state at t already.
   if (std::size_t(t - w0) < w) load_slot(std::size_t(t - w0));
-  if (active != n) {
-    throw conversion_error("sparse-to-dense: " + std::to_string(n - active) +
+  if (active != n_all) {
+    throw conversion_error("sparse-to-dense: " + std::to_string(n_all - active) +
                            " operators still frozen at the end (internal error)");
   }
   return rep;
