@@ -728,6 +728,24 @@ awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m)
   done.resize(stages_.size(), false);
   done[std::size_t(d * job_.pp + s)] = true;
   window_first_[window] = m.getFirstIteration();
+  // A stage's replicas must schedule alike, or converting their windows together fails later:
+  // say so now, in the run log, rather than at a recovery.
+  auto& digests = schedule_digests_[window];
+  digests.resize(std::size_t(job_.pp), 0);
+  std::uint64_t& first = digests[std::size_t(s)];
+  if (first == 0) {
+    first = m.getScheduleDigest();
+  } else if (first != m.getScheduleDigest()) {
+    ++schedule_mismatches_;
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "schedule_mismatch")
+                      .add("stage", s)
+                      .add("replica", d)
+                      .add("window", std::int64_t(window)));
+    }
+  }
   maybe_persist();
 }
 
@@ -747,6 +765,7 @@ void coordinator::maybe_persist() {
   persisted_first_ = first;
   replicated_.erase(replicated_.begin(), replicated_.upper_bound(window));
   window_first_.erase(window_first_.begin(), window_first_.upper_bound(window));
+  schedule_digests_.erase(schedule_digests_.begin(), schedule_digests_.upper_bound(window));
   steps_.erase(steps_.begin(), steps_.lower_bound(first));
   for (const auto& [n, w] : workers_) {
     for (const actor_ref& r : {w.checkpoint, w.replicator}) {
@@ -966,6 +985,7 @@ void coordinator::send_restores(const region& r) {
           for (unsigned i = 0; i < holders.size(); ++i) write_ref(h[i], holders[i]);
           write_ref(e.initUpstream(), j == 0 ? agent_of(r.first - 1, d) : actor_ref{});
           write_ref(e.initDownstream(), j == k - 1 ? agent_of(r.last + 1, d) : actor_ref{});
+          write_ref(e.initSurvivor(), agent_of(r.first + j, d));
         }
       }
       auto l = b.initSteps(static_cast<unsigned>(steps.size()));

@@ -210,6 +210,8 @@ class coordinator : public actors::actor {
   std::map<std::int64_t, step_entry> steps_;  // what replays apply, from the persisted window
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [index] done
   std::map<std::uint64_t, std::int64_t> window_first_;
+  std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;  // window -> [stage]
+  std::int64_t schedule_mismatches_ = 0;
   std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
   std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
   std::int64_t losses_seen_ = 0, recoveries_ = 0;

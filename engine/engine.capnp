@@ -185,6 +185,7 @@ struct WindowReplicated {
   replica @1 :Int32;
   window @2 :UInt64;
   firstIteration @3 :Int64;
+  scheduleDigest @4 :UInt64;  # which operators its slots hold: equal across a stage's replicas
 }
 # The coordinator: every stage has `window` replicated; older windows, and logs and plans
 # before firstIteration, may go.
@@ -205,6 +206,7 @@ struct RestoreSource {
   slotHolders @0 :List(Address);   # replicators holding this replica's window (any order)
   upstream @1 :Address;            # the checkpoint agent of (stage - 1, replica); invalid at 0
   downstream @2 :Address;          # the checkpoint agent of (stage + 1, replica); invalid last
+  survivor @3 :Address;            # the agent of this (stage, replica) when it is not lost
 }
 # To a spare: become (stage, replica), rebuilt at the start of targetIteration from window
 # `window` (hasWindow false: from the initial state, replaying from iteration 0), jointly

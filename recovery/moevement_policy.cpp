@@ -86,6 +86,10 @@ class checkpoint_hooks : public engine::stage_hooks {
       sparse_config c;
       c.w_sparse = decided.w_sparse;
       shared_->schedule.emplace(c, ops_);
+      if (shared_->taken_over) {  // a replacement schedules as its stage's survivors do
+        shared_->schedule->load(std::move(*shared_->taken_over));
+        shared_->taken_over.reset();
+      }
       shared_->capture.set_schedule(*shared_->schedule);
     }
     shared_->capture.set_counts(decided.popularity);
@@ -200,6 +204,42 @@ checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engin
   on<engine::wire::WindowPersisted>(&checkpoint_agent::persisted);
   on<wire::FetchLog, wire::LogData>(&checkpoint_agent::fetch_log);
   on<wire::ReleaseLog>(&checkpoint_agent::release);
+  on<wire::FetchSchedule, wire::ScheduleState>(&checkpoint_agent::schedule);
+}
+
+awaitable<void> checkpoint_agent::schedule(wire::FetchSchedule::Reader,
+                                           wire::ScheduleState::Builder out) {
+  std::optional<stage_schedule::state> st;
+  {
+    std::lock_guard lock(shared_->mu);
+    if (shared_->schedule) st = shared_->schedule->save();
+  }
+  out.setHas(st.has_value());
+  if (!st) co_return;
+  auto order = out.initOrder(static_cast<unsigned>(st->order.size()));
+  for (unsigned i = 0; i < order.size(); ++i) order.set(i, std::uint32_t(st->order[i]));
+  auto pop = out.initOrderPopularity(static_cast<unsigned>(st->order_popularity.size()));
+  for (unsigned i = 0; i < pop.size(); ++i) pop.set(i, st->order_popularity[i]);
+  auto counts = out.initCounts(static_cast<unsigned>(st->counts.size()));
+  unsigned i = 0;
+  for (const auto& [w, c] : st->counts) {
+    counts[i].setWindow(w);
+    auto l = counts[i++].initCounts(static_cast<unsigned>(c.size()));
+    for (unsigned j = 0; j < l.size(); ++j) l.set(j, c[j]);
+  }
+  auto scheds = out.initSchedules(static_cast<unsigned>(st->schedules.size()));
+  i = 0;
+  for (const auto& [w, slots] : st->schedules) {
+    scheds[i].setWindow(w);
+    auto ls = scheds[i++].initSlots(static_cast<unsigned>(slots.size()));
+    for (unsigned j = 0; j < ls.size(); ++j) {
+      auto a = ls[j].initActive(static_cast<unsigned>(slots[j].active.size()));
+      for (unsigned x = 0; x < a.size(); ++x) a.set(x, std::uint32_t(slots[j].active[x]));
+      auto f = ls[j].initFrozen(static_cast<unsigned>(slots[j].frozen.size()));
+      for (unsigned x = 0; x < f.size(); ++x) f.set(x, std::uint32_t(slots[j].frozen[x]));
+    }
+  }
+  out.setReorders(st->reorders);
 }
 
 void checkpoint_agent::ship(std::int64_t iteration) {
@@ -267,10 +307,12 @@ void checkpoint_agent::check_window(std::uint64_t window) {
   const auto& r = replicated_[window];
   if (r.empty() || !std::all_of(r.begin(), r.end(), [](bool b) { return b; })) return;
   std::int64_t first = 0;
+  std::uint64_t digest = 0;
   {
     std::lock_guard lock(shared_->mu);
     if (!shared_->capture.complete(window)) return;  // started mid-window (a replacement)
     first = shared_->capture.first_iteration(window);
+    digest = shared_->capture.schedule_digest(window);
   }
   (void)tell<engine::wire::WindowReplicated>(coordinator_,
                                              [&](engine::wire::WindowReplicated::Builder b) {
@@ -278,6 +320,7 @@ void checkpoint_agent::check_window(std::uint64_t window) {
                                                b.setReplica(replica_);
                                                b.setWindow(window);
                                                b.setFirstIteration(first);
+                                               b.setScheduleDigest(digest);
                                              });
 }
 
@@ -445,6 +488,10 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     shared->capture.mutable_log() = std::move(*restored_log_);
     restored_log_.reset();
   }
+  if (restored_schedule_) {
+    shared->taken_over = std::move(*restored_schedule_);
+    restored_schedule_.reset();
+  }
   if (agent_.valid()) system_.stop(agent_);  // an older restore's stage (never wired)
   agent_ = system_.spawn<checkpoint_agent>(shared, io_, setup.stage, setup.replica, coordinator,
                                            job_.snapshot_replicas, limits_);
@@ -469,6 +516,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   if (agent_.valid()) system_.stop(agent_);
   agent_ = {};
   restored_log_.reset();
+  restored_schedule_.reset();
   timing_ = {};
   const auto started = std::chrono::steady_clock::now();
   std::map<std::int64_t, step_record> steps;
@@ -581,6 +629,38 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
       const auto src = plan.getSources()[unsigned((k - 1) * dp + d)];
       co_await fetch_log(read_ref(src.getDownstream()), true, d, down[std::size_t(d)]);
     }
+  }
+  // The schedule state of a surviving replica of this stage (none: every replica is being
+  // rebuilt, and the fresh ones agree with each other). Checked when loaded.
+  for (int d = 0; d < dp && !restored_schedule_; ++d) {
+    const actor_ref peer = read_ref(plan.getSources()[unsigned((s - first_stage) * dp + d)].getSurvivor());
+    if (!peer.valid() || d == setup.replica) continue;
+    auto r = co_await system_.ask<wire::FetchSchedule, wire::ScheduleState>(peer, fetch_timeout);
+    if (!r.ok()) continue;  // that survivor died meanwhile: its loss restarts this restore
+    const auto m = r->get();
+    if (!m.getHas()) break;
+    if (m.getCounts().size() > limits_.max_schedule_windows ||
+        m.getSchedules().size() > limits_.max_schedule_windows) {
+      throw std::runtime_error("a survivor's schedule state is too large");
+    }
+    stage_schedule::state st;
+    for (auto v : m.getOrder()) st.order.push_back(v);
+    for (auto v : m.getOrderPopularity()) st.order_popularity.push_back(v);
+    for (auto c : m.getCounts()) {
+      auto& v = st.counts[c.getWindow()];
+      for (auto x : c.getCounts()) v.push_back(x);
+    }
+    for (auto w : m.getSchedules()) {
+      auto& v = st.schedules[w.getWindow()];
+      for (auto sl : w.getSlots()) {
+        sim::schedule_slot slot;
+        for (auto x : sl.getActive()) slot.active.push_back(x);
+        for (auto x : sl.getFrozen()) slot.frozen.push_back(x);
+        v.push_back(std::move(slot));
+      }
+    }
+    st.reorders = m.getReorders();
+    restored_schedule_ = std::move(st);
   }
   const auto pulled_at = std::chrono::steady_clock::now();
 

@@ -46,6 +46,8 @@ struct policy_limits {
   // persisted one more, at most max_window_wait, so that host memory stays bounded when
   // replication falls behind.
   std::size_t max_windows_held = 3;
+  // Windows of counts or schedules a survivor's schedule state may carry (it holds two).
+  std::size_t max_schedule_windows = 8;
   std::chrono::milliseconds max_window_wait{10000};
 };
 
@@ -63,13 +65,16 @@ struct capture_shared {
   std::condition_variable dropped;  // notified (under mu) when the agent dropped windows
   sparse_capture capture;
   std::optional<stage_schedule> schedule;
+  // A replacement's: the schedule state of a surviving replica, loaded once W is known.
+  std::optional<stage_schedule::state> taken_over;
 };
 
 class checkpoint_agent : public actors::actor {
  public:
   using interface = actors::interface<
       actors::tell_t<wire::SlotStored>, actors::tell_t<engine::wire::WindowPersisted>,
-      actors::ask_t<wire::FetchLog, wire::LogData>, actors::tell_t<wire::ReleaseLog>>;
+      actors::ask_t<wire::FetchLog, wire::LogData>, actors::tell_t<wire::ReleaseLog>,
+      actors::ask_t<wire::FetchSchedule, wire::ScheduleState>>;
 
   checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io, int stage,
                    int replica, actors::actor_ref coordinator, int copies, policy_limits limits);
@@ -88,6 +93,7 @@ class checkpoint_agent : public actors::actor {
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
   asio::awaitable<void> fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out);
   asio::awaitable<void> release(wire::ReleaseLog::Reader m);
+  asio::awaitable<void> schedule(wire::FetchSchedule::Reader m, wire::ScheduleState::Builder out);
   void send(std::uint64_t window, std::uint32_t slot, pending_slot& p);
   void check_window(std::uint64_t window);
 
@@ -152,6 +158,7 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   double bandwidth_ = 0.0;
   // What a restore replayed for this replica: it becomes the new stage's upstream log.
   std::unique_ptr<log_store> restored_log_;
+  std::optional<stage_schedule::state> restored_schedule_;
   restore_timing timing_;
 };
 

@@ -55,3 +55,27 @@ struct LogData {
 struct ReleaseLog {
   lease @0 :UInt64;
 }
+# Replacement -> the agent of a surviving replica of its stage: its sparse schedule's state
+# (stage_schedule::state), so that the recovery group keeps scheduling alike. has false: no
+# schedule yet (W_sparse not chosen).
+struct FetchSchedule {}
+struct ScheduleSlot {
+  active @0 :List(UInt32);
+  frozen @1 :List(UInt32);
+}
+struct WindowCounts {
+  window @0 :UInt64;
+  counts @1 :List(Float64);
+}
+struct WindowSchedule {
+  window @0 :UInt64;
+  slots @1 :List(ScheduleSlot);
+}
+struct ScheduleState {
+  has @0 :Bool;
+  order @1 :List(UInt32);
+  orderPopularity @2 :List(Float64);
+  counts @3 :List(WindowCounts);
+  schedules @4 :List(WindowSchedule);
+  reorders @5 :UInt64;
+}

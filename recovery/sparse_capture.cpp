@@ -107,6 +107,42 @@ const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint
   return schedules_[window] = sim::generate_schedule(order_, w_, o_active_);
 }
 
+void stage_schedule::load(state s) {
+  const auto bad = [](const std::string& what) {
+    throw std::invalid_argument("sparse schedule state: " + what);
+  };
+  if (s.order.size() != n_) bad("an order of " + std::to_string(s.order.size()) + " operators");
+  std::vector<bool> seen(n_, false);
+  for (std::size_t i : s.order) {
+    if (i >= n_ || seen[i]) bad("the order is not a permutation of the operators");
+    seen[i] = true;
+  }
+  std::size_t experts = 0;
+  for (bool e : is_expert_) experts += e ? 1 : 0;
+  if (!s.order_popularity.empty() && s.order_popularity.size() != experts) {
+    bad("popularity of " + std::to_string(s.order_popularity.size()) + " experts");
+  }
+  for (const auto& [w, c] : s.counts) {
+    if (c.size() != n_) bad("counts of window " + std::to_string(w) + " do not fit");
+  }
+  for (const auto& [w, slots] : s.schedules) {
+    if (slots.size() != std::size_t(w_)) bad("a schedule of " + std::to_string(slots.size()) + " slots");
+    for (const auto& sl : slots) {
+      for (std::size_t i : sl.active) {
+        if (i >= n_) bad("a schedule names operator " + std::to_string(i));
+      }
+      for (std::size_t i : sl.frozen) {
+        if (i >= n_) bad("a schedule names operator " + std::to_string(i));
+      }
+    }
+  }
+  order_ = std::move(s.order);
+  order_popularity_ = std::move(s.order_popularity);
+  counts_ = std::move(s.counts);
+  schedules_ = std::move(s.schedules);
+  reorders_ = s.reorders;
+}
+
 sparse_capture::sparse_capture(stage_schedule& schedule, int stage, int replica,
                                const models::loss_scaler* scaler)
     : schedule_(&schedule), stage_(stage), replica_(replica), scaler_(scaler) {}
@@ -164,6 +200,16 @@ void sparse_capture::after_step(std::int64_t iteration,
     it = windows_.emplace(window, std::move(b)).first;
   }
   const auto& sched = schedule_.window_schedule(window)[slot];
+  {
+    std::uint64_t& h = it->second.schedule_digest;
+    auto mix = [&h](std::uint64_t v) {
+      for (int b = 0; b < 8; ++b, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+    };
+    mix(slot);
+    for (auto i : sched.active) mix(i);
+    mix(~std::uint64_t{0});
+    for (auto i : sched.frozen) mix(i);
+  }
   kinds_.assign(ops.size(), capture_kind::skip);
   for (auto i : sched.active) kinds_[i] = capture_kind::full;
   for (auto i : sched.frozen) kinds_[i] = capture_kind::compute;
@@ -186,6 +232,7 @@ void sparse_capture::persist(std::uint64_t window) {
     spare_.push_back(std::move(it->second.slots));
     it = windows_.erase(it);
   }
+  trim_spares();
   const std::int64_t first = windows_.at(window).first_iteration;
   log_.drop_before(std::uint64_t(first));
   steps_.erase(steps_.begin(), steps_.lower_bound(first));
@@ -197,8 +244,22 @@ void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iterat
     spare_.push_back(std::move(it->second.slots));
     it = windows_.erase(it);
   }
+  trim_spares();
   log_.drop_before(std::uint64_t(std::max<std::int64_t>(first_iteration, 0)));
   steps_.erase(steps_.begin(), steps_.lower_bound(first_iteration));
+}
+
+void sparse_capture::trim_spares() {
+  // Buffers of dropped windows are reused by the next ones, but only as many as the steady
+  // state holds (the persisted window and the one being captured): a peak (replication
+  // behind, or a window a recovery kept from persisting) must not stay allocated for good.
+  constexpr std::size_t steady_windows = 2;
+  while (!spare_.empty() && windows_.size() + spare_.size() > steady_windows) spare_.pop_back();
+}
+
+std::uint64_t sparse_capture::schedule_digest(std::uint64_t window) const {
+  const auto it = windows_.find(window);
+  return it == windows_.end() ? 0 : it->second.schedule_digest;
 }
 
 std::optional<std::span<const std::byte>> sparse_capture::slot_of(std::int64_t iteration) const {

@@ -72,6 +72,21 @@ class stage_schedule {
   const std::vector<sim::schedule_slot>& window_schedule(std::uint64_t window);
   std::uint64_t reorders() const { return reorders_; }
 
+  // Everything the next windows' schedules depend on (the order, the popularity it came
+  // from, the counts so far, the schedules already fixed). A replacement takes it over from
+  // a surviving replica of its stage, so that the recovery group keeps freezing the same
+  // operators in later windows.
+  struct state {
+    std::vector<std::size_t> order;
+    std::vector<double> order_popularity;
+    std::map<std::uint64_t, std::vector<double>> counts;
+    std::map<std::uint64_t, std::vector<sim::schedule_slot>> schedules;
+    std::uint64_t reorders = 0;
+  };
+  state save() const { return {order_, order_popularity_, counts_, schedules_, reorders_}; }
+  // Throws std::invalid_argument when `s` does not fit this stage's operators.
+  void load(state s);
+
  private:
   sparse_config config_;
   std::size_t n_;
@@ -117,6 +132,9 @@ class sparse_capture : public engine::stage_hooks {
   // Whether every slot of `window` was captured in this process.
   bool complete(std::uint64_t window) const;
   std::int64_t first_iteration(std::uint64_t window) const;
+  // Which operators the captured slots of `window` hold, as a digest: equal on every replica
+  // of a stage, or a later conversion of the recovery group fails (0: no such window).
+  std::uint64_t schedule_digest(std::uint64_t window) const;
   log_store& mutable_log() { return log_; }
 
   void on_step(std::int64_t iteration, float loss_grad, const models::step_plan& plan) override;
@@ -142,8 +160,10 @@ class sparse_capture : public engine::stage_hooks {
     std::int64_t first_iteration = 0;
     std::vector<std::vector<std::byte>> slots;  // [slot]
     int captured = 0;
+    std::uint64_t schedule_digest = 1469598103934665603ull;  // FNV-1a of the slots' schedules
   };
   void persist(std::uint64_t window);
+  void trim_spares();
 
   stage_schedule* schedule_ = nullptr;
   int stage_, replica_;

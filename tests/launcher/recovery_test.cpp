@@ -4,6 +4,7 @@
 // with the same state_hash as a run without failures (and as `moevement train`).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -131,6 +132,95 @@ TEST(recovery, two_failures_in_turn_use_two_spares) {
   int ends = 0;
   for (const auto& l : o.log) ends += l.find("recovery_end") != std::string::npos;
   EXPECT_EQ(ends, 2);
+}
+
+std::vector<const std::string*> events(const outcome& o, const std::string& name) {
+  std::vector<const std::string*> out;
+  for (const auto& l : o.log) {
+    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) out.push_back(&l);
+  }
+  return out;
+}
+
+TEST(recovery, two_contiguous_stages_recover_jointly) {
+  // Stages 1 and 2 of four die together: the logs between them are gone, so one region
+  // 1..2 replays jointly from stage 0's and stage 3's logs, on two spares.
+  const auto o = launch("joint", job(4, 1, 2,
+                                     "--inject kill:stage=1,replica=0,iter=7 "
+                                     "--inject kill:stage=2,replica=0,iter=7"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const auto ends = events(o, "recovery_end");
+  ASSERT_FALSE(ends.empty()) << o.output;
+  const std::string& last = *ends.back();
+  EXPECT_EQ(number_field(last, "first_stage"), 1) << last;
+  EXPECT_EQ(number_field(last, "last_stage"), 2) << last;
+  EXPECT_LE(number_field(last, "iterations_replayed"), 4) << "at most 2 x W_sparse";
+  EXPECT_NE(o.output.find("stages 1..2 recovered"), std::string::npos) << o.output;
+  // Memory returns to the fault-free level: the host bytes of snapshots and logs at the end
+  // are within the fault-free run's peak (the recovery's extra window was released).
+  const auto clean = launch("joint-clean", job(4, 1, 2));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  for (const char* field : {"snapshot_host_bytes", "log_host_bytes"}) {
+    std::int64_t peak = 0, end = -1;
+    for (const auto& l : clean.log) {
+      if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+        peak = std::max(peak, std::int64_t(number_field(l, field)));
+      }
+    }
+    for (const auto& l : o.log) {
+      if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+        end = std::int64_t(number_field(l, field));
+      }
+    }
+    EXPECT_GT(peak, 0) << field;
+    EXPECT_LE(end, peak) << field;
+  }
+}
+
+TEST(recovery, two_stages_apart_recover_as_two_regions) {
+  // Stages 0 and 2 of three: stage 1 between them is healthy and serves both its logs, so
+  // two regions recover concurrently and independently.
+  const auto o = launch("apart", job(3, 1, 2,
+                                     "--inject kill:stage=0,replica=0,iter=6 "
+                                     "--inject kill:stage=2,replica=0,iter=6"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  std::vector<int> firsts;
+  for (const auto* e : events(o, "recovery_end")) {
+    EXPECT_EQ(number_field(*e, "first_stage"), number_field(*e, "last_stage")) << *e;
+    firsts.push_back(int(number_field(*e, "first_stage")));
+  }
+  std::sort(firsts.begin(), firsts.end());
+  EXPECT_EQ(firsts, (std::vector<int>{0, 2})) << o.output;
+}
+
+TEST(recovery, a_lost_data_parallel_pair_of_neighbours_is_one_region) {
+  // (1, 0) and (2, 1) of pp=3 dp=2: different replicas, but stage 1's group replays every
+  // replica and needs stage 2 replica 1's gradients, which died: one region 1..2.
+  const auto o = launch("dpjoint", job(3, 2, 2,
+                                       "--inject kill:stage=1,replica=0,iter=6 "
+                                       "--inject kill:stage=2,replica=1,iter=6"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  const auto ends = events(o, "recovery_end");
+  ASSERT_FALSE(ends.empty()) << o.output;
+  EXPECT_EQ(number_field(*ends.back(), "first_stage"), 1);
+  EXPECT_EQ(number_field(*ends.back(), "last_stage"), 2);
+}
+
+TEST(recovery, a_rebuilt_replica_schedules_like_its_survivors) {
+  // Replica 0 of stage 1 is rebuilt, then replica 1 of the same stage is lost: the second
+  // recovery converts both replicas' windows, which must freeze the same operators (the
+  // replacement took over the survivor's schedule state), and memory is back to the level
+  // of the fault-free run.
+  const auto o = launch("again", job(2, 2, 2,
+                                     "--inject kill:stage=1,replica=0,iter=4 "
+                                     "--inject kill:stage=1,replica=1,iter=9"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  EXPECT_EQ(events(o, "recovery_end").size(), 2u) << o.output;
+  EXPECT_EQ(events(o, "schedule_mismatch").size(), 0u) << o.output;
 }
 
 TEST(recovery, without_a_spare_the_job_ends_saying_so) {

@@ -144,6 +144,107 @@ TEST(sparse_to_dense, a_rebuilt_stage_is_bit_identical_and_the_job_trains_on_ide
   }
 }
 
+// Joint recovery: contiguous stages first..last lost together (the logs between them are
+// gone with them) are rebuilt in one conversion from their windows and the logs of the
+// stages just outside the region; every tensor the region sends across its boundary and
+// inside it matches what the lost stages sent.
+void expect_bit_exact_region(captured_job& job, int first, int last) {
+  const int pp = job.pp, dp = job.train.data_parallel, k = last - first + 1;
+  SCOPED_TRACE(testing::Message() << "pp=" << pp << " dp=" << dp << " region " << first << ".."
+                                  << last);
+  engine::local_pipeline fresh(job.model, job.train, pp);
+  std::vector<engine::stage_model*> region;
+  for (int s = 0; s < pp; ++s) {
+    for (int d = 0; d < dp; ++d) {
+      if (s < first || s > last) {
+        copy_state(job.pipe.stage(s, d).operators(), fresh.stage(s, d).operators());
+      }
+    }
+  }
+  conversion_input in;
+  in.stage = first;
+  in.region_stages = k;
+  in.stages = pp;
+  in.micro_batches = job.train.micro_batches;
+  in.target_iteration = job.pipe.iteration();
+  in.train = job.train;
+  for (int s = first; s <= last; ++s) {
+    for (int d = 0; d < dp; ++d) {
+      region.push_back(&fresh.stage(s, d));
+      const auto w = job.cap(s, d).persisted();
+      ASSERT_TRUE(w.has_value());
+      in.windows.push_back(w->slots);
+      in.own.push_back(&job.cap(s, d).log());
+    }
+  }
+  for (int d = 0; d < dp; ++d) {
+    in.upstream.push_back(first > 0 ? &job.cap(first - 1, d).log() : nullptr);
+    in.downstream.push_back(last + 1 < pp ? &job.cap(last + 1, d).log() : nullptr);
+  }
+  in.steps = &job.cap(0, 0).steps();
+  int sent = 0;
+  in.on_sent = [&](int s, std::int64_t, int, log_direction, std::size_t, std::span<const float>) {
+    EXPECT_GE(s, first);
+    EXPECT_LE(s, last);
+    ++sent;
+  };
+  const auto rep = sparse_to_dense(region, in);
+  EXPECT_EQ(rep.iterations_replayed, 4);
+  EXPECT_EQ(rep.sparse_replays, (w_sparse - 1) * dp * k);
+  // each region stage sends downstream unless last, upstream unless first
+  std::size_t per_iteration = 0;
+  for (int s = first; s <= last; ++s) per_iteration += std::size_t((s > 0) + (s + 1 < pp));
+  per_iteration *= std::size_t(job.train.micro_batches * dp);
+  EXPECT_EQ(rep.tensors_checked, per_iteration * 4);
+  EXPECT_EQ(std::size_t(sent), per_iteration * 4);
+  for (int s = first; s <= last; ++s) {
+    for (int d = 0; d < dp; ++d) {
+      EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
+                engine::operator_digests(job.pipe.stage(s, d).operators()))
+          << "stage " << s << " replica " << d;
+    }
+  }
+  fresh.set_position(job.pipe.iteration(), job.pipe.scaler());
+  EXPECT_EQ(fresh.state_hash(), job.pipe.state_hash());
+}
+
+TEST(sparse_to_dense, contiguous_stages_are_rebuilt_jointly) {
+  for (int dp : {1, 2}) {
+    captured_job job(4, dp);
+    for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+    expect_bit_exact_region(job, 1, 2);  // the middle: logs on both sides
+    expect_bit_exact_region(job, 0, 1);  // from the data loader
+    expect_bit_exact_region(job, 2, 3);  // to the loss
+    expect_bit_exact_region(job, 0, 3);  // every stage lost: the whole pipeline
+  }
+}
+
+TEST(sparse_to_dense, a_region_without_its_neighbours_log_says_which) {
+  captured_job job(3, 1);
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  engine::local_pipeline fresh(job.model, job.train, 3);
+  conversion_input in;
+  in.stage = 0;
+  in.region_stages = 2;
+  in.stages = 3;
+  in.micro_batches = job.train.micro_batches;
+  in.target_iteration = job.pipe.iteration();
+  in.train = job.train;
+  std::vector<engine::stage_model*> region{&fresh.stage(0, 0), &fresh.stage(1, 0)};
+  for (int s = 0; s < 2; ++s) in.windows.push_back(job.cap(s, 0).persisted()->slots);
+  in.upstream.push_back(nullptr);
+  in.downstream.push_back(nullptr);  // stage 2's log is missing
+  in.steps = &job.cap(0, 0).steps();
+  try {
+    sparse_to_dense(region, in);
+    ADD_FAILURE() << "converted without the log of stage 2";
+  } catch (const conversion_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no log of stage 2"), std::string::npos) << e.what();
+  }
+  in.region_stages = 3;  // three stages but two models
+  EXPECT_THROW(sparse_to_dense(region, in), conversion_error);
+}
+
 // f16 with dynamic loss scaling (the scale changes inside the replayed iterations: the logged
 // plans and loss gradients, not recomputed ones, must be applied) and dp = 3 (the
 // all-reduce order matters from three replicas on).
