@@ -223,6 +223,48 @@ TEST(recovery, a_rebuilt_replica_schedules_like_its_survivors) {
   EXPECT_EQ(events(o, "schedule_mismatch").size(), 0u) << o.output;
 }
 
+TEST(recovery, a_lost_replicator_holding_a_needed_snapshot_is_replaced_by_its_other_copy) {
+  // Stages 0 and 1 of three die together; stage 1's worker also held one of the two copies
+  // of stage 0's window: the region's restore pulls stage 0's slots from the other copy.
+  const auto o = launch("holder", job(3, 1, 2,
+                                      "--inject kill:stage=0,replica=0,iter=7 "
+                                      "--inject kill:stage=1,replica=0,iter=7"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* lost1 = nullptr;
+  for (const auto* l : events(o, "worker_lost")) {
+    if (number_field(*l, "stage") == 1) lost1 = l;
+  }
+  ASSERT_NE(lost1, nullptr) << o.output;
+  const auto lost_node = std::int64_t(number_field(*lost1, "node"));
+  bool held = false;
+  for (const auto* l : events(o, "snapshot_holders")) {
+    if (number_field(*l, "stage") != 0) continue;
+    const auto at = l->find("\"holders\":\"");
+    ASSERT_NE(at, std::string::npos) << *l;
+    const std::string list = l->substr(at + 11, l->find('"', at + 11) - at - 11);
+    held = held || ("," + list + ",").find("," + std::to_string(lost_node) + ",") !=
+                       std::string::npos;
+  }
+  EXPECT_TRUE(held) << "stage 0's copies were meant to include the lost worker " << lost_node;
+  const auto ends = events(o, "recovery_end");
+  ASSERT_FALSE(ends.empty());
+  EXPECT_EQ(number_field(*ends.back(), "first_stage"), 0);
+  EXPECT_EQ(number_field(*ends.back(), "last_stage"), 1);
+}
+
+TEST(recovery, when_every_copy_of_a_needed_slot_is_gone_the_job_says_which) {
+  // One copy (checkpoint.replicas = 1) of stage 0's window, held by stage 1's worker, and
+  // both die: nothing in memory can rebuild stage 0.
+  const auto o = launch("nocopy", job(3, 1, 2,
+                                      "--set checkpoint.replicas=1 "
+                                      "--inject kill:stage=0,replica=0,iter=7 "
+                                      "--inject kill:stage=1,replica=0,iter=7"));
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("is on no live replicator"), std::string::npos) << o.output;
+  EXPECT_EQ(o.hash, "");
+}
+
 TEST(recovery, without_a_spare_the_job_ends_saying_so) {
   const auto o = launch("nospare", job(2, 1, 0, "--inject kill:stage=0,replica=0,iter=3"));
   EXPECT_EQ(o.exit_code, 1) << o.output;
