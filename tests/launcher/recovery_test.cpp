@@ -265,6 +265,22 @@ TEST(recovery, when_every_copy_of_a_needed_slot_is_gone_the_job_says_which) {
   EXPECT_EQ(o.hash, "");
 }
 
+TEST(recovery, a_kill_and_a_hang_next_to_it_recover_as_one_region) {
+  // Stage 1 is killed and stage 2 hangs at the same moment: the kill is seen at once, but
+  // aborting the survivors waits on the silent stage 2 until the heartbeats give up on it;
+  // both losses then form one region 1..2.
+  const auto o = launch("killhang", job(4, 1, 2,
+                                        "--set cluster.failure_timeout_ms=400 "
+                                        "--inject kill:stage=1,replica=0,iter=7 "
+                                        "--inject hang:stage=2,replica=0,iter=7"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const auto ends = events(o, "recovery_end");
+  ASSERT_EQ(ends.size(), 1u) << o.output;
+  EXPECT_EQ(number_field(*ends[0], "first_stage"), 1);
+  EXPECT_EQ(number_field(*ends[0], "last_stage"), 2);
+}
+
 TEST(recovery, without_a_spare_the_job_ends_saying_so) {
   const auto o = launch("nospare", job(2, 1, 0, "--inject kill:stage=0,replica=0,iter=3"));
   EXPECT_EQ(o.exit_code, 1) << o.output;
