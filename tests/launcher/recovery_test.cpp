@@ -270,7 +270,7 @@ TEST(recovery, a_kill_and_a_hang_next_to_it_recover_as_one_region) {
   // aborting the survivors waits on the silent stage 2 until the heartbeats give up on it;
   // both losses then form one region 1..2.
   const auto o = launch("killhang", job(4, 1, 2,
-                                        "--set cluster.failure_timeout_ms=400 "
+                                        "--set cluster.failure_timeout_ms=1000 "
                                         "--inject kill:stage=1,replica=0,iter=7 "
                                         "--inject hang:stage=2,replica=0,iter=7"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
