@@ -921,8 +921,9 @@ void coordinator::send_restores(const region& r) {
                           m.lost.stage, m.lost.replica, m.lost.node);
     }
     callbacks_.on_notice(fmt::format(
-        "{} lost; {}rebuilding {} on spare worker(s) {} from {} (replaying iterations {}..{})",
-        lost, r.restarts > 0 ? "the recovery grew: " : "", stages, spares,
+        "{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying iterations {}..{})",
+        lost, r.restarts > 0 ? "the recovery grew: " : "", stages,
+        r.members.size() > 1 ? "s" : "", spares,
         has_window ? fmt::format("window {}", window) : std::string("the initial state"), first,
         target - 1));
   }
@@ -1060,11 +1061,12 @@ awaitable<void> coordinator::maybe_finish_recovery() {
     }
     if (callbacks_.on_notice) {
       callbacks_.on_notice(fmt::format(
-          "{} recovered on worker(s) {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s of {} "
-          "iterations); training resumes at iteration {}",
+          "{} recovered on worker{} {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
+          "iteration{} replayed); training resumes at iteration {}",
           r.first == r.last ? fmt::format("stage {}", r.first)
                             : fmt::format("stages {}..{}", r.first, r.last),
-          spares, secs, pull, replay, replayed, rec.target));
+          r.members.size() > 1 ? "s" : "", spares, secs, pull, replay, replayed,
+          replayed == 1 ? "" : "s", rec.target));
     }
   }
   phase_ = phase::running;
