@@ -50,4 +50,15 @@ TEST(example_configs, failure_single_recovers_with_a_spare) {
   EXPECT_EQ(j.pp, 3);
 }
 
+
+TEST(example_configs, failure_contiguous_has_a_spare_per_lost_stage) {
+  const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
+  ASSERT_NE(root, nullptr);
+  const auto j = engine::resolve_job(
+      load_config_file(std::string(root) + "/examples/failure_contiguous/config.toml"));
+  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_GE(j.spares, 2);
+  EXPECT_GE(j.pp, 4) << "stages 1 and 2 lost need healthy stages on both sides";
+}
+
 }  // namespace moevement::launcher
