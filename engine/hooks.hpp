@@ -55,6 +55,9 @@ class stage_hooks {
   // wiring; sent again after a recovery).
   virtual void on_wired(std::span<const actors::actor_ref> /*replicators*/) {}
   // On the stage actor's thread, after after_step_shipped.
+  // What the stage reports as this iteration's popularity (summed over replicas by the
+  // coordinator): routed tokens, or gate probabilities for a soft-count ordering.
+  virtual bool soft_popularity() const { return false; }
   virtual checkpoint_stats stats() const { return {}; }
 };
 

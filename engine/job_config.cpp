@@ -62,6 +62,13 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.snapshot_replicas = int(models::config_int(k, v, 1, max_job_workers));
        }},
+      {"checkpoint.ordering", [&](auto& k, auto& v) { j.ordering = get_choice(k, v, ordering_names()); }},
+      {"checkpoint.decay_alpha",
+       [&](auto& k, auto& v) { j.decay_alpha = models::config_double(k, v, 0.0, 0.999); }},
+      {"checkpoint.reorder_change",
+       [&](auto& k, auto& v) { j.reorder_change = models::config_double(k, v, 0.0, 100.0); }},
+      {"checkpoint.reorder_fraction",
+       [&](auto& k, auto& v) { j.reorder_fraction = models::config_double(k, v, 0.0, 1.0); }},
       {"cluster.backend", [&](auto& k, auto& v) { j.backend = get_choice(k, v, backend_names()); }},
       {"cluster.spares",
        [&](auto& k, auto& v) { j.spares = int(models::config_int(k, v, 0, max_job_workers)); }},
@@ -130,6 +137,10 @@ bool is_engine_key(std::string_view key) {
 }
 
 }  // namespace
+
+std::vector<std::string> ordering_names() {
+  return {"popularity", "soft-count", "time-decayed", "capacity-aware"};
+}
 
 std::vector<std::string> checkpoint_policy_names() {
   return {"none", "moevement", "dense-memory", "dense-disk", "pec"};

@@ -26,6 +26,10 @@ struct job_config {
   std::string policy = "none";        // checkpoint.policy
   int w_sparse = 0;                   // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
   int snapshot_replicas = 2;          // checkpoint.replicas: copies of every snapshot slot (r)
+  std::string ordering = "popularity";  // checkpoint.ordering: what orders a window's operators
+  double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
+  double reorder_change = 0.10;    // checkpoint.reorder_change: an expert's popularity moved by
+  double reorder_fraction = 0.25;  // checkpoint.reorder_fraction: for this share of experts
   std::string backend = "local";      // cluster.backend: local | slurm
   int spares = 0;                     // cluster.spares: idle workers beside pp*dp
   std::string host = "127.0.0.1";     // cluster.host: where the head listens
@@ -59,6 +63,8 @@ std::vector<std::string> job_config_keys();
 
 // The policy names of checkpoint.policy, in documentation order, and those this version runs.
 std::vector<std::string> checkpoint_policy_names();
+// The sparse schedule's operator orderings (paper section 3.2, appendix B).
+std::vector<std::string> ordering_names();
 bool policy_available(const std::string& name);
 
 // Limits on a config read from the wire (untrusted). Defaults live here and only here.

@@ -302,7 +302,7 @@ awaitable<void> stage_actor::finish_reduce() {
   std::vector<double> sq, pop;
   co_await compute([&] {
     sq = gradient_sq_sums(ops_);
-    pop = operator_popularity(ops_);
+    pop = operator_popularity(ops_, hooks_ && hooks_->soft_popularity());
   });
   const std::uint64_t e = epoch_;
   (void)tell<wire::StageDone>(coordinator_, [&](wire::StageDone::Builder b) {

@@ -72,15 +72,18 @@ std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* co
   return d;
 }
 
-std::vector<double> operator_popularity(std::span<models::operator_state* const> ops) {
+std::vector<double> operator_popularity(std::span<models::operator_state* const> ops,
+                                        bool soft) {
   std::vector<double> c(ops.size(), 0.0);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     if (ops[i]->kind() != models::op_kind::gate) continue;
     const auto& routed = ops[i]->routed_tokens();
+    const auto& probs = ops[i]->prob_sums();
     std::size_t e = 0;
     for (std::size_t j = i + 1; j < ops.size() && e < routed.size(); ++j) {
       if (ops[j]->kind() != models::op_kind::expert) continue;
-      c[j] += double(routed[e++]);
+      c[j] += soft ? (e < probs.size() ? probs[e] : 0.0) : double(routed[e]);
+      ++e;
     }
   }
   return c;

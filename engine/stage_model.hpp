@@ -88,8 +88,10 @@ void apply_step(std::span<models::operator_state* const> ops, const models::step
                 const models::train_config& train);
 // Per operator: the tokens its layer's gate routed to it in this iteration (experts; a
 // gate's counters belong to the experts that follow it), 0 for the others. The popularity
-// the sparse schedule orders by (paper section 3.5).
-std::vector<double> operator_popularity(std::span<models::operator_state* const> ops);
+// the sparse schedule orders by (paper section 3.5); soft: the summed gate probabilities
+// instead (appendix B's soft count).
+std::vector<double> operator_popularity(std::span<models::operator_state* const> ops,
+                                        bool soft = false);
 // Every operator's digest, in operator order (state_hash's input).
 std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* const> ops);
 

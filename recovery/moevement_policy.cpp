@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
@@ -60,12 +61,15 @@ awaitable<void> off_thread(F&& fn) {
 class checkpoint_hooks : public engine::stage_hooks {
  public:
   checkpoint_hooks(std::shared_ptr<capture_shared> shared, actors::actor_system& system,
-                   actor_ref agent, std::vector<models::operator_state*> ops, policy_limits limits)
+                   actor_ref agent, std::vector<models::operator_state*> ops, policy_limits limits,
+                   sparse_config config)
       : shared_(std::move(shared)),
         system_(system),
         agent_(agent),
         ops_(std::move(ops)),
-        limits_(limits) {}
+        limits_(limits),
+        config_(std::move(config)) {}
+  bool soft_popularity() const override { return config_.soft(); }
   ~checkpoint_hooks() override { pool_.join(); }
 
   void before_step(std::int64_t iteration, const engine::checkpoint_step& decided) override {
@@ -83,7 +87,7 @@ class checkpoint_hooks : public engine::stage_hooks {
     }
     stall_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (decided.w_sparse > 0 && !shared_->schedule) {
-      sparse_config c;
+      sparse_config c = config_;  // the job's ordering; W as the coordinator chose it
       c.w_sparse = decided.w_sparse;
       shared_->schedule.emplace(c, ops_);
       if (shared_->taken_over) {  // a replacement schedules as its stage's survivors do
@@ -147,6 +151,7 @@ class checkpoint_hooks : public engine::stage_hooks {
   actor_ref agent_;
   std::vector<models::operator_state*> ops_;
   policy_limits limits_;
+  sparse_config config_;
   std::future<void> pending_;  // the capture in flight
   double stall_s_ = 0.0;
   std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0};
@@ -240,6 +245,11 @@ awaitable<void> checkpoint_agent::schedule(wire::FetchSchedule::Reader,
     }
   }
   out.setReorders(st->reorders);
+  auto dec = out.initDecayed(static_cast<unsigned>(st->decayed.size()));
+  for (unsigned j = 0; j < dec.size(); ++j) dec.set(j, st->decayed[j]);
+  auto pend = out.initPending(static_cast<unsigned>(st->pending.size()));
+  for (unsigned j = 0; j < pend.size(); ++j) pend.set(j, st->pending[j]);
+  out.setPendingIteration(st->pending_iteration);
 }
 
 void checkpoint_agent::ship(std::int64_t iteration) {
@@ -419,14 +429,37 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
     answer(false, "window older than the persisted one");
     co_return;
   }
+  // The pull runs beside the mailbox: a peer that hangs mid-pull must not keep this
+  // replicator from serving FetchSlot to a recovery (the copy it holds is what is needed).
   auto holder = std::make_shared<transport::bulk_region>(io_.allocate(d->length));
-  auto r = co_await pull_chunked(io_, *d, holder->memory(), holder, limits_.pull_chunk_bytes);
-  if (!r.ok()) {
-    answer(false, "pull failed: " + r.err().message);
-    co_return;
-  }
-  slots_[id] = std::move(*holder);
-  answer(true, "");
+  actors::actor_system* sys = &system();
+  const actor_ref me = self();
+  engine::bulk_io* io = &io_;
+  const auto desc = *d;
+  const std::uint64_t chunk = limits_.pull_chunk_bytes;
+  auto pull = [sys, me, io, desc, holder, chunk, id, from]() -> awaitable<void> {
+    auto r = co_await pull_chunked(*io, desc, holder->memory(), holder, chunk);
+    std::string error = r.ok() ? std::string() : "pull failed: " + r.err().message;
+    (void)sys->post_call(me, [holder, id, from, error](actors::actor& a) -> awaitable<void> {
+      static_cast<replicator&>(a).finish_store(id, from, holder, error);
+      co_return;
+    });
+  };
+  asio::co_spawn(sys->io(), std::move(pull), asio::detached);
+  co_return;
+}
+
+void replicator::finish_store(const key& id, const actor_ref& from,
+                              const std::shared_ptr<transport::bulk_region>& holder,
+                              const std::string& error) {
+  const auto& [stage, replica, window, slot] = id;
+  const bool ok = error.empty() && window >= persisted_;
+  if (ok) slots_[id] = std::move(*holder);
+  (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
+    write_key(b.initKey(), stage, replica, window, slot);
+    b.setOk(ok);
+    b.setError(ok ? std::string() : error.empty() ? "window older than the persisted one" : error);
+  });
 }
 
 awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out) {
@@ -495,7 +528,13 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   if (agent_.valid()) system_.stop(agent_);  // an older restore's stage (never wired)
   agent_ = system_.spawn<checkpoint_agent>(shared, io_, setup.stage, setup.replica, coordinator,
                                            job_.snapshot_replicas, limits_);
-  return std::make_unique<checkpoint_hooks>(shared, system_, agent_, std::move(ops), limits_);
+  sparse_config config;
+  config.order_by = parse_ordering(job_.ordering);
+  config.decay_alpha = job_.decay_alpha;
+  config.reorder.change_threshold = job_.reorder_change;
+  config.reorder.fraction_threshold = job_.reorder_fraction;
+  return std::make_unique<checkpoint_hooks>(shared, system_, agent_, std::move(ops), limits_,
+                                            std::move(config));
 }
 
 awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
@@ -660,6 +699,9 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
       }
     }
     st.reorders = m.getReorders();
+    for (auto x : m.getDecayed()) st.decayed.push_back(x);
+    for (auto x : m.getPending()) st.pending.push_back(x);
+    st.pending_iteration = m.getPendingIteration();
     restored_schedule_ = std::move(st);
   }
   const auto pulled_at = std::chrono::steady_clock::now();

@@ -124,6 +124,9 @@ class replicator : public actors::actor {
   asio::awaitable<void> store(wire::StoreSlot::Reader m);
   asio::awaitable<void> fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
+  void finish_store(const key& id, const actors::actor_ref& from,
+                    const std::shared_ptr<transport::bulk_region>& holder,
+                    const std::string& error);
 
   engine::bulk_io& io_;
   policy_limits limits_;

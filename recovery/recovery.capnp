@@ -78,4 +78,7 @@ struct ScheduleState {
   counts @3 :List(WindowCounts);
   schedules @4 :List(WindowSchedule);
   reorders @5 :UInt64;
+  decayed @6 :List(Float64);       # time-decayed ordering: the moving average
+  pending @7 :List(Float64);       # and the counts of pendingIteration not folded in yet
+  pendingIteration @8 :Int64;
 }

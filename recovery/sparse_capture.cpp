@@ -7,6 +7,29 @@
 
 namespace moevement::recovery {
 
+const char* ordering_name(ordering o) {
+  switch (o) {
+    case ordering::popularity:
+      return "popularity";
+    case ordering::soft_count:
+      return "soft-count";
+    case ordering::time_decayed:
+      return "time-decayed";
+    case ordering::capacity_aware:
+      return "capacity-aware";
+  }
+  return "?";
+}
+
+ordering parse_ordering(const std::string& name) {
+  for (auto o : {ordering::popularity, ordering::soft_count, ordering::time_decayed,
+                 ordering::capacity_aware}) {
+    if (name == ordering_name(o)) return o;
+  }
+  throw std::invalid_argument("unknown ordering '" + name +
+                              "' (popularity, soft-count, time-decayed or capacity-aware)");
+}
+
 sim::sparse_op sparse_sizes(const models::operator_state& op) {
   sim::sparse_op s;
   const auto floats = std::uint64_t(op.numel()) * sizeof(float);
@@ -32,6 +55,17 @@ stage_schedule::stage_schedule(const sparse_config& config,
                                std::span<models::operator_state* const> ops)
     : config_(config), n_(ops.size()) {
   if (n_ == 0) throw std::invalid_argument("sparse schedule: the stage has no operators");
+  if (!config.capacities.empty() && config.capacities.size() != n_) {
+    throw std::invalid_argument("sparse schedule: capacities for " +
+                                std::to_string(config.capacities.size()) + " operators of " +
+                                std::to_string(n_));
+  }
+  for (double c : config.capacities) {
+    if (!(c > 0)) throw std::invalid_argument("sparse schedule: capacities must be > 0");
+  }
+  if (!(config.decay_alpha >= 0 && config.decay_alpha < 1)) {
+    throw std::invalid_argument("sparse schedule: decay_alpha must be in [0, 1)");
+  }
   if (config.w_sparse < 0) throw std::invalid_argument("sparse schedule: w_sparse must be >= 0");
   if (config.w_sparse > 0) {
     w_ = config.w_sparse;
@@ -57,31 +91,62 @@ stage_schedule::stage_schedule(const sparse_config& config,
 void stage_schedule::add_popularity(std::int64_t iteration,
                                     std::span<models::operator_state* const> ops) {
   if (ops.size() != n_) throw std::invalid_argument("sparse schedule: operator count changed");
-  auto& c = counts_[std::uint64_t(iteration) / std::uint64_t(w_)];
-  c.resize(n_, 0.0);
   // A gate's counters are per expert of its layer: the next routed_tokens().size() experts.
+  std::vector<double> c(n_, 0.0);
   for (std::size_t i = 0; i < n_; ++i) {
     if (ops[i]->kind() != models::op_kind::gate) continue;
     const auto& routed = ops[i]->routed_tokens();
+    const auto& probs = ops[i]->prob_sums();
     std::size_t e = 0;
     for (std::size_t j = i + 1; j < n_ && e < routed.size(); ++j) {
       if (!is_expert_[j]) continue;
-      c[j] += double(routed[e++]);
+      c[j] = config_.soft() ? (e < probs.size() ? probs[e] : 0.0) : double(routed[e]);
+      ++e;
     }
   }
+  add_counts(iteration, c);
 }
 
 void stage_schedule::add_counts(std::int64_t iteration, std::span<const double> counts) {
   if (counts.size() != n_) throw std::invalid_argument("sparse schedule: operator count changed");
   auto& c = counts_[std::uint64_t(iteration) / std::uint64_t(w_)];
   c.resize(n_, 0.0);
-  for (std::size_t i = 0; i < n_; ++i) {
-    if (is_expert_[i]) c[i] += counts[i];
+  if (config_.order_by == ordering::time_decayed) {
+    // One step of the moving average per iteration (a mini-batch), over every replica's
+    // counts of it: they are gathered until the next iteration (or a schedule) folds them in.
+    if (iteration != pending_iteration_) fold_pending();
+    pending_iteration_ = iteration;
+    pending_.resize(n_, 0.0);
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (is_expert_[i]) pending_[i] += counts[i];
+    }
+    return;
   }
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (!is_expert_[i]) continue;
+    c[i] += config_.order_by == ordering::capacity_aware && !config_.capacities.empty()
+                ? sim::capacity_normalized_popularity(counts[i], config_.capacities[i])
+                : counts[i];
+  }
+}
+
+void stage_schedule::fold_pending() {
+  if (pending_iteration_ < 0) return;
+  decayed_.resize(n_, 0.0);
+  auto& c = counts_[std::uint64_t(pending_iteration_) / std::uint64_t(w_)];
+  c.assign(n_, 0.0);  // the window's popularity: the moving average as of its last iteration
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (!is_expert_[i]) continue;
+    decayed_[i] = sim::time_decayed_popularity(decayed_[i], pending_[i], config_.decay_alpha);
+    c[i] = decayed_[i];
+  }
+  pending_iteration_ = -1;
+  pending_.assign(n_, 0.0);
 }
 
 const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint64_t window) {
   if (auto it = schedules_.find(window); it != schedules_.end()) return it->second;
+  fold_pending();
   if (window > 0) {
     if (auto it = counts_.find(window - 1); it != counts_.end()) {
       std::vector<double> experts;
@@ -136,8 +201,13 @@ void stage_schedule::load(state s) {
       }
     }
   }
+  if (!s.decayed.empty() && s.decayed.size() != n_) bad("a moving average that does not fit");
+  if (!s.pending.empty() && s.pending.size() != n_) bad("pending counts that do not fit");
   order_ = std::move(s.order);
   order_popularity_ = std::move(s.order_popularity);
+  decayed_ = std::move(s.decayed);
+  pending_ = std::move(s.pending);
+  pending_iteration_ = s.pending_iteration;
   counts_ = std::move(s.counts);
   schedules_ = std::move(s.schedules);
   reorders_ = s.reorders;

@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/hooks.hpp"
@@ -31,6 +32,18 @@
 
 namespace moevement::recovery {
 
+// What "popularity" orders the operators of a window (paper section 3.2 and appendix B).
+enum class ordering : std::uint8_t {
+  popularity,     // tokens routed to each expert in the window before (the default)
+  soft_count,     // summed gate probabilities instead of routed tokens
+  time_decayed,   // A(t) = alpha A(t-1) + (1 - alpha) count(t), per iteration
+  capacity_aware  // tokens routed / the expert's capacity (heterogeneous experts)
+};
+// "popularity", "soft-count", "time-decayed", "capacity-aware"
+const char* ordering_name(ordering o);
+// Throws std::invalid_argument listing the names.
+ordering parse_ordering(const std::string& name);
+
 // How a stage's sparse schedule is chosen. The one place these defaults live.
 struct sparse_config {
   // Iterations per window. 0: Algorithm 1's FindWindowSize from the profile below (see
@@ -39,6 +52,13 @@ struct sparse_config {
   double iteration_seconds = 0.0;      // profiled fault-free iteration time
   double bandwidth_bytes_per_s = 0.0;  // profiled device-to-host snapshot bandwidth
   sim::reorder_thresholds reorder{};   // section 3.5: 10% change for 25% of the experts
+  ordering order_by = ordering::popularity;
+  double decay_alpha = 0.9;  // time_decayed: weight of the history
+  // capacity_aware: tokens each operator can take per iteration (empty: all equal, which
+  // orders as popularity does: our presets' experts are homogeneous).
+  std::vector<double> capacities{};
+  // Whether the counts the stage reports are gate probabilities (soft_count) or tokens.
+  bool soft() const { return order_by == ordering::soft_count; }
 };
 
 // Algorithm 1 sizes of one operator: compute weights, FP32 master, Adam m + v.
@@ -82,8 +102,14 @@ class stage_schedule {
     std::map<std::uint64_t, std::vector<double>> counts;
     std::map<std::uint64_t, std::vector<sim::schedule_slot>> schedules;
     std::uint64_t reorders = 0;
+    std::vector<double> decayed;  // time_decayed: the moving average so far
+    std::vector<double> pending;  // time_decayed: counts of pending_iteration not folded yet
+    std::int64_t pending_iteration = -1;
   };
-  state save() const { return {order_, order_popularity_, counts_, schedules_, reorders_}; }
+  state save() const {
+    return {order_,    order_popularity_, counts_,  schedules_,
+            reorders_, decayed_,          pending_, pending_iteration_};
+  }
   // Throws std::invalid_argument when `s` does not fit this stage's operators.
   void load(state s);
 
@@ -97,6 +123,10 @@ class stage_schedule {
   std::map<std::uint64_t, std::vector<double>> counts_;  // [window][operator]
   std::map<std::uint64_t, std::vector<sim::schedule_slot>> schedules_;
   std::uint64_t reorders_ = 0;
+  void fold_pending();
+  std::vector<double> decayed_;  // [operator], time_decayed only
+  std::vector<double> pending_;
+  std::int64_t pending_iteration_ = -1;
 };
 
 // The plan a replay of one iteration must apply (it depends on every stage's gradients).

@@ -214,13 +214,19 @@ TEST(recovery, a_rebuilt_replica_schedules_like_its_survivors) {
   // recovery converts both replicas' windows, which must freeze the same operators (the
   // replacement took over the survivor's schedule state), and memory is back to the level
   // of the fault-free run.
-  const auto o = launch("again", job(2, 2, 2,
-                                     "--inject kill:stage=1,replica=0,iter=4 "
-                                     "--inject kill:stage=1,replica=1,iter=9"));
-  ASSERT_EQ(o.exit_code, 0) << o.output;
-  EXPECT_EQ(o.hash, reference(2));
-  EXPECT_EQ(events(o, "recovery_end").size(), 2u) << o.output;
-  EXPECT_EQ(events(o, "schedule_mismatch").size(), 0u) << o.output;
+  // Under every ordering of appendix B (the time-decayed one carries its moving average).
+  for (const std::string ordering : {"popularity", "soft-count", "time-decayed"}) {
+    const auto o = launch("again-" + ordering,
+                          job(2, 2, 2,
+                              "--set checkpoint.ordering=" + ordering +
+                                  " --set checkpoint.decay_alpha=0.5 "
+                                  "--inject kill:stage=1,replica=0,iter=4 "
+                                  "--inject kill:stage=1,replica=1,iter=9"));
+    ASSERT_EQ(o.exit_code, 0) << ordering << "\n" << o.output;
+    EXPECT_EQ(o.hash, reference(2)) << ordering;
+    EXPECT_EQ(events(o, "recovery_end").size(), 2u) << ordering << "\n" << o.output;
+    EXPECT_EQ(events(o, "schedule_mismatch").size(), 0u) << ordering << "\n" << o.output;
+  }
 }
 
 TEST(recovery, a_lost_replicator_holding_a_needed_snapshot_is_replaced_by_its_other_copy) {

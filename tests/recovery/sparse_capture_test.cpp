@@ -122,5 +122,151 @@ TEST(sparse_capture, slots_are_smaller_than_a_dense_snapshot) {
   std::cout << "\n";
 }
 
+// Appendix B's orderings: two experts A and B of one stage whose counts make the orderings
+// disagree. Window 0 (W = 2) holds iterations 0 and 1; window 1's schedule orders by window 0.
+struct two_experts {
+  engine::local_pipeline pipe{models::preset("tiny"), test_train(), 1};
+  std::vector<models::operator_state*> ops = pipe.stage(0, 0).operators();
+  std::size_t a = 0, b = 0;  // the first two experts
+  two_experts() {
+    std::vector<std::size_t> experts;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i]->kind() == models::op_kind::expert) experts.push_back(i);
+    }
+    a = experts.at(0);
+    b = experts.at(1);
+  }
+  // Which of A and B window 1 snapshots in full first (the less popular one).
+  std::size_t first_of_window_1(const sparse_config& c, const std::vector<double>& a_counts,
+                                const std::vector<double>& b_counts) {
+    stage_schedule sched(c, ops);
+    for (std::int64_t it = 0; it < 2; ++it) {
+      std::vector<double> counts(ops.size(), 50.0);  // every other expert in between
+      counts[a] = a_counts[std::size_t(it)];
+      counts[b] = b_counts[std::size_t(it)];
+      sched.add_counts(it, counts);
+    }
+    const auto& w1 = sched.window_schedule(1);
+    for (const auto& slot : w1) {
+      for (std::size_t i : slot.active) {
+        if (i == a || i == b) return i;
+      }
+    }
+    return ops.size();
+  }
+};
+
+TEST(sparse_orderings, names_parse_and_unknown_ones_are_refused) {
+  for (auto o : {ordering::popularity, ordering::soft_count, ordering::time_decayed,
+                 ordering::capacity_aware}) {
+    EXPECT_EQ(parse_ordering(ordering_name(o)), o);
+  }
+  EXPECT_THROW(parse_ordering("random"), std::invalid_argument);
+}
+
+TEST(sparse_orderings, time_decayed_favours_recent_counts) {
+  two_experts x;
+  sparse_config c{2};
+  // A: 100 then 0; B: 0 then 60. Summed, A (100) is more popular; with alpha = 0.5 the
+  // moving average ends at A 25, B 30.
+  EXPECT_EQ(x.first_of_window_1(c, {100, 0}, {0, 60}), x.b);
+  c.order_by = ordering::time_decayed;
+  c.decay_alpha = 0.5;
+  EXPECT_EQ(x.first_of_window_1(c, {100, 0}, {0, 60}), x.a);
+}
+
+TEST(sparse_orderings, capacity_aware_divides_by_each_experts_capacity) {
+  two_experts x;
+  sparse_config c{2};
+  EXPECT_EQ(x.first_of_window_1(c, {50, 50}, {30, 30}), x.b);  // B routed fewer tokens
+  c.order_by = ordering::capacity_aware;
+  c.capacities.assign(x.ops.size(), 100.0);
+  c.capacities[x.b] = 30.0;  // B is small and full; A has room
+  EXPECT_EQ(x.first_of_window_1(c, {50, 50}, {30, 30}), x.a);
+  c.capacities.assign(3, 1.0);
+  EXPECT_THROW(stage_schedule(c, x.ops), std::invalid_argument);
+}
+
+TEST(sparse_orderings, soft_count_orders_by_gate_probabilities) {
+  two_experts x;
+  // The gate before A and B routed more tokens to A but gave B more probability mass.
+  std::size_t gate = x.ops.size();
+  for (std::size_t i = x.a; i-- > 0;) {
+    if (x.ops[i]->kind() == models::op_kind::gate) {
+      gate = i;
+      break;
+    }
+  }
+  ASSERT_LT(gate, x.ops.size());
+  const auto order_first = [&](const sparse_config& c) {
+    stage_schedule sched(c, x.ops);
+    for (std::int64_t it = 0; it < 2; ++it) {
+      auto& routed = x.ops[gate]->routed_tokens();
+      auto& probs = x.ops[gate]->prob_sums();
+      std::fill(routed.begin(), routed.end(), 50);
+      std::fill(probs.begin(), probs.end(), 5.0);
+      routed[0] = 90;  // A
+      routed[1] = 10;  // B
+      probs[0] = 1.0;
+      probs[1] = 9.0;
+      sched.add_popularity(it, x.ops);
+    }
+    for (const auto& slot : sched.window_schedule(1)) {
+      for (std::size_t i : slot.active) {
+        if (i == x.a || i == x.b) return i;
+      }
+    }
+    return x.ops.size();
+  };
+  sparse_config c{2};
+  EXPECT_EQ(order_first(c), x.b);
+  c.order_by = ordering::soft_count;
+  EXPECT_EQ(order_first(c), x.a);
+  // what a stage reports under launch follows the same choice
+  EXPECT_EQ(engine::operator_popularity(x.ops, false)[x.a], 90.0);
+  EXPECT_EQ(engine::operator_popularity(x.ops, true)[x.a], 1.0);
+}
+
+TEST(sparse_orderings, a_saved_state_schedules_the_next_windows_identically) {
+  // A replacement takes over a survivor's state: both then fix the same schedules.
+  for (auto o : {ordering::popularity, ordering::time_decayed}) {
+    two_experts x;
+    sparse_config c{2};
+    c.order_by = o;
+    c.decay_alpha = 0.5;
+    stage_schedule survivor(c, x.ops), fresh(c, x.ops), taken(c, x.ops);
+    for (std::int64_t it = 0; it < 5; ++it) {
+      std::vector<double> counts(x.ops.size(), double(it * 7 % 5));
+      counts[x.a] = double(100 - 20 * it);
+      counts[x.b] = double(10 * it);
+      survivor.add_counts(it, counts);
+      if (it == 4) continue;  // a replacement starts at iteration 4
+      (void)survivor.window_schedule(std::uint64_t(it / 2));
+    }
+    taken.load(survivor.save());
+    for (std::int64_t it = 5; it < 9; ++it) {
+      std::vector<double> counts(x.ops.size(), 3.0);
+      counts[x.a] = double(it);
+      counts[x.b] = double(50 - it);
+      for (auto* s : {&survivor, &taken}) {
+        if (it % 2 == 0) (void)s->window_schedule(std::uint64_t(it / 2));
+        s->add_counts(it, counts);
+      }
+    }
+    for (std::uint64_t w = 3; w <= 4; ++w) {
+      const auto& ws = survivor.window_schedule(w);
+      const auto& wt = taken.window_schedule(w);
+      ASSERT_EQ(ws.size(), wt.size());
+      for (std::size_t j = 0; j < ws.size(); ++j) {
+        EXPECT_EQ(ws[j].active, wt[j].active) << ordering_name(o) << " window " << w;
+        EXPECT_EQ(ws[j].frozen, wt[j].frozen) << ordering_name(o) << " window " << w;
+      }
+    }
+    auto bad = survivor.save();
+    bad.order.pop_back();
+    EXPECT_THROW(fresh.load(bad), std::invalid_argument);
+  }
+}
+
 }  // namespace
 }  // namespace moevement::recovery
