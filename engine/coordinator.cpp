@@ -815,14 +815,31 @@ awaitable<void> coordinator::recover() {
     // and clear what failed in the survivors because of the lost peers.
     const std::uint64_t e = epoch_;
     const std::vector<actor_ref> alive = stages_;
+    std::vector<std::size_t> failed;
     for (std::size_t i = 0; i < alive.size(); ++i) {
       if (!alive[i].valid()) continue;
       auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
       auto res = co_await ask<wire::Abort, wire::AbortAck>(alive[i], ask_timeout, fill);
       if (finished_) co_return;
-      if (!res.ok() && stages_[i].valid()) {
-        fail("aborting the iteration for a recovery failed: " + res.err().message);
-        co_return;
+      if (!res.ok() && stages_[i].valid()) failed.push_back(i);
+    }
+    // A stage that could not be aborted usually died too, and the transport knew before the
+    // head did: give its loss the failure timeout to arrive (it then joins the recovery).
+    if (!failed.empty()) {
+      asio::steady_timer grace(co_await asio::this_coro::executor,
+                               std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+      co_await grace.async_wait(asio::use_awaitable);
+      if (finished_) co_return;
+      for (std::size_t i : failed) {
+        if (stages_[i].valid()) {  // still there: ask once more
+          auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
+          auto res = co_await ask<wire::Abort, wire::AbortAck>(alive[i], ask_timeout, fill);
+          if (finished_) co_return;
+          if (!res.ok() && stages_[i].valid()) {
+            fail("aborting the iteration for a recovery failed: " + res.err().message);
+            co_return;
+          }
+        }
       }
     }
   }

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
@@ -429,24 +428,35 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
     answer(false, "window older than the persisted one");
     co_return;
   }
-  // The pull runs beside the mailbox: a peer that hangs mid-pull must not keep this
+  // The pull runs in an actor of its own: a peer that hangs mid-pull must not keep this
   // replicator from serving FetchSlot to a recovery (the copy it holds is what is needed).
+  // As an actor (not a detached coroutine) it is cancelled with the system at shutdown.
   auto holder = std::make_shared<transport::bulk_region>(io_.allocate(d->length));
-  actors::actor_system* sys = &system();
-  const actor_ref me = self();
-  engine::bulk_io* io = &io_;
-  const auto desc = *d;
-  const std::uint64_t chunk = limits_.pull_chunk_bytes;
-  auto pull = [sys, me, io, desc, holder, chunk, id, from]() -> awaitable<void> {
-    auto r = co_await pull_chunked(*io, desc, holder->memory(), holder, chunk);
-    std::string error = r.ok() ? std::string() : "pull failed: " + r.err().message;
-    (void)sys->post_call(me, [holder, id, from, error](actors::actor& a) -> awaitable<void> {
-      static_cast<replicator&>(a).finish_store(id, from, holder, error);
-      co_return;
-    });
-  };
-  asio::co_spawn(sys->io(), std::move(pull), asio::detached);
+  (void)system().spawn<slot_puller>(io_, *d, holder, limits_.pull_chunk_bytes, self(), id, from);
   co_return;
+}
+
+slot_puller::slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
+                         std::shared_ptr<transport::bulk_region> holder, std::uint64_t chunk,
+                         actor_ref replicator, replicator::key id, actor_ref from)
+    : io_(io),
+      desc_(desc),
+      holder_(std::move(holder)),
+      chunk_(chunk),
+      replicator_(replicator),
+      id_(id),
+      from_(from) {}
+
+awaitable<void> slot_puller::on_start() {
+  auto r = co_await pull_chunked(io_, desc_, holder_->memory(), holder_, chunk_);
+  std::string error = r.ok() ? std::string() : "pull failed: " + r.err().message;
+  (void)system().post_call(
+      replicator_, [holder = holder_, id = id_, from = from_, error](actors::actor& a)
+                       -> awaitable<void> {
+        static_cast<replicator&>(a).finish_store(id, from, holder, error);
+        co_return;
+      });
+  quit();
 }
 
 void replicator::finish_store(const key& id, const actor_ref& from,

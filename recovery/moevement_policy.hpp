@@ -118,20 +118,42 @@ class replicator : public actors::actor {
 
   replicator(engine::bulk_io& io, policy_limits limits);
   std::size_t bytes_held() const;
-
- private:
   using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
-  asio::awaitable<void> store(wire::StoreSlot::Reader m);
-  asio::awaitable<void> fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out);
-  asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
+  // A slot_puller's result: keep the slot (unless the window went meanwhile) and answer.
   void finish_store(const key& id, const actors::actor_ref& from,
                     const std::shared_ptr<transport::bulk_region>& holder,
                     const std::string& error);
+
+ private:
+  asio::awaitable<void> store(wire::StoreSlot::Reader m);
+  asio::awaitable<void> fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out);
+  asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
 
   engine::bulk_io& io_;
   policy_limits limits_;
   std::map<key, transport::bulk_region> slots_;
   std::uint64_t persisted_ = 0;
+};
+
+// Pulls one slot for a replicator and hands it over, then stops (one per StoreSlot).
+class slot_puller : public actors::actor {
+ public:
+  using interface = actors::interface<>;
+  slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
+              std::shared_ptr<transport::bulk_region> holder, std::uint64_t chunk,
+              actors::actor_ref replicator, replicator::key id, actors::actor_ref from);
+
+ protected:
+  asio::awaitable<void> on_start() override;
+
+ private:
+  engine::bulk_io& io_;
+  transport::bulk_descriptor desc_;
+  std::shared_ptr<transport::bulk_region> holder_;
+  std::uint64_t chunk_;
+  actors::actor_ref replicator_;
+  replicator::key id_;
+  actors::actor_ref from_;
 };
 
 class moevement_checkpoint : public engine::worker_checkpoint {

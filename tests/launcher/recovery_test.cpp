@@ -25,7 +25,10 @@ std::string job(int pp, int dp, int spares, const std::string& extra = "") {
   return tiny() + " --set train.iterations=12 --set train.seq_len=16 --set parallel.pp=" +
          std::to_string(pp) + " --set parallel.dp=" + std::to_string(dp) +
          " --set checkpoint.policy=moevement --set checkpoint.w_sparse=2 --set cluster.spares=" +
-         std::to_string(spares) + " " + extra;
+         std::to_string(spares) +
+         // kills are seen at once (the process exits); a long heartbeat timeout keeps a busy
+         // machine from declaring live workers lost (tests of hangs set their own)
+         " --set cluster.failure_timeout_ms=3000 " + extra;
 }
 
 // The fault-free hash of the same job (by `moevement train`, which launch equals).
