@@ -928,9 +928,9 @@ void coordinator::send_restores(const region& r) {
     roles += fmt::format("{}{}/{}", roles.empty() ? "" : ",", m.lost.stage, m.lost.replica);
     spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
   }
-  const std::string stages =
-      r.first == r.last ? fmt::format("stage {}", r.first)
-                        : fmt::format("stages {}..{} (jointly)", r.first, r.last);
+  const std::string stages = r.first == r.last
+                                 ? fmt::format("stage {}", r.first)
+                                 : fmt::format("stages {}..{} (jointly)", r.first, r.last);
   if (callbacks_.on_notice) {
     std::string lost;
     for (const region_member& m : r.members) {
@@ -938,11 +938,10 @@ void coordinator::send_restores(const region& r) {
                           m.lost.stage, m.lost.replica, m.lost.node);
     }
     callbacks_.on_notice(fmt::format(
-        "{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying iterations {}..{})",
-        lost, r.restarts > 0 ? "the recovery grew: " : "", stages,
-        r.members.size() > 1 ? "s" : "", spares,
-        has_window ? fmt::format("window {}", window) : std::string("the initial state"), first,
-        target - 1));
+        "{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying iterations {}..{})", lost,
+        r.restarts > 0 ? "the recovery grew: " : "", stages, r.members.size() > 1 ? "s" : "",
+        spares, has_window ? fmt::format("window {}", window) : std::string("the initial state"),
+        first, target - 1));
   }
   if (log_ != nullptr) {
     const region_member& m0 = r.members.front();
@@ -1077,13 +1076,13 @@ awaitable<void> coordinator::maybe_finish_recovery() {
                       .add("time_s", log_->seconds()));
     }
     if (callbacks_.on_notice) {
-      callbacks_.on_notice(fmt::format(
-          "{} recovered on worker{} {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
-          "iteration{} replayed); training resumes at iteration {}",
-          r.first == r.last ? fmt::format("stage {}", r.first)
-                            : fmt::format("stages {}..{}", r.first, r.last),
-          r.members.size() > 1 ? "s" : "", spares, secs, pull, replay, replayed,
-          replayed == 1 ? "" : "s", rec.target));
+      callbacks_.on_notice(
+          fmt::format("{} recovered on worker{} {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
+                      "iteration{} replayed); training resumes at iteration {}",
+                      r.first == r.last ? fmt::format("stage {}", r.first)
+                                        : fmt::format("stages {}..{}", r.first, r.last),
+                      r.members.size() > 1 ? "s" : "", spares, secs, pull, replay, replayed,
+                      replayed == 1 ? "" : "s", rec.target));
     }
   }
   phase_ = phase::running;

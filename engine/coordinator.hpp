@@ -217,9 +217,9 @@ class coordinator : public actors::actor {
   std::int64_t losses_seen_ = 0, recoveries_ = 0;
   // A supervision subtree of the recovery: contiguous lost stages, rebuilt jointly.
   struct region_member {
-    worker_info lost;               // the role (stage, replica) and the worker that had it
-    transport::node_id spare = 0;   // the worker rebuilding it (0: none yet)
-    bool ready = false;             // answered the region's current generation
+    worker_info lost;              // the role (stage, replica) and the worker that had it
+    transport::node_id spare = 0;  // the worker rebuilding it (0: none yet)
+    bool ready = false;            // answered the region's current generation
     double pull_s = 0.0, replay_s = 0.0;
     std::int64_t replayed = 0;
   };

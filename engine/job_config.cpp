@@ -62,7 +62,8 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.snapshot_replicas = int(models::config_int(k, v, 1, max_job_workers));
        }},
-      {"checkpoint.ordering", [&](auto& k, auto& v) { j.ordering = get_choice(k, v, ordering_names()); }},
+      {"checkpoint.ordering",
+       [&](auto& k, auto& v) { j.ordering = get_choice(k, v, ordering_names()); }},
       {"checkpoint.decay_alpha",
        [&](auto& k, auto& v) { j.decay_alpha = models::config_double(k, v, 0.0, 0.999); }},
       {"checkpoint.reorder_change",

@@ -20,16 +20,16 @@ namespace moevement::engine {
 
 struct job_config {
   models::model_config model;
-  models::train_config train;         // train.data_parallel == dp
-  int pp = 1;                         // parallel.pp: pipeline stages
-  int dp = 1;                         // parallel.dp: data-parallel replicas of each stage
-  std::string policy = "none";        // checkpoint.policy
-  int w_sparse = 0;                   // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
-  int snapshot_replicas = 2;          // checkpoint.replicas: copies of every snapshot slot (r)
+  models::train_config train;   // train.data_parallel == dp
+  int pp = 1;                   // parallel.pp: pipeline stages
+  int dp = 1;                   // parallel.dp: data-parallel replicas of each stage
+  std::string policy = "none";  // checkpoint.policy
+  int w_sparse = 0;             // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
+  int snapshot_replicas = 2;    // checkpoint.replicas: copies of every snapshot slot (r)
   std::string ordering = "popularity";  // checkpoint.ordering: what orders a window's operators
   double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
-  double reorder_change = 0.10;    // checkpoint.reorder_change: an expert's popularity moved by
-  double reorder_fraction = 0.25;  // checkpoint.reorder_fraction: for this share of experts
+  double reorder_change = 0.10;       // checkpoint.reorder_change: an expert's popularity moved by
+  double reorder_fraction = 0.25;     // checkpoint.reorder_fraction: for this share of experts
   std::string backend = "local";      // cluster.backend: local | slurm
   int spares = 0;                     // cluster.spares: idle workers beside pp*dp
   std::string host = "127.0.0.1";     // cluster.host: where the head listens

@@ -2,8 +2,8 @@
 // recovery start/end, snapshot persisted). Tools and tests read it back line by line.
 #pragma once
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>

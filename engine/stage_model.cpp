@@ -72,8 +72,7 @@ std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* co
   return d;
 }
 
-std::vector<double> operator_popularity(std::span<models::operator_state* const> ops,
-                                        bool soft) {
+std::vector<double> operator_popularity(std::span<models::operator_state* const> ops, bool soft) {
   std::vector<double> c(ops.size(), 0.0);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     if (ops[i]->kind() != models::op_kind::gate) continue;

@@ -451,8 +451,8 @@ awaitable<void> slot_puller::on_start() {
   auto r = co_await pull_chunked(io_, desc_, holder_->memory(), holder_, chunk_);
   std::string error = r.ok() ? std::string() : "pull failed: " + r.err().message;
   (void)system().post_call(
-      replicator_, [holder = holder_, id = id_, from = from_, error](actors::actor& a)
-                       -> awaitable<void> {
+      replicator_,
+      [holder = holder_, id = id_, from = from_, error](actors::actor& a) -> awaitable<void> {
         static_cast<replicator&>(a).finish_store(id, from, holder, error);
         co_return;
       });
@@ -682,7 +682,8 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   // The schedule state of a surviving replica of this stage (none: every replica is being
   // rebuilt, and the fresh ones agree with each other). Checked when loaded.
   for (int d = 0; d < dp && !restored_schedule_; ++d) {
-    const actor_ref peer = read_ref(plan.getSources()[unsigned((s - first_stage) * dp + d)].getSurvivor());
+    const actor_ref peer =
+        read_ref(plan.getSources()[unsigned((s - first_stage) * dp + d)].getSurvivor());
     if (!peer.valid() || d == setup.replica) continue;
     auto r = co_await system_.ask<wire::FetchSchedule, wire::ScheduleState>(peer, fetch_timeout);
     if (!r.ok()) continue;  // that survivor died meanwhile: its loss restarts this restore

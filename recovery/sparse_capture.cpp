@@ -191,7 +191,8 @@ void stage_schedule::load(state s) {
     if (c.size() != n_) bad("counts of window " + std::to_string(w) + " do not fit");
   }
   for (const auto& [w, slots] : s.schedules) {
-    if (slots.size() != std::size_t(w_)) bad("a schedule of " + std::to_string(slots.size()) + " slots");
+    if (slots.size() != std::size_t(w_))
+      bad("a schedule of " + std::to_string(slots.size()) + " slots");
     for (const auto& sl : slots) {
       for (std::size_t i : sl.active) {
         if (i >= n_) bad("a schedule names operator " + std::to_string(i));

@@ -104,9 +104,9 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
       if (tag.slot != j || tag.window != t0.window ||
           tag.state_iteration != t0.state_iteration + std::int64_t(j) || tag.stage != s ||
           tag.replica != std::int32_t(d)) {
-        throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " of " +
-                               where(s, d) + " is tagged window " + std::to_string(tag.window) +
-                               " slot " + std::to_string(tag.slot) + " " +
+        throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " of " + where(s, d) +
+                               " is tagged window " + std::to_string(tag.window) + " slot " +
+                               std::to_string(tag.slot) + " " +
                                where(tag.stage, std::size_t(tag.replica)) +
                                ": not the window asked for");
       }

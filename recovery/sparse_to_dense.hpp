@@ -72,8 +72,9 @@ struct conversion_report {
 };
 
 // replicas[j * replicas + d]: replica d of stage `stage + j` (a fresh stage_model, as a
-// replacement is); its operators are overwritten. Throws conversion_error (or snapshot_error for a slot that does
-// not verify, wrapped with where it came from) and leaves the stage unusable on error.
+// replacement is); its operators are overwritten. Throws conversion_error (or snapshot_error for a
+// slot that does not verify, wrapped with where it came from) and leaves the stage unusable on
+// error.
 conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas,
                                   const conversion_input& in);
 

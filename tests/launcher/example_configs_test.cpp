@@ -50,7 +50,6 @@ TEST(example_configs, failure_single_recovers_with_a_spare) {
   EXPECT_EQ(j.pp, 3);
 }
 
-
 TEST(example_configs, failure_contiguous_has_a_spare_per_lost_stage) {
   const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
   ASSERT_NE(root, nullptr);

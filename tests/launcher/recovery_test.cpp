@@ -226,12 +226,11 @@ TEST(recovery, a_rebuilt_replica_schedules_like_its_survivors) {
   // of the fault-free run.
   // Under every ordering of appendix B (the time-decayed one carries its moving average).
   for (const std::string ordering : {"popularity", "soft-count", "time-decayed"}) {
-    const auto o = launch("again-" + ordering,
-                          job(2, 2, 2,
-                              "--set checkpoint.ordering=" + ordering +
-                                  " --set checkpoint.decay_alpha=0.5 "
-                                  "--inject kill:stage=1,replica=0,iter=4 "
-                                  "--inject kill:stage=1,replica=1,iter=9"));
+    const auto o = launch("again-" + ordering, job(2, 2, 2,
+                                                   "--set checkpoint.ordering=" + ordering +
+                                                       " --set checkpoint.decay_alpha=0.5 "
+                                                       "--inject kill:stage=1,replica=0,iter=4 "
+                                                       "--inject kill:stage=1,replica=1,iter=9"));
     ASSERT_EQ(o.exit_code, 0) << ordering << "\n" << o.output;
     EXPECT_EQ(o.hash, reference(2)) << ordering;
     EXPECT_EQ(events(o, "recovery_end").size(), 2u) << ordering << "\n" << o.output;
@@ -259,8 +258,8 @@ TEST(recovery, a_lost_replicator_holding_a_needed_snapshot_is_replaced_by_its_ot
     const auto at = l->find("\"holders\":\"");
     ASSERT_NE(at, std::string::npos) << *l;
     const std::string list = l->substr(at + 11, l->find('"', at + 11) - at - 11);
-    held = held || ("," + list + ",").find("," + std::to_string(lost_node) + ",") !=
-                       std::string::npos;
+    held =
+        held || ("," + list + ",").find("," + std::to_string(lost_node) + ",") != std::string::npos;
   }
   EXPECT_TRUE(held) << "stage 0's copies were meant to include the lost worker " << lost_node;
   const auto ends = events(o, "recovery_end");
