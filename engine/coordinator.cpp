@@ -48,6 +48,7 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::ValLoss>(&coordinator::val_loss);
   on<wire::WindowReplicated>(&coordinator::window_replicated);
   can_recover_ = job_.policy == "moevement";
+  rolls_back_ = rollback_policy(job_.policy);
 }
 
 awaitable<void> coordinator::on_start() {
@@ -84,9 +85,9 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
   const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
     return kv.second.stage < 0 && kv.first != n;
   });
-  if (!can_recover_ || !started() || phase_ == phase::recovering || !spare_left) {
+  if (!(can_recover_ || rolls_back_) || !started() || phase_ == phase::recovering || !spare_left) {
     std::string why;
-    if (!can_recover_) {
+    if (!(can_recover_ || rolls_back_)) {
       why = fmt::format("checkpoint.policy = {} cannot recover a lost worker", job_.policy);
     } else if (!started()) {
       why = "the job had not started training yet";
@@ -269,8 +270,9 @@ awaitable<bool> coordinator::wire_all() {
       const actor_ref next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
       std::vector<actor_ref> reps;
       for (int r = 0; r < job_.dp; ++r) reps.push_back(stage_ref(s, r));
-      const std::vector<actor_ref> repl =
-          can_recover_ ? replicators_for(node_of[d * job_.pp + s]) : std::vector<actor_ref>{};
+      const std::vector<actor_ref> repl = (can_recover_ || rolls_back_)
+                                              ? replicators_for(node_of[d * job_.pp + s])
+                                              : std::vector<actor_ref>{};
       if (can_recover_ && log_ != nullptr) {
         std::string holders;
         for (const auto& r : repl) holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
@@ -452,7 +454,7 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   if (can_recover_) steps_[iteration_] = {last_.loss_scale, plan_};
   // Popularity of each stage, summed over its replicas in replica order.
   std::vector<std::vector<double>> stage_pop(std::size_t(job_.pp));
-  for (int st = 0; st < job_.pp && can_recover_; ++st) {
+  for (int st = 0; st < job_.pp && (can_recover_ || rolls_back_); ++st) {
     for (int r = 0; r < job_.dp; ++r) {
       const auto& p = pop_[std::size_t(r * job_.pp + st)];
       if (!p) continue;
@@ -466,7 +468,7 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   const std::uint64_t e = epoch_;
   const bool apply = plan_.apply;
   const float mul = plan_.grad_mul;
-  const int w_sparse = w_sparse_;
+  const int w_sparse = rolls_back_ ? checkpoint_interval() : w_sparse_;
   for (int d = 0; d < job_.dp; ++d) {
     for (int st = 0; st < job_.pp; ++st) {
       const auto& pop = stage_pop[std::size_t(st)];
@@ -530,7 +532,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("max_stage_compute_s", last_.max_compute_s)
         .add("mean_stage_compute_s", last_.mean_compute_s)
         .add("attempts", last_.attempts);
-    if (can_recover_) {
+    if (can_recover_ || rolls_back_) {
       if (persisted_) last_.replication_lag = last_.iteration - (persisted_first_ + w_sparse_ - 2);
       rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))
           .add("stall_s", last_.stall_s)
@@ -754,6 +756,10 @@ awaitable<void> coordinator::start_recovery(worker_info lost) {
     co_await maybe_stepped_all();  // the lost stage's Stepped is no longer waited for
     co_return;
   }
+  if (rolls_back_) {
+    co_await start_rollback(lost);
+    co_return;
+  }
   const phase was = phase_;
   recovery_->resume_validation = was == phase::validating;
   phase_ = phase::recovering;
@@ -865,6 +871,10 @@ awaitable<void> coordinator::start_recovery(worker_info lost) {
 }
 
 awaitable<void> coordinator::finish_recovery() {
+  if (rolls_back_) {
+    co_await finish_rollback();
+    co_return;
+  }
   const recovery_state rec = *recovery_;
   const bool wired = co_await wire_all();
   if (!wired) co_return;
