@@ -212,10 +212,8 @@ void compare_recoveries(const options& o, Run run) {
       fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter);
   std::printf(
       "# recovery: %s; fault-free (none) wall %.3f s, ettr %.4f; baselines at Young's "
-      "k with checkpoint.mtbf_s=%.3f
-      ",
-      inject.c_str(),
-      median(walls), ettr(ref.front(), fault_free), mtbf);
+      "k with checkpoint.mtbf_s=%.3f\n",
+      inject.c_str(), median(walls), ettr(ref.front(), fault_free), mtbf);
   struct one {
     std::string policy;
     run_result r;
@@ -241,33 +239,25 @@ void compare_recoveries(const options& o, Run run) {
     const bool same = !x.r.state_hash.empty() && x.r.state_hash == ref.front().state_hash;
     std::printf(
         "# %s: recovery_s %.4f, recomputed %ld (from %ld to %ld), ettr %.4f, "
-        "state_hash_equal %s%s
-        ",
-        policy.c_str(),
-        x.r.recovery_s, x.recomputed, x.r.rollback_to >= 0 ? x.r.rollback_to : x.r.replay_from,
-        x.r.target, x.ettr, same ? "yes" : "NO",
-        policy == "pec" ? " (by design: stale experts)" : "");
+        "state_hash_equal %s%s\n",
+        policy.c_str(), x.r.recovery_s, x.recomputed,
+        x.r.rollback_to >= 0 ? x.r.rollback_to : x.r.replay_from, x.r.target, x.ettr,
+        same ? "yes" : "NO", policy == "pec" ? " (by design: stale experts)" : "");
     all.push_back(std::move(x));
   }
   const one& ours = all.front();
   for (std::size_t i = 1; i < all.size(); ++i) {
     const one& t = all[i];
-    std::printf("## vs %s
-", t.policy.c_str());
-    std::printf("recovery_s: ours=%.4f theirs=%.4f ratio=%.2f
-", ours.r.recovery_s,
-                t.r.recovery_s, t.r.recovery_s / ours.r.recovery_s);
-    std::printf("iterations_recomputed: ours=%ld theirs=%ld ratio=%.2f
-", ours.recomputed,
+    std::printf("## vs %s\n", t.policy.c_str());
+    std::printf("recovery_s: ours=%.4f theirs=%.4f ratio=%.2f\n", ours.r.recovery_s, t.r.recovery_s,
+                t.r.recovery_s / ours.r.recovery_s);
+    std::printf("iterations_recomputed: ours=%ld theirs=%ld ratio=%.2f\n", ours.recomputed,
                 t.recomputed,
                 ours.recomputed > 0 ? double(t.recomputed) / double(ours.recomputed) : 0.0);
-    std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f
-", ours.ettr, t.ettr, ours.ettr / t.ettr);
+    std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f\n", ours.ettr, t.ettr, ours.ettr / t.ettr);
     if (t.r.plt >= 0) {
-      std::printf("plt: ours=0 theirs=%.6f ratio=inf
-", t.r.plt);
-      std::printf("run_plt: ours=0 theirs=%.6f ratio=inf
-", t.r.run_plt);
+      std::printf("plt: ours=0 theirs=%.6f ratio=inf\n", t.r.plt);
+      std::printf("run_plt: ours=0 theirs=%.6f ratio=inf\n", t.r.run_plt);
     }
   }
 }

@@ -637,6 +637,7 @@ awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
   for (unsigned i = 0; i < lost.size(); ++i) l.set(i, lost[i]);
   out.setStaleExperts(stale);
   candidates_.clear();
+  replacement_ = false;  // from now on its own checkpoints are in its own memory too
 }
 
 // ---- the worker's policy

@@ -5,6 +5,7 @@
 // dense-disk file is rejected with its reason and the previous good checkpoint is used.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -140,11 +141,14 @@ TEST(rollback, pec_kill_restores_stale_experts_and_logs_plt) {
 
 // The newest window of each stage is damaged (stage 1's flipped, stage 0's truncated) while
 // stage 1 hangs: both are rejected with their reason and the job rolls back to the previous
-// good checkpoint, still bit-exact.
+// good checkpoint, still bit-exact. keep = 3: should the hung stage's newest persisted window
+// be one older than the other's, the one before both damaged windows is still on disk.
 TEST(rollback, corrupt_and_truncated_files_fall_back_to_the_previous_checkpoint) {
   const std::string dir = checkpoint_dir("corrupt");
   background_launch j("corrupt", job("dense-disk", 2, 1,
-                                     "--set checkpoint.interval=2 --set checkpoint.dir=" + dir +
+                                     "--set checkpoint.interval=2 --set checkpoint.keep=3 "
+                                     "--set checkpoint.dir=" +
+                                         dir +
                                          " --set cluster.failure_timeout_ms=3000 "
                                          "--inject hang:stage=1,replica=0,iter=7"));
   bool hung = false;
@@ -153,6 +157,8 @@ TEST(rollback, corrupt_and_truncated_files_fall_back_to_the_previous_checkpoint)
     if (!hung) std::this_thread::sleep_for(20ms);
   }
   ASSERT_TRUE(hung) << j.output();
+  // Let the running stage's persist in flight land (the hung one's is stopped with it).
+  std::this_thread::sleep_for(500ms);
   auto newest = [&](int stage) {
     fs::path best;
     for (const auto& e : fs::directory_iterator(
@@ -165,7 +171,7 @@ TEST(rollback, corrupt_and_truncated_files_fall_back_to_the_previous_checkpoint)
   };
   const fs::path w1 = newest(1), w0 = newest(0);
   ASSERT_FALSE(w1.empty());
-  ASSERT_EQ(w1.filename(), w0.filename());
+  ASSERT_FALSE(w0.empty());
   {
     std::fstream f(w1 / "snapshot", std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(100);
@@ -176,7 +182,9 @@ TEST(rollback, corrupt_and_truncated_files_fall_back_to_the_previous_checkpoint)
     f.write(&c, 1);
   }
   fs::resize_file(w0 / "snapshot", fs::file_size(w0 / "snapshot") / 2);
-  const long damaged = std::stol(w1.filename().string().substr(7));
+  // Each stage's newest window is damaged: the newest both still have is 2 iterations older.
+  const long damaged = std::min(std::stol(w1.filename().string().substr(7)),
+                                std::stol(w0.filename().string().substr(7)));
 
   const auto o = finish(j);
   ASSERT_EQ(o.exit_code, 0) << o.output;
