@@ -65,6 +65,15 @@ awaitable<result<void>> pull_chunked(engine::bulk_io& io, transport::bulk_descri
   co_return result<void>{};
 }
 
+// Windows dense-disk keeps per stage replica: checkpoint.keep verified ones behind what the
+// slowest stage may not have on disk yet. Persisting runs in the background and a stage may
+// lag another by up to three snapshots (two buffers in flight, one step more on the
+// survivors of a loss during the step phase): a stage that pruned to only `keep` windows could
+// hold none of the ones the lost stage has, and the global rollback would find no common one.
+int disk_windows_kept(const policy_config& c) {
+  return c.keep + 3;
+}
+
 baseline_kind kind_of(const std::string& policy) {
   if (policy == "dense-memory") return baseline_kind::dense_memory;
   if (policy == "dense-disk") return baseline_kind::dense_disk;
@@ -191,7 +200,7 @@ class baseline_hooks : public engine::stage_hooks {
   void start_captures(int k) {
     shared_->interval = k;
     if (kind_ == baseline_kind::dense_disk) {
-      shared_->disk.emplace(stage_, replica_, k, nullptr, config_.dir, config_.keep);
+      shared_->disk.emplace(stage_, replica_, k, nullptr, config_.dir, disk_windows_kept(config_));
     } else if (kind_ == baseline_kind::pec) {
       shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, ops_);
       shared_->pec_cap.emplace(*shared_->pec_sched, stage_, replica_);
@@ -506,31 +515,33 @@ awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
       0, std::make_pair(std::string("the initial state"),
                         held_checkpoint{std::make_shared<std::vector<std::byte>>(*initial_),
                                         initial_->size()}));
+  std::set<std::int64_t> not_offered;
   if (kind_ == baseline_kind::pec) {
     // A pec checkpoint restores each expert from its own newest save: all must be at hand.
+    // (A checkpoint that is no rollback point may still hold some expert's newest save: the
+    // check is against every verified one.)
     const std::size_t n = model_.operators().size();
+    std::set<std::int64_t> verified;
+    for (const auto& [it, c] : candidates_) verified.insert(it);
     for (auto it = candidates_.begin(); it != candidates_.end();) {
-      std::string missing;
+      bool complete = true;
       if (it->first > 0) {
         const auto meta = decode_pec_meta(trailer_part(it->second.second), n);
-        for (std::size_t i = 0; i < n && missing.empty(); ++i) {
-          if (!candidates_.contains(meta.saved_at[i])) {
-            missing =
-                fmt::format("operator {}'s save at iteration {} is gone", i, meta.saved_at[i]);
-          }
-        }
+        for (std::size_t i = 0; i < n; ++i)
+          complete = complete && verified.contains(meta.saved_at[i]);
       }
-      if (missing.empty()) {
-        ++it;
-      } else {
-        rejected.push_back(fmt::format("{}: {}", it->second.first, missing));
-        it = candidates_.erase(it);
-      }
+      // Not a rollback point (an older checkpoint kept for the saves it holds): not offered,
+      // and not reported either: nothing is wrong with it.
+      if (!complete) not_offered.insert(it->first);
+      ++it;
     }
   }
-  auto l = out.initIterations(static_cast<unsigned>(candidates_.size()));
-  unsigned i = 0;
-  for (const auto& [it, c] : candidates_) l.set(i++, it);
+  std::vector<std::int64_t> offer;
+  for (const auto& [it, c] : candidates_) {
+    if (!not_offered.contains(it)) offer.push_back(it);
+  }
+  auto l = out.initIterations(static_cast<unsigned>(offer.size()));
+  for (unsigned i = 0; i < offer.size(); ++i) l.set(i, offer[i]);
   auto rj = out.initRejected(static_cast<unsigned>(rejected.size()));
   for (unsigned j = 0; j < rejected.size(); ++j) rj.set(j, rejected[j]);
 }
@@ -599,7 +610,8 @@ awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
       shared_->to_ship.clear();
       if (kind_ == baseline_kind::dense_disk) {
         shared_->disk.reset();  // drained by the query's flush
-        shared_->disk.emplace(setup_.stage, setup_.replica, k, nullptr, config_.dir, config_.keep);
+        shared_->disk.emplace(setup_.stage, setup_.replica, k, nullptr, config_.dir,
+                              disk_windows_kept(config_));
         durable_store(replica_dir(config_.dir, setup_.stage, setup_.replica))
             .drop_after(std::uint64_t(c));
       } else {
