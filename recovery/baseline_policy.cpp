@@ -70,6 +70,9 @@ awaitable<result<void>> pull_chunked(engine::bulk_io& io, transport::bulk_descri
 // lag another by up to three snapshots (two buffers in flight, one step more on the
 // survivors of a loss during the step phase): a stage that pruned to only `keep` windows could
 // hold none of the ones the lost stage has, and the global rollback would find no common one.
+// dense-memory checkpoints kept by a stage and its holders (see the capture).
+constexpr std::size_t memory_checkpoints_kept = 3;
+
 int disk_windows_kept(const policy_config& c) {
   return c.keep + 3;
 }
@@ -134,8 +137,10 @@ class baseline_hooks : public engine::stage_hooks {
         write_snapshot(*buf, {std::uint64_t(state / k), 0, state, stage_, replica_},
                        models::loss_scaler{}, cops, kinds);
         shared_->held[state] = {buf, buf->size()};
-        // Gemini keeps the newest complete checkpoint and the one being written: two.
-        while (shared_->held.size() > 2) {
+        // Gemini keeps the newest complete checkpoint and the one being written; one more
+        // here: the newest may not have reached the lost stage's holders when it died, and
+        // survivors of a loss in the step phase are one checkpoint ahead of it.
+        while (shared_->held.size() > memory_checkpoints_kept) {
           recycle(shared_->held.begin()->second.bytes);
           shared_->held.erase(shared_->held.begin());
         }
@@ -620,7 +625,9 @@ awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
           if (it > 0 && it <= c) shared_->held[it] = cand.second;
         }
         if (kind_ == baseline_kind::dense_memory) {
-          while (shared_->held.size() > 2) shared_->held.erase(shared_->held.begin());
+          while (shared_->held.size() > memory_checkpoints_kept) {
+            shared_->held.erase(shared_->held.begin());
+          }
         } else {
           const std::set<std::int64_t> needed(meta.saved_at.begin(), meta.saved_at.end());
           std::erase_if(shared_->held, [&](const auto& kv) { return !needed.contains(kv.first); });

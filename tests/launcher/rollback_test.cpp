@@ -99,6 +99,21 @@ TEST(rollback, dense_memory_kill_rolls_back_bit_exact) {
   EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
 }
 
+// Before the first checkpoint: every stage goes back to its initial state.
+TEST(rollback, a_failure_before_any_checkpoint_restarts_from_the_initial_state) {
+  background_launch j("early", job("dense-memory", 2, 1,
+                                   "--set checkpoint.interval=4 "
+                                   "--inject kill:stage=0,replica=0,iter=2"));
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_EQ(number_field(*end, "rollback_to"), 0);
+  EXPECT_EQ(number_field(*end, "iterations_recomputed"), 2);
+  EXPECT_NE(end->find("the initial state"), std::string::npos) << *end;
+}
+
 TEST(rollback, dense_disk_kill_rolls_back_bit_exact) {
   const std::string dir = checkpoint_dir("dd");
   background_launch j("dd", job("dense-disk", 2, 1,
