@@ -30,8 +30,22 @@
 //   ettr: ours = the faulty run's ETTR, theirs = the fault-free moevement runs' (median) by
 //         the same definition (what the engine loses between iterations without failures);
 //         ratio = ours / theirs.
-// Run from the source root. The dense baselines do not run under `moevement launch` yet;
-// their in-process numbers come from `moevement bench baselines`.
+// `moevement bench recovery` (this program as bench_recovery) instead compares recoveries:
+// the same config and the same --inject kill under moevement, dense-memory, dense-disk and
+// pec, one run each, all under `moevement launch`, after --repeats fault-free runs of policy
+// `none` (the useful time of each iteration, for every policy's ETTR, and the fault-free
+// state_hash). The baselines run at their Young-optimal interval (checkpoint.interval = 0)
+// with checkpoint.mtbf_s = the fault-free run's wall time (one failure per run, as injected;
+// --mtbf S overrides). Per baseline, ours = moevement:
+//   recovery_total_s (the loss seen in the run log to the failed iteration committed again,
+//   less its fault-free time: detection, restore and, for a rollback, recomputing the
+//   iterations it went back over; ratio theirs/ours), recovery_s (recovery_end's seconds:
+//   moevement's includes its replay, a rollback's ends when the recomputation starts),
+//   iterations_recomputed (moevement: replayed by the rebuilt stage only; a rollback: by
+//   every stage; ratio theirs/ours), ettr (ratio ours/theirs), plt and run_plt (pec only;
+//   moevement loses no token: ratio inf), and in a comment line per policy its rollback
+//   point and whether its final state_hash equals the fault-free one.
+// Run from the source root.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spawn.h>
@@ -68,6 +82,7 @@ struct options {
   int repeats = 3, iterations = 40, pp = 3, dp = 1, spares = 1, w_sparse = 0;
   int kill_iter = -1, kill_stage = -1;
   bool recovery = true, fault_free_compare = true;
+  double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
 };
 
@@ -171,6 +186,8 @@ options parse_options(int argc, char** argv) {
       o.kill_stage = std::atoi(value().c_str());
     else if (f == "--no-recovery")
       o.recovery = false;
+    else if (f == "--mtbf")
+      o.mtbf = std::atof(value().c_str());
     else if (f == "--profile-out")
       o.profile_out = value();
     else
@@ -185,6 +202,84 @@ options parse_options(int argc, char** argv) {
   return o;
 }
 
+// `moevement bench recovery`: one failure under each policy (see the header).
+template <class Run>
+void compare_recoveries(const options& o, Run run) {
+  std::vector<run_result> ref;
+  for (int r = 0; r < o.repeats; ++r) ref.push_back(run("none", "", {}));
+  const auto fault_free = per_index(ref);
+  std::vector<double> walls;
+  for (const auto& r : ref) walls.push_back(r.t_end - r.t_start);
+  const double mtbf = o.mtbf > 0 ? o.mtbf : median(walls);
+  const std::string inject =
+      fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter);
+  std::printf(
+      "# recovery: %s; fault-free (none) wall %.3f s, ettr %.4f; baselines at Young's "
+      "k with checkpoint.mtbf_s=%.3f\n",
+      inject.c_str(), median(walls), ettr(ref.front(), fault_free), mtbf);
+  struct one {
+    std::string policy;
+    run_result r;
+    double ettr = 0, total_s = -1;
+    long recomputed = 0;
+  };
+  // Total recovery time: from the loss seen in the run log to the failed iteration committed
+  // again, less that iteration's fault-free time (detection, restore, and for a rollback the
+  // recomputation of the iterations it went back over).
+  auto total_recovery = [&](const run_result& r) {
+    for (const auto& it : r.iterations) {
+      if (it.iteration == r.target && it.t > r.t_lost) {
+        const auto f = fault_free.find(r.target);
+        return it.t - r.t_lost - (f == fault_free.end() ? 0.0 : f->second);
+      }
+    }
+    return -1.0;
+  };
+  std::vector<one> all;
+  for (const std::string policy : {"moevement", "dense-memory", "dense-disk", "pec"}) {
+    std::vector<std::string> extra;
+    fs::path dir;
+    if (policy != "moevement") extra.push_back(fmt::format("checkpoint.mtbf_s={:.6f}", mtbf));
+    if (policy == "dense-disk") {
+      dir = fs::temp_directory_path() / ("bench_recovery_ckpt_" + std::to_string(::getpid()));
+      fs::remove_all(dir);
+      extra.push_back("checkpoint.dir=" + dir.string());
+    }
+    one x{policy, run(policy, inject, extra)};
+    if (!dir.empty()) fs::remove_all(dir);
+    if (!x.r.recovered)
+      throw std::runtime_error(policy + ": the injected kill led to no recovery_end");
+    x.ettr = ettr(x.r, fault_free);
+    x.total_s = total_recovery(x.r);
+    x.recomputed = x.r.rollback_to >= 0 ? x.r.recomputed : x.r.target - x.r.replay_from;
+    const bool same = !x.r.state_hash.empty() && x.r.state_hash == ref.front().state_hash;
+    std::printf(
+        "# %s: total recovery %.4f s (recovery_end seconds %.4f), recomputed %ld (from %ld to "
+        "%ld), ettr %.4f, state_hash_equal %s%s\n",
+        policy.c_str(), x.total_s, x.r.recovery_s, x.recomputed,
+        x.r.rollback_to >= 0 ? x.r.rollback_to : x.r.replay_from, x.r.target, x.ettr,
+        same ? "yes" : "NO", policy == "pec" ? " (by design: stale experts)" : "");
+    all.push_back(std::move(x));
+  }
+  const one& ours = all.front();
+  for (std::size_t i = 1; i < all.size(); ++i) {
+    const one& t = all[i];
+    std::printf("## vs %s\n", t.policy.c_str());
+    std::printf("recovery_total_s: ours=%.4f theirs=%.4f ratio=%.2f\n", ours.total_s, t.total_s,
+                t.total_s / ours.total_s);
+    std::printf("recovery_s: ours=%.4f theirs=%.4f ratio=%.2f\n", ours.r.recovery_s, t.r.recovery_s,
+                t.r.recovery_s / ours.r.recovery_s);
+    std::printf("iterations_recomputed: ours=%ld theirs=%ld ratio=%.2f\n", ours.recomputed,
+                t.recomputed,
+                ours.recomputed > 0 ? double(t.recomputed) / double(ours.recomputed) : 0.0);
+    std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f\n", ours.ettr, t.ettr, ours.ettr / t.ettr);
+    if (t.r.plt >= 0) {
+      std::printf("plt: ours=0 theirs=%.6f ratio=inf\n", t.r.plt);
+      std::printf("run_plt: ours=0 theirs=%.6f ratio=inf\n", t.r.run_plt);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -194,7 +289,8 @@ int main(int argc, char** argv) {
     const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
     const fs::path log =
         fs::temp_directory_path() / ("bench_policies_" + std::to_string(::getpid()) + ".jsonl");
-    auto args = [&](const std::string& policy, const std::string& inject) {
+    auto args = [&](const std::string& policy, const std::string& inject,
+                    const std::vector<std::string>& extra = {}) {
       std::vector<std::string> a{"launch", o.config};
       auto set = [&](const std::string& kv) {
         a.push_back("--set");
@@ -212,6 +308,7 @@ int main(int argc, char** argv) {
       // worker (a false failure ends a `none` run); the injected kill is detected by the
       // process's exit, not by this timeout. --set overrides it.
       set("cluster.failure_timeout_ms=10000");
+      for (const auto& s : extra) set(s);
       for (const auto& s : o.sets) set(s);
       set("engine.run_log=" + log.string());
       if (!inject.empty()) {
@@ -222,6 +319,14 @@ int main(int argc, char** argv) {
     };
     std::printf("# config %s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load before: %s\n",
                 o.config.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats, loadavg().c_str());
+    if (!o.fault_free_compare) {
+      compare_recoveries(o, [&](const std::string& policy, const std::string& inject,
+                                const std::vector<std::string>& extra) {
+        return parse(launch(bin, args(policy, inject, extra), log));
+      });
+      fs::remove(log);
+      return 0;
+    }
     std::vector<run_result> none, moe;
     for (int r = 0; r < o.repeats; ++r) {
       if (o.fault_free_compare) none.push_back(parse(launch(bin, args("none", ""), log)));

@@ -39,6 +39,10 @@ struct run_result {
   double recovery_s = 0;
   long target = -1, replay_from = -1, window = -1;
   double t_lost = -1, t_recovery_start = -1, t_recovery_end = -1;  // seen by the bench
+  // A global rollback (dense-memory, dense-disk, pec): where to, iterations every stage
+  // recomputes, and (pec) the proportion of lost tokens; -1 when not a rollback.
+  long rollback_to = -1, recomputed = -1;
+  double plt = -1, run_plt = -1;
 };
 
 inline double number(const std::string& line, const std::string& key) {
@@ -91,6 +95,14 @@ inline run_result parse(const std::vector<stamped>& log) {
       r.recovered = true;
       r.recovery_s = number(l, "seconds");
       r.t_recovery_end = t;
+      if (l.find("\"rollback_to\":") != std::string::npos) {
+        r.rollback_to = long(number(l, "rollback_to"));
+        r.recomputed = long(number(l, "iterations_recomputed"));
+      }
+      if (l.find("\"plt\":") != std::string::npos) {
+        r.plt = number(l, "plt");
+        r.run_plt = number(l, "run_plt");
+      }
     }
   }
   if (r.t_start < 0 || r.t_end < 0) throw std::runtime_error("no job_start/job_end in the log");

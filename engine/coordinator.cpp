@@ -48,6 +48,7 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::ValLoss>(&coordinator::val_loss);
   on<wire::WindowReplicated>(&coordinator::window_replicated);
   can_recover_ = job_.policy == "moevement";
+  rolls_back_ = rollback_policy(job_.policy);
 }
 
 awaitable<void> coordinator::on_start() {
@@ -86,12 +87,18 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
   const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
     return kv.second.stage < 0 && kv.first != n;
   });
-  if (!can_recover_ || !started() || !spare_left) {
+  // A rollback restarts every stage: a second loss during one ends the job.
+  const bool during_rollback = rolls_back_ && recovery_.has_value();
+  if (!(can_recover_ || rolls_back_) || !started() || during_rollback || !spare_left) {
     std::string why;
-    if (!can_recover_) {
+    if (!(can_recover_ || rolls_back_)) {
       why = fmt::format("checkpoint.policy = {} cannot recover a lost worker", job_.policy);
     } else if (!started()) {
       why = "the job had not started training yet";
+    } else if (during_rollback) {
+      why = fmt::format("it failed during a rollback, which checkpoint.policy = {} does not "
+                        "survive (policy moevement recovers losses during a recovery)",
+                        job_.policy);
     } else {
       why = "no spare worker is left (raise cluster.spares)";
     }
@@ -104,6 +111,7 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
   if (!recovery_) {
     recovery_ = recovery_state{};
     recovery_->detected = sclock::now();
+    recovery_->lost = w;  // what a rollback rebuilds (one loss)
   }
   recovery_->pending.push_back(w);
   // As a turn of this actor, so that it never interleaves with a handler (this is called
@@ -204,9 +212,11 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   if (it == workers_.end()) co_return;
   worker_info& w = it->second;
   const auto [reg, member] = member_of(w.node);
-  const bool replacement = phase_ == phase::recovering && member != nullptr;
+  const bool rollback_spare = rolls_back_ && recovery_ && recovery_->spare == w.node;
+  const bool replacement =
+      phase_ == phase::recovering && (member != nullptr || rollback_spare);
   if (phase_ != phase::starting && !replacement) co_return;
-  if (replacement && m.getGeneration() != reg->generation) co_return;  // an older restore's
+  if (member != nullptr && m.getGeneration() != reg->generation) co_return;  // an older one's
   if (m.getError().size() > 0) {
     std::string message =
         fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError()));
@@ -243,6 +253,10 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     w.stage_actor = r;
     stages_[std::size_t(w.replica * job_.pp + w.stage)] = r;
     monitor(r);  // a stage actor that stops (its handler threw) ends the job, never a hang
+  }
+  if (rollback_spare) {
+    co_await maybe_finish_recovery();
+    co_return;
   }
   if (replacement) {
     member->ready = true;
@@ -290,8 +304,9 @@ awaitable<bool> coordinator::wire_all() {
       const actor_ref next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
       std::vector<actor_ref> reps;
       for (int r = 0; r < job_.dp; ++r) reps.push_back(stage_ref(s, r));
-      const std::vector<actor_ref> repl =
-          can_recover_ ? replicators_for(node_of[d * job_.pp + s]) : std::vector<actor_ref>{};
+      const std::vector<actor_ref> repl = (can_recover_ || rolls_back_)
+                                              ? replicators_for(node_of[d * job_.pp + s])
+                                              : std::vector<actor_ref>{};
       if (can_recover_ && log_ != nullptr) {
         std::string holders;
         for (const auto& r : repl) holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
@@ -473,7 +488,7 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   if (can_recover_) steps_[iteration_] = {last_.loss_scale, plan_};
   // Popularity of each stage, summed over its replicas in replica order.
   std::vector<std::vector<double>> stage_pop(std::size_t(job_.pp));
-  for (int st = 0; st < job_.pp && can_recover_; ++st) {
+  for (int st = 0; st < job_.pp && (can_recover_ || rolls_back_); ++st) {
     for (int r = 0; r < job_.dp; ++r) {
       const auto& p = pop_[std::size_t(r * job_.pp + st)];
       if (!p) continue;
@@ -487,7 +502,7 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   const std::uint64_t e = epoch_;
   const bool apply = plan_.apply;
   const float mul = plan_.grad_mul;
-  const int w_sparse = w_sparse_;
+  const int w_sparse = rolls_back_ ? checkpoint_interval() : w_sparse_;
   for (int d = 0; d < job_.dp; ++d) {
     for (int st = 0; st < job_.pp; ++st) {
       const auto& pop = stage_pop[std::size_t(st)];
@@ -551,7 +566,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("max_stage_compute_s", last_.max_compute_s)
         .add("mean_stage_compute_s", last_.mean_compute_s)
         .add("attempts", last_.attempts);
-    if (can_recover_) {
+    if (can_recover_ || rolls_back_) {
       if (persisted_) last_.replication_lag = last_.iteration - (persisted_first_ + w_sparse_ - 2);
       rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))
           .add("stall_s", last_.stall_s)
@@ -807,6 +822,12 @@ awaitable<void> coordinator::recover() {
       co_await maybe_stepped_all();  // the lost stages' Stepped are no longer waited for
       co_return;
     }
+    if (rolls_back_) {  // dense-memory, dense-disk, pec: the whole job goes back
+      recovery_->begun = true;
+      recovery_->pending.clear();
+      co_await start_rollback(recovery_->lost);
+      co_return;
+    }
     recovery_->begun = true;
     recovery_->resume_validation = phase_ == phase::validating;
     recovery_->target = iteration_;
@@ -1022,6 +1043,10 @@ void coordinator::send_restores(const region& r) {
 
 awaitable<void> coordinator::maybe_finish_recovery() {
   if (!recovery_ || !recovery_->pending.empty()) co_return;
+  if (rolls_back_) {
+    co_await finish_rollback();
+    co_return;
+  }
   for (const region& r : recovery_->regions) {
     for (const region_member& m : r.members) {
       if (!m.ready) co_return;

@@ -58,6 +58,10 @@ struct coordinator_callbacks {
   std::function<int(const std::vector<std::vector<op_size>>& stages, double iteration_s,
                     double bandwidth)>
       choose_window;
+  // The checkpoint interval k of dense-memory, dense-disk and pec when checkpoint.interval is
+  // 0 (recovery/ provides Young's optimum): the slowest stage's full-snapshot seconds and the
+  // profiled iteration time.
+  std::function<int(double snapshot_s, double iteration_s)> choose_interval;
   // A worker was declared lost (the launcher makes sure the process is gone: a hung one
   // would otherwise wake up later).
   std::function<void(transport::node_id node, int pid)> on_worker_lost;
@@ -238,10 +242,27 @@ class coordinator : public actors::actor {
     std::chrono::steady_clock::time_point detected;
     std::vector<worker_info> pending;  // losses not yet placed in a region
     std::vector<region> regions;
+    // A rollback (dense-memory, dense-disk, pec) rebuilds one lost stage on one spare.
+    worker_info lost;
+    transport::node_id spare = 0;
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
   std::uint64_t generations_ = 0;
   std::optional<recovery_state> recovery_;
+
+  // policies dense-memory, dense-disk, pec: global rollback (engine/coordinator_rollback.cpp)
+  bool rolls_back_ = false;
+  int interval_ = 0;                                       // k, decided after iteration 0
+  std::map<std::int64_t, models::loss_scaler> scaler_at_;  // at the start of checkpoint points
+  std::int64_t lost_tokens_total_ = 0;                     // pec, over every rollback so far
+  // The lost stage's replacement is built on a spare, then every stage loads the newest
+  // checkpoint all of them can: the job restarts there.
+  asio::awaitable<void> start_rollback(worker_info lost);
+  asio::awaitable<void> finish_rollback();
+  // k (deciding it after iteration 0's profile), recording the loss scaler at checkpoint
+  // points; called once per iteration after its step is planned.
+  int checkpoint_interval();
+  models::loss_scaler initial_scaler() const;
 };
 
 }  // namespace moevement::engine

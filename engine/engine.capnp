@@ -228,3 +228,31 @@ struct Restore {
   lastStage @11 :Int32;
   generation @12 :UInt64;
 }
+
+# ---- global rollback (policies dense-memory, dense-disk, pec; docs/policies.md)
+
+# Coordinator -> a stage's checkpoint agent, every stage paused: which checkpoints (state
+# iterations) this stage can load, each verified. A replacement looks for its copies on
+# `holders` (every live worker's checkpoint holder).
+struct RollbackQuery {
+  holders @0 :List(Address);
+}
+struct RollbackOffer {
+  iterations @0 :List(Int64);  # verified, any order; 0 (the initial state) is always offered
+  rejected @1 :List(Text);     # candidates that did not verify, each with its reason
+}
+# Load checkpoint `iteration` into the stage: the whole job restarts there.
+struct RollbackLoad {
+  iteration @0 :Int64;
+  interval @1 :Int32;  # the job's checkpoint interval k (captures go on from `iteration`)
+}
+struct RollbackLoaded {
+  error @0 :Text;                # non-empty: nothing usable was loaded (what went wrong)
+  source @1 :Text;               # where the bytes came from
+  bytes @2 :UInt64;              # checkpoint bytes loaded
+  # pec: per MoE layer of this stage (model order), tokens routed to experts restored older
+  # than `iteration` since their save (summed over the stage's replicas), and how many such
+  # stale experts there are.
+  lostTokens @3 :List(Int64);
+  staleExperts @4 :UInt32;
+}

@@ -70,6 +70,28 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) { j.reorder_change = models::config_double(k, v, 0.0, 100.0); }},
       {"checkpoint.reorder_fraction",
        [&](auto& k, auto& v) { j.reorder_fraction = models::config_double(k, v, 0.0, 1.0); }},
+      {"checkpoint.interval",
+       [&](auto& k, auto& v) { j.baseline.interval = int(models::config_int(k, v, 0, 1 << 30)); }},
+      {"checkpoint.mtbf_s",
+       [&](auto& k, auto& v) { j.baseline.mtbf_s = models::config_double(k, v, 1e-3, 1e12); }},
+      {"checkpoint.dir",
+       [&](auto& k, auto& v) {
+         std::string p = models::config_string(k, v);
+         if (p.empty() || p.size() > 4096 || p.find('\0') != std::string::npos) {
+           throw config_error(k, "expected a directory path (non-empty, at most 4096 bytes)");
+         }
+         j.baseline.dir = std::move(p);
+       }},
+      {"checkpoint.keep",
+       [&](auto& k, auto& v) { j.baseline.keep = int(models::config_int(k, v, 2, 1 << 20)); }},
+      {"checkpoint.pec_experts",
+       [&](auto& k, auto& v) {
+         j.baseline.pec_experts = int(models::config_int(k, v, 1, 1 << 20));
+       }},
+      {"checkpoint.pec_order",
+       [&](auto& k, auto& v) {
+         j.baseline.pec_order = get_choice(k, v, {"sequential", "load-aware"});
+       }},
       {"cluster.backend", [&](auto& k, auto& v) { j.backend = get_choice(k, v, backend_names()); }},
       {"cluster.spares",
        [&](auto& k, auto& v) { j.spares = int(models::config_int(k, v, 0, max_job_workers)); }},
@@ -148,7 +170,12 @@ std::vector<std::string> checkpoint_policy_names() {
 }
 
 bool policy_available(const std::string& name) {
-  return name == "none" || name == "moevement";
+  const auto names = checkpoint_policy_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+bool rollback_policy(const std::string& name) {
+  return name == "dense-memory" || name == "dense-disk" || name == "pec";
 }
 
 std::vector<std::string> job_config_keys() {
@@ -202,9 +229,8 @@ job_config resolve_job(models::config_map map) {
                                    j.failure_timeout_ms, j.heartbeat_ms));
   }
   if (!policy_available(j.policy)) {
-    throw config_error(
-        "checkpoint.policy",
-        fmt::format("'{}' is not available yet in this version; use none or moevement", j.policy));
+    throw config_error("checkpoint.policy",
+                       fmt::format("'{}' is not available in this version", j.policy));
   }
   if (j.slurm_nodes > j.workers() + j.spares) {
     throw config_error("cluster.slurm_nodes",

@@ -18,6 +18,27 @@
 
 namespace moevement::engine {
 
+// The knobs of the baseline policies dense-memory, dense-disk and pec (checkpoint.*): the one
+// place their defaults live (recovery::policy_config starts from these; docs/policies.md).
+struct baseline_knobs {
+  // checkpoint.interval: iterations between two checkpoints; 0 = Young's optimum
+  // round(sqrt(2 * C * MTBF) / T) from the measured snapshot cost C and iteration time T.
+  int interval = 0;
+  // checkpoint.mtbf_s: the job's mean time between failures (Young's MTBF), seconds. One
+  // hour: a failure rate that makes Young's k visible on the CPU presets.
+  double mtbf_s = 3600.0;
+  // checkpoint.dir: where dense-disk persists (stage-<s>-replica-<d>/ under it).
+  std::string dir = "checkpoints";
+  // checkpoint.keep: verified snapshots kept on disk per stage replica (>= 2, so that a
+  // corrupt newest one always has a previous good one behind it).
+  int keep = 2;
+  // checkpoint.pec_experts: K, experts per MoE layer saved in full per PEC checkpoint.
+  int pec_experts = 1;
+  // checkpoint.pec_order: sequential (MoC-System's default) or load-aware.
+  std::string pec_order = "sequential";
+  bool operator==(const baseline_knobs&) const = default;
+};
+
 struct job_config {
   models::model_config model;
   models::train_config train;   // train.data_parallel == dp
@@ -30,6 +51,7 @@ struct job_config {
   double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
   double reorder_change = 0.10;       // checkpoint.reorder_change: an expert's popularity moved by
   double reorder_fraction = 0.25;     // checkpoint.reorder_fraction: for this share of experts
+  baseline_knobs baseline;            // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
   std::string backend = "local";      // cluster.backend: local | slurm
   int spares = 0;                     // cluster.spares: idle workers beside pp*dp
   std::string host = "127.0.0.1";     // cluster.host: where the head listens
@@ -66,6 +88,8 @@ std::vector<std::string> checkpoint_policy_names();
 // The sparse schedule's operator orderings (paper section 3.2, appendix B).
 std::vector<std::string> ordering_names();
 bool policy_available(const std::string& name);
+// The policies whose recovery is a global rollback (dense-memory, dense-disk, pec).
+bool rollback_policy(const std::string& name);
 
 // Limits on a config read from the wire (untrusted). Defaults live here and only here.
 struct config_wire_limits {

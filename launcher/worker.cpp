@@ -21,7 +21,7 @@
 #include "launcher/config.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/slurm_backend.hpp"
-#include "recovery/moevement_policy.hpp"
+#include "recovery/baseline_policy.hpp"
 #include "transport/ucx_link.hpp"
 
 namespace moevement::launcher {
@@ -126,7 +126,7 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   });
   auto agent = sys.spawn<engine::worker_agent>(
       link, registry, [&](int s, const std::string& why) { stop(s, why); },
-      recovery::policy_factory());
+      recovery::any_policy_factory());
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.
   admission.expires_after(std::chrono::seconds(120));
   admission.async_wait([&](const std::error_code& ec) {

@@ -60,6 +60,10 @@ class durable_store {
   // directory without a manifest older than the newest complete one (a torn write).
   void prune(std::size_t keep);
 
+  // Deletes every window newer than `id`, complete or not (a global rollback to `id`
+  // abandons them: they must not outrank the windows written after it).
+  void drop_after(std::uint64_t id);
+
   const std::filesystem::path& dir() const { return dir_; }
 
  private:

@@ -57,6 +57,42 @@ void pec_schedule::add_counts(std::int64_t iteration,
   }
 }
 
+void pec_schedule::add_popularity(std::int64_t iteration, std::span<const double> popularity) {
+  if (popularity.size() != n_) {
+    throw std::invalid_argument(
+        fmt::format("pec: {} popularity counts for {} operators", popularity.size(), n_));
+  }
+  if (iteration < first_count_kept_) return;
+  auto& c = counts_[iteration];
+  c.resize(n_, 0);
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (layer_of_[i] >= 0) c[i] += std::int64_t(popularity[i]);
+  }
+}
+
+std::vector<std::int64_t> pec_schedule::unsaved_tokens(std::int64_t to) const {
+  std::vector<std::int64_t> out(n_, 0);
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (layer_of_[i] >= 0 && saved_at_[i] < to) out[i] = routed_tokens(i, saved_at_[i], to);
+  }
+  return out;
+}
+
+void pec_schedule::restart(std::int64_t c, std::span<const std::int64_t> saved_at,
+                           std::span<const std::int64_t> unsaved) {
+  if (saved_at.size() != n_ || unsaved.size() != n_) {
+    throw std::invalid_argument("pec: restart with counts of another stage");
+  }
+  saved_at_.assign(saved_at.begin(), saved_at.end());
+  prev_saved_at_ = saved_at_;
+  counts_.clear();
+  selections_.clear();
+  first_count_kept_ = 0;
+  // What each stale expert missed since its save, as one count just before c: every later
+  // routed_tokens(e, saved_at[e], t > c) includes it.
+  if (c > 0) counts_[c - 1].assign(unsaved.begin(), unsaved.end());
+}
+
 std::int64_t pec_schedule::routed_tokens(std::size_t op, std::int64_t from, std::int64_t to) const {
   if (op >= n_ || layer_of_[op] < 0) {
     throw std::out_of_range(fmt::format("pec: operator {} is not a routed expert", op));
@@ -136,7 +172,12 @@ void pec_capture::after_step(std::int64_t iteration, std::span<models::operator_
                     "schedule {}",
                     stage_, ops.size(), schedule_.operators()));
   }
-  schedule_.add_counts(iteration, ops);
+  if (popularity_.empty()) {
+    schedule_.add_counts(iteration, ops);
+  } else {
+    schedule_.add_popularity(iteration, popularity_);
+    popularity_.clear();
+  }
   if (!schedule_.is_checkpoint(iteration)) return;
   const auto t0 = std::chrono::steady_clock::now();
   const auto& kinds = schedule_.checkpoint_kinds(iteration);
@@ -170,6 +211,16 @@ void pec_capture::after_step(std::int64_t iteration, std::span<models::operator_
   }
   ++checkpoints_;
   last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void pec_capture::restart(std::map<std::int64_t, std::vector<std::byte>> held,
+                          std::vector<std::int64_t> latest) {
+  if (latest.size() != schedule_.operators()) {
+    throw std::invalid_argument("pec capture: restart with another stage's operators");
+  }
+  held_ = std::move(held);
+  latest_ = std::move(latest);
+  prev_latest_ = latest_;
 }
 
 std::vector<pec_checkpoint_view> pec_capture::held() const {

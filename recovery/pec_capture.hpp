@@ -59,6 +59,17 @@ class pec_schedule {
 
   // One replica's routed-token counters after the step of `iteration` (the gates' counts).
   void add_counts(std::int64_t iteration, std::span<models::operator_state* const> ops);
+  // The same from per-operator counts (engine::operator_popularity, e.g. summed over the
+  // stage's replicas by the coordinator, so that every replica keeps the same counts).
+  void add_popularity(std::int64_t iteration, std::span<const double> popularity);
+  // Per operator: tokens routed to it since its newest save, up to iteration `to` (0 for
+  // non-experts): what a rollback to `to` loses of each stale expert.
+  std::vector<std::int64_t> unsaved_tokens(std::int64_t to) const;
+  // After a global rollback to state iteration c: each operator's newest save (<= c) and the
+  // tokens routed to it since (unsaved_tokens(c) as it was), so that later checkpoints and
+  // counts go on from c.
+  void restart(std::int64_t c, std::span<const std::int64_t> saved_at,
+               std::span<const std::int64_t> unsaved);
 
   // What the checkpoint after the step of `iteration` holds of each operator (full or skip).
   // Fixed at the first call for that iteration; load-aware ranks by the counts of the
@@ -98,6 +109,15 @@ class pec_capture : public engine::stage_hooks {
               const models::loss_scaler* scaler = nullptr);
 
   void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override;
+  // Counts the next after_step gives the schedule (add_popularity) instead of this replica's
+  // own gates' (empty: the gates').
+  void set_popularity(std::span<const double> popularity) {
+    popularity_.assign(popularity.begin(), popularity.end());
+  }
+  // After a global rollback to state iteration c: the checkpoints (<= c) still held, and per
+  // operator the state iteration of the checkpoint holding its newest save (0: initial).
+  void restart(std::map<std::int64_t, std::vector<std::byte>> held,
+               std::vector<std::int64_t> latest);
 
   int stage() const { return stage_; }
   int replica() const { return replica_; }
@@ -115,6 +135,7 @@ class pec_capture : public engine::stage_hooks {
   pec_schedule& schedule_;
   int stage_, replica_;
   const models::loss_scaler* scaler_;
+  std::vector<double> popularity_;
   std::map<std::int64_t, std::vector<std::byte>> held_;  // [state iteration]
   std::vector<std::vector<std::byte>> spare_;
   std::vector<std::int64_t> latest_, prev_latest_;  // [op]: checkpoint holding its newest save

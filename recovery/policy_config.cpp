@@ -31,4 +31,16 @@ void policy_config::validate() const {
   if (pec_experts < 1) throw std::invalid_argument("checkpoint.pec_experts: must be >= 1");
 }
 
+policy_config policy_config_of(const engine::baseline_knobs& knobs) {
+  policy_config c;
+  c.interval = knobs.interval;
+  c.mtbf_s = knobs.mtbf_s;
+  c.dir = knobs.dir;
+  c.keep = knobs.keep;
+  c.pec_experts = knobs.pec_experts;
+  c.pec_order = parse_pec_order(knobs.pec_order);
+  c.validate();
+  return c;
+}
+
 }  // namespace moevement::recovery

@@ -76,6 +76,16 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"checkpoint.decay_alpha", {0.5, [](auto& j) { return j.decay_alpha == 0.5; }}},
           {"checkpoint.reorder_change", {0.2, [](auto& j) { return j.reorder_change == 0.2; }}},
           {"checkpoint.reorder_fraction", {0.5, [](auto& j) { return j.reorder_fraction == 0.5; }}},
+          {"checkpoint.interval",
+           {std::int64_t(5), [](auto& j) { return j.baseline.interval == 5; }}},
+          {"checkpoint.mtbf_s", {120.0, [](auto& j) { return j.baseline.mtbf_s == 120.0; }}},
+          {"checkpoint.dir", {std::string("ck"), [](auto& j) { return j.baseline.dir == "ck"; }}},
+          {"checkpoint.keep", {std::int64_t(4), [](auto& j) { return j.baseline.keep == 4; }}},
+          {"checkpoint.pec_experts",
+           {std::int64_t(2), [](auto& j) { return j.baseline.pec_experts == 2; }}},
+          {"checkpoint.pec_order",
+           {std::string("load-aware"),
+            [](auto& j) { return j.baseline.pec_order == "load-aware"; }}},
           {"cluster.backend", {std::string("local"), [](auto& j) { return j.backend == "local"; }}},
           {"cluster.spares", {std::int64_t(2), [](auto& j) { return j.spares == 2; }}},
           {"cluster.host", {std::string("::1"), [](auto& j) { return j.host == "::1"; }}},
@@ -198,25 +208,37 @@ TEST(job_config, failure_timeout_must_cover_two_heartbeats) {
   EXPECT_EQ(resolve_job({{"cluster.heartbeat_ms", std::int64_t(500)}}).heartbeat_ms, 500);
 }
 
-TEST(job_config, only_none_and_moevement_are_available) {
+TEST(job_config, every_policy_is_available) {
   const auto names = checkpoint_policy_names();
   EXPECT_EQ(names,
             (std::vector<std::string>{"none", "moevement", "dense-memory", "dense-disk", "pec"}));
   for (const auto& name : names) {
-    if (name == "none" || name == "moevement") {
-      EXPECT_EQ(resolve_job({{"checkpoint.policy", name}}).policy, name);
-      continue;
-    }
-    const auto r = reject({{"checkpoint.policy", name}});
-    EXPECT_EQ(r.key, "checkpoint.policy");
-    EXPECT_TRUE(contains(r.message, "'" + name +
-                                        "' is not available yet in this version; use none or "
-                                        "moevement"))
-        << r.message;
+    EXPECT_EQ(resolve_job({{"checkpoint.policy", name}}).policy, name);
+    EXPECT_EQ(rollback_policy(name), name != "none" && name != "moevement") << name;
   }
   const auto r = reject({{"checkpoint.policy", std::string("sparse")}});
   EXPECT_EQ(r.key, "checkpoint.policy");
   EXPECT_TRUE(contains(r.message, "none, moevement, dense-memory, dense-disk, pec")) << r.message;
+}
+
+TEST(job_config, baseline_knobs) {
+  const job_config j = resolve_job({{"checkpoint.interval", std::int64_t(3)},
+                                    {"checkpoint.mtbf_s", 60.0},
+                                    {"checkpoint.dir", std::string("ck")},
+                                    {"checkpoint.keep", std::int64_t(3)},
+                                    {"checkpoint.pec_experts", std::int64_t(2)},
+                                    {"checkpoint.pec_order", std::string("load-aware")}});
+  EXPECT_EQ(j.baseline.interval, 3);
+  EXPECT_EQ(j.baseline.mtbf_s, 60.0);
+  EXPECT_EQ(j.baseline.dir, "ck");
+  EXPECT_EQ(j.baseline.keep, 3);
+  EXPECT_EQ(j.baseline.pec_experts, 2);
+  EXPECT_EQ(j.baseline.pec_order, "load-aware");
+  EXPECT_EQ(reject({{"checkpoint.keep", std::int64_t(1)}}).key, "checkpoint.keep");
+  EXPECT_EQ(reject({{"checkpoint.interval", std::int64_t(-1)}}).key, "checkpoint.interval");
+  EXPECT_EQ(reject({{"checkpoint.mtbf_s", 0.0}}).key, "checkpoint.mtbf_s");
+  EXPECT_EQ(reject({{"checkpoint.pec_order", std::string("random")}}).key, "checkpoint.pec_order");
+  EXPECT_EQ(reject({{"checkpoint.dir", std::string("")}}).key, "checkpoint.dir");
 }
 
 TEST(job_config, slurm_backend_and_its_keys) {

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "engine/local_pipeline.hpp"
+#include "recovery/baseline_policy.hpp"
 #include "recovery/baseline_recovery.hpp"
 
 namespace moevement::recovery {
@@ -257,6 +258,61 @@ TEST(pec_capture, memory_stays_bounded_and_buffers_are_reused) {
   EXPECT_EQ(job.caps[0]->held().size(), held);
   EXPECT_EQ(job.caps[0]->bytes_held(), bytes);
   EXPECT_EQ(job.caps[0]->checkpoints(), 30u);
+}
+
+// Under launch the counts come from the coordinator (popularity summed over replicas): the
+// same counts as each replica's gates added up, and what a rollback to c loses per expert.
+TEST(pec_schedule, popularity_counts_unsaved_tokens_and_restart) {
+  engine::local_pipeline pipe(models::preset("tiny"), test_train(), pp);
+  const auto ops = pipe.stage(0, 0).operators();
+  pec_schedule a(1, pec_selection::sequential, 2, ops), b(1, pec_selection::sequential, 2, ops);
+  for (std::int64_t it = 0; it < 4; ++it) {
+    pipe.train_iteration();
+    std::vector<double> pop(ops.size(), 0.0);
+    for (int d = 0; d < dp; ++d) {
+      a.add_counts(it, pipe.stage(0, d).operators());
+      const auto p = engine::operator_popularity(pipe.stage(0, d).operators());
+      for (std::size_t i = 0; i < p.size(); ++i) pop[i] += p[i];
+    }
+    b.add_popularity(it, pop);
+    if (a.is_checkpoint(it)) {
+      EXPECT_EQ(a.checkpoint_kinds(it), b.checkpoint_kinds(it));
+    }
+  }
+  const auto unsaved = b.unsaved_tokens(4);
+  EXPECT_EQ(unsaved, a.unsaved_tokens(4));
+  std::int64_t stale_tokens = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const bool expert = a.saved_at(i) < 4 && ops[i]->kind() == models::op_kind::expert;
+    if (!expert) {
+      EXPECT_EQ(unsaved[i], 0) << i;
+      continue;
+    }
+    EXPECT_EQ(unsaved[i], a.routed_tokens(i, a.saved_at(i), 4)) << i;
+    stale_tokens += unsaved[i];
+  }
+  EXPECT_GT(stale_tokens, 0) << "K=1: some experts were last saved before iteration 4";
+  // Restarted at 4 from those saves and counts: later counts add to them.
+  std::vector<std::int64_t> saved(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) saved[i] = a.saved_at(i);
+  pec_schedule c(1, pec_selection::sequential, 2, ops);
+  c.restart(4, saved, unsaved);
+  EXPECT_EQ(c.unsaved_tokens(4), unsaved);
+  for (std::size_t i = 0; i < ops.size(); ++i) EXPECT_EQ(c.saved_at(i), saved[i]);
+}
+
+TEST(pec_meta, round_trip_and_corruption) {
+  pec_meta m;
+  m.saved_at = {0, 2, 4, 4};
+  m.unsaved = {0, 17, 0, 3};
+  auto bytes = encode_pec_meta(m);
+  const auto back = decode_pec_meta(bytes, 4);
+  EXPECT_EQ(back.saved_at, m.saved_at);
+  EXPECT_EQ(back.unsaved, m.unsaved);
+  EXPECT_THROW(decode_pec_meta(bytes, 5), snapshot_error);
+  EXPECT_THROW(decode_pec_meta(std::span(bytes).first(bytes.size() - 1), 4), snapshot_error);
+  bytes[20] ^= std::byte{1};
+  EXPECT_THROW(decode_pec_meta(bytes, 4), snapshot_error);
 }
 
 }  // namespace

@@ -1,0 +1,721 @@
+#include "recovery/baseline_policy.hpp"
+
+#include <fmt/format.h>
+#include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include "base/hash.hpp"
+#include "recovery/baseline_recovery.hpp"
+#include "recovery/moevement_policy.hpp"
+#include "recovery/sparse_capture.hpp"
+
+namespace moevement::recovery {
+
+namespace {
+
+using actors::actor_ref;
+using actors::read_ref;
+using actors::write_ref;
+using asio::awaitable;
+using sclock = std::chrono::steady_clock;
+
+double seconds_since(sclock::time_point t0) {
+  return std::chrono::duration<double>(sclock::now() - t0).count();
+}
+
+// Runs fn on a thread of its own and waits (the actor thread keeps heartbeating); an
+// exception in fn comes back as a std::runtime_error with its message.
+template <class F>
+awaitable<void> off_thread(F&& fn) {
+  std::string error;
+  asio::thread_pool pool(1);
+  auto task = [&]() -> awaitable<void> {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    co_return;
+  };
+  co_await asio::co_spawn(pool.get_executor(), std::move(task), asio::use_awaitable);
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+// Pulls what `from` names into `into` in pieces of at most `chunk` bytes.
+awaitable<result<void>> pull_chunked(engine::bulk_io& io, transport::bulk_descriptor from,
+                                     std::span<std::byte> into, std::shared_ptr<void> keep,
+                                     std::uint64_t chunk) {
+  if (into.size() != from.length) co_return error{"pull: size mismatch"};
+  for (std::uint64_t off = 0; off < from.length; off += chunk) {
+    transport::bulk_descriptor piece = from;
+    piece.offset = from.offset + off;
+    piece.length = std::min(chunk, from.length - off);
+    auto r = co_await io.pull(piece, into.subspan(off, piece.length), keep);
+    if (!r.ok()) co_return r;
+  }
+  co_return result<void>{};
+}
+
+// Windows dense-disk keeps per stage replica: checkpoint.keep verified ones behind what the
+// slowest stage may not have on disk yet. Persisting runs in the background and a stage may
+// lag another by up to three snapshots (two buffers in flight, one step more on the
+// survivors of a loss during the step phase): a stage that pruned to only `keep` windows could
+// hold none of the ones the lost stage has, and the global rollback would find no common one.
+// dense-memory checkpoints kept by a stage and its holders (see the capture).
+constexpr std::size_t memory_checkpoints_kept = 3;
+
+int disk_windows_kept(const policy_config& c) {
+  return c.keep + 3;
+}
+
+baseline_kind kind_of(const std::string& policy) {
+  if (policy == "dense-memory") return baseline_kind::dense_memory;
+  if (policy == "dense-disk") return baseline_kind::dense_disk;
+  if (policy == "pec") return baseline_kind::pec;
+  throw std::invalid_argument("not a baseline policy: " + policy);
+}
+
+constexpr char pec_meta_magic[8] = {'M', 'V', 'P', 'E', 'C', 'M', '0', '1'};
+
+std::span<const std::byte> snapshot_part(const held_checkpoint& c) {
+  return std::span<const std::byte>(*c.bytes).first(c.snapshot_size);
+}
+std::span<const std::byte> trailer_part(const held_checkpoint& c) {
+  return std::span<const std::byte>(*c.bytes).subspan(c.snapshot_size);
+}
+
+// The stage's hooks (compute thread): the capture of the policy every k iterations.
+class baseline_hooks : public engine::stage_hooks {
+ public:
+  baseline_hooks(std::shared_ptr<baseline_shared> shared, actors::actor_system& system,
+                 actor_ref agent, std::vector<models::operator_state*> ops, baseline_kind kind,
+                 policy_config config, int stage, int replica)
+      : shared_(std::move(shared)),
+        system_(system),
+        agent_(agent),
+        ops_(std::move(ops)),
+        kind_(kind),
+        config_(std::move(config)),
+        stage_(stage),
+        replica_(replica) {}
+
+  void before_step(std::int64_t, const engine::checkpoint_step& decided) override {
+    popularity_.assign(decided.popularity.begin(), decided.popularity.end());
+    std::lock_guard lock(shared_->mu);
+    if (decided.w_sparse > 0 && shared_->interval == 0) start_captures(decided.w_sparse);
+  }
+
+  void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override {
+    const auto t0 = sclock::now();
+    snapshot_bytes_ = 0;
+    std::lock_guard lock(shared_->mu);
+    const int k = shared_->interval;
+    if (k <= 0) return;
+    const bool point = (iteration + 1) % k == 0;
+    const std::int64_t state = iteration + 1;
+    switch (kind_) {
+      case baseline_kind::dense_disk:
+        shared_->disk->after_step(iteration, ops);
+        if (point) snapshot_bytes_ = shared_->disk->snapshot_bytes();
+        host_bytes_ = shared_->disk->bytes_held();
+        break;
+      case baseline_kind::dense_memory: {
+        if (!point) break;
+        const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+        const std::vector<capture_kind> kinds(ops.size(), capture_kind::full);
+        auto buf = take_buffer();
+        buf->resize(snapshot_size(cops, kinds));
+        write_snapshot(*buf, {std::uint64_t(state / k), 0, state, stage_, replica_},
+                       models::loss_scaler{}, cops, kinds);
+        shared_->held[state] = {buf, buf->size()};
+        // Gemini keeps the newest complete checkpoint and the one being written; one more
+        // here: the newest may not have reached the lost stage's holders when it died, and
+        // survivors of a loss in the step phase are one checkpoint ahead of it.
+        while (shared_->held.size() > memory_checkpoints_kept) {
+          recycle(shared_->held.begin()->second.bytes);
+          shared_->held.erase(shared_->held.begin());
+        }
+        shared_->to_ship.push_back(state);
+        snapshot_bytes_ = buf->size();
+        break;
+      }
+      case baseline_kind::pec: {
+        auto& cap = *shared_->pec_cap;
+        if (!popularity_.empty()) cap.set_popularity(popularity_);
+        cap.after_step(iteration, ops);
+        if (!point) break;
+        pec_meta meta;
+        const auto& sched = *shared_->pec_sched;
+        for (std::size_t i = 0; i < ops.size(); ++i) meta.saved_at.push_back(sched.saved_at(i));
+        meta.unsaved = sched.unsaved_tokens(state);
+        const auto trailer = encode_pec_meta(meta);
+        std::set<std::int64_t> keep;
+        for (const auto& v : cap.held()) {
+          keep.insert(v.iteration);
+          if (v.iteration != state) continue;
+          auto buf = std::make_shared<std::vector<std::byte>>(v.bytes.begin(), v.bytes.end());
+          buf->insert(buf->end(), trailer.begin(), trailer.end());
+          shared_->held[state] = {buf, v.bytes.size()};
+          snapshot_bytes_ = v.bytes.size();
+        }
+        std::erase_if(shared_->held, [&](const auto& kv) { return !keep.contains(kv.first); });
+        shared_->to_ship.push_back(state);
+        break;
+      }
+    }
+    if (kind_ != baseline_kind::dense_disk) {
+      std::uint64_t n = 0;
+      for (const auto& [it, c] : shared_->held) n += c.bytes->capacity();
+      host_bytes_ = n;
+    }
+    stall_s_ = point ? seconds_since(t0) : 0.0;
+  }
+
+  void after_step_shipped(std::int64_t) override {
+    if (kind_ == baseline_kind::dense_disk) return;
+    (void)system_.post_call(agent_, [](actors::actor& a) -> awaitable<void> {
+      static_cast<baseline_agent&>(a).ship();
+      co_return;
+    });
+  }
+
+  void on_wired(std::span<const actor_ref> holders) override {
+    std::vector<actor_ref> targets(holders.begin(), holders.end());
+    (void)system_.post_call(agent_, [targets](actors::actor& a) -> awaitable<void> {
+      static_cast<baseline_agent&>(a).set_targets(targets);
+      co_return;
+    });
+  }
+
+  engine::checkpoint_stats stats() const override {
+    return {snapshot_bytes_.load(), stall_s_.load(), host_bytes_.load(), 0};
+  }
+
+ private:
+  // Under shared_->mu, once k is known.
+  void start_captures(int k) {
+    shared_->interval = k;
+    if (kind_ == baseline_kind::dense_disk) {
+      shared_->disk.emplace(stage_, replica_, k, nullptr, config_.dir, disk_windows_kept(config_));
+    } else if (kind_ == baseline_kind::pec) {
+      shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, ops_);
+      shared_->pec_cap.emplace(*shared_->pec_sched, stage_, replica_);
+    }
+  }
+  // A buffer of an older checkpoint nobody uses any more, or a new one.
+  std::shared_ptr<std::vector<std::byte>> take_buffer() {
+    if (!spare_) return std::make_shared<std::vector<std::byte>>();
+    return std::exchange(spare_, nullptr);
+  }
+  void recycle(const std::shared_ptr<std::vector<std::byte>>& buf) {
+    // Only the held map refers to it (the agent takes references under the lock only).
+    if (buf.use_count() == 1) spare_ = buf;
+  }
+
+  std::shared_ptr<baseline_shared> shared_;
+  actors::actor_system& system_;
+  actor_ref agent_;
+  std::vector<models::operator_state*> ops_;
+  baseline_kind kind_;
+  policy_config config_;
+  int stage_, replica_;
+  std::vector<double> popularity_;
+  std::shared_ptr<std::vector<std::byte>> spare_;
+  std::atomic<std::uint64_t> snapshot_bytes_{0}, host_bytes_{0};
+  std::atomic<double> stall_s_{0.0};
+};
+
+// Why `view` cannot be stage s's checkpoint at `iteration` for ops ("" when it can). full:
+// every operator must be in it in full (dense); else each entry in full (pec).
+std::string unfit_view(const snapshot_view& view, int s, std::int64_t iteration,
+                       std::span<models::operator_state* const> ops, bool full) {
+  if (view.tag.stage != s) return fmt::format("it is stage {}'s checkpoint", view.tag.stage);
+  if (view.tag.state_iteration != iteration) {
+    return fmt::format("it holds iteration {}, not {}", view.tag.state_iteration, iteration);
+  }
+  if (full && view.entries.size() != ops.size()) {
+    return fmt::format("{} operators in it, the stage has {} (not a full snapshot of this model)",
+                       view.entries.size(), ops.size());
+  }
+  for (const auto& e : view.entries) {
+    if (e.index >= ops.size() || e.mode != models::op_mode::active ||
+        e.name != ops[e.index]->name() || e.numel != std::uint64_t(ops[e.index]->numel())) {
+      return fmt::format("entry {} ({}) does not match the stage's operator in full", e.index,
+                         e.name);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+// ---- pec trailer
+
+std::vector<std::byte> encode_pec_meta(const pec_meta& meta) {
+  if (meta.saved_at.size() != meta.unsaved.size()) {
+    throw std::invalid_argument("pec meta: saved_at and unsaved differ in length");
+  }
+  const std::uint32_t n = static_cast<std::uint32_t>(meta.saved_at.size());
+  std::vector<std::byte> out(sizeof(pec_meta_magic) + 4 + 16 * std::size_t(n) + 8);
+  std::byte* p = out.data();
+  std::memcpy(p, pec_meta_magic, sizeof(pec_meta_magic));
+  p += sizeof(pec_meta_magic);
+  std::memcpy(p, &n, 4);
+  p += 4;
+  std::memcpy(p, meta.saved_at.data(), 8 * std::size_t(n));
+  p += 8 * std::size_t(n);
+  std::memcpy(p, meta.unsaved.data(), 8 * std::size_t(n));
+  p += 8 * std::size_t(n);
+  const std::uint64_t h =
+      xxhash64(std::span<const std::byte>(out.data(), std::size_t(p - out.data())));
+  std::memcpy(p, &h, 8);
+  return out;
+}
+
+pec_meta decode_pec_meta(std::span<const std::byte> bytes, std::size_t ops) {
+  const std::size_t want = sizeof(pec_meta_magic) + 4 + 16 * ops + 8;
+  if (bytes.size() != want) {
+    throw snapshot_error(fmt::format("pec trailer of {} bytes, {} expected for {} operators",
+                                     bytes.size(), want, ops));
+  }
+  if (std::memcmp(bytes.data(), pec_meta_magic, sizeof(pec_meta_magic)) != 0) {
+    throw snapshot_error("pec trailer: bad magic");
+  }
+  std::uint64_t h = 0;
+  std::memcpy(&h, bytes.data() + want - 8, 8);
+  if (h != xxhash64(bytes.first(want - 8))) throw snapshot_error("pec trailer: checksum mismatch");
+  std::uint32_t n = 0;
+  std::memcpy(&n, bytes.data() + sizeof(pec_meta_magic), 4);
+  if (n != ops) throw snapshot_error("pec trailer: operator count mismatch");
+  pec_meta m;
+  m.saved_at.resize(ops);
+  m.unsaved.resize(ops);
+  const std::byte* p = bytes.data() + sizeof(pec_meta_magic) + 4;
+  std::memcpy(m.saved_at.data(), p, 8 * ops);
+  std::memcpy(m.unsaved.data(), p + 8 * ops, 8 * ops);
+  return m;
+}
+
+// ---- holder
+
+checkpoint_holder::checkpoint_holder(engine::bulk_io& io, baseline_limits limits)
+    : io_(io), limits_(limits) {
+  on<wire::StoreCheckpoint>(&checkpoint_holder::store);
+  on<wire::FetchCheckpoints, wire::CheckpointList>(&checkpoint_holder::fetch);
+}
+
+awaitable<void> checkpoint_holder::store(wire::StoreCheckpoint::Reader m) {
+  const std::int32_t s = m.getStage(), d = m.getReplica();
+  const std::int64_t it = m.getIteration();
+  auto desc = transport::read_descriptor(m.getTensor());
+  if (!desc.ok() || desc->length == 0 || desc->length > limits_.max_checkpoint_bytes ||
+      m.getSnapshotBytes() > desc->length || it < 0 ||
+      m.getKeep().size() > limits_.max_held_per_replica) {
+    co_return;  // malformed: dropped
+  }
+  std::set<std::int64_t> keep{it};
+  for (auto k : m.getKeep()) keep.insert(k);
+  std::erase_if(held_, [&](const auto& kv) {
+    const auto& [ks, kd, ki] = kv.first;
+    return ks == s && kd == d && !keep.contains(ki);
+  });
+  auto holder = std::make_shared<transport::bulk_region>(io_.allocate(desc->length));
+  auto r = co_await pull_chunked(io_, *desc, holder->memory(), holder, limits_.pull_chunk_bytes);
+  if (!r.ok()) co_return;  // the sender died or dropped it meanwhile
+  held_[{s, d, it}] = entry{std::move(*holder), m.getSnapshotBytes()};
+}
+
+awaitable<void> checkpoint_holder::fetch(wire::FetchCheckpoints::Reader m,
+                                         wire::CheckpointList::Builder out) {
+  const std::int32_t s = m.getStage(), d = m.getReplica();
+  std::vector<const std::pair<const std::tuple<std::int32_t, std::int32_t, std::int64_t>, entry>*>
+      mine;
+  for (const auto& kv : held_) {
+    if (std::get<0>(kv.first) == s && std::get<1>(kv.first) == d) mine.push_back(&kv);
+  }
+  auto l = out.initEntries(static_cast<unsigned>(mine.size()));
+  for (unsigned i = 0; i < mine.size(); ++i) {
+    l[i].setIteration(std::get<2>(mine[i]->first));
+    transport::write_descriptor(l[i].initTensor(), mine[i]->second.region.describe_all());
+    l[i].setSnapshotBytes(mine[i]->second.snapshot_size);
+  }
+  co_return;
+}
+
+// ---- agent
+
+baseline_agent::baseline_agent(std::shared_ptr<baseline_shared> shared, engine::bulk_io& io,
+                               baseline_kind kind, policy_config config, engine::stage_setup setup,
+                               engine::stage_model& model,
+                               std::shared_ptr<const std::vector<std::byte>> initial,
+                               bool replacement, baseline_limits limits)
+    : shared_(std::move(shared)),
+      io_(io),
+      kind_(kind),
+      config_(std::move(config)),
+      setup_(std::move(setup)),
+      model_(model),
+      initial_(std::move(initial)),
+      replacement_(replacement),
+      limits_(limits) {
+  on<engine::wire::RollbackQuery, engine::wire::RollbackOffer>(&baseline_agent::query);
+  on<engine::wire::RollbackLoad, engine::wire::RollbackLoaded>(&baseline_agent::load);
+}
+
+void baseline_agent::ship() {
+  std::vector<std::pair<std::int64_t, held_checkpoint>> fresh;
+  std::vector<std::int64_t> keep;
+  {
+    std::lock_guard lock(shared_->mu);
+    for (auto it : shared_->to_ship) {
+      if (auto c = shared_->held.find(it); c != shared_->held.end())
+        fresh.emplace_back(it, c->second);
+    }
+    shared_->to_ship.clear();
+    for (const auto& [it, c] : shared_->held) keep.push_back(it);
+    std::erase_if(exported_, [&](const auto& kv) { return !shared_->held.contains(kv.first); });
+  }
+  for (auto& [it, c] : fresh) {
+    transport::bulk_region region = io_.export_memory(std::span<std::byte>(*c.bytes));
+    const auto desc = region.describe_all();
+    for (const actor_ref& t : targets_) {
+      (void)tell<wire::StoreCheckpoint>(t, [&](wire::StoreCheckpoint::Builder b) {
+        b.setStage(setup_.stage);
+        b.setReplica(setup_.replica);
+        b.setIteration(it);
+        transport::write_descriptor(b.initTensor(), desc);
+        b.setSnapshotBytes(c.snapshot_size);
+        auto l = b.initKeep(static_cast<unsigned>(keep.size()));
+        for (unsigned i = 0; i < keep.size(); ++i) l.set(i, keep[i]);
+      });
+    }
+    exported_.insert_or_assign(it, std::make_pair(std::move(region), c));
+  }
+}
+
+std::string baseline_agent::unfit(std::int64_t iteration, const held_checkpoint& c) const {
+  try {
+    const auto view = parse_snapshot(snapshot_part(c));
+    const auto ops = model_.operators();
+    const bool full = kind_ != baseline_kind::pec || iteration == 0;
+    if (auto why = unfit_view(view, setup_.stage, iteration, ops, full); !why.empty()) return why;
+    if (kind_ == baseline_kind::pec && iteration > 0) {
+      (void)decode_pec_meta(trailer_part(c), ops.size());
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
+                                      engine::wire::RollbackOffer::Builder out) {
+  candidates_.clear();
+  std::vector<std::string> rejected;
+  std::vector<std::pair<std::string, std::pair<std::int64_t, held_checkpoint>>> found;
+  const int s = setup_.stage, d = setup_.replica;
+  if (kind_ == baseline_kind::dense_disk) {
+    // CheckFreq recovers from storage: every stage reads its directory (the replacement the
+    // lost worker's), newest first, each window verified (manifest, checksums, format).
+    co_await off_thread([&] {
+      {
+        std::lock_guard lock(shared_->mu);
+        if (shared_->disk) {
+          try {
+            shared_->disk->flush();
+          } catch (const std::exception& e) {
+            rejected.push_back(e.what());
+          }
+        }
+      }
+      const auto dir = replica_dir(config_.dir, s, d);
+      if (!std::filesystem::is_directory(dir)) {
+        rejected.push_back(fmt::format("{} does not exist (checkpoint.dir)", dir.string()));
+        return;
+      }
+      durable_store store(dir);
+      const auto ids = store.windows();
+      for (auto id = ids.rbegin(); id != ids.rend(); ++id) {
+        const std::string origin = fmt::format("{} window {}", dir.string(), *id);
+        auto w = store.load(*id);
+        if (!w.ok()) {
+          rejected.push_back(fmt::format("{}: {}", origin, w.err().message));
+          continue;
+        }
+        auto blob = w->blobs.find("snapshot");
+        if (blob == w->blobs.end()) {
+          rejected.push_back(origin + ": no blob named snapshot");
+          continue;
+        }
+        auto bytes = std::make_shared<std::vector<std::byte>>(std::move(blob->second));
+        const std::size_t n = bytes->size();
+        found.push_back({origin, {std::int64_t(*id), held_checkpoint{bytes, n}}});
+      }
+    });
+  } else if (!replacement_) {
+    std::lock_guard lock(shared_->mu);
+    for (const auto& [it, c] : shared_->held) {
+      found.push_back(
+          {fmt::format("host memory of stage {} replica {}, iteration {}", s, d, it), {it, c}});
+    }
+  } else {
+    // The lost worker's copies, from whichever holders still have them.
+    for (auto h : m.getHolders()) {
+      const actor_ref holder = read_ref(h);
+      auto fill = [&](wire::FetchCheckpoints::Builder b) {
+        b.setStage(s);
+        b.setReplica(d);
+      };
+      auto r = co_await ask<wire::FetchCheckpoints, wire::CheckpointList>(
+          holder, limits_.fetch_timeout, fill);
+      if (!r.ok()) continue;  // that worker is gone too
+      for (auto e : r->get().getEntries()) {
+        const std::int64_t it = e.getIteration();
+        const auto have = std::find_if(found.begin(), found.end(),
+                                       [&](const auto& f) { return f.second.first == it; });
+        if (have != found.end()) continue;
+        const std::string origin = fmt::format(
+            "holder on worker {}, stage {} replica {} iteration {}", holder.node, s, d, it);
+        auto desc = transport::read_descriptor(e.getTensor());
+        if (!desc.ok() || desc->node != holder.node || desc->length == 0 ||
+            desc->length > limits_.max_checkpoint_bytes || e.getSnapshotBytes() > desc->length) {
+          rejected.push_back(origin + ": malformed answer");
+          continue;
+        }
+        auto buf = std::make_shared<std::vector<std::byte>>(desc->length);
+        auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
+        if (!pulled.ok()) {
+          rejected.push_back(origin + ": pull failed: " + pulled.err().message);
+          continue;
+        }
+        found.push_back({origin, {it, held_checkpoint{buf, e.getSnapshotBytes()}}});
+      }
+    }
+  }
+  // Verify each (checksums over whole snapshots: off the actor thread).
+  std::vector<std::string> why(found.size());
+  co_await off_thread([&] {
+    for (std::size_t i = 0; i < found.size(); ++i) {
+      why[i] = unfit(found[i].second.first, found[i].second.second);
+    }
+  });
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    if (!why[i].empty()) {
+      rejected.push_back(fmt::format("{}: {}", found[i].first, why[i]));
+      continue;
+    }
+    candidates_.emplace(found[i].second.first,
+                        std::make_pair(found[i].first, found[i].second.second));
+  }
+  candidates_.emplace(
+      0, std::make_pair(std::string("the initial state"),
+                        held_checkpoint{std::make_shared<std::vector<std::byte>>(*initial_),
+                                        initial_->size()}));
+  std::set<std::int64_t> not_offered;
+  if (kind_ == baseline_kind::pec) {
+    // A pec checkpoint restores each expert from its own newest save: all must be at hand.
+    // (A checkpoint that is no rollback point may still hold some expert's newest save: the
+    // check is against every verified one.)
+    const std::size_t n = model_.operators().size();
+    std::set<std::int64_t> verified;
+    for (const auto& [it, c] : candidates_) verified.insert(it);
+    for (auto it = candidates_.begin(); it != candidates_.end();) {
+      bool complete = true;
+      if (it->first > 0) {
+        const auto meta = decode_pec_meta(trailer_part(it->second.second), n);
+        for (std::size_t i = 0; i < n; ++i)
+          complete = complete && verified.contains(meta.saved_at[i]);
+      }
+      // Not a rollback point (an older checkpoint kept for the saves it holds): not offered,
+      // and not reported either: nothing is wrong with it.
+      if (!complete) not_offered.insert(it->first);
+      ++it;
+    }
+  }
+  std::vector<std::int64_t> offer;
+  for (const auto& [it, c] : candidates_) {
+    if (!not_offered.contains(it)) offer.push_back(it);
+  }
+  auto l = out.initIterations(static_cast<unsigned>(offer.size()));
+  for (unsigned i = 0; i < offer.size(); ++i) l.set(i, offer[i]);
+  auto rj = out.initRejected(static_cast<unsigned>(rejected.size()));
+  for (unsigned j = 0; j < rejected.size(); ++j) rj.set(j, rejected[j]);
+}
+
+awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
+                                     engine::wire::RollbackLoaded::Builder out) {
+  const std::int64_t c = m.getIteration();
+  const int k = m.getInterval();
+  const auto found = candidates_.find(c);
+  if (found == candidates_.end() || k < 1) {
+    out.setError(fmt::format("stage {} replica {} did not offer checkpoint {}", setup_.stage,
+                             setup_.replica, c));
+    co_return;
+  }
+  std::vector<std::int64_t> lost;
+  std::uint32_t stale = 0;
+  std::uint64_t bytes = 0;
+  try {
+    co_await off_thread([&] {
+      const auto ops = model_.operators();
+      if (kind_ != baseline_kind::pec || c == 0) {
+        engine::stage_model* one = &model_;
+        (void)restore_full_snapshot(snapshot_part(found->second.second), setup_.stage, c,
+                                    std::span(&one, 1));
+        bytes = found->second.second.snapshot_size;
+      }
+      pec_meta meta;
+      if (kind_ == baseline_kind::pec) {
+        meta.saved_at.assign(ops.size(), 0);
+        meta.unsaved.assign(ops.size(), 0);
+        if (c > 0) meta = decode_pec_meta(trailer_part(found->second.second), ops.size());
+        // Each operator from its own newest save (<= c): the non-experts from c, a stale
+        // expert from an older checkpoint, one never saved from the initial state.
+        std::map<std::int64_t, snapshot_view> views;
+        for (auto at : meta.saved_at) {
+          if (!views.contains(at)) {
+            views.emplace(at, parse_snapshot(snapshot_part(candidates_.at(at).second)));
+            bytes += candidates_.at(at).second.snapshot_size;
+          }
+        }
+        for (std::size_t i = 0; i < ops.size(); ++i) {
+          const auto& v = views.at(meta.saved_at[i]);
+          const auto e = std::find_if(v.entries.begin(), v.entries.end(),
+                                      [&](const auto& x) { return x.index == i; });
+          if (e == v.entries.end()) {
+            throw std::runtime_error(fmt::format("operator {} is not in checkpoint {}",
+                                                 ops[i]->name(), meta.saved_at[i]));
+          }
+          load_operator(*e, *ops[i]);
+        }
+        const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+        for (const auto& layer : find_moe_layers(cops)) {
+          std::int64_t n = 0;
+          for (auto e : layer.experts) {
+            if (meta.saved_at[e] < c) {
+              ++stale;
+              n += meta.unsaved[e];
+            }
+          }
+          lost.push_back(n);
+        }
+      }
+      // Captures go on from c: what is newer belongs to the abandoned run.
+      std::lock_guard lock(shared_->mu);
+      shared_->interval = k;
+      shared_->to_ship.clear();
+      if (kind_ == baseline_kind::dense_disk) {
+        shared_->disk.reset();  // drained by the query's flush
+        shared_->disk.emplace(setup_.stage, setup_.replica, k, nullptr, config_.dir,
+                              disk_windows_kept(config_));
+        durable_store(replica_dir(config_.dir, setup_.stage, setup_.replica))
+            .drop_after(std::uint64_t(c));
+      } else {
+        shared_->held.clear();
+        for (const auto& [it, cand] : candidates_) {
+          if (it > 0 && it <= c) shared_->held[it] = cand.second;
+        }
+        if (kind_ == baseline_kind::dense_memory) {
+          while (shared_->held.size() > memory_checkpoints_kept) {
+            shared_->held.erase(shared_->held.begin());
+          }
+        } else {
+          const std::set<std::int64_t> needed(meta.saved_at.begin(), meta.saved_at.end());
+          std::erase_if(shared_->held, [&](const auto& kv) { return !needed.contains(kv.first); });
+          shared_->pec_cap.reset();  // refers to the schedule: first
+          shared_->pec_sched.reset();
+          shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, ops);
+          shared_->pec_sched->restart(c, meta.saved_at, meta.unsaved);
+          shared_->pec_cap.emplace(*shared_->pec_sched, setup_.stage, setup_.replica);
+          std::map<std::int64_t, std::vector<std::byte>> held;
+          for (const auto& [it, hc] : shared_->held) {
+            const auto snap = snapshot_part(hc);
+            held.emplace(it, std::vector<std::byte>(snap.begin(), snap.end()));
+          }
+          shared_->pec_cap->restart(std::move(held), meta.saved_at);
+        }
+      }
+    });
+  } catch (const std::exception& e) {
+    out.setError(fmt::format("stage {} replica {} could not load checkpoint {}: {}", setup_.stage,
+                             setup_.replica, c, e.what()));
+    co_return;
+  }
+  out.setSource(found->second.first);
+  out.setBytes(bytes);
+  auto l = out.initLostTokens(static_cast<unsigned>(lost.size()));
+  for (unsigned i = 0; i < lost.size(); ++i) l.set(i, lost[i]);
+  out.setStaleExperts(stale);
+  candidates_.clear();
+  replacement_ = false;  // from now on its own checkpoints are in its own memory too
+}
+
+// ---- the worker's policy
+
+baseline_checkpoint::baseline_checkpoint(actors::actor_system& system, engine::bulk_io& io,
+                                         const engine::job_config& job, baseline_limits limits)
+    : system_(system),
+      io_(io),
+      job_(job),
+      kind_(kind_of(job.policy)),
+      config_(policy_config_of(job.baseline)),
+      limits_(limits) {
+  if (kind_ != baseline_kind::dense_disk) holder_ = system_.spawn<checkpoint_holder>(io_, limits_);
+}
+
+std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(
+    const engine::stage_setup& setup, engine::stage_model& model, actor_ref) {
+  std::vector<models::operator_state*> ops = model.operators();
+  sizes_.clear();
+  for (const auto* op : ops) {
+    const auto s = sparse_sizes(*op);
+    sizes_.push_back({s.compute_bytes, s.master_bytes, s.optim_bytes});
+  }
+  // The stage as built (the initial state every rollback to iteration 0, and every pec expert
+  // never saved, comes back to), timed: Young's snapshot cost C.
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  const std::vector<capture_kind> kinds(ops.size(), capture_kind::full);
+  auto initial = std::make_shared<std::vector<std::byte>>(snapshot_size(cops, kinds));
+  const auto t0 = sclock::now();
+  write_snapshot(*initial, {0, 0, 0, setup.stage, setup.replica}, models::loss_scaler{}, cops,
+                 kinds);
+  const double secs = seconds_since(t0);
+  bandwidth_ = secs > 0 ? double(initial->size()) / secs : 0.0;
+  auto shared = std::make_shared<baseline_shared>();
+  agent_ = system_.spawn<baseline_agent>(shared, io_, kind_, config_, setup, model,
+                                         std::shared_ptr<const std::vector<std::byte>>(initial),
+                                         replacement_, limits_);
+  return std::make_unique<baseline_hooks>(shared, system_, agent_, std::move(ops), kind_, config_,
+                                          setup.stage, setup.replica);
+}
+
+awaitable<std::unique_ptr<engine::stage_model>> baseline_checkpoint::restore(
+    engine::wire::Restore::Reader, const engine::stage_factory& factory,
+    engine::stage_setup setup) {
+  std::unique_ptr<engine::stage_model> model;
+  co_await off_thread([&] { model = factory(setup); });
+  replacement_ = true;
+  co_return model;
+}
+
+engine::checkpoint_factory any_policy_factory() {
+  return [moe = policy_factory()](
+             actors::actor_system& system, engine::bulk_io& io,
+             const engine::job_config& job) -> std::unique_ptr<engine::worker_checkpoint> {
+    if (engine::rollback_policy(job.policy)) {
+      return std::make_unique<baseline_checkpoint>(system, io, job);
+    }
+    return moe(system, io, job);
+  };
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,221 @@
+// The baseline policies under `moevement launch`, end to end with real processes: a worker
+// killed mid-run is replaced by a spare and the whole job rolls back to the newest checkpoint
+// every stage can load. dense-memory and dense-disk end bit for bit as the fault-free run;
+// pec restores stale experts and logs the tokens lost (PLT); a corrupt or truncated
+// dense-disk file is rejected with its reason and the previous good checkpoint is used.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/launch_job.hpp"
+#include "tests/support/run_moevement.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace moevement::test_support;
+
+constexpr int iterations = 10;
+
+std::string tiny() {
+  return source_path("examples/configs/tiny.toml");
+}
+
+std::string common() {
+  return " --set train.iterations=" + std::to_string(iterations) +
+         " --set train.seq_len=16 --set train.val_batches=2";
+}
+
+std::string job(const std::string& policy, int pp, int dp, const std::string& extra) {
+  return tiny() + common() + " --set parallel.pp=" + std::to_string(pp) +
+         " --set parallel.dp=" + std::to_string(dp) + " --set checkpoint.policy=" + policy +
+         " --set cluster.spares=1 " + extra;
+}
+
+// The fault-free hash of the same job (by `moevement train`, which launch equals).
+std::string reference(int dp) {
+  static std::map<int, std::string> cache;
+  if (!cache.contains(dp)) {
+    const auto r =
+        run_moevement("train " + tiny() + common() + " --set parallel.dp=" + std::to_string(dp));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    cache[dp] = hash_of(r.output);
+  }
+  return cache[dp];
+}
+
+// A fresh directory for dense-disk, private to this test process.
+std::string checkpoint_dir(const std::string& name) {
+  const fs::path d =
+      fs::path(::testing::TempDir()) / ("rollback_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  return d.string();
+}
+
+struct outcome {
+  int exit_code = -1;
+  std::string output, hash;
+  std::vector<std::string> log;
+};
+
+outcome finish(background_launch& j) {
+  outcome o;
+  o.exit_code = j.wait(std::chrono::seconds(120));
+  o.output = j.output();
+  o.hash = hash_of(o.output);
+  o.log = lines_of(j.log);
+  return o;
+}
+
+const std::string* event(const outcome& o, const std::string& name) {
+  for (const auto& l : o.log) {
+    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) return &l;
+  }
+  return nullptr;
+}
+
+// Kill (stage 1, replica 0) at iteration 7 with a checkpoint every 3 iterations: the job goes
+// back to iteration 6 and recomputes it.
+TEST(rollback, dense_memory_kill_rolls_back_bit_exact) {
+  background_launch j("dm", job("dense-memory", 2, 2,
+                                "--set checkpoint.interval=3 "
+                                "--inject kill:stage=1,replica=1,iter=7"));
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_EQ(number_field(*end, "target_iteration"), 7);
+  EXPECT_EQ(number_field(*end, "rollback_to"), 6);
+  EXPECT_EQ(number_field(*end, "iterations_recomputed"), 1);
+  EXPECT_NE(end->find("holder on worker"), std::string::npos)
+      << "the replacement's copy came from a peer's memory: " << *end;
+  EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
+}
+
+// Before the first checkpoint: every stage goes back to its initial state.
+TEST(rollback, a_failure_before_any_checkpoint_restarts_from_the_initial_state) {
+  background_launch j("early", job("dense-memory", 2, 1,
+                                   "--set checkpoint.interval=4 "
+                                   "--inject kill:stage=0,replica=0,iter=2"));
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_EQ(number_field(*end, "rollback_to"), 0);
+  EXPECT_EQ(number_field(*end, "iterations_recomputed"), 2);
+  EXPECT_NE(end->find("the initial state"), std::string::npos) << *end;
+}
+
+TEST(rollback, dense_disk_kill_rolls_back_bit_exact) {
+  const std::string dir = checkpoint_dir("dd");
+  background_launch j("dd", job("dense-disk", 2, 1,
+                                "--set checkpoint.interval=2 --set checkpoint.dir=" + dir +
+                                    " --inject kill:stage=0,replica=0,iter=9"));
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  // The newest window every stage has on disk: the persist runs in the background (CheckFreq
+  // loses what is not on disk yet), at most three snapshots behind the newest (8).
+  const int to = int(number_field(*end, "rollback_to"));
+  EXPECT_TRUE(to == 8 || to == 6 || to == 4 || to == 2) << *end;
+  EXPECT_EQ(number_field(*end, "iterations_recomputed"), 9 - to);
+  EXPECT_NE(end->find("stage-0-replica-0 window " + std::to_string(to)), std::string::npos) << *end;
+  EXPECT_TRUE(fs::is_directory(fs::path(dir) / "stage-0-replica-0"));
+  fs::remove_all(dir);
+}
+
+TEST(rollback, pec_kill_restores_stale_experts_and_logs_plt) {
+  background_launch j("pec", job("pec", 2, 1,
+                                 "--set checkpoint.interval=2 --set checkpoint.pec_experts=1 "
+                                 "--inject kill:stage=1,replica=0,iter=7"));
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_EQ(number_field(*end, "rollback_to"), 6);
+  EXPECT_GT(number_field(*end, "stale_experts"), 0);
+  EXPECT_GT(number_field(*end, "lost_tokens"), 0);
+  EXPECT_GT(number_field(*end, "plt"), 0.0);
+  EXPECT_LT(number_field(*end, "plt"), 1.0);
+  EXPECT_GT(number_field(*end, "run_plt"), 0.0);
+  EXPECT_NE(o.output.find("PLT"), std::string::npos) << o.output;
+  // By design: the stale experts lost updates, so the run is not the fault-free one.
+  EXPECT_NE(o.hash, "");
+  EXPECT_NE(o.hash, reference(1));
+}
+
+// The newest window of each stage is damaged (stage 1's flipped, stage 0's truncated) while
+// stage 1 hangs: both are rejected with their reason and the job rolls back to the previous
+// good checkpoint, still bit-exact. keep = 3: should the hung stage's newest persisted window
+// be one older than the other's, the one before both damaged windows is still on disk.
+TEST(rollback, corrupt_and_truncated_files_fall_back_to_the_previous_checkpoint) {
+  const std::string dir = checkpoint_dir("corrupt");
+  background_launch j("corrupt", job("dense-disk", 2, 1,
+                                     "--set checkpoint.interval=2 --set checkpoint.keep=3 "
+                                     "--set checkpoint.dir=" +
+                                         dir +
+                                         " --set cluster.failure_timeout_ms=3000 "
+                                         "--inject hang:stage=1,replica=0,iter=9"));
+  bool hung = false;
+  for (int i = 0; i < 3000 && !hung; ++i) {
+    hung = j.output().find("inject: hang") != std::string::npos;
+    if (!hung) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(hung) << j.output();
+  // Let the running stage's persist in flight land (the hung one's is stopped with it).
+  std::this_thread::sleep_for(500ms);
+  auto newest = [&](int stage) {
+    fs::path best;
+    for (const auto& e : fs::directory_iterator(
+             fs::path(dir) / ("stage-" + std::to_string(stage) + "-replica-0"))) {
+      if (fs::exists(e.path() / "MANIFEST") && e.path().filename() > best.filename()) {
+        best = e.path();
+      }
+    }
+    return best;
+  };
+  const fs::path w1 = newest(1), w0 = newest(0);
+  ASSERT_FALSE(w1.empty());
+  ASSERT_FALSE(w0.empty());
+  {
+    std::fstream f(w1 / "snapshot", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x5a);
+    f.seekp(100);
+    f.write(&c, 1);
+  }
+  fs::resize_file(w0 / "snapshot", fs::file_size(w0 / "snapshot") / 2);
+  // Each stage's newest window is damaged: the newest both still have is 2 iterations older.
+  const long damaged = std::min(std::stol(w1.filename().string().substr(7)),
+                                std::stol(w0.filename().string().substr(7)));
+
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_EQ(number_field(*end, "rollback_to"), damaged - 2);
+  EXPECT_GE(number_field(*end, "rejected"), 2);
+  std::string reasons;
+  for (const auto& l : o.log) {
+    if (l.find("checkpoint_rejected") != std::string::npos) reasons += l + "\n";
+  }
+  EXPECT_NE(reasons.find("checksum mismatch"), std::string::npos) << reasons;
+  EXPECT_NE(reasons.find("truncated"), std::string::npos) << reasons;
+  EXPECT_NE(o.output.find("checkpoint rejected"), std::string::npos) << o.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
