@@ -37,6 +37,12 @@ struct loss_rec {
   long iteration = -1;
 };
 
+// A window_persisted record: window `window`, from which a replay starts at first_iteration.
+struct persist_rec {
+  double t = 0;  // seen
+  long window = -1, first_iteration = -1;
+};
+
 // A recovery_end record: detection to resume, and its parts as the coordinator measured them.
 struct recovery_rec {
   double t = 0;  // seen
@@ -59,6 +65,7 @@ struct run_result {
   double t_last_iteration = -1;          // the last iteration record seen
   std::vector<loss_rec> losses;          // every worker_lost, in order
   std::vector<recovery_rec> recoveries;  // every recovery_end, in order
+  std::vector<persist_rec> persisted;    // every window_persisted, in order
 };
 
 inline double number(const std::string& line, const std::string& key) {
@@ -96,6 +103,8 @@ inline run_result parse(const std::vector<stamped>& log) {
       r.w_sparse = int(number(l, "w_sparse"));
       r.window_chosen_at = long(number(l, "iteration"));
       r.profile_bandwidth = number(l, "profile_bandwidth");
+    } else if (is_event(l, "window_persisted")) {
+      r.persisted.push_back({t, long(number(l, "window")), long(number(l, "first_iteration"))});
     } else if (is_event(l, "job_start")) {
       r.t_start = t;
     } else if (is_event(l, "job_end")) {

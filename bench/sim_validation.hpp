@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -48,6 +49,7 @@ inline std::string profile_toml(const sim::profile_data& p) {
   if (p.snapshot_bytes_per_s_per_gpu > 0)
     out += "snapshot_gb_per_s_per_gpu = " + toml_float(p.snapshot_bytes_per_s_per_gpu / 1e9) + "\n";
   if (p.restart_s >= 0) out += "restart_s = " + toml_float(p.restart_s) + "\n";
+  if (p.persist_lag_s >= 0) out += "persist_lag_s = " + toml_float(p.persist_lag_s) + "\n";
   if (!p.snapshot_s.empty()) {
     out += "[profile.snapshot_s]\n";
     for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
@@ -81,6 +83,39 @@ inline double ettr_training_window(const run_result& r, const std::map<long, dou
   if (r.t_last_iteration <= r.t_start) throw std::runtime_error("no iteration after job_start");
   const double whole = r.t_end - r.t_start;
   return ettr(r, fault_free) * whole / (r.t_last_iteration - r.t_start);
+}
+
+// The run's own iteration times: each committed index's `iteration_s` in this run (its last
+// record: after a failure the re-attempt, which is what committed it). As the useful time of
+// ettr() this is the simulator's definition (committed iterations x T_iter over the wall time)
+// with the run's own speed, so that run-to-run speed differences of a shared machine do not
+// count as failure cost.
+inline std::map<long, double> own_times(const run_result& r) {
+  std::map<long, double> m;
+  for (const auto& it : r.iterations) m[it.iteration] = it.seconds;
+  return m;
+}
+
+// Persist lag of every window: from the record of its last iteration (first_iteration - 1: the
+// state a replay starts from) to its window_persisted record, both as the bench saw them.
+inline std::vector<double> persist_lags(const run_result& r) {
+  std::map<long, double> seen;
+  for (const auto& it : r.iterations) seen.emplace(it.iteration, it.t);  // first record
+  std::vector<double> out;
+  for (const auto& p : r.persisted) {
+    const auto it = seen.find(p.first_iteration - 1);
+    if (it != seen.end()) out.push_back(std::max(0.0, p.t - it->second));
+  }
+  return out;
+}
+
+// Median over the iterations of the stages' mean compute time per micro-batch.
+inline double stage_microbatch_s(const std::vector<run_result>& runs, int micro_batches) {
+  std::vector<double> v;
+  for (const auto& r : runs) {
+    for (const auto& it : r.iterations) v.push_back(it.mean_stage_compute_s / micro_batches);
+  }
+  return median(v);
 }
 
 // What the simulator needs to know about the job besides the profile.

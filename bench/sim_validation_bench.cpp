@@ -27,7 +27,8 @@
 // N (4), --seq-len N (32), --failures SPEC (repeatable; one faulty run per SPEC, a comma list
 // of STAGE@ITERATION; default "1@2N/3" and "1@N/3,2@2N/3"), --policies LIST (default
 // moevement,dense-memory,dense-disk,pec), --profile-out FILE, --trace-out PREFIX (writes
-// PREFIX<run>.txt trace files). Run from the source root.
+// PREFIX<policy>_<run>.txt trace files), --keep-logs DIR (every run log, each line with the
+// time the bench saw it). Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -69,7 +70,7 @@ struct options {
   int micro_batches = 4, micro_batch_size = 4, seq_len = 32;
   std::vector<std::vector<kill_at>> failures;
   std::vector<std::string> policies{"moevement", "dense-memory", "dense-disk", "pec"};
-  std::string profile_out, trace_out;
+  std::string profile_out, trace_out, keep_logs;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -131,6 +132,8 @@ options parse_options(int argc, char** argv) {
       o.profile_out = value();
     else if (f == "--trace-out")
       o.trace_out = value();
+    else if (f == "--keep-logs")
+      o.keep_logs = value();
     else
       throw std::runtime_error("unknown option " + f + " (see bench/sim_validation_bench.cpp)");
   }
@@ -221,8 +224,16 @@ int main(int argc, char** argv) {
       }
       return a;
     };
+    int kept = 0;
+    auto keep = [&](const std::string& label, const job_outcome& j) {
+      if (o.keep_logs.empty()) return;
+      fs::create_directories(o.keep_logs);
+      std::ofstream out(fs::path(o.keep_logs) / fmt::format("{:02}_{}.tsv", kept++, label));
+      for (const auto& [t, line] : j.lines) out << fmt::format("{:.4f}\t{}\n", t, line);
+    };
     auto run = [&](const std::string& policy, const std::vector<kill_at>& kills) {
       const job_outcome j = launch_job(bin, args(policy, kills), log);
+      keep(policy + (kills.empty() ? std::string("_faultfree") : "_" + run_name(kills)), j);
       if (!j.ok) throw std::runtime_error("moevement launch failed (" + policy + "):\n" + j.output);
       return parse(j.lines);
     };
@@ -250,6 +261,7 @@ int main(int argc, char** argv) {
           }
           throw std::runtime_error("moevement launch failed (" + p.name + "):\n" + j.output);
         }
+        keep(p.name + "_faultfree", j);
         p.fault_free.push_back(parse(j.lines));
       }
     }
@@ -264,17 +276,18 @@ int main(int argc, char** argv) {
     // detection -> replacement ready of every measured recovery (recovery_end's seconds less
     // its replay, which the simulator computes itself from the stage times).
     const auto none_ff = per_index(none);
+    // The run log has each iteration's mean over the stages of their compute time, not each
+    // stage's: every stage gets that mean per micro-batch (the stages of tiny are alike).
     auto stage_microbatch = [&](const std::vector<run_result>& runs) {
-      std::vector<double> v;
-      for (const auto& r : runs) {
-        for (const auto& it : r.iterations) v.push_back(it.mean_stage_compute_s / o.micro_batches);
-      }
-      return std::vector<double>(std::size_t(o.pp), median(v));
+      return std::vector<double>(std::size_t(o.pp), stage_microbatch_s(runs, o.micro_batches));
     };
-    std::vector<double> bandwidths, restarts, replays, pulls;
+    std::vector<double> bandwidths, restarts, replays, pulls, lags;
     for (const auto& p : pols) {
       for (const auto& r : p.fault_free) {
         if (r.profile_bandwidth > 0) bandwidths.push_back(r.profile_bandwidth);
+        if (p.name == "moevement") {
+          for (double l : persist_lags(r)) lags.push_back(l);
+        }
       }
       for (const auto& [name, r] : p.faulty) {
         for (const auto& rec : r.recoveries) {
@@ -293,12 +306,15 @@ int main(int argc, char** argv) {
     prof.stage_microbatch_s = stage_microbatch(none);
     prof.snapshot_bytes_per_s_per_gpu = median(bandwidths);
     prof.restart_s = mean(restarts);
+    if (!lags.empty()) prof.persist_lag_s = median(lags);
     std::printf(
         "# profile: iteration_s %.6f (policy none), stage_microbatch_s %.6f, snapshot "
         "bandwidth %.3f GB/s per process, restart_s %.5f (mean of %zu recoveries; "
-        "pull %.5f and replay %.5f s of them measured)\n",
+        "pull %.5f and replay %.5f s of them measured), persist_lag_s %.5f (median of %zu "
+        "windows of moevement's fault-free runs)\n",
         prof.iteration_s, prof.stage_microbatch_s.front(), prof.snapshot_bytes_per_s_per_gpu / 1e9,
-        prof.restart_s, restarts.size(), mean(pulls), mean(replays));
+        prof.restart_s, restarts.size(), mean(pulls), mean(replays), prof.persist_lag_s,
+        lags.size());
     std::printf(
         "# not measured (absent from the profile): sync_s and update_s (the run log has "
         "no per-phase times), snapshot_s per policy (no snapshot durations in the run log)\n");
@@ -326,11 +342,10 @@ int main(int argc, char** argv) {
     fs_settings.restart_s = prof.restart_s;
 
     // The simulator's policy for one profile (iteration time and stage times from `ff`).
-    auto sim_policy = [&](const std::string& name, double iteration_s,
-                          const std::vector<double>& stage_s) {
+    auto sim_policy = [&](const std::string& name, double iteration_s, double stage_s) {
       sim::profile_data p = prof;
       p.iteration_s = iteration_s;
-      p.stage_microbatch_s = stage_s;
+      p.stage_microbatch_s.assign(std::size_t(o.pp), stage_s);
       const auto costs =
           sim::apply_profile(sim::estimate_iteration(inputs.model, inputs.cluster, inputs.plan,
                                                      inputs.constants, replicas),
@@ -338,6 +353,7 @@ int main(int argc, char** argv) {
       sim::policy_settings ps;
       ps.kind = sim::parse_policy(name);
       ps.replicas = replicas;
+      ps.persist_lag_s = p.persist_lag_s;   // as parse_config does with a profile
       ps.rule = sim::interval_rule::fixed;  // the engine's dense policies checkpoint every
       ps.fixed_interval = 1;                // iteration unless configured otherwise
       // The interval rules are the only users of the MTBF; fixed needs none.
@@ -349,39 +365,58 @@ int main(int argc, char** argv) {
         std::printf("ettr_%s: not available under launch (%s)\n", p.name.c_str(), p.why.c_str());
         continue;
       }
-      const auto own_ff = per_index(p.fault_free);
-      const double t_own = mean_of(own_ff);
-      const auto m_own = sim_policy(p.name, t_own, stage_microbatch(p.fault_free));
-      const auto m_none = sim_policy(p.name, prof.iteration_s, prof.stage_microbatch_s);
+      // Three useful-time references, each with its simulator run (T = the mean useful time per
+      // iteration, stage times from the same runs): `own` (the run itself, the primary: the
+      // simulator's definition without run-to-run speed noise), `ffref` (the policy's fault-free
+      // runs, per index: bench policies' definition), `vs_none` (policy none's fault-free runs:
+      // the checkpoint overhead counts too).
+      const auto ff_ref = per_index(p.fault_free);
+      const auto m_ffref =
+          sim_policy(p.name, mean_of(ff_ref), stage_microbatch(p.fault_free).front());
+      const auto m_none = sim_policy(p.name, prof.iteration_s, prof.stage_microbatch_s.front());
+      auto m_self = [&](const run_result& r) {
+        return sim_policy(p.name, mean_of(own_times(r)), stage_microbatch_s({r}, o.micro_batches));
+      };
       std::printf(
           "# %s: fault-free iteration %.6f s (none %.6f s), simulator W_sparse %d "
           "(engine %d), predicted stall %.6f s, load %.6f s, catch-up %.6f s/iteration\n",
-          p.name.c_str(), t_own, prof.iteration_s, m_own.w_sparse, p.fault_free.front().w_sparse,
-          m_own.stall_s, m_own.load_s, m_own.catch_up_s.empty() ? 0.0 : m_own.catch_up_s.front());
-      std::vector<double> ff_own, ff_none;
+          p.name.c_str(), mean_of(ff_ref), prof.iteration_s, m_ffref.w_sparse,
+          p.fault_free.front().w_sparse, m_ffref.stall_s, m_ffref.load_s,
+          m_ffref.catch_up_s.empty() ? 0.0 : m_ffref.catch_up_s.front());
+      std::vector<double> own_m, own_p, ref_m, none_m;
       for (const auto& r : p.fault_free) {
-        ff_own.push_back(ettr_training_window(r, own_ff));
-        ff_none.push_back(ettr_training_window(r, none_ff));
+        own_m.push_back(ettr_training_window(r, own_times(r)));
+        own_p.push_back(predict_fixed_work(m_self(r), o.iterations, fs_settings, {}).ettr);
+        ref_m.push_back(ettr_training_window(r, ff_ref));
+        none_m.push_back(ettr_training_window(r, none_ff));
       }
-      print_compare(fmt::format("ettr_{}_faultfree", p.name), median(ff_own),
-                    predict_fixed_work(m_own, o.iterations, fs_settings, {}).ettr);
-      print_compare(fmt::format("ettr_{}_faultfree_vs_none", p.name), median(ff_none),
+      std::printf("# %s fault-free: medians over %zu runs\n", p.name.c_str(), own_m.size());
+      print_compare(fmt::format("ettr_{}_faultfree", p.name), median(own_m), median(own_p));
+      print_compare(fmt::format("ettr_{}_faultfree_ffref", p.name), median(ref_m),
+                    predict_fixed_work(m_ffref, o.iterations, fs_settings, {}).ettr);
+      print_compare(fmt::format("ettr_{}_faultfree_vs_none", p.name), median(none_m),
                     predict_fixed_work(m_none, o.iterations, fs_settings, {}).ettr);
       for (const auto& [name, r] : p.faulty) {
         const auto trace = failure_trace(r);
         std::string times;
         for (const auto& e : trace) times += fmt::format(" {:.4f}s@stage{}", e.time_s, e.stage);
-        double measured_recovery = 0;
+        double measured_recovery = 0, slowest = 0;
         for (const auto& rec : r.recoveries) measured_recovery += rec.seconds;
-        const auto pr = predict_fixed_work(m_own, o.iterations, fs_settings, trace);
-        const double measured = ettr_training_window(r, own_ff);
+        for (const auto& it : r.iterations) slowest = std::max(slowest, it.seconds);
+        const auto own = own_times(r);
+        const auto pr = predict_fixed_work(m_self(r), o.iterations, fs_settings, trace);
+        const double measured = ettr_training_window(r, own);
         std::printf(
-            "# %s %s: failures at%s; recoveries %zu, measured %.4f s (detection to "
-            "resume), simulator %.4f s (with the aborted iterations); time lost measured "
-            "%.4f s, predicted %.4f s\n",
+            "# %s %s: failures at%s; %zu recoveries, %.4f s detection to resume; the simulator's "
+            "recovery %.4f s (restart, load, replay, aborted iterations); time lost measured "
+            "%.4f s, predicted %.4f s; slowest iteration %.4f s (mean %.4f s)\n",
             p.name.c_str(), name.c_str(), times.c_str(), r.recoveries.size(), measured_recovery,
-            pr.recovery_s, (r.t_last_iteration - r.t_start) * (1 - measured), pr.time_lost_s);
+            pr.recovery_s, (r.t_last_iteration - r.t_start) * (1 - measured), pr.time_lost_s,
+            slowest, mean_of(own));
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
+        print_compare(fmt::format("ettr_{}_{}_ffref", p.name, name),
+                      ettr_training_window(r, ff_ref),
+                      predict_fixed_work(m_ffref, o.iterations, fs_settings, trace).ettr);
         print_compare(fmt::format("ettr_{}_{}_vs_none", p.name, name),
                       ettr_training_window(r, none_ff),
                       predict_fixed_work(m_none, o.iterations, fs_settings, trace).ettr);

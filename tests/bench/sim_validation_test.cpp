@@ -30,6 +30,7 @@ TEST(sim_validation, profile_round_trips_through_the_simulators_parser) {
   p.update_s = 1e-5;
   p.snapshot_bytes_per_s_per_gpu = 1.234567891e9;
   p.restart_s = 0.0123;
+  p.persist_lag_s = 0.004;
   p.snapshot_s = {{"dense-memory", 0.5}, {"pec", 0.0625}};
   const std::string text = profile_toml(p);
   const sim::profile_data q = sim::parse_profile(text);
@@ -42,6 +43,7 @@ TEST(sim_validation, profile_round_trips_through_the_simulators_parser) {
   // Written in GB/s, read back times 1e9: equal to the last bit or one ulp off.
   EXPECT_DOUBLE_EQ(q.snapshot_bytes_per_s_per_gpu, p.snapshot_bytes_per_s_per_gpu);
   EXPECT_EQ(q.restart_s, p.restart_s);
+  EXPECT_EQ(q.persist_lag_s, p.persist_lag_s);
   EXPECT_EQ(q.snapshot_s, p.snapshot_s);
 }
 
@@ -54,6 +56,7 @@ TEST(sim_validation, unmeasured_fields_are_left_out) {
   const sim::profile_data q = sim::parse_profile(text);
   EXPECT_EQ(q.iteration_s, 0.25);
   EXPECT_LT(q.restart_s, 0);
+  EXPECT_LT(q.persist_lag_s, 0);
   EXPECT_LT(q.sync_s, 0);
   EXPECT_TRUE(q.stage_microbatch_s.empty());
   EXPECT_TRUE(q.snapshot_s.empty());
@@ -70,6 +73,8 @@ std::vector<stamped> two_failure_log() {
   return {
       {0.5, R"({"kind":"event","event":"job_start","pp":3,"dp":1,"spares":2,"iterations":4})"},
       {0.6, iter(0, 0.1)},
+      {0.65,
+       R"({"kind":"event","event":"window_persisted","window":0,"first_iteration":1,"iteration":1})"},
       {0.6,
        R"({"kind":"event","event":"window_chosen","w_sparse":1,"profile_iteration_s":0.1,"profile_bandwidth":2.5e8,"iteration":0})"},
       {1.7,
@@ -80,8 +85,10 @@ std::vector<stamped> two_failure_log() {
        R"({"kind":"event","event":"recovery_end","stage":1,"replica":0,"target_iteration":1,"iterations_replayed":0,"seconds":0.2,"spawn_s":0.05,"pull_s":0.01,"replay_s":0.0,"rejoin_s":0.12,"time_s":1.89})"},
       {2.0,
        R"({"kind":"event","event":"worker_lost","node":5,"stage":-1,"replica":-1,"how":"was lost","iteration":1})"},
-      {2.1, iter(1, 0.1)},
+      {2.1, iter(1, 0.25)},
       {2.2, iter(2, 0.1)},
+      {2.225,
+       R"({"kind":"event","event":"window_persisted","window":1,"first_iteration":3,"iteration":3})"},
       {3.1,
        R"({"kind":"event","event":"worker_lost","node":3,"stage":2,"replica":0,"how":"was lost","iteration":3})"},
       {3.4,
@@ -113,6 +120,21 @@ TEST(sim_validation, run_log_gives_losses_recoveries_and_the_training_window) {
   const std::map<long, double> ff{{0, 0.1}, {1, 0.1}, {2, 0.1}, {3, 0.1}};
   EXPECT_DOUBLE_EQ(ettr_training_window(r, ff), 0.4 / 3.1);
   EXPECT_DOUBLE_EQ(ettr(r, ff), 0.4 / 3.4);
+}
+
+TEST(sim_validation, own_times_persist_lags_and_stage_times) {
+  const run_result r = parse(two_failure_log());
+  const auto own = own_times(r);
+  ASSERT_EQ(own.size(), 4u);
+  EXPECT_DOUBLE_EQ(own.at(1), 0.25);
+  EXPECT_DOUBLE_EQ(own.at(3), 0.1);
+  // Window 0 (replay from 1) persisted 0.05 s after iteration 0's record; window 1 (replay from
+  // 3) 0.025 s after iteration 2's.
+  const auto lags = persist_lags(r);
+  ASSERT_EQ(lags.size(), 2u);
+  EXPECT_NEAR(lags[0], 0.05, 1e-12);
+  EXPECT_NEAR(lags[1], 0.025, 1e-12);
+  EXPECT_DOUBLE_EQ(stage_microbatch_s({r}, 4), 0.006 / 4);
 }
 
 TEST(sim_validation, trace_has_the_stage_failures_at_their_times_from_job_start) {
@@ -169,6 +191,17 @@ TEST(sim_validation, fixed_work_prediction_without_failures_is_the_stall_alone) 
   EXPECT_NEAR(p.wall_s, 20 * 0.11, 1e-9);
   EXPECT_NEAR(p.ettr, 0.1 / 0.11, 1e-9);
   EXPECT_EQ(p.failures, 0);
+}
+
+TEST(sim_validation, a_window_not_yet_persisted_at_the_failure_is_replayed) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  auto m = simple_policy();
+  // Window of iteration 8 (ends at 0.99) persisted only 0.08 s later: the failure at 1.05 finds
+  // the previous window, so iteration 8 is caught up (0.08 s) before the restart is done.
+  m.persist_lag_s = 0.08;
+  const auto p = predict_fixed_work(m, 20, f, {{1.05, 0}});
+  EXPECT_NEAR(p.wall_s, 1.25 + 0.08 + 11 * 0.11, 1e-9);
 }
 
 TEST(sim_validation, fixed_work_prediction_with_a_failure_counts_restart_and_the_abort) {
