@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -219,6 +220,49 @@ inline prediction predict_fixed_work(const sim::policy_model& m, long iterations
   p.recovery_s = r.recovery_s_mean;
   p.failures = r.failures_mean;
   return p;
+}
+
+// Where each failure of a run hit: the iteration it aborted (the number of iterations committed
+// before it) and how far into that attempt (from the previous iteration's record, or job_start).
+struct failure_point {
+  long iteration = 0;
+  double offset_s = 0;
+  int stage = 0;
+};
+
+inline std::vector<failure_point> failure_points(const run_result& r) {
+  std::vector<failure_point> out;
+  for (const auto& e : failure_trace(r)) {
+    const double t = e.time_s + r.t_start;
+    failure_point p;
+    p.stage = e.stage;
+    double since = r.t_start;
+    std::set<long> committed;
+    for (const auto& it : r.iterations) {
+      if (it.t > t) break;
+      committed.insert(it.iteration);
+      since = it.t;
+    }
+    p.iteration = long(committed.size());
+    p.offset_s = t - since;
+    out.push_back(p);
+  }
+  return out;
+}
+
+// The run's failures at the same points (same iteration, same time into it) on the simulator's
+// clock for policy `m`: for a reference speed other than the run's own, the same absolute times
+// would fall into other iterations (or after the end of a faster run). Earlier failures delay
+// the later ones by the simulator's own recovery time.
+inline std::vector<sim::failure_event> trace_at_points(const std::vector<failure_point>& points,
+                                                       const sim::policy_model& m,
+                                                       const sim::failure_settings& f) {
+  std::vector<sim::failure_event> out;
+  for (const auto& p : points) {
+    const double start = p.iteration > 0 ? predict_fixed_work(m, p.iteration, f, out).wall_s : 0.0;
+    out.push_back({start + p.offset_s, p.stage});
+  }
+  return out;
 }
 
 }  // namespace moevement::bench

@@ -414,12 +414,18 @@ int main(int argc, char** argv) {
             pr.recovery_s, (r.t_last_iteration - r.t_start) * (1 - measured), pr.time_lost_s,
             slowest, mean_of(own));
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
+        // Other reference speeds: the failures at the same iterations and times into them.
+        const auto points = failure_points(r);
         print_compare(fmt::format("ettr_{}_{}_ffref", p.name, name),
                       ettr_training_window(r, ff_ref),
-                      predict_fixed_work(m_ffref, o.iterations, fs_settings, trace).ettr);
+                      predict_fixed_work(m_ffref, o.iterations, fs_settings,
+                                         trace_at_points(points, m_ffref, fs_settings))
+                          .ettr);
         print_compare(fmt::format("ettr_{}_{}_vs_none", p.name, name),
                       ettr_training_window(r, none_ff),
-                      predict_fixed_work(m_none, o.iterations, fs_settings, trace).ettr);
+                      predict_fixed_work(m_none, o.iterations, fs_settings,
+                                         trace_at_points(points, m_none, fs_settings))
+                          .ettr);
         if (!o.trace_out.empty()) {
           std::ofstream t(o.trace_out + p.name + "_" + name + ".txt");
           t << trace_text(trace);

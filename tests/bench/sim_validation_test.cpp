@@ -217,3 +217,30 @@ TEST(sim_validation, fixed_work_prediction_with_a_failure_counts_restart_and_the
 }
 
 }  // namespace
+
+namespace {
+
+TEST(sim_validation, failure_points_are_the_aborted_iteration_and_the_time_into_it) {
+  const auto points = failure_points(parse(two_failure_log()));
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[0].iteration, 1);  // iteration 0 committed (0.6) before the loss at 1.7
+  EXPECT_NEAR(points[0].offset_s, 1.1, 1e-12);
+  EXPECT_EQ(points[0].stage, 1);
+  EXPECT_EQ(points[1].iteration, 3);  // 0, 1, 2 committed before the loss at 3.1
+  EXPECT_NEAR(points[1].offset_s, 0.9, 1e-12);
+  EXPECT_EQ(points[1].stage, 2);
+}
+
+TEST(sim_validation, trace_at_points_places_failures_on_the_simulators_clock) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  // Iterations of 0.11 s (0.1 + 0.01 stall). The first failure 0.03 s into iteration 5 (which
+  // starts at 0.55); the restart ends at 0.78, iterations 5..9 then end at 1.33, and the second
+  // failure is 0.02 s into iteration 10.
+  const auto trace = trace_at_points({{5, 0.03, 0}, {10, 0.02, 0}}, simple_policy(), f);
+  ASSERT_EQ(trace.size(), 2u);
+  EXPECT_NEAR(trace[0].time_s, 0.58, 1e-9);
+  EXPECT_NEAR(trace[1].time_s, 1.35, 1e-9);
+}
+
+}  // namespace
