@@ -285,7 +285,8 @@ int main(int argc, char** argv) {
     // its replay, which the simulator computes itself from the stage times).
     const auto none_ff = per_index(none);
     // The run log has each iteration's mean over the stages of their compute time, not each
-    // stage's: every stage gets that mean per micro-batch (the stages of tiny are alike).
+    // stage's: every stage gets that mean per micro-batch (tiny's 4 layers on 3 stages are not
+    // alike; the replay of a failed stage is costed at the mean stage's speed).
     auto stage_microbatch = [&](const std::vector<run_result>& runs) {
       return std::vector<double>(std::size_t(o.pp), stage_microbatch_s(runs, o.micro_batches));
     };
