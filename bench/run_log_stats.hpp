@@ -26,6 +26,28 @@ struct iteration_rec {
   double seconds = 0, stall_s = 0;
   double t = 0;                               // when the bench saw the record
   double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
+  double mean_stage_compute_s =
+      0;  // over the stages: their forward + backward of all micro-batches
+};
+
+// A worker_lost record: which stage, at which iteration, seen when (since the spawn).
+struct loss_rec {
+  double t = 0;
+  int stage = -1, replica = -1;
+  long iteration = -1;
+};
+
+// A window_persisted record: window `window`, from which a replay starts at first_iteration.
+struct persist_rec {
+  double t = 0;  // seen
+  long window = -1, first_iteration = -1;
+};
+
+// A recovery_end record: detection to resume, and its parts as the coordinator measured them.
+struct recovery_rec {
+  double t = 0;  // seen
+  long target = -1, replayed = 0;
+  double seconds = 0, spawn_s = 0, pull_s = 0, replay_s = 0, rejoin_s = 0;
 };
 
 // What one `moevement launch` left in its run log.
@@ -43,6 +65,11 @@ struct run_result {
   // recomputes, and (pec) the proportion of lost tokens; -1 when not a rollback.
   long rollback_to = -1, recomputed = -1;
   double plt = -1, run_plt = -1;
+  double profile_bandwidth = 0;          // window_chosen: snapshot bytes/s per stage process
+  double t_last_iteration = -1;          // the last iteration record seen
+  std::vector<loss_rec> losses;          // every worker_lost, in order
+  std::vector<recovery_rec> recoveries;  // every recovery_end, in order
+  std::vector<persist_rec> persisted;    // every window_persisted, in order
 };
 
 inline double number(const std::string& line, const std::string& key) {
@@ -72,11 +99,16 @@ inline run_result parse(const std::vector<stamped>& log) {
       it.stall_s = number(l, "stall_s");
       it.snapshot_bytes = number(l, "snapshot_bytes");
       it.host_bytes = number(l, "snapshot_host_bytes") + number(l, "log_host_bytes");
+      it.mean_stage_compute_s = number(l, "mean_stage_compute_s");
       it.t = t;
       r.iterations.push_back(it);
+      r.t_last_iteration = t;
     } else if (is_event(l, "window_chosen")) {
       r.w_sparse = int(number(l, "w_sparse"));
       r.window_chosen_at = long(number(l, "iteration"));
+      r.profile_bandwidth = number(l, "profile_bandwidth");
+    } else if (is_event(l, "window_persisted")) {
+      r.persisted.push_back({t, long(number(l, "window")), long(number(l, "first_iteration"))});
     } else if (is_event(l, "job_start")) {
       r.t_start = t;
     } else if (is_event(l, "job_end")) {
@@ -86,6 +118,8 @@ inline run_result parse(const std::vector<stamped>& log) {
       throw std::runtime_error("the job failed: " + l);
     } else if (is_event(l, "worker_lost")) {
       if (r.t_lost < 0) r.t_lost = t;
+      r.losses.push_back(
+          {t, int(number(l, "stage")), int(number(l, "replica")), long(number(l, "iteration"))});
     } else if (is_event(l, "recovery_start")) {
       r.t_recovery_start = t;
       r.target = long(number(l, "target_iteration"));
@@ -103,6 +137,16 @@ inline run_result parse(const std::vector<stamped>& log) {
         r.plt = number(l, "plt");
         r.run_plt = number(l, "run_plt");
       }
+      recovery_rec rr;
+      rr.t = t;
+      rr.target = long(number(l, "target_iteration"));
+      rr.replayed = long(number(l, "iterations_replayed"));
+      rr.seconds = r.recovery_s;
+      rr.spawn_s = number(l, "spawn_s");
+      rr.pull_s = number(l, "pull_s");
+      rr.replay_s = number(l, "replay_s");
+      rr.rejoin_s = number(l, "rejoin_s");
+      r.recoveries.push_back(rr);
     }
   }
   if (r.t_start < 0 || r.t_end < 0) throw std::runtime_error("no job_start/job_end in the log");

@@ -301,6 +301,7 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.stage_microbatch_s",
                                              "profile.snapshot_gb_per_s_per_gpu",
                                              "profile.restart_s",
+                                             "profile.persist_lag_s",
                                              "profile.snapshot_s.dense-memory",
                                              "profile.snapshot_s.dense-disk",
                                              "profile.snapshot_s.pec",
@@ -325,6 +326,9 @@ profile_data parse_profile(std::string_view text) {
   if (r.has("profile.snapshot_gb_per_s_per_gpu"))
     p.snapshot_bytes_per_s_per_gpu = r.positive("profile.snapshot_gb_per_s_per_gpu", 1) * 1e9;
   p.restart_s = r.has("profile.restart_s") ? r.number("profile.restart_s", 0) : -1;
+  p.persist_lag_s = r.has("profile.persist_lag_s") ? r.number("profile.persist_lag_s", 0) : -1;
+  if (r.has("profile.persist_lag_s") && p.persist_lag_s < 0)
+    fail("profile.persist_lag_s", "must be >= 0");
   for (const char* pol : {"dense-memory", "dense-disk", "pec", "moevement"}) {
     const std::string k = std::string("profile.snapshot_s.") + pol;
     if (r.has(k)) p.snapshot_s[pol] = r.number(k, 0);
@@ -506,6 +510,7 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
     for (auto& ps : cfg.policies) {
       const auto it = cfg.profile->snapshot_s.find(std::string(policy_name(ps.kind)));
       if (it != cfg.profile->snapshot_s.end()) ps.snapshot_s = it->second;
+      ps.persist_lag_s = cfg.profile->persist_lag_s;
     }
   }
 

@@ -130,7 +130,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
         load = persist;
       }
       m.load_s = load;
-      m.persist_lag_s = snap + persist;
+      m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : snap + persist;
       const auto with_interval = [&](int k) {
         policy_model x = m;
         x.interval = k;
@@ -249,7 +249,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
         load = std::max(load, window_bytes / (s.gpus * per_gpu_inter_bw(c)));
       }
       m.snapshot_s = slot_s;
-      m.persist_lag_s = slot_s;
+      m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : slot_s;
       m.stall_s = std::max(0.0, slot_s - overlap);
       m.load_s = load;
       m.interval = 1;

@@ -31,6 +31,7 @@ struct policy_settings {
   double pec_plt_budget = 0.0375;             // MoC's lost-token threshold (3.75%)
   int pec_persist_interval = 50;              // iterations between persisted PEC checkpoints
   double snapshot_s = -1;                     // measured snapshot time (profile); < 0: model
+  double persist_lag_s = -1;  // measured persist lag (profile; dense and moevement); < 0: model
 };
 
 struct failure_settings {

@@ -107,7 +107,8 @@ TEST(config, profile_replaces_modelled_costs) {
     std::ofstream(dir / "p.toml") << "[profile]\nformat_version = 1\nproducer = \"test\"\n"
                                      "stage_microbatch_s = [0.1, 0.2, 0.1]\nsync_s = 0.05\n"
                                      "update_s = 0.02\nsnapshot_gb_per_s_per_gpu = 0.5\n"
-                                     "restart_s = 4\n[profile.snapshot_s]\ndense-memory = 3.5\n";
+                                     "restart_s = 4\npersist_lag_s = 0.75\n"
+                                     "[profile.snapshot_s]\ndense-memory = 3.5\n";
   }
   const auto cfg = parse_config(std::string(minimal) + "[profile]\nfile = \"p.toml\"\n",
                                 {"failures.trials=10"}, dir);
@@ -121,6 +122,10 @@ TEST(config, profile_replaces_modelled_costs) {
     if (row.policy == policy_kind::dense_memory) {
       EXPECT_EQ(row.model.snapshot_s, 3.5);
     }
+    // The measured persist lag replaces the modelled one (pec keeps its own).
+    if (row.policy != policy_kind::pec) {
+      EXPECT_EQ(row.model.persist_lag_s, 0.75);
+    }
   }
   std::ofstream(dir / "bad.toml") << "[profile]\nformat_version = 2\n";
   try {
@@ -129,6 +134,9 @@ TEST(config, profile_replaces_modelled_costs) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("profile.format_version"), std::string::npos) << e.what();
   }
+  std::ofstream(dir / "lag.toml") << "[profile]\nformat_version = 1\npersist_lag_s = -1\n";
+  EXPECT_THROW(parse_config(std::string(minimal) + "[profile]\nfile = \"lag.toml\"\n", {}, dir),
+               std::invalid_argument);
   std::ofstream(dir / "short.toml") << "[profile]\nformat_version = 1\nstage_microbatch_s = [1]\n";
   const auto short_cfg =
       parse_config(std::string(minimal) + "[profile]\nfile = \"short.toml\"\n", {}, dir);

@@ -1,0 +1,91 @@
+// Running one `moevement launch` job as a subprocess for the benchmarks, with its run log read
+// back as it is written (the run log has no timestamps on most records, so the bench polls it
+// every 2 ms and stamps each line as it appears). The same logic as bench/policies_bench.cpp's
+// launch(), which can switch to this header.
+#pragma once
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/run_log_stats.hpp"
+
+extern char** environ;
+
+namespace moevement::bench {
+
+struct job_outcome {
+  bool ok = false;
+  std::string output;          // the job's stdout and stderr (kept when it failed)
+  std::vector<stamped> lines;  // the run log, stamped
+};
+
+// Runs `bin args...` with its output in a file beside `log`; `log` must be the job's run log
+// (engine.run_log). Throws only when the process cannot be started.
+inline job_outcome launch_job(const std::string& bin, const std::vector<std::string>& args,
+                              const std::filesystem::path& log) {
+  namespace fs = std::filesystem;
+  using sclock = std::chrono::steady_clock;
+  fs::remove(log);
+  const fs::path out = fs::path(log).replace_extension(".out");
+  std::vector<std::string> all{bin};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("cannot run " + bin);
+
+  const auto t0 = sclock::now();
+  job_outcome o;
+  std::string partial;
+  std::streamoff read = 0;
+  auto poll = [&] {
+    std::ifstream in(log, std::ios::binary);
+    if (!in) return;
+    in.seekg(read);
+    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    read += std::streamoff(chunk.size());
+    const double t = std::chrono::duration<double>(sclock::now() - t0).count();
+    partial += chunk;
+    for (std::size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
+      o.lines.push_back({t, partial.substr(0, nl)});
+      partial.erase(0, nl + 1);
+    }
+  };
+  int status = 0;
+  for (;;) {
+    poll();
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (w < 0) throw std::runtime_error("waitpid failed");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  poll();
+  o.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  std::ifstream in(out);
+  std::stringstream s;
+  s << in.rdbuf();
+  o.output = s.str();
+  fs::remove(out);
+  return o;
+}
+
+}  // namespace moevement::bench

@@ -1,0 +1,268 @@
+// Feeding a measured `moevement launch` job into the simulator (`moevement bench simvalidate`):
+// the profile file writer (docs/simulator.md "Profile file", format 1), the failure trace built
+// from a run log's worker_lost records, the simulator inputs for the job's model and plan, and
+// the simulator's prediction for a job of a fixed number of iterations. Header-only so that
+// tests/bench/sim_validation_test.cpp checks exactly what the benchmark computes.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench/run_log_stats.hpp"
+#include "models/config.hpp"
+#include "sim/config.hpp"
+#include "sim/cost_model.hpp"
+#include "sim/ettr.hpp"
+
+namespace moevement::bench {
+
+// A TOML float that reads back bit-exactly: the shortest round-trip digits, with a decimal point
+// so that TOML does not take 2.0 for the integer 2.
+inline std::string toml_float(double v) {
+  if (!std::isfinite(v)) throw std::invalid_argument("profile values must be finite");
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+// The profile in the simulator's format 1. Negative (unmeasured) values and empty lists are
+// left out, as the format allows.
+inline std::string profile_toml(const sim::profile_data& p) {
+  std::string out = "[profile]\nformat_version = 1\n";
+  if (!p.producer.empty()) out += fmt::format("producer = \"{}\"\n", p.producer);
+  if (p.iteration_s > 0) out += "iteration_s = " + toml_float(p.iteration_s) + "\n";
+  if (!p.stage_microbatch_s.empty()) {
+    out += "stage_microbatch_s = [";
+    for (std::size_t i = 0; i < p.stage_microbatch_s.size(); ++i)
+      out += (i ? ", " : "") + toml_float(p.stage_microbatch_s[i]);
+    out += "]\n";
+  }
+  if (p.sync_s >= 0) out += "sync_s = " + toml_float(p.sync_s) + "\n";
+  if (p.update_s >= 0) out += "update_s = " + toml_float(p.update_s) + "\n";
+  if (p.snapshot_bytes_per_s_per_gpu > 0)
+    out += "snapshot_gb_per_s_per_gpu = " + toml_float(p.snapshot_bytes_per_s_per_gpu / 1e9) + "\n";
+  if (p.restart_s >= 0) out += "restart_s = " + toml_float(p.restart_s) + "\n";
+  if (p.persist_lag_s >= 0) out += "persist_lag_s = " + toml_float(p.persist_lag_s) + "\n";
+  if (!p.snapshot_s.empty()) {
+    out += "[profile.snapshot_s]\n";
+    for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
+  }
+  return out;
+}
+
+// The failures of a run as a simulator trace: one event per lost stage worker (spares that die
+// are not failures of the training), at the time the bench saw its worker_lost record, counted
+// from job_start: the simulator's clock starts with the first iteration, as job_start does.
+inline std::vector<sim::failure_event> failure_trace(const run_result& r) {
+  std::vector<sim::failure_event> out;
+  for (const auto& l : r.losses) {
+    if (l.stage < 0) continue;
+    out.push_back({l.t - r.t_start, l.stage});
+  }
+  return out;
+}
+
+// The same as a trace file (`failures.trace`, docs/simulator.md "Trace file").
+inline std::string trace_text(const std::vector<sim::failure_event>& trace) {
+  std::string out = "# TIME_SECONDS STAGE, measured by moevement bench simvalidate\n";
+  for (const auto& e : trace) out += fmt::format("{} {}\n", toml_float(e.time_s), e.stage);
+  return out;
+}
+
+// ETTR over the window the simulator models: from job_start (the first iteration is sent right
+// after it) to the record of the last iteration (the job's final hash and shutdown after it are
+// not training and the simulator has no such phase). Useful time as in ettr().
+inline double ettr_training_window(const run_result& r, const std::map<long, double>& fault_free) {
+  if (r.t_last_iteration <= r.t_start) throw std::runtime_error("no iteration after job_start");
+  const double whole = r.t_end - r.t_start;
+  return ettr(r, fault_free) * whole / (r.t_last_iteration - r.t_start);
+}
+
+// The run's own iteration times: each committed index's `iteration_s` in this run (its last
+// record: after a failure the re-attempt, which is what committed it). As the useful time of
+// ettr() this is the simulator's definition (committed iterations x T_iter over the wall time)
+// with the run's own speed, so that run-to-run speed differences of a shared machine do not
+// count as failure cost.
+inline std::map<long, double> own_times(const run_result& r) {
+  std::map<long, double> m;
+  for (const auto& it : r.iterations) m[it.iteration] = it.seconds;
+  return m;
+}
+
+// Persist lag of every window: from the record of its last iteration (first_iteration - 1: the
+// state a replay starts from) to its window_persisted record, both as the bench saw them.
+inline std::vector<double> persist_lags(const run_result& r) {
+  std::map<long, double> seen;
+  for (const auto& it : r.iterations) seen.emplace(it.iteration, it.t);  // first record
+  std::vector<double> out;
+  for (const auto& p : r.persisted) {
+    const auto it = seen.find(p.first_iteration - 1);
+    if (it != seen.end()) out.push_back(std::max(0.0, p.t - it->second));
+  }
+  return out;
+}
+
+// Median over the iterations of the stages' mean compute time per micro-batch.
+inline double stage_microbatch_s(const std::vector<run_result>& runs, int micro_batches) {
+  std::vector<double> v;
+  for (const auto& r : runs) {
+    for (const auto& it : r.iterations) v.push_back(it.mean_stage_compute_s / micro_batches);
+  }
+  return median(v);
+}
+
+// What the simulator needs to know about the job besides the profile.
+struct job_shape {
+  models::model_config model;
+  int seq_len = 32, micro_batches = 1, micro_batch_size = 1;
+  int pp = 1, dp = 1, replicas = 2;
+};
+
+// The job's model in the simulator's terms. The engine's GELU experts have two matrices; the
+// position embedding and the norms, which the simulator's shape does not name, are counted as
+// extra parameters of the first stage so that the totals agree exactly.
+inline sim::model_shape sim_model(const job_shape& j) {
+  sim::model_shape m;
+  m.name = j.model.preset;
+  m.layers = j.model.layers;
+  m.hidden = j.model.d_model;
+  m.vocab = j.model.vocab;
+  m.seq_len = j.seq_len;
+  m.experts = j.model.experts;
+  m.top_k = j.model.top_k;
+  m.shared_experts = j.model.shared_experts;
+  m.expert_ffn = j.model.d_ff;
+  m.gated_ffn = false;
+  m.tied_embeddings = false;
+  m.extra_params = double(j.model.parameter_count()) - sim::total_params(m);
+  return m;
+}
+
+// Simulator inputs for the job on this machine: one node holding every process, every link at
+// `copy_bytes_per_s` (the plain copy bandwidth the engine measured), snapshots at
+// `snapshot_bytes_per_s` per process (what the engine's Algorithm 1 used). Compute rates do not
+// matter: the profile's stage times replace them.
+inline sim::model_inputs sim_inputs(const job_shape& j, double copy_bytes_per_s,
+                                    double snapshot_bytes_per_s) {
+  if (!(copy_bytes_per_s > 0) || !(snapshot_bytes_per_s > 0))
+    throw std::invalid_argument("sim_inputs: bandwidths must be positive");
+  sim::model_inputs in;
+  in.model = sim_model(j);
+  in.cluster.gpu = "cpu-process";
+  in.cluster.gpus_per_node = j.pp * j.dp;
+  in.cluster.intra_node_bytes_per_s = copy_bytes_per_s;
+  in.cluster.inter_node_bytes_per_s = copy_bytes_per_s * in.cluster.gpus_per_node;
+  in.cluster.host_device_bytes_per_s = copy_bytes_per_s;
+  in.cluster.storage_bytes_per_s = copy_bytes_per_s;
+  in.cluster.snapshot_bytes_per_s = snapshot_bytes_per_s;
+  in.plan.pp = j.pp;
+  in.plan.dp = j.dp;
+  in.plan.ep = 1;
+  in.plan.micro_batch = j.micro_batch_size;
+  in.plan.global_batch = j.micro_batches * j.micro_batch_size * j.dp;
+  in.plan.zero1 = false;  // every replica keeps its own optimizer state, as the engine does
+  return in;
+}
+
+struct prediction {
+  double ettr = 0;
+  double wall_s = 0;       // time to commit the job's iterations
+  double time_lost_s = 0;  // wall_s - iterations x iteration time
+  double recovery_s = 0;   // the simulator's recovery time (restart, load, replay, aborted)
+  double failures = 0;
+};
+
+// The simulator's ETTR for a job of `iterations` iterations: the shortest duration in which its
+// run (one trial: the trace fixes the failures and their stages) commits them all, found by
+// bisection over `failures.duration` (the simulator's run has a fixed length; ours a fixed
+// number of iterations, and with a few dozen iterations rounding the progress to whole
+// iterations would move ETTR by up to 1/iterations). ETTR = iterations x T_iter / that duration.
+inline prediction predict_fixed_work(const sim::policy_model& m, long iterations,
+                                     const sim::failure_settings& settings,
+                                     const std::vector<sim::failure_event>& trace) {
+  if (iterations < 1 || !(m.iteration_s > 0))
+    throw std::invalid_argument("predict_fixed_work: iterations and iteration time must be > 0");
+  sim::failure_settings f = settings;
+  f.trials = 1;
+  const double t = m.iteration_s;
+  const double no_failures = std::numeric_limits<double>::max();  // Poisson gap never reached
+  auto run = [&](double duration) {
+    f.duration_s = duration;
+    return sim::monte_carlo(m, trace.empty() ? no_failures : 1.0, f, trace);
+  };
+  auto done = [&](const sim::monte_carlo_result& r, double duration) {
+    return std::lround(r.ettr_mean * duration / t) >= iterations;
+  };
+  double lo = (double(iterations) - 0.5) * t;  // shorter than the iterations alone: never done
+  double hi = 2 * double(iterations) * t;
+  while (!done(run(hi), hi)) {
+    lo = hi;
+    hi *= 2;
+    if (hi > 1e12) throw std::runtime_error("predict_fixed_work: the run never completes");
+  }
+  for (int i = 0; i < 200 && hi - lo > 1e-12 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (done(run(mid), mid) ? hi : lo) = mid;
+  }
+  const auto r = run(hi);
+  prediction p;
+  p.wall_s = hi;
+  p.ettr = double(iterations) * t / hi;
+  p.time_lost_s = hi - double(iterations) * t;
+  p.recovery_s = r.recovery_s_mean;
+  p.failures = r.failures_mean;
+  return p;
+}
+
+// Where each failure of a run hit: the iteration it aborted (the number of iterations committed
+// before it) and how far into that attempt (from the previous iteration's record, or job_start).
+struct failure_point {
+  long iteration = 0;
+  double offset_s = 0;
+  int stage = 0;
+};
+
+inline std::vector<failure_point> failure_points(const run_result& r) {
+  std::vector<failure_point> out;
+  for (const auto& e : failure_trace(r)) {
+    const double t = e.time_s + r.t_start;
+    failure_point p;
+    p.stage = e.stage;
+    double since = r.t_start;
+    std::set<long> committed;
+    for (const auto& it : r.iterations) {
+      if (it.t > t) break;
+      committed.insert(it.iteration);
+      since = it.t;
+    }
+    p.iteration = long(committed.size());
+    p.offset_s = t - since;
+    out.push_back(p);
+  }
+  return out;
+}
+
+// The run's failures at the same points (same iteration, same time into it) on the simulator's
+// clock for policy `m`: for a reference speed other than the run's own, the same absolute times
+// would fall into other iterations (or after the end of a faster run). Earlier failures delay
+// the later ones by the simulator's own recovery time.
+inline std::vector<sim::failure_event> trace_at_points(const std::vector<failure_point>& points,
+                                                       const sim::policy_model& m,
+                                                       const sim::failure_settings& f) {
+  std::vector<sim::failure_event> out;
+  for (const auto& p : points) {
+    const double start = p.iteration > 0 ? predict_fixed_work(m, p.iteration, f, out).wall_s : 0.0;
+    out.push_back({start + p.offset_s, p.stage});
+  }
+  return out;
+}
+
+}  // namespace moevement::bench

@@ -1,0 +1,475 @@
+// `moevement bench simvalidate [options]`: the simulator (sim/) against our own engine. Runs real
+// `moevement launch` jobs (one process per stage, UCX between them): policy `none` and each
+// checkpoint policy fault-free, then each policy with the failures of every --failures SPEC
+// injected (`--inject kill:stage=S,replica=0,iter=T`). From the run logs it measures ETTR and
+// a profile (written in the simulator's format 1 with --profile-out), builds the simulator's
+// inputs for the same job through the sim library (model shape, plan, the profile, the SAME
+// failure times as a trace) and prints, per policy and run,
+//   ettr_<policy>_<run>: measured=<v> predicted=<v> diff=<predicted - measured>
+//   sim_ettr_<policy>_<run>: ours=<predicted> theirs=<measured> ratio=<min/max, 1 = exact>
+//
+// ETTR, measured: the fault-free time of every iteration the run committed (each index once;
+// the median of that index over the policy's fault-free runs, bench/run_log_stats.hpp) over the
+// training window: from job_start (the first iteration is sent right after it) to the record of
+// the last iteration. Process spawn and wiring happen before job_start; the final hash and the
+// shutdown after the last iteration are not training; validation is off (train.val_batches=0).
+// ETTR, predicted: iterations x T over the simulator's time to commit them (a fixed-work run,
+// bench/sim_validation.hpp), T = the mean of the same per-index fault-free times (so that the
+// useful times are the same sum, the slow first iteration included). Both ETTRs therefore
+// measure what the failures (and whatever the policy does beyond its fault-free iteration)
+// cost. A second set of lines, `_vs_none`, takes policy `none`'s fault-free times as the useful
+// time and T (the profile file's iteration_s), so that the checkpoint overhead counts too: that
+// is the simulator's ETTR definition (paper 2.4) and tests its overhead model as well. For those
+// other speeds the failures are placed at the same iterations and times into them
+// (trace_at_points); for the run's own speed at the same times.
+//
+// Profile: T and stage times as above; snapshot bandwidth: moevement's window_chosen; persist
+// lag: window_persisted after its last iteration's record, fault-free moevement runs; restart:
+// recovery_end's seconds less its replay (the simulator replays itself), HELD OUT: each faulty
+// run is predicted with the mean over the other faulty runs' recoveries.
+//
+// Options: --config FILE (default examples/configs/pipeline_tiny.toml), --set KEY=VALUE
+// (repeatable), --iterations N (48), --pp N (3), --dp N (1), --spares N (2), --repeats N (3,
+// fault-free runs per policy), --preset NAME (tiny), --micro-batches N (4), --micro-batch-size
+// N (4), --seq-len N (32), --failures SPEC (repeatable; one faulty run per SPEC, a comma list
+// of STAGE@ITERATION; default "1@2N/3", "1@N/3,2@2N/3" and "0@N/2"), --policies LIST (default
+// moevement,dense-memory,dense-disk,pec), --profile-out FILE, --trace-out PREFIX (writes
+// PREFIX<policy>_<run>.txt trace files), --keep-logs DIR (every run log, each line with the
+// time the bench saw it). Run from the source root.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench/launch_job.hpp"
+#include "bench/run_log_stats.hpp"
+#include "bench/sim_validation.hpp"
+#include "models/config.hpp"
+#include "sim/config.hpp"
+#include "sim/cost_model.hpp"
+#include "sim/ettr.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace moevement;
+using namespace moevement::bench;
+
+struct kill_at {
+  int stage = 0;
+  long iteration = 1;
+};
+
+struct options {
+  std::string config = "examples/configs/pipeline_tiny.toml";
+  std::vector<std::string> sets;
+  int iterations = 48, pp = 3, dp = 1, spares = 2, repeats = 3;
+  std::string preset = "tiny";
+  int micro_batches = 4, micro_batch_size = 4, seq_len = 32;
+  std::vector<std::vector<kill_at>> failures;
+  std::vector<std::string> policies{"moevement", "dense-memory", "dense-disk", "pec"};
+  std::string profile_out, trace_out, keep_logs;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, sep);) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+std::vector<kill_at> parse_failures(const std::string& spec) {
+  std::vector<kill_at> out;
+  for (const auto& one : split(spec, ',')) {
+    const auto at = one.find('@');
+    if (at == std::string::npos) throw std::runtime_error("--failures: expected STAGE@ITERATION");
+    out.push_back({std::atoi(one.substr(0, at).c_str()), std::atol(one.substr(at + 1).c_str())});
+  }
+  if (out.empty()) throw std::runtime_error("--failures: empty");
+  return out;
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(f + " needs a value");
+      return argv[++i];
+    };
+    auto count = [&] { return std::atoi(value().c_str()); };
+    if (f == "--config")
+      o.config = value();
+    else if (f == "--set")
+      o.sets.push_back(value());
+    else if (f == "--iterations")
+      o.iterations = count();
+    else if (f == "--pp")
+      o.pp = count();
+    else if (f == "--dp")
+      o.dp = count();
+    else if (f == "--spares")
+      o.spares = count();
+    else if (f == "--repeats")
+      o.repeats = count();
+    else if (f == "--preset")
+      o.preset = value();
+    else if (f == "--micro-batches")
+      o.micro_batches = count();
+    else if (f == "--micro-batch-size")
+      o.micro_batch_size = count();
+    else if (f == "--seq-len")
+      o.seq_len = count();
+    else if (f == "--failures")
+      o.failures.push_back(parse_failures(value()));
+    else if (f == "--policies")
+      o.policies = split(value(), ',');
+    else if (f == "--profile-out")
+      o.profile_out = value();
+    else if (f == "--trace-out")
+      o.trace_out = value();
+    else if (f == "--keep-logs")
+      o.keep_logs = value();
+    else
+      throw std::runtime_error("unknown option " + f + " (see bench/sim_validation_bench.cpp)");
+  }
+  if (o.iterations < 6 || o.pp < 1 || o.dp < 1 || o.repeats < 1 || o.spares < 0) {
+    throw std::runtime_error("--iterations >= 6, --pp >= 1, --dp >= 1, --repeats >= 1");
+  }
+  if (o.failures.empty()) {
+    const int s1 = std::min(1, o.pp - 1), s2 = std::min(2, o.pp - 1);
+    o.failures.push_back({{s1, 2L * o.iterations / 3}});
+    o.failures.push_back({{s1, long(o.iterations) / 3}, {s2, 2L * o.iterations / 3}});
+    o.failures.push_back({{0, long(o.iterations) / 2}});
+  }
+  for (const auto& spec : o.failures) {
+    if (int(spec.size()) > o.spares)
+      throw std::runtime_error("a --failures SPEC kills more workers than --spares");
+  }
+  return o;
+}
+
+std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+std::string run_name(const std::vector<kill_at>& spec) {
+  std::string s = fmt::format("{}fail", spec.size());
+  for (const auto& k : spec) s += fmt::format("_s{}i{}", k.stage, k.iteration);
+  return s;
+}
+
+double mean_of(const std::map<long, double>& m) {
+  double s = 0;
+  for (const auto& [i, v] : m) s += v;
+  return m.empty() ? 0.0 : s / double(m.size());
+}
+
+struct policy_runs {
+  std::string name;
+  bool available = true;
+  std::string why;
+  std::vector<run_result> fault_free;
+  std::vector<std::pair<std::string, run_result>> faulty;  // name, run
+};
+
+void print_compare(const std::string& metric, double measured, double predicted) {
+  std::printf("%s: measured=%.4f predicted=%.4f diff=%+.4f\n", metric.c_str(), measured, predicted,
+              predicted - measured);
+  const double lo = std::min(measured, predicted), hi = std::max(measured, predicted);
+  std::printf("sim_%s: ours=%.4f theirs=%.4f ratio=%.4f\n", metric.c_str(), predicted, measured,
+              hi > 0 ? lo / hi : 0.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse_options(argc, argv);
+    const auto self = fs::read_symlink("/proc/self/exe");
+    const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
+    const fs::path log =
+        fs::temp_directory_path() / ("bench_simvalidate_" + std::to_string(::getpid()) + ".jsonl");
+    auto args = [&](const std::string& policy, const std::vector<kill_at>& kills) {
+      std::vector<std::string> a{"launch", o.config};
+      auto set = [&](const std::string& kv) {
+        a.push_back("--set");
+        a.push_back(kv);
+      };
+      set("model.preset=" + o.preset);
+      set(fmt::format("train.iterations={}", o.iterations));
+      set(fmt::format("train.micro_batches={}", o.micro_batches));
+      set(fmt::format("train.micro_batch_size={}", o.micro_batch_size));
+      set(fmt::format("train.seq_len={}", o.seq_len));
+      set("train.val_batches=0");
+      set("train.log_every=1000000");
+      set(fmt::format("parallel.pp={}", o.pp));
+      set(fmt::format("parallel.dp={}", o.dp));
+      set(fmt::format("cluster.spares={}", o.spares));
+      set("checkpoint.policy=" + policy);
+      // As in bench policies: under load the 1 s default heartbeat silence looked like a lost
+      // worker; the injected kills are detected by the process's exit.
+      set("cluster.failure_timeout_ms=10000");
+      for (const auto& s : o.sets) set(s);
+      set("engine.run_log=" + log.string());
+      for (const auto& k : kills) {
+        a.push_back("--inject");
+        a.push_back(fmt::format("kill:stage={},replica=0,iter={}", k.stage, k.iteration));
+      }
+      return a;
+    };
+    int kept = 0;
+    auto keep = [&](const std::string& label, const job_outcome& j) {
+      if (o.keep_logs.empty()) return;
+      fs::create_directories(o.keep_logs);
+      std::ofstream out(fs::path(o.keep_logs) / fmt::format("{:02}_{}.tsv", kept++, label));
+      for (const auto& [t, line] : j.lines) out << fmt::format("{:.4f}\t{}\n", t, line);
+    };
+    auto run = [&](const std::string& policy, const std::vector<kill_at>& kills) {
+      const job_outcome j = launch_job(bin, args(policy, kills), log);
+      keep(policy + (kills.empty() ? std::string("_faultfree") : "_" + run_name(kills)), j);
+      if (!j.ok) throw std::runtime_error("moevement launch failed (" + policy + "):\n" + j.output);
+      return parse(j.lines);
+    };
+    std::printf("# config %s preset=%s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load: %s\n",
+                o.config.c_str(), o.preset.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats,
+                loadavg().c_str());
+
+    // Runs. `none` and the policies fault-free, interleaved; a policy that `moevement launch`
+    // rejects is reported as not available.
+    std::vector<run_result> none;
+    std::vector<policy_runs> pols;
+    for (const auto& p : o.policies) pols.push_back({p, true, {}, {}, {}});
+    for (int r = 0; r < o.repeats; ++r) {
+      none.push_back(run("none", {}));
+      for (auto& p : pols) {
+        if (!p.available) continue;
+        const job_outcome j = launch_job(bin, args(p.name, {}), log);
+        if (!j.ok) {
+          if (r == 0 && j.output.find("not available") != std::string::npos) {
+            p.available = false;
+            const auto at = j.output.find("checkpoint.policy");
+            p.why = j.output.substr(at == std::string::npos ? 0 : at);
+            p.why = p.why.substr(0, p.why.find('\n'));
+            continue;
+          }
+          throw std::runtime_error("moevement launch failed (" + p.name + "):\n" + j.output);
+        }
+        keep(p.name + "_faultfree", j);
+        p.fault_free.push_back(parse(j.lines));
+      }
+    }
+    for (auto& p : pols) {
+      if (!p.available) continue;
+      for (const auto& spec : o.failures) p.faulty.push_back({run_name(spec), run(p.name, spec)});
+    }
+    std::printf("# load after the runs: %s\n", loadavg().c_str());
+
+    // The profile, in the simulator's sense: T_iter and stage times of training without
+    // checkpoints (policy none), the snapshot bandwidth moevement's Algorithm 1 measured, and
+    // detection -> replacement ready of every measured recovery (recovery_end's seconds less
+    // its replay, which the simulator computes itself from the stage times).
+    const auto none_ff = per_index(none);
+    // The run log has each iteration's mean over the stages of their compute time, not each
+    // stage's: every stage gets that mean per micro-batch (tiny's 4 layers on 3 stages are not
+    // alike; the replay of a failed stage is costed at the mean stage's speed).
+    auto stage_microbatch = [&](const std::vector<run_result>& runs) {
+      return std::vector<double>(std::size_t(o.pp), stage_microbatch_s(runs, o.micro_batches));
+    };
+    std::vector<double> bandwidths, restarts, replays, pulls, lags;
+    for (const auto& p : pols) {
+      for (const auto& r : p.fault_free) {
+        if (r.profile_bandwidth > 0) bandwidths.push_back(r.profile_bandwidth);
+        if (p.name == "moevement") {
+          for (double l : persist_lags(r)) lags.push_back(l);
+        }
+      }
+      for (const auto& [name, r] : p.faulty) {
+        for (const auto& rec : r.recoveries) {
+          restarts.push_back(rec.seconds - rec.replay_s);
+          replays.push_back(rec.replay_s);
+          pulls.push_back(rec.pull_s);
+        }
+      }
+    }
+    if (bandwidths.empty()) throw std::runtime_error("no window_chosen with a bandwidth");
+    if (restarts.empty()) throw std::runtime_error("no recovery_end in the faulty runs");
+    const int replicas = 2;  // checkpoint.replicas default (engine/job_config.hpp)
+    sim::profile_data prof;
+    prof.producer = "moevement bench simvalidate";
+    prof.iteration_s = mean_of(none_ff);
+    prof.stage_microbatch_s = stage_microbatch(none);
+    prof.snapshot_bytes_per_s_per_gpu = median(bandwidths);
+    prof.restart_s = mean(restarts);
+    if (!lags.empty()) prof.persist_lag_s = median(lags);
+    std::printf(
+        "# profile: iteration_s %.6f (policy none), stage_microbatch_s %.6f, snapshot "
+        "bandwidth %.3f GB/s per process, restart_s %.5f (mean of %zu recoveries; "
+        "pull %.5f and replay %.5f s of them measured), persist_lag_s %.5f (median of %zu "
+        "windows of moevement's fault-free runs)\n",
+        prof.iteration_s, prof.stage_microbatch_s.front(), prof.snapshot_bytes_per_s_per_gpu / 1e9,
+        prof.restart_s, restarts.size(), mean(pulls), mean(replays), prof.persist_lag_s,
+        lags.size());
+    std::printf(
+        "# not measured (absent from the profile): sync_s and update_s (the run log has "
+        "no per-phase times), snapshot_s per policy (no snapshot durations in the run log)\n");
+    if (!o.profile_out.empty()) {
+      const std::string text = profile_toml(prof);
+      (void)sim::parse_profile(text);  // the simulator must read what we write
+      std::ofstream out(o.profile_out);
+      out << text;
+      if (!out) throw std::runtime_error("cannot write " + o.profile_out);
+      std::printf("# profile written to %s\n", o.profile_out.c_str());
+    }
+
+    job_shape shape;
+    shape.model = models::preset(o.preset);
+    shape.seq_len = o.seq_len;
+    shape.micro_batches = o.micro_batches;
+    shape.micro_batch_size = o.micro_batch_size;
+    shape.pp = o.pp;
+    shape.dp = o.dp;
+    shape.replicas = replicas;
+    // The engine's bandwidth is its plain copy divided by 1 + r (engine/coordinator.cpp).
+    const auto inputs = sim_inputs(shape, prof.snapshot_bytes_per_s_per_gpu * (1 + replicas),
+                                   prof.snapshot_bytes_per_s_per_gpu);
+    sim::failure_settings fs_settings;
+    fs_settings.restart_s = prof.restart_s;
+
+    // The simulator's policy for one profile (iteration time and stage times from `ff`).
+    auto sim_policy = [&](const std::string& name, double iteration_s, double stage_s) {
+      sim::profile_data p = prof;
+      p.iteration_s = iteration_s;
+      p.stage_microbatch_s.assign(std::size_t(o.pp), stage_s);
+      const auto costs =
+          sim::apply_profile(sim::estimate_iteration(inputs.model, inputs.cluster, inputs.plan,
+                                                     inputs.constants, replicas),
+                             p);
+      sim::policy_settings ps;
+      ps.kind = sim::parse_policy(name);
+      ps.replicas = replicas;
+      ps.persist_lag_s = p.persist_lag_s;   // as parse_config does with a profile
+      ps.rule = sim::interval_rule::fixed;  // the engine's dense policies checkpoint every
+      ps.fixed_interval = 1;                // iteration unless configured otherwise
+      // The interval rules are the only users of the MTBF; fixed needs none.
+      return sim::build_policy(inputs, costs, ps, fs_settings, 3600.0);
+    };
+
+    for (const auto& p : pols) {
+      if (!p.available) {
+        std::printf("ettr_%s: not available under launch (%s)\n", p.name.c_str(), p.why.c_str());
+        continue;
+      }
+      // Three useful-time references, each with its simulator run (T = the mean useful time per
+      // iteration, stage times from the same runs): `own` (the run itself, the primary: the
+      // simulator's definition without run-to-run speed noise), `ffref` (the policy's fault-free
+      // runs, per index: bench policies' definition), `vs_none` (policy none's fault-free runs:
+      // the checkpoint overhead counts too).
+      const auto ff_ref = per_index(p.fault_free);
+      const auto m_ffref =
+          sim_policy(p.name, mean_of(ff_ref), stage_microbatch(p.fault_free).front());
+      const auto m_none = sim_policy(p.name, prof.iteration_s, prof.stage_microbatch_s.front());
+      auto m_self = [&](const run_result& r) {
+        return sim_policy(p.name, mean_of(own_times(r)), stage_microbatch_s({r}, o.micro_batches));
+      };
+      std::printf(
+          "# %s: fault-free iteration %.6f s (none %.6f s), simulator W_sparse %d "
+          "(engine %d), predicted stall %.6f s, load %.6f s, catch-up %.6f s/iteration\n",
+          p.name.c_str(), mean_of(ff_ref), prof.iteration_s, m_ffref.w_sparse,
+          p.fault_free.front().w_sparse, m_ffref.stall_s, m_ffref.load_s,
+          m_ffref.catch_up_s.empty() ? 0.0 : m_ffref.catch_up_s.front());
+      std::vector<double> own_m, own_p, ref_m, none_m;
+      for (const auto& r : p.fault_free) {
+        own_m.push_back(ettr_training_window(r, own_times(r)));
+        own_p.push_back(predict_fixed_work(m_self(r), o.iterations, fs_settings, {}).ettr);
+        ref_m.push_back(ettr_training_window(r, ff_ref));
+        none_m.push_back(ettr_training_window(r, none_ff));
+      }
+      std::printf("# %s fault-free: medians over %zu runs\n", p.name.c_str(), own_m.size());
+      print_compare(fmt::format("ettr_{}_faultfree", p.name), median(own_m), median(own_p));
+      print_compare(fmt::format("ettr_{}_faultfree_ffref", p.name), median(ref_m),
+                    predict_fixed_work(m_ffref, o.iterations, fs_settings, {}).ettr);
+      print_compare(fmt::format("ettr_{}_faultfree_vs_none", p.name), median(none_m),
+                    predict_fixed_work(m_none, o.iterations, fs_settings, {}).ettr);
+      for (const auto& [name, r] : p.faulty) {
+        const auto trace = failure_trace(r);
+        std::string times;
+        for (const auto& e : trace) times += fmt::format(" {:.4f}s@stage{}", e.time_s, e.stage);
+        double measured_recovery = 0, slowest = 0;
+        for (const auto& rec : r.recoveries) measured_recovery += rec.seconds;
+        for (const auto& it : r.iterations) slowest = std::max(slowest, it.seconds);
+        const auto own = own_times(r);
+        // Restart time held out: measured on the other faulty runs' recoveries, so that no
+        // prediction uses its own run's recovery (all of them when this is the only run).
+        std::vector<double> others;
+        for (const auto& q : pols) {
+          for (const auto& [n2, r2] : q.faulty) {
+            if (&r2 == &r) continue;
+            for (const auto& rec : r2.recoveries) others.push_back(rec.seconds - rec.replay_s);
+          }
+        }
+        const double restart = others.empty() ? prof.restart_s : mean(others);
+        auto held_out = [&](sim::policy_model m) {
+          m.restart_s = restart;
+          return m;
+        };
+        const auto m_run = held_out(m_self(r)), m_ref = held_out(m_ffref),
+                   m_nonec = held_out(m_none);
+        const auto pr = predict_fixed_work(m_run, o.iterations, fs_settings, trace);
+        const double measured = ettr_training_window(r, own);
+        std::printf(
+            "# %s %s: failures at%s; %zu recoveries, %.4f s detection to resume; the simulator's "
+            "recovery %.4f s (restart, load, replay, aborted iterations); time lost measured "
+            "%.4f s, predicted %.4f s; slowest iteration %.4f s (mean %.4f s); restart_s %.5f "
+            "(%s)\n",
+            p.name.c_str(), name.c_str(), times.c_str(), r.recoveries.size(), measured_recovery,
+            pr.recovery_s, (r.t_last_iteration - r.t_start) * (1 - measured), pr.time_lost_s,
+            slowest, mean_of(own), restart,
+            others.empty() ? "this run's: no other faulty run" : "the other faulty runs'");
+        print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
+        // Other reference speeds: the failures at the same iterations and times into them.
+        const auto points = failure_points(r);
+        print_compare(fmt::format("ettr_{}_{}_ffref", p.name, name),
+                      ettr_training_window(r, ff_ref),
+                      predict_fixed_work(m_ref, o.iterations, fs_settings,
+                                         trace_at_points(points, m_ref, fs_settings))
+                          .ettr);
+        print_compare(fmt::format("ettr_{}_{}_vs_none", p.name, name),
+                      ettr_training_window(r, none_ff),
+                      predict_fixed_work(m_nonec, o.iterations, fs_settings,
+                                         trace_at_points(points, m_nonec, fs_settings))
+                          .ettr);
+        if (!o.trace_out.empty()) {
+          std::ofstream t(o.trace_out + p.name + "_" + name + ".txt");
+          t << trace_text(trace);
+        }
+      }
+    }
+    std::printf(
+        "ettr_none_faultfree: measured=%.4f (reference; the simulator has no policy none)\n", [&] {
+          std::vector<double> v;
+          for (const auto& r : none) v.push_back(ettr_training_window(r, none_ff));
+          return median(v);
+        }());
+    std::printf("# load at the end: %s\n", loadavg().c_str());
+    fs::remove(log);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench simvalidate: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
