@@ -356,8 +356,10 @@ TEST(inject_launch, a_worker_fails_itself_at_a_phase_and_is_rebuilt_bit_exact) {
   // iteration being captured, before any copy exists, so its window cannot persist.
   for (const auto& [spec, targets] : std::vector<std::pair<std::string, std::set<int>>>{
            {"kill:stage=1,replica=0,iter=7,phase=backward", {7}},
-           {"kill:stage=2,replica=0,iter=5,phase=snapshot", {6}}}) {
-    const auto o = launch("phase", job(1, "--inject " + spec));
+           {"kill:stage=2,replica=0,iter=5,phase=snapshot", {6}},
+           // a hang (SIGSTOP) as its first forward starts: found by heartbeats
+           {"hang:stage=0,replica=0,iter=6,phase=forward", {6}}}) {
+    const auto o = launch("phase", job(1, "--set cluster.failure_timeout_ms=400 --inject " + spec));
     ASSERT_EQ(o.exit_code, 0) << o.output;
     EXPECT_EQ(o.hash, reference()) << spec;
     EXPECT_NE(o.output.find("inject: " + spec + " (worker "), std::string::npos) << o.output;
@@ -496,6 +498,7 @@ TEST(inject_launch, bad_injections_are_refused_before_anything_starts) {
         job(1, "--inject trace:/nonexistent/failures.trace"),
         job(1,
             "--set checkpoint.policy=none --inject kill:stage=0,replica=0,iter=2,phase=snapshot"),
+        job(1, "--inject kill:stage=0,replica=0,iter=2 --sbatch"),
         table + " --set train.iterations=12"}) {
     const auto r = run_moevement("launch " + args);
     EXPECT_NE(r.exit_code, 0) << args;
