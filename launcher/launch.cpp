@@ -498,6 +498,20 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
 
   io.run();
   end_line();
+  // What the head was to inject and did not (the run ended first, or nth recoveries never
+  // started); phase=... injections are the workers' and not known here.
+  for (const auto& inj : injections) {
+    if (!inj.done && !inj.phase &&
+        (inj.what == injection::kind::kill || inj.what == injection::kind::hang)) {
+      std::cout << "inject: " << inj.text() << " did not fire before the job ended\n";
+    }
+  }
+  if (schedule_next < schedule.size()) {
+    std::cout << fmt::format(
+        "inject: {} of {} scheduled failure(s) did not fall due before "
+        "training ended\n",
+        schedule.size() - schedule_next, schedule.size());
+  }
 
   // Every worker goes: those that did not exit after Shutdown get SIGTERM, then SIGKILL.
   auto reap = [&](std::chrono::milliseconds within) {
