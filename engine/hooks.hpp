@@ -19,8 +19,8 @@ enum class boundary : std::uint8_t { activation, gradient };
 // at which a stage actor calls its fault hook, on the actor thread. The hook may end the
 // process there (raise(SIGKILL)) or stop it (SIGSTOP). forward / backward: as the stage starts
 // its first forward / backward micro-batch of the iteration (its input is there); step: on the
-// coordinator's Step, before applying it; snapshot: after the step, with the slot's capture
-// just handed to the policy (in flight), before the stage reports Stepped.
+// coordinator's Step, before applying it; snapshot: after the step was applied and reported
+// (Stepped), with the slot's capture just handed to the policy (in flight, no copy made).
 enum class fault_point : std::uint8_t { forward, backward, step, snapshot };
 using fault_hook = std::function<void(std::int64_t iteration, fault_point point)>;
 // The worker agent asks for the hook of the stage it starts: replacement is true for a stage

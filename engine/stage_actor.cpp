@@ -424,7 +424,6 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     co_return;
   }
   hooks_->after_step_shipped(it);
-  at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
   const checkpoint_stats st = hooks_->stats();
   phase_ = phase::stepped;
   const std::uint64_t e = epoch_;
@@ -437,6 +436,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setSnapshotHostBytes(st.snapshot_host_bytes);
     b.setLogHostBytes(st.log_host_bytes);
   });
+  at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }
 
 awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder) {
