@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "actors/actor_ref.hpp"
@@ -13,6 +14,18 @@
 namespace moevement::engine {
 
 enum class boundary : std::uint8_t { activation, gradient };
+
+// Failure injection (`moevement launch --inject kill:...,phase=P`): the points of an iteration
+// at which a stage actor calls its fault hook, on the actor thread. The hook may end the
+// process there (raise(SIGKILL)) or stop it (SIGSTOP). forward / backward: as the stage starts
+// its first forward / backward micro-batch of the iteration (its input is there); step: on the
+// coordinator's Step, before applying it; snapshot: after the step was applied and reported
+// (Stepped), with the slot's capture just handed to the policy (in flight, no copy made).
+enum class fault_point : std::uint8_t { forward, backward, step, snapshot };
+using fault_hook = std::function<void(std::int64_t iteration, fault_point point)>;
+// The worker agent asks for the hook of the stage it starts: replacement is true for a stage
+// rebuilt on a spare (Restore), false for one given its role at the start (Assign).
+using fault_factory = std::function<fault_hook(int stage, int replica, bool replacement)>;
 
 // What the coordinator decided for checkpointing at this step (policy moevement).
 struct checkpoint_step {

@@ -45,17 +45,22 @@ bool tracing() {
   } while (0)
 
 stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
-                         actor_ref coordinator, std::unique_ptr<stage_hooks> hooks)
+                         actor_ref coordinator, std::unique_ptr<stage_hooks> hooks,
+                         fault_hook faults)
     : setup_(std::move(setup)),
       model_(std::move(model)),
       io_(io),
       coordinator_(coordinator),
       hooks_(hooks ? std::move(hooks) : std::make_unique<stage_hooks>()),
+      faults_(std::move(faults)),
       ops_(model_->operators()),
       plan_(one_f_one_b(setup_.stage, setup_.stages, setup_.train.micro_batches)),
       bf_(model_->boundary_floats()),
       gf_(gradient_floats(ops_)),
       m_(setup_.train.micro_batches) {
+  while (first_backward_ < plan_.size() && plan_[first_backward_].what != pass::backward) {
+    ++first_backward_;
+  }
   const std::size_t slots = std::size_t(m_) * bf_;
   act_out_ = allocate_floats(io_, slots);
   grad_out_ = allocate_floats(io_, slots);
@@ -181,6 +186,7 @@ awaitable<void> stage_actor::advance() {
     const std::int64_t it = iteration_;
     if (s.what == pass::forward) {
       if (!setup_.first() && act_epoch_[mb] != epoch_) co_return;  // wait for the activation
+      if (next_step_ == 0) at_fault_point(fault_point::forward);
       bool bad = false;
       co_await compute([&] {
         const auto t0 = sclock::now();
@@ -215,6 +221,7 @@ awaitable<void> stage_actor::advance() {
       }
     } else {
       if (!setup_.last() && grad_epoch_[mb] != epoch_) co_return;  // wait for the gradient
+      if (next_step_ == first_backward_) at_fault_point(fault_point::backward);
       bool bad = false;
       co_await compute([&] {
         const auto t0 = sclock::now();
@@ -400,6 +407,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     for (double x : m.getPopularity()) popularity.push_back(x);
   }
   const checkpoint_step decided{std::max(m.getWSparse(), 0), popularity};
+  at_fault_point(fault_point::step);
   std::string error;
   co_await compute([&] {
     try {
@@ -428,6 +436,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setSnapshotHostBytes(st.snapshot_host_bytes);
     b.setLogHostBytes(st.log_host_bytes);
   });
+  at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }
 
 awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder) {

@@ -36,9 +36,10 @@ class stage_actor : public actors::actor {
                         actors::ask_t<wire::DigestsQuery, wire::Digests>>;
 
   // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
-  // hooks may be null (policy none).
+  // hooks may be null (policy none); faults may be empty (no failure injection).
   stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
-              actors::actor_ref coordinator, std::unique_ptr<stage_hooks> hooks);
+              actors::actor_ref coordinator, std::unique_ptr<stage_hooks> hooks,
+              fault_hook faults = {});
   ~stage_actor() override;
 
   // Messages dropped as stale (an aborted epoch) or refused as malformed.
@@ -83,19 +84,24 @@ class stage_actor : public actors::actor {
   template <class F>
   asio::awaitable<void> compute(F&& fn);
   void fail(const std::string& what);
+  void at_fault_point(fault_point p) {
+    if (faults_) faults_(iteration_, p);
+  }
 
   stage_setup setup_;
   std::unique_ptr<stage_model> model_;
   bulk_io& io_;
   actors::actor_ref coordinator_;
   std::unique_ptr<stage_hooks> hooks_;
+  fault_hook faults_;
   actors::actor_ref prev_, next_;
   std::vector<actors::actor_ref> replicas_;
   std::vector<models::operator_state*> ops_;
   std::vector<pipeline_step> plan_;
-  std::size_t bf_ = 0;  // floats per boundary tensor
-  std::size_t gf_ = 0;  // floats in all gradients
-  int m_ = 1;           // micro-batches
+  std::size_t first_backward_ = 0;  // index in plan_ of the first backward micro-batch
+  std::size_t bf_ = 0;              // floats per boundary tensor
+  std::size_t gf_ = 0;              // floats in all gradients
+  int m_ = 1;                       // micro-batches
 
   // outgoing tensors, exported: [M*bf] activations, [M*bf] input gradients, [G] reduction,
   // [val_batches*bf] validation activations

@@ -30,11 +30,12 @@ stage_setup setup_for(const job_config& job, int stage, int replica) {
 
 worker_agent::worker_agent(transport::ucx_link& link, const stage_registry& registry,
                            std::function<void(int, const std::string&)> on_exit,
-                           checkpoint_factory checkpoints)
+                           checkpoint_factory checkpoints, fault_factory faults)
     : link_(link),
       registry_(registry),
       on_exit_(std::move(on_exit)),
-      checkpoints_(std::move(checkpoints)) {
+      checkpoints_(std::move(checkpoints)),
+      faults_(std::move(faults)) {
   on<wire::Assign>(&worker_agent::assign);
   on<wire::Restore>(&worker_agent::restore);
   on<wire::Shutdown>(&worker_agent::shutdown);
@@ -108,11 +109,14 @@ static asio::awaitable<std::unique_ptr<stage_model>> build_stage(const stage_fac
   co_return model;
 }
 
-void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> model) {
+void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> model,
+                               bool replacement) {
   std::unique_ptr<stage_hooks> hooks;
   if (checkpoint_) hooks = checkpoint_->make_hooks(setup, *model, coordinator_);
+  fault_hook faults;
+  if (faults_) faults = faults_(setup.stage, setup.replica, replacement);
   stage_ = system().spawn<stage_actor>(std::move(setup), std::move(model), *bulk_, coordinator_,
-                                       std::move(hooks));
+                                       std::move(hooks), std::move(faults));
   report(stage_, "");
 }
 
@@ -161,7 +165,7 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
       report({}, build_error);
       co_return;
     }
-    start_stage(std::move(setup), std::move(model));
+    start_stage(std::move(setup), std::move(model), false);
   } catch (const std::exception& e) {
     report({}, e.what());
   }
@@ -189,7 +193,7 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   try {
     const stage_factory& factory = registry_.find(job_->stage_type);
     auto model = co_await checkpoint_->restore(m, factory, setup);
-    start_stage(std::move(setup), std::move(model));
+    start_stage(std::move(setup), std::move(model), true);
   } catch (const std::exception& e) {
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
   }

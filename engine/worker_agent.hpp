@@ -13,6 +13,7 @@
 #include "engine/bulk_io.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/engine.capnp.h"
+#include "engine/hooks.hpp"
 #include "engine/stage_registry.hpp"
 #include "transport/ucx_link.hpp"
 
@@ -25,9 +26,10 @@ class worker_agent : public actors::actor {
 
   // on_exit(status, message): the process should end (Shutdown: 0; a failure: 1).
   // checkpoints: the job's checkpoint policy in this process (empty: policy none).
+  // faults: the failure injections of the stage this process runs (empty: none).
   worker_agent(transport::ucx_link& link, const stage_registry& registry,
                std::function<void(int, const std::string&)> on_exit,
-               checkpoint_factory checkpoints = {});
+               checkpoint_factory checkpoints = {}, fault_factory faults = {});
 
   // Tells the coordinator this worker is up (call once the agent has started).
   // domain: the failure domain (Slurm node name; empty: the host).
@@ -40,13 +42,15 @@ class worker_agent : public actors::actor {
   asio::awaitable<void> restore(wire::Restore::Reader m);
   asio::awaitable<void> shutdown(wire::Shutdown::Reader m);
   // Spawns the stage actor for `model` and tells the coordinator (StageReady).
-  void start_stage(stage_setup setup, std::unique_ptr<stage_model> model);
+  // replacement: rebuilt on this spare (Restore) rather than assigned at the start.
+  void start_stage(stage_setup setup, std::unique_ptr<stage_model> model, bool replacement);
   void report(const actors::actor_ref& stage, const std::string& error);
 
   transport::ucx_link& link_;
   const stage_registry& registry_;
   std::function<void(int, const std::string&)> on_exit_;
   checkpoint_factory checkpoints_;
+  fault_factory faults_;
   std::unique_ptr<bulk_io> bulk_;
   std::unique_ptr<worker_checkpoint> checkpoint_;
   std::optional<job_config> job_;

@@ -26,10 +26,15 @@ void flatten(const toml::table& t, const std::string& prefix, models::config_map
       out[key] = b->get();
     } else if (const auto* s = node.as_string()) {
       out[key] = s->get();
+    } else if (const auto* a = node.as_array(); a != nullptr && a->is_array_of_tables()) {
+      // [[name]] tables: the i-th (from 0) becomes name.i.KEY (failure injections: [[inject]]).
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        flatten(*a->get(i)->as_table(), key + "." + std::to_string(i), out, path);
+      }
     } else {
       throw models::config_error(
           key, fmt::format("{} line {}: unsupported value type (use a boolean, number or string)",
-                           path, node.source().begin.line));
+                           path, node.source().begin.line));  // arrays of values too
     }
   }
 }
@@ -80,7 +85,8 @@ void apply_override(models::config_map& map, std::string_view assignment) {
 }
 
 bool is_engine_section(std::string_view key) {
-  for (const std::string_view s : {"parallel.", "checkpoint.", "cluster.", "failure.", "engine."}) {
+  for (const std::string_view s :
+       {"parallel.", "checkpoint.", "cluster.", "failure.", "engine.", "inject."}) {
     if (key.starts_with(s)) return true;
   }
   return false;

@@ -10,8 +10,9 @@
 
 namespace moevement::launcher {
 
-// Reads a TOML file into dotted keys. Nested tables become "a.b.c"; values must be booleans,
-// integers, floats or strings. Throws std::runtime_error with the file, line and key on error.
+// Reads a TOML file into dotted keys. Nested tables become "a.b.c"; the i-th table (from 0) of
+// an array of tables [[a]] becomes "a.i.KEY"; values must be booleans, integers, floats or
+// strings (no other arrays). Throws std::runtime_error with the file, line and key on error.
 models::config_map load_config_file(const std::string& path);
 
 // Applies one "key=value" override. The value is typed like TOML: true/false, an integer, a

@@ -1,8 +1,20 @@
 #include "launcher/inject.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 
 namespace moevement::launcher {
@@ -10,76 +22,492 @@ namespace moevement::launcher {
 namespace {
 
 constexpr const char* inject_usage =
-    "expected kill:stage=S,replica=D,iter=T or hang:stage=S,replica=D,iter=T (T >= 1)";
+    "expected kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot], "
+    "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M], "
+    "mtbf:SECONDS[,seed=N][,max=K] or trace:FILE (docs/recovery.md)";
+constexpr const char* trace_usage =
+    "expected `<seconds> kill|hang stage=S replica=D` (seconds of training, not decreasing; "
+    "# starts a comment)";
+constexpr int max_scheduled = 100000;  // failures one schedule may hold
 
-std::int64_t number(const std::string& spec, const std::string& key, const std::string& v,
-                    std::int64_t lo, std::int64_t hi) {
+[[noreturn]] void bad(const std::string& where, const std::string& what) {
+  throw std::invalid_argument(fmt::format("{}: {}; {}", where, what, inject_usage));
+}
+
+std::int64_t integer(const std::string& where, const std::string& key, const std::string& v,
+                     std::int64_t lo, std::int64_t hi) {
   char* end = nullptr;
+  errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < lo || x > hi) {
-    throw std::invalid_argument(
-        fmt::format("--inject {}: {} must be an integer in [{}, {}], got "
-                    "'{}'",
-                    spec, key, lo, hi, v));
+  if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi) {
+    bad(where, fmt::format("{} must be an integer in [{}, {}], got '{}'", key, lo, hi, v));
   }
   return x;
+}
+
+double real(const std::string& where, const std::string& key, const std::string& v, double lo,
+            double hi) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi) {
+    bad(where, fmt::format("{} must be a number in [{}, {}], got '{}'", key, lo, hi, v));
+  }
+  return x;
+}
+
+const char* phase_name(engine::fault_point p) {
+  switch (p) {
+    case engine::fault_point::forward:
+      return "forward";
+    case engine::fault_point::backward:
+      return "backward";
+    case engine::fault_point::step:
+      return "step";
+    case engine::fault_point::snapshot:
+      return "snapshot";
+  }
+  return "?";
+}
+
+// "k=v,k=v" after the head; each key at most once.
+std::vector<std::pair<std::string, std::string>> items(const std::string& where,
+                                                       const std::string& rest) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> seen;
+  std::size_t pos = 0;
+  while (true) {
+    const auto comma = rest.find(',', pos);
+    const std::string item =
+        rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) bad(where, fmt::format("'{}' is not key=value", item));
+    std::string k = item.substr(0, eq);
+    if (!seen.insert(k).second) bad(where, fmt::format("{} is given twice", k));
+    out.emplace_back(std::move(k), item.substr(eq + 1));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// splitmix64: a small generator whose sequence is fixed by its definition (std::
+// distributions are not the same across standard libraries).
+struct splitmix64 {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  double open_unit() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
+  std::uint64_t below(std::uint64_t n) {
+    return std::uint64_t((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
+};
+
+std::string config_dir_of(const std::string& config_path) {
+  return std::filesystem::path(config_path).parent_path().string();
 }
 
 }  // namespace
 
 std::string injection::text() const {
-  return fmt::format("{}:stage={},replica={},iter={}", what == kind::kill ? "kill" : "hang", stage,
-                     replica, iteration);
+  switch (what) {
+    case kind::mtbf: {
+      std::string s = fmt::format("mtbf:{},seed={}", mtbf_s, seed);
+      if (max_failures >= 0) s += fmt::format(",max={}", max_failures);
+      return s;
+    }
+    case kind::trace:
+      return "trace:" + file;
+    default:
+      break;
+  }
+  std::string s =
+      fmt::format("{}:stage={},replica={}", what == kind::kill ? "kill" : "hang", stage, replica);
+  if (during_recovery) {
+    s += fmt::format(",during=recovery,nth={},delay_ms={}", nth, delay_ms);
+  } else {
+    s += fmt::format(",iter={}", iteration);
+    if (phase) s += fmt::format(",phase={}", phase_name(*phase));
+  }
+  return s;
 }
 
-injection parse_injection(const std::string& spec) {
-  const auto colon = spec.find(':');
-  if (colon == std::string::npos) {
-    throw std::invalid_argument(fmt::format("--inject {}: {}", spec, inject_usage));
-  }
+std::string scheduled_failure::text() const {
+  return fmt::format("{:.3f} s: {} stage={} replica={}", at_s,
+                     what == failure_kind::kill ? "kill" : "hang", stage, replica);
+}
+
+injection parse_injection(const std::string& spec, const std::string& source) {
+  const std::string where = source.empty() ? "--inject " + spec : source;
   injection inj;
-  const std::string head = spec.substr(0, colon);
+  inj.source = where;
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) bad(where, "no ':' after the kind of failure");
+  const std::string head = spec.substr(0, colon), rest = spec.substr(colon + 1);
+  if (head == "trace") {
+    if (rest.empty()) bad(where, "trace: needs a file name");
+    inj.what = injection::kind::trace;
+    inj.file = rest;
+    return inj;
+  }
+  if (head == "mtbf") {
+    inj.what = injection::kind::mtbf;
+    const auto comma = rest.find(',');
+    inj.mtbf_s =
+        real(where, "SECONDS (the mean time between failures)", rest.substr(0, comma), 1e-3, 1e9);
+    if (comma != std::string::npos) {
+      for (const auto& [k, v] : items(where, rest.substr(comma + 1))) {
+        if (k == "seed") {
+          inj.seed =
+              std::uint64_t(integer(where, k, v, 0, std::numeric_limits<std::int64_t>::max()));
+        } else if (k == "max") {
+          inj.max_failures = int(integer(where, k, v, 1, max_scheduled));
+        } else {
+          bad(where, fmt::format("unknown key '{}' for mtbf (seed, max)", k));
+        }
+      }
+    }
+    return inj;
+  }
   if (head == "kill") {
     inj.what = injection::kind::kill;
   } else if (head == "hang") {
     inj.what = injection::kind::hang;
   } else {
-    throw std::invalid_argument(
-        fmt::format("--inject {}: unknown failure '{}'; {}", spec, head, inject_usage));
+    bad(where, fmt::format("unknown failure '{}'", head));
   }
-  bool have_stage = false, have_replica = false, have_iter = false;
-  std::size_t pos = colon + 1;
-  while (pos <= spec.size()) {
-    const auto comma = spec.find(',', pos);
-    const std::string item =
-        spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) {
-      throw std::invalid_argument(
-          fmt::format("--inject {}: '{}' is not key=value; {}", spec, item, inject_usage));
-    }
-    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+  if (rest.empty()) bad(where, "no keys after ':'");
+  bool have_stage = false, have_replica = false, have_iter = false, have_nth = false,
+       have_delay = false;
+  for (const auto& [k, v] : items(where, rest)) {
     if (k == "stage") {
-      inj.stage = int(number(spec, k, v, 0, 1 << 16));
+      inj.stage = int(integer(where, k, v, 0, 1 << 16));
       have_stage = true;
     } else if (k == "replica") {
-      inj.replica = int(number(spec, k, v, 0, 1 << 16));
+      inj.replica = int(integer(where, k, v, 0, 1 << 16));
       have_replica = true;
     } else if (k == "iter") {
-      inj.iteration = number(spec, k, v, 1, std::int64_t(1) << 40);
+      inj.iteration = integer(where, k, v, 1, std::int64_t(1) << 40);
       have_iter = true;
+    } else if (k == "phase") {
+      if (v == "forward") {
+        inj.phase = engine::fault_point::forward;
+      } else if (v == "backward") {
+        inj.phase = engine::fault_point::backward;
+      } else if (v == "step") {
+        inj.phase = engine::fault_point::step;
+      } else if (v == "snapshot") {
+        inj.phase = engine::fault_point::snapshot;
+      } else {
+        bad(where, fmt::format("phase must be forward, backward, step or snapshot, got '{}'", v));
+      }
+    } else if (k == "during") {
+      if (v != "recovery") bad(where, fmt::format("during must be recovery, got '{}'", v));
+      inj.during_recovery = true;
+    } else if (k == "nth") {
+      inj.nth = int(integer(where, k, v, 1, 1 << 20));
+      have_nth = true;
+    } else if (k == "delay_ms") {
+      inj.delay_ms = integer(where, k, v, 0, 3600 * 1000);
+      have_delay = true;
     } else {
-      throw std::invalid_argument(
-          fmt::format("--inject {}: unknown key '{}'; {}", spec, k, inject_usage));
+      bad(where, fmt::format("unknown key '{}'", k));
     }
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
   }
-  if (!have_stage || !have_replica || !have_iter) {
-    throw std::invalid_argument(
-        fmt::format("--inject {}: stage, replica and iter are all needed; {}", spec, inject_usage));
+  if (!have_stage || !have_replica) bad(where, "stage and replica are both needed");
+  if (have_iter == inj.during_recovery) {
+    bad(where, "give either iter=T or during=recovery (one of them)");
+  }
+  if (inj.phase && !have_iter) bad(where, "phase goes with iter=T, not during=recovery");
+  if ((have_nth || have_delay) && !inj.during_recovery) {
+    bad(where, "nth and delay_ms go with during=recovery");
   }
   return inj;
+}
+
+std::vector<std::string> inject_table_keys() {
+  return {"kind", "stage",    "replica", "iter", "phase", "during",
+          "nth",  "delay_ms", "seconds", "seed", "max",   "file"};
+}
+
+std::vector<injection> take_inject_tables(models::config_map& raw, const std::string& config_path) {
+  // index -> key -> value
+  std::map<long, std::map<std::string, models::config_value>> tables;
+  for (auto it = raw.begin(); it != raw.end();) {
+    const std::string& key = it->first;
+    if (key != "inject" && !key.starts_with("inject.")) {
+      ++it;
+      continue;
+    }
+    const auto dot = key.find('.', 7);
+    const std::string index =
+        key.size() > 7 ? key.substr(7, dot == std::string::npos ? dot : dot - 7) : "";
+    char* end = nullptr;
+    const long i = std::strtol(index.c_str(), &end, 10);
+    if (key == "inject" || index.empty() || *end != '\0' || i < 0 || i > max_scheduled ||
+        dot == std::string::npos || dot + 1 >= key.size() ||
+        key.find('.', dot + 1) != std::string::npos) {
+      throw std::invalid_argument(fmt::format(
+          "{}: {}: failure injections are a list of tables, one per failure: [[inject]] with "
+          "keys kind, stage, replica, ... (docs/configuration.md)",
+          config_path, key));
+    }
+    tables[i][key.substr(dot + 1)] = it->second;
+    it = raw.erase(it);
+  }
+  std::vector<injection> out;
+  int number = 0;
+  for (const auto& [i, t] : tables) {
+    ++number;
+    const std::string source = fmt::format("[[inject]] table {} of {}", number, config_path);
+    auto fail = [&](const std::string& what) -> void {
+      throw std::invalid_argument(fmt::format(
+          "{}: {}; expected kind = \"kill\"|\"hang\" with stage, replica and iter (phase) or "
+          "during = \"recovery\" (nth, delay_ms); kind = \"mtbf\" with seconds (seed, max); or "
+          "kind = \"trace\" with file (docs/configuration.md)",
+          source, what));
+    };
+    const auto k = t.find("kind");
+    if (k == t.end()) fail("no kind");
+    const std::string kind = std::holds_alternative<std::string>(k->second)
+                                 ? std::get<std::string>(k->second)
+                                 : std::string();
+    std::set<std::string> allowed;
+    if (kind == "kill" || kind == "hang") {
+      allowed = {"kind", "stage", "replica", "iter", "phase", "during", "nth", "delay_ms"};
+    } else if (kind == "mtbf") {
+      allowed = {"kind", "seconds", "seed", "max"};
+    } else if (kind == "trace") {
+      allowed = {"kind", "file"};
+    } else {
+      fail(fmt::format("kind must be the string \"kill\", \"hang\", \"mtbf\" or \"trace\", got {}",
+                       std::holds_alternative<std::string>(k->second)
+                           ? "\"" + kind + "\""
+                           : models::config_type_name(k->second)));
+    }
+    auto text_of = [&](const std::string& key, const models::config_value& v) -> std::string {
+      const bool string_key = key == "phase" || key == "during" || key == "file";
+      if (string_key) {
+        if (!std::holds_alternative<std::string>(v)) {
+          fail(fmt::format("{} must be a string, got {}", key, models::config_type_name(v)));
+        }
+        return std::get<std::string>(v);
+      }
+      if (key == "seconds") {
+        if (const auto* d = std::get_if<double>(&v)) return fmt::format("{}", *d);
+      }
+      if (const auto* n = std::get_if<std::int64_t>(&v)) return std::to_string(*n);
+      fail(fmt::format("{} must be {}, got {}", key, key == "seconds" ? "a number" : "an integer",
+                       models::config_type_name(v)));
+      return {};
+    };
+    std::string spec = kind + ":", tail;
+    for (const auto& [key, v] : t) {
+      if (key == "kind") continue;
+      if (!allowed.contains(key)) {
+        fail(fmt::format("unknown key '{}' for kind = \"{}\"", key, kind));
+      }
+      if (kind == "mtbf" && key == "seconds") continue;
+      if (kind == "trace") continue;
+      tail += (tail.empty() ? "" : ",") + key + "=" + text_of(key, v);
+    }
+    if (kind == "mtbf") {
+      const auto s = t.find("seconds");
+      if (s == t.end()) fail("kind = \"mtbf\" needs seconds");
+      spec += text_of("seconds", s->second) + (tail.empty() ? "" : "," + tail);
+    } else if (kind == "trace") {
+      const auto f = t.find("file");
+      if (f == t.end()) fail("kind = \"trace\" needs file");
+      std::filesystem::path p = text_of("file", f->second);
+      if (p.empty()) fail("file is empty");
+      if (p.is_relative()) p = std::filesystem::path(config_dir_of(config_path)) / p;
+      spec += p.string();
+    } else {
+      spec += tail;
+    }
+    out.push_back(parse_injection(spec, source));
+  }
+  return out;
+}
+
+std::vector<scheduled_failure> read_trace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw std::invalid_argument(
+        fmt::format("trace:{}: cannot read the file; {}", path, trace_usage));
+  }
+  std::vector<scheduled_failure> out;
+  std::string line;
+  int number = 0;
+  double last = 0.0;
+  while (std::getline(in, line)) {
+    ++number;
+    const auto where = fmt::format("trace {} line {}", path, number);
+    auto fail = [&](const std::string& what) {
+      throw std::invalid_argument(fmt::format("{}: {}; {}", where, what, trace_usage));
+    };
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (w.empty()) continue;
+    if (w.size() != 4) fail(fmt::format("{} fields, expected 4", w.size()));
+    scheduled_failure f;
+    f.origin = where;
+    char* end = nullptr;
+    f.at_s = std::strtod(w[0].c_str(), &end);
+    if (*end != '\0' || !std::isfinite(f.at_s) || f.at_s < 0.0 || f.at_s > 1e9) {
+      fail(fmt::format("'{}' is not a time in seconds in [0, 1e9]", w[0]));
+    }
+    if (f.at_s < last) {
+      fail(fmt::format("{} s comes before the previous line's {} s (keep the lines in time order)",
+                       f.at_s, last));
+    }
+    last = f.at_s;
+    if (w[1] == "kill") {
+      f.what = failure_kind::kill;
+    } else if (w[1] == "hang") {
+      f.what = failure_kind::hang;
+    } else {
+      fail(fmt::format("unknown failure '{}' (kill or hang)", w[1]));
+    }
+    bool have_stage = false, have_replica = false;
+    for (int k = 2; k < 4; ++k) {
+      const auto eq = w[std::size_t(k)].find('=');
+      const std::string key = w[std::size_t(k)].substr(0, eq);
+      const std::string v = eq == std::string::npos ? "" : w[std::size_t(k)].substr(eq + 1);
+      bool* have = key == "stage" ? &have_stage : key == "replica" ? &have_replica : nullptr;
+      if (eq == std::string::npos || have == nullptr || *have) {
+        fail(fmt::format("'{}' is not stage=S or replica=D (each once)", w[std::size_t(k)]));
+      }
+      char* e = nullptr;
+      const long x = std::strtol(v.c_str(), &e, 10);
+      if (v.empty() || *e != '\0' || x < 0 || x > (1 << 16)) {
+        fail(fmt::format("{} must be an integer in [0, 65536], got '{}'", key, v));
+      }
+      (key == "stage" ? f.stage : f.replica) = int(x);
+      *have = true;
+    }
+    if (out.size() >= std::size_t(max_scheduled)) fail("too many failures in one trace");
+    out.push_back(std::move(f));
+  }
+  if (out.empty()) {
+    throw std::invalid_argument(
+        fmt::format("trace:{}: no failures in the file; {}", path, trace_usage));
+  }
+  return out;
+}
+
+std::vector<scheduled_failure> mtbf_schedule(const injection& inj, int pp, int dp, int spares) {
+  const int count = inj.max_failures >= 0 ? inj.max_failures : spares;
+  splitmix64 rng{inj.seed};
+  std::vector<scheduled_failure> out;
+  double t = 0.0;
+  for (int i = 0; i < count; ++i) {
+    t += -inj.mtbf_s * std::log(rng.open_unit());  // exponential gaps: a Poisson process
+    const auto role = rng.below(std::uint64_t(pp) * std::uint64_t(dp));
+    scheduled_failure f;
+    f.at_s = t;
+    f.stage = int(role % std::uint64_t(pp));
+    f.replica = int(role / std::uint64_t(pp));
+    f.origin = fmt::format("{} failure {}", inj.text(), i + 1);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::vector<scheduled_failure> check_injection(const injection& inj,
+                                               const engine::job_config& job) {
+  const std::string& where = inj.source;
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(fmt::format("{}: {}", where, what));
+  };
+  auto check_role = [&](int stage, int replica, const std::string& at) {
+    if (stage >= job.pp || replica >= job.dp) {
+      fail(
+          fmt::format("{}there is no stage {} replica {} (parallel.pp={} parallel.dp={}: stages "
+                      "0..{}, replicas 0..{})",
+                      at, stage, replica, job.pp, job.dp, job.pp - 1, job.dp - 1));
+    }
+  };
+  switch (inj.what) {
+    case injection::kind::mtbf: {
+      if (inj.max_failures < 0 && job.spares == 0) {
+        fail(
+            "cluster.spares is 0 and max defaults to it, so no failure would happen; give "
+            "max=K or raise cluster.spares (each recovered failure uses one spare)");
+      }
+      return mtbf_schedule(inj, job.pp, job.dp, job.spares);
+    }
+    case injection::kind::trace: {
+      std::vector<scheduled_failure> schedule;
+      try {
+        schedule = read_trace(inj.file);
+      } catch (const std::invalid_argument& e) {
+        fail(e.what());
+      }
+      for (const auto& f : schedule) check_role(f.stage, f.replica, f.origin + ": ");
+      return schedule;
+    }
+    default:
+      break;
+  }
+  check_role(inj.stage, inj.replica, "");
+  if (!inj.during_recovery && inj.iteration >= job.train.iterations) {
+    fail(fmt::format(
+        "iter={} never runs: the job runs iterations 0..{} (train.iterations = {}); "
+        "use 1..{}",
+        inj.iteration, job.train.iterations - 1, job.train.iterations, job.train.iterations - 1));
+  }
+  if (inj.phase == engine::fault_point::snapshot && job.policy != "moevement") {
+    fail(
+        fmt::format("phase=snapshot needs checkpoint.policy = \"moevement\" (policy {} takes no "
+                    "snapshots)",
+                    job.policy));
+  }
+  if (inj.during_recovery && job.policy != "moevement") {
+    fail(
+        fmt::format("during=recovery needs checkpoint.policy = \"moevement\" (policy {} does not "
+                    "recover, so no recovery ever starts)",
+                    job.policy));
+  }
+  return {};
+}
+
+engine::fault_hook phase_fault_hook(const std::vector<injection>& injections, int stage,
+                                    int replica, bool replacement, const std::string& who) {
+  struct state {
+    std::vector<injection> mine;
+    bool replacement = false;
+    std::int64_t first = -1;  // a replacement's first iteration
+    std::string who;
+  };
+  auto s = std::make_shared<state>();
+  for (const auto& inj : injections) {
+    if (inj.phase && inj.stage == stage && inj.replica == replica &&
+        (inj.what == injection::kind::kill || inj.what == injection::kind::hang)) {
+      s->mine.push_back(inj);
+    }
+  }
+  if (s->mine.empty()) return {};
+  s->replacement = replacement;
+  s->who = who;
+  return [s](std::int64_t iteration, engine::fault_point point) {
+    if (s->replacement && s->first < 0) s->first = iteration;
+    for (auto& inj : s->mine) {
+      if (inj.done || inj.iteration != iteration || *inj.phase != point) continue;
+      // Its predecessor failed there: re-running that iteration must not fail again.
+      if (s->replacement && iteration <= s->first) continue;
+      inj.done = true;
+      const std::string line = fmt::format("inject: {} ({})\n", inj.text(), s->who);
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fflush(stdout);
+      std::raise(inj.what == injection::kind::kill ? SIGKILL : SIGSTOP);
+    }
+  };
 }
 
 }  // namespace moevement::launcher

@@ -16,6 +16,7 @@
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,10 +47,15 @@ namespace moevement::launcher {
 namespace {
 
 constexpr const char* launch_usage =
-    "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...]\n"
+    "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...] [--dry-run]\n"
     "                        [--sbatch [-- SBATCH_OPTION ...]]\n"
     "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
-    "  SPEC: kill:stage=S,replica=D,iter=T or hang:stage=S,replica=D,iter=T (docs/recovery.md)\n"
+    "  SPEC: kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot],\n"
+    "        kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M],\n"
+    "        mtbf:SECONDS[,seed=N][,max=K] or trace:FILE (docs/recovery.md); they add to the\n"
+    "        config's [[inject]] tables\n"
+    "  --dry-run: check the config and the injections, print the failure schedules, start "
+    "nothing\n"
     "  --sbatch: (cluster.backend = \"slurm\") submit this launch as a Slurm batch job and "
     "return\n";
 
@@ -104,7 +111,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   models::config_map raw = load_config_file(argv[2]);
   std::vector<injection> injections;
   std::vector<std::string> overrides, sbatch_args;
-  bool sbatch = false;
+  bool sbatch = false, dry_run = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--set" && i + 1 < argc) {
@@ -117,6 +124,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       injections.push_back(parse_injection(argv[++i]));
     } else if (a.starts_with("--inject=")) {
       injections.push_back(parse_injection(a.substr(9)));
+    } else if (a == "--dry-run") {
+      dry_run = true;
     } else if (a == "--sbatch") {
       sbatch = true;
       if (i + 1 < argc && std::string(argv[i + 1]) == "--") {
@@ -128,15 +137,43 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       return 2;
     }
   }
+  if (sbatch && !injections.empty()) {
+    throw std::invalid_argument(
+        "--inject does not go with --sbatch (the batch job runs the launch from CONFIG and "
+        "--set only): write the injections as [[inject]] tables in CONFIG "
+        "(docs/configuration.md)");
+  }
+  // The config's [[inject]] tables first, then the command line's (--set may edit tables).
+  {
+    auto tables = take_inject_tables(raw, argv[2]);
+    injections.insert(injections.begin(), tables.begin(), tables.end());
+  }
   const engine::job_config job = engine::resolve_job(raw);
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
+  // Every injection checked against the job, and the failure schedules (mtbf, trace) built,
+  // before anything starts.
+  std::vector<scheduled_failure> schedule;
+  std::vector<std::string> worker_injections;  // phase=...: carried out by the workers
   for (const auto& inj : injections) {
-    if (inj.stage >= job.pp || inj.replica >= job.dp) {
-      throw std::invalid_argument(
-          fmt::format("--inject {}: there is no stage {} replica {} "
-                      "(pp={} dp={})",
-                      inj.text(), inj.stage, inj.replica, job.pp, job.dp));
+    const auto s = check_injection(inj, job);
+    if (!s.empty()) {
+      std::string line = "injection: " + inj.text() + " schedule:";
+      for (const auto& f : s) line += " " + f.text() + ";";
+      line.pop_back();
+      std::cout << line << "\n";
+    } else if (dry_run) {
+      std::cout << "injection: " << inj.text() << "\n";
     }
+    schedule.insert(schedule.end(), s.begin(), s.end());
+    if (inj.phase) worker_injections.push_back(inj.text());
+  }
+  std::stable_sort(schedule.begin(), schedule.end(),
+                   [](const auto& a, const auto& b) { return a.at_s < b.at_s; });
+  if (dry_run) {
+    std::cout << fmt::format(
+        "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",
+        injections.size());
+    return 0;
   }
   const int nworkers = job.workers() + job.spares;
   const bool slurm = job.backend == "slurm";
@@ -183,12 +220,27 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
 
   engine::coordinator_callbacks cb;
   actors::actor_ref coord_ref;
+  // The run log's `inject` event: what the head struck, and where (phase=... injections are
+  // the workers' own and show as their worker_lost).
+  auto log_injection = [&](const std::string& spec, transport::node_id n, int stage, int replica) {
+    log.write(engine::json_record{}
+                  .add("kind", "event")
+                  .add("event", "inject")
+                  .add("spec", spec)
+                  .add("node", std::int64_t{n})
+                  .add("stage", stage)
+                  .add("replica", replica)
+                  .add("time_s", log.seconds()));
+  };
   // Injected failures: once iteration T begins, the worker that runs (stage, replica) then.
   auto inject_due = [&](std::int64_t next_iteration) {
     auto* c = sys.local_actor<engine::coordinator>(coord_ref);
     if (c == nullptr) return;
     for (auto& inj : injections) {
-      if (inj.done || inj.iteration != next_iteration) continue;
+      if (inj.done || inj.phase || inj.during_recovery || inj.iteration != next_iteration ||
+          (inj.what != injection::kind::kill && inj.what != injection::kind::hang)) {
+        continue;
+      }
       for (const auto& [n, w] : c->workers()) {
         if (w.stage != inj.stage || w.replica != inj.replica) continue;
         inj.done = true;
@@ -196,9 +248,94 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         end_line();
         std::cout << fmt::format("inject: {} (worker {}, pid {})\n", inj.text(), n, w.pid)
                   << std::flush;
+        log_injection(inj.text(), n, inj.stage, inj.replica);
         ::kill(w.pid, kill ? SIGKILL : SIGSTOP);
         break;
       }
+    }
+  };
+  // during=recovery: the K-th recovery to start arms the injection, which fires delay_ms later
+  // at whichever worker then holds (stage, replica): the spare being rebuilt, if it is that one.
+  // Scheduled failures (mtbf, trace) count seconds of training from the end of iteration 0;
+  // one falls due only while no recovery runs and the previous one was recovered (this version
+  // recovers one loss at a time; during=recovery is how a failure enters a recovery).
+  int recoveries_started = 0;
+  bool recovering = false, awaiting_recovery = false, schedule_closed = false;
+  std::vector<std::unique_ptr<asio::steady_timer>> delayed;
+  asio::steady_timer schedule_timer(io);
+  std::size_t schedule_next = 0;
+  std::optional<std::chrono::steady_clock::time_point> train_start;
+  // Kills (or stops) the worker that holds (stage, replica) now; false if none does.
+  auto strike = [&](failure_kind what, int stage, int replica, const std::string& label,
+                    const std::string& note) {
+    auto* c = sys.local_actor<engine::coordinator>(coord_ref);
+    if (c == nullptr || finished) return false;
+    for (const auto& [n, w] : c->workers()) {
+      if (w.stage != stage || w.replica != replica) continue;
+      end_line();
+      std::cout << fmt::format("inject: {} (worker {}, pid {}; {})\n", label, n, w.pid, note)
+                << std::flush;
+      log_injection(label, n, stage, replica);
+      ::kill(w.pid, what == failure_kind::kill ? SIGKILL : SIGSTOP);
+      return true;
+    }
+    end_line();
+    std::cout << fmt::format("inject: {}: no worker holds stage {} replica {} now; skipped\n",
+                             label, stage, replica)
+              << std::flush;
+    return false;
+  };
+  std::function<void()> schedule_due = [&] {
+    if (!train_start || schedule_closed || finished) return;
+    auto due = [&](std::size_t i) {
+      return *train_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(schedule[i].at_s));
+    };
+    const auto now = std::chrono::steady_clock::now();
+    while (schedule_next < schedule.size() && due(schedule_next) <= now) {
+      if (recovering || awaiting_recovery) return;  // recovery_end calls again
+      const scheduled_failure& f = schedule[schedule_next++];
+      const double at = std::chrono::duration<double>(now - *train_start).count();
+      const std::string kind = f.what == failure_kind::kill ? "kill" : "hang";
+      awaiting_recovery =
+          strike(f.what, f.stage, f.replica,
+                 fmt::format("{}: {} stage={} replica={}", f.origin, kind, f.stage, f.replica),
+                 fmt::format("due at {:.3f} s of training, now {:.3f} s", f.at_s, at));
+    }
+    if (schedule_next < schedule.size()) {
+      schedule_timer.expires_at(due(schedule_next));
+      schedule_timer.async_wait([&](const std::error_code& ec) {
+        if (!ec) schedule_due();
+      });
+    }
+  };
+  cb.on_recovery = [&](const std::string& event, std::int64_t) {
+    if (event == "recovery_end") {
+      recovering = false;
+      awaiting_recovery = false;
+      schedule_due();
+      return;
+    }
+    if (event != "recovery_start") return;
+    recovering = true;
+    const int k = ++recoveries_started;
+    for (auto& inj : injections) {
+      if (inj.done || !inj.during_recovery || inj.nth != k) continue;
+      inj.done = true;
+      auto fire = [&, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica, k] {
+        strike(what, s, d, text,
+               fmt::format("recovery {} {}", k,
+                           recovering && recoveries_started == k ? "in progress" : "ended"));
+      };
+      if (inj.delay_ms == 0) {
+        fire();
+        continue;
+      }
+      delayed.push_back(std::make_unique<asio::steady_timer>(io));
+      delayed.back()->expires_after(std::chrono::milliseconds(inj.delay_ms));
+      delayed.back()->async_wait([fire](const std::error_code& ec) {
+        if (!ec) fire();
+      });
     }
   };
   cb.choose_window = recovery::choose_window;
@@ -218,6 +355,13 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   };
   cb.on_iteration = [&](const engine::iteration_record& r) {
     inject_due(r.iteration + 1);
+    if (r.iteration + 1 >= job.train.iterations) {
+      schedule_closed = true;  // the end of the job (validation, digests) is not targeted
+      schedule_timer.cancel();
+    } else if (!train_start && !schedule.empty()) {
+      train_start = std::chrono::steady_clock::now();
+      schedule_due();
+    }
     const std::int64_t done = r.iteration + 1;
     const double eta = r.seconds * double(job.train.iterations - done);
     const std::string line =
@@ -238,6 +382,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     finished = true;
     outcome = o;
     start_timer.cancel();
+    schedule_timer.cancel();
+    for (auto& t : delayed) t->cancel();
     // Let the Shutdown messages go out, then leave.
     linger.expires_after(std::chrono::milliseconds(200));
     linger.async_wait([&](const std::error_code&) {
@@ -323,7 +469,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         const std::string head = fmt::format("{}:{}", job.host, link.port());
         if (slurm) {
           try {
-            step = start_slurm_step(job, self, head, token);
+            step = start_slurm_step(job, self, head, token, worker_injections);
             children[step->pid()] = 0;
           } catch (const std::exception& e) {
             fail(e.what());
@@ -331,17 +477,21 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
           co_return;
         }
         for (int n = 1; n <= nworkers; ++n) {
-          const std::vector<std::string> args{"worker",
-                                              "--head",
-                                              head,
-                                              "--node",
-                                              std::to_string(n),
-                                              "--host",
-                                              job.host,
-                                              "--heartbeat-ms",
-                                              std::to_string(job.heartbeat_ms),
-                                              "--failure-timeout-ms",
-                                              std::to_string(job.failure_timeout_ms)};
+          std::vector<std::string> args{"worker",
+                                        "--head",
+                                        head,
+                                        "--node",
+                                        std::to_string(n),
+                                        "--host",
+                                        job.host,
+                                        "--heartbeat-ms",
+                                        std::to_string(job.heartbeat_ms),
+                                        "--failure-timeout-ms",
+                                        std::to_string(job.failure_timeout_ms)};
+          for (const auto& spec : worker_injections) {
+            args.push_back("--inject");
+            args.push_back(spec);
+          }
           try {
             children[start_worker(self, args, token)] = transport::node_id(n);
           } catch (const std::exception& e) {
@@ -354,6 +504,20 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
 
   io.run();
   end_line();
+  // What the head was to inject and did not (the run ended first, or nth recoveries never
+  // started); phase=... injections are the workers' and not known here.
+  for (const auto& inj : injections) {
+    if (!inj.done && !inj.phase &&
+        (inj.what == injection::kind::kill || inj.what == injection::kind::hang)) {
+      std::cout << "inject: " << inj.text() << " did not fire before the job ended\n";
+    }
+  }
+  if (schedule_next < schedule.size()) {
+    std::cout << fmt::format(
+        "inject: {} of {} scheduled failure(s) did not fall due before "
+        "training ended\n",
+        schedule.size() - schedule_next, schedule.size());
+  }
 
   // Every worker goes: those that did not exit after Shutdown get SIGTERM, then SIGKILL.
   auto reap = [&](std::chrono::milliseconds within) {

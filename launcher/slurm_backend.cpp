@@ -32,7 +32,7 @@ namespace {
 
 constexpr const char* slurm_worker_usage =
     "usage: moevement worker --slurm --head HOST:PORT --pp P --dp D --spares S [--host H] "
-    "[--heartbeat-ms X] [--failure-timeout-ms Y]\n"
+    "[--heartbeat-ms X] [--failure-timeout-ms Y] [--inject SPEC ...]\n"
     "  a task of the srun step that `moevement launch` starts (cluster.backend = \"slurm\"); the "
     "job token comes in MOEVEMENT_JOB_TOKEN\n";
 
@@ -161,6 +161,7 @@ std::vector<std::string> srun_command(const engine::job_config& job, const std::
             std::to_string(args.heartbeat_ms), "--failure-timeout-ms",
             std::to_string(args.failure_timeout_ms)});
   if (!args.worker_host.empty()) c.insert(c.end(), {"--host", args.worker_host});
+  for (const auto& spec : args.injections) c.insert(c.end(), {"--inject", spec});
   return c;
 }
 
@@ -237,6 +238,7 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
   std::string head, host;
   int pp = 0, dp = 0, spares = -1;
   long heartbeat_ms = 100, failure_timeout_ms = 1000;
+  std::vector<std::string> injections;
   for (int i = 3; i < argc; ++i) {  // argv: moevement worker --slurm ...
     const std::string f = argv[i];
     if (i + 1 >= argc) throw std::invalid_argument(f + ": missing value\n" + slurm_worker_usage);
@@ -255,6 +257,8 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
       heartbeat_ms = flag_number(f, v, 1, 60000);
     } else if (f == "--failure-timeout-ms") {
       failure_timeout_ms = flag_number(f, v, 1, 600000);
+    } else if (f == "--inject") {
+      injections.push_back(v);  // run_worker checks it
     } else {
       throw std::invalid_argument("unexpected argument '" + f + "'\n" + slurm_worker_usage);
     }
@@ -297,6 +301,7 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
                                 std::to_string(heartbeat_ms),
                                 "--failure-timeout-ms",
                                 std::to_string(failure_timeout_ms)};
+  for (const auto& spec : injections) args.insert(args.end(), {"--inject", spec});
   std::vector<char*> c_args;
   for (auto& a : args) c_args.push_back(a.data());
   c_args.push_back(nullptr);
@@ -409,9 +414,11 @@ std::string slurm_step::stop(int grace_ms) {
 
 // Backend slurm: starts the srun step of every worker and spare, and says where its output goes.
 std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, const std::string& self,
-                                             const std::string& head, const std::string& token) {
+                                             const std::string& head, const std::string& token,
+                                             const std::vector<std::string>& injections) {
   slurm_task_args a;
   a.head = head;
+  a.injections = injections;
   // One host (the tests' local Slurm): every task listens on the head's loopback address.
   // Otherwise each task listens on its own node's address (its node name, resolved).
   a.worker_host = is_loopback(job.host) ? job.host : "";

@@ -37,6 +37,7 @@ struct slurm_task_args {
   std::string worker_host;  // address workers listen on; "" = their node name, resolved
   int pp = 1, dp = 1, spares = 0;
   long heartbeat_ms = 100, failure_timeout_ms = 1000;
+  std::vector<std::string> injections;  // phase=... specs (launcher/inject.hpp), as --inject
 };
 
 // The full srun command line (argv[0] = "srun"). step_name names the step (and the job, when
@@ -84,8 +85,10 @@ class slurm_step;
 
 // The head's side: starts the srun step of every worker and spare (printing the step's name
 // and where its output goes), with the token in its environment.
+// injections: the phase=... specs every task carries out itself (launcher/inject.hpp).
 std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, const std::string& self,
-                                             const std::string& head, const std::string& token);
+                                             const std::string& head, const std::string& token,
+                                             const std::vector<std::string>& injections = {});
 // Why the job cannot go on once srun ended before it (how: "exited with status 1", ...):
 // the last lines srun and the tasks wrote, and a hint for a wrong partition or too few tasks.
 std::string slurm_step_ended_text(const engine::job_config& job, const slurm_step& step,

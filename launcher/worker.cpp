@@ -14,11 +14,13 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "actors/system.hpp"
 #include "engine/coordinator.hpp"
 #include "engine/worker_agent.hpp"
 #include "launcher/config.hpp"
+#include "launcher/inject.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/slurm_backend.hpp"
 #include "recovery/baseline_policy.hpp"
@@ -30,8 +32,9 @@ namespace {
 
 constexpr const char* worker_usage =
     "usage: moevement worker --head HOST:PORT --node N [--host H] [--domain NODE] "
-    "[--heartbeat-ms X] [--failure-timeout-ms Y]\n"
-    "  started by `moevement launch`; the job token comes in MOEVEMENT_JOB_TOKEN\n";
+    "[--heartbeat-ms X] [--failure-timeout-ms Y] [--inject SPEC ...]\n"
+    "  started by `moevement launch`; the job token comes in MOEVEMENT_JOB_TOKEN; --inject: the\n"
+    "  job's phase=... injections, which the worker of that role carries out itself\n";
 
 struct worker_args {
   std::string head_host;
@@ -40,6 +43,7 @@ struct worker_args {
   std::string host = "127.0.0.1";
   std::string domain;  // failure domain (the Slurm node); empty: the host
   long heartbeat_ms = 100, failure_timeout_ms = 1000;
+  std::vector<injection> injections;  // phase=... (launcher/inject.hpp)
 };
 
 worker_args parse(int argc, char** argv) {
@@ -64,6 +68,11 @@ worker_args parse(int argc, char** argv) {
       a.heartbeat_ms = flag_number(f, v, 1, 60000);
     } else if (f == "--failure-timeout-ms") {
       a.failure_timeout_ms = flag_number(f, v, 1, 600000);
+    } else if (f == "--inject") {
+      injection inj = parse_injection(v);
+      if (!inj.phase)
+        throw std::invalid_argument("--inject " + v + ": a worker takes phase=... only");
+      a.injections.push_back(std::move(inj));
     } else {
       throw std::invalid_argument("unexpected argument '" + f + "'\n" + worker_usage);
     }
@@ -126,7 +135,11 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   });
   auto agent = sys.spawn<engine::worker_agent>(
       link, registry, [&](int s, const std::string& why) { stop(s, why); },
-      recovery::any_policy_factory());
+      recovery::any_policy_factory(),
+      [&, who = fmt::format("worker {}, pid {}", args.node, ::getpid())](int stage, int replica,
+                                                                         bool replacement) {
+        return phase_fault_hook(args.injections, stage, replica, replacement, who);
+      });
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.
   admission.expires_after(std::chrono::seconds(120));
   admission.async_wait([&](const std::error_code& ec) {

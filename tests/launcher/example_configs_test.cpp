@@ -6,6 +6,7 @@
 
 #include "engine/job_config.hpp"
 #include "launcher/config.hpp"
+#include "launcher/inject.hpp"
 
 namespace moevement::launcher {
 namespace {
@@ -58,6 +59,49 @@ TEST(example_configs, failure_contiguous_has_a_spare_per_lost_stage) {
   EXPECT_EQ(j.policy, "moevement");
   EXPECT_GE(j.spares, 2);
   EXPECT_GE(j.pp, 4) << "stages 1 and 2 lost need healthy stages on both sides";
+}
+
+}  // namespace moevement::launcher
+
+namespace moevement::launcher {
+
+// The failure examples' [[inject]] tables are valid for their jobs, with a spare per failure.
+TEST(example_configs, failure_mtbf_has_a_spare_for_every_scheduled_failure) {
+  const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
+  ASSERT_NE(root, nullptr);
+  const std::string path = std::string(root) + "/examples/failure_mtbf/config.toml";
+  auto raw = load_config_file(path);
+  const auto injections = take_inject_tables(raw, path);
+  const auto j = engine::resolve_job(raw);
+  EXPECT_EQ(j.policy, "moevement");
+  ASSERT_EQ(injections.size(), 2u);
+  EXPECT_EQ(injections[0].what, injection::kind::mtbf);
+  EXPECT_EQ(injections[1].what, injection::kind::trace);
+  std::size_t failures = 0;
+  for (const auto& inj : injections) failures += check_injection(inj, j).size();
+  EXPECT_EQ(failures, 4u);
+  EXPECT_GE(std::size_t(j.spares), failures);
+}
+
+TEST(example_configs, failure_infiniband_is_failure_single_over_slurm_with_a_phase) {
+  const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
+  ASSERT_NE(root, nullptr);
+  const std::string path = std::string(root) + "/examples/failure_infiniband/config.toml";
+  auto raw = load_config_file(path);
+  const auto injections = take_inject_tables(raw, path);
+  const auto j = engine::resolve_job(raw);
+  const auto single = engine::resolve_job(
+      load_config_file(std::string(root) + "/examples/failure_single/config.toml"));
+  EXPECT_EQ(j.backend, "slurm");
+  EXPECT_EQ(j.model, single.model);
+  EXPECT_EQ(j.train, single.train) << "the same job: the same state_hash";
+  EXPECT_EQ(j.pp, single.pp);
+  EXPECT_EQ(j.dp, single.dp);
+  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_EQ(j.workers() + j.spares, 8);
+  ASSERT_EQ(injections.size(), 1u);
+  EXPECT_EQ(injections[0].text(), "kill:stage=1,replica=0,iter=20,phase=backward");
+  EXPECT_NO_THROW((void)check_injection(injections[0], j));
 }
 
 }  // namespace moevement::launcher

@@ -296,6 +296,51 @@ TEST(recovery, a_kill_and_a_hang_next_to_it_recover_as_one_region) {
   EXPECT_EQ(number_field(*ends[0], "last_stage"), 2);
 }
 
+TEST(recovery, a_failure_next_to_a_recovering_region_grows_and_restarts_it) {
+  // Stage 1 is killed; the moment its recovery starts, stage 2 (whose gradient log the
+  // restore needs) hangs. The restore cannot finish without stage 2, and once the heartbeats
+  // give up on it, the loss next to the region still recovering grows the region to 1..2 and
+  // restarts it (cascading): stage 1's spare restores again, stage 2 gets a new one.
+  const auto o = launch("cascade", job(4, 1, 2,
+                                       "--set cluster.failure_timeout_ms=1000 "
+                                       "--inject kill:stage=1,replica=0,iter=7 "
+                                       "--inject hang:stage=2,replica=0,during=recovery"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const auto starts = events(o, "recovery_start");
+  ASSERT_EQ(starts.size(), 2u) << o.output;
+  EXPECT_EQ(number_field(*starts[0], "first_stage"), 1);
+  EXPECT_EQ(number_field(*starts[0], "last_stage"), 1);
+  EXPECT_EQ(number_field(*starts[1], "first_stage"), 1);
+  EXPECT_EQ(number_field(*starts[1], "last_stage"), 2);
+  EXPECT_EQ(number_field(*starts[1], "restarts"), 1);
+  EXPECT_EQ(number_field(*starts[1], "spare_node"), number_field(*starts[0], "spare_node"))
+      << "stage 1's spare restores again, with the grown region";
+  const auto ends = events(o, "recovery_end");
+  ASSERT_EQ(ends.size(), 1u) << "one recovery, restarted once";
+  EXPECT_NE(o.output.find("the recovery grew"), std::string::npos) << o.output;
+}
+
+TEST(recovery, a_disjoint_failure_during_a_recovery_is_a_region_of_its_own) {
+  // Stage 0 is killed; as its recovery starts, stage 2 (not next to it) is killed too: a
+  // second region, recovered on its own spare, and the job ends bit-exact.
+  const auto o = launch("disjoint", job(4, 1, 2,
+                                        "--inject kill:stage=0,replica=0,iter=7 "
+                                        "--inject kill:stage=2,replica=0,during=recovery"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  std::vector<int> regions;
+  for (const auto* e : events(o, "recovery_end")) {
+    EXPECT_EQ(number_field(*e, "first_stage"), number_field(*e, "last_stage")) << *e;
+    regions.push_back(int(number_field(*e, "first_stage")));
+  }
+  std::sort(regions.begin(), regions.end());
+  EXPECT_EQ(regions, (std::vector<int>{0, 2})) << o.output;
+  for (const auto* e : events(o, "recovery_start")) {
+    EXPECT_EQ(number_field(*e, "restarts"), 0) << "a disjoint loss restarts nothing: " << *e;
+  }
+}
+
 TEST(recovery, without_a_spare_the_job_ends_saying_so) {
   const auto o = launch("nospare", job(2, 1, 0, "--inject kill:stage=0,replica=0,iter=3"));
   EXPECT_EQ(o.exit_code, 1) << o.output;
