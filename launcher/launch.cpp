@@ -257,8 +257,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   // during=recovery: the K-th recovery to start arms the injection, which fires delay_ms later
   // at whichever worker then holds (stage, replica): the spare being rebuilt, if it is that one.
   // Scheduled failures (mtbf, trace) count seconds of training from the end of iteration 0;
-  // one falls due only while no recovery runs and the previous one was recovered (this version
-  // recovers one loss at a time; during=recovery is how a failure enters a recovery).
+  // one falls due only while no recovery runs and the previous one was recovered, so that
+  // each is recovered (and measured) on its own; during=recovery is how a failure is put
+  // into a recovery on purpose.
   int recoveries_started = 0;
   bool recovering = false, awaiting_recovery = false, schedule_closed = false;
   std::vector<std::unique_ptr<asio::steady_timer>> delayed;
