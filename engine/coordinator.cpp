@@ -96,9 +96,10 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
     } else if (!started()) {
       why = "the job had not started training yet";
     } else if (during_rollback) {
-      why = fmt::format("it failed during a rollback, which checkpoint.policy = {} does not "
-                        "survive (policy moevement recovers losses during a recovery)",
-                        job_.policy);
+      why = fmt::format(
+          "it failed during a rollback, which checkpoint.policy = {} does not "
+          "survive (policy moevement recovers losses during a recovery)",
+          job_.policy);
     } else {
       why = "no spare worker is left (raise cluster.spares)";
     }
@@ -213,8 +214,7 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   worker_info& w = it->second;
   const auto [reg, member] = member_of(w.node);
   const bool rollback_spare = rolls_back_ && recovery_ && recovery_->spare == w.node;
-  const bool replacement =
-      phase_ == phase::recovering && (member != nullptr || rollback_spare);
+  const bool replacement = phase_ == phase::recovering && (member != nullptr || rollback_spare);
   if (phase_ != phase::starting && !replacement) co_return;
   if (member != nullptr && m.getGeneration() != reg->generation) co_return;  // an older one's
   if (m.getError().size() > 0) {

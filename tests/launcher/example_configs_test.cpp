@@ -104,7 +104,6 @@ TEST(example_configs, failure_infiniband_is_failure_single_over_slurm_with_a_pha
   EXPECT_NO_THROW((void)check_injection(injections[0], j));
 }
 
-
 TEST(example_configs, failure_cascading_has_a_spare_per_lost_stage) {
   const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
   ASSERT_NE(root, nullptr);
