@@ -272,8 +272,10 @@ TEST_P(ucx_link_test, hung_forgotten_then_killed_peer_leaves_survivors_fast) {
   // worker at 100% CPU: hundreds of thousands of busy arms where there had been one per round.
   EXPECT_LE(after.arm_busy, 2 * before.arm_busy + rounds) << "the worker stays busy: spinning";
   EXPECT_LE(after.arms, 2 * before.arms + rounds) << "far more pump passes per round trip";
-  // The pump's own guard (polling after a run of idle busy arms) must not be what saves it.
-  EXPECT_EQ(after.arm_stuck, 0u) << "UCX refuses to arm: the link fell back to polling";
+  // The pump's own guard (polling after a run of idle busy arms) must not be what saves it:
+  // with the bug it fired on nearly every round trip. One episode is tolerated (seen once in
+  // six sanitizer runs on a loaded machine: the killed peer's endpoint still closing).
+  EXPECT_LE(after.arm_stuck, 1u) << "UCX refuses to arm: the link fell back to polling";
   // Before, the safety tick drove next to none of the round trips; a link that cannot sleep
   // on the event fd needs it for most of them (counts, not times: both phases see the same
   // machine load).
