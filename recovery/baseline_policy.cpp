@@ -17,6 +17,7 @@
 #include "recovery/baseline_recovery.hpp"
 #include "recovery/moevement_policy.hpp"
 #include "recovery/sparse_capture.hpp"
+#include "recovery/worker_tasks.hpp"
 
 namespace moevement::recovery {
 
@@ -30,39 +31,6 @@ using sclock = std::chrono::steady_clock;
 
 double seconds_since(sclock::time_point t0) {
   return std::chrono::duration<double>(sclock::now() - t0).count();
-}
-
-// Runs fn on a thread of its own and waits (the actor thread keeps heartbeating); an
-// exception in fn comes back as a std::runtime_error with its message.
-template <class F>
-awaitable<void> off_thread(F&& fn) {
-  std::string error;
-  asio::thread_pool pool(1);
-  auto task = [&]() -> awaitable<void> {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    co_return;
-  };
-  co_await asio::co_spawn(pool.get_executor(), std::move(task), asio::use_awaitable);
-  if (!error.empty()) throw std::runtime_error(error);
-}
-
-// Pulls what `from` names into `into` in pieces of at most `chunk` bytes.
-awaitable<result<void>> pull_chunked(engine::bulk_io& io, transport::bulk_descriptor from,
-                                     std::span<std::byte> into, std::shared_ptr<void> keep,
-                                     std::uint64_t chunk) {
-  if (into.size() != from.length) co_return error{"pull: size mismatch"};
-  for (std::uint64_t off = 0; off < from.length; off += chunk) {
-    transport::bulk_descriptor piece = from;
-    piece.offset = from.offset + off;
-    piece.length = std::min(chunk, from.length - off);
-    auto r = co_await io.pull(piece, into.subspan(off, piece.length), keep);
-    if (!r.ok()) co_return r;
-  }
-  co_return result<void>{};
 }
 
 // Windows dense-disk keeps per stage replica: checkpoint.keep verified ones behind what the

@@ -15,6 +15,7 @@
 
 #include "recovery/snapshot.hpp"
 #include "recovery/sparse_to_dense.hpp"
+#include "recovery/worker_tasks.hpp"
 #include "sim/sparse_schedule.hpp"
 
 namespace moevement::recovery {
@@ -34,24 +35,6 @@ void write_key(wire::SlotKey::Builder b, int stage, int replica, std::uint64_t w
   b.setReplica(replica);
   b.setWindow(window);
   b.setSlot(slot);
-}
-
-// Runs fn on a thread of its own and waits (the actor thread keeps heartbeating); an
-// exception in fn comes back as a std::runtime_error with its message.
-template <class F>
-awaitable<void> off_thread(F&& fn) {
-  std::string error;
-  asio::thread_pool pool(1);
-  auto task = [&]() -> awaitable<void> {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    co_return;
-  };
-  co_await asio::co_spawn(pool.get_executor(), std::move(task), asio::use_awaitable);
-  if (!error.empty()) throw std::runtime_error(error);
 }
 
 // The stage's hooks. The capture of a step's slot runs on a capture thread of its own,
@@ -156,21 +139,6 @@ class checkpoint_hooks : public engine::stage_hooks {
   std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0};
   asio::thread_pool pool_{1};  // last: joined first
 };
-
-// Pulls what `from` names into `into` in pieces of at most `chunk` bytes.
-awaitable<result<void>> pull_chunked(engine::bulk_io& io, transport::bulk_descriptor from,
-                                     std::span<std::byte> into, std::shared_ptr<void> keep,
-                                     std::uint64_t chunk) {
-  if (into.size() != from.length) co_return error{"pull: size mismatch"};
-  for (std::uint64_t off = 0; off < from.length; off += chunk) {
-    transport::bulk_descriptor piece = from;
-    piece.offset = from.offset + off;
-    piece.length = std::min(chunk, from.length - off);
-    auto r = co_await io.pull(piece, into.subspan(off, piece.length), keep);
-    if (!r.ok()) co_return r;
-  }
-  co_return result<void>{};
-}
 
 }  // namespace
 
