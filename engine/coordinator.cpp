@@ -138,12 +138,22 @@ void coordinator::finish_with(job_outcome outcome) {
   if (finished_) return;
   finished_ = true;
   phase_ = phase::done;
+  if (outcome.ok) {
+    outcome.wall_s =
+        std::chrono::duration<double>(sclock::now() - job_start_).count() - validation_s_;
+    for (const auto& [i, secs] : committed_s_) outcome.useful_s += secs;
+    outcome.ettr = outcome.wall_s > 0 ? std::min(1.0, outcome.useful_s / outcome.wall_s) : 0.0;
+  }
   if (log_ != nullptr) {
     json_record r;
     r.add("kind", "event").add("event", outcome.ok ? "job_end" : "job_failed");
     r.add("iterations", outcome.iterations);
     if (outcome.ok) {
-      r.add("state_hash", hex16(outcome.state_hash));
+      r.add("state_hash", hex16(outcome.state_hash))
+          .add("wall_s", outcome.wall_s)
+          .add("useful_s", outcome.useful_s)
+          .add("validation_s", validation_s_)
+          .add("ettr", outcome.ettr);
     } else {
       r.add("message", outcome.message);
     }
@@ -546,6 +556,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
   }
   const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
   train_seconds_ += secs;
+  committed_s_[last_.iteration] = secs;
   last_.seconds = secs;
   const double tokens =
       double(job_.train.micro_batches) * job_.train.micro_batch_size * job_.train.seq_len * job_.dp;
@@ -607,6 +618,7 @@ awaitable<void> coordinator::after_iteration() {
 
 void coordinator::start_validation() {
   phase_ = phase::validating;
+  validation_start_ = sclock::now();
   ++val_round_;
   val_losses_.assign(std::size_t(job_.train.val_batches), std::nullopt);
   const std::uint64_t round = val_round_;
@@ -630,6 +642,7 @@ awaitable<void> coordinator::val_loss(wire::ValLoss::Reader m) {
   double sum = 0.0;  // in index order, as the reference sums
   for (const auto& v : val_losses_) sum += *v;
   last_val_ = sum / double(val_losses_.size());
+  validation_s_ += std::chrono::duration<double>(sclock::now() - validation_start_).count();
   if (log_ != nullptr) {
     log_->write(json_record{}
                     .add("kind", "validation")

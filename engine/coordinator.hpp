@@ -49,6 +49,13 @@ struct job_outcome {
   double seconds = 0.0;  // from the first iteration to the last step
   std::int64_t iterations = 0;
   double tokens_per_s = 0.0;
+  // ETTR of the run: useful_s over wall_s. wall_s runs from job_start to the end, less
+  // completed validation passes; useful_s sums, for every iteration index committed, the
+  // time of its committed attempt (once, however often it ran). What failures cost
+  // (detection, recovery, aborted and re-run iterations) is the difference; a policy's
+  // per-iteration checkpoint overhead counts as useful here (the benches charge it too,
+  // against a fault-free run of policy none).
+  double wall_s = 0.0, useful_s = 0.0, ettr = 0.0;
 };
 
 struct coordinator_callbacks {
@@ -196,6 +203,9 @@ class coordinator : public actors::actor {
   models::step_plan plan_;
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
   double train_seconds_ = 0.0;
+  std::map<std::int64_t, double> committed_s_;  // iteration -> its committed attempt (s)
+  double validation_s_ = 0.0;                    // completed validation passes (s)
+  std::chrono::steady_clock::time_point validation_start_;
   iteration_record last_;
   std::uint64_t val_round_ = 0;
   std::vector<std::optional<double>> val_losses_;

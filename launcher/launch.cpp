@@ -556,9 +556,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     return interrupted ? 130 : 1;
   }
   std::cout << fmt::format(
-      "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, {:.2f} s)\n",
+      "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, {:.2f} s)  "
+      "ETTR {:.3f}\n",
       outcome.final_loss, outcome.val_loss, outcome.tokens_per_s, outcome.iterations,
-      outcome.seconds);
+      outcome.seconds, outcome.ettr);
   std::cout << "run log: " << job.run_log << "\n";
   if (step) {
     std::cout << "Slurm step output (each task's stdout and stderr): " << step->output_path()

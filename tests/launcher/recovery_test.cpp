@@ -68,6 +68,36 @@ const std::string* event(const outcome& o, const std::string& name) {
   return nullptr;
 }
 
+// The run's ETTR in job_end: useful_s is the committed attempt of each iteration index (the
+// last iteration record per index), and what is lost (wall_s - useful_s) covers at least the
+// recovery's own pull and replay.
+void expect_ettr_accounts_for_the_recovery(const outcome& o) {
+  std::map<long, double> committed;
+  for (const auto& l : o.log) {
+    if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+      committed[long(number_field(l, "iteration"))] = number_field(l, "iteration_s");
+    }
+  }
+  double useful = 0;
+  for (const auto& [i, s] : committed) useful += s;
+  const std::string* end = event(o, "job_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  const double wall = number_field(*end, "wall_s"), ettr = number_field(*end, "ettr");
+  EXPECT_NEAR(number_field(*end, "useful_s"), useful, 1e-6 * (1 + useful));
+  EXPECT_NEAR(ettr, useful / wall, 1e-6);
+  EXPECT_GT(ettr, 0.0);
+  EXPECT_LT(ettr, 1.0);
+  double recovery = 0;
+  for (const auto& l : o.log) {
+    if (l.find("\"event\":\"recovery_end\"") != std::string::npos) {
+      recovery += number_field(l, "pull_s") + number_field(l, "replay_s");
+    }
+  }
+  EXPECT_GT(recovery, 0.0);
+  EXPECT_GE(wall - useful, recovery) << "the lost time includes the recovery";
+  EXPECT_NE(o.output.find("ETTR "), std::string::npos) << o.output;
+}
+
 TEST(recovery, capture_and_replication_change_no_bit) {
   const auto o = launch("clean", job(3, 1, 1));
   ASSERT_EQ(o.exit_code, 0) << o.output;
@@ -94,6 +124,7 @@ TEST(recovery, a_killed_stage_is_rebuilt_bit_exact_wherever_it_sits) {
     EXPECT_LE(number_field(*start, "target_iteration") - number_field(*start, "replay_from"), 4);
     EXPECT_NE(event(o, "recovery_end"), nullptr);
     EXPECT_NE(o.output.find("recovered on worker"), std::string::npos) << o.output;
+    expect_ettr_accounts_for_the_recovery(o);
   }
 }
 
