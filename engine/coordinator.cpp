@@ -87,19 +87,12 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
   const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
     return kv.second.stage < 0 && kv.first != n;
   });
-  // A rollback restarts every stage: a second loss during one ends the job.
-  const bool during_rollback = rolls_back_ && recovery_.has_value();
-  if (!(can_recover_ || rolls_back_) || !started() || during_rollback || !spare_left) {
+  if (!(can_recover_ || rolls_back_) || !started() || !spare_left) {
     std::string why;
     if (!(can_recover_ || rolls_back_)) {
       why = fmt::format("checkpoint.policy = {} cannot recover a lost worker", job_.policy);
     } else if (!started()) {
       why = "the job had not started training yet";
-    } else if (during_rollback) {
-      why = fmt::format(
-          "it failed during a rollback, which checkpoint.policy = {} does not "
-          "survive (policy moevement recovers losses during a recovery)",
-          job_.policy);
     } else {
       why = "no spare worker is left (raise cluster.spares)";
     }
@@ -112,7 +105,6 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
   if (!recovery_) {
     recovery_ = recovery_state{};
     recovery_->detected = sclock::now();
-    recovery_->lost = w;  // what a rollback rebuilds (one loss)
   }
   recovery_->pending.push_back(w);
   // As a turn of this actor, so that it never interleaves with a handler (this is called
@@ -223,7 +215,12 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   if (it == workers_.end()) co_return;
   worker_info& w = it->second;
   const auto [reg, member] = member_of(w.node);
-  const bool rollback_spare = rolls_back_ && recovery_ && recovery_->spare == w.node;
+  recovery_state::rebuild* rollback_spare = nullptr;
+  if (rolls_back_ && recovery_) {
+    for (auto& b : recovery_->rebuilds) {
+      if (b.spare == w.node) rollback_spare = &b;
+    }
+  }
   const bool replacement = phase_ == phase::recovering && (member != nullptr || rollback_spare);
   if (phase_ != phase::starting && !replacement) co_return;
   if (member != nullptr && m.getGeneration() != reg->generation) co_return;  // an older one's
@@ -264,7 +261,8 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     stages_[std::size_t(w.replica * job_.pp + w.stage)] = r;
     monitor(r);  // a stage actor that stops (its handler threw) ends the job, never a hang
   }
-  if (rollback_spare) {
+  if (rollback_spare != nullptr) {
+    rollback_spare->ready = true;
     co_await maybe_finish_recovery();
     co_return;
   }
@@ -336,15 +334,30 @@ awaitable<bool> coordinator::wire_all() {
         auto rl = b.initReplicators(static_cast<unsigned>(repl.size()));
         for (unsigned i = 0; i < repl.size(); ++i) write_ref(rl[i], repl[i]);
       };
+      const std::int64_t losses = losses_seen_;
       auto r = co_await ask<wire::Wire, wire::WireAck>(stage_ref(s, d), ask_timeout, fill);
       if (finished_) co_return false;
       if (!r.ok()) {
+        // During a recovery, a stage lost meanwhile: its recovery (posted) takes over.
+        const bool lost = recovery_ && co_await loss_follows(losses);
+        if (finished_ || lost) co_return false;
         fail(fmt::format("wiring stage {} replica {} failed: {}", s, d, r.err().message));
         co_return false;
       }
     }
   }
   co_return true;
+}
+
+awaitable<bool> coordinator::loss_follows(std::int64_t losses_before) {
+  // The transport often sees a peer die before the head's membership does: give the loss the
+  // failure timeout to arrive.
+  if (losses_seen_ == losses_before) {
+    asio::steady_timer grace(co_await asio::this_coro::executor,
+                             std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+    co_await grace.async_wait(asio::use_awaitable);
+  }
+  co_return losses_seen_ != losses_before;
 }
 
 awaitable<void> coordinator::wire_and_start() {
@@ -828,17 +841,16 @@ std::pair<coordinator::region*, coordinator::region_member*> coordinator::member
 
 awaitable<void> coordinator::recover() {
   if (finished_ || !recovery_) co_return;
+  // dense-memory, dense-disk, pec: the whole job goes back (once the survivors stepped).
+  if (rolls_back_ && (recovery_->begun || phase_ != phase::stepping)) {
+    co_await start_rollback();
+    co_return;
+  }
   if (!recovery_->begun) {
     // While the survivors step, let them finish: the lost stages are then rebuilt one
     // iteration further (its step plan is known), and nothing is recomputed outside them.
     if (phase_ == phase::stepping) {
       co_await maybe_stepped_all();  // the lost stages' Stepped are no longer waited for
-      co_return;
-    }
-    if (rolls_back_) {  // dense-memory, dense-disk, pec: the whole job goes back
-      recovery_->begun = true;
-      recovery_->pending.clear();
-      co_await start_rollback(recovery_->lost);
       co_return;
     }
     recovery_->begun = true;
@@ -1057,6 +1069,9 @@ void coordinator::send_restores(const region& r) {
 awaitable<void> coordinator::maybe_finish_recovery() {
   if (!recovery_ || !recovery_->pending.empty()) co_return;
   if (rolls_back_) {
+    for (const auto& b : recovery_->rebuilds) {
+      if (!b.ready) co_return;
+    }
     co_await finish_rollback();
     co_return;
   }

@@ -204,7 +204,7 @@ class coordinator : public actors::actor {
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
   double train_seconds_ = 0.0;
   std::map<std::int64_t, double> committed_s_;  // iteration -> its committed attempt (s)
-  double validation_s_ = 0.0;                    // completed validation passes (s)
+  double validation_s_ = 0.0;                   // completed validation passes (s)
   std::chrono::steady_clock::time_point validation_start_;
   iteration_record last_;
   std::uint64_t val_round_ = 0;
@@ -252,9 +252,16 @@ class coordinator : public actors::actor {
     std::chrono::steady_clock::time_point detected;
     std::vector<worker_info> pending;  // losses not yet placed in a region
     std::vector<region> regions;
-    // A rollback (dense-memory, dense-disk, pec) rebuilds one lost stage on one spare.
-    worker_info lost;
-    transport::node_id spare = 0;
+    // A rollback (dense-memory, dense-disk, pec) rebuilds every lost stage on a spare of
+    // its own; a loss during it (a survivor, or a spare being rebuilt) adds a rebuild and
+    // starts the rollback's loading over (`attempt`).
+    struct rebuild {
+      worker_info lost;
+      transport::node_id spare = 0;
+      bool ready = false;
+    };
+    std::vector<rebuild> rebuilds;
+    std::uint64_t attempt = 0;
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
   std::uint64_t generations_ = 0;
@@ -267,7 +274,10 @@ class coordinator : public actors::actor {
   std::int64_t lost_tokens_total_ = 0;                     // pec, over every rollback so far
   // The lost stage's replacement is built on a spare, then every stage loads the newest
   // checkpoint all of them can: the job restarts there.
-  asio::awaitable<void> start_rollback(worker_info lost);
+  asio::awaitable<void> start_rollback();
+  // After a failed ask during a recovery: true when a worker was lost since `losses_before`
+  // (waiting up to the failure timeout for its loss to arrive).
+  asio::awaitable<bool> loss_follows(std::int64_t losses_before);
   asio::awaitable<void> finish_rollback();
   // k (deciding it after iteration 0's profile), recording the loss scaler at checkpoint
   // points; called once per iteration after its step is planned.

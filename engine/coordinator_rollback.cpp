@@ -75,76 +75,105 @@ int coordinator::checkpoint_interval() {
   return interval_;
 }
 
-awaitable<void> coordinator::start_rollback(worker_info lost) {
-  phase_ = phase::recovering;
-  {
+awaitable<void> coordinator::start_rollback() {
+  if (!recovery_->begun) {
+    recovery_->begun = true;
+    phase_ = phase::recovering;
+    recovery_->target = iteration_;
     // Every surviving stage drops the iteration in progress: the whole job goes back.
     const std::uint64_t e = epoch_;
-    for (const actor_ref& r : stages_) {
-      if (!r.valid()) continue;
+    const std::vector<actor_ref> alive = stages_;
+    for (std::size_t i = 0; i < alive.size(); ++i) {
+      if (!alive[i].valid()) continue;
+      const std::int64_t losses = losses_seen_;
       auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
-      auto res = co_await ask<wire::Abort, wire::AbortAck>(r, rollback_timeout, fill);
+      auto res = co_await ask<wire::Abort, wire::AbortAck>(alive[i], rollback_timeout, fill);
       if (finished_) co_return;
-      if (!res.ok()) {
+      if (!res.ok() && !(co_await loss_follows(losses))) {
+        if (finished_) co_return;
         fail("aborting the iteration for a rollback failed: " + res.err().message);
         co_return;
       }
+      if (finished_) co_return;
     }
   }
-  transport::node_id spare = 0;
-  for (const auto& [n, w] : workers_) {
-    if (w.stage < 0) {
-      spare = n;
-      break;
+  if (recovery_->pending.empty()) co_return;  // placed by an earlier turn
+  // A loss during the rollback (a survivor, or a spare being rebuilt) starts its loading over
+  // once the new spare is ready: a finish_rollback in progress gives up (`attempt`).
+  ++recovery_->attempt;
+  const std::vector<worker_info> lost = std::move(recovery_->pending);
+  recovery_->pending.clear();
+  auto& rebuilds = recovery_->rebuilds;
+  for (const worker_info& w : lost) {
+    std::erase_if(rebuilds, [&](const recovery_state::rebuild& b) { return b.spare == w.node; });
+    if (std::any_of(rebuilds.begin(), rebuilds.end(), [&](const recovery_state::rebuild& b) {
+          return b.lost.stage == w.stage && b.lost.replica == w.replica;
+        })) {
+      continue;  // already being rebuilt
     }
+    transport::node_id spare = 0;
+    for (const auto& [n, sw] : workers_) {
+      if (sw.stage < 0) {
+        spare = n;
+        break;
+      }
+    }
+    if (spare == 0) {
+      fail(
+          fmt::format("stage {} replica {} was lost and no spare worker is left (raise "
+                      "cluster.spares)",
+                      w.stage, w.replica));
+      co_return;
+    }
+    worker_info& sw = workers_.at(spare);
+    sw.stage = w.stage;
+    sw.replica = w.replica;
+    rebuilds.push_back({w, spare, false});
+    const std::int64_t failed_at = recovery_->target;
+    const bool again = recovery_->attempt > 1;
+    if (callbacks_.on_notice) {
+      callbacks_.on_notice(fmt::format(
+          "stage {} replica {} lost (worker {}) at iteration {}{}; policy {}: a fresh stage on "
+          "spare worker {}, then every stage rolls back to the last checkpoint",
+          w.stage, w.replica, w.node, failed_at, again ? ", during the rollback" : "", job_.policy,
+          spare));
+    }
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "recovery_start")
+                      .add("recovery", "rollback")
+                      .add("policy", job_.policy)
+                      .add("stage", w.stage)
+                      .add("replica", w.replica)
+                      .add("lost_node", std::int64_t{w.node})
+                      .add("spare_node", std::int64_t{spare})
+                      .add("target_iteration", failed_at)
+                      .add("attempt", std::int64_t(recovery_->attempt)));
+    }
+    const actor_ref me = self();
+    const int st = w.stage, rep = w.replica;
+    (void)tell<wire::Restore>(sw.agent, [&](wire::Restore::Builder b) {
+      b.setStage(st);
+      b.setReplica(rep);
+      b.setTargetIteration(failed_at);
+      b.setHasWindow(false);
+      write_ref(b.initCoordinator(), me);
+    });
+    if (callbacks_.on_recovery && !again) callbacks_.on_recovery("recovery_start", failed_at);
   }
-  if (spare == 0) {
-    fail(
-        fmt::format("stage {} replica {} was lost and no spare worker is left (raise "
-                    "cluster.spares)",
-                    lost.stage, lost.replica));
-    co_return;
-  }
-  worker_info& sw = workers_.at(spare);
-  sw.stage = lost.stage;
-  sw.replica = lost.replica;
-  recovery_->spare = spare;
-  recovery_->target = iteration_;
-  const std::int64_t failed_at = iteration_;
-  if (callbacks_.on_notice) {
-    callbacks_.on_notice(fmt::format(
-        "stage {} replica {} lost (worker {}) at iteration {}; policy {}: a fresh stage on spare "
-        "worker {}, then every stage rolls back to the last checkpoint",
-        lost.stage, lost.replica, lost.node, failed_at, job_.policy, spare));
-  }
-  if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "recovery_start")
-                    .add("recovery", "rollback")
-                    .add("policy", job_.policy)
-                    .add("stage", lost.stage)
-                    .add("replica", lost.replica)
-                    .add("lost_node", std::int64_t{lost.node})
-                    .add("spare_node", std::int64_t{spare})
-                    .add("target_iteration", failed_at));
-  }
-  const actor_ref me = self();
-  const int st = lost.stage, rep = lost.replica;
-  (void)tell<wire::Restore>(sw.agent, [&](wire::Restore::Builder b) {
-    b.setStage(st);
-    b.setReplica(rep);
-    b.setTargetIteration(failed_at);
-    b.setHasWindow(false);
-    write_ref(b.initCoordinator(), me);
-  });
-  if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_start", failed_at);
 }
 
 awaitable<void> coordinator::finish_rollback() {
   const recovery_state rec = *recovery_;
+  // A loss while this runs (its ask fails, or it arrives between asks) leaves the rest to
+  // the recovery it posted: the lost stage is rebuilt and this starts over.
+  auto superseded = [&] {
+    return finished_ || !recovery_ || recovery_->attempt != rec.attempt ||
+           !recovery_->pending.empty();
+  };
   const bool wired = co_await wire_all();
-  if (!wired) co_return;
+  if (!wired || superseded()) co_return;
   std::vector<actor_ref> holders;
   for (const auto& [n, w] : workers_) {
     if (w.replicator.valid()) holders.push_back(w.replicator);
@@ -165,10 +194,12 @@ awaitable<void> coordinator::finish_rollback() {
         auto l = b.initHolders(static_cast<unsigned>(holders.size()));
         for (unsigned i = 0; i < holders.size(); ++i) write_ref(l[i], holders[i]);
       };
+      const std::int64_t losses = losses_seen_;
       auto r = co_await ask<wire::RollbackQuery, wire::RollbackOffer>(agent_at(s, d),
                                                                       rollback_timeout, fill);
-      if (finished_) co_return;
+      if (superseded()) co_return;
       if (!r.ok()) {
+        if (co_await loss_follows(losses) || superseded()) co_return;
         fail(fmt::format("asking stage {} replica {} for its checkpoints failed: {}", s, d,
                          r.err().message));
         co_return;
@@ -212,9 +243,11 @@ awaitable<void> coordinator::finish_rollback() {
         b.setIteration(c);
         b.setInterval(k);
       };
+      const std::int64_t losses = losses_seen_;
       auto r = co_await ask<wire::RollbackLoad, wire::RollbackLoaded>(agent_at(s, d),
                                                                       rollback_timeout, fill);
-      if (finished_) co_return;
+      if (superseded()) co_return;
+      if (!r.ok() && (co_await loss_follows(losses) || superseded())) co_return;
       if (!r.ok() || r->get().getError().size() > 0) {
         fail(fmt::format("stage {} replica {} could not roll back to iteration {}: {}", s, d, c,
                          r.ok() ? std::string(r->get().getError()) : r.err().message));
@@ -235,14 +268,21 @@ awaitable<void> coordinator::finish_rollback() {
   ++recoveries_;
   const double secs = std::chrono::duration<double>(sclock::now() - rec.detected).count();
   const std::int64_t recomputed = rec.target - c;
+  std::string rebuilt;  // stage/replica@worker of every stage rebuilt
+  for (const auto& b : rec.rebuilds) {
+    rebuilt += fmt::format("{}{}/{}@{}", rebuilt.empty() ? "" : ",", b.lost.stage, b.lost.replica,
+                           b.spare);
+  }
   json_record end;
   end.add("kind", "event")
       .add("event", "recovery_end")
       .add("recovery", "rollback")
       .add("policy", job_.policy)
-      .add("stage", rec.lost.stage)
-      .add("replica", rec.lost.replica)
-      .add("spare_node", std::int64_t{rec.spare})
+      .add("stage", rec.rebuilds.front().lost.stage)
+      .add("replica", rec.rebuilds.front().lost.replica)
+      .add("spare_node", std::int64_t{rec.rebuilds.front().spare})
+      .add("rebuilt", rebuilt)
+      .add("restarts", std::int64_t(rec.attempt) - 1)
       .add("target_iteration", rec.target)
       .add("rollback_to", c)
       .add("replay_from", c)
@@ -281,10 +321,14 @@ awaitable<void> coordinator::finish_rollback() {
   }
   if (log_ != nullptr) log_->write(end);
   if (callbacks_.on_notice) {
-    callbacks_.on_notice(fmt::format(
-        "stage {} replica {} rebuilt on worker {}; every stage rolled back to iteration {} in "
-        "{:.2f} s ({} iteration(s) to recompute){}",
-        rec.lost.stage, rec.lost.replica, rec.spare, c, secs, recomputed, pec_line));
+    callbacks_.on_notice(
+        fmt::format("{} rebuilt ({}); every stage rolled back to iteration {} in {:.2f} s ({} "
+                    "iteration(s) to recompute){}",
+                    rec.rebuilds.size() == 1
+                        ? fmt::format("stage {} replica {}", rec.rebuilds.front().lost.stage,
+                                      rec.rebuilds.front().lost.replica)
+                        : fmt::format("{} stages", rec.rebuilds.size()),
+                    rebuilt, c, secs, recomputed, pec_line));
   }
   phase_ = phase::running;
   if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_end", c);

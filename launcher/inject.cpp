@@ -468,10 +468,10 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
                     "snapshots)",
                     job.policy));
   }
-  if (inj.during_recovery && job.policy != "moevement") {
+  if (inj.during_recovery && job.policy != "moevement" && !engine::rollback_policy(job.policy)) {
     fail(
-        fmt::format("during=recovery needs checkpoint.policy = \"moevement\" (policy {} does not "
-                    "recover, so no recovery ever starts)",
+        fmt::format("during=recovery needs a policy that recovers (moevement, dense-memory, "
+                    "dense-disk or pec; policy {} does not, so no recovery ever starts)",
                     job.policy));
   }
   return {};

@@ -99,6 +99,34 @@ TEST(rollback, dense_memory_kill_rolls_back_bit_exact) {
   EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
 }
 
+// A second loss during the rollback: a survivor (stage 2), or the spare being rebuilt as
+// stage 1 itself. The rollback takes another spare for it, starts its loading over, and the
+// job still ends bit for bit as the fault-free run.
+TEST(rollback, a_loss_during_the_rollback_adds_a_rebuild_and_starts_it_over) {
+  for (const std::string second : {"stage=2,replica=0", "stage=1,replica=0"}) {
+    background_launch j("during" + second.substr(6, 1),
+                        job("dense-memory", 3, 1,
+                            "--set checkpoint.interval=3 --set cluster.spares=2 "
+                            "--set cluster.failure_timeout_ms=3000 "
+                            "--inject kill:stage=1,replica=0,iter=7 --inject kill:" +
+                                second + ",during=recovery"));
+    const auto o = finish(j);
+    ASSERT_EQ(o.exit_code, 0) << second << "\n" << o.output;
+    EXPECT_EQ(o.hash, reference(1)) << second;
+    int ends = 0;
+    for (const auto& l : o.log) ends += l.find("\"event\":\"recovery_end\"") != std::string::npos;
+    EXPECT_EQ(ends, 1) << "one rollback, restarted: " << second << "\n" << o.output;
+    const std::string* end = event(o, "recovery_end");
+    ASSERT_NE(end, nullptr) << o.output;
+    EXPECT_EQ(number_field(*end, "rollback_to"), 6);
+    EXPECT_GE(number_field(*end, "restarts"), 1) << *end;
+    if (second == "stage=2,replica=0") {
+      EXPECT_NE(end->find("2/0@"), std::string::npos) << *end;
+    }
+    EXPECT_NE(end->find("1/0@"), std::string::npos) << *end;
+  }
+}
+
 // Before the first checkpoint: every stage goes back to its initial state.
 TEST(rollback, a_failure_before_any_checkpoint_restarts_from_the_initial_state) {
   background_launch j("early", job("dense-memory", 2, 1,
