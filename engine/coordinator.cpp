@@ -799,7 +799,8 @@ void coordinator::maybe_persist() {
     durable_seconds_ = 0.0;
     durable_errors_ = 0;
     durable_windows_[window] = first;
-    while (durable_windows_.size() > std::size_t(job_.baseline.keep) + 1) {
+    // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
+    while (durable_windows_.size() > std::size_t(job_.baseline.keep) + 2) {
       durable_windows_.erase(durable_windows_.begin());
     }
   }

@@ -264,7 +264,7 @@ class coordinator : public actors::actor {
   std::pair<region*, region_member*> member_of(transport::node_id spare);
   // The durable tier (checkpoint.durable under moevement): one persisted window at a time is
   // written by every stage; the windows asked for (window -> first iteration), the newest
-  // checkpoint.keep + 1, whose step plans are kept for a rollback to them.
+  // checkpoint.keep + 2, whose step plans are kept for a rollback to them.
   bool durable_ = false;
   std::optional<std::uint64_t> durable_inflight_;
   std::vector<bool> durable_reported_;  // [index] of durable_inflight_

@@ -605,7 +605,9 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   if (durable_) {
     durable.writer = durable_;
     durable.dir = durable_window_dir(job_.baseline.dir, setup.stage, setup.replica);
-    durable.keep = std::size_t(job_.baseline.keep);
+    // One more than checkpoint.keep: the stages may be a window apart (the one being
+    // written), and a corrupt newest common window must still have a good one behind it.
+    durable.keep = std::size_t(job_.baseline.keep) + 1;
     if (fresh_) {
       // A new job: windows an earlier job left there must never be loaded as this one's.
       durable_->post([dir = durable.dir] {
