@@ -11,7 +11,8 @@
 // cluster.failure_timeout_ms=10000 (see below), --kill-iter T (default 2/3 of the run),
 // --kill-stage S (default pp/2), --no-recovery, --profile-out FILE, --durable (the moevement
 // runs with checkpoint.durable = true in a temporary checkpoint.dir: what writing persisted
-// windows to disk in the background costs; also prints durable_windows, bytes and seconds).
+// windows to disk in the background costs: also runs moevement without it, interleaved, and
+// prints durable_iteration_time ours=durable theirs=without, durable_windows, bytes, seconds).
 //
 // Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
 // Counted iterations: those at or after the end of the first window (window_chosen's
@@ -335,10 +336,14 @@ int main(int argc, char** argv) {
       fs::remove(log);
       return 0;
     }
-    std::vector<run_result> none, moe;
+    std::vector<run_result> none, moe, plain;  // plain: moevement without the durable tier
     for (int r = 0; r < o.repeats; ++r) {
       if (o.fault_free_compare) none.push_back(parse(launch(bin, args("none", ""), log)));
       moe.push_back(parse(launch(bin, args("moevement", ""), log)));
+      if (o.durable) {
+        plain.push_back(
+            parse(launch(bin, args("moevement", "", {"checkpoint.durable=false"}), log)));
+      }
     }
     // Counted: at or after the end of the first window, in every moevement run.
     const long skip = counted_from(moe);
@@ -387,6 +392,15 @@ int main(int argc, char** argv) {
           dsecs.push_back(d.seconds);
         }
       }
+      std::vector<double> plain_s;
+      for (const auto& r : plain) {
+        for (const auto& it : r.iterations) {
+          if (it.iteration >= skip) plain_s.push_back(it.seconds);
+        }
+      }
+      // ours: moevement with the durable tier; theirs: without (interleaved runs).
+      std::printf("durable_iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median,
+                  median(plain_s), median(plain_s) / moe_median);
       std::printf("durable_windows_per_run: %.1f\n", double(dbytes.size()) / double(moe.size()));
       if (!dbytes.empty()) {
         std::printf("durable_window_bytes_mean: %.0f\ndurable_window_seconds_median: %.4f\n",
