@@ -9,7 +9,10 @@
 // --spares N (default 1, every run, so both policies run on the same processes),
 // --w-sparse N (default 0: Algorithm 1 chooses); every run gets
 // cluster.failure_timeout_ms=10000 (see below), --kill-iter T (default 2/3 of the run),
-// --kill-stage S (default pp/2), --no-recovery, --profile-out FILE.
+// --kill-stage S (default pp/2), --no-recovery, --profile-out FILE, --durable (the moevement
+// runs with checkpoint.durable = true in a temporary checkpoint.dir: what writing persisted
+// windows to disk in the background costs: also runs moevement without it, interleaved, and
+// prints durable_iteration_time ours=durable theirs=without, durable_windows, bytes, seconds).
 //
 // Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
 // Counted iterations: those at or after the end of the first window (window_chosen's
@@ -81,7 +84,7 @@ struct options {
   std::vector<std::string> sets;
   int repeats = 3, iterations = 40, pp = 3, dp = 1, spares = 1, w_sparse = 0;
   int kill_iter = -1, kill_stage = -1;
-  bool recovery = true, fault_free_compare = true;
+  bool recovery = true, fault_free_compare = true, durable = false;
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
 };
@@ -186,6 +189,8 @@ options parse_options(int argc, char** argv) {
       o.kill_stage = std::atoi(value().c_str());
     else if (f == "--no-recovery")
       o.recovery = false;
+    else if (f == "--durable")
+      o.durable = true;
     else if (f == "--mtbf")
       o.mtbf = std::atof(value().c_str());
     else if (f == "--profile-out")
@@ -304,6 +309,10 @@ int main(int argc, char** argv) {
       set(fmt::format("cluster.spares={}", o.spares));
       set("checkpoint.policy=" + policy);
       if (policy == "moevement") set(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
+      if (policy == "moevement" && o.durable) {
+        set("checkpoint.durable=true");
+        set("checkpoint.dir=" + (fs::path(log).replace_extension(".ckpt")).string());
+      }
       // On a loaded 2-core machine the 1 s default heartbeat silence was taken for a lost
       // worker (a false failure ends a `none` run); the injected kill is detected by the
       // process's exit, not by this timeout. --set overrides it.
@@ -327,10 +336,14 @@ int main(int argc, char** argv) {
       fs::remove(log);
       return 0;
     }
-    std::vector<run_result> none, moe;
+    std::vector<run_result> none, moe, plain;  // plain: moevement without the durable tier
     for (int r = 0; r < o.repeats; ++r) {
       if (o.fault_free_compare) none.push_back(parse(launch(bin, args("none", ""), log)));
       moe.push_back(parse(launch(bin, args("moevement", ""), log)));
+      if (o.durable) {
+        plain.push_back(
+            parse(launch(bin, args("moevement", "", {"checkpoint.durable=false"}), log)));
+      }
     }
     // Counted: at or after the end of the first window, in every moevement run.
     const long skip = counted_from(moe);
@@ -371,6 +384,30 @@ int main(int argc, char** argv) {
     std::printf("stall_s_mean: %.6f\n", mean(stall));
     std::printf("peak_snapshot_log_host_bytes: %.0f\n",
                 *std::max_element(host.begin(), host.end()));
+    if (o.durable) {
+      std::vector<double> dbytes, dsecs;
+      for (const auto& r : moe) {
+        for (const auto& d : r.durable) {
+          dbytes.push_back(d.bytes);
+          dsecs.push_back(d.seconds);
+        }
+      }
+      std::vector<double> plain_s;
+      for (const auto& r : plain) {
+        for (const auto& it : r.iterations) {
+          if (it.iteration >= skip) plain_s.push_back(it.seconds);
+        }
+      }
+      // ours: moevement with the durable tier; theirs: without (interleaved runs).
+      std::printf("durable_iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median,
+                  median(plain_s), median(plain_s) / moe_median);
+      std::printf("durable_windows_per_run: %.1f\n", double(dbytes.size()) / double(moe.size()));
+      if (!dbytes.empty()) {
+        std::printf("durable_window_bytes_mean: %.0f\ndurable_window_seconds_median: %.4f\n",
+                    mean(dbytes), median(dsecs));
+      }
+      fs::remove_all(fs::path(log).replace_extension(".ckpt"));
+    }
 
     const auto fault_free = per_index(moe);
     std::vector<double> ff_ettr;

@@ -43,6 +43,12 @@ struct persist_rec {
   long window = -1, first_iteration = -1;
 };
 
+// A durable_window record (checkpoint.durable): one window on disk on every stage replica.
+struct durable_rec {
+  long window = -1;
+  double bytes = 0, seconds = 0;  // all stages' bytes, the slowest stage's seconds
+};
+
 // A recovery_end record: detection to resume, and its parts as the coordinator measured them.
 struct recovery_rec {
   double t = 0;  // seen
@@ -70,6 +76,7 @@ struct run_result {
   std::vector<loss_rec> losses;          // every worker_lost, in order
   std::vector<recovery_rec> recoveries;  // every recovery_end, in order
   std::vector<persist_rec> persisted;    // every window_persisted, in order
+  std::vector<durable_rec> durable;      // every durable_window, in order
 };
 
 inline double number(const std::string& line, const std::string& key) {
@@ -109,6 +116,8 @@ inline run_result parse(const std::vector<stamped>& log) {
       r.profile_bandwidth = number(l, "profile_bandwidth");
     } else if (is_event(l, "window_persisted")) {
       r.persisted.push_back({t, long(number(l, "window")), long(number(l, "first_iteration"))});
+    } else if (is_event(l, "durable_window")) {
+      r.durable.push_back({long(number(l, "window")), number(l, "bytes"), number(l, "seconds")});
     } else if (is_event(l, "job_start")) {
       r.t_start = t;
     } else if (is_event(l, "job_end")) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "actors/system.hpp"
@@ -24,6 +25,13 @@ namespace moevement::engine {
 // Algorithm 1's view of one operator.
 struct op_size {
   std::uint64_t compute_bytes = 0, master_bytes = 0, optim_bytes = 0;
+};
+
+// Thrown by worker_checkpoint::restore() when every copy of a snapshot the restore needs is
+// gone: the coordinator may then fall back to the durable tier (checkpoint.durable).
+class snapshot_lost : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class worker_checkpoint {

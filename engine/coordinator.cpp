@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "base/hash.hpp"
@@ -47,8 +48,10 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::StageFailed>(&coordinator::stage_failed);
   on<wire::ValLoss>(&coordinator::val_loss);
   on<wire::WindowReplicated>(&coordinator::window_replicated);
+  on<wire::DurableWritten>(&coordinator::durable_written);
   can_recover_ = job_.policy == "moevement";
   rolls_back_ = rollback_policy(job_.policy);
+  durable_ = can_recover_ && durable_tier(job_);
 }
 
 awaitable<void> coordinator::on_start() {
@@ -231,10 +234,15 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
       // A restore usually fails because a worker it pulled from died: the head learns of that
       // within the failure timeout, and the region then grows (cascading) and restarts.
       const std::int64_t losses = losses_seen_;
+      const bool lost_copies = m.getSnapshotLost();
       asio::steady_timer grace(co_await asio::this_coro::executor,
                                std::chrono::milliseconds(job_.failure_timeout_ms + 200));
       co_await grace.async_wait(asio::use_awaitable);
-      if (finished_ || losses_seen_ != losses) co_return;
+      if (finished_ || losses_seen_ != losses || !recovery_) co_return;
+      if (lost_copies && durable_ && !rolls_back_) {
+        co_await start_durable_rollback(std::move(message));
+        co_return;
+      }
     }
     fail(message);
     co_return;
@@ -807,13 +815,33 @@ void coordinator::maybe_persist() {
   replicated_.erase(replicated_.begin(), replicated_.upper_bound(window));
   window_first_.erase(window_first_.begin(), window_first_.upper_bound(window));
   schedule_digests_.erase(schedule_digests_.begin(), schedule_digests_.upper_bound(window));
-  steps_.erase(steps_.begin(), steps_.lower_bound(first));
+  // The durable tier writes one window at a time: this one when the one before is written
+  // everywhere (a disk slower than the windows skips windows, never stalls a step).
+  const bool durable = durable_ && !durable_inflight_;
+  if (durable) {
+    durable_inflight_ = window;
+    durable_reported_.assign(stages_.size(), false);
+    durable_bytes_ = 0;
+    durable_seconds_ = 0.0;
+    durable_errors_ = 0;
+    durable_windows_[window] = first;
+    // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
+    while (durable_windows_.size() > std::size_t(job_.baseline.keep) + 2) {
+      durable_windows_.erase(durable_windows_.begin());
+    }
+  }
+  // Step plans stay from the oldest window a recovery may start from: this one, or a durable
+  // one still on disk.
+  const std::int64_t keep_from =
+      durable_windows_.empty() ? first : std::min(first, durable_windows_.begin()->second);
+  steps_.erase(steps_.begin(), steps_.lower_bound(keep_from));
   for (const auto& [n, w] : workers_) {
     for (const actor_ref& r : {w.checkpoint, w.replicator}) {
       if (!r.valid()) continue;
       (void)tell<wire::WindowPersisted>(r, [&](wire::WindowPersisted::Builder b) {
         b.setWindow(window);
         b.setFirstIteration(first);
+        b.setDurable(durable && r == w.checkpoint);
       });
     }
   }
@@ -825,6 +853,52 @@ void coordinator::maybe_persist() {
                     .add("first_iteration", first)
                     .add("iteration", iteration_));
   }
+}
+
+awaitable<void> coordinator::durable_written(wire::DurableWritten::Reader m) {
+  const int s = m.getStage(), d = m.getReplica();
+  if (!durable_ || s < 0 || s >= job_.pp || d < 0 || d >= job_.dp) co_return;
+  const std::string error = m.getError();
+  if (log_ != nullptr) {
+    json_record r;
+    r.add("kind", "event")
+        .add("event", "durable_written")
+        .add("stage", s)
+        .add("replica", d)
+        .add("window", std::int64_t(m.getWindow()))
+        .add("bytes", std::int64_t(m.getBytes()))
+        .add("seconds", m.getSeconds());
+    if (!error.empty()) r.add("error", error.substr(0, 512));
+    log_->write(r);
+  }
+  if (!error.empty() && callbacks_.on_notice) {
+    callbacks_.on_notice(
+        fmt::format("durable tier: stage {} replica {} did not write window {}: {}", s, d,
+                    m.getWindow(), error.substr(0, 512)));
+  }
+  if (!durable_inflight_ || m.getWindow() != *durable_inflight_) co_return;
+  const std::size_t i = std::size_t(d * job_.pp + s);
+  if (durable_reported_[i]) co_return;
+  durable_reported_[i] = true;
+  durable_bytes_ += m.getBytes();
+  durable_seconds_ = std::max(durable_seconds_, m.getSeconds());
+  durable_errors_ += !error.empty();
+  if (!std::all_of(durable_reported_.begin(), durable_reported_.end(), [](bool b) { return b; })) {
+    co_return;
+  }
+  // Every stage replica answered: one persisted durable window, its bytes in all and the
+  // slowest stage's seconds (they write in parallel).
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "durable_window")
+                    .add("window", std::int64_t(*durable_inflight_))
+                    .add("bytes", std::int64_t(durable_bytes_))
+                    .add("seconds", durable_seconds_)
+                    .add("failed", durable_errors_)
+                    .add("iteration", iteration_));
+  }
+  durable_inflight_.reset();
 }
 
 std::pair<coordinator::region*, coordinator::region_member*> coordinator::member_of(
@@ -929,46 +1003,191 @@ awaitable<void> coordinator::recover() {
   std::sort(regions.begin(), regions.end(),
             [](const region& a, const region& b) { return a.first < b.first; });
   for (region& r : regions) {
-    if (!r.dirty) continue;
+    // While the durable window is being chosen, losses are only placed: the choice then
+    // gives them spares and sends every Restore.
+    if (!r.dirty || recovery_->durable_choosing) continue;
     r.dirty = false;
     if (r.generation != 0) ++r.restarts;
-    // Every role without a worker gets a spare; roles whose spare already restored an older
-    // generation restore again (same worker) with the enlarged region.
-    for (region_member& m : r.members) {
-      if (m.spare == 0) {
-        for (auto& [n, w] : workers_) {
-          if (w.stage < 0) {
-            m.spare = n;
-            w.stage = m.lost.stage;
-            w.replica = m.lost.replica;
-            break;
-          }
-        }
-      }
-      if (m.spare == 0) {
-        fail(fmt::format(
-            "stage {} replica {} was lost and no spare worker is left (raise cluster.spares)",
-            m.lost.stage, m.lost.replica));
-        co_return;
-      }
-      m.ready = false;
-      worker_info& sw = workers_.at(m.spare);
-      if (sw.stage_actor.valid()) {  // reported an older generation: that stage is dropped
-        sw.stage_actor = actor_ref{};
-        stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
-      }
-    }
+    if (!assign_spares(r)) co_return;
     r.generation = ++generations_;
     r.started = sclock::now();
     send_restores(r);
   }
 }
 
+bool coordinator::assign_spares(region& r) {
+  // Every role without a worker gets a spare; roles whose spare already restored an older
+  // generation restore again (same worker) with the enlarged region.
+  for (region_member& m : r.members) {
+    if (m.spare == 0) {
+      for (auto& [n, w] : workers_) {
+        if (w.stage < 0) {
+          m.spare = n;
+          w.stage = m.lost.stage;
+          w.replica = m.lost.replica;
+          break;
+        }
+      }
+    }
+    if (m.spare == 0) {
+      fail(fmt::format(
+          "stage {} replica {} was lost and no spare worker is left (raise cluster.spares)",
+          m.lost.stage, m.lost.replica));
+      return false;
+    }
+    m.ready = false;
+    worker_info& sw = workers_.at(m.spare);
+    if (sw.stage_actor.valid()) {  // reported an older generation, or a survivor's stage
+      sw.stage_actor = actor_ref{};
+      stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
+    }
+  }
+  return true;
+}
+
+awaitable<void> coordinator::start_durable_rollback(std::string why) {
+  if (!recovery_ || recovery_->durable || finished_) co_return;
+  const std::int64_t target = recovery_->target;
+  if (callbacks_.on_notice) {
+    callbacks_.on_notice(fmt::format(
+        "{}; every copy of a needed snapshot is gone: falling back to the durable tier, the "
+        "whole job rolls back",
+        why));
+  }
+  // One region: the whole pipeline, every role. Lost roles keep the spare they have; every
+  // other role is restored by the worker that holds it (survivors, and spares that rebuilt
+  // another region).
+  region all;
+  all.first = 0;
+  all.last = job_.pp - 1;
+  std::map<std::pair<int, int>, region_member> roles;
+  for (region& r : recovery_->regions) {
+    for (region_member& m : r.members) roles[{m.lost.stage, m.lost.replica}] = m;
+    all.restarts = std::max(all.restarts, r.restarts + (r.generation != 0 ? 1 : 0));
+    all.started = r.started;
+  }
+  for (const auto& [n, w] : workers_) {
+    if (w.stage < 0 || roles.contains({w.stage, w.replica})) continue;
+    region_member m;
+    m.lost = w;
+    m.spare = n;
+    roles[{w.stage, w.replica}] = m;
+  }
+  for (auto& [role, m] : roles) all.members.push_back(m);
+  all.dirty = true;
+  recovery_->regions.clear();
+  recovery_->regions.push_back(std::move(all));
+  recovery_->durable = true;
+  recovery_->durable_choosing = true;
+
+  // The newest window every role has complete and verified on disk. A loss meanwhile (placed
+  // by recover(): its role has no worker) gets a spare and everyone is asked again.
+  std::uint64_t window = 0;
+  bool found = false;
+  std::vector<std::string> rejected;
+  for (;;) {
+    region& r = recovery_->regions.front();
+    // Losses since (this handler keeps recover() from running: place them here).
+    for (const worker_info& w : recovery_->pending) {
+      auto [reg, member] = member_of(w.node);
+      if (member != nullptr) {
+        member->spare = 0;
+        continue;
+      }
+      const bool known = std::any_of(r.members.begin(), r.members.end(), [&](const auto& m) {
+        return m.lost.stage == w.stage && m.lost.replica == w.replica;
+      });
+      if (!known && w.stage >= 0) r.members.push_back(region_member{w});
+    }
+    recovery_->pending.clear();
+    if (!assign_spares(r)) co_return;
+    for (region_member& m : r.members) {  // the survivors' stages go: every stage restores
+      worker_info& w = workers_.at(m.spare);
+      w.stage_actor = actor_ref{};
+      stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
+    }
+    const std::int64_t losses = losses_seen_;
+    std::map<std::uint64_t, int> offered;
+    rejected.clear();
+    const std::vector<region_member> members = r.members;
+    for (const region_member& m : members) {
+      const auto it = workers_.find(m.spare);
+      if (it == workers_.end()) break;  // lost meanwhile: asked again below
+      const int s = m.lost.stage, d = m.lost.replica;
+      auto fill = [&](wire::DurableQuery::Builder b) {
+        b.setStage(s);
+        b.setReplica(d);
+      };
+      auto res = co_await ask<wire::DurableQuery, wire::DurableOffer>(
+          it->second.replicator, std::chrono::seconds(300), fill);
+      if (finished_ || !recovery_) co_return;
+      if (!res.ok()) {
+        if (losses_seen_ != losses) break;
+        fail(fmt::format("asking stage {} replica {} for its durable windows failed: {}", s, d,
+                         res.err().message));
+        co_return;
+      }
+      std::set<std::uint64_t> mine;
+      for (auto w : res->get().getWindows()) mine.insert(w);
+      for (auto w : mine) ++offered[w];
+      for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
+    }
+    if (losses_seen_ != losses) continue;
+    for (const auto& [w, n] : offered) {
+      const auto known = durable_windows_.find(w);
+      if (n == int(members.size()) && known != durable_windows_.end() && known->second <= target &&
+          (persisted_ && w <= *persisted_)) {
+        window = w;
+        found = true;
+      }
+    }
+    break;
+  }
+  for (const auto& reason : rejected) {
+    if (callbacks_.on_notice) callbacks_.on_notice("durable window rejected: " + reason);
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "durable_rejected")
+                      .add("reason", reason));
+    }
+  }
+  if (!found) {
+    fail(fmt::format(
+        "{}; every copy of a needed snapshot is gone and no durable window is complete and "
+        "verified on every stage ({} rejected); the job stops",
+        why, rejected.size()));
+    co_return;
+  }
+  recovery_->durable_choosing = false;
+  recovery_->durable_window = window;
+  recovery_->durable_first = durable_windows_.at(window);
+  recovery_->durable_rejected = std::int64_t(rejected.size());
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "durable_rollback")
+                    .add("window", std::int64_t(window))
+                    .add("first_iteration", recovery_->durable_first)
+                    .add("target_iteration", target)
+                    .add("rejected", std::int64_t(rejected.size()))
+                    .add("reason", why.substr(0, 1024))
+                    .add("time_s", log_->seconds()));
+  }
+  region& r = recovery_->regions.front();
+  if (!assign_spares(r)) co_return;
+  r.dirty = false;
+  r.generation = ++generations_;
+  r.started = sclock::now();
+  send_restores(r);
+}
+
 void coordinator::send_restores(const region& r) {
   const std::int64_t target = recovery_->target;
-  const bool has_window = persisted_.has_value();
-  const std::uint64_t window = persisted_.value_or(0);
-  const std::int64_t first = has_window ? persisted_first_ : 0;
+  const bool durable = recovery_->durable;
+  const bool has_window = durable || persisted_.has_value();
+  const std::uint64_t window = durable ? recovery_->durable_window : persisted_.value_or(0);
+  const std::int64_t first = durable ? recovery_->durable_first : has_window ? persisted_first_ : 0;
   std::string roles, spares;
   for (const region_member& m : r.members) {
     roles += fmt::format("{}{}/{}", roles.empty() ? "" : ",", m.lost.stage, m.lost.replica);
@@ -983,17 +1202,24 @@ void coordinator::send_restores(const region& r) {
       lost += fmt::format("{}stage {} replica {} (worker {})", lost.empty() ? "" : ", ",
                           m.lost.stage, m.lost.replica, m.lost.node);
     }
-    callbacks_.on_notice(fmt::format(
-        "{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying iterations {}..{})", lost,
-        r.restarts > 0 ? "the recovery grew: " : "", stages, r.members.size() > 1 ? "s" : "",
-        spares, has_window ? fmt::format("window {}", window) : std::string("the initial state"),
-        first, target - 1));
+    callbacks_.on_notice(
+        durable ? fmt::format("rolling the whole job back to durable window {} on workers {} "
+                              "(replaying iterations {}..{})",
+                              window, spares, first, target - 1)
+                : fmt::format("{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying "
+                              "iterations {}..{})",
+                              lost, r.restarts > 0 ? "the recovery grew: " : "", stages,
+                              r.members.size() > 1 ? "s" : "", spares,
+                              has_window ? fmt::format("window {}", window)
+                                         : std::string("the initial state"),
+                              first, target - 1));
   }
   if (log_ != nullptr) {
     const region_member& m0 = r.members.front();
     log_->write(json_record{}
                     .add("kind", "event")
                     .add("event", "recovery_start")
+                    .add("recovery", durable ? "durable" : "region")
                     .add("stage", m0.lost.stage)
                     .add("replica", m0.lost.replica)
                     .add("lost_node", std::int64_t{m0.lost.node})
@@ -1040,15 +1266,20 @@ void coordinator::send_restores(const region& r) {
       b.setWindow(window);
       b.setFirstIteration(first);
       b.setWSparse(w_sparse);
+      b.setDurable(durable);
       auto src = b.initSources(static_cast<unsigned>(k * dp));
       for (int j = 0; j < k; ++j) {
         for (int d = 0; d < dp; ++d) {
           auto e = src[unsigned(j * dp + d)];
-          auto h = e.initSlotHolders(static_cast<unsigned>(holders.size()));
-          for (unsigned i = 0; i < holders.size(); ++i) write_ref(h[i], holders[i]);
-          write_ref(e.initUpstream(), j == 0 ? agent_of(r.first - 1, d) : actor_ref{});
-          write_ref(e.initDownstream(), j == k - 1 ? agent_of(r.last + 1, d) : actor_ref{});
-          write_ref(e.initSurvivor(), agent_of(r.first + j, d));
+          // The durable tier: everything from files; no peer is pulled from, and no survivor's
+          // schedule is taken over (every replica of every stage starts a fresh one alike).
+          const auto& use = durable ? std::vector<actor_ref>{} : holders;
+          auto h = e.initSlotHolders(static_cast<unsigned>(use.size()));
+          for (unsigned i = 0; i < use.size(); ++i) write_ref(h[i], use[i]);
+          write_ref(e.initUpstream(), j == 0 && !durable ? agent_of(r.first - 1, d) : actor_ref{});
+          write_ref(e.initDownstream(),
+                    j == k - 1 && !durable ? agent_of(r.last + 1, d) : actor_ref{});
+          write_ref(e.initSurvivor(), durable ? actor_ref{} : agent_of(r.first + j, d));
         }
       }
       auto l = b.initSteps(static_cast<unsigned>(steps.size()));
@@ -1087,6 +1318,9 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   const recovery_state rec = std::move(*recovery_);
   recovery_.reset();
   ++recoveries_;
+  // A durable write in flight may never be answered by a lost stage: the next persisted
+  // window is written instead.
+  durable_inflight_.reset();
   maybe_persist();  // windows the stages finished replicating meanwhile
   const auto now = sclock::now();
   const double secs = std::chrono::duration<double>(now - rec.detected).count();
@@ -1111,6 +1345,8 @@ awaitable<void> coordinator::maybe_finish_recovery() {
       log_->write(json_record{}
                       .add("kind", "event")
                       .add("event", "recovery_end")
+                      .add("recovery", rec.durable ? "durable" : "region")
+                      .add("window", rec.durable ? std::int64_t(rec.durable_window) : -1)
                       .add("stage", m0.lost.stage)
                       .add("replica", m0.lost.replica)
                       .add("spare_node", std::int64_t{m0.spare})

@@ -101,7 +101,8 @@ class coordinator : public actors::actor {
       actors::interface<actors::tell_t<wire::WorkerHello>, actors::tell_t<wire::StageReady>,
                         actors::tell_t<wire::StageDone>, actors::tell_t<wire::Stepped>,
                         actors::tell_t<wire::StageFailed>, actors::tell_t<wire::ValLoss>,
-                        actors::tell_t<wire::WindowReplicated>>;
+                        actors::tell_t<wire::WindowReplicated>,
+                        actors::tell_t<wire::DurableWritten>>;
   static constexpr const char* registered_name = "moevement.coordinator";
 
   // raw: the config as read (sent to every worker); job: its resolution. Workers are nodes
@@ -152,6 +153,7 @@ class coordinator : public actors::actor {
   asio::awaitable<void> stage_failed(wire::StageFailed::Reader m);
   asio::awaitable<void> val_loss(wire::ValLoss::Reader m);
   asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader m);
+  asio::awaitable<void> durable_written(wire::DurableWritten::Reader m);
   // Persists the newest window every stage has replicated (never during a recovery).
   void maybe_persist();
 
@@ -164,6 +166,13 @@ class coordinator : public actors::actor {
   asio::awaitable<void> recover();
   struct region;
   void send_restores(const region& r);
+  // Gives every role of r without a worker a spare (false: none left, the job failed).
+  bool assign_spares(region& r);
+  // Every copy of a needed snapshot is gone (a replacement said so) and the durable tier is
+  // on: the whole pipeline becomes one region, every stage worker (survivors too) restores
+  // it from the newest window all of them have on disk, verified, and replays up to the
+  // target (docs/recovery.md "Fallback to the durable tier").
+  asio::awaitable<void> start_durable_rollback(std::string why);
   // Once every replacement of every region reported: rewire and resume at the target.
   asio::awaitable<void> maybe_finish_recovery();
   // Ends the stepping phase once every live stage has stepped.
@@ -262,8 +271,24 @@ class coordinator : public actors::actor {
     };
     std::vector<rebuild> rebuilds;
     std::uint64_t attempt = 0;
+    // policy moevement falling back to the durable tier: choosing the window (losses are
+    // placed, not yet restored), then restoring every stage from it.
+    bool durable = false, durable_choosing = false;
+    std::uint64_t durable_window = 0;
+    std::int64_t durable_first = 0;
+    std::int64_t durable_rejected = 0;
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
+  // The durable tier (checkpoint.durable under moevement): one persisted window at a time is
+  // written by every stage; the windows asked for (window -> first iteration), the newest
+  // checkpoint.keep + 2, whose step plans are kept for a rollback to them.
+  bool durable_ = false;
+  std::optional<std::uint64_t> durable_inflight_;
+  std::vector<bool> durable_reported_;  // [index] of durable_inflight_
+  std::uint64_t durable_bytes_ = 0;
+  double durable_seconds_ = 0.0;
+  std::int64_t durable_errors_ = 0;
+  std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::uint64_t generations_ = 0;
   std::optional<recovery_state> recovery_;
 

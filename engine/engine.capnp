@@ -63,6 +63,9 @@ struct StageReady {
   pullSeconds @10 :Float64;
   replaySeconds @11 :Float64;
   iterationsReplayed @12 :Int64;
+  # A replacement's restore failed because every copy of a snapshot slot it needs is gone
+  # (with checkpoint.durable on, the job then rolls back to the durable tier).
+  snapshotLost @13 :Bool;
 }
 struct OpSize {
   computeBytes @0 :UInt64;
@@ -192,6 +195,28 @@ struct WindowReplicated {
 struct WindowPersisted {
   window @0 :UInt64;
   firstIteration @1 :Int64;
+  # The durable tier: every stage writes this window to disk (in the background) and answers
+  # DurableWritten. Set for one window at a time (the previous one written everywhere).
+  durable @2 :Bool;
+}
+# A stage's checkpoint agent: window `window` is on disk (error empty), or why not.
+struct DurableWritten {
+  stage @0 :Int32;
+  replica @1 :Int32;
+  window @2 :UInt64;
+  bytes @3 :UInt64;
+  seconds @4 :Float64;
+  error @5 :Text;
+}
+# Coordinator -> a worker's replicator, before a rollback to the durable tier: which windows
+# of (stage, replica) are on disk, complete and verified (written windows drained first).
+struct DurableQuery {
+  stage @0 :Int32;
+  replica @1 :Int32;
+}
+struct DurableOffer {
+  windows @0 :List(UInt64);  # verified, any order
+  rejected @1 :List(Text);   # windows that did not verify, each with its reason
 }
 # What a replay of one iteration applies (the same on every stage).
 struct StepRecord {
@@ -227,6 +252,10 @@ struct Restore {
   firstStage @10 :Int32;
   lastStage @11 :Int32;
   generation @12 :UInt64;
+  # The durable tier's rollback: the region is the whole pipeline, window `window` comes from
+  # each stage replica's files under checkpoint.dir (sources name no holders), and nothing is
+  # pulled from peers.
+  durable @13 :Bool;
 }
 
 # ---- global rollback (policies dense-memory, dense-disk, pec; docs/policies.md)

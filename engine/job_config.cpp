@@ -70,6 +70,18 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) { j.reorder_change = models::config_double(k, v, 0.0, 100.0); }},
       {"checkpoint.reorder_fraction",
        [&](auto& k, auto& v) { j.reorder_fraction = models::config_double(k, v, 0.0, 1.0); }},
+      {"checkpoint.durable",
+       [&](auto& k, auto& v) {
+         if (const auto* b = std::get_if<bool>(&v)) {
+           j.durable = *b;
+         } else if (std::holds_alternative<std::string>(v) && std::get<std::string>(v) == "auto") {
+           j.durable.reset();
+         } else {
+           throw config_error(k, fmt::format("expected true, false or \"auto\" (on for "
+                                             "dense-disk only), got {}",
+                                             models::config_type_name(v)));
+         }
+       }},
       {"checkpoint.interval",
        [&](auto& k, auto& v) { j.baseline.interval = int(models::config_int(k, v, 0, 1 << 30)); }},
       {"checkpoint.mtbf_s",
@@ -174,6 +186,10 @@ bool policy_available(const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+bool durable_tier(const job_config& job) {
+  return job.durable.value_or(job.policy == "dense-disk");
+}
+
 bool rollback_policy(const std::string& name) {
   return name == "dense-memory" || name == "dense-disk" || name == "pec";
 }
@@ -231,6 +247,17 @@ job_config resolve_job(models::config_map map) {
   if (!policy_available(j.policy)) {
     throw config_error("checkpoint.policy",
                        fmt::format("'{}' is not available in this version", j.policy));
+  }
+  if (j.durable == true && j.policy != "moevement" && j.policy != "dense-disk") {
+    throw config_error("checkpoint.durable",
+                       fmt::format("the durable tier is written by policies moevement and "
+                                   "dense-disk, not {}; leave it \"auto\" or change the policy",
+                                   j.policy));
+  }
+  if (j.durable == false && j.policy == "dense-disk") {
+    throw config_error("checkpoint.durable",
+                       "dense-disk checkpoints are the durable tier and cannot turn it off; use "
+                       "policy dense-memory for checkpoints in peers' memory only");
   }
   if (j.slurm_nodes > j.workers() + j.spares) {
     throw config_error("cluster.slurm_nodes",

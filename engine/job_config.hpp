@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,15 +50,19 @@ struct job_config {
   int snapshot_replicas = 2;    // checkpoint.replicas: copies of every snapshot slot (r)
   std::string ordering = "popularity";  // checkpoint.ordering: what orders a window's operators
   double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
-  double reorder_change = 0.10;       // checkpoint.reorder_change: an expert's popularity moved by
-  double reorder_fraction = 0.25;     // checkpoint.reorder_fraction: for this share of experts
-  baseline_knobs baseline;            // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
-  std::string backend = "local";      // cluster.backend: local | slurm
-  int spares = 0;                     // cluster.spares: idle workers beside pp*dp
-  std::string host = "127.0.0.1";     // cluster.host: where the head listens
-  std::string stage_type = "moe";     // engine.stage: a stage_registry name
-  std::string run_log = "run.jsonl";  // engine.run_log: path of the JSONL run log
-  std::int64_t heartbeat_ms = 100;    // cluster.heartbeat_ms
+  double reorder_change = 0.10;    // checkpoint.reorder_change: an expert's popularity moved by
+  double reorder_fraction = 0.25;  // checkpoint.reorder_fraction: for this share of experts
+  // checkpoint.durable: the durable tier (persisted windows on disk, under checkpoint.dir).
+  // Unset ("auto", the default): on for dense-disk (whose checkpoints are the disk), off for
+  // the others; durable_tier() resolves it, the one place that default lives.
+  std::optional<bool> durable;
+  baseline_knobs baseline;                 // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
+  std::string backend = "local";           // cluster.backend: local | slurm
+  int spares = 0;                          // cluster.spares: idle workers beside pp*dp
+  std::string host = "127.0.0.1";          // cluster.host: where the head listens
+  std::string stage_type = "moe";          // engine.stage: a stage_registry name
+  std::string run_log = "run.jsonl";       // engine.run_log: path of the JSONL run log
+  std::int64_t heartbeat_ms = 100;         // cluster.heartbeat_ms
   std::int64_t failure_timeout_ms = 1000;  // cluster.failure_timeout_ms: silence => dead
   std::int64_t abort_at = -1;              // engine.abort_at: abort this iteration once (tests)
   std::int64_t start_timeout_ms = 30000;   // cluster.start_timeout_ms: workers must join by then
@@ -67,6 +72,10 @@ struct job_config {
   int workers() const { return pp * dp; }
   bool operator==(const job_config&) const = default;
 };
+
+// Whether the job writes persisted windows to disk (checkpoint.durable resolved): on for
+// dense-disk, off for the others, unless set.
+bool durable_tier(const job_config& job);
 
 // Upper bound on pp*dp + cluster.spares (processes of one job).
 inline constexpr int max_job_workers = 256;

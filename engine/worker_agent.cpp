@@ -54,7 +54,8 @@ void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& h
   });
 }
 
-void worker_agent::report(const actors::actor_ref& stage, const std::string& err) {
+void worker_agent::report(const actors::actor_ref& stage, const std::string& err,
+                          bool snapshot_lost) {
   const transport::node_id me = system().node();
   const actors::actor_ref ckpt =
       checkpoint_ && stage.valid() ? checkpoint_->agent() : actors::actor_ref{};
@@ -81,6 +82,7 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
     }
     b.setSnapshotBandwidth(bandwidth);
     b.setGeneration(generation_);
+    b.setSnapshotLost(snapshot_lost);
     if (restored_ && checkpoint_) {
       const auto t = checkpoint_->last_restore();
       b.setPullSeconds(t.pull_s);
@@ -179,10 +181,14 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   const std::uint64_t generation = m.getGeneration();
   if (stage < 0 || stage >= job_->pp || replica < 0 || replica >= job_->dp) co_return;
   if (stage_index_ >= 0) {
-    if (!restored_ || generation <= generation_ || stage != stage_index_ || replica != replica_) {
+    // A rollback to the durable tier restores every stage, survivors included: a stage given
+    // its role at the start takes one too (its running stage is dropped; the coordinator
+    // aborted the iteration and no longer counts on it).
+    if ((!restored_ && !m.getDurable()) || generation <= generation_ || stage != stage_index_ ||
+        replica != replica_) {
       co_return;
     }
-    if (stage_.valid()) system().stop(stage_);  // never wired: the older restore's result
+    if (stage_.valid()) system().stop(stage_);  // never wired, or the survivor's old stage
     stage_ = {};
   }
   restored_ = true;
@@ -194,6 +200,9 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
     const stage_factory& factory = registry_.find(job_->stage_type);
     auto model = co_await checkpoint_->restore(m, factory, setup);
     start_stage(std::move(setup), std::move(model), true);
+  } catch (const snapshot_lost& e) {
+    report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()),
+           true);
   } catch (const std::exception& e) {
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
   }

@@ -44,7 +44,8 @@ class worker_agent : public actors::actor {
   // Spawns the stage actor for `model` and tells the coordinator (StageReady).
   // replacement: rebuilt on this spare (Restore) rather than assigned at the start.
   void start_stage(stage_setup setup, std::unique_ptr<stage_model> model, bool replacement);
-  void report(const actors::actor_ref& stage, const std::string& error);
+  // snapshot_lost: a restore failed for want of a snapshot copy (engine::snapshot_lost).
+  void report(const actors::actor_ref& stage, const std::string& error, bool snapshot_lost = false);
 
   transport::ucx_link& link_;
   const stage_registry& registry_;

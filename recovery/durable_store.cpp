@@ -231,4 +231,17 @@ void durable_store::drop_after(std::uint64_t id) {
   for (const auto& p : drop) std::filesystem::remove_all(p, ec);
 }
 
+void durable_store::clear() {
+  std::error_code ec;
+  std::vector<std::filesystem::path> drop;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::uint64_t w = 0;
+    if (name.rfind(window_prefix, 0) == 0 && parse_u64(name.substr(7), w)) {
+      drop.push_back(entry.path());
+    }
+  }
+  for (const auto& p : drop) std::filesystem::remove_all(p, ec);
+}
+
 }  // namespace moevement::recovery

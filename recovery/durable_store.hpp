@@ -64,6 +64,9 @@ class durable_store {
   // abandons them: they must not outrank the windows written after it).
   void drop_after(std::uint64_t id);
 
+  // Deletes every window, complete or not (a new job must never load an older job's).
+  void clear();
+
   const std::filesystem::path& dir() const { return dir_; }
 
  private:

@@ -164,14 +164,15 @@ int choose_window(const std::vector<std::vector<engine::op_size>>& stages, doubl
 
 checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io,
                                    int stage, int replica, actor_ref coordinator, int copies,
-                                   policy_limits limits)
+                                   policy_limits limits, durable_target durable)
     : shared_(std::move(shared)),
       io_(io),
       stage_(stage),
       replica_(replica),
       coordinator_(coordinator),
       copies_(copies),
-      limits_(limits) {
+      limits_(limits),
+      durable_(std::move(durable)) {
   on<wire::SlotStored>(&checkpoint_agent::stored);
   on<engine::wire::WindowPersisted>(&checkpoint_agent::persisted);
   on<wire::FetchLog, wire::LogData>(&checkpoint_agent::fetch_log);
@@ -303,8 +304,19 @@ void checkpoint_agent::check_window(std::uint64_t window) {
 
 awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reader m) {
   const std::uint64_t window = m.getWindow();
+  const bool durable = m.getDurable();
+  std::vector<std::span<const std::byte>> slots;
+  std::int64_t first = -1;
   {
     std::scoped_lock lock(shared_->mu, shared_->log_mu);
+    if (durable && durable_.writer) {
+      // Pinned until written: the next persisted window must not recycle its buffers.
+      slots = shared_->capture.window_slots(window);
+      if (!slots.empty()) {
+        shared_->capture.pin(window);
+        first = shared_->capture.first_iteration(window);
+      }
+    }
     shared_->capture.drop_before(window, m.getFirstIteration());
     shared_->dropped.notify_all();
   }
@@ -312,7 +324,62 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
   for (auto it = pending_.begin(); it != pending_.end();) {
     it = it->first.first < window ? pending_.erase(it) : std::next(it);
   }
+  if (durable) write_durable(window, first, std::move(slots));
   co_return;
+}
+
+void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
+                                     std::vector<std::span<const std::byte>> slots) {
+  if (!durable_.writer) {
+    durable_done(window, 0, 0.0, "checkpoint.durable is off in this worker");
+    return;
+  }
+  if (slots.empty()) {
+    durable_done(window, 0, 0.0,
+                 "this stage does not hold the whole window (it was rebuilt after it began)");
+    return;
+  }
+  const durable_window_meta meta{stage_, replica_, window, first, int(slots.size())};
+  // The job holds the capture (its pinned buffers) until it unpinned them.
+  durable_.writer->post([shared = shared_, sys = &system(), me = self(), meta,
+                         slots = std::move(slots), dir = durable_.dir, keep = durable_.keep] {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::uint64_t bytes = 0;
+    std::string error;
+    try {
+      durable_store store(dir);
+      bytes = write_durable_window(store, meta, slots);
+      store.prune(keep);
+    } catch (const std::exception& e) {
+      error = fmt::format("{} (check the disk and checkpoint.dir)", e.what());
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      std::lock_guard lock(shared->mu);
+      shared->capture.unpin(meta.window);
+      shared->dropped.notify_all();
+    }
+    asio::post(sys->io(), [sys, me, window = meta.window, bytes, secs, error] {
+      (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
+        static_cast<checkpoint_agent&>(a).durable_done(window, bytes, secs, error);
+        co_return;
+      });
+    });
+  });
+}
+
+void checkpoint_agent::durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,
+                                    const std::string& error) {
+  (void)tell<engine::wire::DurableWritten>(coordinator_,
+                                           [&](engine::wire::DurableWritten::Builder b) {
+                                             b.setStage(stage_);
+                                             b.setReplica(replica_);
+                                             b.setWindow(window);
+                                             b.setBytes(bytes);
+                                             b.setSeconds(seconds);
+                                             b.setError(error);
+                                           });
 }
 
 awaitable<void> checkpoint_agent::fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out) {
@@ -364,10 +431,40 @@ awaitable<void> checkpoint_agent::release(wire::ReleaseLog::Reader m) {
 
 // ---- replicator
 
-replicator::replicator(engine::bulk_io& io, policy_limits limits) : io_(io), limits_(limits) {
+replicator::replicator(engine::bulk_io& io, policy_limits limits,
+                       std::shared_ptr<durable_writer> durable, std::filesystem::path root)
+    : io_(io), limits_(limits), durable_(std::move(durable)), root_(std::move(root)) {
   on<wire::StoreSlot>(&replicator::store);
   on<wire::FetchSlot, wire::SlotData>(&replicator::fetch);
   on<engine::wire::WindowPersisted>(&replicator::persisted);
+  on<engine::wire::DurableQuery, engine::wire::DurableOffer>(&replicator::durable_query);
+}
+
+awaitable<void> replicator::durable_query(engine::wire::DurableQuery::Reader m,
+                                          engine::wire::DurableOffer::Builder out) {
+  const int stage = m.getStage(), replica = m.getReplica();
+  std::vector<std::uint64_t> ok;
+  std::vector<std::string> rejected;
+  if (!durable_) {
+    rejected.push_back("checkpoint.durable is off in this worker");
+  } else if (stage < 0 || replica < 0 || stage >= engine::max_job_workers ||
+             replica >= engine::max_job_workers) {
+    rejected.push_back("malformed DurableQuery");
+  } else {
+    // Reading every window back (checksums) takes a while: off the actor thread, once the
+    // writes in flight are done.
+    co_await off_thread([&] {
+      durable_->drain();
+      const durable_store store(durable_window_dir(root_, stage, replica));
+      ok = verified_durable_windows(store, stage, replica, &rejected);
+    });
+  }
+  auto w = out.initWindows(static_cast<unsigned>(ok.size()));
+  for (unsigned i = 0; i < w.size(); ++i) w.set(i, ok[i]);
+  auto r = out.initRejected(static_cast<unsigned>(rejected.size()));
+  for (unsigned i = 0; i < r.size(); ++i) {
+    r.set(i, fmt::format("stage {} replica {}: {}", stage, replica, rejected[i]));
+  }
 }
 
 std::size_t replicator::bytes_held() const {
@@ -461,7 +558,8 @@ awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
 moevement_checkpoint::moevement_checkpoint(actors::actor_system& system, engine::bulk_io& io,
                                            const engine::job_config& job, policy_limits limits)
     : system_(system), io_(io), job_(job), limits_(limits) {
-  replicator_ = system_.spawn<recovery::replicator>(io_, limits_);
+  if (engine::durable_tier(job_)) durable_ = std::make_shared<durable_writer>();
+  replicator_ = system_.spawn<recovery::replicator>(io_, limits_, durable_, job_.baseline.dir);
 }
 
 std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
@@ -503,9 +601,27 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     shared->taken_over = std::move(*restored_schedule_);
     restored_schedule_.reset();
   }
+  durable_target durable;
+  if (durable_) {
+    durable.writer = durable_;
+    durable.dir = durable_window_dir(job_.baseline.dir, setup.stage, setup.replica);
+    // One more than checkpoint.keep: the stages may be a window apart (the one being
+    // written), and a corrupt newest common window must still have a good one behind it.
+    durable.keep = std::size_t(job_.baseline.keep) + 1;
+    if (fresh_) {
+      // A new job: windows an earlier job left there must never be loaded as this one's.
+      durable_->post([dir = durable.dir] {
+        try {
+          durable_store(dir).clear();
+        } catch (const std::exception&) {
+          // The writes that follow fail the same way and report it.
+        }
+      });
+    }
+  }
   if (agent_.valid()) system_.stop(agent_);  // an older restore's stage (never wired)
   agent_ = system_.spawn<checkpoint_agent>(shared, io_, setup.stage, setup.replica, coordinator,
-                                           job_.snapshot_replicas, limits_);
+                                           job_.snapshot_replicas, limits_, std::move(durable));
   sparse_config config;
   config.order_by = parse_ordering(job_.ordering);
   config.decay_alpha = job_.decay_alpha;
@@ -524,11 +640,17 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   const std::int64_t t = plan.getTargetIteration(), w0 = plan.getFirstIteration();
   const bool has_window = plan.getHasWindow();
   const int w = plan.getWSparse();
+  const bool durable = plan.getDurable();
   if (first_stage < 0 || last_stage >= job_.pp || s < first_stage || s > last_stage ||
       plan.getSources().size() != unsigned(k * dp) || t < w0 || w0 < 0 ||
       (has_window && (w <= 0 || w > (1 << 20)))) {
     throw std::runtime_error("malformed Restore from the coordinator");
   }
+  if (durable && (!durable_ || !has_window || first_stage != 0 || last_stage != job_.pp - 1)) {
+    throw std::runtime_error(
+        "malformed durable Restore (the whole pipeline from a window, with checkpoint.durable)");
+  }
+  fresh_ = false;
   // Hooks of an older generation's stage are gone with its stage actor; its agent goes too.
   if (agent_.valid()) system_.stop(agent_);
   agent_ = {};
@@ -564,7 +686,30 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
 
   // The window of every stage replica, from whichever replicator still has each slot.
   std::vector<std::vector<std::vector<std::byte>>> slots(all);
-  for (std::size_t i = 0; i < all && has_window; ++i) {
+  if (durable) {
+    // The durable tier: every stage replica's window from its files, verified (the manifest's
+    // checksums, the meta, every slot's own checksum and tag).
+    co_await off_thread([&] {
+      durable_->drain();
+      for (std::size_t i = 0; i < all; ++i) {
+        const int st = first_stage + int(i) / dp, d = int(i) % dp;
+        const durable_store store(durable_window_dir(job_.baseline.dir, st, d));
+        auto loaded = load_durable_window(store, plan.getWindow(), st, d);
+        if (!loaded.ok()) {
+          throw std::runtime_error(fmt::format("durable window of stage {} replica {}: {}", st, d,
+                                               loaded.err().message));
+        }
+        if (loaded->meta.first_iteration != w0 || loaded->meta.w_sparse != w) {
+          throw std::runtime_error(fmt::format(
+              "durable window {} of stage {} replica {} replays from iteration {} with W={}, "
+              "the coordinator says {} and {}",
+              plan.getWindow(), st, d, loaded->meta.first_iteration, loaded->meta.w_sparse, w0, w));
+        }
+        slots[i] = std::move(loaded->slots);
+      }
+    });
+  }
+  for (std::size_t i = 0; i < all && has_window && !durable; ++i) {
     const int st = first_stage + int(i) / dp, d = int(i) % dp;
     const auto src = plan.getSources()[unsigned(i)];
     for (int j = 0; j < w; ++j) {
@@ -588,7 +733,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         break;
       }
       if (!found) {
-        throw std::runtime_error(fmt::format(
+        throw engine::snapshot_lost(fmt::format(
             "slot {} of window {} of stage {} replica {} is on no live replicator (every copy "
             "was lost)",
             j, plan.getWindow(), st, d));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/checkpoint.hpp"
+#include "recovery/durable_window.hpp"
 #include "recovery/recovery.capnp.h"
 #include "recovery/sparse_capture.hpp"
 
@@ -69,6 +70,14 @@ struct capture_shared {
   std::optional<stage_schedule::state> taken_over;
 };
 
+// The durable tier of one stage replica (checkpoint.durable): the process's writer (null: off),
+// the role's directory and the windows kept there.
+struct durable_target {
+  std::shared_ptr<durable_writer> writer;
+  std::filesystem::path dir;
+  std::size_t keep = 2;
+};
+
 class checkpoint_agent : public actors::actor {
  public:
   using interface = actors::interface<
@@ -77,13 +86,21 @@ class checkpoint_agent : public actors::actor {
       actors::ask_t<wire::FetchSchedule, wire::ScheduleState>>;
 
   checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io, int stage,
-                   int replica, actors::actor_ref coordinator, int copies, policy_limits limits);
+                   int replica, actors::actor_ref coordinator, int copies, policy_limits limits,
+                   durable_target durable = {});
 
   // Called on the actor thread (post_call) by the hooks.
   void ship(std::int64_t iteration);
   void set_targets(std::vector<actors::actor_ref> replicators);
+  // The durable writer finished window `window` (error empty) or failed: tell the coordinator.
+  void durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,
+                    const std::string& error);
 
  private:
+  // Writes a persisted window to the durable tier in the background (slots: the capture's
+  // pinned buffers; empty when this stage does not hold the whole window).
+  void write_durable(std::uint64_t window, std::int64_t first,
+                     std::vector<std::span<const std::byte>> slots);
   struct pending_slot {
     transport::bulk_region region;
     std::size_t copies = 0;                // replicators that answered stored
@@ -103,6 +120,7 @@ class checkpoint_agent : public actors::actor {
   actors::actor_ref coordinator_;
   int copies_;
   policy_limits limits_;
+  durable_target durable_;
   std::vector<actors::actor_ref> targets_;
   std::map<std::pair<std::uint64_t, std::uint32_t>, pending_slot> pending_;
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [slot]
@@ -112,11 +130,15 @@ class checkpoint_agent : public actors::actor {
 
 class replicator : public actors::actor {
  public:
-  using interface = actors::interface<actors::tell_t<wire::StoreSlot>,
-                                      actors::ask_t<wire::FetchSlot, wire::SlotData>,
-                                      actors::tell_t<engine::wire::WindowPersisted>>;
+  using interface =
+      actors::interface<actors::tell_t<wire::StoreSlot>,
+                        actors::ask_t<wire::FetchSlot, wire::SlotData>,
+                        actors::tell_t<engine::wire::WindowPersisted>,
+                        actors::ask_t<engine::wire::DurableQuery, engine::wire::DurableOffer>>;
 
-  replicator(engine::bulk_io& io, policy_limits limits);
+  // durable: the process's durable writer (null: the tier is off), root: checkpoint.dir.
+  replicator(engine::bulk_io& io, policy_limits limits,
+             std::shared_ptr<durable_writer> durable = nullptr, std::filesystem::path root = {});
   std::size_t bytes_held() const;
   using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
   // A slot_puller's result: keep the slot (unless the window went meanwhile) and answer.
@@ -128,9 +150,14 @@ class replicator : public actors::actor {
   asio::awaitable<void> store(wire::StoreSlot::Reader m);
   asio::awaitable<void> fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
+  // Which durable windows of a stage replica verify (the writer drained first).
+  asio::awaitable<void> durable_query(engine::wire::DurableQuery::Reader m,
+                                      engine::wire::DurableOffer::Builder out);
 
   engine::bulk_io& io_;
   policy_limits limits_;
+  std::shared_ptr<durable_writer> durable_;
+  std::filesystem::path root_;
   std::map<key, transport::bulk_region> slots_;
   std::uint64_t persisted_ = 0;
 };
@@ -178,6 +205,8 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   engine::bulk_io& io_;
   engine::job_config job_;
   policy_limits limits_;
+  std::shared_ptr<durable_writer> durable_;  // null: checkpoint.durable is off
+  bool fresh_ = true;                        // no restore yet: the role given at the start
   actors::actor_ref replicator_, agent_;
   std::vector<engine::op_size> sizes_;
   double bandwidth_ = 0.0;

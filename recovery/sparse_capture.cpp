@@ -300,6 +300,10 @@ void sparse_capture::persist(std::uint64_t window) {
   persisted_ = window;
   // Keep this window and the one in flight after it; recycle the buffers of older ones.
   for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
+    if (pinned_.contains(it->first)) {
+      ++it;
+      continue;
+    }
     spare_.push_back(std::move(it->second.slots));
     it = windows_.erase(it);
   }
@@ -312,12 +316,40 @@ void sparse_capture::persist(std::uint64_t window) {
 void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iteration) {
   persisted_ = window;
   for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
+    if (pinned_.contains(it->first)) {
+      ++it;
+      continue;
+    }
     spare_.push_back(std::move(it->second.slots));
     it = windows_.erase(it);
   }
   trim_spares();
   log_.drop_before(std::uint64_t(std::max<std::int64_t>(first_iteration, 0)));
   steps_.erase(steps_.begin(), steps_.lower_bound(first_iteration));
+}
+
+void sparse_capture::unpin(std::uint64_t window) {
+  pinned_.erase(window);
+  const auto it = windows_.find(window);
+  if (it == windows_.end() || !persisted_ || window >= *persisted_) return;
+  spare_.push_back(std::move(it->second.slots));
+  windows_.erase(it);
+  trim_spares();
+}
+
+std::size_t sparse_capture::windows_held() const {
+  std::size_t n = 0;
+  for (const auto& [id, b] : windows_) {
+    n += !(pinned_.contains(id) && persisted_ && id < *persisted_);
+  }
+  return n;
+}
+
+std::vector<std::span<const std::byte>> sparse_capture::window_slots(std::uint64_t window) const {
+  std::vector<std::span<const std::byte>> out;
+  if (!complete(window)) return out;
+  for (const auto& s : windows_.at(window).slots) out.emplace_back(s);
+  return out;
 }
 
 void sparse_capture::trim_spares() {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -157,6 +158,13 @@ class sparse_capture : public engine::stage_hooks {
   void set_counts(std::span<const double> counts) { counts_.assign(counts.begin(), counts.end()); }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
+  // The durable tier writes a persisted window from another thread: a pinned window keeps its
+  // buffers (unchanged: captures go to newer windows) through drop_before until unpinned.
+  void pin(std::uint64_t window) { pinned_.insert(window); }
+  void unpin(std::uint64_t window);
+  // The slots of a complete window (views into its buffers, slot order); empty when the
+  // window is not complete here.
+  std::vector<std::span<const std::byte>> window_slots(std::uint64_t window) const;
   // The slot captured by the step of `iteration`, if it was (distributed use: to ship it).
   std::optional<std::span<const std::byte>> slot_of(std::int64_t iteration) const;
   // Whether every slot of `window` was captured in this process.
@@ -179,7 +187,9 @@ class sparse_capture : public engine::stage_hooks {
   const log_store& log() const { return log_; }
   const std::map<std::int64_t, step_record>& steps() const { return steps_; }
 
-  std::size_t windows_held() const { return windows_.size(); }
+  // Windows held for the capture's own bounds: a pinned window older than the persisted one is
+  // only waiting for the durable writer and does not count (at most one extra window).
+  std::size_t windows_held() const;
   std::size_t snapshot_bytes_held() const;
   std::size_t last_slot_bytes() const { return last_slot_bytes_; }
   // Boundary sends whose bytes differed from an earlier entry of the same key.
@@ -201,6 +211,7 @@ class sparse_capture : public engine::stage_hooks {
   std::vector<double> counts_;
   const models::loss_scaler* scaler_;
   std::map<std::uint64_t, window_buffers> windows_;
+  std::set<std::uint64_t> pinned_;
   std::optional<std::uint64_t> persisted_;
   std::vector<std::vector<std::vector<std::byte>>> spare_;  // buffers of dropped windows
   log_store log_;

@@ -76,6 +76,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"checkpoint.decay_alpha", {0.5, [](auto& j) { return j.decay_alpha == 0.5; }}},
           {"checkpoint.reorder_change", {0.2, [](auto& j) { return j.reorder_change == 0.2; }}},
           {"checkpoint.reorder_fraction", {0.5, [](auto& j) { return j.reorder_fraction == 0.5; }}},
+          {"checkpoint.durable", {false, [](auto& j) { return j.durable == false; }}},
           {"checkpoint.interval",
            {std::int64_t(5), [](auto& j) { return j.baseline.interval == 5; }}},
           {"checkpoint.mtbf_s", {120.0, [](auto& j) { return j.baseline.mtbf_s == 120.0; }}},
@@ -128,7 +129,9 @@ TEST(job_config, every_engine_key_overrides_its_default) {
 
 TEST(job_config, wrong_type_names_the_key) {
   for (const auto& key : job_config_keys()) {
-    const auto r = reject({{key, true}});
+    // checkpoint.durable is the one boolean key: an integer is its wrong type.
+    const auto r =
+        key == "checkpoint.durable" ? reject({{key, std::int64_t(1)}}) : reject({{key, true}});
     EXPECT_EQ(r.key, key);
     EXPECT_TRUE(contains(r.message, "expected")) << r.message;
   }
@@ -464,6 +467,22 @@ TEST(job_config_wire, mutated_envelopes_never_crash) {
     ASSERT_NO_THROW((void)read_config(*p));
   }
   EXPECT_GT(read, 0) << "no mutation reached read_config: the corpus tests nothing";
+}
+
+TEST(job_config, the_durable_tier_is_on_for_dense_disk_and_off_for_the_others_by_default) {
+  for (const std::string policy : {"none", "moevement", "dense-memory", "pec"}) {
+    EXPECT_FALSE(durable_tier(resolve_job({{"checkpoint.policy", policy}}))) << policy;
+  }
+  EXPECT_TRUE(durable_tier(resolve_job({{"checkpoint.policy", std::string("dense-disk")}})));
+  EXPECT_TRUE(durable_tier(resolve_job(
+      {{"checkpoint.policy", std::string("moevement")}, {"checkpoint.durable", true}})));
+  EXPECT_FALSE(durable_tier(resolve_job({{"checkpoint.policy", std::string("moevement")},
+                                         {"checkpoint.durable", std::string("auto")}})));
+  EXPECT_EQ(reject({{"checkpoint.policy", std::string("pec")}, {"checkpoint.durable", true}}).key,
+            "checkpoint.durable");
+  EXPECT_EQ(
+      reject({{"checkpoint.policy", std::string("dense-disk")}, {"checkpoint.durable", false}}).key,
+      "checkpoint.durable");
 }
 
 }  // namespace

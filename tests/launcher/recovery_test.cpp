@@ -309,6 +309,10 @@ TEST(recovery, when_every_copy_of_a_needed_slot_is_gone_the_job_says_which) {
   EXPECT_EQ(o.exit_code, 1) << o.output;
   EXPECT_NE(o.output.find("is on no live replicator"), std::string::npos) << o.output;
   EXPECT_EQ(o.hash, "");
+  // checkpoint.durable is off by default for moevement: no fallback to disk was tried
+  // (tests/launcher/durable_fallback_test has it on).
+  EXPECT_EQ(event(o, "durable_rollback"), nullptr) << o.output;
+  EXPECT_EQ(event(o, "durable_written"), nullptr) << o.output;
 }
 
 TEST(recovery, a_kill_and_a_hang_next_to_it_recover_as_one_region) {

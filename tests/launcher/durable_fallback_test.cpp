@@ -1,0 +1,217 @@
+// Policy `moevement` with the durable tier (checkpoint.durable = true) under `moevement launch`,
+// end to end with real processes: persisted windows are written to disk in the background,
+// and when every copy of a snapshot a recovery needs is gone (a stage and the only replicator
+// holding its window are SIGKILLed together, once the run log shows windows on disk), the
+// whole job rolls back to the newest window every stage
+// replica has complete and verified on disk, replays to the failed iteration and ends with the
+// fault-free state_hash. A corrupt newest window is rejected with its reason and the one before
+// it is used. (Without the durable tier the same failure ends the job saying which slot is
+// gone: tests/launcher/recovery_test.cpp.)
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/launch_job.hpp"
+#include "tests/support/run_moevement.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace moevement::test_support;
+
+std::string tiny() {
+  return source_path("examples/configs/tiny.toml");
+}
+
+// A fresh checkpoint.dir, private to this test process.
+std::string checkpoint_dir(const std::string& name) {
+  const fs::path d =
+      fs::path(::testing::TempDir()) / ("durable_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  return d.string();
+}
+
+// Iterations of the jobs: enough that a busy machine's disk (fsync) has written windows well
+// before the end.
+constexpr const char* iterations = "40";
+
+// tiny, pp=3, a window of 2, one copy of every slot (stage 0's on stage 1's worker, see
+// recovery_test), the durable tier on.
+std::string job(const std::string& dir, const std::string& extra = "") {
+  return tiny() + " --set train.iterations=" + iterations +
+         " --set train.seq_len=16 --set parallel.pp=3 "
+         "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+         "--set checkpoint.replicas=1 --set cluster.spares=2 --set checkpoint.durable=true "
+         "--set cluster.failure_timeout_ms=3000 --set checkpoint.dir=" +
+         dir + " " + extra;
+}
+
+std::string reference() {
+  static std::string hash;
+  if (hash.empty()) {
+    const auto r = run_moevement("train " + tiny() + " --set train.iterations=" + iterations +
+                                 " --set train.seq_len=16");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    hash = hash_of(r.output);
+  }
+  return hash;
+}
+
+int count_events(const std::vector<std::string>& log, const std::string& name) {
+  int n = 0;
+  for (const auto& l : log) n += l.find("\"event\":\"" + name + "\"") != std::string::npos;
+  return n;
+}
+
+// Once `windows` durable windows are on disk everywhere (the run log says so), SIGKILLs the
+// workers of stages 0 and 1 together: stage 0's only snapshot copy dies with stage 1's worker.
+void kill_after_durable_windows(background_launch& j, int windows) {
+  std::vector<std::string> log;
+  for (int i = 0; i < 6000 && count_events(log, "durable_window") < windows; ++i) {
+    std::this_thread::sleep_for(5ms);
+    log = lines_of(j.log);
+  }
+  ASSERT_GE(count_events(log, "durable_window"), windows) << j.output();
+  ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the failure";
+  std::vector<pid_t> victims;
+  for (const auto& l : log) {
+    if (l.find("\"event\":\"worker_up\"") == std::string::npos) continue;
+    const int stage = int(number_field(l, "stage"));
+    if (stage == 0 || stage == 1) victims.push_back(pid_t(number_field(l, "pid")));
+  }
+  ASSERT_EQ(victims.size(), 2u);
+  for (const pid_t p : victims) ::kill(p, SIGKILL);
+}
+
+// Waits until the run log shows `name`.
+bool wait_for_event(background_launch& j, const std::string& name) {
+  for (int i = 0; i < 6000; ++i) {
+    if (count_events(lines_of(j.log), name) > 0) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+struct outcome {
+  int exit_code = -1;
+  std::string output, hash;
+  std::vector<std::string> log;
+};
+
+outcome finish(background_launch& j) {
+  outcome o;
+  o.exit_code = j.wait(std::chrono::seconds(120));
+  o.output = j.output();
+  o.hash = hash_of(o.output);
+  o.log = lines_of(j.log);
+  return o;
+}
+
+std::vector<const std::string*> events(const outcome& o, const std::string& name) {
+  std::vector<const std::string*> out;
+  for (const auto& l : o.log) {
+    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) out.push_back(&l);
+  }
+  return out;
+}
+
+TEST(durable_fallback, every_copy_gone_rolls_the_job_back_to_disk_bit_exact) {
+  const std::string dir = checkpoint_dir("gone");
+  background_launch j("gone", job(dir));
+  kill_after_durable_windows(j, 1);
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  // Windows were written, each with its bytes and seconds.
+  const auto written = events(o, "durable_window");
+  ASSERT_FALSE(written.empty()) << o.output;
+  for (const auto* w : written) {
+    EXPECT_GT(number_field(*w, "bytes"), 0) << *w;
+    EXPECT_GE(number_field(*w, "seconds"), 0) << *w;
+    EXPECT_EQ(number_field(*w, "failed"), 0) << *w;
+  }
+  // The regional restore found a slot on no live replicator; the job went back to disk.
+  const auto rollbacks = events(o, "durable_rollback");
+  ASSERT_EQ(rollbacks.size(), 1u) << o.output;
+  const double window = number_field(*rollbacks[0], "window");
+  EXPECT_GE(window, 0);
+  EXPECT_GT(number_field(*rollbacks[0], "target_iteration"), 2 * window + 1);
+  EXPECT_NE(rollbacks[0]->find("is on no live replicator"), std::string::npos) << *rollbacks[0];
+  const auto ends = events(o, "recovery_end");
+  ASSERT_EQ(ends.size(), 1u) << o.output;
+  EXPECT_NE(ends[0]->find("\"recovery\":\"durable\""), std::string::npos) << *ends[0];
+  EXPECT_EQ(number_field(*ends[0], "first_stage"), 0);
+  EXPECT_EQ(number_field(*ends[0], "last_stage"), 2);
+  EXPECT_EQ(number_field(*ends[0], "window"), window);
+  EXPECT_NE(o.output.find("falling back to the durable tier"), std::string::npos) << o.output;
+  // Every stage replica's directory holds its windows (the replacements wrote on after it).
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_TRUE(fs::is_directory(fs::path(dir) / ("stage-" + std::to_string(s) + "-replica-0")));
+  }
+  fs::remove_all(dir);
+}
+
+// The newest window on disk of a lost stage (its directory can change no more) is corrupted
+// while the recovery runs (the regional restore fails, then waits out the failure timeout
+// before falling back): it is rejected with its reason and the job rolls back to an older
+// window, still bit-exact.
+TEST(durable_fallback, a_corrupt_newest_window_falls_back_to_the_previous_one) {
+  const std::string dir = checkpoint_dir("corrupt");
+  background_launch j("corrupt", job(dir));
+  kill_after_durable_windows(j, 2);
+  ASSERT_TRUE(wait_for_event(j, "recovery_start")) << j.output();  // the kills are seen
+  fs::path newest;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "stage-0-replica-0")) {
+    if (fs::exists(e.path() / "MANIFEST") && e.path().filename() > newest.filename()) {
+      newest = e.path();
+    }
+  }
+  ASSERT_FALSE(newest.empty()) << "stage 0 wrote no window";
+  const long damaged = std::stol(newest.filename().string().substr(7));
+  {
+    std::fstream f(newest / "slot-000000.snap", std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(64);
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x5a);
+    f.seekp(64);
+    f.write(&c, 1);
+  }
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  const auto rollbacks = events(o, "durable_rollback");
+  ASSERT_EQ(rollbacks.size(), 1u) << o.output;
+  EXPECT_LT(number_field(*rollbacks[0], "window"), damaged) << *rollbacks[0];
+  EXPECT_GE(number_field(*rollbacks[0], "window"), 0) << *rollbacks[0];
+  EXPECT_GE(number_field(*rollbacks[0], "rejected"), 1) << *rollbacks[0];
+  std::string reasons;
+  for (const auto* l : events(o, "durable_rejected")) reasons += *l + "\n";
+  EXPECT_NE(reasons.find("stage 0 replica 0: window " + std::to_string(damaged)), std::string::npos)
+      << reasons;
+  EXPECT_NE(reasons.find("checksum mismatch"), std::string::npos) << reasons;
+  EXPECT_NE(o.output.find("durable window rejected"), std::string::npos) << o.output;
+  fs::remove_all(dir);
+}
+
+// Turned on for a policy without a durable tier, or off for dense-disk: refused up front.
+TEST(durable_fallback, the_key_is_refused_where_it_cannot_apply) {
+  for (const std::string bad :
+       {"--set checkpoint.policy=pec --set checkpoint.durable=true",
+        "--set checkpoint.policy=dense-memory --set checkpoint.durable=true",
+        "--set checkpoint.policy=dense-disk --set checkpoint.durable=false",
+        "--set checkpoint.durable=sometimes"}) {
+    const auto r = run_moevement("launch " + tiny() + " --set cluster.spares=1 " + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find("checkpoint.durable"), std::string::npos) << bad << ": " << r.output;
+  }
+}
+
+}  // namespace
