@@ -1,7 +1,7 @@
 // Running one `moevement launch` job as a subprocess for the benchmarks, with its run log read
 // back as it is written (the run log has no timestamps on most records, so the bench polls it
-// every 2 ms and stamps each line as it appears). The same logic as bench/policies_bench.cpp's
-// launch(), which can switch to this header.
+// every 2 ms and stamps each line as it appears). Used by bench/policies_bench.cpp and
+// bench/sim_validation_bench.cpp.
 #pragma once
 
 #include <fcntl.h>
@@ -86,6 +86,20 @@ inline job_outcome launch_job(const std::string& bin, const std::vector<std::str
   o.output = s.str();
   fs::remove(out);
   return o;
+}
+
+// The same, for a job that must succeed: its stamped run log, or an exception with the command
+// line and the job's output.
+inline std::vector<stamped> launch_or_throw(const std::string& bin,
+                                            const std::vector<std::string>& args,
+                                            const std::filesystem::path& log) {
+  job_outcome o = launch_job(bin, args, log);
+  if (!o.ok) {
+    std::string cmd = bin;
+    for (const auto& a : args) cmd += " " + a;
+    throw std::runtime_error("failed: " + cmd + "\n" + o.output);
+  }
+  return std::move(o.lines);
 }
 
 }  // namespace moevement::bench

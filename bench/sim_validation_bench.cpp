@@ -24,17 +24,26 @@
 // (trace_at_points); for the run's own speed at the same times.
 //
 // Profile: T and stage times as above; snapshot bandwidth: moevement's window_chosen; persist
-// lag: window_persisted after its last iteration's record, fault-free moevement runs; restart:
-// recovery_end's seconds less its replay (the simulator replays itself), HELD OUT: each faulty
-// run is predicted with the mean over the other faulty runs' recoveries.
+// lag: window_persisted after its last iteration's record, fault-free moevement runs; restart
+// and load per recovery (split_recovery): a rollback's restore_s and load_s, moevement's
+// recovery_end seconds less its replay (the simulator replays itself) and pull (its load);
+// the baselines' snapshot_s: their stall_s at checkpoint iterations (medians throughout: one
+// recovery in several takes 5-10x the others on a loaded machine). HELD OUT: each faulty run is
+// predicted with the median restart of every other faulty run and the median load of the same
+// policy's other faulty runs.
+//
+// The baselines (dense-memory, dense-disk, pec) run at checkpoint.interval = --interval (5;
+// 0: the engine's Young choice) and recover by global rollback to the newest checkpoint every
+// stage holds (engine/coordinator_rollback.cpp); the simulator gets the interval the engine
+// logged (interval_chosen) and rolls every stage back the same way.
 //
 // Options: --config FILE (default examples/configs/pipeline_tiny.toml), --set KEY=VALUE
 // (repeatable), --iterations N (48), --pp N (3), --dp N (1), --spares N (2), --repeats N (3,
 // fault-free runs per policy), --preset NAME (tiny), --micro-batches N (4), --micro-batch-size
 // N (4), --seq-len N (32), --failures SPEC (repeatable; one faulty run per SPEC, a comma list
 // of STAGE@ITERATION; default "1@2N/3", "1@N/3,2@2N/3" and "0@N/2"), --policies LIST (default
-// moevement,dense-memory,dense-disk,pec), --profile-out FILE, --trace-out PREFIX (writes
-// PREFIX<policy>_<run>.txt trace files), --keep-logs DIR (every run log, each line with the
+// moevement,dense-memory,dense-disk,pec), --interval K (5), --profile-out FILE, --trace-out PREFIX
+// (writes PREFIX<policy>_<run>.txt trace files), --keep-logs DIR (every run log, each line with the
 // time the bench saw it). Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -77,6 +86,9 @@ struct options {
   int micro_batches = 4, micro_batch_size = 4, seq_len = 32;
   std::vector<std::vector<kill_at>> failures;
   std::vector<std::string> policies{"moevement", "dense-memory", "dense-disk", "pec"};
+  // The baselines' checkpoint.interval (0: the engine's Young choice). 5 puts none of the
+  // default kills (iterations N/3, N/2, 2N/3 of 48 or 192) on a checkpoint iteration.
+  int interval = 5;
   std::string profile_out, trace_out, keep_logs;
 };
 
@@ -135,6 +147,8 @@ options parse_options(int argc, char** argv) {
       o.failures.push_back(parse_failures(value()));
     else if (f == "--policies")
       o.policies = split(value(), ',');
+    else if (f == "--interval")
+      o.interval = count();
     else if (f == "--profile-out")
       o.profile_out = value();
     else if (f == "--trace-out")
@@ -144,8 +158,9 @@ options parse_options(int argc, char** argv) {
     else
       throw std::runtime_error("unknown option " + f + " (see bench/sim_validation_bench.cpp)");
   }
-  if (o.iterations < 6 || o.pp < 1 || o.dp < 1 || o.repeats < 1 || o.spares < 0) {
-    throw std::runtime_error("--iterations >= 6, --pp >= 1, --dp >= 1, --repeats >= 1");
+  if (o.iterations < 6 || o.pp < 1 || o.dp < 1 || o.repeats < 1 || o.spares < 0 || o.interval < 0) {
+    throw std::runtime_error(
+        "--iterations >= 6, --pp >= 1, --dp >= 1, --repeats >= 1, --interval >= 0");
   }
   if (o.failures.empty()) {
     const int s1 = std::min(1, o.pp - 1), s2 = std::min(2, o.pp - 1);
@@ -204,6 +219,9 @@ int main(int argc, char** argv) {
     const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
     const fs::path log =
         fs::temp_directory_path() / ("bench_simvalidate_" + std::to_string(::getpid()) + ".jsonl");
+    // dense-disk's checkpoints: a fresh directory for every run (launch_one).
+    const fs::path disk_dir =
+        fs::temp_directory_path() / ("bench_simvalidate_ckpt_" + std::to_string(::getpid()));
     auto args = [&](const std::string& policy, const std::vector<kill_at>& kills) {
       std::vector<std::string> a{"launch", o.config};
       auto set = [&](const std::string& kv) {
@@ -221,6 +239,9 @@ int main(int argc, char** argv) {
       set(fmt::format("parallel.dp={}", o.dp));
       set(fmt::format("cluster.spares={}", o.spares));
       set("checkpoint.policy=" + policy);
+      if (policy != "moevement" && policy != "none")
+        set(fmt::format("checkpoint.interval={}", o.interval));
+      if (policy == "dense-disk") set("checkpoint.dir=" + disk_dir.string());
       // As in bench policies: under load the 1 s default heartbeat silence looked like a lost
       // worker; the injected kills are detected by the process's exit.
       set("cluster.failure_timeout_ms=10000");
@@ -239,15 +260,23 @@ int main(int argc, char** argv) {
       std::ofstream out(fs::path(o.keep_logs) / fmt::format("{:02}_{}.tsv", kept++, label));
       for (const auto& [t, line] : j.lines) out << fmt::format("{:.4f}\t{}\n", t, line);
     };
+    auto launch_one = [&](const std::string& policy, const std::vector<kill_at>& kills) {
+      fs::remove_all(disk_dir);
+      job_outcome j = launch_job(bin, args(policy, kills), log);
+      fs::remove_all(disk_dir);
+      return j;
+    };
     auto run = [&](const std::string& policy, const std::vector<kill_at>& kills) {
-      const job_outcome j = launch_job(bin, args(policy, kills), log);
+      const job_outcome j = launch_one(policy, kills);
       keep(policy + (kills.empty() ? std::string("_faultfree") : "_" + run_name(kills)), j);
       if (!j.ok) throw std::runtime_error("moevement launch failed (" + policy + "):\n" + j.output);
       return parse(j.lines);
     };
-    std::printf("# config %s preset=%s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load: %s\n",
-                o.config.c_str(), o.preset.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats,
-                loadavg().c_str());
+    std::printf(
+        "# config %s preset=%s pp=%d dp=%d spares=%d iterations=%d repeats=%d, baselines at "
+        "checkpoint.interval=%d; load: %s\n",
+        o.config.c_str(), o.preset.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats,
+        o.interval, loadavg().c_str());
 
     // Runs. `none` and the policies fault-free, interleaved; a policy that `moevement launch`
     // rejects is reported as not available.
@@ -258,7 +287,7 @@ int main(int argc, char** argv) {
       none.push_back(run("none", {}));
       for (auto& p : pols) {
         if (!p.available) continue;
-        const job_outcome j = launch_job(bin, args(p.name, {}), log);
+        const job_outcome j = launch_one(p.name, {});
         if (!j.ok) {
           if (r == 0 && j.output.find("not available") != std::string::npos) {
             p.available = false;
@@ -290,7 +319,9 @@ int main(int argc, char** argv) {
     auto stage_microbatch = [&](const std::vector<run_result>& runs) {
       return std::vector<double>(std::size_t(o.pp), stage_microbatch_s(runs, o.micro_batches));
     };
-    std::vector<double> bandwidths, restarts, replays, pulls, lags;
+    const int replicas = 2;  // checkpoint.replicas default (engine/job_config.hpp)
+    sim::profile_data prof;
+    std::vector<double> bandwidths, restarts, replays, lags;
     for (const auto& p : pols) {
       for (const auto& r : p.fault_free) {
         if (r.profile_bandwidth > 0) bandwidths.push_back(r.profile_bandwidth);
@@ -298,35 +329,44 @@ int main(int argc, char** argv) {
           for (double l : persist_lags(r)) lags.push_back(l);
         }
       }
+      std::vector<double> loads;
       for (const auto& [name, r] : p.faulty) {
         for (const auto& rec : r.recoveries) {
-          restarts.push_back(rec.seconds - rec.replay_s);
+          const auto split = split_recovery(rec);
+          restarts.push_back(split.restart_s);
+          loads.push_back(split.load_s);
           replays.push_back(rec.replay_s);
-          pulls.push_back(rec.pull_s);
         }
+      }
+      if (!loads.empty()) prof.load_s[p.name] = median(loads);
+      if (p.name != "moevement" && !p.fault_free.empty()) {
+        const double c = checkpoint_stall_s(p.fault_free);
+        if (c >= 0) prof.snapshot_s[p.name] = c;
       }
     }
     if (bandwidths.empty()) throw std::runtime_error("no window_chosen with a bandwidth");
     if (restarts.empty()) throw std::runtime_error("no recovery_end in the faulty runs");
-    const int replicas = 2;  // checkpoint.replicas default (engine/job_config.hpp)
-    sim::profile_data prof;
     prof.producer = "moevement bench simvalidate";
     prof.iteration_s = mean_of(none_ff);
     prof.stage_microbatch_s = stage_microbatch(none);
     prof.snapshot_bytes_per_s_per_gpu = median(bandwidths);
-    prof.restart_s = mean(restarts);
+    prof.restart_s = median(restarts);
     if (!lags.empty()) prof.persist_lag_s = median(lags);
+    std::string per_policy;
+    for (const auto& [name, v] : prof.load_s) per_policy += fmt::format(" load {} {:.5f}", name, v);
+    for (const auto& [name, v] : prof.snapshot_s)
+      per_policy += fmt::format(" snapshot {} {:.5f}", name, v);
     std::printf(
         "# profile: iteration_s %.6f (policy none), stage_microbatch_s %.6f, snapshot "
-        "bandwidth %.3f GB/s per process, restart_s %.5f (mean of %zu recoveries; "
-        "pull %.5f and replay %.5f s of them measured), persist_lag_s %.5f (median of %zu "
-        "windows of moevement's fault-free runs)\n",
+        "bandwidth %.3f GB/s per process, restart_s %.5f (median of %zu recoveries, replay "
+        "%.5f s left out), persist_lag_s %.5f (median of %zu windows of moevement's fault-free "
+        "runs);%s\n",
         prof.iteration_s, prof.stage_microbatch_s.front(), prof.snapshot_bytes_per_s_per_gpu / 1e9,
-        prof.restart_s, restarts.size(), mean(pulls), mean(replays), prof.persist_lag_s,
-        lags.size());
+        prof.restart_s, restarts.size(), mean(replays), prof.persist_lag_s, lags.size(),
+        per_policy.c_str());
     std::printf(
         "# not measured (absent from the profile): sync_s and update_s (the run log has "
-        "no per-phase times), snapshot_s per policy (no snapshot durations in the run log)\n");
+        "no per-phase times), moevement's snapshot_s (its slots overlap the next iteration)\n");
     if (!o.profile_out.empty()) {
       const std::string text = profile_toml(prof);
       (void)sim::parse_profile(text);  // the simulator must read what we write
@@ -344,29 +384,21 @@ int main(int argc, char** argv) {
     shape.pp = o.pp;
     shape.dp = o.dp;
     shape.replicas = replicas;
-    // The engine's bandwidth is its plain copy divided by 1 + r (engine/coordinator.cpp).
-    const auto inputs = sim_inputs(shape, prof.snapshot_bytes_per_s_per_gpu * (1 + replicas),
-                                   prof.snapshot_bytes_per_s_per_gpu);
     sim::failure_settings fs_settings;
     fs_settings.restart_s = prof.restart_s;
 
-    // The simulator's policy for one profile (iteration time and stage times from `ff`).
-    auto sim_policy = [&](const std::string& name, double iteration_s, double stage_s) {
+    // The simulator's policy for one reference speed (iteration time and stage times), at the
+    // baselines' interval in run `r` (the one the engine logged: checkpoint.interval or Young's).
+    auto sim_policy_at = [&](const std::string& name, double iteration_s, double stage_s,
+                             const run_result& r) {
       sim::profile_data p = prof;
       p.iteration_s = iteration_s;
       p.stage_microbatch_s.assign(std::size_t(o.pp), stage_s);
-      const auto costs =
-          sim::apply_profile(sim::estimate_iteration(inputs.model, inputs.cluster, inputs.plan,
-                                                     inputs.constants, replicas),
-                             p);
-      sim::policy_settings ps;
-      ps.kind = sim::parse_policy(name);
-      ps.replicas = replicas;
-      ps.persist_lag_s = p.persist_lag_s;   // as parse_config does with a profile
-      ps.rule = sim::interval_rule::fixed;  // the engine's dense policies checkpoint every
-      ps.fixed_interval = 1;                // iteration unless configured otherwise
-      // The interval rules are the only users of the MTBF; fixed needs none.
-      return sim::build_policy(inputs, costs, ps, fs_settings, 3600.0);
+      if (name != "moevement" && o.interval > 0 && r.interval != o.interval) {
+        throw std::runtime_error(
+            fmt::format("{}: the engine logged interval {}, not {}", name, r.interval, o.interval));
+      }
+      return sim_policy(shape, p, name, r.interval, fs_settings);
     };
 
     for (const auto& p : pols) {
@@ -380,17 +412,23 @@ int main(int argc, char** argv) {
       // runs, per index: bench policies' definition), `vs_none` (policy none's fault-free runs:
       // the checkpoint overhead counts too).
       const auto ff_ref = per_index(p.fault_free);
+      const run_result& ff0 = p.fault_free.front();
       const auto m_ffref =
-          sim_policy(p.name, mean_of(ff_ref), stage_microbatch(p.fault_free).front());
-      const auto m_none = sim_policy(p.name, prof.iteration_s, prof.stage_microbatch_s.front());
+          sim_policy_at(p.name, mean_of(ff_ref), stage_microbatch(p.fault_free).front(), ff0);
+      const auto m_none =
+          sim_policy_at(p.name, prof.iteration_s, prof.stage_microbatch_s.front(), ff0);
+      // At the run's own iteration times, which contain its checkpoint stalls already.
       auto m_self = [&](const run_result& r) {
-        return sim_policy(p.name, mean_of(own_times(r)), stage_microbatch_s({r}, o.micro_batches));
+        return without_stall(sim_policy_at(p.name, mean_of(own_times(r)),
+                                           stage_microbatch_s({r}, o.micro_batches), r));
       };
       std::printf(
-          "# %s: fault-free iteration %.6f s (none %.6f s), simulator W_sparse %d "
-          "(engine %d), predicted stall %.6f s, load %.6f s, catch-up %.6f s/iteration\n",
-          p.name.c_str(), mean_of(ff_ref), prof.iteration_s, m_ffref.w_sparse,
-          p.fault_free.front().w_sparse, m_ffref.stall_s, m_ffref.load_s,
+          "# %s: fault-free iteration %.6f s (none %.6f s), simulator W_sparse %d (engine %d), "
+          "interval %d (engine %d), predicted stall %.6f s, snapshot %.6f s, persist lag %.6f "
+          "s, load %.6f s, catch-up %.6f s/iteration\n",
+          p.name.c_str(), mean_of(ff_ref), prof.iteration_s, m_ffref.w_sparse, ff0.w_sparse,
+          m_ffref.interval, ff0.interval, m_ffref.stall_s, m_ffref.snapshot_s,
+          m_ffref.persist_lag_s, m_ffref.load_s,
           m_ffref.catch_up_s.empty() ? 0.0 : m_ffref.catch_up_s.front());
       std::vector<double> own_m, own_p, ref_m, none_m;
       for (const auto& r : p.fault_free) {
@@ -413,20 +451,32 @@ int main(int argc, char** argv) {
         for (const auto& rec : r.recoveries) measured_recovery += rec.seconds;
         for (const auto& it : r.iterations) slowest = std::max(slowest, it.seconds);
         const auto own = own_times(r);
-        // Restart time held out: measured on the other faulty runs' recoveries, so that no
-        // prediction uses its own run's recovery (all of them when this is the only run).
-        std::vector<double> others;
+        // Restart and load held out: no prediction uses its own run's recovery (this run's
+        // when it is the only faulty run). Restart (the replacement spawned and wired) is the
+        // same machinery under every policy: the median over every other faulty run's
+        // recoveries; load differs by policy: the median over the same policy's other runs.
+        // Medians: one recovery in several takes 5-10x the others on a loaded machine.
+        std::vector<double> other_restarts, other_loads;
         for (const auto& q : pols) {
           for (const auto& [n2, r2] : q.faulty) {
-            if (&r2 == &r) continue;
-            for (const auto& rec : r2.recoveries) others.push_back(rec.seconds - rec.replay_s);
+            if (&r2 == &r && p.faulty.size() > 1) continue;
+            for (const auto& rec : r2.recoveries) {
+              other_restarts.push_back(split_recovery(rec).restart_s);
+              if (&q == &p) other_loads.push_back(split_recovery(rec).load_s);
+            }
           }
         }
-        const double restart = others.empty() ? prof.restart_s : mean(others);
+        const double restart = median(other_restarts), load = median(other_loads);
         auto held_out = [&](sim::policy_model m) {
           m.restart_s = restart;
+          m.load_s = load;
           return m;
         };
+        std::string rollbacks;
+        for (const auto& rec : r.recoveries) {
+          if (rec.rollback_to >= 0)
+            rollbacks += fmt::format(" {}->{}", rec.target, rec.rollback_to);
+        }
         const auto m_run = held_out(m_self(r)), m_ref = held_out(m_ffref),
                    m_nonec = held_out(m_none);
         const auto pr = predict_fixed_work(m_run, o.iterations, fs_settings, trace);
@@ -434,12 +484,14 @@ int main(int argc, char** argv) {
         std::printf(
             "# %s %s: failures at%s; %zu recoveries, %.4f s detection to resume; the simulator's "
             "recovery %.4f s (restart, load, replay, aborted iterations); time lost measured "
-            "%.4f s, predicted %.4f s; slowest iteration %.4f s (mean %.4f s); restart_s %.5f "
-            "(%s)\n",
+            "%.4f s, predicted %.4f s; slowest iteration %.4f s (mean %.4f s); restart_s %.5f, "
+            "load_s %.5f (%s)%s%s\n",
             p.name.c_str(), name.c_str(), times.c_str(), r.recoveries.size(), measured_recovery,
             pr.recovery_s, (r.t_last_iteration - r.t_start) * (1 - measured), pr.time_lost_s,
-            slowest, mean_of(own), restart,
-            others.empty() ? "this run's: no other faulty run" : "the other faulty runs'");
+            slowest, mean_of(own), restart, load,
+            p.faulty.size() > 1 ? "held out: medians of the other faulty runs'"
+                                : "this run's: no other",
+            rollbacks.empty() ? "" : "; engine rolled back (failed -> to):", rollbacks.c_str());
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
         // Other reference speeds: the failures at the same iterations and times into them.
         const auto points = failure_points(r);
