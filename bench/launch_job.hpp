@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 #include <stdexcept>
@@ -32,9 +33,11 @@ struct job_outcome {
 };
 
 // Runs `bin args...` with its output in a file beside `log`; `log` must be the job's run log
-// (engine.run_log). Throws only when the process cannot be started.
+// (engine.run_log). `on_poll` (optional) is called after each poll with its time stamp, to watch
+// something else on the same clock. Throws only when the process cannot be started.
 inline job_outcome launch_job(const std::string& bin, const std::vector<std::string>& args,
-                              const std::filesystem::path& log) {
+                              const std::filesystem::path& log,
+                              const std::function<void(double)>& on_poll = {}) {
   namespace fs = std::filesystem;
   using sclock = std::chrono::steady_clock;
   fs::remove(log);
@@ -69,6 +72,7 @@ inline job_outcome launch_job(const std::string& bin, const std::vector<std::str
       o.lines.push_back({t, partial.substr(0, nl)});
       partial.erase(0, nl + 1);
     }
+    if (on_poll) on_poll(t);
   };
   int status = 0;
   for (;;) {

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -54,6 +56,11 @@ inline std::string profile_toml(const sim::profile_data& p) {
   if (!p.snapshot_s.empty()) {
     out += "[profile.snapshot_s]\n";
     for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
+  }
+  if (!p.policy_persist_lag_s.empty()) {
+    out += "[profile.policy_persist_lag_s]\n";
+    for (const auto& [policy, s] : p.policy_persist_lag_s)
+      out += policy + " = " + toml_float(s) + "\n";
   }
   if (!p.load_s.empty()) {
     out += "[profile.load_s]\n";
@@ -198,6 +205,50 @@ inline sim::profile_data policies_profile(const std::vector<run_result>& none,
   return p;
 }
 
+// When each dense-disk window became loadable, as the bench saw it: [store directory][window id,
+// the state iteration] = the first poll that found its MANIFEST (recovery/durable_store.hpp: a
+// window exists once its manifest does).
+using disk_windows_seen = std::map<std::string, std::map<long, double>>;
+
+// Looks at dense-disk's checkpoint directory (one store per stage replica) at time `t`.
+inline void watch_disk_windows(const std::filesystem::path& dir, double t,
+                               disk_windows_seen& seen) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& store : fs::directory_iterator(dir, ec)) {
+    auto& mine = seen[store.path().filename().string()];
+    for (const auto& w : fs::directory_iterator(store.path(), ec)) {
+      const std::string name = w.path().filename().string();
+      if (name.rfind("window-", 0) != 0) continue;
+      const long id = std::atol(name.c_str() + 7);
+      if (!mine.contains(id) && fs::exists(w.path() / "MANIFEST", ec)) mine[id] = t;
+    }
+  }
+}
+
+// dense-disk's persist lag per checkpoint: from the record of its last iteration (state s: the
+// record of iteration s - 1) until every stage's store had window s. Windows some store never
+// showed (dropped before a poll saw them) are left out.
+inline std::vector<double> disk_persist_lags(const run_result& r, const disk_windows_seen& seen) {
+  std::map<long, double> rec;
+  for (const auto& it : r.iterations) rec.emplace(it.iteration, it.t);  // first record
+  std::map<long, std::pair<double, std::size_t>> all;  // window: latest first sight, stores
+  for (const auto& [store, windows] : seen) {
+    for (const auto& [id, t] : windows) {
+      auto& a = all[id];
+      a.first = std::max(a.first, t);
+      ++a.second;
+    }
+  }
+  std::vector<double> out;
+  for (const auto& [id, a] : all) {
+    const auto it = rec.find(id - 1);
+    if (id < 1 || a.second != seen.size() || it == rec.end()) continue;
+    out.push_back(std::max(0.0, a.first - it->second));
+  }
+  return out;
+}
+
 // What the simulator needs to know about the job besides the profile.
 struct job_shape {
   models::model_config model;
@@ -279,12 +330,15 @@ inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data&
     ps.pec_interval = interval;
     // The engine checkpoints pec's K experts per MoE layer from the start; no doubling levels
     // matter at these lengths (the budget is per fault), and the persist lag of a baseline is
+    // measured where the profile has it (dense-disk: its windows' MANIFEST seen on disk), else
     // modelled from its measured snapshot time (no run log record says when a checkpoint reached
-    // its holders or the disk).
+    // its holders).
   }
   if (const auto it = prof.snapshot_s.find(policy); it != prof.snapshot_s.end())
     ps.snapshot_s = it->second;
   if (const auto it = prof.load_s.find(policy); it != prof.load_s.end()) ps.load_s = it->second;
+  if (const auto it = prof.policy_persist_lag_s.find(policy); it != prof.policy_persist_lag_s.end())
+    ps.persist_lag_s = it->second;
   return sim::build_policy(in, costs, ps, f, 3600.0);  // the MTBF feeds only Young and oracle
 }
 

@@ -3,48 +3,51 @@
 // checkpoint policy fault-free, then each policy with the failures of every --failures SPEC
 // injected (`--inject kill:stage=S,replica=0,iter=T`). From the run logs it measures ETTR and
 // a profile (written in the simulator's format 1 with --profile-out), builds the simulator's
-// inputs for the same job through the sim library (model shape, plan, the profile, the SAME
-// failure times as a trace) and prints, per policy and run,
+// inputs for the same job through the sim library (model shape, plan, the profile, the same
+// failures) and prints, per policy and run,
 //   ettr_<policy>_<run>: measured=<v> predicted=<v> diff=<predicted - measured>
 //   sim_ettr_<policy>_<run>: ours=<predicted> theirs=<measured> ratio=<min/max, 1 = exact>
+// and per policy and --failures SPEC the same for the medians over the repeats (`_median`).
 //
-// ETTR, measured: the fault-free time of every iteration the run committed (each index once;
-// the median of that index over the policy's fault-free runs, bench/run_log_stats.hpp) over the
+// ETTR, measured: the useful time of every iteration the run committed (each index once: its
+// own iteration_s in this run, the last record, i.e. the one that committed it) over the
 // training window: from job_start (the first iteration is sent right after it) to the record of
 // the last iteration. Process spawn and wiring happen before job_start; the final hash and the
 // shutdown after the last iteration are not training; validation is off (train.val_batches=0).
 // ETTR, predicted: iterations x T over the simulator's time to commit them (a fixed-work run,
-// bench/sim_validation.hpp), T = the mean of the same per-index fault-free times (so that the
-// useful times are the same sum, the slow first iteration included). Both ETTRs therefore
-// measure what the failures (and whatever the policy does beyond its fault-free iteration)
-// cost. A second set of lines, `_vs_none`, takes policy `none`'s fault-free times as the useful
-// time and T (the profile file's iteration_s), so that the checkpoint overhead counts too: that
-// is the simulator's ETTR definition (paper 2.4) and tests its overhead model as well. For those
-// other speeds the failures are placed at the same iterations and times into them
-// (trace_at_points); for the run's own speed at the same times.
+// bench/sim_validation.hpp), T = the mean of the same useful times, with the failures at the
+// same iterations and times into them (trace_at_points; `_at_times`: at the same times from
+// job_start). Both ETTRs therefore measure what the failures cost. Other references:
+// `_ffref` (the policy's fault-free runs' per-index medians) and `_vs_none` (policy none's
+// fault-free times and T, the profile file's iteration_s, so that the checkpoint overhead
+// counts too: the simulator's ETTR definition, paper 2.4).
 //
 // Profile: T and stage times as above; snapshot bandwidth: moevement's window_chosen; persist
 // lag: window_persisted after its last iteration's record, fault-free moevement runs; restart
 // and load per recovery (split_recovery): a rollback's restore_s and load_s, moevement's
 // recovery_end seconds less its replay (the simulator replays itself) and pull (its load);
-// the baselines' snapshot_s: their stall_s at checkpoint iterations (medians throughout: one
-// recovery in several takes 5-10x the others on a loaded machine). HELD OUT: each faulty run is
+// the baselines' snapshot_s: their stall_s at checkpoint iterations; dense-disk's persist lag:
+// its windows' MANIFEST seen on disk (polled with the run log) after the checkpointed
+// iteration's record, fault-free runs (the other baselines' is modelled from their snapshot_s).
+// Medians throughout: one recovery in several takes 5-10x the others on a loaded machine.
+// HELD OUT: each faulty run is
 // predicted with the median restart of every other faulty run and the median load of the same
 // policy's other faulty runs.
 //
-// The baselines (dense-memory, dense-disk, pec) run at checkpoint.interval = --interval (5;
+// The baselines (dense-memory, dense-disk, pec) run at checkpoint.interval = --interval (10;
 // 0: the engine's Young choice) and recover by global rollback to the newest checkpoint every
 // stage holds (engine/coordinator_rollback.cpp); the simulator gets the interval the engine
 // logged (interval_chosen) and rolls every stage back the same way.
 //
 // Options: --config FILE (default examples/configs/pipeline_tiny.toml), --set KEY=VALUE
 // (repeatable), --iterations N (48), --pp N (3), --dp N (1), --spares N (2), --repeats N (3,
-// fault-free runs per policy), --preset NAME (tiny), --micro-batches N (4), --micro-batch-size
-// N (4), --seq-len N (32), --failures SPEC (repeatable; one faulty run per SPEC, a comma list
-// of STAGE@ITERATION; default "1@2N/3", "1@N/3,2@2N/3" and "0@N/2"), --policies LIST (default
-// moevement,dense-memory,dense-disk,pec), --interval K (5), --profile-out FILE, --trace-out PREFIX
-// (writes PREFIX<policy>_<run>.txt trace files), --keep-logs DIR (every run log, each line with the
-// time the bench saw it). Run from the source root.
+// fault-free runs per policy), --faulty-repeats N (3, runs per --failures SPEC and policy; the
+// per-SPEC medians are printed as ettr_<policy>_<spec>_median), --preset NAME (tiny),
+// --micro-batches N (4), --micro-batch-size N (4), --seq-len N (32), --failures SPEC (repeatable;
+// one faulty run per SPEC, a comma list of STAGE@ITERATION; default "1@2N/3", "1@N/3,2@2N/3" and
+// "0@N/2"), --policies LIST (default moevement,dense-memory,dense-disk,pec), --interval K (5),
+// --profile-out FILE, --trace-out PREFIX (writes PREFIX<policy>_<run>.txt trace files), --keep-logs
+// DIR (every run log, each line with the time the bench saw it). Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -53,6 +56,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -82,13 +86,17 @@ struct options {
   std::string config = "examples/configs/pipeline_tiny.toml";
   std::vector<std::string> sets;
   int iterations = 48, pp = 3, dp = 1, spares = 2, repeats = 3;
+  // Faulty runs per --failures SPEC and policy: one recovery in several takes 5-10x the others
+  // on a loaded machine, so the comparison is also made on the medians over the repeats.
+  int faulty_repeats = 3;
   std::string preset = "tiny";
   int micro_batches = 4, micro_batch_size = 4, seq_len = 32;
   std::vector<std::vector<kill_at>> failures;
   std::vector<std::string> policies{"moevement", "dense-memory", "dense-disk", "pec"};
-  // The baselines' checkpoint.interval (0: the engine's Young choice). 5 puts none of the
-  // default kills (iterations N/3, N/2, 2N/3 of 48 or 192) on a checkpoint iteration.
-  int interval = 5;
+  // The baselines' checkpoint.interval (0: the engine's Young choice). 10 puts every default
+  // kill (iterations N/3, N/2, 2N/3 of 48 or 192) 2 or more iterations after a checkpoint, so
+  // that which checkpoint a rollback finds depends on the persist lag, not on a race with it.
+  int interval = 10;
   std::string profile_out, trace_out, keep_logs;
 };
 
@@ -135,6 +143,8 @@ options parse_options(int argc, char** argv) {
       o.spares = count();
     else if (f == "--repeats")
       o.repeats = count();
+    else if (f == "--faulty-repeats")
+      o.faulty_repeats = count();
     else if (f == "--preset")
       o.preset = value();
     else if (f == "--micro-batches")
@@ -199,6 +209,7 @@ struct policy_runs {
   bool available = true;
   std::string why;
   std::vector<run_result> fault_free;
+  std::vector<double> disk_lags;  // dense-disk: persist lags seen in the fault-free runs
   std::vector<std::pair<std::string, run_result>> faulty;  // name, run
 };
 
@@ -260,9 +271,14 @@ int main(int argc, char** argv) {
       std::ofstream out(fs::path(o.keep_logs) / fmt::format("{:02}_{}.tsv", kept++, label));
       for (const auto& [t, line] : j.lines) out << fmt::format("{:.4f}\t{}\n", t, line);
     };
-    auto launch_one = [&](const std::string& policy, const std::vector<kill_at>& kills) {
+    // dense-disk: when each window reached the disk (`seen`, on the run log's clock).
+    auto launch_one = [&](const std::string& policy, const std::vector<kill_at>& kills,
+                          disk_windows_seen* seen = nullptr) {
       fs::remove_all(disk_dir);
-      job_outcome j = launch_job(bin, args(policy, kills), log);
+      std::function<void(double)> watch;
+      if (seen != nullptr && policy == "dense-disk")
+        watch = [&](double t) { watch_disk_windows(disk_dir, t, *seen); };
+      job_outcome j = launch_job(bin, args(policy, kills), log, watch);
       fs::remove_all(disk_dir);
       return j;
     };
@@ -282,12 +298,13 @@ int main(int argc, char** argv) {
     // rejects is reported as not available.
     std::vector<run_result> none;
     std::vector<policy_runs> pols;
-    for (const auto& p : o.policies) pols.push_back({p, true, {}, {}, {}});
+    for (const auto& p : o.policies) pols.push_back({p, true, {}, {}, {}, {}});
     for (int r = 0; r < o.repeats; ++r) {
       none.push_back(run("none", {}));
       for (auto& p : pols) {
         if (!p.available) continue;
-        const job_outcome j = launch_one(p.name, {});
+        disk_windows_seen seen;
+        const job_outcome j = launch_one(p.name, {}, &seen);
         if (!j.ok) {
           if (r == 0 && j.output.find("not available") != std::string::npos) {
             p.available = false;
@@ -300,11 +317,16 @@ int main(int argc, char** argv) {
         }
         keep(p.name + "_faultfree", j);
         p.fault_free.push_back(parse(j.lines));
+        for (double l : disk_persist_lags(p.fault_free.back(), seen)) p.disk_lags.push_back(l);
       }
     }
     for (auto& p : pols) {
       if (!p.available) continue;
-      for (const auto& spec : o.failures) p.faulty.push_back({run_name(spec), run(p.name, spec)});
+      for (int k = 0; k < o.faulty_repeats; ++k) {
+        for (const auto& spec : o.failures) {
+          p.faulty.push_back({run_name(spec) + fmt::format("_r{}", k), run(p.name, spec)});
+        }
+      }
     }
     std::printf("# load after the runs: %s\n", loadavg().c_str());
 
@@ -339,6 +361,7 @@ int main(int argc, char** argv) {
         }
       }
       if (!loads.empty()) prof.load_s[p.name] = median(loads);
+      if (!p.disk_lags.empty()) prof.policy_persist_lag_s[p.name] = median(p.disk_lags);
       if (p.name != "moevement" && !p.fault_free.empty()) {
         const double c = checkpoint_stall_s(p.fault_free);
         if (c >= 0) prof.snapshot_s[p.name] = c;
@@ -356,6 +379,12 @@ int main(int argc, char** argv) {
     for (const auto& [name, v] : prof.load_s) per_policy += fmt::format(" load {} {:.5f}", name, v);
     for (const auto& [name, v] : prof.snapshot_s)
       per_policy += fmt::format(" snapshot {} {:.5f}", name, v);
+    for (const auto& p : pols) {
+      if (p.disk_lags.empty()) continue;
+      per_policy += fmt::format(" persist lag {} {:.5f} (median of {} windows, max {:.5f})", p.name,
+                                median(p.disk_lags), p.disk_lags.size(),
+                                *std::max_element(p.disk_lags.begin(), p.disk_lags.end()));
+    }
     std::printf(
         "# profile: iteration_s %.6f (policy none), stage_microbatch_s %.6f, snapshot "
         "bandwidth %.3f GB/s per process, restart_s %.5f (median of %zu recoveries, replay "
@@ -443,6 +472,8 @@ int main(int argc, char** argv) {
                     predict_fixed_work(m_ffref, o.iterations, fs_settings, {}).ettr);
       print_compare(fmt::format("ettr_{}_faultfree_vs_none", p.name), median(none_m),
                     predict_fixed_work(m_none, o.iterations, fs_settings, {}).ettr);
+      // Per SPEC (the run name without its _r<repeat>): measured and predicted of each repeat.
+      std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_spec;
       for (const auto& [name, r] : p.faulty) {
         const auto trace = failure_trace(r);
         std::string times;
@@ -500,6 +531,9 @@ int main(int argc, char** argv) {
                                 : "this run's: no other",
             rollbacks.empty() ? "" : "; engine rolled back (failed -> to):", rollbacks.c_str());
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
+        auto& spec = by_spec[name.substr(0, name.rfind("_r"))];
+        spec.first.push_back(measured);
+        spec.second.push_back(pr.ettr);
         print_compare(fmt::format("ettr_{}_{}_at_times", p.name, name), measured, pr_times.ettr);
         // Other reference speeds, the failures at the same points.
         print_compare(fmt::format("ettr_{}_{}_ffref", p.name, name),
@@ -516,6 +550,12 @@ int main(int argc, char** argv) {
           std::ofstream t(o.trace_out + p.name + "_" + name + ".txt");
           t << trace_text(trace);
         }
+      }
+      for (const auto& [spec, v] : by_spec) {
+        std::printf("# %s %s: medians over %zu repeats\n", p.name.c_str(), spec.c_str(),
+                    v.first.size());
+        print_compare(fmt::format("ettr_{}_{}_median", p.name, spec), median(v.first),
+                      median(v.second));
       }
     }
     std::printf(

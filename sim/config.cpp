@@ -310,7 +310,11 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.load_s.dense-memory",
                                              "profile.load_s.dense-disk",
                                              "profile.load_s.pec",
-                                             "profile.load_s.moevement"};
+                                             "profile.load_s.moevement",
+                                             "profile.policy_persist_lag_s.dense-memory",
+                                             "profile.policy_persist_lag_s.dense-disk",
+                                             "profile.policy_persist_lag_s.pec",
+                                             "profile.policy_persist_lag_s.moevement"};
   check_keys(root, keys, "profile");
   const reader r(root);
   profile_data p;
@@ -341,6 +345,11 @@ profile_data parse_profile(std::string_view text) {
     if (r.has(l)) {
       p.load_s[pol] = r.number(l, 0);
       if (p.load_s[pol] < 0) fail(l, "must be >= 0");
+    }
+    const std::string g = std::string("profile.policy_persist_lag_s.") + pol;
+    if (r.has(g)) {
+      p.policy_persist_lag_s[pol] = r.number(g, 0);
+      if (p.policy_persist_lag_s[pol] < 0) fail(g, "must be >= 0");
     }
   }
   return p;
@@ -524,6 +533,8 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
       const auto load = cfg.profile->load_s.find(std::string(policy_name(ps.kind)));
       if (load != cfg.profile->load_s.end()) ps.load_s = load->second;
       ps.persist_lag_s = cfg.profile->persist_lag_s;
+      const auto lag = cfg.profile->policy_persist_lag_s.find(std::string(policy_name(ps.kind)));
+      if (lag != cfg.profile->policy_persist_lag_s.end()) ps.persist_lag_s = lag->second;
     }
   }
 

@@ -32,6 +32,8 @@ struct profile_data {
   // Measured time to load a policy's checkpoint back on recovery (a rollback's every stage, or
   // moevement's pull of the persisted window), per policy name; replaces the modelled load.
   std::map<std::string, double> load_s;
+  // Measured persist lag per policy name; replaces persist_lag_s for that policy.
+  std::map<std::string, double> policy_persist_lag_s;
 };
 
 struct sweep_settings {

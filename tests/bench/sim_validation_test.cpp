@@ -429,3 +429,50 @@ TEST(sim_validation, the_policies_bench_profile_loads_in_the_simulator_with_its_
 }
 
 }  // namespace
+
+namespace {
+
+TEST(sim_validation, dense_disk_windows_count_once_every_store_has_their_manifest) {
+  namespace fs = std::filesystem;
+  const auto dir =
+      fs::temp_directory_path() / ("sim_validation_disk_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (const char* store : {"stage-0-replica-0", "stage-1-replica-0"})
+    fs::create_directories(dir / store / "window-00000000000000000005");
+  disk_windows_seen seen;
+  watch_disk_windows(dir, 0.5, seen);  // no manifest yet: not a window
+  std::ofstream(dir / "stage-0-replica-0" / "window-00000000000000000005" / "MANIFEST") << "m";
+  watch_disk_windows(dir, 0.6, seen);
+  std::ofstream(dir / "stage-1-replica-0" / "window-00000000000000000005" / "MANIFEST") << "m";
+  watch_disk_windows(dir, 0.7, seen);
+  watch_disk_windows(dir, 0.8, seen);  // first sight counts
+  fs::remove_all(dir);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_DOUBLE_EQ(seen.at("stage-0-replica-0").at(5), 0.6);
+  EXPECT_DOUBLE_EQ(seen.at("stage-1-replica-0").at(5), 0.7);
+  // Window 5 is the state after iteration 4, whose record came at 0.6 + 0.1 * 4 = 1.0 in
+  // rollback_log(); a window one store never showed is left out.
+  const run_result r = parse(rollback_log());
+  disk_windows_seen s{{"a", {{5, 1.02}, {10, 1.9}}}, {"b", {{5, 1.035}}}};
+  const auto lags = disk_persist_lags(r, s);
+  ASSERT_EQ(lags.size(), 1u);
+  EXPECT_NEAR(lags[0], 0.035, 1e-12);
+}
+
+TEST(sim_validation, a_measured_persist_lag_of_a_baseline_decides_its_rollback_point) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  auto prof = tiny_profile();
+  prof.policy_persist_lag_s = {{"dense-disk", 0.25}};
+  const auto back = sim::parse_profile(profile_toml(prof));
+  EXPECT_EQ(back.policy_persist_lag_s, prof.policy_persist_lag_s);
+  const auto m = without_stall(sim_policy(tiny_job(), prof, "dense-disk", 5, f));
+  EXPECT_EQ(m.persist_lag_s, 0.25);
+  // The failure at 1.23 comes 0.23 s after the checkpoint of state 10: not on disk yet, back
+  // to 5: resume at 1.48, then iterations 5..19.
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 1}}).wall_s, 1.48 + 1.5, 1e-9);
+  // dense-memory keeps its modelled lag (its snapshot time).
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "dense-memory", 5, f).persist_lag_s, 0.01);
+}
+
+}  // namespace
