@@ -211,6 +211,7 @@ struct policy_runs {
   std::vector<run_result> fault_free;
   std::vector<double> disk_lags;  // dense-disk: persist lags seen in the fault-free runs
   std::vector<std::pair<std::string, run_result>> faulty;  // name, run
+  std::vector<disk_windows_seen> faulty_disk;              // dense-disk: windows seen, per run
 };
 
 void print_compare(const std::string& metric, double measured, double predicted) {
@@ -282,8 +283,9 @@ int main(int argc, char** argv) {
       fs::remove_all(disk_dir);
       return j;
     };
-    auto run = [&](const std::string& policy, const std::vector<kill_at>& kills) {
-      const job_outcome j = launch_one(policy, kills);
+    auto run = [&](const std::string& policy, const std::vector<kill_at>& kills,
+                   disk_windows_seen* seen = nullptr) {
+      const job_outcome j = launch_one(policy, kills, seen);
       keep(policy + (kills.empty() ? std::string("_faultfree") : "_" + run_name(kills)), j);
       if (!j.ok) throw std::runtime_error("moevement launch failed (" + policy + "):\n" + j.output);
       return parse(j.lines);
@@ -298,7 +300,10 @@ int main(int argc, char** argv) {
     // rejects is reported as not available.
     std::vector<run_result> none;
     std::vector<policy_runs> pols;
-    for (const auto& p : o.policies) pols.push_back({p, true, {}, {}, {}, {}});
+    for (const auto& p : o.policies) {
+      pols.emplace_back();
+      pols.back().name = p;
+    }
     for (int r = 0; r < o.repeats; ++r) {
       none.push_back(run("none", {}));
       for (auto& p : pols) {
@@ -324,7 +329,9 @@ int main(int argc, char** argv) {
       if (!p.available) continue;
       for (int k = 0; k < o.faulty_repeats; ++k) {
         for (const auto& spec : o.failures) {
-          p.faulty.push_back({run_name(spec) + fmt::format("_r{}", k), run(p.name, spec)});
+          disk_windows_seen seen;
+          p.faulty.push_back({run_name(spec) + fmt::format("_r{}", k), run(p.name, spec, &seen)});
+          p.faulty_disk.push_back(std::move(seen));
         }
       }
     }
@@ -474,7 +481,8 @@ int main(int argc, char** argv) {
                     predict_fixed_work(m_none, o.iterations, fs_settings, {}).ettr);
       // Per SPEC (the run name without its _r<repeat>): measured and predicted of each repeat.
       std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_spec;
-      for (const auto& [name, r] : p.faulty) {
+      for (std::size_t fi = 0; fi < p.faulty.size(); ++fi) {
+        const auto& [name, r] = p.faulty[fi];
         const auto trace = failure_trace(r);
         std::string times;
         for (const auto& e : trace) times += fmt::format(" {:.4f}s@stage{}", e.time_s, e.stage);
@@ -508,6 +516,25 @@ int main(int argc, char** argv) {
           if (rec.rollback_to >= 0)
             rollbacks += fmt::format(" {}->{}", rec.target, rec.rollback_to);
         }
+        if (p.name == "dense-disk") {
+          // What was on disk (every store's MANIFEST seen) when each loss was seen.
+          const auto& seen = p.faulty_disk[fi];
+          rollbacks += "; on disk at each loss:";
+          for (const auto& l : r.losses) {
+            if (l.stage < 0) continue;
+            long newest = 0;
+            std::map<long, std::size_t> stores;
+            for (const auto& [store, windows] : seen) {
+              for (const auto& [id, t] : windows) {
+                if (t <= l.t) ++stores[id];
+              }
+            }
+            for (const auto& [id, n] : stores) {
+              if (n == seen.size()) newest = std::max(newest, id);
+            }
+            rollbacks += fmt::format(" {}", newest);
+          }
+        }
         const auto m_run = held_out(m_self(r)), m_ref = held_out(m_ffref),
                    m_nonec = held_out(m_none);
         // The failures at the same iterations and times into them (the primary): the run's pace
@@ -529,7 +556,10 @@ int main(int argc, char** argv) {
             slowest, mean_of(own), restart, load,
             p.faulty.size() > 1 ? "held out: medians of the other faulty runs'"
                                 : "this run's: no other",
-            rollbacks.empty() ? "" : "; engine rolled back (failed -> to):", rollbacks.c_str());
+            r.recoveries.empty() || r.recoveries.front().rollback_to < 0
+                ? ""
+                : "; engine rolled back (failed -> to):",
+            rollbacks.c_str());
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
         auto& spec = by_spec[name.substr(0, name.rfind("_r"))];
         spec.first.push_back(measured);
