@@ -1,7 +1,7 @@
 // Running one `moevement launch` job as a subprocess for the benchmarks, with its run log read
 // back as it is written (the run log has no timestamps on most records, so the bench polls it
-// every 2 ms and stamps each line as it appears). The same logic as bench/policies_bench.cpp's
-// launch(), which can switch to this header.
+// every 2 ms and stamps each line as it appears). Used by bench/policies_bench.cpp and
+// bench/sim_validation_bench.cpp.
 #pragma once
 
 #include <fcntl.h>
@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 #include <stdexcept>
@@ -32,9 +33,11 @@ struct job_outcome {
 };
 
 // Runs `bin args...` with its output in a file beside `log`; `log` must be the job's run log
-// (engine.run_log). Throws only when the process cannot be started.
+// (engine.run_log). `on_poll` (optional) is called after each poll with its time stamp, to watch
+// something else on the same clock. Throws only when the process cannot be started.
 inline job_outcome launch_job(const std::string& bin, const std::vector<std::string>& args,
-                              const std::filesystem::path& log) {
+                              const std::filesystem::path& log,
+                              const std::function<void(double)>& on_poll = {}) {
   namespace fs = std::filesystem;
   using sclock = std::chrono::steady_clock;
   fs::remove(log);
@@ -69,6 +72,7 @@ inline job_outcome launch_job(const std::string& bin, const std::vector<std::str
       o.lines.push_back({t, partial.substr(0, nl)});
       partial.erase(0, nl + 1);
     }
+    if (on_poll) on_poll(t);
   };
   int status = 0;
   for (;;) {
@@ -86,6 +90,20 @@ inline job_outcome launch_job(const std::string& bin, const std::vector<std::str
   o.output = s.str();
   fs::remove(out);
   return o;
+}
+
+// The same, for a job that must succeed: its stamped run log, or an exception with the command
+// line and the job's output.
+inline std::vector<stamped> launch_or_throw(const std::string& bin,
+                                            const std::vector<std::string>& args,
+                                            const std::filesystem::path& log) {
+  job_outcome o = launch_job(bin, args, log);
+  if (!o.ok) {
+    std::string cmd = bin;
+    for (const auto& a : args) cmd += " " + a;
+    throw std::runtime_error("failed: " + cmd + "\n" + o.output);
+  }
+  return std::move(o.lines);
 }
 
 }  // namespace moevement::bench

@@ -9,10 +9,12 @@
 // --spares N (default 1, every run, so both policies run on the same processes),
 // --w-sparse N (default 0: Algorithm 1 chooses); every run gets
 // cluster.failure_timeout_ms=10000 (see below), --kill-iter T (default 2/3 of the run),
-// --kill-stage S (default pp/2), --no-recovery, --profile-out FILE, --durable (the moevement
-// runs with checkpoint.durable = true in a temporary checkpoint.dir: what writing persisted
-// windows to disk in the background costs: also runs moevement without it, interleaved, and
-// prints durable_iteration_time ours=durable theirs=without, durable_windows, bytes, seconds).
+// --kill-stage S (default pp/2), --no-recovery, --profile-out FILE (the simulator's profile,
+// format 1: bench/sim_validation.hpp policies_profile, docs/simulator.md "Profile file"),
+// --durable (the moevement runs with checkpoint.durable = true in a temporary checkpoint.dir:
+// what writing persisted windows to disk in the background costs: also runs moevement without
+// it, interleaved, and prints durable_iteration_time ours=durable theirs=without,
+// durable_windows, bytes, seconds).
 //
 // Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
 // Counted iterations: those at or after the end of the first window (window_chosen's
@@ -49,35 +51,30 @@
 //   moevement loses no token: ratio inf), and in a comment line per policy its rollback
 //   point and whether its final state_hash equals the fault-free one.
 // Run from the source root.
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "bench/launch_job.hpp"
 #include "bench/run_log_stats.hpp"
-
-extern char** environ;
+#include "bench/sim_validation.hpp"
+#include "sim/config.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using namespace moevement;
 using namespace moevement::bench;
-using sclock = std::chrono::steady_clock;
 
 struct options {
   std::string config = "examples/configs/pipeline_tiny.toml";
@@ -88,67 +85,6 @@ struct options {
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
 };
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs `bin args...` with its output in a file, stamping each run log line as it appears.
-std::vector<stamped> launch(const std::string& bin, const std::vector<std::string>& args,
-                            const fs::path& log) {
-  fs::remove(log);
-  const fs::path out = fs::path(log).replace_extension(".out");
-  std::vector<std::string> all{bin};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw std::runtime_error("cannot run " + bin);
-
-  const auto t0 = sclock::now();
-  std::vector<stamped> lines;
-  std::string partial;
-  std::streamoff read = 0;
-  auto poll = [&] {
-    std::ifstream in(log, std::ios::binary);
-    if (!in) return;
-    in.seekg(read);
-    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    read += std::streamoff(chunk.size());
-    const double t = std::chrono::duration<double>(sclock::now() - t0).count();
-    partial += chunk;
-    for (std::size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
-      lines.push_back({t, partial.substr(0, nl)});
-      partial.erase(0, nl + 1);
-    }
-  };
-  int status = 0;
-  for (;;) {
-    poll();
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) break;
-    if (w < 0) throw std::runtime_error("waitpid failed");
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  poll();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::string cmd = bin;
-    for (const auto& a : args) cmd += " " + a;
-    throw std::runtime_error("failed: " + cmd + "\n" + slurp(out));
-  }
-  fs::remove(out);
-  return lines;
-}
 
 std::string loadavg() {
   std::ifstream in("/proc/loadavg");
@@ -331,18 +267,18 @@ int main(int argc, char** argv) {
     if (!o.fault_free_compare) {
       compare_recoveries(o, [&](const std::string& policy, const std::string& inject,
                                 const std::vector<std::string>& extra) {
-        return parse(launch(bin, args(policy, inject, extra), log));
+        return parse(launch_or_throw(bin, args(policy, inject, extra), log));
       });
       fs::remove(log);
       return 0;
     }
     std::vector<run_result> none, moe, plain;  // plain: moevement without the durable tier
     for (int r = 0; r < o.repeats; ++r) {
-      if (o.fault_free_compare) none.push_back(parse(launch(bin, args("none", ""), log)));
-      moe.push_back(parse(launch(bin, args("moevement", ""), log)));
+      if (o.fault_free_compare) none.push_back(parse(launch_or_throw(bin, args("none", ""), log)));
+      moe.push_back(parse(launch_or_throw(bin, args("moevement", ""), log)));
       if (o.durable) {
         plain.push_back(
-            parse(launch(bin, args("moevement", "", {"checkpoint.durable=false"}), log)));
+            parse(launch_or_throw(bin, args("moevement", "", {"checkpoint.durable=false"}), log)));
       }
     }
     // Counted: at or after the end of the first window, in every moevement run.
@@ -412,14 +348,14 @@ int main(int argc, char** argv) {
     const auto fault_free = per_index(moe);
     std::vector<double> ff_ettr;
     for (const auto& r : moe) ff_ettr.push_back(ettr(r, fault_free));
-    double recovery_s = -1;
+    std::vector<run_result> faulty;  // the recovery part's run (restart and load of the profile)
     if (o.recovery) {
       const std::string inject =
           fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter);
       std::printf("# recovery: %s\n", inject.c_str());
-      const run_result f = parse(launch(bin, args("moevement", inject), log));
+      const run_result f = parse(launch_or_throw(bin, args("moevement", inject), log));
       if (!f.recovered) throw std::runtime_error("the injected kill led to no recovery_end");
-      recovery_s = f.recovery_s;
+      faulty.push_back(f);
       std::printf("recovery_s: %.4f\n", f.recovery_s);
       std::printf("recovery_window: %ld (replay_from %ld, target %ld)\n", f.window, f.replay_from,
                   f.target);
@@ -440,13 +376,14 @@ int main(int argc, char** argv) {
     }
     std::printf("# load after: %s\n", loadavg().c_str());
     if (!o.profile_out.empty()) {
+      // The simulator's profile (format 1, docs/simulator.md): `moevement simulate` reads it
+      // through profile.file.
+      const std::string text = profile_toml(policies_profile(none, moe, faulty, skip, o.pp));
+      (void)sim::parse_profile(text);  // the simulator must read what we write
       std::ofstream p(o.profile_out);
-      p << fmt::format(
-          "{{\"config\":\"{}\",\"pp\":{},\"dp\":{},\"iteration_s\":{:.6f},"
-          "\"snapshot_bytes_per_iteration\":{:.0f},\"w_sparse\":{},\"stall_s\":{:.6f},"
-          "\"recovery_s\":{:.4f}}}\n",
-          o.config, o.pp, o.dp, moe_median, mean(bytes), w, mean(stall), recovery_s);
+      p << text;
       if (!p) throw std::runtime_error("cannot write " + o.profile_out);
+      std::printf("# profile (simulator format 1) written to %s\n", o.profile_out.c_str());
     }
     fs::remove(log);
   } catch (const std::exception& e) {

@@ -54,6 +54,10 @@ struct recovery_rec {
   double t = 0;  // seen
   long target = -1, replayed = 0;
   double seconds = 0, spawn_s = 0, pull_s = 0, replay_s = 0, rejoin_s = 0;
+  // A global rollback: detection to the job rewired, then the checkpoint's query and load; where
+  // it went back to (-1: not a rollback).
+  double restore_s = 0, load_s = 0;
+  long rollback_to = -1;
 };
 
 // What one `moevement launch` left in its run log.
@@ -71,7 +75,12 @@ struct run_result {
   // recomputes, and (pec) the proportion of lost tokens; -1 when not a rollback.
   long rollback_to = -1, recomputed = -1;
   double plt = -1, run_plt = -1;
-  double profile_bandwidth = 0;          // window_chosen: snapshot bytes/s per stage process
+  double profile_bandwidth = 0;  // window_chosen: snapshot bytes/s per stage process
+  // interval_chosen (dense-memory, dense-disk, pec): the checkpoint interval k and the engine's
+  // estimate of the slowest stage's full snapshot (Young's C); 0 and -1 when absent.
+  int interval = 0;
+  double interval_snapshot_s = -1;
+  int micro_batches = 0;                 // job_start (0: not in the record)
   double t_last_iteration = -1;          // the last iteration record seen
   std::vector<loss_rec> losses;          // every worker_lost, in order
   std::vector<recovery_rec> recoveries;  // every recovery_end, in order
@@ -114,12 +123,16 @@ inline run_result parse(const std::vector<stamped>& log) {
       r.w_sparse = int(number(l, "w_sparse"));
       r.window_chosen_at = long(number(l, "iteration"));
       r.profile_bandwidth = number(l, "profile_bandwidth");
+    } else if (is_event(l, "interval_chosen")) {
+      r.interval = int(number(l, "interval"));
+      r.interval_snapshot_s = number(l, "snapshot_s");
     } else if (is_event(l, "window_persisted")) {
       r.persisted.push_back({t, long(number(l, "window")), long(number(l, "first_iteration"))});
     } else if (is_event(l, "durable_window")) {
       r.durable.push_back({long(number(l, "window")), number(l, "bytes"), number(l, "seconds")});
     } else if (is_event(l, "job_start")) {
       r.t_start = t;
+      r.micro_batches = int(number(l, "micro_batches"));
     } else if (is_event(l, "job_end")) {
       r.t_end = t;
       r.state_hash = text(l, "state_hash");
@@ -155,6 +168,11 @@ inline run_result parse(const std::vector<stamped>& log) {
       rr.pull_s = number(l, "pull_s");
       rr.replay_s = number(l, "replay_s");
       rr.rejoin_s = number(l, "rejoin_s");
+      rr.restore_s = number(l, "restore_s");
+      rr.load_s = number(l, "load_s");
+      rr.rollback_to = r.rollback_to >= 0 && l.find("\"rollback_to\":") != std::string::npos
+                           ? long(number(l, "rollback_to"))
+                           : -1;
       r.recoveries.push_back(rr);
     }
   }

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -54,6 +56,15 @@ inline std::string profile_toml(const sim::profile_data& p) {
   if (!p.snapshot_s.empty()) {
     out += "[profile.snapshot_s]\n";
     for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
+  }
+  if (!p.policy_persist_lag_s.empty()) {
+    out += "[profile.policy_persist_lag_s]\n";
+    for (const auto& [policy, s] : p.policy_persist_lag_s)
+      out += policy + " = " + toml_float(s) + "\n";
+  }
+  if (!p.load_s.empty()) {
+    out += "[profile.load_s]\n";
+    for (const auto& [policy, s] : p.load_s) out += policy + " = " + toml_float(s) + "\n";
   }
   return out;
 }
@@ -119,6 +130,125 @@ inline double stage_microbatch_s(const std::vector<run_result>& runs, int micro_
   return median(v);
 }
 
+// One recovery split as the simulator counts it: restart (detection to the job ready to load)
+// and load (the checkpoint read back). A rollback's record has both (restore_s, load_s);
+// moevement's has its parts: the pull of the persisted window is its load, the replay is left
+// out (the simulator computes it from the stage times), the rest is restart.
+struct recovery_split {
+  double restart_s = 0, load_s = 0;
+};
+
+inline recovery_split split_recovery(const recovery_rec& r) {
+  if (r.rollback_to >= 0) return {r.restore_s, r.load_s};
+  return {std::max(0.0, r.seconds - r.replay_s - r.pull_s), r.pull_s};
+}
+
+// A baseline's measured checkpoint time: its snapshot is taken on the compute thread after the
+// step (recovery/baseline_policy.cpp), so the iteration record's stall_s at each checkpoint
+// iteration ((i + 1) % k == 0) is that time. Median over the runs; -1 when none was taken.
+inline double checkpoint_stall_s(const std::vector<run_result>& runs) {
+  std::vector<double> v;
+  for (const auto& r : runs) {
+    if (r.interval < 1) continue;
+    for (const auto& it : r.iterations) {
+      if ((it.iteration + 1) % r.interval == 0) v.push_back(it.stall_s);
+    }
+  }
+  return v.empty() ? -1.0 : median(v);
+}
+
+// The profile `moevement bench policies --profile-out FILE` writes (format 1): the fault-free
+// iteration time of training without checkpoints (policy none: the median of the iterations
+// from `counted_from` on, as that bench's iteration_time), stage times per micro-batch from the
+// same runs (every stage gets the mean stage's: the run log has no per-stage times), moevement's
+// snapshot bandwidth (window_chosen) and persist lag, and from the recoveries of `faulty` (may
+// be empty) the restart and moevement's load (split_recovery). Throws when a run log lacks what
+// a field needs, naming it.
+inline sim::profile_data policies_profile(const std::vector<run_result>& none,
+                                          const std::vector<run_result>& moevement,
+                                          const std::vector<run_result>& faulty, long counted_from,
+                                          int pp) {
+  if (none.empty() || moevement.empty() || pp < 1)
+    throw std::invalid_argument("policies_profile: needs runs of none and moevement, pp >= 1");
+  sim::profile_data p;
+  p.producer = "moevement bench policies";
+  std::vector<double> times, bandwidths, lags;
+  for (const auto& r : none) {
+    for (const auto& it : r.iterations) {
+      if (it.iteration >= counted_from) times.push_back(it.seconds);
+    }
+  }
+  if (times.empty()) throw std::runtime_error("policies_profile: no counted iteration of none");
+  p.iteration_s = median(times);
+  const int m = none.front().micro_batches;
+  if (m < 1) throw std::runtime_error("policies_profile: job_start has no micro_batches");
+  p.stage_microbatch_s.assign(std::size_t(pp), stage_microbatch_s(none, m));
+  for (const auto& r : moevement) {
+    if (r.profile_bandwidth > 0) bandwidths.push_back(r.profile_bandwidth);
+    for (double l : persist_lags(r)) lags.push_back(l);
+  }
+  if (bandwidths.empty()) throw std::runtime_error("policies_profile: no window_chosen bandwidth");
+  p.snapshot_bytes_per_s_per_gpu = median(bandwidths);
+  if (!lags.empty()) p.persist_lag_s = median(lags);
+  std::vector<double> restarts, loads;
+  for (const auto& r : faulty) {
+    for (const auto& rec : r.recoveries) {
+      const auto s = split_recovery(rec);
+      restarts.push_back(s.restart_s);
+      loads.push_back(s.load_s);
+    }
+  }
+  if (!restarts.empty()) {
+    p.restart_s = mean(restarts);
+    p.load_s["moevement"] = mean(loads);
+  }
+  return p;
+}
+
+// When each dense-disk window became loadable, as the bench saw it: [store directory][window id,
+// the state iteration] = the first poll that found its MANIFEST (recovery/durable_store.hpp: a
+// window exists once its manifest does).
+using disk_windows_seen = std::map<std::string, std::map<long, double>>;
+
+// Looks at dense-disk's checkpoint directory (one store per stage replica) at time `t`.
+inline void watch_disk_windows(const std::filesystem::path& dir, double t,
+                               disk_windows_seen& seen) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& store : fs::directory_iterator(dir, ec)) {
+    auto& mine = seen[store.path().filename().string()];
+    for (const auto& w : fs::directory_iterator(store.path(), ec)) {
+      const std::string name = w.path().filename().string();
+      if (name.rfind("window-", 0) != 0) continue;
+      const long id = std::atol(name.c_str() + 7);
+      if (!mine.contains(id) && fs::exists(w.path() / "MANIFEST", ec)) mine[id] = t;
+    }
+  }
+}
+
+// dense-disk's persist lag per checkpoint: from the record of its last iteration (state s: the
+// record of iteration s - 1) until every stage's store had window s. Windows some store never
+// showed (dropped before a poll saw them) are left out.
+inline std::vector<double> disk_persist_lags(const run_result& r, const disk_windows_seen& seen) {
+  std::map<long, double> rec;
+  for (const auto& it : r.iterations) rec.emplace(it.iteration, it.t);  // first record
+  std::map<long, std::pair<double, std::size_t>> all;  // window: latest first sight, stores
+  for (const auto& [store, windows] : seen) {
+    for (const auto& [id, t] : windows) {
+      auto& a = all[id];
+      a.first = std::max(a.first, t);
+      ++a.second;
+    }
+  }
+  std::vector<double> out;
+  for (const auto& [id, a] : all) {
+    const auto it = rec.find(id - 1);
+    if (id < 1 || a.second != seen.size() || it == rec.end()) continue;
+    out.push_back(std::max(0.0, a.first - it->second));
+  }
+  return out;
+}
+
 // What the simulator needs to know about the job besides the profile.
 struct job_shape {
   models::model_config model;
@@ -170,6 +300,54 @@ inline sim::model_inputs sim_inputs(const job_shape& j, double copy_bytes_per_s,
   in.plan.global_batch = j.micro_batches * j.micro_batch_size * j.dp;
   in.plan.zero1 = false;  // every replica keeps its own optimizer state, as the engine does
   return in;
+}
+
+// The simulator's model of `policy` for the job: the profile's measured inputs (iteration time,
+// stage times, snapshot bandwidth; snapshot and load times per policy where measured; moevement's
+// persist lag), the engine's checkpoint interval `interval` for the baselines (global rollback to
+// the newest checkpoint every stage holds: dense-memory, dense-disk and pec alike in our engine),
+// restart from `f`. `copy_bytes_per_s`: the plain copy bandwidth (sim_inputs).
+inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data& prof,
+                                    const std::string& policy, int interval,
+                                    const sim::failure_settings& f) {
+  if (!(prof.snapshot_bytes_per_s_per_gpu > 0))
+    throw std::invalid_argument("sim_policy: the profile needs a snapshot bandwidth");
+  // The engine's bandwidth is its plain copy divided by 1 + r (engine/coordinator.cpp).
+  const auto in = sim_inputs(j, prof.snapshot_bytes_per_s_per_gpu * (1 + j.replicas),
+                             prof.snapshot_bytes_per_s_per_gpu);
+  const auto costs = sim::apply_profile(
+      sim::estimate_iteration(in.model, in.cluster, in.plan, in.constants, j.replicas), prof);
+  sim::policy_settings ps;
+  ps.kind = sim::parse_policy(policy);
+  ps.replicas = j.replicas;
+  if (ps.kind == sim::policy_kind::moevement) {
+    ps.persist_lag_s = prof.persist_lag_s;  // measured on moevement's windows
+  } else {
+    if (interval < 1) throw std::invalid_argument("sim_policy: a baseline needs its interval");
+    // The engine's interval, whatever rule chose it (checkpoint.interval or Young's).
+    ps.rule = sim::interval_rule::fixed;
+    ps.fixed_interval = interval;
+    ps.pec_interval = interval;
+    // The engine checkpoints pec's K experts per MoE layer from the start; no doubling levels
+    // matter at these lengths (the budget is per fault), and the persist lag of a baseline is
+    // measured where the profile has it (dense-disk: its windows' MANIFEST seen on disk), else
+    // modelled from its measured snapshot time (no run log record says when a checkpoint reached
+    // its holders).
+  }
+  if (const auto it = prof.snapshot_s.find(policy); it != prof.snapshot_s.end())
+    ps.snapshot_s = it->second;
+  if (const auto it = prof.load_s.find(policy); it != prof.load_s.end()) ps.load_s = it->second;
+  if (const auto it = prof.policy_persist_lag_s.find(policy); it != prof.policy_persist_lag_s.end())
+    ps.persist_lag_s = it->second;
+  return sim::build_policy(in, costs, ps, f, 3600.0);  // the MTBF feeds only Young and oracle
+}
+
+// For a prediction at a run's own iteration times, which already contain the checkpoint stalls:
+// the model must not add them again.
+inline sim::policy_model without_stall(sim::policy_model m) {
+  m.stall_s = 0;
+  std::fill(m.pec_stall_s.begin(), m.pec_stall_s.end(), 0.0);
+  return m;
 }
 
 struct prediction {

@@ -3,39 +3,51 @@
 // checkpoint policy fault-free, then each policy with the failures of every --failures SPEC
 // injected (`--inject kill:stage=S,replica=0,iter=T`). From the run logs it measures ETTR and
 // a profile (written in the simulator's format 1 with --profile-out), builds the simulator's
-// inputs for the same job through the sim library (model shape, plan, the profile, the SAME
-// failure times as a trace) and prints, per policy and run,
+// inputs for the same job through the sim library (model shape, plan, the profile, the same
+// failures) and prints, per policy and run,
 //   ettr_<policy>_<run>: measured=<v> predicted=<v> diff=<predicted - measured>
 //   sim_ettr_<policy>_<run>: ours=<predicted> theirs=<measured> ratio=<min/max, 1 = exact>
+// and per policy and --failures SPEC the same for the medians over the repeats (`_median`).
 //
-// ETTR, measured: the fault-free time of every iteration the run committed (each index once;
-// the median of that index over the policy's fault-free runs, bench/run_log_stats.hpp) over the
+// ETTR, measured: the useful time of every iteration the run committed (each index once: its
+// own iteration_s in this run, the last record, i.e. the one that committed it) over the
 // training window: from job_start (the first iteration is sent right after it) to the record of
 // the last iteration. Process spawn and wiring happen before job_start; the final hash and the
 // shutdown after the last iteration are not training; validation is off (train.val_batches=0).
 // ETTR, predicted: iterations x T over the simulator's time to commit them (a fixed-work run,
-// bench/sim_validation.hpp), T = the mean of the same per-index fault-free times (so that the
-// useful times are the same sum, the slow first iteration included). Both ETTRs therefore
-// measure what the failures (and whatever the policy does beyond its fault-free iteration)
-// cost. A second set of lines, `_vs_none`, takes policy `none`'s fault-free times as the useful
-// time and T (the profile file's iteration_s), so that the checkpoint overhead counts too: that
-// is the simulator's ETTR definition (paper 2.4) and tests its overhead model as well. For those
-// other speeds the failures are placed at the same iterations and times into them
-// (trace_at_points); for the run's own speed at the same times.
+// bench/sim_validation.hpp), T = the mean of the same useful times, with the failures at the
+// same iterations and times into them (trace_at_points; `_at_times`: at the same times from
+// job_start). Both ETTRs therefore measure what the failures cost. Other references:
+// `_ffref` (the policy's fault-free runs' per-index medians) and `_vs_none` (policy none's
+// fault-free times and T, the profile file's iteration_s, so that the checkpoint overhead
+// counts too: the simulator's ETTR definition, paper 2.4).
 //
 // Profile: T and stage times as above; snapshot bandwidth: moevement's window_chosen; persist
-// lag: window_persisted after its last iteration's record, fault-free moevement runs; restart:
-// recovery_end's seconds less its replay (the simulator replays itself), HELD OUT: each faulty
-// run is predicted with the mean over the other faulty runs' recoveries.
+// lag: window_persisted after its last iteration's record, fault-free moevement runs; restart
+// and load per recovery (split_recovery): a rollback's restore_s and load_s, moevement's
+// recovery_end seconds less its replay (the simulator replays itself) and pull (its load);
+// the baselines' snapshot_s: their stall_s at checkpoint iterations; dense-disk's persist lag:
+// its windows' MANIFEST seen on disk (polled with the run log) after the checkpointed
+// iteration's record, fault-free runs (the other baselines' is modelled from their snapshot_s).
+// Medians throughout: one recovery in several takes 5-10x the others on a loaded machine.
+// HELD OUT: each faulty run is
+// predicted with the median restart of every other faulty run and the median load of the same
+// policy's other faulty runs.
+//
+// The baselines (dense-memory, dense-disk, pec) run at checkpoint.interval = --interval (10;
+// 0: the engine's Young choice) and recover by global rollback to the newest checkpoint every
+// stage holds (engine/coordinator_rollback.cpp); the simulator gets the interval the engine
+// logged (interval_chosen) and rolls every stage back the same way.
 //
 // Options: --config FILE (default examples/configs/pipeline_tiny.toml), --set KEY=VALUE
 // (repeatable), --iterations N (48), --pp N (3), --dp N (1), --spares N (2), --repeats N (3,
-// fault-free runs per policy), --preset NAME (tiny), --micro-batches N (4), --micro-batch-size
-// N (4), --seq-len N (32), --failures SPEC (repeatable; one faulty run per SPEC, a comma list
-// of STAGE@ITERATION; default "1@2N/3", "1@N/3,2@2N/3" and "0@N/2"), --policies LIST (default
-// moevement,dense-memory,dense-disk,pec), --profile-out FILE, --trace-out PREFIX (writes
-// PREFIX<policy>_<run>.txt trace files), --keep-logs DIR (every run log, each line with the
-// time the bench saw it). Run from the source root.
+// fault-free runs per policy), --faulty-repeats N (3, runs per --failures SPEC and policy; the
+// per-SPEC medians are printed as ettr_<policy>_<spec>_median), --preset NAME (tiny),
+// --micro-batches N (4), --micro-batch-size N (4), --seq-len N (32), --failures SPEC (repeatable;
+// one faulty run per SPEC, a comma list of STAGE@ITERATION; default "1@2N/3", "1@N/3,2@2N/3" and
+// "0@N/2"), --policies LIST (default moevement,dense-memory,dense-disk,pec), --interval K (5),
+// --profile-out FILE, --trace-out PREFIX (writes PREFIX<policy>_<run>.txt trace files), --keep-logs
+// DIR (every run log, each line with the time the bench saw it). Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -44,6 +56,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -73,10 +86,17 @@ struct options {
   std::string config = "examples/configs/pipeline_tiny.toml";
   std::vector<std::string> sets;
   int iterations = 48, pp = 3, dp = 1, spares = 2, repeats = 3;
+  // Faulty runs per --failures SPEC and policy: one recovery in several takes 5-10x the others
+  // on a loaded machine, so the comparison is also made on the medians over the repeats.
+  int faulty_repeats = 3;
   std::string preset = "tiny";
   int micro_batches = 4, micro_batch_size = 4, seq_len = 32;
   std::vector<std::vector<kill_at>> failures;
   std::vector<std::string> policies{"moevement", "dense-memory", "dense-disk", "pec"};
+  // The baselines' checkpoint.interval (0: the engine's Young choice). 10 puts every default
+  // kill (iterations N/3, N/2, 2N/3 of 48 or 192) 2 or more iterations after a checkpoint, so
+  // that which checkpoint a rollback finds depends on the persist lag, not on a race with it.
+  int interval = 10;
   std::string profile_out, trace_out, keep_logs;
 };
 
@@ -123,6 +143,8 @@ options parse_options(int argc, char** argv) {
       o.spares = count();
     else if (f == "--repeats")
       o.repeats = count();
+    else if (f == "--faulty-repeats")
+      o.faulty_repeats = count();
     else if (f == "--preset")
       o.preset = value();
     else if (f == "--micro-batches")
@@ -135,6 +157,8 @@ options parse_options(int argc, char** argv) {
       o.failures.push_back(parse_failures(value()));
     else if (f == "--policies")
       o.policies = split(value(), ',');
+    else if (f == "--interval")
+      o.interval = count();
     else if (f == "--profile-out")
       o.profile_out = value();
     else if (f == "--trace-out")
@@ -144,8 +168,9 @@ options parse_options(int argc, char** argv) {
     else
       throw std::runtime_error("unknown option " + f + " (see bench/sim_validation_bench.cpp)");
   }
-  if (o.iterations < 6 || o.pp < 1 || o.dp < 1 || o.repeats < 1 || o.spares < 0) {
-    throw std::runtime_error("--iterations >= 6, --pp >= 1, --dp >= 1, --repeats >= 1");
+  if (o.iterations < 6 || o.pp < 1 || o.dp < 1 || o.repeats < 1 || o.spares < 0 || o.interval < 0) {
+    throw std::runtime_error(
+        "--iterations >= 6, --pp >= 1, --dp >= 1, --repeats >= 1, --interval >= 0");
   }
   if (o.failures.empty()) {
     const int s1 = std::min(1, o.pp - 1), s2 = std::min(2, o.pp - 1);
@@ -184,7 +209,9 @@ struct policy_runs {
   bool available = true;
   std::string why;
   std::vector<run_result> fault_free;
+  std::vector<double> disk_lags;  // dense-disk: persist lags seen in the fault-free runs
   std::vector<std::pair<std::string, run_result>> faulty;  // name, run
+  std::vector<disk_windows_seen> faulty_disk;              // dense-disk: windows seen, per run
 };
 
 void print_compare(const std::string& metric, double measured, double predicted) {
@@ -204,6 +231,9 @@ int main(int argc, char** argv) {
     const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
     const fs::path log =
         fs::temp_directory_path() / ("bench_simvalidate_" + std::to_string(::getpid()) + ".jsonl");
+    // dense-disk's checkpoints: a fresh directory for every run (launch_one).
+    const fs::path disk_dir =
+        fs::temp_directory_path() / ("bench_simvalidate_ckpt_" + std::to_string(::getpid()));
     auto args = [&](const std::string& policy, const std::vector<kill_at>& kills) {
       std::vector<std::string> a{"launch", o.config};
       auto set = [&](const std::string& kv) {
@@ -221,6 +251,9 @@ int main(int argc, char** argv) {
       set(fmt::format("parallel.dp={}", o.dp));
       set(fmt::format("cluster.spares={}", o.spares));
       set("checkpoint.policy=" + policy);
+      if (policy != "moevement" && policy != "none")
+        set(fmt::format("checkpoint.interval={}", o.interval));
+      if (policy == "dense-disk") set("checkpoint.dir=" + disk_dir.string());
       // As in bench policies: under load the 1 s default heartbeat silence looked like a lost
       // worker; the injected kills are detected by the process's exit.
       set("cluster.failure_timeout_ms=10000");
@@ -239,26 +272,44 @@ int main(int argc, char** argv) {
       std::ofstream out(fs::path(o.keep_logs) / fmt::format("{:02}_{}.tsv", kept++, label));
       for (const auto& [t, line] : j.lines) out << fmt::format("{:.4f}\t{}\n", t, line);
     };
-    auto run = [&](const std::string& policy, const std::vector<kill_at>& kills) {
-      const job_outcome j = launch_job(bin, args(policy, kills), log);
+    // dense-disk: when each window reached the disk (`seen`, on the run log's clock).
+    auto launch_one = [&](const std::string& policy, const std::vector<kill_at>& kills,
+                          disk_windows_seen* seen = nullptr) {
+      fs::remove_all(disk_dir);
+      std::function<void(double)> watch;
+      if (seen != nullptr && policy == "dense-disk")
+        watch = [&](double t) { watch_disk_windows(disk_dir, t, *seen); };
+      job_outcome j = launch_job(bin, args(policy, kills), log, watch);
+      fs::remove_all(disk_dir);
+      return j;
+    };
+    auto run = [&](const std::string& policy, const std::vector<kill_at>& kills,
+                   disk_windows_seen* seen = nullptr) {
+      const job_outcome j = launch_one(policy, kills, seen);
       keep(policy + (kills.empty() ? std::string("_faultfree") : "_" + run_name(kills)), j);
       if (!j.ok) throw std::runtime_error("moevement launch failed (" + policy + "):\n" + j.output);
       return parse(j.lines);
     };
-    std::printf("# config %s preset=%s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load: %s\n",
-                o.config.c_str(), o.preset.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats,
-                loadavg().c_str());
+    std::printf(
+        "# config %s preset=%s pp=%d dp=%d spares=%d iterations=%d repeats=%d, baselines at "
+        "checkpoint.interval=%d; load: %s\n",
+        o.config.c_str(), o.preset.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats,
+        o.interval, loadavg().c_str());
 
     // Runs. `none` and the policies fault-free, interleaved; a policy that `moevement launch`
     // rejects is reported as not available.
     std::vector<run_result> none;
     std::vector<policy_runs> pols;
-    for (const auto& p : o.policies) pols.push_back({p, true, {}, {}, {}});
+    for (const auto& p : o.policies) {
+      pols.emplace_back();
+      pols.back().name = p;
+    }
     for (int r = 0; r < o.repeats; ++r) {
       none.push_back(run("none", {}));
       for (auto& p : pols) {
         if (!p.available) continue;
-        const job_outcome j = launch_job(bin, args(p.name, {}), log);
+        disk_windows_seen seen;
+        const job_outcome j = launch_one(p.name, {}, &seen);
         if (!j.ok) {
           if (r == 0 && j.output.find("not available") != std::string::npos) {
             p.available = false;
@@ -271,11 +322,18 @@ int main(int argc, char** argv) {
         }
         keep(p.name + "_faultfree", j);
         p.fault_free.push_back(parse(j.lines));
+        for (double l : disk_persist_lags(p.fault_free.back(), seen)) p.disk_lags.push_back(l);
       }
     }
     for (auto& p : pols) {
       if (!p.available) continue;
-      for (const auto& spec : o.failures) p.faulty.push_back({run_name(spec), run(p.name, spec)});
+      for (int k = 0; k < o.faulty_repeats; ++k) {
+        for (const auto& spec : o.failures) {
+          disk_windows_seen seen;
+          p.faulty.push_back({run_name(spec) + fmt::format("_r{}", k), run(p.name, spec, &seen)});
+          p.faulty_disk.push_back(std::move(seen));
+        }
+      }
     }
     std::printf("# load after the runs: %s\n", loadavg().c_str());
 
@@ -290,7 +348,9 @@ int main(int argc, char** argv) {
     auto stage_microbatch = [&](const std::vector<run_result>& runs) {
       return std::vector<double>(std::size_t(o.pp), stage_microbatch_s(runs, o.micro_batches));
     };
-    std::vector<double> bandwidths, restarts, replays, pulls, lags;
+    const int replicas = 2;  // checkpoint.replicas default (engine/job_config.hpp)
+    sim::profile_data prof;
+    std::vector<double> bandwidths, restarts, replays, lags;
     for (const auto& p : pols) {
       for (const auto& r : p.fault_free) {
         if (r.profile_bandwidth > 0) bandwidths.push_back(r.profile_bandwidth);
@@ -298,35 +358,51 @@ int main(int argc, char** argv) {
           for (double l : persist_lags(r)) lags.push_back(l);
         }
       }
+      std::vector<double> loads;
       for (const auto& [name, r] : p.faulty) {
         for (const auto& rec : r.recoveries) {
-          restarts.push_back(rec.seconds - rec.replay_s);
+          const auto split = split_recovery(rec);
+          restarts.push_back(split.restart_s);
+          loads.push_back(split.load_s);
           replays.push_back(rec.replay_s);
-          pulls.push_back(rec.pull_s);
         }
+      }
+      if (!loads.empty()) prof.load_s[p.name] = median(loads);
+      if (!p.disk_lags.empty()) prof.policy_persist_lag_s[p.name] = median(p.disk_lags);
+      if (p.name != "moevement" && !p.fault_free.empty()) {
+        const double c = checkpoint_stall_s(p.fault_free);
+        if (c >= 0) prof.snapshot_s[p.name] = c;
       }
     }
     if (bandwidths.empty()) throw std::runtime_error("no window_chosen with a bandwidth");
     if (restarts.empty()) throw std::runtime_error("no recovery_end in the faulty runs");
-    const int replicas = 2;  // checkpoint.replicas default (engine/job_config.hpp)
-    sim::profile_data prof;
     prof.producer = "moevement bench simvalidate";
     prof.iteration_s = mean_of(none_ff);
     prof.stage_microbatch_s = stage_microbatch(none);
     prof.snapshot_bytes_per_s_per_gpu = median(bandwidths);
-    prof.restart_s = mean(restarts);
+    prof.restart_s = median(restarts);
     if (!lags.empty()) prof.persist_lag_s = median(lags);
+    std::string per_policy;
+    for (const auto& [name, v] : prof.load_s) per_policy += fmt::format(" load {} {:.5f}", name, v);
+    for (const auto& [name, v] : prof.snapshot_s)
+      per_policy += fmt::format(" snapshot {} {:.5f}", name, v);
+    for (const auto& p : pols) {
+      if (p.disk_lags.empty()) continue;
+      per_policy += fmt::format(" persist lag {} {:.5f} (median of {} windows, max {:.5f})", p.name,
+                                median(p.disk_lags), p.disk_lags.size(),
+                                *std::max_element(p.disk_lags.begin(), p.disk_lags.end()));
+    }
     std::printf(
         "# profile: iteration_s %.6f (policy none), stage_microbatch_s %.6f, snapshot "
-        "bandwidth %.3f GB/s per process, restart_s %.5f (mean of %zu recoveries; "
-        "pull %.5f and replay %.5f s of them measured), persist_lag_s %.5f (median of %zu "
-        "windows of moevement's fault-free runs)\n",
+        "bandwidth %.3f GB/s per process, restart_s %.5f (median of %zu recoveries, replay "
+        "%.5f s left out), persist_lag_s %.5f (median of %zu windows of moevement's fault-free "
+        "runs);%s\n",
         prof.iteration_s, prof.stage_microbatch_s.front(), prof.snapshot_bytes_per_s_per_gpu / 1e9,
-        prof.restart_s, restarts.size(), mean(pulls), mean(replays), prof.persist_lag_s,
-        lags.size());
+        prof.restart_s, restarts.size(), mean(replays), prof.persist_lag_s, lags.size(),
+        per_policy.c_str());
     std::printf(
         "# not measured (absent from the profile): sync_s and update_s (the run log has "
-        "no per-phase times), snapshot_s per policy (no snapshot durations in the run log)\n");
+        "no per-phase times), moevement's snapshot_s (its slots overlap the next iteration)\n");
     if (!o.profile_out.empty()) {
       const std::string text = profile_toml(prof);
       (void)sim::parse_profile(text);  // the simulator must read what we write
@@ -344,29 +420,21 @@ int main(int argc, char** argv) {
     shape.pp = o.pp;
     shape.dp = o.dp;
     shape.replicas = replicas;
-    // The engine's bandwidth is its plain copy divided by 1 + r (engine/coordinator.cpp).
-    const auto inputs = sim_inputs(shape, prof.snapshot_bytes_per_s_per_gpu * (1 + replicas),
-                                   prof.snapshot_bytes_per_s_per_gpu);
     sim::failure_settings fs_settings;
     fs_settings.restart_s = prof.restart_s;
 
-    // The simulator's policy for one profile (iteration time and stage times from `ff`).
-    auto sim_policy = [&](const std::string& name, double iteration_s, double stage_s) {
+    // The simulator's policy for one reference speed (iteration time and stage times), at the
+    // baselines' interval in run `r` (the one the engine logged: checkpoint.interval or Young's).
+    auto sim_policy_at = [&](const std::string& name, double iteration_s, double stage_s,
+                             const run_result& r) {
       sim::profile_data p = prof;
       p.iteration_s = iteration_s;
       p.stage_microbatch_s.assign(std::size_t(o.pp), stage_s);
-      const auto costs =
-          sim::apply_profile(sim::estimate_iteration(inputs.model, inputs.cluster, inputs.plan,
-                                                     inputs.constants, replicas),
-                             p);
-      sim::policy_settings ps;
-      ps.kind = sim::parse_policy(name);
-      ps.replicas = replicas;
-      ps.persist_lag_s = p.persist_lag_s;   // as parse_config does with a profile
-      ps.rule = sim::interval_rule::fixed;  // the engine's dense policies checkpoint every
-      ps.fixed_interval = 1;                // iteration unless configured otherwise
-      // The interval rules are the only users of the MTBF; fixed needs none.
-      return sim::build_policy(inputs, costs, ps, fs_settings, 3600.0);
+      if (name != "moevement" && o.interval > 0 && r.interval != o.interval) {
+        throw std::runtime_error(
+            fmt::format("{}: the engine logged interval {}, not {}", name, r.interval, o.interval));
+      }
+      return sim_policy(shape, p, name, r.interval, fs_settings);
     };
 
     for (const auto& p : pols) {
@@ -380,17 +448,23 @@ int main(int argc, char** argv) {
       // runs, per index: bench policies' definition), `vs_none` (policy none's fault-free runs:
       // the checkpoint overhead counts too).
       const auto ff_ref = per_index(p.fault_free);
+      const run_result& ff0 = p.fault_free.front();
       const auto m_ffref =
-          sim_policy(p.name, mean_of(ff_ref), stage_microbatch(p.fault_free).front());
-      const auto m_none = sim_policy(p.name, prof.iteration_s, prof.stage_microbatch_s.front());
+          sim_policy_at(p.name, mean_of(ff_ref), stage_microbatch(p.fault_free).front(), ff0);
+      const auto m_none =
+          sim_policy_at(p.name, prof.iteration_s, prof.stage_microbatch_s.front(), ff0);
+      // At the run's own iteration times, which contain its checkpoint stalls already.
       auto m_self = [&](const run_result& r) {
-        return sim_policy(p.name, mean_of(own_times(r)), stage_microbatch_s({r}, o.micro_batches));
+        return without_stall(sim_policy_at(p.name, mean_of(own_times(r)),
+                                           stage_microbatch_s({r}, o.micro_batches), r));
       };
       std::printf(
-          "# %s: fault-free iteration %.6f s (none %.6f s), simulator W_sparse %d "
-          "(engine %d), predicted stall %.6f s, load %.6f s, catch-up %.6f s/iteration\n",
-          p.name.c_str(), mean_of(ff_ref), prof.iteration_s, m_ffref.w_sparse,
-          p.fault_free.front().w_sparse, m_ffref.stall_s, m_ffref.load_s,
+          "# %s: fault-free iteration %.6f s (none %.6f s), simulator W_sparse %d (engine %d), "
+          "interval %d (engine %d), predicted stall %.6f s, snapshot %.6f s, persist lag %.6f "
+          "s, load %.6f s, catch-up %.6f s/iteration\n",
+          p.name.c_str(), mean_of(ff_ref), prof.iteration_s, m_ffref.w_sparse, ff0.w_sparse,
+          m_ffref.interval, ff0.interval, m_ffref.stall_s, m_ffref.snapshot_s,
+          m_ffref.persist_lag_s, m_ffref.load_s,
           m_ffref.catch_up_s.empty() ? 0.0 : m_ffref.catch_up_s.front());
       std::vector<double> own_m, own_p, ref_m, none_m;
       for (const auto& r : p.fault_free) {
@@ -405,7 +479,10 @@ int main(int argc, char** argv) {
                     predict_fixed_work(m_ffref, o.iterations, fs_settings, {}).ettr);
       print_compare(fmt::format("ettr_{}_faultfree_vs_none", p.name), median(none_m),
                     predict_fixed_work(m_none, o.iterations, fs_settings, {}).ettr);
-      for (const auto& [name, r] : p.faulty) {
+      // Per SPEC (the run name without its _r<repeat>): measured and predicted of each repeat.
+      std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_spec;
+      for (std::size_t fi = 0; fi < p.faulty.size(); ++fi) {
+        const auto& [name, r] = p.faulty[fi];
         const auto trace = failure_trace(r);
         std::string times;
         for (const auto& e : trace) times += fmt::format(" {:.4f}s@stage{}", e.time_s, e.stage);
@@ -413,36 +490,82 @@ int main(int argc, char** argv) {
         for (const auto& rec : r.recoveries) measured_recovery += rec.seconds;
         for (const auto& it : r.iterations) slowest = std::max(slowest, it.seconds);
         const auto own = own_times(r);
-        // Restart time held out: measured on the other faulty runs' recoveries, so that no
-        // prediction uses its own run's recovery (all of them when this is the only run).
-        std::vector<double> others;
+        // Restart and load held out: no prediction uses its own run's recovery (this run's
+        // when it is the only faulty run). Restart (the replacement spawned and wired) is the
+        // same machinery under every policy: the median over every other faulty run's
+        // recoveries; load differs by policy: the median over the same policy's other runs.
+        // Medians: one recovery in several takes 5-10x the others on a loaded machine.
+        std::vector<double> other_restarts, other_loads;
         for (const auto& q : pols) {
           for (const auto& [n2, r2] : q.faulty) {
-            if (&r2 == &r) continue;
-            for (const auto& rec : r2.recoveries) others.push_back(rec.seconds - rec.replay_s);
+            if (&r2 == &r && p.faulty.size() > 1) continue;
+            for (const auto& rec : r2.recoveries) {
+              other_restarts.push_back(split_recovery(rec).restart_s);
+              if (&q == &p) other_loads.push_back(split_recovery(rec).load_s);
+            }
           }
         }
-        const double restart = others.empty() ? prof.restart_s : mean(others);
+        const double restart = median(other_restarts), load = median(other_loads);
         auto held_out = [&](sim::policy_model m) {
           m.restart_s = restart;
+          m.load_s = load;
           return m;
         };
+        std::string rollbacks;
+        for (const auto& rec : r.recoveries) {
+          if (rec.rollback_to >= 0)
+            rollbacks += fmt::format(" {}->{}", rec.target, rec.rollback_to);
+        }
+        if (p.name == "dense-disk") {
+          // What was on disk (every store's MANIFEST seen) when each loss was seen.
+          const auto& seen = p.faulty_disk[fi];
+          rollbacks += "; on disk at each loss:";
+          for (const auto& l : r.losses) {
+            if (l.stage < 0) continue;
+            long newest = 0;
+            std::map<long, std::size_t> stores;
+            for (const auto& [store, windows] : seen) {
+              for (const auto& [id, t] : windows) {
+                if (t <= l.t) ++stores[id];
+              }
+            }
+            for (const auto& [id, n] : stores) {
+              if (n == seen.size()) newest = std::max(newest, id);
+            }
+            rollbacks += fmt::format(" {}", newest);
+          }
+        }
         const auto m_run = held_out(m_self(r)), m_ref = held_out(m_ffref),
                    m_nonec = held_out(m_none);
-        const auto pr = predict_fixed_work(m_run, o.iterations, fs_settings, trace);
+        // The failures at the same iterations and times into them (the primary): the run's pace
+        // drifts with the machine's load, so at one mean T the same absolute times would fall
+        // into other iterations, and for a rollback on the other side of a checkpoint. At the
+        // same times as well (`_at_times`), for comparison.
+        const auto points = failure_points(r);
+        const auto pr = predict_fixed_work(m_run, o.iterations, fs_settings,
+                                           trace_at_points(points, m_run, fs_settings));
+        const auto pr_times = predict_fixed_work(m_run, o.iterations, fs_settings, trace);
         const double measured = ettr_training_window(r, own);
         std::printf(
             "# %s %s: failures at%s; %zu recoveries, %.4f s detection to resume; the simulator's "
             "recovery %.4f s (restart, load, replay, aborted iterations); time lost measured "
-            "%.4f s, predicted %.4f s; slowest iteration %.4f s (mean %.4f s); restart_s %.5f "
-            "(%s)\n",
+            "%.4f s, predicted %.4f s; slowest iteration %.4f s (mean %.4f s); restart_s %.5f, "
+            "load_s %.5f (%s)%s%s\n",
             p.name.c_str(), name.c_str(), times.c_str(), r.recoveries.size(), measured_recovery,
             pr.recovery_s, (r.t_last_iteration - r.t_start) * (1 - measured), pr.time_lost_s,
-            slowest, mean_of(own), restart,
-            others.empty() ? "this run's: no other faulty run" : "the other faulty runs'");
+            slowest, mean_of(own), restart, load,
+            p.faulty.size() > 1 ? "held out: medians of the other faulty runs'"
+                                : "this run's: no other",
+            r.recoveries.empty() || r.recoveries.front().rollback_to < 0
+                ? ""
+                : "; engine rolled back (failed -> to):",
+            rollbacks.c_str());
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
-        // Other reference speeds: the failures at the same iterations and times into them.
-        const auto points = failure_points(r);
+        auto& spec = by_spec[name.substr(0, name.rfind("_r"))];
+        spec.first.push_back(measured);
+        spec.second.push_back(pr.ettr);
+        print_compare(fmt::format("ettr_{}_{}_at_times", p.name, name), measured, pr_times.ettr);
+        // Other reference speeds, the failures at the same points.
         print_compare(fmt::format("ettr_{}_{}_ffref", p.name, name),
                       ettr_training_window(r, ff_ref),
                       predict_fixed_work(m_ref, o.iterations, fs_settings,
@@ -457,6 +580,12 @@ int main(int argc, char** argv) {
           std::ofstream t(o.trace_out + p.name + "_" + name + ".txt");
           t << trace_text(trace);
         }
+      }
+      for (const auto& [spec, v] : by_spec) {
+        std::printf("# %s %s: medians over %zu repeats\n", p.name.c_str(), spec.c_str(),
+                    v.first.size());
+        print_compare(fmt::format("ettr_{}_{}_median", p.name, spec), median(v.first),
+                      median(v.second));
       }
     }
     std::printf(

@@ -378,7 +378,8 @@ awaitable<void> coordinator::wire_and_start() {
                     .add("pp", job_.pp)
                     .add("dp", job_.dp)
                     .add("spares", job_.spares)
-                    .add("iterations", job_.train.iterations));
+                    .add("iterations", job_.train.iterations)
+                    .add("micro_batches", job_.train.micro_batches));
   }
   job_start_ = sclock::now();
   if (job_.train.iterations <= 0) {

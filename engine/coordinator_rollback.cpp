@@ -174,6 +174,9 @@ awaitable<void> coordinator::finish_rollback() {
   };
   const bool wired = co_await wire_all();
   if (!wired || superseded()) co_return;
+  // Detection to a wired job (the replacement built, every link up) vs. the checkpoint's query
+  // and load: the simulator's restart and load (docs/simulator.md, "Profile file").
+  const auto t_wired = sclock::now();
   std::vector<actor_ref> holders;
   for (const auto& [n, w] : workers_) {
     if (w.replicator.valid()) holders.push_back(w.replicator);
@@ -266,7 +269,10 @@ awaitable<void> coordinator::finish_rollback() {
   scaler_ = scaler_at_.at(c);
   recovery_.reset();
   ++recoveries_;
-  const double secs = std::chrono::duration<double>(sclock::now() - rec.detected).count();
+  const auto t_loaded = sclock::now();
+  const double secs = std::chrono::duration<double>(t_loaded - rec.detected).count();
+  const double restore_s = std::chrono::duration<double>(t_wired - rec.detected).count();
+  const double load_s = std::chrono::duration<double>(t_loaded - t_wired).count();
   const std::int64_t recomputed = rec.target - c;
   std::string rebuilt;  // stage/replica@worker of every stage rebuilt
   for (const auto& b : rec.rebuilds) {
@@ -290,7 +296,9 @@ awaitable<void> coordinator::finish_rollback() {
       .add("checkpoint_bytes", bytes)
       .add("rejected", std::int64_t(rejected.size()))
       .add("sources", sources)
-      .add("seconds", secs);
+      .add("seconds", secs)
+      .add("restore_s", restore_s)
+      .add("load_s", load_s);
   std::string pec_line;
   if (job_.policy == "pec") {
     // PLT (seed 002): mean over MoE layers of the tokens routed to stale experts over the

@@ -72,6 +72,7 @@ const std::set<std::string>& known_keys() {
       "policies.pec.initial_fraction",
       "policies.pec.plt_budget",
       "policies.pec.persist_interval",
+      "policies.pec.interval",
       "profile.file",
       "sweep.models",
       "sweep.gpus",
@@ -305,7 +306,15 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.snapshot_s.dense-memory",
                                              "profile.snapshot_s.dense-disk",
                                              "profile.snapshot_s.pec",
-                                             "profile.snapshot_s.moevement"};
+                                             "profile.snapshot_s.moevement",
+                                             "profile.load_s.dense-memory",
+                                             "profile.load_s.dense-disk",
+                                             "profile.load_s.pec",
+                                             "profile.load_s.moevement",
+                                             "profile.policy_persist_lag_s.dense-memory",
+                                             "profile.policy_persist_lag_s.dense-disk",
+                                             "profile.policy_persist_lag_s.pec",
+                                             "profile.policy_persist_lag_s.moevement"};
   check_keys(root, keys, "profile");
   const reader r(root);
   profile_data p;
@@ -332,6 +341,16 @@ profile_data parse_profile(std::string_view text) {
   for (const char* pol : {"dense-memory", "dense-disk", "pec", "moevement"}) {
     const std::string k = std::string("profile.snapshot_s.") + pol;
     if (r.has(k)) p.snapshot_s[pol] = r.number(k, 0);
+    const std::string l = std::string("profile.load_s.") + pol;
+    if (r.has(l)) {
+      p.load_s[pol] = r.number(l, 0);
+      if (p.load_s[pol] < 0) fail(l, "must be >= 0");
+    }
+    const std::string g = std::string("profile.policy_persist_lag_s.") + pol;
+    if (r.has(g)) {
+      p.policy_persist_lag_s[pol] = r.number(g, 0);
+      if (p.policy_persist_lag_s[pol] < 0) fail(g, "must be >= 0");
+    }
   }
   return p;
 }
@@ -495,6 +514,7 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
       if (ps.pec_initial_fraction == 0) fail("policies.pec.initial_fraction", "must be positive");
       ps.pec_plt_budget = r.positive("policies.pec.plt_budget", ps.pec_plt_budget);
       ps.pec_persist_interval = r.count("policies.pec.persist_interval", ps.pec_persist_interval);
+      ps.pec_interval = r.count("policies.pec.interval", ps.pec_interval);
     }
     cfg.policies.push_back(ps);
   }
@@ -510,7 +530,11 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
     for (auto& ps : cfg.policies) {
       const auto it = cfg.profile->snapshot_s.find(std::string(policy_name(ps.kind)));
       if (it != cfg.profile->snapshot_s.end()) ps.snapshot_s = it->second;
+      const auto load = cfg.profile->load_s.find(std::string(policy_name(ps.kind)));
+      if (load != cfg.profile->load_s.end()) ps.load_s = load->second;
       ps.persist_lag_s = cfg.profile->persist_lag_s;
+      const auto lag = cfg.profile->policy_persist_lag_s.find(std::string(policy_name(ps.kind)));
+      if (lag != cfg.profile->policy_persist_lag_s.end()) ps.persist_lag_s = lag->second;
     }
   }
 

@@ -29,6 +29,11 @@ struct profile_data {
   // from, as the engine measured it (replication and its acknowledgement); < 0: modelled.
   double persist_lag_s = -1;
   std::map<std::string, double> snapshot_s;  // measured full-checkpoint time per policy name
+  // Measured time to load a policy's checkpoint back on recovery (a rollback's every stage, or
+  // moevement's pull of the persisted window), per policy name; replaces the modelled load.
+  std::map<std::string, double> load_s;
+  // Measured persist lag per policy name; replaces persist_lag_s for that policy.
+  std::map<std::string, double> policy_persist_lag_s;
 };
 
 struct sweep_settings {

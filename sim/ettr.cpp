@@ -129,6 +129,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
         persist = costs.total_params * 12.0 / c.storage_bytes_per_s;
         load = persist;
       }
+      if (p.load_s >= 0) load = p.load_s;
       m.load_s = load;
       m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : snap + persist;
       const auto with_interval = [&](int k) {
@@ -184,6 +185,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
       require(p.pec_initial_fraction > 0 && p.pec_initial_fraction <= 1,
               "policies.pec.initial_fraction must be in (0, 1]");
       require(p.pec_persist_interval >= 1, "policies.pec.persist_interval must be >= 1");
+      require(p.pec_interval >= 1, "policies.pec.interval must be >= 1");
       m.experts = experts;
       m.pec_persist_interval = p.pec_persist_interval;
       m.pec_plt_budget = p.pec_plt_budget;
@@ -191,6 +193,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
           1.0, std::max(1.0, static_cast<double>(c.gpus_per_node) / in.plan.ep) / in.plan.pp);
       int k = std::max(1, static_cast<int>(std::lround(experts * p.pec_initial_fraction)));
       double per_gpu_state = 0;
+      double measured_scale = -1;  // measured / modelled time of the first level's checkpoint
       while (true) {
         double snap = 0;
         for (const auto& s : costs.stages) {
@@ -202,6 +205,10 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
           snap = std::max(snap, bytes / s.snapshot_bytes_per_s);
           per_gpu_state = std::max(per_gpu_state, stage_state_bytes(s) / s.gpus);
         }
+        // A measured time is of the first level's checkpoint; larger K scale with the bytes.
+        if (p.snapshot_s >= 0 && measured_scale < 0)
+          measured_scale = snap > 0 ? p.snapshot_s / snap : 0;
+        if (measured_scale >= 0) snap = m.pec_k.empty() ? p.snapshot_s : snap * measured_scale;
         if (m.pec_k.empty()) m.snapshot_s = snap;
         m.pec_snapshot_s.push_back(snap);
         m.pec_k.push_back(k);
@@ -210,8 +217,8 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
         k = std::min(experts, 2 * k);
       }
       m.stall_s = m.pec_stall_s.front();
-      m.load_s = per_gpu_state / per_gpu_inter_bw(c);
-      m.interval = 1;
+      m.load_s = p.load_s >= 0 ? p.load_s : per_gpu_state / per_gpu_inter_bw(c);
+      m.interval = p.pec_interval;
       return m;
     }
     case policy_kind::moevement: {
@@ -251,7 +258,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
       m.snapshot_s = slot_s;
       m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : slot_s;
       m.stall_s = std::max(0.0, slot_s - overlap);
-      m.load_s = load;
+      m.load_s = p.load_s >= 0 ? p.load_s : load;
       m.interval = 1;
       return m;
     }
@@ -294,7 +301,7 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
       std::size_t level = 0;
       double lost = 0, overhead_time = 0, iters_total = 0, time = 0;
       while (time < duration_s) {
-        const double stall = m.pec_stall_s[level];
+        const double stall = m.pec_stall_s[level] / m.interval;  // per iteration
         const double span = std::min(mtbf_s, duration_s - time);
         const double iters = span / (t + stall);
         overhead_time += iters * stall;
@@ -306,8 +313,10 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
         if (lost / std::max(1.0, iters_total) > m.pec_plt_budget && level + 1 < m.pec_k.size())
           ++level;
       }
-      out.overhead_s_per_iter = iters_total > 0 ? overhead_time / iters_total : m.stall_s;
-      recompute = 0.5 * t + std::min(m.pec_snapshot_s[level], t);
+      out.overhead_s_per_iter =
+          iters_total > 0 ? overhead_time / iters_total : m.stall_s / m.interval;
+      // Global rollback as for the dense policies (MoC checkpoints every iteration: k = 1).
+      recompute = 0.5 * m.interval * t + std::min(m.pec_snapshot_s[level], m.interval * t);
       break;
     }
   }
@@ -434,7 +443,7 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
     if (dense) {
       if ((progress + 1) % m.interval == 0) stall = m.stall_s;
     } else if (m.kind == policy_kind::pec) {
-      stall = m.pec_stall_s[pec_level];
+      if ((progress + 1) % m.interval == 0) stall = m.pec_stall_s[pec_level];
     } else {
       stall = m.stall_s;
     }
@@ -445,9 +454,7 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
       ++progress;
       ++iterations_run;
       stall_total += stall;
-      const std::int64_t every = dense                              ? m.interval
-                                 : m.kind == policy_kind::moevement ? m.w_sparse
-                                                                    : 1;
+      const std::int64_t every = m.kind == policy_kind::moevement ? m.w_sparse : m.interval;
       double lag = m.persist_lag_s;
       if (m.kind == policy_kind::pec) lag = m.pec_snapshot_s[pec_level];
       if (progress % every == 0) pending.push_back({progress, t + lag});

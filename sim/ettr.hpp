@@ -30,8 +30,10 @@ struct policy_settings {
   double pec_initial_fraction = 0.125;        // K0 / experts (MoC starts at 12.5%, Fig. 10c)
   double pec_plt_budget = 0.0375;             // MoC's lost-token threshold (3.75%)
   int pec_persist_interval = 50;              // iterations between persisted PEC checkpoints
+  int pec_interval = 1;                       // iterations between PEC checkpoints (MoC: 1)
   double snapshot_s = -1;                     // measured snapshot time (profile); < 0: model
   double persist_lag_s = -1;  // measured persist lag (profile; dense and moevement); < 0: model
+  double load_s = -1;         // measured checkpoint load on recovery (profile); < 0: model
 };
 
 struct failure_settings {

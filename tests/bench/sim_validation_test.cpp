@@ -5,7 +5,10 @@
 #include "bench/sim_validation.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@ TEST(sim_validation, profile_round_trips_through_the_simulators_parser) {
   p.restart_s = 0.0123;
   p.persist_lag_s = 0.004;
   p.snapshot_s = {{"dense-memory", 0.5}, {"pec", 0.0625}};
+  p.load_s = {{"dense-disk", 0.125}, {"moevement", 0.003}};
   const std::string text = profile_toml(p);
   const sim::profile_data q = sim::parse_profile(text);
   EXPECT_EQ(q.format_version, 1);
@@ -45,6 +49,7 @@ TEST(sim_validation, profile_round_trips_through_the_simulators_parser) {
   EXPECT_EQ(q.restart_s, p.restart_s);
   EXPECT_EQ(q.persist_lag_s, p.persist_lag_s);
   EXPECT_EQ(q.snapshot_s, p.snapshot_s);
+  EXPECT_EQ(q.load_s, p.load_s);
 }
 
 TEST(sim_validation, unmeasured_fields_are_left_out) {
@@ -241,6 +246,233 @@ TEST(sim_validation, trace_at_points_places_failures_on_the_simulators_clock) {
   ASSERT_EQ(trace.size(), 2u);
   EXPECT_NEAR(trace[0].time_s, 0.58, 1e-9);
   EXPECT_NEAR(trace[1].time_s, 1.35, 1e-9);
+}
+
+}  // namespace
+
+// The baselines: a rollback run's log, the simulator's model of our baselines from a profile,
+// and the profile `moevement bench policies --profile-out` writes.
+namespace {
+
+std::string iter_stall(long i, double s, double stall) {
+  return fmt::format(
+      "{{\"kind\":\"iteration\",\"iteration\":{},\"iteration_s\":{},\"stall_s\":{},"
+      "\"mean_stage_compute_s\":0.008,\"snapshot_bytes\":10}}",
+      i, s, stall);
+}
+
+// dense-memory at k = 5: a kill of stage 2 detected in iteration 7; every stage back to 5.
+std::vector<stamped> rollback_log() {
+  std::vector<stamped> log{
+      {0.5,
+       R"({"kind":"event","event":"job_start","pp":3,"dp":1,"spares":1,"iterations":10,"micro_batches":4})"},
+      {0.6, iter_stall(0, 0.1, 0)},
+      {0.6,
+       R"({"kind":"event","event":"interval_chosen","interval":5,"snapshot_s":0.002,"profile_iteration_s":0.1,"mtbf_s":3600,"iteration":1})"},
+  };
+  for (long i = 1; i < 7; ++i)
+    log.push_back({0.6 + 0.1 * double(i), iter_stall(i, 0.1, i == 4 ? 0.004 : 0)});
+  log.push_back(
+      {1.25,
+       R"({"kind":"event","event":"worker_lost","node":3,"stage":2,"replica":0,"how":"was lost","iteration":7})"});
+  log.push_back(
+      {1.26,
+       R"({"kind":"event","event":"recovery_start","recovery":"rollback","policy":"dense-memory","stage":2,"replica":0,"target_iteration":7})"});
+  log.push_back(
+      {1.5,
+       R"({"kind":"event","event":"recovery_end","recovery":"rollback","policy":"dense-memory","stage":2,"replica":0,"target_iteration":7,"rollback_to":5,"replay_from":5,"iterations_recomputed":2,"seconds":0.25,"restore_s":0.2,"load_s":0.05})"});
+  for (long i = 5; i < 10; ++i)
+    log.push_back({1.5 + 0.1 * double(i - 4), iter_stall(i, 0.1, i == 9 ? 0.006 : 0)});
+  log.push_back({2.1, R"({"kind":"event","event":"job_end","iterations":10,"state_hash":"cd"})"});
+  return log;
+}
+
+TEST(sim_validation, a_rollback_log_gives_interval_restart_load_and_the_trace) {
+  const run_result r = parse(rollback_log());
+  EXPECT_EQ(r.interval, 5);
+  EXPECT_DOUBLE_EQ(r.interval_snapshot_s, 0.002);
+  EXPECT_EQ(r.micro_batches, 4);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].rollback_to, 5);
+  const auto split = split_recovery(r.recoveries[0]);
+  EXPECT_DOUBLE_EQ(split.restart_s, 0.2);
+  EXPECT_DOUBLE_EQ(split.load_s, 0.05);
+  const auto trace = failure_trace(r);
+  ASSERT_EQ(trace.size(), 1u);
+  EXPECT_DOUBLE_EQ(trace[0].time_s, 1.25 - 0.5);
+  EXPECT_EQ(trace[0].stage, 2);
+  // Checkpoint iterations 4 and 9 ((i + 1) % 5 == 0), their stalls 0.004 and 0.006.
+  EXPECT_DOUBLE_EQ(checkpoint_stall_s({r}), 0.005);
+  // Iterations 5 and 6 were recomputed: their last records count.
+  const auto own = own_times(r);
+  EXPECT_EQ(own.size(), 10u);
+}
+
+TEST(sim_validation, moevements_recovery_splits_into_restart_and_pull) {
+  const run_result r = parse(two_failure_log());
+  const auto a = split_recovery(r.recoveries[1]);  // seconds 0.3, replay 0.125, pull 0.02
+  EXPECT_NEAR(a.restart_s, 0.3 - 0.125 - 0.02, 1e-12);
+  EXPECT_DOUBLE_EQ(a.load_s, 0.02);
+}
+
+// The tiny job, a profile at 0.1 s iterations, a baseline at k = 5.
+job_shape tiny_job() {
+  job_shape j;
+  j.model = models::preset("tiny");
+  j.pp = 3;
+  j.micro_batches = 4;
+  j.micro_batch_size = 4;
+  return j;
+}
+
+sim::profile_data tiny_profile() {
+  sim::profile_data p;
+  p.iteration_s = 0.1;
+  p.stage_microbatch_s = {0.002, 0.002, 0.002};
+  p.snapshot_bytes_per_s_per_gpu = 1e9;
+  p.restart_s = 0.2;
+  p.snapshot_s = {{"dense-memory", 0.01}, {"dense-disk", 0.01}, {"pec", 0.01}};
+  p.load_s = {{"dense-memory", 0.05}, {"dense-disk", 0.05}, {"pec", 0.05}};
+  return p;
+}
+
+TEST(sim_validation, baselines_take_interval_snapshot_and_load_from_the_profile) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  for (const std::string name : {"dense-memory", "dense-disk", "pec"}) {
+    const auto m = sim_policy(tiny_job(), tiny_profile(), name, 5, f);
+    EXPECT_EQ(m.interval, 5) << name;
+    EXPECT_EQ(m.snapshot_s, 0.01) << name;
+    EXPECT_EQ(m.load_s, 0.05) << name;
+    EXPECT_EQ(m.restart_s, 0.2) << name;
+    EXPECT_EQ(m.iteration_s, 0.1) << name;
+    EXPECT_EQ(without_stall(m).stall_s, 0) << name;
+  }
+  EXPECT_THROW(sim_policy(tiny_job(), tiny_profile(), "dense-memory", 0, f), std::invalid_argument);
+}
+
+TEST(sim_validation, a_baseline_rolls_every_stage_back_to_its_newest_checkpoint) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  for (const std::string name : {"dense-memory", "dense-disk", "pec"}) {
+    const auto m = without_stall(sim_policy(tiny_job(), tiny_profile(), name, 5, f));
+    // Iteration 12 runs 1.2 .. 1.3; the failure at 1.23 aborts it. The checkpoint of state 10
+    // (persisted long before) is the newest: back to 10, resume at 1.23 + 0.2 + 0.05, then the
+    // 10 iterations 10..19.
+    const auto p = predict_fixed_work(m, 20, f, {{1.23, 1}});
+    EXPECT_NEAR(p.wall_s, 1.48 + 1.0, 1e-9) << name;
+    EXPECT_NEAR(p.ettr, 2.0 / 2.48, 1e-9) << name;
+    // 1.005: the checkpoint of state 10 (iteration 9 ended at 1.0) is not persisted yet (its
+    // snapshot takes 0.01 s): back to 5, resume at 1.255, then iterations 5..19.
+    const auto q = predict_fixed_work(m, 20, f, {{1.005, 1}});
+    EXPECT_NEAR(q.wall_s, 1.255 + 1.5, 1e-9) << name;
+  }
+  // moevement replays the failed stage alone instead: less lost than a rollback.
+  const auto moe = without_stall(sim_policy(tiny_job(), tiny_profile(), "moevement", 0, f));
+  EXPECT_LT(predict_fixed_work(moe, 20, f, {{1.23, 1}}).wall_s, 2.48);
+}
+
+std::vector<stamped> none_log() {
+  std::vector<stamped> log{
+      {0.1,
+       R"({"kind":"event","event":"job_start","pp":3,"dp":1,"spares":1,"iterations":4,"micro_batches":4})"}};
+  for (long i = 0; i < 4; ++i)
+    log.push_back({0.2 + 0.1 * double(i), iter(i, 0.1 + 0.01 * double(i))});
+  log.push_back({0.6, R"({"kind":"event","event":"job_end","iterations":4,"state_hash":"ab"})"});
+  return log;
+}
+
+TEST(sim_validation, the_policies_bench_profile_loads_in_the_simulator_with_its_values) {
+  const run_result none = parse(none_log()), moe = parse(two_failure_log());
+  const auto p = policies_profile({none}, {moe}, {moe}, 1, 3);
+  EXPECT_EQ(p.producer, "moevement bench policies");
+  EXPECT_DOUBLE_EQ(p.iteration_s, 0.12);  // median of iterations 1..3: 0.11, 0.12, 0.13
+  EXPECT_EQ(p.stage_microbatch_s, std::vector<double>(3, 0.006 / 4));
+  EXPECT_DOUBLE_EQ(p.snapshot_bytes_per_s_per_gpu, 2.5e8);
+  EXPECT_NEAR(p.persist_lag_s, 0.0375, 1e-12);  // median of 0.05 and 0.025
+  // Recoveries: 0.2 - 0 - 0.01 and 0.3 - 0.125 - 0.02; pulls 0.01 and 0.02.
+  EXPECT_NEAR(p.restart_s, (0.19 + 0.155) / 2, 1e-12);
+  EXPECT_NEAR(p.load_s.at("moevement"), 0.015, 1e-12);
+  EXPECT_THROW(policies_profile({}, {moe}, {}, 1, 3), std::invalid_argument);
+
+  // Through the file `moevement simulate` reads (profile.file), every value bit for bit.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("sim_validation_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "profile.toml") << profile_toml(p);
+  const auto cfg = sim::parse_config(
+      "[model]\npreset = \"gpt-moe\"\n[plan]\npp = 3\ndp = 4\nep = 8\n"
+      "[policies]\nlist = [\"dense-memory\", \"moevement\"]\n"
+      "[profile]\nfile = \"profile.toml\"\n",
+      {"failures.trials=2"}, dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(cfg.profile.has_value());
+  const auto& q = *cfg.profile;
+  EXPECT_EQ(q.producer, p.producer);
+  EXPECT_EQ(q.iteration_s, p.iteration_s);
+  EXPECT_EQ(q.stage_microbatch_s, p.stage_microbatch_s);
+  EXPECT_DOUBLE_EQ(q.snapshot_bytes_per_s_per_gpu, p.snapshot_bytes_per_s_per_gpu);
+  EXPECT_EQ(q.restart_s, p.restart_s);
+  EXPECT_EQ(q.persist_lag_s, p.persist_lag_s);
+  EXPECT_EQ(q.load_s, p.load_s);
+  EXPECT_EQ(cfg.failures.restart_s, p.restart_s);
+  ASSERT_EQ(cfg.policies.size(), 2u);
+  EXPECT_LT(cfg.policies[0].load_s, 0);  // dense-memory: not measured, modelled
+  EXPECT_EQ(cfg.policies[1].load_s, p.load_s.at("moevement"));
+  const auto costs =
+      sim::apply_profile(sim::estimate_iteration(cfg.inputs.model, cfg.inputs.cluster,
+                                                 cfg.inputs.plan, cfg.inputs.constants, 2),
+                         q);
+  EXPECT_EQ(costs.iteration_s, p.iteration_s);
+  const auto m = sim::build_policy(cfg.inputs, costs, cfg.policies[1], cfg.failures, 3600);
+  EXPECT_EQ(m.load_s, p.load_s.at("moevement"));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(sim_validation, dense_disk_windows_count_once_every_store_has_their_manifest) {
+  namespace fs = std::filesystem;
+  const auto dir =
+      fs::temp_directory_path() / ("sim_validation_disk_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (const char* store : {"stage-0-replica-0", "stage-1-replica-0"})
+    fs::create_directories(dir / store / "window-00000000000000000005");
+  disk_windows_seen seen;
+  watch_disk_windows(dir, 0.5, seen);  // no manifest yet: not a window
+  std::ofstream(dir / "stage-0-replica-0" / "window-00000000000000000005" / "MANIFEST") << "m";
+  watch_disk_windows(dir, 0.6, seen);
+  std::ofstream(dir / "stage-1-replica-0" / "window-00000000000000000005" / "MANIFEST") << "m";
+  watch_disk_windows(dir, 0.7, seen);
+  watch_disk_windows(dir, 0.8, seen);  // first sight counts
+  fs::remove_all(dir);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_DOUBLE_EQ(seen.at("stage-0-replica-0").at(5), 0.6);
+  EXPECT_DOUBLE_EQ(seen.at("stage-1-replica-0").at(5), 0.7);
+  // Window 5 is the state after iteration 4, whose record came at 0.6 + 0.1 * 4 = 1.0 in
+  // rollback_log(); a window one store never showed is left out.
+  const run_result r = parse(rollback_log());
+  disk_windows_seen s{{"a", {{5, 1.02}, {10, 1.9}}}, {"b", {{5, 1.035}}}};
+  const auto lags = disk_persist_lags(r, s);
+  ASSERT_EQ(lags.size(), 1u);
+  EXPECT_NEAR(lags[0], 0.035, 1e-12);
+}
+
+TEST(sim_validation, a_measured_persist_lag_of_a_baseline_decides_its_rollback_point) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  auto prof = tiny_profile();
+  prof.policy_persist_lag_s = {{"dense-disk", 0.25}};
+  const auto back = sim::parse_profile(profile_toml(prof));
+  EXPECT_EQ(back.policy_persist_lag_s, prof.policy_persist_lag_s);
+  const auto m = without_stall(sim_policy(tiny_job(), prof, "dense-disk", 5, f));
+  EXPECT_EQ(m.persist_lag_s, 0.25);
+  // The failure at 1.23 comes 0.23 s after the checkpoint of state 10: not on disk yet, back
+  // to 5: resume at 1.48, then iterations 5..19.
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 1}}).wall_s, 1.48 + 1.5, 1e-9);
+  // dense-memory keeps its modelled lag (its snapshot time).
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "dense-memory", 5, f).persist_lag_s, 0.01);
 }
 
 }  // namespace

@@ -108,7 +108,8 @@ TEST(config, profile_replaces_modelled_costs) {
                                      "stage_microbatch_s = [0.1, 0.2, 0.1]\nsync_s = 0.05\n"
                                      "update_s = 0.02\nsnapshot_gb_per_s_per_gpu = 0.5\n"
                                      "restart_s = 4\npersist_lag_s = 0.75\n"
-                                     "[profile.snapshot_s]\ndense-memory = 3.5\n";
+                                     "[profile.snapshot_s]\ndense-memory = 3.5\n"
+                                     "[profile.load_s]\ndense-memory = 1.25\n";
   }
   const auto cfg = parse_config(std::string(minimal) + "[profile]\nfile = \"p.toml\"\n",
                                 {"failures.trials=10"}, dir);
@@ -121,6 +122,7 @@ TEST(config, profile_replaces_modelled_costs) {
   for (const auto& row : r.rows) {
     if (row.policy == policy_kind::dense_memory) {
       EXPECT_EQ(row.model.snapshot_s, 3.5);
+      EXPECT_EQ(row.model.load_s, 1.25);  // measured load replaces the modelled one
     }
     // The measured persist lag replaces the modelled one (pec keeps its own).
     if (row.policy != policy_kind::pec) {

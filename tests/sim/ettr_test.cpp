@@ -76,6 +76,32 @@ TEST(ettr, closed_form_and_monte_carlo_agree_within_spread) {
   }
 }
 
+// Our engine's pec checkpoints every k iterations (MoC: k = 1): the stall is paid once per
+// checkpoint, and a rollback goes back to the newest one.
+TEST(ettr, pec_at_an_interval_pays_its_stall_once_per_checkpoint) {
+  const fixture x(0.01);  // so slow that pec's first K stalls too
+  policy_settings p;
+  p.kind = policy_kind::pec;
+  p.pec_plt_budget = 1e9;
+  p.pec_interval = 4;
+  const auto m = build_policy(x.in, x.costs, p, x.f, 3600);
+  ASSERT_EQ(m.interval, 4);
+  ASSERT_GT(m.pec_stall_s.front(), 0);
+  const double never = 1e15;
+  const auto cf = evaluate_closed_form(m, never, x.f.duration_s);
+  EXPECT_NEAR(cf.overhead_s_per_iter, m.pec_stall_s.front() / 4, 1e-12);
+  const auto mc = monte_carlo(m, never, x.f);
+  EXPECT_NEAR(mc.overhead_s_per_iter_mean, m.pec_stall_s.front() / 4,
+              m.pec_stall_s.front() * 4 / (x.f.duration_s / m.iteration_s));
+  for (double mtbf : {3600.0, 600.0}) {
+    const auto c = evaluate_closed_form(m, mtbf, x.f.duration_s);
+    const auto r = monte_carlo(m, mtbf, x.f);
+    EXPECT_NEAR(c.ettr, r.ettr_mean, 3 * r.stderr_mean() + 0.25 * (1 - c.ettr) + 0.002) << mtbf;
+  }
+  p.pec_interval = 0;
+  EXPECT_THROW(build_policy(x.in, x.costs, p, x.f, 3600), std::invalid_argument);
+}
+
 TEST(ettr, infinite_mtbf_gives_the_fault_free_overhead) {
   const fixture x(0.2);
   const double never = 1e15;
