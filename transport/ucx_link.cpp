@@ -48,13 +48,16 @@ enum am_id : unsigned {
   am_bulk_data,     // header bulk_reply_header, data: the bytes (rendezvous when large)
   am_bulk_rkey,     // header bulk_reply_header, data: the packed rkey
   am_bulk_error,    // header bulk_reply_header (code says why)
+  am_bulk_lease,    // header bulk_lease_header, data: the packed rkey (a lease on the region)
+  am_bulk_revoke,   // header region_header: the exporter withdrew a region we hold a lease on
+  am_bulk_release,  // header region_header: the importer gives one lease back
 };
-constexpr am_id all_am_ids[] = {am_hello,     am_welcome,   am_refused,
-                                am_envelope,  am_goodbye,   am_bulk_request,
-                                am_bulk_data, am_bulk_rkey, am_bulk_error};
+constexpr am_id all_am_ids[] = {am_hello,      am_welcome,      am_refused,     am_envelope,
+                                am_goodbye,    am_bulk_request, am_bulk_data,   am_bulk_rkey,
+                                am_bulk_error, am_bulk_lease,   am_bulk_revoke, am_bulk_release};
 
 constexpr std::uint32_t wire_magic = 0x56454f4d;  // "MOEV"
-constexpr std::uint32_t wire_version = 1;
+constexpr std::uint32_t wire_version = 2;
 constexpr std::size_t max_token_bytes = 256;
 constexpr std::size_t max_rkey_bytes = 4096;
 
@@ -66,7 +69,11 @@ struct welcome_header {
 };
 struct bulk_request_header {
   std::uint64_t request, region, offset, length;
-  std::uint32_t rma, reserved;  // rma: an rma_level, what the puller's endpoint can do
+  std::uint32_t rma;    // an rma_level, what the puller's endpoint can do
+  std::uint32_t flags;  // request_flags
+};
+enum request_flags : std::uint32_t {
+  accepts_lease = 1,  // the puller caches a lease (and releases it) if the exporter grants one
 };
 // How far the puller's RMA lanes are native (not emulated over TCP).
 enum rma_level : std::uint32_t {
@@ -78,6 +85,14 @@ enum bulk_error_code : std::uint32_t { no_such_region = 1, out_of_range = 2, not
 struct bulk_reply_header {
   std::uint64_t request, address, length;
   std::uint32_t code, reserved;
+};
+// A lease: the whole region [region_base, region_base + region_length) in the exporter's
+// address space, readable with the rkey until revoked; address/length answer this request.
+struct bulk_lease_header {
+  std::uint64_t request, address, length, region_base, region_length;
+};
+struct region_header {
+  std::uint64_t region;
 };
 
 template <class T>
@@ -133,6 +148,10 @@ struct region_record {
   std::vector<std::byte> rkey;  // packed once, sent to pullers taking the RMA path
   std::uint64_t in_flight = 0;
   bool allocated = false;  // UCX allocated it: shareable by the shared-memory transports
+  // Leases handed out and not yet released, by connection serial (a count: a holder may have
+  // been granted the region more than once, and it releases each grant). While any remain,
+  // a withdrawn region stays mapped (link_state::withdrawn).
+  std::map<std::uint64_t, std::uint32_t> grants;
   void unmap() {
     if (memh != nullptr) ucp_mem_unmap(context, memh);
     memh = nullptr;
@@ -161,6 +180,21 @@ struct remote_key {
   }
 };
 constexpr std::size_t max_cached_rkeys = 64;  // per connection; unpacking maps shared memory
+constexpr std::size_t max_revoked_tombstones = 4096;  // per connection, see connection::revoked
+
+// A lease the importer holds on one exporter region (granted by am_bulk_lease): pulls of any
+// range inside it are read by ucp_get_nbx without asking the exporter first. Retired (out of
+// the cache: revoked, evicted, or the connection gone) it starts no new get; the release goes
+// back once the gets it started have completed, so the exporter never unmaps under a get.
+struct lease {
+  std::uint64_t region = 0;
+  std::uint64_t conn = 0;
+  std::shared_ptr<remote_key> key;
+  std::uint64_t base = 0;    // the region's address in the exporter
+  std::uint64_t length = 0;  // the region's bytes
+  std::uint64_t gets = 0;    // gets in flight under this lease
+  bool retired = false;
+};
 
 struct connection {
   std::uint64_t serial = 0;
@@ -181,6 +215,12 @@ struct connection {
   // Unpacked rkeys by region id: unpacking (and, on shared memory, mapping the segment and
   // faulting its pages in) costs more than a pull of megabytes.
   std::map<std::uint64_t, std::shared_ptr<remote_key>> rkeys;
+  // Leases granted by the peer on this connection, by region id (at most opt.max_leases).
+  std::map<std::uint64_t, std::shared_ptr<lease>> leases;
+  // Regions the peer revoked while we held no lease on them: a grant for one arriving late
+  // (overtaken by its revocation) is released at once and its pull fails. Ids are never
+  // reused; the set is capped (oldest first).
+  std::set<std::uint64_t> revoked;
 };
 
 struct peer_entry {
@@ -203,6 +243,7 @@ struct pull_op {
   std::size_t length = 0;
   std::uint32_t rma = rma_none;  // the rma_level we offered the exporter
   bool transferring = false;     // a UCX request moves the bytes; it completes on its own
+  std::shared_ptr<lease> under;  // the lease the get runs under, if any
   ucx_link::pull_handler done;
 };
 
@@ -260,6 +301,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::map<node_id, peer_entry> peers;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
   std::map<std::uint64_t, std::shared_ptr<region_record>> regions;
+  // Withdrawn regions some connection still holds a lease on: mapped until released.
+  std::map<std::uint64_t, std::shared_ptr<region_record>> withdrawn;
   std::uint64_t next_region = 1;
   std::map<std::uint64_t, std::unique_ptr<pull_op>> pulls;
   std::uint64_t next_pull = 1;
@@ -699,6 +742,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     LINK_TRACE("failing conn {} (node {}, admitted {}): {}", serial, peer, admitted, detail);
     close_ep(c->ep, /*force=*/true);
     conns.erase(serial);
+    drop_grants(serial);
     fail_waiting_pulls(serial, detail);
     if (admitted) lose_peer(peer, peer_loss::crash, detail);
   }
@@ -721,6 +765,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     for (auto serial : doomed) {
       close_ep(conns[serial]->ep, why == peer_loss::crash);
       conns.erase(serial);
+      drop_grants(serial);
       fail_waiting_pulls(serial, detail);
     }
     if (handlers.on_peer_lost) {
@@ -823,7 +868,27 @@ struct link_state : std::enable_shared_from_this<link_state> {
       case am_bulk_data:
       case am_bulk_rkey:
       case am_bulk_error:
+      case am_bulk_lease:
         return on_bulk_reply(c, id, header, header_len, data, len, rndv);
+      case am_bulk_revoke:
+      case am_bulk_release: {
+        region_header h{};
+        if (!read_header(header, header_len, h) || len != 0) {
+          ++stats.malformed;
+          return UCS_OK;
+        }
+        // Not inside progress: a release may unmap a region, a revocation may send.
+        asio::post(io, [w = weak_from_this(), serial = c.serial, region = h.region, id] {
+          auto s = w.lock();
+          if (!s) return;
+          if (id == am_bulk_revoke) {
+            s->on_revoke(serial, region);
+          } else {
+            s->on_release(serial, region);
+          }
+        });
+        return UCS_OK;
+      }
       default:
         LINK_TRACE("unknown am {} on conn {} dropped", unsigned(id), c.serial);
         ++stats.malformed;
@@ -991,6 +1056,19 @@ struct link_state : std::enable_shared_from_this<link_state> {
     std::byte* start = region->base + h.offset;
     if (h.rma == rma_any || (h.rma == rma_allocated && region->allocated)) {
       if (region->rkey.empty()) return reject(not_mapped);
+      // A lease only on memory the link owns: after a withdrawal it can keep that mapped until
+      // the holders release it. Memory the caller exported is theirs to free once the region
+      // is dropped, so every pull of it asks first.
+      if (region->allocated && opt.lease_regions && (h.flags & accepts_lease) != 0) {
+        ++region->grants[c->serial];
+        ++counters.leases_granted;
+        send_control(
+            *c, am_bulk_lease,
+            bulk_lease_header{h.request, reinterpret_cast<std::uint64_t>(start), h.length,
+                              reinterpret_cast<std::uint64_t>(region->base), region->length},
+            region->rkey.data(), region->rkey.size(), region);
+        return;
+      }
       send_control(
           *c, am_bulk_rkey,
           bulk_reply_header{h.request, reinterpret_cast<std::uint64_t>(start), h.length, 0, 0},
@@ -1019,6 +1097,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (it == pulls.end()) return;
     auto op = std::move(it->second);
     pulls.erase(it);
+    if (op->under) {
+      auto& l = *op->under;
+      --l.gets;
+      if (l.retired && l.gets == 0) post_release(l.conn, l.region);
+    }
     if (r.ok()) {
       ++counters.pulls_ok;
     } else {
@@ -1039,13 +1122,16 @@ struct link_state : std::enable_shared_from_this<link_state> {
   ucs_status_t on_bulk_reply(connection& c, am_id id, const void* header, std::size_t header_len,
                              void* data, std::size_t len, bool rndv) {
     bulk_reply_header h{};
-    if (!read_header(header, header_len, h)) {
+    bulk_lease_header lh{};
+    if (id == am_bulk_lease ? !read_header(header, header_len, lh)
+                            : !read_header(header, header_len, h)) {
       ++stats.malformed;
       return UCS_OK;
     }
-    auto it = pulls.find(h.request);
+    const std::uint64_t request = id == am_bulk_lease ? lh.request : h.request;
+    auto it = pulls.find(request);
     if (it == pulls.end() || it->second->conn != c.serial || it->second->transferring) {
-      LINK_TRACE("bulk reply {} for pull {} on conn {} matches nothing", unsigned(id), h.request,
+      LINK_TRACE("bulk reply {} for pull {} on conn {} matches nothing", unsigned(id), request,
                  c.serial);
       ++stats.malformed;  // a reply to nothing we asked this peer for
       return UCS_OK;
@@ -1088,6 +1174,24 @@ struct link_state : std::enable_shared_from_this<link_state> {
         s->kick();
       });
       return UCS_INPROGRESS;
+    }
+    if (id == am_bulk_lease) {
+      if (op.rma == rma_none || rndv || lh.length != op.length || len == 0 ||
+          len > max_rkey_bytes || lh.region_length == 0 ||
+          lh.region_base + lh.region_length < lh.region_base || lh.address < lh.region_base ||
+          lh.address - lh.region_base > lh.region_length ||
+          lh.length > lh.region_length - (lh.address - lh.region_base)) {
+        ++stats.malformed;
+        post_finish(pid, error{"pull failed: the peer sent a malformed lease"});
+        return UCS_OK;
+      }
+      op.transferring = true;
+      auto rkey = std::make_shared<std::vector<std::byte>>(len);
+      std::memcpy(rkey->data(), data, len);
+      asio::post(io, [w = weak_from_this(), pid, rkey, lh] {
+        if (auto s = w.lock()) s->adopt_lease(pid, *rkey, lh);
+      });
+      return UCS_OK;
     }
     // am_bulk_rkey
     if (op.rma == rma_none || rndv || h.length != op.length || len == 0 || len > max_rkey_bytes) {
@@ -1143,6 +1247,134 @@ struct link_state : std::enable_shared_from_this<link_state> {
     ucp_request_param_t param = request_params(p.get());
     track(ucp_get_nbx(c->ep, op.into, op.length, address, key->handle, &param), std::move(p));
     kick();
+  }
+
+  // ---- bulk: leases, the importer's side ---------------------------------------------------
+
+  // A grant arrived for pull `id`: cache the lease (unless one is cached, or the region was
+  // revoked already) and read under it.
+  void adopt_lease(std::uint64_t id, const std::vector<std::byte>& packed,
+                   const bulk_lease_header& h) {
+    auto pit = pulls.find(id);
+    if (pit == pulls.end()) return;
+    pull_op& op = *pit->second;
+    connection* c = find_conn(op.conn);
+    if (c == nullptr) return finish_pull(id, error{"pull failed: peer lost"});
+    if (c->revoked.contains(op.region)) {
+      send_control(*c, am_bulk_release, region_header{op.region});
+      return finish_pull(id, error{fmt::format("node {} refused the pull: no such region "
+                                               "(withdrawn)",
+                                               op.peer)});
+    }
+    std::shared_ptr<lease> l;
+    if (auto it = c->leases.find(op.region); it != c->leases.end()) {
+      l = it->second;  // two first pulls raced: this grant is one too many, give it back
+      send_control(*c, am_bulk_release, region_header{op.region});
+    } else {
+      l = std::make_shared<lease>();
+      l->key = std::make_shared<remote_key>();
+      if (ucp_ep_rkey_unpack(c->ep, packed.data(), &l->key->handle) != UCS_OK) {
+        l->key->handle = nullptr;
+        send_control(*c, am_bulk_release, region_header{op.region});
+        return finish_pull(id, error{"pull failed: the peer's rkey does not unpack"});
+      }
+      l->region = op.region;
+      l->conn = c->serial;
+      l->base = h.region_base;
+      l->length = h.region_length;
+      if (c->leases.size() >= opt.max_leases) {
+        auto oldest = c->leases.begin();  // the lowest region id: the oldest region
+        retire(*oldest->second);
+        c->leases.erase(oldest);
+      }
+      c->leases[op.region] = l;
+    }
+    ++counters.pulls_by_rma;
+    issue_get(op, *c, l, h.address);
+  }
+
+  // Reads op's bytes at `address` of the exporter under lease `l`.
+  void issue_get(pull_op& op, connection& c, const std::shared_ptr<lease>& l,
+                 std::uint64_t address) {
+    op.transferring = true;
+    op.under = l;
+    ++l->gets;
+    auto p = std::make_unique<pending_request>();
+    p->keep = l;  // the rkey outlives the get even if the lease is dropped
+    p->done = [this, id = op.id](ucs_status_t st) { complete_transfer(id, st); };
+    ucp_request_param_t param = request_params(p.get());
+    track(ucp_get_nbx(c.ep, op.into, op.length, address, l->key->handle, &param), std::move(p));
+    kick();
+  }
+
+  // Takes a lease out of use; released to the exporter once its gets have completed.
+  void retire(lease& l) {
+    if (l.retired) return;
+    l.retired = true;
+    if (l.gets == 0) post_release(l.conn, l.region);
+  }
+  void post_release(std::uint64_t serial, std::uint64_t region) {
+    asio::post(io, [w = weak_from_this(), serial, region] {
+      auto s = w.lock();
+      if (!s) return;
+      if (connection* c = s->find_conn(serial)) {
+        s->send_control(*c, am_bulk_release, region_header{region});
+      }
+    });
+  }
+
+  void on_revoke(std::uint64_t serial, std::uint64_t region) {
+    connection* c = find_conn(serial);
+    if (c == nullptr) return;
+    LINK_TRACE("node {} revoked its region {} on conn {}", c->peer, region, serial);
+    auto it = c->leases.find(region);
+    if (it == c->leases.end()) {
+      c->revoked.insert(region);
+      if (c->revoked.size() > max_revoked_tombstones) c->revoked.erase(c->revoked.begin());
+      return;
+    }
+    retire(*it->second);
+    c->leases.erase(it);
+  }
+
+  // ---- bulk: leases, the exporter's side ---------------------------------------------------
+
+  // The owner dropped its bulk_region: no new pull is served, and holders of leases are told
+  // to stop; the memory stays mapped until they have released them.
+  void withdraw(const std::shared_ptr<region_record>& r) {
+    regions.erase(r->id);
+    if (dying) return;
+    std::erase_if(r->grants, [&](const auto& g) { return find_conn(g.first) == nullptr; });
+    if (r->grants.empty()) return;
+    withdrawn[r->id] = r;
+    for (const auto& [serial, count] : r->grants) {
+      ++counters.leases_revoked;
+      send_control(*find_conn(serial), am_bulk_revoke, region_header{r->id});
+    }
+  }
+
+  void on_release(std::uint64_t serial, std::uint64_t region) {
+    std::shared_ptr<region_record> r;
+    if (auto it = regions.find(region); it != regions.end()) r = it->second;
+    if (auto it = withdrawn.find(region); it != withdrawn.end()) r = it->second;
+    auto g = r ? r->grants.find(serial) : std::map<std::uint64_t, std::uint32_t>::iterator{};
+    if (!r || g == r->grants.end()) {
+      ++stats.malformed;  // a release of nothing we granted on this connection
+      return;
+    }
+    ++counters.leases_released;
+    if (--g->second == 0) r->grants.erase(g);
+    if (r->grants.empty()) withdrawn.erase(region);  // unmapped with its last holder
+  }
+
+  // A connection is gone: what it held is released (its process cannot read any more, or
+  // reads what it has mapped of the segment, which outlives our mapping).
+  void drop_grants(std::uint64_t serial) {
+    for (auto& [id, r] : regions) r->grants.erase(serial);
+    std::erase_if(withdrawn, [&](auto& w) {
+      w.second->grants.erase(serial);
+      return w.second->grants.empty();
+    });
   }
 
   // How native the endpoint's RMA is, from the lanes UCX chose (ucp_ep_print_info): rma_bw
@@ -1232,6 +1464,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (listener != nullptr) ucp_listener_destroy(listener);
     for (auto& [id, r] : regions) r->unmap();
     regions.clear();
+    for (auto& [id, r] : withdrawn) r->unmap();
+    withdrawn.clear();
   }
 };
 
@@ -1259,7 +1493,7 @@ bulk_region& bulk_region::operator=(bulk_region&& o) noexcept {
 }
 void bulk_region::reset() {
   if (!record_) return;
-  if (auto s = link_.lock()) s->regions.erase(record_->id);
+  if (auto s = link_.lock()) s->withdraw(record_);
   // The mapping goes when the last holder does: a pull being served keeps it alive.
   record_.reset();
 }
@@ -1326,7 +1560,9 @@ link_stats ucx_link::stats() const {
   return state_->stats;
 }
 ucx_link_counters ucx_link::counters() const {
-  return state_->counters;
+  auto c = state_->counters;
+  c.withdrawn_held = state_->withdrawn.size();
+  return c;
 }
 
 result<void> ucx_link::send(node_id to, kj::Array<capnp::word> message) {
@@ -1500,6 +1736,18 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   } else if (s.opt.bulk == bulk_path::automatic && path_to(d.node).ok()) {
     rma = s.peers[d.node].rma;
   }
+  // A lease on the region: the range is checked against the bounds the exporter gave and the
+  // bytes are read at once, without asking.
+  std::shared_ptr<detail::lease> lease;
+  if (rma != detail::rma_none && s.opt.lease_regions) {
+    if (auto it = (*c)->leases.find(d.region); it != (*c)->leases.end()) lease = it->second;
+  }
+  if (lease && (d.offset > lease->length || d.length > lease->length - d.offset)) {
+    return fail(
+        fmt::format("pull: node {} refused the pull: range outside the region (bytes "
+                    "[{}, +{}) of a region of {})",
+                    d.node, d.offset, d.length, lease->length));
+  }
   auto op = std::make_unique<detail::pull_op>();
   op->id = s.next_pull++;
   op->peer = d.node;
@@ -1510,12 +1758,20 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   op->rma = rma;
   op->done = std::move(done);
   const std::uint64_t id = op->id;
+  auto& op_ref = *op;
   s.pulls[id] = std::move(op);
+  if (lease) {
+    ++s.counters.pulls_by_lease;
+    s.issue_get(op_ref, **c, lease, lease->base + d.offset);
+    return;
+  }
   if (detail::link_tracing()) {
     fmt::print(stderr, "[link {}] pull {} from node {} region {} on conn {} (rma {})\n", s.opt.self,
                id, d.node, d.region, (*c)->serial, rma);
   }
-  const detail::bulk_request_header request{id, d.region, d.offset, d.length, rma, 0};
+  const std::uint32_t flags =
+      s.opt.lease_regions && rma != detail::rma_none ? detail::accepts_lease : 0u;
+  const detail::bulk_request_header request{id, d.region, d.offset, d.length, rma, flags};
   s.send_when_welcomed(**c, [&s, request](detail::connection& conn) {
     s.send_control(conn, detail::am_bulk_request, request);
   });
