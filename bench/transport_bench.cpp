@@ -10,7 +10,10 @@
 //             theirs: the same UCP operation in ucx_perftest: -t ucp_get on shared memory,
 //             -t ucp_am_bw on TCP
 // and prints `<metric>: ours=<v> theirs=<v> ratio=<r>` (better-is-higher: theirs/ours for
-// latency). Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp]
+// latency). Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] [--no-lease]
+// [--no-yield] [--ours-only]. --no-lease: every pull asks the exporter first
+// (ucx_link_options::lease_regions off, the behaviour before leases); --no-yield: the spin
+// does not yield the core (spin_yield off, as before); --ours-only: skip ucx_perftest.
 #include <fmt/format.h>
 #include <signal.h>
 #include <spawn.h>
@@ -81,11 +84,12 @@ decoded read(const incoming_envelope& env) {
 
 // ---- the peer process --------------------------------------------------------------------------
 
-int run_peer(std::uint16_t port) {
+int run_peer(std::uint16_t port, bool yield) {
   asio::io_context io;
   ucx_link_options o;
   o.self = 1;
   o.job_token = token;
+  o.spin_yield = yield;
   ucx_link link(io, o);
   link.add_peer(0, "127.0.0.1", port);
   std::optional<bulk_region> region;
@@ -135,18 +139,21 @@ struct numbers {
   std::vector<double> bw_gbps;  // per size
 };
 
-numbers run_ours(const std::vector<std::size_t>& sizes, bool quick) {
+numbers run_ours(const std::vector<std::size_t>& sizes, bool quick, bool lease, bool yield) {
   asio::io_context io;
   ucx_link_options o;
   o.self = 0;
   o.job_token = token;
+  o.lease_regions = lease;
+  o.spin_yield = yield;
   ucx_link link(io, o);
   std::vector<decoded> inbox;
   std::optional<std::string> gone;
   link.set_handlers({[&](node_id, incoming_envelope env) { inbox.push_back(read(env)); },
                      [&](node_id, peer_loss, const std::string& d) { gone = d; }});
   const std::string self = std::filesystem::read_symlink("/proc/self/exe");
-  std::vector<std::string> args{self, "--peer", std::to_string(link.port())};
+  std::vector<std::string> args{self, "--peer", std::to_string(link.port()),
+                                yield ? "yield" : "no-yield"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -260,10 +267,11 @@ std::string size_name(std::size_t s) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc >= 3 && std::string(argv[1]) == "--peer") {
-      return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])));
+    if (argc >= 4 && std::string(argv[1]) == "--peer") {
+      return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])),
+                      std::string(argv[3]) == "yield");
     }
-    bool quick = false, with_1g = true;
+    bool quick = false, with_1g = true, lease = true, yield = true, ours_only = false;
     std::vector<std::string> transports{"shm", "tcp"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -272,10 +280,18 @@ int main(int argc, char** argv) {
         with_1g = false;
       } else if (a == "--no-1g") {
         with_1g = false;
+      } else if (a == "--no-yield") {
+        yield = false;
+      } else if (a == "--no-lease") {
+        lease = false;
+      } else if (a == "--ours-only") {
+        ours_only = true;
       } else if (a == "--transport" && i + 1 < argc) {
         transports = {argv[++i]};
       } else {
-        std::fprintf(stderr, "usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp]\n");
+        std::fprintf(stderr,
+                     "usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] "
+                     "[--no-lease] [--no-yield] [--ours-only]\n");
         return 2;
       }
     }
@@ -288,7 +304,16 @@ int main(int argc, char** argv) {
       } else {
         ::unsetenv("UCX_TLS");
       }
-      const numbers ours = run_ours(sizes, quick);
+      const numbers ours = run_ours(sizes, quick, lease, yield);
+      if (ours_only) {
+        std::printf("transport_%s_latency_8B_us: ours=%.3f\n", t.c_str(), ours.latency_us);
+        std::printf("transport_%s_msg_rate_8B_Mmsg_per_s: ours=%.4f\n", t.c_str(), ours.rate_mps);
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          std::printf("transport_%s_bandwidth_%s_GB_per_s: ours=%.3f\n", t.c_str(),
+                      size_name(sizes[i]).c_str(), ours.bw_gbps[i]);
+        }
+        continue;
+      }
       const numbers theirs = run_theirs(tcp, sizes, quick);
       std::printf("transport_%s_latency_8B_us: ours=%.3f theirs=%.3f ratio=%.3f\n", t.c_str(),
                   ours.latency_us, theirs.latency_us, theirs.latency_us / ours.latency_us);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <kj/exception.h>
 #include <netdb.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <array>
@@ -166,7 +167,7 @@ namespace {
 // One received envelope awaiting in-order delivery.
 struct inbound {
   enum class kind { envelope, goodbye } what = kind::envelope;
-  std::shared_ptr<std::vector<capnp::word>> buffer;
+  std::shared_ptr<capnp::word[]> buffer;  // uninitialised: filled by a copy or the rendezvous
   std::size_t bytes = 0;
   bool ready = false;
   bool failed = false;
@@ -205,6 +206,7 @@ struct connection {
   node_id peer = 0;
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;
+  bool deliver_posted = false;  // one deliver() handler at a time, however many arrive
   // Outgoing: everything but the hello (envelopes, pull requests) issued before the welcome,
   // sent in order once it arrives. UCX 1.13 on shared memory fails sends queued while the
   // endpoint is wiring up (measured: "Invalid am_short_iov length: 168 (expected: <= 100)",
@@ -381,8 +383,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   //
   // The window adapts: it doubles (up to opt.spin) when spinning caught an event or a sleep
   // ended sooner than opt.spin, and halves when it ran out with nothing. On an idle machine
-  // spinning halves the latency of a hop; on an oversubscribed one (more runnable processes
-  // than cores) a spinner holds the core its peer needs to answer, so the window shrinks to 0.
+  // spinning halves the latency of a hop. On an oversubscribed one (more runnable processes
+  // than cores) a spinner that does not yield holds the core its peer needs to answer and the
+  // window shrinks to 0; yielding on idle passes (opt.spin_yield) keeps the spin useful there.
   enum class wake { kick, fd, poll, tick };
   void pump(wake why = wake::kick) {
     if (dying) return;
@@ -401,6 +404,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
     reap_closing();
     if (now - last_activity < spin_now) {
       spinning = true;
+      // An idle pass of the spin gives the core away: on an oversubscribed machine the peer
+      // whose answer we wait for may be queued behind us on this very core (on an idle core
+      // the yield returns at once).
+      if (opt.spin_yield && !found) ::sched_yield();
       kick();
       return;
     }
@@ -950,13 +957,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
       return UCS_OK;  // a rendezvous is dropped without moving its bytes
     }
     auto in = std::make_shared<inbound>();
-    in->buffer = std::make_shared<std::vector<capnp::word>>(len / sizeof(capnp::word));
+    in->buffer = std::make_shared_for_overwrite<capnp::word[]>(len / sizeof(capnp::word));
     in->bytes = len;
     c.inbox.push_back(in);
     if (!rndv) {
       // Eager data lives only during this callback: one copy of a small message into an
       // aligned buffer, which the envelope then reads in place.
-      std::memcpy(static_cast<void*>(in->buffer->data()), data, len);
+      std::memcpy(static_cast<void*>(in->buffer.get()), data, len);
       in->ready = true;
       post_deliver(c.serial);
       return UCS_OK;
@@ -981,15 +988,18 @@ struct link_state : std::enable_shared_from_this<link_state> {
         s->post_deliver(serial);
       };
       ucp_request_param_t param = s->request_params(p.get(), /*recv_am=*/true);
-      s->track(
-          ucp_am_recv_data_nbx(s->worker.handle(), data, in->buffer->data(), in->bytes, &param),
-          std::move(p));
+      s->track(ucp_am_recv_data_nbx(s->worker.handle(), data, in->buffer.get(), in->bytes, &param),
+               std::move(p));
       s->kick();
     });
     return UCS_INPROGRESS;
   }
 
   void post_deliver(std::uint64_t serial) {
+    if (connection* c = find_conn(serial)) {
+      if (c->deliver_posted) return;
+      c->deliver_posted = true;
+    }
     asio::post(io, [w = weak_from_this(), serial] {
       if (auto s = w.lock()) s->deliver(serial);
     });
@@ -1008,6 +1018,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // Hands ready envelopes to the handler in arrival order.
   void deliver(std::uint64_t serial) {
     connection* c = find_conn(serial);
+    if (c != nullptr) c->deliver_posted = false;
     while (c != nullptr && !c->inbox.empty() &&
            (c->inbox.front()->ready || c->inbox.front()->failed)) {
       auto in = std::move(c->inbox.front());
@@ -1019,7 +1030,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
         return;
       }
       auto env = incoming_envelope::decode(
-          std::as_bytes(std::span(in->buffer->data(), in->buffer->size())), opt.limits);
+          std::as_bytes(std::span(in->buffer.get(), in->bytes / sizeof(capnp::word))), opt.limits);
       if (!env.ok()) {
         ++stats.malformed;
         continue;
