@@ -214,7 +214,7 @@ numbers run_ours(const std::vector<std::size_t>& sizes, bool quick, bool lease, 
     (void)link.send(1, message(0, 1, k_export, size));
     const auto d = wait_for(k_exported).d;
     std::vector<std::byte> into(size, std::byte{1});
-    const int reps = std::max<int>(2, static_cast<int>((quick ? 256ull : 2048ull << 20) / size));
+    const int reps = std::max<int>(2, static_cast<int>(((quick ? 256ull : 2048ull) << 20) / size));
     double seconds = 0;
     for (int r = 0; r < reps + 1; ++r) {
       std::optional<result<void>> done;
@@ -252,7 +252,8 @@ numbers run_theirs(bool tcp, const std::vector<std::size_t>& sizes, bool quick) 
   n.latency_us = perftest("ucp_am_lat", 8, quick ? 2000 : 20000, port++)[1];
   n.rate_mps = perftest("ucp_am_bw", 8, quick ? 20000 : 200000, port++)[7] / 1e6;
   for (std::size_t size : sizes) {
-    const long reps = std::max<long>(2, static_cast<long>((quick ? 256ull : 2048ull << 20) / size));
+    const long reps =
+        std::max<long>(2, static_cast<long>(((quick ? 256ull : 2048ull) << 20) / size));
     const auto f = perftest(tcp ? "ucp_am_bw" : "ucp_get", size, reps, port++);
     n.bw_gbps.push_back(f[5] * 1e6 / 1e9 * 1.048576);  // perftest's MB is 2^20 bytes
   }

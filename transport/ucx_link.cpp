@@ -287,6 +287,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   asio::steady_timer tick;
   asio::steady_timer poll;  // see pump(): requests in flight without events
   bool poll_pending = false;
+  // A request was left in flight since the last poll was scheduled: poll soon again (a get or
+  // a send waiting for room completes by our progress only, no event wakes us for it).
+  bool request_started = false;
   std::chrono::nanoseconds poll_interval{20'000};
   // Consecutive arms answered UCS_ERR_BUSY by passes that found nothing; at max_busy_idle the
   // pump polls (schedule_poll) instead of spinning.
@@ -465,8 +468,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // A pump after poll_interval, which starts at 20 us and doubles up to the safety tick while
   // nothing moves.
   void schedule_poll(bool found) {
-    poll_interval = found ? std::chrono::nanoseconds(20'000)
-                          : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
+    poll_interval = found || request_started
+                        ? std::chrono::nanoseconds(20'000)
+                        : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
+    request_started = false;
     if (poll_pending) return;
     poll_pending = true;
     poll.expires_after(poll_interval);
@@ -528,6 +533,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     } else {
       ++outstanding;
       inflight.insert(r);
+      request_started = true;
+      last_activity = clock::now();  // its completion may come soon: worth a spin
       auto done = std::move(p->done);
       p->done = [this, r, done = std::move(done)](ucs_status_t s) {
         --outstanding;
