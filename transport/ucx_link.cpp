@@ -258,6 +258,11 @@ struct pending_request {
   bool issued = false;
   bool early = false;
   ucs_status_t early_status = UCS_OK;
+  // While in flight: the UCX request, and where link_state::inflight lists it (no allocation
+  // per request: a burst of sends leaves hundreds of thousands in flight).
+  link_state* owner = nullptr;
+  void* request = nullptr;
+  std::size_t slot = 0;
 };
 
 }  // namespace
@@ -311,8 +316,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::uint64_t next_region = 1;
   std::map<std::uint64_t, std::unique_ptr<pull_op>> pulls;
   std::uint64_t next_pull = 1;
-  std::uint64_t outstanding = 0;  // UCX requests whose callback has not run
-  std::set<void*> inflight;       // those requests, cancelled if still there at shutdown
+  std::uint64_t outstanding = 0;           // UCX requests whose callback has not run
+  std::vector<pending_request*> inflight;  // those requests, cancelled at shutdown
 
   bool kick_pending = false;
   bool fd_waiting = false;
@@ -519,7 +524,14 @@ struct link_state : std::enable_shared_from_this<link_state> {
       return;
     }
     std::unique_ptr<pending_request> p(raw);
+    if (p->owner != nullptr) p->owner->untrack(*p);
     p->done(status);
+  }
+  void untrack(pending_request& p) {
+    inflight[p.slot] = inflight.back();
+    inflight[p.slot]->slot = p.slot;
+    inflight.pop_back();
+    --outstanding;
   }
   // Completes `r` now if UCX did, else when its callback runs (inside progress).
   void track(ucs_status_ptr_t r, std::unique_ptr<pending_request> p) {
@@ -532,16 +544,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
       p->done(p->early_status);
     } else {
       ++outstanding;
-      inflight.insert(r);
+      p->owner = this;
+      p->request = r;
+      p->slot = inflight.size();
+      inflight.push_back(p.get());
       request_started = true;
       last_activity = clock::now();  // its completion may come soon: worth a spin
-      auto done = std::move(p->done);
-      p->done = [this, r, done = std::move(done)](ucs_status_t s) {
-        --outstanding;
-        inflight.erase(r);
-        done(s);
-      };
-      p.release();  // owned by the request's callback now
+      p.release();                   // owned by the request's callback now
     }
   }
 
@@ -1466,9 +1475,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
     drain(opt.close_timeout);
     // What the flush did not finish in time (a peer that vanished) is cancelled: UCX must see
     // every request released before the worker goes.
-    for (void* r : std::vector<void*>(inflight.begin(), inflight.end())) {
-      ucp_request_cancel(worker.handle(), r);
-    }
+    std::vector<void*> left;
+    for (pending_request* p : inflight) left.push_back(p->request);
+    for (void* r : left) ucp_request_cancel(worker.handle(), r);
     for (void* r : closing) ucp_request_cancel(worker.handle(), r);
     drain(opt.close_timeout);
     for (void* r : closing) ucp_request_free(r);  // no callback: released, freed with the worker
