@@ -11,9 +11,11 @@
 //             -t ucp_am_bw on TCP
 // and prints `<metric>: ours=<v> theirs=<v> ratio=<r>` (better-is-higher: theirs/ours for
 // latency). Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] [--no-lease]
-// [--no-yield] [--ours-only]. --no-lease: every pull asks the exporter first
+// [--no-yield] [--ours-only] [--repeat N]. --no-lease: every pull asks the exporter first
 // (ucx_link_options::lease_regions off, the behaviour before leases); --no-yield: the spin
-// does not yield the core (spin_yield off, as before); --ours-only: skip ucx_perftest.
+// does not yield the core (spin_yield off, as before); --ours-only: skip ucx_perftest (and
+// print the median time of one pull too, which preemption spells do not move);
+// --repeat N: N alternating runs of ours and theirs, each figure the median of its N.
 #include <fmt/format.h>
 #include <signal.h>
 #include <spawn.h>
@@ -136,7 +138,8 @@ int run_peer(std::uint16_t port, bool yield) {
 struct numbers {
   double latency_us = 0;
   double rate_mps = 0;
-  std::vector<double> bw_gbps;  // per size
+  std::vector<double> bw_gbps;      // per size
+  std::vector<double> pull_p50_us;  // ours, per size: the median pull (robust to preemption)
 };
 
 numbers run_ours(const std::vector<std::size_t>& sizes, bool quick, bool lease, bool yield) {
@@ -216,6 +219,7 @@ numbers run_ours(const std::vector<std::size_t>& sizes, bool quick, bool lease, 
     std::vector<std::byte> into(size, std::byte{1});
     const int reps = std::max<int>(2, static_cast<int>(((quick ? 256ull : 2048ull) << 20) / size));
     double seconds = 0;
+    std::vector<double> each_us;
     for (int r = 0; r < reps + 1; ++r) {
       std::optional<result<void>> done;
       const auto t0 = clock_type::now();
@@ -225,9 +229,15 @@ numbers run_ours(const std::vector<std::size_t>& sizes, bool quick, bool lease, 
         io.run_one();
       }
       if (!done->ok()) throw std::runtime_error("pull failed: " + done->err().message);
-      if (r > 0) seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+      const auto dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (r > 0) {
+        seconds += dt;
+        each_us.push_back(dt * 1e6);
+      }
     }
     n.bw_gbps.push_back(static_cast<double>(size) * reps / seconds / 1e9);
+    std::nth_element(each_us.begin(), each_us.begin() + each_us.size() / 2, each_us.end());
+    n.pull_p50_us.push_back(each_us[each_us.size() / 2]);
     (void)link.send(1, message(0, 1, k_release, 0));
   }
   (void)link.send(1, message(0, 1, k_bye, 0));
@@ -247,7 +257,9 @@ numbers run_ours(const std::vector<std::size_t>& sizes, bool quick, bool lease, 
 using moevement::bench::perftest;
 
 numbers run_theirs(bool tcp, const std::vector<std::size_t>& sizes, bool quick) {
-  int port = 20000 + ::getpid() % 20000;
+  static int next_port = 20000 + ::getpid() % 20000;  // fresh ports for each repeat
+  int port = next_port;
+  next_port += 8;
   numbers n;
   n.latency_us = perftest("ucp_am_lat", 8, quick ? 2000 : 20000, port++)[1];
   n.rate_mps = perftest("ucp_am_bw", 8, quick ? 20000 : 200000, port++)[7] / 1e6;
@@ -258,6 +270,26 @@ numbers run_theirs(bool tcp, const std::vector<std::size_t>& sizes, bool quick) 
     n.bw_gbps.push_back(f[5] * 1e6 / 1e9 * 1.048576);  // perftest's MB is 2^20 bytes
   }
   return n;
+}
+
+// The median of each figure over repeated runs (odd counts: a figure of one of the runs).
+numbers median(std::vector<numbers> runs) {
+  auto mid = [&](auto get) {
+    std::vector<double> v;
+    for (auto& r : runs) v.push_back(get(r));
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  numbers m;
+  m.latency_us = mid([](const numbers& n) { return n.latency_us; });
+  m.rate_mps = mid([](const numbers& n) { return n.rate_mps; });
+  for (std::size_t i = 0; i < runs[0].bw_gbps.size(); ++i) {
+    m.bw_gbps.push_back(mid([i](const numbers& n) { return n.bw_gbps[i]; }));
+    if (!runs[0].pull_p50_us.empty()) {
+      m.pull_p50_us.push_back(mid([i](const numbers& n) { return n.pull_p50_us[i]; }));
+    }
+  }
+  return m;
 }
 
 std::string size_name(std::size_t s) {
@@ -273,6 +305,7 @@ int main(int argc, char** argv) {
                       std::string(argv[3]) == "yield");
     }
     bool quick = false, with_1g = true, lease = true, yield = true, ours_only = false;
+    int repeat = 1;
     std::vector<std::string> transports{"shm", "tcp"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -287,12 +320,14 @@ int main(int argc, char** argv) {
         lease = false;
       } else if (a == "--ours-only") {
         ours_only = true;
+      } else if (a == "--repeat" && i + 1 < argc) {
+        repeat = std::max(1, std::stoi(argv[++i]));
       } else if (a == "--transport" && i + 1 < argc) {
         transports = {argv[++i]};
       } else {
         std::fprintf(stderr,
                      "usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] "
-                     "[--no-lease] [--no-yield] [--ours-only]\n");
+                     "[--no-lease] [--no-yield] [--ours-only] [--repeat N]\n");
         return 2;
       }
     }
@@ -305,17 +340,25 @@ int main(int argc, char** argv) {
       } else {
         ::unsetenv("UCX_TLS");
       }
-      const numbers ours = run_ours(sizes, quick, lease, yield);
+      // Ours and theirs alternate, so that both see the same spells of machine load.
+      std::vector<numbers> our_runs, their_runs;
+      for (int r = 0; r < repeat; ++r) {
+        our_runs.push_back(run_ours(sizes, quick, lease, yield));
+        if (!ours_only) their_runs.push_back(run_theirs(tcp, sizes, quick));
+      }
+      const numbers ours = median(our_runs);
       if (ours_only) {
         std::printf("transport_%s_latency_8B_us: ours=%.3f\n", t.c_str(), ours.latency_us);
         std::printf("transport_%s_msg_rate_8B_Mmsg_per_s: ours=%.4f\n", t.c_str(), ours.rate_mps);
         for (std::size_t i = 0; i < sizes.size(); ++i) {
           std::printf("transport_%s_bandwidth_%s_GB_per_s: ours=%.3f\n", t.c_str(),
                       size_name(sizes[i]).c_str(), ours.bw_gbps[i]);
+          std::printf("transport_%s_pull_%s_median_us: ours=%.1f\n", t.c_str(),
+                      size_name(sizes[i]).c_str(), ours.pull_p50_us[i]);
         }
         continue;
       }
-      const numbers theirs = run_theirs(tcp, sizes, quick);
+      const numbers theirs = median(their_runs);
       std::printf("transport_%s_latency_8B_us: ours=%.3f theirs=%.3f ratio=%.3f\n", t.c_str(),
                   ours.latency_us, theirs.latency_us, theirs.latency_us / ours.latency_us);
       std::printf("transport_%s_msg_rate_8B_Mmsg_per_s: ours=%.4f theirs=%.4f ratio=%.3f\n",

@@ -399,6 +399,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (dying) return;
     bool found = false;
     while (worker.progress() != 0) found = true;
+    deliver_ready();
+    if (dying) return;  // a handler destroyed the link
     if (found) {
       if (why == wake::tick) ++counters.tick_progress;
       if (why == wake::poll) ++counters.poll_progress;
@@ -981,7 +983,12 @@ struct link_state : std::enable_shared_from_this<link_state> {
       // aligned buffer, which the envelope then reads in place.
       std::memcpy(static_cast<void*>(in->buffer.get()), data, len);
       in->ready = true;
-      post_deliver(c.serial);
+      // Handed out by pump() once progress has returned (no handler runs inside a UCX
+      // callback), without a trip through the io_context queue.
+      if (!c.deliver_posted) {
+        c.deliver_posted = true;
+        ready.push_back(c.serial);
+      }
       return UCS_OK;
     }
     // Rendezvous: the bytes go straight into our aligned buffer (no copy), started outside
@@ -1009,6 +1016,15 @@ struct link_state : std::enable_shared_from_this<link_state> {
       s->kick();
     });
     return UCS_INPROGRESS;
+  }
+
+  // Connections whose inbox got eager envelopes during the last progress (see on_envelope).
+  std::vector<std::uint64_t> ready;
+  void deliver_ready() {
+    if (ready.empty()) return;
+    auto serials = std::move(ready);
+    ready.clear();
+    for (auto serial : serials) deliver(serial);
   }
 
   void post_deliver(std::uint64_t serial) {
