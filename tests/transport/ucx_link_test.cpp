@@ -500,6 +500,31 @@ TEST_P(ucx_lease_test, lost_holder_frees_the_withdrawn_region) {
   EXPECT_EQ(link_->counters().leases_released, 0u);
 }
 
+// A revocation that overtakes its grant (the importer holds no lease when it arrives): the
+// late grant is given back at once and its pull fails; nothing is read under it.
+TEST_P(ucx_lease_test, grant_arriving_after_its_revocation_is_released_and_the_pull_fails) {
+  make_link();
+  auto region = link_->allocate_region(4096);
+  testing::fill_pattern(region.memory(), 24);
+  auto rig = connect();
+  auto& puller = rig->puller;
+  // As the exporter would after a withdrawal (am_bulk_revoke = 11, header: the region id).
+  constexpr unsigned am_bulk_revoke = 11;
+  const std::uint64_t id = region.id();
+  link_->send_raw_for_tests(1, am_bulk_revoke, std::as_bytes(std::span(&id, 1)), {});
+  run_until([] { return false; }, 50ms);
+  std::vector<std::byte> into(4096);
+  auto r = pull(puller, region.describe_all(), into);
+  ASSERT_FALSE(r.ok()) << "a grant revoked before it arrived was used";
+  EXPECT_NE(r.err().message.find("withdrawn"), std::string::npos) << r.err().message;
+  EXPECT_EQ(link_->counters().leases_granted, 1u);
+  ASSERT_TRUE(run_until([&] { return link_->counters().leases_released == 1; }))
+      << "the late grant was never given back";
+  EXPECT_EQ(puller.counters().pulls_by_lease, 0u);
+  EXPECT_EQ(link_->stats().malformed, 0u);
+  EXPECT_EQ(puller.stats().malformed, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(transports, ucx_lease_test, ::testing::Values("shm", "tcp"));
 
 // ---- big tensors, each path ------------------------------------------------------------------
