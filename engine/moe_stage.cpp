@@ -14,7 +14,7 @@ class moe_stage final : public stage_model {
  public:
   moe_stage(const stage_setup& setup, const models::stage_range& range)
       : setup_(setup),
-        model_(setup.model, setup.train.seed, range.first_op, range.last_op),
+        model_(setup.model, setup.train.seed, range.first_op, range.last_op, setup.initialize),
         stage_(model_, range, setup.train.micro_batch_size, setup.train.seq_len) {
     if (setup.first() || setup.last()) {
       corpus_.emplace(

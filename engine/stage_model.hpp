@@ -25,6 +25,9 @@ struct stage_setup {
   models::train_config train;  // train.data_parallel == replicas
   int stage = 0, stages = 1;
   int replica = 0, replicas = 1;
+  // false: the stage's operators are loaded right after construction (a recovery from a
+  // window), so a stage may skip its random init. A hint: custom stages may ignore it.
+  bool initialize = true;
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
 };

@@ -12,7 +12,7 @@ namespace moevement::models {
 using cpu::routing;
 
 moe_model::moe_model(const model_config& cfg, std::uint64_t seed, std::size_t first_op,
-                     std::size_t last_op)
+                     std::size_t last_op, bool initialize)
     : cfg_(cfg) {
   const std::int64_t c = cfg.d_model, v = cfg.vocab, f = cfg.d_ff, e = cfg.experts;
   const dtype dt = cfg.compute_dtype;
@@ -50,7 +50,7 @@ moe_model::moe_model(const model_config& cfg, std::uint64_t seed, std::size_t fi
                     dt);
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     if (i >= first_op && i < last_op) {
-      ops_[i].init(seed, i);
+      if (initialize) ops_[i].init(seed, i);
     } else {
       ops_[i].release();
     }

@@ -31,8 +31,11 @@ class moe_model {
   // Builds every operator (names, shapes) but allocates and initialises state only for the
   // owned range [first_op, last_op) (default: all), e.g. a pipeline stage's operators; init is
   // counter-based per operator, so a partial model holds exactly the full model's values.
+  // initialize = false leaves the owned operators' state zero (master, m, v, compute): for a
+  // model whose every operator is loaded next (a recovery from a window), where the random
+  // init would be overwritten anyway.
   moe_model(const model_config& cfg, std::uint64_t seed, std::size_t first_op = 0,
-            std::size_t last_op = std::size_t(-1));
+            std::size_t last_op = std::size_t(-1), bool initialize = true);
 
   const model_config& config() const { return cfg_; }
   std::vector<operator_state>& ops() { return ops_; }

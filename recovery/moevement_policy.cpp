@@ -678,6 +678,9 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         engine::stage_setup sd = setup;
         sd.stage = first_stage + j;
         sd.replica = d;
+        // The window's slots overwrite every operator in full: its random init is wasted
+        // time (most of a small-preset restore's before this).
+        sd.initialize = !has_window;
         models[std::size_t(j * dp + d)] = factory(sd);
       }
     }
