@@ -98,27 +98,10 @@ bool wait_for_event(background_launch& j, const std::string& name) {
   return false;
 }
 
-struct outcome {
-  int exit_code = -1;
-  std::string output, hash;
-  std::vector<std::string> log;
-};
-
-outcome finish(background_launch& j) {
-  outcome o;
-  o.exit_code = j.wait(std::chrono::seconds(120));
-  o.output = j.output();
-  o.hash = hash_of(o.output);
-  o.log = lines_of(j.log);
-  return o;
-}
+using outcome = launch_outcome;
 
 std::vector<const std::string*> events(const outcome& o, const std::string& name) {
-  std::vector<const std::string*> out;
-  for (const auto& l : o.log) {
-    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) out.push_back(&l);
-  }
-  return out;
+  return o.events(name);
 }
 
 TEST(durable_fallback, every_copy_gone_rolls_the_job_back_to_disk_bit_exact) {

@@ -324,33 +324,6 @@ std::string reference(int iterations = 12) {
   return cache[iterations];
 }
 
-struct outcome {
-  int exit_code = -1;
-  std::string output, hash;
-  std::vector<std::string> log;
-  int count(const std::string& event) const {
-    int n = 0;
-    for (const auto& l : log) n += l.find("\"event\":\"" + event + "\"") != std::string::npos;
-    return n;
-  }
-  const std::string* first(const std::string& event) const {
-    for (const auto& l : log) {
-      if (l.find("\"event\":\"" + event + "\"") != std::string::npos) return &l;
-    }
-    return nullptr;
-  }
-};
-
-outcome launch(const std::string& name, const std::string& args) {
-  background_launch j(name, args);
-  outcome o;
-  o.exit_code = j.wait(std::chrono::seconds(120));
-  o.output = j.output();
-  o.hash = hash_of(o.output);
-  o.log = lines_of(j.log);
-  return o;
-}
-
 TEST(inject_launch, a_worker_fails_itself_at_a_phase_and_is_rebuilt_bit_exact) {
   // backward: mid-iteration (its forwards already sent); snapshot: with the slot of the
   // iteration being captured, before any copy exists, so its window cannot persist.

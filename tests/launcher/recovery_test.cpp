@@ -45,27 +45,10 @@ std::string reference(int dp) {
   return cache[dp];
 }
 
-struct outcome {
-  int exit_code = -1;
-  std::string output, hash;
-  std::vector<std::string> log;
-};
-
-outcome launch(const std::string& name, const std::string& args) {
-  background_launch j(name, args);
-  outcome o;
-  o.exit_code = j.wait(std::chrono::seconds(120));
-  o.output = j.output();
-  o.hash = hash_of(o.output);
-  o.log = lines_of(j.log);
-  return o;
-}
+using outcome = launch_outcome;
 
 const std::string* event(const outcome& o, const std::string& name) {
-  for (const auto& l : o.log) {
-    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) return &l;
-  }
-  return nullptr;
+  return o.first(name);
 }
 
 // The run's ETTR in job_end: useful_s is the committed attempt of each iteration index (the
@@ -169,11 +152,7 @@ TEST(recovery, two_failures_in_turn_use_two_spares) {
 }
 
 std::vector<const std::string*> events(const outcome& o, const std::string& name) {
-  std::vector<const std::string*> out;
-  for (const auto& l : o.log) {
-    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) out.push_back(&l);
-  }
-  return out;
+  return o.events(name);
 }
 
 TEST(recovery, two_contiguous_stages_recover_jointly) {

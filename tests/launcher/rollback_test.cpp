@@ -58,26 +58,10 @@ std::string checkpoint_dir(const std::string& name) {
   return d.string();
 }
 
-struct outcome {
-  int exit_code = -1;
-  std::string output, hash;
-  std::vector<std::string> log;
-};
-
-outcome finish(background_launch& j) {
-  outcome o;
-  o.exit_code = j.wait(std::chrono::seconds(120));
-  o.output = j.output();
-  o.hash = hash_of(o.output);
-  o.log = lines_of(j.log);
-  return o;
-}
+using outcome = launch_outcome;
 
 const std::string* event(const outcome& o, const std::string& name) {
-  for (const auto& l : o.log) {
-    if (l.find("\"event\":\"" + name + "\"") != std::string::npos) return &l;
-  }
-  return nullptr;
+  return o.first(name);
 }
 
 // Kill (stage 1, replica 0) at iteration 7 with a checkpoint every 3 iterations: the job goes

@@ -136,4 +136,40 @@ inline bool all_gone(const std::vector<pid_t>& pids) {
   return false;
 }
 
+// A finished launch: its exit code, output, state_hash and run log, with readers of the run
+// log's events.
+struct launch_outcome {
+  int exit_code = -1;
+  std::string output, hash;
+  std::vector<std::string> log;
+
+  std::vector<const std::string*> events(const std::string& name) const {
+    std::vector<const std::string*> out;
+    for (const auto& l : log) {
+      if (l.find("\"event\":\"" + name + "\"") != std::string::npos) out.push_back(&l);
+    }
+    return out;
+  }
+  const std::string* first(const std::string& name) const {
+    const auto all = events(name);
+    return all.empty() ? nullptr : all.front();
+  }
+  int count(const std::string& name) const { return int(events(name).size()); }
+};
+
+// Waits for the job (up to two minutes) and reads what it left.
+inline launch_outcome finish(background_launch& j) {
+  launch_outcome o;
+  o.exit_code = j.wait(std::chrono::seconds(120));
+  o.output = j.output();
+  o.hash = hash_of(o.output);
+  o.log = lines_of(j.log);
+  return o;
+}
+
+inline launch_outcome launch(const std::string& name, const std::string& args) {
+  background_launch j(name, args);
+  return finish(j);
+}
+
 }  // namespace moevement::test_support
