@@ -1479,6 +1479,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     poll.cancel();
     fd.cancel(ignored);
     fd.close(ignored);
+    for (auto& [serial, c] : conns) close_ep(c->ep, /*force=*/false);
+    conns.clear();
     auto drain = [&](clock::duration limit) {
       const auto deadline = clock::now() + limit;
       while ((!closing.empty() || outstanding > 0) && clock::now() < deadline) {
@@ -1486,13 +1488,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
         reap_closing();
       }
     };
-    // Requests still in flight complete (or fail) before their endpoints close: UCX 1.13
-    // aborts the process (ucp_ep_destroy_base: "proto_reqs" not empty) when a flushing close
-    // falls back to a local disconnect, after a send error, with a request still listed on
-    // the endpoint. Seen at the end of a job whose peers were exiting at the same time.
-    drain(opt.close_timeout);
-    for (auto& [serial, c] : conns) close_ep(c->ep, /*force=*/false);
-    conns.clear();
     drain(opt.close_timeout);
     // What the flush did not finish in time (a peer that vanished) is cancelled: UCX must see
     // every request released before the worker goes.
