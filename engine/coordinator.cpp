@@ -310,6 +310,7 @@ std::vector<actor_ref> coordinator::replicators_for(transport::node_id node) con
 }
 
 awaitable<bool> coordinator::wire_all() {
+  const std::int64_t losses = losses_seen_;
   std::map<int, transport::node_id> node_of;  // stage index -> node
   for (const auto& [n, w] : workers_) {
     if (w.stage >= 0) node_of[w.replica * job_.pp + w.stage] = n;
@@ -342,11 +343,11 @@ awaitable<bool> coordinator::wire_all() {
         auto rl = b.initReplicators(static_cast<unsigned>(repl.size()));
         for (unsigned i = 0; i < repl.size(); ++i) write_ref(rl[i], repl[i]);
       };
-      const std::int64_t losses = losses_seen_;
       auto r = co_await ask<wire::Wire, wire::WireAck>(stage_ref(s, d), ask_timeout, fill);
       if (finished_) co_return false;
       if (!r.ok()) {
-        // During a recovery, a stage lost meanwhile: its recovery (posted) takes over.
+        // During a recovery, a stage lost since the wiring began (its actor is gone from
+        // stages_ already, or its loss is still on the way): its recovery (posted) takes over.
         const bool lost = recovery_ && co_await loss_follows(losses);
         if (finished_ || lost) co_return false;
         fail(fmt::format("wiring stage {} replica {} failed: {}", s, d, r.err().message));

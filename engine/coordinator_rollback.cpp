@@ -172,6 +172,7 @@ awaitable<void> coordinator::finish_rollback() {
     return finished_ || !recovery_ || recovery_->attempt != rec.attempt ||
            !recovery_->pending.empty();
   };
+  if (superseded()) co_return;
   const bool wired = co_await wire_all();
   if (!wired || superseded()) co_return;
   // Detection to a wired job (the replacement built, every link up) vs. the checkpoint's query
