@@ -66,6 +66,15 @@ inline std::string profile_toml(const sim::profile_data& p) {
     out += "[profile.load_s]\n";
     for (const auto& [policy, s] : p.load_s) out += policy + " = " + toml_float(s) + "\n";
   }
+  if (!p.persist_lag_samples_s.empty()) {
+    out += "[profile.persist_lag_samples_s]\n";
+    for (const auto& [policy, v] : p.persist_lag_samples_s) {
+      if (v.empty()) continue;
+      out += policy + " = [";
+      for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_float(v[i]);
+      out += "]\n";
+    }
+  }
   return out;
 }
 
@@ -339,6 +348,9 @@ inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data&
   if (const auto it = prof.load_s.find(policy); it != prof.load_s.end()) ps.load_s = it->second;
   if (const auto it = prof.policy_persist_lag_s.find(policy); it != prof.policy_persist_lag_s.end())
     ps.persist_lag_s = it->second;
+  if (const auto it = prof.persist_lag_samples_s.find(policy);
+      it != prof.persist_lag_samples_s.end())
+    ps.persist_lag_samples_s = it->second;
   return sim::build_policy(in, costs, ps, f, 3600.0);  // the MTBF feeds only Young and oracle
 }
 
@@ -440,6 +452,37 @@ inline std::vector<sim::failure_event> trace_at_points(const std::vector<failure
     const double start = p.iteration > 0 ? predict_fixed_work(m, p.iteration, f, out).wall_s : 0.0;
     out.push_back({start + p.offset_s, p.stage});
   }
+  return out;
+}
+
+// The expected prediction over the measured persist lags: one fixed-work run per lag sample
+// (every checkpoint of that run lags that much), their mean duration. The failures come from
+// `trace_for(m)` for each sample's model (trace_at_points depends on it). The expectation is
+// exact over the empirical distribution for a run whose failures each depend on one checkpoint
+// (the one before the failure: the lags are shorter than an interval); for several failures it
+// assumes their checkpoints' lags alike, which leaves the expectation of a sum of per-failure
+// losses unchanged. Without samples: the one prediction at persist_lag_s.
+template <typename TraceFor>
+inline prediction predict_over_lags(const sim::policy_model& m, long iterations,
+                                    const sim::failure_settings& f, const TraceFor& trace_for) {
+  if (m.persist_lag_samples_s.empty()) return predict_fixed_work(m, iterations, f, trace_for(m));
+  prediction sum;
+  for (double lag : m.persist_lag_samples_s) {
+    sim::policy_model one = m;
+    one.persist_lag_samples_s.clear();
+    one.persist_lag_s = lag;
+    const auto p = predict_fixed_work(one, iterations, f, trace_for(one));
+    sum.wall_s += p.wall_s;
+    sum.recovery_s += p.recovery_s;
+    sum.failures += p.failures;
+  }
+  const double n = double(m.persist_lag_samples_s.size());
+  prediction out;
+  out.wall_s = sum.wall_s / n;
+  out.recovery_s = sum.recovery_s / n;
+  out.failures = sum.failures / n;
+  out.time_lost_s = out.wall_s - double(iterations) * m.iteration_s;
+  out.ettr = double(iterations) * m.iteration_s / out.wall_s;
   return out;
 }
 

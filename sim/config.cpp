@@ -314,7 +314,11 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.policy_persist_lag_s.dense-memory",
                                              "profile.policy_persist_lag_s.dense-disk",
                                              "profile.policy_persist_lag_s.pec",
-                                             "profile.policy_persist_lag_s.moevement"};
+                                             "profile.policy_persist_lag_s.moevement",
+                                             "profile.persist_lag_samples_s.dense-memory",
+                                             "profile.persist_lag_samples_s.dense-disk",
+                                             "profile.persist_lag_samples_s.pec",
+                                             "profile.persist_lag_samples_s.moevement"};
   check_keys(root, keys, "profile");
   const reader r(root);
   profile_data p;
@@ -350,6 +354,14 @@ profile_data parse_profile(std::string_view text) {
     if (r.has(g)) {
       p.policy_persist_lag_s[pol] = r.number(g, 0);
       if (p.policy_persist_lag_s[pol] < 0) fail(g, "must be >= 0");
+    }
+    const std::string d = std::string("profile.persist_lag_samples_s.") + pol;
+    if (r.has(d)) {
+      auto& v = p.persist_lag_samples_s[pol];
+      v = r.numbers(d, {});
+      for (double x : v) {
+        if (!(x >= 0)) fail(d, "lags must be >= 0");
+      }
     }
   }
   return p;
@@ -535,6 +547,10 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
       ps.persist_lag_s = cfg.profile->persist_lag_s;
       const auto lag = cfg.profile->policy_persist_lag_s.find(std::string(policy_name(ps.kind)));
       if (lag != cfg.profile->policy_persist_lag_s.end()) ps.persist_lag_s = lag->second;
+      const auto samples =
+          cfg.profile->persist_lag_samples_s.find(std::string(policy_name(ps.kind)));
+      if (samples != cfg.profile->persist_lag_samples_s.end())
+        ps.persist_lag_samples_s = samples->second;
     }
   }
 

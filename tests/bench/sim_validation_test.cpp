@@ -476,3 +476,61 @@ TEST(sim_validation, a_measured_persist_lag_of_a_baseline_decides_its_rollback_p
 }
 
 }  // namespace
+
+// The persist lag as a distribution: the measured lags travel in the profile, and the
+// prediction is the expectation over them.
+namespace {
+
+TEST(sim_validation, persist_lag_samples_round_trip_and_older_profiles_still_load) {
+  auto prof = tiny_profile();
+  prof.policy_persist_lag_s = {{"dense-disk", 0.001}};
+  prof.persist_lag_samples_s = {{"dense-disk", {0.001, 1.0 / 3.0, 0.001, 0.25}}};
+  const auto back = sim::parse_profile(profile_toml(prof));
+  EXPECT_EQ(back.persist_lag_samples_s, prof.persist_lag_samples_s);  // bit-exact, in order
+  // A format 1 file written before the samples existed reads as before: no distribution.
+  const auto old = sim::parse_profile(
+      "[profile]\nformat_version = 1\niteration_s = 0.1\n"
+      "[profile.policy_persist_lag_s]\ndense-disk = 0.007\n");
+  EXPECT_TRUE(old.persist_lag_samples_s.empty());
+  EXPECT_EQ(old.policy_persist_lag_s.at("dense-disk"), 0.007);
+  EXPECT_THROW(sim::parse_profile("[profile]\nformat_version = 1\n"
+                                  "[profile.persist_lag_samples_s]\ndense-disk = [0.1, -1.0]\n"),
+               std::invalid_argument);
+  sim::failure_settings f;
+  const auto m = sim_policy(tiny_job(), prof, "dense-disk", 5, f);
+  EXPECT_EQ(m.persist_lag_s, 0.001);  // the single value stays the given median
+  EXPECT_EQ(m.persist_lag_samples_s, (std::vector<double>{0.001, 0.001, 0.25, 1.0 / 3.0}));
+  // Without a single value, the samples' median.
+  prof.policy_persist_lag_s.clear();
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "dense-disk", 5, f).persist_lag_s, 0.5 * (0.001 + 0.25));
+  // Policies without samples keep their single lag.
+  EXPECT_TRUE(sim_policy(tiny_job(), prof, "dense-memory", 5, f).persist_lag_samples_s.empty());
+}
+
+TEST(sim_validation, the_prediction_is_the_expectation_over_the_measured_lags) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  auto prof = tiny_profile();
+  // Three checkpoints on disk 1 ms after their iteration, one 0.25 s after.
+  prof.persist_lag_samples_s = {{"dense-disk", {0.001, 0.25, 0.001, 0.001}}};
+  const auto m = without_stall(sim_policy(tiny_job(), prof, "dense-disk", 5, f));
+  const auto trace = [](const sim::policy_model&) {
+    return std::vector<sim::failure_event>{{1.23, 1}};
+  };
+  // The failure at 1.23 comes 0.23 s after the checkpoint of state 10: on disk with probability
+  // 3/4 (back to 10: resume at 1.48, then 10 iterations), else back to 5 (then 15 iterations).
+  const auto p = predict_over_lags(m, 20, f, trace);
+  EXPECT_NEAR(p.wall_s, 0.75 * (1.48 + 1.0) + 0.25 * (1.48 + 1.5), 1e-9);
+  EXPECT_NEAR(p.ettr, 2.0 / p.wall_s, 1e-12);
+  EXPECT_NEAR(p.time_lost_s, p.wall_s - 2.0, 1e-12);
+  EXPECT_DOUBLE_EQ(p.failures, 1);
+  // The median alone (1 ms) predicts the short rollback every time.
+  auto median_only = m;
+  median_only.persist_lag_samples_s.clear();
+  EXPECT_NEAR(predict_over_lags(median_only, 20, f, trace).wall_s, 2.48, 1e-9);
+  // The closed form's penalty is the same expectation: E[min(lag, k T)].
+  EXPECT_NEAR(sim::expected_persist_penalty_s(m, 0.5), (3 * 0.001 + 0.25) / 4, 1e-15);
+  EXPECT_NEAR(sim::expected_persist_penalty_s(m, 0.1), (3 * 0.001 + 0.1) / 4, 1e-15);
+}
+
+}  // namespace
