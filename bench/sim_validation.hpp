@@ -53,6 +53,7 @@ inline std::string profile_toml(const sim::profile_data& p) {
     out += "snapshot_gb_per_s_per_gpu = " + toml_float(p.snapshot_bytes_per_s_per_gpu / 1e9) + "\n";
   if (p.restart_s >= 0) out += "restart_s = " + toml_float(p.restart_s) + "\n";
   if (p.persist_lag_s >= 0) out += "persist_lag_s = " + toml_float(p.persist_lag_s) + "\n";
+  if (p.dispatch_s >= 0) out += "dispatch_s = " + toml_float(p.dispatch_s) + "\n";
   if (!p.snapshot_s.empty()) {
     out += "[profile.snapshot_s]\n";
     for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
@@ -126,6 +127,25 @@ inline std::vector<double> persist_lags(const run_result& r) {
   for (const auto& p : r.persisted) {
     const auto it = seen.find(p.first_iteration - 1);
     if (it != seen.end()) out.push_back(std::max(0.0, p.t - it->second));
+  }
+  return out;
+}
+
+// The coordinator's wall time between iterations outside their own iteration_s (messaging,
+// dispatch): for each iteration record, its time since the previous record (job_start for the
+// first) less its iteration_s, where no loss or recovery lies between the two (those are
+// recovery time). Times as the bench saw the records; one per such iteration.
+inline std::vector<double> dispatch_gaps(const run_result& r) {
+  std::vector<double> events;
+  for (const auto& l : r.losses) events.push_back(l.t);
+  for (const auto& c : r.recoveries) events.push_back(c.t);
+  std::vector<double> out;
+  double prev = r.t_start;
+  for (const auto& it : r.iterations) {
+    bool clean = prev >= 0;
+    for (double e : events) clean = clean && !(e > prev && e <= it.t);
+    if (clean) out.push_back(it.t - prev - it.seconds);
+    prev = it.t;
   }
   return out;
 }

@@ -384,6 +384,13 @@ int main(int argc, char** argv) {
     prof.stage_microbatch_s = stage_microbatch(none);
     prof.snapshot_bytes_per_s_per_gpu = median(bandwidths);
     prof.restart_s = median(restarts);
+    {
+      std::vector<double> gaps;
+      for (const auto& r : none) {
+        for (double g : dispatch_gaps(r)) gaps.push_back(g);
+      }
+      if (!gaps.empty()) prof.dispatch_s = std::max(0.0, mean(gaps));
+    }
     if (!lags.empty()) {
       prof.persist_lag_s = median(lags);
       prof.persist_lag_samples_s["moevement"] = lags;
@@ -402,10 +409,10 @@ int main(int argc, char** argv) {
         "# profile: iteration_s %.6f (policy none), stage_microbatch_s %.6f, snapshot "
         "bandwidth %.3f GB/s per process, restart_s %.5f (median of %zu recoveries, replay "
         "%.5f s left out), persist_lag_s %.5f (median of %zu windows of moevement's fault-free "
-        "runs);%s\n",
+        "runs), dispatch_s %.6f (policy none, between iterations);%s\n",
         prof.iteration_s, prof.stage_microbatch_s.front(), prof.snapshot_bytes_per_s_per_gpu / 1e9,
         prof.restart_s, restarts.size(), mean(replays), prof.persist_lag_s, lags.size(),
-        per_policy.c_str());
+        prof.dispatch_s, per_policy.c_str());
     std::printf(
         "# not measured (absent from the profile): sync_s and update_s (the run log has "
         "no per-phase times), moevement's snapshot_s (its slots overlap the next iteration)\n");
@@ -453,25 +460,37 @@ int main(int argc, char** argv) {
       // simulator's definition without run-to-run speed noise), `ffref` (the policy's fault-free
       // runs, per index: bench policies' definition), `vs_none` (policy none's fault-free runs:
       // the checkpoint overhead counts too).
+      // The coordinator's dispatch between iterations (dispatch_gaps), held out: the mean over
+      // the policy's fault-free runs other than `r` (all of them for a faulty run).
+      auto dispatch_for = [&](const run_result& r) {
+        std::vector<double> gaps;
+        for (const auto& q : p.fault_free) {
+          if (&q == &r && p.fault_free.size() > 1) continue;
+          for (double g : dispatch_gaps(q)) gaps.push_back(g);
+        }
+        return gaps.empty() ? 0.0 : std::max(0.0, mean(gaps));
+      };
       const auto ff_ref = per_index(p.fault_free);
       const run_result& ff0 = p.fault_free.front();
-      const auto m_ffref =
+      auto m_ffref =
           sim_policy_at(p.name, mean_of(ff_ref), stage_microbatch(p.fault_free).front(), ff0);
-      const auto m_none =
-          sim_policy_at(p.name, prof.iteration_s, prof.stage_microbatch_s.front(), ff0);
+      auto m_none = sim_policy_at(p.name, prof.iteration_s, prof.stage_microbatch_s.front(), ff0);
+      m_ffref.dispatch_s = m_none.dispatch_s = dispatch_for(run_result{});
       // At the run's own iteration times, which contain its checkpoint stalls already.
       auto m_self = [&](const run_result& r) {
-        return without_stall(sim_policy_at(p.name, mean_of(own_times(r)),
-                                           stage_microbatch_s({r}, o.micro_batches), r));
+        auto m = without_stall(sim_policy_at(p.name, mean_of(own_times(r)),
+                                             stage_microbatch_s({r}, o.micro_batches), r));
+        m.dispatch_s = dispatch_for(r);
+        return m;
       };
       std::printf(
           "# %s: fault-free iteration %.6f s (none %.6f s), simulator W_sparse %d (engine %d), "
           "interval %d (engine %d), predicted stall %.6f s, snapshot %.6f s, persist lag %.6f "
-          "s, load %.6f s, catch-up %.6f s/iteration\n",
+          "s, load %.6f s, catch-up %.6f s/iteration, dispatch %.6f s/iteration\n",
           p.name.c_str(), mean_of(ff_ref), prof.iteration_s, m_ffref.w_sparse, ff0.w_sparse,
           m_ffref.interval, ff0.interval, m_ffref.stall_s, m_ffref.snapshot_s,
           m_ffref.persist_lag_s, m_ffref.load_s,
-          m_ffref.catch_up_s.empty() ? 0.0 : m_ffref.catch_up_s.front());
+          m_ffref.catch_up_s.empty() ? 0.0 : m_ffref.catch_up_s.front(), m_ffref.dispatch_s);
       std::vector<double> own_m, own_p, ref_m, none_m;
       for (const auto& r : p.fault_free) {
         own_m.push_back(ettr_training_window(r, own_times(r)));

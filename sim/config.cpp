@@ -303,6 +303,7 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.snapshot_gb_per_s_per_gpu",
                                              "profile.restart_s",
                                              "profile.persist_lag_s",
+                                             "profile.dispatch_s",
                                              "profile.snapshot_s.dense-memory",
                                              "profile.snapshot_s.dense-disk",
                                              "profile.snapshot_s.pec",
@@ -339,6 +340,8 @@ profile_data parse_profile(std::string_view text) {
   if (r.has("profile.snapshot_gb_per_s_per_gpu"))
     p.snapshot_bytes_per_s_per_gpu = r.positive("profile.snapshot_gb_per_s_per_gpu", 1) * 1e9;
   p.restart_s = r.has("profile.restart_s") ? r.number("profile.restart_s", 0) : -1;
+  p.dispatch_s = r.has("profile.dispatch_s") ? r.number("profile.dispatch_s", 0) : -1;
+  if (r.has("profile.dispatch_s") && p.dispatch_s < 0) fail("profile.dispatch_s", "must be >= 0");
   p.persist_lag_s = r.has("profile.persist_lag_s") ? r.number("profile.persist_lag_s", 0) : -1;
   if (r.has("profile.persist_lag_s") && p.persist_lag_s < 0)
     fail("profile.persist_lag_s", "must be >= 0");
@@ -397,6 +400,7 @@ iteration_costs apply_profile(iteration_costs costs, const profile_data& p) {
   }
   costs.iteration_s = costs.pipeline_s + costs.sync_s + costs.update_s;
   if (p.iteration_s > 0) costs.iteration_s = p.iteration_s;
+  if (p.dispatch_s >= 0) costs.dispatch_s = p.dispatch_s;
   if (p.snapshot_bytes_per_s_per_gpu > 0) {
     for (auto& st : costs.stages)
       st.snapshot_bytes_per_s = p.snapshot_bytes_per_s_per_gpu * st.gpus;

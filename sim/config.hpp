@@ -25,6 +25,9 @@ struct profile_data {
   std::vector<double> stage_microbatch_s;    // forward + backward of one micro-batch, per stage
   double snapshot_bytes_per_s_per_gpu = -1;  // sustained snapshot + replication bandwidth
   double restart_s = -1;                     // detection to replacement ready
+  // Wall time per iteration outside the iteration's own time (the coordinator's messaging
+  // between iterations): counts as overhead; < 0: not measured (0).
+  double dispatch_s = -1;
   // End of a checkpointed iteration (a window's last) until its checkpoint can be recovered
   // from, as the engine measured it (replication and its acknowledgement); < 0: modelled.
   double persist_lag_s = -1;

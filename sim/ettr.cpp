@@ -117,6 +117,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
   m.iteration_s = costs.iteration_s;
   m.update_s = costs.update_s;
   m.restart_s = f.restart_s;
+  m.dispatch_s = costs.dispatch_s;
   m.stages = static_cast<int>(costs.stages.size());
   const auto& c = in.cluster;
   // Snapshots overlap the next iteration's forward and backward; the update must wait.
@@ -344,6 +345,7 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
       break;
     }
   }
+  out.overhead_s_per_iter += m.dispatch_s;
   out.overhead_fraction = out.overhead_s_per_iter / t;
   out.expected_recovery_s = m.restart_s + m.load_s + recompute;
   out.expected_recompute_s = recompute;
@@ -481,6 +483,8 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
     } else {
       stall = m.stall_s;
     }
+    // The coordinator's dispatch between iterations: wall time, not training.
+    stall += m.dispatch_s;
     const double end = t + t_iter + stall;
     if (end <= fail.time_s) {
       if (end > f.duration_s) break;

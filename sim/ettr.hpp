@@ -62,6 +62,10 @@ struct policy_model {
   std::vector<double> persist_lag_samples_s;
   double restart_s = 0;
   double load_s = 0;  // reading the checkpoint back on recovery
+  // Wall time per iteration outside the iteration itself (the coordinator's messaging between
+  // iterations; measured by our engine's profile, 0 in the analytical model): overhead, like a
+  // stall, in both the closed form and Monte Carlo.
+  double dispatch_s = 0;
   int stages = 1;
   // moevement: per stage, time of conversion iteration j and of an all-active replay.
   int w_sparse = 0;

@@ -534,3 +534,45 @@ TEST(sim_validation, the_prediction_is_the_expectation_over_the_measured_lags) {
 }
 
 }  // namespace
+
+// The coordinator's time between iterations: measured from the log, carried by the profile,
+// wall time per iteration in the prediction.
+namespace {
+
+TEST(sim_validation, dispatch_gaps_are_the_time_between_iterations_outside_them) {
+  const std::vector<stamped> log{
+      {0.5, R"({"kind":"event","event":"job_start","pp":3,"dp":1,"spares":1,"iterations":4})"},
+      {0.602, iter(0, 0.1)},  // 2 ms after job_start beyond its own 0.1 s
+      {0.703, iter(1, 0.1)},  // 1 ms
+      {0.75,
+       R"({"kind":"event","event":"worker_lost","node":3,"stage":2,"replica":0,"how":"was lost","iteration":2})"},
+      {0.9,
+       R"({"kind":"event","event":"recovery_end","recovery":"rollback","policy":"dense-memory","stage":2,"replica":0,"target_iteration":2,"rollback_to":0,"seconds":0.1,"restore_s":0.08,"load_s":0.02})"},
+      {1.0, iter(0, 0.095)},  // after a recovery: recovery time, not dispatch
+      {1.104, iter(1, 0.1)},  // 4 ms
+      {1.2, R"({"kind":"event","event":"job_end","iterations":2,"state_hash":"ab"})"},
+  };
+  const auto gaps = dispatch_gaps(parse(log));
+  ASSERT_EQ(gaps.size(), 3u);
+  EXPECT_NEAR(gaps[0], 0.002, 1e-12);
+  EXPECT_NEAR(gaps[1], 0.001, 1e-12);
+  EXPECT_NEAR(gaps[2], 0.004, 1e-12);
+
+  auto prof = tiny_profile();
+  prof.dispatch_s = 0.0005;
+  EXPECT_EQ(sim::parse_profile(profile_toml(prof)).dispatch_s, 0.0005);
+  EXPECT_LT(sim::parse_profile(profile_toml(tiny_profile())).dispatch_s, 0);  // not measured
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  const auto m = without_stall(sim_policy(tiny_job(), prof, "dense-memory", 5, f));
+  EXPECT_EQ(m.dispatch_s, 0.0005);
+  // Every iteration takes 0.1 s of training and 0.5 ms of dispatch: 20 of them, no failure.
+  const auto p = predict_fixed_work(m, 20, f, {});
+  EXPECT_NEAR(p.wall_s, 20 * 0.1005, 1e-9);
+  EXPECT_NEAR(p.ettr, 0.1 / 0.1005, 1e-9);
+  // The closed form counts it as overhead per iteration.
+  const auto cf = sim::evaluate_closed_form(m, 1e12, 3600);
+  EXPECT_NEAR(cf.overhead_s_per_iter, 0.0005, 1e-15);
+}
+
+}  // namespace
