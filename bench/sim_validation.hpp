@@ -150,6 +150,57 @@ inline std::vector<double> dispatch_gaps(const run_result& r) {
   return out;
 }
 
+// Where a run's lost time went (time lost = training window - the committed iterations' own
+// times), from the records as the bench saw them: the parts add up to it exactly.
+struct lost_time_split {
+  double dispatch_s = 0;    // between iterations outside them (dispatch_gaps)
+  double aborted_s = 0;     // last record before a loss to the loss: the aborted iteration
+                            // and the detection
+  double recovery_s = 0;    // the loss to recovery_end (restart and load)
+  double resume_gap_s = 0;  // recovery_end to the next record, less that iteration's own time
+  double lost_work_s = 0;   // every attempt that did not commit (rolled back): own times
+  long lost_iterations = 0;
+  double total() const { return dispatch_s + aborted_s + recovery_s + resume_gap_s + lost_work_s; }
+};
+
+inline lost_time_split split_lost_time(const run_result& r) {
+  // 0: iteration, 1: loss of a stage worker, 2: recovery_end; in the order the bench saw them.
+  struct mark {
+    double t;
+    int kind;
+    double seconds;
+  };
+  std::vector<mark> marks;
+  for (const auto& it : r.iterations) marks.push_back({it.t, 0, it.seconds});
+  for (const auto& l : r.losses) {
+    if (l.stage >= 0) marks.push_back({l.t, 1, 0});
+  }
+  for (const auto& c : r.recoveries) marks.push_back({c.t, 2, 0});
+  std::stable_sort(marks.begin(), marks.end(),
+                   [](const mark& a, const mark& b) { return a.t < b.t; });
+  lost_time_split out;
+  double prev = r.t_start;
+  bool resuming = false;
+  for (const auto& m : marks) {
+    if (m.kind == 0) {
+      (resuming ? out.resume_gap_s : out.dispatch_s) += m.t - prev - m.seconds;
+      resuming = false;
+    } else if (m.kind == 1) {
+      (resuming ? out.recovery_s : out.aborted_s) += m.t - prev;  // a loss during a recovery
+      resuming = true;
+    } else {
+      out.recovery_s += m.t - prev;
+    }
+    prev = m.t;
+  }
+  double all = 0, own = 0;
+  for (const auto& it : r.iterations) all += it.seconds;
+  for (const auto& [i, v] : own_times(r)) own += v;
+  out.lost_work_s = all - own;
+  out.lost_iterations = long(r.iterations.size()) - long(own_times(r).size());
+  return out;
+}
+
 // Median over the iterations of the stages' mean compute time per micro-batch.
 inline double stage_microbatch_s(const std::vector<run_result>& runs, int micro_batches) {
   std::vector<double> v;

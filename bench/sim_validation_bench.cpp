@@ -599,6 +599,21 @@ int main(int argc, char** argv) {
                 ? ""
                 : "; engine rolled back (failed -> to):",
             rollbacks.c_str());
+        {
+          // Where the measured lost time went, beside what the simulator charges for each part.
+          const auto sp = split_lost_time(r);
+          const double recoveries = double(r.recoveries.size());
+          std::printf(
+              "# %s %s lost time split: dispatch %.4f s (model %.4f), aborted iteration + "
+              "detection %.4f s, detection to resume %.4f s (held out: %.4f median, %.4f mean), "
+              "resume gap %.4f s, lost work %.4f s over %ld iterations (x mean T: %.4f s); sum "
+              "%.4f s\n",
+              p.name.c_str(), name.c_str(), sp.dispatch_s,
+              m_run.dispatch_s * double(r.iterations.size()), sp.aborted_s, sp.recovery_s,
+              recoveries * (restart + load), recoveries * (restart_mean + load_mean),
+              sp.resume_gap_s, sp.lost_work_s, sp.lost_iterations,
+              double(sp.lost_iterations) * mean_of(own), sp.total());
+        }
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
         print_compare(fmt::format("ettr_{}_{}_mean_recovery", p.name, name), measured,
                       pr_mean.ettr);

@@ -576,3 +576,23 @@ TEST(sim_validation, dispatch_gaps_are_the_time_between_iterations_outside_them)
 }
 
 }  // namespace
+
+namespace {
+
+TEST(sim_validation, lost_time_splits_into_parts_that_add_up) {
+  // rollback_log(): job_start at 0.5, iterations 0..6 seen at 0.6 + 0.1 i (0.1 s each: no
+  // gap), the loss at 1.25, recovery_end at 1.5, iterations 5..9 redone, seen at 1.6 .. 2.0.
+  const run_result r = parse(rollback_log());
+  const auto sp = split_lost_time(r);
+  EXPECT_NEAR(sp.dispatch_s, 0.0, 1e-9);
+  EXPECT_NEAR(sp.aborted_s, 0.05, 1e-9);    // record 6 at 1.2, the loss at 1.25
+  EXPECT_NEAR(sp.recovery_s, 0.25, 1e-9);   // to recovery_end at 1.5
+  EXPECT_NEAR(sp.resume_gap_s, 0.0, 1e-9);  // record 5 at 1.6 after its 0.1 s
+  EXPECT_NEAR(sp.lost_work_s, 0.2, 1e-9);   // first attempts of 5 and 6
+  EXPECT_EQ(sp.lost_iterations, 2);
+  double own = 0;
+  for (const auto& [i, v] : own_times(r)) own += v;
+  EXPECT_NEAR(sp.total(), (r.t_last_iteration - r.t_start) - own, 1e-9);
+}
+
+}  // namespace
