@@ -63,6 +63,10 @@ inline std::string profile_toml(const sim::profile_data& p) {
     for (const auto& [policy, s] : p.policy_persist_lag_s)
       out += policy + " = " + toml_float(s) + "\n";
   }
+  if (!p.policy_restart_s.empty()) {
+    out += "[profile.policy_restart_s]\n";
+    for (const auto& [policy, s] : p.policy_restart_s) out += policy + " = " + toml_float(s) + "\n";
+  }
   if (!p.load_s.empty()) {
     out += "[profile.load_s]\n";
     for (const auto& [policy, s] : p.load_s) out += policy + " = " + toml_float(s) + "\n";
@@ -417,6 +421,8 @@ inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data&
   if (const auto it = prof.snapshot_s.find(policy); it != prof.snapshot_s.end())
     ps.snapshot_s = it->second;
   if (const auto it = prof.load_s.find(policy); it != prof.load_s.end()) ps.load_s = it->second;
+  if (const auto it = prof.policy_restart_s.find(policy); it != prof.policy_restart_s.end())
+    ps.restart_s = it->second;
   if (const auto it = prof.policy_persist_lag_s.find(policy); it != prof.policy_persist_lag_s.end())
     ps.persist_lag_s = it->second;
   if (const auto it = prof.persist_lag_samples_s.find(policy);

@@ -316,6 +316,10 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.policy_persist_lag_s.dense-disk",
                                              "profile.policy_persist_lag_s.pec",
                                              "profile.policy_persist_lag_s.moevement",
+                                             "profile.policy_restart_s.dense-memory",
+                                             "profile.policy_restart_s.dense-disk",
+                                             "profile.policy_restart_s.pec",
+                                             "profile.policy_restart_s.moevement",
                                              "profile.persist_lag_samples_s.dense-memory",
                                              "profile.persist_lag_samples_s.dense-disk",
                                              "profile.persist_lag_samples_s.pec",
@@ -357,6 +361,11 @@ profile_data parse_profile(std::string_view text) {
     if (r.has(g)) {
       p.policy_persist_lag_s[pol] = r.number(g, 0);
       if (p.policy_persist_lag_s[pol] < 0) fail(g, "must be >= 0");
+    }
+    const std::string rs = std::string("profile.policy_restart_s.") + pol;
+    if (r.has(rs)) {
+      p.policy_restart_s[pol] = r.number(rs, 0);
+      if (p.policy_restart_s[pol] < 0) fail(rs, "must be >= 0");
     }
     const std::string d = std::string("profile.persist_lag_samples_s.") + pol;
     if (r.has(d)) {
@@ -551,6 +560,8 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
       ps.persist_lag_s = cfg.profile->persist_lag_s;
       const auto lag = cfg.profile->policy_persist_lag_s.find(std::string(policy_name(ps.kind)));
       if (lag != cfg.profile->policy_persist_lag_s.end()) ps.persist_lag_s = lag->second;
+      const auto restart = cfg.profile->policy_restart_s.find(std::string(policy_name(ps.kind)));
+      if (restart != cfg.profile->policy_restart_s.end()) ps.restart_s = restart->second;
       const auto samples =
           cfg.profile->persist_lag_samples_s.find(std::string(policy_name(ps.kind)));
       if (samples != cfg.profile->persist_lag_samples_s.end())

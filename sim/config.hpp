@@ -37,6 +37,9 @@ struct profile_data {
   std::map<std::string, double> load_s;
   // Measured persist lag per policy name; replaces persist_lag_s for that policy.
   std::map<std::string, double> policy_persist_lag_s;
+  // Measured restart per policy name; replaces restart_s for that policy (our engine's rollback
+  // rewires every stage, moevement's recovery only the replacement).
+  std::map<std::string, double> policy_restart_s;
   // Every measured persist lag per policy name (one per checkpoint): the lag's distribution,
   // whose tail decides how often a rollback goes one interval further back. Optional (format 1
   // files without it read as before); the single values above stay the median.

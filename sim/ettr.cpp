@@ -116,7 +116,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
   m.kind = p.kind;
   m.iteration_s = costs.iteration_s;
   m.update_s = costs.update_s;
-  m.restart_s = f.restart_s;
+  m.restart_s = p.restart_s >= 0 ? p.restart_s : f.restart_s;
   m.dispatch_s = costs.dispatch_s;
   m.stages = static_cast<int>(costs.stages.size());
   const auto& c = in.cluster;

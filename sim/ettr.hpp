@@ -36,7 +36,8 @@ struct policy_settings {
   // Measured persist lags, one per checkpoint (profile); non-empty: the lag is this empirical
   // distribution (its median replaces persist_lag_s where that is not given).
   std::vector<double> persist_lag_samples_s;
-  double load_s = -1;  // measured checkpoint load on recovery (profile); < 0: model
+  double load_s = -1;     // measured checkpoint load on recovery (profile); < 0: model
+  double restart_s = -1;  // measured restart of this policy (profile); < 0: the failures'
 };
 
 struct failure_settings {

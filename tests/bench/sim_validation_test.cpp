@@ -596,3 +596,19 @@ TEST(sim_validation, lost_time_splits_into_parts_that_add_up) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(sim_validation, a_policys_own_restart_replaces_the_common_one) {
+  auto prof = tiny_profile();
+  prof.policy_restart_s = {{"dense-memory", 0.03}, {"moevement", 0.006}};
+  const auto back = sim::parse_profile(profile_toml(prof));
+  EXPECT_EQ(back.policy_restart_s, prof.policy_restart_s);
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "dense-memory", 5, f).restart_s, 0.03);
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "moevement", 0, f).restart_s, 0.006);
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "pec", 5, f).restart_s, 0.2);  // none of its own
+}
+
+}  // namespace
