@@ -510,7 +510,7 @@ int main(int argc, char** argv) {
                     predict_fixed_work(m_none, o.iterations, fs_settings, {}).ettr);
       // Per SPEC (the run name without its _r<repeat>): measured and predicted of each repeat.
       struct spec_values {
-        std::vector<double> measured, predicted, predicted_mean_recovery;
+        std::vector<double> measured, predicted, predicted_mean_recovery, predicted_single_lag;
       };
       std::map<std::string, spec_values> by_spec;
       for (std::size_t fi = 0; fi < p.faulty.size(); ++fi) {
@@ -620,10 +620,20 @@ int main(int argc, char** argv) {
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
         print_compare(fmt::format("ettr_{}_{}_mean_recovery", p.name, name), measured,
                       pr_mean.ettr);
+        double single_lag = -1;
+        if (!m_run.persist_lag_samples_s.empty()) {
+          // The single (median) lag instead of the distribution, for comparison.
+          auto m_single = m_run;
+          m_single.persist_lag_samples_s.clear();
+          single_lag =
+              predict_fixed_work(m_single, o.iterations, fs_settings, at_points(m_single)).ettr;
+          print_compare(fmt::format("ettr_{}_{}_single_lag", p.name, name), measured, single_lag);
+        }
         auto& spec = by_spec[name.substr(0, name.rfind("_r"))];
         spec.measured.push_back(measured);
         spec.predicted.push_back(pr.ettr);
         spec.predicted_mean_recovery.push_back(pr_mean.ettr);
+        if (single_lag >= 0) spec.predicted_single_lag.push_back(single_lag);
         print_compare(fmt::format("ettr_{}_{}_at_times", p.name, name), measured, pr_times.ettr);
         // Other reference speeds, the failures at the same points.
         print_compare(fmt::format("ettr_{}_{}_ffref", p.name, name),
@@ -642,6 +652,10 @@ int main(int argc, char** argv) {
                     v.measured.size());
         print_compare(fmt::format("ettr_{}_{}_median", p.name, spec), median(v.measured),
                       median(v.predicted));
+        if (!v.predicted_single_lag.empty()) {
+          print_compare(fmt::format("ettr_{}_{}_median_single_lag", p.name, spec),
+                        median(v.measured), median(v.predicted_single_lag));
+        }
         // Means: the measured mean against the predictions with the mean recovery (expected
         // values on both sides).
         print_compare(fmt::format("ettr_{}_{}_mean", p.name, spec), mean(v.measured),
