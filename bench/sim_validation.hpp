@@ -312,10 +312,14 @@ inline void watch_disk_windows(const std::filesystem::path& dir, double t,
 
 // dense-disk's persist lag per checkpoint: from the record of its last iteration (state s: the
 // record of iteration s - 1) until every stage's store had window s. Windows some store never
-// showed (dropped before a poll saw them) are left out.
+// showed (dropped before a poll saw them), and windows of a recomputed iteration, are left out.
 inline std::vector<double> disk_persist_lags(const run_result& r, const disk_windows_seen& seen) {
   std::map<long, double> rec;
-  for (const auto& it : r.iterations) rec.emplace(it.iteration, it.t);  // first record
+  std::map<long, int> records;
+  for (const auto& it : r.iterations) {
+    rec.emplace(it.iteration, it.t);  // first record
+    ++records[it.iteration];
+  }
   std::map<long, std::pair<double, std::size_t>> all;  // window: latest first sight, stores
   for (const auto& [store, windows] : seen) {
     for (const auto& [id, t] : windows) {
@@ -327,7 +331,9 @@ inline std::vector<double> disk_persist_lags(const run_result& r, const disk_win
   std::vector<double> out;
   for (const auto& [id, a] : all) {
     const auto it = rec.find(id - 1);
-    if (id < 1 || a.second != seen.size() || it == rec.end()) continue;
+    // A window whose iteration was redone after a rollback may have been taken twice: its
+    // first sight cannot be matched to one record.
+    if (id < 1 || a.second != seen.size() || it == rec.end() || records[id - 1] != 1) continue;
     out.push_back(std::max(0.0, a.first - it->second));
   }
   return out;
