@@ -551,11 +551,38 @@ int main(int argc, char** argv) {
         }
         const double restart = median(other_restarts), load = median(other_loads);
         const double restart_mean = mean(other_restarts), load_mean = mean(other_loads);
+        // Per failed stage as well: the replacement of stage 0 or the last stage builds the
+        // embedding or the head, and takes 3-4x as long to restore as a middle stage's
+        // (docs/simulator.md). The same recovery machinery pools: the rollback policies
+        // together, moevement alone; other runs only; at least 2 recoveries of the stage, else
+        // the policy's restart above.
+        const bool rollback = p.name != "moevement";
+        std::vector<double> stage_restart(std::size_t(o.pp), -1.0),
+            stage_restart_mean(std::size_t(o.pp), -1.0);
+        for (int st = 0; st < o.pp; ++st) {
+          std::vector<double> v;
+          for (const auto& q : pols) {
+            if ((q.name != "moevement") != rollback) continue;
+            for (const auto& [n2, r2] : q.faulty) {
+              if (&r2 == &r) continue;
+              for (const auto& rec : r2.recoveries) {
+                if (rec.stage == st) v.push_back(split_recovery(rec).restart_s);
+              }
+            }
+          }
+          if (v.size() >= 2) {
+            stage_restart[std::size_t(st)] = median(v);
+            stage_restart_mean[std::size_t(st)] = mean(v);
+          }
+        }
         auto held_out = [&](sim::policy_model m) {
           m.restart_s = restart;
+          m.stage_restart_s = stage_restart;
           m.load_s = load;
           return m;
         };
+        std::string per_stage;
+        for (double v : stage_restart) per_stage += fmt::format(" {:.4f}", v);
         std::string rollbacks;
         for (const auto& rec : r.recoveries) {
           if (rec.rollback_to >= 0)
@@ -615,6 +642,7 @@ int main(int argc, char** argv) {
         // recovery, and on this machine the recovery time has a heavy tail (mean > median).
         auto m_mean = m_run;
         m_mean.restart_s = restart_mean;
+        m_mean.stage_restart_s = stage_restart_mean;
         m_mean.load_s = load_mean;
         const auto pr_mean = predict_over_lags(m_mean, o.iterations, fs_settings, at_points);
         const double measured = ettr_training_window(r, own);
@@ -622,10 +650,10 @@ int main(int argc, char** argv) {
             "# %s %s: failures at%s; %zu recoveries, %.4f s detection to resume; the simulator's "
             "recovery %.4f s (restart, load, replay, aborted iterations); time lost measured "
             "%.4f s, predicted %.4f s; slowest iteration %.4f s (mean %.4f s); restart_s %.5f, "
-            "load_s %.5f (%s)%s%s\n",
+            "per failed stage%s, load_s %.5f (%s)%s%s\n",
             p.name.c_str(), name.c_str(), times.c_str(), r.recoveries.size(), measured_recovery,
             pr.recovery_s, (r.t_last_iteration - r.t_start) * (1 - measured), pr.time_lost_s,
-            slowest, mean_of(own), restart, load,
+            slowest, mean_of(own), restart, per_stage.c_str(), load,
             p.faulty.size() > 1 ? "held out: medians of the other faulty runs'"
                                 : "this run's: no other",
             r.recoveries.empty() || r.recoveries.front().rollback_to < 0
@@ -643,9 +671,17 @@ int main(int argc, char** argv) {
               "%.4f s\n",
               p.name.c_str(), name.c_str(), sp.dispatch_s,
               m_run.dispatch_s * double(r.iterations.size()), sp.aborted_s, sp.recovery_s,
-              recoveries * (restart + load), recoveries * (restart_mean + load_mean),
-              sp.resume_gap_s, sp.lost_work_s, sp.lost_iterations,
-              double(sp.lost_iterations) * mean_of(own), sp.total());
+              [&] {
+                double x = 0;
+                for (const auto& rec : r.recoveries) {
+                  const bool known = rec.stage >= 0 && rec.stage < o.pp &&
+                                     stage_restart[std::size_t(rec.stage)] >= 0;
+                  x += (known ? stage_restart[std::size_t(rec.stage)] : restart) + load;
+                }
+                return x;
+              }(),
+              recoveries * (restart_mean + load_mean), sp.resume_gap_s, sp.lost_work_s,
+              sp.lost_iterations, double(sp.lost_iterations) * mean_of(own), sp.total());
         }
         print_compare(fmt::format("ettr_{}_{}", p.name, name), measured, pr.ettr);
         print_compare(fmt::format("ettr_{}_{}_mean_recovery", p.name, name), measured,

@@ -55,6 +55,13 @@ void set_lag_samples(policy_model& m, const policy_settings& p) {
 
 }  // namespace
 
+double restart_for(const policy_model& m, int stage) {
+  if (stage >= 0 && static_cast<std::size_t>(stage) < m.stage_restart_s.size() &&
+      m.stage_restart_s[static_cast<std::size_t>(stage)] >= 0)
+    return m.stage_restart_s[static_cast<std::size_t>(stage)];
+  return m.restart_s;
+}
+
 double expected_persist_penalty_s(const policy_model& m, double span_s) {
   if (m.persist_lag_samples_s.empty()) return std::min(m.persist_lag_s, span_s);
   double sum = 0;
@@ -347,7 +354,11 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
   }
   out.overhead_s_per_iter += m.dispatch_s;
   out.overhead_fraction = out.overhead_s_per_iter / t;
-  out.expected_recovery_s = m.restart_s + m.load_s + recompute;
+  // The failed stage is uniform over the stages.
+  double restart = 0;
+  for (int s = 0; s < m.stages; ++s) restart += restart_for(m, s);
+  restart /= std::max(1, m.stages);
+  out.expected_recovery_s = restart + m.load_s + recompute;
   out.expected_recompute_s = recompute;
   out.total_recovery_s = duration_s / mtbf_s * out.expected_recovery_s;
   out.total_recompute_s = duration_s / mtbf_s * recompute;
@@ -543,7 +554,8 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
           ++pec_level;
       }
     }
-    double resume = fail.time_s + m.restart_s + m.load_s + work;
+    const double restart = restart_for(m, stage);
+    double resume = fail.time_s + restart + m.load_s + work;
     double recompute = fail.time_s - t + work;  // the aborted iteration and the replay
     fail = next_failure(fail.time_s);
     while (fail.time_s < resume && fail.time_s < f.duration_s) {
@@ -551,7 +563,7 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
       ++out.failures;
       // Replay done before this failure is lost again.
       recompute += std::max(0.0, fail.time_s - (resume - work));
-      resume = fail.time_s + m.restart_s + m.load_s + work;
+      resume = fail.time_s + restart + m.load_s + work;
       fail = next_failure(fail.time_s);
     }
     out.recompute_s += recompute;

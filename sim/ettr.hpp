@@ -62,6 +62,9 @@ struct policy_model {
   // checkpoint's lag from them; the closed form takes the expectation over them.
   std::vector<double> persist_lag_samples_s;
   double restart_s = 0;
+  // Measured restart per failed stage (a stage's replacement builds that stage: the first and
+  // last hold the embedding and the head); empty, or an entry < 0: restart_s.
+  std::vector<double> stage_restart_s;
   double load_s = 0;  // reading the checkpoint back on recovery
   // Wall time per iteration outside the iteration itself (the coordinator's messaging between
   // iterations; measured by our engine's profile, 0 in the analytical model): overhead, like a
@@ -105,6 +108,9 @@ struct closed_form {
                                     // paper's Table 3 calls total recovery time)
   double ettr = 0;
 };
+
+// The restart after a failure of `stage` (stage_restart_s where measured, else restart_s).
+double restart_for(const policy_model& m, int stage);
 
 // Expected extra loss from the persist lag when the failure hits uniformly within `span_s` after a
 // checkpoint (a dense interval k x T, or moevement's window W x T): the failure finds the

@@ -613,3 +613,27 @@ TEST(sim_validation, a_policys_own_restart_replaces_the_common_one) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(sim_validation, a_measured_restart_per_failed_stage_replaces_the_common_one) {
+  EXPECT_EQ(parse(rollback_log()).recoveries.at(0).stage, 2);
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  auto m = without_stall(sim_policy(tiny_job(), tiny_profile(), "dense-memory", 5, f));
+  m.stage_restart_s = {0.4, -1, 0.1};  // stage 1: not measured, the common 0.2
+  // As in a_baseline_rolls_every_stage_back_to_its_newest_checkpoint: back to 10 at 1.23, then
+  // restart, load 0.05 and the 10 iterations 10..19.
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 0}}).wall_s, 1.23 + 0.4 + 0.05 + 1.0, 1e-9);
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 1}}).wall_s, 1.23 + 0.2 + 0.05 + 1.0, 1e-9);
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 2}}).wall_s, 1.23 + 0.1 + 0.05 + 1.0, 1e-9);
+  EXPECT_EQ(sim::restart_for(m, 7), 0.2);
+  // The closed form's failed stage is uniform: the mean restart over the stages.
+  auto common = m;
+  common.stage_restart_s.clear();
+  EXPECT_NEAR(sim::evaluate_closed_form(m, 3600, 3600).expected_recovery_s -
+                  sim::evaluate_closed_form(common, 3600, 3600).expected_recovery_s,
+              (0.4 + 0.2 + 0.1) / 3 - 0.2, 1e-12);
+}
+
+}  // namespace
