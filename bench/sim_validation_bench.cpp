@@ -28,7 +28,9 @@
 // recovery_end seconds less its replay (the simulator replays itself) and pull (its load);
 // the baselines' snapshot_s: their stall_s at checkpoint iterations; dense-disk's persist lag:
 // its windows' MANIFEST seen on disk (polled with the run log) after the checkpointed
-// iteration's record, fault-free runs (the other baselines' is modelled from their snapshot_s).
+// iteration's record (the other baselines' is modelled from their snapshot_s); both lags as
+// their measured distribution (the prediction is the expectation over it: predict_over_lags);
+// dispatch: the time between iteration records beyond their own iteration_s (dispatch_gaps).
 // Medians throughout: one recovery in several takes 5-10x the others on a loaded machine
 // (the `_mean` lines use means). HELD OUT: each faulty run is predicted with the median
 // restart and load of the same policy's other faulty runs (a rollback's restart rewires every
