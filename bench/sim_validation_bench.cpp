@@ -553,11 +553,10 @@ int main(int argc, char** argv) {
         }
         const double restart = median(other_restarts), load = median(other_loads);
         const double restart_mean = mean(other_restarts), load_mean = mean(other_loads);
-        // Per failed stage as well: the replacement of stage 0 or the last stage builds the
-        // embedding or the head, and takes 3-4x as long to restore as a middle stage's
-        // (docs/simulator.md). The same recovery machinery pools: the rollback policies
-        // together, moevement alone; other runs only; at least 2 recoveries of the stage, else
-        // the policy's restart above.
+        // Per failed stage as well: the replacement of stage 0 or the last stage (embedding,
+        // head) took 2-4x as long to restore as a middle stage's (docs/simulator.md). The same
+        // recovery machinery pools: the rollback policies together, moevement alone; other runs
+        // only; at least 2 recoveries of the stage, else the policy's restart above.
         const bool rollback = p.name != "moevement";
         std::vector<double> stage_restart(std::size_t(o.pp), -1.0),
             stage_restart_mean(std::size_t(o.pp), -1.0);
