@@ -53,6 +53,7 @@ struct durable_rec {
 struct recovery_rec {
   double t = 0;  // seen
   long target = -1, replayed = 0;
+  int stage = -1;  // the stage rebuilt (the first, when several were)
   double seconds = 0, spawn_s = 0, pull_s = 0, replay_s = 0, rejoin_s = 0;
   // A global rollback: detection to the job rewired, then the checkpoint's query and load; where
   // it went back to (-1: not a rollback).
@@ -162,6 +163,7 @@ inline run_result parse(const std::vector<stamped>& log) {
       recovery_rec rr;
       rr.t = t;
       rr.target = long(number(l, "target_iteration"));
+      rr.stage = l.find("\"stage\":") != std::string::npos ? int(number(l, "stage")) : -1;
       rr.replayed = long(number(l, "iterations_replayed"));
       rr.seconds = r.recovery_s;
       rr.spawn_s = number(l, "spawn_s");

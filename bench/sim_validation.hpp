@@ -53,6 +53,7 @@ inline std::string profile_toml(const sim::profile_data& p) {
     out += "snapshot_gb_per_s_per_gpu = " + toml_float(p.snapshot_bytes_per_s_per_gpu / 1e9) + "\n";
   if (p.restart_s >= 0) out += "restart_s = " + toml_float(p.restart_s) + "\n";
   if (p.persist_lag_s >= 0) out += "persist_lag_s = " + toml_float(p.persist_lag_s) + "\n";
+  if (p.dispatch_s >= 0) out += "dispatch_s = " + toml_float(p.dispatch_s) + "\n";
   if (!p.snapshot_s.empty()) {
     out += "[profile.snapshot_s]\n";
     for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
@@ -62,9 +63,22 @@ inline std::string profile_toml(const sim::profile_data& p) {
     for (const auto& [policy, s] : p.policy_persist_lag_s)
       out += policy + " = " + toml_float(s) + "\n";
   }
+  if (!p.policy_restart_s.empty()) {
+    out += "[profile.policy_restart_s]\n";
+    for (const auto& [policy, s] : p.policy_restart_s) out += policy + " = " + toml_float(s) + "\n";
+  }
   if (!p.load_s.empty()) {
     out += "[profile.load_s]\n";
     for (const auto& [policy, s] : p.load_s) out += policy + " = " + toml_float(s) + "\n";
+  }
+  if (!p.persist_lag_samples_s.empty()) {
+    out += "[profile.persist_lag_samples_s]\n";
+    for (const auto& [policy, v] : p.persist_lag_samples_s) {
+      if (v.empty()) continue;
+      out += policy + " = [";
+      for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_float(v[i]);
+      out += "]\n";
+    }
   }
   return out;
 }
@@ -118,6 +132,76 @@ inline std::vector<double> persist_lags(const run_result& r) {
     const auto it = seen.find(p.first_iteration - 1);
     if (it != seen.end()) out.push_back(std::max(0.0, p.t - it->second));
   }
+  return out;
+}
+
+// The coordinator's wall time between iterations outside their own iteration_s (messaging,
+// dispatch): for each iteration record, its time since the previous record (job_start for the
+// first) less its iteration_s, where no loss or recovery lies between the two (those are
+// recovery time). Times as the bench saw the records; one per such iteration.
+inline std::vector<double> dispatch_gaps(const run_result& r) {
+  std::vector<double> events;
+  for (const auto& l : r.losses) events.push_back(l.t);
+  for (const auto& c : r.recoveries) events.push_back(c.t);
+  std::vector<double> out;
+  double prev = r.t_start;
+  for (const auto& it : r.iterations) {
+    bool clean = prev >= 0;
+    for (double e : events) clean = clean && !(e > prev && e <= it.t);
+    if (clean) out.push_back(it.t - prev - it.seconds);
+    prev = it.t;
+  }
+  return out;
+}
+
+// Where a run's lost time went (time lost = training window - the committed iterations' own
+// times), from the records as the bench saw them: the parts add up to it exactly.
+struct lost_time_split {
+  double dispatch_s = 0;    // between iterations outside them (dispatch_gaps)
+  double aborted_s = 0;     // last record before a loss to the loss: the aborted iteration
+                            // and the detection
+  double recovery_s = 0;    // the loss to recovery_end (restart and load)
+  double resume_gap_s = 0;  // recovery_end to the next record, less that iteration's own time
+  double lost_work_s = 0;   // every attempt that did not commit (rolled back): own times
+  long lost_iterations = 0;
+  double total() const { return dispatch_s + aborted_s + recovery_s + resume_gap_s + lost_work_s; }
+};
+
+inline lost_time_split split_lost_time(const run_result& r) {
+  // 0: iteration, 1: loss of a stage worker, 2: recovery_end; in the order the bench saw them.
+  struct mark {
+    double t;
+    int kind;
+    double seconds;
+  };
+  std::vector<mark> marks;
+  for (const auto& it : r.iterations) marks.push_back({it.t, 0, it.seconds});
+  for (const auto& l : r.losses) {
+    if (l.stage >= 0) marks.push_back({l.t, 1, 0});
+  }
+  for (const auto& c : r.recoveries) marks.push_back({c.t, 2, 0});
+  std::stable_sort(marks.begin(), marks.end(),
+                   [](const mark& a, const mark& b) { return a.t < b.t; });
+  lost_time_split out;
+  double prev = r.t_start;
+  bool resuming = false;
+  for (const auto& m : marks) {
+    if (m.kind == 0) {
+      (resuming ? out.resume_gap_s : out.dispatch_s) += m.t - prev - m.seconds;
+      resuming = false;
+    } else if (m.kind == 1) {
+      (resuming ? out.recovery_s : out.aborted_s) += m.t - prev;  // a loss during a recovery
+      resuming = true;
+    } else {
+      out.recovery_s += m.t - prev;
+    }
+    prev = m.t;
+  }
+  double all = 0, own = 0;
+  for (const auto& it : r.iterations) all += it.seconds;
+  for (const auto& [i, v] : own_times(r)) own += v;
+  out.lost_work_s = all - own;
+  out.lost_iterations = long(r.iterations.size()) - long(own_times(r).size());
   return out;
 }
 
@@ -228,10 +312,14 @@ inline void watch_disk_windows(const std::filesystem::path& dir, double t,
 
 // dense-disk's persist lag per checkpoint: from the record of its last iteration (state s: the
 // record of iteration s - 1) until every stage's store had window s. Windows some store never
-// showed (dropped before a poll saw them) are left out.
+// showed (dropped before a poll saw them), and windows of a recomputed iteration, are left out.
 inline std::vector<double> disk_persist_lags(const run_result& r, const disk_windows_seen& seen) {
   std::map<long, double> rec;
-  for (const auto& it : r.iterations) rec.emplace(it.iteration, it.t);  // first record
+  std::map<long, int> records;
+  for (const auto& it : r.iterations) {
+    rec.emplace(it.iteration, it.t);  // first record
+    ++records[it.iteration];
+  }
   std::map<long, std::pair<double, std::size_t>> all;  // window: latest first sight, stores
   for (const auto& [store, windows] : seen) {
     for (const auto& [id, t] : windows) {
@@ -243,7 +331,9 @@ inline std::vector<double> disk_persist_lags(const run_result& r, const disk_win
   std::vector<double> out;
   for (const auto& [id, a] : all) {
     const auto it = rec.find(id - 1);
-    if (id < 1 || a.second != seen.size() || it == rec.end()) continue;
+    // A window whose iteration was redone after a rollback may have been taken twice: its
+    // first sight cannot be matched to one record.
+    if (id < 1 || a.second != seen.size() || it == rec.end() || records[id - 1] != 1) continue;
     out.push_back(std::max(0.0, a.first - it->second));
   }
   return out;
@@ -337,8 +427,13 @@ inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data&
   if (const auto it = prof.snapshot_s.find(policy); it != prof.snapshot_s.end())
     ps.snapshot_s = it->second;
   if (const auto it = prof.load_s.find(policy); it != prof.load_s.end()) ps.load_s = it->second;
+  if (const auto it = prof.policy_restart_s.find(policy); it != prof.policy_restart_s.end())
+    ps.restart_s = it->second;
   if (const auto it = prof.policy_persist_lag_s.find(policy); it != prof.policy_persist_lag_s.end())
     ps.persist_lag_s = it->second;
+  if (const auto it = prof.persist_lag_samples_s.find(policy);
+      it != prof.persist_lag_samples_s.end())
+    ps.persist_lag_samples_s = it->second;
   return sim::build_policy(in, costs, ps, f, 3600.0);  // the MTBF feeds only Young and oracle
 }
 
@@ -440,6 +535,37 @@ inline std::vector<sim::failure_event> trace_at_points(const std::vector<failure
     const double start = p.iteration > 0 ? predict_fixed_work(m, p.iteration, f, out).wall_s : 0.0;
     out.push_back({start + p.offset_s, p.stage});
   }
+  return out;
+}
+
+// The expected prediction over the measured persist lags: one fixed-work run per lag sample
+// (every checkpoint of that run lags that much), their mean duration. The failures come from
+// `trace_for(m)` for each sample's model (trace_at_points depends on it). The expectation is
+// exact over the empirical distribution for a run whose failures each depend on one checkpoint
+// (the one before the failure: the lags are shorter than an interval); for several failures it
+// assumes their checkpoints' lags alike, which leaves the expectation of a sum of per-failure
+// losses unchanged. Without samples: the one prediction at persist_lag_s.
+template <typename TraceFor>
+inline prediction predict_over_lags(const sim::policy_model& m, long iterations,
+                                    const sim::failure_settings& f, const TraceFor& trace_for) {
+  if (m.persist_lag_samples_s.empty()) return predict_fixed_work(m, iterations, f, trace_for(m));
+  prediction sum;
+  for (double lag : m.persist_lag_samples_s) {
+    sim::policy_model one = m;
+    one.persist_lag_samples_s.clear();
+    one.persist_lag_s = lag;
+    const auto p = predict_fixed_work(one, iterations, f, trace_for(one));
+    sum.wall_s += p.wall_s;
+    sum.recovery_s += p.recovery_s;
+    sum.failures += p.failures;
+  }
+  const double n = double(m.persist_lag_samples_s.size());
+  prediction out;
+  out.wall_s = sum.wall_s / n;
+  out.recovery_s = sum.recovery_s / n;
+  out.failures = sum.failures / n;
+  out.time_lost_s = out.wall_s - double(iterations) * m.iteration_s;
+  out.ettr = double(iterations) * m.iteration_s / out.wall_s;
   return out;
 }
 

@@ -303,6 +303,7 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.snapshot_gb_per_s_per_gpu",
                                              "profile.restart_s",
                                              "profile.persist_lag_s",
+                                             "profile.dispatch_s",
                                              "profile.snapshot_s.dense-memory",
                                              "profile.snapshot_s.dense-disk",
                                              "profile.snapshot_s.pec",
@@ -314,7 +315,15 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.policy_persist_lag_s.dense-memory",
                                              "profile.policy_persist_lag_s.dense-disk",
                                              "profile.policy_persist_lag_s.pec",
-                                             "profile.policy_persist_lag_s.moevement"};
+                                             "profile.policy_persist_lag_s.moevement",
+                                             "profile.policy_restart_s.dense-memory",
+                                             "profile.policy_restart_s.dense-disk",
+                                             "profile.policy_restart_s.pec",
+                                             "profile.policy_restart_s.moevement",
+                                             "profile.persist_lag_samples_s.dense-memory",
+                                             "profile.persist_lag_samples_s.dense-disk",
+                                             "profile.persist_lag_samples_s.pec",
+                                             "profile.persist_lag_samples_s.moevement"};
   check_keys(root, keys, "profile");
   const reader r(root);
   profile_data p;
@@ -335,6 +344,8 @@ profile_data parse_profile(std::string_view text) {
   if (r.has("profile.snapshot_gb_per_s_per_gpu"))
     p.snapshot_bytes_per_s_per_gpu = r.positive("profile.snapshot_gb_per_s_per_gpu", 1) * 1e9;
   p.restart_s = r.has("profile.restart_s") ? r.number("profile.restart_s", 0) : -1;
+  p.dispatch_s = r.has("profile.dispatch_s") ? r.number("profile.dispatch_s", 0) : -1;
+  if (r.has("profile.dispatch_s") && p.dispatch_s < 0) fail("profile.dispatch_s", "must be >= 0");
   p.persist_lag_s = r.has("profile.persist_lag_s") ? r.number("profile.persist_lag_s", 0) : -1;
   if (r.has("profile.persist_lag_s") && p.persist_lag_s < 0)
     fail("profile.persist_lag_s", "must be >= 0");
@@ -350,6 +361,19 @@ profile_data parse_profile(std::string_view text) {
     if (r.has(g)) {
       p.policy_persist_lag_s[pol] = r.number(g, 0);
       if (p.policy_persist_lag_s[pol] < 0) fail(g, "must be >= 0");
+    }
+    const std::string rs = std::string("profile.policy_restart_s.") + pol;
+    if (r.has(rs)) {
+      p.policy_restart_s[pol] = r.number(rs, 0);
+      if (p.policy_restart_s[pol] < 0) fail(rs, "must be >= 0");
+    }
+    const std::string d = std::string("profile.persist_lag_samples_s.") + pol;
+    if (r.has(d)) {
+      auto& v = p.persist_lag_samples_s[pol];
+      v = r.numbers(d, {});
+      for (double x : v) {
+        if (!(x >= 0)) fail(d, "lags must be >= 0");
+      }
     }
   }
   return p;
@@ -385,6 +409,7 @@ iteration_costs apply_profile(iteration_costs costs, const profile_data& p) {
   }
   costs.iteration_s = costs.pipeline_s + costs.sync_s + costs.update_s;
   if (p.iteration_s > 0) costs.iteration_s = p.iteration_s;
+  if (p.dispatch_s >= 0) costs.dispatch_s = p.dispatch_s;
   if (p.snapshot_bytes_per_s_per_gpu > 0) {
     for (auto& st : costs.stages)
       st.snapshot_bytes_per_s = p.snapshot_bytes_per_s_per_gpu * st.gpus;
@@ -535,6 +560,12 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
       ps.persist_lag_s = cfg.profile->persist_lag_s;
       const auto lag = cfg.profile->policy_persist_lag_s.find(std::string(policy_name(ps.kind)));
       if (lag != cfg.profile->policy_persist_lag_s.end()) ps.persist_lag_s = lag->second;
+      const auto restart = cfg.profile->policy_restart_s.find(std::string(policy_name(ps.kind)));
+      if (restart != cfg.profile->policy_restart_s.end()) ps.restart_s = restart->second;
+      const auto samples =
+          cfg.profile->persist_lag_samples_s.find(std::string(policy_name(ps.kind)));
+      if (samples != cfg.profile->persist_lag_samples_s.end())
+        ps.persist_lag_samples_s = samples->second;
     }
   }
 

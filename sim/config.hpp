@@ -25,6 +25,9 @@ struct profile_data {
   std::vector<double> stage_microbatch_s;    // forward + backward of one micro-batch, per stage
   double snapshot_bytes_per_s_per_gpu = -1;  // sustained snapshot + replication bandwidth
   double restart_s = -1;                     // detection to replacement ready
+  // Wall time per iteration outside the iteration's own time (the coordinator's messaging
+  // between iterations): counts as overhead; < 0: not measured (0).
+  double dispatch_s = -1;
   // End of a checkpointed iteration (a window's last) until its checkpoint can be recovered
   // from, as the engine measured it (replication and its acknowledgement); < 0: modelled.
   double persist_lag_s = -1;
@@ -34,6 +37,13 @@ struct profile_data {
   std::map<std::string, double> load_s;
   // Measured persist lag per policy name; replaces persist_lag_s for that policy.
   std::map<std::string, double> policy_persist_lag_s;
+  // Measured restart per policy name; replaces restart_s for that policy (our engine's rollback
+  // rewires every stage, moevement's recovery only the replacement).
+  std::map<std::string, double> policy_restart_s;
+  // Every measured persist lag per policy name (one per checkpoint): the lag's distribution,
+  // whose tail decides how often a rollback goes one interval further back. Optional (format 1
+  // files without it read as before); the single values above stay the median.
+  std::map<std::string, std::vector<double>> persist_lag_samples_s;
 };
 
 struct sweep_settings {

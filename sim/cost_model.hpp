@@ -89,6 +89,7 @@ struct iteration_costs {
   double update_s = 0;
   double iteration_s = 0;
   double total_params = 0;
+  double dispatch_s = 0;  // wall time between iterations outside them (measured only; profile)
 };
 
 // alpha(p) + beta(p) x m for ring collectives over p ranks with per-rank bandwidth `bw`.

@@ -38,7 +38,36 @@ double dense_stall(const policy_model& m, double persist_s, int k) {
   return m.stall_s + std::max(0.0, persist_s - k * m.iteration_s);
 }
 
+// Measured lag samples replace the single value: sorted, and their median where no single
+// measured value is given.
+void set_lag_samples(policy_model& m, const policy_settings& p) {
+  if (p.persist_lag_samples_s.empty()) return;
+  for (double l : p.persist_lag_samples_s)
+    require(l >= 0 && std::isfinite(l), "persist lag samples must be finite and >= 0");
+  m.persist_lag_samples_s = p.persist_lag_samples_s;
+  std::sort(m.persist_lag_samples_s.begin(), m.persist_lag_samples_s.end());
+  if (p.persist_lag_s < 0) {
+    const auto& v = m.persist_lag_samples_s;
+    const std::size_t n = v.size();
+    m.persist_lag_s = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  }
+}
+
 }  // namespace
+
+double restart_for(const policy_model& m, int stage) {
+  if (stage >= 0 && static_cast<std::size_t>(stage) < m.stage_restart_s.size() &&
+      m.stage_restart_s[static_cast<std::size_t>(stage)] >= 0)
+    return m.stage_restart_s[static_cast<std::size_t>(stage)];
+  return m.restart_s;
+}
+
+double expected_persist_penalty_s(const policy_model& m, double span_s) {
+  if (m.persist_lag_samples_s.empty()) return std::min(m.persist_lag_s, span_s);
+  double sum = 0;
+  for (double l : m.persist_lag_samples_s) sum += std::min(l, span_s);
+  return sum / static_cast<double>(m.persist_lag_samples_s.size());
+}
 
 std::string_view policy_name(policy_kind k) {
   switch (k) {
@@ -94,7 +123,8 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
   m.kind = p.kind;
   m.iteration_s = costs.iteration_s;
   m.update_s = costs.update_s;
-  m.restart_s = f.restart_s;
+  m.restart_s = p.restart_s >= 0 ? p.restart_s : f.restart_s;
+  m.dispatch_s = costs.dispatch_s;
   m.stages = static_cast<int>(costs.stages.size());
   const auto& c = in.cluster;
   // Snapshots overlap the next iteration's forward and backward; the update must wait.
@@ -132,6 +162,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
       if (p.load_s >= 0) load = p.load_s;
       m.load_s = load;
       m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : snap + persist;
+      set_lag_samples(m, p);
       const auto with_interval = [&](int k) {
         policy_model x = m;
         x.interval = k;
@@ -257,6 +288,7 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
       }
       m.snapshot_s = slot_s;
       m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : slot_s;
+      set_lag_samples(m, p);
       m.stall_s = std::max(0.0, slot_s - overlap);
       m.load_s = p.load_s >= 0 ? p.load_s : load;
       m.interval = 1;
@@ -277,7 +309,7 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
       out.overhead_s_per_iter = m.stall_s / m.interval;
       // Global rollback: half an interval on average, plus one more interval when the failure
       // hits before the newest checkpoint is persisted.
-      recompute = 0.5 * m.interval * t + std::min(m.persist_lag_s, m.interval * t);
+      recompute = 0.5 * m.interval * t + expected_persist_penalty_s(m, m.interval * t);
       break;
     case policy_kind::moevement: {
       out.overhead_s_per_iter = m.stall_s;
@@ -289,7 +321,7 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
         double r = 0;
         for (int j = 0; j + 1 < m.w_sparse; ++j)
           r += m.conversion_s[s][static_cast<std::size_t>(j)];
-        r += (0.5 * (m.w_sparse - 1) + std::min(m.persist_lag_s, m.w_sparse * t) / t) *
+        r += (0.5 * (m.w_sparse - 1) + expected_persist_penalty_s(m, m.w_sparse * t) / t) *
              m.catch_up_s[s];
         replay += r / static_cast<double>(m.conversion_s.size());
       }
@@ -320,8 +352,13 @@ closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double du
       break;
     }
   }
+  out.overhead_s_per_iter += m.dispatch_s;
   out.overhead_fraction = out.overhead_s_per_iter / t;
-  out.expected_recovery_s = m.restart_s + m.load_s + recompute;
+  // The failed stage is uniform over the stages.
+  double restart = 0;
+  for (int s = 0; s < m.stages; ++s) restart += restart_for(m, s);
+  restart /= std::max(1, m.stages);
+  out.expected_recovery_s = restart + m.load_s + recompute;
   out.expected_recompute_s = recompute;
   out.total_recovery_s = duration_s / mtbf_s * out.expected_recovery_s;
   out.total_recompute_s = duration_s / mtbf_s * recompute;
@@ -427,11 +464,21 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
   std::deque<pending_checkpoint> pending;
   std::int64_t valid = 0;         // latest persisted checkpoint or window end
   std::int64_t dense_anchor = 0;  // moevement: a dense state (start, or after a recovery)
+  // With drawn lags a later checkpoint can become recoverable before an earlier one; the newest
+  // recoverable one counts, and the older ones still pending are no use any more.
   const auto promote = [&](double now) {
-    while (!pending.empty() && pending.front().valid_at <= now) {
-      valid = pending.front().progress;
-      pending.pop_front();
+    for (const auto& c : pending) {
+      if (c.valid_at <= now) valid = std::max(valid, c.progress);
     }
+    while (!pending.empty() && pending.front().progress <= valid) pending.pop_front();
+  };
+  // Each checkpoint's lag drawn from the measured ones, on a stream of its own so that the
+  // failures drawn are the same as without samples.
+  std::uint64_t lag_counter = 0;
+  const auto draw_lag = [&]() {
+    const auto& v = m.persist_lag_samples_s;
+    const double u = counter_uniform(f.seed, trial | (std::uint64_t{1} << 63), lag_counter++);
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(u * static_cast<double>(v.size())))];
   };
   std::int64_t progress = 0;
   std::size_t pec_level = 0;
@@ -447,6 +494,8 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
     } else {
       stall = m.stall_s;
     }
+    // The coordinator's dispatch between iterations: wall time, not training.
+    stall += m.dispatch_s;
     const double end = t + t_iter + stall;
     if (end <= fail.time_s) {
       if (end > f.duration_s) break;
@@ -455,9 +504,14 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
       ++iterations_run;
       stall_total += stall;
       const std::int64_t every = m.kind == policy_kind::moevement ? m.w_sparse : m.interval;
-      double lag = m.persist_lag_s;
-      if (m.kind == policy_kind::pec) lag = m.pec_snapshot_s[pec_level];
-      if (progress % every == 0) pending.push_back({progress, t + lag});
+      if (progress % every == 0) {
+        double lag = m.persist_lag_s;
+        if (m.kind == policy_kind::pec)
+          lag = m.pec_snapshot_s[pec_level];
+        else if (!m.persist_lag_samples_s.empty())
+          lag = draw_lag();
+        pending.push_back({progress, t + lag});
+      }
       promote(t);
       continue;
     }
@@ -500,7 +554,8 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
           ++pec_level;
       }
     }
-    double resume = fail.time_s + m.restart_s + m.load_s + work;
+    const double restart = restart_for(m, stage);
+    double resume = fail.time_s + restart + m.load_s + work;
     double recompute = fail.time_s - t + work;  // the aborted iteration and the replay
     fail = next_failure(fail.time_s);
     while (fail.time_s < resume && fail.time_s < f.duration_s) {
@@ -508,7 +563,7 @@ trial_outcome run_trial(const policy_model& m, double mtbf_s, const failure_sett
       ++out.failures;
       // Replay done before this failure is lost again.
       recompute += std::max(0.0, fail.time_s - (resume - work));
-      resume = fail.time_s + m.restart_s + m.load_s + work;
+      resume = fail.time_s + restart + m.load_s + work;
       fail = next_failure(fail.time_s);
     }
     out.recompute_s += recompute;

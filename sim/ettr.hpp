@@ -33,7 +33,11 @@ struct policy_settings {
   int pec_interval = 1;                       // iterations between PEC checkpoints (MoC: 1)
   double snapshot_s = -1;                     // measured snapshot time (profile); < 0: model
   double persist_lag_s = -1;  // measured persist lag (profile; dense and moevement); < 0: model
-  double load_s = -1;         // measured checkpoint load on recovery (profile); < 0: model
+  // Measured persist lags, one per checkpoint (profile); non-empty: the lag is this empirical
+  // distribution (its median replaces persist_lag_s where that is not given).
+  std::vector<double> persist_lag_samples_s;
+  double load_s = -1;     // measured checkpoint load on recovery (profile); < 0: model
+  double restart_s = -1;  // measured restart of this policy (profile); < 0: the failures'
 };
 
 struct failure_settings {
@@ -53,8 +57,19 @@ struct policy_model {
   double snapshot_s = 0;     // time to take one checkpoint (before overlap)
   double persist_lag_s = 0;  // from the end of the checkpointed iteration until the checkpoint
                              // can be recovered from (snapshot + replication, or + disk persist)
+  // The measured lags, sorted (empty: every checkpoint lags persist_lag_s). A tail matters: a
+  // failure inside a checkpoint's lag rolls back one interval further. Monte Carlo draws each
+  // checkpoint's lag from them; the closed form takes the expectation over them.
+  std::vector<double> persist_lag_samples_s;
   double restart_s = 0;
+  // Measured restart per failed stage (a stage's replacement builds that stage: the first and
+  // last hold the embedding and the head); empty, or an entry < 0: restart_s.
+  std::vector<double> stage_restart_s;
   double load_s = 0;  // reading the checkpoint back on recovery
+  // Wall time per iteration outside the iteration itself (the coordinator's messaging between
+  // iterations; measured by our engine's profile, 0 in the analytical model): overhead, like a
+  // stall, in both the closed form and Monte Carlo.
+  double dispatch_s = 0;
   int stages = 1;
   // moevement: per stage, time of conversion iteration j and of an all-active replay.
   int w_sparse = 0;
@@ -93,6 +108,15 @@ struct closed_form {
                                     // paper's Table 3 calls total recovery time)
   double ettr = 0;
 };
+
+// The restart after a failure of `stage` (stage_restart_s where measured, else restart_s).
+double restart_for(const policy_model& m, int stage);
+
+// Expected extra loss from the persist lag when the failure hits uniformly within `span_s` after a
+// checkpoint (a dense interval k x T, or moevement's window W x T): the failure finds the
+// checkpoint not yet recoverable with probability P(lag > u), losing one span more, so the
+// expectation is E[min(lag, span)] over the lag's distribution (the samples, or the one value).
+double expected_persist_penalty_s(const policy_model& m, double span_s);
 
 // ETTR = 1 / (1 + T_ckpt / (T_iter k)) x 1 / (1 + E[R] / MTBF)  (paper 2.4 and appendix C).
 closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double duration_s);

@@ -453,7 +453,8 @@ TEST(sim_validation, dense_disk_windows_count_once_every_store_has_their_manifes
   // Window 5 is the state after iteration 4, whose record came at 0.6 + 0.1 * 4 = 1.0 in
   // rollback_log(); a window one store never showed is left out.
   const run_result r = parse(rollback_log());
-  disk_windows_seen s{{"a", {{5, 1.02}, {10, 1.9}}}, {"b", {{5, 1.035}}}};
+  // Window 7 follows iteration 6, which was recomputed after the rollback: left out too.
+  disk_windows_seen s{{"a", {{5, 1.02}, {7, 1.3}, {10, 1.9}}}, {"b", {{5, 1.035}, {7, 1.31}}}};
   const auto lags = disk_persist_lags(r, s);
   ASSERT_EQ(lags.size(), 1u);
   EXPECT_NEAR(lags[0], 0.035, 1e-12);
@@ -473,6 +474,166 @@ TEST(sim_validation, a_measured_persist_lag_of_a_baseline_decides_its_rollback_p
   EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 1}}).wall_s, 1.48 + 1.5, 1e-9);
   // dense-memory keeps its modelled lag (its snapshot time).
   EXPECT_EQ(sim_policy(tiny_job(), prof, "dense-memory", 5, f).persist_lag_s, 0.01);
+}
+
+}  // namespace
+
+// The persist lag as a distribution: the measured lags travel in the profile, and the
+// prediction is the expectation over them.
+namespace {
+
+TEST(sim_validation, persist_lag_samples_round_trip_and_older_profiles_still_load) {
+  auto prof = tiny_profile();
+  prof.policy_persist_lag_s = {{"dense-disk", 0.001}};
+  prof.persist_lag_samples_s = {{"dense-disk", {0.001, 1.0 / 3.0, 0.001, 0.25}}};
+  const auto back = sim::parse_profile(profile_toml(prof));
+  EXPECT_EQ(back.persist_lag_samples_s, prof.persist_lag_samples_s);  // bit-exact, in order
+  // A format 1 file written before the samples existed reads as before: no distribution.
+  const auto old = sim::parse_profile(
+      "[profile]\nformat_version = 1\niteration_s = 0.1\n"
+      "[profile.policy_persist_lag_s]\ndense-disk = 0.007\n");
+  EXPECT_TRUE(old.persist_lag_samples_s.empty());
+  EXPECT_EQ(old.policy_persist_lag_s.at("dense-disk"), 0.007);
+  EXPECT_THROW(sim::parse_profile("[profile]\nformat_version = 1\n"
+                                  "[profile.persist_lag_samples_s]\ndense-disk = [0.1, -1.0]\n"),
+               std::invalid_argument);
+  sim::failure_settings f;
+  const auto m = sim_policy(tiny_job(), prof, "dense-disk", 5, f);
+  EXPECT_EQ(m.persist_lag_s, 0.001);  // the single value stays the given median
+  EXPECT_EQ(m.persist_lag_samples_s, (std::vector<double>{0.001, 0.001, 0.25, 1.0 / 3.0}));
+  // Without a single value, the samples' median.
+  prof.policy_persist_lag_s.clear();
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "dense-disk", 5, f).persist_lag_s, 0.5 * (0.001 + 0.25));
+  // Policies without samples keep their single lag.
+  EXPECT_TRUE(sim_policy(tiny_job(), prof, "dense-memory", 5, f).persist_lag_samples_s.empty());
+}
+
+TEST(sim_validation, the_prediction_is_the_expectation_over_the_measured_lags) {
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  auto prof = tiny_profile();
+  // Three checkpoints on disk 1 ms after their iteration, one 0.25 s after.
+  prof.persist_lag_samples_s = {{"dense-disk", {0.001, 0.25, 0.001, 0.001}}};
+  const auto m = without_stall(sim_policy(tiny_job(), prof, "dense-disk", 5, f));
+  const auto trace = [](const sim::policy_model&) {
+    return std::vector<sim::failure_event>{{1.23, 1}};
+  };
+  // The failure at 1.23 comes 0.23 s after the checkpoint of state 10: on disk with probability
+  // 3/4 (back to 10: resume at 1.48, then 10 iterations), else back to 5 (then 15 iterations).
+  const auto p = predict_over_lags(m, 20, f, trace);
+  EXPECT_NEAR(p.wall_s, 0.75 * (1.48 + 1.0) + 0.25 * (1.48 + 1.5), 1e-9);
+  EXPECT_NEAR(p.ettr, 2.0 / p.wall_s, 1e-12);
+  EXPECT_NEAR(p.time_lost_s, p.wall_s - 2.0, 1e-12);
+  EXPECT_DOUBLE_EQ(p.failures, 1);
+  // The median alone (1 ms) predicts the short rollback every time.
+  auto median_only = m;
+  median_only.persist_lag_samples_s.clear();
+  EXPECT_NEAR(predict_over_lags(median_only, 20, f, trace).wall_s, 2.48, 1e-9);
+  // The closed form's penalty is the same expectation: E[min(lag, k T)].
+  EXPECT_NEAR(sim::expected_persist_penalty_s(m, 0.5), (3 * 0.001 + 0.25) / 4, 1e-15);
+  EXPECT_NEAR(sim::expected_persist_penalty_s(m, 0.1), (3 * 0.001 + 0.1) / 4, 1e-15);
+}
+
+}  // namespace
+
+// The coordinator's time between iterations: measured from the log, carried by the profile,
+// wall time per iteration in the prediction.
+namespace {
+
+TEST(sim_validation, dispatch_gaps_are_the_time_between_iterations_outside_them) {
+  const std::vector<stamped> log{
+      {0.5, R"({"kind":"event","event":"job_start","pp":3,"dp":1,"spares":1,"iterations":4})"},
+      {0.602, iter(0, 0.1)},  // 2 ms after job_start beyond its own 0.1 s
+      {0.703, iter(1, 0.1)},  // 1 ms
+      {0.75,
+       R"({"kind":"event","event":"worker_lost","node":3,"stage":2,"replica":0,"how":"was lost","iteration":2})"},
+      {0.9,
+       R"({"kind":"event","event":"recovery_end","recovery":"rollback","policy":"dense-memory","stage":2,"replica":0,"target_iteration":2,"rollback_to":0,"seconds":0.1,"restore_s":0.08,"load_s":0.02})"},
+      {1.0, iter(0, 0.095)},  // after a recovery: recovery time, not dispatch
+      {1.104, iter(1, 0.1)},  // 4 ms
+      {1.2, R"({"kind":"event","event":"job_end","iterations":2,"state_hash":"ab"})"},
+  };
+  const auto gaps = dispatch_gaps(parse(log));
+  ASSERT_EQ(gaps.size(), 3u);
+  EXPECT_NEAR(gaps[0], 0.002, 1e-12);
+  EXPECT_NEAR(gaps[1], 0.001, 1e-12);
+  EXPECT_NEAR(gaps[2], 0.004, 1e-12);
+
+  auto prof = tiny_profile();
+  prof.dispatch_s = 0.0005;
+  EXPECT_EQ(sim::parse_profile(profile_toml(prof)).dispatch_s, 0.0005);
+  EXPECT_LT(sim::parse_profile(profile_toml(tiny_profile())).dispatch_s, 0);  // not measured
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  const auto m = without_stall(sim_policy(tiny_job(), prof, "dense-memory", 5, f));
+  EXPECT_EQ(m.dispatch_s, 0.0005);
+  // Every iteration takes 0.1 s of training and 0.5 ms of dispatch: 20 of them, no failure.
+  const auto p = predict_fixed_work(m, 20, f, {});
+  EXPECT_NEAR(p.wall_s, 20 * 0.1005, 1e-9);
+  EXPECT_NEAR(p.ettr, 0.1 / 0.1005, 1e-9);
+  // The closed form counts it as overhead per iteration.
+  const auto cf = sim::evaluate_closed_form(m, 1e12, 3600);
+  EXPECT_NEAR(cf.overhead_s_per_iter, 0.0005, 1e-15);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(sim_validation, lost_time_splits_into_parts_that_add_up) {
+  // rollback_log(): job_start at 0.5, iterations 0..6 seen at 0.6 + 0.1 i (0.1 s each: no
+  // gap), the loss at 1.25, recovery_end at 1.5, iterations 5..9 redone, seen at 1.6 .. 2.0.
+  const run_result r = parse(rollback_log());
+  const auto sp = split_lost_time(r);
+  EXPECT_NEAR(sp.dispatch_s, 0.0, 1e-9);
+  EXPECT_NEAR(sp.aborted_s, 0.05, 1e-9);    // record 6 at 1.2, the loss at 1.25
+  EXPECT_NEAR(sp.recovery_s, 0.25, 1e-9);   // to recovery_end at 1.5
+  EXPECT_NEAR(sp.resume_gap_s, 0.0, 1e-9);  // record 5 at 1.6 after its 0.1 s
+  EXPECT_NEAR(sp.lost_work_s, 0.2, 1e-9);   // first attempts of 5 and 6
+  EXPECT_EQ(sp.lost_iterations, 2);
+  double own = 0;
+  for (const auto& [i, v] : own_times(r)) own += v;
+  EXPECT_NEAR(sp.total(), (r.t_last_iteration - r.t_start) - own, 1e-9);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(sim_validation, a_policys_own_restart_replaces_the_common_one) {
+  auto prof = tiny_profile();
+  prof.policy_restart_s = {{"dense-memory", 0.03}, {"moevement", 0.006}};
+  const auto back = sim::parse_profile(profile_toml(prof));
+  EXPECT_EQ(back.policy_restart_s, prof.policy_restart_s);
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "dense-memory", 5, f).restart_s, 0.03);
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "moevement", 0, f).restart_s, 0.006);
+  EXPECT_EQ(sim_policy(tiny_job(), prof, "pec", 5, f).restart_s, 0.2);  // none of its own
+}
+
+}  // namespace
+
+namespace {
+
+TEST(sim_validation, a_measured_restart_per_failed_stage_replaces_the_common_one) {
+  EXPECT_EQ(parse(rollback_log()).recoveries.at(0).stage, 2);
+  sim::failure_settings f;
+  f.restart_s = 0.2;
+  auto m = without_stall(sim_policy(tiny_job(), tiny_profile(), "dense-memory", 5, f));
+  m.stage_restart_s = {0.4, -1, 0.1};  // stage 1: not measured, the common 0.2
+  // As in a_baseline_rolls_every_stage_back_to_its_newest_checkpoint: back to 10 at 1.23, then
+  // restart, load 0.05 and the 10 iterations 10..19.
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 0}}).wall_s, 1.23 + 0.4 + 0.05 + 1.0, 1e-9);
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 1}}).wall_s, 1.23 + 0.2 + 0.05 + 1.0, 1e-9);
+  EXPECT_NEAR(predict_fixed_work(m, 20, f, {{1.23, 2}}).wall_s, 1.23 + 0.1 + 0.05 + 1.0, 1e-9);
+  EXPECT_EQ(sim::restart_for(m, 7), 0.2);
+  // The closed form's failed stage is uniform: the mean restart over the stages.
+  auto common = m;
+  common.stage_restart_s.clear();
+  EXPECT_NEAR(sim::evaluate_closed_form(m, 3600, 3600).expected_recovery_s -
+                  sim::evaluate_closed_form(common, 3600, 3600).expected_recovery_s,
+              (0.4 + 0.2 + 0.1) / 3 - 0.2, 1e-12);
 }
 
 }  // namespace

@@ -129,6 +129,25 @@ TEST(config, profile_replaces_modelled_costs) {
       EXPECT_EQ(row.model.persist_lag_s, 0.75);
     }
   }
+  // The optional measured distributions and per-policy values reach the policies' models.
+  std::ofstream(dir / "dist.toml")
+      << "[profile]\nformat_version = 1\nrestart_s = 4\ndispatch_s = 0.001\n"
+         "[profile.policy_restart_s]\ndense-memory = 2.5\n"
+         "[profile.persist_lag_samples_s]\ndense-memory = [0.5, 0.25, 2.0]\n";
+  const auto dist = run_simulation(parse_config(
+      std::string(minimal) + "[profile]\nfile = \"dist.toml\"\n", {"failures.trials=10"}, dir));
+  EXPECT_EQ(dist.costs.dispatch_s, 0.001);
+  for (const auto& row : dist.rows) {
+    EXPECT_EQ(row.model.dispatch_s, 0.001);
+    if (row.policy == policy_kind::dense_memory) {
+      EXPECT_EQ(row.model.restart_s, 2.5);
+      EXPECT_EQ(row.model.persist_lag_samples_s, (std::vector<double>{0.25, 0.5, 2.0}));
+      EXPECT_EQ(row.model.persist_lag_s, 0.5);  // their median
+    } else {
+      EXPECT_EQ(row.model.restart_s, 4);
+      EXPECT_TRUE(row.model.persist_lag_samples_s.empty());
+    }
+  }
   std::ofstream(dir / "bad.toml") << "[profile]\nformat_version = 2\n";
   try {
     parse_config(std::string(minimal) + "[profile]\nfile = \"bad.toml\"\n", {}, dir);

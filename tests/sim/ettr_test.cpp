@@ -309,4 +309,34 @@ TEST(ettr, popularity_order_makes_conversion_cheaper) {
 }
 
 }  // namespace
+// A measured lag distribution: equal samples behave exactly like the single value (the failures
+// drawn stay the same: the lags have their own random stream); a tail costs more rollbacks, in
+// the Monte Carlo run as in the closed form's E[min(lag, k T)].
+TEST(ettr, persist_lag_samples_model_the_tail_of_the_lag) {
+  const fixture x(0.2);
+  auto single = x.build(policy_kind::dense_disk, 3600, interval_rule::fixed, 20);
+  single.persist_lag_s = 0.5;
+  auto same = single;
+  same.persist_lag_samples_s.assign(7, 0.5);
+  const double mtbf = 1800;
+  const auto a = monte_carlo(single, mtbf, x.f), b = monte_carlo(same, mtbf, x.f);
+  EXPECT_EQ(a.ettr_mean, b.ettr_mean);
+  EXPECT_EQ(a.failures_mean, b.failures_mean);
+  EXPECT_EQ(evaluate_closed_form(single, mtbf, x.f.duration_s).ettr,
+            evaluate_closed_form(same, mtbf, x.f.duration_s).ettr);
+  // Half the checkpoints take a whole interval to persist: more recomputation.
+  const double span = single.interval * single.iteration_s;
+  auto tail = same;
+  tail.persist_lag_samples_s = {0.5, 0.5, 0.5, 2 * span};
+  EXPECT_DOUBLE_EQ(expected_persist_penalty_s(tail, span), (3 * 0.5 + span) / 4);
+  EXPECT_DOUBLE_EQ(expected_persist_penalty_s(single, span), 0.5);
+  const auto c = monte_carlo(tail, mtbf, x.f);
+  EXPECT_EQ(c.failures_mean, a.failures_mean);
+  EXPECT_GT(c.recompute_s_mean, a.recompute_s_mean);
+  const auto cf_single = evaluate_closed_form(single, mtbf, x.f.duration_s);
+  const auto cf_tail = evaluate_closed_form(tail, mtbf, x.f.duration_s);
+  EXPECT_NEAR(cf_tail.expected_recompute_s - cf_single.expected_recompute_s, (span - 0.5) / 4,
+              1e-9);
+}
+
 }  // namespace moevement::sim
