@@ -20,7 +20,7 @@ void check(ucs_status_t status, const char* what) {
 
 }  // namespace
 
-ucx_context::ucx_context() {
+ucx_context::ucx_context(context_use use) {
   // UCX 1.13 drops its shared-memory transports from endpoints with peer error handling
   // unless these are set (same-host traffic then falls to TCP, ~10x slower). They configure
   // UCT memory domains, which only the environment reaches (ucp_config_modify does not), so
@@ -38,6 +38,11 @@ ucx_context::ucx_context() {
   }
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  if (use == context_use::messages && t.empty()) {
+    const ucs_status_t s = ucp_config_modify(config, "TLS", "^mm");
+    if (s != UCS_OK) ucp_config_release(config);
+    check(s, "ucp_config_modify(TLS)");
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;

@@ -9,10 +9,21 @@
 
 namespace moevement::transport {
 
+// What a context carries. Messages never go through the shared-memory FIFO transports
+// (UCX's `mm` group: posix, sysv, xpmem): a sender killed between reserving a slot in the
+// receiver's FIFO and marking it written leaves that slot unwritten for ever, and the receiver,
+// which reads its FIFO in order, then hears no other sender either (seen: a survivor deaf to every
+// peer for the whole failure timeout after a neighbour was killed). Bulk pulls are one-sided RMA
+// reads that write nothing into the exporter's FIFO (their endpoints to same-host peers skip the
+// handshake that would, see bulk_ep_of in ucx_link.cpp), so they keep shared memory's
+// bandwidth.
+enum class context_use { messages, bulk };
+
 class ucx_context {
  public:
   // Features: active messages (actor messages), RMA (bulk pulls), wakeup (event fd).
-  ucx_context();
+  // `messages` leaves the FIFO transports out unless UCX_TLS names the transports itself.
+  explicit ucx_context(context_use use = context_use::bulk);
   ~ucx_context();
   ucx_context(const ucx_context&) = delete;
   ucx_context& operator=(const ucx_context&) = delete;

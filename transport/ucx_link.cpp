@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/hash.hpp"
 #include "transport/ucx_context.hpp"
 
 namespace moevement::transport {
@@ -39,8 +40,8 @@ bool link_tracing() {
 
 // Active message ids of the link's own protocol.
 enum am_id : unsigned {
-  am_hello = 1,     // header hello_header, data: the job token
-  am_welcome,       // header welcome_header: the acceptor admitted us
+  am_hello = 1,     // header hello_header, data: the job token, then the bulk worker address
+  am_welcome,       // header welcome_header, data: the acceptor's bulk worker address
   am_refused,       // no payload: the acceptor refused our token
   am_envelope,      // data: one serialized envelope
   am_goodbye,       // no payload: the sender is shutting down cleanly
@@ -54,15 +55,31 @@ constexpr am_id all_am_ids[] = {am_hello,     am_welcome,   am_refused,
                                 am_bulk_data, am_bulk_rkey, am_bulk_error};
 
 constexpr std::uint32_t wire_magic = 0x56454f4d;  // "MOEV"
-constexpr std::uint32_t wire_version = 1;
+constexpr std::uint32_t wire_version = 3;
 constexpr std::size_t max_token_bytes = 256;
+constexpr std::size_t max_address_bytes = 8192;  // a UCX worker address is a few hundred
+constexpr std::size_t host_tag_bytes = 8;        // leads the bulk address, see bulk_ep_of
+
+// This machine's identity: the kernel's boot id and the host name, hashed (equal tags: the
+// same kernel and, as far as we can tell, the same shared-memory namespace).
+std::uint64_t host_tag() {
+  std::string id;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) id = buf;
+    std::fclose(f);
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) id += host;
+  return xxhash64(std::as_bytes(std::span(id.data(), id.size())), 0x6d6f6576);
+}
 constexpr std::size_t max_rkey_bytes = 4096;
 
 struct hello_header {
-  std::uint32_t magic, version, node, token_bytes;
+  std::uint32_t magic, version, node, token_bytes, address_bytes, reserved;
 };
 struct welcome_header {
-  std::uint32_t magic, version, node, reserved;
+  std::uint32_t magic, version, node, address_bytes;
 };
 struct bulk_request_header {
   std::uint64_t request, region, offset, length;
@@ -164,7 +181,11 @@ constexpr std::size_t max_cached_rkeys = 64;  // per connection; unpacking maps 
 
 struct connection {
   std::uint64_t serial = 0;
-  ucp_ep_h ep = nullptr;
+  ucp_ep_h ep = nullptr;  // messages (on the link's message worker)
+  // RMA reads from the peer's bulk worker, created on first use from the address the peer
+  // sent in its hello or welcome (known only once it is admitted).
+  ucp_ep_h bulk_ep = nullptr;
+  std::vector<std::byte> bulk_address;
   bool outgoing = false;
   bool admitted = false;  // outgoing: from the start; incoming: after a valid hello
   bool welcomed = false;  // outgoing: the acceptor admitted us (the endpoint is wired)
@@ -228,19 +249,30 @@ struct link_state : std::enable_shared_from_this<link_state> {
   link_state(asio::io_context& io_in, ucx_link_options options)
       : io(io_in),
         opt(std::move(options)),
-        context(),
+        bulk_context(context_use::bulk),
+        bulk_worker(bulk_context),
+        context(context_use::messages),
         worker(context),
         fd(io),
+        bulk_fd(io),
         tick(io),
         poll(io) {}
 
   asio::io_context& io;
   ucx_link_options opt;
+  // Two workers (see context_use): one-sided bulk reads, and messages. The bulk context comes
+  // first: it reads the shared-memory settings (UCX warns of environment variables unused by
+  // the first context).
+  ucx_context bulk_context;
+  ucx_worker bulk_worker;
   ucx_context context;
   ucx_worker worker;
+  std::vector<std::byte> bulk_address;  // bulk_worker's, sent to every peer we admit or join
   ucp_listener_h listener = nullptr;
   std::uint16_t port = 0;
   asio::posix::stream_descriptor fd;
+  asio::posix::stream_descriptor bulk_fd;
+  bool bulk_fd_waiting = false;
   asio::steady_timer tick;
   asio::steady_timer poll;  // see pump(): requests in flight without events
   bool poll_pending = false;
@@ -257,6 +289,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::uint64_t next_serial = 1;
   std::map<std::uint64_t, std::unique_ptr<connection>> conns;
   std::unordered_map<ucp_ep_h, std::uint64_t> by_ep;
+  std::unordered_map<ucp_ep_h, std::uint64_t> by_bulk_ep;
   std::map<node_id, peer_entry> peers;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
   std::map<std::uint64_t, std::shared_ptr<region_record>> regions;
@@ -281,6 +314,15 @@ struct link_state : std::enable_shared_from_this<link_state> {
     const int dup_fd = ::dup(worker.event_fd());
     if (dup_fd < 0) throw std::runtime_error("dup of the UCX worker event fd failed");
     fd.assign(dup_fd);
+    const int bulk_dup_fd = ::dup(bulk_worker.event_fd());
+    if (bulk_dup_fd < 0) throw std::runtime_error("dup of the UCX bulk worker event fd failed");
+    bulk_fd.assign(bulk_dup_fd);
+    // What we send: our host tag, then the bulk worker's UCX address.
+    const std::uint64_t tag = host_tag();
+    bulk_address.resize(host_tag_bytes);
+    std::memcpy(bulk_address.data(), &tag, host_tag_bytes);
+    const auto address = bulk_worker.address();
+    bulk_address.insert(bulk_address.end(), address.begin(), address.end());
     for (am_id id : all_am_ids) {
       ucp_am_handler_param_t p{};
       p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -344,7 +386,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void pump(wake why = wake::kick) {
     if (dying) return;
     bool found = false;
-    while (worker.progress() != 0) found = true;
+    while ((worker.progress() + bulk_worker.progress()) != 0) found = true;
     if (found) {
       if (why == wake::tick) ++counters.tick_progress;
       if (why == wake::poll) ++counters.poll_progress;
@@ -363,7 +405,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     if (spinning) shrink_spin();
     spinning = false;
-    const ucs_status_t s = ucp_worker_arm(worker.handle());
+    ucs_status_t s = ucp_worker_arm(worker.handle());
+    if (s == UCS_OK) s = ucp_worker_arm(bulk_worker.handle());
     ++counters.arms;
     if (s == UCS_ERR_BUSY) {
       ++counters.arm_busy;
@@ -389,20 +432,23 @@ struct link_state : std::enable_shared_from_this<link_state> {
     // room in a full shared-memory FIFO: the receiver draining it signals nothing, and the
     // worker wakes us for arriving data only).
     if (outstanding > 0) schedule_poll(found);
-    if (!fd_waiting) {
-      fd_waiting = true;
-      fd.async_wait(asio::posix::stream_descriptor::wait_read,
-                    [w = weak_from_this()](const std::error_code& ec) {
-                      auto s = w.lock();
-                      if (!s) return;
-                      s->fd_waiting = false;
-                      if (!ec) {
-                        s->last_activity = clock::now();
-                        if (s->last_activity - s->slept_at < s->opt.spin) s->grow_spin();
-                        s->pump(wake::fd);
-                      }
-                    });
-    }
+    wait_on(fd, fd_waiting);
+    wait_on(bulk_fd, bulk_fd_waiting);
+  }
+  void wait_on(asio::posix::stream_descriptor& d, bool& waiting) {
+    if (waiting) return;
+    waiting = true;
+    d.async_wait(asio::posix::stream_descriptor::wait_read,
+                 [w = weak_from_this(), &waiting](const std::error_code& ec) {
+                   auto s = w.lock();
+                   if (!s) return;
+                   waiting = false;
+                   if (!ec) {
+                     s->last_activity = clock::now();
+                     if (s->last_activity - s->slept_at < s->opt.spin) s->grow_spin();
+                     s->pump(wake::fd);
+                   }
+                 });
   }
   void grow_spin() {
     spin_now = std::min<std::chrono::nanoseconds>(
@@ -579,7 +625,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* s = static_cast<link_state*>(arg);
     auto it = s->by_ep.find(ep);
-    if (it == s->by_ep.end()) return;
+    if (it == s->by_ep.end()) {
+      it = s->by_bulk_ep.find(ep);
+      if (it == s->by_bulk_ep.end()) return;
+    }
     const std::uint64_t serial = it->second;
     if (link_tracing()) {
       fmt::print(stderr, "[link {}] endpoint error on conn {}: {}\n", s->opt.self, serial,
@@ -674,10 +723,56 @@ struct link_state : std::enable_shared_from_this<link_state> {
     pe.send_conn = c.serial;
     LINK_TRACE("connecting to node {} on conn {}", peer, c.serial);
     auto token = std::make_shared<std::string>(opt.job_token);
-    hello_header h{wire_magic, wire_version, opt.self,
-                   static_cast<std::uint32_t>(opt.job_token.size())};
+    token->append(reinterpret_cast<const char*>(bulk_address.data()), bulk_address.size());
+    hello_header h{wire_magic,
+                   wire_version,
+                   opt.self,
+                   static_cast<std::uint32_t>(opt.job_token.size()),
+                   static_cast<std::uint32_t>(bulk_address.size()),
+                   0};
     send_control(c, am_hello, h, token->data(), token->size(), token);
     return &c;
+  }
+
+  // Closes the connection's bulk endpoint, if it has one (before the connection goes).
+  void close_bulk(connection& c, bool force) {
+    if (c.bulk_ep == nullptr) return;
+    by_bulk_ep.erase(c.bulk_ep);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(c.bulk_ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
+    c.bulk_ep = nullptr;
+  }
+  // The bulk endpoint to c's peer, created on first use; nullptr before the peer's address
+  // arrived (or if UCX refuses it).
+  //
+  // To a peer on this host (and UCX_TLS unset, so shared memory carries the reads) the endpoint
+  // has no peer error handling: with it, UCX wires the endpoint up and tears it down through
+  // the exporter's shared-memory FIFO, and a process killed in that instant wedges the FIFO
+  // (see ucx_context.hpp); the pull never completed and the job stalled silently (about 1
+  // launch in 9 of rollback_test's loss-during-rollback case, none in 30 without). Reads
+  // from a mapped segment need no handshake. A dead exporter is still found at once, by its
+  // message connection, which fails its pulls and closes this endpoint. Between hosts (no
+  // FIFO; IB, RoCE or TCP, where an error without handling would be fatal) it has peer error
+  // handling like every other endpoint.
+  ucp_ep_h bulk_ep_of(connection& c) {
+    if (c.bulk_ep != nullptr || c.bulk_address.size() <= host_tag_bytes) return c.bulk_ep;
+    const bool same_host =
+        std::memcmp(c.bulk_address.data(), bulk_address.data(), host_tag_bytes) == 0;
+    const bool tls_default = std::getenv("UCX_TLS") == nullptr;
+    ucp_ep_params_t p = same_host && tls_default ? ucp_ep_params_t{} : ep_params();
+    p.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    p.address = reinterpret_cast<const ucp_address_t*>(c.bulk_address.data() + host_tag_bytes);
+    ucp_ep_h ep = nullptr;
+    if (ucp_ep_create(bulk_worker.handle(), &p, &ep) != UCS_OK) return nullptr;
+    c.bulk_ep = ep;
+    by_bulk_ep[ep] = c.serial;
+    LINK_TRACE("bulk endpoint to node {} on conn {} ({})", c.peer, c.serial,
+               same_host && tls_default ? "same host, no error handling" : "peer error handling");
+    kick();
+    return ep;
   }
 
   void close_ep(ucp_ep_h ep, bool force) {
@@ -697,6 +792,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     const bool admitted = c->admitted;
     const node_id peer = c->peer;
     LINK_TRACE("failing conn {} (node {}, admitted {}): {}", serial, peer, admitted, detail);
+    close_bulk(*c, /*force=*/true);
     close_ep(c->ep, /*force=*/true);
     conns.erase(serial);
     fail_waiting_pulls(serial, detail);
@@ -719,6 +815,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       if (c->admitted && c->peer == peer) doomed.push_back(serial);
     }
     for (auto serial : doomed) {
+      close_bulk(*conns[serial], why == peer_loss::crash);
       close_ep(conns[serial]->ep, why == peer_loss::crash);
       conns.erase(serial);
       fail_waiting_pulls(serial, detail);
@@ -777,13 +874,15 @@ struct link_state : std::enable_shared_from_this<link_state> {
     switch (id) {
       case am_welcome: {
         welcome_header h{};
-        if (!c.outgoing || !read_header(header, header_len, h) || h.magic != wire_magic ||
-            h.node != c.peer) {
+        if (!c.outgoing || rndv || !read_header(header, header_len, h) || h.magic != wire_magic ||
+            h.node != c.peer || h.address_bytes != len || len > max_address_bytes) {
           ++stats.malformed;
           post_fail(c.serial, "bad welcome (is another node listening at that address?)");
           return UCS_OK;
         }
         c.welcomed = true;
+        c.bulk_address.assign(static_cast<const std::byte*>(data),
+                              static_cast<const std::byte*>(data) + len);
         LINK_TRACE("welcomed by node {} on conn {}", c.peer, c.serial);
         if (!c.held.empty()) {  // not inside progress: sends go out from a posted handler
           asio::post(io, [w = weak_from_this(), serial = c.serial] {
@@ -840,13 +939,15 @@ struct link_state : std::enable_shared_from_this<link_state> {
       return UCS_OK;
     }
     if (c.outgoing || rndv || !read_header(header, header_len, h) || h.magic != wire_magic ||
-        h.version != wire_version || h.token_bytes != len || len > max_token_bytes) {
+        h.version != wire_version || h.token_bytes > max_token_bytes ||
+        h.address_bytes > max_address_bytes ||
+        std::size_t{h.token_bytes} + h.address_bytes != len) {
       ++counters.bad_hellos;
       ++stats.malformed;
       post_fail(c.serial, "bad hello");
       return UCS_OK;
     }
-    if (!same_token(opt.job_token, data, len)) {
+    if (!same_token(opt.job_token, data, h.token_bytes)) {
       ++counters.refused_tokens;
       ++stats.malformed;
       const std::uint64_t serial = c.serial;
@@ -863,6 +964,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     c.admitted = true;
     c.peer = h.node;
+    // Used only now that the token is right: a job member's own worker address.
+    c.bulk_address.assign(static_cast<const std::byte*>(data) + h.token_bytes,
+                          static_cast<const std::byte*>(data) + len);
     LINK_TRACE("hello from node {} on conn {}", h.node, c.serial);
     auto& pe = peers[h.node];
     if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
@@ -872,8 +976,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
       auto s = w.lock();
       if (!s) return;
       if (connection* conn = s->find_conn(serial)) {
+        auto address = std::make_shared<std::vector<std::byte>>(s->bulk_address);
         s->send_control(*conn, am_welcome,
-                        welcome_header{wire_magic, wire_version, s->opt.self, 0});
+                        welcome_header{wire_magic, wire_version, s->opt.self,
+                                       static_cast<std::uint32_t>(address->size())},
+                        address->data(), address->size(), address);
       }
     });
     return UCS_OK;
@@ -1129,7 +1236,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
       key = it->second;
     } else {
       key = std::make_shared<remote_key>();
-      if (ucp_ep_rkey_unpack(c->ep, packed.data(), &key->handle) != UCS_OK) {
+      if (bulk_ep_of(*c) == nullptr ||
+          ucp_ep_rkey_unpack(c->bulk_ep, packed.data(), &key->handle) != UCS_OK) {
         key->handle = nullptr;
         return finish_pull(id, error{"pull failed: the peer's rkey does not unpack"});
       }
@@ -1141,7 +1249,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     p->keep = key;  // the rkey outlives the get even if the cache drops it
     p->done = [this, id](ucs_status_t st) { complete_transfer(id, st); };
     ucp_request_param_t param = request_params(p.get());
-    track(ucp_get_nbx(c->ep, op.into, op.length, address, key->handle, &param), std::move(p));
+    track(ucp_get_nbx(c->bulk_ep, op.into, op.length, address, key->handle, &param), std::move(p));
     kick();
   }
 
@@ -1204,12 +1312,18 @@ struct link_state : std::enable_shared_from_this<link_state> {
     poll.cancel();
     fd.cancel(ignored);
     fd.close(ignored);
-    for (auto& [serial, c] : conns) close_ep(c->ep, /*force=*/false);
+    bulk_fd.cancel(ignored);
+    bulk_fd.close(ignored);
+    for (auto& [serial, c] : conns) {
+      close_bulk(*c, /*force=*/false);
+      close_ep(c->ep, /*force=*/false);
+    }
     conns.clear();
     auto drain = [&](clock::duration limit) {
       const auto deadline = clock::now() + limit;
       while ((!closing.empty() || outstanding > 0) && clock::now() < deadline) {
         worker.progress();
+        bulk_worker.progress();
         reap_closing();
       }
     };
@@ -1396,13 +1510,13 @@ bulk_region ucx_link::export_region(std::span<std::byte> memory) {
   p.address = memory.data();
   p.length = memory.size();
   auto r = std::make_shared<detail::region_record>();
-  r->context = s.context.handle();
-  detail::check(ucp_mem_map(s.context.handle(), &p, &r->memh), "ucp_mem_map (export_region)");
+  r->context = s.bulk_context.handle();
+  detail::check(ucp_mem_map(s.bulk_context.handle(), &p, &r->memh), "ucp_mem_map (export_region)");
   r->base = memory.data();
   r->length = memory.size();
   void* packed = nullptr;
   std::size_t packed_len = 0;
-  if (ucp_rkey_pack(s.context.handle(), r->memh, &packed, &packed_len) == UCS_OK) {
+  if (ucp_rkey_pack(s.bulk_context.handle(), r->memh, &packed, &packed_len) == UCS_OK) {
     r->rkey.resize(packed_len);
     std::memcpy(r->rkey.data(), packed, packed_len);
     ucp_rkey_buffer_release(packed);
@@ -1422,8 +1536,9 @@ bulk_region ucx_link::allocate_region(std::size_t bytes) {
   p.length = bytes;
   p.flags = UCP_MEM_MAP_ALLOCATE;
   auto r = std::make_shared<detail::region_record>();
-  r->context = s.context.handle();
-  detail::check(ucp_mem_map(s.context.handle(), &p, &r->memh), "ucp_mem_map (allocate_region)");
+  r->context = s.bulk_context.handle();
+  detail::check(ucp_mem_map(s.bulk_context.handle(), &p, &r->memh),
+                "ucp_mem_map (allocate_region)");
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   detail::check(ucp_mem_query(r->memh, &attr), "ucp_mem_query");
@@ -1432,7 +1547,7 @@ bulk_region ucx_link::allocate_region(std::size_t bytes) {
   r->allocated = true;
   void* packed = nullptr;
   std::size_t packed_len = 0;
-  if (ucp_rkey_pack(s.context.handle(), r->memh, &packed, &packed_len) == UCS_OK) {
+  if (ucp_rkey_pack(s.bulk_context.handle(), r->memh, &packed, &packed_len) == UCS_OK) {
     r->rkey.resize(packed_len);
     std::memcpy(r->rkey.data(), packed, packed_len);
     ucp_rkey_buffer_release(packed);
@@ -1454,7 +1569,9 @@ result<bulk_path> ucx_link::path_to(node_id peer) {
   if ((*c)->outgoing && !(*c)->welcomed) {
     return error{fmt::format("endpoint to node {} not wired up yet", peer)};
   }
-  auto level = detail::link_state::detect_rma_level((*c)->ep);
+  ucp_ep_h bulk = s.bulk_ep_of(**c);
+  if (bulk == nullptr) return error{fmt::format("no bulk endpoint to node {} yet", peer)};
+  auto level = detail::link_state::detect_rma_level(bulk);
   if (!level) return error{fmt::format("cannot tell the RMA transport to node {}", peer)};
   pe.path_known = true;
   pe.rma = *level;
@@ -1465,7 +1582,9 @@ result<bulk_path> ucx_link::path_to(node_id peer) {
 result<std::string> ucx_link::endpoint_info(node_id peer) {
   auto c = state_->connection_to(peer);
   if (!c.ok()) return c.err();
-  return detail::link_state::describe((*c)->ep);
+  ucp_ep_h bulk = state_->bulk_ep_of(**c);
+  return "messages:\n" + detail::link_state::describe((*c)->ep) + "bulk reads:\n" +
+         (bulk != nullptr ? detail::link_state::describe(bulk) : std::string("(none yet)\n"));
 }
 
 void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_handler done) {

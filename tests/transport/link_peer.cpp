@@ -4,15 +4,19 @@
 //   link_peer export    PORT TOKEN NODE BYTES KIND export BYTES (KIND: alloc|user) filled with
 //                                                  a pattern, send its descriptor + checksum,
 //                                                  serve pulls until the test says goodbye
+//   link_peer flood     PORT TOKEN NODE            sends "flood" envelopes of 8000 bytes to
+//                                                  node 0 without pause (until killed)
 //   link_peer intruder  PORT TOKEN NODE            expects to be refused (wrong token)
 //   link_peer malformed PORT TOKEN NODE            sends a corpus of malformed input, then
 //                                                  pulls with bad descriptors, then reports
 // Exit status: 0 when the role went as expected, 1 otherwise (the test checks it).
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -189,6 +193,16 @@ int main(int argc, char** argv) {
   } else {
     if (!link.send(0, encode(me, 0, test_message{"ready", 0, {}, {}, 0, {}})).ok()) return 1;
   }
+
+  // Flooding: 64 envelopes per turn of the loop, for as long as the process lives (the test
+  // kills it mid-send). Each turn is posted, so the link's own handlers run in between.
+  std::function<void()> flood_turn = [&] {
+    std::vector<std::byte> blob(8000);
+    fill_pattern(blob, 3);
+    for (int i = 0; i < 64; ++i) (void)link.send(0, encode(me, 0, make("flood", i, blob)));
+    asio::post(io, flood_turn);
+  };
+  if (mode == "flood") asio::post(io, flood_turn);
 
   // Bounded: a helper never outlives a broken test by more than a minute.
   asio::steady_timer limit(io, std::chrono::seconds(60));

@@ -4,9 +4,12 @@
 #include "transport/ucx_link.hpp"
 
 #include <gtest/gtest.h>
+
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <algorithm>
+#include <random>
 
 #include <chrono>
 #include <cstdlib>
@@ -168,6 +171,45 @@ TEST_P(ucx_link_test, messages_round_trip_in_order_then_goodbye) {
   EXPECT_EQ(link_->stats().malformed, 0u);
   part(7, pid);
   EXPECT_FALSE(link_->send(7, encode(0, 7, testing::make("echo"))).ok()) << "sent to a lost peer";
+}
+
+// A sender killed while it floods us must not take our hearing of other peers with it. Over
+// UCX's shared-memory FIFOs it could: a sender killed between reserving a slot in our FIFO and
+// marking it written leaves a hole that our in-order reads never pass (the link keeps messages
+// off those transports, see transport/ucx_context.hpp). Each round kills a flooding peer at a
+// random point of its sending; a live peer's echo must still come back every time.
+TEST_P(ucx_link_test, a_sender_killed_mid_flood_leaves_the_others_heard) {
+  make_link();
+  const pid_t echo = spawn(peer_args("echo", 2));
+  ASSERT_TRUE(wait_message("ready"));
+  std::mt19937 rng(11);
+  for (int round = 0; round < 40; ++round) {
+    const node_id flooder = 10 + round;
+    const pid_t pid = spawn(peer_args("flood", flooder));
+    ASSERT_TRUE(wait_message("ready")) << "round " << round;
+    ASSERT_TRUE(run_until([&] {
+      return std::ranges::any_of(inbox_, [&](const auto& m) { return m.first == flooder; });
+    })) << "round "
+        << round << ": the flood never arrived";
+    // Let it flood for a while (the loop keeps draining), then kill it wherever it is.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5 + rng() % 20);
+    run_until([&] { return std::chrono::steady_clock::now() > until; });
+    ::kill(pid, SIGKILL);
+    EXPECT_EQ(wait_exit(pid), 128 + SIGKILL);
+    ASSERT_TRUE(link_->send(2, encode(0, 2, testing::make("echo", round))).ok());
+    ASSERT_TRUE(wait_message("echo")) << "round " << round
+                                      << ": the live peer's echo never came back after a "
+                                         "flooding sender was killed";
+    std::erase_if(inbox_, [](const auto& m) { return m.second.kind == "flood"; });
+  }
+  // Every flooder is reported lost as a crash, and no one else.
+  ASSERT_TRUE(run_until([&] { return losses_.size() >= 40; })) << losses_.size() << " losses";
+  for (const auto& l : losses_) {
+    EXPECT_GE(l.peer, 10u);
+    EXPECT_EQ(l.why, peer_loss::crash);
+  }
+  losses_.clear();
+  part(2, echo);
 }
 
 TEST_P(ucx_link_test, send_to_self_is_posted_and_unknown_peer_fails_at_once) {
