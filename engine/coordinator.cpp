@@ -120,6 +120,16 @@ void coordinator::on_stop(const actors::exit_reason&) {
   system().on_membership({});
 }
 
+void coordinator::report_rejected(const char* event, const char* what,
+                                  const std::vector<std::string>& reasons) {
+  for (const auto& reason : reasons) {
+    if (callbacks_.on_notice) callbacks_.on_notice(fmt::format("{} rejected: {}", what, reason));
+    if (log_ != nullptr) {
+      log_->write(json_record{}.add("kind", "event").add("event", event).add("reason", reason));
+    }
+  }
+}
+
 void coordinator::fail(const std::string& message) {
   if (finished_) return;
   job_outcome o;
@@ -1145,15 +1155,7 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
     }
     break;
   }
-  for (const auto& reason : rejected) {
-    if (callbacks_.on_notice) callbacks_.on_notice("durable window rejected: " + reason);
-    if (log_ != nullptr) {
-      log_->write(json_record{}
-                      .add("kind", "event")
-                      .add("event", "durable_rejected")
-                      .add("reason", reason));
-    }
-  }
+  report_rejected("durable_rejected", "durable window", rejected);
   if (!found) {
     fail(fmt::format(
         "{}; every copy of a needed snapshot is gone and no durable window is complete and "

@@ -136,6 +136,10 @@ class coordinator : public actors::actor {
   asio::awaitable<void> on_down(actors::actor_ref who, actors::exit_reason why) override;
 
  private:
+  // Each checkpoint or window a recovery could not use, and why: a notice and a run log event
+  // `event` per reason (`what` names the kind in the notice).
+  void report_rejected(const char* event, const char* what,
+                       const std::vector<std::string>& reasons);
   enum class phase : std::uint8_t {
     admitting,
     starting,

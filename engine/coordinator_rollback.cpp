@@ -220,15 +220,7 @@ awaitable<void> coordinator::finish_rollback() {
   for (const auto& [it, n] : offered) {
     if (n == job_.pp * job_.dp && it <= rec.target && scaler_at_.contains(it)) c = it;
   }
-  for (const auto& why : rejected) {
-    if (callbacks_.on_notice) callbacks_.on_notice("checkpoint rejected: " + why);
-    if (log_ != nullptr) {
-      log_->write(json_record{}
-                      .add("kind", "event")
-                      .add("event", "checkpoint_rejected")
-                      .add("reason", why));
-    }
-  }
+  report_rejected("checkpoint_rejected", "checkpoint", rejected);
   if (c < 0) {
     fail(fmt::format("no checkpoint is loadable on every stage ({} rejected); the job stops",
                      rejected.size()));

@@ -738,11 +738,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void close_bulk(connection& c, bool force) {
     if (c.bulk_ep == nullptr) return;
     by_bulk_ep.erase(c.bulk_ep);
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(c.bulk_ep, &p);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
+    close_ep(c.bulk_ep, force);
     c.bulk_ep = nullptr;
   }
   // The bulk endpoint to c's peer, created on first use; nullptr before the peer's address
@@ -752,7 +748,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // has no peer error handling: with it, UCX wires the endpoint up and tears it down through
   // the exporter's shared-memory FIFO, and a process killed in that instant wedges the FIFO
   // (see ucx_context.hpp); the pull never completed and the job stalled silently (about 1
-  // launch in 9 of rollback_test's loss-during-rollback case, none in 30 without). Reads
+  // launch in 9 of rollback_test's loss-during-rollback case, none in 45 without). Reads
   // from a mapped segment need no handshake. A dead exporter is still found at once, by its
   // message connection, which fails its pulls and closes this endpoint. Between hosts (no
   // FIFO; IB, RoCE or TCP, where an error without handling would be fatal) it has peer error

@@ -11,7 +11,6 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -157,16 +156,7 @@ TEST(durable_fallback, a_corrupt_newest_window_falls_back_to_the_previous_one) {
   }
   ASSERT_FALSE(newest.empty()) << "stage 0 wrote no window";
   const long damaged = std::stol(newest.filename().string().substr(7));
-  {
-    std::fstream f(newest / "slot-000000.snap", std::ios::in | std::ios::out | std::ios::binary);
-    ASSERT_TRUE(f.good());
-    f.seekg(64);
-    char c = 0;
-    f.read(&c, 1);
-    c = char(c ^ 0x5a);
-    f.seekp(64);
-    f.write(&c, 1);
-  }
+  ASSERT_TRUE(flip_byte(newest / "slot-000000.snap", 64));
   const auto o = finish(j);
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference());

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -199,15 +198,7 @@ TEST(rollback, corrupt_and_truncated_files_fall_back_to_the_previous_checkpoint)
   const fs::path w1 = newest(1), w0 = newest(0);
   ASSERT_FALSE(w1.empty());
   ASSERT_FALSE(w0.empty());
-  {
-    std::fstream f(w1 / "snapshot", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(100);
-    char c = 0;
-    f.read(&c, 1);
-    c = char(c ^ 0x5a);
-    f.seekp(100);
-    f.write(&c, 1);
-  }
+  ASSERT_TRUE(flip_byte(w1 / "snapshot", 100));
   fs::resize_file(w0 / "snapshot", fs::file_size(w0 / "snapshot") / 2);
   // Each stage's newest window is damaged: the newest both still have is 2 iterations older.
   const long damaged = std::min(std::stol(w1.filename().string().substr(7)),

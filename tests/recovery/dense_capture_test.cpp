@@ -11,6 +11,7 @@
 
 #include "engine/local_pipeline.hpp"
 #include "recovery/baseline_recovery.hpp"
+#include "tests/support/small_train.hpp"
 
 namespace moevement::recovery {
 namespace {
@@ -61,14 +62,7 @@ TEST(young_interval, resolve_uses_the_configured_interval_unless_zero) {
   EXPECT_THROW(parse_pec_order("random"), std::invalid_argument);
 }
 
-models::train_config test_train(int dp) {
-  models::train_config t;
-  t.micro_batches = 2;
-  t.micro_batch_size = 2;
-  t.seq_len = 16;
-  t.data_parallel = dp;
-  return t;
-}
+using test_support::test_train;
 
 constexpr int pp = 2, dp = 2;
 constexpr int total_iterations = 10;

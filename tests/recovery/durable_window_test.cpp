@@ -14,17 +14,12 @@
 
 #include "engine/local_pipeline.hpp"
 #include "recovery/sparse_capture.hpp"
+#include "tests/support/small_train.hpp"
 
 namespace moevement::recovery {
 namespace {
 
-models::train_config test_train() {
-  models::train_config t;
-  t.micro_batches = 2;
-  t.micro_batch_size = 2;
-  t.seq_len = 16;
-  return t;
-}
+using test_support::test_train;
 
 class durable_window_test : public ::testing::Test {
  protected:

@@ -12,6 +12,7 @@
 #include "engine/local_pipeline.hpp"
 #include "recovery/baseline_policy.hpp"
 #include "recovery/baseline_recovery.hpp"
+#include "tests/support/small_train.hpp"
 
 namespace moevement::recovery {
 namespace {
@@ -19,12 +20,7 @@ namespace {
 constexpr int pp = 2, dp = 2;
 
 models::train_config test_train() {
-  models::train_config t;
-  t.micro_batches = 2;
-  t.micro_batch_size = 2;
-  t.seq_len = 16;
-  t.data_parallel = dp;
-  return t;
+  return test_support::test_train(dp);
 }
 
 // What the test checks against, recorded independently of the capture: each gate's routed

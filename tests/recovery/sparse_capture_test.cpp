@@ -8,17 +8,12 @@
 #include <memory>
 
 #include "engine/local_pipeline.hpp"
+#include "tests/support/small_train.hpp"
 
 namespace moevement::recovery {
 namespace {
 
-models::train_config test_train() {
-  models::train_config t;
-  t.micro_batches = 2;
-  t.micro_batch_size = 2;
-  t.seq_len = 16;
-  return t;
-}
+using test_support::test_train;
 
 TEST(sparse_capture, w_sparse_from_the_profile_is_agreed_across_stages) {
   engine::local_pipeline pipe{models::preset("tiny"), test_train(), 2};

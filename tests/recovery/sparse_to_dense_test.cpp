@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "engine/local_pipeline.hpp"
+#include "tests/support/small_train.hpp"
 
 namespace moevement::recovery {
 namespace {
@@ -21,14 +22,7 @@ constexpr int w_sparse = 3;
 // flight, and t = 11 is not at a window boundary.
 constexpr int iterations = 11;
 
-models::train_config test_train(int dp) {
-  models::train_config t;
-  t.micro_batches = 2;
-  t.micro_batch_size = 2;
-  t.seq_len = 16;
-  t.data_parallel = dp;
-  return t;
-}
+using test_support::test_train;
 
 struct captured_job {
   models::train_config train;

@@ -172,4 +172,17 @@ inline launch_outcome launch(const std::string& name, const std::string& args) {
   return finish(j);
 }
 
+// Damages a file the job wrote: flips the bits of the byte at `offset` (false: not opened).
+inline bool flip_byte(const std::string& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  if (!f.good()) return false;
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x5a);
+  f.seekp(offset);
+  f.write(&c, 1);
+  return f.good();
+}
+
 }  // namespace moevement::test_support
