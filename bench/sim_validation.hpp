@@ -273,7 +273,15 @@ inline sim::profile_data policies_profile(const std::vector<run_result>& none,
   }
   if (bandwidths.empty()) throw std::runtime_error("policies_profile: no window_chosen bandwidth");
   p.snapshot_bytes_per_s_per_gpu = median(bandwidths);
-  if (!lags.empty()) p.persist_lag_s = median(lags);
+  if (!lags.empty()) {
+    p.persist_lag_s = median(lags);
+    p.persist_lag_samples_s["moevement"] = lags;  // the distribution, as simvalidate writes it
+  }
+  std::vector<double> gaps;
+  for (const auto& r : none) {
+    for (double g : dispatch_gaps(r)) gaps.push_back(g);
+  }
+  if (!gaps.empty()) p.dispatch_s = std::max(0.0, mean(gaps));
   std::vector<double> restarts, loads;
   for (const auto& r : faulty) {
     for (const auto& rec : r.recoveries) {
@@ -284,6 +292,7 @@ inline sim::profile_data policies_profile(const std::vector<run_result>& none,
   }
   if (!restarts.empty()) {
     p.restart_s = mean(restarts);
+    p.policy_restart_s["moevement"] = median(restarts);
     p.load_s["moevement"] = mean(loads);
   }
   return p;

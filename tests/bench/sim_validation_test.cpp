@@ -376,9 +376,10 @@ std::vector<stamped> none_log() {
   std::vector<stamped> log{
       {0.1,
        R"({"kind":"event","event":"job_start","pp":3,"dp":1,"spares":1,"iterations":4,"micro_batches":4})"}};
+  // Seen 0.05, 0.04, 0.03 and 0.02 s after their own iteration_s: the dispatch gaps.
   for (long i = 0; i < 4; ++i)
-    log.push_back({0.2 + 0.1 * double(i), iter(i, 0.1 + 0.01 * double(i))});
-  log.push_back({0.6, R"({"kind":"event","event":"job_end","iterations":4,"state_hash":"ab"})"});
+    log.push_back({0.1 + 0.15 * double(i + 1), iter(i, 0.1 + 0.01 * double(i))});
+  log.push_back({0.8, R"({"kind":"event","event":"job_end","iterations":4,"state_hash":"ab"})"});
   return log;
 }
 
@@ -393,6 +394,9 @@ TEST(sim_validation, the_policies_bench_profile_loads_in_the_simulator_with_its_
   // Recoveries: 0.2 - 0 - 0.01 and 0.3 - 0.125 - 0.02; pulls 0.01 and 0.02.
   EXPECT_NEAR(p.restart_s, (0.19 + 0.155) / 2, 1e-12);
   EXPECT_NEAR(p.load_s.at("moevement"), 0.015, 1e-12);
+  EXPECT_NEAR(p.policy_restart_s.at("moevement"), (0.19 + 0.155) / 2, 1e-12);  // the median
+  EXPECT_NEAR(p.dispatch_s, 0.035, 1e-12);  // mean of none's gaps 0.05, 0.04, 0.03, 0.02
+  ASSERT_EQ(p.persist_lag_samples_s.at("moevement").size(), 2u);  // every window, not a median
   EXPECT_THROW(policies_profile({}, {moe}, {}, 1, 3), std::invalid_argument);
 
   // Through the file `moevement simulate` reads (profile.file), every value bit for bit.
@@ -415,6 +419,9 @@ TEST(sim_validation, the_policies_bench_profile_loads_in_the_simulator_with_its_
   EXPECT_EQ(q.restart_s, p.restart_s);
   EXPECT_EQ(q.persist_lag_s, p.persist_lag_s);
   EXPECT_EQ(q.load_s, p.load_s);
+  EXPECT_EQ(q.policy_restart_s, p.policy_restart_s);
+  EXPECT_EQ(q.dispatch_s, p.dispatch_s);
+  EXPECT_EQ(q.persist_lag_samples_s, p.persist_lag_samples_s);
   EXPECT_EQ(cfg.failures.restart_s, p.restart_s);
   ASSERT_EQ(cfg.policies.size(), 2u);
   EXPECT_LT(cfg.policies[0].load_s, 0);  // dense-memory: not measured, modelled
