@@ -10,7 +10,13 @@
 //             theirs: the same UCP operation in ucx_perftest: -t ucp_get on shared memory,
 //             -t ucp_am_bw on TCP
 // and prints `<metric>: ours=<v> theirs=<v> ratio=<r>` (better-is-higher: theirs/ours for
-// latency). Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp]
+// latency). Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] [--no-lease]
+// [--no-yield] [--spin US] [--ours-only] [--repeat N]. --no-lease: every pull asks the exporter
+// first (ucx_link_options::lease_regions off, the behaviour before leases); --no-yield: the spin
+// does not yield the core (spin_yield off, as before); --spin US: the spin window's bound
+// (ucx_link_options::spin) in both processes; --ours-only: skip ucx_perftest (and
+// print the median time of one pull too, which preemption spells do not move);
+// --repeat N: N alternating runs of ours and theirs, each figure the median of its N.
 #include <fmt/format.h>
 #include <signal.h>
 #include <spawn.h>
@@ -81,11 +87,24 @@ decoded read(const incoming_envelope& env) {
 
 // ---- the peer process --------------------------------------------------------------------------
 
-int run_peer(std::uint16_t port) {
+// What our side runs with (the options the flags change; the rest are the defaults).
+struct our_settings {
+  bool lease = true;
+  bool yield = true;
+  long spin_us = -1;  // -1: ucx_link_options' default
+  void apply(ucx_link_options& o) const {
+    o.lease_regions = lease;
+    o.spin_yield = yield;
+    if (spin_us >= 0) o.spin = std::chrono::microseconds(spin_us);
+  }
+};
+
+int run_peer(std::uint16_t port, const our_settings& set) {
   asio::io_context io;
   ucx_link_options o;
   o.self = 1;
   o.job_token = token;
+  set.apply(o);
   ucx_link link(io, o);
   link.add_peer(0, "127.0.0.1", port);
   std::optional<bulk_region> region;
@@ -131,22 +150,26 @@ int run_peer(std::uint16_t port) {
 
 struct numbers {
   double latency_us = 0;
+  double latency_sleep_us = 0;  // theirs: ucx_perftest -E sleep (waits on events, like ours)
   double rate_mps = 0;
-  std::vector<double> bw_gbps;  // per size
+  std::vector<double> bw_gbps;      // per size
+  std::vector<double> pull_p50_us;  // ours, per size: the median pull (robust to preemption)
 };
 
-numbers run_ours(const std::vector<std::size_t>& sizes, bool quick) {
+numbers run_ours(const std::vector<std::size_t>& sizes, bool quick, const our_settings& set) {
   asio::io_context io;
   ucx_link_options o;
   o.self = 0;
   o.job_token = token;
+  set.apply(o);
   ucx_link link(io, o);
   std::vector<decoded> inbox;
   std::optional<std::string> gone;
   link.set_handlers({[&](node_id, incoming_envelope env) { inbox.push_back(read(env)); },
                      [&](node_id, peer_loss, const std::string& d) { gone = d; }});
   const std::string self = std::filesystem::read_symlink("/proc/self/exe");
-  std::vector<std::string> args{self, "--peer", std::to_string(link.port())};
+  std::vector<std::string> args{self, "--peer", std::to_string(link.port()),
+                                set.yield ? "yield" : "no-yield", std::to_string(set.spin_us)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -207,8 +230,9 @@ numbers run_ours(const std::vector<std::size_t>& sizes, bool quick) {
     (void)link.send(1, message(0, 1, k_export, size));
     const auto d = wait_for(k_exported).d;
     std::vector<std::byte> into(size, std::byte{1});
-    const int reps = std::max<int>(2, static_cast<int>((quick ? 256ull : 2048ull << 20) / size));
+    const int reps = std::max<int>(2, static_cast<int>(((quick ? 256ull : 2048ull) << 20) / size));
     double seconds = 0;
+    std::vector<double> each_us;
     for (int r = 0; r < reps + 1; ++r) {
       std::optional<result<void>> done;
       const auto t0 = clock_type::now();
@@ -218,9 +242,15 @@ numbers run_ours(const std::vector<std::size_t>& sizes, bool quick) {
         io.run_one();
       }
       if (!done->ok()) throw std::runtime_error("pull failed: " + done->err().message);
-      if (r > 0) seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+      const auto dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (r > 0) {
+        seconds += dt;
+        each_us.push_back(dt * 1e6);
+      }
     }
     n.bw_gbps.push_back(static_cast<double>(size) * reps / seconds / 1e9);
+    std::nth_element(each_us.begin(), each_us.begin() + each_us.size() / 2, each_us.end());
+    n.pull_p50_us.push_back(each_us[each_us.size() / 2]);
     (void)link.send(1, message(0, 1, k_release, 0));
   }
   (void)link.send(1, message(0, 1, k_bye, 0));
@@ -240,16 +270,41 @@ numbers run_ours(const std::vector<std::size_t>& sizes, bool quick) {
 using moevement::bench::perftest;
 
 numbers run_theirs(bool tcp, const std::vector<std::size_t>& sizes, bool quick) {
-  int port = 20000 + ::getpid() % 20000;
+  static int next_port = 20000 + ::getpid() % 20000;  // fresh ports for each repeat
+  int port = next_port;
+  next_port += 8;
   numbers n;
   n.latency_us = perftest("ucp_am_lat", 8, quick ? 2000 : 20000, port++)[1];
+  n.latency_sleep_us = perftest("ucp_am_lat", 8, quick ? 2000 : 20000, port++, "-E sleep")[1];
   n.rate_mps = perftest("ucp_am_bw", 8, quick ? 20000 : 200000, port++)[7] / 1e6;
   for (std::size_t size : sizes) {
-    const long reps = std::max<long>(2, static_cast<long>((quick ? 256ull : 2048ull << 20) / size));
+    const long reps =
+        std::max<long>(2, static_cast<long>(((quick ? 256ull : 2048ull) << 20) / size));
     const auto f = perftest(tcp ? "ucp_am_bw" : "ucp_get", size, reps, port++);
     n.bw_gbps.push_back(f[5] * 1e6 / 1e9 * 1.048576);  // perftest's MB is 2^20 bytes
   }
   return n;
+}
+
+// The median of each figure over repeated runs (odd counts: a figure of one of the runs).
+numbers median(std::vector<numbers> runs) {
+  auto mid = [&](auto get) {
+    std::vector<double> v;
+    for (auto& r : runs) v.push_back(get(r));
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  numbers m;
+  m.latency_us = mid([](const numbers& n) { return n.latency_us; });
+  m.latency_sleep_us = mid([](const numbers& n) { return n.latency_sleep_us; });
+  m.rate_mps = mid([](const numbers& n) { return n.rate_mps; });
+  for (std::size_t i = 0; i < runs[0].bw_gbps.size(); ++i) {
+    m.bw_gbps.push_back(mid([i](const numbers& n) { return n.bw_gbps[i]; }));
+    if (!runs[0].pull_p50_us.empty()) {
+      m.pull_p50_us.push_back(mid([i](const numbers& n) { return n.pull_p50_us[i]; }));
+    }
+  }
+  return m;
 }
 
 std::string size_name(std::size_t s) {
@@ -260,10 +315,15 @@ std::string size_name(std::size_t s) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc >= 3 && std::string(argv[1]) == "--peer") {
-      return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])));
+    if (argc >= 5 && std::string(argv[1]) == "--peer") {
+      our_settings set;
+      set.yield = std::string(argv[3]) == "yield";
+      set.spin_us = std::stol(argv[4]);
+      return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])), set);
     }
-    bool quick = false, with_1g = true;
+    our_settings set;
+    bool quick = false, with_1g = true, ours_only = false;
+    int repeat = 1;
     std::vector<std::string> transports{"shm", "tcp"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -272,10 +332,22 @@ int main(int argc, char** argv) {
         with_1g = false;
       } else if (a == "--no-1g") {
         with_1g = false;
+      } else if (a == "--no-yield") {
+        set.yield = false;
+      } else if (a == "--spin" && i + 1 < argc) {
+        set.spin_us = std::max(0L, std::stol(argv[++i]));
+      } else if (a == "--no-lease") {
+        set.lease = false;
+      } else if (a == "--ours-only") {
+        ours_only = true;
+      } else if (a == "--repeat" && i + 1 < argc) {
+        repeat = std::max(1, std::stoi(argv[++i]));
       } else if (a == "--transport" && i + 1 < argc) {
         transports = {argv[++i]};
       } else {
-        std::fprintf(stderr, "usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp]\n");
+        std::fprintf(stderr,
+                     "usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] "
+                     "[--no-lease] [--no-yield] [--spin US] [--ours-only] [--repeat N]\n");
         return 2;
       }
     }
@@ -288,10 +360,30 @@ int main(int argc, char** argv) {
       } else {
         ::unsetenv("UCX_TLS");
       }
-      const numbers ours = run_ours(sizes, quick);
-      const numbers theirs = run_theirs(tcp, sizes, quick);
+      // Ours and theirs alternate, so that both see the same spells of machine load.
+      std::vector<numbers> our_runs, their_runs;
+      for (int r = 0; r < repeat; ++r) {
+        our_runs.push_back(run_ours(sizes, quick, set));
+        if (!ours_only) their_runs.push_back(run_theirs(tcp, sizes, quick));
+      }
+      const numbers ours = median(our_runs);
+      if (ours_only) {
+        std::printf("transport_%s_latency_8B_us: ours=%.3f\n", t.c_str(), ours.latency_us);
+        std::printf("transport_%s_msg_rate_8B_Mmsg_per_s: ours=%.4f\n", t.c_str(), ours.rate_mps);
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          std::printf("transport_%s_bandwidth_%s_GB_per_s: ours=%.3f\n", t.c_str(),
+                      size_name(sizes[i]).c_str(), ours.bw_gbps[i]);
+          std::printf("transport_%s_pull_%s_median_us: ours=%.1f\n", t.c_str(),
+                      size_name(sizes[i]).c_str(), ours.pull_p50_us[i]);
+        }
+        continue;
+      }
+      const numbers theirs = median(their_runs);
       std::printf("transport_%s_latency_8B_us: ours=%.3f theirs=%.3f ratio=%.3f\n", t.c_str(),
                   ours.latency_us, theirs.latency_us, theirs.latency_us / ours.latency_us);
+      std::printf("transport_%s_latency_8B_sleep_us: ours=%.3f theirs=%.3f ratio=%.3f\n", t.c_str(),
+                  ours.latency_us, theirs.latency_sleep_us,
+                  theirs.latency_sleep_us / ours.latency_us);
       std::printf("transport_%s_msg_rate_8B_Mmsg_per_s: ours=%.4f theirs=%.4f ratio=%.3f\n",
                   t.c_str(), ours.rate_mps, theirs.rate_mps, ours.rate_mps / theirs.rate_mps);
       for (std::size_t i = 0; i < sizes.size(); ++i) {

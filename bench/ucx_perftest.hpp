@@ -24,8 +24,9 @@ namespace moevement::bench {
 
 // One ucx_perftest client/server pair; the CSV line's fields (iterations, p50 latency, avg
 // latency, overall latency, avg bw MB/s, overall bw MB/s, avg msg rate, overall msg rate).
-inline std::vector<double> perftest(const std::string& test, std::size_t size, long iters,
-                                    int port) {
+// `extra`: more client options (e.g. "-E sleep": wait for events instead of busy-polling).
+inline std::vector<double> perftest(const std::string& test, std::size_t size, long iters, int port,
+                                    const std::string& extra = {}) {
   const std::string server_cmd = fmt::format("ucx_perftest -p {} >/dev/null 2>&1", port);
   pid_t server = -1;
   const char* sh_args[] = {"/bin/sh", "-c", server_cmd.c_str(), nullptr};
@@ -37,8 +38,8 @@ inline std::vector<double> perftest(const std::string& test, std::size_t size, l
   for (int attempt = 0; attempt < 50 && fields.empty(); ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const std::string cmd =
-        fmt::format("ucx_perftest 127.0.0.1 -p {} -t {} -s {} -n {} -w {} -v 2>/dev/null", port,
-                    test, size, iters, std::max(1L, iters / 10));
+        fmt::format("ucx_perftest 127.0.0.1 -p {} -t {} -s {} -n {} -w {} {} -v 2>/dev/null", port,
+                    test, size, iters, std::max(1L, iters / 10), extra);
     FILE* f = ::popen(cmd.c_str(), "r");
     if (f == nullptr) continue;
     char line[512];

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <kj/exception.h>
 #include <netdb.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <array>
@@ -49,13 +50,16 @@ enum am_id : unsigned {
   am_bulk_data,     // header bulk_reply_header, data: the bytes (rendezvous when large)
   am_bulk_rkey,     // header bulk_reply_header, data: the packed rkey
   am_bulk_error,    // header bulk_reply_header (code says why)
+  am_bulk_lease,    // header bulk_lease_header, data: the packed rkey (a lease on the region)
+  am_bulk_revoke,   // header region_header: the exporter withdrew a region we hold a lease on
+  am_bulk_release,  // header region_header: the importer gives one lease back
 };
-constexpr am_id all_am_ids[] = {am_hello,     am_welcome,   am_refused,
-                                am_envelope,  am_goodbye,   am_bulk_request,
-                                am_bulk_data, am_bulk_rkey, am_bulk_error};
+constexpr am_id all_am_ids[] = {am_hello,      am_welcome,      am_refused,     am_envelope,
+                                am_goodbye,    am_bulk_request, am_bulk_data,   am_bulk_rkey,
+                                am_bulk_error, am_bulk_lease,   am_bulk_revoke, am_bulk_release};
 
 constexpr std::uint32_t wire_magic = 0x56454f4d;  // "MOEV"
-constexpr std::uint32_t wire_version = 3;
+constexpr std::uint32_t wire_version = 4;
 constexpr std::size_t max_token_bytes = 256;
 constexpr std::size_t max_address_bytes = 8192;  // a UCX worker address is a few hundred
 constexpr std::size_t host_tag_bytes = 8;        // leads the bulk address, see bulk_ep_of
@@ -83,7 +87,11 @@ struct welcome_header {
 };
 struct bulk_request_header {
   std::uint64_t request, region, offset, length;
-  std::uint32_t rma, reserved;  // rma: an rma_level, what the puller's endpoint can do
+  std::uint32_t rma;    // an rma_level, what the puller's endpoint can do
+  std::uint32_t flags;  // request_flags
+};
+enum request_flags : std::uint32_t {
+  accepts_lease = 1,  // the puller caches a lease (and releases it) if the exporter grants one
 };
 // How far the puller's RMA lanes are native (not emulated over TCP).
 enum rma_level : std::uint32_t {
@@ -95,6 +103,14 @@ enum bulk_error_code : std::uint32_t { no_such_region = 1, out_of_range = 2, not
 struct bulk_reply_header {
   std::uint64_t request, address, length;
   std::uint32_t code, reserved;
+};
+// A lease: the whole region [region_base, region_base + region_length) in the exporter's
+// address space, readable with the rkey until revoked; address/length answer this request.
+struct bulk_lease_header {
+  std::uint64_t request, address, length, region_base, region_length;
+};
+struct region_header {
+  std::uint64_t region;
 };
 
 template <class T>
@@ -150,6 +166,10 @@ struct region_record {
   std::vector<std::byte> rkey;  // packed once, sent to pullers taking the RMA path
   std::uint64_t in_flight = 0;
   bool allocated = false;  // UCX allocated it: shareable by the shared-memory transports
+  // Leases handed out and not yet released, by connection serial (a count: a holder may have
+  // been granted the region more than once, and it releases each grant). While any remain,
+  // a withdrawn region stays mapped (link_state::withdrawn).
+  std::map<std::uint64_t, std::uint32_t> grants;
   void unmap() {
     if (memh != nullptr) ucp_mem_unmap(context, memh);
     memh = nullptr;
@@ -164,7 +184,7 @@ namespace {
 // One received envelope awaiting in-order delivery.
 struct inbound {
   enum class kind { envelope, goodbye } what = kind::envelope;
-  std::shared_ptr<std::vector<capnp::word>> buffer;
+  std::shared_ptr<capnp::word[]> buffer;  // uninitialised: filled by a copy or the rendezvous
   std::size_t bytes = 0;
   bool ready = false;
   bool failed = false;
@@ -178,6 +198,21 @@ struct remote_key {
   }
 };
 constexpr std::size_t max_cached_rkeys = 64;  // per connection; unpacking maps shared memory
+constexpr std::size_t max_revoked_tombstones = 4096;  // per connection, see connection::revoked
+
+// A lease the importer holds on one exporter region (granted by am_bulk_lease): pulls of any
+// range inside it are read by ucp_get_nbx without asking the exporter first. Retired (out of
+// the cache: revoked, evicted, or the connection gone) it starts no new get; the release goes
+// back once the gets it started have completed, so the exporter never unmaps under a get.
+struct lease {
+  std::uint64_t region = 0;
+  std::uint64_t conn = 0;
+  std::shared_ptr<remote_key> key;
+  std::uint64_t base = 0;    // the region's address in the exporter
+  std::uint64_t length = 0;  // the region's bytes
+  std::uint64_t gets = 0;    // gets in flight under this lease
+  bool retired = false;
+};
 
 struct connection {
   std::uint64_t serial = 0;
@@ -192,6 +227,7 @@ struct connection {
   node_id peer = 0;
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;
+  bool deliver_posted = false;  // one deliver() handler at a time, however many arrive
   // Outgoing: everything but the hello (envelopes, pull requests) issued before the welcome,
   // sent in order once it arrives. UCX 1.13 on shared memory fails sends queued while the
   // endpoint is wiring up (measured: "Invalid am_short_iov length: 168 (expected: <= 100)",
@@ -202,6 +238,12 @@ struct connection {
   // Unpacked rkeys by region id: unpacking (and, on shared memory, mapping the segment and
   // faulting its pages in) costs more than a pull of megabytes.
   std::map<std::uint64_t, std::shared_ptr<remote_key>> rkeys;
+  // Leases granted by the peer on this connection, by region id (at most opt.max_leases).
+  std::map<std::uint64_t, std::shared_ptr<lease>> leases;
+  // Regions the peer revoked while we held no lease on them: a grant for one arriving late
+  // (overtaken by its revocation) is released at once and its pull fails. Ids are never
+  // reused; the set is capped (oldest first).
+  std::set<std::uint64_t> revoked;
 };
 
 struct peer_entry {
@@ -224,6 +266,7 @@ struct pull_op {
   std::size_t length = 0;
   std::uint32_t rma = rma_none;  // the rma_level we offered the exporter
   bool transferring = false;     // a UCX request moves the bytes; it completes on its own
+  std::shared_ptr<lease> under;  // the lease the get runs under, if any
   ucx_link::pull_handler done;
 };
 
@@ -236,6 +279,11 @@ struct pending_request {
   bool issued = false;
   bool early = false;
   ucs_status_t early_status = UCS_OK;
+  // While in flight: the UCX request, and where link_state::inflight lists it (no allocation
+  // per request: a burst of sends leaves hundreds of thousands in flight).
+  link_state* owner = nullptr;
+  void* request = nullptr;
+  std::size_t slot = 0;
 };
 
 }  // namespace
@@ -276,6 +324,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   asio::steady_timer tick;
   asio::steady_timer poll;  // see pump(): requests in flight without events
   bool poll_pending = false;
+  // A request was left in flight since the last poll was scheduled: poll soon again (a get or
+  // a send waiting for room completes by our progress only, no event wakes us for it).
+  bool request_started = false;
   std::chrono::nanoseconds poll_interval{20'000};
   // Consecutive arms answered UCS_ERR_BUSY by passes that found nothing; at max_busy_idle the
   // pump polls (schedule_poll) instead of spinning.
@@ -293,18 +344,19 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::map<node_id, peer_entry> peers;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
   std::map<std::uint64_t, std::shared_ptr<region_record>> regions;
+  // Withdrawn regions some connection still holds a lease on: mapped until released.
+  std::map<std::uint64_t, std::shared_ptr<region_record>> withdrawn;
   std::uint64_t next_region = 1;
   std::map<std::uint64_t, std::unique_ptr<pull_op>> pulls;
   std::uint64_t next_pull = 1;
-  std::uint64_t outstanding = 0;  // UCX requests whose callback has not run
-  std::set<void*> inflight;       // those requests, cancelled if still there at shutdown
+  std::uint64_t outstanding = 0;           // UCX requests whose callback has not run
+  std::vector<pending_request*> inflight;  // those requests, cancelled at shutdown
 
   bool kick_pending = false;
   bool fd_waiting = false;
   bool dying = false;
   bool said_goodbye = false;
   clock::time_point last_activity = clock::now();
-  clock::time_point slept_at = clock::now();
   std::chrono::nanoseconds spin_now{0};  // the adaptive spin window, at most opt.spin
   bool spinning = false;
 
@@ -378,15 +430,19 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // window after the last activity; then arm and wait on the event fd. Arm and async_wait
   // follow each other with nothing in between: Asio's reactor is edge-triggered.
   //
-  // The window adapts: it doubles (up to opt.spin) when spinning caught an event or a sleep
-  // ended sooner than opt.spin, and halves when it ran out with nothing. On an idle machine
-  // spinning halves the latency of a hop; on an oversubscribed one (more runnable processes
-  // than cores) a spinner holds the core its peer needs to answer, so the window shrinks to 0.
+  // The window adapts: it doubles (up to opt.spin) when spinning caught an event, covers the
+  // wait (1.5x, up to opt.spin) when an event woke us sooner than opt.spin after the last
+  // activity, and halves when it ran out with nothing. On an idle machine
+  // spinning halves the latency of a hop. On an oversubscribed one (more runnable processes
+  // than cores) a spinner that does not yield holds the core its peer needs to answer and the
+  // window shrinks to 0; yielding on idle passes (opt.spin_yield) keeps the spin useful there.
   enum class wake { kick, fd, poll, tick };
   void pump(wake why = wake::kick) {
     if (dying) return;
     bool found = false;
     while ((worker.progress() + bulk_worker.progress()) != 0) found = true;
+    deliver_ready();
+    if (dying) return;  // a handler destroyed the link
     if (found) {
       if (why == wake::tick) ++counters.tick_progress;
       if (why == wake::poll) ++counters.poll_progress;
@@ -394,12 +450,19 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     const auto now = clock::now();
     if (found) {
-      if (spinning) grow_spin();
+      if (spinning) {
+        ++counters.spin_progress;
+        grow_spin();
+      }
       last_activity = now;
     }
     reap_closing();
     if (now - last_activity < spin_now) {
       spinning = true;
+      // An idle pass of the spin gives the core away: on an oversubscribed machine the peer
+      // whose answer we wait for may be queued behind us on this very core (on an idle core
+      // the yield returns at once).
+      if (opt.spin_yield && !found) ::sched_yield();
       kick();
       return;
     }
@@ -427,7 +490,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
       ++counters.arm_errors;
       return;  // the safety tick keeps progressing
     }
-    slept_at = now;
     // Requests in flight may need our progress without any event arriving (a send waiting for
     // room in a full shared-memory FIFO: the receiver draining it signals nothing, and the
     // worker wakes us for arriving data only).
@@ -444,8 +506,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
                    if (!s) return;
                    waiting = false;
                    if (!ec) {
-                     s->last_activity = clock::now();
-                     if (s->last_activity - s->slept_at < s->opt.spin) s->grow_spin();
+                     const auto now = clock::now();
+                     s->cover_wait(now - s->last_activity);
+                     s->last_activity = now;
                      s->pump(wake::fd);
                    }
                  });
@@ -454,6 +517,18 @@ struct link_state : std::enable_shared_from_this<link_state> {
     spin_now = std::min<std::chrono::nanoseconds>(
         opt.spin, std::max<std::chrono::nanoseconds>(2 * spin_now, std::chrono::microseconds(1)));
   }
+  // An event woke us `waited` after the last activity (the spin, if any, and the sleep
+  // together). Sooner than opt.spin, a window that long would have caught it: take the window
+  // there at once, with a margin for the wakeup's own cost. (Doubling from 0 on each such wake
+  // and halving on each fruitless spin never got past 1 us: the window oscillated between 0
+  // and 1 us and every hop paid the wakeup.)
+  void cover_wait(std::chrono::nanoseconds waited) {
+    if (waited >= opt.spin) return;
+    spin_now = std::min<std::chrono::nanoseconds>(
+        opt.spin,
+        std::max<std::chrono::nanoseconds>(
+            {spin_now, waited * 3 / 2, std::chrono::nanoseconds(std::chrono::microseconds(1))}));
+  }
   void shrink_spin() {
     spin_now /= 2;
     if (spin_now < std::chrono::microseconds(1)) spin_now = std::chrono::nanoseconds(0);
@@ -461,8 +536,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // A pump after poll_interval, which starts at 20 us and doubles up to the safety tick while
   // nothing moves.
   void schedule_poll(bool found) {
-    poll_interval = found ? std::chrono::nanoseconds(20'000)
-                          : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
+    poll_interval = found || request_started
+                        ? std::chrono::nanoseconds(20'000)
+                        : std::min<std::chrono::nanoseconds>(2 * poll_interval, opt.safety_tick);
+    request_started = false;
     if (poll_pending) return;
     poll_pending = true;
     poll.expires_after(poll_interval);
@@ -510,7 +587,14 @@ struct link_state : std::enable_shared_from_this<link_state> {
       return;
     }
     std::unique_ptr<pending_request> p(raw);
+    if (p->owner != nullptr) p->owner->untrack(*p);
     p->done(status);
+  }
+  void untrack(pending_request& p) {
+    inflight[p.slot] = inflight.back();
+    inflight[p.slot]->slot = p.slot;
+    inflight.pop_back();
+    --outstanding;
   }
   // Completes `r` now if UCX did, else when its callback runs (inside progress).
   void track(ucs_status_ptr_t r, std::unique_ptr<pending_request> p) {
@@ -523,14 +607,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
       p->done(p->early_status);
     } else {
       ++outstanding;
-      inflight.insert(r);
-      auto done = std::move(p->done);
-      p->done = [this, r, done = std::move(done)](ucs_status_t s) {
-        --outstanding;
-        inflight.erase(r);
-        done(s);
-      };
-      p.release();  // owned by the request's callback now
+      p->owner = this;
+      p->request = r;
+      p->slot = inflight.size();
+      inflight.push_back(p.get());
+      request_started = true;
+      last_activity = clock::now();  // its completion may come soon: worth a spin
+      p.release();                   // owned by the request's callback now
     }
   }
 
@@ -791,6 +874,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     close_bulk(*c, /*force=*/true);
     close_ep(c->ep, /*force=*/true);
     conns.erase(serial);
+    drop_grants(serial);
     fail_waiting_pulls(serial, detail);
     if (admitted) lose_peer(peer, peer_loss::crash, detail);
   }
@@ -814,6 +898,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       close_bulk(*conns[serial], why == peer_loss::crash);
       close_ep(conns[serial]->ep, why == peer_loss::crash);
       conns.erase(serial);
+      drop_grants(serial);
       fail_waiting_pulls(serial, detail);
     }
     if (handlers.on_peer_lost) {
@@ -918,7 +1003,27 @@ struct link_state : std::enable_shared_from_this<link_state> {
       case am_bulk_data:
       case am_bulk_rkey:
       case am_bulk_error:
+      case am_bulk_lease:
         return on_bulk_reply(c, id, header, header_len, data, len, rndv);
+      case am_bulk_revoke:
+      case am_bulk_release: {
+        region_header h{};
+        if (!read_header(header, header_len, h) || len != 0) {
+          ++stats.malformed;
+          return UCS_OK;
+        }
+        // Not inside progress: a release may unmap a region, a revocation may send.
+        asio::post(io, [w = weak_from_this(), serial = c.serial, region = h.region, id] {
+          auto s = w.lock();
+          if (!s) return;
+          if (id == am_bulk_revoke) {
+            s->on_revoke(serial, region);
+          } else {
+            s->on_release(serial, region);
+          }
+        });
+        return UCS_OK;
+      }
       default:
         LINK_TRACE("unknown am {} on conn {} dropped", unsigned(id), c.serial);
         ++stats.malformed;
@@ -988,15 +1093,20 @@ struct link_state : std::enable_shared_from_this<link_state> {
       return UCS_OK;  // a rendezvous is dropped without moving its bytes
     }
     auto in = std::make_shared<inbound>();
-    in->buffer = std::make_shared<std::vector<capnp::word>>(len / sizeof(capnp::word));
+    in->buffer = std::make_shared_for_overwrite<capnp::word[]>(len / sizeof(capnp::word));
     in->bytes = len;
     c.inbox.push_back(in);
     if (!rndv) {
       // Eager data lives only during this callback: one copy of a small message into an
       // aligned buffer, which the envelope then reads in place.
-      std::memcpy(static_cast<void*>(in->buffer->data()), data, len);
+      std::memcpy(static_cast<void*>(in->buffer.get()), data, len);
       in->ready = true;
-      post_deliver(c.serial);
+      // Handed out by pump() once progress has returned (no handler runs inside a UCX
+      // callback), without a trip through the io_context queue.
+      if (!c.deliver_posted) {
+        c.deliver_posted = true;
+        ready.push_back(c.serial);
+      }
       return UCS_OK;
     }
     // Rendezvous: the bytes go straight into our aligned buffer (no copy), started outside
@@ -1019,15 +1129,27 @@ struct link_state : std::enable_shared_from_this<link_state> {
         s->post_deliver(serial);
       };
       ucp_request_param_t param = s->request_params(p.get(), /*recv_am=*/true);
-      s->track(
-          ucp_am_recv_data_nbx(s->worker.handle(), data, in->buffer->data(), in->bytes, &param),
-          std::move(p));
+      s->track(ucp_am_recv_data_nbx(s->worker.handle(), data, in->buffer.get(), in->bytes, &param),
+               std::move(p));
       s->kick();
     });
     return UCS_INPROGRESS;
   }
 
+  // Connections whose inbox got eager envelopes during the last progress (see on_envelope).
+  std::vector<std::uint64_t> ready;
+  void deliver_ready() {
+    if (ready.empty()) return;
+    auto serials = std::move(ready);
+    ready.clear();
+    for (auto serial : serials) deliver(serial);
+  }
+
   void post_deliver(std::uint64_t serial) {
+    if (connection* c = find_conn(serial)) {
+      if (c->deliver_posted) return;
+      c->deliver_posted = true;
+    }
     asio::post(io, [w = weak_from_this(), serial] {
       if (auto s = w.lock()) s->deliver(serial);
     });
@@ -1046,6 +1168,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // Hands ready envelopes to the handler in arrival order.
   void deliver(std::uint64_t serial) {
     connection* c = find_conn(serial);
+    if (c != nullptr) c->deliver_posted = false;
     while (c != nullptr && !c->inbox.empty() &&
            (c->inbox.front()->ready || c->inbox.front()->failed)) {
       auto in = std::move(c->inbox.front());
@@ -1057,7 +1180,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
         return;
       }
       auto env = incoming_envelope::decode(
-          std::as_bytes(std::span(in->buffer->data(), in->buffer->size())), opt.limits);
+          std::as_bytes(std::span(in->buffer.get(), in->bytes / sizeof(capnp::word))), opt.limits);
       if (!env.ok()) {
         ++stats.malformed;
         continue;
@@ -1094,6 +1217,19 @@ struct link_state : std::enable_shared_from_this<link_state> {
     std::byte* start = region->base + h.offset;
     if (h.rma == rma_any || (h.rma == rma_allocated && region->allocated)) {
       if (region->rkey.empty()) return reject(not_mapped);
+      // A lease only on memory the link owns: after a withdrawal it can keep that mapped until
+      // the holders release it. Memory the caller exported is theirs to free once the region
+      // is dropped, so every pull of it asks first.
+      if (region->allocated && opt.lease_regions && (h.flags & accepts_lease) != 0) {
+        ++region->grants[c->serial];
+        ++counters.leases_granted;
+        send_control(
+            *c, am_bulk_lease,
+            bulk_lease_header{h.request, reinterpret_cast<std::uint64_t>(start), h.length,
+                              reinterpret_cast<std::uint64_t>(region->base), region->length},
+            region->rkey.data(), region->rkey.size(), region);
+        return;
+      }
       send_control(
           *c, am_bulk_rkey,
           bulk_reply_header{h.request, reinterpret_cast<std::uint64_t>(start), h.length, 0, 0},
@@ -1122,6 +1258,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (it == pulls.end()) return;
     auto op = std::move(it->second);
     pulls.erase(it);
+    if (op->under) {
+      auto& l = *op->under;
+      --l.gets;
+      if (l.retired && l.gets == 0) post_release(l.conn, l.region);
+    }
     if (r.ok()) {
       ++counters.pulls_ok;
     } else {
@@ -1142,13 +1283,16 @@ struct link_state : std::enable_shared_from_this<link_state> {
   ucs_status_t on_bulk_reply(connection& c, am_id id, const void* header, std::size_t header_len,
                              void* data, std::size_t len, bool rndv) {
     bulk_reply_header h{};
-    if (!read_header(header, header_len, h)) {
+    bulk_lease_header lh{};
+    if (id == am_bulk_lease ? !read_header(header, header_len, lh)
+                            : !read_header(header, header_len, h)) {
       ++stats.malformed;
       return UCS_OK;
     }
-    auto it = pulls.find(h.request);
+    const std::uint64_t request = id == am_bulk_lease ? lh.request : h.request;
+    auto it = pulls.find(request);
     if (it == pulls.end() || it->second->conn != c.serial || it->second->transferring) {
-      LINK_TRACE("bulk reply {} for pull {} on conn {} matches nothing", unsigned(id), h.request,
+      LINK_TRACE("bulk reply {} for pull {} on conn {} matches nothing", unsigned(id), request,
                  c.serial);
       ++stats.malformed;  // a reply to nothing we asked this peer for
       return UCS_OK;
@@ -1191,6 +1335,24 @@ struct link_state : std::enable_shared_from_this<link_state> {
         s->kick();
       });
       return UCS_INPROGRESS;
+    }
+    if (id == am_bulk_lease) {
+      if (op.rma == rma_none || rndv || lh.length != op.length || len == 0 ||
+          len > max_rkey_bytes || lh.region_length == 0 ||
+          lh.region_base + lh.region_length < lh.region_base || lh.address < lh.region_base ||
+          lh.address - lh.region_base > lh.region_length ||
+          lh.length > lh.region_length - (lh.address - lh.region_base)) {
+        ++stats.malformed;
+        post_finish(pid, error{"pull failed: the peer sent a malformed lease"});
+        return UCS_OK;
+      }
+      op.transferring = true;
+      auto rkey = std::make_shared<std::vector<std::byte>>(len);
+      std::memcpy(rkey->data(), data, len);
+      asio::post(io, [w = weak_from_this(), pid, rkey, lh] {
+        if (auto s = w.lock()) s->adopt_lease(pid, *rkey, lh);
+      });
+      return UCS_OK;
     }
     // am_bulk_rkey
     if (op.rma == rma_none || rndv || h.length != op.length || len == 0 || len > max_rkey_bytes) {
@@ -1247,6 +1409,140 @@ struct link_state : std::enable_shared_from_this<link_state> {
     ucp_request_param_t param = request_params(p.get());
     track(ucp_get_nbx(c->bulk_ep, op.into, op.length, address, key->handle, &param), std::move(p));
     kick();
+  }
+
+  // ---- bulk: leases, the importer's side ---------------------------------------------------
+
+  // A grant arrived for pull `id`: cache the lease (unless one is cached, or the region was
+  // revoked already) and read under it.
+  void adopt_lease(std::uint64_t id, const std::vector<std::byte>& packed,
+                   const bulk_lease_header& h) {
+    auto pit = pulls.find(id);
+    if (pit == pulls.end()) return;
+    pull_op& op = *pit->second;
+    connection* c = find_conn(op.conn);
+    if (c == nullptr) return finish_pull(id, error{"pull failed: peer lost"});
+    if (c->revoked.contains(op.region)) {
+      send_control(*c, am_bulk_release, region_header{op.region});
+      return finish_pull(id, error{fmt::format("node {} refused the pull: no such region "
+                                               "(withdrawn)",
+                                               op.peer)});
+    }
+    std::shared_ptr<lease> l;
+    if (auto it = c->leases.find(op.region); it != c->leases.end()) {
+      l = it->second;  // two first pulls raced: this grant is one too many, give it back
+      send_control(*c, am_bulk_release, region_header{op.region});
+    } else {
+      l = std::make_shared<lease>();
+      l->key = std::make_shared<remote_key>();
+      if (bulk_ep_of(*c) == nullptr ||
+          ucp_ep_rkey_unpack(c->bulk_ep, packed.data(), &l->key->handle) != UCS_OK) {
+        l->key->handle = nullptr;
+        send_control(*c, am_bulk_release, region_header{op.region});
+        return finish_pull(id, error{"pull failed: the peer's rkey does not unpack"});
+      }
+      l->region = op.region;
+      l->conn = c->serial;
+      l->base = h.region_base;
+      l->length = h.region_length;
+      if (c->leases.size() >= opt.max_leases) {
+        auto oldest = c->leases.begin();  // the lowest region id: the oldest region
+        retire(*oldest->second);
+        c->leases.erase(oldest);
+      }
+      c->leases[op.region] = l;
+    }
+    ++counters.pulls_by_rma;
+    issue_get(op, *c, l, h.address);
+  }
+
+  // Reads op's bytes at `address` of the exporter under lease `l`.
+  void issue_get(pull_op& op, connection& c, const std::shared_ptr<lease>& l,
+                 std::uint64_t address) {
+    op.transferring = true;
+    op.under = l;
+    ++l->gets;
+    auto p = std::make_unique<pending_request>();
+    p->keep = l;  // the rkey outlives the get even if the lease is dropped
+    p->done = [this, id = op.id](ucs_status_t st) { complete_transfer(id, st); };
+    ucp_request_param_t param = request_params(p.get());
+    if (bulk_ep_of(c) == nullptr) {
+      --l->gets;
+      return finish_pull(op.id, error{"pull failed: no bulk endpoint to the peer"});
+    }
+    track(ucp_get_nbx(c.bulk_ep, op.into, op.length, address, l->key->handle, &param),
+          std::move(p));
+    kick();
+  }
+
+  // Takes a lease out of use; released to the exporter once its gets have completed.
+  void retire(lease& l) {
+    if (l.retired) return;
+    l.retired = true;
+    if (l.gets == 0) post_release(l.conn, l.region);
+  }
+  void post_release(std::uint64_t serial, std::uint64_t region) {
+    asio::post(io, [w = weak_from_this(), serial, region] {
+      auto s = w.lock();
+      if (!s) return;
+      if (connection* c = s->find_conn(serial)) {
+        s->send_control(*c, am_bulk_release, region_header{region});
+      }
+    });
+  }
+
+  void on_revoke(std::uint64_t serial, std::uint64_t region) {
+    connection* c = find_conn(serial);
+    if (c == nullptr) return;
+    LINK_TRACE("node {} revoked its region {} on conn {}", c->peer, region, serial);
+    auto it = c->leases.find(region);
+    if (it == c->leases.end()) {
+      c->revoked.insert(region);
+      if (c->revoked.size() > max_revoked_tombstones) c->revoked.erase(c->revoked.begin());
+      return;
+    }
+    retire(*it->second);
+    c->leases.erase(it);
+  }
+
+  // ---- bulk: leases, the exporter's side ---------------------------------------------------
+
+  // The owner dropped its bulk_region: no new pull is served, and holders of leases are told
+  // to stop; the memory stays mapped until they have released them.
+  void withdraw(const std::shared_ptr<region_record>& r) {
+    regions.erase(r->id);
+    if (dying) return;
+    std::erase_if(r->grants, [&](const auto& g) { return find_conn(g.first) == nullptr; });
+    if (r->grants.empty()) return;
+    withdrawn[r->id] = r;
+    for (const auto& [serial, count] : r->grants) {
+      ++counters.leases_revoked;
+      send_control(*find_conn(serial), am_bulk_revoke, region_header{r->id});
+    }
+  }
+
+  void on_release(std::uint64_t serial, std::uint64_t region) {
+    std::shared_ptr<region_record> r;
+    if (auto it = regions.find(region); it != regions.end()) r = it->second;
+    if (auto it = withdrawn.find(region); it != withdrawn.end()) r = it->second;
+    auto g = r ? r->grants.find(serial) : std::map<std::uint64_t, std::uint32_t>::iterator{};
+    if (!r || g == r->grants.end()) {
+      ++stats.malformed;  // a release of nothing we granted on this connection
+      return;
+    }
+    ++counters.leases_released;
+    if (--g->second == 0) r->grants.erase(g);
+    if (r->grants.empty()) withdrawn.erase(region);  // unmapped with its last holder
+  }
+
+  // A connection is gone: what it held is released (its process cannot read any more, or
+  // reads what it has mapped of the segment, which outlives our mapping).
+  void drop_grants(std::uint64_t serial) {
+    for (auto& [id, r] : regions) r->grants.erase(serial);
+    std::erase_if(withdrawn, [&](auto& w) {
+      w.second->grants.erase(serial);
+      return w.second->grants.empty();
+    });
   }
 
   // How native the endpoint's RMA is, from the lanes UCX chose (ucp_ep_print_info): rma_bw
@@ -1310,11 +1606,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
     fd.close(ignored);
     bulk_fd.cancel(ignored);
     bulk_fd.close(ignored);
-    for (auto& [serial, c] : conns) {
-      close_bulk(*c, /*force=*/false);
-      close_ep(c->ep, /*force=*/false);
-    }
-    conns.clear();
     auto drain = [&](clock::duration limit) {
       const auto deadline = clock::now() + limit;
       while ((!closing.empty() || outstanding > 0) && clock::now() < deadline) {
@@ -1323,12 +1614,22 @@ struct link_state : std::enable_shared_from_this<link_state> {
         reap_closing();
       }
     };
+    // Requests still in flight complete (or fail) before their endpoints close: UCX 1.13
+    // aborts the process (ucp_ep_destroy_base: "proto_reqs" not empty) when a flushing close
+    // falls back to a local disconnect, after a send error, with a request still listed on
+    // the endpoint. Seen at the end of a job whose peers were exiting at the same time.
+    drain(opt.close_timeout);
+    for (auto& [serial, c] : conns) {
+      close_bulk(*c, /*force=*/false);
+      close_ep(c->ep, /*force=*/false);
+    }
+    conns.clear();
     drain(opt.close_timeout);
     // What the flush did not finish in time (a peer that vanished) is cancelled: UCX must see
     // every request released before the worker goes.
-    for (void* r : std::vector<void*>(inflight.begin(), inflight.end())) {
-      ucp_request_cancel(worker.handle(), r);
-    }
+    std::vector<void*> left;
+    for (pending_request* p : inflight) left.push_back(p->request);
+    for (void* r : left) ucp_request_cancel(worker.handle(), r);
     for (void* r : closing) ucp_request_cancel(worker.handle(), r);
     drain(opt.close_timeout);
     for (void* r : closing) ucp_request_free(r);  // no callback: released, freed with the worker
@@ -1342,6 +1643,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (listener != nullptr) ucp_listener_destroy(listener);
     for (auto& [id, r] : regions) r->unmap();
     regions.clear();
+    for (auto& [id, r] : withdrawn) r->unmap();
+    withdrawn.clear();
   }
 };
 
@@ -1369,7 +1672,7 @@ bulk_region& bulk_region::operator=(bulk_region&& o) noexcept {
 }
 void bulk_region::reset() {
   if (!record_) return;
-  if (auto s = link_.lock()) s->regions.erase(record_->id);
+  if (auto s = link_.lock()) s->withdraw(record_);
   // The mapping goes when the last holder does: a pull being served keeps it alive.
   record_.reset();
 }
@@ -1436,7 +1739,9 @@ link_stats ucx_link::stats() const {
   return state_->stats;
 }
 ucx_link_counters ucx_link::counters() const {
-  return state_->counters;
+  auto c = state_->counters;
+  c.withdrawn_held = state_->withdrawn.size();
+  return c;
 }
 
 result<void> ucx_link::send(node_id to, kj::Array<capnp::word> message) {
@@ -1615,6 +1920,18 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   } else if (s.opt.bulk == bulk_path::automatic && path_to(d.node).ok()) {
     rma = s.peers[d.node].rma;
   }
+  // A lease on the region: the range is checked against the bounds the exporter gave and the
+  // bytes are read at once, without asking.
+  std::shared_ptr<detail::lease> lease;
+  if (rma != detail::rma_none && s.opt.lease_regions) {
+    if (auto it = (*c)->leases.find(d.region); it != (*c)->leases.end()) lease = it->second;
+  }
+  if (lease && (d.offset > lease->length || d.length > lease->length - d.offset)) {
+    return fail(
+        fmt::format("pull: node {} refused the pull: range outside the region (bytes "
+                    "[{}, +{}) of a region of {})",
+                    d.node, d.offset, d.length, lease->length));
+  }
   auto op = std::make_unique<detail::pull_op>();
   op->id = s.next_pull++;
   op->peer = d.node;
@@ -1625,12 +1942,20 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   op->rma = rma;
   op->done = std::move(done);
   const std::uint64_t id = op->id;
+  auto& op_ref = *op;
   s.pulls[id] = std::move(op);
+  if (lease) {
+    ++s.counters.pulls_by_lease;
+    s.issue_get(op_ref, **c, lease, lease->base + d.offset);
+    return;
+  }
   if (detail::link_tracing()) {
     fmt::print(stderr, "[link {}] pull {} from node {} region {} on conn {} (rma {})\n", s.opt.self,
                id, d.node, d.region, (*c)->serial, rma);
   }
-  const detail::bulk_request_header request{id, d.region, d.offset, d.length, rma, 0};
+  const std::uint32_t flags =
+      s.opt.lease_regions && rma != detail::rma_none ? detail::accepts_lease : 0u;
+  const detail::bulk_request_header request{id, d.region, d.offset, d.length, rma, flags};
   s.send_when_welcomed(**c, [&s, request](detail::connection& conn) {
     s.send_control(conn, detail::am_bulk_request, request);
   });

@@ -101,6 +101,18 @@ std::uint64_t send_corpus(ucx_link& link) {
   ++expected;
   raw(am_bulk_data, noise(3), {});
   ++expected;
+  // Lease messages: a release of a region never granted to us, one of the wrong size, and a
+  // lease answering nothing.
+  constexpr unsigned am_bulk_lease = 10, am_bulk_release = 12;
+  const std::uint64_t never_granted = 1u << 30;
+  std::vector<std::byte> release_header(8);
+  std::memcpy(release_header.data(), &never_granted, 8);
+  raw(am_bulk_release, release_header, {});
+  ++expected;
+  raw(am_bulk_release, noise(5), {});
+  ++expected;
+  raw(am_bulk_lease, noise(40), noise(64));
+  ++expected;
   return expected;
 }
 

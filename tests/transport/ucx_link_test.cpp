@@ -173,6 +173,32 @@ TEST_P(ucx_link_test, messages_round_trip_in_order_then_goodbye) {
   EXPECT_FALSE(link_->send(7, encode(0, 7, testing::make("echo"))).ok()) << "sent to a lost peer";
 }
 
+// The adaptive spin engages: once a reply woke us sooner than opt.spin after our send, the
+// window covers that wait, so later replies are caught while spinning (no wakeup paid). It
+// used to double from 0 on each such wake and halve on each fruitless spin, never getting past
+// 1 us, so every reply came through the event fd whatever opt.spin said. The bound is large
+// here so that a loaded machine's slow replies still fall inside it.
+TEST_P(ucx_link_test, spin_window_grows_to_cover_the_reply_wait) {
+  ucx_link_options o;
+  o.spin = 20ms;
+  make_link(o);
+  const pid_t pid = spawn(peer_args("echo", 9));
+  ASSERT_TRUE(wait_message("ready"));
+  constexpr int rounds = 200;
+  const auto before = link_->counters();
+  for (int i = 0; i < rounds; ++i) {
+    ASSERT_TRUE(link_->send(9, encode(0, 9, testing::make("echo", i))).ok());
+    ASSERT_TRUE(wait_message("echo")) << "round " << i;
+  }
+  const auto after = link_->counters();
+  const auto caught = after.spin_progress - before.spin_progress;
+  const auto woken = after.fd_progress - before.fd_progress;
+  EXPECT_GE(caught, std::uint64_t{rounds / 2})
+      << "replies caught by the spin: " << caught << ", by the event fd: " << woken;
+  EXPECT_LT(woken, std::uint64_t{rounds / 2}) << "caught by the spin: " << caught;
+  part(9, pid);
+}
+
 // A sender killed while it floods us must not take our hearing of other peers with it. Over
 // UCX's shared-memory FIFOs it could: a sender killed between reserving a slot in our FIFO and
 // marking it written leaves a hole that our in-order reads never pass (the link keeps messages
@@ -411,6 +437,163 @@ TEST_P(ucx_link_test, pull_on_a_fresh_connection_waits_for_the_welcome) {
 }
 
 INSTANTIATE_TEST_SUITE_P(transports, ucx_link_test, ::testing::Values("shm", "tcp"));
+
+// ---- leases: RMA pulls of allocated regions without a round trip ----------------------------
+
+// A second link in this process pulls from link_ (node 0) with RMA forced (on TCP that is
+// UCX's emulated RMA: slow but the same protocol), after one message wired the endpoint up.
+struct lease_rig {
+  explicit lease_rig(asio::io_context& io) : puller(io, options()) {}
+  static ucx_link_options options() {
+    ucx_link_options o;
+    o.self = 1;
+    o.job_token = token;
+    o.bulk = bulk_path::rma;
+    // Its destructor flushes while node 0 (same thread) cannot answer: do not wait long.
+    o.close_timeout = std::chrono::milliseconds(50);
+    return o;
+  }
+  ucx_link puller;
+};
+
+class ucx_lease_test : public ucx_link_test {
+ protected:
+  std::unique_ptr<lease_rig> connect() {
+    auto rig = std::make_unique<lease_rig>(io_);
+    rig->puller.add_peer(0, "127.0.0.1", link_->port());
+    EXPECT_TRUE(rig->puller.send(0, encode(1, 0, testing::make("hi"))).ok());
+    EXPECT_TRUE(wait_message("hi"));
+    return rig;
+  }
+  result<void> pull(ucx_link& by, const bulk_descriptor& d, std::span<std::byte> into) {
+    std::optional<result<void>> done;
+    by.pull(d, into, [&](result<void> r) { done = std::move(r); });
+    if (!run_until([&] { return done.has_value(); })) return error{"the pull never completed"};
+    return *done;
+  }
+};
+
+TEST_P(ucx_lease_test, later_pulls_read_under_the_lease_and_ranges_are_checked) {
+  make_link();
+  auto region = link_->allocate_region(1u << 20);
+  testing::fill_pattern(region.memory(), 21);
+  auto rig = connect();
+  auto& puller = rig->puller;
+  std::vector<std::byte> into(region.memory().size());
+  auto r = pull(puller, region.describe_all(), into);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(xxhash64(into), xxhash64(region.memory()));
+  EXPECT_EQ(link_->counters().bulk_served, 1u);
+  EXPECT_EQ(link_->counters().leases_granted, 1u);
+  EXPECT_EQ(puller.counters().pulls_by_lease, 0u) << "the first pull must ask the exporter";
+  // Ranges inside the region: read under the lease, the exporter is not asked again.
+  const std::pair<std::uint64_t, std::uint64_t> ranges[] = {
+      {0, 8}, {4096, 65536}, {(1u << 20) - 24, 24}, {12345, 777}};
+  for (auto [offset, length] : ranges) {
+    std::vector<std::byte> part(length);
+    r = pull(puller, region.describe(offset, length), part);
+    ASSERT_TRUE(r.ok()) << r.err().message;
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), region.memory().begin() + offset))
+        << "bytes [" << offset << ", +" << length << ")";
+  }
+  EXPECT_EQ(puller.counters().pulls_by_lease, 4u);
+  EXPECT_EQ(link_->counters().bulk_served, 1u) << "a leased pull asked the exporter";
+  // A range the lease does not cover fails here, without asking; another region is asked for
+  // (and refused by the exporter).
+  std::vector<std::byte> one(64);
+  auto past_end = region.describe(0, 64);
+  past_end.offset = (1u << 20) - 32;
+  EXPECT_FALSE(pull(puller, past_end, one).ok());
+  auto overflow = past_end;
+  overflow.offset = ~0ull - 16;
+  EXPECT_FALSE(pull(puller, overflow, one).ok());
+  EXPECT_EQ(link_->counters().bulk_rejected, 0u);
+  auto other = region.describe(0, 64);
+  other.region += 1000;
+  EXPECT_FALSE(pull(puller, other, one).ok());
+  EXPECT_EQ(link_->counters().bulk_rejected, 1u);
+  EXPECT_EQ(puller.counters().pulls_by_lease, 4u);
+  EXPECT_EQ(link_->stats().malformed, 0u);
+}
+
+// Withdrawal: the exporter revokes the lease and keeps the memory mapped until the holder has
+// released it (after the gets it started); later pulls are refused by the exporter.
+TEST_P(ucx_lease_test, withdrawn_region_is_revoked_then_refused_and_freed_after_release) {
+  make_link();
+  auto region = std::make_optional(link_->allocate_region(1u << 20));
+  testing::fill_pattern(region->memory(), 22);
+  const auto sum = xxhash64(region->memory());
+  const auto d = region->describe_all();
+  auto rig = connect();
+  auto& puller = rig->puller;
+  std::vector<std::byte> into(d.length);
+  ASSERT_TRUE(pull(puller, d, into).ok());
+  // A leased pull and the withdrawal in the same turn: the get is issued before the revocation
+  // can arrive, so it must read the region's bytes (still mapped), not freed memory.
+  std::fill(into.begin(), into.end(), std::byte{0});
+  std::optional<result<void>> done;
+  puller.pull(d, into, [&](result<void> r) { done = std::move(r); });
+  region.reset();
+  EXPECT_EQ(link_->counters().withdrawn_held, 1u) << "a leased region was unmapped at once";
+  EXPECT_EQ(link_->counters().leases_revoked, 1u);
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_TRUE(done->ok()) << done->err().message;
+  EXPECT_EQ(xxhash64(into), sum);
+  EXPECT_EQ(puller.counters().pulls_by_lease, 1u);
+  ASSERT_TRUE(run_until([&] { return link_->counters().withdrawn_held == 0; }))
+      << "the holder never released the revoked lease";
+  EXPECT_EQ(link_->counters().leases_released, 1u);
+  // After the revocation the puller asks again and is refused.
+  auto r = pull(puller, d, into);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("no such region"), std::string::npos) << r.err().message;
+  EXPECT_EQ(puller.counters().pulls_by_lease, 1u);
+  EXPECT_EQ(link_->counters().bulk_rejected, 1u);
+  EXPECT_EQ(link_->stats().malformed, 0u);
+}
+
+// A holder that goes away without releasing (its process died) does not pin the memory.
+TEST_P(ucx_lease_test, lost_holder_frees_the_withdrawn_region) {
+  make_link();
+  auto region = std::make_optional(link_->allocate_region(64u << 10));
+  testing::fill_pattern(region->memory(), 23);
+  auto rig = connect();
+  std::vector<std::byte> into(region->memory().size());
+  ASSERT_TRUE(pull(rig->puller, region->describe_all(), into).ok());
+  region.reset();
+  EXPECT_EQ(link_->counters().withdrawn_held, 1u);
+  rig.reset();  // no goodbye, and the revocation is never read: as a crash
+  ASSERT_TRUE(run_until([&] { return !losses_.empty(); }));
+  EXPECT_EQ(link_->counters().withdrawn_held, 0u);
+  EXPECT_EQ(link_->counters().leases_released, 0u);
+}
+
+// A revocation that overtakes its grant (the importer holds no lease when it arrives): the
+// late grant is given back at once and its pull fails; nothing is read under it.
+TEST_P(ucx_lease_test, grant_arriving_after_its_revocation_is_released_and_the_pull_fails) {
+  make_link();
+  auto region = link_->allocate_region(4096);
+  testing::fill_pattern(region.memory(), 24);
+  auto rig = connect();
+  auto& puller = rig->puller;
+  // As the exporter would after a withdrawal (am_bulk_revoke = 11, header: the region id).
+  constexpr unsigned am_bulk_revoke = 11;
+  const std::uint64_t id = region.id();
+  link_->send_raw_for_tests(1, am_bulk_revoke, std::as_bytes(std::span(&id, 1)), {});
+  run_until([] { return false; }, 50ms);
+  std::vector<std::byte> into(4096);
+  auto r = pull(puller, region.describe_all(), into);
+  ASSERT_FALSE(r.ok()) << "a grant revoked before it arrived was used";
+  EXPECT_NE(r.err().message.find("withdrawn"), std::string::npos) << r.err().message;
+  EXPECT_EQ(link_->counters().leases_granted, 1u);
+  ASSERT_TRUE(run_until([&] { return link_->counters().leases_released == 1; }))
+      << "the late grant was never given back";
+  EXPECT_EQ(puller.counters().pulls_by_lease, 0u);
+  EXPECT_EQ(link_->stats().malformed, 0u);
+  EXPECT_EQ(puller.stats().malformed, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(transports, ucx_lease_test, ::testing::Values("shm", "tcp"));
 
 // ---- big tensors, each path ------------------------------------------------------------------
 
