@@ -358,6 +358,12 @@ struct link_state : std::enable_shared_from_this<link_state> {
   bool said_goodbye = false;
   clock::time_point last_activity = clock::now();
   std::chrono::nanoseconds spin_now{0};  // the adaptive spin window, at most opt.spin
+  // A spin's yield that returned this late gave the core to another process (an idle core
+  // returns at once, a busy one after the other's time slice, ~1 ms): the window stays 0 for
+  // contention_backoff after it.
+  static constexpr std::chrono::microseconds contended_yield{50};
+  static constexpr std::chrono::milliseconds contention_backoff{500};
+  clock::time_point contended_until;
   bool spinning = false;
 
   // ---- driving the worker from Asio -------------------------------------------------------
@@ -461,8 +467,18 @@ struct link_state : std::enable_shared_from_this<link_state> {
       spinning = true;
       // An idle pass of the spin gives the core away: on an oversubscribed machine the peer
       // whose answer we wait for may be queued behind us on this very core (on an idle core
-      // the yield returns at once).
-      if (opt.spin_yield && !found) ::sched_yield();
+      // the yield returns at once). A yield that took long means another process ran: the
+      // cores are oversubscribed and every spin takes time from the others (measured: a
+      // training job with two other busy processes on 2 cores ran 1.5-3x slower per
+      // iteration with the spin on), so stop spinning for a while.
+      if (opt.spin_yield && !found) {
+        ::sched_yield();
+        if (clock::now() - now > contended_yield) {
+          ++counters.spin_backoffs;
+          contended_until = now + contention_backoff;
+          spin_now = std::chrono::nanoseconds(0);
+        }
+      }
       kick();
       return;
     }
@@ -514,6 +530,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
                  });
   }
   void grow_spin() {
+    if (clock::now() < contended_until) return;
     spin_now = std::min<std::chrono::nanoseconds>(
         opt.spin, std::max<std::chrono::nanoseconds>(2 * spin_now, std::chrono::microseconds(1)));
   }
@@ -523,7 +540,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // and halving on each fruitless spin never got past 1 us: the window oscillated between 0
   // and 1 us and every hop paid the wakeup.)
   void cover_wait(std::chrono::nanoseconds waited) {
-    if (waited >= opt.spin) return;
+    if (waited >= opt.spin || clock::now() < contended_until) return;
     spin_now = std::min<std::chrono::nanoseconds>(
         opt.spin,
         std::max<std::chrono::nanoseconds>(

@@ -30,9 +30,9 @@ struct ucx_link_options {
   node_id self = 0;
   std::string job_token;  // required; peers presenting another token are refused
   std::string listen_host = "127.0.0.1";
-  std::uint16_t listen_port = 0;       // 0: any free port (see ucx_link::port())
-  std::chrono::microseconds spin{50};  // keep progressing this long after activity
-  bool spin_yield = true;              // sched_yield() on each idle pass of the spin (see pump())
+  std::uint16_t listen_port = 0;        // 0: any free port (see ucx_link::port())
+  std::chrono::microseconds spin{100};  // bound of the adaptive spin window (see pump())
+  bool spin_yield = true;               // sched_yield() on each idle pass of the spin (see pump())
   std::chrono::milliseconds safety_tick{5};       // progress at least this often, armed or not
   std::chrono::milliseconds hello_timeout{5000};  // accepted but silent connections are closed
   std::chrono::milliseconds close_timeout{1000};  // bound on the flush at destruction
@@ -71,6 +71,7 @@ struct ucx_link_counters {
   std::uint64_t poll_progress = 0;    // poll-timer wakeups whose progress found events
   std::uint64_t fd_progress = 0;      // event-fd wakeups whose progress found events
   std::uint64_t spin_progress = 0;    // spin passes whose progress found events (no wakeup paid)
+  std::uint64_t spin_backoffs = 0;    // spins stopped: their yield gave the core to another process
 };
 
 class ucx_link final : public link {
