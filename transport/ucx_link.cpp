@@ -1580,6 +1580,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     const std::string info = describe(ep);
     std::map<int, bool> lane_is_tcp;
     bool any_bw = false, bw_native = true, any_get = false, get_native = true;
+    bool bw_takes_keys = true;
     std::vector<int> get_lanes;
     std::size_t pos = 0;
     while (pos < info.size()) {
@@ -1588,6 +1589,14 @@ struct link_state : std::enable_shared_from_this<link_state> {
       const std::string line = info.substr(pos, eol - pos);
       pos = eol + 1;
       int lane = -1;
+      // "rma_bw: mds [1 2] ...": the memory domains whose remote keys the bandwidth lanes take.
+      // None listed (UCX 1.13's CMA lane on one host): a get of registered memory is emulated
+      // by messages, so only allocated memory reads natively.
+      if (const auto m = line.find("rma_bw: mds"); m != std::string::npos) {
+        const auto next = line.find_first_not_of(' ', m + 11);
+        bw_takes_keys = next != std::string::npos && line[next] == '[';
+        continue;
+      }
       if (std::sscanf(line.c_str(), "# lane[%d]", &lane) == 1 ||
           (line.find("lane[") != std::string::npos &&
            std::sscanf(line.c_str() + line.find("lane["), "lane[%d]", &lane) == 1)) {
@@ -1607,7 +1616,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       get_native = get_native && !lane_is_tcp[lane];
     }
     if (lane_is_tcp.empty()) return std::nullopt;  // not wired up yet
-    if (any_bw && bw_native) return rma_any;
+    if (any_bw && bw_native && bw_takes_keys) return rma_any;
     if (any_get && get_native) return rma_allocated;
     return rma_none;
   }
