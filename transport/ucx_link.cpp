@@ -360,9 +360,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::chrono::nanoseconds spin_now{0};  // the adaptive spin window, at most opt.spin
   // A spin's yield that returned this late gave the core to another process (an idle core
   // returns at once, a busy one after the other's time slice, ~1 ms): the window stays 0 for
-  // contention_backoff after it.
+  // contention_backoff after it. Short, because re-trying costs the others little (one pass,
+  // whose yield gives them the core again) and a spell of load should not cost the spin for long.
   static constexpr std::chrono::microseconds contended_yield{50};
-  static constexpr std::chrono::milliseconds contention_backoff{500};
+  static constexpr std::chrono::milliseconds contention_backoff{20};
   clock::time_point contended_until;
   bool spinning = false;
 
@@ -469,14 +470,15 @@ struct link_state : std::enable_shared_from_this<link_state> {
       // whose answer we wait for may be queued behind us on this very core (on an idle core
       // the yield returns at once). A yield that took long means another process ran: the
       // cores are oversubscribed and every spin takes time from the others (measured: a
-      // training job with two other busy processes on 2 cores ran 1.5-3x slower per
-      // iteration with the spin on), so stop spinning for a while.
+      // training job with two other busy processes on 2 cores, at load 6-9, ran 1.5-3x slower
+      // per iteration with the spin on), so stop spinning for a while.
       if (opt.spin_yield && !found) {
         ::sched_yield();
         if (clock::now() - now > contended_yield) {
           ++counters.spin_backoffs;
           contended_until = now + contention_backoff;
           spin_now = std::chrono::nanoseconds(0);
+          spinning = false;  // what the next pass finds was not caught by a cheap spin
         }
       }
       kick();
