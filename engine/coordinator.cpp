@@ -327,6 +327,11 @@ awaitable<bool> coordinator::wire_all() {
   }
   for (int d = 0; d < job_.dp; ++d) {
     for (int s = 0; s < job_.pp; ++s) {
+      // A loss since the wiring began (processed during an ask below) removed the lost stage
+      // from stages_: the refs would name no stage there, and the stage wired with them fails
+      // as inconsistent and stays failed through the rewiring its recovery (posted) does (seen:
+      // a job stalled after a second loss during a rollback). Stop here; that recovery wires.
+      if (recovery_ && losses_seen_ != losses) co_return false;
       const actor_ref prev = s > 0 ? stage_ref(s - 1, d) : actor_ref{};
       const actor_ref next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
       std::vector<actor_ref> reps;
