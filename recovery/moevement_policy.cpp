@@ -470,6 +470,7 @@ awaitable<void> replicator::durable_query(engine::wire::DurableQuery::Reader m,
 std::size_t replicator::bytes_held() const {
   std::size_t n = 0;
   for (const auto& [k, r] : slots_) n += r.memory().size();
+  for (const auto& [length, r] : spare_) n += r.memory().size();
   return n;
 }
 
@@ -496,7 +497,14 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
   // The pull runs in an actor of its own: a peer that hangs mid-pull must not keep this
   // replicator from serving FetchSlot to a recovery (the copy it holds is what is needed).
   // As an actor (not a detached coroutine) it is cancelled with the system at shutdown.
-  auto holder = std::make_shared<transport::bulk_region>(io_.allocate(d->length));
+  transport::bulk_region region;
+  if (const auto spare = spare_.find(d->length); spare != spare_.end()) {
+    region = std::move(spare->second);
+    spare_.erase(spare);
+  } else {
+    region = io_.allocate(d->length);
+  }
+  auto holder = std::make_shared<transport::bulk_region>(std::move(region));
   (void)system().spawn<slot_puller>(io_, *d, holder, limits_.pull_chunk_bytes, self(), id, from);
   co_return;
 }
@@ -547,9 +555,19 @@ awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Bui
 
 awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
   persisted_ = std::max(persisted_, m.getWindow());
+  // No recovery pulls a window older than the persisted one (the coordinator does not advance
+  // it during a recovery's pulls), so its regions may take the next window's slots. Spares the
+  // window before left unused are freed.
+  std::multimap<std::uint64_t, transport::bulk_region> dropped;
   for (auto it = slots_.begin(); it != slots_.end();) {
-    it = std::get<2>(it->first) < persisted_ ? slots_.erase(it) : std::next(it);
+    if (std::get<2>(it->first) < persisted_) {
+      dropped.emplace(it->second.memory().size(), std::move(it->second));
+      it = slots_.erase(it);
+    } else {
+      ++it;
+    }
   }
+  if (!dropped.empty()) spare_ = std::move(dropped);
   co_return;
 }
 

@@ -159,6 +159,10 @@ class replicator : public actors::actor {
   std::shared_ptr<durable_writer> durable_;
   std::filesystem::path root_;
   std::map<key, transport::bulk_region> slots_;
+  // The regions of the last dropped window, by length: the next window's slots have the same
+  // sizes (the schedule repeats), and a fresh region costs a page fault per page on the actor
+  // thread, which the stage's own messages wait behind.
+  std::multimap<std::uint64_t, transport::bulk_region> spare_;
   std::uint64_t persisted_ = 0;
 };
 

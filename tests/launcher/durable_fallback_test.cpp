@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -171,6 +172,49 @@ TEST(durable_fallback, a_corrupt_newest_window_falls_back_to_the_previous_one) {
       << reasons;
   EXPECT_NE(reasons.find("checksum mismatch"), std::string::npos) << reasons;
   EXPECT_NE(o.output.find("durable window rejected"), std::string::npos) << o.output;
+  fs::remove_all(dir);
+}
+
+// A survivor (stage 2's worker) is SIGKILLed once the job has started falling back to disk:
+// the fallback takes a third spare for it and still ends bit for bit as the fault-free run.
+TEST(durable_fallback, a_loss_during_the_fallback_is_rebuilt_too) {
+  const std::string dir = checkpoint_dir("during");
+  background_launch j("during", job(dir, "--set cluster.spares=3"));
+  kill_after_durable_windows(j, 1);
+  ASSERT_TRUE(wait_for_event(j, "durable_rollback")) << j.output();
+  pid_t survivor = 0;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"event\":\"worker_up\"") != std::string::npos && number_field(l, "stage") == 2)
+      survivor = pid_t(number_field(l, "pid"));
+  }
+  ASSERT_GT(survivor, 0) << j.output();
+  ::kill(survivor, SIGKILL);
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  EXPECT_GE(events(o, "durable_rollback").size(), 1u) << o.output;
+  std::string lost;
+  for (const auto* l : events(o, "worker_lost")) lost += *l + "\n";
+  EXPECT_EQ(events(o, "worker_lost").size(), 3u) << lost;
+  // The third loss came while the fallback ran (before its end), and its end names three
+  // spares: stage 2's replacement joined the same recovery.
+  std::size_t third_loss = 0, fallback_end = 0;
+  for (std::size_t i = 0; i < o.log.size(); ++i) {
+    const auto& l = o.log[i];
+    if (l.find("\"event\":\"worker_lost\"") != std::string::npos && number_field(l, "stage") == 2)
+      third_loss = i;
+    if (l.find("\"event\":\"recovery_end\"") != std::string::npos &&
+        l.find("\"recovery\":\"durable\"") != std::string::npos && fallback_end == 0)
+      fallback_end = i;
+  }
+  ASSERT_GT(third_loss, 0u) << lost;
+  ASSERT_GT(fallback_end, 0u) << o.output;
+  EXPECT_LT(third_loss, fallback_end) << "the survivor was killed after the fallback ended";
+  const std::string& end = o.log[fallback_end];
+  const auto spares = end.find("\"spares\":\"");
+  ASSERT_NE(spares, std::string::npos) << end;
+  const std::string list = end.substr(spares + 10, end.find('"', spares + 10) - spares - 10);
+  EXPECT_EQ(std::count(list.begin(), list.end(), ','), 2) << end;
   fs::remove_all(dir);
 }
 
