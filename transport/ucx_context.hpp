@@ -13,10 +13,11 @@ namespace moevement::transport {
 // (UCX's `mm` group: posix, sysv, xpmem): a sender killed between reserving a slot in the
 // receiver's FIFO and marking it written leaves that slot unwritten for ever, and the receiver,
 // which reads its FIFO in order, then hears no other sender either (seen: a survivor deaf to every
-// peer for the whole failure timeout after a neighbour was killed). Bulk pulls are one-sided RMA
-// reads that write nothing into the exporter's FIFO (their endpoints to same-host peers skip the
-// handshake that would, see bulk_ep_of in ucx_link.cpp), so they keep shared memory's
-// bandwidth.
+// peer for the whole failure timeout after a neighbour was killed). Bulk reads of memory UCX
+// allocated are one-sided gets that write nothing into the exporter's FIFO (their endpoints to
+// same-host peers skip the handshake that would, see bulk_ep_of in ucx_link.cpp), so they keep
+// shared memory's bandwidth; other registered memory goes by rendezvous on the message
+// endpoint (see detect_rma_level in ucx_link.cpp).
 enum class context_use { messages, bulk };
 
 class ucx_context {

@@ -101,9 +101,10 @@ class ucx_link final : public link {
   link_stats stats() const override;
   ucx_link_counters counters() const;
 
-  // Registers memory for export. export_region: memory the caller owns (RMA over shared
-  // memory then uses CMA). allocate_region: UCX allocates it (shareable by the posix/sysv
-  // shared-memory transports, the fastest same-host path).
+  // Registers memory for export. export_region: memory the caller owns (on one host, read by
+  // rendezvous: UCX 1.13 would emulate a get of it through the FIFOs). allocate_region: UCX
+  // allocates it (shareable by the posix/sysv shared-memory transports, the fastest same-host
+  // path).
   bulk_region export_region(std::span<std::byte> memory);
   bulk_region allocate_region(std::size_t bytes);
 
