@@ -5,6 +5,12 @@
 //   gemm_gflops:        ours = the step's GEMM FLOPs / step time; theirs = BLIS on the shapes
 // Both ratios are the fraction of BLIS's FLOP rate the whole step reaches (goal >= 0.5).
 // Timings take the best of interleaved repeats (the machine is shared); one BLIS thread.
+//
+// `moevement bench model --device cuda [--repeats R] [--micro-batch-size B]`: the same on one
+// GPU, against cuBLAS on the same shapes (FP32, pedantic math as the trainer uses it), and a
+// second training run that must end in the same state_hash bit for bit (run to run).
+//   gpu_small_tokens_per_s, gpu_gemm_gflops: as above with cuBLAS as the competitor
+//   gpu_run_to_run: ours = state_hash of run 1, theirs = of run 2 (exit 1 if they differ)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,6 +22,9 @@
 #include "base/hash.hpp"
 #include "models/cpu/gemm.hpp"
 #include "models/rng.hpp"
+#include "models/cuda/device.hpp"
+#include "models/cuda/kernels.hpp"
+#include "models/cuda/trainer.hpp"
 #include "models/trainer.hpp"
 
 namespace {
@@ -65,16 +74,114 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+double step_flops(const std::vector<gemm_shape>& shapes, int micro_batches) {
+  double f = 0.0;
+  for (const auto& s : shapes) f += 2.0 * s.m * s.n * s.k;
+  return f * micro_batches;
+}
+
+int run_gpu(const model_config& m, const train_config& t, int repeats) {
+  namespace cuda = moevement::models::cuda;
+  if (cuda::device_count() == 0) {
+    fmt::print(stderr, "bench model --device cuda: {}\n", cuda::describe_device());
+    return 1;
+  }
+  const auto shapes = step_gemms(m, t);
+  const double flops = step_flops(shapes, t.micro_batches);
+  cuda::trainer tr(m, t);
+  tr.train_iteration();  // warm-up
+  cuda::context ctx;
+  std::size_t a_max = 0, b_max = 0, c_max = 0;
+  for (const auto& s : shapes) {
+    a_max = std::max<std::size_t>(a_max, std::size_t(s.ta ? s.k : s.m) * s.lda);
+    b_max = std::max<std::size_t>(b_max, std::size_t(s.tb ? s.n : s.k) * s.ldb);
+    c_max = std::max<std::size_t>(c_max, std::size_t(s.m) * s.ldc);
+  }
+  const auto key = make_key({42});
+  std::vector<float> ha(a_max), hb(b_max);
+  for (std::size_t i = 0; i < ha.size(); ++i) ha[i] = float(random_uniform(key, i) - 0.5);
+  for (std::size_t i = 0; i < hb.size(); ++i) hb[i] = float(random_uniform(key, i + a_max) - 0.5);
+  cuda::device_array<float> a(ctx, a_max), b(ctx, b_max), c(ctx, c_max);
+  a.upload(ha);
+  b.upload(hb);
+  cuda::fill_zero(ctx, c.data(), c_max * sizeof(float));
+  double best_step = 1e30, best_gemm = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    tr.train_iteration();  // ends on the host: the loss and the norm come back every step
+    best_step = std::min(best_step, seconds_since(t0));
+    ctx.synchronize();
+    t0 = std::chrono::steady_clock::now();
+    for (int mb = 0; mb < t.micro_batches; ++mb) {
+      for (const auto& s : shapes) {
+        cuda::sgemm(ctx, s.ta, s.tb, s.m, s.n, s.k, a.data(), s.lda, b.data(), s.ldb,
+                    s.ta ? 1.0f : 0.0f, c.data(), s.ldc);
+      }
+    }
+    ctx.synchronize();
+    best_gemm = std::min(best_gemm, seconds_since(t0));
+  }
+  const std::uint64_t h1 = tr.state_hash();
+  cuda::trainer again(m, t);
+  for (int r = 0; r < repeats + 1; ++r) again.train_iteration();
+  const std::uint64_t h2 = again.state_hash();
+  const double tokens = double(tr.tokens_per_iteration());
+  fmt::print(
+      "# {} on {}: {:.1f} M parameters, {} tokens per step (B={} T={} M={}), {:.2f} GFLOP of "
+      "GEMM per step, best of {} steps\n",
+      m.preset, cuda::describe_device(), double(m.parameter_count()) / 1e6, tokens,
+      t.micro_batch_size, t.seq_len, t.micro_batches, flops / 1e9, repeats);
+  fmt::print("# step {:.4f} s, the same GEMMs alone on cuBLAS {:.4f} s\n", best_step, best_gemm);
+  const double ours_tps = tokens / best_step, theirs_tps = tokens / best_gemm;
+  fmt::print("gpu_small_tokens_per_s: ours={:.1f} theirs={:.1f} ratio={:.3f}\n", ours_tps,
+             theirs_tps, ours_tps / theirs_tps);
+  const double ours_gf = flops / best_step / 1e9, theirs_gf = flops / best_gemm / 1e9;
+  fmt::print("gpu_gemm_gflops: ours={:.2f} theirs={:.2f} ratio={:.3f}\n", ours_gf, theirs_gf,
+             ours_gf / theirs_gf);
+  fmt::print("gpu_run_to_run: ours={} theirs={} ratio={}\n", moevement::hex16(h1),
+             moevement::hex16(h2), h1 == h2 ? "1 (bitwise equal)" : "0 (DIFFERENT)");
+  fmt::print("state_hash={}\n", moevement::hex16(h1));
+  return h1 == h2 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int repeats = argc > 1 ? std::atoi(argv[1]) : 3;
+  int repeats = 3;
+  bool gpu = false;
   const model_config m = preset("small");
   train_config t;
   t.micro_batches = 2;
   t.micro_batch_size = 4;
   t.seq_len = 128;
   t.blis_threads = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc) {
+      const std::string d = argv[++i];
+      if (d != "cpu" && d != "cuda") {
+        fmt::print(stderr, "bench model: --device takes cpu or cuda, got '{}'\n", d);
+        return 2;
+      }
+      gpu = d == "cuda";
+    } else if (a == "--repeats" && i + 1 < argc) {
+      repeats = std::atoi(argv[++i]);
+    } else if (a == "--micro-batch-size" && i + 1 < argc) {
+      t.micro_batch_size = std::atoi(argv[++i]);
+    } else if (!a.empty() && a[0] != '-') {
+      repeats = std::atoi(a.c_str());  // the older positional form
+    } else {
+      fmt::print(stderr,
+                 "usage: moevement bench model [--device cpu|cuda] [--repeats R] "
+                 "[--micro-batch-size B]\n");
+      return 2;
+    }
+  }
+  if (repeats < 1 || t.micro_batch_size < 1) {
+    fmt::print(stderr, "bench model: --repeats and --micro-batch-size must be at least 1\n");
+    return 2;
+  }
+  if (gpu) return run_gpu(m, t, repeats);
   trainer tr(m, t);
   tr.train_iteration();  // warm-up: first-touch of every buffer
 

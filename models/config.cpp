@@ -176,6 +176,17 @@ setter_map make_setters(model_config& model, train_config& train) {
        [&](auto& k, auto& v) { train.loss_scale = float(config_double(k, v, 1.0, 1e30)); }},
       {"train.loss_scale_window",
        [&](auto& k, auto& v) { train.loss_scale_window = int(config_int(k, v, 1, int_max)); }},
+      {"train.device",
+       [&](auto& k, auto& v) {
+         const std::string d = config_string(k, v);
+         if (d == "cpu") {
+           train.device = device::cpu;
+         } else if (d == "cuda") {
+           train.device = device::cuda;
+         } else {
+           throw config_error(k, fmt::format("expected \"cpu\" or \"cuda\", got \"{}\"", d));
+         }
+       }},
       {"train.log_every",
        [&](auto& k, auto& v) {
          train.log_every = config_int(k, v, 1, std::numeric_limits<std::int64_t>::max());

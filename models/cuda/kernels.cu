@@ -90,6 +90,7 @@ std::vector<T> device_array<T>::download() const {
 }
 template class device_array<float>;
 template class device_array<std::int32_t>;
+template class device_array<double>;
 
 namespace {
 
@@ -452,7 +453,7 @@ void gate_forward(context& ctx, device_routing& r, const float* logits, int n, i
   cpu::gate_forward(r.host, host.data(), n, e, k, capacity_factor);
   auto up = [&ctx](auto& dst, const auto& src) {
     using T = typename std::decay_t<decltype(src)>::value_type;
-    dst = std::make_unique<device_array<T>>(ctx, src.size());
+    if (!dst || dst->size() != src.size()) dst = std::make_unique<device_array<T>>(ctx, src.size());
     dst->upload(src);
   };
   up(r.probs, r.host.probs);
@@ -507,6 +508,141 @@ void softmax_xent_backward(context& ctx, float* dlogits, const float* probs,
   softmax_xent_backward_k<<<blocks(long(n) * v), block, 0, ctx.get().stream>>>(
       dlogits, probs, targets, dloss, n, v);
   launched("softmax_xent_backward");
+}
+
+
+namespace {
+
+__global__ void add_k(float* out, const float* a, const float* b, long n) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+// tensor.cpp's f32_to_f16 / f16_to_f32 / f32_to_bf16, line for line.
+__device__ std::uint16_t to_f16(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return std::uint16_t(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+  if (ax >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);
+  if (ax < 0x38800000u) {
+    const float scaled = __uint_as_float(ax) * 16777216.0f;
+    return std::uint16_t(sign | std::uint32_t(rintf(scaled)));
+  }
+  const std::uint32_t mant = ax & 0x7fffffu;
+  const std::uint32_t exp = (ax >> 23) - 127 + 15;
+  std::uint32_t h = (exp << 10) | (mant >> 13);
+  const std::uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return std::uint16_t(sign | h);
+}
+__device__ float from_f16(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    const float v = float(mant) * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+  }
+  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
+  return __uint_as_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+__device__ float round_bf16(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  std::uint32_t h;
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    h = (x >> 16) | 0x40u;
+  } else {
+    h = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  }
+  return __uint_as_float((h & 0xffffu) << 16);
+}
+
+__global__ void round_to_compute_k(float* w, const float* master, long n, int kind) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = master[i];
+  w[i] = kind == 0 ? x : kind == 1 ? from_f16(to_f16(x)) : round_bf16(x);
+}
+
+// operator_state::adamw_step's scalar loop; --fmad=false keeps every product and sum separate.
+__global__ void adamw_k(float* w, float* m, float* v, const float* grad, long n, adamw_scalars s) {
+  const long j = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (j >= n) return;
+  const float one_b1 = 1.0f - s.beta1, one_b2 = 1.0f - s.beta2;
+  const float g = grad[j] * s.grad_mul;
+  const float mj = s.beta1 * m[j] + one_b1 * g;
+  const float vj = s.beta2 * v[j] + one_b2 * (g * g);
+  m[j] = mj;
+  v[j] = vj;
+  const float mhat = mj / s.bc1;
+  const float vhat = vj / s.bc2;
+  const float wj = w[j];
+  w[j] = wj - s.lr * (mhat / (sqrtf(vhat) + s.eps) + s.weight_decay * wj);
+}
+
+// One block: thread i sums elements i, i + 1024, ... in order, then a fixed halving tree.
+constexpr int sq_threads = 1024;
+__global__ void sum_squares_k(double* out, const float* g, long n) {
+  __shared__ double part[sq_threads];
+  double s = 0.0;
+  for (long j = threadIdx.x; j < n; j += sq_threads) s += double(g[j]) * double(g[j]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = sq_threads / 2; w > 0; w /= 2) {
+    if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = part[0];
+}
+
+}  // namespace
+
+void copy_to_device(context& ctx, void* dst, const void* src, std::size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.get().stream),
+        "cudaMemcpyAsync(to device)");
+}
+void copy_to_host(context& ctx, void* dst, const void* src, std::size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.get().stream),
+        "cudaMemcpyAsync(to host)");
+  ctx.synchronize();
+}
+void copy_on_device(context& ctx, void* dst, const void* src, std::size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.get().stream),
+        "cudaMemcpyAsync(on device)");
+}
+void fill_zero(context& ctx, void* dst, std::size_t bytes) {
+  check(cudaMemsetAsync(dst, 0, bytes, ctx.get().stream), "cudaMemsetAsync");
+}
+
+void add(context& ctx, float* out, const float* a, const float* b, long n) {
+  if (n == 0) return;
+  add_k<<<blocks(n), block, 0, ctx.get().stream>>>(out, a, b, n);
+  launched("add");
+}
+
+void round_to_compute(context& ctx, float* weights, const float* master, long n, dtype compute) {
+  if (n == 0) return;
+  const int kind = compute == dtype::f32 ? 0 : compute == dtype::f16 ? 1 : 2;
+  round_to_compute_k<<<blocks(n), block, 0, ctx.get().stream>>>(weights, master, n, kind);
+  launched("round_to_compute");
+}
+
+void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, long n,
+                const adamw_scalars& s) {
+  if (n == 0) return;
+  adamw_k<<<blocks(n), block, 0, ctx.get().stream>>>(w, m, v, grad, n, s);
+  launched("adamw_step");
+}
+
+void sum_squares(context& ctx, double* out, const float* g, long n) {
+  sum_squares_k<<<1, sq_threads, 0, ctx.get().stream>>>(out, g, n);
+  launched("sum_squares");
+}
+
+void sgemm(context& ctx, bool ta, bool tb, int m, int n, int k, const float* a, int lda,
+           const float* b, int ldb, float beta, float* c, int ldc) {
+  gemm(ctx, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
 }  // namespace moevement::models::cuda

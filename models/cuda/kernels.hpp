@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "models/cpu/kernels.hpp"
+#include "models/tensor.hpp"
 
 namespace moevement::models::cuda {
 
@@ -94,5 +95,30 @@ void moe_combine_forward(context& ctx, float* out, const float* ye, const device
 void moe_combine_backward(context& ctx, float* dye, float* dweight, const float* dout,
                           const float* ye, const device_routing& r, int c);
 void moe_scatter_add(context& ctx, float* dx, const float* dxs, const device_routing& r, int c);
+
+// Plain memory on the context's stream. copy_to_host synchronises; the others are queued.
+void copy_to_device(context& ctx, void* dst, const void* src, std::size_t bytes);
+void copy_to_host(context& ctx, void* dst, const void* src, std::size_t bytes);
+void copy_on_device(context& ctx, void* dst, const void* src, std::size_t bytes);
+void fill_zero(context& ctx, void* dst, std::size_t bytes);
+// out = a + b elementwise (out may be a or b).
+void add(context& ctx, float* out, const float* a, const float* b, long n);
+// weights[i] = the exact fp32 value of master[i] rounded to `compute` (nearest even): bitwise
+// what operator_state::refresh_compute derives on the CPU, special values included.
+void round_to_compute(context& ctx, float* weights, const float* master, long n, dtype compute);
+// One AdamW step over n elements with operator_state::adamw_step's exact sequence of IEEE
+// operations (no FMA, correctly rounded sqrt and division): the same bits as the CPU for the
+// same gradient. bc1, bc2: the bias corrections, computed once per operator on the host.
+struct adamw_scalars {
+  float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_mul;
+};
+void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, long n,
+                const adamw_scalars& s);
+// *out = sum of g[i]^2 in fp64, in a fixed tree order: equal run to run (not the CPU's order).
+void sum_squares(context& ctx, double* out, const float* g, long n);
+// Row-major C [M,N] = A [M,K] B [K,N] through the context's cuBLAS handle, for benchmarks that
+// time cuBLAS on the model's shapes (ta, tb: A or B stored transposed; beta 1 accumulates).
+void sgemm(context& ctx, bool ta, bool tb, int m, int n, int k, const float* a, int lda,
+           const float* b, int ldb, float beta, float* c, int ldc);
 
 }  // namespace moevement::models::cuda

@@ -57,6 +57,7 @@ TEST(train, bad_configs_exit_1_naming_the_key) {
            {"model.top_k=9", "model.top_k"},
            {"train.corpus=/no/such/corpus", "train.corpus"},
            {"train.itertions=5", "train.itertions"},
+           {"train.device=tpu", "train.device"},
            {"cluster.spares=1 --set bogus.key=1", "bogus.key"}}) {
     const auto r = run("train " + tiny() + " --set " + set);
     EXPECT_EQ(r.exit_code, 1) << set << "\n" << r.output;
@@ -70,6 +71,23 @@ TEST(train, bad_configs_exit_1_naming_the_key) {
   const auto missing = run("train /no/such/file.toml");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("/no/such/file.toml"), std::string::npos) << missing.output;
+}
+
+// train.device = "cuda": on a GPU it trains and repeats its state_hash bit for bit; without
+// one (or without the CUDA backend) it stops with an error naming the key.
+TEST(train, the_cuda_device_trains_on_a_gpu_or_names_the_key) {
+  const std::string args =
+      "train " + tiny() + " --set train.iterations=3 --set train.seq_len=16 --set train.device=cuda";
+  const auto a = run(args);
+  if (a.exit_code != 0) {
+    EXPECT_EQ(a.exit_code, 1) << a.output;
+    EXPECT_NE(a.output.find("train.device:"), std::string::npos) << a.output;
+    GTEST_SKIP() << "no usable GPU here; the error names the key: " << a.output;
+  }
+  EXPECT_NE(a.output.find("device: "), std::string::npos) << a.output;
+  const auto h = hash_of(a.output);
+  ASSERT_EQ(h.size(), 16u) << a.output;
+  EXPECT_EQ(hash_of(run(args).output), h) << "two GPU runs must end in the same state";
 }
 
 }  // namespace
