@@ -34,12 +34,17 @@ using namespace moevement::models;
 struct gemm_shape {
   bool ta, tb;
   int m, n, k, lda, ldb, ldc;
+  long sa = 0, sb = 0, sc = 0;  // strides between the products of a batch
+  int batch = 1;
 };
 
 // Every GEMM one micro-batch runs (forward and backward), in the model's orientations. The
 // expert rows are the dropless total N*K split evenly (the model's split varies per batch;
 // the FLOP total is the same).
-std::vector<gemm_shape> step_gemms(const model_config& m, const train_config& t) {
+// batched_heads: the attention GEMMs of one sequence as one strided batch over the heads, as
+// the CUDA backend calls cuBLAS (per-head calls would make the GPU competitor launch-bound).
+std::vector<gemm_shape> step_gemms(const model_config& m, const train_config& t,
+                                   bool batched_heads = false) {
   const int n = t.micro_batch_size * t.seq_len, c = m.d_model, f = m.d_ff, e = m.experts;
   const int hs = c / m.heads, tt = t.seq_len;
   std::vector<gemm_shape> g;
@@ -50,7 +55,18 @@ std::vector<gemm_shape> step_gemms(const model_config& m, const train_config& t)
   };
   for (int l = 0; l < m.layers; ++l) {
     linear(n, c, 3 * c);
-    for (int i = 0; i < t.micro_batch_size * m.heads; ++i) {
+    if (batched_heads) {
+      const long st = long(tt) * tt;
+      for (int i = 0; i < t.micro_batch_size; ++i) {
+        g.push_back({false, true, tt, tt, hs, 3 * c, 3 * c, tt, hs, hs, st, m.heads});   // q k^T
+        g.push_back({false, false, tt, hs, tt, tt, 3 * c, c, st, hs, hs, m.heads});      // att v
+        g.push_back({false, true, tt, tt, hs, c, 3 * c, tt, hs, hs, st, m.heads});       // datt
+        g.push_back({true, false, tt, hs, tt, tt, c, 3 * c, st, hs, hs, m.heads});       // dv
+        g.push_back({false, false, tt, hs, tt, tt, 3 * c, 3 * c, st, hs, hs, m.heads});  // dq
+        g.push_back({true, false, tt, hs, tt, tt, 3 * c, 3 * c, st, hs, hs, m.heads});   // dk
+      }
+    }
+    for (int i = 0; i < (batched_heads ? 0 : t.micro_batch_size * m.heads); ++i) {
       g.push_back({false, true, tt, tt, hs, 3 * c, 3 * c, tt});   // q k^T
       g.push_back({false, false, tt, hs, tt, tt, 3 * c, c});      // att v
       g.push_back({false, true, tt, tt, hs, c, 3 * c, tt});       // datt
@@ -76,7 +92,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 double step_flops(const std::vector<gemm_shape>& shapes, int micro_batches) {
   double f = 0.0;
-  for (const auto& s : shapes) f += 2.0 * s.m * s.n * s.k;
+  for (const auto& s : shapes) f += 2.0 * s.m * s.n * s.k * s.batch;
   return f * micro_batches;
 }
 
@@ -86,16 +102,21 @@ int run_gpu(const model_config& m, const train_config& t, int repeats) {
     fmt::print(stderr, "bench model --device cuda: {}\n", cuda::describe_device());
     return 1;
   }
-  const auto shapes = step_gemms(m, t);
+  const auto shapes = step_gemms(m, t, /*batched_heads=*/true);
   const double flops = step_flops(shapes, t.micro_batches);
+  if (flops != step_flops(step_gemms(m, t), t.micro_batches)) {
+    fmt::print(stderr, "bench model: the batched shapes count other FLOPs than the CPU's\n");
+    return 1;
+  }
   cuda::trainer tr(m, t);
   tr.train_iteration();  // warm-up
   cuda::context ctx;
   std::size_t a_max = 0, b_max = 0, c_max = 0;
   for (const auto& s : shapes) {
-    a_max = std::max<std::size_t>(a_max, std::size_t(s.ta ? s.k : s.m) * s.lda);
-    b_max = std::max<std::size_t>(b_max, std::size_t(s.tb ? s.n : s.k) * s.ldb);
-    c_max = std::max<std::size_t>(c_max, std::size_t(s.m) * s.ldc);
+    const auto last = std::size_t(s.batch - 1);
+    a_max = std::max<std::size_t>(a_max, last * s.sa + std::size_t(s.ta ? s.k : s.m) * s.lda);
+    b_max = std::max<std::size_t>(b_max, last * s.sb + std::size_t(s.tb ? s.n : s.k) * s.ldb);
+    c_max = std::max<std::size_t>(c_max, last * s.sc + std::size_t(s.m) * s.ldc);
   }
   const auto key = make_key({42});
   std::vector<float> ha(a_max), hb(b_max);
@@ -115,7 +136,7 @@ int run_gpu(const model_config& m, const train_config& t, int repeats) {
     for (int mb = 0; mb < t.micro_batches; ++mb) {
       for (const auto& s : shapes) {
         cuda::sgemm(ctx, s.ta, s.tb, s.m, s.n, s.k, a.data(), s.lda, b.data(), s.ldb,
-                    s.ta ? 1.0f : 0.0f, c.data(), s.ldc);
+                    s.ta ? 1.0f : 0.0f, c.data(), s.ldc, s.sa, s.sb, s.sc, s.batch);
       }
     }
     ctx.synchronize();

@@ -5,6 +5,8 @@
 
 #include "engine/stage_model.hpp"
 #include "models/cpu/gemm.hpp"
+#include "models/cuda/device.hpp"
+#include "models/cuda/stage.hpp"
 #include "models/data.hpp"
 
 namespace moevement::engine {
@@ -24,6 +26,15 @@ class moe_stage final : public stage_model {
     tokens_.resize(n);
     targets_.resize(n);
     for (std::size_t i = range.first_op; i < range.last_op; ++i) ops_.push_back(&model_.ops()[i]);
+    if (setup.train.device == models::device::cuda) {
+      // The GPU computes; the host operators stay the training state (the engine's optimizer,
+      // snapshots and recovery run on them): weights go up each iteration, gradients come
+      // back after the last backward.
+      ctx_ = std::make_unique<models::cuda::context>();
+      gpu_ = std::make_unique<models::cuda::stage>(*ctx_, model_, range,
+                                                   setup.train.micro_batch_size,
+                                                   setup.train.seq_len);
+    }
   }
 
   std::size_t boundary_floats() const override {
@@ -34,6 +45,12 @@ class moe_stage final : public stage_model {
   void begin_iteration(std::int64_t iteration) override {
     stage_.abort();  // nothing of an earlier iteration may survive into this one
     iteration_ = iteration;
+    backwards_ = 0;
+    if (gpu_) {
+      gpu_->abort();
+      gpu_->upload_weights();  // after this iteration's step, restores and frozen loads
+      gpu_->zero_grads();
+    }
   }
 
   stage_output forward(int mb, std::span<const float> x_in) override {
@@ -43,25 +60,37 @@ class moe_stage final : public stage_model {
     }
     check_boundary(x_in, !setup_.first(), "x_in");
     fill(models::split::train, iteration_, setup_.replica, mb);
-    const auto r =
-        stage_.forward(mb, tokens_.data(), x_in.empty() ? nullptr : x_in.data(), targets_.data());
+    const float* x = x_in.empty() ? nullptr : x_in.data();
+    const auto r = gpu_ ? gpu_->forward(mb, tokens_.data(), x, targets_.data())
+                        : stage_.forward(mb, tokens_.data(), x, targets_.data());
     return {r.activation, r.loss, r.aux_loss};
   }
 
   std::span<const float> backward(int mb, std::span<const float> grad_out,
                                   float loss_grad) override {
     check_boundary(grad_out, !setup_.last(), "grad_out");
-    return stage_.backward(mb, grad_out.empty() ? nullptr : grad_out.data(), loss_grad);
+    const float* g = grad_out.empty() ? nullptr : grad_out.data();
+    if (!gpu_) return stage_.backward(mb, g, loss_grad);
+    const auto dx = gpu_->backward(mb, g, loss_grad);
+    // 1F1B runs the backwards of micro-batches 0..M-1 in order: after the last one the
+    // device holds the iteration's accumulated gradients
+    if (++backwards_ == setup_.train.micro_batches) gpu_->download_grads();
+    return dx;
   }
 
-  void abort_iteration() override { stage_.abort(); }
+  void abort_iteration() override {
+    stage_.abort();
+    if (gpu_) gpu_->abort();
+    backwards_ = 0;
+  }
 
   stage_output validate(int index, std::span<const float> x_in) override {
     check_boundary(x_in, !setup_.first(), "x_in");
     // the trainer's validation batches: (seed, val, index, replica 0, micro-batch 0)
     fill(models::split::val, index, 0, 0);
-    const auto r = stage_.forward(-1, tokens_.data(), x_in.empty() ? nullptr : x_in.data(),
-                                  targets_.data(), /*training=*/false);
+    const float* x = x_in.empty() ? nullptr : x_in.data();
+    const auto r = gpu_ ? gpu_->forward(-1, tokens_.data(), x, targets_.data(), false)
+                        : stage_.forward(-1, tokens_.data(), x, targets_.data(), false);
     return {r.activation, r.loss, r.aux_loss};
   }
 
@@ -88,6 +117,9 @@ class moe_stage final : public stage_model {
   std::vector<models::operator_state*> ops_;
   std::vector<std::int32_t> tokens_, targets_;  // [B,T] scratch
   std::int64_t iteration_ = 0;
+  int backwards_ = 0;                              // of this iteration
+  std::unique_ptr<models::cuda::context> ctx_;     // train.device = cuda only
+  std::unique_ptr<models::cuda::stage> gpu_;
 };
 
 }  // namespace
@@ -116,6 +148,11 @@ std::unique_ptr<stage_model> make_moe_stage(const stage_setup& setup) {
                                                   std::to_string(setup.replicas) + ")");
   }
   models::validate(setup.model, setup.train);
+  if (setup.train.device == models::device::cuda && models::cuda::device_count() == 0) {
+    throw models::config_error("train.device", "'cuda' but no GPU is usable on this worker (" +
+                                                   models::cuda::describe_device() +
+                                                   "); set train.device = \"cpu\"");
+  }
   models::cpu::set_gemm_threads(setup.train.blis_threads);
   const auto range = models::partition(setup.model, setup.stages)[std::size_t(setup.stage)];
   return std::make_unique<moe_stage>(setup, range);

@@ -149,11 +149,6 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     injections.insert(injections.begin(), tables.begin(), tables.end());
   }
   const engine::job_config job = engine::resolve_job(raw);
-  if (job.train.device != models::device::cpu) {
-    throw models::config_error("train.device",
-                               "the engine's pipeline stages run on the CPU in this version; "
-                               "`moevement train` trains on a GPU (train.device = \"cuda\")");
-  }
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
   // Every injection checked against the job, and the failure schedules (mtbf, trace) built,
   // before anything starts.

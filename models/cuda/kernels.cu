@@ -581,19 +581,21 @@ __global__ void adamw_k(float* w, float* m, float* v, const float* grad, long n,
   w[j] = wj - s.lr * (mhat / (sqrtf(vhat) + s.eps) + s.weight_decay * wj);
 }
 
-// One block: thread i sums elements i, i + 1024, ... in order, then a fixed halving tree.
-constexpr int sq_threads = 1024;
-__global__ void sum_squares_k(double* out, const float* g, long n) {
-  __shared__ double part[sq_threads];
+// One block per gradient, 8 threads: thread l runs the CPU's partial sum l (elements j = l mod
+// 8 below the last multiple of 8, in order); thread 0 then adds the partials and the tail.
+__global__ void sum_squares_k(double* out, const float* const* grads, const long* sizes) {
+  __shared__ double part[8];
+  const float* g = grads[blockIdx.x];
+  const long n = sizes[blockIdx.x], whole = n - n % 8;
   double s = 0.0;
-  for (long j = threadIdx.x; j < n; j += sq_threads) s += double(g[j]) * double(g[j]);
+  for (long j = threadIdx.x; j < whole; j += 8) s += double(g[j]) * double(g[j]);
   part[threadIdx.x] = s;
   __syncthreads();
-  for (int w = sq_threads / 2; w > 0; w /= 2) {
-    if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = part[0];
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int l = 0; l < 8; ++l) total += part[l];
+  for (long j = whole; j < n; ++j) total += double(g[j]) * double(g[j]);
+  out[blockIdx.x] = total;
 }
 
 }  // namespace
@@ -635,14 +637,29 @@ void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, l
   launched("adamw_step");
 }
 
-void sum_squares(context& ctx, double* out, const float* g, long n) {
-  sum_squares_k<<<1, sq_threads, 0, ctx.get().stream>>>(out, g, n);
+void sum_squares(context& ctx, double* out, std::span<const float* const> grads,
+                 std::span<const long> sizes) {
+  if (grads.size() != sizes.size()) throw std::invalid_argument("sum_squares: sizes differ");
+  if (grads.empty()) return;
+  // the pointer and size tables, in one small allocation freed once the kernel has read them
+  const std::size_t table = grads.size() * (sizeof(float*) + sizeof(long));
+  void* dev = nullptr;
+  check(cudaMallocAsync(&dev, table, ctx.get().stream), "cudaMallocAsync");
+  auto* d_grads = static_cast<const float**>(dev);
+  auto* d_sizes = reinterpret_cast<long*>(static_cast<char*>(dev) + grads.size() * sizeof(float*));
+  copy_to_device(ctx, d_grads, grads.data(), grads.size() * sizeof(float*));
+  copy_to_device(ctx, d_sizes, sizes.data(), sizes.size() * sizeof(long));
+  sum_squares_k<<<unsigned(grads.size()), 8, 0, ctx.get().stream>>>(out, d_grads, d_sizes);
   launched("sum_squares");
+  check(cudaFreeAsync(dev, ctx.get().stream), "cudaFreeAsync");
+  ctx.synchronize();  // the host tables must outlive the copies
 }
 
 void sgemm(context& ctx, bool ta, bool tb, int m, int n, int k, const float* a, int lda,
-           const float* b, int ldb, float beta, float* c, int ldc) {
-  gemm(ctx, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
+           const float* b, int ldb, float beta, float* c, int ldc, long stride_a, long stride_b,
+           long stride_c, int batch) {
+  gemm(ctx, ta, tb, m, n, k, 1.0f, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+       batch);
 }
 
 }  // namespace moevement::models::cuda

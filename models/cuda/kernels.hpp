@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "models/cpu/kernels.hpp"
@@ -114,11 +115,16 @@ struct adamw_scalars {
 };
 void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, long n,
                 const adamw_scalars& s);
-// *out = sum of g[i]^2 in fp64, in a fixed tree order: equal run to run (not the CPU's order).
-void sum_squares(context& ctx, double* out, const float* g, long n);
+// out[i] = sum of grads[i][j]^2 in fp64 over j < sizes[i], for every i in one launch, in
+// operator_state::grad_sq_sum's order (8 partial sums, element j into partial j % 8, the
+// partials added in order, then the tail): bitwise the CPU's value. out: device, [count].
+void sum_squares(context& ctx, double* out, std::span<const float* const> grads,
+                 std::span<const long> sizes);
 // Row-major C [M,N] = A [M,K] B [K,N] through the context's cuBLAS handle, for benchmarks that
 // time cuBLAS on the model's shapes (ta, tb: A or B stored transposed; beta 1 accumulates).
+// batch > 1: `batch` such products, the i-th at a + i*stride_a, b + i*stride_b, c + i*stride_c.
 void sgemm(context& ctx, bool ta, bool tb, int m, int n, int k, const float* a, int lda,
-           const float* b, int ldb, float beta, float* c, int ldc);
+           const float* b, int ldb, float beta, float* c, int ldc, long stride_a = 0,
+           long stride_b = 0, long stride_c = 0, int batch = 1);
 
 }  // namespace moevement::models::cuda

@@ -120,11 +120,11 @@ void round_to_compute(context&, float*, const float*, long, dtype) {
 void adamw_step(context&, float*, float*, float*, const float*, long, const adamw_scalars&) {
   missing();
 }
-void sum_squares(context&, double*, const float*, long) {
+void sum_squares(context&, double*, std::span<const float* const>, std::span<const long>) {
   missing();
 }
 void sgemm(context&, bool, bool, int, int, int, const float*, int, const float*, int, float, float*,
-           int) {
+           int, long, long, long, int) {
   missing();
 }
 

@@ -1,0 +1,38 @@
+// Built instead of stage.cpp when CUDA is not compiled in: constructing one says so.
+#include <stdexcept>
+
+#include "models/cuda/stage.hpp"
+
+namespace moevement::models::cuda {
+
+struct stage::impl {};
+
+stage::stage(context&, moe_model&, stage_range range, int micro_batch_size, int seq_len)
+    : range_(range), b_(micro_batch_size), t_(seq_len) {
+  throw config_error("train.device",
+                     "'cuda' needs a build with the CUDA backend (reconfigure with "
+                     "-Dcuda=enabled where the CUDA toolkit is installed), or set it to 'cpu'");
+}
+stage::~stage() = default;
+void stage::upload_weights() {}
+void stage::zero_grads() {}
+void stage::download_grads() {}
+float* stage::weights(std::size_t) {
+  return nullptr;
+}
+float* stage::grads(std::size_t) {
+  return nullptr;
+}
+models::stage::forward_result stage::forward(int, const std::int32_t*, const float*,
+                                             const std::int32_t*, bool) {
+  return {};
+}
+std::span<const float> stage::backward(int, const float*, float) {
+  return {};
+}
+std::size_t stage::in_flight() const {
+  return 0;
+}
+void stage::abort() {}
+
+}  // namespace moevement::models::cuda
