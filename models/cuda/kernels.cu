@@ -115,11 +115,17 @@ __global__ void embedding_forward_k(float* out, const std::int32_t* tok, const f
 
 // dwte: thread per channel, tokens in (b, t) order, as the CPU does; no two threads share an
 // element, so no atomics.
-__global__ void embedding_backward_wte_k(float* dwte, const float* dout, const std::int32_t* tok,
-                                         int n, int c) {
-  const int x = blockIdx.x * blockDim.x + threadIdx.x;
-  if (x >= c) return;
-  for (int r = 0; r < n; ++r) dwte[long(tok[r]) * c + x] += dout[long(r) * c + x];
+__global__ void embedding_backward_wte_k(float* dwte, const float* __restrict__ dout,
+                                         const std::int32_t* __restrict__ tok, int n, int v,
+                                         int c) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= long(v) * c) return;
+  const int row = int(i / c), x = int(i % c);
+  float acc = dwte[i];
+  for (int r = 0; r < n; ++r) {
+    if (tok[r] == row) acc += dout[long(r) * c + x];
+  }
+  dwte[i] = acc;
 }
 __global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int b, int t, int c) {
   const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
@@ -128,66 +134,108 @@ __global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int b, 
   for (int r = 0; r < b; ++r) dwpe[i] += dout[(long(r) * t + pos) * c + x];
 }
 
-__global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const float* w, int n,
+// Warp per row: the 32 lanes load and store a row's elements side by side (coalesced), and a
+// reduction over the row folds the lanes' values one lane at a time, in element order: the
+// same sequence of operations as the CPU's loop, so the same bits, and every lane ends with
+// the result. (A tree reduction would be faster and change the bits.)
+struct lane_of_row {
+  long row;
+  int lane;
+};
+__device__ lane_of_row warp_row() {
+  const long t = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  return {t / 32, int(t % 32)};
+}
+int warp_blocks(long rows) {
+  return blocks(rows * 32);
+}
+// acc folded with the values v of lanes 0..count-1, in lane order
+template <class T, class F>
+__device__ T fold_lanes(T acc, T v, int count, F f) {
+  for (int k = 0; k < count; ++k) acc = f(acc, __shfl_sync(0xffffffffu, v, k));
+  return acc;
+}
+__device__ double plus(double a, double b) {
+  return a + b;
+}
+__device__ float max_of(float a, float b) {
+  return fmaxf(a, b);
+}
+// Sum over j < n of term(j) in fp64, in j order.
+template <class F>
+__device__ double row_sum(int lane, int n, F term) {
+  double s = 0.0;
+  for (int j0 = 0; j0 < n; j0 += 32) {
+    const int j = j0 + lane;
+    s = fold_lanes(s, j < n ? term(j) : 0.0, min(32, n - j0), plus);
+  }
+  return s;
+}
+__device__ float row_max(int lane, int n, const float* v) {
+  float m = -INFINITY;
+  for (int j0 = 0; j0 < n; j0 += 32) {
+    const int j = j0 + lane;
+    m = fold_lanes(m, j < n ? v[j] : -INFINITY, min(32, n - j0), max_of);
+  }
+  return m;
+}
+
+__global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const float* w, long n,
                                   int c) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float* xi = x + long(i) * c;
-  double ss = 0.0;
-  for (int j = 0; j < c; ++j) ss += double(xi[j]) * xi[j];
+  const auto [i, lane] = warp_row();
+  if (i >= n) return;  // warp-uniform
+  const float* xi = x + i * c;
+  const double ss = row_sum(lane, c, [xi](int j) { return double(xi[j]) * xi[j]; });
   const float r = float(1.0 / sqrt(ss / c + cpu::rmsnorm_eps));
-  rstd[i] = r;
-  for (int j = 0; j < c; ++j) out[long(i) * c + j] = (xi[j] * r) * w[j];
-}
-__global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float* x, const float* w,
-                                      const float* rstd, int n, int c) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (lane == 0) rstd[i] = r;
+  for (int j = lane; j < c; j += 32) out[i * c + j] = (xi[j] * r) * w[j];
+}__global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float* x, const float* w,
+                                      const float* rstd, long n, int c) {
+  const auto [i, lane] = warp_row();
   if (i >= n) return;
-  const float* xi = x + long(i) * c;
-  const float* di = dout + long(i) * c;
+  const float* xi = x + i * c;
+  const float* di = dout + i * c;
   const float r = rstd[i];
-  double dot = 0.0;
-  for (int j = 0; j < c; ++j) dot += double(di[j] * w[j]) * double(xi[j] * r);
+  const double dot =
+      row_sum(lane, c, [=](int j) { return double(di[j] * w[j]) * double(xi[j] * r); });
   const float mean = float(dot / c);
-  for (int j = 0; j < c; ++j) dx[long(i) * c + j] = r * (di[j] * w[j] - (xi[j] * r) * mean);
-}
-__global__ void rmsnorm_backward_dw_k(float* dw, const float* dout, const float* x,
-                                      const float* rstd, int n, int c) {
+  for (int j = lane; j < c; j += 32) dx[i * c + j] = r * (di[j] * w[j] - (xi[j] * r) * mean);
+}// Thread per channel, rows in order as the CPU adds them; the running sum stays in a register
+// (the same additions, in the same order) so the loads of later rows can be in flight.
+__global__ void rmsnorm_backward_dw_k(float* dw, const float* __restrict__ dout,
+                                      const float* __restrict__ x, const float* __restrict__ rstd,
+                                      int n, int c) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= c) return;
-  for (int i = 0; i < n; ++i) dw[j] += dout[long(i) * c + j] * (x[long(i) * c + j] * rstd[i]);
+  float acc = dw[j];
+#pragma unroll 8
+  for (int i = 0; i < n; ++i) acc += dout[long(i) * c + j] * (x[long(i) * c + j] * rstd[i]);
+  dw[j] = acc;
 }
 
 // Causal softmax of each [T] row of scores in place; zero above the diagonal.
+// Causal softmax of each [T] row of scores in place; zero above the diagonal.
 __global__ void causal_softmax_k(float* att, long rows, int t) {
-  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  const auto [i, lane] = warp_row();
   if (i >= rows) return;
-  const int r = int(i % t);
+  const int len = int(i % t) + 1;
   float* row = att + i * t;
-  float mx = -INFINITY;
-  for (int j = 0; j <= r; ++j) mx = fmaxf(mx, row[j]);
-  double sum = 0.0;
-  for (int j = 0; j <= r; ++j) {
+  const float mx = row_max(lane, len, row);
+  const double sum = row_sum(lane, len, [=](int j) {
     row[j] = expf(row[j] - mx);
-    sum += row[j];
-  }
+    return double(row[j]);
+  });
   const float inv = float(1.0 / sum);
-  for (int j = 0; j <= r; ++j) row[j] *= inv;
-  for (int j = r + 1; j < t; ++j) row[j] = 0.0f;
-}
-__global__ void causal_softmax_backward_k(float* ds, const float* att, long rows, int t) {
-  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  for (int j = lane; j < t; j += 32) row[j] = j < len ? row[j] * inv : 0.0f;
+}__global__ void causal_softmax_backward_k(float* ds, const float* att, long rows, int t) {
+  const auto [i, lane] = warp_row();
   if (i >= rows) return;
-  const int r = int(i % t);
+  const int len = int(i % t) + 1;
   float* d = ds + i * t;
   const float* a = att + i * t;
-  double dot = 0.0;
-  for (int j = 0; j <= r; ++j) dot += double(a[j]) * d[j];
-  const float dd = float(dot);
-  for (int j = 0; j <= r; ++j) d[j] = a[j] * (d[j] - dd);
-  for (int j = r + 1; j < t; ++j) d[j] = 0.0f;
+  const float dd = float(row_sum(lane, len, [=](int j) { return double(a[j]) * d[j]; }));
+  for (int j = lane; j < t; j += 32) d[j] = j < len ? a[j] * (d[j] - dd) : 0.0f;
 }
-
 // The CPU's polynomial exp (kernels.cpp), operation for operation; with --fmad=false the bits
 // are the CPU's.
 __device__ float exp_poly(float x) {
@@ -225,23 +273,20 @@ __global__ void gelu_backward_k(float* dx, const float* dout, const float* x, in
 }
 
 __global__ void softmax_xent_forward_k(float* losses, float* probs, const float* logits,
-                                       const std::int32_t* targets, int n, int v) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+                                       const std::int32_t* targets, long n, int v) {
+  const auto [i, lane] = warp_row();
   if (i >= n) return;
-  const float* l = logits + long(i) * v;
-  float* p = probs + long(i) * v;
-  float mx = -INFINITY;
-  for (int j = 0; j < v; ++j) mx = fmaxf(mx, l[j]);
-  double sum = 0.0;
-  for (int j = 0; j < v; ++j) {
+  const float* l = logits + i * v;
+  float* p = probs + i * v;
+  const float mx = row_max(lane, v, l);
+  const double sum = row_sum(lane, v, [=](int j) {
     p[j] = expf(l[j] - mx);
-    sum += p[j];
-  }
+    return double(p[j]);
+  });
   const float inv = float(1.0 / sum);
-  for (int j = 0; j < v; ++j) p[j] *= inv;
-  losses[i] = float(log(sum) + mx - l[targets[i]]);
-}
-__global__ void softmax_xent_backward_k(float* dlogits, const float* probs,
+  for (int j = lane; j < v; j += 32) p[j] *= inv;
+  if (lane == 0) losses[i] = float(log(sum) + mx - l[targets[i]]);
+}__global__ void softmax_xent_backward_k(float* dlogits, const float* probs,
                                         const std::int32_t* targets, float dloss, int n, int v) {
   const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
   if (i >= long(n) * v) return;
@@ -294,26 +339,26 @@ __global__ void moe_combine_forward_k(float* out, const float* ye, const std::in
 }
 __global__ void moe_combine_backward_k(float* dye, float* dweight, const float* dout,
                                        const float* ye, const std::int32_t* row,
-                                       const float* weight, int n, int k, int c) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+                                       const float* weight, long n, int k, int c) {
+  const auto [i, lane] = warp_row();
   if (i >= n) return;
-  const float* d = dout + long(i) * c;
+  const float* d = dout + i * c;
   for (int s = 0; s < k; ++s) {
-    const int r = row[long(i) * k + s];
+    const int r = row[i * k + s];
     if (r < 0) {
-      dweight[long(i) * k + s] = 0.0f;
+      if (lane == 0) dweight[i * k + s] = 0.0f;
       continue;
     }
-    const float w = weight[long(i) * k + s];
-    double dot = 0.0;
-    for (int x = 0; x < c; ++x) {
-      dye[long(r) * c + x] = w * d[x];
-      dot += double(d[x]) * ye[long(r) * c + x];
-    }
-    dweight[long(i) * k + s] = float(dot);
+    const float w = weight[i * k + s];
+    float* dy = dye + long(r) * c;
+    const float* y = ye + long(r) * c;
+    const double dot = row_sum(lane, c, [=](int x) {
+      dy[x] = w * d[x];
+      return double(d[x]) * y[x];
+    });
+    if (lane == 0) dweight[i * k + s] = float(dot);
   }
-}
-__global__ void moe_scatter_add_k(float* dx, const float* dxs, const std::int32_t* row, int n,
+}__global__ void moe_scatter_add_k(float* dx, const float* dxs, const std::int32_t* row, int n,
                                   int k, int c) {
   const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
   if (i >= long(n) * c) return;
@@ -355,10 +400,11 @@ void embedding_forward(context& ctx, float* out, const std::int32_t* tokens, con
 }
 
 void embedding_backward(context& ctx, float* dwte, float* dwpe, const float* dout,
-                        const std::int32_t* tokens, int b, int t, int c) {
+                        const std::int32_t* tokens, int b, int t, int c, int embedding_vocab) {
   if (dwte != nullptr) {
-    embedding_backward_wte_k<<<blocks(c), block, 0, ctx.get().stream>>>(dwte, dout, tokens, b * t,
-                                                                        c);
+    // thread per (vocab row, channel): each element sums its tokens in (b, t) order, as the CPU
+    embedding_backward_wte_k<<<blocks(long(embedding_vocab) * c), block, 0, ctx.get().stream>>>(
+        dwte, dout, tokens, b * t, embedding_vocab, c);
     launched("embedding_backward(wte)");
   }
   if (dwpe != nullptr) {
@@ -370,13 +416,13 @@ void embedding_backward(context& ctx, float* dwte, float* dwpe, const float* dou
 
 void rmsnorm_forward(context& ctx, float* out, float* rstd, const float* x, const float* w, int n,
                      int c) {
-  rmsnorm_forward_k<<<blocks(n), block, 0, ctx.get().stream>>>(out, rstd, x, w, n, c);
+  rmsnorm_forward_k<<<warp_blocks(n), block, 0, ctx.get().stream>>>(out, rstd, x, w, n, c);
   launched("rmsnorm_forward");
 }
 
 void rmsnorm_backward(context& ctx, float* dx, float* dw, const float* dout, const float* x,
                       const float* w, const float* rstd, int n, int c) {
-  rmsnorm_backward_dx_k<<<blocks(n), block, 0, ctx.get().stream>>>(dx, dout, x, w, rstd, n, c);
+  rmsnorm_backward_dx_k<<<warp_blocks(n), block, 0, ctx.get().stream>>>(dx, dout, x, w, rstd, n, c);
   launched("rmsnorm_backward(dx)");
   if (dw != nullptr) {
     rmsnorm_backward_dw_k<<<blocks(c), block, 0, ctx.get().stream>>>(dw, dout, x, rstd, n, c);
@@ -391,14 +437,18 @@ void attention_forward(context& ctx, float* y, float* att, const float* qkv, int
   const long tt = long(t) * t;
   for (int i = 0; i < b; ++i) {
     const float* base = qkv + long(i) * t * c3;
-    float* a = att + long(i) * nh * tt;
     // scores[h] [T,T] = scale q_h k_h^T, batched over heads
-    gemm(ctx, false, true, t, t, hs, scale, base, c3, hs, base + c, c3, hs, 0.0f, a, t, tt, nh);
-    causal_softmax_k<<<blocks(long(nh) * t), block, 0, ctx.get().stream>>>(a, long(nh) * t, t);
-    launched("causal_softmax");
+    gemm(ctx, false, true, t, t, hs, scale, base, c3, hs, base + c, c3, hs, 0.0f,
+         att + long(i) * nh * tt, t, tt, nh);
+  }
+  // one launch over the rows of every sequence and head (per sequence, too few threads)
+  causal_softmax_k<<<warp_blocks(long(b) * nh * t), block, 0, ctx.get().stream>>>(att, long(b) * nh * t,
+                                                                            t);
+  launched("causal_softmax");
+  for (int i = 0; i < b; ++i) {
     // y_h [T,hs] = att_h v_h
-    gemm(ctx, false, false, t, hs, t, 1.0f, a, t, tt, base + 2 * c, c3, hs, 0.0f,
-         y + long(i) * t * c, c, hs, nh);
+    gemm(ctx, false, false, t, hs, t, 1.0f, att + long(i) * nh * tt, t, tt,
+         qkv + long(i) * t * c3 + 2 * c, c3, hs, 0.0f, y + long(i) * t * c, c, hs, nh);
   }
 }
 
@@ -412,16 +462,21 @@ void attention_backward(context& ctx, float* dqkv, float* scratch, const float* 
     float* dbase = dqkv + long(i) * t * c3;
     const float* a = att + long(i) * nh * tt;
     const float* dyb = dy + long(i) * t * c;
-    gemm(ctx, false, true, t, t, hs, 1.0f, dyb, c, hs, base + 2 * c, c3, hs, 0.0f, scratch, t, tt,
-         nh);  // datt = dy_h v_h^T
+    gemm(ctx, false, true, t, t, hs, 1.0f, dyb, c, hs, base + 2 * c, c3, hs, 0.0f,
+         scratch + long(i) * nh * tt, t, tt, nh);  // datt = dy_h v_h^T
     gemm(ctx, true, false, t, hs, t, 1.0f, a, t, tt, dyb, c, hs, 0.0f, dbase + 2 * c, c3, hs,
          nh);  // dv = att^T dy_h
-    causal_softmax_backward_k<<<blocks(long(nh) * t), block, 0, ctx.get().stream>>>(
-        scratch, a, long(nh) * t, t);
-    launched("causal_softmax_backward");
-    gemm(ctx, false, false, t, hs, t, scale, scratch, t, tt, base + c, c3, hs, 0.0f, dbase, c3, hs,
+  }
+  causal_softmax_backward_k<<<warp_blocks(long(b) * nh * t), block, 0, ctx.get().stream>>>(
+      scratch, att, long(b) * nh * t, t);
+  launched("causal_softmax_backward");
+  for (int i = 0; i < b; ++i) {
+    const float* base = qkv + long(i) * t * c3;
+    float* dbase = dqkv + long(i) * t * c3;
+    const float* ds = scratch + long(i) * nh * tt;
+    gemm(ctx, false, false, t, hs, t, scale, ds, t, tt, base + c, c3, hs, 0.0f, dbase, c3, hs,
          nh);  // dq = scale ds k
-    gemm(ctx, true, false, t, hs, t, scale, scratch, t, tt, base, c3, hs, 0.0f, dbase + c, c3, hs,
+    gemm(ctx, true, false, t, hs, t, scale, ds, t, tt, base, c3, hs, 0.0f, dbase + c, c3, hs,
          nh);  // dk = scale ds^T q
   }
 }
@@ -438,7 +493,7 @@ void gelu_backward(context& ctx, float* dx, const float* dout, const float* x, i
 
 void softmax_xent_forward(context& ctx, float* losses, float* probs, const float* logits,
                           const std::int32_t* targets, int n, int v) {
-  softmax_xent_forward_k<<<blocks(n), block, 0, ctx.get().stream>>>(losses, probs, logits, targets,
+  softmax_xent_forward_k<<<warp_blocks(n), block, 0, ctx.get().stream>>>(losses, probs, logits, targets,
                                                                     n, v);
   launched("softmax_xent_forward");
 }
@@ -491,7 +546,7 @@ void moe_combine_forward(context& ctx, float* out, const float* ye, const device
 void moe_combine_backward(context& ctx, float* dye, float* dweight, const float* dout,
                           const float* ye, const device_routing& r, int c) {
   const auto& h = r.host;
-  moe_combine_backward_k<<<blocks(h.n), block, 0, ctx.get().stream>>>(
+  moe_combine_backward_k<<<warp_blocks(h.n), block, 0, ctx.get().stream>>>(
       dye, dweight, dout, ye, r.row->data(), r.weight->data(), h.n, h.k, c);
   launched("moe_combine_backward");
 }
@@ -585,9 +640,10 @@ __global__ void adamw_k(float* w, float* m, float* v, const float* grad, long n,
 // 8 below the last multiple of 8, in order); thread 0 then adds the partials and the tail.
 __global__ void sum_squares_k(double* out, const float* const* grads, const long* sizes) {
   __shared__ double part[8];
-  const float* g = grads[blockIdx.x];
+  const float* __restrict__ g = grads[blockIdx.x];
   const long n = sizes[blockIdx.x], whole = n - n % 8;
   double s = 0.0;
+#pragma unroll 16
   for (long j = threadIdx.x; j < whole; j += 8) s += double(g[j]) * double(g[j]);
   part[threadIdx.x] = s;
   __syncthreads();

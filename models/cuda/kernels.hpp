@@ -60,13 +60,14 @@ void matmul_backward(context& ctx, float* dx, float* dw, const float* dout, cons
                      const float* w, int n, int in, int out_dim);
 void embedding_forward(context& ctx, float* out, const std::int32_t* tokens, const float* wte,
                        const float* wpe, int b, int t, int c);
+// v: rows of wte (dwte [V,C])
 void embedding_backward(context& ctx, float* dwte, float* dwpe, const float* dout,
-                        const std::int32_t* tokens, int b, int t, int c);
+                        const std::int32_t* tokens, int b, int t, int c, int v);
 void rmsnorm_forward(context& ctx, float* out, float* rstd, const float* x, const float* w, int n,
                      int c);
 void rmsnorm_backward(context& ctx, float* dx, float* dw, const float* dout, const float* x,
                       const float* w, const float* rstd, int n, int c);
-// att [B,NH,T,T]; scratch for backward [NH,T,T]
+// att [B,NH,T,T]; scratch for backward [B,NH,T,T]
 void attention_forward(context& ctx, float* y, float* att, const float* qkv, int b, int t, int c,
                        int nh);
 void attention_backward(context& ctx, float* dqkv, float* scratch, const float* dy,

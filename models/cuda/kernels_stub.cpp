@@ -48,7 +48,7 @@ void embedding_forward(context&, float*, const std::int32_t*, const float*, cons
                        int) {
   missing();
 }
-void embedding_backward(context&, float*, float*, const float*, const std::int32_t*, int, int,
+void embedding_backward(context&, float*, float*, const float*, const std::int32_t*, int, int, int,
                         int) {
   missing();
 }

@@ -80,7 +80,7 @@ struct stage::impl {
     d_c = make(ctx, nc);
     d_h = make(ctx, nc);
     d_qkv = make(ctx, 3 * nc);
-    d_att = make(ctx, std::size_t(cfg.heads) * t * t);
+    d_att = make(ctx, std::size_t(b) * cfg.heads * t * t);
     d_weight = make(ctx, std::size_t(n) * cfg.top_k);
     d_logits = make(ctx, std::size_t(n) * e);
     d_ye = make(ctx, rows * c0);
@@ -370,7 +370,7 @@ std::span<const float> stage::backward(int mb, const float* grad_out, float loss
   std::span<const float> result;
   if (range_.has_embedding) {
     const std::size_t emb = s.model.embedding();
-    embedding_backward(s.ctx, s.g(emb, 0), s.g(emb, 1), cur, c.tokens->data(), b_, t_, ch);
+    embedding_backward(s.ctx, s.g(emb, 0), s.g(emb, 1), cur, c.tokens->data(), b_, t_, ch, v);
   } else {
     s.host_grad_in.resize(nc);
     copy_to_host(s.ctx, s.host_grad_in.data(), cur, nc * sizeof(float));

@@ -95,7 +95,7 @@ TEST_F(cuda_kernels, attention_matches_the_cpu) {
   cpu::attention_backward(dqkv.data(), scr.data(), dy.data(), att.data(), qkv.data(), b, t, c, nh);
   auto q = dev(ctx, qkv), d = dev(ctx, dy);
   cuda::device_array<float> gy(ctx, y.size()), ga(ctx, att.size()), gd(ctx, dqkv.size()),
-      gs(ctx, std::size_t(nh) * t * t);
+      gs(ctx, std::size_t(b) * nh * t * t);
   cuda::attention_forward(ctx, gy.data(), ga.data(), q->data(), b, t, c, nh);
   cuda::attention_backward(ctx, gd.data(), gs.data(), d->data(), ga.data(), q->data(), b, t, c, nh);
   expect_close(gy.download(), y, 1e-5f, "y");
@@ -130,7 +130,7 @@ TEST_F(cuda_kernels, gelu_is_bitwise_the_cpu_and_embedding_and_xent_match) {
        gdwpe = dev(ctx, std::vector<float>(t * c, 0.0f));
   cuda::device_array<float> ge(ctx, e.size());
   cuda::embedding_forward(ctx, ge.data(), gtok->data(), gwte->data(), gwpe->data(), b, t, c);
-  cuda::embedding_backward(ctx, gdwte->data(), gdwpe->data(), gdout->data(), gtok->data(), b, t, c);
+  cuda::embedding_backward(ctx, gdwte->data(), gdwpe->data(), gdout->data(), gtok->data(), b, t, c, v);
   EXPECT_TRUE(same_bits(ge.download(), e));
   EXPECT_TRUE(same_bits(gdwte->download(), dwte)) << "same order as the CPU";
   EXPECT_TRUE(same_bits(gdwpe->download(), dwpe));
