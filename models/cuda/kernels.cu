@@ -200,17 +200,31 @@ __global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const
       row_sum(lane, c, [=](int j) { return double(di[j] * w[j]) * double(xi[j] * r); });
   const float mean = float(dot / c);
   for (int j = lane; j < c; j += 32) dx[i * c + j] = r * (di[j] * w[j] - (xi[j] * r) * mean);
-}// Thread per channel, rows in order as the CPU adds them; the running sum stays in a register
-// (the same additions, in the same order) so the loads of later rows can be in flight.
+}// dw[j] += the rows' products in row order, as the CPU adds them. A block takes 32 channels:
+// its 8 warps compute a tile of rows' products into shared memory side by side (coalesced),
+// then warp 0 adds the tile's rows in order, one lane per channel, in a register.
+constexpr int dw_tile_rows = 256;
 __global__ void rmsnorm_backward_dw_k(float* dw, const float* __restrict__ dout,
                                       const float* __restrict__ x, const float* __restrict__ rstd,
                                       int n, int c) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  float acc = dw[j];
+  __shared__ float tile[dw_tile_rows][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int j = blockIdx.x * 32 + lane;
+  float acc = warp == 0 && j < c ? dw[j] : 0.0f;
+  for (int i0 = 0; i0 < n; i0 += dw_tile_rows) {
+    for (int r = warp; r < dw_tile_rows; r += warps) {
+      const long i = i0 + r;
+      tile[r][lane] = i < n && j < c ? dout[i * c + j] * (x[i * c + j] * rstd[i]) : 0.0f;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int rows = min(dw_tile_rows, n - i0);
 #pragma unroll 8
-  for (int i = 0; i < n; ++i) acc += dout[long(i) * c + j] * (x[long(i) * c + j] * rstd[i]);
-  dw[j] = acc;
+      for (int r = 0; r < rows; ++r) acc += tile[r][lane];
+    }
+    __syncthreads();
+  }
+  if (warp == 0 && j < c) dw[j] = acc;
 }
 
 // Causal softmax of each [T] row of scores in place; zero above the diagonal.
@@ -425,7 +439,7 @@ void rmsnorm_backward(context& ctx, float* dx, float* dw, const float* dout, con
   rmsnorm_backward_dx_k<<<warp_blocks(n), block, 0, ctx.get().stream>>>(dx, dout, x, w, rstd, n, c);
   launched("rmsnorm_backward(dx)");
   if (dw != nullptr) {
-    rmsnorm_backward_dw_k<<<blocks(c), block, 0, ctx.get().stream>>>(dw, dout, x, rstd, n, c);
+    rmsnorm_backward_dw_k<<<unsigned((c + 31) / 32), block, 0, ctx.get().stream>>>(dw, dout, x, rstd, n, c);
     launched("rmsnorm_backward(dw)");
   }
 }
@@ -636,18 +650,31 @@ __global__ void adamw_k(float* w, float* m, float* v, const float* grad, long n,
   w[j] = wj - s.lr * (mhat / (sqrtf(vhat) + s.eps) + s.weight_decay * wj);
 }
 
-// One block per gradient, 8 threads: thread l runs the CPU's partial sum l (elements j = l mod
-// 8 below the last multiple of 8, in order); thread 0 then adds the partials and the tail.
+// One block per gradient. Partial l of the CPU's 8 is the sum, in order, of the squares of the
+// elements j = l mod 8 below the last multiple of 8. The block squares a tile of elements into
+// shared memory side by side; then threads 0..7 each add their partial's share of the tile in
+// order; at the end thread 0 adds the partials in order, then the tail.
+constexpr int sq_tile = 2048;
 __global__ void sum_squares_k(double* out, const float* const* grads, const long* sizes) {
+  __shared__ double tile[sq_tile];
   __shared__ double part[8];
   const float* __restrict__ g = grads[blockIdx.x];
   const long n = sizes[blockIdx.x], whole = n - n % 8;
+  const int tid = threadIdx.x;
   double s = 0.0;
-#pragma unroll 16
-  for (long j = threadIdx.x; j < whole; j += 8) s += double(g[j]) * double(g[j]);
-  part[threadIdx.x] = s;
+  for (long j0 = 0; j0 < whole; j0 += sq_tile) {
+    const int len = int(min(long(sq_tile), whole - j0));  // a multiple of 8
+    for (int k = tid; k < len; k += blockDim.x) tile[k] = double(g[j0 + k]) * double(g[j0 + k]);
+    __syncthreads();
+    if (tid < 8) {
+#pragma unroll 8
+      for (int k = tid; k < len; k += 8) s += tile[k];
+    }
+    __syncthreads();
+  }
+  if (tid < 8) part[tid] = s;
   __syncthreads();
-  if (threadIdx.x != 0) return;
+  if (tid != 0) return;
   double total = 0.0;
   for (int l = 0; l < 8; ++l) total += part[l];
   for (long j = whole; j < n; ++j) total += double(g[j]) * double(g[j]);
@@ -705,7 +732,7 @@ void sum_squares(context& ctx, double* out, std::span<const float* const> grads,
   auto* d_sizes = reinterpret_cast<long*>(static_cast<char*>(dev) + grads.size() * sizeof(float*));
   copy_to_device(ctx, d_grads, grads.data(), grads.size() * sizeof(float*));
   copy_to_device(ctx, d_sizes, sizes.data(), sizes.size() * sizeof(long));
-  sum_squares_k<<<unsigned(grads.size()), 8, 0, ctx.get().stream>>>(out, d_grads, d_sizes);
+  sum_squares_k<<<unsigned(grads.size()), block, 0, ctx.get().stream>>>(out, d_grads, d_sizes);
   launched("sum_squares");
   check(cudaFreeAsync(dev, ctx.get().stream), "cudaFreeAsync");
   ctx.synchronize();  // the host tables must outlive the copies
