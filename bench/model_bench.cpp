@@ -21,10 +21,10 @@
 
 #include "base/hash.hpp"
 #include "models/cpu/gemm.hpp"
-#include "models/rng.hpp"
 #include "models/cuda/device.hpp"
 #include "models/cuda/kernels.hpp"
 #include "models/cuda/trainer.hpp"
+#include "models/rng.hpp"
 #include "models/trainer.hpp"
 
 namespace {

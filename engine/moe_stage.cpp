@@ -31,9 +31,8 @@ class moe_stage final : public stage_model {
       // snapshots and recovery run on them): weights go up each iteration, gradients come
       // back after the last backward.
       ctx_ = std::make_unique<models::cuda::context>();
-      gpu_ = std::make_unique<models::cuda::stage>(*ctx_, model_, range,
-                                                   setup.train.micro_batch_size,
-                                                   setup.train.seq_len);
+      gpu_ = std::make_unique<models::cuda::stage>(
+          *ctx_, model_, range, setup.train.micro_batch_size, setup.train.seq_len);
     }
   }
 
@@ -117,8 +116,8 @@ class moe_stage final : public stage_model {
   std::vector<models::operator_state*> ops_;
   std::vector<std::int32_t> tokens_, targets_;  // [B,T] scratch
   std::int64_t iteration_ = 0;
-  int backwards_ = 0;                              // of this iteration
-  std::unique_ptr<models::cuda::context> ctx_;     // train.device = cuda only
+  int backwards_ = 0;                           // of this iteration
+  std::unique_ptr<models::cuda::context> ctx_;  // train.device = cuda only
   std::unique_ptr<models::cuda::stage> gpu_;
 };
 

@@ -29,7 +29,8 @@ int train_loop(Trainer& tr, const models::model_config& model, const models::tra
       model.preset, model.layers, model.d_model, model.experts, model.top_k,
       double(model.parameter_count()) / 1e6, double(model.active_parameter_count()) / 1e6,
       models::dtype_name(model.compute_dtype), train.data_parallel);
-  if (train.device == models::device::cuda) std::cout << "device: " << models::cuda::describe_device() << "\n";
+  if (train.device == models::device::cuda)
+    std::cout << "device: " << models::cuda::describe_device() << "\n";
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   models::iteration_stats st;

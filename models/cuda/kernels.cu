@@ -189,7 +189,8 @@ __global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const
   const float r = float(1.0 / sqrt(ss / c + cpu::rmsnorm_eps));
   if (lane == 0) rstd[i] = r;
   for (int j = lane; j < c; j += 32) out[i * c + j] = (xi[j] * r) * w[j];
-}__global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float* x, const float* w,
+}
+__global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float* x, const float* w,
                                       const float* rstd, long n, int c) {
   const auto [i, lane] = warp_row();
   if (i >= n) return;
@@ -200,7 +201,7 @@ __global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const
       row_sum(lane, c, [=](int j) { return double(di[j] * w[j]) * double(xi[j] * r); });
   const float mean = float(dot / c);
   for (int j = lane; j < c; j += 32) dx[i * c + j] = r * (di[j] * w[j] - (xi[j] * r) * mean);
-}// dw[j] += the rows' products in row order, as the CPU adds them. A block takes 32 channels:
+}  // dw[j] += the rows' products in row order, as the CPU adds them. A block takes 32 channels:
 // its 8 warps compute a tile of rows' products into shared memory side by side (coalesced),
 // then warp 0 adds the tile's rows in order, one lane per channel, in a register.
 constexpr int dw_tile_rows = 256;
@@ -241,7 +242,8 @@ __global__ void causal_softmax_k(float* att, long rows, int t) {
   });
   const float inv = float(1.0 / sum);
   for (int j = lane; j < t; j += 32) row[j] = j < len ? row[j] * inv : 0.0f;
-}__global__ void causal_softmax_backward_k(float* ds, const float* att, long rows, int t) {
+}
+__global__ void causal_softmax_backward_k(float* ds, const float* att, long rows, int t) {
   const auto [i, lane] = warp_row();
   if (i >= rows) return;
   const int len = int(i % t) + 1;
@@ -300,7 +302,8 @@ __global__ void softmax_xent_forward_k(float* losses, float* probs, const float*
   const float inv = float(1.0 / sum);
   for (int j = lane; j < v; j += 32) p[j] *= inv;
   if (lane == 0) losses[i] = float(log(sum) + mx - l[targets[i]]);
-}__global__ void softmax_xent_backward_k(float* dlogits, const float* probs,
+}
+__global__ void softmax_xent_backward_k(float* dlogits, const float* probs,
                                         const std::int32_t* targets, float dloss, int n, int v) {
   const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
   if (i >= long(n) * v) return;
@@ -372,7 +375,8 @@ __global__ void moe_combine_backward_k(float* dye, float* dweight, const float* 
     });
     if (lane == 0) dweight[i * k + s] = float(dot);
   }
-}__global__ void moe_scatter_add_k(float* dx, const float* dxs, const std::int32_t* row, int n,
+}
+__global__ void moe_scatter_add_k(float* dx, const float* dxs, const std::int32_t* row, int n,
                                   int k, int c) {
   const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
   if (i >= long(n) * c) return;
@@ -439,7 +443,8 @@ void rmsnorm_backward(context& ctx, float* dx, float* dw, const float* dout, con
   rmsnorm_backward_dx_k<<<warp_blocks(n), block, 0, ctx.get().stream>>>(dx, dout, x, w, rstd, n, c);
   launched("rmsnorm_backward(dx)");
   if (dw != nullptr) {
-    rmsnorm_backward_dw_k<<<unsigned((c + 31) / 32), block, 0, ctx.get().stream>>>(dw, dout, x, rstd, n, c);
+    rmsnorm_backward_dw_k<<<unsigned((c + 31) / 32), block, 0, ctx.get().stream>>>(dw, dout, x,
+                                                                                   rstd, n, c);
     launched("rmsnorm_backward(dw)");
   }
 }
@@ -456,8 +461,8 @@ void attention_forward(context& ctx, float* y, float* att, const float* qkv, int
          att + long(i) * nh * tt, t, tt, nh);
   }
   // one launch over the rows of every sequence and head (per sequence, too few threads)
-  causal_softmax_k<<<warp_blocks(long(b) * nh * t), block, 0, ctx.get().stream>>>(att, long(b) * nh * t,
-                                                                            t);
+  causal_softmax_k<<<warp_blocks(long(b) * nh * t), block, 0, ctx.get().stream>>>(
+      att, long(b) * nh * t, t);
   launched("causal_softmax");
   for (int i = 0; i < b; ++i) {
     // y_h [T,hs] = att_h v_h
@@ -507,8 +512,8 @@ void gelu_backward(context& ctx, float* dx, const float* dout, const float* x, i
 
 void softmax_xent_forward(context& ctx, float* losses, float* probs, const float* logits,
                           const std::int32_t* targets, int n, int v) {
-  softmax_xent_forward_k<<<warp_blocks(n), block, 0, ctx.get().stream>>>(losses, probs, logits, targets,
-                                                                    n, v);
+  softmax_xent_forward_k<<<warp_blocks(n), block, 0, ctx.get().stream>>>(losses, probs, logits,
+                                                                         targets, n, v);
   launched("softmax_xent_forward");
 }
 
@@ -578,7 +583,6 @@ void softmax_xent_backward(context& ctx, float* dlogits, const float* probs,
       dlogits, probs, targets, dloss, n, v);
   launched("softmax_xent_backward");
 }
-
 
 namespace {
 

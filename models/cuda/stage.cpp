@@ -24,7 +24,7 @@ struct device_operator {
 // One layer's activations of a micro-batch in flight. N = B*T, R = N*K rows at most.
 struct layer_cache {
   buffer x, n1, rstd1, qkv, att, yatt, h, n2, rstd2, glogits;  // [N,C] [N,C] [N] [N,3C] ...
-  buffer xs, hpre, act, ye;                                      // [R,C] [R,F] [R,F] [R,C]
+  buffer xs, hpre, act, ye;                                    // [R,C] [R,F] [R,F] [R,C]
   device_routing route;
 };
 
@@ -50,13 +50,7 @@ struct stage::impl {
   std::vector<float> host_out, host_grad_in, host_losses;
 
   impl(context& c, moe_model& m, stage_range r, int mbs, int seq)
-      : ctx(c),
-        model(m),
-        range(r),
-        b(mbs),
-        t(seq),
-        n(mbs * seq),
-        nk(mbs * seq * m.config().top_k) {
+      : ctx(c), model(m), range(r), b(mbs), t(seq), n(mbs * seq), nk(mbs * seq * m.config().top_k) {
     for (std::size_t i = r.first_op; i < r.last_op; ++i) {
       const auto& op = m.ops()[i];
       device_operator d;
@@ -97,7 +91,9 @@ struct stage::impl {
   }
 
   device_operator& dop(std::size_t i) { return ops[i - range.first_op]; }
-  const float* w(std::size_t i, std::size_t p) { return dop(i).weights->data() + dop(i).offsets[p]; }
+  const float* w(std::size_t i, std::size_t p) {
+    return dop(i).weights->data() + dop(i).offsets[p];
+  }
   // nullptr for a frozen operator: no weight gradient (the kernels' convention)
   float* g(std::size_t i, std::size_t p) {
     if (model.ops()[i].mode() != op_mode::active) return nullptr;
@@ -169,8 +165,8 @@ struct stage::impl {
       float* hp = c.hpre->data() + std::size_t(r0) * f;
       matmul_forward(ctx, hp, c.xs->data() + std::size_t(r0) * ch, w(ex, 0), rj, ch, f);
       gelu_forward(ctx, c.act->data() + std::size_t(r0) * f, hp, rj * f);
-      matmul_forward(ctx, c.ye->data() + std::size_t(r0) * ch,
-                     c.act->data() + std::size_t(r0) * f, w(ex, 1), rj, f, ch);
+      matmul_forward(ctx, c.ye->data() + std::size_t(r0) * ch, c.act->data() + std::size_t(r0) * f,
+                     w(ex, 1), rj, f, ch);
     }
     moe_combine_forward(ctx, res, c.ye->data(), c.route, ch);
     add(ctx, res, c.h->data(), res, nc);
@@ -197,18 +193,17 @@ struct stage::impl {
       matmul_backward(ctx, d_xs->data() + std::size_t(r0) * ch, g(ex, 0), d_b->data(),
                       c.xs->data() + std::size_t(r0) * ch, w(ex, 0), rj, ch, f);
     }
-    gate_backward(ctx, d_logits->data(), c.route, d_weight->data(),
-                  cfg.aux_loss_coef * loss_grad);
-    matmul_backward(ctx, d_c->data(), g(gate, 0), d_logits->data(), c.n2->data(), w(gate, 0), n,
-                    ch, e);
+    gate_backward(ctx, d_logits->data(), c.route, d_weight->data(), cfg.aux_loss_coef * loss_grad);
+    matmul_backward(ctx, d_c->data(), g(gate, 0), d_logits->data(), c.n2->data(), w(gate, 0), n, ch,
+                    e);
     moe_scatter_add(ctx, d_c->data(), d_xs->data(), c.route, ch);
     rmsnorm_backward(ctx, d_a->data(), g(norm2, 0), d_c->data(), c.h->data(), w(norm2, 0),
                      c.rstd2->data(), n, ch);
     add(ctx, d_h->data(), dout, d_a->data(), nc);
     matmul_backward(ctx, d_c->data(), g(attn, 1), d_h->data(), c.yatt->data(), w(attn, 1), n, ch,
                     ch);
-    attention_backward(ctx, d_qkv->data(), d_att->data(), d_c->data(), c.att->data(),
-                       c.qkv->data(), b, t, ch, cfg.heads);
+    attention_backward(ctx, d_qkv->data(), d_att->data(), d_c->data(), c.att->data(), c.qkv->data(),
+                       b, t, ch, cfg.heads);
     matmul_backward(ctx, d_b->data(), g(attn, 0), d_qkv->data(), c.n1->data(), w(attn, 0), n, ch,
                     3 * ch);
     rmsnorm_backward(ctx, d_a->data(), g(norm1, 0), d_b->data(), c.x->data(), w(norm1, 0),
@@ -275,9 +270,8 @@ void stage::abort() {
   impl_->cache.clear();
 }
 
-models::stage::forward_result stage::forward(int mb, const std::int32_t* tokens,
-                                             const float* x_in, const std::int32_t* targets,
-                                             bool training) {
+models::stage::forward_result stage::forward(int mb, const std::int32_t* tokens, const float* x_in,
+                                             const std::int32_t* targets, bool training) {
   impl& s = *impl_;
   const auto& cfg = s.model.config();
   const int n = s.n, ch = cfg.d_model, v = cfg.vocab;

@@ -36,7 +36,7 @@ struct trainer::impl {
   loss_scaler scaler;
   std::int64_t iteration = 0;
   std::vector<optimizer_state> ops;
-  std::vector<buffer> replica_sum;  // [ops][numel], only when data_parallel > 1
+  std::vector<buffer> replica_sum;           // [ops][numel], only when data_parallel > 1
   std::unique_ptr<device_array<double>> sq;  // [ops]
   std::vector<const float*> grad_ptrs;
   std::vector<long> grad_sizes;
@@ -166,8 +166,8 @@ double trainer::validation_loss() {
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(n)), targets(tokens.size());
   double sum = 0.0;
   for (int i = 0; i < s.train.val_batches; ++i) {
-    fill_batch(s.data, split::val, s.train.seed, i, 0, 0, s.train.micro_batch_size,
-               s.train.seq_len, tokens.data(), targets.data());
+    fill_batch(s.data, split::val, s.train.seed, i, 0, 0, s.train.micro_batch_size, s.train.seq_len,
+               tokens.data(), targets.data());
     sum += s.body.forward(-1, tokens.data(), nullptr, targets.data(), /*training=*/false).loss;
   }
   return s.train.val_batches > 0 ? sum / s.train.val_batches : 0.0;

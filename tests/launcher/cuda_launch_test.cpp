@@ -29,9 +29,9 @@ const std::string& no_gpu() {
 }
 
 std::string gpu_reference(int iterations, int dp) {
-  const auto r = run_moevement("train " + tiny() + on_gpu + " --set train.iterations=" +
-                               std::to_string(iterations) + " --set parallel.dp=" +
-                               std::to_string(dp));
+  const auto r = run_moevement("train " + tiny() + on_gpu +
+                               " --set train.iterations=" + std::to_string(iterations) +
+                               " --set parallel.dp=" + std::to_string(dp));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return hash_of(r.output);
 }
@@ -46,9 +46,9 @@ class cuda_launch : public ::testing::Test {
 TEST_F(cuda_launch, pipelined_gpu_stages_equal_the_gpu_trainer) {
   for (const auto& [pp, dp] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {4, 1}, {2, 2}}) {
     const std::string name = "gpu_pp" + std::to_string(pp) + "dp" + std::to_string(dp);
-    const auto o = launch(name, tiny() + on_gpu + " --set train.iterations=4 --set parallel.pp=" +
-                                    std::to_string(pp) + " --set parallel.dp=" +
-                                    std::to_string(dp));
+    const auto o =
+        launch(name, tiny() + on_gpu + " --set train.iterations=4 --set parallel.pp=" +
+                         std::to_string(pp) + " --set parallel.dp=" + std::to_string(dp));
     ASSERT_EQ(o.exit_code, 0) << o.output;
     EXPECT_EQ(o.hash, gpu_reference(4, dp)) << name;
   }

@@ -77,7 +77,8 @@ TEST(train, bad_configs_exit_1_naming_the_key) {
 // one (or without the CUDA backend) it stops with an error naming the key.
 TEST(train, the_cuda_device_trains_on_a_gpu_or_names_the_key) {
   const std::string args =
-      "train " + tiny() + " --set train.iterations=3 --set train.seq_len=16 --set train.device=cuda";
+      "train " + tiny() +
+      " --set train.iterations=3 --set train.seq_len=16 --set train.device=cuda";
   const auto a = run(args);
   if (a.exit_code != 0) {
     EXPECT_EQ(a.exit_code, 1) << a.output;

@@ -130,7 +130,8 @@ TEST_F(cuda_kernels, gelu_is_bitwise_the_cpu_and_embedding_and_xent_match) {
        gdwpe = dev(ctx, std::vector<float>(t * c, 0.0f));
   cuda::device_array<float> ge(ctx, e.size());
   cuda::embedding_forward(ctx, ge.data(), gtok->data(), gwte->data(), gwpe->data(), b, t, c);
-  cuda::embedding_backward(ctx, gdwte->data(), gdwpe->data(), gdout->data(), gtok->data(), b, t, c, v);
+  cuda::embedding_backward(ctx, gdwte->data(), gdwpe->data(), gdout->data(), gtok->data(), b, t, c,
+                           v);
   EXPECT_TRUE(same_bits(ge.download(), e));
   EXPECT_TRUE(same_bits(gdwte->download(), dwte)) << "same order as the CPU";
   EXPECT_TRUE(same_bits(gdwpe->download(), dwpe));

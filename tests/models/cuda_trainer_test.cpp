@@ -62,8 +62,8 @@ TEST_F(cuda_trainer, optimizer_and_rounding_are_bitwise_the_cpu) {
       op.adam_v()[i] = float(random_uniform(key, i + 2 * n)) * 1e-4f;
     }
     // rounding edge cases in the master: halfway ties, f16 subnormals, beyond f16's range
-    const float edges[] = {1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 3e-6f, -7e-8f, 70000.0f, -1e38f,
-                           0x1p-24f, 65519.0f};
+    const float edges[] = {1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 3e-6f,    -7e-8f,
+                           70000.0f,       -1e38f,          0x1p-24f, 65519.0f};
     for (std::size_t i = 0; i < std::size(edges); ++i) op.master()[i * 13] = edges[i];
     op.set_step(4);
     const adamw_config cfg{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
