@@ -3,6 +3,9 @@
 // then gets is checked in tests/launcher/train_test.cpp).
 #include "models/cuda/trainer.hpp"
 
+#include "models/cuda/stage.hpp"
+#include "models/data.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -187,6 +190,73 @@ TEST_F(cuda_trainer, learns_like_the_cpu) {
   std::int64_t routed = 0;
   for (const auto r : gate.routed_tokens()) routed += r;
   EXPECT_EQ(routed, std::int64_t(t.micro_batches) * t.micro_batch_size * t.seq_len * m.top_k);
+}
+
+// cuda::stage, as the engine drives it: against the CPU stage (to rounding), frozen operators
+// (bitwise the same forward and input gradient as active, no weight gradient), and a pipeline
+// of two GPU stages against one (bitwise: activations cross as exact fp32).
+TEST_F(cuda_trainer, gpu_stage_matches_the_cpu_and_splits_and_freezes_without_a_bit) {
+  const model_config m = preset("tiny");
+  const train_config t = tiny_train();
+  const corpus data = corpus::load(t.corpus, t.val_fraction, t.seq_len);
+  const int n = t.micro_batch_size * t.seq_len;
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(n)), tgt(tok.size());
+  fill_batch(data, split::train, 1, 0, 0, 0, t.micro_batch_size, t.seq_len, tok.data(), tgt.data());
+  cuda::context ctx;
+
+  // whole model on the GPU and on the CPU
+  moe_model gm(m, 1), cm(m, 1);
+  cuda::stage whole(ctx, gm, partition(m, 1)[0], t.micro_batch_size, t.seq_len);
+  stage cpu_whole(cm, partition(m, 1)[0], t.micro_batch_size, t.seq_len);
+  const double gl = whole.forward(0, tok.data(), nullptr, tgt.data()).loss;
+  const double cl = cpu_whole.forward(0, tok.data(), nullptr, tgt.data()).loss;
+  EXPECT_NEAR(gl, cl, 1e-5);
+  whole.backward(0, nullptr, 1.0f);
+  cpu_whole.backward(0, nullptr, 1.0f);
+  whole.download_grads();
+  for (std::size_t i = 0; i < gm.ops().size(); ++i) {
+    EXPECT_NEAR(std::sqrt(gm.ops()[i].grad_sq_sum()), std::sqrt(cm.ops()[i].grad_sq_sum()),
+                1e-3 * std::sqrt(cm.ops()[i].grad_sq_sum()) + 1e-7)
+        << gm.ops()[i].name();
+  }
+  EXPECT_EQ(whole.in_flight(), 0u);
+
+  // two GPU stages: the same loss and the same gradients, bit for bit
+  moe_model pm(m, 1);
+  const auto parts = partition(m, 2);
+  cuda::stage s0(ctx, pm, parts[0], t.micro_batch_size, t.seq_len);
+  cuda::stage s1(ctx, pm, parts[1], t.micro_batch_size, t.seq_len);
+  const auto a = s0.forward(0, tok.data(), nullptr, nullptr);
+  const std::vector<float> act(a.activation.begin(), a.activation.end());
+  const auto b = s1.forward(0, nullptr, act.data(), tgt.data());
+  EXPECT_EQ(b.loss, gl);
+  const auto dx = s1.backward(0, nullptr, 1.0f);
+  const std::vector<float> g(dx.begin(), dx.end());
+  s0.backward(0, g.data(), 1.0f);
+  s0.download_grads();
+  s1.download_grads();
+  for (std::size_t i = 0; i < pm.ops().size(); ++i) {
+    EXPECT_TRUE(same_bits(pm.ops()[i].grad(), gm.ops()[i].grad())) << pm.ops()[i].name();
+  }
+
+  // stage 1 with every operator frozen (compute weights loaded as a snapshot would): the
+  // same loss and input gradient, bit for bit, and no weight gradient
+  moe_model fm(m, 1);
+  for (std::size_t i = parts[1].first_op; i < parts[1].last_op; ++i) {
+    auto& op = fm.ops()[i];
+    const std::vector<std::byte> bytes(op.compute_bytes().begin(), op.compute_bytes().end());
+    op.set_mode(op_mode::frozen);
+    op.set_compute_bytes(bytes);
+  }
+  cuda::stage f1(ctx, fm, parts[1], t.micro_batch_size, t.seq_len);
+  EXPECT_EQ(f1.forward(0, nullptr, act.data(), tgt.data()).loss, b.loss);
+  const auto fdx = f1.backward(0, nullptr, 1.0f);
+  EXPECT_TRUE(same_bits(fdx, g)) << "frozen operators change the input gradient";
+  std::vector<float> dev_grad(static_cast<std::size_t>(fm.ops()[parts[1].first_op].numel()));
+  cuda::copy_to_host(ctx, dev_grad.data(), f1.grads(parts[1].first_op),
+                     dev_grad.size() * sizeof(float));
+  for (const float x : dev_grad) ASSERT_EQ(x, 0.0f) << "a frozen operator got a gradient";
+  EXPECT_THROW(f1.backward(0, nullptr, 1.0f), std::logic_error);
 }
 
 }  // namespace
