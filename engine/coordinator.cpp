@@ -1331,6 +1331,13 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   // window is written instead.
   durable_inflight_.reset();
   maybe_persist();  // windows the stages finished replicating meanwhile
+  if (can_recover_) {
+    for (const auto& [n, w] : workers_) {
+      if (!w.checkpoint.valid()) continue;
+      (void)tell<wire::WindowsAbandoned>(
+          w.checkpoint, [&](wire::WindowsAbandoned::Builder b) { b.setBefore(rec.target); });
+    }
+  }
   const auto now = sclock::now();
   const double secs = std::chrono::duration<double>(now - rec.detected).count();
   auto since = [](sclock::time_point a, sclock::time_point b) {

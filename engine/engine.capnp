@@ -199,6 +199,13 @@ struct WindowPersisted {
   # DurableWritten. Set for one window at a time (the previous one written everywhere).
   durable @2 :Bool;
 }
+# The coordinator, when a recovery resumes the job at iteration `before`: windows that ended
+# before it and are not persisted never will be (the lost stages' slots of them are gone, and
+# their replacements capture from `before` on). A stage's agent drops its copies of them, or
+# its bound on windows held would stall the next window.
+struct WindowsAbandoned {
+  before @0 :Int64;
+}
 # A stage's checkpoint agent: window `window` is on disk (error empty), or why not.
 struct DurableWritten {
   stage @0 :Int32;

@@ -175,6 +175,7 @@ checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engin
       durable_(std::move(durable)) {
   on<wire::SlotStored>(&checkpoint_agent::stored);
   on<engine::wire::WindowPersisted>(&checkpoint_agent::persisted);
+  on<engine::wire::WindowsAbandoned>(&checkpoint_agent::abandoned);
   on<wire::FetchLog, wire::LogData>(&checkpoint_agent::fetch_log);
   on<wire::ReleaseLog>(&checkpoint_agent::release);
   on<wire::FetchSchedule, wire::ScheduleState>(&checkpoint_agent::schedule);
@@ -325,6 +326,18 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
     it = it->first.first < window ? pending_.erase(it) : std::next(it);
   }
   if (durable) write_durable(window, first, std::move(slots));
+  co_return;
+}
+
+awaitable<void> checkpoint_agent::abandoned(engine::wire::WindowsAbandoned::Reader m) {
+  std::lock_guard lock(shared_->mu);
+  // a window with a slot still being pulled keeps its buffers (it is dropped at the next
+  // persisted window)
+  const std::size_t n = shared_->capture.abandon_ended_before(m.getBefore(), [&](std::uint64_t w) {
+    const auto it = pending_.lower_bound({w, 0});
+    return it != pending_.end() && it->first.first == w;
+  });
+  if (n > 0) shared_->dropped.notify_all();
   co_return;
 }
 

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -158,6 +159,12 @@ class sparse_capture : public engine::stage_hooks {
   void set_counts(std::span<const double> counts) { counts_.assign(counts.begin(), counts.end()); }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
+  // Drops the windows newer than the persisted one whose every slot was captured by a step
+  // before `iteration` (a recovery resumed there: they can no longer be persisted), except
+  // pinned ones and those `keep` holds on to (slots still being shipped). Logs and step plans
+  // stay. Returns how many.
+  std::size_t abandon_ended_before(std::int64_t iteration,
+                                   const std::function<bool(std::uint64_t)>& keep);
   // The durable tier writes a persisted window from another thread: a pinned window keeps its
   // buffers (unchanged: captures go to newer windows) through drop_before until unpinned.
   void pin(std::uint64_t window) { pinned_.insert(window); }
