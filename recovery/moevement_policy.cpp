@@ -331,13 +331,7 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
 
 awaitable<void> checkpoint_agent::abandoned(engine::wire::WindowsAbandoned::Reader m) {
   std::lock_guard lock(shared_->mu);
-  // a window with a slot still being pulled keeps its buffers (it is dropped at the next
-  // persisted window)
-  const std::size_t n = shared_->capture.abandon_ended_before(m.getBefore(), [&](std::uint64_t w) {
-    const auto it = pending_.lower_bound({w, 0});
-    return it != pending_.end() && it->first.first == w;
-  });
-  if (n > 0) shared_->dropped.notify_all();
+  if (shared_->capture.abandon_ended_before(m.getBefore()) > 0) shared_->dropped.notify_all();
   co_return;
 }
 

@@ -305,6 +305,7 @@ void sparse_capture::persist(std::uint64_t window) {
       continue;
     }
     spare_.push_back(std::move(it->second.slots));
+    abandoned_.erase(it->first);
     it = windows_.erase(it);
   }
   trim_spares();
@@ -321,6 +322,7 @@ void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iterat
       continue;
     }
     spare_.push_back(std::move(it->second.slots));
+    abandoned_.erase(it->first);
     it = windows_.erase(it);
   }
   trim_spares();
@@ -328,24 +330,15 @@ void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iterat
   steps_.erase(steps_.begin(), steps_.lower_bound(first_iteration));
 }
 
-std::size_t sparse_capture::abandon_ended_before(std::int64_t iteration,
-                                                 const std::function<bool(std::uint64_t)>& keep) {
+std::size_t sparse_capture::abandon_ended_before(std::int64_t iteration) {
   std::size_t n = 0;
-  for (auto it = windows_.begin(); it != windows_.end();) {
-    const window_buffers& b = it->second;
-    const bool newer = !persisted_ || it->first > *persisted_;
-    // the step of iteration i captures a slot of the window whose first_iteration is i + 1 - j
-    // for slot j: the last slot's step was first_iteration + W - 2
+  for (const auto& [id, b] : windows_) {
+    const bool newer = !persisted_ || id > *persisted_;
+    // the step of iteration i captures slot j of the window whose first_iteration is
+    // i + 1 - j: the last slot's step was first_iteration + W - 2
     const bool ended = b.first_iteration + std::int64_t(b.slots.size()) - 2 < iteration;
-    if (newer && ended && !pinned_.contains(it->first) && !keep(it->first)) {
-      spare_.push_back(std::move(it->second.slots));
-      it = windows_.erase(it);
-      ++n;
-    } else {
-      ++it;
-    }
+    if (newer && ended && abandoned_.insert(id).second) ++n;
   }
-  if (n > 0) trim_spares();
   return n;
 }
 
@@ -354,6 +347,7 @@ void sparse_capture::unpin(std::uint64_t window) {
   const auto it = windows_.find(window);
   if (it == windows_.end() || !persisted_ || window >= *persisted_) return;
   spare_.push_back(std::move(it->second.slots));
+  abandoned_.erase(it->first);
   windows_.erase(it);
   trim_spares();
 }
@@ -361,7 +355,7 @@ void sparse_capture::unpin(std::uint64_t window) {
 std::size_t sparse_capture::windows_held() const {
   std::size_t n = 0;
   for (const auto& [id, b] : windows_) {
-    n += !(pinned_.contains(id) && persisted_ && id < *persisted_);
+    n += !(pinned_.contains(id) && persisted_ && id < *persisted_) && !abandoned_.contains(id);
   }
   return n;
 }

@@ -159,12 +159,11 @@ class sparse_capture : public engine::stage_hooks {
   void set_counts(std::span<const double> counts) { counts_.assign(counts.begin(), counts.end()); }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
-  // Drops the windows newer than the persisted one whose every slot was captured by a step
-  // before `iteration` (a recovery resumed there: they can no longer be persisted), except
-  // pinned ones and those `keep` holds on to (slots still being shipped). Logs and step plans
-  // stay. Returns how many.
-  std::size_t abandon_ended_before(std::int64_t iteration,
-                                   const std::function<bool(std::uint64_t)>& keep);
+  // Marks the windows newer than the persisted one whose every slot was captured by a step
+  // before `iteration` (a recovery resumed there: they can no longer be persisted): they stop
+  // counting in windows_held(). Their buffers stay until the next persisted window drops
+  // them, since a replicator may still be reading a slot. Returns how many were marked.
+  std::size_t abandon_ended_before(std::int64_t iteration);
   // The durable tier writes a persisted window from another thread: a pinned window keeps its
   // buffers (unchanged: captures go to newer windows) through drop_before until unpinned.
   void pin(std::uint64_t window) { pinned_.insert(window); }
@@ -219,6 +218,7 @@ class sparse_capture : public engine::stage_hooks {
   const models::loss_scaler* scaler_;
   std::map<std::uint64_t, window_buffers> windows_;
   std::set<std::uint64_t> pinned_;
+  std::set<std::uint64_t> abandoned_;  // abandon_ended_before: held, not counted
   std::optional<std::uint64_t> persisted_;
   std::vector<std::vector<std::vector<std::byte>>> spare_;  // buffers of dropped windows
   log_store log_;
