@@ -228,6 +228,23 @@ stage::stage(context& ctx, moe_model& model, stage_range range, int micro_batch_
   }
   impl_ = std::make_unique<impl>(ctx, model, range, micro_batch_size, seq_len);
   upload_weights();
+  warm_up();
+}
+
+void stage::warm_up() {
+  // CUDA loads a kernel and cuBLAS picks its algorithms at first use: one forward and backward
+  // of a dummy micro-batch here keeps that out of the first iteration, which the engine times
+  // as Algorithm 1's profile. Nothing of it stays: gradients zeroed, gate counters reset.
+  const std::size_t n = std::size_t(tokens()), nc = n * std::size_t(impl_->model.config().d_model);
+  const std::vector<std::int32_t> zeros(n, 0);
+  const std::vector<float> x(nc, 0.0f);
+  forward(-2, zeros.data(), x.data(), zeros.data());
+  backward(-2, range_.has_head ? nullptr : x.data(), 1.0f);
+  zero_grads();
+  for (std::size_t i = range_.first_op; i < range_.last_op; ++i) {
+    impl_->model.ops()[i].reset_popularity();
+  }
+  impl_->ctx.synchronize();
 }
 
 stage::~stage() = default;

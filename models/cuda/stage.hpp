@@ -52,6 +52,7 @@ class stage {
   struct impl;
 
  private:
+  void warm_up();
   std::unique_ptr<impl> impl_;
   stage_range range_;
   int b_, t_;

@@ -14,6 +14,7 @@ stage::stage(context&, moe_model&, stage_range range, int micro_batch_size, int 
                      "-Dcuda=enabled where the CUDA toolkit is installed), or set it to 'cpu'");
 }
 stage::~stage() = default;
+void stage::warm_up() {}
 void stage::upload_weights() {}
 void stage::zero_grads() {}
 void stage::download_grads() {}
