@@ -1,9 +1,12 @@
 // CUDA kernels; see kernels.hpp for the determinism rules. One thread per output row or
 // column where the CPU loops sequentially, in the CPU's order: slow next to fused kernels, but
 // every reduction has one fixed order and there is no atomic anywhere.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -31,10 +34,32 @@ int blocks(long n) {
 
 }  // namespace
 
+// One GEMM shape as cuBLASLt sees it, with the alignment of its pointers (which algorithms
+// can run depends on it): the key of the algorithm pinned for it.
+using gemm_key = std::array<long, 16>;
+
+// The descriptors and the algorithm chosen for one gemm_key, once, then reused for every
+// call: the same algorithm, so the same order of sums, however often and wherever it runs.
+struct gemm_plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t x = nullptr, y = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  gemm_plan() = default;
+  gemm_plan(const gemm_plan&) = delete;
+  gemm_plan& operator=(const gemm_plan&) = delete;
+  ~gemm_plan() {
+    if (x != nullptr) cublasLtMatrixLayoutDestroy(x);
+    if (y != nullptr) cublasLtMatrixLayoutDestroy(y);
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
 struct context::impl {
   cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
+  std::map<gemm_key, std::unique_ptr<gemm_plan>> plans;
 };
 
 context::context() : impl_(std::make_unique<impl>()) {
@@ -45,16 +70,12 @@ context::context() : impl_(std::make_unique<impl>()) {
   }
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaMalloc(&impl_->workspace, workspace_bytes), "cudaMalloc(workspace)");
-  check(cublasCreate(&impl_->blas), "cublasCreate");
-  check(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
-  // A fixed workspace on one stream makes cuBLAS's choices, and so its bits, repeatable;
-  // pedantic math rules out TF32 and other reduced-precision paths.
-  check(cublasSetWorkspace(impl_->blas, impl_->workspace, workspace_bytes), "cublasSetWorkspace");
-  check(cublasSetMathMode(impl_->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  check(cublasLtCreate(&impl_->lt), "cublasLtCreate");
 }
 
 context::~context() {
-  if (impl_->blas != nullptr) cublasDestroy(impl_->blas);
+  impl_->plans.clear();
+  if (impl_->lt != nullptr) cublasLtDestroy(impl_->lt);
   if (impl_->workspace != nullptr) cudaFree(impl_->workspace);
   if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
 }
@@ -94,14 +115,83 @@ template class device_array<double>;
 
 namespace {
 
-// Row-major C[m,n] = alpha op(A) op(B) + beta C as column-major C^T = op(B)^T op(A)^T.
+long alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  return a == 0 ? 256 : long(std::min<std::uintptr_t>(a & (~a + 1), 256));
+}
+
+template <class T>
+void set(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t what, T v) {
+  check(cublasLtMatrixLayoutSetAttribute(l, what, &v, sizeof(v)),
+        "cublasLtMatrixLayoutSetAttribute");
+}
+
+// Row-major C[m,n] = alpha op(A) op(B) + beta C as column-major C^T = op(B)^T op(A)^T, through
+// cuBLASLt: FP32 with pedantic compute (no TF32, no reduced precision), the context's fixed
+// workspace and stream, and the algorithm pinned per shape and alignment (gemm_plan).
 void gemm(context& ctx, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
           long stride_a, const float* b, int ldb, long stride_b, float beta, float* c, int ldc,
           long stride_c, int batch) {
-  check(cublasSgemmStridedBatched(ctx.get().blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, stride_b,
-                                  a, lda, stride_a, &beta, c, ldc, stride_c, batch),
-        "cublasSgemmStridedBatched");
+  auto& s = ctx.get();
+  const gemm_key key{
+      ta,           tb,          m,        n,        k,     lda,          ldb,
+      ldc,          stride_a,    stride_b, stride_c, batch, beta == 0.0f, alignment(a),
+      alignment(b), alignment(c)};
+  auto& slot = s.plans[key];
+  if (!slot) {
+    auto p = std::make_unique<gemm_plan>();
+    check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F_PEDANTIC, CUDA_R_32F),
+          "cublasLtMatmulDescCreate");
+    // column-major: x = B (n x k, or k x n transposed), y = A, c = C (n x m)
+    const cublasOperation_t opx = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            opy = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof(opx)),
+          "cublasLtMatmulDescSetAttribute");
+    check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof(opy)),
+          "cublasLtMatmulDescSetAttribute");
+    check(cublasLtMatrixLayoutCreate(&p->x, CUDA_R_32F, tb ? k : n, tb ? n : k, ldb),
+          "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatrixLayoutCreate(&p->y, CUDA_R_32F, ta ? m : k, ta ? k : m, lda),
+          "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, ldc), "cublasLtMatrixLayoutCreate");
+    if (batch > 1) {
+      for (auto [l, stride] : {std::pair{p->x, stride_b}, {p->y, stride_a}, {p->c, stride_c}}) {
+        set(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, std::int32_t(batch));
+        set(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, std::int64_t(stride));
+      }
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const std::uint64_t ws = workspace_bytes;
+    auto prefer = [pref](cublasLtMatmulPreferenceAttributes_t what, const auto& v) {
+      check(cublasLtMatmulPreferenceSetAttribute(pref, what, &v, sizeof(v)),
+            "cublasLtMatmulPreferenceSetAttribute");
+    };
+    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+    // x is b, y is a; C and D are c
+    const std::uint32_t ax = std::uint32_t(alignment(b)), ay = std::uint32_t(alignment(a)),
+                        ac = std::uint32_t(alignment(c));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, ax);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ay);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ac);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ac);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.lt, p->desc, p->x, p->y, p->c, p->c,
+                                                             pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    check(st, "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0) {
+      throw std::runtime_error("cuBLASLt has no FP32 algorithm for a GEMM of " + std::to_string(m) +
+                               "x" + std::to_string(n) + "x" + std::to_string(k));
+    }
+    p->algo = result.algo;
+    slot = std::move(p);
+  }
+  const gemm_plan& p = *slot;
+  check(cublasLtMatmul(s.lt, p.desc, &alpha, b, p.x, a, p.y, &beta, c, p.c, c, p.c, &p.algo,
+                       s.workspace, workspace_bytes, s.stream),
+        "cublasLtMatmul");
 }
 
 __global__ void embedding_forward_k(float* out, const std::int32_t* tok, const float* wte,
