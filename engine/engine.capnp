@@ -199,8 +199,8 @@ struct WindowPersisted {
   # DurableWritten. Set for one window at a time (the previous one written everywhere).
   durable @2 :Bool;
 }
-# The coordinator, when a recovery resumes the job at iteration `before`: windows that ended
-# before it and are not persisted never will be (the lost stages' slots of them are gone, and
+# The coordinator, when a recovery resumes the job at iteration `before`: windows begun before
+# it and not persisted never will be (the lost stages' slots of them are gone, and
 # their replacements capture from `before` on). A stage's agent drops its copies of them, or
 # its bound on windows held would stall the next window.
 struct WindowsAbandoned {

@@ -88,6 +88,9 @@ class moe_stage final : public stage_model {
     // the trainer's validation batches: (seed, val, index, replica 0, micro-batch 0)
     fill(models::split::val, index, 0, 0);
     const float* x = x_in.empty() ? nullptr : x_in.data();
+    // validation runs after the step (and after a recovery's loads), before the next
+    // begin_iteration: the device gets the current weights first
+    if (gpu_) gpu_->upload_weights();
     const auto r = gpu_ ? gpu_->forward(-1, tokens_.data(), x, targets_.data(), false)
                         : stage_.forward(-1, tokens_.data(), x, targets_.data(), false);
     return {r.activation, r.loss, r.aux_loss};

@@ -68,8 +68,8 @@ struct train_config {
   std::string corpus = "/usr/share/games/fortunes";  // a file, or a directory of them
   double val_fraction = 0.1;  // the tail of the corpus held out for validation
   int blis_threads = 1;
-  // Where `moevement train` computes: cpu (BLIS) or cuda (one GPU, models/cuda/trainer.hpp).
-  // The engine's pipeline stages run on the CPU.
+  // Where stages compute: cpu (BLIS) or cuda (GPU 0 of each process; models/cuda/). Both
+  // `moevement train` and `moevement launch` honour it.
   models::device device = models::device::cpu;
   float loss_scale = 65536.0f;  // initial dynamic loss scale (f16 compute only)
   int loss_scale_window = 200;  // good steps before the scale doubles

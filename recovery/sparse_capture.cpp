@@ -298,6 +298,7 @@ void sparse_capture::after_step(std::int64_t iteration,
 
 void sparse_capture::persist(std::uint64_t window) {
   persisted_ = window;
+  abandoned_.erase(window);  // persisted after all: it counts again
   // Keep this window and the one in flight after it; recycle the buffers of older ones.
   for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
     if (pinned_.contains(it->first)) {
@@ -316,6 +317,7 @@ void sparse_capture::persist(std::uint64_t window) {
 
 void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iteration) {
   persisted_ = window;
+  abandoned_.erase(window);  // persisted after all: it counts again
   for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
     if (pinned_.contains(it->first)) {
       ++it;
@@ -335,9 +337,11 @@ std::size_t sparse_capture::abandon_ended_before(std::int64_t iteration) {
   for (const auto& [id, b] : windows_) {
     const bool newer = !persisted_ || id > *persisted_;
     // the step of iteration i captures slot j of the window whose first_iteration is
-    // i + 1 - j: the last slot's step was first_iteration + W - 2
-    const bool ended = b.first_iteration + std::int64_t(b.slots.size()) - 2 < iteration;
-    if (newer && ended && abandoned_.insert(id).second) ++n;
+    // i + 1 - j, so slot 0's step was first_iteration - 1. A window begun before `iteration`
+    // is lost whole, even one still being captured: the replacement does not join a window
+    // mid-way (after_step) and the replay captures nothing.
+    const bool begun = b.first_iteration <= iteration;
+    if (newer && begun && abandoned_.insert(id).second) ++n;
   }
   return n;
 }

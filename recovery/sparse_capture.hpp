@@ -159,7 +159,7 @@ class sparse_capture : public engine::stage_hooks {
   void set_counts(std::span<const double> counts) { counts_.assign(counts.begin(), counts.end()); }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
-  // Marks the windows newer than the persisted one whose every slot was captured by a step
+  // Marks the windows newer than the persisted one whose first slot was captured by a step
   // before `iteration` (a recovery resumed there: they can no longer be persisted): they stop
   // counting in windows_held(). Their buffers stay until the next persisted window drops
   // them, since a replicator may still be reading a slot. Returns how many were marked.

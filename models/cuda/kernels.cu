@@ -1,6 +1,7 @@
-// CUDA kernels; see kernels.hpp for the determinism rules. One thread per output row or
-// column where the CPU loops sequentially, in the CPU's order: slow next to fused kernels, but
-// every reduction has one fixed order and there is no atomic anywhere.
+// CUDA kernels; see kernels.hpp for the determinism rules. Where the CPU loops sequentially
+// over a row, a warp folds the row in the CPU's element order; where it loops over rows, one
+// thread per column adds them in row order. Slower than tree reductions, but every reduction
+// has one fixed order (the CPU's, mostly) and there is no atomic anywhere.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -162,6 +163,9 @@ void gemm(context& ctx, bool ta, bool tb, int m, int n, int k, float alpha, cons
     }
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t,
+                          cublasStatus_t (*)(cublasLtMatmulPreference_t)>
+        pref_owner(pref, cublasLtMatmulPreferenceDestroy);
     const std::uint64_t ws = workspace_bytes;
     auto prefer = [pref](cublasLtMatmulPreferenceAttributes_t what, const auto& v) {
       check(cublasLtMatmulPreferenceSetAttribute(pref, what, &v, sizeof(v)),
@@ -179,7 +183,6 @@ void gemm(context& ctx, bool ta, bool tb, int m, int n, int k, float alpha, cons
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.lt, p->desc, p->x, p->y, p->c, p->c,
                                                              pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
     check(st, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
       throw std::runtime_error("cuBLASLt has no FP32 algorithm for a GEMM of " + std::to_string(m) +
@@ -291,7 +294,8 @@ __global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float*
       row_sum(lane, c, [=](int j) { return double(di[j] * w[j]) * double(xi[j] * r); });
   const float mean = float(dot / c);
   for (int j = lane; j < c; j += 32) dx[i * c + j] = r * (di[j] * w[j] - (xi[j] * r) * mean);
-}  // dw[j] += the rows' products in row order, as the CPU adds them. A block takes 32 channels:
+}
+// dw[j] += the rows' products in row order, as the CPU adds them. A block takes 32 channels:
 // its 8 warps compute a tile of rows' products into shared memory side by side (coalesced),
 // then warp 0 adds the tile's rows in order, one lane per channel, in a register.
 constexpr int dw_tile_rows = 256;
@@ -318,7 +322,6 @@ __global__ void rmsnorm_backward_dw_k(float* dw, const float* __restrict__ dout,
   if (warp == 0 && j < c) dw[j] = acc;
 }
 
-// Causal softmax of each [T] row of scores in place; zero above the diagonal.
 // Causal softmax of each [T] row of scores in place; zero above the diagonal.
 __global__ void causal_softmax_k(float* att, long rows, int t) {
   const auto [i, lane] = warp_row();
@@ -822,13 +825,17 @@ void sum_squares(context& ctx, double* out, std::span<const float* const> grads,
   const std::size_t table = grads.size() * (sizeof(float*) + sizeof(long));
   void* dev = nullptr;
   check(cudaMallocAsync(&dev, table, ctx.get().stream), "cudaMallocAsync");
+  struct table_guard {  // freed on every path (a failed copy or launch throws)
+    void* p;
+    cudaStream_t s;
+    ~table_guard() { cudaFreeAsync(p, s); }
+  } guard{dev, ctx.get().stream};
   auto* d_grads = static_cast<const float**>(dev);
   auto* d_sizes = reinterpret_cast<long*>(static_cast<char*>(dev) + grads.size() * sizeof(float*));
   copy_to_device(ctx, d_grads, grads.data(), grads.size() * sizeof(float*));
   copy_to_device(ctx, d_sizes, sizes.data(), sizes.size() * sizeof(long));
   sum_squares_k<<<unsigned(grads.size()), block, 0, ctx.get().stream>>>(out, d_grads, d_sizes);
   launched("sum_squares");
-  check(cudaFreeAsync(dev, ctx.get().stream), "cudaFreeAsync");
   ctx.synchronize();  // the host tables must outlive the copies
 }
 

@@ -1,9 +1,11 @@
 // The CUDA backend: the kernels of cpu/kernels.hpp on device memory, with the same shapes and
 // conventions (input gradients written, weight gradients accumulated, skipped when null).
-// Determinism: one stream per context; cuBLAS with a fixed workspace on that stream and
-// pedantic math (no TF32); our kernels never use float atomics: every output element is owned
-// by one thread, which reduces in a fixed order (mostly the CPU's order). GELU uses the same
-// polynomial exp as the CPU and is bitwise equal to it; other kernels match the CPU to
+// Determinism: one stream per context; GEMMs through cuBLASLt with FP32 pedantic compute (no
+// TF32), a fixed workspace on that stream and the algorithm pinned per shape; our kernels never
+// use float atomics: each output element is written by one thread (or one warp, folding its
+// lanes in element order), which reduces in a fixed order, mostly the CPU's. Bitwise the CPU's:
+// GELU (the same polynomial exp), the embedding, the norm weight gradients, the MoE
+// permutation, AdamW, the compute-weight rounding and sum_squares; the rest match the CPU to
 // rounding and themselves bitwise run to run.
 // Built when CUDA is found; without it every entry point throws (kernels_stub.cpp).
 #pragma once
@@ -19,7 +21,8 @@
 
 namespace moevement::models::cuda {
 
-// A stream, a cuBLAS handle and its fixed workspace on device 0. Throws without a GPU.
+// A stream, a cuBLASLt handle, its fixed workspace and the pinned GEMM algorithms, on device
+// 0. Throws without a GPU.
 class context {
  public:
   context();
@@ -34,7 +37,7 @@ class context {
   std::unique_ptr<impl> impl_;
 };
 
-// Owned device array of T (float or std::int32_t).
+// Owned device array of T (float, std::int32_t or double).
 template <class T>
 class device_array {
  public:
@@ -99,6 +102,8 @@ void moe_combine_backward(context& ctx, float* dye, float* dweight, const float*
 void moe_scatter_add(context& ctx, float* dx, const float* dxs, const device_routing& r, int c);
 
 // Plain memory on the context's stream. copy_to_host synchronises; the others are queued.
+// copy_to_device from pageable host memory returns once the driver has staged the bytes, so the
+// source may be reused at once; from pinned memory it would have to outlive the copy.
 void copy_to_device(context& ctx, void* dst, const void* src, std::size_t bytes);
 void copy_to_host(context& ctx, void* dst, const void* src, std::size_t bytes);
 void copy_on_device(context& ctx, void* dst, const void* src, std::size_t bytes);
@@ -121,8 +126,8 @@ void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, l
 // partials added in order, then the tail): bitwise the CPU's value. out: device, [count].
 void sum_squares(context& ctx, double* out, std::span<const float* const> grads,
                  std::span<const long> sizes);
-// Row-major C [M,N] = A [M,K] B [K,N] through the context's cuBLAS handle, for benchmarks that
-// time cuBLAS on the model's shapes (ta, tb: A or B stored transposed; beta 1 accumulates).
+// Row-major C [M,N] = A [M,K] B [K,N] as the kernels call cuBLASLt, for benchmarks that time
+// cuBLAS on the model's shapes (ta, tb: A or B stored transposed; beta 1 accumulates).
 // batch > 1: `batch` such products, the i-th at a + i*stride_a, b + i*stride_b, c + i*stride_c.
 void sgemm(context& ctx, bool ta, bool tb, int m, int n, int k, const float* a, int lda,
            const float* b, int ldb, float beta, float* c, int ldc, long stride_a = 0,

@@ -232,9 +232,11 @@ stage::stage(context& ctx, moe_model& model, stage_range range, int micro_batch_
 }
 
 void stage::warm_up() {
-  // CUDA loads a kernel and cuBLAS picks its algorithms at first use: one forward and backward
-  // of a dummy micro-batch here keeps that out of the first iteration, which the engine times
-  // as Algorithm 1's profile. Nothing of it stays: gradients zeroed, gate counters reset.
+  // CUDA loads a kernel and cuBLASLt picks an algorithm at first use: one forward and backward
+  // of a dummy micro-batch here keeps most of that out of the first iteration, which the engine
+  // times as Algorithm 1's profile (the dummy tokens all route alike, so expert GEMMs of other
+  // row counts still pick theirs later, deterministically). Nothing of it stays: gradients
+  // zeroed, gate counters reset.
   const std::size_t n = std::size_t(tokens()), nc = n * std::size_t(impl_->model.config().d_model);
   const std::vector<std::int32_t> zeros(n, 0);
   const std::vector<float> x(nc, 0.0f);
@@ -297,6 +299,20 @@ models::stage::forward_result stage::forward(int mb, const std::int32_t* tokens,
     throw std::logic_error("cuda::stage::forward: micro-batch " + std::to_string(mb) +
                            " is already in flight");
   }
+  // inputs checked before the micro-batch counts as in flight
+  if (range_.has_embedding) {
+    if (tokens == nullptr) throw std::invalid_argument("cuda::stage::forward: needs tokens");
+    for (int i = 0; i < n; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= v) {
+        throw std::out_of_range("cuda::stage::forward: token out of vocabulary");
+      }
+    }
+  } else if (x_in == nullptr) {
+    throw std::invalid_argument("cuda::stage::forward: x_in is required");
+  }
+  if (range_.has_head && targets == nullptr) {
+    throw std::invalid_argument("cuda::stage::forward: needs targets");
+  }
   mb_cache local;
   if (!s.spare.empty()) {
     local = std::move(s.spare.back());
@@ -306,17 +322,10 @@ models::stage::forward_result stage::forward(int mb, const std::int32_t* tokens,
   mb_cache& c = training ? (s.cache[mb] = std::move(local)) : local;
   float* x0 = c.layers[0].x->data();
   if (range_.has_embedding) {
-    if (tokens == nullptr) throw std::invalid_argument("cuda::stage::forward: needs tokens");
-    for (int i = 0; i < n; ++i) {
-      if (tokens[i] < 0 || tokens[i] >= v) {
-        throw std::out_of_range("cuda::stage::forward: token out of vocabulary");
-      }
-    }
     copy_to_device(s.ctx, c.tokens->data(), tokens, std::size_t(n) * sizeof(std::int32_t));
     const std::size_t emb = s.model.embedding();
     embedding_forward(s.ctx, x0, c.tokens->data(), s.w(emb, 0), s.w(emb, 1), b_, t_, ch);
   } else {
-    if (x_in == nullptr) throw std::invalid_argument("cuda::stage::forward: x_in is required");
     copy_to_device(s.ctx, x0, x_in, nc * sizeof(float));
   }
   models::stage::forward_result res;
@@ -327,7 +336,6 @@ models::stage::forward_result stage::forward(int mb, const std::int32_t* tokens,
     res.aux_loss += c.layers[std::size_t(i)].route.host.aux_loss;
   }
   if (range_.has_head) {
-    if (targets == nullptr) throw std::invalid_argument("cuda::stage::forward: needs targets");
     copy_to_device(s.ctx, c.targets->data(), targets, std::size_t(n) * sizeof(std::int32_t));
     const std::size_t fnorm = s.model.final_norm(), head = s.model.head();
     rmsnorm_forward(s.ctx, c.nf->data(), c.rstdf->data(), c.out->data(), s.w(fnorm, 0), n, ch);

@@ -28,12 +28,22 @@ const std::string& no_gpu() {
   return why;
 }
 
-std::string gpu_reference(int iterations, int dp) {
+std::string gpu_train(int iterations, int dp, const std::string& extra = "") {
   const auto r = run_moevement("train " + tiny() + on_gpu +
                                " --set train.iterations=" + std::to_string(iterations) +
-                               " --set parallel.dp=" + std::to_string(dp));
+                               " --set parallel.dp=" + std::to_string(dp) + extra);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  return hash_of(r.output);
+  return r.output;
+}
+std::string gpu_reference(int iterations, int dp) {
+  return hash_of(gpu_train(iterations, dp));
+}
+
+// The text after "val_loss " on the final line ("" if none).
+std::string val_loss_of(const std::string& out) {
+  const auto at = out.rfind("val_loss ");
+  if (at == std::string::npos) return "";
+  return out.substr(at + 9, out.find_first_of(" \n", at + 9) - (at + 9));
 }
 
 class cuda_launch : public ::testing::Test {
@@ -52,6 +62,19 @@ TEST_F(cuda_launch, pipelined_gpu_stages_equal_the_gpu_trainer) {
     ASSERT_EQ(o.exit_code, 0) << o.output;
     EXPECT_EQ(o.hash, gpu_reference(4, dp)) << name;
   }
+}
+
+// Validation runs after the step: the GPU stages must see the stepped weights, as the trainer
+// does (the same final validation loss, to the printed digit, and the same hash).
+TEST_F(cuda_launch, gpu_stages_validate_on_the_current_weights) {
+  const std::string val = " --set train.val_every=2 --set train.val_batches=2";
+  const std::string t = gpu_train(4, 1, val);
+  const auto o =
+      launch("gpu_val", tiny() + on_gpu + val + " --set train.iterations=4 --set parallel.pp=2");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  ASSERT_FALSE(val_loss_of(t).empty()) << t;
+  EXPECT_EQ(val_loss_of(o.output), val_loss_of(t)) << o.output << "\n" << t;
+  EXPECT_EQ(o.hash, hash_of(t));
 }
 
 TEST_F(cuda_launch, a_killed_gpu_stage_is_rebuilt_bit_exact) {

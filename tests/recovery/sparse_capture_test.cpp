@@ -296,5 +296,27 @@ TEST(sparse_capture, a_recovery_abandons_the_windows_that_can_no_longer_persist)
   pipe.set_hooks(0, 0, nullptr);
 }
 
+// W = 2, resumed mid-window: the window spanning the resume point is lost whole (the
+// replacement joins no window mid-way); a marked window that is persisted after all (its
+// slots were all replicated before the loss) counts again.
+TEST(sparse_capture, a_recovery_mid_window_abandons_the_window_it_splits) {
+  const auto t = test_train();
+  engine::local_pipeline pipe{models::preset("tiny"), t, 1};
+  stage_schedule sched(sparse_config{2}, pipe.stage(0, 0).operators());
+  sparse_capture cap(0, 0);
+  cap.set_schedule(sched);
+  pipe.set_hooks(0, 0, &cap);
+  for (int i = 0; i < 8; ++i) pipe.train_iteration();  // windows 0..3, first iterations 1,3,5,7
+  cap.drop_before(0, 1);
+  EXPECT_EQ(cap.windows_held(), 4u);
+  // resumed at 5: window 2 (steps 4 and 5) was split by the loss, window 1 ended before
+  EXPECT_EQ(cap.abandon_ended_before(5), 2u);
+  EXPECT_EQ(cap.windows_held(), 2u) << "windows 0 and 3";
+  cap.drop_before(2, 5);  // window 2 persisted after all
+  EXPECT_EQ(cap.windows_held(), 2u) << "windows 2 and 3";
+  EXPECT_FALSE(cap.complete(1));
+  pipe.set_hooks(0, 0, nullptr);
+}
+
 }  // namespace
 }  // namespace moevement::recovery
