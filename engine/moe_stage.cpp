@@ -30,7 +30,10 @@ class moe_stage final : public stage_model {
       // The GPU computes; the host operators stay the training state (the engine's optimizer,
       // snapshots and recovery run on them): weights go up each iteration, gradients come
       // back after the last backward.
-      ctx_ = std::make_unique<models::cuda::context>();
+      // One GPU per worker where several are visible: the worker's rank in the job (a spare
+      // takes the rank of the stage it rebuilds, and the GPU its predecessor freed).
+      const int rank = setup.replica * setup.stages + setup.stage;
+      ctx_ = std::make_unique<models::cuda::context>(rank % models::cuda::device_count());
       gpu_ = std::make_unique<models::cuda::stage>(
           *ctx_, model_, range, setup.train.micro_batch_size, setup.train.seq_len);
     }

@@ -68,7 +68,7 @@ struct train_config {
   std::string corpus = "/usr/share/games/fortunes";  // a file, or a directory of them
   double val_fraction = 0.1;  // the tail of the corpus held out for validation
   int blis_threads = 1;
-  // Where stages compute: cpu (BLIS) or cuda (GPU 0 of each process; models/cuda/). Both
+  // Where stages compute: cpu (BLIS) or cuda (a GPU per process; models/cuda/). Both
   // `moevement train` and `moevement launch` honour it.
   models::device device = models::device::cpu;
   float loss_scale = 65536.0f;  // initial dynamic loss scale (f16 compute only)

@@ -57,24 +57,32 @@ struct gemm_plan {
 };
 
 struct context::impl {
+  int device = 0;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::map<gemm_key, std::unique_ptr<gemm_plan>> plans;
 };
 
-context::context() : impl_(std::make_unique<impl>()) {
+context::context(int device) : impl_(std::make_unique<impl>()) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
     throw std::runtime_error("no CUDA device visible");
   }
+  if (device < 0 || device >= n) {
+    throw std::invalid_argument("CUDA device " + std::to_string(device) + " asked for, " +
+                                std::to_string(n) + " visible");
+  }
+  impl_->device = device;
+  check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaMalloc(&impl_->workspace, workspace_bytes), "cudaMalloc(workspace)");
   check(cublasLtCreate(&impl_->lt), "cublasLtCreate");
 }
 
 context::~context() {
+  (void)cudaSetDevice(impl_->device);
   impl_->plans.clear();
   if (impl_->lt != nullptr) cublasLtDestroy(impl_->lt);
   if (impl_->workspace != nullptr) cudaFree(impl_->workspace);
@@ -82,16 +90,29 @@ context::~context() {
 }
 
 void context::synchronize() {
-  check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
+  check(cudaStreamSynchronize(get().stream), "cudaStreamSynchronize");
+}
+
+int context::device() const {
+  return impl_->device;
+}
+
+context::impl& context::get() {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != impl_->device) {
+    check(cudaSetDevice(impl_->device), "cudaSetDevice");
+  }
+  return *impl_;
 }
 
 template <class T>
 device_array<T>::device_array(context& ctx, std::size_t n) : ctx_(ctx), n_(n) {
+  ctx.get();  // allocate on the context's device
   check(cudaMalloc(&data_, n * sizeof(T) + 1), "cudaMalloc");
 }
 template <class T>
 device_array<T>::~device_array() {
-  cudaFree(data_);
+  cudaFree(data_);  // unified addressing: freed on the device that holds it
 }
 template <class T>
 void device_array<T>::upload(const std::vector<T>& host) {

@@ -21,17 +21,20 @@
 
 namespace moevement::models::cuda {
 
-// A stream, a cuBLASLt handle, its fixed workspace and the pinned GEMM algorithms, on device
-// 0. Throws without a GPU.
+// A stream, a cuBLASLt handle, its fixed workspace and the pinned GEMM algorithms, on one
+// device (an index among the visible ones). Throws without a GPU, or for an index past them.
 class context {
  public:
-  context();
+  explicit context(int device = 0);
   ~context();
   context(const context&) = delete;
   context& operator=(const context&) = delete;
   void synchronize();
+  int device() const;
   struct impl;
-  impl& get() { return *impl_; }
+  // Makes the context's device the calling thread's current one (CUDA's current device is per
+  // thread, and a stage may be built on one thread and run on another), then its state.
+  impl& get();
 
  private:
   std::unique_ptr<impl> impl_;

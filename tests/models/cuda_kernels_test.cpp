@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "models/cpu/kernels.hpp"
@@ -185,6 +186,35 @@ TEST_F(cuda_kernels, moe_routing_gather_combine_and_scatter_are_bitwise_the_cpu)
     EXPECT_TRUE(same_bits(gdl.download(), dl));
     EXPECT_TRUE(same_bits(gdx->download(), dx));
   }
+}
+
+}  // namespace
+}  // namespace moevement::models
+
+namespace moevement::models {
+namespace {
+
+// A context names its device; one past the visible ones is refused, and a context built on one
+// thread runs kernels from another (CUDA's current device is per thread).
+TEST(cuda_context, picks_its_device_and_works_from_any_thread) {
+  if (!cuda::compiled()) GTEST_SKIP() << "this build has no CUDA backend";
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU on this machine";
+  EXPECT_THROW(cuda::context(cuda::device_count()), std::invalid_argument);
+  EXPECT_THROW(cuda::context(-1), std::invalid_argument);
+  const int last = cuda::device_count() - 1;
+  cuda::context ctx(last);
+  EXPECT_EQ(ctx.device(), last);
+  const std::vector<float> x{1.0f, -2.0f, 3.0f}, y{0.5f, 0.5f, 0.5f};
+  std::vector<float> got;
+  std::thread other([&] {
+    cuda::device_array<float> a(ctx, 3), b(ctx, 3), out(ctx, 3);
+    a.upload(x);
+    b.upload(y);
+    cuda::add(ctx, out.data(), a.data(), b.data(), 3);
+    got = out.download();
+  });
+  other.join();
+  EXPECT_EQ(got, (std::vector<float>{1.5f, -1.5f, 3.5f}));
 }
 
 }  // namespace
