@@ -90,6 +90,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Floats each operand buffer needs so that every shape (and every product of a batch) fits.
+struct extents {
+  std::size_t a = 0, b = 0, c = 0;
+};
+extents buffer_extents(const std::vector<gemm_shape>& shapes) {
+  extents e;
+  for (const auto& s : shapes) {
+    const auto last = std::size_t(s.batch - 1);
+    e.a = std::max<std::size_t>(e.a, last * s.sa + std::size_t(s.ta ? s.k : s.m) * s.lda);
+    e.b = std::max<std::size_t>(e.b, last * s.sb + std::size_t(s.tb ? s.n : s.k) * s.ldb);
+    e.c = std::max<std::size_t>(e.c, last * s.sc + std::size_t(s.m) * s.ldc);
+  }
+  return e;
+}
+
 double step_flops(const std::vector<gemm_shape>& shapes, int micro_batches) {
   double f = 0.0;
   for (const auto& s : shapes) f += 2.0 * s.m * s.n * s.k * s.batch;
@@ -111,13 +126,8 @@ int run_gpu(const model_config& m, const train_config& t, int repeats) {
   cuda::trainer tr(m, t);
   tr.train_iteration();  // warm-up
   cuda::context ctx;
-  std::size_t a_max = 0, b_max = 0, c_max = 0;
-  for (const auto& s : shapes) {
-    const auto last = std::size_t(s.batch - 1);
-    a_max = std::max<std::size_t>(a_max, last * s.sa + std::size_t(s.ta ? s.k : s.m) * s.lda);
-    b_max = std::max<std::size_t>(b_max, last * s.sb + std::size_t(s.tb ? s.n : s.k) * s.ldb);
-    c_max = std::max<std::size_t>(c_max, last * s.sc + std::size_t(s.m) * s.ldc);
-  }
+  const extents ext = buffer_extents(shapes);
+  const std::size_t a_max = ext.a, b_max = ext.b, c_max = ext.c;
   const auto key = make_key({42});
   std::vector<float> ha(a_max), hb(b_max);
   for (std::size_t i = 0; i < ha.size(); ++i) ha[i] = float(random_uniform(key, i) - 0.5);
@@ -207,15 +217,9 @@ int main(int argc, char** argv) {
   tr.train_iteration();  // warm-up: first-touch of every buffer
 
   const auto shapes = step_gemms(m, t);
-  double flops_mb = 0.0;
-  std::size_t a_max = 0, b_max = 0, c_max = 0;
-  for (const auto& s : shapes) {
-    flops_mb += 2.0 * s.m * s.n * s.k;
-    a_max = std::max<std::size_t>(a_max, std::size_t(s.ta ? s.k : s.m) * s.lda);
-    b_max = std::max<std::size_t>(b_max, std::size_t(s.tb ? s.n : s.k) * s.ldb);
-    c_max = std::max<std::size_t>(c_max, std::size_t(s.m) * s.ldc);
-  }
-  const double flops_step = flops_mb * t.micro_batches;
+  const double flops_step = step_flops(shapes, t.micro_batches);
+  const extents ext = buffer_extents(shapes);
+  const std::size_t a_max = ext.a, b_max = ext.b, c_max = ext.c;
   std::vector<float> a(a_max), b(b_max), c(c_max, 0.0f);
   const auto key = make_key({42});
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = float(random_uniform(key, i) - 0.5);

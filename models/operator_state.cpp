@@ -114,12 +114,15 @@ double operator_state::grad_sq_sum() const {
   return s;
 }
 
+adamw_bias adamw_bias_corrections(const adamw_config& cfg, std::int64_t step) {
+  return {static_cast<float>(1.0 - std::pow(double(cfg.beta1), double(step))),
+          static_cast<float>(1.0 - std::pow(double(cfg.beta2), double(step)))};
+}
+
 void operator_state::adamw_step(const adamw_config& cfg, float grad_mul) {
   if (mode_ != op_mode::active) return;
   ++step_;
-  // bias corrections once per operator, in fp64, then one rounding to fp32
-  const float bc1 = static_cast<float>(1.0 - std::pow(double(cfg.beta1), double(step_)));
-  const float bc2 = static_cast<float>(1.0 - std::pow(double(cfg.beta2), double(step_)));
+  const auto [bc1, bc2] = adamw_bias_corrections(cfg, step_);  // once per operator
   const float b1 = cfg.beta1, b2 = cfg.beta2, lr = cfg.lr, eps = cfg.eps;
   float* __restrict w = master_.data();
   float* __restrict m = m_.data();

@@ -31,6 +31,13 @@ struct adamw_config {
   float lr, beta1, beta2, eps, weight_decay;
 };
 
+// AdamW's bias corrections 1 - beta1^step and 1 - beta2^step (step counted from 1): in fp64,
+// then one rounding to fp32. The one definition the CPU and the CUDA optimizer share.
+struct adamw_bias {
+  float bc1, bc2;
+};
+adamw_bias adamw_bias_corrections(const adamw_config& cfg, std::int64_t step);
+
 class operator_state {
  public:
   operator_state(std::string name, op_kind kind, std::vector<param_spec> params, dtype compute);
@@ -42,6 +49,9 @@ class operator_state {
   std::size_t param_count() const { return params_.size(); }
   const param_spec& param(std::size_t i) const { return params_[i]; }
   std::int64_t numel() const { return numel_; }
+  // Where parameter p starts in master, m, v, the gradient and the compute weights; p ==
+  // param_count() gives numel().
+  std::int64_t param_offset(std::size_t p) const { return offsets_[p]; }
 
   // Counter-based init: element j of parameter p is normal(key(seed, op_index, p), j).
   void init(std::uint64_t seed, std::uint64_t op_index);

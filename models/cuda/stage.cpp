@@ -17,8 +17,7 @@ buffer make(context& ctx, std::size_t n) {
 // An owned operator on the device: its compute weights (fp32 values of the compute dtype) and
 // its accumulated gradient, laid out as operator_state lays out its parameters.
 struct device_operator {
-  buffer weights, grad;               // [numel] each
-  std::vector<std::int64_t> offsets;  // [params+1]
+  buffer weights, grad;  // [numel] each
 };
 
 // One layer's activations of a micro-batch in flight. N = B*T, R = N*K rows at most.
@@ -54,12 +53,6 @@ struct stage::impl {
     for (std::size_t i = r.first_op; i < r.last_op; ++i) {
       const auto& op = m.ops()[i];
       device_operator d;
-      d.offsets.push_back(0);
-      for (std::size_t p = 0; p < op.param_count(); ++p) {
-        std::int64_t k = 1;
-        for (const auto s : op.param(p).shape) k *= s;
-        d.offsets.push_back(d.offsets.back() + k);
-      }
       d.weights = make(ctx, std::size_t(op.numel()));
       d.grad = make(ctx, std::size_t(op.numel()));
       fill_zero(ctx, d.grad->data(), d.grad->size() * sizeof(float));
@@ -92,12 +85,12 @@ struct stage::impl {
 
   device_operator& dop(std::size_t i) { return ops[i - range.first_op]; }
   const float* w(std::size_t i, std::size_t p) {
-    return dop(i).weights->data() + dop(i).offsets[p];
+    return dop(i).weights->data() + model.ops()[i].param_offset(p);
   }
   // nullptr for a frozen operator: no weight gradient (the kernels' convention)
   float* g(std::size_t i, std::size_t p) {
     if (model.ops()[i].mode() != op_mode::active) return nullptr;
-    return dop(i).grad->data() + dop(i).offsets[p];
+    return dop(i).grad->data() + model.ops()[i].param_offset(p);
   }
 
   void allocate(mb_cache& c) {

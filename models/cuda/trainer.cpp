@@ -1,6 +1,5 @@
 #include "models/cuda/trainer.hpp"
 
-#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -129,27 +128,18 @@ iteration_stats trainer::train_iteration() {
   st.grad_norm = plan.grad_norm;
   if (plan.apply) {
     const auto& tr = s.train;
+    const adamw_config cfg{tr.lr, tr.beta1, tr.beta2, tr.eps, tr.weight_decay};
     for (std::size_t i = 0; i < nops; ++i) {
       auto& host = s.model.ops()[i];
       auto& d = s.ops[i];
       const std::int64_t step = host.step() + 1;
-      // operator_state::adamw_step's bias corrections: fp64, one rounding to fp32
-      adamw_scalars a{tr.lr,
-                      tr.beta1,
-                      tr.beta2,
-                      tr.eps,
-                      0.0f,
-                      static_cast<float>(1.0 - std::pow(double(tr.beta1), double(step))),
-                      static_cast<float>(1.0 - std::pow(double(tr.beta2), double(step))),
-                      plan.grad_mul};
-      long off = 0;
+      const auto [bc1, bc2] = adamw_bias_corrections(cfg, step);
+      adamw_scalars a{tr.lr, tr.beta1, tr.beta2, tr.eps, 0.0f, bc1, bc2, plan.grad_mul};
       for (std::size_t p = 0; p < host.param_count(); ++p) {
-        long len = 1;
-        for (const auto dim : host.param(p).shape) len *= long(dim);
+        const long off = long(host.param_offset(p)), len = long(host.param_offset(p + 1)) - off;
         a.weight_decay = host.param(p).decay ? tr.weight_decay : 0.0f;
         adamw_step(s.ctx, d.master->data() + off, d.m->data() + off, d.v->data() + off,
                    s.body.grads(i) + off, len, a);
-        off += len;
       }
       round_to_compute(s.ctx, s.body.weights(i), d.master->data(), s.grad_sizes[i],
                        host.compute_dtype());

@@ -19,11 +19,15 @@ std::string tiny() {
 
 const std::string on_gpu = " --set train.device=cuda --set train.seq_len=16";
 
-// Empty when the GPU path runs here, else why not.
+// Empty when the GPU path runs here; else the error naming train.device (no GPU, or a build
+// without CUDA). Any other failure of the probe is a failure of the GPU path, not a skip.
 const std::string& no_gpu() {
   static const std::string why = [] {
     const auto r = run_moevement("train " + tiny() + on_gpu + " --set train.iterations=1");
-    return r.exit_code == 0 ? std::string() : r.output;
+    if (r.exit_code == 0) return std::string();
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("train.device:"), std::string::npos) << r.output;
+    return r.output;
   }();
   return why;
 }

@@ -85,15 +85,8 @@ TEST_F(cuda_trainer, optimizer_and_rounding_are_bitwise_the_cpu) {
     op.refresh_compute();
     ASSERT_TRUE(same_bits(download(ctx, c.data(), n), {op.weight(0), n})) << dtype_name(dt);
 
-    const std::int64_t step = op.step() + 1;
-    cuda::adamw_scalars a{cfg.lr,
-                          cfg.beta1,
-                          cfg.beta2,
-                          cfg.eps,
-                          0.0f,
-                          static_cast<float>(1.0 - std::pow(double(cfg.beta1), double(step))),
-                          static_cast<float>(1.0 - std::pow(double(cfg.beta2), double(step))),
-                          grad_mul};
+    const auto [bc1, bc2] = adamw_bias_corrections(cfg, op.step() + 1);
+    cuda::adamw_scalars a{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0f, bc1, bc2, grad_mul};
     const long split = 37 * 29;
     a.weight_decay = cfg.weight_decay;
     cuda::adamw_step(ctx, w.data(), m.data(), v.data(), g.data(), split, a);
