@@ -28,6 +28,9 @@ using actors::write_ref;
 using asio::awaitable;
 
 constexpr auto fetch_timeout = std::chrono::seconds(30);
+// Free slot regions a stage keeps for growth (a reorder may need bigger slots); the capture
+// itself reuses its windows' memory, so the pool is only asked at the start and on growth.
+constexpr std::size_t spare_slot_regions = 2;
 
 void write_key(wire::SlotKey::Builder b, int stage, int replica, std::uint64_t window,
                std::uint32_t slot) {
@@ -94,7 +97,8 @@ class checkpoint_hooks : public engine::stage_hooks {
           shared_->capture.after_step(iteration, ops_);
           slot_bytes_ =
               shared_->capture.slot_of(iteration) ? shared_->capture.last_slot_bytes() : 0;
-          host_bytes_ = shared_->capture.snapshot_bytes_held();
+          host_bytes_ = shared_->capture.snapshot_bytes_held() +
+                        (shared_->pool ? shared_->pool->free_bytes() : 0);
         }
         // Ship it from the actor thread (posting to the io_context is thread-safe).
         asio::post(system_.io(), [sys = &system_, agent = agent_, iteration] {
@@ -232,18 +236,27 @@ void checkpoint_agent::ship(std::int64_t iteration) {
     const auto w = std::uint64_t(shared_->schedule->w_sparse());
     window = std::uint64_t(iteration) / w;
     slot = std::uint32_t(std::uint64_t(iteration) % w);
-    // The capture's own buffer, exported as it is: it stays unchanged until its window is
-    // dropped, which happens only after every copy of it was made (no copy here).
-    p.region = io_.export_memory({const_cast<std::byte*>(bytes->data()), bytes->size()});
+    // The capture's own buffer, as it is: it stays unchanged until its window is dropped,
+    // which happens only after every copy of it was made (no copy here). Lent memory is a
+    // region already (a replica on this host reads it with one RMA get); heap memory (the
+    // pool had none free yet) is exported for this slot.
+    if (const auto* lent = shared_->pool ? shared_->pool->lent_region(bytes->data()) : nullptr) {
+      p.slot = lent->describe(0, bytes->size());
+    } else {
+      p.region = io_.export_memory({const_cast<std::byte*>(bytes->data()), bytes->size()});
+      p.slot = p.region.describe_all();
+    }
     auto& r = replicated_[window];
     if (r.size() != w) r.assign(w, false);
   }
+  // Regions for the slots that missed (next window's), on this thread as the link requires.
+  if (shared_->pool) shared_->pool->refill(spare_slot_regions);
   auto& slot_state = pending_[{window, slot}] = std::move(p);
   send(window, slot, slot_state);
 }
 
 void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_slot& p) {
-  const auto d = p.region.describe_all();
+  const auto d = p.slot;
   const actor_ref me = self();
   for (const actor_ref& t : targets_) {
     if (std::find(p.asked.begin(), p.asked.end(), t) != p.asked.end()) continue;
@@ -349,7 +362,8 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
   const durable_window_meta meta{stage_, replica_, window, first, int(slots.size())};
   // The job holds the capture (its pinned buffers) until it unpinned them.
   durable_.writer->post([shared = shared_, sys = &system(), me = self(), meta,
-                         slots = std::move(slots), dir = durable_.dir, keep = durable_.keep] {
+                         slots = std::move(slots), dir = durable_.dir,
+                         keep = durable_.keep]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
     std::uint64_t bytes = 0;
     std::string error;
@@ -367,12 +381,15 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
       shared->capture.unpin(meta.window);
       shared->dropped.notify_all();
     }
-    asio::post(sys->io(), [sys, me, window = meta.window, bytes, secs, error] {
-      (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
-        static_cast<checkpoint_agent&>(a).durable_done(window, bytes, secs, error);
-        co_return;
-      });
-    });
+    // `shared` is let go on the actor thread: if it is the last owner, its slot pool
+    // withdraws regions from the link, which only that thread may do.
+    asio::post(sys->io(),
+               [sys, me, window = meta.window, bytes, secs, error, shared = std::move(shared)] {
+                 (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
+                   static_cast<checkpoint_agent&>(a).durable_done(window, bytes, secs, error);
+                   co_return;
+                 });
+               });
   });
 }
 
@@ -618,6 +635,9 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     bandwidth_ = secs > 0 ? double(buf.size()) / secs : 0.0;
   }
   auto shared = std::make_shared<capture_shared>(setup.stage, setup.replica);
+  shared->pool = std::make_unique<slot_pool>(io_);
+  shared->capture.set_allocator(
+      [pool = shared->pool.get()](std::size_t bytes) { return pool->take(bytes); });
   if (restored_log_) {
     shared->capture.mutable_log() = std::move(*restored_log_);
     restored_log_.reset();

@@ -28,6 +28,7 @@
 #include "engine/checkpoint.hpp"
 #include "recovery/durable_window.hpp"
 #include "recovery/recovery.capnp.h"
+#include "recovery/slot_pool.hpp"
 #include "recovery/sparse_capture.hpp"
 
 namespace moevement::recovery {
@@ -62,6 +63,10 @@ int choose_window(const std::vector<std::vector<engine::op_size>>& stages, doubl
 // never waits for a capture). Taking both: mu first.
 struct capture_shared {
   capture_shared(int stage, int replica) : capture(stage, replica) {}
+  // Lends the capture link-allocated slot memory (set by make_hooks). Declared first: it
+  // outlives the capture's buffers. The last owner of capture_shared must release it on the
+  // actor thread (the pool's regions are the link's).
+  std::unique_ptr<slot_pool> pool;
   std::mutex mu, log_mu;
   std::condition_variable dropped;  // notified (under mu) when the agent dropped windows
   sparse_capture capture;
@@ -102,7 +107,8 @@ class checkpoint_agent : public actors::actor {
   void write_durable(std::uint64_t window, std::int64_t first,
                      std::vector<std::span<const std::byte>> slots);
   struct pending_slot {
-    transport::bulk_region region;
+    transport::bulk_descriptor slot;       // where replicas pull it from
+    transport::bulk_region region;         // heap memory exported for it (none: lent memory)
     std::size_t copies = 0;                // replicators that answered stored
     std::vector<actors::actor_ref> asked;  // targets sent a StoreSlot
   };

@@ -266,6 +266,7 @@ void sparse_capture::after_step(std::int64_t iteration,
     if (!spare_.empty()) {
       b.slots = std::move(spare_.back());
       spare_.pop_back();
+      for (auto& s : b.slots) s.size = 0;  // memory kept, nothing captured yet
     }
     b.slots.resize(w);
     it = windows_.emplace(window, std::move(b)).first;
@@ -287,13 +288,35 @@ void sparse_capture::after_step(std::int64_t iteration,
   const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
   auto& buf = it->second.slots[slot];
   // Same schedule slot as last window: same size, so the buffer is reused without allocating.
-  buf.resize(snapshot_size(cops, kinds_));
+  fit(buf, snapshot_size(cops, kinds_));
   const models::loss_scaler scaler = scaler_ ? *scaler_ : models::loss_scaler{};
-  write_snapshot(buf, {window, slot, iteration + 1, stage_, replica_}, scaler, cops, kinds_);
-  last_slot_bytes_ = buf.size();
+  write_snapshot(buf.bytes(), {window, slot, iteration + 1, stage_, replica_}, scaler, cops,
+                 kinds_);
+  last_slot_bytes_ = buf.size;
   ++it->second.captured;
   add_popularity();
   if (!distributed_ && slot + 1 == w && it->second.captured == int(w)) persist(window);
+}
+
+void sparse_capture::fit(slot_buffer& buf, std::size_t n) {
+  const bool fits = buf.memory.bytes.size() >= n;
+  if (fits && (buf.memory.lent || !allocator_)) {
+    buf.size = n;
+    return;
+  }
+  if (allocator_) {
+    if (auto m = allocator_(n)) {
+      buf.memory = std::move(*m);  // heap memory it replaces is freed; lent memory given back
+      buf.size = n;
+      return;
+    }
+  }
+  if (!fits) {
+    buf.memory = {};  // before allocating: a peak of one slot, not two
+    auto heap = std::make_shared_for_overwrite<std::byte[]>(n);
+    buf.memory = {{heap.get(), n}, heap, false};
+  }
+  buf.size = n;
 }
 
 void sparse_capture::persist(std::uint64_t window) {
@@ -367,7 +390,7 @@ std::size_t sparse_capture::windows_held() const {
 std::vector<std::span<const std::byte>> sparse_capture::window_slots(std::uint64_t window) const {
   std::vector<std::span<const std::byte>> out;
   if (!complete(window)) return out;
-  for (const auto& s : windows_.at(window).slots) out.emplace_back(s);
+  for (const auto& s : windows_.at(window).slots) out.emplace_back(s.bytes());
   return out;
 }
 
@@ -390,8 +413,8 @@ std::optional<std::span<const std::byte>> sparse_capture::slot_of(std::int64_t i
   const auto it = windows_.find(std::uint64_t(iteration) / w);
   if (it == windows_.end()) return std::nullopt;
   const auto& slot = it->second.slots[std::uint64_t(iteration) % w];
-  if (slot.empty()) return std::nullopt;
-  return std::span<const std::byte>(slot);
+  if (slot.size == 0) return std::nullopt;
+  return std::span<const std::byte>(slot.bytes());
 }
 
 bool sparse_capture::complete(std::uint64_t window) const {
@@ -409,17 +432,17 @@ std::optional<window_view> sparse_capture::persisted() const {
   if (!persisted_) return std::nullopt;
   const auto& b = windows_.at(*persisted_);
   window_view v{*persisted_, b.first_iteration, {}};
-  for (const auto& s : b.slots) v.slots.emplace_back(s);
+  for (const auto& s : b.slots) v.slots.emplace_back(s.bytes());
   return v;
 }
 
 std::size_t sparse_capture::snapshot_bytes_held() const {
   std::size_t n = 0;
   for (const auto& [id, b] : windows_) {
-    for (const auto& s : b.slots) n += s.capacity();
+    for (const auto& s : b.slots) n += s.memory.bytes.size();
   }
   for (const auto& spare : spare_) {
-    for (const auto& s : spare) n += s.capacity();
+    for (const auto& s : spare) n += s.memory.bytes.size();
   }
   return n;
 }

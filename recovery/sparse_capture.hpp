@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -137,6 +138,18 @@ struct step_record {
   models::step_plan plan;
 };
 
+// Memory for one captured slot. The capture uses the heap unless it was given a
+// slot_allocator: a distributed stage lends it memory its link allocated, which replicas on
+// the same host read with one RMA get instead of a copy through the TCP loopback.
+struct slot_memory {
+  std::span<std::byte> bytes;   // the capacity
+  std::shared_ptr<void> owner;  // keeps the memory (or gives it back to its lender)
+  bool lent = false;            // from a slot_allocator, not the heap
+};
+// Called on the capture thread (under the capture's lock): memory of at least `bytes`, or
+// nullopt (none free: the capture uses the heap this time and asks again at the next window).
+using slot_allocator = std::function<std::optional<slot_memory>(std::size_t bytes)>;
+
 // A complete window's slots, slot order (views into the capture's buffers).
 struct window_view {
   std::uint64_t window = 0;
@@ -157,6 +170,8 @@ class sparse_capture : public engine::stage_hooks {
   void set_schedule(stage_schedule& schedule) { schedule_ = &schedule; }
   bool has_schedule() const { return schedule_ != nullptr; }
   void set_counts(std::span<const double> counts) { counts_.assign(counts.begin(), counts.end()); }
+  // Where slot memory comes from (default: the heap).
+  void set_allocator(slot_allocator allocator) { allocator_ = std::move(allocator); }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
   // Marks the windows newer than the persisted one whose first slot was captured by a step
@@ -202,14 +217,23 @@ class sparse_capture : public engine::stage_hooks {
   std::uint64_t log_conflicts() const { return log_conflicts_; }
 
  private:
+  // One slot: `size` bytes used of `memory` (kept across windows while it fits).
+  struct slot_buffer {
+    slot_memory memory;
+    std::size_t size = 0;
+    std::span<std::byte> bytes() const { return memory.bytes.first(size); }
+  };
   struct window_buffers {
     std::int64_t first_iteration = 0;
-    std::vector<std::vector<std::byte>> slots;  // [slot]
+    std::vector<slot_buffer> slots;  // [slot]
     int captured = 0;
     std::uint64_t schedule_digest = 1469598103934665603ull;  // FNV-1a of the slots' schedules
   };
   void persist(std::uint64_t window);
   void trim_spares();
+  // Makes `buf` hold n bytes: lent memory when the allocator has some (replacing heap memory
+  // too), else the heap, reusing what fits.
+  void fit(slot_buffer& buf, std::size_t n);
 
   stage_schedule* schedule_ = nullptr;
   int stage_, replica_;
@@ -220,7 +244,8 @@ class sparse_capture : public engine::stage_hooks {
   std::set<std::uint64_t> pinned_;
   std::set<std::uint64_t> abandoned_;  // abandon_ended_before: held, not counted
   std::optional<std::uint64_t> persisted_;
-  std::vector<std::vector<std::vector<std::byte>>> spare_;  // buffers of dropped windows
+  std::vector<std::vector<slot_buffer>> spare_;  // buffers of dropped windows
+  slot_allocator allocator_;
   log_store log_;
   std::map<std::int64_t, step_record> steps_;
   std::vector<capture_kind> kinds_;

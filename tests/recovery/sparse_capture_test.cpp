@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "engine/local_pipeline.hpp"
 #include "tests/support/small_train.hpp"
@@ -316,6 +318,83 @@ TEST(sparse_capture, a_recovery_mid_window_abandons_the_window_it_splits) {
   EXPECT_EQ(cap.windows_held(), 2u) << "windows 2 and 3";
   EXPECT_FALSE(cap.complete(1));
   pipe.set_hooks(0, 0, nullptr);
+}
+
+// A lender of slot memory (what slot_pool is for a distributed stage), from blocks the test
+// owns: it misses its first asks (the capture then uses the heap), lends afterwards, and
+// counts what comes back.
+struct test_lender {
+  struct block {
+    std::unique_ptr<std::byte[]> memory;
+    std::size_t size = 0;
+    bool lent = false;
+  };
+  std::vector<std::unique_ptr<block>> blocks;
+  int misses_left = 2;
+  int asks = 0, returns = 0;
+  std::optional<slot_memory> take(std::size_t n) {
+    ++asks;
+    if (misses_left > 0) {
+      --misses_left;
+      return std::nullopt;
+    }
+    auto& b = *blocks.emplace_back(std::make_unique<block>());
+    b.memory = std::make_unique<std::byte[]>(n);
+    b.size = n;
+    b.lent = true;
+    std::shared_ptr<void> owner(static_cast<void*>(b.memory.get()), [this, &b](void*) {
+      b.lent = false;
+      ++returns;
+    });
+    return slot_memory{{b.memory.get(), n}, std::move(owner), true};
+  }
+  bool lent(const std::byte* p) const {
+    for (const auto& b : blocks) {
+      if (b->lent && p >= b->memory.get() && p < b->memory.get() + b->size) return true;
+    }
+    return false;
+  }
+  std::size_t lent_blocks() const {
+    std::size_t n = 0;
+    for (const auto& b : blocks) n += b->lent;
+    return n;
+  }
+};
+
+// Slots in lent memory hold the same bytes as heap ones; heap slots move to lent memory once
+// the lender has some; the capture's memory stays bounded and all of it goes back.
+TEST(sparse_capture, lent_slot_memory_holds_the_same_bytes_and_goes_back) {
+  constexpr int w = 2;
+  const auto t = test_train();
+  engine::local_pipeline heap_pipe{models::preset("tiny"), t, 1};
+  engine::local_pipeline lent_pipe{models::preset("tiny"), t, 1};
+  stage_schedule heap_sched(sparse_config{w}, heap_pipe.stage(0, 0).operators());
+  stage_schedule lent_sched(sparse_config{w}, lent_pipe.stage(0, 0).operators());
+  test_lender lender;
+  {
+    sparse_capture heap_cap(heap_sched, 0, 0, &heap_pipe.scaler());
+    sparse_capture lent_cap(lent_sched, 0, 0, &lent_pipe.scaler());
+    lent_cap.set_allocator([&](std::size_t n) { return lender.take(n); });
+    heap_pipe.set_hooks(0, 0, &heap_cap);
+    lent_pipe.set_hooks(0, 0, &lent_cap);
+    for (int i = 0; i < 6 * w; ++i) {
+      heap_pipe.train_iteration();
+      lent_pipe.train_iteration();
+      const auto a = heap_cap.slot_of(i), b = lent_cap.slot_of(i);
+      ASSERT_TRUE(a && b);
+      ASSERT_EQ(a->size(), b->size());
+      EXPECT_TRUE(std::equal(a->begin(), a->end(), b->begin())) << "iteration " << i;
+      // The first two asks missed (window 0 on the heap); from window 1 on every slot is lent.
+      EXPECT_EQ(lender.lent(b->data()), i >= w) << "iteration " << i;
+    }
+    EXPECT_GE(lender.asks, 2 * w) << "heap slots ask again at the next window";
+    EXPECT_LE(lender.lent_blocks(), std::size_t(2 * w)) << "two windows' slots, recycled";
+    EXPECT_EQ(lent_cap.snapshot_bytes_held(), heap_cap.snapshot_bytes_held());
+    heap_pipe.set_hooks(0, 0, nullptr);
+    lent_pipe.set_hooks(0, 0, nullptr);
+  }
+  EXPECT_EQ(lender.lent_blocks(), 0u) << "the capture gave all of it back";
+  EXPECT_EQ(lender.returns, int(lender.blocks.size()));
 }
 
 }  // namespace

@@ -1,0 +1,82 @@
+#include "recovery/slot_pool.hpp"
+
+#include <algorithm>
+
+namespace moevement::recovery {
+
+std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  entry* best = nullptr;
+  for (auto& [base, e] : regions_) {
+    const std::size_t size = e.region.memory().size();
+    if (!e.lent && size >= bytes && (!best || size < best->region.memory().size())) best = &e;
+  }
+  if (best == nullptr) {
+    missed_.push_back(bytes);
+    return std::nullopt;
+  }
+  best->lent = true;
+  const std::span<std::byte> memory = best->region.memory();
+  // The owner gives the region back (no link call: that thread may not be the actor's).
+  std::shared_ptr<void> owner(static_cast<void*>(memory.data()),
+                              [this](void* base) { give_back(static_cast<std::byte*>(base)); });
+  return slot_memory{memory, std::move(owner), true};
+}
+
+void slot_pool::give_back(const std::byte* base) {
+  std::lock_guard lock(mu_);
+  if (const auto it = regions_.find(base); it != regions_.end()) it->second.lent = false;
+}
+
+void slot_pool::refill(std::size_t keep_free) {
+  std::vector<std::size_t> missed;
+  {
+    std::lock_guard lock(mu_);
+    missed.swap(missed_);
+  }
+  // Allocating maps memory (no page is touched yet): outside the lock, so take() never waits.
+  std::vector<transport::bulk_region> fresh;
+  for (const std::size_t n : missed) fresh.push_back(io_.allocate(n));
+  std::vector<transport::bulk_region> surplus;
+  {
+    std::lock_guard lock(mu_);
+    // Surplus first: the fresh regions are for captures still to come.
+    std::vector<std::pair<std::size_t, const std::byte*>> free;
+    for (const auto& [base, e] : regions_) {
+      if (!e.lent) free.emplace_back(e.region.memory().size(), base);
+    }
+    if (free.size() > keep_free) {
+      std::sort(free.begin(), free.end());
+      for (std::size_t i = 0; i + keep_free < free.size(); ++i) {
+        const auto it = regions_.find(free[i].second);
+        surplus.push_back(std::move(it->second.region));
+        regions_.erase(it);
+      }
+    }
+    for (auto& r : fresh) {
+      const std::byte* base = r.memory().data();
+      regions_.emplace(base, entry{std::move(r), false});
+    }
+  }
+  // surplus is withdrawn here, on the actor thread
+}
+
+const transport::bulk_region* slot_pool::lent_region(const std::byte* base) const {
+  std::lock_guard lock(mu_);
+  const auto it = regions_.find(base);
+  return it != regions_.end() && it->second.lent ? &it->second.region : nullptr;
+}
+
+std::size_t slot_pool::free_bytes() const {
+  std::lock_guard lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [base, e] : regions_) n += e.lent ? 0 : e.region.memory().size();
+  return n;
+}
+
+std::size_t slot_pool::regions() const {
+  std::lock_guard lock(mu_);
+  return regions_.size();
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,56 @@
+// Link-allocated memory for a stage's captured slots (distributed `moevement` policy).
+//
+// Replicas read a slot with one RMA get when it lies in memory the link allocated (on one
+// host: the shared-memory transports map it), and by a rendezvous through the TCP loopback
+// when it is ordinary heap memory (docs/transport.md). The capture runs on its own thread, but
+// the link may only be used from the actor thread. So the pool splits the work:
+// - the capture thread take()s a free region (or misses, and the size is remembered);
+// - the actor thread refill()s: it allocates the regions missed and frees surplus free ones.
+// A lent region comes back to the pool when the capture drops the memory's owner; regions are
+// only ever created and destroyed on the actor thread. The pool must outlive every owner it
+// handed out (capture_shared declares it before the capture).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "engine/bulk_io.hpp"
+#include "recovery/sparse_capture.hpp"
+
+namespace moevement::recovery {
+
+class slot_pool {
+ public:
+  explicit slot_pool(engine::bulk_io& io) : io_(io) {}
+  slot_pool(const slot_pool&) = delete;
+  slot_pool& operator=(const slot_pool&) = delete;
+
+  // Any thread: the smallest free region of at least `bytes`, lent until the returned owner is
+  // dropped; nullopt when none is free (the next refill() allocates one of `bytes`).
+  std::optional<slot_memory> take(std::size_t bytes);
+  // Actor thread: frees free regions beyond `keep_free` (the largest are kept), then allocates
+  // the regions take() missed.
+  void refill(std::size_t keep_free);
+  // Actor thread: the lent region whose memory starts at `base`, or nullptr (heap memory).
+  const transport::bulk_region* lent_region(const std::byte* base) const;
+
+  std::size_t free_bytes() const;
+  std::size_t regions() const;
+
+ private:
+  struct entry {
+    transport::bulk_region region;
+    bool lent = false;
+  };
+  void give_back(const std::byte* base);
+
+  engine::bulk_io& io_;
+  mutable std::mutex mu_;
+  std::map<const std::byte*, entry> regions_;  // by the region's base address
+  std::vector<std::size_t> missed_;
+};
+
+}  // namespace moevement::recovery

@@ -1,0 +1,73 @@
+// The slot pool: link-allocated regions lent to the capture thread, created and destroyed
+// only by refill() (the actor thread), described for replicas while lent.
+#include "recovery/slot_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <asio/io_context.hpp>
+
+#include <cstring>
+#include <thread>
+
+namespace moevement::recovery {
+namespace {
+
+class slot_pool_test : public ::testing::Test {
+ protected:
+  slot_pool_test() {
+    transport::ucx_link_options o;
+    o.self = 0;
+    o.job_token = "slot-pool-test";
+    link_ = std::make_unique<transport::ucx_link>(io_, o);
+    io_bulk_ = std::make_unique<engine::bulk_io>(*link_);
+  }
+  asio::io_context io_;
+  std::unique_ptr<transport::ucx_link> link_;
+  std::unique_ptr<engine::bulk_io> io_bulk_;
+};
+
+TEST_F(slot_pool_test, misses_then_lends_link_memory_and_takes_it_back) {
+  slot_pool pool(*io_bulk_);
+  EXPECT_FALSE(pool.take(1000).has_value()) << "nothing allocated yet";
+  EXPECT_FALSE(pool.take(5000).has_value());
+  pool.refill(0);
+  EXPECT_EQ(pool.regions(), 2u) << "one region per miss";
+  EXPECT_EQ(pool.free_bytes(), 6000u);
+
+  auto small = pool.take(800);  // the smallest that fits: the 1000-byte region
+  ASSERT_TRUE(small.has_value());
+  EXPECT_TRUE(small->lent);
+  EXPECT_EQ(small->bytes.size(), 1000u);
+  std::memset(small->bytes.data(), 0x5a, small->bytes.size());  // the memory is writable
+  const auto* region = pool.lent_region(small->bytes.data());
+  ASSERT_NE(region, nullptr) << "lent memory is a region replicas can be sent";
+  const auto d = region->describe(0, 800);
+  EXPECT_EQ(d.length, 800u);
+  EXPECT_EQ(pool.lent_region(small->bytes.data() + 1), nullptr) << "only a region's base";
+  EXPECT_EQ(pool.free_bytes(), 5000u);
+
+  EXPECT_FALSE(pool.take(6000).has_value()) << "no free region is big enough";
+  // The capture thread drops the memory: it goes back to the pool, not to the link.
+  std::thread([m = std::move(small)]() mutable { m.reset(); }).join();
+  EXPECT_EQ(pool.lent_region(region->memory().data()), nullptr);
+  EXPECT_EQ(pool.regions(), 2u);
+  EXPECT_EQ(pool.free_bytes(), 6000u);
+
+  // refill: free regions beyond keep_free go (smallest first), then the miss is allocated.
+  pool.refill(1);
+  EXPECT_EQ(pool.regions(), 2u) << "the 5000 kept, the 1000 freed, the 6000 allocated";
+  EXPECT_EQ(pool.free_bytes(), 11000u);
+  auto big = pool.take(6000);
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->bytes.size(), 6000u);
+  pool.refill(0);
+  EXPECT_EQ(pool.regions(), 1u) << "lent regions are never freed";
+  EXPECT_NE(pool.lent_region(big->bytes.data()), nullptr);
+  big.reset();
+  pool.refill(0);
+  EXPECT_EQ(pool.regions(), 0u);
+  EXPECT_EQ(pool.free_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace moevement::recovery
