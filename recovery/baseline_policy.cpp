@@ -54,11 +54,21 @@ baseline_kind kind_of(const std::string& policy) {
 
 constexpr char pec_meta_magic[8] = {'M', 'V', 'P', 'E', 'C', 'M', '0', '1'};
 
+}  // namespace
+
+held_checkpoint held_on_heap(std::shared_ptr<std::vector<std::byte>> bytes,
+                             std::size_t snapshot_size) {
+  const std::span<std::byte> view(*bytes);
+  return {view, std::move(bytes), snapshot_size};
+}
+
+namespace {
+
 std::span<const std::byte> snapshot_part(const held_checkpoint& c) {
-  return std::span<const std::byte>(*c.bytes).first(c.snapshot_size);
+  return std::span<const std::byte>(c.bytes).first(c.snapshot_size);
 }
 std::span<const std::byte> trailer_part(const held_checkpoint& c) {
-  return std::span<const std::byte>(*c.bytes).subspan(c.snapshot_size);
+  return std::span<const std::byte>(c.bytes).subspan(c.snapshot_size);
 }
 
 // The stage's hooks (compute thread): the capture of the policy every k iterations.
@@ -100,20 +110,19 @@ class baseline_hooks : public engine::stage_hooks {
         if (!point) break;
         const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
         const std::vector<capture_kind> kinds(ops.size(), capture_kind::full);
-        auto buf = take_buffer();
-        buf->resize(snapshot_size(cops, kinds));
-        write_snapshot(*buf, {std::uint64_t(state / k), 0, state, stage_, replica_},
+        const held_checkpoint buf = take_buffer(snapshot_size(cops, kinds));
+        write_snapshot(buf.bytes, {std::uint64_t(state / k), 0, state, stage_, replica_},
                        models::loss_scaler{}, cops, kinds);
-        shared_->held[state] = {buf, buf->size()};
+        shared_->held[state] = buf;
         // Gemini keeps the newest complete checkpoint and the one being written; one more
         // here: the newest may not have reached the lost stage's holders when it died, and
         // survivors of a loss in the step phase are one checkpoint ahead of it.
         while (shared_->held.size() > memory_checkpoints_kept) {
-          recycle(shared_->held.begin()->second.bytes);
+          recycle(shared_->held.begin()->second);
           shared_->held.erase(shared_->held.begin());
         }
         shared_->to_ship.push_back(state);
-        snapshot_bytes_ = buf->size();
+        snapshot_bytes_ = buf.bytes.size();
         break;
       }
       case baseline_kind::pec: {
@@ -132,7 +141,7 @@ class baseline_hooks : public engine::stage_hooks {
           if (v.iteration != state) continue;
           auto buf = std::make_shared<std::vector<std::byte>>(v.bytes.begin(), v.bytes.end());
           buf->insert(buf->end(), trailer.begin(), trailer.end());
-          shared_->held[state] = {buf, v.bytes.size()};
+          shared_->held[state] = held_on_heap(buf, v.bytes.size());
           snapshot_bytes_ = v.bytes.size();
         }
         std::erase_if(shared_->held, [&](const auto& kv) { return !keep.contains(kv.first); });
@@ -142,7 +151,9 @@ class baseline_hooks : public engine::stage_hooks {
     }
     if (kind_ != baseline_kind::dense_disk) {
       std::uint64_t n = 0;
-      for (const auto& [it, c] : shared_->held) n += c.bytes->capacity();
+      for (const auto& [it, c] : shared_->held) n += c.bytes.size();
+      if (spare_.owner) n += spare_.bytes.size();
+      if (shared_->pool) n += shared_->pool->free_bytes();
       host_bytes_ = n;
     }
     stall_s_ = point ? seconds_since(t0) : 0.0;
@@ -179,14 +190,19 @@ class baseline_hooks : public engine::stage_hooks {
       shared_->pec_cap.emplace(*shared_->pec_sched, stage_, replica_);
     }
   }
-  // A buffer of an older checkpoint nobody uses any more, or a new one.
-  std::shared_ptr<std::vector<std::byte>> take_buffer() {
-    if (!spare_) return std::make_shared<std::vector<std::byte>>();
-    return std::exchange(spare_, nullptr);
+  // n bytes: those of an older checkpoint nobody uses any more, else memory the pool lends
+  // (dense-memory), else the heap.
+  held_checkpoint take_buffer(std::size_t n) {
+    if (spare_.owner && spare_.bytes.size() == n) return std::exchange(spare_, {});
+    spare_ = {};
+    if (shared_->pool) {
+      if (auto m = shared_->pool->take(n)) return {m->bytes.first(n), std::move(m->owner), n};
+    }
+    return held_on_heap(std::make_shared<std::vector<std::byte>>(n), n);
   }
-  void recycle(const std::shared_ptr<std::vector<std::byte>>& buf) {
+  void recycle(const held_checkpoint& c) {
     // Only the held map refers to it (the agent takes references under the lock only).
-    if (buf.use_count() == 1) spare_ = buf;
+    if (c.owner.use_count() == 1) spare_ = c;
   }
 
   std::shared_ptr<baseline_shared> shared_;
@@ -197,7 +213,7 @@ class baseline_hooks : public engine::stage_hooks {
   policy_config config_;
   int stage_, replica_;
   std::vector<double> popularity_;
-  std::shared_ptr<std::vector<std::byte>> spare_;
+  held_checkpoint spare_;
   std::atomic<std::uint64_t> snapshot_bytes_{0}, host_bytes_{0};
   std::atomic<double> stall_s_{0.0};
 };
@@ -353,8 +369,15 @@ void baseline_agent::ship() {
     std::erase_if(exported_, [&](const auto& kv) { return !shared_->held.contains(kv.first); });
   }
   for (auto& [it, c] : fresh) {
-    transport::bulk_region region = io_.export_memory(std::span<std::byte>(*c.bytes));
-    const auto desc = region.describe_all();
+    // Lent memory is a region already; heap memory is exported for this checkpoint.
+    transport::bulk_region region;
+    transport::bulk_descriptor desc;
+    if (const auto* lent = shared_->pool ? shared_->pool->lent_region(c.bytes.data()) : nullptr) {
+      desc = lent->describe(0, c.bytes.size());
+    } else {
+      region = io_.export_memory(c.bytes);
+      desc = region.describe_all();
+    }
     for (const actor_ref& t : targets_) {
       (void)tell<wire::StoreCheckpoint>(t, [&](wire::StoreCheckpoint::Builder b) {
         b.setStage(setup_.stage);
@@ -368,6 +391,8 @@ void baseline_agent::ship() {
     }
     exported_.insert_or_assign(it, std::make_pair(std::move(region), c));
   }
+  // A region for a capture that missed, on this thread as the link requires.
+  if (shared_->pool) shared_->pool->refill(1);
 }
 
 std::string baseline_agent::unfit(std::int64_t iteration, const held_checkpoint& c) const {
@@ -426,7 +451,7 @@ awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
         }
         auto bytes = std::make_shared<std::vector<std::byte>>(std::move(blob->second));
         const std::size_t n = bytes->size();
-        found.push_back({origin, {std::int64_t(*id), held_checkpoint{bytes, n}}});
+        found.push_back({origin, {std::int64_t(*id), held_on_heap(bytes, n)}});
       }
     });
   } else if (!replacement_) {
@@ -465,7 +490,7 @@ awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
           rejected.push_back(origin + ": pull failed: " + pulled.err().message);
           continue;
         }
-        found.push_back({origin, {it, held_checkpoint{buf, e.getSnapshotBytes()}}});
+        found.push_back({origin, {it, held_on_heap(buf, e.getSnapshotBytes())}});
       }
     }
   }
@@ -485,9 +510,9 @@ awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
                         std::make_pair(found[i].first, found[i].second.second));
   }
   candidates_.emplace(
-      0, std::make_pair(std::string("the initial state"),
-                        held_checkpoint{std::make_shared<std::vector<std::byte>>(*initial_),
-                                        initial_->size()}));
+      0, std::make_pair(
+             std::string("the initial state"),
+             held_on_heap(std::make_shared<std::vector<std::byte>>(*initial_), initial_->size())));
   std::set<std::int64_t> not_offered;
   if (kind_ == baseline_kind::pec) {
     // A pec checkpoint restores each expert from its own newest save: all must be at hand.
@@ -659,6 +684,7 @@ std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(
   const double secs = seconds_since(t0);
   bandwidth_ = secs > 0 ? double(initial->size()) / secs : 0.0;
   auto shared = std::make_shared<baseline_shared>();
+  if (kind_ == baseline_kind::dense_memory) shared->pool = std::make_unique<slot_pool>(io_);
   agent_ = system_.spawn<baseline_agent>(shared, io_, kind_, config_, setup, model,
                                          std::shared_ptr<const std::vector<std::byte>>(initial),
                                          replacement_, limits_);

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "recovery/dense_capture.hpp"
 #include "recovery/pec_capture.hpp"
 #include "recovery/policy_config.hpp"
+#include "recovery/slot_pool.hpp"
 
 namespace moevement::recovery {
 
@@ -60,12 +62,20 @@ pec_meta decode_pec_meta(std::span<const std::byte> bytes, std::size_t ops);
 
 // One checkpoint in host memory: snapshot bytes (snapshot_size of them) and a trailer.
 struct held_checkpoint {
-  std::shared_ptr<std::vector<std::byte>> bytes;
+  std::span<std::byte> bytes;
+  std::shared_ptr<void> owner;  // keeps `bytes`: the heap, or a region lent by a slot_pool
   std::size_t snapshot_size = 0;
 };
+// A held checkpoint on the heap.
+held_checkpoint held_on_heap(std::shared_ptr<std::vector<std::byte>> bytes,
+                             std::size_t snapshot_size);
 
 // What a stage's hooks (compute thread) and its agent (actor thread) share, under mu.
 struct baseline_shared {
+  // dense-memory: lends the captures link-allocated memory, which holders on the same host
+  // read with one RMA get (as moevement's slots, recovery/slot_pool.hpp). Declared first: it
+  // outlives the checkpoints' owners.
+  std::unique_ptr<slot_pool> pool;
   std::mutex mu;
   std::map<std::int64_t, held_checkpoint> held;  // dense-memory, pec: [state iteration]
   std::vector<std::int64_t> to_ship;             // new checkpoints the agent has not shipped
