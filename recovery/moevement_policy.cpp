@@ -28,9 +28,6 @@ using actors::write_ref;
 using asio::awaitable;
 
 constexpr auto fetch_timeout = std::chrono::seconds(30);
-// Free slot regions a stage keeps for growth (a reorder may need bigger slots); the capture
-// itself reuses its windows' memory, so the pool is only asked at the start and on growth.
-constexpr std::size_t spare_slot_regions = 2;
 
 void write_key(wire::SlotKey::Builder b, int stage, int replica, std::uint64_t window,
                std::uint32_t slot) {
@@ -228,12 +225,14 @@ awaitable<void> checkpoint_agent::schedule(wire::FetchSchedule::Reader,
 void checkpoint_agent::ship(std::int64_t iteration) {
   std::uint64_t window = 0;
   std::uint32_t slot = 0;
+  std::size_t w_sparse = 1;
   pending_slot p;
   {
     std::lock_guard lock(shared_->mu);
     const auto bytes = shared_->capture.slot_of(iteration);
     if (!bytes || !shared_->schedule) return;
     const auto w = std::uint64_t(shared_->schedule->w_sparse());
+    w_sparse = w;
     window = std::uint64_t(iteration) / w;
     slot = std::uint32_t(std::uint64_t(iteration) % w);
     // The capture's own buffer, as it is: it stays unchanged until its window is dropped,
@@ -249,8 +248,13 @@ void checkpoint_agent::ship(std::int64_t iteration) {
     auto& r = replicated_[window];
     if (r.size() != w) r.assign(w, false);
   }
-  // Regions for the slots that missed (next window's), on this thread as the link requires.
-  if (shared_->pool) shared_->pool->refill(spare_slot_regions);
+  // Regions for the slots that missed, on this thread as the link requires: as many of each
+  // size as windows the capture holds (the capture reuses its windows' memory after that, so
+  // the pool is asked only at the start and when a reorder grows a slot), and as many free
+  // ones kept.
+  if (shared_->pool) {
+    shared_->pool->refill(w_sparse * limits_.max_windows_held, limits_.max_windows_held);
+  }
   auto& slot_state = pending_[{window, slot}] = std::move(p);
   send(window, slot, slot_state);
 }

@@ -28,15 +28,18 @@ void slot_pool::give_back(const std::byte* base) {
   if (const auto it = regions_.find(base); it != regions_.end()) it->second.lent = false;
 }
 
-void slot_pool::refill(std::size_t keep_free) {
-  std::vector<std::size_t> missed;
+void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
+  std::map<std::size_t, std::size_t> missed;  // size -> regions to allocate
   {
     std::lock_guard lock(mu_);
-    missed.swap(missed_);
+    for (const std::size_t n : missed_) ++missed[n];
+    missed_.clear();
   }
   // Allocating maps memory (no page is touched yet): outside the lock, so take() never waits.
   std::vector<transport::bulk_region> fresh;
-  for (const std::size_t n : missed) fresh.push_back(io_.allocate(n));
+  for (const auto& [n, count] : missed) {
+    for (std::size_t i = 0; i < std::max(count, batch); ++i) fresh.push_back(io_.allocate(n));
+  }
   std::vector<transport::bulk_region> surplus;
   {
     std::lock_guard lock(mu_);

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <thread>
+#include <vector>
 
 namespace moevement::recovery {
 namespace {
@@ -67,6 +68,32 @@ TEST_F(slot_pool_test, misses_then_lends_link_memory_and_takes_it_back) {
   pool.refill(0);
   EXPECT_EQ(pool.regions(), 0u);
   EXPECT_EQ(pool.free_bytes(), 0u);
+}
+
+// A miss stands for the windows after it: refill allocates a batch of its size (and at least
+// one per miss), so the next windows find memory instead of starting on the heap.
+TEST_F(slot_pool_test, a_miss_allocates_a_batch_of_its_size) {
+  slot_pool pool(*io_bulk_);
+  EXPECT_FALSE(pool.take(100).has_value());
+  EXPECT_FALSE(pool.take(200).has_value());
+  EXPECT_FALSE(pool.take(200).has_value());
+  pool.refill(8, 3);
+  EXPECT_EQ(pool.regions(), 6u) << "three of each size";
+  EXPECT_EQ(pool.free_bytes(), 3u * 100 + 3u * 200);
+  std::vector<slot_memory> lent;
+  for (int i = 0; i < 3; ++i) {
+    auto m = pool.take(150);
+    ASSERT_TRUE(m.has_value()) << i;
+    EXPECT_EQ(m->bytes.size(), 200u);
+    lent.push_back(std::move(*m));
+  }
+  EXPECT_FALSE(pool.take(150).has_value()) << "the 100-byte ones do not fit";
+  pool.refill(8, 1);
+  EXPECT_EQ(pool.regions(), 7u) << "one more of 150 bytes";
+  lent.clear();
+  pool.refill(2, 1);
+  EXPECT_EQ(pool.regions(), 2u) << "free regions trimmed to two, the largest kept";
+  EXPECT_EQ(pool.free_bytes(), 400u);
 }
 
 }  // namespace
