@@ -199,7 +199,10 @@ void compare_recoveries(const options& o, Run run) {
         "%ld), ettr %.4f, state_hash_equal %s%s\n",
         policy.c_str(), x.total_s, x.r.recovery_s, x.recomputed,
         x.r.rollback_to >= 0 ? x.r.rollback_to : x.r.replay_from, x.r.target, x.ettr,
-        same ? "yes" : "NO", policy == "pec" ? " (by design: stale experts)" : "");
+        same ? "yes" : "NO",
+        policy == "pec" && !same ? " (by design: stale experts)"
+        : policy == "pec"        ? " (no expert was restored stale)"
+                                 : "");
     all.push_back(std::move(x));
   }
   const one& ours = all.front();
