@@ -19,41 +19,39 @@ moe_model::moe_model(const model_config& cfg, std::uint64_t seed, std::size_t fi
   const float std0 = 0.02f;
   // GPT-2's scaled init for the projections that write into the residual stream
   const float std_res = std0 / std::sqrt(2.0f * float(cfg.layers));
+  // Only this stage's operators get memory (the next one's index is ops_.size()).
+  const auto mine = [&] { return ops_.size() >= first_op && ops_.size() < last_op; };
   ops_.emplace_back("embedding", op_kind::embedding,
                     std::vector<param_spec>{{"wte", {v, c}, std0, 0.0f, false},
                                             {"wpe", {cfg.max_seq_len, c}, std0, 0.0f, false}},
-                    dt);
+                    dt, mine());
   for (int l = 0; l < cfg.layers; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
     ops_.emplace_back(p + "norm1", op_kind::norm,
-                      std::vector<param_spec>{{"w", {c}, 0.0f, 1.0f, false}}, dt);
+                      std::vector<param_spec>{{"w", {c}, 0.0f, 1.0f, false}}, dt, mine());
     ops_.emplace_back(p + "attention", op_kind::attention,
                       std::vector<param_spec>{{"w_qkv", {c, 3 * c}, std0, 0.0f, true},
                                               {"w_o", {c, c}, std_res, 0.0f, true}},
-                      dt);
+                      dt, mine());
     ops_.emplace_back(p + "norm2", op_kind::norm,
-                      std::vector<param_spec>{{"w", {c}, 0.0f, 1.0f, false}}, dt);
+                      std::vector<param_spec>{{"w", {c}, 0.0f, 1.0f, false}}, dt, mine());
     ops_.emplace_back(p + "gate", op_kind::gate,
-                      std::vector<param_spec>{{"w_g", {c, e}, std0, 0.0f, true}}, dt);
+                      std::vector<param_spec>{{"w_g", {c, e}, std0, 0.0f, true}}, dt, mine());
     ops_.back().routed_tokens().assign(e, 0);
     ops_.back().prob_sums().assign(e, 0.0);
     for (int j = 0; j < cfg.experts; ++j) {
       ops_.emplace_back(p + "expert" + std::to_string(j), op_kind::expert,
                         std::vector<param_spec>{{"w1", {c, f}, std0, 0.0f, true},
                                                 {"w2", {f, c}, std_res, 0.0f, true}},
-                        dt);
+                        dt, mine());
     }
   }
   ops_.emplace_back("final_norm", op_kind::norm,
-                    std::vector<param_spec>{{"w", {c}, 0.0f, 1.0f, false}}, dt);
+                    std::vector<param_spec>{{"w", {c}, 0.0f, 1.0f, false}}, dt, mine());
   ops_.emplace_back("head", op_kind::head, std::vector<param_spec>{{"w", {c, v}, std0, 0.0f, true}},
-                    dt);
-  for (std::size_t i = 0; i < ops_.size(); ++i) {
-    if (i >= first_op && i < last_op) {
-      if (initialize) ops_[i].init(seed, i);
-    } else {
-      ops_[i].release();
-    }
+                    dt, mine());
+  for (std::size_t i = first_op; i < last_op && i < ops_.size() && initialize; ++i) {
+    ops_[i].init(seed, i);
   }
 }
 

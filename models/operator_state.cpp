@@ -30,7 +30,7 @@ std::string_view op_kind_name(op_kind k) {
 }
 
 operator_state::operator_state(std::string name, op_kind kind, std::vector<param_spec> params,
-                               dtype compute)
+                               dtype compute, bool allocate)
     : name_(std::move(name)), kind_(kind), dtype_(compute), params_(std::move(params)) {
   offsets_.push_back(0);
   for (const auto& p : params_) {
@@ -39,6 +39,8 @@ operator_state::operator_state(std::string name, op_kind kind, std::vector<param
     numel_ += n;
     offsets_.push_back(numel_);
   }
+  allocated_ = allocate;
+  if (!allocate) return;
   const auto n = static_cast<std::size_t>(numel_);
   master_.assign(n, 0.0f);
   m_.assign(n, 0.0f);

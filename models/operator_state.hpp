@@ -40,7 +40,10 @@ adamw_bias adamw_bias_corrections(const adamw_config& cfg, std::int64_t step);
 
 class operator_state {
  public:
-  operator_state(std::string name, op_kind kind, std::vector<param_spec> params, dtype compute);
+  // allocate false: an operator another stage owns (as after release(), without ever
+  // allocating: a stage of a big model need not touch the whole model's memory).
+  operator_state(std::string name, op_kind kind, std::vector<param_spec> params, dtype compute,
+                 bool allocate = true);
 
   const std::string& name() const { return name_; }
   op_kind kind() const { return kind_; }

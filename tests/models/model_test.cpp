@@ -213,6 +213,7 @@ TEST(model, a_partial_model_holds_only_its_stage_and_the_full_models_values) {
   const auto parts = partition(m, 2);
   moe_model part(m, 5, parts[1].first_op, parts[1].last_op);
   EXPECT_FALSE(part.ops()[0].allocated());
+  EXPECT_TRUE(part.ops()[0].master().empty()) << "other stages' operators get no memory at all";
   EXPECT_TRUE(part.ops()[part.head()].allocated());
   EXPECT_EQ(part.op_digests(parts[1].first_op, parts[1].last_op),
             full.op_digests(parts[1].first_op, parts[1].last_op));
