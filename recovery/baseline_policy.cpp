@@ -315,6 +315,9 @@ awaitable<void> checkpoint_holder::store(wire::StoreCheckpoint::Reader m) {
   auto holder = std::make_shared<transport::bulk_region>(io_.allocate(desc->length));
   auto r = co_await pull_chunked(io_, *desc, holder->memory(), holder, limits_.pull_chunk_bytes);
   if (!r.ok()) co_return;  // the sender died or dropped it meanwhile
+  // A late pull (the sender reused that memory for a newer checkpoint) is not stored.
+  const auto tag = read_snapshot_tag(holder->memory());
+  if (!tag || tag->stage != s || tag->replica != d || tag->state_iteration != it) co_return;
   held_[{s, d, it}] = entry{std::move(*holder), m.getSnapshotBytes()};
 }
 

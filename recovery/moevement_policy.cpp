@@ -248,6 +248,8 @@ void checkpoint_agent::ship(std::int64_t iteration) {
     auto& r = replicated_[window];
     if (r.size() != w) r.assign(w, false);
   }
+  auto& slot_state = pending_[{window, slot}] = std::move(p);
+  send(window, slot, slot_state);
   // Regions for the slots that missed, on this thread as the link requires: as many of each
   // size as windows the capture holds (the capture reuses its windows' memory after that, so
   // the pool is asked only at the start and when a reorder grows a slot), and as many free
@@ -255,8 +257,6 @@ void checkpoint_agent::ship(std::int64_t iteration) {
   if (shared_->pool) {
     shared_->pool->refill(w_sparse * limits_.max_windows_held, limits_.max_windows_held);
   }
-  auto& slot_state = pending_[{window, slot}] = std::move(p);
-  send(window, slot, slot_state);
 }
 
 void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_slot& p) {
@@ -551,6 +551,16 @@ slot_puller::slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
 awaitable<void> slot_puller::on_start() {
   auto r = co_await pull_chunked(io_, desc_, holder_->memory(), holder_, chunk_);
   std::string error = r.ok() ? std::string() : "pull failed: " + r.err().message;
+  if (error.empty()) {
+    // A late pull (the sender gave the slot's memory to a newer capture) reads another
+    // slot: refused, not stored. (The full checksum is checked when a recovery loads it.)
+    const auto& [stage, replica, window, slot] = id_;
+    const auto tag = read_snapshot_tag(holder_->memory().first(desc_.length));
+    if (!tag || tag->stage != stage || tag->replica != replica || tag->window != window ||
+        tag->slot != slot) {
+      error = "the pulled bytes are not the slot asked for (its buffer was reused meanwhile)";
+    }
+  }
   (void)system().post_call(
       replicator_,
       [holder = holder_, id = id_, from = from_, error](actors::actor& a) -> awaitable<void> {

@@ -5,19 +5,23 @@
 namespace moevement::recovery {
 
 std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
-  std::lock_guard lock(mu_);
-  entry* best = nullptr;
-  for (auto& [base, e] : regions_) {
-    const std::size_t size = e.region.memory().size();
-    if (!e.lent && size >= bytes && (!best || size < best->region.memory().size())) best = &e;
+  std::span<std::byte> memory;
+  {
+    std::lock_guard lock(mu_);
+    entry* best = nullptr;
+    for (auto& [base, e] : regions_) {
+      const std::size_t size = e.region.memory().size();
+      if (!e.lent && size >= bytes && (!best || size < best->region.memory().size())) best = &e;
+    }
+    if (best == nullptr) {
+      missed_.push_back(bytes);
+      return std::nullopt;
+    }
+    best->lent = true;
+    memory = best->region.memory();
   }
-  if (best == nullptr) {
-    missed_.push_back(bytes);
-    return std::nullopt;
-  }
-  best->lent = true;
-  const std::span<std::byte> memory = best->region.memory();
-  // The owner gives the region back (no link call: that thread may not be the actor's).
+  // The owner gives the region back (no link call: that thread may not be the actor's). Made
+  // outside the lock: if it cannot be made, the deleter gives the region back at once.
   std::shared_ptr<void> owner(static_cast<void*>(memory.data()),
                               [this](void* base) { give_back(static_cast<std::byte*>(base)); });
   return slot_memory{memory, std::move(owner), true};
@@ -37,8 +41,15 @@ void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
   }
   // Allocating maps memory (no page is touched yet): outside the lock, so take() never waits.
   std::vector<transport::bulk_region> fresh;
-  for (const auto& [n, count] : missed) {
-    for (std::size_t i = 0; i < std::max(count, batch); ++i) fresh.push_back(io_.allocate(n));
+  try {
+    for (const auto& [n, count] : missed) {
+      for (std::size_t i = 0; i < std::max(count, batch); ++i) fresh.push_back(io_.allocate(n));
+    }
+  } catch (const std::exception&) {
+    // Out of mappable memory (shm or memlock limits): the captures that miss use the heap,
+    // which replicas still read (by rendezvous); the next miss tries again.
+    std::lock_guard lock(mu_);
+    ++failed_;
   }
   std::vector<transport::bulk_region> surplus;
   {
@@ -75,6 +86,11 @@ std::size_t slot_pool::free_bytes() const {
   std::size_t n = 0;
   for (const auto& [base, e] : regions_) n += e.lent ? 0 : e.region.memory().size();
   return n;
+}
+
+std::uint64_t slot_pool::failed_refills() const {
+  std::lock_guard lock(mu_);
+  return failed_;
 }
 
 std::size_t slot_pool::regions() const {

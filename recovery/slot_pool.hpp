@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -40,6 +41,8 @@ class slot_pool {
 
   std::size_t free_bytes() const;
   std::size_t regions() const;
+  // Refills that could not allocate every region (those captures stay on the heap).
+  std::uint64_t failed_refills() const;
 
  private:
   struct entry {
@@ -52,6 +55,7 @@ class slot_pool {
   mutable std::mutex mu_;
   std::map<const std::byte*, entry> regions_;  // by the region's base address
   std::vector<std::size_t> missed_;
+  std::uint64_t failed_ = 0;
 };
 
 }  // namespace moevement::recovery

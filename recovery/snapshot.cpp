@@ -140,6 +140,23 @@ void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
   w.value(h.digest());
 }
 
+std::optional<snapshot_tag> read_snapshot_tag(std::span<const std::byte> bytes) {
+  if (bytes.size() < header_bytes + checksum_bytes ||
+      std::memcmp(bytes.data(), magic.data(), magic.size()) != 0) {
+    return std::nullopt;
+  }
+  reader r(bytes.first(header_bytes));
+  r.take(magic.size(), "magic");
+  if (r.value<std::uint32_t>("format version") != snapshot_format_version) return std::nullopt;
+  snapshot_tag t;
+  t.window = r.value<std::uint64_t>("window");
+  t.slot = r.value<std::uint32_t>("slot");
+  t.state_iteration = r.value<std::int64_t>("iteration");
+  t.stage = r.value<std::int32_t>("stage");
+  t.replica = r.value<std::int32_t>("replica");
+  return t;
+}
+
 snapshot_view parse_snapshot(std::span<const std::byte> bytes) {
   if (bytes.size() < header_bytes + checksum_bytes) {
     throw snapshot_error("snapshot truncated: " + std::to_string(bytes.size()) +

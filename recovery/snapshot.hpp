@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -85,6 +86,10 @@ struct snapshot_view {
 // Validates (checksum first, then every length against the remaining bytes) and parses.
 // Throws snapshot_error saying what is wrong; never reads out of bounds.
 snapshot_view parse_snapshot(std::span<const std::byte> bytes);
+// The tag alone, without the checksum (cheap: a copy checks it names what was asked for,
+// e.g. that the sender's buffer was not reused under a late pull); nullopt when the bytes do
+// not start like a snapshot of this format.
+std::optional<snapshot_tag> read_snapshot_tag(std::span<const std::byte> bytes);
 
 // Puts one entry into an operator of the same name and size: active -> master, m, v, step
 // restored and the operator made active (compute weights re-derived); frozen -> the operator

@@ -1669,9 +1669,20 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     pulls.clear();
     if (listener != nullptr) ucp_listener_destroy(listener);
-    for (auto& [id, r] : regions) r->unmap();
+    // Memory the link allocated that a bulk_region still holds stays mapped (its handle is
+    // let go, not unmapped) until the process exits: a thread still writing it (a capture
+    // finishing while the worker shuts down) must not fault. Other registrations are only
+    // deregistered; their memory is the caller's.
+    auto release = [](const std::shared_ptr<region_record>& r) {
+      if (r->allocated && r.use_count() > 1) {
+        r->memh = nullptr;
+      } else {
+        r->unmap();
+      }
+    };
+    for (auto& [id, r] : regions) release(r);
     regions.clear();
-    for (auto& [id, r] : withdrawn) r->unmap();
+    for (auto& [id, r] : withdrawn) release(r);
     withdrawn.clear();
   }
 };

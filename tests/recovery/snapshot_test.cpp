@@ -88,6 +88,23 @@ TEST_F(slot_fixture, every_truncation_and_every_flipped_byte_is_rejected) {
   EXPECT_THROW(parse_snapshot(longer), snapshot_error);
 }
 
+// The tag alone (what a replica checks after a pull): read without the checksum, refused when
+// the bytes do not start like a slot.
+TEST_F(slot_fixture, the_tag_reads_alone) {
+  EXPECT_EQ(read_snapshot_tag(bytes), (snapshot_tag{7, 2, 9, 1, 0}));
+  auto other = bytes;
+  other[other.size() / 2] ^= std::byte{1};  // the body: the tag still reads (no checksum)
+  EXPECT_EQ(read_snapshot_tag(other), (snapshot_tag{7, 2, 9, 1, 0}));
+  other = bytes;
+  other[0] ^= std::byte{1};  // magic
+  EXPECT_FALSE(read_snapshot_tag(other).has_value());
+  other = bytes;
+  other[8] ^= std::byte{1};  // format version
+  EXPECT_FALSE(read_snapshot_tag(other).has_value());
+  EXPECT_FALSE(read_snapshot_tag(std::span<const std::byte>(bytes).first(20)).has_value());
+  EXPECT_FALSE(read_snapshot_tag({}).has_value());
+}
+
 TEST_F(slot_fixture, a_buffer_of_the_wrong_size_is_refused) {
   std::vector<std::byte> small(bytes.size() - 1);
   EXPECT_THROW(write_snapshot(small, {}, pipe.scaler(), cops, kinds), std::invalid_argument);

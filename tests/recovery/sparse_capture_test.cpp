@@ -338,15 +338,16 @@ struct test_lender {
       --misses_left;
       return std::nullopt;
     }
+    // More than asked for, as a pool's best fit may be: the capture must use only n.
     auto& b = *blocks.emplace_back(std::make_unique<block>());
-    b.memory = std::make_unique<std::byte[]>(n);
-    b.size = n;
+    b.size = n + 64;
+    b.memory = std::make_unique<std::byte[]>(b.size);
     b.lent = true;
     std::shared_ptr<void> owner(static_cast<void*>(b.memory.get()), [this, &b](void*) {
       b.lent = false;
       ++returns;
     });
-    return slot_memory{{b.memory.get(), n}, std::move(owner), true};
+    return slot_memory{{b.memory.get(), b.size}, std::move(owner), true};
   }
   bool lent(const std::byte* p) const {
     for (const auto& b : blocks) {
@@ -389,7 +390,8 @@ TEST(sparse_capture, lent_slot_memory_holds_the_same_bytes_and_goes_back) {
     }
     EXPECT_GE(lender.asks, 2 * w) << "heap slots ask again at the next window";
     EXPECT_LE(lender.lent_blocks(), std::size_t(2 * w)) << "two windows' slots, recycled";
-    EXPECT_EQ(lent_cap.snapshot_bytes_held(), heap_cap.snapshot_bytes_held());
+    EXPECT_GT(lent_cap.snapshot_bytes_held(), heap_cap.snapshot_bytes_held())
+        << "counts the lent capacity";
     heap_pipe.set_hooks(0, 0, nullptr);
     lent_pipe.set_hooks(0, 0, nullptr);
   }
