@@ -583,6 +583,7 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.snapshot_bytes += m.getSnapshotBytes();
   last_.snapshot_host_bytes += m.getSnapshotHostBytes();
   last_.log_host_bytes += m.getLogHostBytes();
+  last_.snapshot_lent_bytes += m.getSnapshotLentBytes();
   last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
   co_await maybe_stepped_all();
 }
@@ -618,6 +619,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
     if (can_recover_ || rolls_back_) {
       if (persisted_) last_.replication_lag = last_.iteration - (persisted_first_ + w_sparse_ - 2);
       rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))
+          .add("snapshot_lent_bytes", std::int64_t(last_.snapshot_lent_bytes))
           .add("stall_s", last_.stall_s)
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
           .add("log_host_bytes", std::int64_t(last_.log_host_bytes))

@@ -143,6 +143,7 @@ struct Stepped {
   stallSeconds @4 :Float64;
   snapshotHostBytes @5 :UInt64;
   logHostBytes @6 :UInt64;
+  snapshotLentBytes @7 :UInt64;
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

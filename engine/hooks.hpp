@@ -41,6 +41,9 @@ struct checkpoint_stats {
   double stall_s = 0.0;                   // how long this step waited for the previous capture
   std::uint64_t snapshot_host_bytes = 0;  // host memory of this stage's snapshot buffers
   std::uint64_t log_host_bytes = 0;       // host memory of its upstream log
+  // Of snapshot_bytes, those in memory the link allocated (replicas on the same host read it
+  // with one RMA get; the rest is heap memory, read by rendezvous).
+  std::uint64_t snapshot_lent_bytes = 0;
 };
 
 class stage_hooks {

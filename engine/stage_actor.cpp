@@ -435,6 +435,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setStallSeconds(st.stall_s);
     b.setSnapshotHostBytes(st.snapshot_host_bytes);
     b.setLogHostBytes(st.log_host_bytes);
+    b.setSnapshotLentBytes(st.snapshot_lent_bytes);
   });
   at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }

@@ -95,6 +95,7 @@ class baseline_hooks : public engine::stage_hooks {
   void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override {
     const auto t0 = sclock::now();
     snapshot_bytes_ = 0;
+    lent_bytes_ = 0;
     std::lock_guard lock(shared_->mu);
     const int k = shared_->interval;
     if (k <= 0) return;
@@ -123,6 +124,7 @@ class baseline_hooks : public engine::stage_hooks {
         }
         shared_->to_ship.push_back(state);
         snapshot_bytes_ = buf.bytes.size();
+        lent_bytes_ = buf.lent ? buf.bytes.size() : 0;
         break;
       }
       case baseline_kind::pec: {
@@ -176,7 +178,7 @@ class baseline_hooks : public engine::stage_hooks {
   }
 
   engine::checkpoint_stats stats() const override {
-    return {snapshot_bytes_.load(), stall_s_.load(), host_bytes_.load(), 0};
+    return {snapshot_bytes_.load(), stall_s_.load(), host_bytes_.load(), 0, lent_bytes_.load()};
   }
 
  private:
@@ -196,7 +198,7 @@ class baseline_hooks : public engine::stage_hooks {
     if (spare_.owner && spare_.bytes.size() == n) return std::exchange(spare_, {});
     spare_ = {};
     if (shared_->pool) {
-      if (auto m = shared_->pool->take(n)) return {m->bytes.first(n), std::move(m->owner), n};
+      if (auto m = shared_->pool->take(n)) return {m->bytes.first(n), std::move(m->owner), n, true};
     }
     return held_on_heap(std::make_shared<std::vector<std::byte>>(n), n);
   }
@@ -214,7 +216,7 @@ class baseline_hooks : public engine::stage_hooks {
   int stage_, replica_;
   std::vector<double> popularity_;
   held_checkpoint spare_;
-  std::atomic<std::uint64_t> snapshot_bytes_{0}, host_bytes_{0};
+  std::atomic<std::uint64_t> snapshot_bytes_{0}, host_bytes_{0}, lent_bytes_{0};
   std::atomic<double> stall_s_{0.0};
 };
 

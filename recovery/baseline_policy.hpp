@@ -65,6 +65,7 @@ struct held_checkpoint {
   std::span<std::byte> bytes;
   std::shared_ptr<void> owner;  // keeps `bytes`: the heap, or a region lent by a slot_pool
   std::size_t snapshot_size = 0;
+  bool lent = false;  // `bytes` is a region a slot_pool lent
 };
 // A held checkpoint on the heap.
 held_checkpoint held_on_heap(std::shared_ptr<std::vector<std::byte>> bytes,

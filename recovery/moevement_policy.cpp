@@ -92,8 +92,9 @@ class checkpoint_hooks : public engine::stage_hooks {
         {
           std::lock_guard lock(shared_->mu);
           shared_->capture.after_step(iteration, ops_);
-          slot_bytes_ =
-              shared_->capture.slot_of(iteration) ? shared_->capture.last_slot_bytes() : 0;
+          const bool captured = shared_->capture.slot_of(iteration).has_value();
+          slot_bytes_ = captured ? shared_->capture.last_slot_bytes() : 0;
+          lent_bytes_ = captured && shared_->capture.last_slot_lent() ? slot_bytes_.load() : 0;
           host_bytes_ = shared_->capture.snapshot_bytes_held() +
                         (shared_->pool ? shared_->pool->free_bytes() : 0);
         }
@@ -125,7 +126,8 @@ class checkpoint_hooks : public engine::stage_hooks {
   }
   engine::checkpoint_stats stats() const override {
     // The slot of this step is still being copied: report the previous one's size.
-    return {slot_bytes_.load(), stall_s_, host_bytes_.load(), log_bytes_.load()};
+    return {slot_bytes_.load(), stall_s_, host_bytes_.load(), log_bytes_.load(),
+            lent_bytes_.load()};
   }
 
  private:
@@ -137,7 +139,7 @@ class checkpoint_hooks : public engine::stage_hooks {
   sparse_config config_;
   std::future<void> pending_;  // the capture in flight
   double stall_s_ = 0.0;
-  std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0};
+  std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0}, lent_bytes_{0};
   asio::thread_pool pool_{1};  // last: joined first
 };
 

@@ -293,6 +293,7 @@ void sparse_capture::after_step(std::int64_t iteration,
   write_snapshot(buf.bytes(), {window, slot, iteration + 1, stage_, replica_}, scaler, cops,
                  kinds_);
   last_slot_bytes_ = buf.size;
+  last_slot_lent_ = buf.memory.lent;
   ++it->second.captured;
   add_popularity();
   if (!distributed_ && slot + 1 == w && it->second.captured == int(w)) persist(window);

@@ -213,6 +213,8 @@ class sparse_capture : public engine::stage_hooks {
   std::size_t windows_held() const;
   std::size_t snapshot_bytes_held() const;
   std::size_t last_slot_bytes() const { return last_slot_bytes_; }
+  // Whether that slot lies in lent memory (set_allocator), not on the heap.
+  bool last_slot_lent() const { return last_slot_lent_; }
   // Boundary sends whose bytes differed from an earlier entry of the same key.
   std::uint64_t log_conflicts() const { return log_conflicts_; }
 
@@ -250,6 +252,7 @@ class sparse_capture : public engine::stage_hooks {
   std::map<std::int64_t, step_record> steps_;
   std::vector<capture_kind> kinds_;
   std::size_t last_slot_bytes_ = 0;
+  bool last_slot_lent_ = false;
   std::uint64_t log_conflicts_ = 0;
 };
 
