@@ -1,6 +1,7 @@
 #include "recovery/slot_pool.hpp"
 
 #include <algorithm>
+#include <set>
 
 namespace moevement::recovery {
 
@@ -33,17 +34,19 @@ void slot_pool::give_back(const std::byte* base) {
 }
 
 void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
-  std::map<std::size_t, std::size_t> missed;  // size -> regions to allocate
+  std::set<std::size_t> missed;  // sizes: however many misses, `batch` regions each
   {
     std::lock_guard lock(mu_);
-    for (const std::size_t n : missed_) ++missed[n];
+    missed.insert(missed_.begin(), missed_.end());
     missed_.clear();
   }
   // Allocating maps memory (no page is touched yet): outside the lock, so take() never waits.
   std::vector<transport::bulk_region> fresh;
   try {
-    for (const auto& [n, count] : missed) {
-      for (std::size_t i = 0; i < std::max(count, batch); ++i) fresh.push_back(io_.allocate(n));
+    for (const std::size_t n : missed) {
+      for (std::size_t i = 0; i < std::max<std::size_t>(batch, 1); ++i) {
+        fresh.push_back(io_.allocate(n));
+      }
     }
   } catch (const std::exception&) {
     // Out of mappable memory (shm or memlock limits): the captures that miss use the heap,

@@ -33,8 +33,9 @@ class slot_pool {
   // dropped; nullopt when none is free (the next refill() allocates one of `bytes`).
   std::optional<slot_memory> take(std::size_t bytes);
   // Actor thread: frees free regions beyond `keep_free` (the largest are kept), then allocates
-  // `batch` regions of each size take() missed (one window's miss stands for the next
-  // windows' too: they would otherwise start on the heap, one more each time).
+  // `batch` regions of each size take() missed, however often it was missed (one window's
+  // miss stands for the next windows' too: they would otherwise start on the heap, one more
+  // each time; and a burst of misses must not allocate without bound).
   void refill(std::size_t keep_free, std::size_t batch = 1);
   // Actor thread: the lent region whose memory starts at `base`, or nullptr (heap memory).
   const transport::bulk_region* lent_region(const std::byte* base) const;
