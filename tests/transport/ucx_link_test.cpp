@@ -32,8 +32,9 @@ using testing::test_message;
 
 constexpr char token[] = "job-token-for-tests";
 
-// Bytes of the big tensors. The issue asks for 1 GiB; the default run uses 256 MiB to stay
-// within the CI's time budget on 2 cores (MOEVEMENT_TEST_TENSOR_BYTES=1073741824 for 1 GiB).
+// Bytes of the big tensors: 1 GiB under meson test in the normal build
+// (MOEVEMENT_TEST_TENSOR_BYTES, tests/transport/meson.build); 256 MiB by default, which the
+// sanitizer build keeps (twice as slow there).
 std::size_t tensor_bytes() {
   if (const char* v = std::getenv("MOEVEMENT_TEST_TENSOR_BYTES")) return std::stoull(v);
   return 256u << 20;
