@@ -192,14 +192,18 @@ class baseline_hooks : public engine::stage_hooks {
       shared_->pec_cap.emplace(*shared_->pec_sched, stage_, replica_);
     }
   }
-  // n bytes: those of an older checkpoint nobody uses any more, else memory the pool lends
-  // (dense-memory), else the heap.
+  // n bytes: memory the pool lends (dense-memory), else those of an older checkpoint nobody
+  // uses any more, else the heap. A lent spare is kept; a heap one gives way to lent memory
+  // (as sparse_capture::fit does), or the first checkpoints' heap buffers would circulate
+  // for good.
   held_checkpoint take_buffer(std::size_t n) {
-    if (spare_.owner && spare_.bytes.size() == n) return std::exchange(spare_, {});
-    spare_ = {};
+    held_checkpoint spare = std::exchange(spare_, {});
+    const bool spare_fits = spare.owner && spare.bytes.size() == n;
+    if (spare_fits && (spare.lent || !shared_->pool)) return spare;
     if (shared_->pool) {
       if (auto m = shared_->pool->take(n)) return {m->bytes.first(n), std::move(m->owner), n, true};
     }
+    if (spare_fits) return spare;
     return held_on_heap(std::make_shared<std::vector<std::byte>>(n), n);
   }
   void recycle(const held_checkpoint& c) {
@@ -396,8 +400,11 @@ void baseline_agent::ship() {
     }
     exported_.insert_or_assign(it, std::make_pair(std::move(region), c));
   }
-  // A region for a capture that missed, on this thread as the link requires.
-  if (shared_->pool) shared_->pool->refill(1);
+  // Regions for a capture that missed, on this thread as the link requires: a batch of as
+  // many as checkpoints are kept, and as many free ones kept (one is given back per
+  // checkpoint, after its holders moved on: a smaller bound frees a region the next capture
+  // then misses).
+  if (shared_->pool) shared_->pool->refill(memory_checkpoints_kept, memory_checkpoints_kept);
 }
 
 std::string baseline_agent::unfit(std::int64_t iteration, const held_checkpoint& c) const {

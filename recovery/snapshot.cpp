@@ -140,6 +140,19 @@ void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
   w.value(h.digest());
 }
 
+namespace {
+// The tag fields, in header order (after the magic and the format version).
+snapshot_tag read_tag(reader& r) {
+  snapshot_tag t;
+  t.window = r.value<std::uint64_t>("window");
+  t.slot = r.value<std::uint32_t>("slot");
+  t.state_iteration = r.value<std::int64_t>("iteration");
+  t.stage = r.value<std::int32_t>("stage");
+  t.replica = r.value<std::int32_t>("replica");
+  return t;
+}
+}  // namespace
+
 std::optional<snapshot_tag> read_snapshot_tag(std::span<const std::byte> bytes) {
   if (bytes.size() < header_bytes + checksum_bytes ||
       std::memcmp(bytes.data(), magic.data(), magic.size()) != 0) {
@@ -148,13 +161,7 @@ std::optional<snapshot_tag> read_snapshot_tag(std::span<const std::byte> bytes) 
   reader r(bytes.first(header_bytes));
   r.take(magic.size(), "magic");
   if (r.value<std::uint32_t>("format version") != snapshot_format_version) return std::nullopt;
-  snapshot_tag t;
-  t.window = r.value<std::uint64_t>("window");
-  t.slot = r.value<std::uint32_t>("slot");
-  t.state_iteration = r.value<std::int64_t>("iteration");
-  t.stage = r.value<std::int32_t>("stage");
-  t.replica = r.value<std::int32_t>("replica");
-  return t;
+  return read_tag(r);
 }
 
 snapshot_view parse_snapshot(std::span<const std::byte> bytes) {
@@ -183,11 +190,7 @@ snapshot_view parse_snapshot(std::span<const std::byte> bytes) {
   }
   snapshot_view v;
   v.bytes = bytes.size();
-  v.tag.window = r.value<std::uint64_t>("window");
-  v.tag.slot = r.value<std::uint32_t>("slot");
-  v.tag.state_iteration = r.value<std::int64_t>("iteration");
-  v.tag.stage = r.value<std::int32_t>("stage");
-  v.tag.replica = r.value<std::int32_t>("replica");
+  v.tag = read_tag(r);
   v.scaler.enabled = r.value<std::uint8_t>("scaler") != 0;
   v.scaler.scale = r.value<float>("scaler");
   v.scaler.good_steps = r.value<std::int32_t>("scaler");

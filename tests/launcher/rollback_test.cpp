@@ -82,6 +82,27 @@ TEST(rollback, dense_memory_kill_rolls_back_bit_exact) {
   EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
 }
 
+// dense-memory checkpoints go into memory the link allocated, which holders on this host read
+// with one RMA get: the first ones start on the heap while the pool learns their size, then
+// every one is lent (run log: snapshot_lent_bytes == snapshot_bytes).
+TEST(rollback, dense_memory_checkpoints_end_up_in_lent_memory) {
+  const auto o = launch("dm-lent", job("dense-memory", 3, 1, "--set checkpoint.interval=1"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  int checked = 0;
+  for (const auto& l : o.log) {
+    if (l.find("\"kind\":\"iteration\"") == std::string::npos) continue;
+    const auto bytes = std::int64_t(number_field(l, "snapshot_bytes"));
+    const auto lent = std::int64_t(number_field(l, "snapshot_lent_bytes"));
+    EXPECT_LE(lent, bytes) << l;
+    if (number_field(l, "iteration") >= iterations - 3) {
+      EXPECT_GT(bytes, 0) << l;
+      EXPECT_EQ(lent, bytes) << l;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3);
+}
+
 // A second loss during the rollback: a survivor (stage 2), or the spare being rebuilt as
 // stage 1 itself. The rollback takes another spare for it, starts its loading over, and the
 // job still ends bit for bit as the fault-free run. The first kill comes two iterations after
