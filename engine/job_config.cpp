@@ -62,6 +62,8 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.snapshot_replicas = int(models::config_int(k, v, 1, max_job_workers));
        }},
+      {"checkpoint.replay_threads",
+       [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
       {"checkpoint.ordering",
        [&](auto& k, auto& v) { j.ordering = get_choice(k, v, ordering_names()); }},
       {"checkpoint.decay_alpha",

@@ -48,6 +48,9 @@ struct job_config {
   std::string policy = "none";  // checkpoint.policy
   int w_sparse = 0;             // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
   int snapshot_replicas = 2;    // checkpoint.replicas: copies of every snapshot slot (r)
+  // checkpoint.replay_threads: GEMM threads of a moevement recovery's replay (the stages
+  // outside its region are paused meanwhile); 0 = this host's cores.
+  int replay_threads = 0;
   std::string ordering = "popularity";  // checkpoint.ordering: what orders a window's operators
   double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
   double reorder_change = 0.10;    // checkpoint.reorder_change: an expert's popularity moved by

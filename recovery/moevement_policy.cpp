@@ -12,7 +12,9 @@
 #include <cstring>
 #include <future>
 #include <stdexcept>
+#include <thread>
 
+#include "models/cpu/gemm.hpp"
 #include "recovery/snapshot.hpp"
 #include "recovery/sparse_to_dense.hpp"
 #include "recovery/worker_tasks.hpp"
@@ -730,10 +732,11 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   }
 
   // Fresh stages for every replica of every stage of the region (index j * dp + d): the
-  // initial state, or what the windows' slots overwrite.
+  // initial state, or what the windows' slots overwrite. Built on a thread of their own while
+  // this one pulls the slots: allocating a stage's state is as long as pulling it.
   const auto all = std::size_t(k * dp);
   std::vector<std::unique_ptr<engine::stage_model>> models(all);
-  co_await off_thread([&] {
+  std::future<void> building = std::async(std::launch::async, [&] {
     for (int j = 0; j < k; ++j) {
       for (int d = 0; d < dp; ++d) {
         engine::stage_setup sd = setup;
@@ -746,10 +749,11 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
       }
     }
   });
-  const std::size_t floats = models[0]->boundary_floats();
 
-  // The window of every stage replica, from whichever replicator still has each slot.
-  std::vector<std::vector<std::vector<std::byte>>> slots(all);
+  // The window of every stage replica, from whichever replicator still has each slot
+  // (slots[i][j]: slot j of stage replica i; `kept` owns their memory).
+  std::vector<std::vector<std::span<const std::byte>>> slots(all);
+  std::vector<std::shared_ptr<const void>> kept;
   if (durable) {
     // The durable tier: every stage replica's window from its files, verified (the manifest's
     // checksums, the meta, every slot's own checksum and tag).
@@ -769,7 +773,9 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
               "the coordinator says {} and {}",
               plan.getWindow(), st, d, loaded->meta.first_iteration, loaded->meta.w_sparse, w0, w));
         }
-        slots[i] = std::move(loaded->slots);
+        auto owned = std::make_shared<std::vector<std::vector<std::byte>>>(std::move(loaded->slots));
+        for (const auto& sl : *owned) slots[i].emplace_back(sl);
+        kept.push_back(std::move(owned));
       }
     });
   }
@@ -789,10 +795,13 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         if (!desc.ok() || desc->node != holder.node || desc->length > limits_.max_slot_bytes) {
           continue;
         }
-        auto buf = std::make_shared<std::vector<std::byte>>(desc->length);
-        auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
+        // Not zeroed: the pull writes every byte (and parse_snapshot checks them).
+        std::shared_ptr<std::byte[]> buf = std::make_shared_for_overwrite<std::byte[]>(desc->length);
+        const std::span<std::byte> into(buf.get(), desc->length);
+        auto pulled = co_await pull_chunked(io_, *desc, into, buf, limits_.pull_chunk_bytes);
         if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
-        slots[i].push_back(std::move(*buf));
+        slots[i].emplace_back(into);
+        kept.push_back(std::move(buf));
         found = true;
         break;
       }
@@ -804,6 +813,8 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
       }
     }
   }
+  co_await off_thread([&] { building.get(); });
+  const std::size_t floats = models[0]->boundary_floats();
 
   // The upstream logs of [w0, t) of the healthy stages just outside the region.
   const auto dpu = static_cast<std::size_t>(dp);
@@ -901,10 +912,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   in.stages = job_.pp;
   in.micro_batches = mbs;
   in.target_iteration = t;
-  in.windows.resize(all);
-  for (std::size_t i = 0; i < all; ++i) {
-    for (const auto& sl : slots[i]) in.windows[i].emplace_back(sl);
-  }
+  in.windows = std::move(slots);
   for (int d = 0; d < dp; ++d) {
     in.upstream.push_back(&up[std::size_t(d)]);
     in.downstream.push_back(&down[std::size_t(d)]);
@@ -922,7 +930,21 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   };
   std::vector<engine::stage_model*> ptrs;
   for (auto& m : models) ptrs.push_back(m.get());
-  co_await off_thread([&] { (void)sparse_to_dense(ptrs, in); });
+  // Every stage outside the region is paused while it replays: its GEMMs may take the host's
+  // cores (BLIS gives the same bits for any thread count; tests/models/model_test.cpp).
+  const int threads = job_.replay_threads > 0
+                          ? job_.replay_threads
+                          : int(std::max(1u, std::thread::hardware_concurrency()));
+  co_await off_thread([&] {
+    models::cpu::set_gemm_threads(threads);
+    try {
+      (void)sparse_to_dense(ptrs, in);
+    } catch (...) {
+      models::cpu::set_gemm_threads(job_.train.blis_threads);
+      throw;
+    }
+    models::cpu::set_gemm_threads(job_.train.blis_threads);
+  });
   const auto done = std::chrono::steady_clock::now();
   timing_.pull_s = std::chrono::duration<double>(pulled_at - started).count();
   timing_.replay_s = std::chrono::duration<double>(done - pulled_at).count();
