@@ -1,5 +1,6 @@
 #include "recovery/snapshot.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
@@ -26,23 +27,48 @@ std::size_t entry_size(const models::operator_state& op, capture_kind kind) {
   return n;
 }
 
+// Writes a slot front to back and hashes it as it goes: each block is hashed while it is
+// still in cache, not read back from memory afterwards (XXH64's digest does not depend on how
+// the bytes are split).
 class writer {
  public:
   explicit writer(std::span<std::byte> out) : out_(out) {}
   void bytes(const void* p, std::size_t n) {
     if (n > out_.size() - at_) throw std::invalid_argument("snapshot: buffer too small");
-    if (n > 0) std::memcpy(out_.data() + at_, p, n);
-    at_ += n;
+    const auto* from = static_cast<const std::byte*>(p);
+    while (n > 0) {
+      const std::size_t piece = std::min(n, hash_block);
+      std::memcpy(out_.data() + at_, from, piece);
+      at_ += piece;
+      from += piece;
+      n -= piece;
+      if (at_ - hashed_ >= hash_block) hash_written();
+    }
   }
   template <class T>
   void value(T v) {
     bytes(&v, sizeof v);
   }
+  // Appends the checksum of everything written before it.
+  void finish() {
+    hash_written();
+    const std::uint64_t sum = hash_.digest();
+    if (sizeof sum > out_.size() - at_) throw std::invalid_argument("snapshot: buffer too small");
+    std::memcpy(out_.data() + at_, &sum, sizeof sum);
+    at_ += sizeof sum;
+    hashed_ = at_;
+  }
   std::size_t at() const { return at_; }
 
  private:
+  static constexpr std::size_t hash_block = 256u << 10;  // fits in a core's L2
+  void hash_written() {
+    hash_.update(out_.subspan(hashed_, at_ - hashed_));
+    hashed_ = at_;
+  }
   std::span<std::byte> out_;
-  std::size_t at_ = 0;
+  std::size_t at_ = 0, hashed_ = 0;
+  hasher hash_;
 };
 
 class reader {
@@ -135,9 +161,7 @@ void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
       w.bytes(op.compute_bytes().data(), op.compute_bytes().size());
     }
   }
-  hasher h;
-  h.update(out.first(w.at()));
-  w.value(h.digest());
+  w.finish();
 }
 
 namespace {

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "base/hash.hpp"
 #include "engine/local_pipeline.hpp"
 #include "tests/support/small_train.hpp"
 
@@ -72,6 +73,19 @@ TEST_F(slot_fixture, bytes_hold_the_live_state) {
   }
   // an entry of another operator does not load
   EXPECT_THROW(load_operator(v.entries[0], *fops[1]), snapshot_error);
+}
+
+// The writer hashes block by block as it copies; the checksum must still be XXH64 of the whole
+// body, over a slot of many blocks.
+TEST_F(slot_fixture, the_checksum_is_xxhash64_of_the_whole_body) {
+  const std::vector<capture_kind> all_full(cops.size(), capture_kind::full);
+  std::vector<std::byte> big(snapshot_size(cops, all_full));
+  ASSERT_GT(big.size(), std::size_t(2) << 18) << "the stage must span several hash blocks";
+  write_snapshot(big, {1, 0, 1, 1, 0}, pipe.scaler(), cops, all_full);
+  std::uint64_t stored = 0;
+  std::memcpy(&stored, big.data() + big.size() - sizeof stored, sizeof stored);
+  EXPECT_EQ(stored, xxhash64(std::span<const std::byte>(big).first(big.size() - sizeof stored)));
+  EXPECT_NO_THROW((void)parse_snapshot(big));
 }
 
 TEST_F(slot_fixture, every_truncation_and_every_flipped_byte_is_rejected) {
