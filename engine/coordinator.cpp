@@ -13,6 +13,7 @@
 
 #include "base/hash.hpp"
 #include "engine/stage_model.hpp"
+#include "engine/window_budget.hpp"
 
 namespace moevement::engine {
 
@@ -504,24 +505,39 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
       w_sparse_ = job_.w_sparse;
     } else {
       // The snapshot bandwidth each stage measured for a plain copy, shared with the r
-      // replications of every captured byte and with the other processes of its host (more
-      // processes than cores: they take turns).
-      std::map<std::string, int> per_host;
-      for (const auto& [n, w] : workers_) ++per_host[w.host];
+      // replications of every captured byte; on the CPU, the time those copies may take is
+      // the host's idle core time (engine/window_budget.hpp).
+      std::map<std::string, host_load> hosts;
       const double cores = std::max(1u, std::thread::hardware_concurrency());
       std::vector<std::vector<op_size>> sizes(std::size_t(job_.pp));
       for (const auto& [n, w] : workers_) {
+        host_load& h = hosts[w.host];
+        h.cores = cores;
+        h.processes = 0;
+      }
+      for (const auto& [n, w] : workers_) {
+        host_load& h = hosts[w.host];
+        ++h.processes;
         if (w.stage < 0) continue;
         sizes[std::size_t(w.stage)] = w.op_sizes;
-        const double share = std::max(1.0, double(per_host[w.host]) / cores);
-        const double b = w.snapshot_bandwidth / double(1 + job_.snapshot_replicas) / share;
-        if (b > 0 && (profile_bandwidth_ == 0 || b < profile_bandwidth_)) profile_bandwidth_ = b;
+        h.compute_s.push_back(compute_s_[std::size_t(w.replica * job_.pp + w.stage)]);
+        if (w.snapshot_bandwidth > 0 &&
+            (h.copy_bytes_per_s == 0 || w.snapshot_bandwidth < h.copy_bytes_per_s)) {
+          h.copy_bytes_per_s = w.snapshot_bandwidth;
+        }
       }
+      std::vector<host_load> loads;
+      for (auto& [name, h] : hosts) loads.push_back(std::move(h));
       profile_seconds_ = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
-      w_sparse_ =
-          callbacks_.choose_window && profile_bandwidth_ > 0
-              ? std::max(1, callbacks_.choose_window(sizes, profile_seconds_, profile_bandwidth_))
-              : 1;
+      const window_inputs in = window_budget(loads, profile_seconds_, job_.snapshot_replicas,
+                                             job_.train.device == models::device::cpu);
+      profile_bandwidth_ = in.bandwidth;
+      profile_budget_s_ = in.seconds;
+      // No idle time at all: the smallest time, so that Algorithm 1 stops at its own limit.
+      w_sparse_ = callbacks_.choose_window && profile_bandwidth_ > 0
+                      ? std::max(1, callbacks_.choose_window(sizes, std::max(in.seconds, 1e-9),
+                                                             profile_bandwidth_))
+                      : 1;
     }
     if (log_ != nullptr) {
       log_->write(json_record{}
@@ -530,6 +546,7 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
                       .add("w_sparse", w_sparse_)
                       .add("profile_iteration_s", profile_seconds_)
                       .add("profile_bandwidth", profile_bandwidth_)
+                      .add("profile_budget_s", profile_budget_s_)
                       .add("iteration", iteration_));
     }
   }

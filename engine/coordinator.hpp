@@ -230,7 +230,8 @@ class coordinator : public actors::actor {
   bool can_recover_ = false;
   int w_sparse_ = 0;
   double profile_seconds_ = 0.0, profile_bandwidth_ = 0.0;  // Algorithm 1's inputs
-  std::vector<std::optional<std::vector<double>>> pop_;     // this epoch's popularity, by index
+  double profile_budget_s_ = 0.0;  // its T_iter: what a stage's snapshot may take
+  std::vector<std::optional<std::vector<double>>> pop_;  // this epoch's popularity, by index
   struct step_entry {
     float loss_scale = 1.0f;
     models::step_plan plan;

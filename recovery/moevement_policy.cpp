@@ -773,7 +773,8 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
               "the coordinator says {} and {}",
               plan.getWindow(), st, d, loaded->meta.first_iteration, loaded->meta.w_sparse, w0, w));
         }
-        auto owned = std::make_shared<std::vector<std::vector<std::byte>>>(std::move(loaded->slots));
+        auto owned =
+            std::make_shared<std::vector<std::vector<std::byte>>>(std::move(loaded->slots));
         for (const auto& sl : *owned) slots[i].emplace_back(sl);
         kept.push_back(std::move(owned));
       }
@@ -796,7 +797,8 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
           continue;
         }
         // Not zeroed: the pull writes every byte (and parse_snapshot checks them).
-        std::shared_ptr<std::byte[]> buf = std::make_shared_for_overwrite<std::byte[]>(desc->length);
+        std::shared_ptr<std::byte[]> buf =
+            std::make_shared_for_overwrite<std::byte[]>(desc->length);
         const std::span<std::byte> into(buf.get(), desc->length);
         auto pulled = co_await pull_chunked(io_, *desc, into, buf, limits_.pull_chunk_bytes);
         if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy

@@ -71,6 +71,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"checkpoint.w_sparse", {std::int64_t(4), [](auto& j) { return j.w_sparse == 4; }}},
           {"checkpoint.replicas",
            {std::int64_t(3), [](auto& j) { return j.snapshot_replicas == 3; }}},
+          {"checkpoint.replay_threads",
+           {std::int64_t(2), [](auto& j) { return j.replay_threads == 2; }}},
           {"checkpoint.ordering",
            {std::string("soft-count"), [](auto& j) { return j.ordering == "soft-count"; }}},
           {"checkpoint.decay_alpha", {0.5, [](auto& j) { return j.decay_alpha == 0.5; }}},
