@@ -11,6 +11,9 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+
+#include <sys/resource.h>
+#include <unistd.h>
 #include <stdexcept>
 #include <thread>
 
@@ -52,7 +55,11 @@ class checkpoint_hooks : public engine::stage_hooks {
         agent_(agent),
         ops_(std::move(ops)),
         limits_(limits),
-        config_(std::move(config)) {}
+        config_(std::move(config)) {
+    // The capture yields to the stages' compute: it has until the next step to finish, and
+    // where the stages compute on the same cores it takes their time.
+    asio::post(pool_, [] { (void)::setpriority(PRIO_PROCESS, ::gettid(), 19); });
+  }
   bool soft_popularity() const override { return config_.soft(); }
   ~checkpoint_hooks() override { pool_.join(); }
 
