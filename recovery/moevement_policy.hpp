@@ -40,6 +40,7 @@ struct policy_limits {
   std::uint64_t max_log_bytes = std::uint64_t(8) << 30;   // one FetchLog answer
   std::size_t max_log_leases = 16;                        // FetchLog answers not yet released
   std::uint64_t bandwidth_sample_bytes = 16u << 20;       // snapshot bytes timed for Algorithm 1
+  int bandwidth_samples = 5;  // copies of that sample timed; the fastest counts
   // Large pulls go in pieces of this size, one after the other, so that the processes' event
   // loops (heartbeats) are never held by one huge transfer.
   std::uint64_t pull_chunk_bytes = 8u << 20;
