@@ -50,6 +50,12 @@
 //   every stage; ratio theirs/ours), ettr (ratio ours/theirs), plt and run_plt (pec only;
 //   moevement loses no token: ratio inf), and in a comment line per policy its rollback
 //   point and whether its final state_hash equals the fault-free one.
+// `moevement bench recovery --kill-iters T1,T2,...`: a trace of kills instead, the same for
+// every policy (stage S replica 0 at each listed iteration: the worker holding it then, the
+// previous kill's replacement; --spares is raised to the number of kills). Default MTBF for
+// the baselines' Young interval: the fault-free wall time / the number of kills. Per policy:
+// ettr (ratio ours/theirs) and time_lost_s = wall x (1 - ettr), the wall time beyond the
+// useful time (ratio theirs/ours), with the recoveries and state_hash in a comment line.
 // Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -81,6 +87,7 @@ struct options {
   std::vector<std::string> sets;
   int repeats = 3, iterations = 40, pp = 3, dp = 1, spares = 1, w_sparse = 0;
   int kill_iter = -1, kill_stage = -1;
+  std::vector<int> kill_iters;  // bench recovery --kill-iters: a trace of several kills
   bool recovery = true, fault_free_compare = true, durable = false;
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
@@ -121,7 +128,16 @@ options parse_options(int argc, char** argv) {
       o.w_sparse = std::atoi(value().c_str());
     else if (f == "--kill-iter")
       o.kill_iter = std::atoi(value().c_str());
-    else if (f == "--kill-stage")
+    else if (f == "--kill-iters") {
+      std::string list = value();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t end = std::min(list.find(',', at), list.size());
+        const int t = std::atoi(list.substr(at, end - at).c_str());
+        if (t < 1) throw std::runtime_error("--kill-iters: iterations >= 1, comma-separated");
+        o.kill_iters.push_back(t);
+        at = end + 1;
+      }
+    } else if (f == "--kill-stage")
       o.kill_stage = std::atoi(value().c_str());
     else if (f == "--no-recovery")
       o.recovery = false;
@@ -139,15 +155,85 @@ options parse_options(int argc, char** argv) {
   }
   if (o.kill_iter < 0) o.kill_iter = std::max(1, 2 * o.iterations / 3);
   if (o.kill_stage < 0) o.kill_stage = o.pp / 2;
+  std::sort(o.kill_iters.begin(), o.kill_iters.end());
+  if (!o.kill_iters.empty() && o.kill_iters.back() >= o.iterations) {
+    throw std::runtime_error("--kill-iters: every iteration below --iterations");
+  }
+  // Every kill takes a spare (the replacement of the previous kill is the next one's victim).
+  o.spares = std::max(o.spares, int(o.kill_iters.size()));
   if (o.recovery && o.spares < 1) throw std::runtime_error("the recovery part needs --spares >= 1");
   return o;
+}
+
+// `moevement bench recovery --kill-iters ...`: the same trace of kills under each policy (see
+// the header).
+template <class Run>
+void compare_trace(const options& o, Run run) {
+  std::vector<run_result> ref;
+  for (int r = 0; r < o.repeats; ++r) ref.push_back(run("none", {}, {}));
+  const auto fault_free = per_index(ref);
+  std::vector<double> walls;
+  for (const auto& r : ref) walls.push_back(r.t_end - r.t_start);
+  const double mtbf = o.mtbf > 0 ? o.mtbf : median(walls) / double(o.kill_iters.size());
+  std::vector<std::string> injects;
+  std::string trace;
+  for (int t : o.kill_iters) {
+    injects.push_back(fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, t));
+    trace += fmt::format("{}{}", trace.empty() ? "" : ",", t);
+  }
+  std::printf(
+      "# trace: kill stage %d replica 0 at iterations %s; fault-free (none) wall %.3f s, ettr "
+      "%.4f; baselines at Young's k with checkpoint.mtbf_s=%.3f\n",
+      o.kill_stage, trace.c_str(), median(walls), ettr(ref.front(), fault_free), mtbf);
+  struct one {
+    std::string policy;
+    double ettr = 0, lost_s = 0, recovery_s = 0;
+    std::size_t recoveries = 0;
+  };
+  std::vector<one> all;
+  for (const std::string policy : {"moevement", "dense-memory", "dense-disk", "pec"}) {
+    std::vector<std::string> extra;
+    fs::path dir;
+    if (policy != "moevement") extra.push_back(fmt::format("checkpoint.mtbf_s={:.6f}", mtbf));
+    if (policy == "dense-disk") {
+      dir = fs::temp_directory_path() / ("bench_recovery_ckpt_" + std::to_string(::getpid()));
+      fs::remove_all(dir);
+      extra.push_back("checkpoint.dir=" + dir.string());
+    }
+    const run_result r = run(policy, injects, extra);
+    if (!dir.empty()) fs::remove_all(dir);
+    one x{policy};
+    x.ettr = ettr(r, fault_free);
+    x.lost_s = (r.t_end - r.t_start) * (1.0 - x.ettr);  // wall time beyond the useful time
+    x.recoveries = r.recoveries.size();
+    for (const auto& rec : r.recoveries) x.recovery_s += rec.seconds;
+    if (x.recoveries != o.kill_iters.size()) {
+      throw std::runtime_error(fmt::format("{}: {} kills led to {} recovery_end records", policy,
+                                           o.kill_iters.size(), x.recoveries));
+    }
+    const bool same = !r.state_hash.empty() && r.state_hash == ref.front().state_hash;
+    std::printf(
+        "# %s: ettr %.4f, wall %.3f s, time lost %.3f s, %zu recoveries (recovery_end seconds "
+        "%.3f in all), state_hash_equal %s%s\n",
+        policy.c_str(), x.ettr, r.t_end - r.t_start, x.lost_s, x.recoveries, x.recovery_s,
+        same ? "yes" : "NO", policy == "pec" && !same ? " (by design: stale experts)" : "");
+    all.push_back(std::move(x));
+  }
+  const one& ours = all.front();
+  for (std::size_t i = 1; i < all.size(); ++i) {
+    const one& t = all[i];
+    std::printf("## vs %s\n", t.policy.c_str());
+    std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f\n", ours.ettr, t.ettr, ours.ettr / t.ettr);
+    std::printf("time_lost_s: ours=%.3f theirs=%.3f ratio=%.2f\n", ours.lost_s, t.lost_s,
+                t.lost_s / ours.lost_s);
+  }
 }
 
 // `moevement bench recovery`: one failure under each policy (see the header).
 template <class Run>
 void compare_recoveries(const options& o, Run run) {
   std::vector<run_result> ref;
-  for (int r = 0; r < o.repeats; ++r) ref.push_back(run("none", "", {}));
+  for (int r = 0; r < o.repeats; ++r) ref.push_back(run("none", {}, {}));
   const auto fault_free = per_index(ref);
   std::vector<double> walls;
   for (const auto& r : ref) walls.push_back(r.t_end - r.t_start);
@@ -186,7 +272,7 @@ void compare_recoveries(const options& o, Run run) {
       fs::remove_all(dir);
       extra.push_back("checkpoint.dir=" + dir.string());
     }
-    one x{policy, run(policy, inject, extra)};
+    one x{policy, run(policy, {inject}, extra)};
     if (!dir.empty()) fs::remove_all(dir);
     if (!x.r.recovered)
       throw std::runtime_error(policy + ": the injected kill led to no recovery_end");
@@ -233,7 +319,7 @@ int main(int argc, char** argv) {
     const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
     const fs::path log =
         fs::temp_directory_path() / ("bench_policies_" + std::to_string(::getpid()) + ".jsonl");
-    auto args = [&](const std::string& policy, const std::string& inject,
+    auto args = [&](const std::string& policy, const std::vector<std::string>& injects,
                     const std::vector<std::string>& extra = {}) {
       std::vector<std::string> a{"launch", o.config};
       auto set = [&](const std::string& kv) {
@@ -259,7 +345,7 @@ int main(int argc, char** argv) {
       for (const auto& s : extra) set(s);
       for (const auto& s : o.sets) set(s);
       set("engine.run_log=" + log.string());
-      if (!inject.empty()) {
+      for (const auto& inject : injects) {
         a.push_back("--inject");
         a.push_back(inject);
       }
@@ -268,20 +354,25 @@ int main(int argc, char** argv) {
     std::printf("# config %s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load before: %s\n",
                 o.config.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats, loadavg().c_str());
     if (!o.fault_free_compare) {
-      compare_recoveries(o, [&](const std::string& policy, const std::string& inject,
-                                const std::vector<std::string>& extra) {
+      auto run = [&](const std::string& policy, const std::vector<std::string>& inject,
+                     const std::vector<std::string>& extra) {
         return parse(launch_or_throw(bin, args(policy, inject, extra), log));
-      });
+      };
+      if (o.kill_iters.empty()) {
+        compare_recoveries(o, run);
+      } else {
+        compare_trace(o, run);
+      }
       fs::remove(log);
       return 0;
     }
     std::vector<run_result> none, moe, plain;  // plain: moevement without the durable tier
     for (int r = 0; r < o.repeats; ++r) {
-      if (o.fault_free_compare) none.push_back(parse(launch_or_throw(bin, args("none", ""), log)));
-      moe.push_back(parse(launch_or_throw(bin, args("moevement", ""), log)));
+      if (o.fault_free_compare) none.push_back(parse(launch_or_throw(bin, args("none", {}), log)));
+      moe.push_back(parse(launch_or_throw(bin, args("moevement", {}), log)));
       if (o.durable) {
         plain.push_back(
-            parse(launch_or_throw(bin, args("moevement", "", {"checkpoint.durable=false"}), log)));
+            parse(launch_or_throw(bin, args("moevement", {}, {"checkpoint.durable=false"}), log)));
       }
     }
     // Counted: at or after the end of the first window, in every moevement run.
@@ -356,7 +447,7 @@ int main(int argc, char** argv) {
       const std::string inject =
           fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter);
       std::printf("# recovery: %s\n", inject.c_str());
-      const run_result f = parse(launch_or_throw(bin, args("moevement", inject), log));
+      const run_result f = parse(launch_or_throw(bin, args("moevement", {inject}), log));
       if (!f.recovered) throw std::runtime_error("the injected kill led to no recovery_end");
       faulty.push_back(f);
       std::printf("recovery_s: %.4f\n", f.recovery_s);

@@ -358,8 +358,15 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
 }
 
 awaitable<void> checkpoint_agent::abandoned(engine::wire::WindowsAbandoned::Reader m) {
-  std::lock_guard lock(shared_->mu);
-  if (shared_->capture.abandon_ended_before(m.getBefore()) > 0) shared_->dropped.notify_all();
+  std::size_t n = 0;
+  {
+    std::lock_guard lock(shared_->mu);
+    n = shared_->capture.abandon_ended_before(m.getBefore());
+    if (n > 0) shared_->dropped.notify_all();
+  }
+  // The abandoned windows keep their regions until the next window persists: as many more
+  // for the windows captured meanwhile, or they would go on the heap (read by rendezvous).
+  if (n > 0 && shared_->pool) shared_->pool->grow(n);
   co_return;
 }
 
@@ -508,7 +515,7 @@ awaitable<void> replicator::durable_query(engine::wire::DurableQuery::Reader m,
 
 std::size_t replicator::bytes_held() const {
   std::size_t n = 0;
-  for (const auto& [k, r] : slots_) n += r.memory().size();
+  for (const auto& [k, r] : slots_) n += r.region.memory().size();
   for (const auto& [length, r] : spare_) n += r.memory().size();
   return n;
 }
@@ -537,7 +544,9 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
   // replicator from serving FetchSlot to a recovery (the copy it holds is what is needed).
   // As an actor (not a detached coroutine) it is cancelled with the system at shutdown.
   transport::bulk_region region;
-  if (const auto spare = spare_.find(d->length); spare != spare_.end()) {
+  // The smallest spare region that holds it: after a recovery a replicator may hold another
+  // stage's slots, of other sizes.
+  if (const auto spare = spare_.lower_bound(d->length); spare != spare_.end()) {
     region = std::move(spare->second);
     spare_.erase(spare);
   } else {
@@ -560,7 +569,8 @@ slot_puller::slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
       from_(from) {}
 
 awaitable<void> slot_puller::on_start() {
-  auto r = co_await pull_chunked(io_, desc_, holder_->memory(), holder_, chunk_);
+  auto r =
+      co_await pull_chunked(io_, desc_, holder_->memory().first(desc_.length), holder_, chunk_);
   std::string error = r.ok() ? std::string() : "pull failed: " + r.err().message;
   if (error.empty()) {
     // A late pull (the sender gave the slot's memory to a newer capture) reads another
@@ -572,21 +582,22 @@ awaitable<void> slot_puller::on_start() {
       error = "the pulled bytes are not the slot asked for (its buffer was reused meanwhile)";
     }
   }
-  (void)system().post_call(
-      replicator_,
-      [holder = holder_, id = id_, from = from_, error](actors::actor& a) -> awaitable<void> {
-        static_cast<replicator&>(a).finish_store(id, from, holder, error);
-        co_return;
-      });
+  (void)system().post_call(replicator_,
+                           [holder = holder_, id = id_, from = from_, length = desc_.length,
+                            error](actors::actor& a) -> awaitable<void> {
+                             static_cast<replicator&>(a).finish_store(id, from, holder, length,
+                                                                      error);
+                             co_return;
+                           });
   quit();
 }
 
 void replicator::finish_store(const key& id, const actor_ref& from,
                               const std::shared_ptr<transport::bulk_region>& holder,
-                              const std::string& error) {
+                              std::uint64_t length, const std::string& error) {
   const auto& [stage, replica, window, slot] = id;
   const bool ok = error.empty() && window >= persisted_;
-  if (ok) slots_[id] = std::move(*holder);
+  if (ok) slots_[id] = stored_slot{std::move(*holder), length};
   (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
     write_key(b.initKey(), stage, replica, window, slot);
     b.setOk(ok);
@@ -598,7 +609,9 @@ awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Bui
   const auto k = m.getKey();
   const auto it = slots_.find(key{k.getStage(), k.getReplica(), k.getWindow(), k.getSlot()});
   out.setFound(it != slots_.end());
-  if (it != slots_.end()) transport::write_descriptor(out.initTensor(), it->second.describe_all());
+  if (it != slots_.end()) {
+    transport::write_descriptor(out.initTensor(), it->second.region.describe(0, it->second.length));
+  }
   co_return;
 }
 
@@ -610,7 +623,7 @@ awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
   std::multimap<std::uint64_t, transport::bulk_region> dropped;
   for (auto it = slots_.begin(); it != slots_.end();) {
     if (std::get<2>(it->first) < persisted_) {
-      dropped.emplace(it->second.memory().size(), std::move(it->second));
+      dropped.emplace(it->second.region.memory().size(), std::move(it->second.region));
       it = slots_.erase(it);
     } else {
       ++it;
@@ -667,6 +680,11 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   }
   auto shared = std::make_shared<capture_shared>(setup.stage, setup.replica);
   shared->pool = std::make_unique<slot_pool>(io_);
+  if (!restored_regions_.empty()) {
+    for (auto& r : restored_regions_) shared->pool->adopt(std::move(r));
+    restored_regions_.clear();
+    shared->pool->grow(limits_.max_windows_held - 1);
+  }
   shared->capture.set_allocator(
       [pool = shared->pool.get()](std::size_t bytes) { return pool->take(bytes); });
   if (restored_log_) {
@@ -732,6 +750,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   agent_ = {};
   restored_log_.reset();
   restored_schedule_.reset();
+  restored_regions_.clear();
   timing_ = {};
   const auto started = std::chrono::steady_clock::now();
   std::map<std::int64_t, step_record> steps;
@@ -767,6 +786,8 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   // (slots[i][j]: slot j of stage replica i; `kept` owns their memory).
   std::vector<std::vector<std::span<const std::byte>>> slots(all);
   std::vector<std::shared_ptr<const void>> kept;
+  const std::size_t own_index = std::size_t((s - first_stage) * dp + setup.replica);
+  std::vector<std::shared_ptr<transport::bulk_region>> own_regions;
   if (durable) {
     // The durable tier: every stage replica's window from its files, verified (the manifest's
     // checksums, the meta, every slot's own checksum and tag).
@@ -809,14 +830,32 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         if (!desc.ok() || desc->node != holder.node || desc->length > limits_.max_slot_bytes) {
           continue;
         }
-        // Not zeroed: the pull writes every byte (and parse_snapshot checks them).
-        std::shared_ptr<std::byte[]> buf =
-            std::make_shared_for_overwrite<std::byte[]>(desc->length);
-        const std::span<std::byte> into(buf.get(), desc->length);
-        auto pulled = co_await pull_chunked(io_, *desc, into, buf, limits_.pull_chunk_bytes);
+        // This process's own stage replica: into link-allocated regions, which its slot pool
+        // then lends to the capture. The others: heap memory, not zeroed (the pull writes
+        // every byte, and parse_snapshot checks them).
+        std::shared_ptr<void> owner;
+        std::shared_ptr<transport::bulk_region> region;
+        std::span<std::byte> into;
+        if (i == own_index) {
+          try {
+            region = std::make_shared<transport::bulk_region>(io_.allocate(desc->length));
+            into = region->memory().first(desc->length);
+            owner = region;
+          } catch (const std::exception&) {
+            // Out of mappable memory: the heap below (the pool then allocates later).
+          }
+        }
+        if (!owner) {
+          std::shared_ptr<std::byte[]> buf =
+              std::make_shared_for_overwrite<std::byte[]>(desc->length);
+          into = std::span<std::byte>(buf.get(), desc->length);
+          owner = std::move(buf);
+        }
+        auto pulled = co_await pull_chunked(io_, *desc, into, owner, limits_.pull_chunk_bytes);
         if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
         slots[i].emplace_back(into);
-        kept.push_back(std::move(buf));
+        if (region) own_regions.push_back(std::move(region));
+        kept.push_back(std::move(owner));
         found = true;
         break;
       }
@@ -965,6 +1004,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   timing_.replay_s = std::chrono::duration<double>(done - pulled_at).count();
   timing_.iterations_replayed = t - w0;
   restored_log_ = std::move(own);
+  for (auto& r : own_regions) restored_regions_.push_back(std::move(*r));
   co_return std::move(models[std::size_t((s - first_stage) * dp) + me]);
 }
 

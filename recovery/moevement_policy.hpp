@@ -151,7 +151,7 @@ class replicator : public actors::actor {
   using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
   // A slot_puller's result: keep the slot (unless the window went meanwhile) and answer.
   void finish_store(const key& id, const actors::actor_ref& from,
-                    const std::shared_ptr<transport::bulk_region>& holder,
+                    const std::shared_ptr<transport::bulk_region>& holder, std::uint64_t length,
                     const std::string& error);
 
  private:
@@ -166,7 +166,11 @@ class replicator : public actors::actor {
   policy_limits limits_;
   std::shared_ptr<durable_writer> durable_;
   std::filesystem::path root_;
-  std::map<key, transport::bulk_region> slots_;
+  struct stored_slot {
+    transport::bulk_region region;  // a spare region may be larger than the slot
+    std::uint64_t length = 0;
+  };
+  std::map<key, stored_slot> slots_;
   // The regions of the last dropped window, by length: the next window's slots have the same
   // sizes (the schedule repeats), and a fresh region costs a page fault per page on the actor
   // thread, which the stage's own messages wait behind.
@@ -225,6 +229,9 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   // What a restore replayed for this replica: it becomes the new stage's upstream log.
   std::unique_ptr<log_store> restored_log_;
   std::optional<stage_schedule::state> restored_schedule_;
+  // The regions a restore pulled its own stage replica's window into: the new stage's slot
+  // pool starts with them (no first touch of fresh memory in the iterations after a recovery).
+  std::vector<transport::bulk_region> restored_regions_;
   restore_timing timing_;
 };
 

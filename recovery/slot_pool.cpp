@@ -33,6 +33,35 @@ void slot_pool::give_back(const std::byte* base) {
   if (const auto it = regions_.find(base); it != regions_.end()) it->second.lent = false;
 }
 
+void slot_pool::adopt(transport::bulk_region region) {
+  if (region.memory().empty()) return;
+  std::lock_guard lock(mu_);
+  const std::byte* base = region.memory().data();
+  regions_.emplace(base, entry{std::move(region), false});
+}
+
+void slot_pool::grow(std::size_t extra) {
+  std::set<std::size_t> sizes;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [base, e] : regions_) sizes.insert(e.region.memory().size());
+  }
+  std::vector<transport::bulk_region> fresh;
+  try {
+    for (const std::size_t size : sizes) {
+      for (std::size_t i = 0; i < extra; ++i) fresh.push_back(io_.allocate(size));
+    }
+  } catch (const std::exception&) {
+    std::lock_guard lock(mu_);
+    ++failed_;
+  }
+  std::lock_guard lock(mu_);
+  for (auto& r : fresh) {
+    const std::byte* base = r.memory().data();
+    regions_.emplace(base, entry{std::move(r), false});
+  }
+}
+
 void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
   std::set<std::size_t> missed;  // sizes: however many misses, `batch` regions each
   {

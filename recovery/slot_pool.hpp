@@ -37,6 +37,13 @@ class slot_pool {
   // miss stands for the next windows' too: they would otherwise start on the heap, one more
   // each time; and a burst of misses must not allocate without bound).
   void refill(std::size_t keep_free, std::size_t batch = 1);
+  // Actor thread: a region allocated elsewhere becomes a free one of the pool (a replacement's
+  // restore pulled its window into such regions: their pages are already touched).
+  void adopt(transport::bulk_region region);
+  // Actor thread: `extra` more regions of every size the pool has (allocated, not touched):
+  // after a recovery, for the windows that would otherwise start on the heap (a replacement's
+  // next windows; a survivor's, while its abandoned windows keep their regions).
+  void grow(std::size_t extra);
   // Actor thread: the lent region whose memory starts at `base`, or nullptr (heap memory).
   const transport::bulk_region* lent_region(const std::byte* base) const;
 

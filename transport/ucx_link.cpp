@@ -1348,6 +1348,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
         auto p = std::make_unique<pending_request>();
         p->done = [s = s.get(), pid](ucs_status_t st) { s->complete_transfer(pid, st); };
         ucp_request_param_t param = s->request_params(p.get(), /*recv_am=*/true);
+        use_memh(param, s->local_memh(pit->second->into, pit->second->length));
         s->track(ucp_am_recv_data_nbx(s->worker.handle(), data, pit->second->into,
                                       pit->second->length, &param),
                  std::move(p));
@@ -1402,6 +1403,24 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
   }
 
+  // The registration of the link's region that holds [p, p + n), if any: a get into it then
+  // needs no on-the-fly registration (which a get cancelled at shutdown could leave behind,
+  // and UCX asserts on when its context goes).
+  ucp_mem_h local_memh(const std::byte* p, std::size_t n) const {
+    for (const auto& [id, r] : regions) {
+      if (r->memh != nullptr && r->base != nullptr && p >= r->base &&
+          n <= r->length - std::size_t(p - r->base)) {
+        return r->memh;
+      }
+    }
+    return nullptr;
+  }
+  static void use_memh(ucp_request_param_t& param, ucp_mem_h memh) {
+    if (memh == nullptr) return;
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    param.memh = memh;
+  }
+
   void start_get(std::uint64_t id, const std::vector<std::byte>& packed, std::uint64_t address) {
     auto pit = pulls.find(id);
     if (pit == pulls.end()) return;
@@ -1426,6 +1445,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     p->keep = key;  // the rkey outlives the get even if the cache drops it
     p->done = [this, id](ucs_status_t st) { complete_transfer(id, st); };
     ucp_request_param_t param = request_params(p.get());
+    use_memh(param, local_memh(op.into, op.length));
     track(ucp_get_nbx(c->bulk_ep, op.into, op.length, address, key->handle, &param), std::move(p));
     kick();
   }
@@ -1489,6 +1509,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       --l->gets;
       return finish_pull(op.id, error{"pull failed: no bulk endpoint to the peer"});
     }
+    use_memh(param, local_memh(op.into, op.length));
     track(ucp_get_nbx(c.bulk_ep, op.into, op.length, address, l->key->handle, &param),
           std::move(p));
     kick();
