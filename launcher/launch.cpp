@@ -520,13 +520,22 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         schedule.size() - schedule_next, schedule.size());
   }
 
-  // Every worker goes: those that did not exit after Shutdown get SIGTERM, then SIGKILL.
+  // Every worker goes: those that did not exit after Shutdown get SIGTERM, then SIGKILL. One
+  // that ends badly on its own after a good run (a crash while shutting down) fails the launch.
+  std::vector<std::string> bad_exits;
+  bool graceful = true;
   auto reap = [&](std::chrono::milliseconds within) {
     const auto until = std::chrono::steady_clock::now() + within;
     while (!children.empty() && std::chrono::steady_clock::now() < until) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid > 0) {
+        const auto it = children.find(pid);
+        if (graceful && it != children.end() && it->second != 0 &&
+            !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+          bad_exits.push_back(fmt::format("worker {} (pid {}) {} while shutting down", it->second,
+                                          pid, exit_text(status)));
+        }
         children.erase(pid);
       } else if (pid < 0 && errno == ECHILD) {
         children.clear();
@@ -541,11 +550,18 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     step_end = step->stop(srun_grace_ms);
   }
   reap(std::chrono::milliseconds(outcome.ok ? 3000 : 200));
+  graceful = false;
   for (const auto& [pid, n] : children) ::kill(pid, SIGTERM);
   reap(std::chrono::milliseconds(2000));
   for (const auto& [pid, n] : children) ::kill(pid, SIGKILL);
   reap(std::chrono::milliseconds(2000));
 
+  if (outcome.ok && !bad_exits.empty()) {
+    outcome.ok = false;
+    outcome.message = bad_exits.front();
+    for (std::size_t i = 1; i < bad_exits.size(); ++i) outcome.message += "; " + bad_exits[i];
+    outcome.message += " (the job itself finished: see that worker's output above)";
+  }
   if (!outcome.ok) {
     std::cerr << "moevement launch: " << outcome.message << "\n";
     std::cerr << "run log: " << job.run_log << "\n";

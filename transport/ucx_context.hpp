@@ -30,6 +30,9 @@ class ucx_context {
   ucx_context& operator=(const ucx_context&) = delete;
 
   ucp_context_h handle() const { return context_; }
+  // Never cleaned up (left for the process's exit): UCX 1.13 asserts in ucp_cleanup while
+  // memory it allocated is still registered, and some must outlive the context (ucx_link).
+  void abandon() { context_ = nullptr; }
 
  private:
   ucp_context_h context_ = nullptr;

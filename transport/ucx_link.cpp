@@ -163,6 +163,11 @@ struct region_record {
   std::size_t length = 0;
   ucp_context_h context = nullptr;
   ucp_mem_h memh = nullptr;
+  // The same memory registered with the messages context too: its rendezvous sends and
+  // receives then need no on-the-fly registration, which a transfer cut off at shutdown
+  // would leave behind for UCX to assert on when the context goes.
+  ucp_context_h message_context = nullptr;
+  ucp_mem_h message_memh = nullptr;
   std::vector<std::byte> rkey;  // packed once, sent to pullers taking the RMA path
   std::uint64_t in_flight = 0;
   bool allocated = false;  // UCX allocated it: shareable by the shared-memory transports
@@ -170,7 +175,12 @@ struct region_record {
   // been granted the region more than once, and it releases each grant). While any remain,
   // a withdrawn region stays mapped (link_state::withdrawn).
   std::map<std::uint64_t, std::uint32_t> grants;
+  void unmap_messages() {
+    if (message_memh != nullptr) ucp_mem_unmap(message_context, message_memh);
+    message_memh = nullptr;
+  }
   void unmap() {
+    unmap_messages();
     if (memh != nullptr) ucp_mem_unmap(context, memh);
     memh = nullptr;
     base = nullptr;
@@ -1267,7 +1277,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
           --region->in_flight;
           if (s != UCS_OK) ++stats.send_errors;
         },
-        region->memh);
+        region->message_memh);
   }
 
   // ---- bulk: the puller's side ------------------------------------------------------------
@@ -1348,7 +1358,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
         auto p = std::make_unique<pending_request>();
         p->done = [s = s.get(), pid](ucs_status_t st) { s->complete_transfer(pid, st); };
         ucp_request_param_t param = s->request_params(p.get(), /*recv_am=*/true);
-        use_memh(param, s->local_memh(pit->second->into, pit->second->length));
+        use_memh(param, s->local_memh(pit->second->into, pit->second->length, /*messages=*/true));
         s->track(ucp_am_recv_data_nbx(s->worker.handle(), data, pit->second->into,
                                       pit->second->length, &param),
                  std::move(p));
@@ -1406,14 +1416,21 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // The registration of the link's region that holds [p, p + n), if any: a get into it then
   // needs no on-the-fly registration (which a get cancelled at shutdown could leave behind,
   // and UCX asserts on when its context goes).
-  ucp_mem_h local_memh(const std::byte* p, std::size_t n) const {
+  ucp_mem_h local_memh(const std::byte* p, std::size_t n, bool messages) const {
     for (const auto& [id, r] : regions) {
-      if (r->memh != nullptr && r->base != nullptr && p >= r->base &&
-          n <= r->length - std::size_t(p - r->base)) {
-        return r->memh;
+      if (r->base != nullptr && p >= r->base && n <= r->length - std::size_t(p - r->base)) {
+        return messages ? r->message_memh : r->memh;
       }
     }
     return nullptr;
+  }
+  void register_for_messages(region_record& r) {
+    ucp_mem_map_params_t p{};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    p.address = r.base;
+    p.length = r.length;
+    r.message_context = context.handle();
+    if (ucp_mem_map(context.handle(), &p, &r.message_memh) != UCS_OK) r.message_memh = nullptr;
   }
   static void use_memh(ucp_request_param_t& param, ucp_mem_h memh) {
     if (memh == nullptr) return;
@@ -1445,7 +1462,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     p->keep = key;  // the rkey outlives the get even if the cache drops it
     p->done = [this, id](ucs_status_t st) { complete_transfer(id, st); };
     ucp_request_param_t param = request_params(p.get());
-    use_memh(param, local_memh(op.into, op.length));
+    use_memh(param, local_memh(op.into, op.length, /*messages=*/false));
     track(ucp_get_nbx(c->bulk_ep, op.into, op.length, address, key->handle, &param), std::move(p));
     kick();
   }
@@ -1509,7 +1526,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       --l->gets;
       return finish_pull(op.id, error{"pull failed: no bulk endpoint to the peer"});
     }
-    use_memh(param, local_memh(op.into, op.length));
+    use_memh(param, local_memh(op.into, op.length, /*messages=*/false));
     track(ucp_get_nbx(c.bulk_ep, op.into, op.length, address, l->key->handle, &param),
           std::move(p));
     kick();
@@ -1694,9 +1711,12 @@ struct link_state : std::enable_shared_from_this<link_state> {
     // let go, not unmapped) until the process exits: a thread still writing it (a capture
     // finishing while the worker shuts down) must not fault. Other registrations are only
     // deregistered; their memory is the caller's.
-    auto release = [](const std::shared_ptr<region_record>& r) {
+    bool let_go = false;
+    auto release = [&](const std::shared_ptr<region_record>& r) {
       if (r->allocated && r.use_count() > 1) {
+        r->unmap_messages();  // a registration only: the memory stays
         r->memh = nullptr;
+        let_go = true;
       } else {
         r->unmap();
       }
@@ -1705,6 +1725,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
     regions.clear();
     for (auto& [id, r] : withdrawn) release(r);
     withdrawn.clear();
+    // A handle let go still holds UCX's registration cache entry of that memory, and
+    // ucp_cleanup asserts on it: the bulk context is then left for the process's exit.
+    if (let_go) bulk_context.abandon();
   }
 };
 
@@ -1882,6 +1905,7 @@ bulk_region ucx_link::export_region(std::span<std::byte> memory) {
     std::memcpy(r->rkey.data(), packed, packed_len);
     ucp_rkey_buffer_release(packed);
   }
+  s.register_for_messages(*r);
   r->id = s.next_region++;
   s.regions[r->id] = r;
   return bulk_region(r, s.weak_from_this());
@@ -1913,6 +1937,7 @@ bulk_region ucx_link::allocate_region(std::size_t bytes) {
     std::memcpy(r->rkey.data(), packed, packed_len);
     ucp_rkey_buffer_release(packed);
   }
+  s.register_for_messages(*r);
   r->id = s.next_region++;
   s.regions[r->id] = r;
   return bulk_region(r, s.weak_from_this());
