@@ -123,5 +123,33 @@ TEST_F(slot_pool_test, lending_and_refilling_on_two_threads) {
   EXPECT_EQ(pool.regions(), 0u) << "everything came back and was freed";
 }
 
+// After a recovery: a replacement's pool adopts the regions its restore pulled into, and grows
+// by as many again per size for the windows after it (a survivor's, by its abandoned ones).
+TEST_F(slot_pool_test, adopted_regions_are_lent_and_grow_adds_regions_of_every_size) {
+  slot_pool pool(*io_bulk_);
+  pool.adopt(io_bulk_->allocate(3000));
+  pool.adopt(io_bulk_->allocate(7000));
+  EXPECT_EQ(pool.regions(), 2u);
+  EXPECT_EQ(pool.free_bytes(), 10000u);
+  auto a = pool.take(2500);
+  ASSERT_TRUE(a.has_value()) << "an adopted region is lent like any other";
+  EXPECT_EQ(a->bytes.size(), 3000u);
+  EXPECT_NE(pool.lent_region(a->bytes.data()), nullptr);
+
+  pool.grow(2);  // two more of each size: 3000 and 7000
+  EXPECT_EQ(pool.regions(), 6u);
+  EXPECT_EQ(pool.free_bytes(), 7000u + 2 * 3000u + 2 * 7000u);
+  std::vector<slot_memory> lent;
+  for (int i = 0; i < 2; ++i) {
+    auto m = pool.take(3000);
+    ASSERT_TRUE(m.has_value()) << "grown region " << i;
+    lent.push_back(std::move(*m));
+  }
+  auto big = pool.take(3000);  // every 3000 is lent: the smallest free one is a 7000
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->bytes.size(), 7000u);
+  EXPECT_EQ(pool.failed_refills(), 0u);
+}
+
 }  // namespace
 }  // namespace moevement::recovery
