@@ -1418,7 +1418,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // and UCX asserts on when its context goes).
   ucp_mem_h local_memh(const std::byte* p, std::size_t n, bool messages) const {
     for (const auto& [id, r] : regions) {
-      if (r->base != nullptr && p >= r->base && n <= r->length - std::size_t(p - r->base)) {
+      if (r->base != nullptr && p >= r->base && std::size_t(p - r->base) <= r->length &&
+          n <= r->length - std::size_t(p - r->base)) {
         return messages ? r->message_memh : r->memh;
       }
     }
