@@ -212,10 +212,14 @@ void compare_trace(const options& o, Run run) {
                                            o.kill_iters.size(), x.recoveries));
     }
     const bool same = !r.state_hash.empty() && r.state_hash == ref.front().state_hash;
+    long replayed = 0;
+    for (const auto& rec : r.recoveries) replayed += rec.replayed;
     std::printf(
         "# %s: ettr %.4f, wall %.3f s, time lost %.3f s, %zu recoveries (recovery_end seconds "
-        "%.3f in all), state_hash_equal %s%s\n",
-        policy.c_str(), x.ettr, r.t_end - r.t_start, x.lost_s, x.recoveries, x.recovery_s,
+        "%.3f in all, %ld iterations replayed), %s, state_hash_equal %s%s\n",
+        policy.c_str(), x.ettr, r.t_end - r.t_start, x.lost_s, x.recoveries, x.recovery_s, replayed,
+        policy == "moevement" ? fmt::format("W_sparse {}", r.w_sparse).c_str()
+                              : fmt::format("interval {}", r.interval).c_str(),
         same ? "yes" : "NO", policy == "pec" && !same ? " (by design: stale experts)" : "");
     all.push_back(std::move(x));
   }
