@@ -165,16 +165,49 @@ options parse_options(int argc, char** argv) {
   return o;
 }
 
+// The fault-free runs of policy `none` every comparison of recoveries starts from: each
+// iteration's useful time, the final state_hash, the median wall time.
+struct reference {
+  std::vector<run_result> runs;
+  std::map<long, double> fault_free;
+  double wall = 0;
+};
+template <class Run>
+reference run_reference(const options& o, Run& run) {
+  reference ref;
+  for (int r = 0; r < o.repeats; ++r) ref.runs.push_back(run("none", {}, {}));
+  ref.fault_free = per_index(ref.runs);
+  std::vector<double> walls;
+  for (const auto& r : ref.runs) walls.push_back(r.t_end - r.t_start);
+  ref.wall = median(walls);
+  return ref;
+}
+
+// One faulty run of `policy`: the baselines at Young's k for `mtbf`, dense-disk into a fresh
+// temporary checkpoint directory (removed after).
+template <class Run>
+run_result run_policy(Run& run, const std::string& policy, const std::vector<std::string>& injects,
+                      double mtbf) {
+  std::vector<std::string> extra;
+  fs::path dir;
+  if (policy != "moevement") extra.push_back(fmt::format("checkpoint.mtbf_s={:.6f}", mtbf));
+  if (policy == "dense-disk") {
+    dir = fs::temp_directory_path() / ("bench_recovery_ckpt_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    extra.push_back("checkpoint.dir=" + dir.string());
+  }
+  run_result r = run(policy, injects, extra);
+  if (!dir.empty()) fs::remove_all(dir);
+  return r;
+}
+
 // `moevement bench recovery --kill-iters ...`: the same trace of kills under each policy (see
 // the header).
 template <class Run>
 void compare_trace(const options& o, Run run) {
-  std::vector<run_result> ref;
-  for (int r = 0; r < o.repeats; ++r) ref.push_back(run("none", {}, {}));
-  const auto fault_free = per_index(ref);
-  std::vector<double> walls;
-  for (const auto& r : ref) walls.push_back(r.t_end - r.t_start);
-  const double mtbf = o.mtbf > 0 ? o.mtbf : median(walls) / double(o.kill_iters.size());
+  const reference ref = run_reference(o, run);
+  const auto& fault_free = ref.fault_free;
+  const double mtbf = o.mtbf > 0 ? o.mtbf : ref.wall / double(o.kill_iters.size());
   std::vector<std::string> injects;
   std::string trace;
   for (int t : o.kill_iters) {
@@ -184,7 +217,7 @@ void compare_trace(const options& o, Run run) {
   std::printf(
       "# trace: kill stage %d replica 0 at iterations %s; fault-free (none) wall %.3f s, ettr "
       "%.4f; baselines at Young's k with checkpoint.mtbf_s=%.3f\n",
-      o.kill_stage, trace.c_str(), median(walls), ettr(ref.front(), fault_free), mtbf);
+      o.kill_stage, trace.c_str(), ref.wall, ettr(ref.runs.front(), fault_free), mtbf);
   struct one {
     std::string policy;
     double ettr = 0, lost_s = 0, recovery_s = 0;
@@ -192,16 +225,7 @@ void compare_trace(const options& o, Run run) {
   };
   std::vector<one> all;
   for (const std::string policy : {"moevement", "dense-memory", "dense-disk", "pec"}) {
-    std::vector<std::string> extra;
-    fs::path dir;
-    if (policy != "moevement") extra.push_back(fmt::format("checkpoint.mtbf_s={:.6f}", mtbf));
-    if (policy == "dense-disk") {
-      dir = fs::temp_directory_path() / ("bench_recovery_ckpt_" + std::to_string(::getpid()));
-      fs::remove_all(dir);
-      extra.push_back("checkpoint.dir=" + dir.string());
-    }
-    const run_result r = run(policy, injects, extra);
-    if (!dir.empty()) fs::remove_all(dir);
+    const run_result r = run_policy(run, policy, injects, mtbf);
     one x{policy};
     x.ettr = ettr(r, fault_free);
     x.lost_s = (r.t_end - r.t_start) * (1.0 - x.ettr);  // wall time beyond the useful time
@@ -211,7 +235,7 @@ void compare_trace(const options& o, Run run) {
       throw std::runtime_error(fmt::format("{}: {} kills led to {} recovery_end records", policy,
                                            o.kill_iters.size(), x.recoveries));
     }
-    const bool same = !r.state_hash.empty() && r.state_hash == ref.front().state_hash;
+    const bool same = !r.state_hash.empty() && r.state_hash == ref.runs.front().state_hash;
     long replayed = 0;
     for (const auto& rec : r.recoveries) replayed += rec.replayed;
     std::printf(
@@ -236,18 +260,15 @@ void compare_trace(const options& o, Run run) {
 // `moevement bench recovery`: one failure under each policy (see the header).
 template <class Run>
 void compare_recoveries(const options& o, Run run) {
-  std::vector<run_result> ref;
-  for (int r = 0; r < o.repeats; ++r) ref.push_back(run("none", {}, {}));
-  const auto fault_free = per_index(ref);
-  std::vector<double> walls;
-  for (const auto& r : ref) walls.push_back(r.t_end - r.t_start);
-  const double mtbf = o.mtbf > 0 ? o.mtbf : median(walls);
+  const reference ref = run_reference(o, run);
+  const auto& fault_free = ref.fault_free;
+  const double mtbf = o.mtbf > 0 ? o.mtbf : ref.wall;
   const std::string inject =
       fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter);
   std::printf(
       "# recovery: %s; fault-free (none) wall %.3f s, ettr %.4f; baselines at Young's "
       "k with checkpoint.mtbf_s=%.3f\n",
-      inject.c_str(), median(walls), ettr(ref.front(), fault_free), mtbf);
+      inject.c_str(), ref.wall, ettr(ref.runs.front(), fault_free), mtbf);
   struct one {
     std::string policy;
     run_result r;
@@ -268,22 +289,13 @@ void compare_recoveries(const options& o, Run run) {
   };
   std::vector<one> all;
   for (const std::string policy : {"moevement", "dense-memory", "dense-disk", "pec"}) {
-    std::vector<std::string> extra;
-    fs::path dir;
-    if (policy != "moevement") extra.push_back(fmt::format("checkpoint.mtbf_s={:.6f}", mtbf));
-    if (policy == "dense-disk") {
-      dir = fs::temp_directory_path() / ("bench_recovery_ckpt_" + std::to_string(::getpid()));
-      fs::remove_all(dir);
-      extra.push_back("checkpoint.dir=" + dir.string());
-    }
-    one x{policy, run(policy, {inject}, extra)};
-    if (!dir.empty()) fs::remove_all(dir);
+    one x{policy, run_policy(run, policy, {inject}, mtbf)};
     if (!x.r.recovered)
       throw std::runtime_error(policy + ": the injected kill led to no recovery_end");
     x.ettr = ettr(x.r, fault_free);
     x.total_s = total_recovery(x.r);
     x.recomputed = x.r.rollback_to >= 0 ? x.r.recomputed : x.r.target - x.r.replay_from;
-    const bool same = !x.r.state_hash.empty() && x.r.state_hash == ref.front().state_hash;
+    const bool same = !x.r.state_hash.empty() && x.r.state_hash == ref.runs.front().state_hash;
     std::printf(
         "# %s: total recovery %.4f s (recovery_end seconds %.4f), recomputed %ld (from %ld to "
         "%ld), ettr %.4f, state_hash_equal %s%s\n",

@@ -513,10 +513,6 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
       for (const auto& [n, w] : workers_) {
         host_load& h = hosts[w.host];
         h.cores = cores;
-        h.processes = 0;
-      }
-      for (const auto& [n, w] : workers_) {
-        host_load& h = hosts[w.host];
         ++h.processes;
         if (w.stage < 0) continue;
         sizes[std::size_t(w.stage)] = w.op_sizes;

@@ -15,7 +15,7 @@ namespace moevement::engine {
 // One host of the job in the profiled iteration.
 struct host_load {
   double cores = 1;               // cores of the host
-  int processes = 1;              // worker processes on it (stages, spares)
+  int processes = 0;              // worker processes on it (stages, spares)
   std::vector<double> compute_s;  // what each stage on it computed (forward + backward)
   double copy_bytes_per_s = 0;    // the slowest plain snapshot copy one of them measured
 };

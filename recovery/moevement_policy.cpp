@@ -11,11 +11,11 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <stdexcept>
+#include <thread>
 
 #include <sys/resource.h>
 #include <unistd.h>
-#include <stdexcept>
-#include <thread>
 
 #include "models/cpu/gemm.hpp"
 #include "recovery/snapshot.hpp"

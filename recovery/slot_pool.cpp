@@ -36,8 +36,7 @@ void slot_pool::give_back(const std::byte* base) {
 void slot_pool::adopt(transport::bulk_region region) {
   if (region.memory().empty()) return;
   std::lock_guard lock(mu_);
-  const std::byte* base = region.memory().data();
-  regions_.emplace(base, entry{std::move(region), false});
+  add_free(region);
 }
 
 void slot_pool::grow(std::size_t extra) {
@@ -46,20 +45,31 @@ void slot_pool::grow(std::size_t extra) {
     std::lock_guard lock(mu_);
     for (const auto& [base, e] : regions_) sizes.insert(e.region.memory().size());
   }
+  auto fresh = allocate(sizes, extra);
+  std::lock_guard lock(mu_);
+  for (auto& r : fresh) add_free(r);
+}
+
+std::vector<transport::bulk_region> slot_pool::allocate(const std::set<std::size_t>& sizes,
+                                                        std::size_t each) {
+  // Allocating maps memory (no page is touched yet): outside the lock, so take() never waits.
   std::vector<transport::bulk_region> fresh;
   try {
-    for (const std::size_t size : sizes) {
-      for (std::size_t i = 0; i < extra; ++i) fresh.push_back(io_.allocate(size));
+    for (const std::size_t n : sizes) {
+      for (std::size_t i = 0; i < each; ++i) fresh.push_back(io_.allocate(n));
     }
   } catch (const std::exception&) {
+    // Out of mappable memory (shm or memlock limits): the captures that miss use the heap,
+    // which replicas still read (by rendezvous); the next miss tries again.
     std::lock_guard lock(mu_);
     ++failed_;
   }
-  std::lock_guard lock(mu_);
-  for (auto& r : fresh) {
-    const std::byte* base = r.memory().data();
-    regions_.emplace(base, entry{std::move(r), false});
-  }
+  return fresh;
+}
+
+void slot_pool::add_free(transport::bulk_region& region) {
+  const std::byte* base = region.memory().data();
+  regions_.emplace(base, entry{std::move(region), false});
 }
 
 void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
@@ -69,20 +79,7 @@ void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
     missed.insert(missed_.begin(), missed_.end());
     missed_.clear();
   }
-  // Allocating maps memory (no page is touched yet): outside the lock, so take() never waits.
-  std::vector<transport::bulk_region> fresh;
-  try {
-    for (const std::size_t n : missed) {
-      for (std::size_t i = 0; i < std::max<std::size_t>(batch, 1); ++i) {
-        fresh.push_back(io_.allocate(n));
-      }
-    }
-  } catch (const std::exception&) {
-    // Out of mappable memory (shm or memlock limits): the captures that miss use the heap,
-    // which replicas still read (by rendezvous); the next miss tries again.
-    std::lock_guard lock(mu_);
-    ++failed_;
-  }
+  auto fresh = allocate(missed, std::max<std::size_t>(batch, 1));
   std::vector<transport::bulk_region> surplus;
   {
     std::lock_guard lock(mu_);
@@ -99,10 +96,7 @@ void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
         regions_.erase(it);
       }
     }
-    for (auto& r : fresh) {
-      const std::byte* base = r.memory().data();
-      regions_.emplace(base, entry{std::move(r), false});
-    }
+    for (auto& r : fresh) add_free(r);
   }
   // surplus is withdrawn here, on the actor thread
 }

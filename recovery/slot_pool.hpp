@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "engine/bulk_io.hpp"
@@ -58,6 +59,10 @@ class slot_pool {
     bool lent = false;
   };
   void give_back(const std::byte* base);
+  // Actor thread, without the lock: `each` new regions of every size (failures counted).
+  std::vector<transport::bulk_region> allocate(const std::set<std::size_t>& sizes,
+                                               std::size_t each);
+  void add_free(transport::bulk_region& region);  // under the lock
 
   engine::bulk_io& io_;
   mutable std::mutex mu_;
