@@ -525,8 +525,11 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
       std::vector<host_load> loads;
       for (auto& [name, h] : hosts) loads.push_back(std::move(h));
       profile_seconds_ = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
-      const window_inputs in = window_budget(loads, profile_seconds_, job_.snapshot_replicas,
-                                             job_.train.device == models::device::cpu);
+      // Replicas that map a slot (checkpoint.share_memory, on the owner's host) copy nothing;
+      // those on other hosts are a NIC's work, which the paper's model takes as free.
+      const window_inputs in =
+          window_budget(loads, profile_seconds_, job_.share_memory ? 0 : job_.snapshot_replicas,
+                        job_.train.device == models::device::cpu);
       profile_bandwidth_ = in.bandwidth;
       profile_budget_s_ = in.seconds;
       // No idle time at all: the smallest time, so that Algorithm 1 stops at its own limit.
@@ -597,6 +600,8 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.snapshot_host_bytes += m.getSnapshotHostBytes();
   last_.log_host_bytes += m.getLogHostBytes();
   last_.snapshot_lent_bytes += m.getSnapshotLentBytes();
+  last_.replica_maps += m.getReplicaMaps();
+  last_.replica_pulls += m.getReplicaPulls();
   last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
   co_await maybe_stepped_all();
 }
@@ -633,6 +638,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
       if (persisted_) last_.replication_lag = last_.iteration - (persisted_first_ + w_sparse_ - 2);
       rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))
           .add("snapshot_lent_bytes", std::int64_t(last_.snapshot_lent_bytes))
+          .add("replica_maps", std::int64_t(last_.replica_maps))
+          .add("replica_pulls", std::int64_t(last_.replica_pulls))
           .add("stall_s", last_.stall_s)
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
           .add("log_host_bytes", std::int64_t(last_.log_host_bytes))

@@ -37,7 +37,8 @@ struct iteration_record {
   std::int64_t attempts = 1;    // > 1 when the iteration was aborted and re-run
   // policy moevement (summed over stages, the stall the longest)
   std::uint64_t snapshot_bytes = 0, snapshot_host_bytes = 0, log_host_bytes = 0;
-  std::uint64_t snapshot_lent_bytes = 0;  // of snapshot_bytes, in link-allocated memory
+  std::uint64_t snapshot_lent_bytes = 0;              // of snapshot_bytes, in link-allocated memory
+  std::uint64_t replica_maps = 0, replica_pulls = 0;  // the stages' replicas so far, by kind
   double stall_s = 0.0;
   std::int64_t replication_lag = -1;  // iterations stepped since the persisted window's last
 };

@@ -144,6 +144,8 @@ struct Stepped {
   snapshotHostBytes @5 :UInt64;
   logHostBytes @6 :UInt64;
   snapshotLentBytes @7 :UInt64;
+  replicaMaps @8 :UInt64;   # copies of this stage replica's slots made so far by mapping
+  replicaPulls @9 :UInt64;  # and by pulling
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

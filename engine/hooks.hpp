@@ -44,6 +44,9 @@ struct checkpoint_stats {
   // Of snapshot_bytes, those in memory the link allocated (replicas on the same host read it
   // with one RMA get; the rest is heap memory, read by rendezvous).
   std::uint64_t snapshot_lent_bytes = 0;
+  // Replicas of this stage replica's slots so far: mapped by a replicator on its host
+  // (checkpoint.share_memory), or pulled as a copy.
+  std::uint64_t replica_maps = 0, replica_pulls = 0;
 };
 
 class stage_hooks {

@@ -64,6 +64,12 @@ setter_map make_setters(job_config& j) {
        }},
       {"checkpoint.replay_threads",
        [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
+      {"checkpoint.share_memory",
+       [&](auto& k, auto& v) {
+         const auto* b = std::get_if<bool>(&v);
+         if (b == nullptr) throw config_error(k, "expected true or false");
+         j.share_memory = *b;
+       }},
       {"checkpoint.ordering",
        [&](auto& k, auto& v) { j.ordering = get_choice(k, v, ordering_names()); }},
       {"checkpoint.decay_alpha",

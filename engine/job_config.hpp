@@ -51,6 +51,9 @@ struct job_config {
   // checkpoint.replay_threads: GEMM threads of a moevement recovery's replay (the stages
   // outside its region are paused meanwhile); 0 = this host's cores.
   int replay_threads = 0;
+  // checkpoint.share_memory: a `moevement` replica on the owner's host maps the slot's memory
+  // instead of copying it (transport/shared_memory.hpp); false: every replica pulls a copy.
+  bool share_memory = true;
   std::string ordering = "popularity";  // checkpoint.ordering: what orders a window's operators
   double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
   double reorder_change = 0.10;    // checkpoint.reorder_change: an expert's popularity moved by

@@ -436,6 +436,8 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setSnapshotHostBytes(st.snapshot_host_bytes);
     b.setLogHostBytes(st.log_host_bytes);
     b.setSnapshotLentBytes(st.snapshot_lent_bytes);
+    b.setReplicaMaps(st.replica_maps);
+    b.setReplicaPulls(st.replica_pulls);
   });
   at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }

@@ -25,7 +25,9 @@ struct window_inputs {
   double bandwidth = 0;  // its snapshot bandwidth (bytes/s), after the r replications
 };
 
-// iteration_s: the profiled iteration's wall time; replicas: r. cpu: the stages compute on
+// iteration_s: the profiled iteration's wall time; replicas: the copies of each captured byte
+// the host's cores make besides the capture (r, or 0 where replicas map the slots:
+// checkpoint.share_memory). cpu: the stages compute on
 // the CPU (else: the iteration is the budget, the paper's model). Hosts with no stage are
 // ignored. A host with no idle core time gives a budget of 0 seconds: Algorithm 1 then
 // stops at its own limit (two operators active per slot). bandwidth 0: nothing measured.

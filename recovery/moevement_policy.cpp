@@ -135,8 +135,10 @@ class checkpoint_hooks : public engine::stage_hooks {
   }
   engine::checkpoint_stats stats() const override {
     // The slot of this step is still being copied: report the previous one's size.
-    return {slot_bytes_.load(), stall_s_, host_bytes_.load(), log_bytes_.load(),
-            lent_bytes_.load()};
+    return {slot_bytes_.load(),           stall_s_,
+            host_bytes_.load(),           log_bytes_.load(),
+            lent_bytes_.load(),           shared_->replica_maps.load(),
+            shared_->replica_pulls.load()};
   }
 
  private:
@@ -252,6 +254,7 @@ void checkpoint_agent::ship(std::int64_t iteration) {
     // pool had none free yet) is exported for this slot.
     if (const auto* lent = shared_->pool ? shared_->pool->lent_region(bytes->data()) : nullptr) {
       p.slot = lent->describe(0, bytes->size());
+      p.share = shared_->pool->lent_share(bytes->data(), bytes->size());
     } else {
       p.region = io_.export_memory({const_cast<std::byte*>(bytes->data()), bytes->size()});
       p.slot = p.region.describe_all();
@@ -265,13 +268,18 @@ void checkpoint_agent::ship(std::int64_t iteration) {
   // size as windows the capture holds (the capture reuses its windows' memory after that, so
   // the pool is asked only at the start and when a reorder grows a slot), and as many free
   // ones kept.
+  // A shared pool makes regions when the capture asks: it keeps one window's worth free (a
+  // replacement's restored window, taken over the next iterations), so that the memory the
+  // recovery's extra windows took goes back (the fault-free level).
   if (shared_->pool) {
-    shared_->pool->refill(w_sparse * limits_.max_windows_held, limits_.max_windows_held);
+    shared_->pool->refill(shared_->pool->shares() ? 0 : w_sparse * limits_.max_windows_held,
+                          limits_.max_windows_held);
   }
 }
 
 void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_slot& p) {
   const auto d = p.slot;
+  const auto share = p.share;
   const actor_ref me = self();
   for (const actor_ref& t : targets_) {
     if (std::find(p.asked.begin(), p.asked.end(), t) != p.asked.end()) continue;
@@ -280,6 +288,7 @@ void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_sl
       write_key(b.initKey(), stage_, replica_, window, slot);
       transport::write_descriptor(b.initTensor(), d);
       write_ref(b.initFrom(), me);
+      if (share) transport::write_share(b.initShare(), *share);
     });
   }
 }
@@ -300,6 +309,7 @@ awaitable<void> checkpoint_agent::stored(wire::SlotStored::Reader m) {
   if (it == pending_.end() || !m.getOk()) co_return;
   // The answer names no sender we could trust more than the count: one more copy.
   ++it->second.copies;
+  ++(m.getMapped() ? shared_->replica_maps : shared_->replica_pulls);
   const std::size_t need = std::min<std::size_t>(std::size_t(std::max(copies_, 1)),
                                                  std::max<std::size_t>(targets_.size(), 1));
   if (it->second.copies < need) co_return;
@@ -478,8 +488,13 @@ awaitable<void> checkpoint_agent::release(wire::ReleaseLog::Reader m) {
 // ---- replicator
 
 replicator::replicator(engine::bulk_io& io, policy_limits limits,
-                       std::shared_ptr<durable_writer> durable, std::filesystem::path root)
-    : io_(io), limits_(limits), durable_(std::move(durable)), root_(std::move(root)) {
+                       std::shared_ptr<durable_writer> durable, std::filesystem::path root,
+                       bool share)
+    : io_(io),
+      limits_(limits),
+      durable_(std::move(durable)),
+      root_(std::move(root)),
+      share_(share) {
   on<wire::StoreSlot>(&replicator::store);
   on<wire::FetchSlot, wire::SlotData>(&replicator::fetch);
   on<engine::wire::WindowPersisted>(&replicator::persisted);
@@ -513,7 +528,41 @@ awaitable<void> replicator::durable_query(engine::wire::DurableQuery::Reader m,
   }
 }
 
+bool replicator::store_mapped(const key& id, const actor_ref& from, wire::StoreSlot::Reader m,
+                              std::uint64_t length) {
+  // The owner's pages, mapped: no copy, and they outlive the owner (a second mapping keeps
+  // them). It writes them again only for a window after the next persisted one, when this
+  // replicator has dropped this one too. Anything wrong (another host, a handle that names
+  // other memory): pull a copy instead.
+  const auto h = transport::read_share(m.getShare());
+  if (!h.ok() || h->length != length) return false;
+  auto mapped = transport::shared_memory::open(*h);
+  if (!mapped.ok()) return false;
+  const auto bytes = mapped->memory().subspan(h->offset, h->length);
+  const auto& [stage, replica, window, slot] = id;
+  const auto tag = read_snapshot_tag(bytes);
+  std::string error;
+  if (!tag || tag->stage != stage || tag->replica != replica || tag->window != window ||
+      tag->slot != slot) {
+    error = "the mapped bytes are not the slot offered";
+  } else {
+    stored_slot s;
+    s.length = length;
+    s.offset = h->offset;
+    s.mapped = std::make_shared<transport::shared_memory>(std::move(*mapped));
+    slots_[id] = std::move(s);
+  }
+  (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
+    write_key(b.initKey(), stage, replica, window, slot);
+    b.setOk(error.empty());
+    b.setError(error);
+    b.setMapped(error.empty());
+  });
+  return true;
+}
+
 std::size_t replicator::bytes_held() const {
+  // Copies only: a mapped slot is its owner's memory (counted there while it lives).
   std::size_t n = 0;
   for (const auto& [k, r] : slots_) n += r.region.memory().size();
   for (const auto& [length, r] : spare_) n += r.memory().size();
@@ -540,6 +589,7 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
     answer(false, "window older than the persisted one");
     co_return;
   }
+  if (share_ && m.hasShare() && store_mapped(id, from, m, d->length)) co_return;
   // The pull runs in an actor of its own: a peer that hangs mid-pull must not keep this
   // replicator from serving FetchSlot to a recovery (the copy it holds is what is needed).
   // As an actor (not a detached coroutine) it is cancelled with the system at shutdown.
@@ -597,7 +647,12 @@ void replicator::finish_store(const key& id, const actor_ref& from,
                               std::uint64_t length, const std::string& error) {
   const auto& [stage, replica, window, slot] = id;
   const bool ok = error.empty() && window >= persisted_;
-  if (ok) slots_[id] = stored_slot{std::move(*holder), length};
+  if (ok) {
+    stored_slot s;
+    s.region = std::move(*holder);
+    s.length = length;
+    slots_[id] = std::move(s);
+  }
   (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
     write_key(b.initKey(), stage, replica, window, slot);
     b.setOk(ok);
@@ -609,9 +664,19 @@ awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Bui
   const auto k = m.getKey();
   const auto it = slots_.find(key{k.getStage(), k.getReplica(), k.getWindow(), k.getSlot()});
   out.setFound(it != slots_.end());
-  if (it != slots_.end()) {
-    transport::write_descriptor(out.initTensor(), it->second.region.describe(0, it->second.length));
+  if (it == slots_.end()) co_return;
+  stored_slot& s = it->second;
+  if (!s.mapped) {
+    transport::write_descriptor(out.initTensor(), s.region.describe(0, s.length));
+    co_return;
   }
+  // A puller on this host maps it in turn; one elsewhere pulls it from an export of the
+  // mapping, made once.
+  transport::write_share(out.initShare(), s.mapped->share(s.offset, s.length));
+  if (s.exported.memory().empty()) {
+    s.exported = io_.export_memory(s.mapped->memory().subspan(s.offset, s.length));
+  }
+  transport::write_descriptor(out.initTensor(), s.exported.describe_all());
   co_return;
 }
 
@@ -623,7 +688,9 @@ awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
   std::multimap<std::uint64_t, transport::bulk_region> dropped;
   for (auto it = slots_.begin(); it != slots_.end();) {
     if (std::get<2>(it->first) < persisted_) {
-      dropped.emplace(it->second.region.memory().size(), std::move(it->second.region));
+      if (!it->second.region.memory().empty()) {
+        dropped.emplace(it->second.region.memory().size(), std::move(it->second.region));
+      }
       it = slots_.erase(it);
     } else {
       ++it;
@@ -639,7 +706,8 @@ moevement_checkpoint::moevement_checkpoint(actors::actor_system& system, engine:
                                            const engine::job_config& job, policy_limits limits)
     : system_(system), io_(io), job_(job), limits_(limits) {
   if (engine::durable_tier(job_)) durable_ = std::make_shared<durable_writer>();
-  replicator_ = system_.spawn<recovery::replicator>(io_, limits_, durable_, job_.baseline.dir);
+  replicator_ = system_.spawn<recovery::replicator>(io_, limits_, durable_, job_.baseline.dir,
+                                                    job_.share_memory);
 }
 
 std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
@@ -679,10 +747,13 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     bandwidth_ = best;
   }
   auto shared = std::make_shared<capture_shared>(setup.stage, setup.replica);
-  shared->pool = std::make_unique<slot_pool>(io_);
+  shared->pool = std::make_unique<slot_pool>(io_, job_.share_memory);
+  for (auto& f : restored_files_) shared->pool->adopt(std::move(f));
+  restored_files_.clear();
   if (!restored_regions_.empty()) {
     for (auto& r : restored_regions_) shared->pool->adopt(std::move(r));
     restored_regions_.clear();
+    restored_files_.clear();
     shared->pool->grow(limits_.max_windows_held - 1);
   }
   shared->capture.set_allocator(
@@ -788,6 +859,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   std::vector<std::shared_ptr<const void>> kept;
   const std::size_t own_index = std::size_t((s - first_stage) * dp + setup.replica);
   std::vector<std::shared_ptr<transport::bulk_region>> own_regions;
+  std::vector<std::shared_ptr<transport::shared_memory>> own_files;
   if (durable) {
     // The durable tier: every stage replica's window from its files, verified (the manifest's
     // checksums, the meta, every slot's own checksum and tag).
@@ -830,17 +902,45 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         if (!desc.ok() || desc->node != holder.node || desc->length > limits_.max_slot_bytes) {
           continue;
         }
-        // This process's own stage replica: into link-allocated regions, which its slot pool
-        // then lends to the capture. The others: heap memory, not zeroed (the pull writes
-        // every byte, and parse_snapshot checks them).
+        // A holder on this host that keeps the slot mapped: map it too (no copy, except of
+        // this process's own stage replica, whose regions its slot pool takes over below).
+        std::shared_ptr<transport::shared_memory> mapped;
+        std::span<std::byte> shared_bytes;
+        if (job_.share_memory && r->get().hasShare()) {
+          const auto h = transport::read_share(r->get().getShare());
+          if (h.ok() && h->length == desc->length) {
+            if (auto m = transport::shared_memory::open(*h); m.ok()) {
+              mapped = std::make_shared<transport::shared_memory>(std::move(*m));
+              shared_bytes = mapped->memory().subspan(h->offset, h->length);
+            }
+          }
+        }
+        if (mapped && i != own_index) {
+          slots[i].emplace_back(shared_bytes);
+          kept.push_back(std::move(mapped));
+          found = true;
+          break;
+        }
+        // This process's own stage replica: into link-allocated regions (memory files with
+        // checkpoint.share_memory), which its slot pool then lends to the capture. The
+        // others: heap memory, not zeroed (the pull writes every byte, and parse_snapshot
+        // checks them).
         std::shared_ptr<void> owner;
         std::shared_ptr<transport::bulk_region> region;
+        std::shared_ptr<transport::shared_memory> own_file;
         std::span<std::byte> into;
         if (i == own_index) {
           try {
-            region = std::make_shared<transport::bulk_region>(io_.allocate(desc->length));
-            into = region->memory().first(desc->length);
-            owner = region;
+            if (job_.share_memory) {
+              own_file = std::make_shared<transport::shared_memory>(
+                  transport::shared_memory::create(desc->length));
+              into = own_file->memory().first(desc->length);
+              owner = own_file;
+            } else {
+              region = std::make_shared<transport::bulk_region>(io_.allocate(desc->length));
+              into = region->memory().first(desc->length);
+              owner = region;
+            }
           } catch (const std::exception&) {
             // Out of mappable memory: the heap below (the pool then allocates later).
           }
@@ -851,10 +951,15 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
           into = std::span<std::byte>(buf.get(), desc->length);
           owner = std::move(buf);
         }
-        auto pulled = co_await pull_chunked(io_, *desc, into, owner, limits_.pull_chunk_bytes);
-        if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
+        if (mapped) {
+          co_await off_thread([&] { std::memcpy(into.data(), shared_bytes.data(), into.size()); });
+        } else {
+          auto pulled = co_await pull_chunked(io_, *desc, into, owner, limits_.pull_chunk_bytes);
+          if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
+        }
         slots[i].emplace_back(into);
         if (region) own_regions.push_back(std::move(region));
+        if (own_file) own_files.push_back(std::move(own_file));
         kept.push_back(std::move(owner));
         found = true;
         break;
@@ -1005,6 +1110,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   timing_.iterations_replayed = t - w0;
   restored_log_ = std::move(own);
   for (auto& r : own_regions) restored_regions_.push_back(std::move(*r));
+  for (auto& f : own_files) restored_files_.push_back(std::move(*f));
   co_return std::move(models[std::size_t((s - first_stage) * dp) + me]);
 }
 

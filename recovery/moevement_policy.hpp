@@ -16,6 +16,7 @@
 //   the target iteration.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -69,6 +70,8 @@ struct capture_shared {
   // actor thread (the pool's regions are the link's).
   std::unique_ptr<slot_pool> pool;
   std::mutex mu, log_mu;
+  // Replicas of its slots made so far (the agent counts, the hooks report).
+  std::atomic<std::uint64_t> replica_maps{0}, replica_pulls{0};
   std::condition_variable dropped;  // notified (under mu) when the agent dropped windows
   sparse_capture capture;
   std::optional<stage_schedule> schedule;
@@ -108,10 +111,11 @@ class checkpoint_agent : public actors::actor {
   void write_durable(std::uint64_t window, std::int64_t first,
                      std::vector<std::span<const std::byte>> slots);
   struct pending_slot {
-    transport::bulk_descriptor slot;       // where replicas pull it from
-    transport::bulk_region region;         // heap memory exported for it (none: lent memory)
-    std::size_t copies = 0;                // replicators that answered stored
-    std::vector<actors::actor_ref> asked;  // targets sent a StoreSlot
+    transport::bulk_descriptor slot;  // where replicas pull it from
+    transport::bulk_region region;    // heap memory exported for it (none: lent memory)
+    std::optional<transport::share_handle> share;  // lent memory a replica on this host maps
+    std::size_t copies = 0;                        // replicators that answered stored
+    std::vector<actors::actor_ref> asked;          // targets sent a StoreSlot
   };
   asio::awaitable<void> stored(wire::SlotStored::Reader m);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
@@ -145,8 +149,10 @@ class replicator : public actors::actor {
                         actors::ask_t<engine::wire::DurableQuery, engine::wire::DurableOffer>>;
 
   // durable: the process's durable writer (null: the tier is off), root: checkpoint.dir.
+  // share: map a slot offered by an agent on this host instead of pulling a copy.
   replicator(engine::bulk_io& io, policy_limits limits,
-             std::shared_ptr<durable_writer> durable = nullptr, std::filesystem::path root = {});
+             std::shared_ptr<durable_writer> durable = nullptr, std::filesystem::path root = {},
+             bool share = false);
   std::size_t bytes_held() const;
   using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
   // A slot_puller's result: keep the slot (unless the window went meanwhile) and answer.
@@ -166,10 +172,18 @@ class replicator : public actors::actor {
   policy_limits limits_;
   std::shared_ptr<durable_writer> durable_;
   std::filesystem::path root_;
+  bool share_ = false;
   struct stored_slot {
     transport::bulk_region region;  // a spare region may be larger than the slot
     std::uint64_t length = 0;
+    // Or the owner's memory, mapped (checkpoint.share_memory): [offset, offset + length).
+    std::shared_ptr<transport::shared_memory> mapped;
+    std::uint64_t offset = 0;
+    transport::bulk_region exported;  // of the mapped bytes, made for the first pull of them
   };
+  // Maps a slot an agent on this host offers; false: pull it instead.
+  bool store_mapped(const key& id, const actors::actor_ref& from, wire::StoreSlot::Reader m,
+                    std::uint64_t length);
   std::map<key, stored_slot> slots_;
   // The regions of the last dropped window, by length: the next window's slots have the same
   // sizes (the schedule repeats), and a fresh region costs a page fault per page on the actor
@@ -232,6 +246,7 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   // The regions a restore pulled its own stage replica's window into: the new stage's slot
   // pool starts with them (no first touch of fresh memory in the iterations after a recovery).
   std::vector<transport::bulk_region> restored_regions_;
+  std::vector<transport::shared_memory> restored_files_;  // the same, as memory files
   restore_timing timing_;
 };
 

@@ -17,16 +17,19 @@ struct SlotKey {
   window @2 :UInt64;
   slot @3 :UInt32;
 }
-# Agent -> replicator: pull this slot and keep it; answer SlotStored to `from`.
+# Agent -> replicator: pull this slot and keep it; answer SlotStored to `from`. With `share`,
+# a replicator on the agent's host maps the slot's memory instead (pulling only if that fails).
 struct StoreSlot {
   key @0 :SlotKey;
   tensor @1 :Bulk.BulkDescriptor;
   from @2 :Envelope.ActorAddress;
+  share @3 :Bulk.ShareHandle;
 }
 struct SlotStored {
   key @0 :SlotKey;
   ok @1 :Bool;
   error @2 :Text;
+  mapped @3 :Bool;  # stored by mapping the offered memory (no copy)
 }
 # Replacement -> replicator: where is this slot (found false: not here).
 struct FetchSlot {
@@ -35,6 +38,7 @@ struct FetchSlot {
 struct SlotData {
   found @0 :Bool;
   tensor @1 :Bulk.BulkDescriptor;
+  share @2 :Bulk.ShareHandle;  # set when the replicator holds it mapped: map it on its host
 }
 # Replacement -> a neighbour's agent: the boundary tensors it sent to `replica` of the
 # failed stage in iterations [fromIteration, toIteration], every micro-batch, as one buffer

@@ -9,6 +9,12 @@
 // A lent region comes back to the pool when the capture drops the memory's owner; regions are
 // only ever created and destroyed on the actor thread. The pool must outlive every owner it
 // handed out (capture_shared declares it before the capture).
+//
+// With `share` (checkpoint.share_memory), the regions are memory files a replica on this host
+// maps instead of copying (transport/shared_memory.hpp), exported to the link as well for the
+// replicas that must pull (on other hosts, or where mapping fails). Making one needs no link,
+// so take() never misses: the capture thread makes what it lacks, and the actor thread
+// exports it when it first describes it (lent_region).
 #pragma once
 
 #include <cstddef>
@@ -21,12 +27,13 @@
 
 #include "engine/bulk_io.hpp"
 #include "recovery/sparse_capture.hpp"
+#include "transport/shared_memory.hpp"
 
 namespace moevement::recovery {
 
 class slot_pool {
  public:
-  explicit slot_pool(engine::bulk_io& io) : io_(io) {}
+  explicit slot_pool(engine::bulk_io& io, bool share = false) : io_(io), share_(share) {}
   slot_pool(const slot_pool&) = delete;
   slot_pool& operator=(const slot_pool&) = delete;
 
@@ -41,13 +48,20 @@ class slot_pool {
   // Actor thread: a region allocated elsewhere becomes a free one of the pool (a replacement's
   // restore pulled its window into such regions: their pages are already touched).
   void adopt(transport::bulk_region region);
+  void adopt(transport::shared_memory file);  // (exported when first lent)
   // Actor thread: `extra` more regions of every size the pool has (allocated, not touched):
   // after a recovery, for the windows that would otherwise start on the heap (a replacement's
-  // next windows; a survivor's, while its abandoned windows keep their regions).
+  // next windows; a survivor's, while its abandoned windows keep their regions). A shared
+  // pool needs none (it never misses).
   void grow(std::size_t extra);
   // Actor thread: the lent region whose memory starts at `base`, or nullptr (heap memory).
-  const transport::bulk_region* lent_region(const std::byte* base) const;
+  const transport::bulk_region* lent_region(const std::byte* base);
+  // Any thread: a handle to the first `length` bytes of the lent region at `base`, for a
+  // process of this host; nullopt for heap memory and regions that are not memory files.
+  std::optional<transport::share_handle> lent_share(const std::byte* base,
+                                                    std::uint64_t length) const;
 
+  bool shares() const { return share_; }
   std::size_t free_bytes() const;
   std::size_t regions() const;
   // Refills that could not allocate every region (those captures stay on the heap).
@@ -55,16 +69,20 @@ class slot_pool {
 
  private:
   struct entry {
-    transport::bulk_region region;
+    transport::shared_memory shared;  // empty: the link allocated the region
+    transport::bulk_region region;    // (declared after: unexported before the unmap)
     bool lent = false;
+    std::span<std::byte> memory() const {
+      return shared.empty() ? region.memory() : shared.memory();
+    }
   };
   void give_back(const std::byte* base);
   // Actor thread, without the lock: `each` new regions of every size (failures counted).
-  std::vector<transport::bulk_region> allocate(const std::set<std::size_t>& sizes,
-                                               std::size_t each);
-  void add_free(transport::bulk_region& region);  // under the lock
+  std::vector<entry> allocate(const std::set<std::size_t>& sizes, std::size_t each);
+  void add_free(entry e);  // under the lock
 
   engine::bulk_io& io_;
+  bool share_ = false;
   mutable std::mutex mu_;
   std::map<const std::byte*, entry> regions_;  // by the region's base address
   std::vector<std::size_t> missed_;

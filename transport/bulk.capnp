@@ -12,3 +12,16 @@ struct BulkDescriptor {
   offset @2 :UInt64;  # bytes from the start of the region
   length @3 :UInt64;  # bytes to pull
 }
+
+# Memory a process shares with the processes on its own host (transport/shared_memory.hpp):
+# they map it instead of copying it. Whoever opens one checks that the file it finds is the
+# one named (device and inode) and that the range lies inside it.
+struct ShareHandle {
+  pid @0 :Int32;      # the process holding the file open
+  fd @1 :Int32;       # its descriptor there
+  device @2 :UInt64;  # st_dev and st_ino of the file
+  inode @3 :UInt64;
+  size @4 :UInt64;    # the whole file
+  offset @5 :UInt64;  # the range meant, inside it
+  length @6 :UInt64;
+}

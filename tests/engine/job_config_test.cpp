@@ -73,6 +73,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(3), [](auto& j) { return j.snapshot_replicas == 3; }}},
           {"checkpoint.replay_threads",
            {std::int64_t(2), [](auto& j) { return j.replay_threads == 2; }}},
+          {"checkpoint.share_memory", {false, [](auto& j) { return !j.share_memory; }}},
           {"checkpoint.ordering",
            {std::string("soft-count"), [](auto& j) { return j.ordering == "soft-count"; }}},
           {"checkpoint.decay_alpha", {0.5, [](auto& j) { return j.decay_alpha == 0.5; }}},
@@ -131,9 +132,9 @@ TEST(job_config, every_engine_key_overrides_its_default) {
 
 TEST(job_config, wrong_type_names_the_key) {
   for (const auto& key : job_config_keys()) {
-    // checkpoint.durable is the one boolean key: an integer is its wrong type.
-    const auto r =
-        key == "checkpoint.durable" ? reject({{key, std::int64_t(1)}}) : reject({{key, true}});
+    // checkpoint.durable and .share_memory are the boolean keys: an integer is their wrong type.
+    const bool boolean = key == "checkpoint.durable" || key == "checkpoint.share_memory";
+    const auto r = boolean ? reject({{key, std::int64_t(1)}}) : reject({{key, true}});
     EXPECT_EQ(r.key, key);
     EXPECT_TRUE(contains(r.message, "expected")) << r.message;
   }

@@ -28,6 +28,36 @@ class slot_pool_test : public ::testing::Test {
   std::unique_ptr<engine::bulk_io> io_bulk_;
 };
 
+TEST_F(slot_pool_test, shared_regions_are_made_on_the_capture_thread_and_mapped_by_handle) {
+  slot_pool pool(*io_bulk_, true);
+  std::optional<slot_memory> taken;
+  std::thread([&] { taken = pool.take(10000); }).join();  // no link call there
+  ASSERT_TRUE(taken.has_value()) << "a shared pool never misses";
+  EXPECT_TRUE(taken->lent);
+  std::memset(taken->bytes.data(), 0x3c, taken->bytes.size());
+  const auto share = pool.lent_share(taken->bytes.data(), 4000);
+  ASSERT_TRUE(share.has_value());
+  EXPECT_EQ(share->length, 4000u);
+  auto view = transport::shared_memory::open(*share);
+  ASSERT_TRUE(view.ok()) << view.err().message;
+  EXPECT_EQ(view->memory()[3999], std::byte{0x3c}) << "the same pages";
+  const auto* region = pool.lent_region(taken->bytes.data());  // exported now, for pullers
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ(region->memory().data(), taken->bytes.data());
+  // Given back, it is lent again (the next window), with no new memory.
+  std::thread([m = std::move(taken)]() mutable { m.reset(); }).join();
+  EXPECT_FALSE(pool.lent_share(view->memory().data(), 1).has_value()) << "not lent";
+  auto again = pool.take(9000);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(pool.regions(), 1u);
+  // A link-allocated region (a restore's) is lent too, but has no handle.
+  pool.adopt(io_bulk_->allocate(20000));
+  auto adopted = pool.take(15000);
+  ASSERT_TRUE(adopted.has_value());
+  EXPECT_NE(pool.lent_region(adopted->bytes.data()), nullptr);
+  EXPECT_FALSE(pool.lent_share(adopted->bytes.data(), 15000).has_value());
+}
+
 TEST_F(slot_pool_test, misses_then_lends_link_memory_and_takes_it_back) {
   slot_pool pool(*io_bulk_);
   EXPECT_FALSE(pool.take(1000).has_value()) << "nothing allocated yet";

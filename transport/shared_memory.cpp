@@ -1,0 +1,146 @@
+#include "transport/shared_memory.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace moevement::transport {
+
+void write_share(wire::ShareHandle::Builder b, const share_handle& h) {
+  b.setPid(h.pid);
+  b.setFd(h.fd);
+  b.setDevice(h.device);
+  b.setInode(h.inode);
+  b.setSize(h.size);
+  b.setOffset(h.offset);
+  b.setLength(h.length);
+}
+
+result<share_handle> read_share(wire::ShareHandle::Reader r) {
+  share_handle h{r.getPid(),  r.getFd(),     r.getDevice(), r.getInode(),
+                 r.getSize(), r.getOffset(), r.getLength()};
+  if (h.pid <= 0 || h.fd < 0) return error{"share handle names no process or descriptor"};
+  if (h.length == 0 || h.offset + h.length < h.offset || h.offset + h.length > h.size) {
+    return error{"share handle's range is not inside its file"};
+  }
+  return h;
+}
+
+shared_memory::~shared_memory() {
+  reset();
+}
+
+shared_memory::shared_memory(shared_memory&& o) noexcept
+    : base_(std::exchange(o.base_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      fd_(std::exchange(o.fd_, -1)),
+      device_(o.device_),
+      inode_(o.inode_) {}
+
+shared_memory& shared_memory::operator=(shared_memory&& o) noexcept {
+  if (this != &o) {
+    reset();
+    base_ = std::exchange(o.base_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    fd_ = std::exchange(o.fd_, -1);
+    device_ = o.device_;
+    inode_ = o.inode_;
+  }
+  return *this;
+}
+
+void shared_memory::reset() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  base_ = nullptr;
+  size_ = 0;
+  fd_ = -1;
+}
+
+shared_memory shared_memory::create(std::size_t bytes) {
+  if (bytes == 0) throw std::invalid_argument("shared_memory::create: zero bytes");
+  const int fd = ::memfd_create("moevement-slot", MFD_CLOEXEC);
+  if (fd < 0) {
+    throw std::runtime_error(fmt::format(
+        "memfd_create failed ({}): this host cannot share memory between processes; set "
+        "checkpoint.share_memory = false",
+        std::strerror(errno)));
+  }
+  shared_memory m;
+  m.fd_ = fd;
+  if (::ftruncate(fd, off_t(bytes)) != 0) {
+    throw std::runtime_error(
+        fmt::format("cannot size a {}-byte shared memory file ({}): raise "
+                    "the size of /dev/shm or lower the model's size",
+                    bytes, std::strerror(errno)));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    throw std::runtime_error(
+        fmt::format("cannot map {} bytes of shared memory ({})", bytes, std::strerror(errno)));
+  }
+  m.base_ = p;
+  m.size_ = bytes;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    m.device_ = std::uint64_t(st.st_dev);
+    m.inode_ = std::uint64_t(st.st_ino);
+  }
+  return m;
+}
+
+result<shared_memory> shared_memory::open(const share_handle& h) {
+  if (h.pid <= 0 || h.fd < 0 || h.length == 0 || h.offset + h.length < h.offset ||
+      h.offset + h.length > h.size) {
+    return error{"share handle is malformed"};
+  }
+  const std::string path = fmt::format("/proc/{}/fd/{}", h.pid, h.fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    return error{fmt::format("cannot open the shared memory of process {} ({})", h.pid,
+                             std::strerror(errno))};
+  }
+  shared_memory m;
+  m.fd_ = fd;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || std::uint64_t(st.st_dev) != h.device ||
+      std::uint64_t(st.st_ino) != h.inode) {
+    return error{fmt::format("process {}'s descriptor {} is not the memory named", h.pid, h.fd)};
+  }
+  // Memory files only (memfd, tmpfs): a handle must never make us map a file on disk.
+  if (::fcntl(fd, F_GET_SEALS) < 0) {
+    return error{fmt::format("process {}'s descriptor {} is not shared memory", h.pid, h.fd)};
+  }
+  if (std::uint64_t(st.st_size) != h.size) {
+    return error{fmt::format("process {}'s shared memory is {} bytes, the handle says {}", h.pid,
+                             std::uint64_t(st.st_size), h.size)};
+  }
+  void* p = ::mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return error{
+        fmt::format("cannot map process {}'s shared memory ({})", h.pid, std::strerror(errno))};
+  }
+  m.base_ = p;
+  m.size_ = h.size;
+  m.device_ = h.device;
+  m.inode_ = h.inode;
+  return m;
+}
+
+share_handle shared_memory::share(std::uint64_t offset, std::uint64_t length) const {
+  if (offset + length < offset || offset + length > size_) {
+    throw std::out_of_range("shared_memory::share: range outside the memory");
+  }
+  return share_handle{std::int32_t(::getpid()), fd_, device_, inode_, size_, offset, length};
+}
+
+}  // namespace moevement::transport
