@@ -28,7 +28,7 @@ std::size_t entry_size(const models::operator_state& op, capture_kind kind) {
 }
 
 // Writes a slot front to back and hashes it as it goes: each block is hashed while it is
-// still in cache, not read back from memory afterwards (XXH64's digest does not depend on how
+// still in cache, not read back from memory afterwards (XXH3's digest does not depend on how
 // the bytes are split).
 class writer {
  public:
@@ -68,7 +68,7 @@ class writer {
   }
   std::span<std::byte> out_;
   std::size_t at_ = 0, hashed_ = 0;
-  hasher hash_;
+  xxh3_hasher hash_;
 };
 
 class reader {
@@ -199,19 +199,21 @@ snapshot_view parse_snapshot(std::span<const std::byte> bytes) {
   if (std::memcmp(bytes.data(), magic.data(), magic.size()) != 0) {
     throw snapshot_error("not a snapshot slot (bad magic)");
   }
-  hasher h;
-  h.update(body);
-  if (h.digest() != stored) {
+  // The version before the checksum: another version's checksum is another hash.
+  std::uint32_t version = 0;
+  std::memcpy(&version, bytes.data() + magic.size(), sizeof version);
+  if (version != snapshot_format_version) {
+    throw snapshot_error("snapshot format version " + std::to_string(version) + ", expected " +
+                         std::to_string(snapshot_format_version) +
+                         ": written by another version of moevement");
+  }
+  if (xxh3_64(body) != stored) {
     throw snapshot_error("snapshot checksum mismatch (corrupt or truncated slot of " +
                          std::to_string(bytes.size()) + " bytes): fetch another copy");
   }
   reader r(body);
   r.take(magic.size(), "magic");
-  const auto version = r.value<std::uint32_t>("format version");
-  if (version != snapshot_format_version) {
-    throw snapshot_error("snapshot format version " + std::to_string(version) + ", expected " +
-                         std::to_string(snapshot_format_version));
-  }
+  (void)r.value<std::uint32_t>("format version");
   snapshot_view v;
   v.bytes = bytes.size();
   v.tag = read_tag(r);

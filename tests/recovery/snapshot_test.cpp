@@ -75,17 +75,34 @@ TEST_F(slot_fixture, bytes_hold_the_live_state) {
   EXPECT_THROW(load_operator(v.entries[0], *fops[1]), snapshot_error);
 }
 
-// The writer hashes block by block as it copies; the checksum must still be XXH64 of the whole
-// body, over a slot of many blocks.
-TEST_F(slot_fixture, the_checksum_is_xxhash64_of_the_whole_body) {
+// The writer hashes block by block as it copies; the checksum must still be XXH3-64 of the
+// whole body, over a slot of many blocks.
+TEST_F(slot_fixture, the_checksum_is_xxh3_of_the_whole_body) {
   const std::vector<capture_kind> all_full(cops.size(), capture_kind::full);
   std::vector<std::byte> big(snapshot_size(cops, all_full));
   ASSERT_GT(big.size(), std::size_t(2) << 18) << "the stage must span several hash blocks";
   write_snapshot(big, {1, 0, 1, 1, 0}, pipe.scaler(), cops, all_full);
   std::uint64_t stored = 0;
   std::memcpy(&stored, big.data() + big.size() - sizeof stored, sizeof stored);
-  EXPECT_EQ(stored, xxhash64(std::span<const std::byte>(big).first(big.size() - sizeof stored)));
+  EXPECT_EQ(stored, xxh3_64(std::span<const std::byte>(big).first(big.size() - sizeof stored)));
   EXPECT_NO_THROW((void)parse_snapshot(big));
+}
+
+// A slot of format 1 (XXH64 checksum) is refused for its version, not taken for corrupt.
+TEST_F(slot_fixture, a_slot_of_another_format_version_says_so) {
+  auto old = bytes;
+  const std::uint32_t v1 = 1;
+  std::memcpy(old.data() + 8, &v1, sizeof v1);
+  const std::uint64_t sum =
+      xxhash64(std::span<const std::byte>(old).first(old.size() - sizeof sum));
+  std::memcpy(old.data() + old.size() - sizeof sum, &sum, sizeof sum);
+  try {
+    (void)parse_snapshot(old);
+    FAIL() << "a format-1 slot parsed";
+  } catch (const snapshot_error& e) {
+    EXPECT_NE(std::string(e.what()).find("format version 1, expected 2"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(slot_fixture, every_truncation_and_every_flipped_byte_is_rejected) {
