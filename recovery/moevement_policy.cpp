@@ -267,13 +267,9 @@ void checkpoint_agent::ship(std::int64_t iteration) {
   // Regions for the slots that missed, on this thread as the link requires: as many of each
   // size as windows the capture holds (the capture reuses its windows' memory after that, so
   // the pool is asked only at the start and when a reorder grows a slot), and as many free
-  // ones kept.
-  // A shared pool makes regions when the capture asks: it keeps one window's worth free (a
-  // replacement's restored window, taken over the next iterations), so that the memory the
-  // recovery's extra windows took goes back (the fault-free level).
+  // ones kept (a shared pool, which makes regions when the capture asks, keeps none).
   if (shared_->pool) {
-    shared_->pool->refill(shared_->pool->shares() ? 0 : w_sparse * limits_.max_windows_held,
-                          limits_.max_windows_held);
+    shared_->pool->refill(w_sparse * limits_.max_windows_held, limits_.max_windows_held);
   }
 }
 
@@ -753,7 +749,6 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   if (!restored_regions_.empty()) {
     for (auto& r : restored_regions_) shared->pool->adopt(std::move(r));
     restored_regions_.clear();
-    restored_files_.clear();
     shared->pool->grow(limits_.max_windows_held - 1);
   }
   shared->capture.set_allocator(
@@ -822,6 +817,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_log_.reset();
   restored_schedule_.reset();
   restored_regions_.clear();
+  restored_files_.clear();
   timing_ = {};
   const auto started = std::chrono::steady_clock::now();
   std::map<std::int64_t, step_record> steps;

@@ -81,15 +81,7 @@ std::vector<slot_pool::entry> slot_pool::allocate(const std::set<std::size_t>& s
   std::vector<entry> fresh;
   try {
     for (const std::size_t n : sizes) {
-      for (std::size_t i = 0; i < each; ++i) {
-        entry e;
-        if (share_) {
-          e.shared = transport::shared_memory::create(n);  // exported when first lent
-        } else {
-          e.region = io_.allocate(n);
-        }
-        fresh.push_back(std::move(e));
-      }
+      for (std::size_t i = 0; i < each; ++i) fresh.push_back(entry{{}, io_.allocate(n), false});
     }
   } catch (const std::exception&) {
     // Out of mappable memory (shm or memlock limits): the captures that miss use the heap,
@@ -107,6 +99,7 @@ void slot_pool::add_free(entry e) {
 }
 
 void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
+  if (share_) keep_free = 0;
   std::set<std::size_t> missed;  // sizes: however many misses, `batch` regions each
   {
     std::lock_guard lock(mu_);

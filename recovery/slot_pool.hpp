@@ -43,7 +43,9 @@ class slot_pool {
   // Actor thread: frees free regions beyond `keep_free` (the largest are kept), then allocates
   // `batch` regions of each size take() missed, however often it was missed (one window's
   // miss stands for the next windows' too: they would otherwise start on the heap, one more
-  // each time; and a burst of misses must not allocate without bound).
+  // each time; and a burst of misses must not allocate without bound). A shared pool never
+  // misses and keeps nothing free: it makes what the capture asks for, so the memory a
+  // recovery's extra windows took goes back to the fault-free level.
   void refill(std::size_t keep_free, std::size_t batch = 1);
   // Actor thread: a region allocated elsewhere becomes a free one of the pool (a replacement's
   // restore pulled its window into such regions: their pages are already touched).
@@ -61,7 +63,6 @@ class slot_pool {
   std::optional<transport::share_handle> lent_share(const std::byte* base,
                                                     std::uint64_t length) const;
 
-  bool shares() const { return share_; }
   std::size_t free_bytes() const;
   std::size_t regions() const;
   // Refills that could not allocate every region (those captures stay on the heap).
@@ -77,7 +78,8 @@ class slot_pool {
     }
   };
   void give_back(const std::byte* base);
-  // Actor thread, without the lock: `each` new regions of every size (failures counted).
+  // Actor thread, without the lock: `each` new link-allocated regions of every size (failures
+  // counted; a shared pool makes its memory files in take()).
   std::vector<entry> allocate(const std::set<std::size_t>& sizes, std::size_t each);
   void add_free(entry e);  // under the lock
 
