@@ -52,10 +52,13 @@
 //   point and whether its final state_hash equals the fault-free one.
 // `moevement bench recovery --kill-iters T1,T2,...`: a trace of kills instead, the same for
 // every policy (stage S replica 0 at each listed iteration: the worker holding it then, the
-// previous kill's replacement; --spares is raised to the number of kills). Default MTBF for
-// the baselines' Young interval: the fault-free wall time / the number of kills. Per policy:
-// ettr (ratio ours/theirs) and time_lost_s = wall x (1 - ettr), the wall time beyond the
-// useful time (ratio theirs/ours), with the recoveries and state_hash in a comment line.
+// previous kill's replacement; --spares is raised to the number of kills), in --repeats
+// rounds: `none`, then each policy, each policy's ETTR against that round's `none` run (the
+// host's load drifts over the minutes a round takes). Default MTBF for the baselines' Young
+// interval: the round's fault-free wall time / the number of kills. Per policy, medians over
+// the rounds: ettr (ratio ours/theirs) and time_lost_s = wall x (1 - ettr), the wall time
+// beyond the useful time (ratio theirs/ours); a comment line per run with its recoveries and
+// state_hash.
 // Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -201,59 +204,72 @@ run_result run_policy(Run& run, const std::string& policy, const std::vector<std
   return r;
 }
 
-// `moevement bench recovery --kill-iters ...`: the same trace of kills under each policy (see
-// the header).
+// `moevement bench recovery --kill-iters ...`: the same trace of kills under each policy, in
+// --repeats rounds (see the header).
 template <class Run>
 void compare_trace(const options& o, Run run) {
-  const reference ref = run_reference(o, run);
-  const auto& fault_free = ref.fault_free;
-  const double mtbf = o.mtbf > 0 ? o.mtbf : ref.wall / double(o.kill_iters.size());
   std::vector<std::string> injects;
   std::string trace;
   for (int t : o.kill_iters) {
     injects.push_back(fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, t));
     trace += fmt::format("{}{}", trace.empty() ? "" : ",", t);
   }
-  std::printf(
-      "# trace: kill stage %d replica 0 at iterations %s; fault-free (none) wall %.3f s, ettr "
-      "%.4f; baselines at Young's k with checkpoint.mtbf_s=%.3f\n",
-      o.kill_stage, trace.c_str(), ref.wall, ettr(ref.runs.front(), fault_free), mtbf);
+  const std::vector<std::string> policies{"moevement", "dense-memory", "dense-disk", "pec"};
   struct one {
-    std::string policy;
-    double ettr = 0, lost_s = 0, recovery_s = 0;
-    std::size_t recoveries = 0;
+    double ettr = 0, lost_s = 0;
   };
-  std::vector<one> all;
-  for (const std::string policy : {"moevement", "dense-memory", "dense-disk", "pec"}) {
-    const run_result r = run_policy(run, policy, injects, mtbf);
-    one x{policy};
-    x.ettr = ettr(r, fault_free);
-    x.lost_s = (r.t_end - r.t_start) * (1.0 - x.ettr);  // wall time beyond the useful time
-    x.recoveries = r.recoveries.size();
-    for (const auto& rec : r.recoveries) x.recovery_s += rec.seconds;
-    if (x.recoveries != o.kill_iters.size()) {
-      throw std::runtime_error(fmt::format("{}: {} kills led to {} recovery_end records", policy,
-                                           o.kill_iters.size(), x.recoveries));
-    }
-    const bool same = !r.state_hash.empty() && r.state_hash == ref.runs.front().state_hash;
-    long replayed = 0;
-    for (const auto& rec : r.recoveries) replayed += rec.replayed;
+  std::map<std::string, std::vector<one>> rounds;  // by policy, one per round
+  for (int round = 0; round < o.repeats; ++round) {
+    // This round's fault-free run: each policy's useful time comes from the run next to it,
+    // not from one taken many minutes earlier (the host's load drifts meanwhile).
+    const run_result none = run("none", {}, {});
+    const auto fault_free = per_index({none});
+    const double wall = none.t_end - none.t_start;
+    const double mtbf = o.mtbf > 0 ? o.mtbf : wall / double(o.kill_iters.size());
     std::printf(
-        "# %s: ettr %.4f, wall %.3f s, time lost %.3f s, %zu recoveries (recovery_end seconds "
-        "%.3f in all, %ld iterations replayed), %s, state_hash_equal %s%s\n",
-        policy.c_str(), x.ettr, r.t_end - r.t_start, x.lost_s, x.recoveries, x.recovery_s, replayed,
-        policy == "moevement" ? fmt::format("W_sparse {}", r.w_sparse).c_str()
-                              : fmt::format("interval {}", r.interval).c_str(),
-        same ? "yes" : "NO", policy == "pec" && !same ? " (by design: stale experts)" : "");
-    all.push_back(std::move(x));
+        "# round %d: trace kill stage %d replica 0 at iterations %s; fault-free (none) wall "
+        "%.3f s; baselines at Young's k with checkpoint.mtbf_s=%.3f\n",
+        round + 1, o.kill_stage, trace.c_str(), wall, mtbf);
+    for (const auto& policy : policies) {
+      const run_result r = run_policy(run, policy, injects, mtbf);
+      one x;
+      x.ettr = ettr(r, fault_free);
+      x.lost_s = (r.t_end - r.t_start) * (1.0 - x.ettr);  // wall time beyond the useful time
+      if (r.recoveries.size() != o.kill_iters.size()) {
+        throw std::runtime_error(fmt::format("{}: {} kills led to {} recovery_end records", policy,
+                                             o.kill_iters.size(), r.recoveries.size()));
+      }
+      double recovery_s = 0;
+      long replayed = 0;
+      for (const auto& rec : r.recoveries) {
+        recovery_s += rec.seconds;
+        replayed += rec.replayed;
+      }
+      const bool same = !r.state_hash.empty() && r.state_hash == none.state_hash;
+      std::printf(
+          "# %s: ettr %.4f, wall %.3f s, time lost %.3f s, %zu recoveries (recovery_end "
+          "seconds %.3f in all, %ld iterations replayed), %s, state_hash_equal %s%s\n",
+          policy.c_str(), x.ettr, r.t_end - r.t_start, x.lost_s, r.recoveries.size(), recovery_s,
+          replayed,
+          policy == "moevement" ? fmt::format("W_sparse {}", r.w_sparse).c_str()
+                                : fmt::format("interval {}", r.interval).c_str(),
+          same ? "yes" : "NO", policy == "pec" && !same ? " (by design: stale experts)" : "");
+      rounds[policy].push_back(x);
+    }
   }
-  const one& ours = all.front();
-  for (std::size_t i = 1; i < all.size(); ++i) {
-    const one& t = all[i];
-    std::printf("## vs %s\n", t.policy.c_str());
-    std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f\n", ours.ettr, t.ettr, ours.ettr / t.ettr);
-    std::printf("time_lost_s: ours=%.3f theirs=%.3f ratio=%.2f\n", ours.lost_s, t.lost_s,
-                t.lost_s / ours.lost_s);
+  // Each policy's median over the rounds.
+  auto med = [&](const std::string& policy, double one::*field) {
+    std::vector<double> v;
+    for (const auto& x : rounds[policy]) v.push_back(x.*field);
+    return median(v);
+  };
+  const double ours_ettr = med("moevement", &one::ettr), ours_lost = med("moevement", &one::lost_s);
+  std::printf("# medians over %d rounds\n", o.repeats);
+  for (std::size_t i = 1; i < policies.size(); ++i) {
+    const double e = med(policies[i], &one::ettr), l = med(policies[i], &one::lost_s);
+    std::printf("## vs %s\n", policies[i].c_str());
+    std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f\n", ours_ettr, e, ours_ettr / e);
+    std::printf("time_lost_s: ours=%.3f theirs=%.3f ratio=%.2f\n", ours_lost, l, l / ours_lost);
   }
 }
 
