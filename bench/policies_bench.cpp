@@ -22,7 +22,9 @@
 //   iteration_time: ours = moevement's median counted iteration_s (pooled over repeats),
 //                   theirs = none's; ratio = theirs / ours (1 = no overhead)
 //   plus W_sparse, snapshot bytes per iteration (mean over counted iterations), mean stall,
-//   and the peak of snapshot_host_bytes + log_host_bytes over all iterations.
+//   the captures' CPU time per iteration (capture_cpu_s, mean; and its share of the host's
+//   core time in a median iteration), and the peak of snapshot_host_bytes + log_host_bytes
+//   over all iterations.
 // Recovery part: the same job under moevement with --inject kill:stage=S,replica=0,iter=T.
 //   recovery_s (recovery_end's seconds), iterations_replayed (target_iteration -
 //   replay_from), state_hash_equal (the job's final hash against the fault-free moevement
@@ -71,6 +73,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -411,7 +414,7 @@ int main(int argc, char** argv) {
     const long skip = counted_from(moe);
     int w = 0;
     for (const auto& r : moe) w = std::max(w, r.w_sparse);
-    std::vector<double> moe_s, stall, bytes, host;
+    std::vector<double> moe_s, stall, bytes, host, capture_cpu;
     for (const auto& r : moe) {
       for (const auto& it : r.iterations) {
         host.push_back(it.host_bytes);
@@ -419,6 +422,7 @@ int main(int argc, char** argv) {
         moe_s.push_back(it.seconds);
         stall.push_back(it.stall_s);
         bytes.push_back(it.snapshot_bytes);
+        capture_cpu.push_back(it.capture_cpu_s);
       }
     }
     if (moe_s.empty()) {
@@ -444,6 +448,11 @@ int main(int argc, char** argv) {
     }
     std::printf("snapshot_bytes_per_iteration: %.0f\n", mean(bytes));
     std::printf("stall_s_mean: %.6f\n", mean(stall));
+    // What the captures cost the host's cores, which the wall clock of a shared host hides.
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    std::printf("capture_cpu_s_per_iteration: %.5f (%.2f%% of the host's %.0f cores x the "
+                "median iteration)\n",
+                mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
     std::printf("peak_snapshot_log_host_bytes: %.0f\n",
                 *std::max_element(host.begin(), host.end()));
     if (o.durable) {

@@ -24,6 +24,7 @@ struct stamped {
 struct iteration_rec {
   long iteration = 0;
   double seconds = 0, stall_s = 0;
+  double capture_cpu_s = 0;                   // the stages' captures' CPU time, summed
   double t = 0;                               // when the bench saw the record
   double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
   double mean_stage_compute_s =
@@ -114,6 +115,7 @@ inline run_result parse(const std::vector<stamped>& log) {
       it.iteration = long(number(l, "iteration"));
       it.seconds = number(l, "iteration_s");
       it.stall_s = number(l, "stall_s");
+      it.capture_cpu_s = number(l, "capture_cpu_s");
       it.snapshot_bytes = number(l, "snapshot_bytes");
       it.host_bytes = number(l, "snapshot_host_bytes") + number(l, "log_host_bytes");
       it.mean_stage_compute_s = number(l, "mean_stage_compute_s");

@@ -602,6 +602,7 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.snapshot_lent_bytes += m.getSnapshotLentBytes();
   last_.replica_maps += m.getReplicaMaps();
   last_.replica_pulls += m.getReplicaPulls();
+  last_.capture_cpu_s += m.getCaptureCpuSeconds();
   last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
   co_await maybe_stepped_all();
 }
@@ -641,6 +642,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
           .add("replica_maps", std::int64_t(last_.replica_maps))
           .add("replica_pulls", std::int64_t(last_.replica_pulls))
           .add("stall_s", last_.stall_s)
+          .add("capture_cpu_s", last_.capture_cpu_s)
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
           .add("log_host_bytes", std::int64_t(last_.log_host_bytes))
           .add("replication_lag", last_.replication_lag);

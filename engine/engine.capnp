@@ -146,6 +146,7 @@ struct Stepped {
   snapshotLentBytes @7 :UInt64;
   replicaMaps @8 :UInt64;   # copies of this stage replica's slots made so far by mapping
   replicaPulls @9 :UInt64;  # and by pulling
+  captureCpuSeconds @10 :Float64;  # CPU time of the last capture
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

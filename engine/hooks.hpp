@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ctime>
 #include <functional>
 #include <span>
 
@@ -47,7 +48,17 @@ struct checkpoint_stats {
   // Replicas of this stage replica's slots so far: mapped by a replicator on its host
   // (checkpoint.share_memory), or pulled as a copy.
   std::uint64_t replica_maps = 0, replica_pulls = 0;
+  // CPU time (of the thread that made it) of the last capture: what checkpointing costs the
+  // host's cores, whatever the wall clock shows on a busy host.
+  double capture_cpu_s = 0.0;
 };
+
+// CPU seconds the calling thread has used so far.
+inline double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
 
 class stage_hooks {
  public:

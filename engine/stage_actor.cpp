@@ -438,6 +438,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setSnapshotLentBytes(st.snapshot_lent_bytes);
     b.setReplicaMaps(st.replica_maps);
     b.setReplicaPulls(st.replica_pulls);
+    b.setCaptureCpuSeconds(st.capture_cpu_s);
   });
   at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }

@@ -94,6 +94,7 @@ class baseline_hooks : public engine::stage_hooks {
 
   void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override {
     const auto t0 = sclock::now();
+    const double cpu0 = engine::thread_cpu_seconds();
     snapshot_bytes_ = 0;
     lent_bytes_ = 0;
     std::lock_guard lock(shared_->mu);
@@ -159,6 +160,7 @@ class baseline_hooks : public engine::stage_hooks {
       host_bytes_ = n;
     }
     stall_s_ = point ? seconds_since(t0) : 0.0;
+    capture_cpu_s_ = engine::thread_cpu_seconds() - cpu0;
   }
 
   void after_step_shipped(std::int64_t) override {
@@ -178,7 +180,10 @@ class baseline_hooks : public engine::stage_hooks {
   }
 
   engine::checkpoint_stats stats() const override {
-    return {snapshot_bytes_.load(), stall_s_.load(), host_bytes_.load(), 0, lent_bytes_.load()};
+    return {snapshot_bytes_.load(), stall_s_.load(), host_bytes_.load(), 0, lent_bytes_.load(),
+            0,
+            0,
+            capture_cpu_s_.load()};
   }
 
  private:
@@ -222,6 +227,7 @@ class baseline_hooks : public engine::stage_hooks {
   held_checkpoint spare_;
   std::atomic<std::uint64_t> snapshot_bytes_{0}, host_bytes_{0}, lent_bytes_{0};
   std::atomic<double> stall_s_{0.0};
+  std::atomic<double> capture_cpu_s_{0.0};  // the step's own capture (not a disk writer's)
 };
 
 // Why `view` cannot be stage s's checkpoint at `iteration` for ops ("" when it can). full:

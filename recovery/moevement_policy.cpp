@@ -99,8 +99,10 @@ class checkpoint_hooks : public engine::stage_hooks {
     asio::post(pool_, [this, iteration, done] {
       try {
         {
+          const double cpu0 = engine::thread_cpu_seconds();
           std::lock_guard lock(shared_->mu);
           shared_->capture.after_step(iteration, ops_);
+          capture_cpu_s_ = engine::thread_cpu_seconds() - cpu0;
           const bool captured = shared_->capture.slot_of(iteration).has_value();
           slot_bytes_ = captured ? shared_->capture.last_slot_bytes() : 0;
           lent_bytes_ = captured && shared_->capture.last_slot_lent() ? slot_bytes_.load() : 0;
@@ -138,7 +140,7 @@ class checkpoint_hooks : public engine::stage_hooks {
     return {slot_bytes_.load(),           stall_s_,
             host_bytes_.load(),           log_bytes_.load(),
             lent_bytes_.load(),           shared_->replica_maps.load(),
-            shared_->replica_pulls.load()};
+            shared_->replica_pulls.load(), capture_cpu_s_.load()};
   }
 
  private:
@@ -151,6 +153,7 @@ class checkpoint_hooks : public engine::stage_hooks {
   std::future<void> pending_;  // the capture in flight
   double stall_s_ = 0.0;
   std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0}, lent_bytes_{0};
+  std::atomic<double> capture_cpu_s_{0.0};
   asio::thread_pool pool_{1};  // last: joined first
 };
 

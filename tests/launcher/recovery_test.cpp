@@ -245,6 +245,7 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
     if (it >= 9) {
       EXPECT_GT(bytes, 0) << l;
       EXPECT_EQ(lent, bytes) << l;
+      EXPECT_GT(number_field(l, "capture_cpu_s"), 0.0) << "the captures' CPU time: " << l;
       ++iterations;
     }
   }

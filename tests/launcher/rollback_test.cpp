@@ -97,6 +97,7 @@ TEST(rollback, dense_memory_checkpoints_end_up_in_lent_memory) {
     if (number_field(l, "iteration") >= iterations - 3) {
       EXPECT_GT(bytes, 0) << l;
       EXPECT_EQ(lent, bytes) << l;
+      EXPECT_GT(number_field(l, "capture_cpu_s"), 0.0) << "the capture's CPU time: " << l;
       ++checked;
     }
   }
