@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 
-#include "base/copy.hpp"
 #include "base/hash.hpp"
 #include "models/tensor.hpp"
 
@@ -37,21 +36,6 @@ class writer {
   void bytes(const void* p, std::size_t n) {
     if (n > out_.size() - at_) throw std::invalid_argument("snapshot: buffer too small");
     const auto* from = static_cast<const std::byte*>(p);
-    if (n >= stream_bytes) {
-      // A tensor: streamed (base/copy.hpp), and each piece hashed from its source, which the
-      // copy just read into this core's cache (the bytes are the same).
-      hash_written();
-      while (n > 0) {
-        const std::size_t piece = std::min(n, hash_block);
-        copy_streaming(out_.subspan(at_, piece), {from, piece});
-        hash_.update({from, piece});
-        at_ += piece;
-        hashed_ = at_;
-        from += piece;
-        n -= piece;
-      }
-      return;
-    }
     while (n > 0) {
       const std::size_t piece = std::min(n, hash_block);
       std::memcpy(out_.data() + at_, from, piece);
@@ -78,7 +62,6 @@ class writer {
 
  private:
   static constexpr std::size_t hash_block = 256u << 10;  // fits in a core's L2
-  static constexpr std::size_t stream_bytes = 4096;      // smaller ones: a plain copy
   void hash_written() {
     hash_.update(out_.subspan(hashed_, at_ - hashed_));
     hashed_ = at_;
