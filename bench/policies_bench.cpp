@@ -73,8 +73,8 @@
 #include <map>
 #include <set>
 #include <stdexcept>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/launch_job.hpp"
@@ -450,9 +450,10 @@ int main(int argc, char** argv) {
     std::printf("stall_s_mean: %.6f\n", mean(stall));
     // What the captures cost the host's cores, which the wall clock of a shared host hides.
     const double cores = std::max(1u, std::thread::hardware_concurrency());
-    std::printf("capture_cpu_s_per_iteration: %.5f (%.2f%% of the host's %.0f cores x the "
-                "median iteration)\n",
-                mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
+    std::printf(
+        "capture_cpu_s_per_iteration: %.5f (%.2f%% of the host's %.0f cores x the "
+        "median iteration)\n",
+        mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
     std::printf("peak_snapshot_log_host_bytes: %.0f\n",
                 *std::max_element(host.begin(), host.end()));
     if (o.durable) {

@@ -40,7 +40,7 @@ struct iteration_record {
   std::uint64_t snapshot_lent_bytes = 0;              // of snapshot_bytes, in link-allocated memory
   std::uint64_t replica_maps = 0, replica_pulls = 0;  // the stages' replicas so far, by kind
   double stall_s = 0.0;
-  double capture_cpu_s = 0.0;  // CPU time of the stages' last captures, summed
+  double capture_cpu_s = 0.0;         // CPU time of the stages' last captures, summed
   std::int64_t replication_lag = -1;  // iterations stepped since the persisted window's last
 };
 

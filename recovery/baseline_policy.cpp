@@ -180,10 +180,9 @@ class baseline_hooks : public engine::stage_hooks {
   }
 
   engine::checkpoint_stats stats() const override {
-    return {snapshot_bytes_.load(), stall_s_.load(), host_bytes_.load(), 0, lent_bytes_.load(),
-            0,
-            0,
-            capture_cpu_s_.load()};
+    return {
+        snapshot_bytes_.load(), stall_s_.load(), host_bytes_.load(), 0, lent_bytes_.load(), 0, 0,
+        capture_cpu_s_.load()};
   }
 
  private:

@@ -137,10 +137,14 @@ class checkpoint_hooks : public engine::stage_hooks {
   }
   engine::checkpoint_stats stats() const override {
     // The slot of this step is still being copied: report the previous one's size.
-    return {slot_bytes_.load(),           stall_s_,
-            host_bytes_.load(),           log_bytes_.load(),
-            lent_bytes_.load(),           shared_->replica_maps.load(),
-            shared_->replica_pulls.load(), capture_cpu_s_.load()};
+    return {slot_bytes_.load(),
+            stall_s_,
+            host_bytes_.load(),
+            log_bytes_.load(),
+            lent_bytes_.load(),
+            shared_->replica_maps.load(),
+            shared_->replica_pulls.load(),
+            capture_cpu_s_.load()};
   }
 
  private:
