@@ -272,7 +272,12 @@ void compare_trace(const options& o, Run run) {
     const double e = med(policies[i], &one::ettr), l = med(policies[i], &one::lost_s);
     std::printf("## vs %s\n", policies[i].c_str());
     std::printf("ettr: ours=%.4f theirs=%.4f ratio=%.4f\n", ours_ettr, e, ours_ettr / e);
-    std::printf("time_lost_s: ours=%.3f theirs=%.3f ratio=%.2f\n", ours_lost, l, l / ours_lost);
+    if (ours_lost > 0) {
+      std::printf("time_lost_s: ours=%.3f theirs=%.3f ratio=%.2f\n", ours_lost, l, l / ours_lost);
+    } else {  // faster than its round's `none` run: the host's noise is larger than the loss
+      std::printf("time_lost_s: ours=%.3f theirs=%.3f ratio=n/a (ours within the noise)\n",
+                  ours_lost, l);
+    }
   }
 }
 

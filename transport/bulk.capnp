@@ -24,4 +24,5 @@ struct ShareHandle {
   size @4 :UInt64;    # the whole file
   offset @5 :UInt64;  # the range meant, inside it
   length @6 :UInt64;
+  host @7 :UInt64;    # the owner's host (host_tag): another host's handle is never opened
 }

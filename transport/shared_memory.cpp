@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -13,7 +14,24 @@
 
 #include <fmt/format.h>
 
+#include "base/hash.hpp"
+
 namespace moevement::transport {
+
+std::uint64_t host_tag() {
+  static const std::uint64_t tag = [] {
+    std::string id;
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char buf[64] = {};
+      if (std::fgets(buf, sizeof buf, f) != nullptr) id = buf;
+      std::fclose(f);
+    }
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0) id += host;
+    return xxhash64(std::as_bytes(std::span(id.data(), id.size())), 0x6d6f6576);
+  }();
+  return tag;
+}
 
 void write_share(wire::ShareHandle::Builder b, const share_handle& h) {
   b.setPid(h.pid);
@@ -23,11 +41,12 @@ void write_share(wire::ShareHandle::Builder b, const share_handle& h) {
   b.setSize(h.size);
   b.setOffset(h.offset);
   b.setLength(h.length);
+  b.setHost(h.host);
 }
 
 result<share_handle> read_share(wire::ShareHandle::Reader r) {
   share_handle h{r.getPid(),  r.getFd(),     r.getDevice(), r.getInode(),
-                 r.getSize(), r.getOffset(), r.getLength()};
+                 r.getSize(), r.getOffset(), r.getLength(), r.getHost()};
   if (h.pid <= 0 || h.fd < 0) return error{"share handle names no process or descriptor"};
   if (h.length == 0 || h.offset + h.length < h.offset || h.offset + h.length > h.size) {
     return error{"share handle's range is not inside its file"};
@@ -103,6 +122,8 @@ result<shared_memory> shared_memory::open(const share_handle& h) {
       h.offset + h.length > h.size) {
     return error{"share handle is malformed"};
   }
+  // Another host's pid and descriptor would name some process of this one: never opened.
+  if (h.host != host_tag()) return error{"share handle is from another host"};
   const std::string path = fmt::format("/proc/{}/fd/{}", h.pid, h.fd);
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
@@ -140,7 +161,8 @@ share_handle shared_memory::share(std::uint64_t offset, std::uint64_t length) co
   if (offset + length < offset || offset + length > size_) {
     throw std::out_of_range("shared_memory::share: range outside the memory");
   }
-  return share_handle{std::int32_t(::getpid()), fd_, device_, inode_, size_, offset, length};
+  return share_handle{
+      std::int32_t(::getpid()), fd_, device_, inode_, size_, offset, length, host_tag()};
 }
 
 }  // namespace moevement::transport

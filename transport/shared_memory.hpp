@@ -4,9 +4,9 @@
 // process that maps the same pages keeps them after the owner is killed. So a replica on the
 // owner's host maps the slot (open /proc/<pid>/fd/<fd>, as UCX's own shared-memory transport
 // does) instead of pulling it, and a replacement on that host maps the replica's file in turn.
-// Handles come from the wire: open() checks the file's identity and the range before mapping,
-// and a handle that names anything else, or another host's process, is refused (the caller
-// then pulls the bytes instead).
+// Handles come from the wire: open() checks the host, then the file's identity and the range
+// before mapping, and a handle that names anything else, or another host's process, is
+// refused (the caller then pulls the bytes instead).
 #pragma once
 
 #include <cstddef>
@@ -24,8 +24,14 @@ struct share_handle {
   std::uint64_t device = 0, inode = 0;
   std::uint64_t size = 0;  // of the whole file
   std::uint64_t offset = 0, length = 0;
+  std::uint64_t host = 0;  // the owner's host_tag()
   bool operator==(const share_handle&) const = default;
 };
+
+// This machine's identity: its kernel's boot id and its host name (UTS namespace), hashed.
+// Equal tags: the same kernel and, as far as a process can tell, the same host, whose
+// processes' memory files it may open. (Also in the link's bulk addresses.)
+std::uint64_t host_tag();
 
 void write_share(wire::ShareHandle::Builder b, const share_handle& h);
 result<share_handle> read_share(wire::ShareHandle::Reader r);

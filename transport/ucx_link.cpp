@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "base/hash.hpp"
+#include "transport/shared_memory.hpp"
 #include "transport/ucx_context.hpp"
 
 namespace moevement::transport {
@@ -64,19 +65,6 @@ constexpr std::size_t max_token_bytes = 256;
 constexpr std::size_t max_address_bytes = 8192;  // a UCX worker address is a few hundred
 constexpr std::size_t host_tag_bytes = 8;        // leads the bulk address, see bulk_ep_of
 
-// This machine's identity: the kernel's boot id and the host name, hashed (equal tags: the
-// same kernel and, as far as we can tell, the same shared-memory namespace).
-std::uint64_t host_tag() {
-  std::string id;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f) != nullptr) id = buf;
-    std::fclose(f);
-  }
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) == 0) id += host;
-  return xxhash64(std::as_bytes(std::span(id.data(), id.size())), 0x6d6f6576);
-}
 constexpr std::size_t max_rkey_bytes = 4096;
 
 struct hello_header {

@@ -305,6 +305,22 @@ TEST_F(slurm_launch, a_killed_task_is_rebuilt_on_a_spare_task_with_the_same_stat
     }
   }
   EXPECT_GE(checked, 8) << "4 stages x 2 copies, before and after the recovery";
+  // Where the nodes have host names of their own (scripts/slurm-local: a UTS namespace each),
+  // every copy is on another host: the owner's memory-file handle is refused there and the
+  // replica pulls instead (none maps), and the recovery above restored from pulled copies.
+  if (read_file(cluster_->dir() + "/run/hosts").starts_with("distinct")) {
+    const auto last = log.rfind("\"kind\":\"iteration\"");
+    ASSERT_NE(last, std::string::npos);
+    auto field = [&](const std::string& key) {
+      const auto at = log.find("\"" + key + "\":", last);
+      return at == std::string::npos ? -1L : std::atol(log.c_str() + at + key.size() + 3);
+    };
+    EXPECT_EQ(field("replica_maps"), 0) << log.substr(last);
+    EXPECT_GT(field("replica_pulls"), 0) << log.substr(last);
+  } else {
+    std::cout << "[ note ] the Slurm nodes share this host's name (no UTS namespaces here): "
+                 "the copies were mapped, the pull after a refused handle is not exercised\n";
+  }
 }
 
 TEST_F(slurm_launch, the_head_killed_with_sigkill_leaves_no_step_behind) {

@@ -86,6 +86,15 @@ TEST(shared_memory, a_handle_naming_anything_else_is_refused) {
   auto no_fd = good;
   no_fd.fd = 100000;
   EXPECT_FALSE(shared_memory::open(no_fd).ok());
+  // Another host's handle (its pid and descriptor would name some process here) is refused
+  // before anything of this host is opened: the replica pulls instead.
+  auto elsewhere = good;
+  elsewhere.host ^= 1;
+  auto r_elsewhere = shared_memory::open(elsewhere);
+  ASSERT_FALSE(r_elsewhere.ok());
+  EXPECT_NE(r_elsewhere.err().message.find("another host"), std::string::npos);
+  EXPECT_EQ(good.host, host_tag()) << "a handle names its owner's host";
+  EXPECT_TRUE(shared_memory::open(good).ok());
   // A file on disk, even with its true identity, is never mapped.
   const auto path = std::filesystem::temp_directory_path() / "moevement_shared_memory_test";
   std::ofstream(path) << std::string(4096, 'x');
@@ -99,7 +108,8 @@ TEST(shared_memory, a_handle_naming_anything_else_is_refused) {
                           std::uint64_t(st.st_ino),
                           4096,
                           0,
-                          4096};
+                          4096,
+                          host_tag()};
   auto r = shared_memory::open(disk);
   EXPECT_FALSE(r.ok());
   if (!r.ok()) {
@@ -112,10 +122,10 @@ TEST(shared_memory, a_handle_naming_anything_else_is_refused) {
 TEST(shared_memory, handles_from_the_wire_are_checked) {
   capnp::MallocMessageBuilder msg;
   auto b = msg.initRoot<wire::ShareHandle>();
-  write_share(b, share_handle{42, 3, 1, 2, 100, 10, 20});
+  write_share(b, share_handle{42, 3, 1, 2, 100, 10, 20, 77});
   auto r = read_share(b.asReader());
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(*r, (share_handle{42, 3, 1, 2, 100, 10, 20}));
+  EXPECT_EQ(*r, (share_handle{42, 3, 1, 2, 100, 10, 20, 77}));
   b.setOffset(90);  // 90 + 20 > 100
   EXPECT_FALSE(read_share(b.asReader()).ok());
   b.setOffset(0);
