@@ -58,6 +58,9 @@ class worker_checkpoint {
   struct restore_timing {
     double pull_s = 0.0, replay_s = 0.0;
     std::int64_t iterations_replayed = 0;
+    // How it got the window's slots: mapped on this host, or pulled; of the pulled, those
+    // whose holder offered a memory-file handle that could not be mapped here (another host).
+    std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;
   };
   virtual restore_timing last_restore() const { return {}; }
 };

@@ -290,6 +290,9 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     member->pull_s = m.getPullSeconds();
     member->replay_s = m.getReplaySeconds();
     member->replayed = m.getIterationsReplayed();
+    member->slots_mapped = m.getSlotsMapped();
+    member->slots_pulled = m.getSlotsPulled();
+    member->handles_refused = m.getHandlesRefused();
     reg->ready_at = sclock::now();
     co_await maybe_finish_recovery();
     co_return;
@@ -1369,9 +1372,12 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   };
   for (const region& r : rec.regions) {
     double pull = 0.0, replay = 0.0;
-    std::int64_t replayed = 0;
+    std::int64_t replayed = 0, mapped = 0, pulled = 0, refused = 0;
     std::string spares;
     for (const region_member& m : r.members) {
+      mapped += m.slots_mapped;
+      pulled += m.slots_pulled;
+      refused += m.handles_refused;
       pull = std::max(pull, m.pull_s);
       replay = std::max(replay, m.replay_s);
       replayed = std::max(replayed, m.replayed);
@@ -1402,6 +1408,9 @@ awaitable<void> coordinator::maybe_finish_recovery() {
                       .add("pull_s", pull)
                       .add("replay_s", replay)
                       .add("rejoin_s", since(r.ready_at, now))
+                      .add("slots_mapped", mapped)
+                      .add("slots_pulled", pulled)
+                      .add("handles_refused", refused)
                       .add("time_s", log_->seconds()));
     }
     if (callbacks_.on_notice) {

@@ -253,6 +253,7 @@ class coordinator : public actors::actor {
     bool ready = false;            // answered the region's current generation
     double pull_s = 0.0, replay_s = 0.0;
     std::int64_t replayed = 0;
+    std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;  // its restore's
   };
   struct region {
     int first = 0, last = 0;  // stages first..last

@@ -66,6 +66,10 @@ struct StageReady {
   # A replacement's restore failed because every copy of a snapshot slot it needs is gone
   # (with checkpoint.durable on, the job then rolls back to the durable tier).
   snapshotLost @13 :Bool;
+  # How the restore got its window's slots (engine/checkpoint.hpp restore_timing).
+  slotsMapped @14 :Int64;
+  slotsPulled @15 :Int64;
+  handlesRefused @16 :Int64;
 }
 struct OpSize {
   computeBytes @0 :UInt64;

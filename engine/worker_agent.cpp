@@ -88,6 +88,9 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
       b.setPullSeconds(t.pull_s);
       b.setReplaySeconds(t.replay_s);
       b.setIterationsReplayed(t.iterations_replayed);
+      b.setSlotsMapped(t.slots_mapped);
+      b.setSlotsPulled(t.slots_pulled);
+      b.setHandlesRefused(t.handles_refused);
     }
   });
 }

@@ -921,6 +921,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         if (mapped && i != own_index) {
           slots[i].emplace_back(shared_bytes);
           kept.push_back(std::move(mapped));
+          ++timing_.slots_mapped;
           found = true;
           break;
         }
@@ -961,6 +962,12 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
           if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
         }
         slots[i].emplace_back(into);
+        if (mapped) {
+          ++timing_.slots_mapped;  // this process's own: mapped, then copied into its memory
+        } else {
+          ++timing_.slots_pulled;
+          timing_.handles_refused += r->get().hasShare() ? 1 : 0;
+        }
         if (region) own_regions.push_back(std::move(region));
         if (own_file) own_files.push_back(std::move(own_file));
         kept.push_back(std::move(owner));

@@ -323,6 +323,45 @@ TEST_F(slurm_launch, a_killed_task_is_rebuilt_on_a_spare_task_with_the_same_stat
   }
 }
 
+// Two nodes for three tasks: the stages share a node, so each stage's second copy is on its
+// own node, where the replicator maps it, and the spare is on the other node. The replacement
+// is offered the mapping's handle, refuses it (another host) and pulls the slot from the
+// replicator's export of its mapping, bit-exact.
+TEST_F(slurm_launch, a_replacement_on_another_host_pulls_a_mapped_copy_through_its_export) {
+  if (!read_file(cluster_->dir() + "/run/hosts").starts_with("distinct")) {
+    GTEST_SKIP() << "the Slurm nodes share this host's name (no UTS namespaces here): every "
+                    "copy maps, so no pull from a mapping happens";
+  }
+  const std::string run =
+      "--set train.iterations=12 --set train.seq_len=16 --set parallel.pp=2 "
+      "--set parallel.dp=1 ";
+  const auto local = cluster_->run(launch("export_fault_free", run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const auto slurm = cluster_->run(
+      launch("export", run + "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                             "--set cluster.backend=slurm --set cluster.spares=1 "
+                             "--set cluster.slurm_nodes=2 --inject kill:stage=1,replica=0,iter=6"),
+      120);
+  ASSERT_FALSE(slurm.timed_out) << slurm.output;
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
+                                << read_file(slurm_log("export"));
+  EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
+  const std::string log = read_file(cluster_->dir() + "/export.jsonl");
+  auto field = [&](std::size_t from, const std::string& key) {
+    const auto at = log.find("\"" + key + "\":", from);
+    return at == std::string::npos ? -1L : std::atol(log.c_str() + at + key.size() + 3);
+  };
+  const auto end = log.find("\"event\":\"recovery_end\"");
+  ASSERT_NE(end, std::string::npos) << log;
+  EXPECT_EQ(field(end, "slots_pulled"), 2) << "W 2: two slots, both pulled";
+  EXPECT_EQ(field(end, "handles_refused"), 2) << "each offered by a replicator that maps it";
+  EXPECT_EQ(field(end, "slots_mapped"), 0);
+  const auto last = log.rfind("\"kind\":\"iteration\"");
+  ASSERT_NE(last, std::string::npos);
+  EXPECT_GT(field(last, "replica_maps"), 0) << "the copies on the owners' node map";
+  EXPECT_GT(field(last, "replica_pulls"), 0) << "those on the other node pull";
+}
+
 TEST_F(slurm_launch, the_head_killed_with_sigkill_leaves_no_step_behind) {
   // srun dies with its parent (PR_SET_PDEATHSIG: SIGTERM, which cancels the step) and the
   // workers stop when they lose the head; TearDown checks that nothing is left.
