@@ -59,8 +59,8 @@
 // host's load drifts over the minutes a round takes). Default MTBF for the baselines' Young
 // interval: the round's fault-free wall time / the number of kills. Per policy, medians over
 // the rounds: ettr (ratio ours/theirs) and time_lost_s = wall x (1 - ettr), the wall time
-// beyond the useful time (ratio theirs/ours); a comment line per run with its recoveries and
-// state_hash.
+// beyond the useful time (ratio theirs/ours; n/a when ours is not above 0, a run faster than
+// its round's `none`); a comment line per run with its recoveries and state_hash.
 // Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
