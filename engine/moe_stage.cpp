@@ -12,6 +12,33 @@
 namespace moevement::engine {
 namespace {
 
+// The GPU stage's training state on the device (train.device = cuda), for the engine.
+class gpu_state final : public device_state {
+ public:
+  gpu_state(models::cuda::stage& gpu, std::size_t first_op) : gpu_(gpu), first_(first_op) {}
+  void step(const models::step_plan& plan, const models::train_config& train,
+            bool grads_from_host) override {
+    const models::adamw_config cfg{train.lr, train.beta1, train.beta2, train.eps,
+                                   train.weight_decay};
+    gpu_.step(plan, cfg, grads_from_host);
+  }
+  bool state_on_device() const override { return gpu_.state_on_device(); }
+  void sync_to_host() override { gpu_.sync_to_host(); }
+  void host_changed() override { gpu_.host_changed(); }
+  void copy_out(std::size_t i, tensor t, std::span<std::byte> dst) override {
+    gpu_.copy_out(first_ + i, models::cuda::stage::tensor(t), dst);
+  }
+  void wait_copies() override { gpu_.wait_copies(); }
+  std::shared_ptr<void> pin(std::span<std::byte> bytes) override { return gpu_.pin(bytes); }
+  std::shared_ptr<std::byte[]> alloc_pinned(std::size_t n) override { return gpu_.alloc_pinned(n); }
+  double time_copy(std::span<std::byte> dst) override { return gpu_.time_copy(dst); }
+
+ private:
+  models::cuda::stage& gpu_;
+  std::size_t first_;
+};
+static_assert(int(device_state::tensor::compute) == int(models::cuda::stage::tensor::compute));
+
 class moe_stage final : public stage_model {
  public:
   moe_stage(const stage_setup& setup, const models::stage_range& range)
@@ -27,15 +54,17 @@ class moe_stage final : public stage_model {
     targets_.resize(n);
     for (std::size_t i = range.first_op; i < range.last_op; ++i) ops_.push_back(&model_.ops()[i]);
     if (setup.train.device == models::device::cuda) {
-      // The GPU computes; the host operators stay the training state (the engine's optimizer,
-      // snapshots and recovery run on them): weights go up each iteration, gradients come
-      // back after the last backward.
+      // The GPU computes. Once the engine steps on the device (device()), master, m and v live
+      // there too and the host operators are a mirror the engine syncs when it reads them;
+      // until then (a replay, the in-process pipeline) they are the state: weights go up each
+      // iteration. Gradients come back after the last backward (reduction, clipping norms).
       // One GPU per worker where several are visible: the worker's rank in the job (a spare
       // takes the rank of the stage it rebuilds, and the GPU its predecessor freed).
       const int rank = setup.replica * setup.stages + setup.stage;
       ctx_ = std::make_unique<models::cuda::context>(rank % models::cuda::device_count());
       gpu_ = std::make_unique<models::cuda::stage>(
           *ctx_, model_, range, setup.train.micro_batch_size, setup.train.seq_len);
+      state_ = std::make_unique<gpu_state>(*gpu_, range.first_op);
     }
   }
 
@@ -50,7 +79,7 @@ class moe_stage final : public stage_model {
     backwards_ = 0;
     if (gpu_) {
       gpu_->abort();
-      gpu_->upload_weights();  // after this iteration's step, restores and frozen loads
+      gpu_->prepare();  // the host's weights, when the host holds the state
       gpu_->zero_grads();
     }
   }
@@ -92,12 +121,14 @@ class moe_stage final : public stage_model {
     fill(models::split::val, index, 0, 0);
     const float* x = x_in.empty() ? nullptr : x_in.data();
     // validation runs after the step (and after a recovery's loads), before the next
-    // begin_iteration: the device gets the current weights first
-    if (gpu_) gpu_->upload_weights();
+    // begin_iteration: the device needs the current weights (the host's, if it holds them)
+    if (gpu_) gpu_->prepare();
     const auto r = gpu_ ? gpu_->forward(-1, tokens_.data(), x, targets_.data(), false)
                         : stage_.forward(-1, tokens_.data(), x, targets_.data(), false);
     return {r.activation, r.loss, r.aux_loss};
   }
+
+  device_state* device() override { return state_.get(); }
 
  private:
   void check_boundary(std::span<const float> t, bool needed, const char* what) const {
@@ -125,6 +156,7 @@ class moe_stage final : public stage_model {
   int backwards_ = 0;                           // of this iteration
   std::unique_ptr<models::cuda::context> ctx_;  // train.device = cuda only
   std::unique_ptr<models::cuda::stage> gpu_;
+  std::unique_ptr<gpu_state> state_;  // before gpu_ in destruction: it refers to it
 };
 
 }  // namespace

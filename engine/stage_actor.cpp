@@ -413,7 +413,13 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     try {
       hooks_->before_step(it, decided);
       hooks_->on_step(it, loss_scale_ / float(m_ * setup_.replicas), plan);
-      apply_step(ops_, plan, setup_.train);
+      if (device_state* d = model_->device()) {
+        // the optimizer on the device; the host's gradients only when the replicas reduced
+        // them there
+        d->step(plan, setup_.train, setup_.replicas > 1);
+      } else {
+        apply_step(ops_, plan, setup_.train);
+      }
       hooks_->after_step(it, ops_);
     } catch (const std::exception& e) {
       error = e.what();
@@ -507,7 +513,10 @@ awaitable<void> stage_actor::validate_one(std::uint64_t round, int i, std::span<
 
 awaitable<void> stage_actor::digests(wire::DigestsQuery::Reader, wire::Digests::Builder out) {
   std::vector<std::uint64_t> d;
-  co_await compute([&] { d = operator_digests(ops_); });
+  co_await compute([&] {
+    if (device_state* dev = model_->device()) dev->sync_to_host();
+    d = operator_digests(ops_);
+  });
   auto l = out.initValues(static_cast<unsigned>(d.size()));
   for (unsigned i = 0; i < d.size(); ++i) l.set(i, d[i]);
 }

@@ -38,6 +38,42 @@ struct stage_output {
   double aux_loss = 0.0;              // this stage's share of the load-balancing loss
 };
 
+// The training state of a stage that keeps it in device memory too (the MoE stage with
+// train.device = cuda): the engine steps the optimizer there, and policies copy snapshots from
+// there without stopping the compute. The host operators (stage_model::operators()) stay the
+// form recovery reads and writes:
+// - state_on_device(): after a step() the device's master, m and v are newer than the host's
+//   (steps, names and modes on the host are always current);
+// - sync_to_host() before reading the host's master, m, v or compute weights then;
+// - host_changed() after writing them (a restore, a rollback): the device reloads them before
+//   it computes or steps again.
+class device_state {
+ public:
+  virtual ~device_state() = default;
+  // The optimizer step on the device, apply_step()'s arithmetic bit for bit. grads_from_host:
+  // the host operators' gradients were changed (reduced across replicas): they go up first.
+  virtual void step(const models::step_plan& plan, const models::train_config& train,
+                    bool grads_from_host) = 0;
+  virtual bool state_on_device() const = 0;
+  virtual void sync_to_host() = 0;
+  virtual void host_changed() = 0;
+
+  // Snapshot copies, on a side stream ordered after the last step: copy_out queues a copy of
+  // operator i's (operators() order) tensor into host memory `dst` of exactly its size and
+  // returns; wait_copies() returns once every queued copy landed. Only while
+  // state_on_device(). compute: the compute weights' bytes as operator_state::compute_bytes.
+  enum class tensor : std::uint8_t { master, adam_m, adam_v, compute };
+  virtual void copy_out(std::size_t i, tensor t, std::span<std::byte> dst) = 0;
+  virtual void wait_copies() = 0;
+  // Page-locks host memory the copies go to (page-aligned, as an mmap'd region), for DMA;
+  // unlocked when the handle goes. alloc_pinned: page-locked memory of its own.
+  virtual std::shared_ptr<void> pin(std::span<std::byte> bytes) = 0;
+  virtual std::shared_ptr<std::byte[]> alloc_pinned(std::size_t n) = 0;
+  // Seconds the side stream takes to copy dst.size() bytes of device memory into dst
+  // (Algorithm 1's snapshot bandwidth; the device is idle first).
+  virtual double time_copy(std::span<std::byte> dst) = 0;
+};
+
 class stage_model {
  public:
   virtual ~stage_model() = default;
@@ -66,6 +102,9 @@ class stage_model {
   virtual void abort_iteration() = 0;
   // Validation forward of held-out batch `index` (no state kept, counters untouched).
   virtual stage_output validate(int index, std::span<const float> x_in) = 0;
+  // The device copy of the training state, when the stage has one (see device_state);
+  // nullptr: the host operators are the only copy (CPU stages, custom stages).
+  virtual device_state* device() { return nullptr; }
 };
 
 // The MoE transformer's stage: layers partition(model, stages)[stage], its operators

@@ -76,8 +76,9 @@ class baseline_hooks : public engine::stage_hooks {
  public:
   baseline_hooks(std::shared_ptr<baseline_shared> shared, actors::actor_system& system,
                  actor_ref agent, std::vector<models::operator_state*> ops, baseline_kind kind,
-                 policy_config config, int stage, int replica)
-      : shared_(std::move(shared)),
+                 policy_config config, int stage, int replica, engine::device_state* device)
+      : device_(device),
+        shared_(std::move(shared)),
         system_(system),
         agent_(agent),
         ops_(std::move(ops)),
@@ -102,6 +103,9 @@ class baseline_hooks : public engine::stage_hooks {
     if (k <= 0) return;
     const bool point = (iteration + 1) % k == 0;
     const std::int64_t state = iteration + 1;
+    // A GPU stage steps on the device: a capture reads the host copy, brought up to date first
+    // (the device-to-host copy of the whole state, as Gemini and CheckFreq take it).
+    if (point && device_ != nullptr) device_->sync_to_host();
     switch (kind_) {
       case baseline_kind::dense_disk:
         shared_->disk->after_step(iteration, ops);
@@ -186,6 +190,7 @@ class baseline_hooks : public engine::stage_hooks {
   }
 
  private:
+  engine::device_state* device_;  // the stage's state on a GPU, or nullptr
   // Under shared_->mu, once k is known.
   void start_captures(int k) {
     shared_->interval = k;
@@ -619,6 +624,8 @@ awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
           lost.push_back(n);
         }
       }
+      // A GPU stage reloads what was written into its host operators.
+      if (engine::device_state* d = model_.device()) d->host_changed();
       // Captures go on from c: what is newer belongs to the abandoned run.
       std::lock_guard lock(shared_->mu);
       shared_->interval = k;
@@ -706,7 +713,7 @@ std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(
                                          std::shared_ptr<const std::vector<std::byte>>(initial),
                                          replacement_, limits_);
   return std::make_unique<baseline_hooks>(shared, system_, agent_, std::move(ops), kind_, config_,
-                                          setup.stage, setup.replica);
+                                          setup.stage, setup.replica, model.device());
 }
 
 awaitable<std::unique_ptr<engine::stage_model>> baseline_checkpoint::restore(

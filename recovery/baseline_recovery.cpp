@@ -126,6 +126,7 @@ restored_snapshot restore_full_snapshot(std::span<const std::byte> bytes, int st
   for (auto* replica : replicas) {
     const auto ops = replica->operators();
     for (std::size_t i = 0; i < ops.size(); ++i) load_operator(view.entries[i], *ops[i]);
+    if (engine::device_state* d = replica->device()) d->host_changed();
   }
   return {view.tag, view.scaler};
 }

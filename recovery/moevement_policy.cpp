@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "base/hash.hpp"
 #include "models/cpu/gemm.hpp"
 #include "recovery/snapshot.hpp"
 #include "recovery/sparse_to_dense.hpp"
@@ -740,7 +741,21 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     // milliseconds is easily cut into by another process (W_sparse follows this closely).
     std::vector<std::byte> buf(snapshot_size(sample, kinds));
     double best = 0;
-    for (int i = 0; i < limits_.bandwidth_samples; ++i) {
+    if (engine::device_state* d = model.device()) {
+      // A GPU stage's slot is a copy on the side stream into page-locked memory, then the
+      // checksum over it on the host: both count.
+      const auto pinned = d->alloc_pinned(buf.size());
+      const std::span<std::byte> dst(pinned.get(), buf.size());
+      for (int i = 0; i < limits_.bandwidth_samples; ++i) {
+        const double copy = d->time_copy(dst);
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)xxh3_64(dst);
+        const double secs =
+            copy + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (secs > 0) best = std::max(best, double(buf.size()) / secs);
+      }
+    }
+    for (int i = 0; i < limits_.bandwidth_samples && model.device() == nullptr; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       write_snapshot(buf, {}, models::loss_scaler{}, sample, kinds);
       const double secs =
@@ -760,6 +775,7 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   }
   shared->capture.set_allocator(
       [pool = shared->pool.get()](std::size_t bytes) { return pool->take(bytes); });
+  shared->capture.set_device(model.device());
   if (restored_log_) {
     shared->capture.mutable_log() = std::move(*restored_log_);
     restored_log_.reset();

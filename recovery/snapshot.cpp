@@ -32,7 +32,17 @@ std::size_t entry_size(const models::operator_state& op, capture_kind kind) {
 // the bytes are split).
 class writer {
  public:
-  explicit writer(std::span<std::byte> out) : out_(out) {}
+  // deferred: nothing is hashed while writing (the tensors arrive later, by device copies
+  // into reserve()d places); finish() then hashes the whole slot at once.
+  explicit writer(std::span<std::byte> out, bool deferred = false)
+      : out_(out), deferred_(deferred) {}
+  std::span<std::byte> reserve(std::size_t n) {
+    if (!deferred_) throw std::logic_error("snapshot: reserve() needs a deferred writer");
+    if (n > out_.size() - at_) throw std::invalid_argument("snapshot: buffer too small");
+    const auto r = out_.subspan(at_, n);
+    at_ += n;
+    return r;
+  }
   void bytes(const void* p, std::size_t n) {
     if (n > out_.size() - at_) throw std::invalid_argument("snapshot: buffer too small");
     const auto* from = static_cast<const std::byte*>(p);
@@ -42,7 +52,7 @@ class writer {
       at_ += piece;
       from += piece;
       n -= piece;
-      if (at_ - hashed_ >= hash_block) hash_written();
+      if (!deferred_ && at_ - hashed_ >= hash_block) hash_written();
     }
   }
   template <class T>
@@ -67,6 +77,7 @@ class writer {
     hashed_ = at_;
   }
   std::span<std::byte> out_;
+  bool deferred_;
   std::size_t at_ = 0, hashed_ = 0;
   xxh3_hasher hash_;
 };
@@ -117,16 +128,19 @@ std::size_t snapshot_size(std::span<const models::operator_state* const> ops,
   return n;
 }
 
-void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
-                    const models::loss_scaler& scaler,
-                    std::span<const models::operator_state* const> ops,
-                    std::span<const capture_kind> kinds) {
+namespace {
+// write_snapshot's body. The tensors of operator i go through put(i, tensor, bytes) (host:
+// written in place; device: a copy queued into a reserved place).
+template <class Put>
+void write_slot(writer& w, std::span<std::byte> out, const snapshot_tag& tag,
+                const models::loss_scaler& scaler,
+                std::span<const models::operator_state* const> ops,
+                std::span<const capture_kind> kinds, Put&& put) {
   if (out.size() != snapshot_size(ops, kinds)) {
     throw std::invalid_argument("snapshot: buffer of " + std::to_string(out.size()) +
                                 " bytes, the slot needs " +
                                 std::to_string(snapshot_size(ops, kinds)));
   }
-  writer w(out);
   w.bytes(magic.data(), magic.size());
   w.value(snapshot_format_version);
   w.value(tag.window);
@@ -153,14 +167,52 @@ void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
     w.bytes(op.name().data(), op.name().size());
     w.value(std::uint8_t(kinds[i] == capture_kind::full ? 0 : 1));
     w.value(std::uint64_t(op.numel()));
+    using tensor = engine::device_state::tensor;
     if (kinds[i] == capture_kind::full) {
       w.value(op.step());
-      for (auto s : {op.master(), op.adam_m(), op.adam_v()}) w.bytes(s.data(), s.size_bytes());
+      const std::size_t bytes = std::size_t(op.numel()) * sizeof(float);
+      for (auto t : {tensor::master, tensor::adam_m, tensor::adam_v}) put(i, t, bytes);
     } else {
       w.value(std::uint64_t(op.compute_bytes().size()));
-      w.bytes(op.compute_bytes().data(), op.compute_bytes().size());
+      put(i, tensor::compute, op.compute_bytes().size());
     }
   }
+}
+}  // namespace
+
+void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
+                    const models::loss_scaler& scaler,
+                    std::span<const models::operator_state* const> ops,
+                    std::span<const capture_kind> kinds) {
+  writer w(out);
+  write_slot(w, out, tag, scaler, ops, kinds,
+             [&](std::size_t i, engine::device_state::tensor t, std::size_t) {
+               const models::operator_state& op = *ops[i];
+               using tensor = engine::device_state::tensor;
+               const auto b = t == tensor::master   ? std::as_bytes(op.master())
+                              : t == tensor::adam_m ? std::as_bytes(op.adam_m())
+                              : t == tensor::adam_v ? std::as_bytes(op.adam_v())
+                                                    : op.compute_bytes();
+               w.bytes(b.data(), b.size());
+             });
+  w.finish();
+}
+
+void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
+                    const models::loss_scaler& scaler,
+                    std::span<const models::operator_state* const> ops,
+                    std::span<const capture_kind> kinds, engine::device_state& device) {
+  writer w(out, /*deferred=*/true);
+  try {
+    write_slot(w, out, tag, scaler, ops, kinds,
+               [&](std::size_t i, engine::device_state::tensor t, std::size_t bytes) {
+                 device.copy_out(i, t, w.reserve(bytes));
+               });
+  } catch (...) {
+    device.wait_copies();  // none may land in the buffer after the caller reuses it
+    throw;
+  }
+  device.wait_copies();
   w.finish();
 }
 

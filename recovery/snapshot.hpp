@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/stage_model.hpp"
 #include "models/model.hpp"
 #include "models/operator_state.hpp"
 
@@ -64,6 +65,16 @@ void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
                     const models::loss_scaler& scaler,
                     std::span<const models::operator_state* const> ops,
                     std::span<const capture_kind> kinds);
+
+// The same slot with every tensor copied from a stage's device memory (device.state_on_device()):
+// the layout is written on the host, each tensor is queued as a copy into its place (on the
+// device's side stream, overlapping its compute), and the checksum is appended once they all
+// landed. The same bytes write_snapshot() writes after device.sync_to_host(). The operators give
+// names, sizes, modes and steps (which the device step keeps current on the host).
+void write_snapshot(std::span<std::byte> out, const snapshot_tag& tag,
+                    const models::loss_scaler& scaler,
+                    std::span<const models::operator_state* const> ops,
+                    std::span<const capture_kind> kinds, engine::device_state& device);
 
 // One operator's entry in a parsed slot; the spans point into the slot's bytes (unaligned:
 // read them with memcpy, as load_operator does).

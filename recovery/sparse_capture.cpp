@@ -290,8 +290,12 @@ void sparse_capture::after_step(std::int64_t iteration,
   // Same schedule slot as last window: same size, so the buffer is reused without allocating.
   fit(buf, snapshot_size(cops, kinds_));
   const models::loss_scaler scaler = scaler_ ? *scaler_ : models::loss_scaler{};
-  write_snapshot(buf.bytes(), {window, slot, iteration + 1, stage_, replica_}, scaler, cops,
-                 kinds_);
+  const snapshot_tag tag{window, slot, iteration + 1, stage_, replica_};
+  if (device_ != nullptr && device_->state_on_device()) {
+    write_snapshot(buf.bytes(), tag, scaler, cops, kinds_, *device_);
+  } else {
+    write_snapshot(buf.bytes(), tag, scaler, cops, kinds_);
+  }
   last_slot_bytes_ = buf.size;
   last_slot_lent_ = buf.memory.lent;
   ++it->second.captured;
@@ -308,16 +312,32 @@ void sparse_capture::fit(slot_buffer& buf, std::size_t n) {
   if (allocator_) {
     if (auto m = allocator_(n)) {
       buf.memory = std::move(*m);  // heap memory it replaces is freed; lent memory given back
+      page_lock(buf.memory);
       buf.size = n;
       return;
     }
   }
   if (!fits) {
     buf.memory = {};  // before allocating: a peak of one slot, not two
-    auto heap = std::make_shared_for_overwrite<std::byte[]>(n);
+    auto heap = device_ != nullptr ? device_->alloc_pinned(n)
+                                   : std::make_shared_for_overwrite<std::byte[]>(n);
     buf.memory = {{heap.get(), n}, heap, false};
   }
   buf.size = n;
+}
+
+void sparse_capture::page_lock(slot_memory& m) {
+  if (device_ == nullptr || m.bytes.empty()) return;
+  struct locked {
+    std::shared_ptr<void> memory;
+    std::shared_ptr<void> lock;  // destroyed first: unlocked before the memory goes
+  };
+  try {
+    auto lock = device_->pin(m.bytes);
+    m.owner = std::make_shared<locked>(locked{std::move(m.owner), std::move(lock)});
+  } catch (const std::exception&) {
+    ++unpinned_slots_;  // still usable: the driver copies into pageable memory, more slowly
+  }
 }
 
 void sparse_capture::persist(std::uint64_t window) {

@@ -8,8 +8,9 @@
 //   every step's plan, keeps one complete window and one in flight, and drops older windows
 //   and the logs no window still needs.
 //
-// The copy runs on the caller's (compute) thread, synchronously; the actor version moves it
-// to a background thread with pinned buffers (docs/sparse-checkpointing.md).
+// The copy runs on the caller's thread, synchronously; the actor version calls it on a capture
+// thread of its own, overlapped with the next iteration (docs/sparse-checkpointing.md). A GPU
+// stage's slots are copied from device memory on a side stream (set_device).
 //
 // Windows: iteration i's step produces slot i % W of window i / W, holding the state at the
 // start of iteration i + 1. Window k therefore replays from iteration k*W + 1 and is complete
@@ -172,6 +173,13 @@ class sparse_capture : public engine::stage_hooks {
   void set_counts(std::span<const double> counts) { counts_.assign(counts.begin(), counts.end()); }
   // Where slot memory comes from (default: the heap).
   void set_allocator(slot_allocator allocator) { allocator_ = std::move(allocator); }
+  // A stage whose state lives on a GPU (engine::device_state): slots are then copied from
+  // device memory on its side stream, into page-locked slot memory (the allocator's memory is
+  // page-locked when it comes; the heap's is the device's pinned memory). Set it before the
+  // first capture.
+  void set_device(engine::device_state* device) { device_ = device; }
+  // Slot memory the driver would not page-lock (copied into anyway, through its staging).
+  std::uint64_t unpinned_slots() const { return unpinned_slots_; }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
   // Marks the windows newer than the persisted one whose first slot was captured by a step
@@ -236,6 +244,8 @@ class sparse_capture : public engine::stage_hooks {
   // Makes `buf` hold n bytes: lent memory when the allocator has some (replacing heap memory
   // too), else the heap, reusing what fits.
   void fit(slot_buffer& buf, std::size_t n);
+  // With a device: page-locks memory from the allocator for the device's copies.
+  void page_lock(slot_memory& m);
 
   stage_schedule* schedule_ = nullptr;
   int stage_, replica_;
@@ -248,6 +258,8 @@ class sparse_capture : public engine::stage_hooks {
   std::optional<std::uint64_t> persisted_;
   std::vector<std::vector<slot_buffer>> spare_;  // buffers of dropped windows
   slot_allocator allocator_;
+  engine::device_state* device_ = nullptr;
+  std::uint64_t unpinned_slots_ = 0;
   log_store log_;
   std::map<std::int64_t, step_record> steps_;
   std::vector<capture_kind> kinds_;

@@ -209,6 +209,9 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
   const auto load_slot = [&](std::size_t sl) {
     for (std::size_t i = 0; i < all; ++i) {
       for (const auto& e : views[i][sl].entries) load_operator(e, *ops[i][e.index]);
+      // the replay steps on the host: a GPU stage's device copy is reloaded when it next
+      // steps there
+      if (engine::device_state* d = replicas[i]->device()) d->host_changed();
     }
     active = 0;
     for (int j = 0; j < k; ++j) {

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <stdexcept>
@@ -752,6 +753,19 @@ __global__ void round_to_compute_k(float* w, const float* master, long n, int ki
   w[i] = kind == 0 ? x : kind == 1 ? from_f16(to_f16(x)) : round_bf16(x);
 }
 
+__global__ void compute_bytes_k(void* dst, const float* master, long n, int kind) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = master[i];
+  if (kind == 0) {
+    static_cast<float*>(dst)[i] = x;
+  } else if (kind == 1) {
+    static_cast<std::uint16_t*>(dst)[i] = to_f16(x);
+  } else {
+    static_cast<std::uint16_t*>(dst)[i] = std::uint16_t(__float_as_uint(round_bf16(x)) >> 16);
+  }
+}
+
 // operator_state::adamw_step's scalar loop; --fmad=false keeps every product and sum separate.
 __global__ void adamw_k(float* w, float* m, float* v, const float* grad, long n, adamw_scalars s) {
   const long j = blockIdx.x * long(blockDim.x) + threadIdx.x;
@@ -829,6 +843,75 @@ void round_to_compute(context& ctx, float* weights, const float* master, long n,
   const int kind = compute == dtype::f32 ? 0 : compute == dtype::f16 ? 1 : 2;
   round_to_compute_k<<<blocks(n), block, 0, ctx.get().stream>>>(weights, master, n, kind);
   launched("round_to_compute");
+}
+
+void compute_bytes(context& ctx, void* dst, const float* master, long n, dtype compute) {
+  if (n == 0) return;
+  const int kind = compute == dtype::f32 ? 0 : compute == dtype::f16 ? 1 : 2;
+  compute_bytes_k<<<blocks(n), block, 0, ctx.get().stream>>>(dst, master, n, kind);
+  launched("compute_bytes");
+}
+
+struct copy_stream::impl {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t marked = nullptr;
+};
+
+copy_stream::copy_stream(context& ctx) : ctx_(ctx), impl_(std::make_unique<impl>()) {
+  ctx.get();
+  check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaEventCreateWithFlags(&impl_->marked, cudaEventDisableTiming), "cudaEventCreate");
+  mark();  // nothing queued yet: a copy before the first mark waits for nothing
+}
+
+copy_stream::~copy_stream() {
+  ctx_.get();
+  (void)cudaStreamSynchronize(impl_->stream);  // no copy may outlive its destination's owner
+  (void)cudaEventDestroy(impl_->marked);
+  (void)cudaStreamDestroy(impl_->stream);
+}
+
+void copy_stream::mark() {
+  check(cudaEventRecord(impl_->marked, ctx_.get().stream), "cudaEventRecord");
+}
+
+void copy_stream::copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  ctx_.get();
+  check(cudaStreamWaitEvent(impl_->stream, impl_->marked, 0), "cudaStreamWaitEvent");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream),
+        "cudaMemcpyAsync(side stream to host)");
+}
+
+void copy_stream::compute_bytes(void* dst, const float* master, long n, dtype compute) {
+  if (n == 0) return;
+  ctx_.get();
+  check(cudaStreamWaitEvent(impl_->stream, impl_->marked, 0), "cudaStreamWaitEvent");
+  const int kind = compute == dtype::f32 ? 0 : compute == dtype::f16 ? 1 : 2;
+  compute_bytes_k<<<blocks(n), block, 0, impl_->stream>>>(dst, master, n, kind);
+  launched("compute_bytes");
+}
+
+void copy_stream::synchronize() {
+  ctx_.get();
+  check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize(side stream)");
+}
+
+std::shared_ptr<void> pin_host_memory(context& ctx, std::span<std::byte> bytes) {
+  ctx.get();
+  check(cudaHostRegister(bytes.data(), bytes.size(), cudaHostRegisterDefault), "cudaHostRegister");
+  const int device = ctx.device();
+  return std::shared_ptr<void>(bytes.data(), [device](void* p) {
+    (void)cudaSetDevice(device);
+    (void)cudaHostUnregister(p);
+  });
+}
+
+std::shared_ptr<std::byte[]> alloc_pinned(context& ctx, std::size_t n) {
+  ctx.get();
+  void* p = nullptr;
+  check(cudaMallocHost(&p, std::max<std::size_t>(n, 1)), "cudaMallocHost");
+  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p),
+                                      [](std::byte* q) { (void)cudaFreeHost(q); });
 }
 
 void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, long n,

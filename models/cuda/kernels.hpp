@@ -129,6 +129,42 @@ void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, l
 // partials added in order, then the tail): bitwise the CPU's value. out: device, [count].
 void sum_squares(context& ctx, double* out, std::span<const float* const> grads,
                  std::span<const long> sizes);
+// dst[i] = master[i] in `compute`'s storage format (operator_state::compute_bytes: f32 copied,
+// f16 and bf16 rounded to nearest even, 2 bytes each): what refresh_compute stores on the CPU,
+// for a snapshot slot's compute-only entries. dst: device memory of n * dtype_size bytes.
+void compute_bytes(context& ctx, void* dst, const float* master, long n, dtype compute);
+
+// A second stream on the context's device, for copies to the host that overlap the compute
+// stream's kernels (a snapshot taken while the next iteration runs).
+// - mark(): records where the compute stream is now (call it on the thread that queues the
+//   compute, after the work the copies must follow).
+// - Every later copy waits for that mark on the device, not on the host.
+// - synchronize(): the host waits for the copies queued so far.
+// Copies into page-locked host memory (pin_host_memory, alloc_pinned) are DMA transfers;
+// into pageable memory they still work, through the driver's staging buffers, more slowly.
+class copy_stream {
+ public:
+  explicit copy_stream(context& ctx);
+  ~copy_stream();
+  copy_stream(const copy_stream&) = delete;
+  copy_stream& operator=(const copy_stream&) = delete;
+  void mark();
+  void copy_to_host(void* dst, const void* src, std::size_t bytes);
+  // compute_bytes() on this stream (after the mark).
+  void compute_bytes(void* dst, const float* master, long n, dtype compute);
+  void synchronize();
+  struct impl;
+
+ private:
+  context& ctx_;
+  std::unique_ptr<impl> impl_;
+};
+// Page-locks `bytes` (page-aligned host memory: an mmap'd region) for DMA; unlocked when the
+// returned handle is released. Throws when the driver refuses.
+std::shared_ptr<void> pin_host_memory(context& ctx, std::span<std::byte> bytes);
+// Page-locked host memory of n bytes, freed with the last owner.
+std::shared_ptr<std::byte[]> alloc_pinned(context& ctx, std::size_t n);
+
 // Row-major C [M,N] = A [M,K] B [K,N] as the kernels call cuBLASLt, for benchmarks that time
 // cuBLAS on the model's shapes (ta, tb: A or B stored transposed; beta 1 accumulates).
 // batch > 1: `batch` such products, the i-th at a + i*stride_a, b + i*stride_b, c + i*stride_c.

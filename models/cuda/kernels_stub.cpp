@@ -134,4 +134,31 @@ void sgemm(context&, bool, bool, int, int, int, const float*, int, const float*,
   missing();
 }
 
+void compute_bytes(context&, void*, const float*, long, dtype) {
+  missing();
+}
+struct copy_stream::impl {};
+copy_stream::copy_stream(context& ctx) : ctx_(ctx) {
+  missing();
+}
+copy_stream::~copy_stream() = default;
+void copy_stream::mark() {
+  missing();
+}
+void copy_stream::copy_to_host(void*, const void*, std::size_t) {
+  missing();
+}
+void copy_stream::compute_bytes(void*, const float*, long, dtype) {
+  missing();
+}
+void copy_stream::synchronize() {
+  missing();
+}
+std::shared_ptr<void> pin_host_memory(context&, std::span<std::byte>) {
+  missing();
+}
+std::shared_ptr<std::byte[]> alloc_pinned(context&, std::size_t) {
+  missing();
+}
+
 }  // namespace moevement::models::cuda

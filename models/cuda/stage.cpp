@@ -1,6 +1,7 @@
 #include "models/cuda/stage.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +19,9 @@ buffer make(context& ctx, std::size_t n) {
 // its accumulated gradient, laid out as operator_state lays out its parameters.
 struct device_operator {
   buffer weights, grad;  // [numel] each
+  // The engine's stage only (allocated at its first step): the optimizer state, and the
+  // compute weights' bytes a snapshot copies ([numel * dtype_size] bytes, as floats).
+  buffer master, m, v, compute;
 };
 
 // One layer's activations of a micro-batch in flight. N = B*T, R = N*K rows at most.
@@ -47,6 +51,10 @@ struct stage::impl {
   buffer d_a, d_b, d_c, d_h, d_qkv, d_att, d_weight, d_logits, d_ye, d_xs, d_cur, d_next;
   buffer d_head, d_nf, logits, losses;
   std::vector<float> host_out, host_grad_in, host_losses;
+  // The training state (stage::step): whether the device's master, m, v and weights are the
+  // current state, and whether the host operators' are older.
+  bool device_current = false, host_stale = false;
+  std::unique_ptr<copy_stream> copies;  // the snapshot copies' side stream
 
   impl(context& c, moe_model& m, stage_range r, int mbs, int seq)
       : ctx(c), model(m), range(r), b(mbs), t(seq), n(mbs * seq), nk(mbs * seq * m.config().top_k) {
@@ -391,6 +399,145 @@ std::span<const float> stage::backward(int mb, const float* grad_out, float loss
   s.spare.push_back(std::move(it->second));
   s.cache.erase(it);
   return result;
+}
+
+void stage::prepare() {
+  if (!impl_->device_current) upload_weights();
+}
+
+bool stage::state_on_device() const {
+  return impl_->device_current;
+}
+
+void stage::host_changed() {
+  impl_->device_current = false;
+  impl_->host_stale = false;
+}
+
+void stage::step(const step_plan& plan, const adamw_config& cfg, bool grads_from_host) {
+  impl& s = *impl_;
+  if (!s.copies) s.copies = std::make_unique<copy_stream>(s.ctx);
+  for (std::size_t i = range_.first_op; i < range_.last_op; ++i) {
+    auto& op = s.model.ops()[i];
+    auto& d = s.dop(i);
+    if (op.mode() != op_mode::active) continue;
+    const std::size_t bytes = std::size_t(op.numel()) * sizeof(float);
+    if (!d.master) {
+      d.master = make(s.ctx, std::size_t(op.numel()));
+      d.m = make(s.ctx, std::size_t(op.numel()));
+      d.v = make(s.ctx, std::size_t(op.numel()));
+      // compute bytes (2 or 4 per element) in a float buffer: numel floats always suffice
+      d.compute = make(s.ctx, std::size_t(op.numel()));
+    }
+    if (!s.device_current) {  // the host's state is the current one: it goes up first
+      copy_to_device(s.ctx, d.master->data(), op.master().data(), bytes);
+      copy_to_device(s.ctx, d.m->data(), op.adam_m().data(), bytes);
+      copy_to_device(s.ctx, d.v->data(), op.adam_v().data(), bytes);
+    }
+    if (grads_from_host) copy_to_device(s.ctx, d.grad->data(), op.grad().data(), bytes);
+    if (!plan.apply) continue;
+    // operator_state::adamw_step, on the device (the trainer's loop)
+    const std::int64_t next = op.step() + 1;
+    const auto [bc1, bc2] = adamw_bias_corrections(cfg, next);
+    adamw_scalars a{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0f, bc1, bc2, plan.grad_mul};
+    for (std::size_t p = 0; p < op.param_count(); ++p) {
+      const long off = long(op.param_offset(p)), len = long(op.param_offset(p + 1)) - off;
+      a.weight_decay = op.param(p).decay ? cfg.weight_decay : 0.0f;
+      adamw_step(s.ctx, d.master->data() + off, d.m->data() + off, d.v->data() + off,
+                 d.grad->data() + off, len, a);
+    }
+    round_to_compute(s.ctx, d.weights->data(), d.master->data(), long(op.numel()),
+                     op.compute_dtype());
+    op.set_step(next);
+  }
+  s.device_current = true;
+  s.host_stale = s.host_stale || plan.apply;
+  s.copies->mark();  // snapshot copies queued from now on follow this step
+}
+
+void stage::sync_to_host() {
+  impl& s = *impl_;
+  if (!s.host_stale) return;
+  for (std::size_t i = range_.first_op; i < range_.last_op; ++i) {
+    auto& op = s.model.ops()[i];
+    auto& d = s.dop(i);
+    if (op.mode() != op_mode::active || !d.master) continue;
+    const std::size_t bytes = std::size_t(op.numel()) * sizeof(float);
+    copy_to_host(s.ctx, op.master().data(), d.master->data(), bytes);
+    copy_to_host(s.ctx, op.adam_m().data(), d.m->data(), bytes);
+    copy_to_host(s.ctx, op.adam_v().data(), d.v->data(), bytes);
+    op.refresh_compute();
+  }
+  s.host_stale = false;
+}
+
+void stage::copy_out(std::size_t i, tensor t, std::span<std::byte> dst) {
+  impl& s = *impl_;
+  if (!s.device_current || !s.copies) {
+    throw std::logic_error("cuda::stage::copy_out: the device does not hold the current state");
+  }
+  if (i < range_.first_op || i >= range_.last_op) {
+    throw std::out_of_range("cuda::stage::copy_out: operator " + std::to_string(i) +
+                            " is not this stage's");
+  }
+  const auto& op = s.model.ops()[i];
+  auto& d = s.dop(i);
+  if (op.mode() != op_mode::active || !d.master) {
+    throw std::logic_error("cuda::stage::copy_out: operator " + op.name() +
+                           " has no state on the device");
+  }
+  const std::size_t numel = std::size_t(op.numel());
+  const std::size_t want =
+      t == tensor::compute ? numel * dtype_size(op.compute_dtype()) : numel * sizeof(float);
+  if (dst.size() != want) {
+    throw std::invalid_argument("cuda::stage::copy_out: " + std::to_string(dst.size()) +
+                                " bytes for a tensor of " + std::to_string(want));
+  }
+  switch (t) {
+    case tensor::master:
+      s.copies->copy_to_host(dst.data(), d.master->data(), want);
+      break;
+    case tensor::adam_m:
+      s.copies->copy_to_host(dst.data(), d.m->data(), want);
+      break;
+    case tensor::adam_v:
+      s.copies->copy_to_host(dst.data(), d.v->data(), want);
+      break;
+    case tensor::compute:
+      s.copies->compute_bytes(d.compute->data(), d.master->data(), long(numel), op.compute_dtype());
+      s.copies->copy_to_host(dst.data(), d.compute->data(), want);
+      break;
+  }
+}
+
+void stage::wait_copies() {
+  if (impl_->copies) impl_->copies->synchronize();
+}
+
+std::shared_ptr<void> stage::pin(std::span<std::byte> bytes) {
+  return pin_host_memory(impl_->ctx, bytes);
+}
+
+std::shared_ptr<std::byte[]> stage::alloc_pinned(std::size_t n) {
+  return cuda::alloc_pinned(impl_->ctx, n);
+}
+
+double stage::time_copy(std::span<std::byte> dst) {
+  impl& s = *impl_;
+  if (!s.copies) s.copies = std::make_unique<copy_stream>(s.ctx);
+  s.ctx.synchronize();
+  s.copies->mark();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::size_t at = 0;
+  for (std::size_t i = range_.first_op; at < dst.size();
+       i = i + 1 < range_.last_op ? i + 1 : range_.first_op) {
+    const auto& w = *s.dop(i).weights;
+    const std::size_t n = std::min(w.size() * sizeof(float), dst.size() - at);
+    s.copies->copy_to_host(dst.data() + at, w.data(), n);
+    at += n;
+  }
+  s.copies->synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace moevement::models::cuda

@@ -41,6 +41,33 @@ class stage {
   float* weights(std::size_t i);
   float* grads(std::size_t i);
 
+  // ---- The training state on the device (the engine's GPU stage; the trainer keeps its own).
+  // Until the first step(), and again after host_changed(), the host operators are the current
+  // copy and prepare() uploads their compute weights before each iteration (as
+  // upload_weights()). step() runs AdamW on the device's master, m and v (uploaded from the
+  // host first when they are not current there): from then on the device is current, the host
+  // operators' step counters are kept, and sync_to_host() brings their master, m, v and
+  // compute weights up to date. Frozen operators are never stepped.
+  void prepare();
+  // plan.apply false: nothing changes (the steps are not counted). grads_from_host: the host
+  // operators' gradients go up first (reduced across replicas); else the device's own are used.
+  void step(const step_plan& plan, const adamw_config& cfg, bool grads_from_host);
+  bool state_on_device() const;
+  void sync_to_host();
+  void host_changed();
+  // Snapshot copies on a side stream, ordered after the last step(), overlapping whatever the
+  // compute stream runs next (which only reads the state). dst: host memory of exactly the
+  // tensor's size (page-locked for a DMA transfer). Throws std::logic_error unless
+  // state_on_device(). compute: operator_state::compute_bytes's format, from the master.
+  enum class tensor : std::uint8_t { master, adam_m, adam_v, compute };
+  void copy_out(std::size_t i, tensor t, std::span<std::byte> dst);
+  void wait_copies();
+  std::shared_ptr<void> pin(std::span<std::byte> bytes);
+  std::shared_ptr<std::byte[]> alloc_pinned(std::size_t n);
+  // Seconds the side stream takes to fill dst from device memory (the operators' weights in
+  // turn), the device idle first: the snapshot bandwidth Algorithm 1 plans with.
+  double time_copy(std::span<std::byte> dst);
+
   // As models::stage::forward / backward; pointers are host memory. Frozen operators (by the
   // host operator's mode) get no weight gradient.
   models::stage::forward_result forward(int mb, const std::int32_t* tokens, const float* x_in,

@@ -35,5 +35,23 @@ std::size_t stage::in_flight() const {
   return 0;
 }
 void stage::abort() {}
+void stage::prepare() {}
+void stage::step(const step_plan&, const adamw_config&, bool) {}
+bool stage::state_on_device() const {
+  return false;
+}
+void stage::sync_to_host() {}
+void stage::host_changed() {}
+void stage::copy_out(std::size_t, tensor, std::span<std::byte>) {}
+void stage::wait_copies() {}
+std::shared_ptr<void> stage::pin(std::span<std::byte>) {
+  return nullptr;
+}
+std::shared_ptr<std::byte[]> stage::alloc_pinned(std::size_t) {
+  return nullptr;
+}
+double stage::time_copy(std::span<std::byte>) {
+  return 0.0;
+}
 
 }  // namespace moevement::models::cuda

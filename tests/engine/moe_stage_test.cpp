@@ -1,11 +1,15 @@
 // The built-in stage: setup errors name the key, boundary sizes are checked, an aborted
-// iteration leaves nothing in flight, the registry builds it by name.
+// iteration leaves nothing in flight, the registry builds it by name. On a GPU: the optimizer
+// step on the device (device_state) gives the host step's bits, whichever copy held the state.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "engine/stage_model.hpp"
 #include "engine/stage_registry.hpp"
+#include "models/cuda/device.hpp"
 
 namespace moevement::engine {
 namespace {
@@ -102,6 +106,90 @@ TEST(moe_stage, registry_builds_moe_by_name) {
   } catch (const models::config_error& e) {
     EXPECT_EQ(e.key(), "engine.stage");
   }
+}
+
+// One iteration of a single-stage job on `st`: forwards and backwards of every micro-batch
+// (the GPU stage brings its gradients back after the last), then the plan the engine would
+// send. Returns the loss summed over the micro-batches.
+double run_iteration(stage_model& st, const stage_setup& s, std::int64_t it) {
+  const auto ops = st.operators();
+  begin_operators(ops);
+  st.begin_iteration(it);
+  double loss = 0;
+  for (int mb = 0; mb < s.train.micro_batches; ++mb) {
+    loss += st.forward(mb, {}).loss;
+    st.backward(mb, {}, 1.0f / float(s.train.micro_batches));
+  }
+  return loss;
+}
+
+TEST(moe_stage, a_gpu_stage_steps_on_the_device_with_the_host_steps_bits) {
+  if (models::cuda::device_count() == 0) {
+    GTEST_SKIP() << "no usable GPU: " << models::cuda::describe_device();
+  }
+  auto s = tiny_setup(0, 1);
+  s.train.device = models::device::cuda;
+  const auto dev = make_moe_stage(s);   // steps on the device
+  const auto host = make_moe_stage(s);  // steps the host operators (the replay's way)
+  ASSERT_NE(dev->device(), nullptr);
+  const auto dops = dev->operators(), hops = host->operators();
+  models::loss_scaler scaler;
+  const auto same_state = [&](const char* when) {
+    dev->device()->sync_to_host();
+    EXPECT_EQ(operator_digests(dops), operator_digests(hops)) << when;
+    for (std::size_t i = 0; i < dops.size(); ++i) {
+      ASSERT_EQ(dops[i]->step(), hops[i]->step()) << when << ": " << dops[i]->name();
+      ASSERT_EQ(0, std::memcmp(dops[i]->compute_bytes().data(), hops[i]->compute_bytes().data(),
+                               dops[i]->compute_bytes().size()))
+          << when << ": " << dops[i]->name();
+    }
+  };
+  EXPECT_FALSE(dev->device()->state_on_device());
+  for (std::int64_t it = 0; it < 6; ++it) {
+    const double ld = run_iteration(*dev, s, it), lh = run_iteration(*host, s, it);
+    EXPECT_EQ(ld, lh) << "iteration " << it << " computed on different weights";
+    const bool from_host = it == 2;  // as after a reduction across replicas
+    if (from_host) {
+      for (auto* ops : {&dops, &hops}) {
+        std::vector<float> g(gradient_floats(*ops));
+        copy_gradients_out(*ops, g);
+        for (auto& x : g) x *= 0.5f;
+        copy_gradients_in(*ops, g);
+      }
+    }
+    const auto plan = models::plan_step(gradient_sq_sums(hops), scaler, s.train.grad_clip);
+    EXPECT_EQ(gradient_sq_sums(dops), gradient_sq_sums(hops));
+    dev->device()->step(plan, s.train, from_host);
+    apply_step(hops, plan, s.train);
+    EXPECT_TRUE(dev->device()->state_on_device());
+    if (it == 3) same_state("after iteration 3");
+  }
+  same_state("after iteration 5");
+  // The host copy written (a restore): the device takes it up before it computes or steps.
+  for (std::size_t i = 0; i < dops.size(); ++i) {
+    auto& op = *dops[i];
+    for (auto& x : op.master()) x *= 0.75f;
+    op.refresh_compute();
+    auto& h = *hops[i];
+    std::copy(op.master().begin(), op.master().end(), h.master().begin());
+    h.refresh_compute();
+  }
+  dev->device()->host_changed();
+  EXPECT_FALSE(dev->device()->state_on_device());
+  for (std::int64_t it = 6; it < 8; ++it) {
+    const double ld = run_iteration(*dev, s, it), lh = run_iteration(*host, s, it);
+    EXPECT_EQ(ld, lh) << "iteration " << it;
+    const auto plan = models::plan_step(gradient_sq_sums(hops), scaler, s.train.grad_clip);
+    dev->device()->step(plan, s.train, false);
+    apply_step(hops, plan, s.train);
+  }
+  same_state("after the host's state was taken up");
+  // validation reads the device's current weights
+  EXPECT_EQ(dev->validate(0, {}).loss, host->validate(0, {}).loss);
+}
+
+TEST(moe_stage, a_cpu_stage_has_no_device_state) {
+  EXPECT_EQ(make_moe_stage(tiny_setup(0, 1))->device(), nullptr);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 
 #include "base/hash.hpp"
 #include "engine/local_pipeline.hpp"
+#include "engine/stage_model.hpp"
+#include "models/cuda/device.hpp"
 #include "tests/support/small_train.hpp"
 
 namespace moevement::recovery {
@@ -141,6 +143,57 @@ TEST_F(slot_fixture, a_buffer_of_the_wrong_size_is_refused) {
   EXPECT_THROW(write_snapshot(small, {}, pipe.scaler(), cops, kinds), std::invalid_argument);
   kinds.pop_back();
   EXPECT_THROW(snapshot_size(cops, kinds), std::invalid_argument);
+}
+
+// A GPU stage's slot, copied from device memory on the side stream, holds the bytes the host
+// writes from the synced operators: into page-locked memory (the DMA path) and pageable memory.
+TEST(device_slot, equals_the_host_slot_of_the_same_state) {
+  if (models::cuda::device_count() == 0) {
+    GTEST_SKIP() << "no usable GPU: " << models::cuda::describe_device();
+  }
+  engine::stage_setup s;
+  s.model = models::preset("tiny");
+  s.train = test_train();
+  s.train.device = models::device::cuda;
+  s.train.data_parallel = 1;
+  const auto st = engine::make_moe_stage(s);
+  engine::device_state* dev = st->device();
+  ASSERT_NE(dev, nullptr);
+  const auto ops = st->operators();
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  std::vector<capture_kind> kinds;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    kinds.push_back(i % 3 == 0 ? capture_kind::full
+                               : (i % 3 == 1 ? capture_kind::compute : capture_kind::skip));
+  }
+  const std::size_t n = snapshot_size(cops, kinds);
+  std::vector<std::byte> pageable(n);
+  // Nothing stepped on the device yet: it holds no state to copy, and says so.
+  EXPECT_THROW(write_snapshot(pageable, {1, 0, 1, 0, 0}, {}, cops, kinds, *dev), std::logic_error);
+  models::loss_scaler scaler;
+  for (std::int64_t it = 0; it < 2; ++it) {
+    engine::begin_operators(ops);
+    st->begin_iteration(it);
+    for (int mb = 0; mb < s.train.micro_batches; ++mb) {
+      st->forward(mb, {});
+      st->backward(mb, {}, 1.0f / float(s.train.micro_batches));
+    }
+    const auto plan = models::plan_step(engine::gradient_sq_sums(ops), scaler, s.train.grad_clip);
+    dev->step(plan, s.train, false);
+  }
+  const auto pinned = dev->alloc_pinned(n);
+  const std::span<std::byte> locked(pinned.get(), n);
+  const snapshot_tag tag{3, 1, 2, 0, 0};
+  write_snapshot(locked, tag, scaler, cops, kinds, *dev);
+  write_snapshot(pageable, tag, scaler, cops, kinds, *dev);
+  dev->sync_to_host();
+  std::vector<std::byte> host(n);
+  write_snapshot(host, tag, scaler, cops, kinds);
+  EXPECT_EQ(0, std::memcmp(locked.data(), host.data(), n));
+  EXPECT_EQ(pageable, host);
+  const auto v = parse_snapshot(locked);
+  EXPECT_EQ(v.tag, tag);
+  EXPECT_EQ(v.entries.front().step, 2);  // the device's steps are counted on the host
 }
 
 }  // namespace
