@@ -15,7 +15,8 @@ namespace {
 // The GPU stage's training state on the device (train.device = cuda), for the engine.
 class gpu_state final : public device_state {
  public:
-  gpu_state(models::cuda::stage& gpu, std::size_t first_op) : gpu_(gpu), first_(first_op) {}
+  gpu_state(models::cuda::stage& gpu, std::size_t first_op, bool one_replica)
+      : gpu_(gpu), first_(first_op), one_replica_(one_replica) {}
   void step(const models::step_plan& plan, const models::train_config& train,
             bool grads_from_host) override {
     const models::adamw_config cfg{train.lr, train.beta1, train.beta2, train.eps,
@@ -23,6 +24,8 @@ class gpu_state final : public device_state {
     gpu_.step(plan, cfg, grads_from_host);
   }
   bool state_on_device() const override { return gpu_.state_on_device(); }
+  bool grads_on_device() const override { return one_replica_ && gpu_.state_on_device(); }
+  std::vector<double> grad_sq_sums() override { return gpu_.grad_sq_sums(); }
   void sync_to_host() override { gpu_.sync_to_host(); }
   void host_changed() override { gpu_.host_changed(); }
   void copy_out(std::size_t i, tensor t, std::span<std::byte> dst) override {
@@ -36,6 +39,7 @@ class gpu_state final : public device_state {
  private:
   models::cuda::stage& gpu_;
   std::size_t first_;
+  bool one_replica_;
 };
 static_assert(int(device_state::tensor::compute) == int(models::cuda::stage::tensor::compute));
 
@@ -64,7 +68,7 @@ class moe_stage final : public stage_model {
       ctx_ = std::make_unique<models::cuda::context>(rank % models::cuda::device_count());
       gpu_ = std::make_unique<models::cuda::stage>(
           *ctx_, model_, range, setup.train.micro_batch_size, setup.train.seq_len);
-      state_ = std::make_unique<gpu_state>(*gpu_, range.first_op);
+      state_ = std::make_unique<gpu_state>(*gpu_, range.first_op, setup.replicas == 1);
     }
   }
 
@@ -105,7 +109,10 @@ class moe_stage final : public stage_model {
     const auto dx = gpu_->backward(mb, g, loss_grad);
     // 1F1B runs the backwards of micro-batches 0..M-1 in order: after the last one the
     // device holds the iteration's accumulated gradients
-    if (++backwards_ == setup_.train.micro_batches) gpu_->download_grads();
+    // (the host's copy: the engine reduces or sums it there, unless they stay on the device)
+    if (++backwards_ == setup_.train.micro_batches && !state_->grads_on_device()) {
+      gpu_->download_grads();
+    }
     return dx;
   }
 

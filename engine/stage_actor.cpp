@@ -308,7 +308,8 @@ awaitable<void> stage_actor::finish_reduce() {
   phase_ = phase::reduced;
   std::vector<double> sq, pop;
   co_await compute([&] {
-    sq = gradient_sq_sums(ops_);
+    device_state* d = model_->device();
+    sq = d != nullptr && d->grads_on_device() ? d->grad_sq_sums() : gradient_sq_sums(ops_);
     pop = operator_popularity(ops_, hooks_ && hooks_->soft_popularity());
   });
   const std::uint64_t e = epoch_;

@@ -55,6 +55,12 @@ class device_state {
   virtual void step(const models::step_plan& plan, const models::train_config& train,
                     bool grads_from_host) = 0;
   virtual bool state_on_device() const = 0;
+  // Whether this iteration's weight gradients stay on the device (the state is there and there
+  // is one replica: nothing to reduce on the host). The host operators' gradients are then not
+  // filled, and grad_sq_sums() gives gradient_sq_sums()'s values (bit for bit) from the
+  // device's.
+  virtual bool grads_on_device() const = 0;
+  virtual std::vector<double> grad_sq_sums() = 0;
   virtual void sync_to_host() = 0;
   virtual void host_changed() = 0;
 

@@ -101,8 +101,16 @@ class checkpoint_hooks : public engine::stage_hooks {
       try {
         {
           const double cpu0 = engine::thread_cpu_seconds();
+          // The copy itself runs unlocked: the agent's handlers take this lock on the
+          // process's one actor thread, which must never wait out a whole slot's copy.
+          std::optional<sparse_capture::slot_write> job;
+          {
+            std::lock_guard lock(shared_->mu);
+            job = shared_->capture.begin_capture(iteration, ops_);
+          }
+          if (job) job->write();
           std::lock_guard lock(shared_->mu);
-          shared_->capture.after_step(iteration, ops_);
+          if (job) shared_->capture.end_capture(*job);
           capture_cpu_s_ = engine::thread_cpu_seconds() - cpu0;
           const bool captured = shared_->capture.slot_of(iteration).has_value();
           slot_bytes_ = captured ? shared_->capture.last_slot_bytes() : 0;

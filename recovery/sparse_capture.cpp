@@ -1,5 +1,7 @@
 #include "recovery/sparse_capture.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
@@ -237,7 +239,23 @@ void sparse_capture::on_boundary_send(std::int64_t iteration, int micro_batch,
 
 void sparse_capture::after_step(std::int64_t iteration,
                                 std::span<models::operator_state* const> ops) {
-  if (schedule_ == nullptr) return;  // W_sparse not chosen yet
+  if (auto w = begin_capture(iteration, ops)) {
+    w->write();
+    end_capture(*w);
+  }
+}
+
+void sparse_capture::slot_write::write() const {
+  if (device != nullptr) {
+    write_snapshot(bytes, tag, scaler, ops, kinds, *device);
+  } else {
+    write_snapshot(bytes, tag, scaler, ops, kinds);
+  }
+}
+
+std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
+    std::int64_t iteration, std::span<models::operator_state* const> ops) {
+  if (schedule_ == nullptr) return std::nullopt;  // W_sparse not chosen yet
   stage_schedule& schedule_ = *this->schedule_;
   const auto add_popularity = [&] {
     if (!distributed_) {
@@ -259,7 +277,7 @@ void sparse_capture::after_step(std::int64_t iteration,
     if (slot != 0) {
       // Started (or resumed) mid-window: this window can never be complete; wait for the next.
       add_popularity();
-      return;
+      return std::nullopt;
     }
     window_buffers b;
     b.first_iteration = iteration + 1;
@@ -282,25 +300,37 @@ void sparse_capture::after_step(std::int64_t iteration,
     mix(~std::uint64_t{0});
     for (auto i : sched.frozen) mix(i);
   }
-  kinds_.assign(ops.size(), capture_kind::skip);
-  for (auto i : sched.active) kinds_[i] = capture_kind::full;
-  for (auto i : sched.frozen) kinds_[i] = capture_kind::compute;
-  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  slot_write job;
+  job.iteration = iteration;
+  job.kinds.assign(ops.size(), capture_kind::skip);
+  for (auto i : sched.active) job.kinds[i] = capture_kind::full;
+  for (auto i : sched.frozen) job.kinds[i] = capture_kind::compute;
+  job.ops.assign(ops.begin(), ops.end());
   auto& buf = it->second.slots[slot];
   // Same schedule slot as last window: same size, so the buffer is reused without allocating.
-  fit(buf, snapshot_size(cops, kinds_));
-  const models::loss_scaler scaler = scaler_ ? *scaler_ : models::loss_scaler{};
-  const snapshot_tag tag{window, slot, iteration + 1, stage_, replica_};
-  if (device_ != nullptr && device_->state_on_device()) {
-    write_snapshot(buf.bytes(), tag, scaler, cops, kinds_, *device_);
-  } else {
-    write_snapshot(buf.bytes(), tag, scaler, cops, kinds_);
-  }
-  last_slot_bytes_ = buf.size;
-  last_slot_lent_ = buf.memory.lent;
-  ++it->second.captured;
+  fit(buf, snapshot_size(job.ops, job.kinds));
+  job.bytes = buf.bytes();
+  job.keep = buf.memory.owner;
+  job.lent = buf.memory.lent;
+  job.scaler = scaler_ ? *scaler_ : models::loss_scaler{};
+  job.tag = {window, slot, iteration + 1, stage_, replica_};
+  job.device = device_ != nullptr && device_->state_on_device() ? device_ : nullptr;
   add_popularity();
-  if (!distributed_ && slot + 1 == w && it->second.captured == int(w)) persist(window);
+  writing_ = iteration;
+  return job;
+}
+
+void sparse_capture::end_capture(const slot_write& job) {
+  if (writing_ == job.iteration) writing_ = -1;
+  const auto it = windows_.find(job.tag.window);
+  if (it == windows_.end()) return;  // dropped meanwhile (a recovery): nothing to count
+  last_slot_bytes_ = job.bytes.size();
+  last_slot_lent_ = job.lent;
+  ++it->second.captured;
+  const auto w = std::uint32_t(it->second.slots.size());
+  if (!distributed_ && job.tag.slot + 1 == w && it->second.captured == int(w)) {
+    persist(job.tag.window);
+  }
 }
 
 void sparse_capture::fit(slot_buffer& buf, std::size_t n) {
@@ -335,8 +365,14 @@ void sparse_capture::page_lock(slot_memory& m) {
   try {
     auto lock = device_->pin(m.bytes);
     m.owner = std::make_shared<locked>(locked{std::move(m.owner), std::move(lock)});
-  } catch (const std::exception&) {
-    ++unpinned_slots_;  // still usable: the driver copies into pageable memory, more slowly
+  } catch (const std::exception& e) {
+    // still usable: the driver copies into pageable memory, more slowly
+    if (unpinned_slots_++ == 0) {
+      fmt::print(stderr,
+                 "moevement: stage {} replica {}: slot memory not page-locked ({}); its "
+                 "snapshot copies go through the driver's staging buffers\n",
+                 stage_, replica_, e.what());
+    }
   }
 }
 
@@ -434,7 +470,7 @@ std::optional<std::span<const std::byte>> sparse_capture::slot_of(std::int64_t i
   const auto it = windows_.find(std::uint64_t(iteration) / w);
   if (it == windows_.end()) return std::nullopt;
   const auto& slot = it->second.slots[std::uint64_t(iteration) % w];
-  if (slot.size == 0) return std::nullopt;
+  if (slot.size == 0 || writing_ == iteration) return std::nullopt;  // none, or not written yet
   return std::span<const std::byte>(slot.bytes());
 }
 

@@ -205,7 +205,29 @@ class sparse_capture : public engine::stage_hooks {
   log_store& mutable_log() { return log_; }
 
   void on_step(std::int64_t iteration, float loss_grad, const models::step_plan& plan) override;
+  // begin_capture, write, end_capture.
   void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override;
+
+  // after_step in three parts, for a caller that must not hold its lock over the copy (the
+  // actor version: its agent takes the same lock on the actor thread, which every actor of the
+  // process shares): begin_capture (locked) chooses the slot and sizes its buffer (nullopt:
+  // nothing to capture at this step); write() (unlocked) copies the state into it, from the
+  // device or from the host operators; end_capture (locked) counts the slot in.
+  struct slot_write {
+    std::int64_t iteration = 0;
+    std::span<std::byte> bytes;  // the slot's buffer
+    std::shared_ptr<void> keep;  // its memory, alive whatever is dropped meanwhile
+    bool lent = false;
+    snapshot_tag tag;
+    models::loss_scaler scaler;
+    std::vector<const models::operator_state*> ops;
+    std::vector<capture_kind> kinds;
+    engine::device_state* device = nullptr;  // copies from the device; nullptr: from the host
+    void write() const;
+  };
+  std::optional<slot_write> begin_capture(std::int64_t iteration,
+                                          std::span<models::operator_state* const> ops);
+  void end_capture(const slot_write& job);
   void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
                         std::span<const float> tensor) override;
 
@@ -259,10 +281,10 @@ class sparse_capture : public engine::stage_hooks {
   std::vector<std::vector<slot_buffer>> spare_;  // buffers of dropped windows
   slot_allocator allocator_;
   engine::device_state* device_ = nullptr;
+  std::int64_t writing_ = -1;  // the iteration whose slot is between begin and end_capture
   std::uint64_t unpinned_slots_ = 0;
   log_store log_;
   std::map<std::int64_t, step_record> steps_;
-  std::vector<capture_kind> kinds_;
   std::size_t last_slot_bytes_ = 0;
   bool last_slot_lent_ = false;
   std::uint64_t log_conflicts_ = 0;

@@ -855,12 +855,17 @@ void compute_bytes(context& ctx, void* dst, const float* master, long n, dtype c
 struct copy_stream::impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t marked = nullptr;
+  // recorded after the copies; waited on by blocking, not spinning: the capture thread that
+  // waits shares the host's cores with the stages
+  cudaEvent_t done = nullptr;
 };
 
 copy_stream::copy_stream(context& ctx) : ctx_(ctx), impl_(std::make_unique<impl>()) {
   ctx.get();
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaEventCreateWithFlags(&impl_->marked, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming | cudaEventBlockingSync),
+        "cudaEventCreate");
   mark();  // nothing queued yet: a copy before the first mark waits for nothing
 }
 
@@ -868,6 +873,7 @@ copy_stream::~copy_stream() {
   ctx_.get();
   (void)cudaStreamSynchronize(impl_->stream);  // no copy may outlive its destination's owner
   (void)cudaEventDestroy(impl_->marked);
+  (void)cudaEventDestroy(impl_->done);
   (void)cudaStreamDestroy(impl_->stream);
 }
 
@@ -878,8 +884,15 @@ void copy_stream::mark() {
 void copy_stream::copy_to_host(void* dst, const void* src, std::size_t bytes) {
   ctx_.get();
   check(cudaStreamWaitEvent(impl_->stream, impl_->marked, 0), "cudaStreamWaitEvent");
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream),
-        "cudaMemcpyAsync(side stream to host)");
+  // In pieces: the copy engine takes the compute stream's own transfers (the boundary
+  // tensors, on the pipeline's critical path) between two pieces, not after a whole slot.
+  auto* to = static_cast<std::byte*>(dst);
+  const auto* from = static_cast<const std::byte*>(src);
+  for (std::size_t at = 0; at < bytes; at += copy_piece_bytes) {
+    check(cudaMemcpyAsync(to + at, from + at, std::min(copy_piece_bytes, bytes - at),
+                          cudaMemcpyDeviceToHost, impl_->stream),
+          "cudaMemcpyAsync(side stream to host)");
+  }
 }
 
 void copy_stream::compute_bytes(void* dst, const float* master, long n, dtype compute) {
@@ -893,7 +906,8 @@ void copy_stream::compute_bytes(void* dst, const float* master, long n, dtype co
 
 void copy_stream::synchronize() {
   ctx_.get();
-  check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize(side stream)");
+  check(cudaEventRecord(impl_->done, impl_->stream), "cudaEventRecord");
+  check(cudaEventSynchronize(impl_->done), "cudaEventSynchronize(side stream)");
 }
 
 std::shared_ptr<void> pin_host_memory(context& ctx, std::span<std::byte> bytes) {

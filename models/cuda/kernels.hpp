@@ -142,6 +142,8 @@ void compute_bytes(context& ctx, void* dst, const float* master, long n, dtype c
 // - synchronize(): the host waits for the copies queued so far.
 // Copies into page-locked host memory (pin_host_memory, alloc_pinned) are DMA transfers;
 // into pageable memory they still work, through the driver's staging buffers, more slowly.
+// Largest single transfer a copy_stream queues (a slot's tensors go in pieces of this size).
+inline constexpr std::size_t copy_piece_bytes = 4u << 20;
 class copy_stream {
  public:
   explicit copy_stream(context& ctx);

@@ -455,6 +455,27 @@ void stage::step(const step_plan& plan, const adamw_config& cfg, bool grads_from
   s.copies->mark();  // snapshot copies queued from now on follow this step
 }
 
+std::vector<double> stage::grad_sq_sums() {
+  impl& s = *impl_;
+  std::vector<const float*> grads;
+  std::vector<long> sizes;
+  std::vector<std::size_t> at;  // of each active operator in the result
+  for (std::size_t i = range_.first_op; i < range_.last_op; ++i) {
+    const auto& op = s.model.ops()[i];
+    if (op.mode() != op_mode::active) continue;
+    grads.push_back(s.dop(i).grad->data());
+    sizes.push_back(long(op.numel()));
+    at.push_back(i - range_.first_op);
+  }
+  std::vector<double> out(range_.last_op - range_.first_op, 0.0);
+  if (grads.empty()) return out;
+  device_array<double> sums(s.ctx, grads.size());
+  sum_squares(s.ctx, sums.data(), grads, sizes);
+  const auto got = sums.download();
+  for (std::size_t j = 0; j < at.size(); ++j) out[at[j]] = got[j];
+  return out;
+}
+
 void stage::sync_to_host() {
   impl& s = *impl_;
   if (!s.host_stale) return;

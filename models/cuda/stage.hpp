@@ -53,6 +53,9 @@ class stage {
   // operators' gradients go up first (reduced across replicas); else the device's own are used.
   void step(const step_plan& plan, const adamw_config& cfg, bool grads_from_host);
   bool state_on_device() const;
+  // Per owned operator (range order): the fp64 sum of squares of its device gradient, as
+  // operator_state::grad_sq_sum computes it on the host (0 when frozen), bit for bit.
+  std::vector<double> grad_sq_sums();
   void sync_to_host();
   void host_changed();
   // Snapshot copies on a side stream, ordered after the last step(), overlapping whatever the

@@ -41,6 +41,9 @@ bool stage::state_on_device() const {
   return false;
 }
 void stage::sync_to_host() {}
+std::vector<double> stage::grad_sq_sums() {
+  return {};
+}
 void stage::host_changed() {}
 void stage::copy_out(std::size_t, tensor, std::span<std::byte>) {}
 void stage::wait_copies() {}

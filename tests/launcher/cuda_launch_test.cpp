@@ -99,4 +99,23 @@ TEST_F(cuda_launch, a_killed_gpu_stage_is_rebuilt_bit_exact) {
   EXPECT_EQ(two.hash, want);
 }
 
+// The dense baselines with GPU stages: a capture reads the host copy, synced from the device
+// at each checkpoint; a rollback writes the survivors' host copies, which their devices then
+// take up. Both must keep every bit.
+TEST_F(cuda_launch, a_gpu_job_rolls_back_bit_exact_under_dense_memory) {
+  const std::string want = gpu_reference(10, 2);
+  const auto o = launch("gpu_dense", tiny() + on_gpu +
+                                         " --set train.iterations=10 --set parallel.pp=2 "
+                                         "--set parallel.dp=2 --set cluster.spares=1 "
+                                         "--set checkpoint.policy=dense-memory "
+                                         "--set checkpoint.interval=3 "
+                                         "--set cluster.failure_timeout_ms=3000 "
+                                         "--inject kill:stage=1,replica=1,iter=7");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const std::string* end = o.first("recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
+  EXPECT_EQ(o.hash, want);
+}
+
 }  // namespace

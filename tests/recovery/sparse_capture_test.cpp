@@ -98,6 +98,30 @@ TEST(sparse_capture, a_capture_started_mid_window_waits_for_the_next) {
 
 // Section 3.2: each slot is smaller than a dense snapshot of the stage (full state of every
 // operator); the sizes are printed for docs/sparse-checkpointing.md.
+// The actor version copies outside its lock: begin_capture, write, end_capture make the same
+// slot as after_step, and the slot is not offered (slot_of) before it is written.
+TEST(sparse_capture, a_capture_in_three_parts_makes_the_same_slot) {
+  engine::local_pipeline pipe{models::preset("tiny"), test_train(), 2};
+  const auto ops = pipe.stage(0, 0).operators();
+  stage_schedule sched(sparse_config{2}, ops);
+  sparse_capture whole(sched, 0, 0, &pipe.scaler()), parts(sched, 0, 0, &pipe.scaler());
+  for (std::int64_t it = 0; it < 4; ++it) {
+    pipe.train_iteration();
+    whole.after_step(it, ops);
+    auto job = parts.begin_capture(it, ops);
+    ASSERT_TRUE(job.has_value()) << it;
+    EXPECT_EQ(job->device, nullptr);  // a CPU stage: from the host operators
+    EXPECT_FALSE(parts.slot_of(it).has_value()) << "offered before it was written";
+    job->write();
+    parts.end_capture(*job);
+    const auto a = whole.slot_of(it), b = parts.slot_of(it);
+    ASSERT_TRUE(a && b) << it;
+    EXPECT_TRUE(std::equal(a->begin(), a->end(), b->begin(), b->end())) << it;
+  }
+  EXPECT_TRUE(parts.persisted().has_value());
+  EXPECT_EQ(parts.persisted()->window, whole.persisted()->window);
+}
+
 TEST(sparse_capture, slots_are_smaller_than_a_dense_snapshot) {
   constexpr int w = 3;
   engine::local_pipeline pipe{models::preset("tiny"), test_train(), 1};
