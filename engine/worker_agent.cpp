@@ -8,6 +8,7 @@
 
 #include "engine/job_config.hpp"
 #include "engine/stage_actor.hpp"
+#include "models/cuda/device.hpp"
 
 namespace moevement::engine {
 
@@ -154,6 +155,10 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
     bulk_ = std::make_unique<bulk_io>(link_);
     if (checkpoints_) checkpoint_ = checkpoints_(system(), *bulk_, *job_);
     if (stage < 0) {  // a spare: idle until recovery needs it
+      if (job_->train.device == models::device::cuda) {
+        // meanwhile the GPU's context, off the actor thread (heartbeats go on)
+        prewarmed_ = std::async(std::launch::async, [] { models::cuda::prewarm(); });
+      }
       report({}, "");
       co_return;
     }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,7 @@ class worker_agent : public actors::actor {
   fault_factory faults_;
   std::unique_ptr<bulk_io> bulk_;
   std::unique_ptr<worker_checkpoint> checkpoint_;
+  std::future<void> prewarmed_;  // a GPU spare's CUDA context, made while it idles
   std::optional<job_config> job_;
   actors::actor_ref coordinator_;
   int stage_index_ = -1, replica_ = -1;

@@ -59,6 +59,15 @@ std::vector<float> saxpy(float a, const std::vector<float>& x, const std::vector
   return out;
 }
 
+void prewarm() {
+  const int n = device_count();
+  for (int d = 0; d < n; ++d) {
+    if (cudaSetDevice(d) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
+      (void)cudaGetLastError();  // the stage built here later reports what is wrong
+    }
+  }
+}
+
 std::string describe_device() {
   if (device_count() == 0) return "no CUDA device visible";
   cudaDeviceProp p{};

@@ -12,6 +12,10 @@ bool compiled();
 int device_count();
 // y[i] = a * x[i] + y[i] on device 0; for checking that kernels run. Throws without a GPU.
 std::vector<float> saxpy(float a, const std::vector<float>& x, const std::vector<float>& y);
+// Creates the CUDA runtime's context on every visible device (what the first CUDA call of a
+// process otherwise pays, a large share of a second): a spare does it while it idles, so that
+// a stage rebuilt on it starts computing sooner. Never throws; without a GPU it does nothing.
+void prewarm();
 // "<name> (sm_XY)" of device 0, or why there is none.
 std::string describe_device();
 

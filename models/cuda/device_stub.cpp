@@ -14,6 +14,7 @@ int device_count() {
 std::vector<float> saxpy(float, const std::vector<float>&, const std::vector<float>&) {
   throw std::runtime_error("this build has no CUDA backend; reconfigure with -Dcuda=enabled");
 }
+void prewarm() {}
 std::string describe_device() {
   return "CUDA backend not compiled in";
 }

@@ -150,8 +150,8 @@ TEST(moe_stage, a_gpu_stage_steps_on_the_device_with_the_host_steps_bits) {
     EXPECT_EQ(ld, lh) << "iteration " << it << " computed on different weights";
     // One replica: once the state is on the device, the gradients stay there too.
     EXPECT_EQ(dev->device()->grads_on_device(), it > 0);
-    const auto dev_sums = dev->device()->grads_on_device() ? dev->device()->grad_sq_sums()
-                                                           : gradient_sq_sums(dops);
+    const auto dev_sums =
+        dev->device()->grads_on_device() ? dev->device()->grad_sq_sums() : gradient_sq_sums(dops);
     EXPECT_EQ(dev_sums, gradient_sq_sums(hops)) << "iteration " << it;
     const bool from_host = it == 2;  // as after a reduction across replicas on the host
     if (from_host) {
