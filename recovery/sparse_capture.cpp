@@ -349,8 +349,15 @@ void sparse_capture::fit(slot_buffer& buf, std::size_t n) {
   }
   if (!fits) {
     buf.memory = {};  // before allocating: a peak of one slot, not two
-    auto heap = device_ != nullptr ? device_->alloc_pinned(n)
-                                   : std::make_shared_for_overwrite<std::byte[]>(n);
+    std::shared_ptr<std::byte[]> heap;
+    if (device_ != nullptr) {
+      try {
+        heap = device_->alloc_pinned(n);
+      } catch (const std::exception& e) {
+        unpinned(e.what());  // the heap then: copied into through the driver's staging
+      }
+    }
+    if (!heap) heap = std::make_shared_for_overwrite<std::byte[]>(n);
     buf.memory = {{heap.get(), n}, heap, false};
   }
   buf.size = n;
@@ -366,13 +373,16 @@ void sparse_capture::page_lock(slot_memory& m) {
     auto lock = device_->pin(m.bytes);
     m.owner = std::make_shared<locked>(locked{std::move(m.owner), std::move(lock)});
   } catch (const std::exception& e) {
-    // still usable: the driver copies into pageable memory, more slowly
-    if (unpinned_slots_++ == 0) {
-      fmt::print(stderr,
-                 "moevement: stage {} replica {}: slot memory not page-locked ({}); its "
-                 "snapshot copies go through the driver's staging buffers\n",
-                 stage_, replica_, e.what());
-    }
+    unpinned(e.what());  // still usable: the driver copies into pageable memory, more slowly
+  }
+}
+
+void sparse_capture::unpinned(const char* why) {
+  if (unpinned_slots_++ == 0) {
+    fmt::print(stderr,
+               "moevement: stage {} replica {}: slot memory not page-locked ({}); its "
+               "snapshot copies go through the driver's staging buffers\n",
+               stage_, replica_, why);
   }
 }
 

@@ -268,6 +268,7 @@ class sparse_capture : public engine::stage_hooks {
   void fit(slot_buffer& buf, std::size_t n);
   // With a device: page-locks memory from the allocator for the device's copies.
   void page_lock(slot_memory& m);
+  void unpinned(const char* why);  // counts it; says so on stderr the first time
 
   stage_schedule* schedule_ = nullptr;
   int stage_, replica_;

@@ -62,6 +62,14 @@ std::vector<float> saxpy(float a, const std::vector<float>& x, const std::vector
 void prewarm() {
   const int n = device_count();
   for (int d = 0; d < n; ++d) {
+    // A context here would lock a worker out of a GPU in exclusive-process mode (the query
+    // makes none).
+    int mode = cudaComputeModeDefault;
+    if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, d) != cudaSuccess ||
+        mode != cudaComputeModeDefault) {
+      (void)cudaGetLastError();
+      continue;
+    }
     if (cudaSetDevice(d) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
       (void)cudaGetLastError();  // the stage built here later reports what is wrong
     }

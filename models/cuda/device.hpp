@@ -15,6 +15,8 @@ std::vector<float> saxpy(float a, const std::vector<float>& x, const std::vector
 // Creates the CUDA runtime's context on every visible device (what the first CUDA call of a
 // process otherwise pays, a large share of a second): a spare does it while it idles, so that
 // a stage rebuilt on it starts computing sooner. Never throws; without a GPU it does nothing.
+// GPUs not in the default compute mode (exclusive-process, prohibited) are left alone: a
+// context there would keep a worker off them.
 void prewarm();
 // "<name> (sm_XY)" of device 0, or why there is none.
 std::string describe_device();

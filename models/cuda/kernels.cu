@@ -910,22 +910,33 @@ void copy_stream::synchronize() {
   check(cudaEventSynchronize(impl_->done), "cudaEventSynchronize(side stream)");
 }
 
+// The callers go on without the memory (pageable memory, or the heap) when these fail, so a
+// failure must not stay behind as the thread's last CUDA error: the next kernel launch's
+// check would report it as its own.
 std::shared_ptr<void> pin_host_memory(context& ctx, std::span<std::byte> bytes) {
   ctx.get();
-  check(cudaHostRegister(bytes.data(), bytes.size(), cudaHostRegisterDefault), "cudaHostRegister");
+  if (const auto e = cudaHostRegister(bytes.data(), bytes.size(), cudaHostRegisterDefault);
+      e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("cudaHostRegister: ") + cudaGetErrorString(e));
+  }
   const int device = ctx.device();
   return std::shared_ptr<void>(bytes.data(), [device](void* p) {
     (void)cudaSetDevice(device);
-    (void)cudaHostUnregister(p);
+    if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
   });
 }
 
 std::shared_ptr<std::byte[]> alloc_pinned(context& ctx, std::size_t n) {
   ctx.get();
   void* p = nullptr;
-  check(cudaMallocHost(&p, std::max<std::size_t>(n, 1)), "cudaMallocHost");
-  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p),
-                                      [](std::byte* q) { (void)cudaFreeHost(q); });
+  if (const auto e = cudaMallocHost(&p, std::max<std::size_t>(n, 1)); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("cudaMallocHost: ") + cudaGetErrorString(e));
+  }
+  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [](std::byte* q) {
+    if (cudaFreeHost(q) != cudaSuccess) (void)cudaGetLastError();
+  });
 }
 
 void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, long n,

@@ -54,7 +54,8 @@ struct stage::impl {
   // The training state (stage::step): whether the device's master, m, v and weights are the
   // current state, and whether the host operators' are older.
   bool device_current = false, host_stale = false;
-  std::unique_ptr<copy_stream> copies;  // the snapshot copies' side stream
+  std::unique_ptr<copy_stream> copies;         // the snapshot copies' side stream
+  std::unique_ptr<device_array<double>> sums;  // grad_sq_sums' output, [owned operators]
 
   impl(context& c, moe_model& m, stage_range r, int mbs, int seq)
       : ctx(c), model(m), range(r), b(mbs), t(seq), n(mbs * seq), nk(mbs * seq * m.config().top_k) {
@@ -469,9 +470,11 @@ std::vector<double> stage::grad_sq_sums() {
   }
   std::vector<double> out(range_.last_op - range_.first_op, 0.0);
   if (grads.empty()) return out;
-  device_array<double> sums(s.ctx, grads.size());
-  sum_squares(s.ctx, sums.data(), grads, sizes);
-  const auto got = sums.download();
+  // allocated once: a cudaFree would wait for the whole device, snapshot copies included
+  if (!s.sums) s.sums = std::make_unique<device_array<double>>(s.ctx, out.size());
+  sum_squares(s.ctx, s.sums->data(), grads, sizes);
+  std::vector<double> got(grads.size());
+  copy_to_host(s.ctx, got.data(), s.sums->data(), grads.size() * sizeof(double));
   for (std::size_t j = 0; j < at.size(); ++j) out[at[j]] = got[j];
   return out;
 }

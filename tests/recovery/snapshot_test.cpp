@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <memory>
+
+#include <sys/mman.h>
 
 #include "base/hash.hpp"
 #include "engine/local_pipeline.hpp"
@@ -178,11 +182,25 @@ TEST(device_slot, equals_the_host_slot_of_the_same_state) {
       st->forward(mb, {});
       st->backward(mb, {}, 1.0f / float(s.train.micro_batches));
     }
-    const auto plan = models::plan_step(engine::gradient_sq_sums(ops), scaler, s.train.grad_clip);
+    const auto sums = dev->grads_on_device() ? dev->grad_sq_sums() : engine::gradient_sq_sums(ops);
+    const auto plan = models::plan_step(sums, scaler, s.train.grad_clip);
     dev->step(plan, s.train, false);
   }
   const auto pinned = dev->alloc_pinned(n);
   const std::span<std::byte> locked(pinned.get(), n);
+  // An mmap'd region page-locked in place (as the slot pool's memory files are). Locking it
+  // twice fails; the failure must not linger as a CUDA error that fails the next copy.
+  void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  const std::unique_ptr<void, std::function<void(void*)>> unmap(m,
+                                                                [n](void* p) { ::munmap(p, n); });
+  const std::span<std::byte> mapped(static_cast<std::byte*>(m), n);
+  {
+    const auto lock = dev->pin(mapped);
+    EXPECT_THROW(dev->pin(mapped), std::runtime_error);
+    const snapshot_tag tag{3, 1, 2, 0, 0};
+    write_snapshot(mapped, tag, scaler, cops, kinds, *dev);  // compute entries: a kernel too
+  }
   const snapshot_tag tag{3, 1, 2, 0, 0};
   write_snapshot(locked, tag, scaler, cops, kinds, *dev);
   write_snapshot(pageable, tag, scaler, cops, kinds, *dev);
@@ -190,6 +208,7 @@ TEST(device_slot, equals_the_host_slot_of_the_same_state) {
   std::vector<std::byte> host(n);
   write_snapshot(host, tag, scaler, cops, kinds);
   EXPECT_EQ(0, std::memcmp(locked.data(), host.data(), n));
+  EXPECT_EQ(0, std::memcmp(mapped.data(), host.data(), n));
   EXPECT_EQ(pageable, host);
   const auto v = parse_snapshot(locked);
   EXPECT_EQ(v.tag, tag);
