@@ -774,7 +774,10 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   }
   auto shared = std::make_shared<capture_shared>(setup.stage, setup.replica);
   shared->pool = std::make_unique<slot_pool>(io_, job_.share_memory);
-  for (auto& f : restored_files_) shared->pool->adopt(std::move(f));
+  // Kept through the first window's refills (one per captured slot), so that each of its
+  // slots can take its restored file instead of a new one.
+  const std::size_t refills = restored_files_.size();
+  for (auto& f : restored_files_) shared->pool->adopt(std::move(f), refills);
   restored_files_.clear();
   if (!restored_regions_.empty()) {
     for (auto& r : restored_regions_) shared->pool->adopt(std::move(r));

@@ -16,6 +16,7 @@ std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
     }
     if (best != nullptr) {
       best->lent = true;
+      best->spared = 0;  // used: an ordinary region from now on
       memory = best->memory();
     } else if (!share_) {
       missed_.push_back(bytes);
@@ -52,13 +53,14 @@ void slot_pool::give_back(const std::byte* base) {
 void slot_pool::adopt(transport::bulk_region region) {
   if (region.memory().empty()) return;
   std::lock_guard lock(mu_);
-  add_free(entry{{}, std::move(region), false});
+  add_free(entry{{}, std::move(region), false, 0});
 }
 
-void slot_pool::adopt(transport::shared_memory file) {
+void slot_pool::adopt(transport::shared_memory file, std::size_t refills) {
   if (file.empty()) return;
   entry e;
   e.shared = std::move(file);
+  e.spared = refills;
   std::lock_guard lock(mu_);
   add_free(std::move(e));
 }
@@ -81,7 +83,7 @@ std::vector<slot_pool::entry> slot_pool::allocate(const std::set<std::size_t>& s
   std::vector<entry> fresh;
   try {
     for (const std::size_t n : sizes) {
-      for (std::size_t i = 0; i < each; ++i) fresh.push_back(entry{{}, io_.allocate(n), false});
+      for (std::size_t i = 0; i < each; ++i) fresh.push_back(entry{{}, io_.allocate(n), false, 0});
     }
   } catch (const std::exception&) {
     // Out of mappable memory (shm or memlock limits): the captures that miss use the heap,
@@ -112,8 +114,13 @@ void slot_pool::refill(std::size_t keep_free, std::size_t batch) {
     std::lock_guard lock(mu_);
     // Surplus first: the fresh regions are for captures still to come.
     std::vector<std::pair<std::size_t, const std::byte*>> free;
-    for (const auto& [base, e] : regions_) {
-      if (!e.lent) free.emplace_back(e.memory().size(), base);
+    for (auto& [base, e] : regions_) {
+      if (e.lent) continue;
+      if (e.spared > 0) {
+        --e.spared;  // adopted and not taken yet: kept through this refill
+        continue;
+      }
+      free.emplace_back(e.memory().size(), base);
     }
     if (free.size() > keep_free) {
       std::sort(free.begin(), free.end());

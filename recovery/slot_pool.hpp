@@ -48,9 +48,12 @@ class slot_pool {
   // recovery's extra windows took goes back to the fault-free level.
   void refill(std::size_t keep_free, std::size_t batch = 1);
   // Actor thread: a region allocated elsewhere becomes a free one of the pool (a replacement's
-  // restore pulled its window into such regions: their pages are already touched).
+  // restore pulled its window into such regions: their pages are already touched). A memory
+  // file is kept free through `refills` refills before it counts as surplus: a shared pool
+  // keeps nothing free, and the replacement's first window takes its restored files one slot,
+  // and one refill, at a time.
   void adopt(transport::bulk_region region);
-  void adopt(transport::shared_memory file);  // (exported when first lent)
+  void adopt(transport::shared_memory file, std::size_t refills = 0);  // (exported when lent)
   // Actor thread: `extra` more regions of every size the pool has (allocated, not touched):
   // after a recovery, for the windows that would otherwise start on the heap (a replacement's
   // next windows; a survivor's, while its abandoned windows keep their regions). A shared
@@ -73,6 +76,7 @@ class slot_pool {
     transport::shared_memory shared;  // empty: the link allocated the region
     transport::bulk_region region;    // (declared after: unexported before the unmap)
     bool lent = false;
+    std::size_t spared = 0;  // refills it stays while free (adopt)
     std::span<std::byte> memory() const {
       return shared.empty() ? region.memory() : shared.memory();
     }

@@ -58,6 +58,33 @@ TEST_F(slot_pool_test, shared_regions_are_made_on_the_capture_thread_and_mapped_
   EXPECT_FALSE(pool.lent_share(adopted->bytes.data(), 15000).has_value());
 }
 
+// A replacement's restored memory files stay free through its first window's refills (a
+// shared pool otherwise keeps nothing free), so that every slot of that window can take one.
+TEST_F(slot_pool_test, adopted_memory_files_wait_for_the_first_window) {
+  slot_pool pool(*io_bulk_, true);
+  pool.adopt(transport::shared_memory::create(5000), 2);
+  pool.adopt(transport::shared_memory::create(9000), 2);
+  auto first = pool.take(4000);  // slot 0 takes the smaller file
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->bytes.size(), 5000u);
+  pool.refill(0);
+  pool.refill(0);
+  EXPECT_EQ(pool.regions(), 2u) << "the other file was freed before its slot came";
+  auto second = pool.take(8000);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->bytes.size(), 9000u) << "a new file instead of the restored one";
+  // Never taken: freed once its refills are spent.
+  pool.adopt(transport::shared_memory::create(7000), 1);
+  pool.refill(0);
+  EXPECT_EQ(pool.regions(), 3u);
+  pool.refill(0);
+  EXPECT_EQ(pool.regions(), 2u);
+  // Without refills, the old rule: a shared pool keeps nothing free.
+  pool.adopt(transport::shared_memory::create(7000));
+  pool.refill(0);
+  EXPECT_EQ(pool.regions(), 2u);
+}
+
 TEST_F(slot_pool_test, misses_then_lends_link_memory_and_takes_it_back) {
   slot_pool pool(*io_bulk_);
   EXPECT_FALSE(pool.take(1000).has_value()) << "nothing allocated yet";
