@@ -6,9 +6,9 @@
 
 namespace moevement::engine {
 
-void begin_operators(std::span<models::operator_state* const> ops) {
+void begin_operators(std::span<models::operator_state* const> ops, bool zero_grads) {
   for (auto* op : ops) {
-    op->zero_grad();
+    if (zero_grads) op->zero_grad();
     op->reset_popularity();
   }
 }

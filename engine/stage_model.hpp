@@ -121,8 +121,9 @@ std::unique_ptr<stage_model> make_moe_stage(const stage_setup& setup);
 // ---- what the engine does over operators() (shared by the actor, the in-process pipeline
 // and the replay, so all three produce the same bits)
 
-// Zero every gradient and reset popularity counters.
-void begin_operators(std::span<models::operator_state* const> ops);
+// Zero every gradient (unless zero_grads is false: a GPU stage whose gradients stay on the
+// device) and reset popularity counters.
+void begin_operators(std::span<models::operator_state* const> ops, bool zero_grads = true);
 // Floats in all gradients, in operator order (the all-reduce buffer).
 std::size_t gradient_floats(std::span<models::operator_state* const> ops);
 void copy_gradients_out(std::span<models::operator_state* const> ops, std::span<float> out);
