@@ -91,7 +91,8 @@ class stage_model {
   virtual std::vector<models::operator_state*> operators() = 0;
 
   // Start of an iteration: the data position of later forwards. The engine has already
-  // zeroed gradients and popularity counters.
+  // zeroed gradients (unless they stay on the device: device_state::grads_on_device) and
+  // popularity counters.
   virtual void begin_iteration(std::int64_t iteration) = 0;
   // Forward of micro-batch `mb` of the current iteration. x_in: the previous stage's
   // activation [B,T,C] (empty on the first stage, which reads its tokens from the data

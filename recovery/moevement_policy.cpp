@@ -776,7 +776,7 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   shared->pool = std::make_unique<slot_pool>(io_, job_.share_memory);
   // Kept through the first window's refills (one per captured slot), so that each of its
   // slots can take its restored file instead of a new one.
-  const std::size_t refills = restored_files_.size();
+  const std::size_t refills = std::max(restored_w_, restored_files_.size());
   for (auto& f : restored_files_) shared->pool->adopt(std::move(f), refills);
   restored_files_.clear();
   if (!restored_regions_.empty()) {
@@ -852,6 +852,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_schedule_.reset();
   restored_regions_.clear();
   restored_files_.clear();
+  restored_w_ = 0;
   timing_ = {};
   const auto started = std::chrono::steady_clock::now();
   std::map<std::int64_t, step_record> steps;
@@ -1148,6 +1149,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_log_ = std::move(own);
   for (auto& r : own_regions) restored_regions_.push_back(std::move(*r));
   for (auto& f : own_files) restored_files_.push_back(std::move(*f));
+  restored_w_ = std::size_t(std::max(w, 1));
   co_return std::move(models[std::size_t((s - first_stage) * dp) + me]);
 }
 

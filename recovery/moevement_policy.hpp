@@ -247,6 +247,7 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   // pool starts with them (no first touch of fresh memory in the iterations after a recovery).
   std::vector<transport::bulk_region> restored_regions_;
   std::vector<transport::shared_memory> restored_files_;  // the same, as memory files
+  std::size_t restored_w_ = 0;                            // W_sparse of the window they came from
   restore_timing timing_;
 };
 
