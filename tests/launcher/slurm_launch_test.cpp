@@ -332,15 +332,19 @@ TEST_F(slurm_launch, a_replacement_on_another_host_pulls_a_mapped_copy_through_i
     GTEST_SKIP() << "the Slurm nodes share this host's name (no UTS namespaces here): every "
                     "copy maps, so no pull from a mapping happens";
   }
+  // Iterations of this job take ~10 ms, less than a cross-node pull: the kill must come after
+  // a window surely persisted. A capture holds at most policy_limits::max_windows_held (3)
+  // windows, so the step of iteration 6 (window 3's first) waits for one to persist; iteration
+  // 10 leaves a margin.
   const std::string run =
-      "--set train.iterations=12 --set train.seq_len=16 --set parallel.pp=2 "
+      "--set train.iterations=16 --set train.seq_len=16 --set parallel.pp=2 "
       "--set parallel.dp=1 ";
   const auto local = cluster_->run(launch("export_fault_free", run), 120);
   ASSERT_EQ(local.exit_code, 0) << local.output;
   const auto slurm = cluster_->run(
       launch("export", run + "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
                              "--set cluster.backend=slurm --set cluster.spares=1 "
-                             "--set cluster.slurm_nodes=2 --inject kill:stage=1,replica=0,iter=6"),
+                             "--set cluster.slurm_nodes=2 --inject kill:stage=1,replica=0,iter=10"),
       120);
   ASSERT_FALSE(slurm.timed_out) << slurm.output;
   ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
@@ -351,6 +355,9 @@ TEST_F(slurm_launch, a_replacement_on_another_host_pulls_a_mapped_copy_through_i
     const auto at = log.find("\"" + key + "\":", from);
     return at == std::string::npos ? -1L : std::atol(log.c_str() + at + key.size() + 3);
   };
+  const auto start = log.find("\"event\":\"recovery_start\"");
+  ASSERT_NE(start, std::string::npos) << log;
+  EXPECT_GE(field(start, "window"), 0) << "no window had persisted: " << log;
   const auto end = log.find("\"event\":\"recovery_end\"");
   ASSERT_NE(end, std::string::npos) << log;
   EXPECT_EQ(field(end, "slots_pulled"), 2) << "W 2: two slots, both pulled";
