@@ -114,6 +114,24 @@ class stage_model {
   virtual device_state* device() { return nullptr; }
 };
 
+// A scope in which a stage's host operators are written (a restore, a rollback): a stage with
+// a device_state syncs them first and hands them to the device when the scope ends, also when
+// the writing threw half-way (the stage then holds what a CPU stage would).
+class host_write_scope {
+ public:
+  explicit host_write_scope(stage_model& model) : device_(model.device()) {
+    if (device_ != nullptr) device_->sync_to_host();
+  }
+  ~host_write_scope() {
+    if (device_ != nullptr) device_->host_changed();
+  }
+  host_write_scope(const host_write_scope&) = delete;
+  host_write_scope& operator=(const host_write_scope&) = delete;
+
+ private:
+  device_state* device_;
+};
+
 // The MoE transformer's stage: layers partition(model, stages)[stage], its operators
 // initialised from train.seed exactly as the whole model's (models/model.hpp), the corpus
 // loaded when the stage is first or last. Throws config_error on a bad setup.

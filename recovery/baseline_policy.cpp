@@ -581,16 +581,7 @@ awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
   std::uint64_t bytes = 0;
   try {
     co_await off_thread([&] {
-      // A GPU stage: the host copy is brought up to date before it is written, and the device
-      // takes it up afterwards, also when a load fails half-way (as a CPU stage would be).
-      engine::device_state* dev = model_.device();
-      if (dev != nullptr) dev->sync_to_host();
-      struct take_up {
-        engine::device_state* d;
-        ~take_up() {
-          if (d != nullptr) d->host_changed();
-        }
-      } taken_up{dev};
+      const engine::host_write_scope writing(model_);  // a GPU stage's state, synced around
       const auto ops = model_.operators();
       if (kind_ != baseline_kind::pec || c == 0) {
         engine::stage_model* one = &model_;

@@ -124,16 +124,7 @@ restored_snapshot restore_full_snapshot(std::span<const std::byte> bytes, int st
     }
   }
   for (auto* replica : replicas) {
-    // A GPU stage: its host copy is current before it is written; its device takes it up
-    // afterwards, also after a load that failed half-way.
-    engine::device_state* d = replica->device();
-    if (d != nullptr) d->sync_to_host();
-    struct take_up {
-      engine::device_state* d;
-      ~take_up() {
-        if (d != nullptr) d->host_changed();
-      }
-    } taken_up{d};
+    const engine::host_write_scope writing(*replica);  // a GPU stage's state, synced around
     const auto ops = replica->operators();
     for (std::size_t i = 0; i < ops.size(); ++i) load_operator(view.entries[i], *ops[i]);
   }

@@ -747,28 +747,30 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     }
     // The fastest of a few copies: the workers start together, and one copy of a few
     // milliseconds is easily cut into by another process (W_sparse follows this closely).
-    std::vector<std::byte> buf(snapshot_size(sample, kinds));
+    const std::size_t size = snapshot_size(sample, kinds);
     double best = 0;
+    const auto keep_best = [&](double secs) {
+      if (secs > 0) best = std::max(best, double(size) / secs);
+    };
     if (engine::device_state* d = model.device()) {
       // A GPU stage's slot is a copy on the side stream into page-locked memory, then the
       // checksum over it on the host: both count.
-      const auto pinned = d->alloc_pinned(buf.size());
-      const std::span<std::byte> dst(pinned.get(), buf.size());
+      const auto pinned = d->alloc_pinned(size);
+      const std::span<std::byte> dst(pinned.get(), size);
       for (int i = 0; i < limits_.bandwidth_samples; ++i) {
         const double copy = d->time_copy(dst);
         const auto t0 = std::chrono::steady_clock::now();
         (void)xxh3_64(dst);
-        const double secs =
-            copy + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (secs > 0) best = std::max(best, double(buf.size()) / secs);
+        keep_best(copy +
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-    }
-    for (int i = 0; i < limits_.bandwidth_samples && model.device() == nullptr; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      write_snapshot(buf, {}, models::loss_scaler{}, sample, kinds);
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (secs > 0) best = std::max(best, double(buf.size()) / secs);
+    } else {
+      std::vector<std::byte> buf(size);
+      for (int i = 0; i < limits_.bandwidth_samples; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        write_snapshot(buf, {}, models::loss_scaler{}, sample, kinds);
+        keep_best(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
     }
     bandwidth_ = best;
   }

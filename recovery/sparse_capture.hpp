@@ -178,8 +178,6 @@ class sparse_capture : public engine::stage_hooks {
   // page-locked when it comes; the heap's is the device's pinned memory). Set it before the
   // first capture.
   void set_device(engine::device_state* device) { device_ = device; }
-  // Slot memory the driver would not page-lock (copied into anyway, through its staging).
-  std::uint64_t unpinned_slots() const { return unpinned_slots_; }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
   // Marks the windows newer than the persisted one whose first slot was captured by a step
@@ -282,8 +280,8 @@ class sparse_capture : public engine::stage_hooks {
   std::vector<std::vector<slot_buffer>> spare_;  // buffers of dropped windows
   slot_allocator allocator_;
   engine::device_state* device_ = nullptr;
-  std::int64_t writing_ = -1;  // the iteration whose slot is between begin and end_capture
-  std::uint64_t unpinned_slots_ = 0;
+  std::int64_t writing_ = -1;         // the iteration whose slot is between begin and end_capture
+  std::uint64_t unpinned_slots_ = 0;  // slot memory the driver would not page-lock
   log_store log_;
   std::map<std::int64_t, step_record> steps_;
   std::size_t last_slot_bytes_ = 0;

@@ -845,13 +845,6 @@ void round_to_compute(context& ctx, float* weights, const float* master, long n,
   launched("round_to_compute");
 }
 
-void compute_bytes(context& ctx, void* dst, const float* master, long n, dtype compute) {
-  if (n == 0) return;
-  const int kind = compute == dtype::f32 ? 0 : compute == dtype::f16 ? 1 : 2;
-  compute_bytes_k<<<blocks(n), block, 0, ctx.get().stream>>>(dst, master, n, kind);
-  launched("compute_bytes");
-}
-
 struct copy_stream::impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t marked = nullptr;

@@ -129,11 +129,6 @@ void adamw_step(context& ctx, float* w, float* m, float* v, const float* grad, l
 // partials added in order, then the tail): bitwise the CPU's value. out: device, [count].
 void sum_squares(context& ctx, double* out, std::span<const float* const> grads,
                  std::span<const long> sizes);
-// dst[i] = master[i] in `compute`'s storage format (operator_state::compute_bytes: f32 copied,
-// f16 and bf16 rounded to nearest even, 2 bytes each): what refresh_compute stores on the CPU,
-// for a snapshot slot's compute-only entries. dst: device memory of n * dtype_size bytes.
-void compute_bytes(context& ctx, void* dst, const float* master, long n, dtype compute);
-
 // A second stream on the context's device, for copies to the host that overlap the compute
 // stream's kernels (a snapshot taken while the next iteration runs).
 // - mark(): records where the compute stream is now (call it on the thread that queues the
@@ -152,7 +147,10 @@ class copy_stream {
   copy_stream& operator=(const copy_stream&) = delete;
   void mark();
   void copy_to_host(void* dst, const void* src, std::size_t bytes);
-  // compute_bytes() on this stream (after the mark).
+  // dst[i] = master[i] in `compute`'s storage format (operator_state::compute_bytes: f32
+  // copied, f16 and bf16 rounded to nearest even, 2 bytes each): what refresh_compute stores
+  // on the CPU, for a snapshot slot's compute-only entries. dst: device memory of
+  // n * dtype_size bytes. Queued on this stream, after the mark.
   void compute_bytes(void* dst, const float* master, long n, dtype compute);
   void synchronize();
   struct impl;

@@ -253,6 +253,20 @@ void stage::warm_up() {
 
 stage::~stage() = default;
 
+void step_operator(context& ctx, operator_state& op, float* master, float* m, float* v,
+                   const float* grad, float* weights, const adamw_config& cfg, float grad_mul) {
+  const std::int64_t next = op.step() + 1;
+  const auto [bc1, bc2] = adamw_bias_corrections(cfg, next);  // once per operator, as the CPU
+  adamw_scalars a{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0f, bc1, bc2, grad_mul};
+  for (std::size_t p = 0; p < op.param_count(); ++p) {
+    const long off = long(op.param_offset(p)), len = long(op.param_offset(p + 1)) - off;
+    a.weight_decay = op.param(p).decay ? cfg.weight_decay : 0.0f;
+    adamw_step(ctx, master + off, m + off, v + off, grad + off, len, a);
+  }
+  round_to_compute(ctx, weights, master, long(op.numel()), op.compute_dtype());
+  op.set_step(next);
+}
+
 void stage::upload_weights() {
   impl& s = *impl_;
   for (std::size_t i = range_.first_op; i < range_.last_op; ++i) {
@@ -436,20 +450,10 @@ void stage::step(const step_plan& plan, const adamw_config& cfg, bool grads_from
       copy_to_device(s.ctx, d.v->data(), op.adam_v().data(), bytes);
     }
     if (grads_from_host) copy_to_device(s.ctx, d.grad->data(), op.grad().data(), bytes);
-    if (!plan.apply) continue;
-    // operator_state::adamw_step, on the device (the trainer's loop)
-    const std::int64_t next = op.step() + 1;
-    const auto [bc1, bc2] = adamw_bias_corrections(cfg, next);
-    adamw_scalars a{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0f, bc1, bc2, plan.grad_mul};
-    for (std::size_t p = 0; p < op.param_count(); ++p) {
-      const long off = long(op.param_offset(p)), len = long(op.param_offset(p + 1)) - off;
-      a.weight_decay = op.param(p).decay ? cfg.weight_decay : 0.0f;
-      adamw_step(s.ctx, d.master->data() + off, d.m->data() + off, d.v->data() + off,
-                 d.grad->data() + off, len, a);
+    if (plan.apply) {
+      step_operator(s.ctx, op, d.master->data(), d.m->data(), d.v->data(), d.grad->data(),
+                    d.weights->data(), cfg, plan.grad_mul);
     }
-    round_to_compute(s.ctx, d.weights->data(), d.master->data(), long(op.numel()),
-                     op.compute_dtype());
-    op.set_step(next);
   }
   s.device_current = true;
   s.host_stale = s.host_stale || plan.apply;

@@ -19,6 +19,13 @@
 
 namespace moevement::models::cuda {
 
+// operator_state::adamw_step on device copies of `op`'s state: AdamW over master, m and v
+// ([numel] each) with gradient `grad` (times grad_mul), then the compute weights' fp32 values
+// into `weights`; the step is counted on `op`. The CPU's bits. The trainer and the engine's
+// GPU stage both step this way.
+void step_operator(context& ctx, operator_state& op, float* master, float* m, float* v,
+                   const float* grad, float* weights, const adamw_config& cfg, float grad_mul);
+
 class stage {
  public:
   // Allocates the owned operators' device weights and gradients (zero) and uploads the

@@ -5,6 +5,11 @@
 
 namespace moevement::models::cuda {
 
+void step_operator(context&, operator_state&, float*, float*, float*, const float*, float*,
+                   const adamw_config&, float) {
+  throw config_error("train.device", "this build has no CUDA backend");
+}
+
 struct stage::impl {};
 
 stage::stage(context&, moe_model&, stage_range range, int micro_batch_size, int seq_len)

@@ -130,20 +130,9 @@ iteration_stats trainer::train_iteration() {
     const auto& tr = s.train;
     const adamw_config cfg{tr.lr, tr.beta1, tr.beta2, tr.eps, tr.weight_decay};
     for (std::size_t i = 0; i < nops; ++i) {
-      auto& host = s.model.ops()[i];
       auto& d = s.ops[i];
-      const std::int64_t step = host.step() + 1;
-      const auto [bc1, bc2] = adamw_bias_corrections(cfg, step);
-      adamw_scalars a{tr.lr, tr.beta1, tr.beta2, tr.eps, 0.0f, bc1, bc2, plan.grad_mul};
-      for (std::size_t p = 0; p < host.param_count(); ++p) {
-        const long off = long(host.param_offset(p)), len = long(host.param_offset(p + 1)) - off;
-        a.weight_decay = host.param(p).decay ? tr.weight_decay : 0.0f;
-        adamw_step(s.ctx, d.master->data() + off, d.m->data() + off, d.v->data() + off,
-                   s.body.grads(i) + off, len, a);
-      }
-      round_to_compute(s.ctx, s.body.weights(i), d.master->data(), s.grad_sizes[i],
-                       host.compute_dtype());
-      host.set_step(step);
+      step_operator(s.ctx, s.model.ops()[i], d.master->data(), d.m->data(), d.v->data(),
+                    s.body.grads(i), s.body.weights(i), cfg, plan.grad_mul);
     }
   }
   ++s.iteration;
