@@ -53,7 +53,7 @@ awaitable<void> supervisor::stop_range(std::size_t from) {
 }
 
 bool supervisor::note_restart() {
-  const auto now = clock::now();
+  const auto now = system().now();
   restart_log_.push_back(now);
   while (!restart_log_.empty() && now - restart_log_.front() > intensity_.period) {
     restart_log_.pop_front();

@@ -4,9 +4,12 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/error.hpp>
+#include <asio/post.hpp>
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 
 namespace moevement::actors {
 namespace {
@@ -57,12 +60,9 @@ void actor::quit(exit_reason why) {
 }
 
 actor_system::actor_system(asio::io_context& io, transport::link& link, system_config config)
-    : io_(io),
-      link_(link),
-      config_(config),
-      node_(link.self()),
-      deadline_timer_(io),
-      heartbeat_timer_(io) {
+    : io_(io), link_(link), config_(config), node_(link.self()) {
+  if (config_.time == nullptr) own_time_ = std::make_unique<steady_time>(io);
+  time_ = config_.time != nullptr ? config_.time : own_time_.get();
   transport::link_handlers h;
   h.on_message = [this](node_id from, transport::incoming_envelope env) {
     on_wire(from, std::move(env));
@@ -77,6 +77,37 @@ actor_system::~actor_system() {
   shutdown();
   *alive_ = false;
   link_.set_handlers({});
+}
+
+awaitable<void> actor_system::sleep_for(clock::duration d) {
+  time_source* ts = time_;
+  const auto at = ts->now() + d;
+  co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(asio::error_code)>(
+      [ts, at](auto handler) {
+        using handler_t = decltype(handler);
+        // Completed once: by the timer, or by a cancellation (the awaiting actor stopped).
+        auto held = std::make_shared<std::optional<handler_t>>(std::move(handler));
+        auto slot = asio::get_associated_cancellation_slot(**held);
+        const auto id = ts->call_at(at, [held] {
+          if (!held->has_value()) return;
+          auto h = std::move(**held);
+          held->reset();
+          std::move(h)(asio::error_code{});
+        });
+        if (slot.is_connected()) {
+          slot.assign([ts, id, held](asio::cancellation_type) {
+            if (!held->has_value()) return;  // already completed: ts may be gone
+            ts->cancel(id);
+            auto h = std::move(**held);
+            held->reset();
+            auto ex = asio::get_associated_executor(h);
+            asio::post(ex, [h = std::move(h)]() mutable {
+              std::move(h)(asio::error_code(asio::error::operation_aborted));
+            });
+          });
+        }
+      },
+      asio::use_awaitable);
 }
 
 // ---- actors ----------------------------------------------------------------------------------
@@ -151,7 +182,7 @@ awaitable<void> actor_system::dispatch(cell& c, mail& m) {
   if (m.what == mail::kind::down) return a->on_down(m.about, m.reason);
   if (m.what == mail::kind::exit) return a->on_exit(m.about, m.reason);
   if (m.what == mail::kind::call) return m.call(*a);
-  if (m.header.correlation_id != 0 && m.deadline < clock::now()) {
+  if (m.header.correlation_id != 0 && m.deadline < now()) {
     ++stats_.expired;  // the caller has already given up: do not run the handler
     return nothing();
   }
@@ -595,16 +626,17 @@ void actor_system::arm_deadline(clock::time_point at) {
   if (shut_down_ || (deadline_armed_ && deadline_armed_at_ <= at)) return;
   deadline_armed_ = true;
   deadline_armed_at_ = at;
-  deadline_timer_.expires_at(at);
-  deadline_timer_.async_wait([this, alive = alive_](const asio::error_code& ec) {
-    if (ec || !*alive) return;
+  if (deadline_timer_ != 0) time_->cancel(deadline_timer_);
+  deadline_timer_ = time_->call_at(at, [this, alive = alive_] {
+    if (!*alive) return;
+    deadline_timer_ = 0;
     deadline_armed_ = false;
     on_deadline();
   });
 }
 
 void actor_system::on_deadline() {
-  const auto now = clock::now();
+  const auto now = this->now();
   while (!deadlines_.empty() && deadlines_.front().first <= now) {
     std::pop_heap(deadlines_.begin(), deadlines_.end(), std::greater<>{});
     const std::uint64_t corr = deadlines_.back().second;
@@ -686,7 +718,7 @@ void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
   }
   auto m = make_mail();
   m->header = h;
-  if (h.budget_ns != 0) m->deadline = clock::now() + std::chrono::nanoseconds(h.budget_ns);
+  if (h.budget_ns != 0) m->deadline = now() + std::chrono::nanoseconds(h.budget_ns);
   if (auto ok = entry->copy_in(env, *m); !ok) {
     ++stats_.malformed;
     reply_error(
@@ -906,7 +938,7 @@ std::vector<member_info> actor_system::members() const {
 void actor_system::add_member(node_id n, std::uint32_t incarnation) {
   if (shut_down_) return;
   lost_.erase(n);
-  members_[n] = member{incarnation, clock::now(), false};
+  members_[n] = member{incarnation, now(), false};
   if (membership_fn_) membership_fn_(n, member_event::up);
   if (!heartbeat_running_) {
     heartbeat_running_ = true;
@@ -916,7 +948,7 @@ void actor_system::add_member(node_id n, std::uint32_t incarnation) {
 
 void actor_system::heard(node_id from) {
   auto it = members_.find(from);
-  if (it != members_.end()) it->second.last_heard = clock::now();
+  if (it != members_.end()) it->second.last_heard = now();
 }
 
 void actor_system::heartbeat_tick() {
@@ -924,7 +956,7 @@ void actor_system::heartbeat_tick() {
     heartbeat_running_ = false;
     return;
   }
-  const auto now = clock::now();
+  const auto now = this->now();
   std::vector<node_id> silent;
   for (auto& [n, m] : members_) {
     if (m.suspected) continue;
@@ -939,9 +971,9 @@ void actor_system::heartbeat_tick() {
   }
   // The link reports on_peer_lost(crash) for each, posted; that path does the rest.
   for (node_id n : silent) link_.forget(n);
-  heartbeat_timer_.expires_after(config_.heartbeat_interval);
-  heartbeat_timer_.async_wait([this, alive = alive_](const asio::error_code& ec) {
-    if (ec || !*alive) return;
+  heartbeat_timer_ = time_->call_at(now + config_.heartbeat_interval, [this, alive = alive_] {
+    if (!*alive) return;
+    heartbeat_timer_ = 0;
     heartbeat_tick();
   });
 }
@@ -963,8 +995,8 @@ void actor_system::shutdown() {
     }
   }
   shut_down_ = true;
-  deadline_timer_.cancel();
-  heartbeat_timer_.cancel();
+  time_->cancel(std::exchange(deadline_timer_, 0));
+  time_->cancel(std::exchange(heartbeat_timer_, 0));
   if (!members_.empty()) link_.say_goodbye();
   members_.clear();
 }

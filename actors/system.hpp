@@ -43,7 +43,6 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <chrono>
@@ -63,6 +62,7 @@
 #include "actors/actor_ref.hpp"
 #include "actors/exit_reason.hpp"
 #include "actors/system.capnp.h"
+#include "actors/time_source.hpp"
 #include "actors/unique_function.hpp"
 #include "base/result.hpp"
 #include "transport/link.hpp"
@@ -70,7 +70,6 @@
 namespace moevement::actors {
 
 using asio::awaitable;
-using clock = std::chrono::steady_clock;
 using transport::node_id;
 
 // Every tunable of the actor system, with its one default.
@@ -86,6 +85,9 @@ struct system_config {
   // A hung node is detected after timeout .. timeout + interval.
   std::chrono::milliseconds heartbeat_interval{100};
   std::chrono::milliseconds heartbeat_timeout{1000};
+  // Where the system reads the time and sets its timers; null: the steady clock (production).
+  // Tests give a manual_time (actors/deterministic.hpp). Not owned; must outlive the system.
+  time_source* time = nullptr;
 };
 
 struct system_stats {
@@ -304,6 +306,14 @@ class actor_system {
   asio::io_context& io() { return io_; }
   const system_stats& stats() const { return stats_; }
 
+  // ---- time: actors read it and sleep through the system, never the clock directly, so
+  // that a test's manual time governs them too.
+  clock::time_point now() const { return time_->now(); }
+  time_source& time() { return *time_; }
+  // Completes after `d`; throws asio::system_error (operation_aborted) when the awaiting
+  // actor is stopped meanwhile, like an Asio timer.
+  awaitable<void> sleep_for(clock::duration d);
+
   // ---- spawn
   template <class A, class... Args>
   typed_ref<A> spawn(Args&&... args) {
@@ -506,13 +516,15 @@ class actor_system {
   std::vector<std::uint32_t> free_pending_;
   std::vector<std::pair<clock::time_point, std::uint64_t>> deadlines_;  // min-heap
   std::size_t live_pending_ = 0;
-  asio::steady_timer deadline_timer_;
+  std::unique_ptr<steady_time> own_time_;  // when the config gave none
+  time_source* time_ = nullptr;
+  time_source::timer_id deadline_timer_ = 0;
   bool deadline_armed_ = false;
   clock::time_point deadline_armed_at_;
 
   std::map<node_id, member> members_;
   std::map<node_id, std::uint32_t> lost_;  // node -> the incarnation that was lost
-  asio::steady_timer heartbeat_timer_;
+  time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;
 };
@@ -634,7 +646,7 @@ awaitable<result<reply<Resp>>> actor_system::ask(actor_ref to, clock::duration t
                                                  actor_ref from) {
   const std::uint64_t type_id = capnp::typeId<Req>();
   if (!from.valid()) from = {node_, config_.incarnation, 0};  // replies route by node
-  const auto deadline = clock::now() + timeout;
+  const auto deadline = now() + timeout;
   if (to.node == node_) {
     cell* c = nullptr;
     if (auto ok = check_local_target(to, type_id, capnp::typeId<Resp>(), c); !ok) {

@@ -2,15 +2,12 @@
 
 #include <fmt/format.h>
 
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <set>
 #include <thread>
 
+#include "actors/gather.hpp"
 #include "base/hash.hpp"
 #include "engine/stage_model.hpp"
 #include "engine/window_budget.hpp"
@@ -50,8 +47,8 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::ValLoss>(&coordinator::val_loss);
   on<wire::WindowReplicated>(&coordinator::window_replicated);
   on<wire::DurableWritten>(&coordinator::durable_written);
-  can_recover_ = job_.policy == "moevement";
-  rolls_back_ = rollback_policy(job_.policy);
+  can_recover_ = recovery_of(job_.policy) == recovery_kind::localized;
+  rolls_back_ = recovery_of(job_.policy) == recovery_kind::rollback;
   durable_ = can_recover_ && durable_tier(job_);
 }
 
@@ -94,7 +91,8 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
   if (!(can_recover_ || rolls_back_) || !started() || !spare_left) {
     std::string why;
     if (!(can_recover_ || rolls_back_)) {
-      why = fmt::format("checkpoint.policy = {} cannot recover a lost worker", job_.policy);
+      why = fmt::format("checkpoint.policy = {} cannot recover a lost worker",
+                        policy_name(job_.policy));
     } else if (!started()) {
       why = "the job had not started training yet";
     } else {
@@ -246,9 +244,7 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
       // within the failure timeout, and the region then grows (cascading) and restarts.
       const std::int64_t losses = losses_seen_;
       const bool lost_copies = m.getSnapshotLost();
-      asio::steady_timer grace(co_await asio::this_coro::executor,
-                               std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-      co_await grace.async_wait(asio::use_awaitable);
+      co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
       if (finished_ || losses_seen_ != losses || !recovery_) co_return;
       if (lost_copies && durable_ && !rolls_back_) {
         co_await start_durable_rollback(std::move(message));
@@ -324,28 +320,29 @@ std::vector<actor_ref> coordinator::replicators_for(transport::node_id node) con
 }
 
 awaitable<bool> coordinator::wire_all() {
-  const std::int64_t losses = losses_seen_;
   std::map<int, transport::node_id> node_of;  // stage index -> node
   for (const auto& [n, w] : workers_) {
     if (w.stage >= 0) node_of[w.replica * job_.pp + w.stage] = n;
   }
+  // What each stage is told (index d * pp + s), decided before any is sent: a loss during
+  // the asks then looks like a loss just after the wiring, which its recovery rewires.
+  struct wiring {
+    actor_ref prev, next;
+    std::vector<actor_ref> replicas, replicators;
+  };
+  std::vector<wiring> plan(std::size_t(job_.workers()));
   for (int d = 0; d < job_.dp; ++d) {
     for (int s = 0; s < job_.pp; ++s) {
-      // A loss since the wiring began (processed during an ask below) removed the lost stage
-      // from stages_: the refs would name no stage there, and the stage wired with them fails
-      // as inconsistent and stays failed through the rewiring its recovery (posted) does (seen:
-      // a job stalled after a second loss during a rollback). Stop here; that recovery wires.
-      if (recovery_ && losses_seen_ != losses) co_return false;
-      const actor_ref prev = s > 0 ? stage_ref(s - 1, d) : actor_ref{};
-      const actor_ref next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
-      std::vector<actor_ref> reps;
-      for (int r = 0; r < job_.dp; ++r) reps.push_back(stage_ref(s, r));
-      const std::vector<actor_ref> repl = (can_recover_ || rolls_back_)
-                                              ? replicators_for(node_of[d * job_.pp + s])
-                                              : std::vector<actor_ref>{};
+      wiring& w = plan[std::size_t(d * job_.pp + s)];
+      w.prev = s > 0 ? stage_ref(s - 1, d) : actor_ref{};
+      w.next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
+      for (int r = 0; r < job_.dp; ++r) w.replicas.push_back(stage_ref(s, r));
+      if (can_recover_ || rolls_back_) w.replicators = replicators_for(node_of[d * job_.pp + s]);
       if (can_recover_ && log_ != nullptr) {
         std::string holders;
-        for (const auto& r : repl) holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
+        for (const auto& r : w.replicators) {
+          holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
+        }
         log_->write(json_record{}
                         .add("kind", "event")
                         .add("event", "snapshot_holders")
@@ -354,26 +351,33 @@ awaitable<bool> coordinator::wire_all() {
                         .add("node", std::int64_t{node_of[d * job_.pp + s]})
                         .add("holders", holders));
       }
-      auto fill = [&](wire::Wire::Builder b) {
-        write_ref(b.initPrev(), prev);
-        write_ref(b.initNext(), next);
-        auto l = b.initReplicas(static_cast<unsigned>(reps.size()));
-        for (unsigned i = 0; i < reps.size(); ++i) write_ref(l[i], reps[i]);
-        auto rl = b.initReplicators(static_cast<unsigned>(repl.size()));
-        for (unsigned i = 0; i < repl.size(); ++i) write_ref(rl[i], repl[i]);
-      };
-      auto r = co_await ask<wire::Wire, wire::WireAck>(stage_ref(s, d), ask_timeout, fill);
-      if (finished_) co_return false;
-      if (!r.ok()) {
-        // During a recovery, a stage lost since the wiring began (its actor is gone from
-        // stages_ already, or its loss is still on the way): its recovery (posted) takes over.
-        const bool lost = recovery_ && co_await loss_follows(losses);
-        if (finished_ || lost) co_return false;
-        fail(fmt::format("wiring stage {} replica {} failed: {}", s, d, r.err().message));
-        co_return false;
-      }
     }
   }
+  const std::int64_t losses = losses_seen_;
+  auto fill = [&](std::size_t i, wire::Wire::Builder b) {
+    const wiring& w = plan[i];
+    write_ref(b.initPrev(), w.prev);
+    write_ref(b.initNext(), w.next);
+    auto l = b.initReplicas(static_cast<unsigned>(w.replicas.size()));
+    for (unsigned j = 0; j < w.replicas.size(); ++j) write_ref(l[j], w.replicas[j]);
+    auto rl = b.initReplicators(static_cast<unsigned>(w.replicators.size()));
+    for (unsigned j = 0; j < w.replicators.size(); ++j) write_ref(rl[j], w.replicators[j]);
+  };
+  auto replies =
+      co_await actors::ask_all<wire::Wire, wire::WireAck>(*this, stages_, ask_timeout, fill);
+  if (finished_) co_return false;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    if (replies[i].ok()) continue;
+    // During a recovery, a stage lost since the wiring began (its actor is gone from stages_
+    // already, or its loss is still on the way): its recovery (posted) takes over.
+    const bool lost = recovery_ && co_await loss_follows(losses);
+    if (finished_ || lost) co_return false;
+    fail(fmt::format("wiring stage {} replica {} failed: {}", int(i) % job_.pp, int(i) / job_.pp,
+                     replies[i].err().message));
+    co_return false;
+  }
+  // A loss while the asks were out: the recovery it posted wires again.
+  if (recovery_ && losses_seen_ != losses) co_return false;
   co_return true;
 }
 
@@ -381,9 +385,7 @@ awaitable<bool> coordinator::loss_follows(std::int64_t losses_before) {
   // The transport often sees a peer die before the head's membership does: give the loss the
   // failure timeout to arrive.
   if (losses_seen_ == losses_before) {
-    asio::steady_timer grace(co_await asio::this_coro::executor,
-                             std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-    co_await grace.async_wait(asio::use_awaitable);
+    co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
   }
   co_return losses_seen_ != losses_before;
 }
@@ -776,9 +778,7 @@ awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
   // how it died): wait that long before blaming the stage.
   std::string message = "a stage failed: " + std::string(m.getMessage());
   const std::int64_t losses = losses_seen_;
-  asio::steady_timer grace(co_await asio::this_coro::executor,
-                           std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-  co_await grace.async_wait(asio::use_awaitable);
+  co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
   // A worker was lost meanwhile: that was the cause, and recovery (or the job's end) has
   // been decided by lose_worker.
   if (losses_seen_ != losses || recovery_) co_return;
@@ -786,10 +786,14 @@ awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
 }
 
 awaitable<void> coordinator::finish() {
+  std::vector<actor_ref> first_replicas;
+  for (int s = 0; s < job_.pp; ++s) first_replicas.push_back(stage_ref(s, 0));
+  auto replies = co_await actors::ask_all<wire::DigestsQuery, wire::Digests>(
+      *this, first_replicas, ask_timeout, [](std::size_t, wire::DigestsQuery::Builder) {});
+  if (finished_) co_return;
   std::vector<std::uint64_t> digests;
   for (int s = 0; s < job_.pp; ++s) {
-    auto r = co_await ask<wire::DigestsQuery, wire::Digests>(stage_ref(s, 0), ask_timeout);
-    if (finished_) co_return;
+    const auto& r = replies[std::size_t(s)];
     if (!r.ok()) {
       fail(fmt::format("reading stage {}'s state failed: {}", s, r.err().message));
       co_return;
@@ -976,33 +980,34 @@ awaitable<void> coordinator::recover() {
     recovery_->target = iteration_;
     phase_ = phase::recovering;
     // Drop the iteration in progress everywhere else (it is re-run once the stages are back),
-    // and clear what failed in the survivors because of the lost peers.
+    // and clear what failed in the survivors because of the lost peers: every stage at once.
     const std::uint64_t e = epoch_;
+    auto fill = [e](std::size_t, wire::Abort::Builder b) { b.setEpoch(e); };
     const std::vector<actor_ref> alive = stages_;
-    std::vector<std::size_t> failed;
+    auto res =
+        co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
+    if (finished_) co_return;
+    std::vector<actor_ref> retry;
     for (std::size_t i = 0; i < alive.size(); ++i) {
-      if (!alive[i].valid()) continue;
-      auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
-      auto res = co_await ask<wire::Abort, wire::AbortAck>(alive[i], ask_timeout, fill);
-      if (finished_) co_return;
-      if (!res.ok() && stages_[i].valid()) failed.push_back(i);
+      if (alive[i].valid() && !res[i].ok() && stages_[i].valid()) retry.push_back(alive[i]);
     }
     // A stage that could not be aborted usually died too, and the transport knew before the
     // head did: give its loss the failure timeout to arrive (it then joins the recovery).
-    if (!failed.empty()) {
-      asio::steady_timer grace(co_await asio::this_coro::executor,
-                               std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-      co_await grace.async_wait(asio::use_awaitable);
+    if (!retry.empty()) {
+      co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
       if (finished_) co_return;
-      for (std::size_t i : failed) {
-        if (stages_[i].valid()) {  // still there: ask once more
-          auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
-          auto res = co_await ask<wire::Abort, wire::AbortAck>(alive[i], ask_timeout, fill);
-          if (finished_) co_return;
-          if (!res.ok() && stages_[i].valid()) {
-            fail("aborting the iteration for a recovery failed: " + res.err().message);
-            co_return;
-          }
+      std::erase_if(retry, [&](const actor_ref& r) {
+        return std::find(stages_.begin(), stages_.end(), r) == stages_.end();  // lost meanwhile
+      });
+      auto again =
+          co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, retry, ask_timeout, fill);
+      if (finished_) co_return;
+      for (std::size_t i = 0; i < retry.size(); ++i) {
+        const bool still_there =
+            std::find(stages_.begin(), stages_.end(), retry[i]) != stages_.end();
+        if (!again[i].ok() && still_there) {
+          fail("aborting the iteration for a recovery failed: " + again[i].err().message);
+          co_return;
         }
       }
     }
@@ -1154,21 +1159,26 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
     std::map<std::uint64_t, int> offered;
     rejected.clear();
     const std::vector<region_member> members = r.members;
+    std::vector<actor_ref> holders;  // every member's replicator, asked at once
     for (const region_member& m : members) {
       const auto it = workers_.find(m.spare);
-      if (it == workers_.end()) break;  // lost meanwhile: asked again below
-      const int s = m.lost.stage, d = m.lost.replica;
-      auto fill = [&](wire::DurableQuery::Builder b) {
-        b.setStage(s);
-        b.setReplica(d);
-      };
-      auto res = co_await ask<wire::DurableQuery, wire::DurableOffer>(
-          it->second.replicator, std::chrono::seconds(300), fill);
-      if (finished_ || !recovery_) co_return;
+      holders.push_back(it == workers_.end() ? actor_ref{} : it->second.replicator);
+    }
+    auto fill = [&](std::size_t i, wire::DurableQuery::Builder b) {
+      b.setStage(members[i].lost.stage);
+      b.setReplica(members[i].lost.replica);
+    };
+    auto replies = co_await actors::ask_all<wire::DurableQuery, wire::DurableOffer>(
+        *this, holders, std::chrono::seconds(300), fill);
+    if (finished_ || !recovery_) co_return;
+    if (losses_seen_ != losses) continue;  // lost meanwhile: asked again
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      const auto& res = replies[i];
       if (!res.ok()) {
-        if (losses_seen_ != losses) break;
-        fail(fmt::format("asking stage {} replica {} for its durable windows failed: {}", s, d,
-                         res.err().message));
+        if (co_await loss_follows(losses)) break;
+        if (finished_ || !recovery_) co_return;
+        fail(fmt::format("asking stage {} replica {} for its durable windows failed: {}",
+                         members[i].lost.stage, members[i].lost.replica, res.err().message));
         co_return;
       }
       std::set<std::uint64_t> mine;

@@ -11,6 +11,8 @@
 
 #include "engine/coordinator.hpp"
 
+#include "actors/gather.hpp"
+
 namespace moevement::engine {
 
 namespace {
@@ -80,22 +82,25 @@ awaitable<void> coordinator::start_rollback() {
     recovery_->begun = true;
     phase_ = phase::recovering;
     recovery_->target = iteration_;
-    // Every surviving stage drops the iteration in progress: the whole job goes back.
+    // Every surviving stage drops the iteration in progress (all at once): the whole job
+    // goes back.
     const std::uint64_t e = epoch_;
-    const std::vector<actor_ref> alive = stages_;
-    for (std::size_t i = 0; i < alive.size(); ++i) {
-      if (!alive[i].valid()) continue;
-      const std::int64_t losses = losses_seen_;
-      auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
-      auto res = co_await ask<wire::Abort, wire::AbortAck>(alive[i], rollback_timeout, fill);
-      if (finished_) co_return;
-      if (!res.ok() && !(co_await loss_follows(losses))) {
-        if (finished_) co_return;
-        fail("aborting the iteration for a rollback failed: " + res.err().message);
-        co_return;
-      }
-      if (finished_) co_return;
+    std::vector<actor_ref> alive;
+    for (const actor_ref& r : stages_) {
+      if (r.valid()) alive.push_back(r);
     }
+    const std::int64_t losses = losses_seen_;
+    auto fill = [e](std::size_t, wire::Abort::Builder b) { b.setEpoch(e); };
+    auto res =
+        co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, rollback_timeout, fill);
+    if (finished_) co_return;
+    const auto failed = std::find_if(res.begin(), res.end(), [](const auto& r) { return !r.ok(); });
+    if (failed != res.end() && !(co_await loss_follows(losses))) {
+      if (finished_) co_return;
+      fail("aborting the iteration for a rollback failed: " + failed->err().message);
+      co_return;
+    }
+    if (finished_) co_return;
   }
   if (recovery_->pending.empty()) co_return;  // placed by an earlier turn
   // A loss during the rollback (a survivor, or a spare being rebuilt) starts its loading over
@@ -135,15 +140,15 @@ awaitable<void> coordinator::start_rollback() {
       callbacks_.on_notice(fmt::format(
           "stage {} replica {} lost (worker {}) at iteration {}{}; policy {}: a fresh stage on "
           "spare worker {}, then every stage rolls back to the last checkpoint",
-          w.stage, w.replica, w.node, failed_at, again ? ", during the rollback" : "", job_.policy,
-          spare));
+          w.stage, w.replica, w.node, failed_at, again ? ", during the rollback" : "",
+          policy_name(job_.policy), spare));
     }
     if (log_ != nullptr) {
       log_->write(json_record{}
                       .add("kind", "event")
                       .add("event", "recovery_start")
                       .add("recovery", "rollback")
-                      .add("policy", job_.policy)
+                      .add("policy", policy_name(job_.policy))
                       .add("stage", w.stage)
                       .add("replica", w.replica)
                       .add("lost_node", std::int64_t{w.node})
@@ -189,19 +194,25 @@ awaitable<void> coordinator::finish_rollback() {
     return {};
   };
 
-  // 1. What each stage can load, verified by the stage itself.
+  // 1. What each stage can load, verified by the stage itself (every stage at once).
+  std::vector<actor_ref> agents;  // index d * pp + s
+  for (int d = 0; d < job_.dp; ++d) {
+    for (int s = 0; s < job_.pp; ++s) agents.push_back(agent_at(s, d));
+  }
   std::map<std::int64_t, int> offered;
   std::vector<std::string> rejected;
-  for (int d = 0; d < job_.dp; ++d) {
-    for (int s = 0; s < job_.pp; ++s) {
-      auto fill = [&](wire::RollbackQuery::Builder b) {
-        auto l = b.initHolders(static_cast<unsigned>(holders.size()));
-        for (unsigned i = 0; i < holders.size(); ++i) write_ref(l[i], holders[i]);
-      };
-      const std::int64_t losses = losses_seen_;
-      auto r = co_await ask<wire::RollbackQuery, wire::RollbackOffer>(agent_at(s, d),
-                                                                      rollback_timeout, fill);
-      if (superseded()) co_return;
+  {
+    auto fill = [&](std::size_t, wire::RollbackQuery::Builder b) {
+      auto l = b.initHolders(static_cast<unsigned>(holders.size()));
+      for (unsigned i = 0; i < holders.size(); ++i) write_ref(l[i], holders[i]);
+    };
+    const std::int64_t losses = losses_seen_;
+    auto replies = co_await actors::ask_all<wire::RollbackQuery, wire::RollbackOffer>(
+        *this, agents, rollback_timeout, fill);
+    if (superseded()) co_return;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      const int s = int(i) % job_.pp, d = int(i) / job_.pp;
+      auto& r = replies[i];
       if (!r.ok()) {
         if (co_await loss_follows(losses) || superseded()) co_return;
         fail(fmt::format("asking stage {} replica {} for its checkpoints failed: {}", s, d,
@@ -227,22 +238,24 @@ awaitable<void> coordinator::finish_rollback() {
     co_return;
   }
 
-  // 2. Every stage loads it.
+  // 2. Every stage loads it, all at once.
   std::uint64_t bytes = 0;
   std::vector<std::int64_t> lost_per_layer;
   std::int64_t stale = 0;
   std::string sources;
-  for (int d = 0; d < job_.dp; ++d) {
-    for (int s = 0; s < job_.pp; ++s) {
-      const int k = interval_ > 0 ? interval_ : 1;
-      auto fill = [&](wire::RollbackLoad::Builder b) {
-        b.setIteration(c);
-        b.setInterval(k);
-      };
-      const std::int64_t losses = losses_seen_;
-      auto r = co_await ask<wire::RollbackLoad, wire::RollbackLoaded>(agent_at(s, d),
-                                                                      rollback_timeout, fill);
-      if (superseded()) co_return;
+  {
+    const int k = interval_ > 0 ? interval_ : 1;
+    auto fill = [&](std::size_t, wire::RollbackLoad::Builder b) {
+      b.setIteration(c);
+      b.setInterval(k);
+    };
+    const std::int64_t losses = losses_seen_;
+    auto replies = co_await actors::ask_all<wire::RollbackLoad, wire::RollbackLoaded>(
+        *this, agents, rollback_timeout, fill);
+    if (superseded()) co_return;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      const int s = int(i) % job_.pp, d = int(i) / job_.pp;
+      auto& r = replies[i];
       if (!r.ok() && (co_await loss_follows(losses) || superseded())) co_return;
       if (!r.ok() || r->get().getError().size() > 0) {
         fail(fmt::format("stage {} replica {} could not roll back to iteration {}: {}", s, d, c,
@@ -276,7 +289,7 @@ awaitable<void> coordinator::finish_rollback() {
   end.add("kind", "event")
       .add("event", "recovery_end")
       .add("recovery", "rollback")
-      .add("policy", job_.policy)
+      .add("policy", policy_name(job_.policy))
       .add("stage", rec.rebuilds.front().lost.stage)
       .add("replica", rec.rebuilds.front().lost.replica)
       .add("spare_node", std::int64_t{rec.rebuilds.front().spare})
@@ -293,7 +306,7 @@ awaitable<void> coordinator::finish_rollback() {
       .add("restore_s", restore_s)
       .add("load_s", load_s);
   std::string pec_line;
-  if (job_.policy == "pec") {
+  if (job_.policy == policy_kind::pec) {
     // PLT (seed 002): mean over MoE layers of the tokens routed to stale experts over the
     // tokens x top_k the layer saw: of this fault over iterations [0, failed), and of the run
     // so far over the whole training's tokens.

@@ -32,6 +32,13 @@ std::string get_choice(const std::string& key, const config_value& v,
   return s;
 }
 
+// A name of checkpoint_policy_names() (checked by get_choice) as its kind: the names are in
+// the enum's order.
+policy_kind parse_policy(const std::string& name) {
+  const auto names = checkpoint_policy_names();
+  return policy_kind(std::find(names.begin(), names.end(), name) - names.begin());
+}
+
 bool all_of_chars(std::string_view s, std::string_view allowed) {
   return s.find_first_not_of(allowed) == std::string_view::npos;
 }
@@ -55,7 +62,13 @@ setter_map make_setters(job_config& j) {
       {"parallel.dp",
        [&](auto& k, auto& v) { j.dp = int(models::config_int(k, v, 1, max_job_workers)); }},
       {"checkpoint.policy",
-       [&](auto& k, auto& v) { j.policy = get_choice(k, v, checkpoint_policy_names()); }},
+       [&](auto& k, auto& v) {
+         const std::string name = get_choice(k, v, checkpoint_policy_names());
+         if (!policy_available(name)) {
+           throw config_error(k, fmt::format("'{}' is not available in this version", name));
+         }
+         j.policy = parse_policy(name);
+       }},
       {"checkpoint.w_sparse",
        [&](auto& k, auto& v) { j.w_sparse = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.replicas",
@@ -194,12 +207,26 @@ bool policy_available(const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-bool durable_tier(const job_config& job) {
-  return job.durable.value_or(job.policy == "dense-disk");
+std::string policy_name(policy_kind policy) {
+  return checkpoint_policy_names().at(std::size_t(policy));
 }
 
-bool rollback_policy(const std::string& name) {
-  return name == "dense-memory" || name == "dense-disk" || name == "pec";
+recovery_kind recovery_of(policy_kind policy) {
+  switch (policy) {
+    case policy_kind::none:
+      return recovery_kind::none;
+    case policy_kind::moevement:
+      return recovery_kind::localized;
+    case policy_kind::dense_memory:
+    case policy_kind::dense_disk:
+    case policy_kind::pec:
+      return recovery_kind::rollback;
+  }
+  return recovery_kind::none;
+}
+
+bool durable_tier(const job_config& job) {
+  return job.durable.value_or(job.policy == policy_kind::dense_disk);
 }
 
 std::vector<std::string> job_config_keys() {
@@ -252,17 +279,14 @@ job_config resolve_job(models::config_map map) {
                                    "a late heartbeat would look like a failure",
                                    j.failure_timeout_ms, j.heartbeat_ms));
   }
-  if (!policy_available(j.policy)) {
-    throw config_error("checkpoint.policy",
-                       fmt::format("'{}' is not available in this version", j.policy));
-  }
-  if (j.durable == true && j.policy != "moevement" && j.policy != "dense-disk") {
+  if (j.durable == true && j.policy != policy_kind::moevement &&
+      j.policy != policy_kind::dense_disk) {
     throw config_error("checkpoint.durable",
                        fmt::format("the durable tier is written by policies moevement and "
                                    "dense-disk, not {}; leave it \"auto\" or change the policy",
-                                   j.policy));
+                                   policy_name(j.policy)));
   }
-  if (j.durable == false && j.policy == "dense-disk") {
+  if (j.durable == false && j.policy == policy_kind::dense_disk) {
     throw config_error("checkpoint.durable",
                        "dense-disk checkpoints are the durable tier and cannot turn it off; use "
                        "policy dense-memory for checkpoints in peers' memory only");

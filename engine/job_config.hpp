@@ -40,14 +40,22 @@ struct baseline_knobs {
   bool operator==(const baseline_knobs&) const = default;
 };
 
+// checkpoint.policy, parsed once (policy_name() spells it back).
+enum class policy_kind : std::uint8_t { none, moevement, dense_memory, dense_disk, pec };
+std::string policy_name(policy_kind policy);
+// How a policy brings a lost worker back: not at all (none), by localized recovery from the
+// sparse window (moevement), or by a global rollback to a checkpoint (the baselines).
+enum class recovery_kind : std::uint8_t { none, localized, rollback };
+recovery_kind recovery_of(policy_kind policy);
+
 struct job_config {
   models::model_config model;
-  models::train_config train;   // train.data_parallel == dp
-  int pp = 1;                   // parallel.pp: pipeline stages
-  int dp = 1;                   // parallel.dp: data-parallel replicas of each stage
-  std::string policy = "none";  // checkpoint.policy
-  int w_sparse = 0;             // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
-  int snapshot_replicas = 2;    // checkpoint.replicas: copies of every snapshot slot (r)
+  models::train_config train;              // train.data_parallel == dp
+  int pp = 1;                              // parallel.pp: pipeline stages
+  int dp = 1;                              // parallel.dp: data-parallel replicas of each stage
+  policy_kind policy = policy_kind::none;  // checkpoint.policy
+  int w_sparse = 0;           // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
+  int snapshot_replicas = 2;  // checkpoint.replicas: copies of every snapshot slot (r)
   // checkpoint.replay_threads: GEMM threads of a moevement recovery's replay (the stages
   // outside its region are paused meanwhile); 0 = this host's cores.
   int replay_threads = 0;
@@ -103,8 +111,6 @@ std::vector<std::string> checkpoint_policy_names();
 // The sparse schedule's operator orderings (paper section 3.2, appendix B).
 std::vector<std::string> ordering_names();
 bool policy_available(const std::string& name);
-// The policies whose recovery is a global rollback (dense-memory, dense-disk, pec).
-bool rollback_policy(const std::string& name);
 
 // Limits on a config read from the wire (untrusted). Defaults live here and only here.
 struct config_wire_limits {

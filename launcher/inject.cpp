@@ -462,17 +462,17 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
         "use 1..{}",
         inj.iteration, job.train.iterations - 1, job.train.iterations, job.train.iterations - 1));
   }
-  if (inj.phase == engine::fault_point::snapshot && job.policy != "moevement") {
+  if (inj.phase == engine::fault_point::snapshot && job.policy != engine::policy_kind::moevement) {
     fail(
         fmt::format("phase=snapshot needs checkpoint.policy = \"moevement\" (policy {} takes no "
                     "snapshots)",
-                    job.policy));
+                    engine::policy_name(job.policy)));
   }
-  if (inj.during_recovery && job.policy != "moevement" && !engine::rollback_policy(job.policy)) {
+  if (inj.during_recovery && engine::recovery_of(job.policy) == engine::recovery_kind::none) {
     fail(
         fmt::format("during=recovery needs a policy that recovers (moevement, dense-memory, "
                     "dense-disk or pec; policy {} does not, so no recovery ever starts)",
-                    job.policy));
+                    engine::policy_name(job.policy)));
   }
   return {};
 }

@@ -188,7 +188,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "
       "{} spare(s), stage type {}, checkpoint policy {}\n",
       job.model.preset, job.model.layers, double(job.model.parameter_count()) / 1e6, job.pp, job.dp,
-      job.workers(), job.spares, job.stage_type, job.policy);
+      job.workers(), job.spares, job.stage_type, engine::policy_name(job.policy));
 
   const std::string token = new_token();
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();

@@ -45,11 +45,17 @@ int disk_windows_kept(const policy_config& c) {
   return c.keep + 3;
 }
 
-baseline_kind kind_of(const std::string& policy) {
-  if (policy == "dense-memory") return baseline_kind::dense_memory;
-  if (policy == "dense-disk") return baseline_kind::dense_disk;
-  if (policy == "pec") return baseline_kind::pec;
-  throw std::invalid_argument("not a baseline policy: " + policy);
+baseline_kind kind_of(engine::policy_kind policy) {
+  switch (policy) {
+    case engine::policy_kind::dense_memory:
+      return baseline_kind::dense_memory;
+    case engine::policy_kind::dense_disk:
+      return baseline_kind::dense_disk;
+    case engine::policy_kind::pec:
+      return baseline_kind::pec;
+    default:
+      throw std::invalid_argument("not a baseline policy: " + engine::policy_name(policy));
+  }
 }
 
 constexpr char pec_meta_magic[8] = {'M', 'V', 'P', 'E', 'C', 'M', '0', '1'};
@@ -728,7 +734,7 @@ engine::checkpoint_factory any_policy_factory() {
   return [moe = policy_factory()](
              actors::actor_system& system, engine::bulk_io& io,
              const engine::job_config& job) -> std::unique_ptr<engine::worker_checkpoint> {
-    if (engine::rollback_policy(job.policy)) {
+    if (engine::recovery_of(job.policy) == engine::recovery_kind::rollback) {
       return std::make_unique<baseline_checkpoint>(system, io, job);
     }
     return moe(system, io, job);

@@ -1158,7 +1158,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
 engine::checkpoint_factory policy_factory(policy_limits limits) {
   return [limits](actors::actor_system& system, engine::bulk_io& io,
                   const engine::job_config& job) -> std::unique_ptr<engine::worker_checkpoint> {
-    if (job.policy != "moevement") return nullptr;
+    if (job.policy != engine::policy_kind::moevement) return nullptr;
     return std::make_unique<moevement_checkpoint>(system, io, job, limits);
   };
 }

@@ -107,7 +107,7 @@ class echo : public actor {
   awaitable<void> sleep(msg::Sleep::Reader m, msg::Done::Builder out) {
     const auto tag = m.getTag();
     log.push_back(tag * 10);
-    co_await sleep_for(std::chrono::milliseconds(m.getMs()));
+    co_await system().sleep_for(std::chrono::milliseconds(m.getMs()));
     log.push_back(tag * 10 + 1);
     out.setTag(tag);
   }

@@ -46,7 +46,7 @@ TEST(job_config, defaults) {
   EXPECT_EQ(j.pp, 1);
   EXPECT_EQ(j.dp, 1);
   EXPECT_EQ(j.workers(), 1);
-  EXPECT_EQ(j.policy, "none");
+  EXPECT_EQ(j.policy, policy_kind::none);
   EXPECT_EQ(j.backend, "local");
   EXPECT_EQ(j.spares, 0);
   EXPECT_EQ(j.host, "127.0.0.1");
@@ -67,7 +67,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"parallel.pp", {std::int64_t(2), [](auto& j) { return j.pp == 2; }}},
           {"parallel.dp", {std::int64_t(3), [](auto& j) { return j.dp == 3; }}},
           {"checkpoint.policy",
-           {std::string("moevement"), [](auto& j) { return j.policy == "moevement"; }}},
+           {std::string("moevement"), [](auto& j) { return j.policy == policy_kind::moevement; }}},
           {"checkpoint.w_sparse", {std::int64_t(4), [](auto& j) { return j.w_sparse == 4; }}},
           {"checkpoint.replicas",
            {std::int64_t(3), [](auto& j) { return j.snapshot_replicas == 3; }}},
@@ -219,8 +219,11 @@ TEST(job_config, every_policy_is_available) {
   EXPECT_EQ(names,
             (std::vector<std::string>{"none", "moevement", "dense-memory", "dense-disk", "pec"}));
   for (const auto& name : names) {
-    EXPECT_EQ(resolve_job({{"checkpoint.policy", name}}).policy, name);
-    EXPECT_EQ(rollback_policy(name), name != "none" && name != "moevement") << name;
+    const policy_kind kind = resolve_job({{"checkpoint.policy", name}}).policy;
+    EXPECT_EQ(policy_name(kind), name);
+    EXPECT_EQ(recovery_of(kind) == recovery_kind::rollback, name != "none" && name != "moevement")
+        << name;
+    EXPECT_EQ(recovery_of(kind) == recovery_kind::localized, name == "moevement") << name;
   }
   const auto r = reject({{"checkpoint.policy", std::string("sparse")}});
   EXPECT_EQ(r.key, "checkpoint.policy");

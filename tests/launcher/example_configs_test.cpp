@@ -23,7 +23,7 @@ TEST(example_configs, demo_is_small_in_two_stages_by_two_replicas) {
   EXPECT_EQ(j.pp, 2);
   EXPECT_EQ(j.dp, 2);
   EXPECT_EQ(j.workers(), 4);
-  EXPECT_EQ(j.policy, "none");
+  EXPECT_EQ(j.policy, engine::policy_kind::none);
 }
 
 TEST(example_configs, pipeline_tiny_is_tiny_in_two_stages_by_two_replicas) {
@@ -46,7 +46,7 @@ TEST(example_configs, failure_single_recovers_with_a_spare) {
   ASSERT_NE(root, nullptr);
   const auto j = engine::resolve_job(
       load_config_file(std::string(root) + "/examples/failure_single/config.toml"));
-  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_EQ(j.policy, engine::policy_kind::moevement);
   EXPECT_GE(j.spares, 1);
   EXPECT_EQ(j.pp, 3);
 }
@@ -56,7 +56,7 @@ TEST(example_configs, failure_contiguous_has_a_spare_per_lost_stage) {
   ASSERT_NE(root, nullptr);
   const auto j = engine::resolve_job(
       load_config_file(std::string(root) + "/examples/failure_contiguous/config.toml"));
-  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_EQ(j.policy, engine::policy_kind::moevement);
   EXPECT_GE(j.spares, 2);
   EXPECT_GE(j.pp, 4) << "stages 1 and 2 lost need healthy stages on both sides";
 }
@@ -73,7 +73,7 @@ TEST(example_configs, failure_mtbf_has_a_spare_for_every_scheduled_failure) {
   auto raw = load_config_file(path);
   const auto injections = take_inject_tables(raw, path);
   const auto j = engine::resolve_job(raw);
-  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_EQ(j.policy, engine::policy_kind::moevement);
   ASSERT_EQ(injections.size(), 2u);
   EXPECT_EQ(injections[0].what, injection::kind::mtbf);
   EXPECT_EQ(injections[1].what, injection::kind::trace);
@@ -97,7 +97,7 @@ TEST(example_configs, failure_infiniband_is_failure_single_over_slurm_with_a_pha
   EXPECT_EQ(j.train, single.train) << "the same job: the same state_hash";
   EXPECT_EQ(j.pp, single.pp);
   EXPECT_EQ(j.dp, single.dp);
-  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_EQ(j.policy, engine::policy_kind::moevement);
   EXPECT_EQ(j.workers() + j.spares, 8);
   ASSERT_EQ(injections.size(), 1u);
   EXPECT_EQ(injections[0].text(), "kill:stage=1,replica=0,iter=20,phase=backward");
@@ -109,7 +109,7 @@ TEST(example_configs, failure_cascading_has_a_spare_per_lost_stage) {
   ASSERT_NE(root, nullptr);
   const auto j = engine::resolve_job(
       load_config_file(std::string(root) + "/examples/failure_cascading/config.toml"));
-  EXPECT_EQ(j.policy, "moevement");
+  EXPECT_EQ(j.policy, engine::policy_kind::moevement);
   EXPECT_GE(j.spares, 2);
   EXPECT_GE(j.pp, 4);
 }
