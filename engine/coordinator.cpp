@@ -9,6 +9,7 @@
 
 #include "actors/gather.hpp"
 #include "base/hash.hpp"
+#include "engine/snapshot_placement.hpp"
 #include "engine/stage_model.hpp"
 #include "engine/window_budget.hpp"
 
@@ -296,25 +297,19 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   if (++ready_count_ == expected_workers_) co_await wire_and_start();
 }
 
-std::vector<actor_ref> coordinator::replicators_for(transport::node_id node) const {
-  // job.replicas workers after this one in node order (wrapping), never itself, those in
-  // another failure domain (Slurm node or host) first: losing one node then never loses every
-  // copy of a slot while there are other nodes.
-  std::vector<transport::node_id> nodes;
+std::map<transport::node_id, std::vector<actor_ref>> coordinator::snapshot_holders() const {
+  // Every worker with a replicator (spares too) may hold copies: engine/snapshot_placement.hpp
+  // places them so that one lost host or a contiguous run of up to half the pipeline leaves
+  // a copy of every slot.
+  std::vector<placement_candidate> candidates;
   for (const auto& [n, w] : workers_) {
-    if (n != node && w.replicator.valid()) nodes.push_back(n);
+    if (w.replicator.valid()) candidates.push_back({n, w.stage, w.domain});
   }
-  const auto self = workers_.find(node);
-  const std::string domain = self == workers_.end() ? std::string() : self->second.domain;
-  std::vector<transport::node_id> ring;
-  const auto start =
-      std::size_t(std::upper_bound(nodes.begin(), nodes.end(), node) - nodes.begin());
-  for (std::size_t i = 0; i < nodes.size(); ++i) ring.push_back(nodes[(start + i) % nodes.size()]);
-  std::stable_partition(ring.begin(), ring.end(),
-                        [&](transport::node_id n) { return workers_.at(n).domain != domain; });
-  std::vector<actor_ref> out;
-  for (std::size_t i = 0; i < ring.size() && int(out.size()) < job_.snapshot_replicas; ++i) {
-    out.push_back(workers_.at(ring[i]).replicator);
+  std::map<transport::node_id, std::vector<actor_ref>> out;
+  for (const auto& [owner, holders] :
+       place_snapshot_copies(candidates, job_.pp, job_.snapshot_replicas)) {
+    auto& refs = out[owner];
+    for (transport::node_id h : holders) refs.push_back(workers_.at(h).replicator);
   }
   return out;
 }
@@ -331,13 +326,18 @@ awaitable<bool> coordinator::wire_all() {
     std::vector<actor_ref> replicas, replicators;
   };
   std::vector<wiring> plan(std::size_t(job_.workers()));
+  const auto holders_of = (can_recover_ || rolls_back_)
+                              ? snapshot_holders()
+                              : std::map<transport::node_id, std::vector<actor_ref>>{};
   for (int d = 0; d < job_.dp; ++d) {
     for (int s = 0; s < job_.pp; ++s) {
       wiring& w = plan[std::size_t(d * job_.pp + s)];
       w.prev = s > 0 ? stage_ref(s - 1, d) : actor_ref{};
       w.next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
       for (int r = 0; r < job_.dp; ++r) w.replicas.push_back(stage_ref(s, r));
-      if (can_recover_ || rolls_back_) w.replicators = replicators_for(node_of[d * job_.pp + s]);
+      if (const auto h = holders_of.find(node_of[d * job_.pp + s]); h != holders_of.end()) {
+        w.replicators = h->second;
+      }
       if (can_recover_ && log_ != nullptr) {
         std::string holders;
         for (const auto& r : w.replicators) {

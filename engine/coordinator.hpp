@@ -185,7 +185,8 @@ class coordinator : public actors::actor {
   // Ends the stepping phase once every live stage has stepped.
   asio::awaitable<void> maybe_stepped_all();
   int live_stages() const;
-  std::vector<actors::actor_ref> replicators_for(transport::node_id node) const;
+  // Owner node -> the replicators holding its snapshot copies (engine/snapshot_placement).
+  std::map<transport::node_id, std::vector<actors::actor_ref>> snapshot_holders() const;
 
   asio::awaitable<void> wire_and_start();
   void start_iteration();

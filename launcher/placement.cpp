@@ -27,8 +27,8 @@ const worker_slot* placement::worker_on_task(int task) const {
 std::string placement::describe() const {
   std::string out;
   for (const auto& w : workers) {
-    out += fmt::format("stage {} replica {}: task {} on node {}; snapshot copies on tasks {}\n",
-                       w.stage, w.replica, w.task, w.node, fmt::join(w.holders, ","));
+    out += fmt::format("stage {} replica {}: task {} on node {}\n", w.stage, w.replica, w.task,
+                       w.node);
   }
   out += fmt::format("spares: tasks {}\n", fmt::join(spare_tasks, ","));
   return out;
@@ -37,16 +37,13 @@ std::string placement::describe() const {
 placement place_workers(const placement_request& request) {
   const auto& tpn = request.tasks_per_node;
   const int nodes = static_cast<int>(tpn.size());
-  const int pp = request.pp, dp = request.dp, r = request.replication;
+  const int pp = request.pp, dp = request.dp;
   if (nodes == 0) throw placement_error("placement: no Slurm nodes");
   if (pp < 1 || dp < 1) {
     throw placement_error(fmt::format("placement: pp={} and dp={} must be at least 1", pp, dp));
   }
-  if (request.spares < 0 || r < 0) {
-    throw placement_error(
-        fmt::format("placement: spares={} and replication={} must not be "
-                    "negative",
-                    request.spares, r));
+  if (request.spares < 0) {
+    throw placement_error(fmt::format("placement: spares={} must not be negative", request.spares));
   }
   long total = 0;
   for (int n : tpn) {
@@ -61,12 +58,6 @@ placement place_workers(const placement_request& request) {
         pp, dp, request.spares, workers_needed + request.spares, total));
   }
   const int nworkers = static_cast<int>(workers_needed);
-  if (r > nworkers - 1) {
-    throw placement_error(fmt::format(
-        "replication={} needs at least {} workers to hold copies, there are {} (pp x dp); "
-        "lower recovery.replication",
-        r, r + 1, nworkers));
-  }
 
   placement out;
   out.pp = pp;
@@ -114,40 +105,6 @@ placement place_workers(const placement_request& request) {
   }
   std::sort(out.spare_tasks.begin(), out.spare_tasks.end());
 
-  // Snapshot holders, greedily r per worker; candidates are the other workers.
-  std::vector<int> load(static_cast<std::size_t>(nworkers), 0);
-  std::vector<std::vector<char>> stage_on_node(
-      static_cast<std::size_t>(pp), std::vector<char>(static_cast<std::size_t>(nodes), 0));
-  for (const auto& w : out.workers) {
-    stage_on_node[static_cast<std::size_t>(w.stage)][static_cast<std::size_t>(w.node)] = 1;
-  }
-  for (int wi = 0; wi < nworkers; ++wi) {
-    auto& w = out.workers[static_cast<std::size_t>(wi)];
-    std::vector<char> chosen(static_cast<std::size_t>(nworkers), 0);
-    std::vector<char> node_taken(static_cast<std::size_t>(nodes), 0);
-    chosen[static_cast<std::size_t>(wi)] = 1;
-    for (int copy = 0; copy < r; ++copy) {
-      int best = -1;
-      std::tuple<int, int, int, int, int, int> best_key{};
-      for (int ci = 0; ci < nworkers; ++ci) {
-        if (chosen[static_cast<std::size_t>(ci)]) continue;
-        const auto& c = out.workers[static_cast<std::size_t>(ci)];
-        const auto cn = static_cast<std::size_t>(c.node);
-        const std::tuple key{c.node == w.node ? 1 : 0,
-                             stage_on_node[static_cast<std::size_t>(w.stage)][cn] ? 1 : 0,
-                             node_taken[cn] ? 1 : 0,
-                             c.stage == w.stage ? 1 : 0,
-                             load[static_cast<std::size_t>(ci)],
-                             (ci - wi + nworkers) % nworkers};  // rotate: spread ties
-        if (best < 0 || key < best_key) best = ci, best_key = key;
-      }
-      const auto ub = static_cast<std::size_t>(best);
-      chosen[ub] = 1;
-      node_taken[static_cast<std::size_t>(out.workers[ub].node)] = 1;
-      ++load[ub];
-      w.holders.push_back(out.workers[ub].task);
-    }
-  }
   return out;
 }
 

@@ -1,7 +1,7 @@
-// Which Slurm task runs which (stage, replica) worker, which tasks are spares, and which
-// tasks hold the copies of each worker's snapshots (DESIGN.md: r peer replicators).
-// Goal: losing one Slurm node never loses every copy of any state. Deterministic: the same
-// request always gives the same placement, so every task can compute it on its own.
+// Which Slurm task runs which (stage, replica) worker, and which tasks are spares.
+// Deterministic: the same request always gives the same placement, so every task can compute
+// it on its own. Where the copies of each worker's snapshots go is the coordinator's
+// (engine/snapshot_placement.hpp, with the Slurm node as the failure domain).
 #pragma once
 
 #include <stdexcept>
@@ -15,9 +15,6 @@ class placement_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The one default of the snapshot replication factor (DESIGN.md, "default r = 2").
-inline constexpr int default_replication = 2;
-
 struct placement_request {
   // Tasks on each Slurm node, in node order (SLURM_TASKS_PER_NODE). srun's default block
   // distribution numbers them in that order: node 0 has tasks 0 .. tasks_per_node[0]-1, ...
@@ -25,15 +22,13 @@ struct placement_request {
   int pp = 1;      // pipeline stages
   int dp = 1;      // data-parallel replicas of each stage
   int spares = 0;  // at least this many spare tasks; tasks beyond pp*dp + spares are spares too
-  int replication = default_replication;  // r: peers holding a copy of each worker's snapshot
 };
 
 struct worker_slot {
   int stage = 0;
   int replica = 0;
-  int task = 0;              // the Slurm task (SLURM_PROCID)
-  int node = 0;              // index of its node
-  std::vector<int> holders;  // r tasks (workers) keeping copies of this worker's snapshots
+  int task = 0;  // the Slurm task (SLURM_PROCID)
+  int node = 0;  // index of its node
 };
 
 struct placement {
@@ -49,16 +44,11 @@ struct placement {
   [[nodiscard]] std::string describe() const;
 };
 
-// Rules, in order of priority (docs/slurm.md):
-//  1. replicas of a stage go to different nodes as far as the nodes allow (each node holds
-//     at most ceil(dp / nodes) replicas of a stage); then the node with the most free tasks
-//     (filling one node early would force a later stage's replicas together); then the node
-//     of the replica's previous stage (pipeline traffic stays on the node); then the lowest
-//     node index;
-//  2. a worker's r snapshot holders are other workers: on other nodes than its own as far
-//     as other nodes run workers (so with two nodes or more at least one copy is always off
-//     its node), preferably on nodes running no replica of its stage, then on distinct
-//     nodes, then of another stage, then the least loaded.
+// Rules, in order of priority (docs/slurm.md): replicas of a stage go to different nodes as
+// far as the nodes allow (each node holds at most ceil(dp / nodes) replicas of a stage); then
+// the node with the most free tasks (filling one node early would force a later stage's
+// replicas together); then the node of the replica's previous stage (pipeline traffic stays
+// on the node); then the lowest node index.
 // Throws placement_error when the tasks are too few or the request is malformed.
 placement place_workers(const placement_request& request);
 

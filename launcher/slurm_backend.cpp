@@ -183,8 +183,6 @@ slurm_role slurm_role_of(const slurm_env& env, int pp, int dp, int spares) {
   req.pp = pp;
   req.dp = dp;
   req.spares = spares;
-  // The copies a worker's snapshot can have: at most the other workers.
-  req.replication = std::min(default_replication, pp * dp - 1);
   const placement p = place_workers(req);
   slurm_role r;
   r.task = env.proc_id;

@@ -332,6 +332,35 @@ TEST(recovery, a_lost_replicator_holding_a_needed_snapshot_is_replaced_by_its_ot
   EXPECT_EQ(number_field(*ends.back(), "last_stage"), 1);
 }
 
+TEST(recovery, half_the_pipeline_lost_at_once_keeps_a_copy_of_every_slot) {
+  // Stages 1 and 2 of four (half the pipeline) die together, with one copy of every slot
+  // (checkpoint.replicas = 1). The copies were placed run-safe (engine/snapshot_placement):
+  // stage 1's is not on stage 2's worker, where it would have died with it. The region
+  // restores from memory, bit-exact, with no fallback.
+  const auto o = launch("half", job(4, 1, 2,
+                                    "--set checkpoint.replicas=1 "
+                                    "--inject kill:stage=1,replica=0,iter=7 "
+                                    "--inject kill:stage=2,replica=0,iter=7"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const auto ends = events(o, "recovery_end");
+  ASSERT_FALSE(ends.empty()) << o.output;
+  EXPECT_EQ(number_field(*ends.back(), "first_stage"), 1);
+  EXPECT_EQ(number_field(*ends.back(), "last_stage"), 2);
+  // Before the failure (stage s on node s + 1), stage 1's and stage 2's copies were outside
+  // stages 1..2 (nodes 2 and 3).
+  for (const auto* l : events(o, "snapshot_holders")) {
+    const int s = int(number_field(*l, "stage"));
+    if (s != 1 && s != 2) continue;
+    const auto at = l->find("\"holders\":\"");
+    ASSERT_NE(at, std::string::npos) << *l;
+    const std::string list = l->substr(at + 11, l->find('"', at + 11) - at - 11);
+    if (number_field(*l, "node") != s + 1) continue;  // after the recovery: other nodes
+    EXPECT_NE(list, "2") << *l;
+    EXPECT_NE(list, "3") << *l;
+  }
+}
+
 TEST(recovery, when_every_copy_of_a_needed_slot_is_gone_the_job_says_which) {
   // One copy (checkpoint.replicas = 1) of stage 0's window, held by stage 1's worker, and
   // both die: nothing in memory can rebuild stage 0.
