@@ -5,7 +5,8 @@
 //
 // Options: --config FILE (default examples/configs/pipeline_tiny.toml), --set KEY=VALUE
 // (repeatable, passed to every run), --repeats N (default 3), --iterations N (default 40),
-// --pp N (default 3: the recovery kills the middle stage), --dp N (default 1),
+// --pp N (default 3: the recovery kills the middle stage), --dp N (default 1; `bench
+// recovery --dp 1,2,4` runs the same kill at each dp, see compare_dp),
 // --spares N (default 1, every run, so both policies run on the same processes),
 // --w-sparse N (default 0: Algorithm 1 chooses); every run gets
 // cluster.failure_timeout_ms=10000 (see below), --kill-iter T (default 2/3 of the run),
@@ -94,6 +95,7 @@ struct options {
   int repeats = 3, iterations = 40, pp = 3, dp = 1, spares = 1, w_sparse = 0;
   int kill_iter = -1, kill_stage = -1;
   std::vector<int> kill_iters;  // bench recovery --kill-iters: a trace of several kills
+  std::vector<int> dps;         // bench recovery --dp 1,2,4: the same kill at each dp
   bool recovery = true, fault_free_compare = true, durable = false;
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
@@ -126,8 +128,17 @@ options parse_options(int argc, char** argv) {
       o.iterations = std::atoi(value().c_str());
     else if (f == "--pp")
       o.pp = std::atoi(value().c_str());
-    else if (f == "--dp")
-      o.dp = std::atoi(value().c_str());
+    else if (f == "--dp") {
+      const std::string list = value();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t end = std::min(list.find(',', at), list.size());
+        const int dp = std::atoi(list.substr(at, end - at).c_str());
+        if (dp < 1) throw std::runtime_error("--dp: replicas >= 1, comma-separated");
+        o.dps.push_back(dp);
+        at = end + 1;
+      }
+      o.dp = o.dps.front();
+    }
     else if (f == "--spares")
       o.spares = std::atoi(value().c_str());
     else if (f == "--w-sparse")
@@ -158,6 +169,9 @@ options parse_options(int argc, char** argv) {
   }
   if (o.repeats < 1 || o.iterations < 2 || o.pp < 1 || o.dp < 1) {
     throw std::runtime_error("--repeats >= 1, --iterations >= 2, --pp >= 1, --dp >= 1");
+  }
+  if (o.dps.size() > 1 && (o.fault_free_compare || !o.kill_iters.empty())) {
+    throw std::runtime_error("--dp with several values is for `bench recovery` with one kill");
   }
   if (o.kill_iter < 0) o.kill_iter = std::max(1, 2 * o.iterations / 3);
   if (o.kill_stage < 0) o.kill_stage = o.pp / 2;
@@ -350,6 +364,47 @@ void compare_recoveries(const options& o, Run run) {
   }
 }
 
+// `moevement bench recovery --dp 1,2,4`: the same kill (stage S, replica 0, iteration T)
+// under moevement at each dp, --repeats runs each, beside a fault-free `none` run at that dp
+// (its hash): how a recovery's pull and replay grow with the stage's data-parallel group.
+// Ratios are against the first dp listed.
+template <class Run>
+void compare_dp(const options& o, Run run) {
+  const std::string inject =
+      fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter);
+  std::printf("# recovery: %s under moevement, per dp (medians of %d runs)\n", inject.c_str(),
+              o.repeats);
+  double base_replay = 0, base_total = 0;
+  for (const int dp : o.dps) {
+    const std::string set_dp = fmt::format("parallel.dp={}", dp);
+    const run_result none = run("none", {}, {set_dp});
+    std::vector<double> replay, pull, total;
+    long replayed = -1;
+    bool same = true;
+    for (int r = 0; r < o.repeats; ++r) {
+      const run_result f = run("moevement", {inject}, {set_dp});
+      if (f.recoveries.empty()) throw std::runtime_error("the injected kill led to no recovery");
+      const recovery_rec& rec = f.recoveries.front();
+      replay.push_back(rec.replay_s);
+      pull.push_back(rec.pull_s);
+      total.push_back(rec.seconds);
+      replayed = rec.replayed;
+      same = same && !f.state_hash.empty() && f.state_hash == none.state_hash;
+    }
+    const double m = median(replay), t = median(total);
+    if (base_replay == 0) {
+      base_replay = m;
+      base_total = t;
+    }
+    std::printf("dp=%d replay_s: %.4f (min %.4f max %.4f) ratio_vs_dp%d=%.2f\n", dp, m,
+                *std::min_element(replay.begin(), replay.end()),
+                *std::max_element(replay.begin(), replay.end()), o.dps.front(), m / base_replay);
+    std::printf("dp=%d recovery_s: %.4f ratio_vs_dp%d=%.2f pull_s: %.4f iterations_replayed: %ld "
+                "state_hash_equal: %s\n",
+                dp, t, o.dps.front(), t / base_total, median(pull), replayed, same ? "yes" : "NO");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,7 +453,9 @@ int main(int argc, char** argv) {
                      const std::vector<std::string>& extra) {
         return parse(launch_or_throw(bin, args(policy, inject, extra), log));
       };
-      if (o.kill_iters.empty()) {
+      if (o.dps.size() > 1) {
+        compare_dp(o, run);
+      } else if (o.kill_iters.empty()) {
         compare_recoveries(o, run);
       } else {
         compare_trace(o, run);
