@@ -138,8 +138,7 @@ options parse_options(int argc, char** argv) {
         at = end + 1;
       }
       o.dp = o.dps.front();
-    }
-    else if (f == "--spares")
+    } else if (f == "--spares")
       o.spares = std::atoi(value().c_str());
     else if (f == "--w-sparse")
       o.w_sparse = std::atoi(value().c_str());
@@ -399,9 +398,10 @@ void compare_dp(const options& o, Run run) {
     std::printf("dp=%d replay_s: %.4f (min %.4f max %.4f) ratio_vs_dp%d=%.2f\n", dp, m,
                 *std::min_element(replay.begin(), replay.end()),
                 *std::max_element(replay.begin(), replay.end()), o.dps.front(), m / base_replay);
-    std::printf("dp=%d recovery_s: %.4f ratio_vs_dp%d=%.2f pull_s: %.4f iterations_replayed: %ld "
-                "state_hash_equal: %s\n",
-                dp, t, o.dps.front(), t / base_total, median(pull), replayed, same ? "yes" : "NO");
+    std::printf(
+        "dp=%d recovery_s: %.4f ratio_vs_dp%d=%.2f pull_s: %.4f iterations_replayed: %ld "
+        "state_hash_equal: %s\n",
+        dp, t, o.dps.front(), t / base_total, median(pull), replayed, same ? "yes" : "NO");
   }
 }
 

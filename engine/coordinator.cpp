@@ -1020,6 +1020,9 @@ awaitable<void> coordinator::recover() {
   for (const worker_info& w : recovery_->pending) {
     auto [reg, member] = member_of(w.node);
     if (member != nullptr) {
+      // The spare rebuilding this role died: the notice names it, not the role's first loss.
+      reg->died.push_back(fmt::format("spare worker {} (rebuilding stage {} replica {})", w.node,
+                                      member->lost.stage, member->lost.replica));
       member->spare = 0;
       reg->dirty = true;
       continue;
@@ -1027,6 +1030,7 @@ awaitable<void> coordinator::recover() {
     region r;
     r.first = r.last = w.stage;
     r.members.push_back(region_member{w});
+    r.died.push_back(fmt::format("stage {} replica {} (worker {})", w.stage, w.replica, w.node));
     r.dirty = true;
     recovery_->regions.push_back(std::move(r));
   }
@@ -1042,6 +1046,7 @@ awaitable<void> coordinator::recover() {
         a.first = std::min(a.first, b.first);
         a.last = std::max(a.last, b.last);
         for (auto& m : b.members) a.members.push_back(std::move(m));
+        for (auto& d : b.died) a.died.push_back(std::move(d));
         a.dirty = true;
         a.restarts = std::max(a.restarts, b.restarts) + (b.generation != 0 ? 1 : 0);
         regions.erase(regions.begin() + std::ptrdiff_t(j));
@@ -1061,6 +1066,7 @@ awaitable<void> coordinator::recover() {
     r.generation = ++generations_;
     r.started = sclock::now();
     send_restores(r);
+    r.died.clear();
   }
 }
 
@@ -1243,10 +1249,14 @@ void coordinator::send_restores(const region& r) {
                                  ? fmt::format("stage {}", r.first)
                                  : fmt::format("stages {}..{} (jointly)", r.first, r.last);
   if (callbacks_.on_notice) {
+    // Who died for this generation (placed by recover()); every role's first loss otherwise.
     std::string lost;
-    for (const region_member& m : r.members) {
-      lost += fmt::format("{}stage {} replica {} (worker {})", lost.empty() ? "" : ", ",
-                          m.lost.stage, m.lost.replica, m.lost.node);
+    for (const std::string& d : r.died) lost += (lost.empty() ? "" : ", ") + d;
+    if (lost.empty()) {
+      for (const region_member& m : r.members) {
+        lost += fmt::format("{}stage {} replica {} (worker {})", lost.empty() ? "" : ", ",
+                            m.lost.stage, m.lost.replica, m.lost.node);
+      }
     }
     callbacks_.on_notice(
         durable ? fmt::format("rolling the whole job back to durable window {} on workers {} "

@@ -259,9 +259,10 @@ class coordinator : public actors::actor {
   struct region {
     int first = 0, last = 0;  // stages first..last
     std::vector<region_member> members;
-    std::uint64_t generation = 0;  // of the Restores sent last (0: none yet)
-    int restarts = 0;              // generations before the current one (cascading)
-    bool dirty = false;            // new, grown or lost a replacement: Restores to send
+    std::uint64_t generation = 0;   // of the Restores sent last (0: none yet)
+    int restarts = 0;               // generations before the current one (cascading)
+    bool dirty = false;             // new, grown or lost a replacement: Restores to send
+    std::vector<std::string> died;  // the losses since the last Restores (for the notice)
     std::chrono::steady_clock::time_point started, ready_at;
   };
   struct recovery_state {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include <toml++/toml.h>
 #include <charconv>
 #include <cstdlib>
@@ -42,6 +44,18 @@ void flatten(const toml::table& t, const std::string& prefix, models::config_map
 }  // namespace
 
 models::config_map load_config_file(const std::string& path) {
+  // toml++ reads a directory as an empty file: an empty config would run every default.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    throw std::runtime_error(fmt::format("{}: no such config file", path));
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    throw std::runtime_error(
+        fmt::format("{}: not a config file (a directory or special file); give the TOML file's "
+                    "path",
+                    path));
+  }
   toml::table t;
   try {
     t = toml::parse_file(path);

@@ -194,6 +194,13 @@ TEST(launch, bad_configs_name_the_key) {
   const auto none = run_moevement("launch /nonexistent.toml");
   EXPECT_NE(none.exit_code, 0);
   EXPECT_NE(none.output.find("/nonexistent.toml"), std::string::npos) << none.output;
+  // A directory is no config (TOML readers take it for an empty file: every default).
+  for (const char* command : {"launch ", "train "}) {
+    const auto dir = run_moevement(command + ::testing::TempDir());
+    EXPECT_NE(dir.exit_code, 0) << dir.output;
+    EXPECT_NE(dir.output.find("not a config file"), std::string::npos) << dir.output;
+    EXPECT_EQ(dir.output.find("state_hash="), std::string::npos) << dir.output;
+  }
 }
 
 }  // namespace
