@@ -1,5 +1,9 @@
 #include "engine/run_log.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -78,7 +82,10 @@ json_record& json_record::add(std::string_view k, bool value) {
 }
 
 run_log::run_log(const std::filesystem::path& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "w");
+  // Private whatever the umask: the log names hosts, pids and the job's progress.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd >= 0 && ::fchmod(fd, 0600) == 0) file_ = ::fdopen(fd, "w");
+  if (file_ == nullptr && fd >= 0) ::close(fd);
   if (file_ == nullptr) {
     throw std::runtime_error(
         fmt::format("cannot open run log {}: {} (check that the directory "

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,8 +44,14 @@ void write_file_atomically(const std::filesystem::path& target, std::span<const 
   std::random_device rd;
   const std::filesystem::path tmp =
       dir / fmt::format(".{}.tmp.{}.{:08x}", target.filename().string(), ::getpid(), rd());
-  fd_guard fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  fd_guard fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (fd.get() < 0) fail("cannot create", tmp);
+  if (::fchmod(fd.get(), 0600) != 0) {  // the umask may have taken more than group and other
+    const int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    fail("cannot set the mode of", tmp);
+  }
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
@@ -71,6 +78,20 @@ void write_file_atomically(const std::filesystem::path& target, std::span<const 
   }
   fd_guard dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0 || ::fsync(dfd.get()) != 0) fail("cannot fsync directory", dir);
+}
+
+void create_private_directories(const std::filesystem::path& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) return;
+  if (dir.has_parent_path() && dir.parent_path() != dir) {
+    create_private_directories(dir.parent_path());
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0) {
+    if (errno == EEXIST && std::filesystem::is_directory(dir, ec)) return;  // a racing writer
+    fail("cannot create directory", dir);
+  }
+  if (::chmod(dir.c_str(), 0700) != 0) fail("cannot set the mode of", dir);
 }
 
 result<std::vector<std::byte>> read_whole_file(const std::filesystem::path& path) {

@@ -92,11 +92,11 @@ bool valid_blob_name(const std::string& name) {
 }
 
 durable_store::durable_store(std::filesystem::path dir) : dir_(std::move(dir)) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) {
-    throw std::runtime_error(fmt::format("cannot create the durable checkpoint directory {}: {}",
-                                         dir_.string(), ec.message()));
+  try {
+    create_private_directories(dir_);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(
+        fmt::format("cannot create the durable checkpoint directory: {}", e.what()));
   }
 }
 
@@ -123,20 +123,27 @@ void durable_store::write_window(std::uint64_t id, std::span<const blob_view> bl
   }
   const auto wdir = window_dir(id);
   std::error_code ec;
+  // Never write through a link: a window-* symlink (not ours) is removed, its target untouched.
+  if (std::filesystem::is_symlink(std::filesystem::symlink_status(wdir, ec))) {
+    std::filesystem::remove(wdir, ec);
+  }
   // Rewriting a window: drop its manifest first so it is never half old, half new.
   std::filesystem::remove(wdir / manifest_name, ec);
-  std::filesystem::create_directories(wdir, ec);
-  if (ec) {
-    throw std::runtime_error(
-        fmt::format("cannot create window directory {}: {}", wdir.string(), ec.message()));
+  const bool created = !std::filesystem::exists(wdir, ec);
+  create_private_directories(wdir);
+  try {
+    std::string body = fmt::format("moevement-durable-window {}\nwindow {}\n", format_version, id);
+    for (const blob_view* b : sorted) {
+      write_file_atomically(wdir / b->name, b->bytes);
+      body += fmt::format("blob {} {} {}\n", b->name, b->bytes.size(), hex16(xxhash64(b->bytes)));
+    }
+    const std::string manifest = body + "manifest-xxh64 " + hex16(xxhash64(as_bytes(body))) + "\n";
+    write_file_atomically(wdir / manifest_name, as_bytes(manifest));
+  } catch (...) {
+    // A failed write leaves no half window (and no empty directory) behind.
+    if (created) std::filesystem::remove_all(wdir, ec);
+    throw;
   }
-  std::string body = fmt::format("moevement-durable-window {}\nwindow {}\n", format_version, id);
-  for (const blob_view* b : sorted) {
-    write_file_atomically(wdir / b->name, b->bytes);
-    body += fmt::format("blob {} {} {}\n", b->name, b->bytes.size(), hex16(xxhash64(b->bytes)));
-  }
-  const std::string manifest = body + "manifest-xxh64 " + hex16(xxhash64(as_bytes(body))) + "\n";
-  write_file_atomically(wdir / manifest_name, as_bytes(manifest));
 }
 
 result<loaded_window> durable_store::load(std::uint64_t id) const {
@@ -183,6 +190,7 @@ std::vector<std::uint64_t> durable_store::windows() const {
     const std::string name = entry.path().filename().string();
     std::uint64_t id = 0;
     if (name.rfind(window_prefix, 0) != 0 || !parse_u64(name.substr(7), id)) continue;
+    if (entry.is_symlink(ec)) continue;  // not a window this job wrote: never read through it
     if (std::filesystem::exists(entry.path() / manifest_name)) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());

@@ -96,6 +96,7 @@ shared_memory shared_memory::create(std::size_t bytes) {
   }
   shared_memory m;
   m.fd_ = fd;
+  (void)::fchmod(fd, 0600);  // training state: the owner only (a memory file starts at 0777)
   if (::ftruncate(fd, off_t(bytes)) != 0) {
     throw std::runtime_error(
         fmt::format("cannot size a {}-byte shared memory file ({}): raise "

@@ -1,7 +1,10 @@
 #include "engine/run_log.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <filesystem>
 
 #include <cmath>
 #include <fstream>
@@ -38,6 +41,18 @@ TEST(run_log, unwritable_path_throws_naming_it) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/run.jsonl"), std::string::npos);
   }
+}
+
+TEST(run_log, the_file_is_private_whatever_the_umask) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("run_log_mode_" + std::to_string(::getpid()) + ".jsonl");
+  const mode_t old = ::umask(0);
+  { run_log log(path); }
+  ::umask(old);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "recovery/durable_store.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -176,6 +178,71 @@ TEST_F(durable_store_test, prune_keeps_the_newest) {
   for (std::uint64_t id : {5, 6, 7, 8}) write(s, id);
   s.prune(2);
   EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{7, 8}));
+}
+
+TEST_F(durable_store_test, files_are_private_whatever_the_umask) {
+  const mode_t old = ::umask(0);
+  {
+    durable_store s(dir_ / "nested" / "store");
+    write(s, 3);
+  }
+  ::umask(old);
+  auto mode = [](const std::filesystem::path& p) {
+    struct stat st {};
+    EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 07777;
+  };
+  EXPECT_EQ(mode(dir_), 0700u);  // made by the store: every missing parent too
+  EXPECT_EQ(mode(dir_ / "nested"), 0700u);
+  const auto window = dir_ / "nested" / "store" / window_path(3).filename();
+  EXPECT_EQ(mode(window), 0700u);
+  for (const auto& e : std::filesystem::directory_iterator(window)) {
+    EXPECT_EQ(mode(e.path()), 0600u) << e.path();
+  }
+}
+
+TEST_F(durable_store_test, a_symlinked_window_is_never_written_or_read_through) {
+  // Somebody's directory, linked in under a window's name: writing that window replaces the
+  // link and leaves the target alone; the link is never offered as a window.
+  const auto outside = dir_.string() + "_outside";
+  std::filesystem::remove_all(outside);
+  std::filesystem::create_directories(outside);
+  { std::ofstream(outside + "/keep.txt") << "not yours"; }
+  durable_store s(dir_);
+  write(s, 4);
+  std::filesystem::create_directory_symlink(outside, window_path(5));
+  { std::ofstream(outside + "/MANIFEST") << "moevement-durable-window 1\nwindow 5\n"; }
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{4}));
+  write(s, 5);
+  EXPECT_FALSE(std::filesystem::is_symlink(window_path(5)));
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{4, 5}));
+  EXPECT_TRUE(s.load(5).ok());
+  // Pruning, dropping and clearing remove what the store wrote, never the target's files.
+  std::filesystem::create_directory_symlink(outside, window_path(2));
+  s.prune(1);
+  s.drop_after(0);
+  s.clear();
+  EXPECT_TRUE(std::filesystem::exists(outside + "/keep.txt"));
+  EXPECT_TRUE(std::filesystem::exists(outside + "/MANIFEST"));
+  std::filesystem::remove_all(outside);
+}
+
+TEST_F(durable_store_test, a_failed_write_leaves_no_directory_behind) {
+  durable_store s(dir_);
+  write(s, 1);
+  // Files over 100 bytes fail to write (EFBIG; the signal is ignored meanwhile).
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 100;
+  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  EXPECT_THROW(write(s, 2), std::runtime_error);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_FALSE(std::filesystem::exists(window_path(2)));
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{1}));
+  EXPECT_TRUE(s.load(1).ok());
 }
 
 }  // namespace

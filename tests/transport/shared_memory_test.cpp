@@ -34,6 +34,14 @@ TEST(shared_memory, a_handle_maps_the_same_pages) {
   EXPECT_EQ(again->memory()[5000], std::byte{7});
 }
 
+TEST(shared_memory, a_memory_file_is_the_owners_only) {
+  auto owner = shared_memory::create(4096);
+  const auto h = owner.share(0, 16);
+  struct stat st {};
+  ASSERT_EQ(::fstat(h.fd, &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
 TEST(shared_memory, the_pages_outlive_a_killed_owner) {
   int to_parent[2], to_child[2];
   ASSERT_EQ(::pipe(to_parent), 0);
