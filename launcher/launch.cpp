@@ -35,6 +35,7 @@
 #include "engine/job_config.hpp"
 #include "engine/run_log.hpp"
 #include "launcher/config.hpp"
+#include "launcher/exec_child.hpp"
 #include "launcher/inject.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/slurm_backend.hpp"
@@ -95,10 +96,26 @@ pid_t start_worker(const std::string& self, const std::vector<std::string>& args
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
     ::setenv("MOEVEMENT_JOB_TOKEN", token.c_str(), 1);
+    close_inherited_fds();  // not the head's listeners (UCX opens them without close-on-exec)
     ::execv(self.c_str(), argv.data());
     ::_exit(127);
   }
   return pid;
+}
+
+// Connections to the head's port that were refused or dropped before they were admitted: not
+// the job's own traffic (another job, a scanner, a stale token). The link warns on stderr as
+// they come; the run log keeps the totals.
+void log_link_refusals(engine::run_log& log, const transport::ucx_link_counters& c) {
+  if (c.refused_tokens + c.bad_hellos + c.hello_timeouts + c.failed_accepts == 0) return;
+  log.write(engine::json_record{}
+                .add("kind", "event")
+                .add("event", "link_refusals")
+                .add("refused_tokens", c.refused_tokens)
+                .add("bad_hellos", c.bad_hellos)
+                .add("hello_timeouts", c.hello_timeouts)
+                .add("failed_accepts", c.failed_accepts)
+                .add("time_s", log.seconds()));
 }
 
 }  // namespace
@@ -505,6 +522,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
 
   io.run();
   end_line();
+  log_link_refusals(log, link.counters());
   // What the head was to inject and did not (the run ended first, or nth recoveries never
   // started); phase=... injections are the workers' and not known here.
   for (const auto& inj : injections) {

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "launcher/config.hpp"
+#include "launcher/exec_child.hpp"
 #include "launcher/launch.hpp"
 
 namespace moevement::launcher {
@@ -100,6 +101,7 @@ std::pair<int, std::string> run_capturing(std::vector<std::string> argv) {
   if (pid == 0) {
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
+    close_inherited_fds();
     ::execvp(c_args[0], c_args.data());
     std::fprintf(stderr, "cannot run %s: %s\n", c_args[0], std::strerror(errno));
     ::_exit(127);
@@ -332,6 +334,7 @@ slurm_step::slurm_step(std::vector<std::string> command, const std::string& toke
     ::dup2(out, 2);
     const int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
+    close_inherited_fds();  // srun may outlive the head: it must not keep the head's port
     ::setenv("MOEVEMENT_JOB_TOKEN", token.c_str(), 1);
     ::execvp("srun", argv.data());
     std::fprintf(stderr, "moevement launch: cannot run srun: %s\n", std::strerror(errno));

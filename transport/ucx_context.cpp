@@ -20,7 +20,7 @@ void check(ucs_status_t status, const char* what) {
 
 }  // namespace
 
-ucx_context::ucx_context(context_use use) {
+ucx_context::ucx_context(context_use use, bool loopback_only) {
   // UCX 1.13 drops its shared-memory transports from endpoints with peer error handling
   // unless these are set (same-host traffic then falls to TCP, ~10x slower). They configure
   // UCT memory domains, which only the environment reaches (ucp_config_modify does not), so
@@ -42,6 +42,13 @@ ucx_context::ucx_context(context_use use) {
     const ucs_status_t s = ucp_config_modify(config, "TLS", "^mm");
     if (s != UCS_OK) ucp_config_release(config);
     check(s, "ucp_config_modify(TLS)");
+  }
+  // NET_DEVICES is a UCP setting (ucp_config_modify reaches it); shared-memory and self
+  // devices are not network devices and stay as they are.
+  if (loopback_only && std::getenv("UCX_NET_DEVICES") == nullptr) {
+    const ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", "lo");
+    if (s != UCS_OK) ucp_config_release(config);
+    check(s, "ucp_config_modify(NET_DEVICES)");
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;

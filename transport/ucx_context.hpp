@@ -24,7 +24,10 @@ class ucx_context {
  public:
   // Features: active messages (actor messages), RMA (bulk pulls), wakeup (event fd).
   // `messages` leaves the FIFO transports out unless UCX_TLS names the transports itself.
-  explicit ucx_context(context_use use = context_use::bulk);
+  // `loopback_only`: network transports on the loopback interface only, unless UCX_NET_DEVICES
+  // names the devices itself (for a link listening on a loopback address, whose peers are all
+  // on this host: UCX's TCP transport otherwise listens on every interface's address).
+  explicit ucx_context(context_use use = context_use::bulk, bool loopback_only = false);
   ~ucx_context();
   ucx_context(const ucx_context&) = delete;
   ucx_context& operator=(const ucx_context&) = delete;

@@ -1,6 +1,7 @@
 #include "transport/ucx_link.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <kj/exception.h>
 #include <netdb.h>
@@ -143,6 +144,39 @@ sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t&
   return ss;
 }
 
+// Whether the listener's address is a loopback one (then every peer is on this host).
+bool on_loopback(const std::string& host) {
+  socklen_t len = 0;
+  const sockaddr_storage ss = resolve(host, 0, len);
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+  return ss.ss_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&a6->sin6_addr);
+}
+
+// "host:port" of a connecting client, for the refusal reports.
+std::string address_text(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    return fmt::format("{}:{}", host, ntohs(a->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    return fmt::format("[{}]:{}", host, ntohs(a->sin6_port));
+  }
+  return host;
+}
+
+// A dup of `fd` that is closed on exec: our copies of UCX's event fds are not a child's.
+int dup_cloexec(int fd) {
+  return ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
 }  // namespace
 
 struct region_record {
@@ -223,6 +257,7 @@ struct connection {
   bool admitted = false;  // outgoing: from the start; incoming: after a valid hello
   bool welcomed = false;  // outgoing: the acceptor admitted us (the endpoint is wired)
   node_id peer = 0;
+  std::string from;  // incoming: the client's address, for the refusal reports
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;
   bool deliver_posted = false;  // one deliver() handler at a time, however many arrive
@@ -295,9 +330,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   link_state(asio::io_context& io_in, ucx_link_options options)
       : io(io_in),
         opt(std::move(options)),
-        bulk_context(context_use::bulk),
+        loopback_only(on_loopback(opt.listen_host)),
+        bulk_context(context_use::bulk, loopback_only),
         bulk_worker(bulk_context),
-        context(context_use::messages),
+        context(context_use::messages, loopback_only),
         worker(context),
         fd(io),
         bulk_fd(io),
@@ -306,6 +342,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
 
   asio::io_context& io;
   ucx_link_options opt;
+  // Listening on a loopback address: UCX's network transports stay on the loopback interface
+  // too (its TCP transport would otherwise listen on every interface's address, per worker).
+  bool loopback_only = false;
   // Two workers (see context_use): one-sided bulk reads, and messages. The bulk context comes
   // first: it reads the shared-memory settings (UCX warns of environment variables unused by
   // the first context).
@@ -368,10 +407,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // ---- driving the worker from Asio -------------------------------------------------------
 
   void start() {
-    const int dup_fd = ::dup(worker.event_fd());
+    const int dup_fd = dup_cloexec(worker.event_fd());
     if (dup_fd < 0) throw std::runtime_error("dup of the UCX worker event fd failed");
     fd.assign(dup_fd);
-    const int bulk_dup_fd = ::dup(bulk_worker.event_fd());
+    const int bulk_dup_fd = dup_cloexec(bulk_worker.event_fd());
     if (bulk_dup_fd < 0) throw std::runtime_error("dup of the UCX bulk worker event fd failed");
     bulk_fd.assign(bulk_dup_fd);
     // What we send: our host tag, then the bulk worker's UCX address.
@@ -783,14 +822,41 @@ struct link_state : std::enable_shared_from_this<link_state> {
   }
 
   void accept(ucp_conn_request_h request) {
+    const std::string from = client_of(request);  // before ucp_ep_create, which frees it
     ucp_ep_params_t p = ep_params();
     p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
     p.conn_request = request;
     ucp_ep_h ep = nullptr;
-    if (ucp_ep_create(worker.handle(), &p, &ep) != UCS_OK) return;
-    const auto& c = add_connection(ep, /*outgoing=*/false, 0);
-    LINK_TRACE("accepted conn {}", c.serial);
+    if (const ucs_status_t st = ucp_ep_create(worker.handle(), &p, &ep); st != UCS_OK) {
+      // Not a client of ours (bytes that framed as a UCX request, another UCX). Nothing to
+      // close: UCX 1.13 has rejected and freed the request on every failing path but one (an
+      // unknown request version, which it leaks), so a reject here would free it twice. The
+      // listener is untouched and keeps listening.
+      ++counters.failed_accepts;
+      report_refusal(counters.failed_accepts, from,
+                     fmt::format("not a UCX client of this link ({})", ucs_status_string(st)));
+      return;
+    }
+    auto& c = add_connection(ep, /*outgoing=*/false, 0);
+    c.from = from;
+    LINK_TRACE("accepted conn {} from {}", c.serial, from);
     kick();
+  }
+
+  static std::string client_of(ucp_conn_request_h request) {
+    ucp_conn_request_attr_t attr{};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    if (ucp_conn_request_query(request, &attr) != UCS_OK) return "?";
+    return address_text(attr.client_address);
+  }
+
+  // Connections refused or closed before admission are not the job's own traffic (another
+  // job, a stale token, a port scanner): said on stderr for the 1st, 2nd, 4th, 8th... of each
+  // kind, with the count so far, so that a flood of them cannot flood the log.
+  void report_refusal(std::uint64_t count, const std::string& from, const std::string& why) {
+    if ((count & (count - 1)) != 0) return;
+    fmt::print(stderr, "[link {}] refused a connection from {}: {} ({} so far)\n", opt.self,
+               from.empty() ? "?" : from, why, count);
   }
 
   result<connection*> connection_to(node_id peer) {
@@ -937,6 +1003,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
     }
     for (auto serial : silent) {
       ++counters.hello_timeouts;
+      if (const connection* c = find_conn(serial)) {
+        report_refusal(counters.hello_timeouts, c->from, "no hello within hello_timeout");
+      }
       fail_connection(serial, "no hello within the timeout");
     }
   }
@@ -1062,12 +1131,14 @@ struct link_state : std::enable_shared_from_this<link_state> {
         std::size_t{h.token_bytes} + h.address_bytes != len) {
       ++counters.bad_hellos;
       ++stats.malformed;
+      report_refusal(counters.bad_hellos, c.from, "malformed hello");
       post_fail(c.serial, "bad hello");
       return UCS_OK;
     }
     if (!same_token(opt.job_token, data, h.token_bytes)) {
       ++counters.refused_tokens;
       ++stats.malformed;
+      report_refusal(counters.refused_tokens, c.from, "wrong job token");
       const std::uint64_t serial = c.serial;
       asio::post(io, [w = weak_from_this(), serial] {
         auto s = w.lock();

@@ -6,8 +6,10 @@
 // created on demand (add_peer() gives the address) with peer error handling. The first
 // message on a connection is a hello carrying the job token and the node id: a wrong token
 // is refused (counted; the connector sees its peer lost), anything before a valid hello is
-// dropped and counted. Envelopes travel as active messages: small ones eagerly, large ones by
-// rendezvous straight into an aligned buffer the envelope is then read from in place.
+// dropped and counted; a connection refused or closed before admission is reported on stderr
+// (rate-limited) and the listener keeps listening. Envelopes travel as active messages: small
+// ones eagerly, large ones by rendezvous straight into an aligned buffer the envelope is then
+// read from in place.
 // Bulk regions (bulk.hpp) are pulled with pull(). See docs/transport.md.
 #pragma once
 
@@ -29,6 +31,8 @@ namespace moevement::transport {
 struct ucx_link_options {
   node_id self = 0;
   std::string job_token;  // required; peers presenting another token are refused
+  // Where the listener binds. A loopback address also keeps UCX's network transports on the
+  // loopback interface (ucx_context's loopback_only): nothing of the link listens elsewhere.
   std::string listen_host = "127.0.0.1";
   std::uint16_t listen_port = 0;        // 0: any free port (see ucx_link::port())
   std::chrono::microseconds spin{100};  // bound of the adaptive spin window (see pump())
@@ -52,6 +56,7 @@ struct ucx_link_counters {
   std::uint64_t refused_tokens = 0;   // hellos with a wrong job token
   std::uint64_t bad_hellos = 0;       // hellos that were malformed or came twice
   std::uint64_t hello_timeouts = 0;   // accepted connections closed for silence
+  std::uint64_t failed_accepts = 0;   // connection requests UCX could not make an endpoint of
   std::uint64_t bulk_rejected = 0;    // pull requests we refused to serve (bad descriptor)
   std::uint64_t bulk_served = 0;      // pull requests served
   std::uint64_t pulls_ok = 0;         // our pulls that completed
