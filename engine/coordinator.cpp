@@ -62,9 +62,23 @@ awaitable<void> coordinator::on_start() {
 }
 
 void coordinator::lose_worker(transport::node_id n, const std::string& how) {
-  if (finished_) return;
+  // A message to this actor, never a change made here: this is called from the membership
+  // callback and the launcher, possibly while a handler is suspended in an ask. A handler
+  // that must know meanwhile asks the actor layer (loss_pending()).
+  (void)system().post_call(
+      self(), [this, n, how](actors::actor&) -> awaitable<void> { co_await worker_lost(n, how); });
+}
+
+bool coordinator::loss_pending() const {
+  if (!started()) return false;  // workers join the membership while they are admitted
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [&](const auto& kv) { return !system().last_heard(kv.first).has_value(); });
+}
+
+awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {
+  if (finished_) co_return;
   auto it = workers_.find(n);
-  if (it == workers_.end()) return;
+  if (it == workers_.end()) co_return;
   const worker_info w = it->second;
   const std::string role =
       w.stage < 0 ? std::string("spare") : fmt::format("stage {}, replica {}", w.stage, w.replica);
@@ -79,12 +93,11 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
                     .add("iteration", iteration_)
                     .add("time_s", log_->seconds()));
   }
-  ++losses_seen_;
   if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
   const bool replacement = recovery_ && member_of(n).first != nullptr;
   if (w.stage < 0 && !replacement && started()) {  // a spare: one fewer, training goes on
     workers_.erase(it);
-    return;
+    co_return;
   }
   const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
     return kv.second.stage < 0 && kv.first != n;
@@ -101,7 +114,7 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
     }
     fail(fmt::format("worker {} ({}, pid {}) {} at iteration {}; {}, so the job stops", n, role,
                      w.pid, how, iteration_, why));
-    return;
+    co_return;
   }
   workers_.erase(it);
   stages_[std::size_t(w.replica * job_.pp + w.stage)] = actor_ref{};
@@ -110,10 +123,7 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
     recovery_->detected = sclock::now();
   }
   recovery_->pending.push_back(w);
-  // As a turn of this actor, so that it never interleaves with a handler (this is called
-  // from the membership callback, possibly while a handler is suspended).
-  (void)system().post_call(self(),
-                           [this](actors::actor&) -> awaitable<void> { co_await recover(); });
+  co_await recover();
 }
 
 void coordinator::on_stop(const actors::exit_reason&) {
@@ -243,10 +253,9 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     if (replacement) {
       // A restore usually fails because a worker it pulled from died: the head learns of that
       // within the failure timeout, and the region then grows (cascading) and restarts.
-      const std::int64_t losses = losses_seen_;
       const bool lost_copies = m.getSnapshotLost();
       co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-      if (finished_ || losses_seen_ != losses || !recovery_) co_return;
+      if (finished_ || loss_pending() || !recovery_) co_return;
       if (lost_copies && durable_ && !rolls_back_) {
         co_await start_durable_rollback(std::move(message));
         co_return;
@@ -353,7 +362,6 @@ awaitable<bool> coordinator::wire_all() {
       }
     }
   }
-  const std::int64_t losses = losses_seen_;
   auto fill = [&](std::size_t i, wire::Wire::Builder b) {
     const wiring& w = plan[i];
     write_ref(b.initPrev(), w.prev);
@@ -370,24 +378,24 @@ awaitable<bool> coordinator::wire_all() {
     if (replies[i].ok()) continue;
     // During a recovery, a stage lost since the wiring began (its actor is gone from stages_
     // already, or its loss is still on the way): its recovery (posted) takes over.
-    const bool lost = recovery_ && co_await loss_follows(losses);
+    const bool lost = recovery_ && co_await loss_follows();
     if (finished_ || lost) co_return false;
     fail(fmt::format("wiring stage {} replica {} failed: {}", int(i) % job_.pp, int(i) / job_.pp,
                      replies[i].err().message));
     co_return false;
   }
   // A loss while the asks were out: the recovery it posted wires again.
-  if (recovery_ && losses_seen_ != losses) co_return false;
+  if (recovery_ && loss_pending()) co_return false;
   co_return true;
 }
 
-awaitable<bool> coordinator::loss_follows(std::int64_t losses_before) {
+awaitable<bool> coordinator::loss_follows() {
   // The transport often sees a peer die before the head's membership does: give the loss the
   // failure timeout to arrive.
-  if (losses_seen_ == losses_before) {
+  if (!loss_pending()) {
     co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
   }
-  co_return losses_seen_ != losses_before;
+  co_return loss_pending();
 }
 
 awaitable<void> coordinator::wire_and_start() {
@@ -777,11 +785,10 @@ awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
   // that death itself within the failure timeout, with the better message (which worker,
   // how it died): wait that long before blaming the stage.
   std::string message = "a stage failed: " + std::string(m.getMessage());
-  const std::int64_t losses = losses_seen_;
   co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-  // A worker was lost meanwhile: that was the cause, and recovery (or the job's end) has
-  // been decided by lose_worker.
-  if (losses_seen_ != losses || recovery_) co_return;
+  // A worker was lost meanwhile: that was the cause, and its loss (queued behind this turn)
+  // decides the recovery or the job's end.
+  if (loss_pending() || recovery_) co_return;
   fail(message);
 }
 
@@ -987,9 +994,13 @@ awaitable<void> coordinator::recover() {
     auto res =
         co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
     if (finished_) co_return;
+    // Failed asks to workers still in the membership: they may be dying (their loss not yet
+    // known) or slow. Those already gone need no second ask: their losses are queued.
     std::vector<actor_ref> retry;
     for (std::size_t i = 0; i < alive.size(); ++i) {
-      if (alive[i].valid() && !res[i].ok() && stages_[i].valid()) retry.push_back(alive[i]);
+      if (alive[i].valid() && !res[i].ok() && system().last_heard(alive[i].node)) {
+        retry.push_back(alive[i]);
+      }
     }
     // A stage that could not be aborted usually died too, and the transport knew before the
     // head did: give its loss the failure timeout to arrive (it then joins the recovery).
@@ -997,20 +1008,21 @@ awaitable<void> coordinator::recover() {
       co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
       if (finished_) co_return;
       std::erase_if(retry, [&](const actor_ref& r) {
-        return std::find(stages_.begin(), stages_.end(), r) == stages_.end();  // lost meanwhile
+        return !system().last_heard(r.node).has_value();  // lost meanwhile: its loss follows
       });
       auto again =
           co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, retry, ask_timeout, fill);
       if (finished_) co_return;
       for (std::size_t i = 0; i < retry.size(); ++i) {
-        const bool still_there =
-            std::find(stages_.begin(), stages_.end(), retry[i]) != stages_.end();
+        const bool still_there = system().last_heard(retry[i].node).has_value();
         if (!again[i].ok() && still_there) {
           fail("aborting the iteration for a recovery failed: " + again[i].err().message);
           co_return;
         }
       }
     }
+    // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
+    if (loss_pending()) co_return;
   }
   if (recovery_->pending.empty()) co_return;
 
@@ -1068,6 +1080,8 @@ awaitable<void> coordinator::recover() {
     send_restores(r);
     r.died.clear();
   }
+  // Choosing the durable window: losses were only placed; ask everyone again.
+  if (recovery_->durable_choosing) co_await choose_durable_window();
 }
 
 bool coordinator::assign_spares(region& r) {
@@ -1102,7 +1116,6 @@ bool coordinator::assign_spares(region& r) {
 
 awaitable<void> coordinator::start_durable_rollback(std::string why) {
   if (!recovery_ || recovery_->durable || finished_) co_return;
-  const std::int64_t target = recovery_->target;
   if (callbacks_.on_notice) {
     callbacks_.on_notice(fmt::format(
         "{}; every copy of a needed snapshot is gone: falling back to the durable tier, the "
@@ -1134,15 +1147,23 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
   recovery_->regions.push_back(std::move(all));
   recovery_->durable = true;
   recovery_->durable_choosing = true;
+  recovery_->durable_why = std::move(why);
+  co_await choose_durable_window();
+}
 
-  // The newest window every role has complete and verified on disk. A loss meanwhile (placed
-  // by recover(): its role has no worker) gets a spare and everyone is asked again.
+awaitable<void> coordinator::choose_durable_window() {
+  if (!recovery_ || !recovery_->durable_choosing || finished_) co_return;
+  const std::int64_t target = recovery_->target;
+  const std::string why = recovery_->durable_why;
+  // The newest window every role has complete and verified on disk. A loss meanwhile (its
+  // turn, queued behind this one, places it through recover() and calls this again): its
+  // role gets a spare and everyone is asked again.
   std::uint64_t window = 0;
   bool found = false;
   std::vector<std::string> rejected;
-  for (;;) {
+  {
     region& r = recovery_->regions.front();
-    // Losses since (this handler keeps recover() from running: place them here).
+    // Losses placed by recover() since the last round (their roles have no worker now).
     for (const worker_info& w : recovery_->pending) {
       auto [reg, member] = member_of(w.node);
       if (member != nullptr) {
@@ -1161,7 +1182,6 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
       w.stage_actor = actor_ref{};
       stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
     }
-    const std::int64_t losses = losses_seen_;
     std::map<std::uint64_t, int> offered;
     rejected.clear();
     const std::vector<region_member> members = r.members;
@@ -1177,11 +1197,11 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
     auto replies = co_await actors::ask_all<wire::DurableQuery, wire::DurableOffer>(
         *this, holders, std::chrono::seconds(300), fill);
     if (finished_ || !recovery_) co_return;
-    if (losses_seen_ != losses) continue;  // lost meanwhile: asked again
+    if (loss_pending()) co_return;  // asked again once its turn placed it
     for (std::size_t i = 0; i < replies.size(); ++i) {
       const auto& res = replies[i];
       if (!res.ok()) {
-        if (co_await loss_follows(losses)) break;
+        if (co_await loss_follows()) co_return;
         if (finished_ || !recovery_) co_return;
         fail(fmt::format("asking stage {} replica {} for its durable windows failed: {}",
                          members[i].lost.stage, members[i].lost.replica, res.err().message));
@@ -1192,7 +1212,6 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
       for (auto w : mine) ++offered[w];
       for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
     }
-    if (losses_seen_ != losses) continue;
     for (const auto& [w, n] : offered) {
       const auto known = durable_windows_.find(w);
       if (n == int(members.size()) && known != durable_windows_.end() && known->second <= target &&
@@ -1201,7 +1220,6 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
         found = true;
       }
     }
-    break;
   }
   report_rejected("durable_rejected", "durable window", rejected);
   if (!found) {

@@ -125,6 +125,7 @@ class coordinator : public actors::actor {
   // Worker `node` is gone (heartbeats stopped, it said goodbye, or its process exited; `how`
   // says which). A spare is dropped; a stage is recovered on a spare when the policy can,
   // else the job fails naming the worker.
+  // Posts the loss to this actor (never changes anything in the caller's call).
   void lose_worker(transport::node_id node, const std::string& how);
   // The window every stage snapshots into (0 before it is chosen or under other policies).
   int w_sparse() const { return w_sparse_; }
@@ -180,6 +181,14 @@ class coordinator : public actors::actor {
   // it from the newest window all of them have on disk, verified, and replays up to the
   // target (docs/recovery.md "Fallback to the durable tier").
   asio::awaitable<void> start_durable_rollback(std::string why);
+  // Asks every role for its verified durable windows and restores the newest common one;
+  // again after each loss placed meanwhile (recover() calls it while durable_choosing).
+  asio::awaitable<void> choose_durable_window();
+  // A worker's loss, as a turn of this actor (lose_worker posts it).
+  asio::awaitable<void> worker_lost(transport::node_id node, std::string how);
+  // A worker this coordinator counts on has left the actor system's membership and its
+  // loss (queued) has not been handled yet: what a suspended handler checks after an await.
+  bool loss_pending() const;
   // Once every replacement of every region reported: rewire and resume at the target.
   asio::awaitable<void> maybe_finish_recovery();
   // Ends the stepping phase once every live stage has stepped.
@@ -246,7 +255,7 @@ class coordinator : public actors::actor {
   std::int64_t schedule_mismatches_ = 0;
   std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
   std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
-  std::int64_t losses_seen_ = 0, recoveries_ = 0;
+  std::int64_t recoveries_ = 0;
   // A supervision subtree of the recovery: contiguous lost stages, rebuilt jointly.
   struct region_member {
     worker_info lost;              // the role (stage, replica) and the worker that had it
@@ -288,6 +297,7 @@ class coordinator : public actors::actor {
     std::uint64_t durable_window = 0;
     std::int64_t durable_first = 0;
     std::int64_t durable_rejected = 0;
+    std::string durable_why;  // what made every copy of a snapshot unusable
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
   // The durable tier (checkpoint.durable under moevement): one persisted window at a time is
@@ -313,7 +323,7 @@ class coordinator : public actors::actor {
   asio::awaitable<void> start_rollback();
   // After a failed ask during a recovery: true when a worker was lost since `losses_before`
   // (waiting up to the failure timeout for its loss to arrive).
-  asio::awaitable<bool> loss_follows(std::int64_t losses_before);
+  asio::awaitable<bool> loss_follows();
   asio::awaitable<void> finish_rollback();
   // k (deciding it after iteration 0's profile), recording the loss scaler at checkpoint
   // points; called once per iteration after its step is planned.

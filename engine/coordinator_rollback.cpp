@@ -89,18 +89,19 @@ awaitable<void> coordinator::start_rollback() {
     for (const actor_ref& r : stages_) {
       if (r.valid()) alive.push_back(r);
     }
-    const std::int64_t losses = losses_seen_;
     auto fill = [e](std::size_t, wire::Abort::Builder b) { b.setEpoch(e); };
     auto res =
         co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, rollback_timeout, fill);
     if (finished_) co_return;
     const auto failed = std::find_if(res.begin(), res.end(), [](const auto& r) { return !r.ok(); });
-    if (failed != res.end() && !(co_await loss_follows(losses))) {
+    if (failed != res.end() && !(co_await loss_follows())) {
       if (finished_) co_return;
       fail("aborting the iteration for a rollback failed: " + failed->err().message);
       co_return;
     }
     if (finished_) co_return;
+    // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
+    if (loss_pending()) co_return;
   }
   if (recovery_->pending.empty()) co_return;  // placed by an earlier turn
   // A loss during the rollback (a survivor, or a spare being rebuilt) starts its loading over
@@ -171,11 +172,11 @@ awaitable<void> coordinator::start_rollback() {
 
 awaitable<void> coordinator::finish_rollback() {
   const recovery_state rec = *recovery_;
-  // A loss while this runs (its ask fails, or it arrives between asks) leaves the rest to
-  // the recovery it posted: the lost stage is rebuilt and this starts over.
+  // A loss while this runs (its ask fails, or its node leaves the membership) leaves the
+  // rest to its turn, queued behind this one: the lost stage is rebuilt and this starts over.
   auto superseded = [&] {
     return finished_ || !recovery_ || recovery_->attempt != rec.attempt ||
-           !recovery_->pending.empty();
+           !recovery_->pending.empty() || loss_pending();
   };
   if (superseded()) co_return;
   const bool wired = co_await wire_all();
@@ -206,7 +207,6 @@ awaitable<void> coordinator::finish_rollback() {
       auto l = b.initHolders(static_cast<unsigned>(holders.size()));
       for (unsigned i = 0; i < holders.size(); ++i) write_ref(l[i], holders[i]);
     };
-    const std::int64_t losses = losses_seen_;
     auto replies = co_await actors::ask_all<wire::RollbackQuery, wire::RollbackOffer>(
         *this, agents, rollback_timeout, fill);
     if (superseded()) co_return;
@@ -214,7 +214,7 @@ awaitable<void> coordinator::finish_rollback() {
       const int s = int(i) % job_.pp, d = int(i) / job_.pp;
       auto& r = replies[i];
       if (!r.ok()) {
-        if (co_await loss_follows(losses) || superseded()) co_return;
+        if (co_await loss_follows() || superseded()) co_return;
         fail(fmt::format("asking stage {} replica {} for its checkpoints failed: {}", s, d,
                          r.err().message));
         co_return;
@@ -249,14 +249,13 @@ awaitable<void> coordinator::finish_rollback() {
       b.setIteration(c);
       b.setInterval(k);
     };
-    const std::int64_t losses = losses_seen_;
     auto replies = co_await actors::ask_all<wire::RollbackLoad, wire::RollbackLoaded>(
         *this, agents, rollback_timeout, fill);
     if (superseded()) co_return;
     for (std::size_t i = 0; i < replies.size(); ++i) {
       const int s = int(i) % job_.pp, d = int(i) / job_.pp;
       auto& r = replies[i];
-      if (!r.ok() && (co_await loss_follows(losses) || superseded())) co_return;
+      if (!r.ok() && (co_await loss_follows() || superseded())) co_return;
       if (!r.ok() || r->get().getError().size() > 0) {
         fail(fmt::format("stage {} replica {} could not roll back to iteration {}: {}", s, d, c,
                          r.ok() ? std::string(r->get().getError()) : r.err().message));

@@ -450,6 +450,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         // The coordinator decides: recover the stage on a spare, or end the job saying so.
         if (!finished && c != nullptr && known) {
           c->lose_worker(n, exit_text(status));
+          // One truth about who is alive: the exit reaches the membership at once (asks to
+          // the worker fail now, not at the heartbeat timeout).
+          link.forget(n);
         } else if (!finished && (c == nullptr || !c->started())) {  // never said hello
           fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
         }
