@@ -1,5 +1,6 @@
 #include "engine/job_config.hpp"
 
+#include <capnp/message.h>
 #include <fmt/format.h>
 #include <kj/exception.h>
 
@@ -407,6 +408,14 @@ result<models::config_map> read_config(wire::JobConfig::Reader in,
   } catch (const kj::Exception& e) {
     return error{fmt::format("malformed job config: {}", e.getDescription().cStr())};
   }
+}
+
+result<void> fits_the_wire(const models::config_map& map, const config_wire_limits& limits) {
+  capnp::MallocMessageBuilder message;
+  write_config(message.initRoot<wire::JobConfig>(), map);
+  auto back = read_config(message.getRoot<wire::JobConfig>().asReader(), limits);
+  if (!back.ok()) return back.err();
+  return {};
 }
 
 }  // namespace moevement::engine

@@ -125,5 +125,9 @@ void write_config(wire::JobConfig::Builder out, const models::config_map& map);
 // union members, malformed pointers) and never throws: a bad input is an error result.
 result<models::config_map> read_config(wire::JobConfig::Reader in,
                                        const config_wire_limits& limits = {});
+// Whether the workers will take `map` from the head (write_config then read_config under the
+// same limits): the head checks it before any worker starts, so that a value too long for the
+// wire is an error at once, naming the key, not a failure of every worker.
+result<void> fits_the_wire(const models::config_map& map, const config_wire_limits& limits = {});
 
 }  // namespace moevement::engine

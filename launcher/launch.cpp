@@ -166,6 +166,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     injections.insert(injections.begin(), tables.begin(), tables.end());
   }
   const engine::job_config job = engine::resolve_job(raw);
+  if (auto fits = engine::fits_the_wire(raw); !fits.ok()) {
+    throw std::runtime_error(fits.err().message +
+                             " (the workers would refuse the config: shorten the value)");
+  }
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
   // Every injection checked against the job, and the failure schedules (mtbf, trace) built,
   // before anything starts.

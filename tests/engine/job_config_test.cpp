@@ -491,5 +491,20 @@ TEST(job_config, the_durable_tier_is_on_for_dense_disk_and_off_for_the_others_by
       "checkpoint.durable");
 }
 
+TEST(job_config, the_head_checks_that_the_workers_will_take_the_config) {
+  // What the head sends, read back under the workers' limits: every key's own checks aside,
+  // a text too long for the wire is found at the head, naming the key.
+  config_map ok{{"model.preset", std::string("tiny")}, {"parallel.pp", std::int64_t(2)}};
+  EXPECT_TRUE(fits_the_wire(ok).ok());
+  config_map long_text{{"model.preset", std::string(5000, 'x')}};
+  const auto r = fits_the_wire(long_text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.err().message, "model.preset: text of 5000 bytes exceeds 4096"))
+      << r.err().message;
+  config_map many;
+  for (int i = 0; i < 1100; ++i) many["k.k" + std::to_string(i)] = std::int64_t(i);
+  EXPECT_FALSE(fits_the_wire(many).ok());
+}
+
 }  // namespace
 }  // namespace moevement::engine
