@@ -108,6 +108,19 @@ std::string loadavg() {
   return a + " " + b + " " + c;
 }
 
+// "1,2,4": positive integers, comma-separated; anything else throws `what`.
+std::vector<int> positive_list(const std::string& list, const char* what) {
+  std::vector<int> out;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const int v = std::atoi(list.substr(at, end - at).c_str());
+    if (v < 1) throw std::runtime_error(what);
+    out.push_back(v);
+    at = end + 1;
+  }
+  return out;
+}
+
 options parse_options(int argc, char** argv) {
   options o;
   const std::string self = fs::path(argv[0]).filename().string();
@@ -129,14 +142,7 @@ options parse_options(int argc, char** argv) {
     else if (f == "--pp")
       o.pp = std::atoi(value().c_str());
     else if (f == "--dp") {
-      const std::string list = value();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t end = std::min(list.find(',', at), list.size());
-        const int dp = std::atoi(list.substr(at, end - at).c_str());
-        if (dp < 1) throw std::runtime_error("--dp: replicas >= 1, comma-separated");
-        o.dps.push_back(dp);
-        at = end + 1;
-      }
+      o.dps = positive_list(value(), "--dp: replicas >= 1, comma-separated");
       o.dp = o.dps.front();
     } else if (f == "--spares")
       o.spares = std::atoi(value().c_str());
@@ -145,14 +151,7 @@ options parse_options(int argc, char** argv) {
     else if (f == "--kill-iter")
       o.kill_iter = std::atoi(value().c_str());
     else if (f == "--kill-iters") {
-      std::string list = value();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t end = std::min(list.find(',', at), list.size());
-        const int t = std::atoi(list.substr(at, end - at).c_str());
-        if (t < 1) throw std::runtime_error("--kill-iters: iterations >= 1, comma-separated");
-        o.kill_iters.push_back(t);
-        at = end + 1;
-      }
+      o.kill_iters = positive_list(value(), "--kill-iters: iterations >= 1, comma-separated");
     } else if (f == "--kill-stage")
       o.kill_stage = std::atoi(value().c_str());
     else if (f == "--no-recovery")
