@@ -61,6 +61,7 @@ class worker_checkpoint {
     // How it got the window's slots: mapped on this host, or pulled; of the pulled, those
     // whose holder offered a memory-file handle that could not be mapped here (another host).
     std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;
+    int replay_threads = 0;  // the GEMM threads the replay ran with
   };
   virtual restore_timing last_restore() const { return {}; }
 };

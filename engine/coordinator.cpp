@@ -295,6 +295,7 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     member->ready = true;
     member->pull_s = m.getPullSeconds();
     member->replay_s = m.getReplaySeconds();
+    member->replay_threads = m.getReplayThreads();
     member->replayed = m.getIterationsReplayed();
     member->slots_mapped = m.getSlotsMapped();
     member->slots_pulled = m.getSlotsPulled();
@@ -1068,6 +1069,9 @@ awaitable<void> coordinator::recover() {
   }
   std::sort(regions.begin(), regions.end(),
             [](const region& a, const region& b) { return a.first < b.first; });
+  // Every dirty region gets its spares first, then its Restores: each replay learns how many
+  // run on its host at once (its share of the cores).
+  std::vector<region*> to_send;
   for (region& r : regions) {
     // While the durable window is being chosen, losses are only placed: the choice then
     // gives them spares and sends every Restore.
@@ -1077,8 +1081,11 @@ awaitable<void> coordinator::recover() {
     if (!assign_spares(r)) co_return;
     r.generation = ++generations_;
     r.started = sclock::now();
-    send_restores(r);
-    r.died.clear();
+    to_send.push_back(&r);
+  }
+  for (region* r : to_send) {
+    send_restores(*r);
+    r->died.clear();
   }
   // Choosing the durable window: losses were only placed; ask everyone again.
   if (recovery_->durable_choosing) co_await choose_durable_window();
@@ -1252,6 +1259,18 @@ awaitable<void> coordinator::choose_durable_window() {
   send_restores(r);
 }
 
+std::map<std::string, int> coordinator::restores_per_host() const {
+  std::map<std::string, int> out;
+  if (!recovery_) return out;
+  for (const region& r : recovery_->regions) {
+    for (const region_member& m : r.members) {
+      const auto w = workers_.find(m.spare);
+      if (m.spare != 0 && !m.ready && w != workers_.end()) ++out[w->second.host];
+    }
+  }
+  return out;
+}
+
 void coordinator::send_restores(const region& r) {
   const std::int64_t target = recovery_->target;
   const bool durable = recovery_->durable;
@@ -1328,6 +1347,7 @@ void coordinator::send_restores(const region& r) {
   }
   const int w_sparse = w_sparse_, dp = job_.dp, k = r.last - r.first + 1;
   const actor_ref me = self();
+  const std::map<std::string, int> per_host = restores_per_host();
   for (const region_member& m : r.members) {
     auto fill = [&](wire::Restore::Builder b) {
       b.setStage(m.lost.stage);
@@ -1341,6 +1361,8 @@ void coordinator::send_restores(const region& r) {
       b.setFirstIteration(first);
       b.setWSparse(w_sparse);
       b.setDurable(durable);
+      const auto share = per_host.find(workers_.at(m.spare).host);
+      b.setHostShare(share == per_host.end() ? 1 : share->second);
       auto src = b.initSources(static_cast<unsigned>(k * dp));
       for (int j = 0; j < k; ++j) {
         for (int d = 0; d < dp; ++d) {
@@ -1411,8 +1433,11 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   for (const region& r : rec.regions) {
     double pull = 0.0, replay = 0.0;
     std::int64_t replayed = 0, mapped = 0, pulled = 0, refused = 0;
-    std::string spares;
+    std::string spares, replays;
     for (const region_member& m : r.members) {
+      // Who replayed what: stage/replica@worker, its replay seconds and GEMM threads.
+      replays += fmt::format("{}{}/{}@{}:{:.3f}s:{}t", replays.empty() ? "" : ",", m.lost.stage,
+                             m.lost.replica, m.spare, m.replay_s, m.replay_threads);
       mapped += m.slots_mapped;
       pulled += m.slots_pulled;
       refused += m.handles_refused;
@@ -1445,6 +1470,7 @@ awaitable<void> coordinator::maybe_finish_recovery() {
                       .add("spawn_s", since(rec.detected, r.started))
                       .add("pull_s", pull)
                       .add("replay_s", replay)
+                      .add("replays", replays)
                       .add("rejoin_s", since(r.ready_at, now))
                       .add("slots_mapped", mapped)
                       .add("slots_pulled", pulled)

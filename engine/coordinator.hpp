@@ -174,6 +174,8 @@ class coordinator : public actors::actor {
   asio::awaitable<void> recover();
   struct region;
   void send_restores(const region& r);
+  // Restores running (or about to) per host: what each replay shares the host's cores with.
+  std::map<std::string, int> restores_per_host() const;
   // Gives every role of r without a worker a spare (false: none left, the job failed).
   bool assign_spares(region& r);
   // Every copy of a needed snapshot is gone (a replacement said so) and the durable tier is
@@ -262,6 +264,7 @@ class coordinator : public actors::actor {
     transport::node_id spare = 0;  // the worker rebuilding it (0: none yet)
     bool ready = false;            // answered the region's current generation
     double pull_s = 0.0, replay_s = 0.0;
+    int replay_threads = 0;
     std::int64_t replayed = 0;
     std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;  // its restore's
   };

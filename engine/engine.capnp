@@ -70,6 +70,7 @@ struct StageReady {
   slotsMapped @14 :Int64;
   slotsPulled @15 :Int64;
   handlesRefused @16 :Int64;
+  replayThreads @17 :Int32;  # the GEMM threads its replay ran with
 }
 struct OpSize {
   computeBytes @0 :UInt64;
@@ -271,6 +272,10 @@ struct Restore {
   # each stage replica's files under checkpoint.dir (sources name no holders), and nothing is
   # pulled from peers.
   durable @13 :Bool;
+  # Restores the coordinator runs at once on this worker's host (>= 1; 0 from an older head:
+  # 1). With checkpoint.replay_threads = 0 each replay takes its share of the host's cores,
+  # never all of them each (replays competing for the cores collapse).
+  hostShare @14 :Int32;
 }
 
 # ---- global rollback (policies dense-memory, dense-disk, pec; docs/policies.md)

@@ -226,6 +226,11 @@ recovery_kind recovery_of(policy_kind policy) {
   return recovery_kind::none;
 }
 
+int replay_threads_for(int configured, int host_share, int cores) {
+  if (configured > 0) return configured;
+  return std::max(1, std::max(1, cores) / std::max(1, host_share));
+}
+
 bool durable_tier(const job_config& job) {
   return job.durable.value_or(job.policy == policy_kind::dense_disk);
 }

@@ -91,6 +91,11 @@ struct job_config {
 // dense-disk, off for the others, unless set.
 bool durable_tier(const job_config& job);
 
+// The GEMM threads of a recovery's replay: checkpoint.replay_threads when set (> 0), else
+// this host's cores divided among the `host_share` replays running on it at once (at least
+// one each): replays that each take every core collapse when they share a host.
+int replay_threads_for(int configured, int host_share, int cores);
+
 // Upper bound on pp*dp + cluster.spares (processes of one job).
 inline constexpr int max_job_workers = 256;
 

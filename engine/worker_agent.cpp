@@ -92,6 +92,7 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
       b.setSlotsMapped(t.slots_mapped);
       b.setSlotsPulled(t.slots_pulled);
       b.setHandlesRefused(t.handles_refused);
+      b.setReplayThreads(t.replay_threads);
     }
   });
 }

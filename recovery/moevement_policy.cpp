@@ -1130,10 +1130,12 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   std::vector<engine::stage_model*> ptrs;
   for (auto& m : models) ptrs.push_back(m.get());
   // Every stage outside the region is paused while it replays: its GEMMs may take the host's
-  // cores (BLIS gives the same bits for any thread count; tests/models/model_test.cpp).
-  const int threads = job_.replay_threads > 0
-                          ? job_.replay_threads
-                          : int(std::max(1u, std::thread::hardware_concurrency()));
+  // cores (BLIS gives the same bits for any thread count; tests/models/model_test.cpp), shared
+  // with the other replays the coordinator runs on this host at the same time.
+  const int threads =
+      engine::replay_threads_for(job_.replay_threads, plan.getHostShare(),
+                                 int(std::max(1u, std::thread::hardware_concurrency())));
+  timing_.replay_threads = threads;
   co_await off_thread([&] {
     models::cpu::set_gemm_threads(threads);
     try {

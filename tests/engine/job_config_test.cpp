@@ -506,5 +506,14 @@ TEST(job_config, the_head_checks_that_the_workers_will_take_the_config) {
   EXPECT_FALSE(fits_the_wire(many).ok());
 }
 
+TEST(job_config, a_replay_takes_its_share_of_the_host) {
+  EXPECT_EQ(replay_threads_for(3, 4, 16), 3);   // set: as set
+  EXPECT_EQ(replay_threads_for(0, 1, 16), 16);  // alone: every core
+  EXPECT_EQ(replay_threads_for(0, 4, 16), 4);   // four at once: a quarter each
+  EXPECT_EQ(replay_threads_for(0, 3, 2), 1);    // more replays than cores: one each
+  EXPECT_EQ(replay_threads_for(0, 0, 8), 8);    // an older head sends no share
+  EXPECT_EQ(replay_threads_for(0, 2, 0), 1);    // unknown cores
+}
+
 }  // namespace
 }  // namespace moevement::engine

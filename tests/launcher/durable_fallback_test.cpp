@@ -132,6 +132,19 @@ TEST(durable_fallback, every_copy_gone_rolls_the_job_back_to_disk_bit_exact) {
   EXPECT_EQ(number_field(*ends[0], "first_stage"), 0);
   EXPECT_EQ(number_field(*ends[0], "last_stage"), 2);
   EXPECT_EQ(number_field(*ends[0], "window"), window);
+  // Three stages replayed at once on this host, each on its own worker with a third of the
+  // cores (checkpoint.replay_threads = 0), never all of them each: "0/0@4:0.123s:1t,...".
+  const int share = std::max(1, int(std::thread::hardware_concurrency()) / 3);
+  const auto at = ends[0]->find("\"replays\":\"");
+  ASSERT_NE(at, std::string::npos) << *ends[0];
+  const std::string replays = ends[0]->substr(at + 11, ends[0]->find('"', at + 11) - at - 11);
+  int members = 0;
+  for (std::size_t p = replays.find('t'); p != std::string::npos; p = replays.find('t', p + 1)) {
+    const auto colon = replays.rfind(':', p);
+    EXPECT_EQ(std::atoi(replays.c_str() + colon + 1), share) << replays;
+    ++members;
+  }
+  EXPECT_EQ(members, 3) << replays;
   EXPECT_NE(o.output.find("falling back to the durable tier"), std::string::npos) << o.output;
   // Every stage replica's directory holds its windows (the replacements wrote on after it).
   for (int s = 0; s < 3; ++s) {
