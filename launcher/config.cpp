@@ -5,6 +5,8 @@
 #include <filesystem>
 
 #include <toml++/toml.h>
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdlib>
 #include <stdexcept>
@@ -114,6 +116,28 @@ long flag_number(const std::string& flag, const std::string& value, long lo, lon
         fmt::format("{}: expected an integer in [{}, {}], got '{}'", flag, lo, hi, value));
   }
   return x;
+}
+
+std::uint64_t micro_batch_floor_bytes(const models::model_config& model,
+                                      const models::train_config& train) {
+  return std::uint64_t(train.micro_batch_size) * std::uint64_t(train.seq_len) *
+         (std::uint64_t(model.vocab) + std::uint64_t(model.d_model)) * sizeof(float);
+}
+
+void check_host_memory(const models::model_config& model, const models::train_config& train,
+                       std::uint64_t host_bytes) {
+  if (host_bytes == 0) {
+    host_bytes = std::uint64_t(::sysconf(_SC_PHYS_PAGES)) * std::uint64_t(::sysconf(_SC_PAGESIZE));
+  }
+  const std::uint64_t need = micro_batch_floor_bytes(model, train);
+  if (need > host_bytes) {
+    throw models::config_error(
+        "train.micro_batch_size",
+        fmt::format("{} x seq_len {} needs at least {} bytes for one micro-batch's logits and "
+                    "activations (B x T x (vocab + d_model) x 4), more than this host's {} "
+                    "bytes of memory; lower it",
+                    train.micro_batch_size, train.seq_len, need, host_bytes));
+  }
 }
 
 }  // namespace moevement::launcher

@@ -166,6 +166,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
     injections.insert(injections.begin(), tables.begin(), tables.end());
   }
   const engine::job_config job = engine::resolve_job(raw);
+  check_host_memory(job.model, job.train);
   if (auto fits = engine::fits_the_wire(raw); !fits.ok()) {
     throw std::runtime_error(fits.err().message +
                              " (the workers would refuse the config: shorten the value)");

@@ -86,6 +86,7 @@ int run_train(int argc, char** argv) {
     if (!is_engine_section(key) || key == "parallel.dp") own.emplace(key, std::move(value));
   }
   const engine::job_config job = engine::resolve_job(std::move(own));
+  check_host_memory(job.model, job.train);
   const models::model_config& model = job.model;
   const models::train_config& train = job.train;
   if (train.device == models::device::cuda) {

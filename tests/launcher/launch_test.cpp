@@ -186,7 +186,8 @@ TEST(launch, bad_configs_name_the_key) {
   for (const bad& b :
        {bad{"parallel.pp=5", "parallel.pp"}, bad{"parallel.dp=two", "parallel.dp"},
         bad{"parallel.ppp=2", "parallel.ppp"}, bad{"train.micro_batches=0", "train.micro_batches"},
-        bad{"engine.stage=nope", "engine.stage"}, bad{"train.device=cuda", "train.device:"}}) {
+        bad{"engine.stage=nope", "engine.stage"}, bad{"train.device=cuda", "train.device:"},
+        bad{"train.micro_batch_size=1000000000", "train.micro_batch_size"}}) {
     const auto r = run_moevement("launch " + tiny() + " --set " + b.set + log);
     EXPECT_NE(r.exit_code, 0) << b.set;
     EXPECT_NE(r.output.find(b.key), std::string::npos) << b.set << ": " << r.output;
