@@ -5,6 +5,7 @@
 namespace moevement::actors {
 
 steady_time::~steady_time() {
+  *alive_ = false;
   for (auto& [id, t] : timers_) t->cancel();
 }
 
@@ -13,12 +14,14 @@ time_source::timer_id steady_time::call_at(clock::time_point at, unique_function
   auto t = std::make_shared<asio::steady_timer>(io_, at);
   timers_.emplace(id, t);
   // The timer is owned by the map until it fires or is cancelled; the handler keeps it alive
-  // while the wait is in flight.
-  t->async_wait([this, id, t, fn = std::move(fn)](const asio::error_code& ec) mutable {
-    if (ec) return;  // cancelled (the source may be gone)
-    timers_.erase(id);
-    fn();
-  });
+  // while the wait is in flight. A timer that expired before cancel() still completes without
+  // an error (Asio cannot take back a queued handler): the map says whether it was cancelled.
+  t->async_wait(
+      [this, alive = alive_, id, t, fn = std::move(fn)](const asio::error_code& ec) mutable {
+        if (ec || !*alive) return;           // cancelled, or the source is gone
+        if (timers_.erase(id) == 0) return;  // cancelled after it expired
+        fn();
+      });
   return id;
 }
 

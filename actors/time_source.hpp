@@ -44,6 +44,7 @@ class steady_time final : public time_source {
 
  private:
   asio::io_context& io_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // for handlers that outlive us
   timer_id next_ = 1;
   std::map<timer_id, std::shared_ptr<asio::steady_timer>> timers_;
 };

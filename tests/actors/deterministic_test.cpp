@@ -145,5 +145,22 @@ TEST(deterministic, a_body_that_can_never_finish_is_reported) {
                std::runtime_error);
 }
 
+// The production time source: a cancelled timer's callback never runs, even when it was
+// already due (Asio runs a handler it queued, whatever cancel() says).
+TEST(steady_time, a_timer_cancelled_when_already_due_does_not_run) {
+  asio::io_context io;
+  steady_time t(io);
+  const auto at = clock::now() + 5ms;
+  bool b_ran = false;
+  time_source::timer_id b = 0;
+  t.call_at(at, [&] { t.cancel(b); });  // due with b, runs first, cancels it
+  b = t.call_at(at, [&] { b_ran = true; });
+  bool c_ran = false;
+  t.call_at(at + 1ms, [&] { c_ran = true; });
+  io.run();
+  EXPECT_FALSE(b_ran);
+  EXPECT_TRUE(c_ran);
+}
+
 }  // namespace
 }  // namespace moevement::actors::testing
