@@ -107,6 +107,8 @@ class coordinator : public actors::actor {
                         actors::tell_t<wire::WindowReplicated>,
                         actors::tell_t<wire::DurableWritten>>;
   static constexpr const char* registered_name = "moevement.coordinator";
+  // An ordinary ask to the stages (wiring, abort, digests).
+  static constexpr auto ask_timeout = std::chrono::seconds(30);
 
   // raw: the config as read (sent to every worker); job: its resolution. Workers are nodes
   // 1..job.workers() + job.spares. log may be null.

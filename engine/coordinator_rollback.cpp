@@ -172,11 +172,10 @@ awaitable<void> coordinator::start_rollback() {
 
 awaitable<void> coordinator::finish_rollback() {
   const recovery_state rec = *recovery_;
-  // A loss while this runs (its ask fails, or its node leaves the membership) leaves the
-  // rest to its turn, queued behind this one: the lost stage is rebuilt and this starts over.
+  // A loss not placed yet, or one while this runs (its ask fails, or its node leaves the
+  // membership), leaves the rest to its turn: the lost stage is rebuilt and this starts over.
   auto superseded = [&] {
-    return finished_ || !recovery_ || recovery_->attempt != rec.attempt ||
-           !recovery_->pending.empty() || loss_pending();
+    return finished_ || !recovery_ || !recovery_->pending.empty() || loss_pending();
   };
   if (superseded()) co_return;
   const bool wired = co_await wire_all();

@@ -1,0 +1,564 @@
+// The coordinator's localized recovery (policy moevement, docs/recovery.md): losses placed in
+// regions of contiguous lost stages, a region's replacements restored on spares (Restore) by
+// generation, a loss in or next to a recovering region growing and restarting it, and the
+// fallback to the durable tier when every copy of a needed slot is gone. The baselines'
+// global rollback is engine/coordinator_rollback.cpp.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "actors/gather.hpp"
+#include "engine/coordinator.hpp"
+
+namespace moevement::engine {
+
+namespace {
+
+using actors::actor_ref;
+using actors::write_ref;
+using asio::awaitable;
+using sclock = std::chrono::steady_clock;
+
+}  // namespace
+
+std::pair<coordinator::region*, coordinator::region_member*> coordinator::member_of(
+    transport::node_id spare) {
+  if (recovery_) {
+    for (region& r : recovery_->regions) {
+      for (region_member& m : r.members) {
+        if (m.spare == spare && spare != 0) return {&r, &m};
+      }
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+awaitable<void> coordinator::recover() {
+  if (finished_ || !recovery_) co_return;
+  // dense-memory, dense-disk, pec: the whole job goes back (once the survivors stepped).
+  if (rolls_back_ && (recovery_->begun || phase_ != phase::stepping)) {
+    co_await start_rollback();
+    co_return;
+  }
+  if (!recovery_->begun) {
+    // While the survivors step, let them finish: the lost stages are then rebuilt one
+    // iteration further (its step plan is known), and nothing is recomputed outside them.
+    if (phase_ == phase::stepping) {
+      co_await maybe_stepped_all();  // the lost stages' Stepped are no longer waited for
+      co_return;
+    }
+    recovery_->begun = true;
+    recovery_->resume_validation = phase_ == phase::validating;
+    recovery_->target = iteration_;
+    phase_ = phase::recovering;
+    // Drop the iteration in progress everywhere else (it is re-run once the stages are back),
+    // and clear what failed in the survivors because of the lost peers: every stage at once.
+    const std::uint64_t e = epoch_;
+    auto fill = [e](std::size_t, wire::Abort::Builder b) { b.setEpoch(e); };
+    const std::vector<actor_ref> alive = stages_;
+    auto res =
+        co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
+    if (finished_) co_return;
+    // Failed asks to workers still in the membership: they may be dying (their loss not yet
+    // known) or slow. Those already gone need no second ask: their losses are queued.
+    std::vector<actor_ref> retry;
+    for (std::size_t i = 0; i < alive.size(); ++i) {
+      if (alive[i].valid() && !res[i].ok() && system().last_heard(alive[i].node)) {
+        retry.push_back(alive[i]);
+      }
+    }
+    // A stage that could not be aborted usually died too, and the transport knew before the
+    // head did: give its loss the failure timeout to arrive (it then joins the recovery).
+    if (!retry.empty()) {
+      co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+      if (finished_) co_return;
+      std::erase_if(retry, [&](const actor_ref& r) {
+        return !system().last_heard(r.node).has_value();  // lost meanwhile: its loss follows
+      });
+      auto again =
+          co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, retry, ask_timeout, fill);
+      if (finished_) co_return;
+      for (std::size_t i = 0; i < retry.size(); ++i) {
+        const bool still_there = system().last_heard(retry[i].node).has_value();
+        if (!again[i].ok() && still_there) {
+          fail("aborting the iteration for a recovery failed: " + again[i].err().message);
+          co_return;
+        }
+      }
+    }
+    // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
+    if (loss_pending()) co_return;
+  }
+  if (recovery_->pending.empty()) co_return;
+
+  // Place the new losses. A lost replacement leaves its role in its region, to be rebuilt on
+  // another spare; any other lost stage starts a region of its own, and regions that overlap
+  // or touch merge (contiguous lost stages recover jointly: the logs between them are gone).
+  for (const worker_info& w : recovery_->pending) {
+    auto [reg, member] = member_of(w.node);
+    if (member != nullptr) {
+      // The spare rebuilding this role died: the notice names it, not the role's first loss.
+      reg->died.push_back(fmt::format("spare worker {} (rebuilding stage {} replica {})", w.node,
+                                      member->lost.stage, member->lost.replica));
+      member->spare = 0;
+      reg->dirty = true;
+      continue;
+    }
+    region r;
+    r.first = r.last = w.stage;
+    r.members.push_back(region_member{w});
+    r.died.push_back(fmt::format("stage {} replica {} (worker {})", w.stage, w.replica, w.node));
+    r.dirty = true;
+    recovery_->regions.push_back(std::move(r));
+  }
+  recovery_->pending.clear();
+  auto& regions = recovery_->regions;
+  for (bool merged = true; merged;) {
+    merged = false;
+    for (std::size_t i = 0; i < regions.size() && !merged; ++i) {
+      for (std::size_t j = i + 1; j < regions.size() && !merged; ++j) {
+        region& a = regions[i];
+        region& b = regions[j];
+        if (std::max(a.first, b.first) > std::min(a.last, b.last) + 1) continue;
+        a.first = std::min(a.first, b.first);
+        a.last = std::max(a.last, b.last);
+        for (auto& m : b.members) a.members.push_back(std::move(m));
+        for (auto& d : b.died) a.died.push_back(std::move(d));
+        a.dirty = true;
+        a.restarts = std::max(a.restarts, b.restarts) + (b.generation != 0 ? 1 : 0);
+        regions.erase(regions.begin() + std::ptrdiff_t(j));
+        merged = true;
+      }
+    }
+  }
+  std::sort(regions.begin(), regions.end(),
+            [](const region& a, const region& b) { return a.first < b.first; });
+  // Every dirty region gets its spares first, then its Restores: each replay learns how many
+  // run on its host at once (its share of the cores).
+  std::vector<region*> to_send;
+  for (region& r : regions) {
+    // While the durable window is being chosen, losses are only placed: the choice then
+    // gives them spares and sends every Restore.
+    if (!r.dirty || recovery_->durable_choosing) continue;
+    r.dirty = false;
+    if (r.generation != 0) ++r.restarts;
+    if (!assign_spares(r)) co_return;
+    r.generation = ++generations_;
+    r.started = sclock::now();
+    to_send.push_back(&r);
+  }
+  for (region* r : to_send) {
+    send_restores(*r);
+    r->died.clear();
+  }
+  // Choosing the durable window: losses were only placed; ask everyone again.
+  if (recovery_->durable_choosing) co_await choose_durable_window();
+}
+
+bool coordinator::assign_spares(region& r) {
+  // Every role without a worker gets a spare; roles whose spare already restored an older
+  // generation restore again (same worker) with the enlarged region.
+  for (region_member& m : r.members) {
+    if (m.spare == 0) {
+      for (auto& [n, w] : workers_) {
+        if (w.stage < 0) {
+          m.spare = n;
+          w.stage = m.lost.stage;
+          w.replica = m.lost.replica;
+          break;
+        }
+      }
+    }
+    if (m.spare == 0) {
+      fail(fmt::format(
+          "stage {} replica {} was lost and no spare worker is left (raise cluster.spares)",
+          m.lost.stage, m.lost.replica));
+      return false;
+    }
+    m.ready = false;
+    worker_info& sw = workers_.at(m.spare);
+    if (sw.stage_actor.valid()) {  // reported an older generation, or a survivor's stage
+      sw.stage_actor = actor_ref{};
+      stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
+    }
+  }
+  return true;
+}
+
+awaitable<void> coordinator::start_durable_rollback(std::string why) {
+  if (!recovery_ || recovery_->durable || finished_) co_return;
+  if (callbacks_.on_notice) {
+    callbacks_.on_notice(fmt::format(
+        "{}; every copy of a needed snapshot is gone: falling back to the durable tier, the "
+        "whole job rolls back",
+        why));
+  }
+  // One region: the whole pipeline, every role. Lost roles keep the spare they have; every
+  // other role is restored by the worker that holds it (survivors, and spares that rebuilt
+  // another region).
+  region all;
+  all.first = 0;
+  all.last = job_.pp - 1;
+  std::map<std::pair<int, int>, region_member> roles;
+  for (region& r : recovery_->regions) {
+    for (region_member& m : r.members) roles[{m.lost.stage, m.lost.replica}] = m;
+    all.restarts = std::max(all.restarts, r.restarts + (r.generation != 0 ? 1 : 0));
+    all.started = r.started;
+  }
+  for (const auto& [n, w] : workers_) {
+    if (w.stage < 0 || roles.contains({w.stage, w.replica})) continue;
+    region_member m;
+    m.lost = w;
+    m.spare = n;
+    roles[{w.stage, w.replica}] = m;
+  }
+  for (auto& [role, m] : roles) all.members.push_back(m);
+  all.dirty = true;
+  recovery_->regions.clear();
+  recovery_->regions.push_back(std::move(all));
+  recovery_->durable = true;
+  recovery_->durable_choosing = true;
+  recovery_->durable_why = std::move(why);
+  co_await choose_durable_window();
+}
+
+awaitable<void> coordinator::choose_durable_window() {
+  if (!recovery_ || !recovery_->durable_choosing || finished_) co_return;
+  const std::int64_t target = recovery_->target;
+  const std::string why = recovery_->durable_why;
+  // The newest window every role has complete and verified on disk. A loss meanwhile (its
+  // turn, queued behind this one, places it through recover() and calls this again): its
+  // role gets a spare and everyone is asked again.
+  std::uint64_t window = 0;
+  bool found = false;
+  std::vector<std::string> rejected;
+  {
+    region& r = recovery_->regions.front();
+    // Losses placed by recover() since the last round (their roles have no worker now).
+    for (const worker_info& w : recovery_->pending) {
+      auto [reg, member] = member_of(w.node);
+      if (member != nullptr) {
+        member->spare = 0;
+        continue;
+      }
+      const bool known = std::any_of(r.members.begin(), r.members.end(), [&](const auto& m) {
+        return m.lost.stage == w.stage && m.lost.replica == w.replica;
+      });
+      if (!known && w.stage >= 0) r.members.push_back(region_member{w});
+    }
+    recovery_->pending.clear();
+    if (!assign_spares(r)) co_return;
+    for (region_member& m : r.members) {  // the survivors' stages go: every stage restores
+      worker_info& w = workers_.at(m.spare);
+      w.stage_actor = actor_ref{};
+      stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
+    }
+    std::map<std::uint64_t, int> offered;
+    rejected.clear();
+    const std::vector<region_member> members = r.members;
+    std::vector<actor_ref> holders;  // every member's replicator, asked at once
+    for (const region_member& m : members) {
+      const auto it = workers_.find(m.spare);
+      holders.push_back(it == workers_.end() ? actor_ref{} : it->second.replicator);
+    }
+    auto fill = [&](std::size_t i, wire::DurableQuery::Builder b) {
+      b.setStage(members[i].lost.stage);
+      b.setReplica(members[i].lost.replica);
+    };
+    auto replies = co_await actors::ask_all<wire::DurableQuery, wire::DurableOffer>(
+        *this, holders, std::chrono::seconds(300), fill);
+    if (finished_ || !recovery_) co_return;
+    if (loss_pending()) co_return;  // asked again once its turn placed it
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      const auto& res = replies[i];
+      if (!res.ok()) {
+        if (co_await loss_follows()) co_return;
+        if (finished_ || !recovery_) co_return;
+        fail(fmt::format("asking stage {} replica {} for its durable windows failed: {}",
+                         members[i].lost.stage, members[i].lost.replica, res.err().message));
+        co_return;
+      }
+      std::set<std::uint64_t> mine;
+      for (auto w : res->get().getWindows()) mine.insert(w);
+      for (auto w : mine) ++offered[w];
+      for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
+    }
+    for (const auto& [w, n] : offered) {
+      const auto known = durable_windows_.find(w);
+      if (n == int(members.size()) && known != durable_windows_.end() && known->second <= target &&
+          (persisted_ && w <= *persisted_)) {
+        window = w;
+        found = true;
+      }
+    }
+  }
+  report_rejected("durable_rejected", "durable window", rejected);
+  if (!found) {
+    fail(fmt::format(
+        "{}; every copy of a needed snapshot is gone and no durable window is complete and "
+        "verified on every stage ({} rejected); the job stops",
+        why, rejected.size()));
+    co_return;
+  }
+  recovery_->durable_choosing = false;
+  recovery_->durable_window = window;
+  recovery_->durable_first = durable_windows_.at(window);
+  recovery_->durable_rejected = std::int64_t(rejected.size());
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "durable_rollback")
+                    .add("window", std::int64_t(window))
+                    .add("first_iteration", recovery_->durable_first)
+                    .add("target_iteration", target)
+                    .add("rejected", std::int64_t(rejected.size()))
+                    .add("reason", why.substr(0, 1024))
+                    .add("time_s", log_->seconds()));
+  }
+  region& r = recovery_->regions.front();
+  if (!assign_spares(r)) co_return;
+  r.dirty = false;
+  r.generation = ++generations_;
+  r.started = sclock::now();
+  send_restores(r);
+}
+
+std::map<std::string, int> coordinator::restores_per_host() const {
+  std::map<std::string, int> out;
+  if (!recovery_) return out;
+  for (const region& r : recovery_->regions) {
+    for (const region_member& m : r.members) {
+      const auto w = workers_.find(m.spare);
+      if (m.spare != 0 && !m.ready && w != workers_.end()) ++out[w->second.host];
+    }
+  }
+  return out;
+}
+
+void coordinator::send_restores(const region& r) {
+  const std::int64_t target = recovery_->target;
+  const bool durable = recovery_->durable;
+  const bool has_window = durable || persisted_.has_value();
+  const std::uint64_t window = durable ? recovery_->durable_window : persisted_.value_or(0);
+  const std::int64_t first = durable ? recovery_->durable_first : has_window ? persisted_first_ : 0;
+  std::string roles, spares;
+  for (const region_member& m : r.members) {
+    roles += fmt::format("{}{}/{}", roles.empty() ? "" : ",", m.lost.stage, m.lost.replica);
+    spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
+  }
+  const std::string stages = r.first == r.last
+                                 ? fmt::format("stage {}", r.first)
+                                 : fmt::format("stages {}..{} (jointly)", r.first, r.last);
+  if (callbacks_.on_notice) {
+    // Who died for this generation (placed by recover()); every role's first loss otherwise.
+    std::string lost;
+    for (const std::string& d : r.died) lost += (lost.empty() ? "" : ", ") + d;
+    if (lost.empty()) {
+      for (const region_member& m : r.members) {
+        lost += fmt::format("{}stage {} replica {} (worker {})", lost.empty() ? "" : ", ",
+                            m.lost.stage, m.lost.replica, m.lost.node);
+      }
+    }
+    callbacks_.on_notice(
+        durable ? fmt::format("rolling the whole job back to durable window {} on workers {} "
+                              "(replaying iterations {}..{})",
+                              window, spares, first, target - 1)
+                : fmt::format("{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying "
+                              "iterations {}..{})",
+                              lost, r.restarts > 0 ? "the recovery grew: " : "", stages,
+                              r.members.size() > 1 ? "s" : "", spares,
+                              has_window ? fmt::format("window {}", window)
+                                         : std::string("the initial state"),
+                              first, target - 1));
+  }
+  if (log_ != nullptr) {
+    const region_member& m0 = r.members.front();
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "recovery_start")
+                    .add("recovery", durable ? "durable" : "region")
+                    .add("stage", m0.lost.stage)
+                    .add("replica", m0.lost.replica)
+                    .add("lost_node", std::int64_t{m0.lost.node})
+                    .add("spare_node", std::int64_t{m0.spare})
+                    .add("first_stage", r.first)
+                    .add("last_stage", r.last)
+                    .add("roles", roles)
+                    .add("spares", spares)
+                    .add("generation", std::int64_t(r.generation))
+                    .add("restarts", r.restarts)
+                    .add("target_iteration", target)
+                    .add("window", has_window ? std::int64_t(window) : std::int64_t{-1})
+                    .add("replay_from", first)
+                    .add("time_s", log_->seconds()));
+  }
+  // Where the region's stage replicas find their windows, and the logs of the healthy stages
+  // just outside it (no region touches another, so those are never being rebuilt).
+  std::vector<actor_ref> holders;
+  for (const auto& [n, w] : workers_) {
+    if (w.replicator.valid()) holders.push_back(w.replicator);
+  }
+  auto agent_of = [&](int s, int d) -> actor_ref {
+    if (s < 0 || s >= job_.pp) return {};
+    for (const auto& [n, w] : workers_) {
+      if (w.stage == s && w.replica == d && member_of(n).first == nullptr) return w.checkpoint;
+    }
+    return {};
+  };
+  std::vector<std::pair<std::int64_t, step_entry>> steps;
+  for (auto it = steps_.lower_bound(first); it != steps_.end() && it->first < target; ++it) {
+    steps.emplace_back(it->first, it->second);
+  }
+  const int w_sparse = w_sparse_, dp = job_.dp, k = r.last - r.first + 1;
+  const actor_ref me = self();
+  const std::map<std::string, int> per_host = restores_per_host();
+  for (const region_member& m : r.members) {
+    auto fill = [&](wire::Restore::Builder b) {
+      b.setStage(m.lost.stage);
+      b.setReplica(m.lost.replica);
+      b.setFirstStage(r.first);
+      b.setLastStage(r.last);
+      b.setGeneration(r.generation);
+      b.setTargetIteration(target);
+      b.setHasWindow(has_window);
+      b.setWindow(window);
+      b.setFirstIteration(first);
+      b.setWSparse(w_sparse);
+      b.setDurable(durable);
+      const auto share = per_host.find(workers_.at(m.spare).host);
+      b.setHostShare(share == per_host.end() ? 1 : share->second);
+      auto src = b.initSources(static_cast<unsigned>(k * dp));
+      for (int j = 0; j < k; ++j) {
+        for (int d = 0; d < dp; ++d) {
+          auto e = src[unsigned(j * dp + d)];
+          // The durable tier: everything from files; no peer is pulled from, and no survivor's
+          // schedule is taken over (every replica of every stage starts a fresh one alike).
+          const auto& use = durable ? std::vector<actor_ref>{} : holders;
+          auto h = e.initSlotHolders(static_cast<unsigned>(use.size()));
+          for (unsigned i = 0; i < use.size(); ++i) write_ref(h[i], use[i]);
+          write_ref(e.initUpstream(), j == 0 && !durable ? agent_of(r.first - 1, d) : actor_ref{});
+          write_ref(e.initDownstream(),
+                    j == k - 1 && !durable ? agent_of(r.last + 1, d) : actor_ref{});
+          write_ref(e.initSurvivor(), durable ? actor_ref{} : agent_of(r.first + j, d));
+        }
+      }
+      auto l = b.initSteps(static_cast<unsigned>(steps.size()));
+      for (unsigned i = 0; i < steps.size(); ++i) {
+        l[i].setIteration(steps[i].first);
+        l[i].setLossScale(steps[i].second.loss_scale);
+        l[i].setApply(steps[i].second.plan.apply);
+        l[i].setGradMul(steps[i].second.plan.grad_mul);
+        l[i].setGradNorm(steps[i].second.plan.grad_norm);
+      }
+      write_ref(b.initCoordinator(), me);
+    };
+    (void)tell<wire::Restore>(workers_.at(m.spare).agent, fill);
+  }
+  if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_start", target);
+}
+
+awaitable<void> coordinator::maybe_finish_recovery() {
+  if (!recovery_ || !recovery_->pending.empty()) co_return;
+  if (rolls_back_) {
+    for (const auto& b : recovery_->rebuilds) {
+      if (!b.ready) co_return;
+    }
+    co_await finish_rollback();
+    co_return;
+  }
+  for (const region& r : recovery_->regions) {
+    for (const region_member& m : r.members) {
+      if (!m.ready) co_return;
+    }
+  }
+  // A loss during the rewiring makes wire_all() false; its turn, queued behind this one,
+  // grows or adds a region.
+  const bool wired = co_await wire_all();
+  if (!wired || finished_) co_return;
+  const recovery_state rec = std::move(*recovery_);
+  recovery_.reset();
+  ++recoveries_;
+  // A durable write in flight may never be answered by a lost stage: the next persisted
+  // window is written instead.
+  durable_inflight_.reset();
+  maybe_persist();  // windows the stages finished replicating meanwhile
+  if (can_recover_) {
+    for (const auto& [n, w] : workers_) {
+      if (!w.checkpoint.valid()) continue;
+      (void)tell<wire::WindowsAbandoned>(
+          w.checkpoint, [&](wire::WindowsAbandoned::Builder b) { b.setBefore(rec.target); });
+    }
+  }
+  const auto now = sclock::now();
+  const double secs = std::chrono::duration<double>(now - rec.detected).count();
+  auto since = [](sclock::time_point a, sclock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  for (const region& r : rec.regions) {
+    double pull = 0.0, replay = 0.0;
+    std::int64_t replayed = 0, mapped = 0, pulled = 0, refused = 0;
+    std::string spares, replays;
+    for (const region_member& m : r.members) {
+      // Who replayed what: stage/replica@worker, its replay seconds and GEMM threads.
+      replays += fmt::format("{}{}/{}@{}:{:.3f}s:{}t", replays.empty() ? "" : ",", m.lost.stage,
+                             m.lost.replica, m.spare, m.replay_s, m.replay_threads);
+      mapped += m.slots_mapped;
+      pulled += m.slots_pulled;
+      refused += m.handles_refused;
+      pull = std::max(pull, m.pull_s);
+      replay = std::max(replay, m.replay_s);
+      replayed = std::max(replayed, m.replayed);
+      spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
+    }
+    if (log_ != nullptr) {
+      const region_member& m0 = r.members.front();
+      // seconds = detect .. resume; spawn = until this generation's Restores went out (the
+      // survivors' abort, earlier generations of the region); pull and replay as the slowest
+      // replacement reported them; rejoin = its report .. everyone rewired.
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "recovery_end")
+                      .add("recovery", rec.durable ? "durable" : "region")
+                      .add("window", rec.durable ? std::int64_t(rec.durable_window) : -1)
+                      .add("stage", m0.lost.stage)
+                      .add("replica", m0.lost.replica)
+                      .add("spare_node", std::int64_t{m0.spare})
+                      .add("first_stage", r.first)
+                      .add("last_stage", r.last)
+                      .add("spares", spares)
+                      .add("generation", std::int64_t(r.generation))
+                      .add("restarts", r.restarts)
+                      .add("target_iteration", rec.target)
+                      .add("iterations_replayed", replayed)
+                      .add("seconds", secs)
+                      .add("spawn_s", since(rec.detected, r.started))
+                      .add("pull_s", pull)
+                      .add("replay_s", replay)
+                      .add("replays", replays)
+                      .add("rejoin_s", since(r.ready_at, now))
+                      .add("slots_mapped", mapped)
+                      .add("slots_pulled", pulled)
+                      .add("handles_refused", refused)
+                      .add("time_s", log_->seconds()));
+    }
+    if (callbacks_.on_notice) {
+      callbacks_.on_notice(
+          fmt::format("{} recovered on worker{} {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
+                      "iteration{} replayed); training resumes at iteration {}",
+                      r.first == r.last ? fmt::format("stage {}", r.first)
+                                        : fmt::format("stages {}..{}", r.first, r.last),
+                      r.members.size() > 1 ? "s" : "", spares, secs, pull, replay, replayed,
+                      replayed == 1 ? "" : "s", rec.target));
+    }
+  }
+  phase_ = phase::running;
+  if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_end", rec.target);
+  if (rec.resume_validation) {
+    co_await after_iteration();  // the validation round is run again
+  } else {
+    start_iteration();  // the target iteration, under a new epoch
+  }
+}
+
+}  // namespace moevement::engine
