@@ -220,7 +220,10 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
     EXPECT_LE(number_field(l, "attempts"), it == 7 ? 2 : 1) << l;
   }
   // Memory returns to the fault-free level: the host bytes of snapshots and logs at the end
-  // are within the fault-free run's peak (the recovery's extra window was released).
+  // are within the fault-free run's peak (the recovery's extra window was released). "At the
+  // end" is the least of the last four iterations: on a loaded host replication may lag a
+  // window behind at any one iteration (held until its copies land, then released), while a
+  // window the recovery failed to release stays in every one of them.
   const auto clean = launch("joint-clean", job(4, 1, 2, longer));
   ASSERT_EQ(clean.exit_code, 0) << clean.output;
   for (const char* field : {"snapshot_host_bytes", "log_host_bytes"}) {
@@ -231,11 +234,13 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
       }
     }
     for (const auto& l : o.log) {
-      if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
-        end = std::int64_t(number_field(l, field));
-      }
+      if (l.find("\"kind\":\"iteration\"") == std::string::npos) continue;
+      if (number_field(l, "iteration") < 12) continue;
+      const auto bytes = std::int64_t(number_field(l, field));
+      end = end < 0 ? bytes : std::min(end, bytes);
     }
     EXPECT_GT(peak, 0) << field;
+    EXPECT_GE(end, 0) << field << ": no iteration after 12 in the log";
     EXPECT_LE(end, peak) << field;
   }
   // Slots go into memory the link allocated (replicas on this host read it with one RMA get):
