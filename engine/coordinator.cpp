@@ -361,8 +361,10 @@ awaitable<bool> coordinator::wire_all() {
       }
     }
   }
+  const std::uint64_t wiring_count = ++wirings_;
   auto fill = [&](std::size_t i, wire::Wire::Builder b) {
     const wiring& w = plan[i];
+    b.setWiring(wiring_count);
     write_ref(b.initPrev(), w.prev);
     write_ref(b.initNext(), w.next);
     auto l = b.initReplicas(static_cast<unsigned>(w.replicas.size()));
@@ -465,6 +467,8 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   if (s == job_.pp - 1) losses_[i] = to_vector(m.getLosses());
   compute_s_[i] = m.getComputeSeconds();
   pop_[i] = to_vector(m.getPopularity());
+  group_form_s_ = std::max(group_form_s_, m.getGroupFormSeconds());
+  device_sum_s_ = std::max(device_sum_s_, m.getDeviceSumSeconds());
   ++done_count_;
   if (abort_at_ == iteration_) {
     abort_at_ = -1;
@@ -490,6 +494,8 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   }
   last_ = iteration_record{};
   last_.iteration = iteration_;
+  last_.group_form_s = std::exchange(group_form_s_, 0.0);
+  last_.device_sum_s = std::exchange(device_sum_s_, 0.0);
   last_.loss_scale = scaler_.scale;
   plan_ = models::plan_step(sq, scaler_, job_.train.grad_clip);
   last_.applied = plan_.apply;
@@ -658,6 +664,9 @@ awaitable<void> coordinator::maybe_stepped_all() {
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
           .add("log_host_bytes", std::int64_t(last_.log_host_bytes))
           .add("replication_lag", last_.replication_lag);
+    }
+    if (job_.dp > 1 && models::uses_nccl(job_.train)) {
+      rec.add("group_form_s", last_.group_form_s).add("device_sum_s", last_.device_sum_s);
     }
     log_->write(rec);
   }

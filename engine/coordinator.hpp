@@ -42,6 +42,9 @@ struct iteration_record {
   double stall_s = 0.0;
   double capture_cpu_s = 0.0;         // CPU time of the stages' last captures, summed
   std::int64_t replication_lag = -1;  // iterations stepped since the persisted window's last
+  // GPU stages with NCCL (train.collectives), the slowest stage's: waiting for the group to
+  // form (the first iteration after a wiring; else 0), and the device sum.
+  double group_form_s = 0.0, device_sum_s = 0.0;
 };
 
 struct job_outcome {
@@ -228,6 +231,8 @@ class coordinator : public actors::actor {
   // the current epoch's reports, index d * pp + s
   std::vector<std::optional<std::vector<double>>> sq_, losses_, aux_;
   std::vector<double> compute_s_;
+  double group_form_s_ = 0.0, device_sum_s_ = 0.0;  // of this iteration, the slowest stage's
+  std::uint64_t wirings_ = 0;                       // Wire.wiring: one per wire_all()
   int done_count_ = 0;
   std::vector<bool> stepped_flags_;
   models::step_plan plan_;
@@ -302,7 +307,8 @@ class coordinator : public actors::actor {
     std::uint64_t durable_window = 0;
     std::int64_t durable_first = 0;
     std::int64_t durable_rejected = 0;
-    std::string durable_why;  // what made every copy of a snapshot unusable
+    std::string durable_why;     // what made every copy of a snapshot unusable
+    double group_abort_s = 0.0;  // the survivors' NCCL groups' aborts, the slowest
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
   // The durable tier (checkpoint.durable under moevement): one persisted window at a time is

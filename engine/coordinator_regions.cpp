@@ -60,6 +60,11 @@ awaitable<void> coordinator::recover() {
     auto res =
         co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
     if (finished_) co_return;
+    for (const auto& r : res) {
+      if (r.ok())
+        recovery_->group_abort_s =
+            std::max(recovery_->group_abort_s, r->get().getGroupAbortSeconds());
+    }
     // Failed asks to workers still in the membership: they may be dying (their loss not yet
     // known) or slow. Those already gone need no second ask: their losses are queued.
     std::vector<actor_ref> retry;
@@ -540,6 +545,7 @@ awaitable<void> coordinator::maybe_finish_recovery() {
                       .add("slots_mapped", mapped)
                       .add("slots_pulled", pulled)
                       .add("handles_refused", refused)
+                      .add("group_abort_s", rec.group_abort_s)
                       .add("time_s", log_->seconds()));
     }
     if (callbacks_.on_notice) {

@@ -85,6 +85,8 @@ struct Wire {
   replicas @2 :List(Address);
   # Where this stage's snapshot slots are copied (the replicators of other workers).
   replicators @3 :List(Address);
+  # Counts the coordinator's wirings: a GPU stage's NCCL group is made anew on each.
+  wiring @4 :UInt64;
 }
 struct WireAck {}
 struct Shutdown {}
@@ -118,6 +120,12 @@ struct ReduceTotal {
   epoch @0 :UInt64;
   tensor @1 :Bulk.BulkDescriptor;
 }
+# GPU stages with NCCL (train.collectives): replica 0 makes a group id on each wiring and
+# tells the other replicas of its stage, which join it.
+struct ReduceGroup {
+  wiring @0 :UInt64;
+  id @1 :Data;  # an ncclUniqueId (128 bytes)
+}
 # A replica of a stage has its reduced gradient.
 struct StageDone {
   stage @0 :Int32;
@@ -128,6 +136,10 @@ struct StageDone {
   auxLosses @5 :List(Float64);  # per micro-batch, this stage's load-balancing loss
   computeSeconds @6 :Float64;   # forward + backward time (the bubble measurement)
   popularity @7 :List(Float64); # per operator: tokens routed to it (experts), else 0
+  # NCCL (train.collectives): seconds this iteration's reduction waited for the group to form
+  # (after a wiring; else 0), and the sum's seconds.
+  groupFormSeconds @8 :Float64;
+  deviceSumSeconds @9 :Float64;
 }
 struct Step {
   epoch @0 :UInt64;
@@ -157,7 +169,9 @@ struct Stepped {
 struct Abort {
   epoch @0 :UInt64;
 }
-struct AbortAck {}
+struct AbortAck {
+  groupAbortSeconds @0 :Float64;  # the NCCL group's abort (GPU stages with NCCL), else 0
+}
 # Something failed inside a stage (a pull, a computation); the coordinator decides.
 struct StageFailed {
   stage @0 :Int32;

@@ -1,10 +1,14 @@
 // The built-in stage: a slice of the MoE transformer of models/ (make_moe_stage).
+#include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "engine/stage_model.hpp"
 #include "models/cpu/gemm.hpp"
+#include "models/cuda/collectives.hpp"
 #include "models/cuda/device.hpp"
 #include "models/cuda/stage.hpp"
 #include "models/data.hpp"
@@ -12,11 +16,98 @@
 namespace moevement::engine {
 namespace {
 
+// NCCL refuses two ranks of a group on one GPU ("Duplicate GPU detected": it compares host
+// hashes and bus ids). Where this stage's replicas share GPUs (more ranks than GPUs: each
+// worker takes GPU rank % visible), each worker gets a host id of its own, unless the
+// environment sets one: NCCL then connects them over its socket transport. Called before
+// this process's first NCCL call, which reads it.
+void tell_nccl_apart_if_sharing(const stage_setup& setup) {
+  if (std::getenv("NCCL_HOSTID") != nullptr) return;
+  const int gpus = std::max(models::cuda::device_count(), 1);
+  std::set<int> used;
+  for (int d = 0; d < setup.replicas; ++d) used.insert((d * setup.stages + setup.stage) % gpus);
+  if (int(used.size()) == setup.replicas) return;
+  const int rank = setup.replica * setup.stages + setup.stage;
+  const std::string id = "moevement-rank-" + std::to_string(rank);
+  ::setenv("NCCL_HOSTID", id.c_str(), 1);
+}
+
+// The replicas' gradient sum through NCCL (train.collectives), on the stage's context.
+class gpu_reduction final : public device_reduction {
+ public:
+  gpu_reduction(models::cuda::context& ctx, models::cuda::stage& gpu,
+                std::vector<models::operator_state*> ops, const stage_setup& setup,
+                std::size_t first_op)
+      : ctx_(ctx), gpu_(gpu), ops_(std::move(ops)), setup_(setup), first_(first_op) {}
+  // The host id is set at the first NCCL call of the process, not when the stage is made: a
+  // spare's replay builds every replica of the stage it rebuilds, and only the stage actor's
+  // own replica talks NCCL.
+  std::vector<std::byte> new_group_id() override {
+    tell_nccl_apart_if_sharing(setup_);
+    return models::cuda::new_group_id();
+  }
+  void join(std::span<const std::byte> id) override {
+    (void)leave();
+    tell_nccl_apart_if_sharing(setup_);
+    group_ = std::make_unique<models::cuda::nccl_group>(ctx_, id, setup_.replicas, setup_.replica);
+    formed_ = false;
+  }
+  result sum(std::chrono::steady_clock::time_point form_deadline,
+             const std::atomic<bool>& stop) override {
+    result out;
+    if (!group_ || !group_->alive()) {
+      out.error = "no NCCL group (it was aborted, and no new one was wired)";
+      return out;
+    }
+    auto ended = [&](const models::cuda::wait_result& w) {
+      out.stopped = w.end == models::cuda::wait_end::stopped;
+      if (!out.stopped) out.error = w.error;
+      if (w.end == models::cuda::wait_end::timed_out) out.error += " (train.nccl_timeout_s)";
+      return out;
+    };
+    if (!formed_) {
+      const auto w = group_->wait_formed(form_deadline, stop);
+      out.form_s = w.seconds;
+      if (w.end != models::cuda::wait_end::done) return ended(w);
+      formed_ = true;
+    }
+    std::vector<std::span<float>> grads;
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      grads.emplace_back(gpu_.grads(first_ + i), ops_[i]->grad().size());
+    }
+    const auto w = group_->sum(grads, stop);
+    out.sum_s = w.seconds;
+    if (w.end != models::cuda::wait_end::done) return ended(w);
+    out.ok = true;
+    return out;
+  }
+  // Whether a group is held: only the stage actor's replica joins one. A replay's stages
+  // (every replica of a stage, in one spare) never do, and sum on the host.
+  bool holds_group() const { return group_ != nullptr; }
+  double leave() override {
+    if (!group_) return 0.0;
+    const double s = group_->abort();
+    group_.reset();
+    return s;
+  }
+
+ private:
+  models::cuda::context& ctx_;
+  models::cuda::stage& gpu_;
+  std::vector<models::operator_state*> ops_;
+  stage_setup setup_;
+  std::size_t first_;
+  std::unique_ptr<models::cuda::nccl_group> group_;
+  bool formed_ = false;
+};
+
 // The GPU stage's training state on the device (train.device = cuda), for the engine.
 class gpu_state final : public device_state {
  public:
-  gpu_state(models::cuda::stage& gpu, std::size_t first_op, bool one_replica)
-      : gpu_(gpu), first_(first_op), one_replica_(one_replica) {}
+  gpu_state(models::cuda::stage& gpu, std::size_t first_op, bool one_replica,
+            std::unique_ptr<gpu_reduction> reduction)
+      : gpu_(gpu), first_(first_op), one_replica_(one_replica), reduction_(std::move(reduction)) {}
+  device_reduction* reduction() override { return reduction_.get(); }
   void step(const models::step_plan& plan, const models::train_config& train,
             bool grads_from_host) override {
     const models::adamw_config cfg{train.lr, train.beta1, train.beta2, train.eps,
@@ -24,7 +115,12 @@ class gpu_state final : public device_state {
     gpu_.step(plan, cfg, grads_from_host);
   }
   bool state_on_device() const override { return gpu_.state_on_device(); }
-  bool grads_on_device() const override { return one_replica_ && gpu_.state_on_device(); }
+  // In an NCCL group the replicas always sum on the device, whichever copy holds the state (a
+  // rebuilt replica's is the host's until its first step), so that all agree on the path.
+  bool grads_on_device() const override {
+    return (reduction_ != nullptr && reduction_->holds_group()) ||
+           (one_replica_ && gpu_.state_on_device());
+  }
   std::vector<double> grad_sq_sums() override { return gpu_.grad_sq_sums(); }
   void sync_to_host() override { gpu_.sync_to_host(); }
   void host_changed() override { gpu_.host_changed(); }
@@ -40,6 +136,7 @@ class gpu_state final : public device_state {
   models::cuda::stage& gpu_;
   std::size_t first_;
   bool one_replica_;
+  std::unique_ptr<gpu_reduction> reduction_;  // NCCL groups only
 };
 static_assert(int(device_state::tensor::compute) == int(models::cuda::stage::tensor::compute));
 
@@ -68,7 +165,12 @@ class moe_stage final : public stage_model {
       ctx_ = std::make_unique<models::cuda::context>(rank % models::cuda::device_count());
       gpu_ = std::make_unique<models::cuda::stage>(
           *ctx_, model_, range, setup.train.micro_batch_size, setup.train.seq_len);
-      state_ = std::make_unique<gpu_state>(*gpu_, range.first_op, setup.replicas == 1);
+      std::unique_ptr<gpu_reduction> reduction;
+      if (setup.replicas > 1 && models::uses_nccl(setup.train)) {
+        reduction = std::make_unique<gpu_reduction>(*ctx_, *gpu_, ops_, setup, range.first_op);
+      }
+      state_ = std::make_unique<gpu_state>(*gpu_, range.first_op, setup.replicas == 1,
+                                           std::move(reduction));
     }
   }
 

@@ -83,6 +83,10 @@ stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, 
   on<wire::Gradient>(&stage_actor::gradient);
   on<wire::ReducePartial>(&stage_actor::reduce_partial);
   on<wire::ReduceTotal>(&stage_actor::reduce_total);
+  on<wire::ReduceGroup>(&stage_actor::reduce_group);
+  if (setup_.replicas > 1 && model_->device() != nullptr) {
+    reduction_ = model_->device()->reduction();
+  }
   on<wire::Step>(&stage_actor::step);
   on<wire::Abort, wire::AbortAck>(&stage_actor::abort);
   on<wire::Validate>(&stage_actor::validate);
@@ -91,6 +95,7 @@ stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, 
 }
 
 stage_actor::~stage_actor() {
+  stop_sum_ = true;  // a sum waiting on a peer returns (aborted): the compute thread joins
   pool_.join();
 }
 
@@ -154,8 +159,85 @@ awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) 
       !(replicas_[std::size_t(setup_.replica)] == self()) || prev_.valid() == setup_.first() ||
       next_.valid() == setup_.last()) {
     fail("inconsistent wiring from the coordinator");
+    co_return;
   }
-  co_return;
+  wiring_ = m.getWiring();
+  if (reduction_ != nullptr) co_await form_group();
+}
+
+awaitable<void> stage_actor::form_group() {
+  joined_ = false;
+  std::vector<std::byte> id;
+  std::string error;
+  if (setup_.replica == 0) {
+    co_await compute([&] {
+      try {
+        id = reduction_->new_group_id();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    if (!error.empty()) {
+      fail("NCCL: " + error);
+      co_return;
+    }
+    const std::uint64_t w = wiring_;
+    const kj::ArrayPtr<const kj::byte> bytes(reinterpret_cast<const kj::byte*>(id.data()),
+                                             id.size());
+    for (int r = 1; r < setup_.replicas; ++r) {
+      (void)tell<wire::ReduceGroup>(replicas_[std::size_t(r)], [&](wire::ReduceGroup::Builder b) {
+        b.setWiring(w);
+        b.setId(bytes);
+      });
+    }
+  } else if (early_wiring_ == wiring_ && !early_group_.empty()) {
+    id = std::exchange(early_group_, {});
+  } else {
+    // The id comes in replica 0's ReduceGroup; meanwhile the old group goes (a peer in it may
+    // be gone, and NCCL must never wait on one).
+    co_await compute([&] { (void)reduction_->leave(); });
+    co_return;
+  }
+  co_await join_group(std::move(id));
+}
+
+awaitable<void> stage_actor::join_group(std::vector<std::byte> id) {
+  std::string error;
+  co_await compute([&] {
+    try {
+      reduction_->join(id);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  if (!error.empty()) {
+    fail("NCCL: " + error);
+    co_return;
+  }
+  joined_ = true;
+  joined_at_ = std::chrono::steady_clock::now();
+  if (phase_ == phase::reducing) co_await device_reduce();
+}
+
+awaitable<void> stage_actor::reduce_group(wire::ReduceGroup::Reader m) {
+  const auto id = m.getId();
+  // 128 bytes: ncclUniqueId (the stage's group checks it again when it joins)
+  if (reduction_ == nullptr || setup_.replica == 0 || id.size() != 128) {
+    ++dropped_;
+    co_return;
+  }
+  std::vector<std::byte> bytes(id.size());
+  std::memcpy(bytes.data(), id.begin(), id.size());
+  if (m.getWiring() > wiring_) {  // its Wire is still on the way
+    early_wiring_ = m.getWiring();
+    early_group_ = std::move(bytes);
+    co_return;
+  }
+  if (m.getWiring() < wiring_) {
+    ++dropped_;
+    co_return;
+  }
+  co_await join_group(std::move(bytes));
 }
 
 awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
@@ -264,8 +346,29 @@ awaitable<void> stage_actor::advance() {
   }
 }
 
+awaitable<void> stage_actor::device_reduce() {
+  if (phase_ != phase::reducing || !joined_) co_return;  // the group's id is on its way
+  phase_ = phase::wait_total;                            // the sum is out
+  const auto deadline = joined_at_ + std::chrono::seconds(setup_.train.nccl_timeout_s);
+  device_reduction::result r;
+  co_await compute([&] { r = reduction_->sum(deadline, stop_sum_); });
+  if (r.stopped || phase_ != phase::wait_total) co_return;  // aborted meanwhile
+  if (!r.ok) {
+    joined_ = false;
+    fail("the gradient sum through NCCL failed: " + r.error);
+    co_return;
+  }
+  group_form_s_ = r.form_s;
+  device_sum_s_ = r.sum_s;
+  co_await finish_reduce();
+}
+
 awaitable<void> stage_actor::reduce() {
   const int d = setup_.replica, n = setup_.replicas;
+  if (reduction_ != nullptr) {
+    co_await device_reduce();
+    co_return;
+  }
   if (n == 1) {
     co_await finish_reduce();
     co_return;
@@ -331,7 +434,10 @@ awaitable<void> stage_actor::finish_reduce() {
     b.setComputeSeconds(compute_s_);
     auto p = b.initPopularity(static_cast<unsigned>(pop.size()));
     for (unsigned i = 0; i < pop.size(); ++i) p.set(i, pop[i]);
+    b.setGroupFormSeconds(group_form_s_);
+    b.setDeviceSumSeconds(device_sum_s_);
   });
+  group_form_s_ = device_sum_s_ = 0.0;
 }
 
 awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
@@ -420,7 +526,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
       if (device_state* d = model_->device()) {
         // the optimizer on the device; the host's gradients only when the replicas reduced
         // them there
-        d->step(plan, setup_.train, setup_.replicas > 1);
+        d->step(plan, setup_.train, setup_.replicas > 1 && reduction_ == nullptr);
       } else {
         apply_step(ops_, plan, setup_.train);
       }
@@ -453,12 +559,22 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }
 
-awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder) {
+awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder ack) {
   STAGE_TRACE("abort epoch={}", m.getEpoch());
   if (m.getEpoch() != epoch_) co_return;
   // What failed in this attempt (a pull from a peer that died, during the iteration or a
   // validation round) was decided by the coordinator: what comes next is run again.
   failed_ = false;
+  // The NCCL group goes whatever the phase: a peer in it is gone or hung (an abort precedes a
+  // recovery, whose wiring makes a new group), and a sum waiting on it returns at once.
+  double group_s = 0.0;
+  if (reduction_ != nullptr) {
+    stop_sum_ = true;
+    joined_ = false;
+    co_await compute([&] { group_s = reduction_->leave(); });
+    stop_sum_ = false;
+  }
+  ack.setGroupAbortSeconds(group_s);
   if (phase_ == phase::stepped || phase_ == phase::idle) co_return;  // nothing in flight
   co_await compute([&] { model_->abort_iteration(); });
   phase_ = phase::aborted;

@@ -12,6 +12,8 @@
 
 #include <asio/thread_pool.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -31,8 +33,9 @@ class stage_actor : public actors::actor {
       actors::interface<actors::ask_t<wire::Wire, wire::WireAck>, actors::tell_t<wire::Iterate>,
                         actors::tell_t<wire::Activation>, actors::tell_t<wire::Gradient>,
                         actors::tell_t<wire::ReducePartial>, actors::tell_t<wire::ReduceTotal>,
-                        actors::tell_t<wire::Step>, actors::ask_t<wire::Abort, wire::AbortAck>,
-                        actors::tell_t<wire::Validate>, actors::tell_t<wire::ValActivation>,
+                        actors::tell_t<wire::ReduceGroup>, actors::tell_t<wire::Step>,
+                        actors::ask_t<wire::Abort, wire::AbortAck>, actors::tell_t<wire::Validate>,
+                        actors::tell_t<wire::ValActivation>,
                         actors::ask_t<wire::DigestsQuery, wire::Digests>>;
 
   // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
@@ -65,6 +68,7 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> gradient(wire::Gradient::Reader m);
   asio::awaitable<void> reduce_partial(wire::ReducePartial::Reader m);
   asio::awaitable<void> reduce_total(wire::ReduceTotal::Reader m);
+  asio::awaitable<void> reduce_group(wire::ReduceGroup::Reader m);
   asio::awaitable<void> step(wire::Step::Reader m);
   asio::awaitable<void> abort(wire::Abort::Reader m, wire::AbortAck::Builder);
   asio::awaitable<void> validate(wire::Validate::Reader m);
@@ -76,6 +80,11 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> advance();
   asio::awaitable<void> reduce();
   asio::awaitable<void> finish_reduce();
+  // NCCL (device_reduction): replica 0 makes the wiring's group and tells the others; each
+  // joins; the sum runs on the compute thread, and an Abort stops it (stop_sum_).
+  asio::awaitable<void> form_group();
+  asio::awaitable<void> join_group(std::vector<std::byte> id);
+  asio::awaitable<void> device_reduce();
   // Whether a stage-to-stage message of `epoch` is to be taken (else counted and dropped).
   bool accept(std::uint64_t epoch);
   // Pulls into `into`; false (and the coordinator told) on failure.
@@ -119,6 +128,15 @@ class stage_actor : public actors::actor {
   double compute_s_ = 0.0;
   std::uint64_t dropped_ = 0;
   bool failed_ = false;
+
+  device_reduction* reduction_ = nullptr;  // model_->device()->reduction(): NCCL, else null
+  std::uint64_t wiring_ = 0;               // the last Wire's count
+  std::uint64_t early_wiring_ = 0;         // a ReduceGroup that came before its Wire
+  std::vector<std::byte> early_group_;
+  bool joined_ = false;  // this wiring's group joined (it may still be forming)
+  std::chrono::steady_clock::time_point joined_at_;
+  std::atomic<bool> stop_sum_{false};
+  double group_form_s_ = 0.0, device_sum_s_ = 0.0;  // this iteration's, for StageDone
 
   asio::thread_pool pool_{1};  // last: joined first, before the model it computes on dies
 };

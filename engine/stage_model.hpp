@@ -7,10 +7,13 @@
 // another stage_model registered by name (stage_registry.hpp).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "models/config.hpp"
@@ -47,9 +50,37 @@ struct stage_output {
 // - sync_to_host() before reading the host's master, m, v or compute weights then;
 // - host_changed() after writing them (a restore, a rollback): the device reloads them before
 //   it computes or steps again.
+// The replicas of a GPU stage summing their gradients on the device (NCCL; models/cuda/
+// collectives.hpp), with the host path's bits. Every call runs on the stage's compute thread
+// except what `stop` is: a flag the actor thread sets to abort a wait (a peer was lost).
+class device_reduction {
+ public:
+  virtual ~device_reduction() = default;
+  // A new group's id (replica 0 makes one per wiring and sends it to the others).
+  virtual std::vector<std::byte> new_group_id() = 0;
+  // Leaves the group held (aborted, never waiting on a peer) and starts joining `id`.
+  virtual void join(std::span<const std::byte> id) = 0;
+  struct result {
+    bool ok = false;
+    bool stopped = false;  // `stop` was set: aborted, nothing to report
+    std::string error;     // neither: what went wrong
+    double form_s = 0.0;   // the group's forming, when this call waited for it (else 0)
+    double sum_s = 0.0;    // the sum itself
+  };
+  // Sums this iteration's device gradients across the replicas: every replica's then holds
+  // the total. Waits for the group to form until `form_deadline` first.
+  virtual result sum(std::chrono::steady_clock::time_point form_deadline,
+                     const std::atomic<bool>& stop) = 0;
+  // Aborts the group (if any); its seconds.
+  virtual double leave() = 0;
+};
+
 class device_state {
  public:
   virtual ~device_state() = default;
+  // Non-null where the replicas sum their gradients on the device (train.collectives): the
+  // gradients then stay there, as with one replica.
+  virtual device_reduction* reduction() { return nullptr; }
   // The optimizer step on the device, apply_step()'s arithmetic bit for bit. grads_from_host:
   // the host operators' gradients were changed (reduced across replicas): they go up first.
   virtual void step(const models::step_plan& plan, const models::train_config& train,

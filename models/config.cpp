@@ -187,6 +187,22 @@ setter_map make_setters(model_config& model, train_config& train) {
            throw config_error(k, fmt::format("expected \"cpu\" or \"cuda\", got \"{}\"", d));
          }
        }},
+      {"train.collectives",
+       [&](auto& k, auto& v) {
+         const std::string c = config_string(k, v);
+         if (c == "auto") {
+           train.collectives = collectives::automatic;
+         } else if (c == "nccl") {
+           train.collectives = collectives::nccl;
+         } else if (c == "host") {
+           train.collectives = collectives::host;
+         } else {
+           throw config_error(
+               k, fmt::format("expected \"auto\", \"nccl\" or \"host\", got \"{}\"", c));
+         }
+       }},
+      {"train.nccl_timeout_s",
+       [&](auto& k, auto& v) { train.nccl_timeout_s = int(config_int(k, v, 1, 86400)); }},
       {"train.log_every",
        [&](auto& k, auto& v) {
          train.log_every = config_int(k, v, 1, std::numeric_limits<std::int64_t>::max());
@@ -251,6 +267,15 @@ void validate(const model_config& m, const train_config& t) {
   }
   if (t.data_parallel < 1) throw config_error("parallel.dp", "must be at least 1");
   if (m.vocab != 256) throw config_error("model.preset", "the byte-level trainer needs vocab 256");
+  if (t.collectives == collectives::nccl && t.device != device::cuda) {
+    throw config_error("train.collectives",
+                       "\"nccl\" sums GPU stages' gradients; with train.device = \"cpu\" use "
+                       "\"auto\" or \"host\"");
+  }
+}
+
+bool uses_nccl(const train_config& t) {
+  return t.device == device::cuda && t.collectives != collectives::host;
 }
 
 }  // namespace moevement::models

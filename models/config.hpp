@@ -51,6 +51,11 @@ struct model_config {
   std::int64_t active_parameter_count() const;  // per token: non-experts + (K + shared) experts
 };
 
+enum class collectives : std::uint8_t { automatic, nccl, host };
+struct train_config;
+// Whether the replicas of a stage sum their gradients with NCCL (on GPUs, unless host).
+bool uses_nccl(const train_config& t);
+
 struct train_config {
   std::int64_t iterations = 200;
   int micro_batches = 2;
@@ -71,6 +76,13 @@ struct train_config {
   // Where stages compute: cpu (BLIS) or cuda (a GPU per process; models/cuda/). Both
   // `moevement train` and `moevement launch` honour it.
   models::device device = models::device::cpu;
+  // How the data-parallel replicas of a GPU stage sum their gradients: auto (NCCL, device to
+  // device, where train.device = cuda; the host otherwise), nccl, or host (through the link,
+  // as CPU stages do). Both give the same bits.
+  models::collectives collectives = models::collectives::automatic;
+  // Seconds a GPU stage's NCCL group may take to form (every replica joined) before the stage
+  // fails, naming this key.
+  int nccl_timeout_s = 120;
   float loss_scale = 65536.0f;  // initial dynamic loss scale (f16 compute only)
   int loss_scale_window = 200;  // good steps before the scale doubles
   std::int64_t log_every = 10;  // iterations between progress lines

@@ -98,6 +98,10 @@ int context::device() const {
   return impl_->device;
 }
 
+void* context::stream() {
+  return get().stream;
+}
+
 context::impl& context::get() {
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != impl_->device) {

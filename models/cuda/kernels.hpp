@@ -31,6 +31,9 @@ class context {
   context& operator=(const context&) = delete;
   void synchronize();
   int device() const;
+  // The CUDA stream (a cudaStream_t) the context's work is queued on, for a library that
+  // queues its own work after it (NCCL's collectives).
+  void* stream();
   struct impl;
   // Makes the context's device the calling thread's current one (CUDA's current device is per
   // thread, and a stage may be built on one thread and run on another), then its state.

@@ -4,6 +4,7 @@
 // replay on the GPU. Needs a GPU: skips, saying why, without one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "tests/support/launch_job.hpp"
@@ -116,6 +117,55 @@ TEST_F(cuda_launch, a_gpu_job_rolls_back_bit_exact_under_dense_memory) {
   ASSERT_NE(end, nullptr) << o.output;
   EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
   EXPECT_EQ(o.hash, want);
+}
+
+// dp = 2: the replicas of a GPU stage sum their gradients through NCCL (train.collectives =
+// auto, device to device) or through the host: the same bits, the GPU trainer's. The run log
+// says which path summed (device_sum_s in each iteration record, NCCL only).
+TEST_F(cuda_launch, nccl_and_host_gradient_sums_give_the_same_bits) {
+  const std::string want = gpu_reference(6, 2);
+  for (const std::string c : {"auto", "host"}) {
+    const auto o = launch("gpu_sum_" + c, tiny() + on_gpu +
+                                              " --set train.iterations=6 --set parallel.pp=2 "
+                                              "--set parallel.dp=2 --set train.collectives=" +
+                                              c);
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    EXPECT_EQ(o.hash, want) << c;
+    int summed_on_device = 0;
+    for (const auto& l : o.log) {
+      if (l.find("\"kind\":\"iteration\"") == std::string::npos) continue;
+      if (number_field(l, "device_sum_s") > 0) ++summed_on_device;
+    }
+    EXPECT_EQ(summed_on_device, c == "auto" ? 6 : 0) << o.output;
+  }
+}
+
+// A replica lost during an NCCL sum: killed, or hung (SIGSTOP) before its backward while its
+// peer waits in the sum. The survivors' groups are aborted (never waiting on the dead or hung
+// peer), the replacement joins new ones, and the hash is the fault-free run's.
+TEST_F(cuda_launch, a_replica_lost_in_an_nccl_group_is_rebuilt_bit_exact) {
+  const std::string job = tiny() + on_gpu +
+                          " --set train.iterations=10 --set parallel.pp=2 --set parallel.dp=2 "
+                          "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                          "--set cluster.spares=1 --set cluster.failure_timeout_ms=3000";
+  const std::string want = gpu_reference(10, 2);
+  for (const std::string how :
+       {"kill:stage=1,replica=1,iter=6", "hang:stage=1,replica=1,iter=6,phase=backward"}) {
+    const auto o = launch("gpu_nccl_" + how.substr(0, 4), job + " --inject " + how);
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    EXPECT_EQ(o.hash, want) << how;
+    const std::string* end = o.first("recovery_end");
+    ASSERT_NE(end, nullptr) << o.output;
+    EXPECT_GE(number_field(*end, "group_abort_s"), 0.0) << *end;
+    // the first iteration after the recovery waited for the new groups to form
+    double formed = 0;
+    for (const auto& l : o.log) {
+      if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+        formed = std::max(formed, number_field(l, "group_form_s"));
+      }
+    }
+    EXPECT_GT(formed, 0.0) << how;
+  }
 }
 
 }  // namespace
