@@ -255,7 +255,7 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
       co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
       if (finished_ || loss_pending() || !recovery_) co_return;
       if (lost_copies && durable_ && !rolls_back_) {
-        co_await start_durable_rollback(std::move(message));
+        co_await start_durable_rollback(message + "; every copy of a needed snapshot is gone");
         co_return;
       }
     }

@@ -188,6 +188,9 @@ class coordinator : public actors::actor {
   // it from the newest window all of them have on disk, verified, and replays up to the
   // target (docs/recovery.md "Fallback to the durable tier").
   asio::awaitable<void> start_durable_rollback(std::string why);
+  // Region r restarted past checkpoint.region_restarts (the restart intensity): the job's
+  // strategy decides, the durable fallback where the tier is on, else the job stops.
+  asio::awaitable<void> escalate(const region& r);
   // Asks every role for its verified durable windows and restores the newest common one;
   // again after each loss placed meanwhile (recover() calls it while durable_choosing).
   asio::awaitable<void> choose_durable_window();

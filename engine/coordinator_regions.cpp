@@ -148,6 +148,10 @@ awaitable<void> coordinator::recover() {
     if (!r.dirty || recovery_->durable_choosing) continue;
     r.dirty = false;
     if (r.generation != 0) ++r.restarts;
+    if (r.restarts > job_.region_restarts && !recovery_->durable) {
+      co_await escalate(r);
+      co_return;
+    }
     if (!assign_spares(r)) co_return;
     r.generation = ++generations_;
     r.started = sclock::now();
@@ -191,13 +195,37 @@ bool coordinator::assign_spares(region& r) {
   return true;
 }
 
+awaitable<void> coordinator::escalate(const region& r) {
+  const std::string stages = r.first == r.last ? fmt::format("stage {}", r.first)
+                                               : fmt::format("stages {}..{}", r.first, r.last);
+  const std::string why =
+      fmt::format("the recovery of {} restarted {} times, past checkpoint.region_restarts = {}",
+                  stages, r.restarts, job_.region_restarts);
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "region_escalated")
+                    .add("first_stage", r.first)
+                    .add("last_stage", r.last)
+                    .add("restarts", r.restarts)
+                    .add("limit", job_.region_restarts)
+                    .add("to", durable_ ? "durable_rollback" : "stop")
+                    .add("time_s", log_->seconds()));
+  }
+  if (durable_) {
+    co_await start_durable_rollback(why);
+    co_return;
+  }
+  fail(why +
+       "; the job stops (with checkpoint.durable = true the whole job would roll back to "
+       "the durable tier instead)");
+}
+
 awaitable<void> coordinator::start_durable_rollback(std::string why) {
   if (!recovery_ || recovery_->durable || finished_) co_return;
   if (callbacks_.on_notice) {
-    callbacks_.on_notice(fmt::format(
-        "{}; every copy of a needed snapshot is gone: falling back to the durable tier, the "
-        "whole job rolls back",
-        why));
+    callbacks_.on_notice(
+        fmt::format("{}: falling back to the durable tier, the whole job rolls back", why));
   }
   // One region: the whole pipeline, every role. Lost roles keep the spare they have; every
   // other role is restored by the worker that holds it (survivors, and spares that rebuilt

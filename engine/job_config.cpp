@@ -76,6 +76,8 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.snapshot_replicas = int(models::config_int(k, v, 1, max_job_workers));
        }},
+      {"checkpoint.region_restarts",
+       [&](auto& k, auto& v) { j.region_restarts = int(models::config_int(k, v, 0, 1000)); }},
       {"checkpoint.replay_threads",
        [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
       {"checkpoint.share_memory",

@@ -73,6 +73,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(3), [](auto& j) { return j.snapshot_replicas == 3; }}},
           {"checkpoint.replay_threads",
            {std::int64_t(2), [](auto& j) { return j.replay_threads == 2; }}},
+          {"checkpoint.region_restarts",
+           {std::int64_t(0), [](auto& j) { return j.region_restarts == 0; }}},
           {"checkpoint.share_memory", {false, [](auto& j) { return !j.share_memory; }}},
           {"checkpoint.ordering",
            {std::string("soft-count"), [](auto& j) { return j.ordering == "soft-count"; }}},
@@ -161,6 +163,7 @@ TEST(job_config, bad_values_name_the_key) {
       {"engine.run_log", std::string("")},
       {"engine.abort_at", std::int64_t(-2)},
       {"engine.abort_at", std::string("3")},
+      {"checkpoint.region_restarts", std::int64_t(-1)},
   };
   for (const auto& [key, value] : bad) EXPECT_EQ(reject({{key, value}}).key, key);
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,8 +71,10 @@ int count_events(const std::vector<std::string>& log, const std::string& name) {
 }
 
 // Once `windows` durable windows are on disk everywhere (the run log says so), SIGKILLs the
-// workers of stages 0 and 1 together: stage 0's only snapshot copy dies with stage 1's worker.
-void kill_after_durable_windows(background_launch& j, int windows) {
+// workers of `stages` together; by default stages 0 and 1: stage 0's only snapshot copy dies
+// with stage 1's worker.
+void kill_after_durable_windows(background_launch& j, int windows,
+                                const std::set<int>& stages = {0, 1}) {
   std::vector<std::string> log;
   for (int i = 0; i < 6000 && count_events(log, "durable_window") < windows; ++i) {
     std::this_thread::sleep_for(5ms);
@@ -83,9 +86,9 @@ void kill_after_durable_windows(background_launch& j, int windows) {
   for (const auto& l : log) {
     if (l.find("\"event\":\"worker_up\"") == std::string::npos) continue;
     const int stage = int(number_field(l, "stage"));
-    if (stage == 0 || stage == 1) victims.push_back(pid_t(number_field(l, "pid")));
+    if (stages.contains(stage)) victims.push_back(pid_t(number_field(l, "pid")));
   }
-  ASSERT_EQ(victims.size(), 2u);
+  ASSERT_EQ(victims.size(), stages.size());
   for (const pid_t p : victims) ::kill(p, SIGKILL);
 }
 
@@ -228,6 +231,33 @@ TEST(durable_fallback, a_loss_during_the_fallback_is_rebuilt_too) {
   ASSERT_NE(spares, std::string::npos) << end;
   const std::string list = end.substr(spares + 10, end.find('"', spares + 10) - spares - 10);
   EXPECT_EQ(std::count(list.begin(), list.end(), ','), 2) << end;
+  fs::remove_all(dir);
+}
+
+// The restart intensity: stage 1 is killed, and stage 2, whose log its restore needs, hangs
+// as the recovery starts, so the region grows to 1..2 and restarts once. With
+// checkpoint.region_restarts = 0 that restart is past the intensity: the region escalates to
+// the job, whose strategy with the durable tier is the whole job rolled back to disk,
+// bit-exact.
+TEST(durable_fallback, a_region_restarting_past_its_intensity_escalates_to_the_durable_tier) {
+  const std::string dir = checkpoint_dir("escalate");
+  background_launch j("escalate", job(dir,
+                                      "--set checkpoint.region_restarts=0 "
+                                      "--inject hang:stage=2,replica=0,during=recovery"));
+  kill_after_durable_windows(j, 1, {1});
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  const auto escalated = events(o, "region_escalated");
+  ASSERT_EQ(escalated.size(), 1u) << o.output;
+  EXPECT_EQ(number_field(*escalated[0], "first_stage"), 1) << *escalated[0];
+  EXPECT_EQ(number_field(*escalated[0], "last_stage"), 2) << *escalated[0];
+  EXPECT_EQ(number_field(*escalated[0], "restarts"), 1) << *escalated[0];
+  EXPECT_NE(escalated[0]->find("\"to\":\"durable_rollback\""), std::string::npos);
+  ASSERT_EQ(events(o, "durable_rollback").size(), 1u) << o.output;
+  EXPECT_NE(o.output.find("past checkpoint.region_restarts = 0: falling back to the durable tier"),
+            std::string::npos)
+      << o.output;
   fs::remove_all(dir);
 }
 

@@ -429,6 +429,22 @@ TEST(recovery, a_failure_next_to_a_recovering_region_grows_and_restarts_it) {
   EXPECT_EQ(line.find("stage 1 replica 0"), std::string::npos) << line;
 }
 
+// The same cascade with a restart intensity of 0 and no durable tier: the region's restart
+// escalates to the job, which stops, naming the key and what would have saved it.
+TEST(recovery, a_region_restarting_past_its_intensity_stops_the_job_saying_so) {
+  const auto o = launch("escalate", job(4, 1, 2,
+                                        "--set cluster.failure_timeout_ms=1000 "
+                                        "--set checkpoint.region_restarts=0 "
+                                        "--inject kill:stage=1,replica=0,iter=7 "
+                                        "--inject hang:stage=2,replica=0,during=recovery"));
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("past checkpoint.region_restarts = 0"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("checkpoint.durable = true"), std::string::npos) << o.output;
+  const auto escalated = events(o, "region_escalated");
+  ASSERT_EQ(escalated.size(), 1u) << o.output;
+  EXPECT_NE(escalated[0]->find("\"to\":\"stop\""), std::string::npos) << *escalated[0];
+}
+
 TEST(recovery, a_disjoint_failure_during_a_recovery_is_a_region_of_its_own) {
   // Stage 0 is killed; as its recovery starts, stage 2 (not next to it) is killed too: a
   // second region, recovered on its own spare, and the job ends bit-exact.

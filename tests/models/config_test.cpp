@@ -56,6 +56,22 @@ TEST(config, bad_configs_name_the_key) {
   EXPECT_EQ(rejected_key({{"train.corpus", std::string("/nonexistent/corpus")}}, true),
             "train.corpus");
   EXPECT_EQ(rejected_key({{"train.iterations", std::int64_t{1}}}, true), "");
+  // How replicas sum: a known choice, and NCCL only for GPU stages.
+  EXPECT_EQ(rejected_key({{"train.collectives", std::string("mpi")}}), "train.collectives");
+  EXPECT_EQ(rejected_key({{"train.collectives", std::string("nccl")}}), "train.collectives");
+  EXPECT_EQ(rejected_key({{"train.collectives", std::string("host")}}), "");
+  EXPECT_EQ(rejected_key({{"train.nccl_timeout_s", std::int64_t{0}}}), "train.nccl_timeout_s");
+}
+
+TEST(config, nccl_sums_only_gpu_stages_unless_host_is_asked_for) {
+  train_config t;
+  EXPECT_FALSE(uses_nccl(t));  // cpu
+  t.device = device::cuda;
+  EXPECT_TRUE(uses_nccl(t));  // auto
+  t.collectives = collectives::host;
+  EXPECT_FALSE(uses_nccl(t));
+  t.collectives = collectives::nccl;
+  EXPECT_TRUE(uses_nccl(t));
 }
 
 }  // namespace
