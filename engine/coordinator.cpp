@@ -1,6 +1,7 @@
 #include "engine/coordinator.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -616,6 +617,8 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   stepped_flags_[i] = true;
   last_.snapshot_bytes += m.getSnapshotBytes();
   last_.snapshot_host_bytes += m.getSnapshotHostBytes();
+  last_.snapshot_host_bytes_by_stage.resize(stages_.size());
+  last_.snapshot_host_bytes_by_stage[i] = m.getSnapshotHostBytes();
   last_.log_host_bytes += m.getLogHostBytes();
   last_.snapshot_lent_bytes += m.getSnapshotLentBytes();
   last_.replica_maps += m.getReplicaMaps();
@@ -662,6 +665,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
           .add("stall_s", last_.stall_s)
           .add("capture_cpu_s", last_.capture_cpu_s)
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
+          .add("snapshot_host_bytes_by_stage",
+               fmt::format("{}", fmt::join(last_.snapshot_host_bytes_by_stage, ",")))
           .add("log_host_bytes", std::int64_t(last_.log_host_bytes))
           .add("replication_lag", last_.replication_lag);
     }

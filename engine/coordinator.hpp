@@ -45,6 +45,8 @@ struct iteration_record {
   // GPU stages with NCCL (train.collectives), the slowest stage's: waiting for the group to
   // form (the first iteration after a wiring; else 0), and the device sum.
   double group_form_s = 0.0, device_sum_s = 0.0;
+  // snapshot_host_bytes per stage replica, index d * pp + s (where a recovery's memory stays)
+  std::vector<std::uint64_t> snapshot_host_bytes_by_stage;
 };
 
 struct job_outcome {

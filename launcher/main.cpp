@@ -34,14 +34,41 @@ commands:
   help       print this text
 )";
 
+// The benchmarks and what each runs against, in the same run (bench/NAME_bench.cpp; the
+// cli test checks this list against bench/meson.build).
+struct bench_entry {
+  const char* name;
+  const char* compares;
+};
+constexpr bench_entry benchmarks[] = {
+    {"transport", "ucx_link's latency, message rate and pulls against ucx_perftest"},
+    {"actors", "local actor messaging against CAF"},
+    {"model", "a training step on the CPU against BLIS on its GEMMs (--device cuda: cuBLAS)"},
+    {"engine", "`moevement launch` against `moevement train` on the same config"},
+    {"baselines", "dense-memory, dense-disk and pec against moevement, in one process"},
+    {"policies", "policy moevement under `launch` against none, then with one failure"},
+    {"recovery", "moevement's recovery against the baselines' rollbacks (--dp: per dp)"},
+    {"simvalidate", "the ETTR simulator against measured `launch` runs"},
+    {"collectives", "GPU stages' gradient sum through NCCL against the host path"},
+};
+
+void list_benchmarks(std::ostream& out) {
+  out << "usage: moevement bench NAME [args]   (NAME --help: its options)\nbenchmarks:\n";
+  for (const auto& b : benchmarks) out << fmt::format("  {:<12} {}\n", b.name, b.compares);
+}
+
 // Benchmarks are separate executables (bench/bench_NAME) so that their competitors' libraries
 // (CAF, ...) never link into the runtime; `moevement bench NAME` runs the one beside us.
 int run_bench(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: moevement bench NAME [args]   (NAME: a file bench/NAME_bench.cpp)\n";
+    list_benchmarks(std::cerr);
     return 2;
   }
   const std::string name = argv[2];
+  if (name == "--help" || name == "-h" || name == "help") {
+    list_benchmarks(std::cout);
+    return 0;
+  }
   if (name.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos) {
     std::cerr << "moevement bench: bad benchmark name '" << name << "'\n";
     return 2;

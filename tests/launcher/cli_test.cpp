@@ -7,6 +7,11 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -28,6 +33,31 @@ TEST(cli, unknown_command_exits_2_with_usage) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown command 'frobnicate'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("usage: moevement"), std::string::npos);
+}
+
+// `moevement bench` without a name, or with --help, lists every benchmark with what it runs
+// against; the list names exactly the bench_NAME executables bench/meson.build makes.
+TEST(cli, bench_lists_every_benchmark_and_its_competitor) {
+  const auto help = run("bench --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  const auto bare = run("bench");
+  EXPECT_EQ(bare.exit_code, 2) << bare.output;
+  EXPECT_EQ(bare.output, help.output);
+  std::ifstream in(std::string(std::getenv("MOEVEMENT_SOURCE_ROOT")) + "/bench/meson.build");
+  const std::string build((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::set<std::string> built;
+  const std::regex names(R"((?:bench_names \+= \['|executable\('bench_)([a-z_]+)')");
+  for (auto it = std::sregex_iterator(build.begin(), build.end(), names);
+       it != std::sregex_iterator(); ++it) {
+    built.insert((*it)[1]);
+  }
+  ASSERT_GE(built.size(), 8u) << build;
+  std::set<std::string> listed;
+  std::istringstream lines(help.output);
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind("  ", 0) == 0) listed.insert(l.substr(2, l.find(' ', 2) - 2));
+  }
+  EXPECT_EQ(listed, built) << help.output;
 }
 
 }  // namespace
