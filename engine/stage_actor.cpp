@@ -233,7 +233,7 @@ awaitable<void> stage_actor::reduce_group(wire::ReduceGroup::Reader m) {
     early_group_ = std::move(bytes);
     co_return;
   }
-  if (m.getWiring() < wiring_) {
+  if (m.getWiring() < wiring_ || joined_) {  // an older wiring's, or this one's again
     ++dropped_;
     co_return;
   }
