@@ -99,10 +99,8 @@ measured measure(const std::vector<stamped>& log) {
 int main(int argc, char** argv) {
   try {
     const options o = parse_options(argc, argv);
-    const auto self = fs::read_symlink("/proc/self/exe");
-    const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
-    const fs::path log =
-        fs::temp_directory_path() / ("bench_collectives_" + std::to_string(::getpid()) + ".jsonl");
+    const auto bin = moevement_binary();
+    const fs::path log = bench_log("collectives");
     auto run = [&](const std::string& preset, const std::string& collectives,
                    const std::string& inject) {
       std::vector<std::string> a{"launch", o.config};

@@ -26,6 +26,18 @@ extern char** environ;
 
 namespace moevement::bench {
 
+// The `moevement` binary of this build (beside bench/, in launcher/), as a benchmark finds it.
+inline std::string moevement_binary() {
+  const auto self = std::filesystem::read_symlink("/proc/self/exe");
+  return (self.parent_path().parent_path() / "launcher" / "moevement").string();
+}
+
+// A run log path private to this benchmark process: TMPDIR/bench_NAME_PID.jsonl.
+inline std::filesystem::path bench_log(const std::string& name) {
+  return std::filesystem::temp_directory_path() /
+         ("bench_" + name + "_" + std::to_string(::getpid()) + ".jsonl");
+}
+
 struct job_outcome {
   bool ok = false;
   std::string output;          // the job's stdout and stderr (kept when it failed)

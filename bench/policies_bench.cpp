@@ -409,10 +409,8 @@ void compare_dp(const options& o, Run run) {
 int main(int argc, char** argv) {
   try {
     const options o = parse_options(argc, argv);
-    const auto self = fs::read_symlink("/proc/self/exe");
-    const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
-    const fs::path log =
-        fs::temp_directory_path() / ("bench_policies_" + std::to_string(::getpid()) + ".jsonl");
+    const auto bin = moevement_binary();
+    const fs::path log = bench_log("policies");
     auto args = [&](const std::string& policy, const std::vector<std::string>& injects,
                     const std::vector<std::string>& extra = {}) {
       std::vector<std::string> a{"launch", o.config};

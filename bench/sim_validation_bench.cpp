@@ -229,10 +229,8 @@ void print_compare(const std::string& metric, double measured, double predicted)
 int main(int argc, char** argv) {
   try {
     const options o = parse_options(argc, argv);
-    const auto self = fs::read_symlink("/proc/self/exe");
-    const auto bin = (self.parent_path().parent_path() / "launcher" / "moevement").string();
-    const fs::path log =
-        fs::temp_directory_path() / ("bench_simvalidate_" + std::to_string(::getpid()) + ".jsonl");
+    const auto bin = moevement_binary();
+    const fs::path log = bench_log("simvalidate");
     // dense-disk's checkpoints: a fresh directory for every run (launch_one).
     const fs::path disk_dir =
         fs::temp_directory_path() / ("bench_simvalidate_ckpt_" + std::to_string(::getpid()));
