@@ -193,6 +193,8 @@ class coordinator : public actors::actor {
   // Region r restarted past checkpoint.region_restarts (the restart intensity): the job's
   // strategy decides, the durable fallback where the tier is on, else the job stops.
   asio::awaitable<void> escalate(const region& r);
+  // The slowest NCCL group abort of the survivors' answers (recovery_end's group_abort_s).
+  void note_group_aborts(const std::vector<result<actors::reply<wire::AbortAck>>>& acks);
   // Asks every role for its verified durable windows and restores the newest common one;
   // again after each loss placed meanwhile (recover() calls it while durable_choosing).
   asio::awaitable<void> choose_durable_window();

@@ -60,11 +60,7 @@ awaitable<void> coordinator::recover() {
     auto res =
         co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
     if (finished_) co_return;
-    for (const auto& r : res) {
-      if (r.ok())
-        recovery_->group_abort_s =
-            std::max(recovery_->group_abort_s, r->get().getGroupAbortSeconds());
-    }
+    note_group_aborts(res);
     // Failed asks to workers still in the membership: they may be dying (their loss not yet
     // known) or slow. Those already gone need no second ask: their losses are queued.
     std::vector<actor_ref> retry;
@@ -193,6 +189,16 @@ bool coordinator::assign_spares(region& r) {
     }
   }
   return true;
+}
+
+void coordinator::note_group_aborts(
+    const std::vector<result<actors::reply<wire::AbortAck>>>& acks) {
+  for (const auto& a : acks) {
+    if (a.ok()) {
+      recovery_->group_abort_s =
+          std::max(recovery_->group_abort_s, a->get().getGroupAbortSeconds());
+    }
+  }
 }
 
 awaitable<void> coordinator::escalate(const region& r) {

@@ -93,6 +93,7 @@ awaitable<void> coordinator::start_rollback() {
     auto res =
         co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, rollback_timeout, fill);
     if (finished_) co_return;
+    note_group_aborts(res);
     const auto failed = std::find_if(res.begin(), res.end(), [](const auto& r) { return !r.ok(); });
     if (failed != res.end() && !(co_await loss_follows())) {
       if (finished_) co_return;
@@ -293,6 +294,7 @@ awaitable<void> coordinator::finish_rollback() {
       .add("spare_node", std::int64_t{rec.rebuilds.front().spare})
       .add("rebuilt", rebuilt)
       .add("restarts", std::int64_t(rec.attempt) - 1)
+      .add("group_abort_s", rec.group_abort_s)
       .add("target_iteration", rec.target)
       .add("rollback_to", c)
       .add("replay_from", c)

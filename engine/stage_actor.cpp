@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "models/cuda/collectives.hpp"
+
 namespace moevement::engine {
 
 namespace {
@@ -221,8 +223,7 @@ awaitable<void> stage_actor::join_group(std::vector<std::byte> id) {
 
 awaitable<void> stage_actor::reduce_group(wire::ReduceGroup::Reader m) {
   const auto id = m.getId();
-  // 128 bytes: ncclUniqueId (the stage's group checks it again when it joins)
-  if (reduction_ == nullptr || setup_.replica == 0 || id.size() != 128) {
+  if (reduction_ == nullptr || setup_.replica == 0 || id.size() != models::cuda::group_id_bytes) {
     ++dropped_;
     co_return;
   }

@@ -28,12 +28,18 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// Runs body(rank) in `ranks` child processes; returns their exit codes. `ids` is a pipe per
-// child over which rank 0 hands out the group id.
+// Runs body(rank, id) in `ranks` child processes (rank 0 makes the group id and hands it to
+// the others through a pipe each); returns their exit codes, 128 + signal for a killed one.
+// `meanwhile` (optional) runs in the parent while they do; it may reap children itself and
+// record their codes in `codes` (index = rank), which the final wait then keeps.
 struct ranks_run {
   std::vector<pid_t> pids;
   std::vector<int> codes;
 };
+
+int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 [[noreturn]] void child_exit(bool ok, const std::string& why) {
   if (!ok) std::fprintf(stderr, "rank failed: %s\n", why.c_str());
@@ -42,7 +48,7 @@ struct ranks_run {
 }
 
 ranks_run run_ranks(int ranks, const std::function<void(int, std::span<const std::byte>)>& body,
-                    const std::function<void(const std::vector<pid_t>&)>& meanwhile = {}) {
+                    const std::function<void(ranks_run&)>& meanwhile = {}) {
   std::vector<std::array<int, 2>> pipes(static_cast<std::size_t>(ranks));
   for (auto& p : pipes) EXPECT_EQ(::pipe(p.data()), 0);
   ranks_run out;
@@ -72,11 +78,13 @@ ranks_run run_ranks(int ranks, const std::function<void(int, std::span<const std
     }
     out.pids.push_back(pid);
   }
-  if (meanwhile) meanwhile(out.pids);
-  for (pid_t pid : out.pids) {
+  out.codes.assign(out.pids.size(), -1);  // -1: never reaped
+  if (meanwhile) meanwhile(out);
+  for (std::size_t r = 0; r < out.pids.size(); ++r) {
     int status = 0;
-    ::waitpid(pid, &status, 0);
-    out.codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    if (out.codes[r] == -1 && ::waitpid(out.pids[r], &status, 0) == out.pids[r]) {
+      out.codes[r] = exit_code(status);
+    }
   }
   for (auto& p : pipes) {
     ::close(p[0]);
@@ -102,8 +110,6 @@ std::vector<float> values(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-const std::vector<std::size_t> sizes = {1000, 37, 0, 4096};
-
 class cuda_collectives : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -114,6 +120,7 @@ class cuda_collectives : public ::testing::Test {
 
 TEST_F(cuda_collectives, the_chain_sum_is_the_host_fold_bit_for_bit) {
   const int ranks = 3;
+  const std::vector<std::size_t> sizes = {1000, 37, 0, 4096};  // an empty one is skipped
   const auto run = run_ranks(ranks, [&](int r, std::span<const std::byte> id) {
     cuda::context ctx;
     cuda::nccl_group group(ctx, id, ranks, r);
@@ -187,15 +194,13 @@ TEST_F(cuda_collectives, a_sum_waiting_on_a_hung_peer_stops_when_told) {
         if (w.end != cuda::wait_end::stopped) child_exit(false, "not stopped: " + w.error);
         if (group.alive()) child_exit(false, "not aborted");
       },
-      [](const std::vector<pid_t>& pids) {
-        // rank 1 stops itself; once rank 0 has exited, kill it
+      [](ranks_run& run) {
+        // rank 1 stops itself and stays stopped: once rank 0 has exited, kill it
         int status = 0;
-        ::waitpid(pids[0], &status, WUNTRACED);
-        ::kill(pids[1], SIGKILL);
-        // rank 0 is reaped here: hand its status back through a re-wait below
-        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-        EXPECT_EQ(code, 0) << "rank 0";
+        if (::waitpid(run.pids[0], &status, 0) == run.pids[0]) run.codes[0] = exit_code(status);
+        ::kill(run.pids[1], SIGKILL);
       });
+  EXPECT_EQ(run.codes[0], 0) << "rank 0";
   EXPECT_EQ(run.codes[1], 128 + SIGKILL);
 }
 
