@@ -28,13 +28,14 @@ using actors::write_ref;
 }  // namespace
 
 coordinator::coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks,
-                         run_log* log)
+                         run_log* log, std::optional<resume_point> resume)
     : job_(std::move(job)),
       raw_(std::move(raw)),
       callbacks_(std::move(callbacks)),
       log_(log),
       expected_workers_(job_.workers() + job_.spares),
-      abort_at_(job_.abort_at) {
+      abort_at_(job_.abort_at),
+      resume_(std::move(resume)) {
   stages_.resize(std::size_t(job_.workers()));
   scaler_.enabled = job_.model.compute_dtype == models::dtype::f16;
   scaler_.scale = scaler_.enabled ? job_.train.loss_scale : 1.0f;
@@ -228,6 +229,7 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
       b.setStage(me.stage);
       b.setReplica(me.replica);
       write_ref(b.initCoordinator(), self());
+      b.setResume(resume_.has_value());
     });
   }
 }
@@ -275,7 +277,9 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     w.op_sizes.push_back({o.getComputeBytes(), o.getMasterBytes(), o.getOptimBytes()});
   }
   w.snapshot_bandwidth = m.getSnapshotBandwidth();
-  if (w.stage >= 0) {
+  // A resume's workers build no stage from the initial state: they restore one from disk.
+  const bool resuming = resume_ && phase_ == phase::starting;
+  if (w.stage >= 0 && !resuming) {
     const actor_ref r = read_ref(m.getActor());
     if (r.node != w.node || m.getStage() != w.stage || m.getReplica() != w.replica) {
       fail(fmt::format("worker {} reported an inconsistent stage", w.node));
@@ -303,7 +307,12 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     co_await maybe_finish_recovery();
     co_return;
   }
-  if (++ready_count_ == expected_workers_) co_await wire_and_start();
+  if (++ready_count_ < expected_workers_) co_return;
+  if (resume_) {
+    co_await start_resume();
+  } else {
+    co_await wire_and_start();
+  }
 }
 
 std::map<transport::node_id, std::vector<actor_ref>> coordinator::snapshot_holders() const {
@@ -955,7 +964,11 @@ awaitable<void> coordinator::durable_written(wire::DurableWritten::Reader m) {
     co_return;
   }
   // Every stage replica answered: one persisted durable window, its bytes in all and the
-  // slowest stage's seconds (they write in parallel).
+  // slowest stage's seconds (they write in parallel). Written everywhere: a resume may start
+  // from it, once the journal has what the windows do not.
+  if (durable_errors_ == 0 && callbacks_.on_durable_window) {
+    callbacks_.on_durable_window(journal_point());
+  }
   if (log_ != nullptr) {
     log_->write(json_record{}
                     .add("kind", "event")

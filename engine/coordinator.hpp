@@ -20,6 +20,7 @@
 #include "engine/checkpoint.hpp"
 #include "engine/engine.capnp.h"
 #include "engine/job_config.hpp"
+#include "engine/resume_point.hpp"
 #include "engine/run_log.hpp"
 #include "models/model.hpp"
 
@@ -87,6 +88,9 @@ struct coordinator_callbacks {
   std::function<void(const std::string& event, std::int64_t target_iteration)> on_recovery;
   std::function<void(std::int64_t iteration, double val_loss)> on_validation;
   std::function<void(const job_outcome&)> on_finished;  // exactly once
+  // A durable window is on disk on every stage replica (policy moevement, checkpoint.durable):
+  // what a resume from it needs beside the windows (recovery/ journals it).
+  std::function<void(const resume_point&)> on_durable_window;
 };
 
 struct worker_info {
@@ -116,9 +120,10 @@ class coordinator : public actors::actor {
   static constexpr auto ask_timeout = std::chrono::seconds(30);
 
   // raw: the config as read (sent to every worker); job: its resolution. Workers are nodes
-  // 1..job.workers() + job.spares. log may be null.
-  coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks,
-              run_log* log);
+  // 1..job.workers() + job.spares. log may be null. resume: start from the durable tier where
+  // a killed job left it (its journal), not from the initial state.
+  coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks, run_log* log,
+              std::optional<resume_point> resume = std::nullopt);
 
   // Between iterations: stop after the current one / go on. abort_iteration(): drop the
   // iteration in progress on every stage and re-run it (resume() if paused).
@@ -260,11 +265,7 @@ class coordinator : public actors::actor {
   double profile_seconds_ = 0.0, profile_bandwidth_ = 0.0;  // Algorithm 1's inputs
   double profile_budget_s_ = 0.0;  // its T_iter: what a stage's snapshot may take
   std::vector<std::optional<std::vector<double>>> pop_;  // this epoch's popularity, by index
-  struct step_entry {
-    float loss_scale = 1.0f;
-    models::step_plan plan;
-  };
-  std::map<std::int64_t, step_entry> steps_;  // what replays apply, from the persisted window
+  std::map<std::int64_t, planned_step> steps_;  // what replays apply, from the persisted window
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [index] done
   std::map<std::uint64_t, std::int64_t> window_first_;
   std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;  // window -> [stage]
@@ -315,6 +316,7 @@ class coordinator : public actors::actor {
     std::int64_t durable_first = 0;
     std::int64_t durable_rejected = 0;
     std::string durable_why;     // what made every copy of a snapshot unusable
+    bool resume = false;         // not a loss: the job resumes from its journal (--resume)
     double group_abort_s = 0.0;  // the survivors' NCCL groups' aborts, the slowest
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
@@ -330,6 +332,12 @@ class coordinator : public actors::actor {
   std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::uint64_t generations_ = 0;
   std::optional<recovery_state> recovery_;
+  // --resume (engine/coordinator_resume.cpp): the journal's point, until every worker is up;
+  // then every stage restores from the newest durable window all of them verify.
+  std::optional<resume_point> resume_;
+  asio::awaitable<void> start_resume();
+  // What a resume from the durable window in flight needs (on_durable_window).
+  resume_point journal_point() const;
 
   // policies dense-memory, dense-disk, pec: global rollback (engine/coordinator_rollback.cpp)
   bool rolls_back_ = false;

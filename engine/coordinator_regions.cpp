@@ -333,6 +333,13 @@ awaitable<void> coordinator::choose_durable_window() {
     }
   }
   report_rejected("durable_rejected", "durable window", rejected);
+  if (!found && recovery_->resume) {
+    fail(fmt::format(
+        "nothing to resume: no durable window the journal knows is complete and verified on "
+        "every stage ({} rejected)",
+        rejected.size()));
+    co_return;
+  }
   if (!found) {
     fail(fmt::format(
         "{}; every copy of a needed snapshot is gone and no durable window is complete and "
@@ -400,8 +407,8 @@ void coordinator::send_restores(const region& r) {
       }
     }
     callbacks_.on_notice(
-        durable ? fmt::format("rolling the whole job back to durable window {} on workers {} "
-                              "(replaying iterations {}..{})",
+        durable ? fmt::format("{} durable window {} on workers {} (replaying iterations {}..{})",
+                              recovery_->resume ? "resuming from" : "rolling the whole job back to",
                               window, spares, first, target - 1)
                 : fmt::format("{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying "
                               "iterations {}..{})",
@@ -416,7 +423,9 @@ void coordinator::send_restores(const region& r) {
     log_->write(json_record{}
                     .add("kind", "event")
                     .add("event", "recovery_start")
-                    .add("recovery", durable ? "durable" : "region")
+                    .add("recovery", recovery_->resume ? "resume"
+                                     : durable         ? "durable"
+                                                       : "region")
                     .add("stage", m0.lost.stage)
                     .add("replica", m0.lost.replica)
                     .add("lost_node", std::int64_t{m0.lost.node})
@@ -445,7 +454,7 @@ void coordinator::send_restores(const region& r) {
     }
     return {};
   };
-  std::vector<std::pair<std::int64_t, step_entry>> steps;
+  std::vector<std::pair<std::int64_t, planned_step>> steps;
   for (auto it = steps_.lower_bound(first); it != steps_.end() && it->first < target; ++it) {
     steps.emplace_back(it->first, it->second);
   }
@@ -517,7 +526,7 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   if (!wired || finished_) co_return;
   const recovery_state rec = std::move(*recovery_);
   recovery_.reset();
-  ++recoveries_;
+  if (!rec.resume) ++recoveries_;
   // A durable write in flight may never be answered by a lost stage: the next persisted
   // window is written instead.
   durable_inflight_.reset();
@@ -558,7 +567,9 @@ awaitable<void> coordinator::maybe_finish_recovery() {
       log_->write(json_record{}
                       .add("kind", "event")
                       .add("event", "recovery_end")
-                      .add("recovery", rec.durable ? "durable" : "region")
+                      .add("recovery", rec.resume    ? "resume"
+                                       : rec.durable ? "durable"
+                                                     : "region")
                       .add("window", rec.durable ? std::int64_t(rec.durable_window) : -1)
                       .add("stage", m0.lost.stage)
                       .add("replica", m0.lost.replica)
@@ -582,7 +593,12 @@ awaitable<void> coordinator::maybe_finish_recovery() {
                       .add("group_abort_s", rec.group_abort_s)
                       .add("time_s", log_->seconds()));
     }
-    if (callbacks_.on_notice) {
+    if (callbacks_.on_notice && rec.resume) {
+      callbacks_.on_notice(fmt::format(
+          "resumed from window {} in {:.2f} s (replay {:.3f} s, {} iterations replayed); "
+          "training goes on at iteration {}",
+          rec.durable_window, secs, replay, replayed, rec.target));
+    } else if (callbacks_.on_notice) {
       callbacks_.on_notice(
           fmt::format("{} recovered on worker{} {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
                       "iteration{} replayed); training resumes at iteration {}",

@@ -41,6 +41,9 @@ struct Assign {
   stage @2 :Int32;
   replica @3 :Int32;
   coordinator @4 :Address;
+  # `moevement launch --resume`: a stage role builds nothing from the initial state; it waits
+  # for its durable Restore (and leaves the durable tier's windows on disk).
+  resume @5 :Bool;
 }
 # The worker joined and built its stage (error non-empty: it could not).
 struct StageReady {

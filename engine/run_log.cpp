@@ -81,10 +81,11 @@ json_record& json_record::add(std::string_view k, bool value) {
   return *this;
 }
 
-run_log::run_log(const std::filesystem::path& path) : path_(path) {
+run_log::run_log(const std::filesystem::path& path, bool append) : path_(path) {
   // Private whatever the umask: the log names hosts, pids and the job's progress.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd >= 0 && ::fchmod(fd, 0600) == 0) file_ = ::fdopen(fd, "w");
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0600);
+  if (fd >= 0 && ::fchmod(fd, 0600) == 0) file_ = ::fdopen(fd, append ? "a" : "w");
   if (file_ == nullptr && fd >= 0) ::close(fd);
   if (file_ == nullptr) {
     throw std::runtime_error(

@@ -36,8 +36,9 @@ std::string json_quote(std::string_view s);
 
 class run_log {
  public:
-  // Truncates path; throws with the path in the message if it cannot be opened.
-  explicit run_log(const std::filesystem::path& path);
+  // Truncates path (append: adds to it, as a resumed job does); throws with the path in the
+  // message if it cannot be opened.
+  explicit run_log(const std::filesystem::path& path, bool append = false);
   ~run_log();
   run_log(const run_log&) = delete;
   run_log& operator=(const run_log&) = delete;

@@ -168,6 +168,10 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
                              job_->pp, job_->dp));
       co_return;
     }
+    if (m.getResume()) {  // its stage comes from the durable tier (a durable Restore)
+      report({}, "");
+      co_return;
+    }
     stage_setup setup = setup_for(*job_, stage, replica);
     const stage_factory& factory = registry_.find(job_->stage_type);
     std::string build_error;

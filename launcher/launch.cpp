@@ -41,6 +41,7 @@
 #include "launcher/slurm_backend.hpp"
 #include "recovery/dense_capture.hpp"
 #include "recovery/moevement_policy.hpp"
+#include "recovery/resume_journal.hpp"
 #include "transport/ucx_link.hpp"
 
 namespace moevement::launcher {
@@ -49,7 +50,7 @@ namespace {
 
 constexpr const char* launch_usage =
     "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...] [--dry-run]\n"
-    "                        [--sbatch [-- SBATCH_OPTION ...]]\n"
+    "                        [--resume] [--sbatch [-- SBATCH_OPTION ...]]\n"
     "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
     "  SPEC: kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot],\n"
     "        kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M],\n"
@@ -57,6 +58,8 @@ constexpr const char* launch_usage =
     "        config's [[inject]] tables\n"
     "  --dry-run: check the config and the injections, print the failure schedules, start "
     "nothing\n"
+    "  --resume: start where a killed run of the same job left off: the newest durable window\n"
+    "        of checkpoint.dir (policy moevement with checkpoint.durable = true)\n"
     "  --sbatch: (cluster.backend = \"slurm\") submit this launch as a Slurm batch job and "
     "return\n";
 
@@ -128,7 +131,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   models::config_map raw = load_config_file(argv[2]);
   std::vector<injection> injections;
   std::vector<std::string> overrides, sbatch_args;
-  bool sbatch = false, dry_run = false;
+  bool sbatch = false, dry_run = false, resume = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--set" && i + 1 < argc) {
@@ -143,6 +146,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       injections.push_back(parse_injection(a.substr(9)));
     } else if (a == "--dry-run") {
       dry_run = true;
+    } else if (a == "--resume") {
+      resume = true;
     } else if (a == "--sbatch") {
       sbatch = true;
       if (i + 1 < argc && std::string(argv[i + 1]) == "--") {
@@ -153,6 +158,11 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       std::cerr << "moevement launch: unexpected argument '" << a << "'\n" << launch_usage;
       return 2;
     }
+  }
+  if (sbatch && resume) {
+    throw std::invalid_argument(
+        "--resume does not go with --sbatch: submit a batch script that runs `moevement launch "
+        "CONFIG --resume` instead");
   }
   if (sbatch && !injections.empty()) {
     throw std::invalid_argument(
@@ -197,6 +207,30 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
         injections.size());
     return 0;
   }
+  // The head's journal of durable windows (policy moevement with the durable tier): read by a
+  // resume, started afresh by a new job.
+  const bool journaled =
+      job.policy == engine::policy_kind::moevement && engine::durable_tier(job) && !sbatch;
+  std::optional<recovery::resume_journal> journal;
+  std::optional<engine::resume_point> resume_from;
+  if (resume && !journaled) {
+    throw std::invalid_argument(
+        "--resume needs the durable tier of policy moevement: the job must run with "
+        "checkpoint.policy = \"moevement\" and checkpoint.durable = true (its windows and "
+        "journal are under checkpoint.dir)");
+  }
+  if (journaled) {
+    journal.emplace(job);
+    if (resume) {
+      std::vector<std::string> rejected;
+      auto point = journal->load(&rejected);
+      for (const auto& r : rejected) std::cerr << "moevement launch: --resume: " << r << "\n";
+      if (!point.ok()) throw std::runtime_error("--resume: " + point.err().message);
+      resume_from = std::move(*point);
+    } else {
+      journal->clear();
+    }
+  }
   const int nworkers = job.workers() + job.spares;
   const bool slurm = job.backend == "slurm";
   if (sbatch) return submit_with_sbatch(job, argv[2], overrides, sbatch_args);
@@ -225,7 +259,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
   cfg.heartbeat_interval = std::chrono::milliseconds(job.heartbeat_ms);
   cfg.heartbeat_timeout = std::chrono::milliseconds(job.failure_timeout_ms);
   actors::actor_system sys(io, link, cfg);
-  engine::run_log log(job.run_log);
+  engine::run_log log(job.run_log, resume);
 
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
   engine::job_outcome outcome;
@@ -415,7 +449,18 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       linger.async_wait([&](const std::error_code&) { io.stop(); });
     });
   };
-  auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log);
+  if (journal) {
+    cb.on_durable_window = [&](const engine::resume_point& p) {
+      try {
+        journal->write(p);
+      } catch (const std::exception& e) {
+        cb.on_notice(
+            fmt::format("durable tier: the resume journal of window {} was not written: {}",
+                        p.window, e.what()));
+      }
+    };
+  }
+  auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log, resume_from);
   coord_ref = coord;
   auto fail = [&](const std::string& why) {
     if (auto* c = sys.local_actor<engine::coordinator>(coord)) c->fail(why);

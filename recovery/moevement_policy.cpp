@@ -917,6 +917,11 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
         for (const auto& sl : *owned) slots[i].emplace_back(sl);
         kept.push_back(std::move(owned));
       }
+      // Windows newer than this one on this replica's disk are from a timeline the job left
+      // (a resume, or a rollback past a corrupt window): one the job writes from now on must
+      // never rank below them.
+      durable_store(durable_window_dir(job_.baseline.dir, s, setup.replica))
+          .drop_after(plan.getWindow());
     });
   }
   for (std::size_t i = 0; i < all && has_window && !durable; ++i) {

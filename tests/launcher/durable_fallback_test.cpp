@@ -7,6 +7,7 @@
 // fault-free state_hash. A corrupt newest window is rejected with its reason and the one before
 // it is used. (Without the durable tier the same failure ends the job saying which slot is
 // gone: tests/launcher/recovery_test.cpp.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -272,6 +273,96 @@ TEST(durable_fallback, the_key_is_refused_where_it_cannot_apply) {
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.output.find("checkpoint.durable"), std::string::npos) << bad << ": " << r.output;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The newest window of stage 0 replica 0 on disk (its id), or -1.
+long newest_window(const std::string& dir) {
+  long newest = -1;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "stage-0-replica-0")) {
+    if (!fs::exists(e.path() / "MANIFEST")) continue;
+    newest = std::max(newest, std::stol(e.path().filename().string().substr(7)));
+  }
+  return newest;
+}
+
+// `moevement launch --resume` (docs/recovery.md "Resuming a killed job"). The whole job is
+// killed (the head with SIGKILL; its workers stop on their own), the newest window of stage 0
+// is corrupted on disk, and the job is launched again with --resume: it starts from the
+// newest window every stage verifies, replays to where the journal says training was, and ends
+// with the uninterrupted run's state_hash. The same journal is then refused for a job with
+// another seed, naming the setting.
+TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
+  const std::string dir = checkpoint_dir("resume");
+  std::vector<pid_t> workers;
+  {
+    background_launch j("killed", job(dir, "--set cluster.spares=0"));
+    workers = j.wait_for_workers(3);
+    ASSERT_EQ(workers.size(), 3u) << j.output();
+    std::vector<std::string> log;
+    for (int i = 0; i < 6000 && count_events(log, "durable_window") < 3; ++i) {
+      std::this_thread::sleep_for(5ms);
+      log = lines_of(j.log);
+    }
+    ASSERT_GE(count_events(log, "durable_window"), 3) << j.output();
+    ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
+    ::kill(j.pid, SIGKILL);
+    EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  }
+  EXPECT_TRUE(all_gone(workers)) << "the workers outlived their head";
+  const long damaged = newest_window(dir);
+  ASSERT_GE(damaged, 1);
+  ASSERT_TRUE(flip_byte((fs::path(dir) / "stage-0-replica-0" /
+                         fmt::format("window-{:020}", damaged) / "slot-000000.snap")
+                            .string(),
+                        64));
+  const auto o = launch("resumed", job(dir, "--set cluster.spares=0") + " --resume");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  const auto* start = o.first("job_start");
+  ASSERT_NE(start, nullptr) << o.output;
+  const double target = number_field(*start, "resume_iteration");
+  EXPECT_GT(target, 0) << *start;
+  const auto rollbacks = events(o, "durable_rollback");
+  ASSERT_EQ(rollbacks.size(), 1u) << o.output;
+  EXPECT_LT(number_field(*rollbacks[0], "window"), damaged) << *rollbacks[0];
+  EXPECT_EQ(number_field(*rollbacks[0], "target_iteration"), target) << *rollbacks[0];
+  std::string reasons;
+  for (const auto* l : events(o, "durable_rejected")) reasons += *l + "\n";
+  EXPECT_NE(reasons.find("checksum mismatch"), std::string::npos) << reasons;
+  const auto ends = events(o, "recovery_end");
+  ASSERT_EQ(ends.size(), 1u) << o.output;
+  EXPECT_NE(ends[0]->find("\"recovery\":\"resume\""), std::string::npos) << *ends[0];
+  // Only the iterations after the resume ran again: none before the window's first.
+  const auto first = std::find_if(o.log.begin(), o.log.end(), [](const std::string& l) {
+    return l.find("\"kind\":\"iteration\"") != std::string::npos;
+  });
+  ASSERT_NE(first, o.log.end()) << o.output;
+  EXPECT_EQ(number_field(*first, "iteration"), target);
+  EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
+
+  // The journal is this job's: a job with another seed may not resume from it.
+  const auto other = run_moevement("launch " + job(dir, "--set train.seed=7") + " --resume");
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.output.find("train.seed = 1; this config has 7"), std::string::npos)
+      << other.output;
+  fs::remove_all(dir);
+}
+
+// What cannot be resumed says why, before any worker starts.
+TEST(resume, nothing_to_resume_is_refused_saying_why) {
+  const std::string dir = checkpoint_dir("nothing");
+  auto r = run_moevement("launch " + job(dir) + " --resume");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("nothing to resume"), std::string::npos) << r.output;
+  r = run_moevement("launch " + tiny() + " --set checkpoint.policy=dense-memory --resume");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--resume needs the durable tier of policy moevement"), std::string::npos)
+      << r.output;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,0 +1,36 @@
+// What a job needs, beside its stages' durable windows, to start again from them after the
+// whole job was killed (`moevement launch --resume`): the head's share of a durable window.
+// The coordinator makes one each time a window is on disk everywhere; recovery/resume_journal
+// writes it beside the windows and reads it back.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "models/model.hpp"
+
+namespace moevement::engine {
+
+// One iteration's optimizer step as the coordinator planned it (a replay applies the same).
+struct planned_step {
+  float loss_scale = 1.0f;
+  models::step_plan plan;
+  bool operator==(const planned_step& o) const {
+    return loss_scale == o.loss_scale && plan.apply == o.plan.apply &&
+           plan.grad_mul == o.plan.grad_mul && plan.grad_norm == o.plan.grad_norm;
+  }
+};
+
+struct resume_point {
+  std::uint64_t window = 0;           // the newest durable window on disk everywhere
+  int w_sparse = 0;                   // iterations per window
+  std::int64_t target_iteration = 0;  // the iteration training continues at
+  models::loss_scaler scaler;         // before target_iteration
+  // The durable windows the stages may still hold (id -> the first iteration it replays),
+  // oldest first; `window` is the newest. A resume takes the newest every stage verifies.
+  std::map<std::uint64_t, std::int64_t> windows;
+  // Every step from the oldest window's first iteration to target_iteration - 1.
+  std::map<std::int64_t, planned_step> steps;
+};
+
+}  // namespace moevement::engine

@@ -1,0 +1,258 @@
+#include "recovery/resume_journal.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <sstream>
+
+#include "recovery/durable_store.hpp"
+
+namespace moevement::recovery {
+namespace {
+
+constexpr const char* blob_name = "resume.txt";
+// Bounds on what a journal may hold: a damaged file must not ask for a huge allocation.
+constexpr std::size_t max_lines = 1u << 22;
+constexpr std::size_t max_identity_value = 4096;
+
+template <class T>
+bool parse_int(const std::string& s, T& out, int base = 10) {
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out, base);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool parse_f32(const std::string& s, float& out) {
+  std::uint32_t bits = 0;
+  if (s.size() != 8 || !parse_int(s, bits, 16)) return false;
+  out = std::bit_cast<float>(bits);
+  return true;
+}
+
+bool parse_f64(const std::string& s, double& out) {
+  std::uint64_t bits = 0;
+  if (s.size() != 16 || !parse_int(s, bits, 16)) return false;
+  out = std::bit_cast<double>(bits);
+  return true;
+}
+
+std::string bits(float v) {
+  return fmt::format("{:08x}", std::bit_cast<std::uint32_t>(v));
+}
+std::string bits(double v) {
+  return fmt::format("{:016x}", std::bit_cast<std::uint64_t>(v));
+}
+
+std::vector<std::string> words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(std::move(w));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> state_identity(const engine::job_config& job) {
+  const models::model_config& m = job.model;
+  const models::train_config& t = job.train;
+  auto f = [](auto v) { return fmt::format("{}", v); };
+  return {
+      {"model.preset", m.preset},
+      {"model.layers", f(m.layers)},
+      {"model.d_model", f(m.d_model)},
+      {"model.heads", f(m.heads)},
+      {"model.experts", f(m.experts)},
+      {"model.top_k", f(m.top_k)},
+      {"model.d_ff", f(m.d_ff)},
+      {"model.max_seq_len", f(m.max_seq_len)},
+      {"model.vocab", f(m.vocab)},
+      {"model.shared_experts", f(m.shared_experts)},
+      {"model.capacity_factor", f(m.capacity_factor)},
+      {"model.aux_loss_coef", f(m.aux_loss_coef)},
+      {"model.compute_dtype", std::string(models::dtype_name(m.compute_dtype))},
+      {"train.micro_batches", f(t.micro_batches)},
+      {"train.micro_batch_size", f(t.micro_batch_size)},
+      {"train.seq_len", f(t.seq_len)},
+      {"train.seed", f(t.seed)},
+      {"train.lr", f(t.lr)},
+      {"train.beta1", f(t.beta1)},
+      {"train.beta2", f(t.beta2)},
+      {"train.eps", f(t.eps)},
+      {"train.weight_decay", f(t.weight_decay)},
+      {"train.grad_clip", f(t.grad_clip)},
+      {"train.corpus", t.corpus},
+      {"train.val_fraction", f(t.val_fraction)},
+      {"train.loss_scale", f(t.loss_scale)},
+      {"train.loss_scale_window", f(t.loss_scale_window)},
+      {"parallel.pp", f(job.pp)},
+      {"parallel.dp", f(job.dp)},
+      {"checkpoint.policy", engine::policy_name(job.policy)},
+  };
+}
+
+std::filesystem::path resume_journal_dir(const std::filesystem::path& checkpoint_dir) {
+  return checkpoint_dir / "head";
+}
+
+std::string resume_text(const engine::resume_point& p,
+                        const std::vector<std::pair<std::string, std::string>>& identity) {
+  std::string out = fmt::format(
+      "moevement-resume {}\nwindow {}\nw_sparse {}\ntarget_iteration {}\n"
+      "loss_scaler {} {} {} {}\n",
+      resume_journal::format_version, p.window, p.w_sparse, p.target_iteration,
+      p.scaler.enabled ? 1 : 0, bits(p.scaler.scale), p.scaler.good_steps, p.scaler.window);
+  for (const auto& [id, first] : p.windows) out += fmt::format("durable {} {}\n", id, first);
+  for (const auto& [it, s] : p.steps) {
+    out += fmt::format("step {} {} {} {} {}\n", it, bits(s.loss_scale), s.plan.apply ? 1 : 0,
+                       bits(s.plan.grad_mul), bits(s.plan.grad_norm));
+  }
+  for (const auto& [k, v] : identity) out += fmt::format("identity {} {}\n", k, v);
+  return out;
+}
+
+result<std::pair<engine::resume_point, std::vector<std::pair<std::string, std::string>>>>
+parse_resume_text(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  std::size_t n = 0;
+  auto bad = [&](const std::string& what) {
+    return error{fmt::format("line {} of {}: {}", n, blob_name, what)};
+  };
+  engine::resume_point p;
+  std::vector<std::pair<std::string, std::string>> identity;
+  int stage_of_file = 0;  // 0: header, 1: fixed fields, 2: lists
+  while (std::getline(in, line)) {
+    if (++n > max_lines) return bad("too many lines");
+    const auto w = words(line);
+    if (n == 1) {
+      int version = 0;
+      if (w.size() != 2 || w[0] != "moevement-resume" || !parse_int(w[1], version)) {
+        return bad("no moevement-resume header");
+      }
+      if (version != resume_journal::format_version) {
+        return bad(fmt::format("format {} is not {} (written by another moevement version)",
+                               version, resume_journal::format_version));
+      }
+      stage_of_file = 1;
+      continue;
+    }
+    if (n <= 5) {
+      const bool ok = (n == 2 && w.size() == 2 && w[0] == "window" && parse_int(w[1], p.window)) ||
+                      (n == 3 && w.size() == 2 && w[0] == "w_sparse" &&
+                       parse_int(w[1], p.w_sparse) && p.w_sparse >= 1 && p.w_sparse <= (1 << 20)) ||
+                      (n == 4 && w.size() == 2 && w[0] == "target_iteration" &&
+                       parse_int(w[1], p.target_iteration) && p.target_iteration >= 0) ||
+                      (n == 5 && w.size() == 5 && w[0] == "loss_scaler" &&
+                       (w[1] == "0" || w[1] == "1") && parse_f32(w[2], p.scaler.scale) &&
+                       parse_int(w[3], p.scaler.good_steps) && parse_int(w[4], p.scaler.window));
+      if (!ok) return bad("malformed");
+      if (n == 5) {
+        p.scaler.enabled = w[1] == "1";
+        stage_of_file = 2;
+      }
+      continue;
+    }
+    if (w.size() == 3 && w[0] == "durable") {
+      std::uint64_t id = 0;
+      std::int64_t first = 0;
+      if (!parse_int(w[1], id) || !parse_int(w[2], first) || first < 0 ||
+          !p.windows.emplace(id, first).second) {
+        return bad("malformed durable window");
+      }
+    } else if (w.size() == 6 && w[0] == "step") {
+      std::int64_t it = 0;
+      engine::planned_step s;
+      if (!parse_int(w[1], it) || !parse_f32(w[2], s.loss_scale) || (w[3] != "0" && w[3] != "1") ||
+          !parse_f32(w[4], s.plan.grad_mul) || !parse_f64(w[5], s.plan.grad_norm) || it < 0 ||
+          it >= p.target_iteration) {
+        return bad("malformed step");
+      }
+      s.plan.apply = w[3] == "1";
+      if (!p.steps.emplace(it, s).second) return bad("a step twice");
+    } else if (w.size() >= 2 && w[0] == "identity" && line.compare(0, 9, "identity ") == 0 &&
+               line.compare(9, w[1].size(), w[1]) == 0 && line.size() < max_identity_value) {
+      // The value is the rest of the line (a corpus path may hold spaces).
+      identity.emplace_back(w[1], line.substr(9 + w[1].size() + 1));
+    } else {
+      return bad("unexpected");
+    }
+  }
+  if (stage_of_file != 2) return error{fmt::format("{} is truncated", blob_name)};
+  // The windows' replays need every step from the oldest one's first iteration.
+  if (!p.windows.contains(p.window)) return error{"the journal's window is not among its windows"};
+  const std::int64_t from = p.windows.begin()->second;
+  if (from > p.target_iteration) return error{"a window starts after the target iteration"};
+  for (std::int64_t it = from; it < p.target_iteration; ++it) {
+    if (!p.steps.contains(it)) return error{fmt::format("the step of iteration {} is missing", it)};
+  }
+  return std::pair{std::move(p), std::move(identity)};
+}
+
+resume_journal::resume_journal(const engine::job_config& job)
+    : dir_(resume_journal_dir(job.baseline.dir)),
+      identity_(state_identity(job)),
+      keep_(std::size_t(job.baseline.keep) + 2) {}
+
+void resume_journal::write(const engine::resume_point& point) const {
+  const std::string text = resume_text(point, identity_);
+  durable_store store(dir_);
+  const blob_view blob{blob_name, std::as_bytes(std::span(text.data(), text.size()))};
+  store.write_window(point.window, std::span(&blob, 1));
+  store.prune(keep_);
+}
+
+result<engine::resume_point> resume_journal::load(std::vector<std::string>* rejected) const {
+  if (!std::filesystem::is_directory(dir_)) {
+    return error{fmt::format(
+        "nothing to resume: {} does not exist (a job writes it when it runs with "
+        "checkpoint.policy = \"moevement\" and checkpoint.durable = true, under the same "
+        "checkpoint.dir)",
+        dir_.string())};
+  }
+  const durable_store store(dir_);
+  const auto ids = store.windows();
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    auto loaded = store.load(*it);
+    std::string why;
+    if (!loaded.ok()) {
+      why = loaded.err().message;
+    } else if (auto b = loaded->blobs.find(blob_name); b == loaded->blobs.end()) {
+      why = fmt::format("it has no {}", blob_name);
+    } else {
+      auto parsed = parse_resume_text(
+          std::string(reinterpret_cast<const char*>(b->second.data()), b->second.size()));
+      if (!parsed.ok()) {
+        why = parsed.err().message;
+      } else if (parsed->first.window != *it) {
+        why = fmt::format("it says window {}", parsed->first.window);
+      } else {
+        // Written by this job's training, or refused naming what differs.
+        const auto& theirs = parsed->second;
+        for (std::size_t i = 0; i < identity_.size(); ++i) {
+          const auto& [key, mine] = identity_[i];
+          const auto at = std::find_if(theirs.begin(), theirs.end(),
+                                       [&](const auto& kv) { return kv.first == key; });
+          const std::string was = at == theirs.end() ? "(not recorded)" : at->second;
+          if (was != mine) {
+            return error{fmt::format(
+                "the checkpoint in {} was written by a job with {} = {}; this config has {}: "
+                "resume with the settings it was written with",
+                dir_.parent_path().string(), key, was, mine)};
+          }
+        }
+        return std::move(parsed->first);
+      }
+    }
+    if (rejected != nullptr) rejected->push_back(fmt::format("journal {}: {}", *it, why));
+  }
+  return error{fmt::format("nothing to resume in {}: {} journal(s), none usable{}", dir_.string(),
+                           ids.size(), ids.empty() ? "" : " (see the reasons above)")};
+}
+
+void resume_journal::clear() const {
+  if (std::filesystem::is_directory(dir_)) durable_store(dir_).clear();
+}
+
+}  // namespace moevement::recovery
