@@ -315,9 +315,10 @@ class coordinator : public actors::actor {
     std::uint64_t durable_window = 0;
     std::int64_t durable_first = 0;
     std::int64_t durable_rejected = 0;
-    std::string durable_why;     // what made every copy of a snapshot unusable
-    bool resume = false;         // not a loss: the job resumes from its journal (--resume)
-    double group_abort_s = 0.0;  // the survivors' NCCL groups' aborts, the slowest
+    std::string durable_why;           // what made every copy of a snapshot unusable
+    bool resume = false;               // not a loss: the job resumes from its journal (--resume)
+    int window_pp = 0, window_dp = 0;  // a resume's windows are of this layout (0: the job's)
+    double group_abort_s = 0.0;        // the survivors' NCCL groups' aborts, the slowest
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
   // The durable tier (checkpoint.durable under moevement): one persisted window at a time is

@@ -138,6 +138,14 @@ awaitable<void> coordinator::recover() {
   // Every dirty region gets its spares first, then its Restores: each replay learns how many
   // run on its host at once (its share of the cores).
   std::vector<region*> to_send;
+  // Nothing to restore from: no window persisted since a resume at another layout (and the
+  // steps from the initial state are gone).
+  if (!recovery_->durable && !persisted_ && !steps_.empty() && steps_.begin()->first > 0) {
+    fail(
+        "a stage was lost before the job, resumed at another layout, persisted its first "
+        "window; the job stops (launch it again with --resume)");
+    co_return;
+  }
   for (region& r : regions) {
     // While the durable window is being chosen, losses are only placed: the choice then
     // gives them spares and sends every Restore.
@@ -295,15 +303,27 @@ awaitable<void> coordinator::choose_durable_window() {
     }
     std::map<std::uint64_t, int> offered;
     rejected.clear();
+    // Every role's windows, each asked of a member's replicator at once: its own role's, or,
+    // for a resume at another layout, the windows' roles spread over the members (the
+    // directory is shared).
     const std::vector<region_member> members = r.members;
-    std::vector<actor_ref> holders;  // every member's replicator, asked at once
-    for (const region_member& m : members) {
-      const auto it = workers_.find(m.spare);
+    const int pp = recovery_->window_pp, dp = recovery_->window_dp;
+    std::vector<std::pair<int, int>> roles;
+    for (const region_member& m : members) roles.emplace_back(m.lost.stage, m.lost.replica);
+    if (pp != 0) {
+      roles.clear();
+      for (int d = 0; d < dp; ++d) {
+        for (int s = 0; s < pp; ++s) roles.emplace_back(s, d);
+      }
+    }
+    std::vector<actor_ref> holders;
+    for (std::size_t i = 0; i < roles.size(); ++i) {
+      const auto it = workers_.find(members[i % members.size()].spare);
       holders.push_back(it == workers_.end() ? actor_ref{} : it->second.replicator);
     }
     auto fill = [&](std::size_t i, wire::DurableQuery::Builder b) {
-      b.setStage(members[i].lost.stage);
-      b.setReplica(members[i].lost.replica);
+      b.setStage(roles[i].first);
+      b.setReplica(roles[i].second);
     };
     auto replies = co_await actors::ask_all<wire::DurableQuery, wire::DurableOffer>(
         *this, holders, std::chrono::seconds(300), fill);
@@ -314,8 +334,8 @@ awaitable<void> coordinator::choose_durable_window() {
       if (!res.ok()) {
         if (co_await loss_follows()) co_return;
         if (finished_ || !recovery_) co_return;
-        fail(fmt::format("asking stage {} replica {} for its durable windows failed: {}",
-                         members[i].lost.stage, members[i].lost.replica, res.err().message));
+        fail(fmt::format("asking for the durable windows of stage {} replica {} failed: {}",
+                         roles[i].first, roles[i].second, res.err().message));
         co_return;
       }
       std::set<std::uint64_t> mine;
@@ -325,7 +345,7 @@ awaitable<void> coordinator::choose_durable_window() {
     }
     for (const auto& [w, n] : offered) {
       const auto known = durable_windows_.find(w);
-      if (n == int(members.size()) && known != durable_windows_.end() && known->second <= target &&
+      if (n == int(roles.size()) && known != durable_windows_.end() && known->second <= target &&
           (persisted_ && w <= *persisted_)) {
         window = w;
         found = true;
@@ -476,6 +496,8 @@ void coordinator::send_restores(const region& r) {
       b.setDurable(durable);
       const auto share = per_host.find(workers_.at(m.spare).host);
       b.setHostShare(share == per_host.end() ? 1 : share->second);
+      b.setWindowStages(recovery_->window_pp);
+      b.setWindowReplicas(recovery_->window_dp);
       auto src = b.initSources(static_cast<unsigned>(k * dp));
       for (int j = 0; j < k; ++j) {
         for (int d = 0; d < dp; ++d) {
@@ -530,6 +552,14 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   // A durable write in flight may never be answered by a lost stage: the next persisted
   // window is written instead.
   durable_inflight_.reset();
+  if (rec.window_pp != 0) {
+    // Resumed at another layout: the windows on disk are of the old one, which no restore of
+    // this job reads again. Until the first window of this layout persists, a loss stops
+    // the job (recover() says so); a new --resume brings it back.
+    durable_windows_.clear();
+    persisted_.reset();
+    persisted_first_ = 0;
+  }
   maybe_persist();  // windows the stages finished replicating meanwhile
   if (can_recover_) {
     for (const auto& [n, w] : workers_) {

@@ -18,6 +18,8 @@ resume_point coordinator::journal_point() const {
   // The scaler is the one after the last planned step: training goes on right after it.
   p.target_iteration = steps_.empty() ? iteration_ : steps_.rbegin()->first + 1;
   p.scaler = scaler_;
+  p.pp = job_.pp;
+  p.dp = job_.dp;
   for (const auto& [w, first] : durable_windows_) {
     if (w <= p.window) p.windows[w] = first;
   }
@@ -65,6 +67,22 @@ asio::awaitable<void> coordinator::start_resume() {
   recovery_->begun = true;
   recovery_->detected = sclock::now();
   recovery_->resume = true;
+  if (p.pp != job_.pp || p.dp != job_.dp) {
+    recovery_->window_pp = p.pp;
+    recovery_->window_dp = p.dp;
+    if (callbacks_.on_notice) {
+      callbacks_.on_notice(fmt::format(
+          "resuming at another layout: the windows are of pp={} dp={}, this job runs pp={} "
+          "dp={}{}",
+          p.pp, p.dp, job_.pp, job_.dp,
+          p.dp == job_.dp
+              ? std::string(" (the pipeline depth changes no bit)")
+              : fmt::format("; the global batch changes from {} to {} micro-batches per "
+                            "iteration from iteration {} on",
+                            p.dp * job_.train.micro_batches, job_.dp * job_.train.micro_batches,
+                            p.target_iteration)));
+    }
+  }
   phase_ = phase::recovering;
   // One region, the whole pipeline; every role is restored by the worker given it.
   region all;

@@ -293,6 +293,11 @@ struct Restore {
   # 1). With checkpoint.replay_threads = 0 each replay takes its share of the host's cores,
   # never all of them each (replays competing for the cores collapse).
   hostShare @14 :Int32;
+  # A durable Restore of a window written at another layout (`moevement launch --resume` on
+  # another pp or dp): the window's pipeline depth and replicas (0: this job's). Every stage
+  # replica of that layout is replayed, then this role's operators are taken from it.
+  windowStages @15 :Int32;
+  windowReplicas @16 :Int32;
 }
 
 # ---- global rollback (policies dense-memory, dense-disk, pec; docs/policies.md)

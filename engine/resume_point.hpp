@@ -26,6 +26,9 @@ struct resume_point {
   int w_sparse = 0;                   // iterations per window
   std::int64_t target_iteration = 0;  // the iteration training continues at
   models::loss_scaler scaler;         // before target_iteration
+  // The layout the windows were written at (a resume may run at another: operators are the
+  // unit of state, so the pipeline depth changes no bit; dp changes the global batch).
+  int pp = 1, dp = 1;
   // The durable windows the stages may still hold (id -> the first iteration it replays),
   // oldest first; `window` is the newest. A resume takes the newest every stage verifies.
   std::map<std::uint64_t, std::int64_t> windows;

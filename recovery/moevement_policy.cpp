@@ -19,6 +19,7 @@
 
 #include "base/hash.hpp"
 #include "models/cpu/gemm.hpp"
+#include "recovery/layout_change.hpp"
 #include "recovery/snapshot.hpp"
 #include "recovery/sparse_to_dense.hpp"
 #include "recovery/worker_tasks.hpp"
@@ -857,6 +858,10 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_w_ = 0;
   timing_ = {};
   const auto started = std::chrono::steady_clock::now();
+  const int window_pp = plan.getWindowStages(), window_dp = plan.getWindowReplicas();
+  if (durable && window_pp != 0 && (window_pp != job_.pp || window_dp != job_.dp)) {
+    co_return co_await restore_layout(plan, factory, std::move(setup), started);
+  }
   std::map<std::int64_t, step_record> steps;
   for (auto r : plan.getSteps()) {
     step_record rec;
@@ -1160,6 +1165,54 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   for (auto& f : own_files) restored_files_.push_back(std::move(*f));
   restored_w_ = std::size_t(std::max(w, 1));
   co_return std::move(models[std::size_t((s - first_stage) * dp) + me]);
+}
+
+awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore_layout(
+    engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
+    engine::stage_setup setup, std::chrono::steady_clock::time_point started) {
+  layout_restore in;
+  in.from = {plan.getWindowStages(), plan.getWindowReplicas()};
+  if (in.from.stages < 1 || in.from.stages > engine::max_job_workers || in.from.replicas < 1 ||
+      in.from.replicas > engine::max_job_workers) {
+    throw std::runtime_error("malformed Restore from the coordinator (the window's layout)");
+  }
+  in.root = job_.baseline.dir;
+  in.window = plan.getWindow();
+  in.first_iteration = plan.getFirstIteration();
+  in.w_sparse = plan.getWSparse();
+  in.target_iteration = plan.getTargetIteration();
+  for (auto r : plan.getSteps()) {
+    models::step_plan p;
+    p.apply = r.getApply();
+    p.grad_mul = r.getGradMul();
+    p.grad_norm = r.getGradNorm();
+    in.steps[r.getIteration()] = {r.getLossScale(), p};
+  }
+  const int threads =
+      engine::replay_threads_for(job_.replay_threads, plan.getHostShare(),
+                                 int(std::max(1u, std::thread::hardware_concurrency())));
+  const int stage = setup.stage, replica = setup.replica;
+  std::unique_ptr<engine::stage_model> out;
+  co_await off_thread([&] {
+    durable_->drain();
+    models::cpu::set_gemm_threads(threads);
+    try {
+      out = restore_across_layouts(in, factory, setup);
+    } catch (...) {
+      models::cpu::set_gemm_threads(job_.train.blis_threads);
+      throw;
+    }
+    models::cpu::set_gemm_threads(job_.train.blis_threads);
+    // As in any durable restore: windows newer than this one in this role's directory are
+    // from a timeline the job left.
+    durable_store(durable_window_dir(job_.baseline.dir, stage, replica)).drop_after(in.window);
+  });
+  timing_.replay_threads = threads;
+  timing_.replay_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  timing_.iterations_replayed = in.target_iteration - in.first_iteration;
+  restored_w_ = std::size_t(std::max(in.w_sparse, 1));
+  co_return out;
 }
 
 engine::checkpoint_factory policy_factory(policy_limits limits) {

@@ -231,6 +231,11 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   restore_timing last_restore() const override { return timing_; }
 
  private:
+  // A durable Restore of a window written at another layout (recovery/layout_change.hpp).
+  asio::awaitable<std::unique_ptr<engine::stage_model>> restore_layout(
+      engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
+      engine::stage_setup setup, std::chrono::steady_clock::time_point started);
+
   actors::actor_system& system_;
   engine::bulk_io& io_;
   engine::job_config job_;

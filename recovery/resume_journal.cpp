@@ -52,6 +52,30 @@ std::vector<std::string> words(const std::string& line) {
   return out;
 }
 
+// Line n (2..6) of a journal, into p; false when it is not what that line must be.
+bool fixed_field(std::size_t n, const std::vector<std::string>& w, engine::resume_point& p) {
+  static const char* const names[] = {"window", "w_sparse", "target_iteration", "loss_scaler",
+                                      "layout"};
+  static const std::size_t sizes[] = {2, 2, 2, 5, 3};
+  if (w.size() != sizes[n - 2] || w[0] != names[n - 2]) return false;
+  const int max_workers = engine::max_job_workers;
+  switch (n) {
+    case 2:
+      return parse_int(w[1], p.window);
+    case 3:
+      return parse_int(w[1], p.w_sparse) && p.w_sparse >= 1 && p.w_sparse <= (1 << 20);
+    case 4:
+      return parse_int(w[1], p.target_iteration) && p.target_iteration >= 0;
+    case 5:
+      p.scaler.enabled = w[1] == "1";
+      return (w[1] == "0" || w[1] == "1") && parse_f32(w[2], p.scaler.scale) &&
+             parse_int(w[3], p.scaler.good_steps) && parse_int(w[4], p.scaler.window);
+    default:
+      return parse_int(w[1], p.pp) && parse_int(w[2], p.dp) && p.pp >= 1 && p.pp <= max_workers &&
+             p.dp >= 1 && p.dp <= max_workers;
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> state_identity(const engine::job_config& job) {
@@ -86,8 +110,6 @@ std::vector<std::pair<std::string, std::string>> state_identity(const engine::jo
       {"train.val_fraction", f(t.val_fraction)},
       {"train.loss_scale", f(t.loss_scale)},
       {"train.loss_scale_window", f(t.loss_scale_window)},
-      {"parallel.pp", f(job.pp)},
-      {"parallel.dp", f(job.dp)},
       {"checkpoint.policy", engine::policy_name(job.policy)},
   };
 }
@@ -100,9 +122,10 @@ std::string resume_text(const engine::resume_point& p,
                         const std::vector<std::pair<std::string, std::string>>& identity) {
   std::string out = fmt::format(
       "moevement-resume {}\nwindow {}\nw_sparse {}\ntarget_iteration {}\n"
-      "loss_scaler {} {} {} {}\n",
+      "loss_scaler {} {} {} {}\nlayout {} {}\n",
       resume_journal::format_version, p.window, p.w_sparse, p.target_iteration,
-      p.scaler.enabled ? 1 : 0, bits(p.scaler.scale), p.scaler.good_steps, p.scaler.window);
+      p.scaler.enabled ? 1 : 0, bits(p.scaler.scale), p.scaler.good_steps, p.scaler.window, p.pp,
+      p.dp);
   for (const auto& [id, first] : p.windows) out += fmt::format("durable {} {}\n", id, first);
   for (const auto& [it, s] : p.steps) {
     out += fmt::format("step {} {} {} {} {}\n", it, bits(s.loss_scale), s.plan.apply ? 1 : 0,
@@ -138,20 +161,9 @@ parse_resume_text(const std::string& text) {
       stage_of_file = 1;
       continue;
     }
-    if (n <= 5) {
-      const bool ok = (n == 2 && w.size() == 2 && w[0] == "window" && parse_int(w[1], p.window)) ||
-                      (n == 3 && w.size() == 2 && w[0] == "w_sparse" &&
-                       parse_int(w[1], p.w_sparse) && p.w_sparse >= 1 && p.w_sparse <= (1 << 20)) ||
-                      (n == 4 && w.size() == 2 && w[0] == "target_iteration" &&
-                       parse_int(w[1], p.target_iteration) && p.target_iteration >= 0) ||
-                      (n == 5 && w.size() == 5 && w[0] == "loss_scaler" &&
-                       (w[1] == "0" || w[1] == "1") && parse_f32(w[2], p.scaler.scale) &&
-                       parse_int(w[3], p.scaler.good_steps) && parse_int(w[4], p.scaler.window));
-      if (!ok) return bad("malformed");
-      if (n == 5) {
-        p.scaler.enabled = w[1] == "1";
-        stage_of_file = 2;
-      }
+    if (n <= 6) {  // the fixed fields, in order
+      if (!fixed_field(n, w, p)) return bad("malformed");
+      if (n == 6) stage_of_file = 2;
       continue;
     }
     if (w.size() == 3 && w[0] == "durable") {

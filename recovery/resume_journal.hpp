@@ -8,6 +8,7 @@
 //     w_sparse <W>
 //     target_iteration <t>
 //     loss_scaler <enabled 0|1> <scale, f32 bits in hex> <good_steps> <window>
+//     layout <pp> <dp>        (of the windows; a resume may run at another)
 //     durable <id> <first iteration>                                     (one per window)
 //     step <iteration> <loss scale bits> <apply 0|1> <grad_mul bits> <grad_norm f64 bits>
 //     identity <key> <value>     (what fixes the training state: state_identity())
@@ -26,8 +27,9 @@
 namespace moevement::recovery {
 
 // The settings a job's training state depends on, as (key, value) in a fixed order: the
-// model, the data and optimizer settings, the placement, the checkpoint policy. Settings that
-// change no bit (train.iterations, train.device, validation, cluster.*) are not in it.
+// model, the data and optimizer settings, the checkpoint policy. Settings that change no bit
+// (train.iterations, train.device, validation, cluster.*) are not in it, nor the placement:
+// a resume may change pp and dp (the journal's layout line says what the windows have).
 std::vector<std::pair<std::string, std::string>> state_identity(const engine::job_config& job);
 
 // checkpoint.dir/head/

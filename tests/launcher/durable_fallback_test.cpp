@@ -294,7 +294,8 @@ long newest_window(const std::string& dir) {
 // is corrupted on disk, and the job is launched again with --resume: it starts from the
 // newest window every stage verifies, replays to where the journal says training was, and ends
 // with the uninterrupted run's state_hash. The same journal is then refused for a job with
-// another seed, naming the setting.
+// another seed, naming the setting. Copies of the killed job's directory resume at other
+// layouts: pp 3 -> 2 ends with the same hash; dp 1 -> 2 at pp 2 and at pp 4 end alike.
 TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   const std::string dir = checkpoint_dir("resume");
   std::vector<pid_t> workers;
@@ -313,6 +314,10 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
     EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
   }
   EXPECT_TRUE(all_gone(workers)) << "the workers outlived their head";
+  // Copies for the resumes at other layouts below.
+  for (const char* copy : {"-pp2", "-pp2dp2", "-pp4dp2"}) {
+    fs::copy(dir, dir + copy, fs::copy_options::recursive);
+  }
   const long damaged = newest_window(dir);
   ASSERT_GE(damaged, 1);
   ASSERT_TRUE(flip_byte((fs::path(dir) / "stage-0-replica-0" /
@@ -350,6 +355,36 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   EXPECT_NE(other.output.find("train.seed = 1; this config has 7"), std::string::npos)
       << other.output;
   fs::remove_all(dir);
+
+  // Another layout: operators are the unit of state. At pp = 2 the hash is the uninterrupted
+  // run's; at dp = 2 the global batch changes from the resume on, and the same hash comes out
+  // at pp = 2 and pp = 4.
+  const auto pp2 =
+      launch("pp2", job(dir + "-pp2", "--set cluster.spares=0 --set parallel.pp=2") + " --resume");
+  ASSERT_EQ(pp2.exit_code, 0) << pp2.output;
+  EXPECT_EQ(pp2.hash, reference());
+  EXPECT_NE(pp2.output.find("the windows are of pp=3 dp=1, this job runs pp=2 dp=1"),
+            std::string::npos)
+      << pp2.output;
+  std::string dp2_hash;
+  for (const char* pp : {"2", "4"}) {
+    const std::string where = dir + "-pp" + pp + "dp2";
+    const auto o2 = launch(std::string("dp2-") + pp,
+                           job(where, std::string("--set cluster.spares=0 --set parallel.dp=2 "
+                                                  "--set parallel.pp=") +
+                                          pp) +
+                               " --resume");
+    ASSERT_EQ(o2.exit_code, 0) << o2.output;
+    EXPECT_NE(o2.output.find("the global batch changes from 2 to 4 micro-batches"),
+              std::string::npos)
+        << o2.output;
+    ASSERT_FALSE(o2.hash.empty()) << o2.output;
+    if (dp2_hash.empty()) dp2_hash = o2.hash;
+    EXPECT_EQ(o2.hash, dp2_hash) << "pp " << pp;
+    EXPECT_NE(o2.hash, reference());
+    fs::remove_all(where);
+  }
+  fs::remove_all(dir + "-pp2");
 }
 
 // What cannot be resumed says why, before any worker starts.

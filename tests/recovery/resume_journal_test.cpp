@@ -1,7 +1,7 @@
 // The head's resume journal: a resume point written and read back is the same bit for bit
-// (floats included); the newest journal that verifies is used, a corrupt one skipped with its
-// reason; a journal of another job is refused naming the setting that differs; malformed text
-// (truncated, steps missing, out of range) is an error, never a crash.
+// (floats and the layout included); the newest journal that verifies is used, a corrupt one skipped
+// with its reason; a journal of another job is refused naming the setting that differs; malformed
+// text (truncated, steps missing, out of range) is an error, never a crash.
 #include "recovery/resume_journal.hpp"
 
 #include <gtest/gtest.h>
@@ -33,6 +33,8 @@ engine::resume_point point(std::uint64_t window) {
   p.scaler.scale = 32768.0f;
   p.scaler.good_steps = 7;
   p.scaler.window = 200;
+  p.pp = 3;
+  p.dp = 2;
   p.windows = {{window - 1, std::int64_t(window - 1) * 3 + 1},
                {window, std::int64_t(window) * 3 + 1}};
   for (std::int64_t it = p.windows.begin()->second; it < p.target_iteration; ++it) {
@@ -66,6 +68,8 @@ void expect_same(const engine::resume_point& a, const engine::resume_point& b) {
   EXPECT_EQ(a.scaler.scale, b.scaler.scale);
   EXPECT_EQ(a.scaler.good_steps, b.scaler.good_steps);
   EXPECT_EQ(a.scaler.window, b.scaler.window);
+  EXPECT_EQ(a.pp, b.pp);
+  EXPECT_EQ(a.dp, b.dp);
   EXPECT_EQ(a.windows, b.windows);
   EXPECT_EQ(a.steps, b.steps);
 }
@@ -107,10 +111,13 @@ TEST_F(resume_journal_test, another_jobs_journal_is_refused_naming_the_setting) 
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.err().message.find("model.layers = 4; this config has 6"), std::string::npos)
       << r.err().message;
-  // Settings that change no bit do not matter.
+  // Settings that change no bit do not matter, nor the placement (the journal says the
+  // windows' layout; a resume may run at another).
   auto longer = job_in(dir_);
   longer.train.iterations = 1000;
   longer.train.val_every = 5;
+  longer.pp = 4;
+  longer.dp = 2;
   EXPECT_TRUE(resume_journal(longer).load().ok());
 }
 
@@ -149,6 +156,8 @@ TEST(resume_text, malformed_text_is_an_error_saying_what) {
   EXPECT_FALSE(parse_resume_text(replaced("loss_scaler 1 47000000", "loss_scaler 1 4700")).ok());
   EXPECT_FALSE(parse_resume_text(good + "step 999999 3f800000 1 3f800000 0000000000000000\n").ok());
   EXPECT_FALSE(parse_resume_text(replaced("w_sparse 3", "w_sparse 0")).ok());
+  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2", "layout 0 2")).ok());
+  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2", "layout 3")).ok());
   EXPECT_FALSE(parse_resume_text(std::string("\0\0\0", 3)).ok());
   // A corpus path with spaces survives.
   auto job = engine::resolve_job({});
