@@ -948,7 +948,10 @@ void actor_system::add_member(node_id n, std::uint32_t incarnation) {
 
 void actor_system::heard(node_id from) {
   auto it = members_.find(from);
-  if (it != members_.end()) it->second.last_heard = now();
+  if (it != members_.end()) {
+    it->second.last_heard = now();
+    it->second.heard = true;
+  }
 }
 
 void actor_system::heartbeat_tick() {
@@ -960,7 +963,9 @@ void actor_system::heartbeat_tick() {
   std::vector<node_id> silent;
   for (auto& [n, m] : members_) {
     if (m.suspected) continue;
-    if (now - m.last_heard > config_.heartbeat_timeout) {
+    const auto timeout = m.heard ? config_.heartbeat_timeout
+                                 : std::max(config_.heartbeat_timeout, config_.join_grace);
+    if (now - m.last_heard > timeout) {
       m.suspected = true;
       silent.push_back(n);
       continue;

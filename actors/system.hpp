@@ -85,6 +85,10 @@ struct system_config {
   // A hung node is detected after timeout .. timeout + interval.
   std::chrono::milliseconds heartbeat_interval{100};
   std::chrono::milliseconds heartbeat_timeout{1000};
+  // A member never heard from since it joined is given this long instead (when longer): its
+  // first messages wait for a connection, and a dropped SYN alone costs Linux 1 s, two in a
+  // row 3 s, three 7 s. A process that dies is found by the transport at once anyway.
+  std::chrono::milliseconds join_grace{10000};
   // Where the system reads the time and sets its timers; null: the steady clock (production).
   // Tests give a manual_time (actors/deterministic.hpp). Not owned; must outlive the system.
   time_source* time = nullptr;
@@ -439,6 +443,7 @@ class actor_system {
     std::uint32_t incarnation = 0;
     clock::time_point last_heard;
     bool suspected = false;
+    bool heard = false;  // anything from it since it joined (else join_grace applies)
   };
 
   actor_ref start_actor(std::unique_ptr<actor> impl, spawn_options opts);

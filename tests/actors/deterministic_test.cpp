@@ -69,6 +69,36 @@ TEST(deterministic, a_hung_node_is_declared_lost_within_timeout_plus_interval) {
   });
 }
 
+// A member never heard from since it joined gets the join grace, not the heartbeat timeout:
+// its first messages may wait for a connection whose SYN was dropped (1 s, 3 s, 7 s on Linux).
+// Once heard from, the heartbeat timeout applies (the test above).
+TEST(deterministic, a_member_never_heard_from_gets_the_join_grace) {
+  deterministic d;
+  system_config cfg;
+  cfg.heartbeat_interval = 100ms;
+  cfg.heartbeat_timeout = 1000ms;
+  cfg.join_grace = 7000ms;
+  auto& head = d.add(0, cfg);
+  cfg.head = 0;
+  auto& worker = d.add(1, cfg);
+  std::optional<clock::time_point> up_at, lost_at;
+  head.on_membership([&](node_id n, member_event e) {
+    if (n == 1 && e == member_event::up) {
+      up_at = d.now();
+      d.hub().hang(1);  // nothing from it after its join request
+    }
+    if (n == 1 && e == member_event::lost) lost_at = d.now();
+  });
+  d.run_body([&]() -> awaitable<void> {
+    (void)co_await worker.join(1s);
+    co_await head.sleep_for(10s);
+    CO_ASSERT(up_at.has_value());
+    CO_ASSERT(lost_at.has_value());
+    EXPECT_GE(*lost_at - *up_at, cfg.join_grace);
+    EXPECT_LE(*lost_at - *up_at, cfg.join_grace + 2 * cfg.heartbeat_interval);
+  });
+}
+
 TEST(deterministic, restart_intensity_counts_manual_time) {
   deterministic d;
   auto& sys = d.add(1);
