@@ -957,9 +957,15 @@ void actor_system::heard(node_id from) {
 void actor_system::heartbeat_tick() {
   if (shut_down_ || members_.empty()) {
     heartbeat_running_ = false;
+    last_tick_ = {};
     return;
   }
   const auto now = this->now();
+  if (last_tick_ != clock::time_point{} && now - last_tick_ > config_.heartbeat_timeout) {
+    for (auto& [n, m] : members_) m.last_heard = now;  // their silence was our own stall
+    if (stall_fn_) stall_fn_(now - last_tick_);
+  }
+  last_tick_ = now;
   std::vector<node_id> silent;
   for (auto& [n, m] : members_) {
     if (m.suspected) continue;

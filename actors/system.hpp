@@ -386,6 +386,11 @@ class actor_system {
   void on_membership(std::function<void(node_id, member_event)> fn) {
     membership_fn_ = std::move(fn);
   }
+  // This node itself did not run its heartbeats for longer than the heartbeat timeout (it was
+  // stopped, e.g. SIGSTOP, or starved of CPU): `fn(gap)`. The members' silence over that gap
+  // is this node's own, so none is declared lost for it: each gets a fresh timeout (one that
+  // died meanwhile is found then, or at once by the transport).
+  void on_stall(std::function<void(clock::duration)> fn) { stall_fn_ = std::move(fn); }
 
   // Ordered shutdown: stops every local actor, newest first, fails pending asks, says goodbye
   // to peers and stops the timers. Run the io_context afterwards to let coroutines unwind.
@@ -532,6 +537,8 @@ class actor_system {
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;
+  std::function<void(clock::duration)> stall_fn_;
+  clock::time_point last_tick_{};  // of heartbeat_tick (a gap past the timeout: a stall)
 };
 
 // ---- templates -------------------------------------------------------------------------------

@@ -58,6 +58,16 @@ awaitable<void> coordinator::on_start() {
     if (e == actors::member_event::up) return;
     lose_worker(n, e == actors::member_event::goodbye ? "left the job" : "was lost");
   });
+  system().on_stall([this](actors::clock::duration gap) {
+    const double secs = std::chrono::duration<double>(gap).count();
+    head_stall_s_ = std::max(head_stall_s_, secs);
+    if (callbacks_.on_notice) {
+      callbacks_.on_notice(fmt::format(
+          "the head did not run for {:.1f} s (stopped, e.g. SIGSTOP, or starved of CPU); workers "
+          "stop waiting for their head after cluster.failure_timeout_ms = {}",
+          secs, job_.failure_timeout_ms));
+    }
+  });
   co_return;
 }
 
@@ -145,6 +155,13 @@ void coordinator::fail(const std::string& message) {
   job_outcome o;
   o.ok = false;
   o.message = message;
+  if (head_stall_s_ * 1000.0 > double(job_.failure_timeout_ms)) {
+    // What the losses above came from: the workers gave up on a head that did not run.
+    o.message += fmt::format(
+        " (the head itself did not run for {:.1f} s before: its workers stopped waiting for it; "
+        "with the durable tier, `moevement launch CONFIG --resume` goes on from disk)",
+        head_stall_s_);
+  }
   o.iterations = iteration_;
   finish_with(std::move(o));
 }

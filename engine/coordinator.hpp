@@ -258,6 +258,7 @@ class coordinator : public actors::actor {
   std::vector<std::optional<double>> val_losses_;
   double last_val_ = 0.0;
   bool finished_ = false;
+  double head_stall_s_ = 0.0;  // the longest this process did not run (actor system's on_stall)
 
   // policy moevement
   bool can_recover_ = false;

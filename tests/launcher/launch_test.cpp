@@ -178,6 +178,23 @@ TEST(launch, head_killed_takes_its_workers_with_it) {
   EXPECT_TRUE(all_gone(pids)) << "a worker outlived its head";
 }
 
+// The head stopped (SIGSTOP) past the failure timeout and continued: its workers gave up on
+// it meanwhile, and the job says so, not only that the workers were lost.
+TEST(launch, a_head_stopped_and_continued_says_what_happened) {
+  endless_launch job("headstop", "--set cluster.failure_timeout_ms=500");
+  const auto pids = job.wait_for_workers(4);
+  ASSERT_EQ(pids.size(), 4u) << job.output();
+  ::kill(job.pid, SIGSTOP);
+  std::this_thread::sleep_for(2s);
+  ::kill(job.pid, SIGCONT);
+  const int rc = job.wait(60s);
+  const std::string out = job.output();
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("the head did not run for"), std::string::npos) << out;
+  EXPECT_NE(out.find("the head itself did not run for"), std::string::npos) << out;
+  EXPECT_TRUE(all_gone(pids)) << "a worker outlived the job";
+}
+
 TEST(launch, bad_configs_name_the_key) {
   const std::string log = " --set engine.run_log=" + log_path("bad");
   struct bad {
