@@ -426,19 +426,22 @@ awaitable<bool> coordinator::loss_follows() {
   co_return loss_pending();
 }
 
+json_record coordinator::job_start_record() const {
+  json_record r;
+  r.add("kind", "event")
+      .add("event", "job_start")
+      .add("pp", job_.pp)
+      .add("dp", job_.dp)
+      .add("spares", job_.spares)
+      .add("iterations", job_.train.iterations)
+      .add("micro_batches", job_.train.micro_batches);
+  return r;
+}
+
 awaitable<void> coordinator::wire_and_start() {
   const bool wired = co_await wire_all();
   if (!wired) co_return;
-  if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "job_start")
-                    .add("pp", job_.pp)
-                    .add("dp", job_.dp)
-                    .add("spares", job_.spares)
-                    .add("iterations", job_.train.iterations)
-                    .add("micro_batches", job_.train.micro_batches));
-  }
+  if (log_ != nullptr) log_->write(job_start_record());
   job_start_ = sclock::now();
   if (job_.train.iterations <= 0) {
     co_await finish();

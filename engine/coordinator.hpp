@@ -217,6 +217,7 @@ class coordinator : public actors::actor {
   std::map<transport::node_id, std::vector<actors::actor_ref>> snapshot_holders() const;
 
   asio::awaitable<void> wire_and_start();
+  json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
   asio::awaitable<void> after_iteration();
   void start_validation();

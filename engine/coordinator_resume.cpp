@@ -46,14 +46,7 @@ asio::awaitable<void> coordinator::start_resume() {
   persisted_first_ = p.windows.at(p.window);
   job_start_ = sclock::now();
   if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "job_start")
-                    .add("pp", job_.pp)
-                    .add("dp", job_.dp)
-                    .add("spares", job_.spares)
-                    .add("iterations", job_.train.iterations)
-                    .add("micro_batches", job_.train.micro_batches)
+    log_->write(job_start_record()
                     .add("resume_window", std::int64_t(p.window))
                     .add("resume_iteration", p.target_iteration));
   }
