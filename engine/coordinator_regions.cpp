@@ -640,8 +640,10 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   }
   phase_ = phase::running;
   if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_end", rec.target);
-  if (rec.resume_validation) {
-    co_await after_iteration();  // the validation round is run again
+  if (rec.resume_validation || iteration_ >= job_.train.iterations) {
+    // The validation round is run again; or a resume of a job that had trained every
+    // iteration: only what follows the last one (validation, the digests) is left.
+    co_await after_iteration();
   } else {
     start_iteration();  // the target iteration, under a new epoch
   }

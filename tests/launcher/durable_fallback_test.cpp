@@ -349,6 +349,11 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   EXPECT_EQ(number_field(*first, "iteration"), target);
   EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
 
+  // A resume of the job, now finished, trains nothing more: the same hash.
+  const auto again = launch("again", job(dir, "--set cluster.spares=0") + " --resume");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(again.hash, reference());
+
   // The journal is this job's: a job with another seed may not resume from it.
   const auto other = run_moevement("launch " + job(dir, "--set train.seed=7") + " --resume");
   EXPECT_NE(other.exit_code, 0);
