@@ -13,6 +13,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 
@@ -40,6 +41,7 @@
 #include "launcher/launch.hpp"
 #include "launcher/slurm_backend.hpp"
 #include "recovery/dense_capture.hpp"
+#include "recovery/durable_window.hpp"
 #include "recovery/moevement_policy.hpp"
 #include "recovery/resume_journal.hpp"
 #include "transport/ucx_link.hpp"
@@ -449,15 +451,21 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       linger.async_wait([&](const std::error_code&) { io.stop(); });
     });
   };
+  // The journal is written on a thread of its own, in order (its fsyncs must not hold the
+  // head's actor thread and its heartbeats); a failure comes back as a notice.
+  std::optional<recovery::durable_writer> journal_writer;
   if (journal) {
+    journal_writer.emplace();
     cb.on_durable_window = [&](const engine::resume_point& p) {
-      try {
-        journal->write(p);
-      } catch (const std::exception& e) {
-        cb.on_notice(
-            fmt::format("durable tier: the resume journal of window {} was not written: {}",
-                        p.window, e.what()));
-      }
+      journal_writer->post([&, p] {
+        try {
+          journal->write(p);
+        } catch (const std::exception& e) {
+          asio::post(io, [&, line = fmt::format("durable tier: the resume journal of window {} "
+                                                "was not written: {}",
+                                                p.window, e.what())] { cb.on_notice(line); });
+        }
+      });
     };
   }
   auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log, resume_from);

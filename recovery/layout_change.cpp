@@ -75,7 +75,7 @@ std::unique_ptr<engine::stage_model> restore_across_layouts(const layout_restore
   }
   std::map<std::int64_t, step_record> steps;
   for (const auto& [it, s] : in.steps) {
-    steps[it] = step_record{s.first / float(mbs * dp), s.second};  // the old dp's gradient mean
+    steps[it] = step_record{s.loss_scale / float(mbs * dp), s.plan};  // the old dp's mean
   }
   conv.stage = 0;
   conv.region_stages = pp;

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 
+#include "engine/resume_point.hpp"
 #include "engine/stage_model.hpp"
 #include "engine/stage_registry.hpp"
 
@@ -28,8 +29,8 @@ struct layout_restore {
   std::int64_t first_iteration = 0;  // w0: the window's first iteration
   int w_sparse = 0;                  // its slots
   std::int64_t target_iteration = 0;
-  // The planned steps of w0 .. target - 1, as the coordinator sent them (loss scale, plan).
-  std::map<std::int64_t, std::pair<float, models::step_plan>> steps;
+  // The planned steps of w0 .. target - 1, as the coordinator sent them.
+  std::map<std::int64_t, engine::planned_step> steps;
 };
 
 // Builds stage `setup` (this job's layout) at the start of in.target_iteration. Throws naming

@@ -29,6 +29,26 @@ namespace moevement::recovery {
 
 namespace {
 
+// The GEMM threads of a replay: its share of this host's cores (checkpoint.replay_threads).
+int replay_threads(const engine::job_config& job, int host_share) {
+  return engine::replay_threads_for(job.replay_threads, host_share,
+                                    int(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+// Runs `replay` on the calling thread with `threads` GEMM threads, then back to `usual`
+// however it ends.
+template <class F>
+void with_gemm_threads(int threads, int usual, F&& replay) {
+  models::cpu::set_gemm_threads(threads);
+  try {
+    replay();
+  } catch (...) {
+    models::cpu::set_gemm_threads(usual);
+    throw;
+  }
+  models::cpu::set_gemm_threads(usual);
+}
+
 using actors::actor_ref;
 using actors::read_ref;
 using actors::write_ref;
@@ -1142,19 +1162,10 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   // Every stage outside the region is paused while it replays: its GEMMs may take the host's
   // cores (BLIS gives the same bits for any thread count; tests/models/model_test.cpp), shared
   // with the other replays the coordinator runs on this host at the same time.
-  const int threads =
-      engine::replay_threads_for(job_.replay_threads, plan.getHostShare(),
-                                 int(std::max(1u, std::thread::hardware_concurrency())));
+  const int threads = replay_threads(job_, plan.getHostShare());
   timing_.replay_threads = threads;
   co_await off_thread([&] {
-    models::cpu::set_gemm_threads(threads);
-    try {
-      (void)sparse_to_dense(ptrs, in);
-    } catch (...) {
-      models::cpu::set_gemm_threads(job_.train.blis_threads);
-      throw;
-    }
-    models::cpu::set_gemm_threads(job_.train.blis_threads);
+    with_gemm_threads(threads, job_.train.blis_threads, [&] { (void)sparse_to_dense(ptrs, in); });
   });
   const auto done = std::chrono::steady_clock::now();
   timing_.pull_s = std::chrono::duration<double>(pulled_at - started).count();
@@ -1182,27 +1193,19 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore_la
   in.w_sparse = plan.getWSparse();
   in.target_iteration = plan.getTargetIteration();
   for (auto r : plan.getSteps()) {
-    models::step_plan p;
-    p.apply = r.getApply();
-    p.grad_mul = r.getGradMul();
-    p.grad_norm = r.getGradNorm();
-    in.steps[r.getIteration()] = {r.getLossScale(), p};
+    engine::planned_step& st = in.steps[r.getIteration()];
+    st.loss_scale = r.getLossScale();
+    st.plan.apply = r.getApply();
+    st.plan.grad_mul = r.getGradMul();
+    st.plan.grad_norm = r.getGradNorm();
   }
-  const int threads =
-      engine::replay_threads_for(job_.replay_threads, plan.getHostShare(),
-                                 int(std::max(1u, std::thread::hardware_concurrency())));
+  const int threads = replay_threads(job_, plan.getHostShare());
   const int stage = setup.stage, replica = setup.replica;
   std::unique_ptr<engine::stage_model> out;
   co_await off_thread([&] {
     durable_->drain();
-    models::cpu::set_gemm_threads(threads);
-    try {
-      out = restore_across_layouts(in, factory, setup);
-    } catch (...) {
-      models::cpu::set_gemm_threads(job_.train.blis_threads);
-      throw;
-    }
-    models::cpu::set_gemm_threads(job_.train.blis_threads);
+    with_gemm_threads(threads, job_.train.blis_threads,
+                      [&] { out = restore_across_layouts(in, factory, setup); });
     // As in any durable restore: windows newer than this one in this role's directory are
     // from a timeline the job left.
     durable_store(durable_window_dir(job_.baseline.dir, stage, replica)).drop_after(in.window);
