@@ -39,6 +39,9 @@ class worker_checkpoint {
   virtual ~worker_checkpoint() = default;
   // The replicator this process runs for its peers (invalid when the policy has none).
   virtual actors::actor_ref replicator() const = 0;
+  // Where the other members of a recovery group replaying in parallel send this worker their
+  // gradients (invalid when the policy has no parallel group replay).
+  virtual actors::actor_ref group_exchange() const { return {}; }
   // The checkpoint agent of this process's stage, valid once make_hooks() was called.
   virtual actors::actor_ref agent() const = 0;
   // The hooks of the stage this process runs (called once, on the actor thread, after the

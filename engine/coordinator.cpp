@@ -283,12 +283,15 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     co_return;
   }
   const actor_ref ckpt = read_ref(m.getCheckpoint()), repl = read_ref(m.getReplicator());
-  if ((ckpt.valid() && ckpt.node != w.node) || (repl.valid() && repl.node != w.node)) {
+  const actor_ref exchange = read_ref(m.getGroupExchange());
+  if ((ckpt.valid() && ckpt.node != w.node) || (repl.valid() && repl.node != w.node) ||
+      (exchange.valid() && exchange.node != w.node)) {
     fail(fmt::format("worker {} reported checkpoint actors of another node", w.node));
     co_return;
   }
   w.checkpoint = ckpt;
   w.replicator = repl;
+  w.group_exchange = exchange;
   w.op_sizes.clear();
   for (auto o : m.getOpSizes()) {
     w.op_sizes.push_back({o.getComputeBytes(), o.getMasterBytes(), o.getOptimBytes()});

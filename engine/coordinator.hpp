@@ -103,6 +103,7 @@ struct worker_info {
   int stage = -1, replica = -1;  // -1: spare
   actors::actor_ref stage_actor;
   actors::actor_ref checkpoint, replicator;  // the policy's actors there (moevement)
+  actors::actor_ref group_exchange;          // where a parallel group replay sends it gradients
   std::vector<op_size> op_sizes;
   double snapshot_bandwidth = 0.0;
 };
@@ -190,6 +191,10 @@ class coordinator : public actors::actor {
   std::map<std::string, int> restores_per_host() const;
   // Gives every role of r without a worker a spare (false: none left, the job failed).
   bool assign_spares(region& r);
+  // With dp > 1 the recovery group replays in parallel: every surviving replica of r's
+  // stages becomes a member too, restored on its own worker.
+  void add_group_survivors(region& r);
+  bool group_replay() const;
   // Every copy of a needed snapshot is gone (a replacement said so) and the durable tier is
   // on: the whole pipeline becomes one region, every stage worker (survivors too) restores
   // it from the newest window all of them have on disk, verified, and replays up to the

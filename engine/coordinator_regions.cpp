@@ -99,9 +99,13 @@ awaitable<void> coordinator::recover() {
   for (const worker_info& w : recovery_->pending) {
     auto [reg, member] = member_of(w.node);
     if (member != nullptr) {
-      // The spare rebuilding this role died: the notice names it, not the role's first loss.
-      reg->died.push_back(fmt::format("spare worker {} (rebuilding stage {} replica {})", w.node,
-                                      member->lost.stage, member->lost.replica));
+      // The worker rebuilding this role died: the notice names it, not the role's first loss.
+      reg->died.push_back(
+          member->lost.node == w.node
+              ? fmt::format("stage {} replica {} (worker {}, replaying its replica)", w.stage,
+                            w.replica, w.node)
+              : fmt::format("spare worker {} (rebuilding stage {} replica {})", w.node,
+                            member->lost.stage, member->lost.replica));
       member->spare = 0;
       reg->dirty = true;
       continue;
@@ -151,6 +155,7 @@ awaitable<void> coordinator::recover() {
     // gives them spares and sends every Restore.
     if (!r.dirty || recovery_->durable_choosing) continue;
     r.dirty = false;
+    add_group_survivors(r);
     if (r.generation != 0) ++r.restarts;
     if (r.restarts > job_.region_restarts && !recovery_->durable) {
       co_await escalate(r);
@@ -167,6 +172,34 @@ awaitable<void> coordinator::recover() {
   }
   // Choosing the durable window: losses were only placed; ask everyone again.
   if (recovery_->durable_choosing) co_await choose_durable_window();
+}
+
+bool coordinator::group_replay() const {
+  if (job_.dp < 2) return false;
+  for (const auto& [n, w] : workers_) {
+    if (w.stage >= 0 && !w.group_exchange.valid()) return false;  // a worker of an older build
+  }
+  return true;
+}
+
+void coordinator::add_group_survivors(region& r) {
+  if (!group_replay()) return;
+  for (int s = r.first; s <= r.last; ++s) {
+    for (int d = 0; d < job_.dp; ++d) {
+      const bool member = std::any_of(r.members.begin(), r.members.end(), [&](const auto& m) {
+        return m.lost.stage == s && m.lost.replica == d;
+      });
+      if (member) continue;
+      for (const auto& [n, w] : workers_) {
+        if (w.stage != s || w.replica != d || member_of(n).first != nullptr) continue;
+        region_member m;
+        m.lost = w;  // not lost: the survivor rolls back and replays its replica on its worker
+        m.spare = n;
+        r.members.push_back(m);
+        break;
+      }
+    }
+  }
 }
 
 bool coordinator::assign_spares(region& r) {
@@ -408,11 +441,16 @@ void coordinator::send_restores(const region& r) {
   const bool has_window = durable || persisted_.has_value();
   const std::uint64_t window = durable ? recovery_->durable_window : persisted_.value_or(0);
   const std::int64_t first = durable ? recovery_->durable_first : has_window ? persisted_first_ : 0;
-  std::string roles, spares;
+  std::string roles, spares, replacements;
   for (const region_member& m : r.members) {
     roles += fmt::format("{}{}/{}", roles.empty() ? "" : ",", m.lost.stage, m.lost.replica);
     spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
+    if (m.spare != m.lost.node) {
+      replacements += fmt::format("{}{}", replacements.empty() ? "" : ",", m.spare);
+    }
   }
+  const std::size_t rebuilt =
+      std::size_t(std::count(replacements.begin(), replacements.end(), ',')) + 1;
   const std::string stages = r.first == r.last
                                  ? fmt::format("stage {}", r.first)
                                  : fmt::format("stages {}..{} (jointly)", r.first, r.last);
@@ -430,10 +468,13 @@ void coordinator::send_restores(const region& r) {
         durable ? fmt::format("{} durable window {} on workers {} (replaying iterations {}..{})",
                               recovery_->resume ? "resuming from" : "rolling the whole job back to",
                               window, spares, first, target - 1)
-                : fmt::format("{} lost; {}rebuilding {} on spare worker{} {} from {} (replaying "
+                : fmt::format("{} lost; {}rebuilding {} on spare worker{} {}{} from {} (replaying "
                               "iterations {}..{})",
                               lost, r.restarts > 0 ? "the recovery grew: " : "", stages,
-                              r.members.size() > 1 ? "s" : "", spares,
+                              rebuilt > 1 ? "s" : "", replacements,
+                              replacements == spares
+                                  ? std::string()
+                                  : fmt::format(", the group replaying on workers {}", spares),
                               has_window ? fmt::format("window {}", window)
                                          : std::string("the initial state"),
                               first, target - 1));
@@ -481,6 +522,10 @@ void coordinator::send_restores(const region& r) {
   const int w_sparse = w_sparse_, dp = job_.dp, k = r.last - r.first + 1;
   const actor_ref me = self();
   const std::map<std::string, int> per_host = restores_per_host();
+  // Every replica of the region's stages is a member (add_group_survivors): each replays its
+  // own. Not for a resume at another layout (it replays the old layout whole).
+  const bool group = group_replay() && recovery_->window_pp == 0 &&
+                     r.members.size() == std::size_t((r.last - r.first + 1) * dp);
   for (const region_member& m : r.members) {
     auto fill = [&](wire::Restore::Builder b) {
       b.setStage(m.lost.stage);
@@ -522,6 +567,15 @@ void coordinator::send_restores(const region& r) {
         l[i].setGradNorm(steps[i].second.plan.grad_norm);
       }
       write_ref(b.initCoordinator(), me);
+      if (group) {
+        // The exchanges of this member's stage's group: replica d's worker, by replica.
+        auto g = b.initGroup(static_cast<unsigned>(dp));
+        for (const region_member& o : r.members) {
+          if (o.lost.stage == m.lost.stage) {
+            write_ref(g[unsigned(o.lost.replica)], workers_.at(o.spare).group_exchange);
+          }
+        }
+      }
     };
     (void)tell<wire::Restore>(workers_.at(m.spare).agent, fill);
   }
@@ -576,8 +630,11 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   for (const region& r : rec.regions) {
     double pull = 0.0, replay = 0.0;
     std::int64_t replayed = 0, mapped = 0, pulled = 0, refused = 0;
-    std::string spares, replays;
+    std::string spares, replays, replacements;
     for (const region_member& m : r.members) {
+      if (m.spare != m.lost.node) {
+        replacements += fmt::format("{}{}", replacements.empty() ? "" : ",", m.spare);
+      }
       // Who replayed what: stage/replica@worker, its replay seconds and GEMM threads.
       replays += fmt::format("{}{}/{}@{}:{:.3f}s:{}t", replays.empty() ? "" : ",", m.lost.stage,
                              m.lost.replica, m.spare, m.replay_s, m.replay_threads);
@@ -629,13 +686,15 @@ awaitable<void> coordinator::maybe_finish_recovery() {
           "training goes on at iteration {}",
           rec.durable_window, secs, replay, replayed, rec.target));
     } else if (callbacks_.on_notice) {
-      callbacks_.on_notice(
-          fmt::format("{} recovered on worker{} {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
-                      "iteration{} replayed); training resumes at iteration {}",
-                      r.first == r.last ? fmt::format("stage {}", r.first)
-                                        : fmt::format("stages {}..{}", r.first, r.last),
-                      r.members.size() > 1 ? "s" : "", spares, secs, pull, replay, replayed,
-                      replayed == 1 ? "" : "s", rec.target));
+      const bool group = replacements != spares;
+      callbacks_.on_notice(fmt::format(
+          "{} recovered on worker{} {}{} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
+          "iteration{} replayed); training resumes at iteration {}",
+          r.first == r.last ? fmt::format("stage {}", r.first)
+                            : fmt::format("stages {}..{}", r.first, r.last),
+          replacements.find(',') != std::string::npos ? "s" : "", replacements,
+          group ? fmt::format(" (its group replayed on workers {})", spares) : std::string(), secs,
+          pull, replay, replayed, replayed == 1 ? "" : "s", rec.target));
     }
   }
   phase_ = phase::running;

@@ -74,6 +74,9 @@ struct StageReady {
   slotsPulled @15 :Int64;
   handlesRefused @16 :Int64;
   replayThreads @17 :Int32;  # the GEMM threads its replay ran with
+  # The policy's group exchange in this worker (a recovery group's replay sums gradients
+  # through it; invalid when the policy has none).
+  groupExchange @18 :Address;
 }
 struct OpSize {
   computeBytes @0 :UInt64;
@@ -298,6 +301,11 @@ struct Restore {
   # replica of that layout is replayed, then this role's operators are taken from it.
   windowStages @15 :Int32;
   windowReplicas @16 :Int32;
+  # The recovery group replays in parallel (dp > 1): [replica] the group exchange of the
+  # worker holding (stage, replica) in this generation, survivors included. This worker then
+  # replays only its own replica of the region and sums the gradients with these peers after
+  # each iteration, in replica order. Empty: it replays every replica itself.
+  group @17 :List(Address);
 }
 
 # ---- global rollback (policies dense-memory, dense-disk, pec; docs/policies.md)

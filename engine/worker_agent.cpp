@@ -61,6 +61,8 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
   const actors::actor_ref ckpt =
       checkpoint_ && stage.valid() ? checkpoint_->agent() : actors::actor_ref{};
   const actors::actor_ref repl = checkpoint_ ? checkpoint_->replicator() : actors::actor_ref{};
+  const actors::actor_ref exchange =
+      checkpoint_ ? checkpoint_->group_exchange() : actors::actor_ref{};
   std::vector<op_size> sizes;
   double bandwidth = 0.0;
   if (checkpoint_ && stage.valid()) {
@@ -75,6 +77,7 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
     b.setError(err);
     write_ref(b.initCheckpoint(), ckpt);
     write_ref(b.initReplicator(), repl);
+    write_ref(b.initGroupExchange(), exchange);
     auto l = b.initOpSizes(static_cast<unsigned>(sizes.size()));
     for (unsigned i = 0; i < sizes.size(); ++i) {
       l[i].setComputeBytes(sizes[i].compute_bytes);
@@ -194,10 +197,11 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   const std::uint64_t generation = m.getGeneration();
   if (stage < 0 || stage >= job_->pp || replica < 0 || replica >= job_->dp) co_return;
   if (stage_index_ >= 0) {
-    // A rollback to the durable tier restores every stage, survivors included: a stage given
-    // its role at the start takes one too (its running stage is dropped; the coordinator
-    // aborted the iteration and no longer counts on it).
-    if ((!restored_ && !m.getDurable()) || generation <= generation_ || stage != stage_index_ ||
+    // A rollback to the durable tier, and a recovery group replaying in parallel, restore
+    // survivors too: a stage given its role at the start takes one (its running stage is
+    // dropped; the coordinator aborted the iteration and no longer counts on it).
+    const bool survivors_too = m.getDurable() || m.getGroup().size() > 0;
+    if ((!restored_ && !survivors_too) || generation <= generation_ || stage != stage_index_ ||
         replica != replica_) {
       co_return;
     }
@@ -212,11 +216,15 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   try {
     const stage_factory& factory = registry_.find(job_->stage_type);
     auto model = co_await checkpoint_->restore(m, factory, setup);
+    // A newer generation's Restore came meanwhile (the region grew): that one answers.
+    if (generation != generation_) co_return;
     start_stage(std::move(setup), std::move(model), true);
   } catch (const snapshot_lost& e) {
+    if (generation != generation_) co_return;
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()),
            true);
   } catch (const std::exception& e) {
+    if (generation != generation_) co_return;
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
   }
 }

@@ -19,7 +19,7 @@
 
 #include "base/hash.hpp"
 #include "models/cpu/gemm.hpp"
-#include "recovery/layout_change.hpp"
+#include "recovery/region_restore.hpp"
 #include "recovery/snapshot.hpp"
 #include "recovery/sparse_to_dense.hpp"
 #include "recovery/worker_tasks.hpp"
@@ -29,32 +29,10 @@ namespace moevement::recovery {
 
 namespace {
 
-// The GEMM threads of a replay: its share of this host's cores (checkpoint.replay_threads).
-int replay_threads(const engine::job_config& job, int host_share) {
-  return engine::replay_threads_for(job.replay_threads, host_share,
-                                    int(std::max(1u, std::thread::hardware_concurrency())));
-}
-
-// Runs `replay` on the calling thread with `threads` GEMM threads, then back to `usual`
-// however it ends.
-template <class F>
-void with_gemm_threads(int threads, int usual, F&& replay) {
-  models::cpu::set_gemm_threads(threads);
-  try {
-    replay();
-  } catch (...) {
-    models::cpu::set_gemm_threads(usual);
-    throw;
-  }
-  models::cpu::set_gemm_threads(usual);
-}
-
 using actors::actor_ref;
 using actors::read_ref;
 using actors::write_ref;
 using asio::awaitable;
-
-constexpr auto fetch_timeout = std::chrono::seconds(30);
 
 void write_key(wire::SlotKey::Builder b, int stage, int replica, std::uint64_t window,
                std::uint32_t slot) {
@@ -741,6 +719,8 @@ moevement_checkpoint::moevement_checkpoint(actors::actor_system& system, engine:
   if (engine::durable_tier(job_)) durable_ = std::make_shared<durable_writer>();
   replicator_ = system_.spawn<recovery::replicator>(io_, limits_, durable_, job_.baseline.dir,
                                                     job_.share_memory);
+  inbox_ = std::make_shared<group_inbox>(system_.io());
+  exchange_ = system_.spawn<recovery::group_exchange>(inbox_);
 }
 
 std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
@@ -851,22 +831,6 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
 awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
     engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
     engine::stage_setup setup) {
-  const int s = plan.getStage(), dp = job_.dp, mbs = job_.train.micro_batches;
-  const int first_stage = plan.getFirstStage(), last_stage = plan.getLastStage();
-  const int k = last_stage - first_stage + 1;  // stages of the region, rebuilt jointly
-  const std::int64_t t = plan.getTargetIteration(), w0 = plan.getFirstIteration();
-  const bool has_window = plan.getHasWindow();
-  const int w = plan.getWSparse();
-  const bool durable = plan.getDurable();
-  if (first_stage < 0 || last_stage >= job_.pp || s < first_stage || s > last_stage ||
-      plan.getSources().size() != unsigned(k * dp) || t < w0 || w0 < 0 ||
-      (has_window && (w <= 0 || w > (1 << 20)))) {
-    throw std::runtime_error("malformed Restore from the coordinator");
-  }
-  if (durable && (!durable_ || !has_window || first_stage != 0 || last_stage != job_.pp - 1)) {
-    throw std::runtime_error(
-        "malformed durable Restore (the whole pipeline from a window, with checkpoint.durable)");
-  }
   fresh_ = false;
   // Hooks of an older generation's stage are gone with its stage actor; its agent goes too.
   if (agent_.valid()) system_.stop(agent_);
@@ -877,345 +841,15 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_files_.clear();
   restored_w_ = 0;
   timing_ = {};
-  const auto started = std::chrono::steady_clock::now();
-  const int window_pp = plan.getWindowStages(), window_dp = plan.getWindowReplicas();
-  if (durable && window_pp != 0 && (window_pp != job_.pp || window_dp != job_.dp)) {
-    co_return co_await restore_layout(plan, factory, std::move(setup), started);
-  }
-  std::map<std::int64_t, step_record> steps;
-  for (auto r : plan.getSteps()) {
-    step_record rec;
-    rec.loss_grad = r.getLossScale() / float(mbs * dp);
-    rec.plan.apply = r.getApply();
-    rec.plan.grad_mul = r.getGradMul();
-    rec.plan.grad_norm = r.getGradNorm();
-    steps[r.getIteration()] = rec;
-  }
-
-  // Fresh stages for every replica of every stage of the region (index j * dp + d): the
-  // initial state, or what the windows' slots overwrite. Built on a thread of their own while
-  // this one pulls the slots: allocating a stage's state is as long as pulling it.
-  const auto all = std::size_t(k * dp);
-  std::vector<std::unique_ptr<engine::stage_model>> models(all);
-  std::future<void> building = std::async(std::launch::async, [&] {
-    for (int j = 0; j < k; ++j) {
-      for (int d = 0; d < dp; ++d) {
-        engine::stage_setup sd = setup;
-        sd.stage = first_stage + j;
-        sd.replica = d;
-        // The window's slots overwrite every operator in full: its random init is wasted
-        // time (most of a small-preset restore's before this).
-        sd.initialize = !has_window;
-        models[std::size_t(j * dp + d)] = factory(sd);
-      }
-    }
-  });
-
-  // The window of every stage replica, from whichever replicator still has each slot
-  // (slots[i][j]: slot j of stage replica i; `kept` owns their memory).
-  std::vector<std::vector<std::span<const std::byte>>> slots(all);
-  std::vector<std::shared_ptr<const void>> kept;
-  const std::size_t own_index = std::size_t((s - first_stage) * dp + setup.replica);
-  std::vector<std::shared_ptr<transport::bulk_region>> own_regions;
-  std::vector<std::shared_ptr<transport::shared_memory>> own_files;
-  if (durable) {
-    // The durable tier: every stage replica's window from its files, verified (the manifest's
-    // checksums, the meta, every slot's own checksum and tag).
-    co_await off_thread([&] {
-      durable_->drain();
-      for (std::size_t i = 0; i < all; ++i) {
-        const int st = first_stage + int(i) / dp, d = int(i) % dp;
-        const durable_store store(durable_window_dir(job_.baseline.dir, st, d));
-        auto loaded = load_durable_window(store, plan.getWindow(), st, d);
-        if (!loaded.ok()) {
-          throw std::runtime_error(fmt::format("durable window of stage {} replica {}: {}", st, d,
-                                               loaded.err().message));
-        }
-        if (loaded->meta.first_iteration != w0 || loaded->meta.w_sparse != w) {
-          throw std::runtime_error(fmt::format(
-              "durable window {} of stage {} replica {} replays from iteration {} with W={}, "
-              "the coordinator says {} and {}",
-              plan.getWindow(), st, d, loaded->meta.first_iteration, loaded->meta.w_sparse, w0, w));
-        }
-        auto owned =
-            std::make_shared<std::vector<std::vector<std::byte>>>(std::move(loaded->slots));
-        for (const auto& sl : *owned) slots[i].emplace_back(sl);
-        kept.push_back(std::move(owned));
-      }
-      // Windows newer than this one on this replica's disk are from a timeline the job left
-      // (a resume, or a rollback past a corrupt window): one the job writes from now on must
-      // never rank below them.
-      durable_store(durable_window_dir(job_.baseline.dir, s, setup.replica))
-          .drop_after(plan.getWindow());
-    });
-  }
-  for (std::size_t i = 0; i < all && has_window && !durable; ++i) {
-    const int st = first_stage + int(i) / dp, d = int(i) % dp;
-    const auto src = plan.getSources()[unsigned(i)];
-    for (int j = 0; j < w; ++j) {
-      bool found = false;
-      for (auto h : src.getSlotHolders()) {
-        const actor_ref holder = read_ref(h);
-        auto fill = [&](wire::FetchSlot::Builder b) {
-          write_key(b.initKey(), st, d, plan.getWindow(), std::uint32_t(j));
-        };
-        auto r = co_await system_.ask<wire::FetchSlot, wire::SlotData>(holder, fetch_timeout, fill);
-        if (!r.ok() || !r->get().getFound()) continue;  // lost, or not one of its holders
-        auto desc = transport::read_descriptor(r->get().getTensor());
-        if (!desc.ok() || desc->node != holder.node || desc->length > limits_.max_slot_bytes) {
-          continue;
-        }
-        // A holder on this host that keeps the slot mapped: map it too (no copy, except of
-        // this process's own stage replica, whose regions its slot pool takes over below).
-        std::shared_ptr<transport::shared_memory> mapped;
-        std::span<std::byte> shared_bytes;
-        if (job_.share_memory && r->get().hasShare()) {
-          const auto h = transport::read_share(r->get().getShare());
-          if (h.ok() && h->length == desc->length) {
-            if (auto m = transport::shared_memory::open(*h); m.ok()) {
-              mapped = std::make_shared<transport::shared_memory>(std::move(*m));
-              shared_bytes = mapped->memory().subspan(h->offset, h->length);
-            }
-          }
-        }
-        if (mapped && i != own_index) {
-          slots[i].emplace_back(shared_bytes);
-          kept.push_back(std::move(mapped));
-          ++timing_.slots_mapped;
-          found = true;
-          break;
-        }
-        // This process's own stage replica: into link-allocated regions (memory files with
-        // checkpoint.share_memory), which its slot pool then lends to the capture. The
-        // others: heap memory, not zeroed (the pull writes every byte, and parse_snapshot
-        // checks them).
-        std::shared_ptr<void> owner;
-        std::shared_ptr<transport::bulk_region> region;
-        std::shared_ptr<transport::shared_memory> own_file;
-        std::span<std::byte> into;
-        if (i == own_index) {
-          try {
-            if (job_.share_memory) {
-              own_file = std::make_shared<transport::shared_memory>(
-                  transport::shared_memory::create(desc->length));
-              into = own_file->memory().first(desc->length);
-              owner = own_file;
-            } else {
-              region = std::make_shared<transport::bulk_region>(io_.allocate(desc->length));
-              into = region->memory().first(desc->length);
-              owner = region;
-            }
-          } catch (const std::exception&) {
-            // Out of mappable memory: the heap below (the pool then allocates later).
-          }
-        }
-        if (!owner) {
-          std::shared_ptr<std::byte[]> buf =
-              std::make_shared_for_overwrite<std::byte[]>(desc->length);
-          into = std::span<std::byte>(buf.get(), desc->length);
-          owner = std::move(buf);
-        }
-        if (mapped) {
-          co_await off_thread([&] { std::memcpy(into.data(), shared_bytes.data(), into.size()); });
-        } else {
-          auto pulled = co_await pull_chunked(io_, *desc, into, owner, limits_.pull_chunk_bytes);
-          if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
-        }
-        slots[i].emplace_back(into);
-        if (mapped) {
-          ++timing_.slots_mapped;  // this process's own: mapped, then copied into its memory
-        } else {
-          ++timing_.slots_pulled;
-          timing_.handles_refused += r->get().hasShare() ? 1 : 0;
-        }
-        if (region) own_regions.push_back(std::move(region));
-        if (own_file) own_files.push_back(std::move(own_file));
-        kept.push_back(std::move(owner));
-        found = true;
-        break;
-      }
-      if (!found) {
-        throw engine::snapshot_lost(fmt::format(
-            "slot {} of window {} of stage {} replica {} is on no live replicator (every copy "
-            "was lost)",
-            j, plan.getWindow(), st, d));
-      }
-    }
-  }
-  co_await off_thread([&] { building.get(); });
-  const std::size_t floats = models[0]->boundary_floats();
-
-  // The upstream logs of [w0, t) of the healthy stages just outside the region.
-  const auto dpu = static_cast<std::size_t>(dp);
-  std::vector<log_store> up(dpu), down(dpu);
-  auto fetch_log = [&](actor_ref agent, bool gradient, int d, log_store& into) -> awaitable<void> {
-    if (t == w0) co_return;
-    auto fill = [&](wire::FetchLog::Builder b) {
-      b.setFromIteration(w0);
-      b.setToIteration(t - 1);
-      b.setGradient(gradient);
-      b.setReplica(std::uint32_t(d));
-      b.setMicroBatches(std::uint32_t(mbs));
-      b.setFloatsEach(floats);
-    };
-    auto r = co_await system_.ask<wire::FetchLog, wire::LogData>(agent, fetch_timeout, fill);
-    if (!r.ok()) throw std::runtime_error("fetching a neighbour's log failed: " + r.err().message);
-    if (r->get().getError().size() > 0) {
-      throw std::runtime_error("a neighbour cannot serve its log: " +
-                               std::string(r->get().getError()));
-    }
-    const std::uint64_t lease = r->get().getLease();
-    const std::uint64_t each = floats * sizeof(float);
-    const std::uint64_t expect = std::uint64_t(t - w0) * std::uint64_t(mbs) * each;
-    auto desc = transport::read_descriptor(r->get().getTensor());
-    if (!desc.ok() || desc->node != agent.node || desc->length != expect) {
-      throw std::runtime_error("a neighbour's log answer does not match the request");
-    }
-    auto buf = std::make_shared<std::vector<std::byte>>(expect);
-    auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
-    (void)system_.tell<wire::ReleaseLog>(agent,
-                                         [&](wire::ReleaseLog::Builder b) { b.setLease(lease); });
-    if (!pulled.ok())
-      throw std::runtime_error("pulling a neighbour's log failed: " + pulled.err().message);
-    const auto dir = gradient ? log_direction::gradient : log_direction::activation;
-    std::size_t off = 0;
-    for (std::int64_t it = w0; it < t; ++it) {
-      for (int mb = 0; mb < mbs; ++mb, off += each) {
-        into.append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)},
-                    std::span<const std::byte>(buf->data() + off, each));
-      }
-    }
-  };
-  for (int d = 0; d < dp; ++d) {
-    if (first_stage > 0) {
-      const auto src = plan.getSources()[unsigned(d)];
-      co_await fetch_log(read_ref(src.getUpstream()), false, d, up[std::size_t(d)]);
-    }
-    if (last_stage + 1 < job_.pp) {
-      const auto src = plan.getSources()[unsigned((k - 1) * dp + d)];
-      co_await fetch_log(read_ref(src.getDownstream()), true, d, down[std::size_t(d)]);
-    }
-  }
-  // The schedule state of a surviving replica of this stage (none: every replica is being
-  // rebuilt, and the fresh ones agree with each other). Checked when loaded.
-  for (int d = 0; d < dp && !restored_schedule_; ++d) {
-    const actor_ref peer =
-        read_ref(plan.getSources()[unsigned((s - first_stage) * dp + d)].getSurvivor());
-    if (!peer.valid() || d == setup.replica) continue;
-    auto r = co_await system_.ask<wire::FetchSchedule, wire::ScheduleState>(peer, fetch_timeout);
-    if (!r.ok()) continue;  // that survivor died meanwhile: its loss restarts this restore
-    const auto m = r->get();
-    if (!m.getHas()) break;
-    if (m.getCounts().size() > limits_.max_schedule_windows ||
-        m.getSchedules().size() > limits_.max_schedule_windows) {
-      throw std::runtime_error("a survivor's schedule state is too large");
-    }
-    stage_schedule::state st;
-    for (auto v : m.getOrder()) st.order.push_back(v);
-    for (auto v : m.getOrderPopularity()) st.order_popularity.push_back(v);
-    for (auto c : m.getCounts()) {
-      auto& v = st.counts[c.getWindow()];
-      for (auto x : c.getCounts()) v.push_back(x);
-    }
-    for (auto w : m.getSchedules()) {
-      auto& v = st.schedules[w.getWindow()];
-      for (auto sl : w.getSlots()) {
-        sim::schedule_slot slot;
-        for (auto x : sl.getActive()) slot.active.push_back(x);
-        for (auto x : sl.getFrozen()) slot.frozen.push_back(x);
-        v.push_back(std::move(slot));
-      }
-    }
-    st.reorders = m.getReorders();
-    for (auto x : m.getDecayed()) st.decayed.push_back(x);
-    for (auto x : m.getPending()) st.pending.push_back(x);
-    st.pending_iteration = m.getPendingIteration();
-    restored_schedule_ = std::move(st);
-  }
-  const auto pulled_at = std::chrono::steady_clock::now();
-
-  // Sparse-to-dense conversion of the region, then all-active replay up to t.
-  conversion_input in;
-  in.stage = first_stage;
-  in.region_stages = k;
-  in.stages = job_.pp;
-  in.micro_batches = mbs;
-  in.target_iteration = t;
-  in.windows = std::move(slots);
-  for (int d = 0; d < dp; ++d) {
-    in.upstream.push_back(&up[std::size_t(d)]);
-    in.downstream.push_back(&down[std::size_t(d)]);
-  }
-  in.steps = &steps;
-  in.train = job_.train;
-  in.initial_iteration = w0;
-  auto own = std::make_unique<log_store>();
-  const auto me = std::size_t(setup.replica);
-  in.on_sent = [&](int st, std::int64_t it, int mb, log_direction dir, std::size_t d,
-                   std::span<const float> x) {
-    if (st == s && d == me) {
-      own->append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)}, std::as_bytes(x));
-    }
-  };
-  std::vector<engine::stage_model*> ptrs;
-  for (auto& m : models) ptrs.push_back(m.get());
-  // Every stage outside the region is paused while it replays: its GEMMs may take the host's
-  // cores (BLIS gives the same bits for any thread count; tests/models/model_test.cpp), shared
-  // with the other replays the coordinator runs on this host at the same time.
-  const int threads = replay_threads(job_, plan.getHostShare());
-  timing_.replay_threads = threads;
-  co_await off_thread([&] {
-    with_gemm_threads(threads, job_.train.blis_threads, [&] { (void)sparse_to_dense(ptrs, in); });
-  });
-  const auto done = std::chrono::steady_clock::now();
-  timing_.pull_s = std::chrono::duration<double>(pulled_at - started).count();
-  timing_.replay_s = std::chrono::duration<double>(done - pulled_at).count();
-  timing_.iterations_replayed = t - w0;
-  restored_log_ = std::move(own);
-  for (auto& r : own_regions) restored_regions_.push_back(std::move(*r));
-  for (auto& f : own_files) restored_files_.push_back(std::move(*f));
-  restored_w_ = std::size_t(std::max(w, 1));
-  co_return std::move(models[std::size_t((s - first_stage) * dp) + me]);
-}
-
-awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore_layout(
-    engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
-    engine::stage_setup setup, std::chrono::steady_clock::time_point started) {
-  layout_restore in;
-  in.from = {plan.getWindowStages(), plan.getWindowReplicas()};
-  if (in.from.stages < 1 || in.from.stages > engine::max_job_workers || in.from.replicas < 1 ||
-      in.from.replicas > engine::max_job_workers) {
-    throw std::runtime_error("malformed Restore from the coordinator (the window's layout)");
-  }
-  in.root = job_.baseline.dir;
-  in.window = plan.getWindow();
-  in.first_iteration = plan.getFirstIteration();
-  in.w_sparse = plan.getWSparse();
-  in.target_iteration = plan.getTargetIteration();
-  for (auto r : plan.getSteps()) {
-    engine::planned_step& st = in.steps[r.getIteration()];
-    st.loss_scale = r.getLossScale();
-    st.plan.apply = r.getApply();
-    st.plan.grad_mul = r.getGradMul();
-    st.plan.grad_norm = r.getGradNorm();
-  }
-  const int threads = replay_threads(job_, plan.getHostShare());
-  const int stage = setup.stage, replica = setup.replica;
-  std::unique_ptr<engine::stage_model> out;
-  co_await off_thread([&] {
-    durable_->drain();
-    with_gemm_threads(threads, job_.train.blis_threads,
-                      [&] { out = restore_across_layouts(in, factory, setup); });
-    // As in any durable restore: windows newer than this one in this role's directory are
-    // from a timeline the job left.
-    durable_store(durable_window_dir(job_.baseline.dir, stage, replica)).drop_after(in.window);
-  });
-  timing_.replay_threads = threads;
-  timing_.replay_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  timing_.iterations_replayed = in.target_iteration - in.first_iteration;
-  restored_w_ = std::size_t(std::max(in.w_sparse, 1));
-  co_return out;
+  restore_context ctx{system_, io_, job_, limits_, durable_.get(), inbox_};
+  restored_stage r = co_await restore_region(std::move(ctx), plan, factory, std::move(setup));
+  restored_log_ = std::move(r.log);
+  restored_schedule_ = std::move(r.schedule);
+  restored_regions_ = std::move(r.regions);
+  restored_files_ = std::move(r.files);
+  restored_w_ = r.w;
+  timing_ = r.timing;
+  co_return std::move(r.model);
 }
 
 engine::checkpoint_factory policy_factory(policy_limits limits) {

@@ -10,10 +10,10 @@
 //   (FetchLog). This is the paper's log keeper: the log lives at the sender.
 // - replicator (one per worker, spares included): holds peers' slots in host memory, one
 //   persisted window and the ones in flight, and serves them (FetchSlot).
-// - moevement_checkpoint (engine::worker_checkpoint): makes the above, and restores a lost
-//   stage on a spare: pulls the window of every replica of the stage from any replicator
-//   that has it, the neighbours' logs, and runs sparse_to_dense (sparse_to_dense.hpp) up to
-//   the target iteration.
+// - group_exchange (one per worker, group_replay.hpp): receives the gradients of the other
+//   members of a recovery group replaying in parallel.
+// - moevement_checkpoint (engine::worker_checkpoint): makes the above, and restores a stage
+//   replica of a recovery region on this worker (region_restore.hpp).
 #pragma once
 
 #include <atomic>
@@ -28,6 +28,7 @@
 
 #include "engine/checkpoint.hpp"
 #include "recovery/durable_window.hpp"
+#include "recovery/group_replay.hpp"
 #include "recovery/recovery.capnp.h"
 #include "recovery/slot_pool.hpp"
 #include "recovery/sparse_capture.hpp"
@@ -53,6 +54,10 @@ struct policy_limits {
   // Windows of counts or schedules a survivor's schedule state may carry (it holds two).
   std::size_t max_schedule_windows = 8;
   std::chrono::milliseconds max_window_wait{10000};
+  // How long a parallel group replay waits for a peer's gradients of one iteration. A peer
+  // that died or hangs is found by the heartbeats first (the region then restarts under a
+  // newer generation, which ends this wait); this only bounds a wait nothing else ends.
+  std::chrono::seconds group_wait{600};
 };
 
 // Algorithm 1's FindWindowSize over every stage (the largest W any stage needs).
@@ -220,6 +225,7 @@ class moevement_checkpoint : public engine::worker_checkpoint {
 
   actors::actor_ref replicator() const override { return replicator_; }
   actors::actor_ref agent() const override { return agent_; }
+  actors::actor_ref group_exchange() const override { return exchange_; }
   std::unique_ptr<engine::stage_hooks> make_hooks(const engine::stage_setup& setup,
                                                   engine::stage_model& model,
                                                   actors::actor_ref coordinator) override;
@@ -231,18 +237,14 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   restore_timing last_restore() const override { return timing_; }
 
  private:
-  // A durable Restore of a window written at another layout (recovery/layout_change.hpp).
-  asio::awaitable<std::unique_ptr<engine::stage_model>> restore_layout(
-      engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
-      engine::stage_setup setup, std::chrono::steady_clock::time_point started);
-
   actors::actor_system& system_;
   engine::bulk_io& io_;
   engine::job_config job_;
   policy_limits limits_;
   std::shared_ptr<durable_writer> durable_;  // null: checkpoint.durable is off
   bool fresh_ = true;                        // no restore yet: the role given at the start
-  actors::actor_ref replicator_, agent_;
+  actors::actor_ref replicator_, agent_, exchange_;
+  std::shared_ptr<group_inbox> inbox_;  // what exchange_ received, for a group replay here
   std::vector<engine::op_size> sizes_;
   double bandwidth_ = 0.0;
   // What a restore replayed for this replica: it becomes the new stage's upstream log.

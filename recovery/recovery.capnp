@@ -86,3 +86,14 @@ struct ScheduleState {
   pending @7 :List(Float64);       # and the counts of pendingIteration not folded in yet
   pendingIteration @8 :Int64;
 }
+
+# Member of a recovery group replaying in parallel -> every other member's group exchange
+# (recovery/group_replay.hpp): its replica's weight gradients after replaying `iteration`
+# (every stage of the region, stage order), exported until the member has every peer's
+# gradients of iteration + 1.
+struct ReplayGradients {
+  generation @0 :UInt64;
+  iteration @1 :Int64;
+  replica @2 :UInt32;
+  tensor @3 :Bulk.BulkDescriptor;
+}

@@ -71,6 +71,9 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
   }
   const std::size_t d_count = replicas.size() / std::size_t(k);  // replicas of each stage
   const std::size_t all = replicas.size();
+  if (in.reduce && d_count != 1) {
+    throw conversion_error("sparse-to-dense: a parallel group replay gives one replica per stage");
+  }
   if (in.windows.size() != all) {
     throw conversion_error("sparse-to-dense: " + std::to_string(in.windows.size()) +
                            " windows for " + std::to_string(all) + " stage replicas");
@@ -85,7 +88,7 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
   bool from_initial = true;
   for (const auto& win : in.windows) from_initial = from_initial && win.empty();
   for (std::size_t i = 0; i < all; ++i) {
-    const std::size_t d = i % d_count;
+    const std::size_t d = in.first_replica + i % d_count;
     const int s = stage_of(i);
     ops[i] = replicas[i]->operators();
     if (from_initial) continue;
@@ -229,15 +232,16 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
     if (std::size_t(it - w0) < w) load_slot(std::size_t(it - w0));
     const step_record& step = in.steps->at(it);
     for (std::size_t d = 0; d < d_count; ++d) {
+      const std::size_t gd = in.first_replica + d;  // the replica's index in the group
       engine::replay_inputs ri{in.stage, in.stages, in.micro_batches, {}, {}};
       for (int mb = 0; mb < in.micro_batches; ++mb) {
         if (!starts) {
           ri.activations.push_back(logged(d < in.upstream.size() ? in.upstream[d] : nullptr, it, mb,
-                                          log_direction::activation, d, in.stage - 1, floats));
+                                          log_direction::activation, gd, in.stage - 1, floats));
         }
         if (!ends) {
           ri.gradients.push_back(logged(d < in.downstream.size() ? in.downstream[d] : nullptr, it,
-                                        mb, log_direction::gradient, d, in.stage + k, floats));
+                                        mb, log_direction::gradient, gd, in.stage + k, floats));
         }
       }
       for (int j = 0; j < k; ++j) region[std::size_t(j)] = replicas[std::size_t(j) * d_count + d];
@@ -252,22 +256,45 @@ conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas
         for (int mb = 0; mb < in.micro_batches; ++mb) {
           const auto m = std::size_t(mb);
           if (!last) {
-            if (in.on_sent) in.on_sent(s, it, mb, log_direction::activation, d, out.activations[m]);
-            check_sent(own, it, mb, log_direction::activation, d, out.activations[m],
+            if (in.on_sent)
+              in.on_sent(s, it, mb, log_direction::activation, gd, out.activations[m]);
+            check_sent(own, it, mb, log_direction::activation, gd, out.activations[m],
                        rep.tensors_checked);
           }
           if (!first) {
-            if (in.on_sent) in.on_sent(s, it, mb, log_direction::gradient, d, out.gradients[m]);
-            check_sent(own, it, mb, log_direction::gradient, d, out.gradients[m],
+            if (in.on_sent) in.on_sent(s, it, mb, log_direction::gradient, gd, out.gradients[m]);
+            check_sent(own, it, mb, log_direction::gradient, gd, out.gradients[m],
                        rep.tensors_checked);
           }
         }
       }
     }
+    if (in.reduce) {
+      // The group's other replicas replay on other workers: one sum of every region stage's
+      // gradients with theirs.
+      std::size_t total = 0;
+      for (int j = 0; j < k; ++j) total += engine::gradient_floats(ops[std::size_t(j) * d_count]);
+      acc.resize(total);
+      std::size_t off = 0;
+      for (int j = 0; j < k; ++j) {
+        const auto& o = ops[std::size_t(j) * d_count];
+        const std::size_t n = engine::gradient_floats(o);
+        engine::copy_gradients_out(o, std::span(acc).subspan(off, n));
+        off += n;
+      }
+      in.reduce(it, acc);
+      off = 0;
+      for (int j = 0; j < k; ++j) {
+        const auto& o = ops[std::size_t(j) * d_count];
+        const std::size_t n = engine::gradient_floats(o);
+        engine::copy_gradients_in(o, std::span<const float>(acc).subspan(off, n));
+        off += n;
+      }
+    }
     for (int j = 0; j < k; ++j) {
       const std::size_t base = std::size_t(j) * d_count;
       // The all-reduce as the engine does it: g_0 + g_1 + ... in replica order.
-      if (d_count > 1) {
+      if (d_count > 1 && !in.reduce) {
         acc.resize(engine::gradient_floats(ops[base]));
         g.resize(acc.size());
         engine::copy_gradients_out(ops[base], acc);

@@ -54,6 +54,13 @@ struct conversion_input {
   // Every window empty (none was persisted yet): the replicas as given are the initial state
   // (freshly built), and the replay runs from initial_iteration (0) to t.
   std::int64_t initial_iteration = 0;
+  // The recovery group replays in parallel (recovery/group_replay.hpp): the replicas given are
+  // this worker's, replica `first_replica` of each stage of the region, and `reduce` sums
+  // their gradients after each iteration with the other members' (every stage's, stage
+  // order, in place) in replica order. Unset: the replicas given are the whole group, summed
+  // here. upstream, downstream and own are indexed by the replicas given.
+  std::size_t first_replica = 0;
+  std::function<void(std::int64_t iteration, std::span<float> gradients)> reduce;
   // Called with every tensor the replay sends (to rebuild the stages' own upstream logs).
   std::function<void(int stage, std::int64_t iteration, int micro_batch, log_direction dir,
                      std::size_t replica, std::span<const float> tensor)>

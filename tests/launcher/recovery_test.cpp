@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -161,11 +163,42 @@ TEST(recovery, a_failure_before_any_window_replays_from_the_initial_state) {
   EXPECT_EQ(number_field(*start, "replay_from"), 0);
 }
 
+// The (stage, replica) -> worker entries of recovery_end's replays ("1/0@5:0.1s:2t,...").
+std::map<std::pair<int, int>, int> replayed_by(const std::string& line) {
+  const auto at = line.find("\"replays\":\"");
+  std::map<std::pair<int, int>, int> out;
+  if (at == std::string::npos) return out;
+  std::string list = line.substr(at + 11, line.find('"', at + 11) - at - 11);
+  for (std::size_t pos = 0; pos < list.size();) {
+    const std::size_t end = std::min(list.find(',', pos), list.size());
+    int s = -1, d = -1, w = -1;
+    if (std::sscanf(list.substr(pos, end - pos).c_str(), "%d/%d@%d", &s, &d, &w) == 3) {
+      out[{s, d}] = w;
+    }
+    pos = end + 1;
+  }
+  return out;
+}
+
 TEST(recovery, one_lost_replica_of_a_data_parallel_stage) {
-  const auto o = launch("dp2", job(2, 2, 1, "--inject kill:stage=1,replica=1,iter=6"));
+  // dp = 4: the lost replica's group replays in parallel, each of the four replicas of stage
+  // 1 on its own worker (the three survivors on theirs, the lost one on the spare).
+  const auto o = launch("dp4", job(2, 4, 1, "--inject kill:stage=1,replica=1,iter=6"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  EXPECT_EQ(o.hash, reference(2));
-  EXPECT_NE(event(o, "recovery_end"), nullptr);
+  EXPECT_EQ(o.hash, reference(4));
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  const auto by = replayed_by(*end);
+  ASSERT_EQ(by.size(), 4u) << *end;
+  std::set<int> workers;
+  for (int d = 0; d < 4; ++d) {
+    ASSERT_TRUE(by.contains({1, d})) << *end;
+    workers.insert(by.at({1, d}));
+  }
+  EXPECT_EQ(workers.size(), 4u) << "each replica on a worker of its own: " << *end;
+  const std::string* lost = event(o, "worker_lost");
+  ASSERT_NE(lost, nullptr);
+  EXPECT_EQ(workers.count(int(number_field(*lost, "node"))), 0u) << "not on the dead worker";
 }
 
 TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {

@@ -273,7 +273,7 @@ TEST_F(slurm_launch, a_killed_task_is_rebuilt_on_a_spare_task_with_the_same_stat
   ASSERT_FALSE(slurm.timed_out) << slurm.output;
   ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
                                 << read_file(slurm_log("recover"));
-  EXPECT_TRUE(contains(slurm.output, "recovered on worker 5")) << slurm.output;
+  EXPECT_TRUE(contains(slurm.output, "recovered on worker 5 ")) << slurm.output;
   EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
   // Every stage's snapshot copies went to workers on other Slurm nodes than its own.
   std::map<std::string, std::string> node_of;  // worker id -> Slurm node name

@@ -8,8 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "engine/local_pipeline.hpp"
 #include "tests/support/small_train.hpp"
@@ -237,6 +241,80 @@ TEST(sparse_to_dense, a_region_without_its_neighbours_log_says_which) {
   }
   in.region_stages = 3;  // three stages but two models
   EXPECT_THROW(sparse_to_dense(region, in), conversion_error);
+}
+
+// The recovery group replays in parallel: each replica of the region replays on a thread of
+// its own (as each member does on its own worker) and the gradients are summed through
+// `reduce` in replica order; every member ends bit-identical to the lost stages, as the
+// whole group replayed in one place does. dp = 3: the order of the sum matters.
+TEST(sparse_to_dense, a_group_replaying_in_parallel_ends_bit_identical) {
+  const int pp = 4, dp = 3, first = 1, last = 2;
+  captured_job job(pp, dp, models::preset("tiny"), test_train(dp));
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  engine::local_pipeline fresh(job.model, job.train, pp);
+  // What the members deposit, by iteration: [replica] gradients; the sum in replica order.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::int64_t, std::vector<std::vector<float>>> deposits;
+  auto reduce_as = [&](std::size_t me) {
+    return [&, me](std::int64_t it, std::span<float> g) {
+      std::unique_lock lock(mu);
+      auto& got = deposits[it];
+      got.resize(std::size_t(dp));
+      got[me].assign(g.begin(), g.end());
+      cv.notify_all();
+      cv.wait(lock, [&] {
+        return std::all_of(got.begin(), got.end(), [](const auto& v) { return !v.empty(); });
+      });
+      std::copy(got[0].begin(), got[0].end(), g.begin());
+      for (int d = 1; d < dp; ++d) engine::accumulate(g, got[std::size_t(d)]);
+    };
+  };
+  std::vector<std::thread> members;
+  std::vector<std::string> errors(static_cast<std::size_t>(dp));
+  std::vector<int> replays(static_cast<std::size_t>(dp));
+  for (int d = 0; d < dp; ++d) {
+    members.emplace_back([&, d] {
+      conversion_input in;
+      in.stage = first;
+      in.region_stages = last - first + 1;
+      in.stages = pp;
+      in.micro_batches = job.train.micro_batches;
+      in.target_iteration = job.pipe.iteration();
+      in.train = job.train;
+      in.first_replica = std::size_t(d);
+      in.reduce = reduce_as(std::size_t(d));
+      std::vector<engine::stage_model*> mine;
+      for (int s = first; s <= last; ++s) {
+        mine.push_back(&fresh.stage(s, d));
+        in.windows.push_back(job.cap(s, d).persisted()->slots);
+        in.own.push_back(&job.cap(s, d).log());
+      }
+      in.upstream.push_back(&job.cap(first - 1, d).log());
+      in.downstream.push_back(&job.cap(last + 1, d).log());
+      in.steps = &job.cap(0, 0).steps();
+      try {
+        replays[std::size_t(d)] = sparse_to_dense(mine, in).sparse_replays;
+      } catch (const std::exception& e) {
+        errors[std::size_t(d)] = e.what();
+        cv.notify_all();
+      }
+    });
+  }
+  for (auto& t : members) t.join();
+  for (int d = 0; d < dp; ++d) {
+    ASSERT_EQ(errors[std::size_t(d)], "") << "replica " << d;
+    EXPECT_EQ(replays[std::size_t(d)], (w_sparse - 1) * (last - first + 1));
+    for (int s = first; s <= last; ++s) {
+      EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
+                engine::operator_digests(job.pipe.stage(s, d).operators()))
+          << "stage " << s << " replica " << d;
+    }
+  }
+  // A member given the whole group cannot also sum with others.
+  conversion_input in = job.input(first);
+  in.reduce = [](std::int64_t, std::span<float>) {};
+  EXPECT_THROW(sparse_to_dense(replicas_of(fresh, first), in), conversion_error);
 }
 
 // f16 with dynamic loss scaling (the scale changes inside the replayed iterations: the logged

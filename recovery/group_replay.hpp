@@ -1,0 +1,123 @@
+// A recovery group's replay spread over its members (docs/recovery.md "The group replays in
+// parallel"). Every replica of a lost stage's data-parallel group, survivors rolled back
+// too, replays its own replica on its own worker; after each replayed iteration the members
+// sum their weight gradients as training does, g_0 + g_1 + ... in replica order, so each
+// ends with the bits a replay of the whole group in one process gives.
+//
+// How the gradients move: a member copies its gradients into an exported buffer and tells
+// every other member's group_exchange where they are (ReplayGradients); each member pulls
+// the others' one after the other and folds them in replica order. Two buffers and no
+// acknowledgements: a member rewrites the buffer of iteration i at i + 2, after it has every
+// peer's announcement of i + 1, which each peer sends only once it pulled this member's of i.
+// At the end each member says it is done and waits for everyone's word before it lets its
+// buffers go.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <tuple>
+#include <vector>
+
+#include "actors/system.hpp"
+#include "engine/bulk_io.hpp"
+#include "recovery/recovery.capnp.h"
+#include "transport/bulk.hpp"
+
+namespace moevement::recovery {
+
+// What this worker's group_exchange received, for the replay in progress here. Actor thread
+// only. Bounded: announcements of an older generation than the newest restore begun here
+// are refused, and at most `max_entries` are kept.
+class group_inbox {
+ public:
+  explicit group_inbox(asio::io_context& io, std::size_t max_entries = 4096)
+      : io_(io), max_entries_(max_entries) {}
+
+  // A restore of `generation` begins here: waits of older generations end with an error
+  // (superseded) and their announcements are dropped.
+  void begin(std::uint64_t generation);
+  // A peer's announcement; false when refused (an older generation, or the inbox is full).
+  bool put(std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
+           const transport::bulk_descriptor& d);
+  // Waits until `replica` announced `iteration` of `generation` and takes its descriptor.
+  // Throws std::runtime_error when superseded or after `timeout`.
+  asio::awaitable<transport::bulk_descriptor> take(std::uint64_t generation, std::int64_t iteration,
+                                                   std::uint32_t replica,
+                                                   std::chrono::steady_clock::duration timeout);
+  std::size_t size() const { return got_.size(); }
+
+ private:
+  void wake_all();
+
+  asio::io_context& io_;
+  std::size_t max_entries_;
+  std::uint64_t generation_ = 0;  // the newest restore begun here
+  std::map<std::tuple<std::uint64_t, std::int64_t, std::uint32_t>, transport::bulk_descriptor> got_;
+  std::set<asio::steady_timer*> waiters_;  // cancelled (woken) on every put and begin
+};
+
+// One per worker (policy moevement): peers' ReplayGradients into the inbox.
+class group_exchange : public actors::actor {
+ public:
+  using interface = actors::interface<actors::tell_t<wire::ReplayGradients>>;
+  explicit group_exchange(std::shared_ptr<group_inbox> inbox);
+  std::uint64_t refused() const { return refused_; }
+
+ private:
+  asio::awaitable<void> gradients(wire::ReplayGradients::Reader m);
+  std::shared_ptr<group_inbox> inbox_;
+  std::uint64_t refused_ = 0;
+};
+
+// One member's side of one generation's replay. Made and dropped on the actor thread;
+// reduce() runs on the replay's thread.
+class group_reducer {
+ public:
+  // peers[d]: the group exchange of the member replaying replica d (this member's own entry
+  // is not used). floats: the region's gradients, every stage's, stage order.
+  group_reducer(actors::actor_system& system, engine::bulk_io& io,
+                std::shared_ptr<group_inbox> inbox, std::uint64_t generation, std::uint32_t replica,
+                std::vector<actors::actor_ref> peers, std::size_t floats,
+                std::uint64_t pull_chunk_bytes, std::chrono::steady_clock::duration wait);
+
+  // On the replay's thread (never the actor thread): `grads` (this member's) becomes the sum
+  // over the group, in replica order. Throws when a peer's announcement does not come
+  // (superseded by a newer generation, or the wait ran out), or does not match.
+  void reduce(std::int64_t iteration, std::span<float> grads);
+  // On the actor thread, once the replay is over: tells the peers this member pulled all it
+  // needed and waits until each says the same, so that no buffer goes while a peer still
+  // pulls it. Throws as reduce() does.
+  asio::awaitable<void> finish();
+
+ private:
+  static constexpr std::int64_t done_ = INT64_MAX;  // the iteration of finish()'s message
+  // On the actor thread: announce this member's buffer, take peer d's descriptor and pull it.
+  asio::awaitable<void> announce(std::int64_t iteration, const transport::bulk_descriptor& mine);
+  asio::awaitable<void> pull(std::int64_t iteration, std::uint32_t d);
+  // Runs `task` on the actor thread and waits for it (from the replay's thread).
+  template <class Task>
+  void on_actor_thread(Task task);
+
+  actors::actor_system& system_;
+  engine::bulk_io& io_;
+  std::shared_ptr<group_inbox> inbox_;
+  std::uint64_t generation_;
+  std::uint32_t replica_;
+  std::vector<actors::actor_ref> peers_;
+  std::size_t floats_;
+  std::uint64_t chunk_;
+  std::chrono::steady_clock::duration wait_;
+  transport::bulk_region buffers_[2];
+  std::shared_ptr<std::vector<float>> incoming_;
+};
+
+}  // namespace moevement::recovery

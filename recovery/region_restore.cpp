@@ -1,0 +1,538 @@
+#include "recovery/region_restore.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "models/cpu/gemm.hpp"
+#include "recovery/durable_store.hpp"
+#include "recovery/layout_change.hpp"
+#include "recovery/sparse_to_dense.hpp"
+#include "recovery/worker_tasks.hpp"
+
+namespace moevement::recovery {
+
+namespace {
+
+using actors::actor_ref;
+using actors::read_ref;
+using asio::awaitable;
+using sclock = std::chrono::steady_clock;
+
+constexpr auto fetch_timeout = std::chrono::seconds(30);
+
+// The GEMM threads of a replay: its share of this host's cores (checkpoint.replay_threads).
+int replay_threads(const engine::job_config& job, int host_share) {
+  return engine::replay_threads_for(job.replay_threads, host_share,
+                                    int(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+// Runs `replay` on the calling thread with `threads` GEMM threads, then back to `usual`
+// however it ends.
+template <class F>
+void with_gemm_threads(int threads, int usual, F&& replay) {
+  models::cpu::set_gemm_threads(threads);
+  try {
+    replay();
+  } catch (...) {
+    models::cpu::set_gemm_threads(usual);
+    throw;
+  }
+  models::cpu::set_gemm_threads(usual);
+}
+
+// A Restore, decoded and checked.
+struct restore_plan {
+  int stage = 0, replica = 0, first_stage = 0, last_stage = 0, k = 1, dp = 1;
+  std::int64_t target = 0, first = 0;
+  bool has_window = false, durable = false;
+  int w = 0;
+  std::uint64_t window = 0, generation = 0;
+  int host_share = 1;
+  int window_pp = 0, window_dp = 0;
+  std::vector<int> replicas;     // of each region stage, rebuilt here (all, or this one)
+  std::vector<actor_ref> group;  // [replica] the members' exchanges (empty: no group)
+  std::map<std::int64_t, step_record> steps;
+  // Index i of a stage replica rebuilt here (i = j * replicas.size() + r) -> its place in
+  // the Restore's sources (j * dp + replica).
+  std::size_t source(std::size_t i) const {
+    const std::size_t n = replicas.size();
+    return (i / n) * std::size_t(dp) + std::size_t(replicas[i % n]);
+  }
+  int stage_of(std::size_t i) const { return first_stage + int(i / replicas.size()); }
+  int replica_of(std::size_t i) const { return replicas[i % replicas.size()]; }
+};
+
+restore_plan decode(engine::wire::Restore::Reader m, const engine::job_config& job,
+                    const engine::stage_setup& setup, bool durable_on) {
+  restore_plan p;
+  p.stage = m.getStage();
+  p.replica = setup.replica;
+  p.dp = job.dp;
+  p.first_stage = m.getFirstStage();
+  p.last_stage = m.getLastStage();
+  p.k = p.last_stage - p.first_stage + 1;
+  p.target = m.getTargetIteration();
+  p.first = m.getFirstIteration();
+  p.has_window = m.getHasWindow();
+  p.w = m.getWSparse();
+  p.window = m.getWindow();
+  p.generation = m.getGeneration();
+  p.durable = m.getDurable();
+  p.host_share = m.getHostShare();
+  p.window_pp = m.getWindowStages();
+  p.window_dp = m.getWindowReplicas();
+  if (p.first_stage < 0 || p.last_stage >= job.pp || p.stage < p.first_stage ||
+      p.stage > p.last_stage || m.getSources().size() != unsigned(p.k * p.dp) ||
+      p.target < p.first || p.first < 0 || (p.has_window && (p.w <= 0 || p.w > (1 << 20)))) {
+    throw std::runtime_error("malformed Restore from the coordinator");
+  }
+  if (p.durable &&
+      (!durable_on || !p.has_window || p.first_stage != 0 || p.last_stage != job.pp - 1)) {
+    throw std::runtime_error(
+        "malformed durable Restore (the whole pipeline from a window, with checkpoint.durable)");
+  }
+  if (m.getGroup().size() != 0) {
+    if (m.getGroup().size() != unsigned(p.dp) || p.dp < 2) {
+      throw std::runtime_error("malformed Restore from the coordinator (its group)");
+    }
+    for (auto a : m.getGroup()) p.group.push_back(read_ref(a));
+    p.replicas = {p.replica};
+  } else {
+    for (int d = 0; d < p.dp; ++d) p.replicas.push_back(d);
+  }
+  const int mbs = job.train.micro_batches;
+  for (auto r : m.getSteps()) {
+    step_record rec;
+    rec.loss_grad = r.getLossScale() / float(mbs * p.dp);
+    rec.plan.apply = r.getApply();
+    rec.plan.grad_mul = r.getGradMul();
+    rec.plan.grad_norm = r.getGradNorm();
+    p.steps[r.getIteration()] = rec;
+  }
+  return p;
+}
+
+// One Restore's work, in the order it runs.
+class region_restore {
+ public:
+  region_restore(restore_context ctx, engine::wire::Restore::Reader m, restore_plan plan,
+                 engine::stage_setup setup)
+      : ctx_(std::move(ctx)), m_(m), p_(std::move(plan)), setup_(std::move(setup)) {}
+
+  awaitable<restored_stage> run(const engine::stage_factory& factory);
+
+ private:
+  // The windows of every stage replica rebuilt here: from the durable tier's files, or
+  // pulled from the replicators holding each slot.
+  awaitable<void> load_durable_windows();
+  awaitable<void> pull_window(std::size_t i);
+  awaitable<void> pull_slot(std::size_t i, int slot);
+  // The upstream logs of [first, target) of the healthy stages just outside the region.
+  awaitable<void> fetch_logs(std::size_t floats);
+  awaitable<void> fetch_log(actor_ref agent, bool gradient, int replica, std::size_t floats,
+                            log_store& into);
+  // The schedule state of a surviving replica of this stage (none when the whole group is
+  // rebuilt: the fresh ones agree with each other).
+  awaitable<void> fetch_schedule();
+  awaitable<void> replay();
+
+  restore_context ctx_;
+  engine::wire::Restore::Reader m_;
+  restore_plan p_;
+  engine::stage_setup setup_;
+  restored_stage out_;
+  std::vector<std::unique_ptr<engine::stage_model>> models_;
+  // slots_[i][j]: slot j of stage replica i; kept_ owns their memory.
+  std::vector<std::vector<std::span<const std::byte>>> slots_;
+  std::vector<std::shared_ptr<const void>> kept_;
+  std::vector<std::shared_ptr<transport::bulk_region>> own_regions_;
+  std::vector<std::shared_ptr<transport::shared_memory>> own_files_;
+  std::vector<log_store> up_, down_;  // [r] of the replicas rebuilt here
+  sclock::time_point started_ = sclock::now(), pulled_at_;
+};
+
+awaitable<restored_stage> region_restore::run(const engine::stage_factory& factory) {
+  // Fresh stages for every replica rebuilt here of every stage of the region: the initial
+  // state, or what the windows' slots overwrite. Built on a thread of their own while this
+  // one pulls the slots: allocating a stage's state is as long as pulling it.
+  const std::size_t all = std::size_t(p_.k) * p_.replicas.size();
+  models_.resize(all);
+  slots_.resize(all);
+  std::future<void> building = std::async(std::launch::async, [&] {
+    for (std::size_t i = 0; i < all; ++i) {
+      engine::stage_setup sd = setup_;
+      sd.stage = p_.stage_of(i);
+      sd.replica = p_.replica_of(i);
+      // The window's slots overwrite every operator in full: its random init is wasted time.
+      sd.initialize = !p_.has_window;
+      models_[i] = factory(sd);
+    }
+  });
+  try {
+    if (p_.durable) {
+      co_await load_durable_windows();
+    } else if (p_.has_window) {
+      for (std::size_t i = 0; i < all; ++i) co_await pull_window(i);
+    }
+  } catch (...) {
+    building.wait();
+    throw;
+  }
+  co_await off_thread([&] { building.get(); });
+  co_await fetch_logs(models_[0]->boundary_floats());
+  if (p_.group.empty() && !p_.durable) co_await fetch_schedule();
+  pulled_at_ = sclock::now();
+  co_await replay();
+  for (auto& r : own_regions_) out_.regions.push_back(std::move(*r));
+  for (auto& f : own_files_) out_.files.push_back(std::move(*f));
+  out_.w = std::size_t(std::max(p_.w, 1));
+  const std::size_t n = p_.replicas.size();
+  const auto mine = std::size_t(std::find(p_.replicas.begin(), p_.replicas.end(), p_.replica) -
+                                p_.replicas.begin());
+  out_.model = std::move(models_[std::size_t(p_.stage - p_.first_stage) * n + mine]);
+  co_return std::move(out_);
+}
+
+awaitable<void> region_restore::load_durable_windows() {
+  // Every stage replica's window from its files, verified (the manifest's checksums, the
+  // meta, every slot's own checksum and tag).
+  co_await off_thread([&] {
+    ctx_.durable->drain();
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const int st = p_.stage_of(i), d = p_.replica_of(i);
+      const durable_store store(durable_window_dir(ctx_.job.baseline.dir, st, d));
+      auto loaded = load_durable_window(store, p_.window, st, d);
+      if (!loaded.ok()) {
+        throw std::runtime_error(
+            fmt::format("durable window of stage {} replica {}: {}", st, d, loaded.err().message));
+      }
+      if (loaded->meta.first_iteration != p_.first || loaded->meta.w_sparse != p_.w) {
+        throw std::runtime_error(fmt::format(
+            "durable window {} of stage {} replica {} replays from iteration {} with W={}, "
+            "the coordinator says {} and {}",
+            p_.window, st, d, loaded->meta.first_iteration, loaded->meta.w_sparse, p_.first, p_.w));
+      }
+      auto owned = std::make_shared<std::vector<std::vector<std::byte>>>(std::move(loaded->slots));
+      for (const auto& sl : *owned) slots_[i].emplace_back(sl);
+      kept_.push_back(std::move(owned));
+    }
+    // Windows newer than this one on this replica's disk are from a timeline the job left
+    // (a resume, or a rollback past a corrupt window): one the job writes from now on must
+    // never rank below them.
+    durable_store(durable_window_dir(ctx_.job.baseline.dir, p_.stage, p_.replica))
+        .drop_after(p_.window);
+  });
+}
+
+awaitable<void> region_restore::pull_window(std::size_t i) {
+  for (int j = 0; j < p_.w; ++j) co_await pull_slot(i, j);
+}
+
+awaitable<void> region_restore::pull_slot(std::size_t i, int j) {
+  const int st = p_.stage_of(i), d = p_.replica_of(i);
+  const bool own = st == p_.stage && d == p_.replica;
+  const auto src = m_.getSources()[unsigned(p_.source(i))];
+  auto& timing = out_.timing;
+  for (auto h : src.getSlotHolders()) {
+    const actor_ref holder = read_ref(h);
+    auto fill = [&](wire::FetchSlot::Builder b) {
+      auto key = b.initKey();
+      key.setStage(st);
+      key.setReplica(d);
+      key.setWindow(p_.window);
+      key.setSlot(std::uint32_t(j));
+    };
+    auto r = co_await ctx_.system.ask<wire::FetchSlot, wire::SlotData>(holder, fetch_timeout, fill);
+    if (!r.ok() || !r->get().getFound()) continue;  // lost, or not one of its holders
+    auto desc = transport::read_descriptor(r->get().getTensor());
+    if (!desc.ok() || desc->node != holder.node || desc->length > ctx_.limits.max_slot_bytes) {
+      continue;
+    }
+    // A holder on this host that keeps the slot mapped: map it too (no copy, except of this
+    // process's own stage replica, whose regions its slot pool takes over).
+    std::shared_ptr<transport::shared_memory> mapped;
+    std::span<std::byte> shared_bytes;
+    if (ctx_.job.share_memory && r->get().hasShare()) {
+      const auto sh = transport::read_share(r->get().getShare());
+      if (sh.ok() && sh->length == desc->length) {
+        if (auto mm = transport::shared_memory::open(*sh); mm.ok()) {
+          mapped = std::make_shared<transport::shared_memory>(std::move(*mm));
+          shared_bytes = mapped->memory().subspan(sh->offset, sh->length);
+        }
+      }
+    }
+    if (mapped && !own) {
+      slots_[i].emplace_back(shared_bytes);
+      kept_.push_back(std::move(mapped));
+      ++timing.slots_mapped;
+      co_return;
+    }
+    // This process's own stage replica: into link-allocated regions (memory files with
+    // checkpoint.share_memory), which its slot pool then lends to the capture. The others:
+    // heap memory, not zeroed (the pull writes every byte, and parse_snapshot checks them).
+    std::shared_ptr<void> owner;
+    std::shared_ptr<transport::bulk_region> region;
+    std::shared_ptr<transport::shared_memory> own_file;
+    std::span<std::byte> into;
+    if (own) {
+      try {
+        if (ctx_.job.share_memory) {
+          own_file = std::make_shared<transport::shared_memory>(
+              transport::shared_memory::create(desc->length));
+          into = own_file->memory().first(desc->length);
+          owner = own_file;
+        } else {
+          region = std::make_shared<transport::bulk_region>(ctx_.io.allocate(desc->length));
+          into = region->memory().first(desc->length);
+          owner = region;
+        }
+      } catch (const std::exception&) {
+        // Out of mappable memory: the heap below (the pool then allocates later).
+      }
+    }
+    if (!owner) {
+      std::shared_ptr<std::byte[]> buf = std::make_shared_for_overwrite<std::byte[]>(desc->length);
+      into = std::span<std::byte>(buf.get(), desc->length);
+      owner = std::move(buf);
+    }
+    if (mapped) {
+      co_await off_thread([&] { std::memcpy(into.data(), shared_bytes.data(), into.size()); });
+      ++timing.slots_mapped;  // this process's own: mapped, then copied into its memory
+    } else {
+      auto pulled =
+          co_await pull_chunked(ctx_.io, *desc, into, owner, ctx_.limits.pull_chunk_bytes);
+      if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
+      ++timing.slots_pulled;
+      timing.handles_refused += r->get().hasShare() ? 1 : 0;
+    }
+    slots_[i].emplace_back(into);
+    if (region) own_regions_.push_back(std::move(region));
+    if (own_file) own_files_.push_back(std::move(own_file));
+    kept_.push_back(std::move(owner));
+    co_return;
+  }
+  throw engine::snapshot_lost(fmt::format(
+      "slot {} of window {} of stage {} replica {} is on no live replicator (every copy was "
+      "lost)",
+      j, p_.window, st, d));
+}
+
+awaitable<void> region_restore::fetch_log(actor_ref agent, bool gradient, int d, std::size_t floats,
+                                          log_store& into) {
+  const std::int64_t t = p_.target, w0 = p_.first;
+  const int mbs = ctx_.job.train.micro_batches;
+  if (t == w0) co_return;
+  auto fill = [&](wire::FetchLog::Builder b) {
+    b.setFromIteration(w0);
+    b.setToIteration(t - 1);
+    b.setGradient(gradient);
+    b.setReplica(std::uint32_t(d));
+    b.setMicroBatches(std::uint32_t(mbs));
+    b.setFloatsEach(floats);
+  };
+  auto r = co_await ctx_.system.ask<wire::FetchLog, wire::LogData>(agent, fetch_timeout, fill);
+  if (!r.ok()) throw std::runtime_error("fetching a neighbour's log failed: " + r.err().message);
+  if (r->get().getError().size() > 0) {
+    throw std::runtime_error("a neighbour cannot serve its log: " +
+                             std::string(r->get().getError()));
+  }
+  const std::uint64_t lease = r->get().getLease();
+  const std::uint64_t each = floats * sizeof(float);
+  const std::uint64_t expect = std::uint64_t(t - w0) * std::uint64_t(mbs) * each;
+  auto desc = transport::read_descriptor(r->get().getTensor());
+  if (!desc.ok() || desc->node != agent.node || desc->length != expect) {
+    throw std::runtime_error("a neighbour's log answer does not match the request");
+  }
+  auto buf = std::make_shared<std::vector<std::byte>>(expect);
+  auto pulled = co_await pull_chunked(ctx_.io, *desc, *buf, buf, ctx_.limits.pull_chunk_bytes);
+  (void)ctx_.system.tell<wire::ReleaseLog>(agent,
+                                           [&](wire::ReleaseLog::Builder b) { b.setLease(lease); });
+  if (!pulled.ok()) {
+    throw std::runtime_error("pulling a neighbour's log failed: " + pulled.err().message);
+  }
+  const auto dir = gradient ? log_direction::gradient : log_direction::activation;
+  std::size_t off = 0;
+  for (std::int64_t it = w0; it < t; ++it) {
+    for (int mb = 0; mb < mbs; ++mb, off += each) {
+      into.append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)},
+                  std::span<const std::byte>(buf->data() + off, each));
+    }
+  }
+}
+
+awaitable<void> region_restore::fetch_logs(std::size_t floats) {
+  const std::size_t n = p_.replicas.size();
+  up_.resize(n);
+  down_.resize(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    const int d = p_.replicas[r];
+    if (p_.first_stage > 0) {
+      const auto src = m_.getSources()[unsigned(d)];
+      co_await fetch_log(read_ref(src.getUpstream()), false, d, floats, up_[r]);
+    }
+    if (p_.last_stage + 1 < ctx_.job.pp) {
+      const auto src = m_.getSources()[unsigned((p_.k - 1) * p_.dp + d)];
+      co_await fetch_log(read_ref(src.getDownstream()), true, d, floats, down_[r]);
+    }
+  }
+}
+
+awaitable<void> region_restore::fetch_schedule() {
+  for (int d = 0; d < p_.dp; ++d) {
+    const actor_ref peer =
+        read_ref(m_.getSources()[unsigned((p_.stage - p_.first_stage) * p_.dp + d)].getSurvivor());
+    if (!peer.valid() || d == p_.replica) continue;
+    auto r =
+        co_await ctx_.system.ask<wire::FetchSchedule, wire::ScheduleState>(peer, fetch_timeout);
+    if (!r.ok()) continue;  // that survivor died meanwhile: its loss restarts this restore
+    const auto m = r->get();
+    if (!m.getHas()) co_return;
+    if (m.getCounts().size() > ctx_.limits.max_schedule_windows ||
+        m.getSchedules().size() > ctx_.limits.max_schedule_windows) {
+      throw std::runtime_error("a survivor's schedule state is too large");
+    }
+    stage_schedule::state st;
+    for (auto v : m.getOrder()) st.order.push_back(v);
+    for (auto v : m.getOrderPopularity()) st.order_popularity.push_back(v);
+    for (auto c : m.getCounts()) {
+      auto& v = st.counts[c.getWindow()];
+      for (auto x : c.getCounts()) v.push_back(x);
+    }
+    for (auto w : m.getSchedules()) {
+      auto& v = st.schedules[w.getWindow()];
+      for (auto sl : w.getSlots()) {
+        sim::schedule_slot slot;
+        for (auto x : sl.getActive()) slot.active.push_back(x);
+        for (auto x : sl.getFrozen()) slot.frozen.push_back(x);
+        v.push_back(std::move(slot));
+      }
+    }
+    st.reorders = m.getReorders();
+    for (auto x : m.getDecayed()) st.decayed.push_back(x);
+    for (auto x : m.getPending()) st.pending.push_back(x);
+    st.pending_iteration = m.getPendingIteration();
+    out_.schedule = std::move(st);
+    co_return;
+  }
+}
+
+awaitable<void> region_restore::replay() {
+  // Sparse-to-dense conversion of the region, then all-active replay up to the target.
+  conversion_input in;
+  in.stage = p_.first_stage;
+  in.region_stages = p_.k;
+  in.stages = ctx_.job.pp;
+  in.micro_batches = ctx_.job.train.micro_batches;
+  in.target_iteration = p_.target;
+  in.windows = std::move(slots_);
+  for (std::size_t r = 0; r < p_.replicas.size(); ++r) {
+    in.upstream.push_back(&up_[r]);
+    in.downstream.push_back(&down_[r]);
+  }
+  in.steps = &p_.steps;
+  in.train = ctx_.job.train;
+  in.initial_iteration = p_.first;
+  std::unique_ptr<group_reducer> group;
+  if (!p_.group.empty()) {
+    std::size_t floats = 0;
+    for (int j = 0; j < p_.k; ++j)
+      floats += engine::gradient_floats(models_[std::size_t(j)]->operators());
+    group = std::make_unique<group_reducer>(ctx_.system, ctx_.io, ctx_.inbox, p_.generation,
+                                            std::uint32_t(p_.replica), p_.group, floats,
+                                            ctx_.limits.pull_chunk_bytes, ctx_.limits.group_wait);
+    in.first_replica = std::size_t(p_.replica);
+    in.reduce = [&](std::int64_t it, std::span<float> g) { group->reduce(it, g); };
+  }
+  auto own = std::make_unique<log_store>();
+  const int s = p_.stage;
+  const auto me = std::size_t(p_.replica);
+  in.on_sent = [&](int st, std::int64_t it, int mb, log_direction dir, std::size_t d,
+                   std::span<const float> x) {
+    if (st == s && d == me) {
+      own->append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)}, std::as_bytes(x));
+    }
+  };
+  std::vector<engine::stage_model*> ptrs;
+  for (auto& m : models_) ptrs.push_back(m.get());
+  // Every stage outside the region is paused while it replays: its GEMMs may take the host's
+  // cores (BLIS gives the same bits for any thread count; tests/models/model_test.cpp), shared
+  // with the other replays the coordinator runs on this host at the same time.
+  const int threads = replay_threads(ctx_.job, p_.host_share);
+  out_.timing.replay_threads = threads;
+  co_await off_thread([&] {
+    with_gemm_threads(threads, ctx_.job.train.blis_threads,
+                      [&] { (void)sparse_to_dense(ptrs, in); });
+  });
+  if (group) co_await group->finish();
+  const auto done = sclock::now();
+  out_.timing.pull_s = std::chrono::duration<double>(pulled_at_ - started_).count();
+  out_.timing.replay_s = std::chrono::duration<double>(done - pulled_at_).count();
+  out_.timing.iterations_replayed = p_.target - p_.first;
+  out_.log = std::move(own);
+}
+
+// A durable Restore of a window written at another layout (recovery/layout_change.hpp).
+awaitable<restored_stage> restore_layout(restore_context& ctx, engine::wire::Restore::Reader m,
+                                         const engine::stage_factory& factory,
+                                         engine::stage_setup setup) {
+  const auto started = sclock::now();
+  layout_restore in;
+  in.from = {m.getWindowStages(), m.getWindowReplicas()};
+  if (in.from.stages < 1 || in.from.stages > engine::max_job_workers || in.from.replicas < 1 ||
+      in.from.replicas > engine::max_job_workers) {
+    throw std::runtime_error("malformed Restore from the coordinator (the window's layout)");
+  }
+  in.root = ctx.job.baseline.dir;
+  in.window = m.getWindow();
+  in.first_iteration = m.getFirstIteration();
+  in.w_sparse = m.getWSparse();
+  in.target_iteration = m.getTargetIteration();
+  for (auto r : m.getSteps()) {
+    engine::planned_step& st = in.steps[r.getIteration()];
+    st.loss_scale = r.getLossScale();
+    st.plan.apply = r.getApply();
+    st.plan.grad_mul = r.getGradMul();
+    st.plan.grad_norm = r.getGradNorm();
+  }
+  const int threads = replay_threads(ctx.job, m.getHostShare());
+  const int stage = setup.stage, replica = setup.replica;
+  restored_stage out;
+  co_await off_thread([&] {
+    ctx.durable->drain();
+    with_gemm_threads(threads, ctx.job.train.blis_threads,
+                      [&] { out.model = restore_across_layouts(in, factory, setup); });
+    // As in any durable restore: windows newer than this one in this role's directory are
+    // from a timeline the job left.
+    durable_store(durable_window_dir(ctx.job.baseline.dir, stage, replica)).drop_after(in.window);
+  });
+  out.timing.replay_threads = threads;
+  out.timing.replay_s = std::chrono::duration<double>(sclock::now() - started).count();
+  out.timing.iterations_replayed = in.target_iteration - in.first_iteration;
+  out.w = std::size_t(std::max(in.w_sparse, 1));
+  co_return out;
+}
+
+}  // namespace
+
+awaitable<restored_stage> restore_region(restore_context ctx, engine::wire::Restore::Reader m,
+                                         const engine::stage_factory& factory,
+                                         engine::stage_setup setup) {
+  restore_plan plan = decode(m, ctx.job, setup, ctx.durable != nullptr);
+  if (plan.durable && plan.window_pp != 0 &&
+      (plan.window_pp != ctx.job.pp || plan.window_dp != ctx.job.dp)) {
+    co_return co_await restore_layout(ctx, m, factory, std::move(setup));
+  }
+  // A group replay of an older generation still waiting here ends now (superseded).
+  if (ctx.inbox) ctx.inbox->begin(plan.generation);
+  region_restore run(std::move(ctx), m, std::move(plan), std::move(setup));
+  co_return co_await run.run(factory);
+}
+
+}  // namespace moevement::recovery
