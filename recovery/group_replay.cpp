@@ -29,9 +29,11 @@ void group_inbox::begin(std::uint64_t generation) {
 
 bool group_inbox::put(std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
                       const transport::bulk_descriptor& d) {
-  // A newer generation than any restore begun here is kept: its Restore may still be on its
-  // way (the peer began first).
   if (generation < generation_ || got_.size() >= max_entries_) return false;
+  // A peer already replays a newer generation: the region restarted (a member was lost), and
+  // this worker's Restore of it may wait behind the old replay, which no peer feeds any
+  // more. The old waits end now; the announcement is kept for the new replay.
+  if (generation > generation_) begin(generation);
   got_[{generation, iteration, replica}] = d;
   wake_all();
   return true;

@@ -46,6 +46,7 @@ class group_inbox {
   // (superseded) and their announcements are dropped.
   void begin(std::uint64_t generation);
   // A peer's announcement; false when refused (an older generation, or the inbox is full).
+  // One of a newer generation than the newest restore begun here begins it (see put).
   bool put(std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
            const transport::bulk_descriptor& d);
   // Waits until `replica` announced `iteration` of `generation` and takes its descriptor.

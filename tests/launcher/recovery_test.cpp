@@ -201,6 +201,24 @@ TEST(recovery, one_lost_replica_of_a_data_parallel_stage) {
   EXPECT_EQ(workers.count(int(number_field(*lost, "node"))), 0u) << "not on the dead worker";
 }
 
+TEST(recovery, a_replacement_lost_while_its_group_replays_restarts_the_group) {
+  // dp = 2: the spare rebuilding (1, 0) is killed the moment the recovery starts, while the
+  // surviving replica (1, 1) replays beside it and waits for its gradients. The region
+  // restarts on another spare; the survivor's wait for the dead one ends (the new spare's
+  // gradients are of a newer generation), and the job ends bit-exact.
+  const auto o = launch("dpcascade", job(2, 2, 2,
+                                         "--inject kill:stage=1,replica=0,iter=7 "
+                                         "--inject kill:stage=1,replica=0,during=recovery"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  const auto starts = o.events("recovery_start");
+  ASSERT_EQ(starts.size(), 2u) << o.output;
+  EXPECT_EQ(number_field(*starts[1], "restarts"), 1);
+  const auto ends = o.events("recovery_end");
+  ASSERT_EQ(ends.size(), 1u) << o.output;
+  EXPECT_EQ(replayed_by(*ends[0]).size(), 2u) << *ends[0];
+}
+
 TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
   const auto o = launch("hang", job(2, 1, 1,
                                     "--set cluster.failure_timeout_ms=400 "

@@ -83,19 +83,29 @@ TEST(group_inbox, a_newer_restore_supersedes_an_older_wait_and_its_announcements
   group_inbox inbox(io);
   inbox.begin(1);
   EXPECT_TRUE(inbox.put(1, 3, 0, desc(8)));
-  EXPECT_TRUE(inbox.put(4, 3, 0, desc(8)));  // a newer generation than begun: kept
   auto old = start_take(io, inbox, 1, 7, 0);
   pump(io);
   EXPECT_FALSE(old->done);
-  inbox.begin(4);
+  // A peer replays generation 4 already (this worker's Restore of it waits behind the old
+  // replay): the announcement is kept, and the old wait ends.
+  EXPECT_TRUE(inbox.put(4, 3, 0, desc(8)));
   pump(io);
   ASSERT_TRUE(old->done);
   EXPECT_NE(old->error.find("superseded by generation 4"), std::string::npos) << old->error;
   EXPECT_EQ(inbox.size(), 1u);                // generation 1's entry dropped
-  EXPECT_FALSE(inbox.put(3, 3, 0, desc(8)));  // older than the restore begun: refused
+  EXPECT_FALSE(inbox.put(3, 3, 0, desc(8)));  // older than the newest begun: refused
+  inbox.begin(4);                             // this worker's Restore of 4: nothing lost
+  EXPECT_EQ(inbox.size(), 1u);
   auto now = start_take(io, inbox, 4, 3, 0);
   pump(io);
   ASSERT_TRUE(now->got.has_value()) << now->error;
+  // A newer restore begun here ends an older wait the same way.
+  auto older = start_take(io, inbox, 4, 8, 1);
+  pump(io);
+  inbox.begin(5);
+  pump(io);
+  ASSERT_TRUE(older->done);
+  EXPECT_NE(older->error.find("superseded by generation 5"), std::string::npos) << older->error;
 }
 
 TEST(group_inbox, is_bounded) {
