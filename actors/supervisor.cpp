@@ -28,18 +28,35 @@ awaitable<void> supervisor::on_start() {
 }
 
 awaitable<bool> supervisor::start_range(std::size_t from) {
-  for (std::size_t i = from; i < children_.size(); ++i) {
-    auto r = co_await children_[i].spec.start(system());
-    if (!r.ok()) {
-      auto why = exit_reason::failure(
-          fmt::format("child '{}' failed to start: {}", children_[i].spec.id, r.err().message));
+  for (;;) {
+    auto prepared = co_await before_start();
+    if (!prepared.ok()) {
+      auto why =
+          exit_reason::failure("preparing the children's start failed: " + prepared.err().message);
       co_await give_up(std::move(why));
       co_return false;
     }
-    children_[i].ref = *r;
-    link(*r);
+    std::string failed;
+    for (std::size_t i = from; i < children_.size() && failed.empty(); ++i) {
+      auto r = co_await children_[i].spec.start(system());
+      if (!r.ok()) {
+        failed =
+            fmt::format("child '{}' failed to start: {}", children_[i].spec.id, r.err().message);
+        break;
+      }
+      children_[i].ref = *r;
+      link(*r);
+    }
+    if (failed.empty()) co_return true;
+    // A failed start is a failed attempt: tried again (counted as a restart) where the
+    // subclass asks for it, else the supervisor gives up at once (OTP's behaviour).
+    if (!retry_failed_starts_ || !note_restart()) {
+      auto why = exit_reason::failure(std::move(failed));
+      co_await give_up(std::move(why));
+      co_return false;
+    }
+    co_await stop_range(from);
   }
-  co_return true;
 }
 
 awaitable<void> supervisor::stop_range(std::size_t from) {
@@ -99,6 +116,13 @@ awaitable<void> supervisor::on_exit(actor_ref who, exit_reason why) {
   std::size_t from = i;
   switch (strategy_) {
     case strategy::one_for_one: {
+      auto prepared = co_await before_start();
+      if (!prepared.ok()) {
+        auto why_up = exit_reason::failure("preparing the children's start failed: " +
+                                           prepared.err().message);
+        co_await give_up(std::move(why_up));
+        co_return;
+      }
       auto r = co_await children_[i].spec.start(system());
       if (!r.ok()) {
         auto why_up = exit_reason::failure(
@@ -135,15 +159,28 @@ void supervisor::on_stop(const exit_reason&) {
   }
 }
 
-awaitable<void> supervisor::grow_now(std::vector<child_spec> more) {
-  co_await stop_range(0);
+awaitable<void> supervisor::grow_now(std::vector<child_spec> more, bool counts_as_restart) {
   for (auto& s : more) children_.push_back({std::move(s), {}});
+  if (counts_as_restart && !note_restart()) {
+    exit_reason why{
+        exit_kind::error,
+        fmt::format(
+            "restart intensity exceeded ({} restarts in {} ms); last: the "
+            "children grew to {}",
+            intensity_.max_restarts,
+            std::chrono::duration_cast<std::chrono::milliseconds>(intensity_.period).count(),
+            children_.size())};
+    co_await give_up(std::move(why));
+    co_return;
+  }
+  co_await stop_range(0);
   co_await start_range(0);
 }
 
-result<void> supervisor::grow(actor_system& sys, actor_ref ref, std::vector<child_spec> more) {
-  return sys.post_call(ref, [more = std::move(more)](actor& a) mutable {
-    return static_cast<supervisor&>(a).grow_now(std::move(more));
+result<void> supervisor::grow(actor_system& sys, actor_ref ref, std::vector<child_spec> more,
+                              bool counts_as_restart) {
+  return sys.post_call(ref, [more = std::move(more), counts_as_restart](actor& a) mutable {
+    return static_cast<supervisor&>(a).grow_now(std::move(more), counts_as_restart);
   });
 }
 
@@ -157,7 +194,7 @@ awaitable<void> supervisor::on_grow(proto::GrowChildren::Reader m, proto::Ack::B
     more.push_back(
         child_spec::named(c.getId(), c.getNode(), c.getTypeName(), static_cast<restart_type>(r)));
   }
-  co_await grow_now(std::move(more));
+  co_await grow_now(std::move(more), false);
 }
 
 awaitable<void> supervisor::on_list(proto::ListChildren::Reader, proto::ChildList::Builder out) {

@@ -69,9 +69,10 @@ class supervisor : public actor {
 
   // Adds children and restarts the whole enlarged set together (stop all, reverse order;
   // start all, in order). Local form of the GrowChildren message; runs as one turn of the
-  // supervisor, after what is already queued.
+  // supervisor, after what is already queued. counts_as_restart: the growth counts against
+  // the restart intensity like a child's restart (past it, the supervisor gives up).
   static result<void> grow(actor_system& sys, actor_ref supervisor_ref,
-                           std::vector<child_spec> more);
+                           std::vector<child_spec> more, bool counts_as_restart = false);
   // The children and their current refs (actor 0 when not running), in start order.
   static awaitable<result<std::vector<std::pair<std::string, actor_ref>>>> which_children(
       actor_system& sys, actor_ref supervisor_ref, clock::duration timeout);
@@ -82,6 +83,13 @@ class supervisor : public actor {
   awaitable<void> on_start() override;
   awaitable<void> on_exit(actor_ref who, exit_reason why) override;
   void on_stop(const exit_reason& why) override;
+  // Called before every start of children (the first, each restart, each growth), after the
+  // ones to restart were stopped: a subclass prepares what their start functions read (say,
+  // where each runs now). An error makes the supervisor give up with it.
+  virtual awaitable<result<void>> before_start() { co_return result<void>{}; }
+  // A child that fails to start is tried again, with the others (before_start first),
+  // counted as a restart; off (the default), the supervisor gives up at once.
+  void retry_failed_starts(bool on) { retry_failed_starts_ = on; }
 
  private:
   struct child {
@@ -90,7 +98,7 @@ class supervisor : public actor {
   };
   awaitable<void> on_grow(proto::GrowChildren::Reader m, proto::Ack::Builder);
   awaitable<void> on_list(proto::ListChildren::Reader, proto::ChildList::Builder out);
-  awaitable<void> grow_now(std::vector<child_spec> more);
+  awaitable<void> grow_now(std::vector<child_spec> more, bool counts_as_restart);
   // Starts children [from, end) in order; false (and the supervisor quits) if one fails.
   awaitable<bool> start_range(std::size_t from);
   // Stops children [from, end) in reverse order and waits for each.
@@ -103,6 +111,7 @@ class supervisor : public actor {
   std::vector<child> children_;
   std::deque<clock::time_point> restart_log_;
   std::vector<actor_ref> retired_;  // children we stopped on purpose: their exits are ignored
+  bool retry_failed_starts_ = false;
 };
 
 }  // namespace moevement::actors

@@ -48,12 +48,14 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::ValLoss>(&coordinator::val_loss);
   on<wire::WindowReplicated>(&coordinator::window_replicated);
   on<wire::DurableWritten>(&coordinator::durable_written);
+  on<wire::RegionRestart, wire::RegionMembers>(&coordinator::region_restart);
   can_recover_ = recovery_of(job_.policy) == recovery_kind::localized;
   rolls_back_ = recovery_of(job_.policy) == recovery_kind::rollback;
   durable_ = can_recover_ && durable_tier(job_);
 }
 
 awaitable<void> coordinator::on_start() {
+  trap_exit(true);  // region supervisors' exits come as messages (on_exit): the job decides
   system().on_membership([this](transport::node_id n, actors::member_event e) {
     if (e == actors::member_event::up) return;
     lose_worker(n, e == actors::member_event::goodbye ? "left the job" : "was lost");
@@ -104,8 +106,22 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
                     .add("time_s", log_->seconds()));
   }
   if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
-  const bool replacement = recovery_ && member_of(n).first != nullptr;
-  if (w.stage < 0 && !replacement && started()) {  // a spare: one fewer, training goes on
+  if (recovery_ && (member_of(n).first != nullptr || recovery_->replaced.contains(n))) {
+    // A region member's worker: its region's supervisor saw its child there end and restarts
+    // the region (region_restart gives the role a spare).
+    if (auto [reg, member] = member_of(n); member != nullptr) {
+      reg->restarting = true;
+      member->ready = false;
+    }
+    workers_.erase(it);
+    if (w.stage >= 0 && stages_[std::size_t(w.replica * job_.pp + w.stage)].node == n) {
+      stages_[std::size_t(w.replica * job_.pp + w.stage)] = actor_ref{};
+    }
+    // A recovery that waited for every queued loss (loss_pending) places the others now.
+    if (!recovery_->pending.empty()) co_await recover();
+    co_return;
+  }
+  if (w.stage < 0 && started()) {  // a spare: one fewer, training goes on
     workers_.erase(it);
     co_return;
   }
@@ -170,6 +186,7 @@ void coordinator::finish_with(job_outcome outcome) {
   if (finished_) return;
   finished_ = true;
   phase_ = phase::done;
+  stop_supervisors();  // their members' workers are told to shut down below
   if (outcome.ok) {
     outcome.wall_s =
         std::chrono::duration<double>(sclock::now() - job_start_).count() - validation_s_;
@@ -264,7 +281,8 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   }
   const bool replacement = phase_ == phase::recovering && (member != nullptr || rollback_spare);
   if (phase_ != phase::starting && !replacement) co_return;
-  if (member != nullptr && m.getGeneration() != reg->generation) co_return;  // an older one's
+  // An older generation's report, or one of a region about to restart.
+  if (member != nullptr && (m.getGeneration() != reg->generation || reg->restarting)) co_return;
   if (m.getError().size() > 0) {
     std::string message =
         fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError()));

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,7 +116,8 @@ class coordinator : public actors::actor {
                         actors::tell_t<wire::StageDone>, actors::tell_t<wire::Stepped>,
                         actors::tell_t<wire::StageFailed>, actors::tell_t<wire::ValLoss>,
                         actors::tell_t<wire::WindowReplicated>,
-                        actors::tell_t<wire::DurableWritten>>;
+                        actors::tell_t<wire::DurableWritten>,
+                        actors::ask_t<wire::RegionRestart, wire::RegionMembers>>;
   static constexpr const char* registered_name = "moevement.coordinator";
   // An ordinary ask to the stages (wiring, abort, digests).
   static constexpr auto ask_timeout = std::chrono::seconds(30);
@@ -151,6 +153,9 @@ class coordinator : public actors::actor {
   asio::awaitable<void> on_start() override;
   void on_stop(const actors::exit_reason& why) override;
   asio::awaitable<void> on_down(actors::actor_ref who, actors::exit_reason why) override;
+  // A region supervisor gave up (past its restart intensity, or it could not start its
+  // children): the job's strategy decides (escalate). The coordinator is the job's supervisor.
+  asio::awaitable<void> on_exit(actors::actor_ref who, actors::exit_reason why) override;
 
  private:
   // Each checkpoint or window a recovery could not use, and why: a notice and a run log event
@@ -181,12 +186,26 @@ class coordinator : public actors::actor {
   // Wires every stage: neighbours, replicas, and where its snapshot copies go.
   asio::awaitable<bool> wire_all();
   // Policy moevement (docs/recovery.md): the survivors are aborted once, the losses are
-  // placed in regions (contiguous lost stages merge; a loss inside or next to a region still
-  // recovering grows and restarts it, a disjoint one adds a region), and every region's
-  // replacements are sent a Restore of the region's current generation.
+  // placed in regions (contiguous lost stages merge; a loss next to a region still
+  // recovering grows and restarts it, a disjoint one adds a region), each region under a
+  // region supervisor (engine/region_supervisor.hpp), which asks for every generation of it
+  // (region_restart). The loss of a region member's worker is its supervisor's to handle.
   asio::awaitable<void> recover();
   struct region;
   void send_restores(const region& r);
+  // A region supervisor starts (or restarts) its children: the region's next generation (a
+  // spare for every role whose worker is gone, the Restores sent), and where each member
+  // runs now.
+  asio::awaitable<void> region_restart(wire::RegionRestart::Reader m,
+                                       wire::RegionMembers::Builder out);
+  // The next generation of r; false when the job cannot go on (it failed, saying why).
+  asio::awaitable<bool> restart_region(region& r);
+  // Starts r's supervisor (r new), or grows it by r's members it does not supervise yet.
+  void supervise(region& r);
+  // Stops every region supervisor (the recovery ended, or the job did); their exits are
+  // then not escalations.
+  void stop_supervisors();
+  region* region_by_id(std::uint64_t id);
   // Restores running (or about to) per host: what each replay shares the host's cores with.
   std::map<std::string, int> restores_per_host() const;
   // Gives every role of r without a worker a spare (false: none left, the job failed).
@@ -202,12 +221,13 @@ class coordinator : public actors::actor {
   asio::awaitable<void> start_durable_rollback(std::string why);
   // Region r restarted past checkpoint.region_restarts (the restart intensity): the job's
   // strategy decides, the durable fallback where the tier is on, else the job stops.
-  asio::awaitable<void> escalate(const region& r);
+  asio::awaitable<void> escalate(const region& r, const std::string& reason);
   // The slowest NCCL group abort of the survivors' answers (recovery_end's group_abort_s).
   void note_group_aborts(const std::vector<result<actors::reply<wire::AbortAck>>>& acks);
-  // Asks every role for its verified durable windows and restores the newest common one;
-  // again after each loss placed meanwhile (recover() calls it while durable_choosing).
-  asio::awaitable<void> choose_durable_window();
+  // Asks every role of r (the whole pipeline) for its verified durable windows and takes the
+  // newest common one (recovery_->durable_window); false when none (the job failed, saying
+  // why). A role whose worker was lost meanwhile gets a spare and everyone is asked again.
+  asio::awaitable<bool> choose_durable_window(region& r);
   // A worker's loss, as a turn of this actor (lose_worker posts it).
   asio::awaitable<void> worker_lost(transport::node_id node, std::string how);
   // A worker this coordinator counts on has left the actor system's membership and its
@@ -291,12 +311,22 @@ class coordinator : public actors::actor {
     std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;  // its restore's
   };
   struct region {
+    std::uint64_t id = 0;
     int first = 0, last = 0;  // stages first..last
     std::vector<region_member> members;
+    actors::actor_ref supervisor;  // its region_supervisor (invalid: not started yet)
+    std::size_t supervised = 0;    // members it has children for
+    std::shared_ptr<std::vector<transport::node_id>> nodes;  // what its children read
     std::uint64_t generation = 0;   // of the Restores sent last (0: none yet)
     int restarts = 0;               // generations before the current one (cascading)
     bool dirty = false;             // new, grown or lost a replacement: Restores to send
     std::vector<std::string> died;  // the losses since the last Restores (for the notice)
+    // Why the current generation began (the run log's `supervision`): started, restarted (a
+    // member's worker was lost), grew (a loss next to it, or a merge).
+    const char* cause = "started";
+    // Its supervisor is about to restart it (a member's worker lost, or it grew): reports of
+    // the current generation no longer count, and the recovery cannot end meanwhile.
+    bool restarting = false;
     std::chrono::steady_clock::time_point started, ready_at;
   };
   struct recovery_state {
@@ -306,6 +336,9 @@ class coordinator : public actors::actor {
     std::chrono::steady_clock::time_point detected;
     std::vector<worker_info> pending;  // losses not yet placed in a region
     std::vector<region> regions;
+    // Workers of region members that a restart replaced (their loss is the supervisor's, and
+    // their worker_lost may come after it).
+    std::set<transport::node_id> replaced;
     // A rollback (dense-memory, dense-disk, pec) rebuilds every lost stage on a spare of
     // its own; a loss during it (a survivor, or a spare being rebuilt) adds a rebuild and
     // starts the rollback's loading over (`attempt`).
@@ -316,9 +349,9 @@ class coordinator : public actors::actor {
     };
     std::vector<rebuild> rebuilds;
     std::uint64_t attempt = 0;
-    // policy moevement falling back to the durable tier: choosing the window (losses are
-    // placed, not yet restored), then restoring every stage from it.
-    bool durable = false, durable_choosing = false;
+    // policy moevement falling back to the durable tier: every stage restores from a window
+    // every role verifies on disk (chosen by each restart of its one region).
+    bool durable = false;
     std::uint64_t durable_window = 0;
     std::int64_t durable_first = 0;
     std::int64_t durable_rejected = 0;
@@ -339,6 +372,8 @@ class coordinator : public actors::actor {
   std::int64_t durable_errors_ = 0;
   std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::uint64_t generations_ = 0;
+  std::uint64_t region_ids_ = 0;
+  std::vector<actors::actor_ref> retired_supervisors_;  // stopped on purpose: exits ignored
   std::optional<recovery_state> recovery_;
   // --resume (engine/coordinator_resume.cpp): the journal's point, until every worker is up;
   // then every stage restores from the newest durable window all of them verify.

@@ -10,6 +10,7 @@
 
 #include "actors/gather.hpp"
 #include "engine/coordinator.hpp"
+#include "engine/region_supervisor.hpp"
 
 namespace moevement::engine {
 
@@ -93,24 +94,13 @@ awaitable<void> coordinator::recover() {
   }
   if (recovery_->pending.empty()) co_return;
 
-  // Place the new losses. A lost replacement leaves its role in its region, to be rebuilt on
-  // another spare; any other lost stage starts a region of its own, and regions that overlap
-  // or touch merge (contiguous lost stages recover jointly: the logs between them are gone).
+  // Place the new losses (a region member's loss never comes here: its region's supervisor
+  // restarts the region). Every other lost stage starts a region of its own, and regions that
+  // overlap or touch merge (contiguous lost stages recover jointly: the logs between them are
+  // gone).
   for (const worker_info& w : recovery_->pending) {
-    auto [reg, member] = member_of(w.node);
-    if (member != nullptr) {
-      // The worker rebuilding this role died: the notice names it, not the role's first loss.
-      reg->died.push_back(
-          member->lost.node == w.node
-              ? fmt::format("stage {} replica {} (worker {}, replaying its replica)", w.stage,
-                            w.replica, w.node)
-              : fmt::format("spare worker {} (rebuilding stage {} replica {})", w.node,
-                            member->lost.stage, member->lost.replica));
-      member->spare = 0;
-      reg->dirty = true;
-      continue;
-    }
     region r;
+    r.id = ++region_ids_;
     r.first = r.last = w.stage;
     r.members.push_back(region_member{w});
     r.died.push_back(fmt::format("stage {} replica {} (worker {})", w.stage, w.replica, w.node));
@@ -126,12 +116,18 @@ awaitable<void> coordinator::recover() {
         region& a = regions[i];
         region& b = regions[j];
         if (std::max(a.first, b.first) > std::min(a.last, b.last) + 1) continue;
+        // The supervised one absorbs the other (whose supervisor, if any, stops).
+        if (!a.supervisor.valid() && b.supervisor.valid()) std::swap(a, b);
+        if (b.supervisor.valid()) {
+          retired_supervisors_.push_back(b.supervisor);
+          system().stop(b.supervisor);
+        }
         a.first = std::min(a.first, b.first);
         a.last = std::max(a.last, b.last);
         for (auto& m : b.members) a.members.push_back(std::move(m));
         for (auto& d : b.died) a.died.push_back(std::move(d));
         a.dirty = true;
-        a.restarts = std::max(a.restarts, b.restarts) + (b.generation != 0 ? 1 : 0);
+        a.restarts = std::max(a.restarts, b.restarts);
         regions.erase(regions.begin() + std::ptrdiff_t(j));
         merged = true;
       }
@@ -139,9 +135,6 @@ awaitable<void> coordinator::recover() {
   }
   std::sort(regions.begin(), regions.end(),
             [](const region& a, const region& b) { return a.first < b.first; });
-  // Every dirty region gets its spares first, then its Restores: each replay learns how many
-  // run on its host at once (its share of the cores).
-  std::vector<region*> to_send;
   // Nothing to restore from: no window persisted since a resume at another layout (and the
   // steps from the initial state are gone).
   if (!recovery_->durable && !persisted_ && !steps_.empty() && steps_.begin()->first > 0) {
@@ -150,28 +143,112 @@ awaitable<void> coordinator::recover() {
         "window; the job stops (launch it again with --resume)");
     co_return;
   }
+  // Each new region gets its supervisor, each grown one grows its supervisor's children: a
+  // supervisor asks for the region's next generation before it starts them (region_restart).
   for (region& r : regions) {
-    // While the durable window is being chosen, losses are only placed: the choice then
-    // gives them spares and sends every Restore.
-    if (!r.dirty || recovery_->durable_choosing) continue;
+    if (!r.dirty) continue;
     r.dirty = false;
     add_group_survivors(r);
-    if (r.generation != 0) ++r.restarts;
-    if (r.restarts > job_.region_restarts && !recovery_->durable) {
-      co_await escalate(r);
-      co_return;
-    }
-    if (!assign_spares(r)) co_return;
-    r.generation = ++generations_;
-    r.started = sclock::now();
-    to_send.push_back(&r);
+    supervise(r);
   }
-  for (region* r : to_send) {
-    send_restores(*r);
-    r->died.clear();
+}
+
+void coordinator::supervise(region& r) {
+  if (!r.supervisor.valid()) {
+    r.nodes = std::make_shared<std::vector<transport::node_id>>();
+    r.supervised = r.members.size();
+    r.supervisor =
+        system()
+            .spawn<region_supervisor>(r.id, self(), r.nodes, r.supervised, job_.region_restarts)
+            .ref;
+    link(r.supervisor);
+    return;
   }
-  // Choosing the durable window: losses were only placed; ask everyone again.
-  if (recovery_->durable_choosing) co_await choose_durable_window();
+  r.restarting = true;
+  const std::size_t more = r.members.size() - r.supervised;
+  auto specs = region_supervisor::member_specs(r.nodes, r.supervised, more);
+  r.supervised = r.members.size();
+  (void)region_supervisor::grow(system(), r.supervisor, std::move(specs), true);
+}
+
+void coordinator::stop_supervisors() {
+  if (!recovery_) return;
+  for (region& r : recovery_->regions) {
+    if (!r.supervisor.valid()) continue;
+    retired_supervisors_.push_back(r.supervisor);
+    system().stop(r.supervisor);
+    r.supervisor = {};
+  }
+}
+
+coordinator::region* coordinator::region_by_id(std::uint64_t id) {
+  if (!recovery_) return nullptr;
+  for (region& r : recovery_->regions) {
+    if (r.id == id) return &r;
+  }
+  return nullptr;
+}
+
+awaitable<void> coordinator::on_exit(actor_ref who, actors::exit_reason why) {
+  if (std::erase(retired_supervisors_, who) != 0 || finished_ || !recovery_) co_return;
+  for (region& r : recovery_->regions) {
+    if (r.supervisor != who) continue;
+    r.supervisor = {};
+    ++r.restarts;  // the restart it could not make
+    co_await escalate(r, why.to_string());
+    co_return;
+  }
+}
+
+awaitable<void> coordinator::region_restart(wire::RegionRestart::Reader m,
+                                            wire::RegionMembers::Builder out) {
+  region* r = region_by_id(m.getRegion());
+  if (finished_ || r == nullptr) {
+    out.setError(finished_ ? "the job ended" : "the region's recovery ended");
+    co_return;
+  }
+  const std::uint64_t id = r->id;
+  if (!co_await restart_region(*r)) {
+    out.setError("the job stops");
+    co_return;
+  }
+  r = region_by_id(id);  // the regions may have changed while it awaited
+  if (r == nullptr) {
+    out.setError("the region's recovery ended");
+    co_return;
+  }
+  auto nodes = out.initNodes(static_cast<unsigned>(r->members.size()));
+  for (unsigned i = 0; i < r->members.size(); ++i) nodes.set(i, r->members[i].spare);
+}
+
+awaitable<bool> coordinator::restart_region(region& r) {
+  // Members whose worker is gone (the supervisor's children saw it) get a spare.
+  r.restarting = false;
+  r.cause = r.generation == 0 ? "started" : "grew";
+  for (region_member& m : r.members) {
+    if (m.spare == 0) continue;
+    if (workers_.contains(m.spare) && system().last_heard(m.spare).has_value()) continue;
+    recovery_->replaced.insert(m.spare);
+    if (r.generation != 0) r.cause = "restarted";
+    r.died.push_back(
+        m.spare == m.lost.node
+            ? fmt::format("stage {} replica {} (worker {})", m.lost.stage, m.lost.replica, m.spare)
+            : fmt::format("spare worker {} (rebuilding stage {} replica {})", m.spare, m.lost.stage,
+                          m.lost.replica));
+    m.spare = 0;
+  }
+  if (r.generation != 0) ++r.restarts;
+  if (recovery_->durable) {
+    const std::uint64_t id = r.id;
+    if (!co_await choose_durable_window(r)) co_return false;
+    if (region_by_id(id) == nullptr) co_return false;
+  }
+  if (!assign_spares(r)) co_return false;
+  r.generation = ++generations_;
+  r.started = sclock::now();
+  send_restores(r);
+  r.died.clear();
+  co_return true;
 }
 
 bool coordinator::group_replay() const {
@@ -242,9 +319,14 @@ void coordinator::note_group_aborts(
   }
 }
 
-awaitable<void> coordinator::escalate(const region& r) {
+awaitable<void> coordinator::escalate(const region& r, const std::string& reason) {
   const std::string stages = r.first == r.last ? fmt::format("stage {}", r.first)
                                                : fmt::format("stages {}..{}", r.first, r.last);
+  if (recovery_->durable) {
+    // The job's own rollback could not go on either: nothing is left to fall back to.
+    fail(fmt::format("the rollback of the whole job to the durable tier gave up: {}", reason));
+    co_return;
+  }
   const std::string why =
       fmt::format("the recovery of {} restarted {} times, past checkpoint.region_restarts = {}",
                   stages, r.restarts, job_.region_restarts);
@@ -256,6 +338,7 @@ awaitable<void> coordinator::escalate(const region& r) {
                     .add("last_stage", r.last)
                     .add("restarts", r.restarts)
                     .add("limit", job_.region_restarts)
+                    .add("reason", reason.substr(0, 1024))
                     .add("to", durable_ ? "durable_rollback" : "stop")
                     .add("time_s", log_->seconds()));
   }
@@ -274,10 +357,12 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
     callbacks_.on_notice(
         fmt::format("{}: falling back to the durable tier, the whole job rolls back", why));
   }
-  // One region: the whole pipeline, every role. Lost roles keep the spare they have; every
-  // other role is restored by the worker that holds it (survivors, and spares that rebuilt
-  // another region).
+  // One region: the whole pipeline, every role, under a supervisor of its own (the regions'
+  // go). Lost roles keep the spare they have; every other role is restored by the worker that
+  // holds it (survivors, and spares that rebuilt another region).
+  stop_supervisors();
   region all;
+  all.id = ++region_ids_;
   all.first = 0;
   all.last = job_.pp - 1;
   std::map<std::pair<int, int>, region_member> roles;
@@ -286,6 +371,10 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
     all.restarts = std::max(all.restarts, r.restarts + (r.generation != 0 ? 1 : 0));
     all.started = r.started;
   }
+  for (const worker_info& w : recovery_->pending) {  // losses not placed yet: a spare each
+    if (w.stage >= 0) roles[{w.stage, w.replica}] = region_member{w};
+  }
+  recovery_->pending.clear();
   for (const auto& [n, w] : workers_) {
     if (w.stage < 0 || roles.contains({w.stage, w.replica})) continue;
     region_member m;
@@ -294,52 +383,36 @@ awaitable<void> coordinator::start_durable_rollback(std::string why) {
     roles[{w.stage, w.replica}] = m;
   }
   for (auto& [role, m] : roles) all.members.push_back(m);
-  all.dirty = true;
   recovery_->regions.clear();
   recovery_->regions.push_back(std::move(all));
   recovery_->durable = true;
-  recovery_->durable_choosing = true;
   recovery_->durable_why = std::move(why);
-  co_await choose_durable_window();
+  supervise(recovery_->regions.front());
 }
 
-awaitable<void> coordinator::choose_durable_window() {
-  if (!recovery_ || !recovery_->durable_choosing || finished_) co_return;
+awaitable<bool> coordinator::choose_durable_window(region& r) {
   const std::int64_t target = recovery_->target;
   const std::string why = recovery_->durable_why;
-  // The newest window every role has complete and verified on disk. A loss meanwhile (its
-  // turn, queued behind this one, places it through recover() and calls this again): its
-  // role gets a spare and everyone is asked again.
+  const std::uint64_t id = r.id;
+  // The newest window every role has complete and verified on disk. A role whose worker is
+  // lost meanwhile gets a spare, and everyone is asked again.
   std::uint64_t window = 0;
   bool found = false;
   std::vector<std::string> rejected;
-  {
-    region& r = recovery_->regions.front();
-    // Losses placed by recover() since the last round (their roles have no worker now).
-    for (const worker_info& w : recovery_->pending) {
-      auto [reg, member] = member_of(w.node);
-      if (member != nullptr) {
-        member->spare = 0;
-        continue;
-      }
-      const bool known = std::any_of(r.members.begin(), r.members.end(), [&](const auto& m) {
-        return m.lost.stage == w.stage && m.lost.replica == w.replica;
-      });
-      if (!known && w.stage >= 0) r.members.push_back(region_member{w});
+  for (bool ask_again = true; ask_again;) {
+    ask_again = false;
+    region* reg = region_by_id(id);
+    if (reg == nullptr) co_return false;
+    for (region_member& m : reg->members) {
+      if (m.spare != 0 && !workers_.contains(m.spare)) m.spare = 0;
     }
-    recovery_->pending.clear();
-    if (!assign_spares(r)) co_return;
-    for (region_member& m : r.members) {  // the survivors' stages go: every stage restores
-      worker_info& w = workers_.at(m.spare);
-      w.stage_actor = actor_ref{};
-      stages_[std::size_t(m.lost.replica * job_.pp + m.lost.stage)] = actor_ref{};
-    }
+    if (!assign_spares(*reg)) co_return false;
     std::map<std::uint64_t, int> offered;
     rejected.clear();
     // Every role's windows, each asked of a member's replicator at once: its own role's, or,
     // for a resume at another layout, the windows' roles spread over the members (the
     // directory is shared).
-    const std::vector<region_member> members = r.members;
+    const std::vector<region_member> members = reg->members;
     const int pp = recovery_->window_pp, dp = recovery_->window_dp;
     std::vector<std::pair<int, int>> roles;
     for (const region_member& m : members) roles.emplace_back(m.lost.stage, m.lost.replica);
@@ -360,22 +433,26 @@ awaitable<void> coordinator::choose_durable_window() {
     };
     auto replies = co_await actors::ask_all<wire::DurableQuery, wire::DurableOffer>(
         *this, holders, std::chrono::seconds(300), fill);
-    if (finished_ || !recovery_) co_return;
-    if (loss_pending()) co_return;  // asked again once its turn placed it
-    for (std::size_t i = 0; i < replies.size(); ++i) {
+    if (finished_ || !recovery_) co_return false;
+    for (std::size_t i = 0; i < replies.size() && !ask_again; ++i) {
       const auto& res = replies[i];
       if (!res.ok()) {
-        if (co_await loss_follows()) co_return;
-        if (finished_ || !recovery_) co_return;
+        // Usually its worker died: its loss comes within the failure timeout.
+        if (co_await loss_follows()) {
+          ask_again = true;
+          break;
+        }
+        if (finished_ || !recovery_) co_return false;
         fail(fmt::format("asking for the durable windows of stage {} replica {} failed: {}",
                          roles[i].first, roles[i].second, res.err().message));
-        co_return;
+        co_return false;
       }
       std::set<std::uint64_t> mine;
       for (auto w : res->get().getWindows()) mine.insert(w);
       for (auto w : mine) ++offered[w];
       for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
     }
+    if (ask_again) continue;
     for (const auto& [w, n] : offered) {
       const auto known = durable_windows_.find(w);
       if (n == int(roles.size()) && known != durable_windows_.end() && known->second <= target &&
@@ -391,16 +468,15 @@ awaitable<void> coordinator::choose_durable_window() {
         "nothing to resume: no durable window the journal knows is complete and verified on "
         "every stage ({} rejected)",
         rejected.size()));
-    co_return;
+    co_return false;
   }
   if (!found) {
     fail(fmt::format(
         "{}; every copy of a needed snapshot is gone and no durable window is complete and "
         "verified on every stage ({} rejected); the job stops",
         why, rejected.size()));
-    co_return;
+    co_return false;
   }
-  recovery_->durable_choosing = false;
   recovery_->durable_window = window;
   recovery_->durable_first = durable_windows_.at(window);
   recovery_->durable_rejected = std::int64_t(rejected.size());
@@ -415,12 +491,7 @@ awaitable<void> coordinator::choose_durable_window() {
                     .add("reason", why.substr(0, 1024))
                     .add("time_s", log_->seconds()));
   }
-  region& r = recovery_->regions.front();
-  if (!assign_spares(r)) co_return;
-  r.dirty = false;
-  r.generation = ++generations_;
-  r.started = sclock::now();
-  send_restores(r);
+  co_return true;
 }
 
 std::map<std::string, int> coordinator::restores_per_host() const {
@@ -497,6 +568,8 @@ void coordinator::send_restores(const region& r) {
                     .add("spares", spares)
                     .add("generation", std::int64_t(r.generation))
                     .add("restarts", r.restarts)
+                    .add("region", std::int64_t(r.id))
+                    .add("supervision", r.cause)
                     .add("target_iteration", target)
                     .add("window", has_window ? std::int64_t(window) : std::int64_t{-1})
                     .add("replay_from", first)
@@ -592,6 +665,7 @@ awaitable<void> coordinator::maybe_finish_recovery() {
     co_return;
   }
   for (const region& r : recovery_->regions) {
+    if (r.restarting || r.generation == 0) co_return;
     for (const region_member& m : r.members) {
       if (!m.ready) co_return;
     }
@@ -600,6 +674,8 @@ awaitable<void> coordinator::maybe_finish_recovery() {
   // grows or adds a region.
   const bool wired = co_await wire_all();
   if (!wired || finished_) co_return;
+  // Every region is back: the tree under the job goes (the stages it rebuilt stay).
+  stop_supervisors();
   const recovery_state rec = std::move(*recovery_);
   recovery_.reset();
   if (!rec.resume) ++recoveries_;

@@ -88,12 +88,14 @@ asio::awaitable<void> coordinator::start_resume() {
     m.spare = n;
     all.members.push_back(m);
   }
-  all.dirty = true;
+  all.id = ++region_ids_;
   recovery_->regions.push_back(std::move(all));
   recovery_->durable = true;
-  recovery_->durable_choosing = true;
   recovery_->durable_why = "resuming the job";
-  co_await choose_durable_window();
+  // Its supervisor asks for the region's first generation (region_restart: the durable
+  // window chosen, the Restores sent).
+  supervise(recovery_->regions.front());
+  co_return;
 }
 
 }  // namespace moevement::engine

@@ -308,6 +308,20 @@ struct Restore {
   group @17 :List(Address);
 }
 
+# ---- the recovery tree (engine/region_supervisor.hpp)
+
+# A region's supervisor -> the coordinator, before it starts its children (the first time,
+# after a member's worker was lost, after the region grew): begin a new generation of region
+# `region` (a spare for every role whose worker is gone, the Restores sent) and say on which
+# worker each member runs now.
+struct RegionRestart {
+  region @0 :UInt64;
+}
+struct RegionMembers {
+  nodes @0 :List(UInt32);  # [member] its worker, in the order the region's children start
+  error @1 :Text;          # non-empty: the region cannot go on (no spare left, job ended)
+}
+
 # ---- global rollback (policies dense-memory, dense-disk, pec; docs/policies.md)
 
 # Coordinator -> a stage's checkpoint agent, every stage paused: which checkpoints (state
