@@ -198,6 +198,10 @@ class coordinator : public actors::actor {
   // runs now.
   asio::awaitable<void> region_restart(wire::RegionRestart::Reader m,
                                        wire::RegionMembers::Builder out);
+  // Drops the iteration in progress on every surviving stage, at once (false: the job ended).
+  asio::awaitable<bool> abort_survivors();
+  // The notice and run log record of a generation of r whose Restores go out now.
+  void announce_restart(const region& r);
   // The next generation of r; false when the job cannot go on (it failed, saying why).
   asio::awaitable<bool> restart_region(region& r);
   // Starts r's supervisor (r new), or grows it by r's members it does not supervise yet.
@@ -242,6 +246,12 @@ class coordinator : public actors::actor {
   std::map<transport::node_id, std::vector<actors::actor_ref>> snapshot_holders() const;
 
   asio::awaitable<void> wire_and_start();
+  // Once every stage reported an iteration (stage_done): the step plan and the iteration's
+  // record (false: the replicas disagreed, the job failed); W_sparse from Algorithm 1 after
+  // the first iteration (policy moevement); the Step to every stage.
+  bool plan_iteration();
+  void choose_window_size();
+  void send_steps();
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
   asio::awaitable<void> after_iteration();
@@ -361,6 +371,8 @@ class coordinator : public actors::actor {
     double group_abort_s = 0.0;        // the survivors' NCCL groups' aborts, the slowest
   };
   std::pair<region*, region_member*> member_of(transport::node_id spare);
+  // The run log's recovery_end and the notice for each region of a recovery that ended.
+  void report_recovery_end(const recovery_state& rec);
   // The durable tier (checkpoint.durable under moevement): one persisted window at a time is
   // written by every stage; the windows asked for (window -> first iteration), the newest
   // checkpoint.keep + 2, whose step plans are kept for a rollback to them.

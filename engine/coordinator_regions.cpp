@@ -53,42 +53,7 @@ awaitable<void> coordinator::recover() {
     recovery_->resume_validation = phase_ == phase::validating;
     recovery_->target = iteration_;
     phase_ = phase::recovering;
-    // Drop the iteration in progress everywhere else (it is re-run once the stages are back),
-    // and clear what failed in the survivors because of the lost peers: every stage at once.
-    const std::uint64_t e = epoch_;
-    auto fill = [e](std::size_t, wire::Abort::Builder b) { b.setEpoch(e); };
-    const std::vector<actor_ref> alive = stages_;
-    auto res =
-        co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
-    if (finished_) co_return;
-    note_group_aborts(res);
-    // Failed asks to workers still in the membership: they may be dying (their loss not yet
-    // known) or slow. Those already gone need no second ask: their losses are queued.
-    std::vector<actor_ref> retry;
-    for (std::size_t i = 0; i < alive.size(); ++i) {
-      if (alive[i].valid() && !res[i].ok() && system().last_heard(alive[i].node)) {
-        retry.push_back(alive[i]);
-      }
-    }
-    // A stage that could not be aborted usually died too, and the transport knew before the
-    // head did: give its loss the failure timeout to arrive (it then joins the recovery).
-    if (!retry.empty()) {
-      co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-      if (finished_) co_return;
-      std::erase_if(retry, [&](const actor_ref& r) {
-        return !system().last_heard(r.node).has_value();  // lost meanwhile: its loss follows
-      });
-      auto again =
-          co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, retry, ask_timeout, fill);
-      if (finished_) co_return;
-      for (std::size_t i = 0; i < retry.size(); ++i) {
-        const bool still_there = system().last_heard(retry[i].node).has_value();
-        if (!again[i].ok() && still_there) {
-          fail("aborting the iteration for a recovery failed: " + again[i].err().message);
-          co_return;
-        }
-      }
-    }
+    if (!co_await abort_survivors()) co_return;
     // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
     if (loss_pending()) co_return;
   }
@@ -249,6 +214,45 @@ awaitable<bool> coordinator::restart_region(region& r) {
   send_restores(r);
   r.died.clear();
   co_return true;
+}
+
+awaitable<bool> coordinator::abort_survivors() {
+  // Drop the iteration in progress everywhere else (it is re-run once the stages are back),
+  // and clear what failed in the survivors because of the lost peers: every stage at once.
+  const std::uint64_t e = epoch_;
+  auto fill = [e](std::size_t, wire::Abort::Builder b) { b.setEpoch(e); };
+  const std::vector<actor_ref> alive = stages_;
+  auto res = co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
+  if (finished_) co_return false;
+  note_group_aborts(res);
+  // Failed asks to workers still in the membership: they may be dying (their loss not yet
+  // known) or slow. Those already gone need no second ask: their losses are queued.
+  std::vector<actor_ref> retry;
+  for (std::size_t i = 0; i < alive.size(); ++i) {
+    if (alive[i].valid() && !res[i].ok() && system().last_heard(alive[i].node)) {
+      retry.push_back(alive[i]);
+    }
+  }
+  // A stage that could not be aborted usually died too, and the transport knew before the
+  // head did: give its loss the failure timeout to arrive (it then joins the recovery).
+  if (!retry.empty()) {
+    co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+    if (finished_) co_return false;
+    std::erase_if(retry, [&](const actor_ref& r) {
+      return !system().last_heard(r.node).has_value();  // lost meanwhile: its loss follows
+    });
+    auto again =
+        co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, retry, ask_timeout, fill);
+    if (finished_) co_return false;
+    for (std::size_t i = 0; i < retry.size(); ++i) {
+      const bool still_there = system().last_heard(retry[i].node).has_value();
+      if (!again[i].ok() && still_there) {
+        fail("aborting the iteration for a recovery failed: " + again[i].err().message);
+        co_return false;
+      }
+    }
+  }
+  co_return !finished_;
 }
 
 bool coordinator::group_replay() const {
@@ -506,7 +510,7 @@ std::map<std::string, int> coordinator::restores_per_host() const {
   return out;
 }
 
-void coordinator::send_restores(const region& r) {
+void coordinator::announce_restart(const region& r) {
   const std::int64_t target = recovery_->target;
   const bool durable = recovery_->durable;
   const bool has_window = durable || persisted_.has_value();
@@ -575,6 +579,15 @@ void coordinator::send_restores(const region& r) {
                     .add("replay_from", first)
                     .add("time_s", log_->seconds()));
   }
+}
+
+void coordinator::send_restores(const region& r) {
+  const std::int64_t target = recovery_->target;
+  const bool durable = recovery_->durable;
+  const bool has_window = durable || persisted_.has_value();
+  const std::uint64_t window = durable ? recovery_->durable_window : persisted_.value_or(0);
+  const std::int64_t first = durable ? recovery_->durable_first : has_window ? persisted_first_ : 0;
+  announce_restart(r);
   // Where the region's stage replicas find their windows, and the logs of the healthy stages
   // just outside it (no region touches another, so those are never being rebuilt).
   std::vector<actor_ref> holders;
@@ -655,49 +668,7 @@ void coordinator::send_restores(const region& r) {
   if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_start", target);
 }
 
-awaitable<void> coordinator::maybe_finish_recovery() {
-  if (!recovery_ || !recovery_->pending.empty()) co_return;
-  if (rolls_back_) {
-    for (const auto& b : recovery_->rebuilds) {
-      if (!b.ready) co_return;
-    }
-    co_await finish_rollback();
-    co_return;
-  }
-  for (const region& r : recovery_->regions) {
-    if (r.restarting || r.generation == 0) co_return;
-    for (const region_member& m : r.members) {
-      if (!m.ready) co_return;
-    }
-  }
-  // A loss during the rewiring makes wire_all() false; its turn, queued behind this one,
-  // grows or adds a region.
-  const bool wired = co_await wire_all();
-  if (!wired || finished_) co_return;
-  // Every region is back: the tree under the job goes (the stages it rebuilt stay).
-  stop_supervisors();
-  const recovery_state rec = std::move(*recovery_);
-  recovery_.reset();
-  if (!rec.resume) ++recoveries_;
-  // A durable write in flight may never be answered by a lost stage: the next persisted
-  // window is written instead.
-  durable_inflight_.reset();
-  if (rec.window_pp != 0) {
-    // Resumed at another layout: the windows on disk are of the old one, which no restore of
-    // this job reads again. Until the first window of this layout persists, a loss stops
-    // the job (recover() says so); a new --resume brings it back.
-    durable_windows_.clear();
-    persisted_.reset();
-    persisted_first_ = 0;
-  }
-  maybe_persist();  // windows the stages finished replicating meanwhile
-  if (can_recover_) {
-    for (const auto& [n, w] : workers_) {
-      if (!w.checkpoint.valid()) continue;
-      (void)tell<wire::WindowsAbandoned>(
-          w.checkpoint, [&](wire::WindowsAbandoned::Builder b) { b.setBefore(rec.target); });
-    }
-  }
+void coordinator::report_recovery_end(const recovery_state& rec) {
   const auto now = sclock::now();
   const double secs = std::chrono::duration<double>(now - rec.detected).count();
   auto since = [](sclock::time_point a, sclock::time_point b) {
@@ -773,6 +744,52 @@ awaitable<void> coordinator::maybe_finish_recovery() {
           pull, replay, replayed, replayed == 1 ? "" : "s", rec.target));
     }
   }
+}
+
+awaitable<void> coordinator::maybe_finish_recovery() {
+  if (!recovery_ || !recovery_->pending.empty()) co_return;
+  if (rolls_back_) {
+    for (const auto& b : recovery_->rebuilds) {
+      if (!b.ready) co_return;
+    }
+    co_await finish_rollback();
+    co_return;
+  }
+  for (const region& r : recovery_->regions) {
+    if (r.restarting || r.generation == 0) co_return;
+    for (const region_member& m : r.members) {
+      if (!m.ready) co_return;
+    }
+  }
+  // A loss during the rewiring makes wire_all() false; its turn, queued behind this one,
+  // grows or adds a region.
+  const bool wired = co_await wire_all();
+  if (!wired || finished_) co_return;
+  // Every region is back: the tree under the job goes (the stages it rebuilt stay).
+  stop_supervisors();
+  const recovery_state rec = std::move(*recovery_);
+  recovery_.reset();
+  if (!rec.resume) ++recoveries_;
+  // A durable write in flight may never be answered by a lost stage: the next persisted
+  // window is written instead.
+  durable_inflight_.reset();
+  if (rec.window_pp != 0) {
+    // Resumed at another layout: the windows on disk are of the old one, which no restore of
+    // this job reads again. Until the first window of this layout persists, a loss stops
+    // the job (recover() says so); a new --resume brings it back.
+    durable_windows_.clear();
+    persisted_.reset();
+    persisted_first_ = 0;
+  }
+  maybe_persist();  // windows the stages finished replicating meanwhile
+  if (can_recover_) {
+    for (const auto& [n, w] : workers_) {
+      if (!w.checkpoint.valid()) continue;
+      (void)tell<wire::WindowsAbandoned>(
+          w.checkpoint, [&](wire::WindowsAbandoned::Builder b) { b.setBefore(rec.target); });
+    }
+  }
+  report_recovery_end(rec);
   phase_ = phase::running;
   if (callbacks_.on_recovery) callbacks_.on_recovery("recovery_end", rec.target);
   if (rec.resume_validation || iteration_ >= job_.train.iterations) {

@@ -1,0 +1,426 @@
+// The coordinator's iterations (engine/coordinator.hpp): Iterate to every stage, the reports
+// gathered (stage_done), the step planned and sent (Step), every stage stepped, then the next
+// iteration, a validation round, or the end (the digests: state_hash); pause, resume, abort.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "actors/gather.hpp"
+#include "base/hash.hpp"
+#include "engine/coordinator.hpp"
+#include "engine/stage_model.hpp"
+#include "engine/window_budget.hpp"
+
+namespace moevement::engine {
+
+namespace {
+
+using actors::actor_ref;
+using asio::awaitable;
+using sclock = std::chrono::steady_clock;
+
+}  // namespace
+
+void coordinator::start_iteration() {
+  phase_ = phase::running;
+  ++epoch_;
+  ++attempts_;
+  const std::size_t n = stages_.size();
+  sq_.assign(n, std::nullopt);
+  losses_.assign(n, std::nullopt);
+  aux_.assign(n, std::nullopt);
+  pop_.assign(n, std::nullopt);
+  compute_s_.assign(n, 0.0);
+  done_count_ = 0;
+  stepped_flags_.assign(n, false);
+  iteration_start_ = sclock::now();
+  const std::int64_t it = iteration_;
+  const std::uint64_t e = epoch_;
+  const float scale = scaler_.scale;
+  for (const actor_ref& r : stages_) {
+    (void)tell<wire::Iterate>(r, [&](wire::Iterate::Builder b) {
+      b.setIteration(it);
+      b.setEpoch(e);
+      b.setLossScale(scale);
+    });
+  }
+}
+
+awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
+  const int s = m.getStage(), d = m.getReplica();
+  if (phase_ != phase::running || m.getEpoch() != epoch_ || s < 0 || s >= job_.pp || d < 0 ||
+      d >= job_.dp) {
+    co_return;
+  }
+  const std::size_t i = std::size_t(d * job_.pp + s);
+  if (sq_[i] || m.getAuxLosses().size() != unsigned(job_.train.micro_batches) ||
+      (s == job_.pp - 1 && m.getLosses().size() != unsigned(job_.train.micro_batches))) {
+    co_return;
+  }
+  auto to_vector = [](capnp::List<double>::Reader l) {
+    std::vector<double> v;
+    v.reserve(l.size());
+    for (double x : l) v.push_back(x);
+    return v;
+  };
+  sq_[i] = to_vector(m.getSqSums());
+  aux_[i] = to_vector(m.getAuxLosses());
+  if (s == job_.pp - 1) losses_[i] = to_vector(m.getLosses());
+  compute_s_[i] = m.getComputeSeconds();
+  pop_[i] = to_vector(m.getPopularity());
+  group_form_s_ = std::max(group_form_s_, m.getGroupFormSeconds());
+  device_sum_s_ = std::max(device_sum_s_, m.getDeviceSumSeconds());
+  ++done_count_;
+  if (abort_at_ == iteration_) {
+    abort_at_ = -1;
+    co_await abort_iteration();
+    co_return;
+  }
+  if (done_count_ < int(stages_.size()) || recovery_) co_return;
+  if (!plan_iteration()) co_return;
+  if (can_recover_ && w_sparse_ == 0) choose_window_size();
+  if (can_recover_) steps_[iteration_] = {last_.loss_scale, plan_};
+  send_steps();
+}
+
+bool coordinator::plan_iteration() {
+  // Every replica of a stage must hold the same reduced gradient.
+  std::vector<double> sq;
+  for (int st = 0; st < job_.pp; ++st) {
+    const auto& first = *sq_[std::size_t(st)];
+    for (int r = 1; r < job_.dp; ++r) {
+      const auto& other = *sq_[std::size_t(r * job_.pp + st)];
+      if (other.size() != first.size() ||
+          std::memcmp(other.data(), first.data(), first.size() * sizeof(double)) != 0) {
+        fail(fmt::format("replicas of stage {} disagree on the reduced gradient at iteration {}",
+                         st, iteration_));
+        return false;
+      }
+    }
+    sq.insert(sq.end(), first.begin(), first.end());
+  }
+  last_ = iteration_record{};
+  last_.iteration = iteration_;
+  last_.group_form_s = std::exchange(group_form_s_, 0.0);
+  last_.device_sum_s = std::exchange(device_sum_s_, 0.0);
+  last_.loss_scale = scaler_.scale;
+  plan_ = models::plan_step(sq, scaler_, job_.train.grad_clip);
+  last_.applied = plan_.apply;
+  last_.grad_norm = plan_.grad_norm;
+  // The reference's order: replica-major, micro-batch-minor.
+  const int mbs = job_.train.micro_batches;
+  for (int r = 0; r < job_.dp; ++r) {
+    for (int mb = 0; mb < mbs; ++mb) {
+      last_.loss += (*losses_[std::size_t(r * job_.pp + job_.pp - 1)])[std::size_t(mb)];
+      double aux = 0.0;
+      for (int st = 0; st < job_.pp; ++st) aux += (*aux_[std::size_t(r * job_.pp + st)])[mb];
+      last_.aux_loss += aux;
+    }
+  }
+  last_.loss /= mbs * job_.dp;
+  last_.aux_loss /= mbs * job_.dp;
+  for (double c : compute_s_) {
+    last_.max_compute_s = std::max(last_.max_compute_s, c);
+    last_.mean_compute_s += c / double(compute_s_.size());
+  }
+  return true;
+}
+
+void coordinator::choose_window_size() {
+  // Algorithm 1 with this first iteration as the profile (forward, backward and reduction:
+  // what a snapshot copy overlaps with).
+  if (job_.w_sparse > 0) {
+    w_sparse_ = job_.w_sparse;
+  } else {
+    // The snapshot bandwidth each stage measured for a plain copy, shared with the r
+    // replications of every captured byte; on the CPU, the time those copies may take is
+    // the host's idle core time (engine/window_budget.hpp).
+    std::map<std::string, host_load> hosts;
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::vector<op_size>> sizes(std::size_t(job_.pp));
+    for (const auto& [n, w] : workers_) {
+      host_load& h = hosts[w.host];
+      h.cores = cores;
+      ++h.processes;
+      if (w.stage < 0) continue;
+      sizes[std::size_t(w.stage)] = w.op_sizes;
+      h.compute_s.push_back(compute_s_[std::size_t(w.replica * job_.pp + w.stage)]);
+      if (w.snapshot_bandwidth > 0 &&
+          (h.copy_bytes_per_s == 0 || w.snapshot_bandwidth < h.copy_bytes_per_s)) {
+        h.copy_bytes_per_s = w.snapshot_bandwidth;
+      }
+    }
+    std::vector<host_load> loads;
+    for (auto& [name, h] : hosts) loads.push_back(std::move(h));
+    profile_seconds_ = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
+    // Replicas that map a slot (checkpoint.share_memory, on the owner's host) copy nothing;
+    // those on other hosts are a NIC's work, which the paper's model takes as free.
+    const window_inputs in =
+        window_budget(loads, profile_seconds_, job_.share_memory ? 0 : job_.snapshot_replicas,
+                      job_.train.device == models::device::cpu);
+    profile_bandwidth_ = in.bandwidth;
+    profile_budget_s_ = in.seconds;
+    // No idle time at all: the smallest time, so that Algorithm 1 stops at its own limit.
+    w_sparse_ = callbacks_.choose_window && profile_bandwidth_ > 0
+                    ? std::max(1, callbacks_.choose_window(sizes, std::max(in.seconds, 1e-9),
+                                                           profile_bandwidth_))
+                    : 1;
+  }
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "window_chosen")
+                    .add("w_sparse", w_sparse_)
+                    .add("profile_iteration_s", profile_seconds_)
+                    .add("profile_bandwidth", profile_bandwidth_)
+                    .add("profile_budget_s", profile_budget_s_)
+                    .add("iteration", iteration_));
+  }
+}
+
+void coordinator::send_steps() {
+  // Popularity of each stage, summed over its replicas in replica order.
+  std::vector<std::vector<double>> stage_pop(std::size_t(job_.pp));
+  for (int st = 0; st < job_.pp && (can_recover_ || rolls_back_); ++st) {
+    for (int r = 0; r < job_.dp; ++r) {
+      const auto& p = pop_[std::size_t(r * job_.pp + st)];
+      if (!p) continue;
+      auto& acc = stage_pop[std::size_t(st)];
+      if (acc.empty()) acc.assign(p->size(), 0.0);
+      if (acc.size() != p->size()) continue;
+      for (std::size_t k = 0; k < acc.size(); ++k) acc[k] += (*p)[k];
+    }
+  }
+  phase_ = phase::stepping;
+  const std::uint64_t e = epoch_;
+  const bool apply = plan_.apply;
+  const float mul = plan_.grad_mul;
+  const int w_sparse = rolls_back_ ? checkpoint_interval() : w_sparse_;
+  for (int d = 0; d < job_.dp; ++d) {
+    for (int st = 0; st < job_.pp; ++st) {
+      const auto& pop = stage_pop[std::size_t(st)];
+      (void)tell<wire::Step>(stage_ref(st, d), [&](wire::Step::Builder b) {
+        b.setEpoch(e);
+        b.setApply(apply);
+        b.setGradMul(mul);
+        b.setWSparse(w_sparse);
+        auto l = b.initPopularity(static_cast<unsigned>(pop.size()));
+        for (unsigned k = 0; k < pop.size(); ++k) l.set(k, pop[k]);
+      });
+    }
+  }
+}
+
+int coordinator::live_stages() const {
+  return int(
+      std::count_if(stages_.begin(), stages_.end(), [](const actor_ref& r) { return r.valid(); }));
+}
+
+awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
+  const int s = m.getStage(), d = m.getReplica();
+  if (phase_ != phase::stepping || m.getEpoch() != epoch_ || s < 0 || s >= job_.pp || d < 0 ||
+      d >= job_.dp) {
+    co_return;
+  }
+  const std::size_t i = std::size_t(d * job_.pp + s);
+  if (stepped_flags_[i]) co_return;
+  stepped_flags_[i] = true;
+  last_.snapshot_bytes += m.getSnapshotBytes();
+  last_.snapshot_host_bytes += m.getSnapshotHostBytes();
+  last_.snapshot_host_bytes_by_stage.resize(stages_.size());
+  last_.snapshot_host_bytes_by_stage[i] = m.getSnapshotHostBytes();
+  last_.log_host_bytes += m.getLogHostBytes();
+  last_.snapshot_lent_bytes += m.getSnapshotLentBytes();
+  last_.replica_maps += m.getReplicaMaps();
+  last_.replica_pulls += m.getReplicaPulls();
+  last_.capture_cpu_s += m.getCaptureCpuSeconds();
+  last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
+  co_await maybe_stepped_all();
+}
+
+awaitable<void> coordinator::maybe_stepped_all() {
+  if (phase_ != phase::stepping) co_return;
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    if (stages_[i].valid() && !stepped_flags_[i]) co_return;
+  }
+  const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
+  train_seconds_ += secs;
+  committed_s_[last_.iteration] = secs;
+  last_.seconds = secs;
+  const double tokens =
+      double(job_.train.micro_batches) * job_.train.micro_batch_size * job_.train.seq_len * job_.dp;
+  last_.tokens_per_s = secs > 0 ? tokens / secs : 0.0;
+  last_.attempts = attempts_;
+  attempts_ = 0;
+  if (log_ != nullptr) {
+    json_record rec;
+    rec.add("kind", "iteration")
+        .add("iteration", last_.iteration)
+        .add("loss", last_.loss)
+        .add("aux_loss", last_.aux_loss)
+        .add("grad_norm", last_.grad_norm)
+        .add("applied", last_.applied)
+        .add("loss_scale", double(last_.loss_scale))
+        .add("iteration_s", last_.seconds)
+        .add("tokens_per_s", last_.tokens_per_s)
+        .add("max_stage_compute_s", last_.max_compute_s)
+        .add("mean_stage_compute_s", last_.mean_compute_s)
+        .add("attempts", last_.attempts);
+    if (can_recover_ || rolls_back_) {
+      if (persisted_) last_.replication_lag = last_.iteration - (persisted_first_ + w_sparse_ - 2);
+      rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))
+          .add("snapshot_lent_bytes", std::int64_t(last_.snapshot_lent_bytes))
+          .add("replica_maps", std::int64_t(last_.replica_maps))
+          .add("replica_pulls", std::int64_t(last_.replica_pulls))
+          .add("stall_s", last_.stall_s)
+          .add("capture_cpu_s", last_.capture_cpu_s)
+          .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
+          .add("snapshot_host_bytes_by_stage",
+               fmt::format("{}", fmt::join(last_.snapshot_host_bytes_by_stage, ",")))
+          .add("log_host_bytes", std::int64_t(last_.log_host_bytes))
+          .add("replication_lag", last_.replication_lag);
+    }
+    if (job_.dp > 1 && models::uses_nccl(job_.train)) {
+      rec.add("group_form_s", last_.group_form_s).add("device_sum_s", last_.device_sum_s);
+    }
+    log_->write(rec);
+  }
+  if (callbacks_.on_iteration) callbacks_.on_iteration(last_);
+  ++iteration_;
+  if (recovery_) {  // a stage was lost while the others stepped: rebuild it one further
+    phase_ = phase::paused;
+    co_await recover();
+    co_return;
+  }
+  co_await after_iteration();
+}
+
+awaitable<void> coordinator::after_iteration() {
+  if (finished_) co_return;
+  const bool last = iteration_ >= job_.train.iterations;
+  const bool validate_now = job_.train.val_every > 0 && iteration_ % job_.train.val_every == 0;
+  if ((last || validate_now) && job_.train.val_batches > 0 && (phase_ != phase::validating)) {
+    start_validation();
+    co_return;
+  }
+  if (last) {
+    co_await finish();
+    co_return;
+  }
+  if (pause_requested_) {
+    phase_ = phase::paused;
+    co_return;
+  }
+  start_iteration();
+}
+
+void coordinator::start_validation() {
+  phase_ = phase::validating;
+  validation_start_ = sclock::now();
+  ++val_round_;
+  val_losses_.assign(std::size_t(job_.train.val_batches), std::nullopt);
+  const std::uint64_t round = val_round_;
+  const int batches = job_.train.val_batches;
+  (void)tell<wire::Validate>(stage_ref(0, 0), [&](wire::Validate::Builder b) {
+    b.setRound(round);
+    b.setBatches(batches);
+  });
+}
+
+awaitable<void> coordinator::val_loss(wire::ValLoss::Reader m) {
+  const int i = m.getIndex();
+  if (phase_ != phase::validating || m.getRound() != val_round_ || i < 0 ||
+      i >= int(val_losses_.size()) || val_losses_[std::size_t(i)]) {
+    co_return;
+  }
+  val_losses_[std::size_t(i)] = m.getLoss();
+  for (const auto& v : val_losses_) {
+    if (!v) co_return;
+  }
+  double sum = 0.0;  // in index order, as the reference sums
+  for (const auto& v : val_losses_) sum += *v;
+  last_val_ = sum / double(val_losses_.size());
+  validation_s_ += std::chrono::duration<double>(sclock::now() - validation_start_).count();
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "validation")
+                    .add("iteration", iteration_ - 1)
+                    .add("val_loss", last_val_));
+  }
+  if (callbacks_.on_validation) callbacks_.on_validation(iteration_ - 1, last_val_);
+  phase_ = phase::running;  // leaves validating; after_iteration decides what is next
+  if (iteration_ >= job_.train.iterations) {
+    co_await finish();
+    co_return;
+  }
+  if (pause_requested_) {
+    phase_ = phase::paused;
+    co_return;
+  }
+  start_iteration();
+}
+
+awaitable<void> coordinator::resume() {
+  pause_requested_ = false;
+  if (phase_ == phase::paused) start_iteration();
+  co_return;
+}
+
+awaitable<void> coordinator::abort_iteration() {
+  if (phase_ != phase::running) co_return;
+  const std::uint64_t e = epoch_;
+  phase_ = phase::paused;
+  for (const actor_ref& r : stages_) {
+    if (!r.valid()) continue;  // lost: being recovered
+    auto fill = [e](wire::Abort::Builder b) { b.setEpoch(e); };
+    auto res = co_await ask<wire::Abort, wire::AbortAck>(r, ask_timeout, fill);
+    if (finished_) co_return;
+    if (!res.ok()) {
+      fail("aborting the iteration failed: " + res.err().message);
+      co_return;
+    }
+  }
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "iteration_aborted")
+                    .add("iteration", iteration_)
+                    .add("epoch", std::int64_t(e)));
+  }
+  if (!pause_requested_) start_iteration();
+}
+
+awaitable<void> coordinator::finish() {
+  std::vector<actor_ref> first_replicas;
+  for (int s = 0; s < job_.pp; ++s) first_replicas.push_back(stage_ref(s, 0));
+  auto replies = co_await actors::ask_all<wire::DigestsQuery, wire::Digests>(
+      *this, first_replicas, ask_timeout, [](std::size_t, wire::DigestsQuery::Builder) {});
+  if (finished_) co_return;
+  std::vector<std::uint64_t> digests;
+  for (int s = 0; s < job_.pp; ++s) {
+    const auto& r = replies[std::size_t(s)];
+    if (!r.ok()) {
+      fail(fmt::format("reading stage {}'s state failed: {}", s, r.err().message));
+      co_return;
+    }
+    for (auto v : r->get().getValues()) digests.push_back(v);
+  }
+  job_outcome o;
+  o.ok = true;
+  o.state_hash = models::state_hash(digests, scaler_);
+  o.final_loss = last_.loss;
+  o.val_loss = last_val_;
+  o.iterations = iteration_;
+  o.seconds = train_seconds_;
+  o.tokens_per_s = train_seconds_ > 0
+                       ? double(job_.train.micro_batches) * job_.train.micro_batch_size *
+                             job_.train.seq_len * job_.dp * double(iteration_) / train_seconds_
+                       : 0.0;
+  finish_with(std::move(o));
+}
+
+// ---- policy moevement: windows and recovery
+
+}  // namespace moevement::engine
