@@ -208,7 +208,14 @@ void coordinator::finish_with(job_outcome outcome) {
     }
     log_->write(r);
   }
-  // Every worker process shuts down (those still there).
+  // Every worker process shuts down (those still there); a group replay still waiting for
+  // its peers' gradients ends first (its agent would take the Shutdown only after it).
+  for (const auto& [n, w] : workers_) {
+    if (!w.group_exchange.valid()) continue;
+    (void)tell<wire::ReplayGeneration>(w.group_exchange, [&](wire::ReplayGeneration::Builder b) {
+      b.setGeneration(generations_ + 1);
+    });
+  }
   for (const auto& [n, w] : workers_) {
     if (w.agent.valid()) (void)tell<wire::Shutdown>(w.agent);
   }

@@ -612,6 +612,15 @@ void coordinator::send_restores(const region& r) {
   // own. Not for a resume at another layout (it replays the old layout whole).
   const bool group = group_replay() && recovery_->window_pp == 0 &&
                      r.members.size() == std::size_t((r.last - r.first + 1) * dp);
+  if (group) {
+    // A member's agent may still be in the previous generation's replay, waiting for a peer
+    // this one replaced: its exchange hears first, and that wait ends.
+    for (const region_member& m : r.members) {
+      (void)tell<wire::ReplayGeneration>(
+          workers_.at(m.spare).group_exchange,
+          [&](wire::ReplayGeneration::Builder b) { b.setGeneration(r.generation); });
+    }
+  }
   for (const region_member& m : r.members) {
     auto fill = [&](wire::Restore::Builder b) {
       b.setStage(m.lost.stage);

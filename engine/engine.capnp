@@ -322,6 +322,14 @@ struct RegionMembers {
   error @1 :Text;          # non-empty: the region cannot go on (no spare left, job ended)
 }
 
+# Coordinator -> a worker's group exchange (the policy's, engine/checkpoint.hpp
+# group_exchange): generation `generation` of a recovery group's parallel replay begins (or,
+# at the job's end, one past the last): a replay of an older generation still waiting there
+# for its peers' gradients ends (its peers moved on, or the job did).
+struct ReplayGeneration {
+  generation @0 :UInt64;
+}
+
 # ---- global rollback (policies dense-memory, dense-disk, pec; docs/policies.md)
 
 # Coordinator -> a stage's checkpoint agent, every stage paused: which checkpoints (state

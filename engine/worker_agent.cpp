@@ -219,16 +219,15 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   stage_setup setup = setup_for(*job_, stage, replica);
   try {
     const stage_factory& factory = registry_.find(job_->stage_type);
+    // The agent takes one message at a time: a newer generation's Restore waits behind this
+    // one (a group replay of it ends when the coordinator announces the next generation to
+    // this worker's group exchange), and what this one reports carries its own generation.
     auto model = co_await checkpoint_->restore(m, factory, setup);
-    // A newer generation's Restore came meanwhile (the region grew): that one answers.
-    if (generation != generation_) co_return;
     start_stage(std::move(setup), std::move(model), true);
   } catch (const snapshot_lost& e) {
-    if (generation != generation_) co_return;
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()),
            true);
   } catch (const std::exception& e) {
-    if (generation != generation_) co_return;
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
   }
 }

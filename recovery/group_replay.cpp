@@ -29,11 +29,9 @@ void group_inbox::begin(std::uint64_t generation) {
 
 bool group_inbox::put(std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
                       const transport::bulk_descriptor& d) {
+  // A newer generation than begun here is kept: the coordinator's word of it (or this
+  // worker's Restore) may still be on its way.
   if (generation < generation_ || got_.size() >= max_entries_) return false;
-  // A peer already replays a newer generation: the region restarted (a member was lost), and
-  // this worker's Restore of it may wait behind the old replay, which no peer feeds any
-  // more. The old waits end now; the announcement is kept for the new replay.
-  if (generation > generation_) begin(generation);
   got_[{generation, iteration, replica}] = d;
   wake_all();
   return true;
@@ -63,14 +61,25 @@ awaitable<transport::bulk_descriptor> group_inbox::take(
     }
     timer.expires_at(deadline);
     waiters_.insert(&timer);
+    // Out of the set however this frame ends (also destroyed while it waits).
+    struct unlist {
+      std::set<asio::steady_timer*>& set;
+      asio::steady_timer* t;
+      ~unlist() { set.erase(t); }
+    } guard{waiters_, &timer};
     asio::error_code ec;  // cancelled: something arrived (or a newer generation began)
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    waiters_.erase(&timer);
   }
 }
 
 group_exchange::group_exchange(std::shared_ptr<group_inbox> inbox) : inbox_(std::move(inbox)) {
   on<wire::ReplayGradients>(&group_exchange::gradients);
+  on<engine::wire::ReplayGeneration>(&group_exchange::generation);
+}
+
+awaitable<void> group_exchange::generation(engine::wire::ReplayGeneration::Reader m) {
+  inbox_->begin(m.getGeneration());
+  co_return;
 }
 
 awaitable<void> group_exchange::gradients(wire::ReplayGradients::Reader m) {
@@ -104,13 +113,18 @@ group_reducer::group_reducer(actors::actor_system& system, engine::bulk_io& io,
 
 template <class Task>
 void group_reducer::on_actor_thread(Task task) {
-  std::promise<void> done;
-  auto finished = done.get_future();
-  asio::co_spawn(system_.io(), std::move(task), [&done](std::exception_ptr e) {
+  if (system_.io().get_executor().running_in_this_thread()) {
+    throw std::logic_error("group_reducer::reduce on the actor thread (it would wait for itself)");
+  }
+  // Owned by the completion handler: if the io_context goes first (the process stopping),
+  // the handler is destroyed and the promise broken, which ends the wait below.
+  auto done = std::make_shared<std::promise<void>>();
+  auto finished = done->get_future();
+  asio::co_spawn(system_.io(), std::move(task), [done](std::exception_ptr e) {
     if (e) {
-      done.set_exception(e);
+      done->set_exception(e);
     } else {
-      done.set_value();
+      done->set_value();
     }
   });
   finished.get();

@@ -29,6 +29,7 @@
 
 #include "actors/system.hpp"
 #include "engine/bulk_io.hpp"
+#include "engine/engine.capnp.h"
 #include "recovery/recovery.capnp.h"
 #include "transport/bulk.hpp"
 
@@ -46,7 +47,8 @@ class group_inbox {
   // (superseded) and their announcements are dropped.
   void begin(std::uint64_t generation);
   // A peer's announcement; false when refused (an older generation, or the inbox is full).
-  // One of a newer generation than the newest restore begun here begins it (see put).
+  // One of a newer generation than begun here is kept for it (only begin() moves on: the
+  // coordinator's ReplayGeneration, or this worker's Restore).
   bool put(std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
            const transport::bulk_descriptor& d);
   // Waits until `replica` announced `iteration` of `generation` and takes its descriptor.
@@ -69,12 +71,16 @@ class group_inbox {
 // One per worker (policy moevement): peers' ReplayGradients into the inbox.
 class group_exchange : public actors::actor {
  public:
-  using interface = actors::interface<actors::tell_t<wire::ReplayGradients>>;
+  using interface = actors::interface<actors::tell_t<wire::ReplayGradients>,
+                                      actors::tell_t<engine::wire::ReplayGeneration>>;
   explicit group_exchange(std::shared_ptr<group_inbox> inbox);
   std::uint64_t refused() const { return refused_; }
 
  private:
   asio::awaitable<void> gradients(wire::ReplayGradients::Reader m);
+  // A new generation of the replay begins (the worker's agent may be busy with the old one,
+  // whose waits end now).
+  asio::awaitable<void> generation(engine::wire::ReplayGeneration::Reader m);
   std::shared_ptr<group_inbox> inbox_;
   std::uint64_t refused_ = 0;
 };

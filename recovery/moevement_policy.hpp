@@ -56,7 +56,8 @@ struct policy_limits {
   std::chrono::milliseconds max_window_wait{10000};
   // How long a parallel group replay waits for a peer's gradients of one iteration. A peer
   // that died or hangs is found by the heartbeats first (the region then restarts under a
-  // newer generation, which ends this wait); this only bounds a wait nothing else ends.
+  // newer generation, whose ReplayGeneration ends this wait); this only bounds a wait nothing
+  // else ends.
   std::chrono::seconds group_wait{600};
 };
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -102,7 +103,18 @@ restore_plan decode(engine::wire::Restore::Reader m, const engine::job_config& j
     if (m.getGroup().size() != unsigned(p.dp) || p.dp < 2) {
       throw std::runtime_error("malformed Restore from the coordinator (its group)");
     }
-    for (auto a : m.getGroup()) p.group.push_back(read_ref(a));
+    std::set<transport::node_id> nodes;
+    for (auto a : m.getGroup()) {
+      p.group.push_back(read_ref(a));
+      nodes.insert(p.group.back().node);
+      if (!p.group.back().valid()) {
+        throw std::runtime_error("malformed Restore from the coordinator (a group member)");
+      }
+    }
+    if (nodes.size() != p.group.size()) {
+      throw std::runtime_error(
+          "malformed Restore from the coordinator (a worker twice in a group)");
+    }
     p.replicas = {p.replica};
   } else {
     for (int d = 0; d < p.dp; ++d) p.replicas.push_back(d);
@@ -525,6 +537,10 @@ awaitable<restored_stage> restore_region(restore_context ctx, engine::wire::Rest
                                          const engine::stage_factory& factory,
                                          engine::stage_setup setup) {
   restore_plan plan = decode(m, ctx.job, setup, ctx.durable != nullptr);
+  if (!plan.group.empty() && plan.group[std::size_t(plan.replica)].node != ctx.system.node()) {
+    throw std::runtime_error(
+        "malformed Restore from the coordinator (its group names another worker for this one)");
+  }
   if (plan.durable && plan.window_pp != 0 &&
       (plan.window_pp != ctx.job.pp || plan.window_dp != ctx.job.dp)) {
     co_return co_await restore_layout(ctx, m, factory, std::move(setup));

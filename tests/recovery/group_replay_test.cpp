@@ -1,6 +1,7 @@
 // The group inbox of a parallel group replay: announcements are taken by (generation,
 // iteration, replica); a newer restore supersedes the waits of an older one; an older
-// generation's announcement is refused; the inbox is bounded; a wait nothing ends times out.
+// generation's announcement is refused, a newer one kept without ending anything; the inbox
+// is bounded; a wait nothing ends times out.
 #include "recovery/group_replay.hpp"
 
 #include <gtest/gtest.h>
@@ -86,15 +87,20 @@ TEST(group_inbox, a_newer_restore_supersedes_an_older_wait_and_its_announcements
   auto old = start_take(io, inbox, 1, 7, 0);
   pump(io);
   EXPECT_FALSE(old->done);
-  // A peer replays generation 4 already (this worker's Restore of it waits behind the old
-  // replay): the announcement is kept, and the old wait ends.
+  // A peer replays generation 4 already: its announcement is kept, and the old wait goes on
+  // until this worker hears of generation 4 (the coordinator's ReplayGeneration).
   EXPECT_TRUE(inbox.put(4, 3, 0, desc(8)));
+  pump(io);
+  EXPECT_FALSE(old->done);
+  inbox.begin(4);
   pump(io);
   ASSERT_TRUE(old->done);
   EXPECT_NE(old->error.find("superseded by generation 4"), std::string::npos) << old->error;
   EXPECT_EQ(inbox.size(), 1u);                // generation 1's entry dropped
   EXPECT_FALSE(inbox.put(3, 3, 0, desc(8)));  // older than the newest begun: refused
   inbox.begin(4);                             // this worker's Restore of 4: nothing lost
+  EXPECT_EQ(inbox.size(), 1u);
+  inbox.begin(3);  // an older one later: nothing changes
   EXPECT_EQ(inbox.size(), 1u);
   auto now = start_take(io, inbox, 4, 3, 0);
   pump(io);
