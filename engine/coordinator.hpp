@@ -200,6 +200,15 @@ class coordinator : public actors::actor {
                                        wire::RegionMembers::Builder out);
   // Drops the iteration in progress on every surviving stage, at once (false: the job ended).
   asio::awaitable<bool> abort_survivors();
+  // What a generation of the recovery restores from: the target iteration, the window (the
+  // persisted one, or the durable tier's) and the first iteration its replay runs.
+  struct restore_from {
+    std::int64_t target = 0;
+    bool durable = false, has_window = false;
+    std::uint64_t window = 0;
+    std::int64_t first = 0;
+  };
+  restore_from restore_point() const;
   // The notice and run log record of a generation of r whose Restores go out now.
   void announce_restart(const region& r);
   // The next generation of r; false when the job cannot go on (it failed, saying why).
@@ -255,6 +264,8 @@ class coordinator : public actors::actor {
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
   asio::awaitable<void> after_iteration();
+  // After a step (and its validation round, if any): the end, a pause, or the next iteration.
+  asio::awaitable<void> go_on();
   void start_validation();
   asio::awaitable<void> finish();
   void finish_with(job_outcome outcome);

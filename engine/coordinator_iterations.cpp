@@ -305,7 +305,11 @@ awaitable<void> coordinator::after_iteration() {
     start_validation();
     co_return;
   }
-  if (last) {
+  co_await go_on();
+}
+
+awaitable<void> coordinator::go_on() {
+  if (iteration_ >= job_.train.iterations) {
     co_await finish();
     co_return;
   }
@@ -350,16 +354,8 @@ awaitable<void> coordinator::val_loss(wire::ValLoss::Reader m) {
                     .add("val_loss", last_val_));
   }
   if (callbacks_.on_validation) callbacks_.on_validation(iteration_ - 1, last_val_);
-  phase_ = phase::running;  // leaves validating; after_iteration decides what is next
-  if (iteration_ >= job_.train.iterations) {
-    co_await finish();
-    co_return;
-  }
-  if (pause_requested_) {
-    phase_ = phase::paused;
-    co_return;
-  }
-  start_iteration();
+  phase_ = phase::running;  // leaves validating
+  co_await go_on();
 }
 
 awaitable<void> coordinator::resume() {

@@ -510,12 +510,18 @@ std::map<std::string, int> coordinator::restores_per_host() const {
   return out;
 }
 
+coordinator::restore_from coordinator::restore_point() const {
+  restore_from p;
+  p.target = recovery_->target;
+  p.durable = recovery_->durable;
+  p.has_window = p.durable || persisted_.has_value();
+  p.window = p.durable ? recovery_->durable_window : persisted_.value_or(0);
+  p.first = p.durable ? recovery_->durable_first : p.has_window ? persisted_first_ : 0;
+  return p;
+}
+
 void coordinator::announce_restart(const region& r) {
-  const std::int64_t target = recovery_->target;
-  const bool durable = recovery_->durable;
-  const bool has_window = durable || persisted_.has_value();
-  const std::uint64_t window = durable ? recovery_->durable_window : persisted_.value_or(0);
-  const std::int64_t first = durable ? recovery_->durable_first : has_window ? persisted_first_ : 0;
+  const auto [target, durable, has_window, window, first] = restore_point();
   std::string roles, spares, replacements;
   for (const region_member& m : r.members) {
     roles += fmt::format("{}{}/{}", roles.empty() ? "" : ",", m.lost.stage, m.lost.replica);
@@ -582,11 +588,7 @@ void coordinator::announce_restart(const region& r) {
 }
 
 void coordinator::send_restores(const region& r) {
-  const std::int64_t target = recovery_->target;
-  const bool durable = recovery_->durable;
-  const bool has_window = durable || persisted_.has_value();
-  const std::uint64_t window = durable ? recovery_->durable_window : persisted_.value_or(0);
-  const std::int64_t first = durable ? recovery_->durable_first : has_window ? persisted_first_ : 0;
+  const auto [target, durable, has_window, window, first] = restore_point();
   announce_restart(r);
   // Where the region's stage replicas find their windows, and the logs of the healthy stages
   // just outside it (no region touches another, so those are never being rebuilt).
