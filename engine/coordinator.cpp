@@ -552,7 +552,9 @@ void coordinator::maybe_persist() {
   schedule_digests_.erase(schedule_digests_.begin(), schedule_digests_.upper_bound(window));
   // The durable tier writes one window at a time: this one when the one before is written
   // everywhere (a disk slower than the windows skips windows, never stalls a step).
-  const bool durable = durable_ && !durable_inflight_;
+  // Not a window begun before the last recovery's target: a stage rebuilt there never held
+  // all of it (its copies on the replicators serve a recovery; its writer has nothing).
+  const bool durable = durable_ && !durable_inflight_ && first >= durable_from_;
   if (durable) {
     durable_inflight_ = window;
     durable_reported_.assign(stages_.size(), false);

@@ -394,6 +394,7 @@ class coordinator : public actors::actor {
   double durable_seconds_ = 0.0;
   std::int64_t durable_errors_ = 0;
   std::map<std::uint64_t, std::int64_t> durable_windows_;
+  std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
   std::uint64_t generations_ = 0;
   std::uint64_t region_ids_ = 0;
   std::vector<actors::actor_ref> retired_supervisors_;  // stopped on purpose: exits ignored

@@ -792,7 +792,8 @@ awaitable<void> coordinator::maybe_finish_recovery() {
     persisted_.reset();
     persisted_first_ = 0;
   }
-  maybe_persist();  // windows the stages finished replicating meanwhile
+  durable_from_ = rec.target;  // the rebuilt stages capture from here on
+  maybe_persist();             // windows the stages finished replicating meanwhile
   if (can_recover_) {
     for (const auto& [n, w] : workers_) {
       if (!w.checkpoint.valid()) continue;
