@@ -353,7 +353,11 @@ std::string slurm_step::output_tail(std::size_t max_lines) const {
   std::deque<std::string> lines;
   for (std::string l; std::getline(in, l);) {
     if (l.empty()) continue;
-    lines.push_back(l.size() > 300 ? l.substr(0, 300) + "..." : l);
+    if (l.size() > 300) {  // (not substr() + "...": a g++ 12 -Warray-bounds false positive)
+      l.resize(300);
+      l += "...";
+    }
+    lines.push_back(l);
     if (lines.size() > max_lines) lines.pop_front();
   }
   std::string out;
