@@ -28,7 +28,8 @@ using actors::write_ref;
 }  // namespace
 
 coordinator::coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks,
-                         run_log* log, std::optional<resume_point> resume)
+                         run_log* log, head_recovery_factory recovery,
+                         std::optional<resume_point> resume)
     : job_(std::move(job)),
       raw_(std::move(raw)),
       callbacks_(std::move(callbacks)),
@@ -51,7 +52,8 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::RegionRestart, wire::RegionMembers>(&coordinator::region_restart);
   can_recover_ = recovery_of(job_.policy) == recovery_kind::localized;
   rolls_back_ = recovery_of(job_.policy) == recovery_kind::rollback;
-  durable_ = can_recover_ && durable_tier(job_);
+  book_.durable = can_recover_ && durable_tier(job_);
+  if (recovery) recovery_ = recovery(*this);
 }
 
 awaitable<void> coordinator::on_start() {
@@ -81,89 +83,8 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
       self(), [this, n, how](actors::actor&) -> awaitable<void> { co_await worker_lost(n, how); });
 }
 
-bool coordinator::loss_pending() const {
-  if (!started()) return false;  // workers join the membership while they are admitted
-  return std::any_of(workers_.begin(), workers_.end(),
-                     [&](const auto& kv) { return !system().last_heard(kv.first).has_value(); });
-}
-
-awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {
-  if (finished_) co_return;
-  auto it = workers_.find(n);
-  if (it == workers_.end()) co_return;
-  const worker_info w = it->second;
-  const std::string role =
-      w.stage < 0 ? std::string("spare") : fmt::format("stage {}, replica {}", w.stage, w.replica);
-  if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "worker_lost")
-                    .add("node", std::int64_t{n})
-                    .add("stage", w.stage)
-                    .add("replica", w.replica)
-                    .add("how", how)
-                    .add("iteration", iteration_)
-                    .add("time_s", log_->seconds()));
-  }
-  if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
-  if (recovery_ && (member_of(n).first != nullptr || recovery_->replaced.contains(n))) {
-    // A region member's worker: its region's supervisor saw its child there end and restarts
-    // the region (region_restart gives the role a spare).
-    if (auto [reg, member] = member_of(n); member != nullptr) {
-      reg->restarting = true;
-      member->ready = false;
-    }
-    workers_.erase(it);
-    if (w.stage >= 0 && stages_[std::size_t(w.replica * job_.pp + w.stage)].node == n) {
-      stages_[std::size_t(w.replica * job_.pp + w.stage)] = actor_ref{};
-    }
-    // A recovery that waited for every queued loss (loss_pending) places the others now.
-    if (!recovery_->pending.empty()) co_await recover();
-    co_return;
-  }
-  if (w.stage < 0 && started()) {  // a spare: one fewer, training goes on
-    workers_.erase(it);
-    co_return;
-  }
-  const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
-    return kv.second.stage < 0 && kv.first != n;
-  });
-  if (!(can_recover_ || rolls_back_) || !started() || !spare_left) {
-    std::string why;
-    if (!(can_recover_ || rolls_back_)) {
-      why = fmt::format("checkpoint.policy = {} cannot recover a lost worker",
-                        policy_name(job_.policy));
-    } else if (!started()) {
-      why = "the job had not started training yet";
-    } else {
-      why = "no spare worker is left (raise cluster.spares)";
-    }
-    fail(fmt::format("worker {} ({}, pid {}) {} at iteration {}; {}, so the job stops", n, role,
-                     w.pid, how, iteration_, why));
-    co_return;
-  }
-  workers_.erase(it);
-  stages_[std::size_t(w.replica * job_.pp + w.stage)] = actor_ref{};
-  if (!recovery_) {
-    recovery_ = recovery_state{};
-    recovery_->detected = sclock::now();
-  }
-  recovery_->pending.push_back(w);
-  co_await recover();
-}
-
 void coordinator::on_stop(const actors::exit_reason&) {
   system().on_membership({});
-}
-
-void coordinator::report_rejected(const char* event, const char* what,
-                                  const std::vector<std::string>& reasons) {
-  for (const auto& reason : reasons) {
-    if (callbacks_.on_notice) callbacks_.on_notice(fmt::format("{} rejected: {}", what, reason));
-    if (log_ != nullptr) {
-      log_->write(json_record{}.add("kind", "event").add("event", event).add("reason", reason));
-    }
-  }
 }
 
 void coordinator::fail(const std::string& message) {
@@ -186,7 +107,7 @@ void coordinator::finish_with(job_outcome outcome) {
   if (finished_) return;
   finished_ = true;
   phase_ = phase::done;
-  stop_supervisors();  // their members' workers are told to shut down below
+  if (recovery_) recovery_->stop();  // its supervisors' members' workers shut down below
   if (outcome.ok) {
     outcome.wall_s =
         std::chrono::duration<double>(sclock::now() - job_start_).count() - validation_s_;
@@ -213,7 +134,7 @@ void coordinator::finish_with(job_outcome outcome) {
   for (const auto& [n, w] : workers_) {
     if (!w.group_exchange.valid()) continue;
     (void)tell<wire::ReplayGeneration>(w.group_exchange, [&](wire::ReplayGeneration::Builder b) {
-      b.setGeneration(generations_ + 1);
+      b.setGeneration((recovery_ ? recovery_->generations() : 0) + 1);
     });
   }
   for (const auto& [n, w] : workers_) {
@@ -279,32 +200,20 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   auto it = workers_.find(m.getNode());
   if (it == workers_.end()) co_return;
   worker_info& w = it->second;
-  const auto [reg, member] = member_of(w.node);
-  recovery_state::rebuild* rollback_spare = nullptr;
-  if (rolls_back_ && recovery_) {
-    for (auto& b : recovery_->rebuilds) {
-      if (b.spare == w.node) rollback_spare = &b;
-    }
-  }
-  const bool replacement = phase_ == phase::recovering && (member != nullptr || rollback_spare);
+  // A worker rebuilding a stage for the recovery, or one starting with the job.
+  const bool replacement =
+      phase_ == phase::recovering && recovery_ && recovery_->rebuilding(w.node);
   if (phase_ != phase::starting && !replacement) co_return;
   // An older generation's report, or one of a region about to restart.
-  if (member != nullptr && (m.getGeneration() != reg->generation || reg->restarting)) co_return;
+  if (replacement && !recovery_->current(w.node, m.getGeneration())) co_return;
   if (m.getError().size() > 0) {
     std::string message =
         fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError()));
     if (replacement) {
-      // A restore usually fails because a worker it pulled from died: the head learns of that
-      // within the failure timeout, and the region then grows (cascading) and restarts.
-      const bool lost_copies = m.getSnapshotLost();
-      co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-      if (finished_ || loss_pending() || !recovery_) co_return;
-      if (lost_copies && durable_ && !rolls_back_) {
-        co_await start_durable_rollback(message + "; every copy of a needed snapshot is gone");
-        co_return;
-      }
+      co_await recovery_->restore_failed(message, m.getSnapshotLost());
+    } else {
+      fail(message);
     }
-    fail(message);
     co_return;
   }
   const actor_ref ckpt = read_ref(m.getCheckpoint()), repl = read_ref(m.getReplicator());
@@ -334,22 +243,8 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     stages_[std::size_t(w.replica * job_.pp + w.stage)] = r;
     monitor(r);  // a stage actor that stops (its handler threw) ends the job, never a hang
   }
-  if (rollback_spare != nullptr) {
-    rollback_spare->ready = true;
-    co_await maybe_finish_recovery();
-    co_return;
-  }
   if (replacement) {
-    member->ready = true;
-    member->pull_s = m.getPullSeconds();
-    member->replay_s = m.getReplaySeconds();
-    member->replay_threads = m.getReplayThreads();
-    member->replayed = m.getIterationsReplayed();
-    member->slots_mapped = m.getSlotsMapped();
-    member->slots_pulled = m.getSlotsPulled();
-    member->handles_refused = m.getHandlesRefused();
-    reg->ready_at = sclock::now();
-    co_await maybe_finish_recovery();
+    co_await recovery_->restored(w.node, m);
     co_return;
   }
   if (++ready_count_ < expected_workers_) co_return;
@@ -434,24 +329,15 @@ awaitable<bool> coordinator::wire_all() {
     if (replies[i].ok()) continue;
     // During a recovery, a stage lost since the wiring began (its actor is gone from stages_
     // already, or its loss is still on the way): its recovery (posted) takes over.
-    const bool lost = recovery_ && co_await loss_follows();
+    const bool lost = recovering() && co_await loss_follows();
     if (finished_ || lost) co_return false;
     fail(fmt::format("wiring stage {} replica {} failed: {}", int(i) % job_.pp, int(i) / job_.pp,
                      replies[i].err().message));
     co_return false;
   }
   // A loss while the asks were out: the recovery it posted wires again.
-  if (recovery_ && loss_pending()) co_return false;
+  if (recovering() && loss_pending()) co_return false;
   co_return true;
-}
-
-awaitable<bool> coordinator::loss_follows() {
-  // The transport often sees a peer die before the head's membership does: give the loss the
-  // failure timeout to arrive.
-  if (!loss_pending()) {
-    co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-  }
-  co_return loss_pending();
 }
 
 json_record coordinator::job_start_record() const {
@@ -499,7 +385,7 @@ awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
   co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
   // A worker was lost meanwhile: that was the cause, and its loss (queued behind this turn)
   // decides the recovery or the job's end.
-  if (loss_pending() || recovery_) co_return;
+  if (loss_pending() || recovering()) co_return;
   fail(message);
 }
 
@@ -507,7 +393,7 @@ awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m)
   const int s = m.getStage(), d = m.getReplica();
   if (!can_recover_ || s < 0 || s >= job_.pp || d < 0 || d >= job_.dp) co_return;
   const std::uint64_t window = m.getWindow();
-  if (persisted_ && window <= *persisted_) co_return;
+  if (book_.persisted && window <= *book_.persisted) co_return;
   auto& done = replicated_[window];
   done.resize(stages_.size(), false);
   done[std::size_t(d * job_.pp + s)] = true;
@@ -536,7 +422,7 @@ awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m)
 void coordinator::maybe_persist() {
   // Not while a recovery pulls the persisted window: a newer one would make the replicators
   // drop the slots it is pulling. Decided again once the recovery is over.
-  if (recovery_) return;
+  if (recovering()) return;
   std::optional<std::uint64_t> newest;
   for (const auto& [w, done] : replicated_) {
     if (std::all_of(done.begin(), done.end(), [](bool b) { return b; })) newest = w;
@@ -544,9 +430,9 @@ void coordinator::maybe_persist() {
   if (!newest) return;
   // Every stage has this window on its replicators: it is the one a recovery starts from.
   const std::uint64_t window = *newest;
-  persisted_ = window;
+  book_.persisted = window;
   const std::int64_t first = window_first_[window];
-  persisted_first_ = first;
+  book_.persisted_first = first;
   replicated_.erase(replicated_.begin(), replicated_.upper_bound(window));
   window_first_.erase(window_first_.begin(), window_first_.upper_bound(window));
   schedule_digests_.erase(schedule_digests_.begin(), schedule_digests_.upper_bound(window));
@@ -554,24 +440,25 @@ void coordinator::maybe_persist() {
   // everywhere (a disk slower than the windows skips windows, never stalls a step).
   // Not a window begun before the last recovery's target: a stage rebuilt there never held
   // all of it (its copies on the replicators serve a recovery; its writer has nothing).
-  const bool durable = durable_ && !durable_inflight_ && first >= durable_from_;
+  const bool durable = book_.durable && !durable_inflight_ && first >= durable_from_;
   if (durable) {
     durable_inflight_ = window;
     durable_reported_.assign(stages_.size(), false);
     durable_bytes_ = 0;
     durable_seconds_ = 0.0;
     durable_errors_ = 0;
-    durable_windows_[window] = first;
+    book_.durable_windows[window] = first;
     // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
-    while (durable_windows_.size() > std::size_t(job_.baseline.keep) + 2) {
-      durable_windows_.erase(durable_windows_.begin());
+    while (book_.durable_windows.size() > std::size_t(job_.baseline.keep) + 2) {
+      book_.durable_windows.erase(book_.durable_windows.begin());
     }
   }
   // Step plans stay from the oldest window a recovery may start from: this one, or a durable
   // one still on disk.
-  const std::int64_t keep_from =
-      durable_windows_.empty() ? first : std::min(first, durable_windows_.begin()->second);
-  steps_.erase(steps_.begin(), steps_.lower_bound(keep_from));
+  const std::int64_t keep_from = book_.durable_windows.empty()
+                                     ? first
+                                     : std::min(first, book_.durable_windows.begin()->second);
+  book_.steps.erase(book_.steps.begin(), book_.steps.lower_bound(keep_from));
   for (const auto& [n, w] : workers_) {
     for (const actor_ref& r : {w.checkpoint, w.replicator}) {
       if (!r.valid()) continue;
@@ -594,7 +481,7 @@ void coordinator::maybe_persist() {
 
 awaitable<void> coordinator::durable_written(wire::DurableWritten::Reader m) {
   const int s = m.getStage(), d = m.getReplica();
-  if (!durable_ || s < 0 || s >= job_.pp || d < 0 || d >= job_.dp) co_return;
+  if (!book_.durable || s < 0 || s >= job_.pp || d < 0 || d >= job_.dp) co_return;
   const std::string error = m.getError();
   if (log_ != nullptr) {
     json_record r;

@@ -20,6 +20,7 @@
 #include "actors/system.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/engine.capnp.h"
+#include "engine/head_recovery.hpp"
 #include "engine/job_config.hpp"
 #include "engine/resume_point.hpp"
 #include "engine/run_log.hpp"
@@ -94,22 +95,7 @@ struct coordinator_callbacks {
   std::function<void(const resume_point&)> on_durable_window;
 };
 
-struct worker_info {
-  transport::node_id node = 0;
-  std::string host;
-  std::string domain;  // failure domain (Slurm node, else host)
-  std::uint16_t port = 0;
-  int pid = 0;
-  actors::actor_ref agent;
-  int stage = -1, replica = -1;  // -1: spare
-  actors::actor_ref stage_actor;
-  actors::actor_ref checkpoint, replicator;  // the policy's actors there (moevement)
-  actors::actor_ref group_exchange;          // where a parallel group replay sends it gradients
-  std::vector<op_size> op_sizes;
-  double snapshot_bandwidth = 0.0;
-};
-
-class coordinator : public actors::actor {
+class coordinator : public actors::actor, private head_control {
  public:
   using interface =
       actors::interface<actors::tell_t<wire::WorkerHello>, actors::tell_t<wire::StageReady>,
@@ -125,7 +111,10 @@ class coordinator : public actors::actor {
   // raw: the config as read (sent to every worker); job: its resolution. Workers are nodes
   // 1..job.workers() + job.spares. log may be null. resume: start from the durable tier where
   // a killed job left it (its journal), not from the initial state.
+  // recovery: how this job recovers a lost worker (recovery::any_head_recovery; empty: the
+  // job stops at a loss).
   coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks, run_log* log,
+              head_recovery_factory recovery = {},
               std::optional<resume_point> resume = std::nullopt);
 
   // Between iterations: stop after the current one / go on. abort_iteration(): drop the
@@ -134,18 +123,18 @@ class coordinator : public actors::actor {
   asio::awaitable<void> resume();
   asio::awaitable<void> abort_iteration();
 
-  const std::map<transport::node_id, worker_info>& workers() const { return workers_; }
+  const std::map<transport::node_id, worker_info>& workers() const override { return workers_; }
   // The job has failed (a worker lost, a stage failed): stop with this message.
-  void fail(const std::string& message);
+  void fail(const std::string& message) override;
   // Worker `node` is gone (heartbeats stopped, it said goodbye, or its process exited; `how`
   // says which). A spare is dropped; a stage is recovered on a spare when the policy can,
   // else the job fails naming the worker.
   // Posts the loss to this actor (never changes anything in the caller's call).
   void lose_worker(transport::node_id node, const std::string& how);
   // The window every stage snapshots into (0 before it is chosen or under other policies).
-  int w_sparse() const { return w_sparse_; }
+  int w_sparse() const { return book_.w_sparse; }
   std::int64_t recoveries() const { return recoveries_; }
-  bool finished() const { return finished_; }
+  bool finished() const override { return finished_; }
   // Past admission and wiring: iterations have begun.
   bool started() const { return phase_ != phase::admitting && phase_ != phase::starting; }
 
@@ -154,14 +143,39 @@ class coordinator : public actors::actor {
   void on_stop(const actors::exit_reason& why) override;
   asio::awaitable<void> on_down(actors::actor_ref who, actors::exit_reason why) override;
   // A region supervisor gave up (past its restart intensity, or it could not start its
-  // children): the job's strategy decides (escalate). The coordinator is the job's supervisor.
+  // children): the recovery's strategy decides (head_recovery::exited).
   asio::awaitable<void> on_exit(actors::actor_ref who, actors::exit_reason why) override;
 
  private:
+  // ---- head_control: the coordinator as its recovery (recovery/) uses it
+  actors::actor& actor() override { return *this; }
+  const job_config& job() const override { return job_; }
+  run_log* log() const override { return log_; }
+  std::map<transport::node_id, worker_info>& worker_roles() override { return workers_; }
+  const checkpoint_book& checkpoints() const override { return book_; }
+  std::int64_t iteration() const override { return iteration_; }
+  bool stepping() const override { return phase_ == phase::stepping; }
+  bool validating() const override { return phase_ == phase::validating; }
+  void notice(const std::string& line) override;
+  void recovery_event(const std::string& event, std::int64_t target) override;
   // Each checkpoint or window a recovery could not use, and why: a notice and a run log event
   // `event` per reason (`what` names the kind in the notice).
   void report_rejected(const char* event, const char* what,
-                       const std::vector<std::string>& reasons);
+                       const std::vector<std::string>& reasons) override;
+  // A worker this coordinator counts on has left the actor system's membership and its
+  // loss (queued) has not been handled yet: what a suspended handler checks after an await.
+  bool loss_pending() const override;
+  // After a failed ask during a recovery: true when a worker was lost since (waiting up to
+  // the failure timeout for its loss to arrive).
+  asio::awaitable<bool> loss_follows() override;
+  void drop_stage(int stage, int replica) override;
+  asio::awaitable<void> finish_stepping() override { return maybe_stepped_all(); }
+  void enter_recovery() override { phase_ = phase::recovering; }
+  // Drops the iteration in progress on every surviving stage, at once (false: the job ended).
+  asio::awaitable<bool> abort_survivors(double& group_abort_s) override;
+  asio::awaitable<bool> rewire() override { return wire_all(); }
+  asio::awaitable<void> recovered(const recovery_done& done) override;
+
   enum class phase : std::uint8_t {
     admitting,
     starting,
@@ -180,74 +194,18 @@ class coordinator : public actors::actor {
   asio::awaitable<void> val_loss(wire::ValLoss::Reader m);
   asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader m);
   asio::awaitable<void> durable_written(wire::DurableWritten::Reader m);
+  // A region supervisor asks for its region's next generation: the recovery's to answer.
+  asio::awaitable<void> region_restart(wire::RegionRestart::Reader m,
+                                       wire::RegionMembers::Builder out);
   // Persists the newest window every stage has replicated (never during a recovery).
   void maybe_persist();
+  bool recovering() const { return recovery_ && recovery_->active(); }
 
   // Wires every stage: neighbours, replicas, and where its snapshot copies go.
   asio::awaitable<bool> wire_all();
-  // Policy moevement (docs/recovery.md): the survivors are aborted once, the losses are
-  // placed in regions (contiguous lost stages merge; a loss next to a region still
-  // recovering grows and restarts it, a disjoint one adds a region), each region under a
-  // region supervisor (engine/region_supervisor.hpp), which asks for every generation of it
-  // (region_restart). The loss of a region member's worker is its supervisor's to handle.
-  asio::awaitable<void> recover();
-  struct region;
-  void send_restores(const region& r);
-  // A region supervisor starts (or restarts) its children: the region's next generation (a
-  // spare for every role whose worker is gone, the Restores sent), and where each member
-  // runs now.
-  asio::awaitable<void> region_restart(wire::RegionRestart::Reader m,
-                                       wire::RegionMembers::Builder out);
-  // Drops the iteration in progress on every surviving stage, at once (false: the job ended).
-  asio::awaitable<bool> abort_survivors();
-  // What a generation of the recovery restores from: the target iteration, the window (the
-  // persisted one, or the durable tier's) and the first iteration its replay runs.
-  struct restore_from {
-    std::int64_t target = 0;
-    bool durable = false, has_window = false;
-    std::uint64_t window = 0;
-    std::int64_t first = 0;
-  };
-  restore_from restore_point() const;
-  // The notice and run log record of a generation of r whose Restores go out now.
-  void announce_restart(const region& r);
-  // The next generation of r; false when the job cannot go on (it failed, saying why).
-  asio::awaitable<bool> restart_region(region& r);
-  // Starts r's supervisor (r new), or grows it by r's members it does not supervise yet.
-  void supervise(region& r);
-  // Stops every region supervisor (the recovery ended, or the job did); their exits are
-  // then not escalations.
-  void stop_supervisors();
-  region* region_by_id(std::uint64_t id);
-  // Restores running (or about to) per host: what each replay shares the host's cores with.
-  std::map<std::string, int> restores_per_host() const;
-  // Gives every role of r without a worker a spare (false: none left, the job failed).
-  bool assign_spares(region& r);
-  // With dp > 1 the recovery group replays in parallel: every surviving replica of r's
-  // stages becomes a member too, restored on its own worker.
-  void add_group_survivors(region& r);
-  bool group_replay() const;
-  // Every copy of a needed snapshot is gone (a replacement said so) and the durable tier is
-  // on: the whole pipeline becomes one region, every stage worker (survivors too) restores
-  // it from the newest window all of them have on disk, verified, and replays up to the
-  // target (docs/recovery.md "Fallback to the durable tier").
-  asio::awaitable<void> start_durable_rollback(std::string why);
-  // Region r restarted past checkpoint.region_restarts (the restart intensity): the job's
-  // strategy decides, the durable fallback where the tier is on, else the job stops.
-  asio::awaitable<void> escalate(const region& r, const std::string& reason);
-  // The slowest NCCL group abort of the survivors' answers (recovery_end's group_abort_s).
-  void note_group_aborts(const std::vector<result<actors::reply<wire::AbortAck>>>& acks);
-  // Asks every role of r (the whole pipeline) for its verified durable windows and takes the
-  // newest common one (recovery_->durable_window); false when none (the job failed, saying
-  // why). A role whose worker was lost meanwhile gets a spare and everyone is asked again.
-  asio::awaitable<bool> choose_durable_window(region& r);
-  // A worker's loss, as a turn of this actor (lose_worker posts it).
+  // A worker's loss, as a turn of this actor (lose_worker posts it): a spare is dropped, a
+  // stage's worker goes to the recovery (or the job stops, saying why).
   asio::awaitable<void> worker_lost(transport::node_id node, std::string how);
-  // A worker this coordinator counts on has left the actor system's membership and its
-  // loss (queued) has not been handled yet: what a suspended handler checks after an await.
-  bool loss_pending() const;
-  // Once every replacement of every region reported: rewire and resume at the target.
-  asio::awaitable<void> maybe_finish_recovery();
   // Ends the stepping phase once every live stage has stepped.
   asio::awaitable<void> maybe_stepped_all();
   int live_stages() const;
@@ -307,98 +265,29 @@ class coordinator : public actors::actor {
   bool finished_ = false;
   double head_stall_s_ = 0.0;  // the longest this process did not run (actor system's on_stall)
 
-  // policy moevement
-  bool can_recover_ = false;
-  int w_sparse_ = 0;
+  // How a lost worker is recovered (recovery/; null: policy none, the job stops).
+  std::unique_ptr<head_recovery> recovery_;
+  std::int64_t recoveries_ = 0;
+  // What recoveries start from: policy moevement's windows and steps, the baselines' interval
+  // and loss scalers.
+  checkpoint_book book_;
+  bool can_recover_ = false;  // policy moevement: windows, replicators, Algorithm 1
   double profile_seconds_ = 0.0, profile_bandwidth_ = 0.0;  // Algorithm 1's inputs
   double profile_budget_s_ = 0.0;  // its T_iter: what a stage's snapshot may take
-  std::vector<std::optional<std::vector<double>>> pop_;  // this epoch's popularity, by index
-  std::map<std::int64_t, planned_step> steps_;  // what replays apply, from the persisted window
+  std::vector<std::optional<std::vector<double>>> pop_;    // this epoch's popularity, by index
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [index] done
   std::map<std::uint64_t, std::int64_t> window_first_;
   std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;  // window -> [stage]
   std::int64_t schedule_mismatches_ = 0;
-  std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
-  std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
-  std::int64_t recoveries_ = 0;
-  // A supervision subtree of the recovery: contiguous lost stages, rebuilt jointly.
-  struct region_member {
-    worker_info lost;              // the role (stage, replica) and the worker that had it
-    transport::node_id spare = 0;  // the worker rebuilding it (0: none yet)
-    bool ready = false;            // answered the region's current generation
-    double pull_s = 0.0, replay_s = 0.0;
-    int replay_threads = 0;
-    std::int64_t replayed = 0;
-    std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;  // its restore's
-  };
-  struct region {
-    std::uint64_t id = 0;
-    int first = 0, last = 0;  // stages first..last
-    std::vector<region_member> members;
-    actors::actor_ref supervisor;  // its region_supervisor (invalid: not started yet)
-    std::size_t supervised = 0;    // members it has children for
-    std::shared_ptr<std::vector<transport::node_id>> nodes;  // what its children read
-    std::uint64_t generation = 0;   // of the Restores sent last (0: none yet)
-    int restarts = 0;               // generations before the current one (cascading)
-    bool dirty = false;             // new, grown or lost a replacement: Restores to send
-    std::vector<std::string> died;  // the losses since the last Restores (for the notice)
-    // Why the current generation began (the run log's `supervision`): started, restarted (a
-    // member's worker was lost), grew (a loss next to it, or a merge).
-    const char* cause = "started";
-    // Its supervisor is about to restart it (a member's worker lost, or it grew): reports of
-    // the current generation no longer count, and the recovery cannot end meanwhile.
-    bool restarting = false;
-    std::chrono::steady_clock::time_point started, ready_at;
-  };
-  struct recovery_state {
-    std::int64_t target = 0;
-    bool begun = false;              // the survivors were aborted
-    bool resume_validation = false;  // the loss came during a validation round
-    std::chrono::steady_clock::time_point detected;
-    std::vector<worker_info> pending;  // losses not yet placed in a region
-    std::vector<region> regions;
-    // Workers of region members that a restart replaced (their loss is the supervisor's, and
-    // their worker_lost may come after it).
-    std::set<transport::node_id> replaced;
-    // A rollback (dense-memory, dense-disk, pec) rebuilds every lost stage on a spare of
-    // its own; a loss during it (a survivor, or a spare being rebuilt) adds a rebuild and
-    // starts the rollback's loading over (`attempt`).
-    struct rebuild {
-      worker_info lost;
-      transport::node_id spare = 0;
-      bool ready = false;
-    };
-    std::vector<rebuild> rebuilds;
-    std::uint64_t attempt = 0;
-    // policy moevement falling back to the durable tier: every stage restores from a window
-    // every role verifies on disk (chosen by each restart of its one region).
-    bool durable = false;
-    std::uint64_t durable_window = 0;
-    std::int64_t durable_first = 0;
-    std::int64_t durable_rejected = 0;
-    std::string durable_why;           // what made every copy of a snapshot unusable
-    bool resume = false;               // not a loss: the job resumes from its journal (--resume)
-    int window_pp = 0, window_dp = 0;  // a resume's windows are of this layout (0: the job's)
-    double group_abort_s = 0.0;        // the survivors' NCCL groups' aborts, the slowest
-  };
-  std::pair<region*, region_member*> member_of(transport::node_id spare);
-  // The run log's recovery_end and the notice for each region of a recovery that ended.
-  void report_recovery_end(const recovery_state& rec);
   // The durable tier (checkpoint.durable under moevement): one persisted window at a time is
   // written by every stage; the windows asked for (window -> first iteration), the newest
-  // checkpoint.keep + 2, whose step plans are kept for a rollback to them.
-  bool durable_ = false;
+  // checkpoint.keep + 2, whose step plans are kept for a rollback to them (book_).
   std::optional<std::uint64_t> durable_inflight_;
   std::vector<bool> durable_reported_;  // [index] of durable_inflight_
   std::uint64_t durable_bytes_ = 0;
   double durable_seconds_ = 0.0;
   std::int64_t durable_errors_ = 0;
-  std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
-  std::uint64_t generations_ = 0;
-  std::uint64_t region_ids_ = 0;
-  std::vector<actors::actor_ref> retired_supervisors_;  // stopped on purpose: exits ignored
-  std::optional<recovery_state> recovery_;
   // --resume (engine/coordinator_resume.cpp): the journal's point, until every worker is up;
   // then every stage restores from the newest durable window all of them verify.
   std::optional<resume_point> resume_;
@@ -406,18 +295,8 @@ class coordinator : public actors::actor {
   // What a resume from the durable window in flight needs (on_durable_window).
   resume_point journal_point() const;
 
-  // policies dense-memory, dense-disk, pec: global rollback (engine/coordinator_rollback.cpp)
+  // policies dense-memory, dense-disk, pec: a rollback to the newest checkpoint
   bool rolls_back_ = false;
-  int interval_ = 0;                                       // k, decided after iteration 0
-  std::map<std::int64_t, models::loss_scaler> scaler_at_;  // at the start of checkpoint points
-  std::int64_t lost_tokens_total_ = 0;                     // pec, over every rollback so far
-  // The lost stage's replacement is built on a spare, then every stage loads the newest
-  // checkpoint all of them can: the job restarts there.
-  asio::awaitable<void> start_rollback();
-  // After a failed ask during a recovery: true when a worker was lost since `losses_before`
-  // (waiting up to the failure timeout for its loss to arrive).
-  asio::awaitable<bool> loss_follows();
-  asio::awaitable<void> finish_rollback();
   // k (deciding it after iteration 0's profile), recording the loss scaler at checkpoint
   // points; called once per iteration after its step is planned.
   int checkpoint_interval();

@@ -44,6 +44,7 @@
 #include "recovery/durable_window.hpp"
 #include "recovery/moevement_policy.hpp"
 #include "recovery/resume_journal.hpp"
+#include "recovery/rollback_recovery.hpp"
 #include "transport/ucx_link.hpp"
 
 namespace moevement::launcher {
@@ -468,7 +469,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       });
     };
   }
-  auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log, resume_from);
+  auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log,
+                                              recovery::any_head_recovery(job.policy), resume_from);
   coord_ref = coord;
   auto fail = [&](const std::string& why) {
     if (auto* c = sys.local_actor<engine::coordinator>(coord)) c->fail(why);

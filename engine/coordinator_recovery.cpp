@@ -1,0 +1,206 @@
+// The coordinator's side of a recovery (engine/head_recovery.hpp): a worker's loss handed to
+// the recovery, and what the recovery asks of the job (the survivors aborted, the stages
+// rewired, training going on once every stage is back). The recovery itself is recovery/'s.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "actors/gather.hpp"
+#include "engine/coordinator.hpp"
+
+namespace moevement::engine {
+
+namespace {
+
+using actors::actor_ref;
+using asio::awaitable;
+
+// The slowest NCCL group abort of the survivors' answers (recovery_end's group_abort_s).
+void note_aborts(const std::vector<result<actors::reply<wire::AbortAck>>>& acks, double& slowest) {
+  for (const auto& a : acks) {
+    if (a.ok()) slowest = std::max(slowest, a->get().getGroupAbortSeconds());
+  }
+}
+
+}  // namespace
+
+bool coordinator::loss_pending() const {
+  if (!started()) return false;  // workers join the membership while they are admitted
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [&](const auto& kv) { return !system().last_heard(kv.first).has_value(); });
+}
+
+awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {
+  if (finished_) co_return;
+  auto it = workers_.find(n);
+  if (it == workers_.end()) co_return;
+  const worker_info w = it->second;
+  const std::string role =
+      w.stage < 0 ? std::string("spare") : fmt::format("stage {}, replica {}", w.stage, w.replica);
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "worker_lost")
+                    .add("node", std::int64_t{n})
+                    .add("stage", w.stage)
+                    .add("replica", w.replica)
+                    .add("how", how)
+                    .add("iteration", iteration_)
+                    .add("time_s", log_->seconds()));
+  }
+  if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
+  if (recovery_ && recovery_->involves(n)) {
+    // Working for the recovery (rebuilding or replaying a stage): the recovery's loss.
+    workers_.erase(it);
+    if (w.stage >= 0 && stages_[std::size_t(w.replica * job_.pp + w.stage)].node == n) {
+      drop_stage(w.stage, w.replica);
+    }
+    co_await recovery_->lost_member(n);
+    co_return;
+  }
+  if (w.stage < 0 && started()) {  // a spare: one fewer, training goes on
+    workers_.erase(it);
+    co_return;
+  }
+  const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
+    return kv.second.stage < 0 && kv.first != n;
+  });
+  if (!recovery_ || !started() || !spare_left) {
+    std::string why;
+    if (!recovery_) {
+      why = fmt::format("checkpoint.policy = {} cannot recover a lost worker",
+                        policy_name(job_.policy));
+    } else if (!started()) {
+      why = "the job had not started training yet";
+    } else {
+      why = "no spare worker is left (raise cluster.spares)";
+    }
+    fail(fmt::format("worker {} ({}, pid {}) {} at iteration {}; {}, so the job stops", n, role,
+                     w.pid, how, iteration_, why));
+    co_return;
+  }
+  workers_.erase(it);
+  drop_stage(w.stage, w.replica);
+  co_await recovery_->lost(w);
+}
+
+void coordinator::notice(const std::string& line) {
+  if (callbacks_.on_notice) callbacks_.on_notice(line);
+}
+
+void coordinator::recovery_event(const std::string& event, std::int64_t target) {
+  if (callbacks_.on_recovery) callbacks_.on_recovery(event, target);
+}
+
+void coordinator::report_rejected(const char* event, const char* what,
+                                  const std::vector<std::string>& reasons) {
+  for (const auto& reason : reasons) {
+    if (callbacks_.on_notice) callbacks_.on_notice(fmt::format("{} rejected: {}", what, reason));
+    if (log_ != nullptr) {
+      log_->write(json_record{}.add("kind", "event").add("event", event).add("reason", reason));
+    }
+  }
+}
+
+awaitable<bool> coordinator::loss_follows() {
+  // The transport often sees a peer die before the head's membership does: give the loss the
+  // failure timeout to arrive.
+  if (!loss_pending()) {
+    co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+  }
+  co_return loss_pending();
+}
+
+void coordinator::drop_stage(int stage, int replica) {
+  stages_[std::size_t(replica * job_.pp + stage)] = actor_ref{};
+}
+
+awaitable<bool> coordinator::abort_survivors(double& group_abort_s) {
+  // Drop the iteration in progress everywhere else (it is re-run once the stages are back),
+  // and clear what failed in the survivors because of the lost peers: every stage at once.
+  const std::uint64_t e = epoch_;
+  auto fill = [e](std::size_t, wire::Abort::Builder b) { b.setEpoch(e); };
+  const std::vector<actor_ref> alive = stages_;
+  auto res = co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, alive, ask_timeout, fill);
+  if (finished_) co_return false;
+  note_aborts(res, group_abort_s);
+  // Failed asks to workers still in the membership: they may be dying (their loss not yet
+  // known) or slow. Those already gone need no second ask: their losses are queued.
+  std::vector<actor_ref> retry;
+  for (std::size_t i = 0; i < alive.size(); ++i) {
+    if (alive[i].valid() && !res[i].ok() && system().last_heard(alive[i].node)) {
+      retry.push_back(alive[i]);
+    }
+  }
+  // A stage that could not be aborted usually died too, and the transport knew before the
+  // head did: give its loss the failure timeout to arrive (it then joins the recovery).
+  if (!retry.empty()) {
+    co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+    if (finished_) co_return false;
+    std::erase_if(retry, [&](const actor_ref& r) {
+      return !system().last_heard(r.node).has_value();  // lost meanwhile: its loss follows
+    });
+    auto again =
+        co_await actors::ask_all<wire::Abort, wire::AbortAck>(*this, retry, ask_timeout, fill);
+    if (finished_) co_return false;
+    for (std::size_t i = 0; i < retry.size(); ++i) {
+      const bool still_there = system().last_heard(retry[i].node).has_value();
+      if (!again[i].ok() && still_there) {
+        fail("aborting the iteration for a recovery failed: " + again[i].err().message);
+        co_return false;
+      }
+    }
+  }
+  co_return !finished_;
+}
+
+awaitable<void> coordinator::recovered(const recovery_done& done) {
+  if (done.counts) ++recoveries_;
+  if (done.rolled_back) {  // every stage went back to a checkpoint: so does the job
+    iteration_ = done.target;
+    scaler_ = *done.rolled_back;
+  } else {
+    // A durable write in flight may never be answered by a lost stage: the next persisted
+    // window is written instead.
+    durable_inflight_.reset();
+    if (done.layout_changed) {
+      // Resumed at another layout: the windows on disk are of the old one, which no restore
+      // of this job reads again. Until the first window of this layout persists, a loss stops
+      // the job (the recovery says so); a new --resume brings it back.
+      book_.durable_windows.clear();
+      book_.persisted.reset();
+      book_.persisted_first = 0;
+    }
+    durable_from_ = done.target;  // the rebuilt stages capture from here on
+    maybe_persist();              // windows the stages finished replicating meanwhile
+    for (const auto& [n, w] : workers_) {
+      if (!w.checkpoint.valid() || !can_recover_) continue;
+      (void)tell<wire::WindowsAbandoned>(
+          w.checkpoint, [&](wire::WindowsAbandoned::Builder b) { b.setBefore(done.target); });
+    }
+  }
+  phase_ = phase::running;
+  recovery_event("recovery_end", done.target);
+  if (!done.rolled_back && (done.validation || iteration_ >= job_.train.iterations)) {
+    // The validation round is run again; or a resume of a job that had trained every
+    // iteration: only what follows the last one (validation, the digests) is left.
+    co_await after_iteration();
+  } else {
+    start_iteration();  // the target iteration, under a new epoch
+  }
+}
+
+awaitable<void> coordinator::on_exit(actor_ref who, actors::exit_reason why) {
+  if (recovery_ && !finished_) co_await recovery_->exited(who, why);
+}
+
+awaitable<void> coordinator::region_restart(wire::RegionRestart::Reader m,
+                                            wire::RegionMembers::Builder out) {
+  if (finished_ || !recovery_) {
+    out.setError(finished_ ? "the job ended" : "this job recovers no region");
+    co_return;
+  }
+  co_await recovery_->region_restart(m, out);
+}
+
+}  // namespace moevement::engine

@@ -1,0 +1,158 @@
+// Where a recovery lives on the head: the coordinator's twin of worker_checkpoint
+// (engine/checkpoint.hpp). The launcher gives the coordinator a factory (recovery/ has one per
+// way of recovering: regions under supervisors for policy moevement, the global rollback for
+// the baselines); policy none has none. The coordinator hands its head_recovery, in the
+// coordinator's own turns, every loss of a stage's worker, every report of a worker the
+// recovery put to work, and its region supervisors' asks and exits. The recovery drives the
+// job back through head_control, which the coordinator implements: the coordinator keeps
+// admission, wiring, iterations, pause/abort/resume and the accounting, and holds no recovery
+// state of its own.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/system.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/engine.capnp.h"
+#include "engine/job_config.hpp"
+#include "engine/resume_point.hpp"
+#include "engine/run_log.hpp"
+#include "models/model.hpp"
+
+namespace moevement::engine {
+
+// A worker process as the head knows it.
+struct worker_info {
+  transport::node_id node = 0;
+  std::string host;
+  std::string domain;  // failure domain (Slurm node, else host)
+  std::uint16_t port = 0;
+  int pid = 0;
+  actors::actor_ref agent;
+  int stage = -1, replica = -1;  // -1: spare
+  actors::actor_ref stage_actor;
+  actors::actor_ref checkpoint, replicator;  // the policy's actors there (moevement)
+  actors::actor_ref group_exchange;          // where a parallel group replay sends it gradients
+  std::vector<op_size> op_sizes;
+  double snapshot_bandwidth = 0.0;
+};
+
+// What the coordinator knows of the checkpoints a recovery starts from.
+struct checkpoint_book {
+  // policy moevement: the window size, the newest window every stage has replicated (and the
+  // first iteration its conversion replays), the durable tier's windows (window -> first
+  // iteration; checkpoint.durable) and the step plans a replay applies.
+  int w_sparse = 0;
+  std::optional<std::uint64_t> persisted;
+  std::int64_t persisted_first = 0;
+  bool durable = false;
+  std::map<std::uint64_t, std::int64_t> durable_windows;
+  std::map<std::int64_t, planned_step> steps;
+  // dense-memory, dense-disk, pec: the interval k and the loss scaler at the start of the
+  // newest checkpoint points (a rollback resumes with it).
+  int interval = 0;
+  std::map<std::int64_t, models::loss_scaler> scaler_at;
+};
+
+// How a recovery ended: where training goes on.
+struct recovery_done {
+  std::int64_t target = 0;      // the iteration training goes on at
+  bool validation = false;      // the loss came during a validation round: it is run again
+  bool counts = true;           // a recovery from a loss (not a --resume)
+  bool layout_changed = false;  // a resume at another layout: the old windows are gone
+  // A rollback (the baselines): the loss scaler of `target`, where every stage went back to.
+  std::optional<models::loss_scaler> rolled_back;
+};
+
+// The coordinator, as a recovery uses it.
+class head_control {
+ public:
+  virtual ~head_control() = default;
+  // The coordinator's actor: a recovery sends, asks, links and spawns as it.
+  virtual actors::actor& actor() = 0;
+  virtual const job_config& job() const = 0;
+  virtual run_log* log() const = 0;  // may be null
+  virtual const std::map<transport::node_id, worker_info>& workers() const = 0;
+  // The same, to give spares their roles (stage, replica) and drop stale stage actors.
+  virtual std::map<transport::node_id, worker_info>& worker_roles() = 0;
+  virtual const checkpoint_book& checkpoints() const = 0;
+  virtual std::int64_t iteration() const = 0;
+  virtual bool stepping() const = 0;    // the survivors are stepping the current iteration
+  virtual bool validating() const = 0;  // a validation round is out
+  virtual bool finished() const = 0;    // the job ended (a recovery's awaits check it)
+  // Ends the job with this message.
+  virtual void fail(const std::string& message) = 0;
+  // One line for the operator; the launcher's hook at a recovery's start and end.
+  virtual void notice(const std::string& line) = 0;
+  virtual void recovery_event(const std::string& event, std::int64_t target) = 0;
+  // Each checkpoint or window a recovery could not use: a notice and a run log `event` each.
+  virtual void report_rejected(const char* event, const char* what,
+                               const std::vector<std::string>& reasons) = 0;
+  // A worker the job counts on has left the membership and its loss is still queued: what a
+  // suspended handler checks after an await. loss_follows(): after a failed ask, true when a
+  // loss arrives within the failure timeout.
+  virtual bool loss_pending() const = 0;
+  virtual asio::awaitable<bool> loss_follows() = 0;
+  // The stage actor of (stage, replica) is gone: it is rebuilt (its worker restores it anew).
+  virtual void drop_stage(int stage, int replica) = 0;
+  // Training stops: the survivors finish stepping first (then the recovery's go_on()), or the
+  // iteration in progress is dropped on every surviving stage at once (false: the job ended;
+  // group_abort_s: the slowest NCCL group abort of their answers).
+  virtual asio::awaitable<void> finish_stepping() = 0;
+  virtual void enter_recovery() = 0;
+  virtual asio::awaitable<bool> abort_survivors(double& group_abort_s) = 0;
+  // Wires every stage anew (false: a loss meanwhile, whose turn goes on, or the job ended).
+  virtual asio::awaitable<bool> rewire() = 0;
+  // Every stage is back: training goes on.
+  virtual asio::awaitable<void> recovered(const recovery_done& done) = 0;
+};
+
+class head_recovery {
+ public:
+  virtual ~head_recovery() = default;
+  // A loss is being recovered (from its first report until training goes on).
+  virtual bool active() const = 0;
+  // The generation the worker-side replays of the job have reached: at the job's end every
+  // group exchange hears one past it, so that no worker waits in a replay.
+  virtual std::uint64_t generations() const { return 0; }
+  // Worker w, holding a stage (w.stage >= 0), was lost while training ran: recover it.
+  virtual asio::awaitable<void> lost(worker_info w) = 0;
+  // Worker n works for this recovery (it rebuilds or replays a stage for it, or did before a
+  // restart replaced it): its loss is the recovery's (lost_member, after the coordinator
+  // dropped the worker).
+  virtual bool involves(transport::node_id n) const = 0;
+  virtual asio::awaitable<void> lost_member(transport::node_id n) = 0;
+  // The survivors finished stepping while a loss waited (finish_stepping): go on.
+  virtual asio::awaitable<void> go_on() = 0;
+  // Worker n reports a stage of generation `generation`: true when it rebuilds one for this
+  // recovery, and the report is of its current work (else the coordinator ignores it, or
+  // takes it as a worker starting with the job).
+  virtual bool rebuilding(transport::node_id n) const = 0;
+  virtual bool current(transport::node_id n, std::uint64_t generation) const = 0;
+  // Its restore failed (snapshot_lost: every copy of a snapshot it needed is gone).
+  virtual asio::awaitable<void> restore_failed(const std::string& message, bool snapshot_lost) = 0;
+  // Its stage is back (the coordinator has recorded its actors).
+  virtual asio::awaitable<void> restored(transport::node_id n, wire::StageReady::Reader m) = 0;
+  // A region supervisor's ask for its region's next generation, and its exit.
+  virtual asio::awaitable<void> region_restart(wire::RegionRestart::Reader,
+                                               wire::RegionMembers::Builder out) {
+    out.setError("this job recovers no region");
+    co_return;
+  }
+  virtual asio::awaitable<void> exited(actors::actor_ref, actors::exit_reason) { co_return; }
+  // --resume: every stage restores from the durable tier, as the journal says (the coordinator
+  // has taken its state from p already).
+  virtual asio::awaitable<void> resume(const resume_point& p) = 0;
+  // The job ended: the recovery's supervisors stop.
+  virtual void stop() {}
+};
+
+using head_recovery_factory = std::function<std::unique_ptr<head_recovery>(head_control&)>;
+
+}  // namespace moevement::engine

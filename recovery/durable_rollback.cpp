@@ -1,0 +1,207 @@
+// The durable tier on the head (docs/recovery.md "Fallback to the durable tier", "Resuming a
+// killed job"): the whole-job rollback when every copy of a needed slot is gone or a region
+// escalated (one region of every role, under a supervisor of its own, restored from the
+// newest window every role verifies on disk), and `moevement launch --resume`, which is that
+// rollback with no loss behind it: every stage restores from the newest durable window the
+// journal knows, replays to where training was, and the job goes on.
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+#include <utility>
+
+#include "actors/gather.hpp"
+#include "recovery/region_recovery.hpp"
+
+namespace moevement::recovery {
+
+using actors::actor_ref;
+using asio::awaitable;
+
+region_recovery::region region_recovery::whole_pipeline() {
+  region all;
+  all.id = ++region_ids_;
+  all.first = 0;
+  all.last = job_.job().pp - 1;
+  for (const auto& [n, w] : job_.workers()) {
+    if (w.stage < 0) continue;
+    member m;
+    m.lost = w;
+    m.spare = n;
+    all.members.push_back(m);
+  }
+  return all;
+}
+
+awaitable<void> region_recovery::resume(const engine::resume_point& p) {
+  const auto& job = job_.job();
+  state_.emplace();
+  state_->target = p.target_iteration;
+  state_->begun = true;
+  state_->detected = sclock::now();
+  state_->resume = true;
+  if (p.pp != job.pp || p.dp != job.dp) {
+    state_->window_pp = p.pp;
+    state_->window_dp = p.dp;
+    job_.notice(fmt::format(
+        "resuming at another layout: the windows are of pp={} dp={}, this job runs pp={} dp={}{}",
+        p.pp, p.dp, job.pp, job.dp,
+        p.dp == job.dp ? std::string(" (the pipeline depth changes no bit)")
+                       : fmt::format("; the global batch changes from {} to {} micro-batches per "
+                                     "iteration from iteration {} on",
+                                     p.dp * job.train.micro_batches,
+                                     job.dp * job.train.micro_batches, p.target_iteration)));
+  }
+  job_.enter_recovery();
+  // One region, the whole pipeline; every role is restored by the worker given it.
+  state_->regions.push_back(whole_pipeline());
+  state_->durable = true;
+  state_->durable_why = "resuming the job";
+  // Its supervisor asks for the region's first generation (region_restart: the durable
+  // window chosen, the Restores sent).
+  supervise(state_->regions.front());
+  co_return;
+}
+
+awaitable<void> region_recovery::start_durable_rollback(std::string why) {
+  if (!state_ || state_->durable || job_.finished()) co_return;
+  job_.notice(fmt::format("{}: falling back to the durable tier, the whole job rolls back", why));
+  // One region: the whole pipeline, every role, under a supervisor of its own (the regions'
+  // go). Lost roles keep the spare they have; every other role is restored by the worker that
+  // holds it (survivors, and spares that rebuilt another region).
+  stop_supervisors();
+  region all;
+  all.id = ++region_ids_;
+  all.first = 0;
+  all.last = job_.job().pp - 1;
+  std::map<std::pair<int, int>, member> roles;
+  for (region& r : state_->regions) {
+    for (member& m : r.members) roles[{m.lost.stage, m.lost.replica}] = m;
+    all.restarts = std::max(all.restarts, r.restarts + (r.generation != 0 ? 1 : 0));
+    all.started = r.started;
+  }
+  for (const worker_info& w : state_->pending) {  // losses not placed yet: a spare each
+    if (w.stage >= 0) roles[{w.stage, w.replica}] = member{w};
+  }
+  state_->pending.clear();
+  for (const auto& [n, w] : job_.workers()) {
+    if (w.stage < 0 || roles.contains({w.stage, w.replica})) continue;
+    member m;
+    m.lost = w;
+    m.spare = n;
+    roles[{w.stage, w.replica}] = m;
+  }
+  for (auto& [role, m] : roles) all.members.push_back(m);
+  state_->regions.clear();
+  state_->regions.push_back(std::move(all));
+  state_->durable = true;
+  state_->durable_why = std::move(why);
+  supervise(state_->regions.front());
+}
+
+awaitable<bool> region_recovery::choose_durable_window(region& r) {
+  const std::int64_t target = state_->target;
+  const std::string why = state_->durable_why;
+  const auto& workers = job_.worker_roles();
+  const engine::checkpoint_book& book = job_.checkpoints();
+  const std::uint64_t id = r.id;
+  // The newest window every role has complete and verified on disk. A role whose worker is
+  // lost meanwhile gets a spare, and everyone is asked again.
+  std::uint64_t window = 0;
+  bool found = false;
+  std::vector<std::string> rejected;
+  for (bool ask_again = true; ask_again;) {
+    ask_again = false;
+    region* reg = region_by_id(id);
+    if (reg == nullptr) co_return false;
+    for (member& m : reg->members) {
+      if (m.spare != 0 && !workers.contains(m.spare)) m.spare = 0;
+    }
+    if (!assign_spares(*reg)) co_return false;
+    std::map<std::uint64_t, int> offered;
+    rejected.clear();
+    // Every role's windows, each asked of a member's replicator at once: its own role's, or,
+    // for a resume at another layout, the windows' roles spread over the members (the
+    // directory is shared).
+    const std::vector<member> members = reg->members;
+    const int pp = state_->window_pp, dp = state_->window_dp;
+    std::vector<std::pair<int, int>> roles;
+    for (const member& m : members) roles.emplace_back(m.lost.stage, m.lost.replica);
+    if (pp != 0) {
+      roles.clear();
+      for (int d = 0; d < dp; ++d) {
+        for (int s = 0; s < pp; ++s) roles.emplace_back(s, d);
+      }
+    }
+    std::vector<actor_ref> holders;
+    for (std::size_t i = 0; i < roles.size(); ++i) {
+      const auto it = workers.find(members[i % members.size()].spare);
+      holders.push_back(it == workers.end() ? actor_ref{} : it->second.replicator);
+    }
+    auto fill = [&](std::size_t i, engine::wire::DurableQuery::Builder b) {
+      b.setStage(roles[i].first);
+      b.setReplica(roles[i].second);
+    };
+    auto replies = co_await actors::ask_all<engine::wire::DurableQuery, engine::wire::DurableOffer>(
+        job_.actor(), holders, std::chrono::seconds(300), fill);
+    if (job_.finished() || !state_) co_return false;
+    for (std::size_t i = 0; i < replies.size() && !ask_again; ++i) {
+      const auto& res = replies[i];
+      if (!res.ok()) {
+        // Usually its worker died: its loss comes within the failure timeout.
+        if (co_await job_.loss_follows()) {
+          ask_again = true;
+          break;
+        }
+        if (job_.finished() || !state_) co_return false;
+        job_.fail(fmt::format("asking for the durable windows of stage {} replica {} failed: {}",
+                              roles[i].first, roles[i].second, res.err().message));
+        co_return false;
+      }
+      std::set<std::uint64_t> mine;
+      for (auto w : res->get().getWindows()) mine.insert(w);
+      for (auto w : mine) ++offered[w];
+      for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
+    }
+    if (ask_again) continue;
+    for (const auto& [w, n] : offered) {
+      const auto known = book.durable_windows.find(w);
+      if (n == int(roles.size()) && known != book.durable_windows.end() &&
+          known->second <= target && (book.persisted && w <= *book.persisted)) {
+        window = w;
+        found = true;
+      }
+    }
+  }
+  job_.report_rejected("durable_rejected", "durable window", rejected);
+  if (!found && state_->resume) {
+    job_.fail(fmt::format(
+        "nothing to resume: no durable window the journal knows is complete and verified on "
+        "every stage ({} rejected)",
+        rejected.size()));
+    co_return false;
+  }
+  if (!found) {
+    job_.fail(fmt::format(
+        "{}; every copy of a needed snapshot is gone and no durable window is complete and "
+        "verified on every stage ({} rejected); the job stops",
+        why, rejected.size()));
+    co_return false;
+  }
+  state_->durable_window = window;
+  state_->durable_first = book.durable_windows.at(window);
+  if (auto* log = job_.log()) {
+    log->write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "durable_rollback")
+                   .add("window", std::int64_t(window))
+                   .add("first_iteration", state_->durable_first)
+                   .add("target_iteration", target)
+                   .add("rejected", std::int64_t(rejected.size()))
+                   .add("reason", why.substr(0, 1024))
+                   .add("time_s", log->seconds()));
+  }
+  co_return true;
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,401 @@
+#include "recovery/region_recovery.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "engine/region_supervisor.hpp"
+
+namespace moevement::recovery {
+
+namespace {
+
+using actors::actor_ref;
+using asio::awaitable;
+using engine::region_supervisor;
+
+}  // namespace
+
+std::pair<region_recovery::region*, region_recovery::member*> region_recovery::member_of(
+    transport::node_id spare) {
+  if (state_ && spare != 0) {
+    for (region& r : state_->regions) {
+      for (member& m : r.members) {
+        if (m.spare == spare) return {&r, &m};
+      }
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+std::pair<const region_recovery::region*, const region_recovery::member*>
+region_recovery::member_of(transport::node_id spare) const {
+  return const_cast<region_recovery*>(this)->member_of(spare);
+}
+
+region_recovery::region* region_recovery::region_by_id(std::uint64_t id) {
+  if (!state_) return nullptr;
+  for (region& r : state_->regions) {
+    if (r.id == id) return &r;
+  }
+  return nullptr;
+}
+
+awaitable<void> region_recovery::lost(worker_info w) {
+  if (!state_) {
+    state_.emplace();
+    state_->detected = sclock::now();
+  }
+  state_->pending.push_back(std::move(w));
+  co_await recover();
+}
+
+bool region_recovery::involves(transport::node_id n) const {
+  return state_ && (member_of(n).first != nullptr || state_->replaced.contains(n));
+}
+
+awaitable<void> region_recovery::lost_member(transport::node_id n) {
+  // A region member's worker: its region's supervisor saw its child there end and restarts
+  // the region (region_restart gives the role a spare).
+  if (auto [reg, m] = member_of(n); m != nullptr) {
+    reg->restarting = true;
+    m->ready = false;
+  }
+  // A recovery that waited for every queued loss (loss_pending) places the others now.
+  if (state_ && !state_->pending.empty()) co_await recover();
+}
+
+awaitable<void> region_recovery::recover() {
+  if (job_.finished() || !state_) co_return;
+  if (!state_->begun) {
+    // While the survivors step, let them finish: the lost stages are then rebuilt one
+    // iteration further (its step plan is known), and nothing is recomputed outside them.
+    if (job_.stepping()) {
+      co_await job_.finish_stepping();  // go_on() once they have
+      co_return;
+    }
+    state_->begun = true;
+    state_->resume_validation = job_.validating();
+    state_->target = job_.iteration();
+    job_.enter_recovery();
+    if (!co_await job_.abort_survivors(state_->group_abort_s)) co_return;
+    // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
+    if (job_.loss_pending()) co_return;
+  }
+  if (state_->pending.empty()) co_return;
+  place_losses();
+  // Nothing to restore from: no window persisted since a resume at another layout (and the
+  // steps from the initial state are gone).
+  const auto& book = job_.checkpoints();
+  if (!state_->durable && !book.persisted && !book.steps.empty() && book.steps.begin()->first > 0) {
+    job_.fail(
+        "a stage was lost before the job, resumed at another layout, persisted its first "
+        "window; the job stops (launch it again with --resume)");
+    co_return;
+  }
+  // Each new region gets its supervisor, each grown one grows its supervisor's children: a
+  // supervisor asks for the region's next generation before it starts them (region_restart).
+  for (region& r : state_->regions) {
+    if (!r.dirty) continue;
+    r.dirty = false;
+    add_group_survivors(r);
+    supervise(r);
+  }
+}
+
+void region_recovery::place_losses() {
+  // A region member's loss never comes here: its region's supervisor restarts the region.
+  // Every other lost stage starts a region of its own, and regions that overlap or touch
+  // merge (contiguous lost stages recover jointly: the logs between them are gone).
+  for (const worker_info& w : state_->pending) {
+    region r;
+    r.id = ++region_ids_;
+    r.first = r.last = w.stage;
+    r.members.push_back(member{w});
+    r.died.push_back(fmt::format("stage {} replica {} (worker {})", w.stage, w.replica, w.node));
+    r.dirty = true;
+    state_->regions.push_back(std::move(r));
+  }
+  state_->pending.clear();
+  auto& regions = state_->regions;
+  for (bool merged = true; merged;) {
+    merged = false;
+    for (std::size_t i = 0; i < regions.size() && !merged; ++i) {
+      for (std::size_t j = i + 1; j < regions.size() && !merged; ++j) {
+        region& a = regions[i];
+        region& b = regions[j];
+        if (std::max(a.first, b.first) > std::min(a.last, b.last) + 1) continue;
+        // The supervised one absorbs the other (whose supervisor, if any, stops).
+        if (!a.supervisor.valid() && b.supervisor.valid()) std::swap(a, b);
+        if (b.supervisor.valid()) {
+          retired_supervisors_.push_back(b.supervisor);
+          job_.actor().system().stop(b.supervisor);
+        }
+        a.first = std::min(a.first, b.first);
+        a.last = std::max(a.last, b.last);
+        for (auto& m : b.members) a.members.push_back(std::move(m));
+        for (auto& d : b.died) a.died.push_back(std::move(d));
+        a.dirty = true;
+        a.restarts = std::max(a.restarts, b.restarts);
+        regions.erase(regions.begin() + std::ptrdiff_t(j));
+        merged = true;
+      }
+    }
+  }
+  std::sort(regions.begin(), regions.end(),
+            [](const region& a, const region& b) { return a.first < b.first; });
+}
+
+void region_recovery::supervise(region& r) {
+  auto& self = job_.actor();
+  if (!r.supervisor.valid()) {
+    r.nodes = std::make_shared<std::vector<transport::node_id>>();
+    r.supervised = r.members.size();
+    r.supervisor = self.system()
+                       .spawn<region_supervisor>(r.id, self.self(), r.nodes, r.supervised,
+                                                 job_.job().region_restarts)
+                       .ref;
+    self.link(r.supervisor);
+    return;
+  }
+  r.restarting = true;
+  const std::size_t more = r.members.size() - r.supervised;
+  auto specs = region_supervisor::member_specs(r.nodes, r.supervised, more);
+  r.supervised = r.members.size();
+  (void)region_supervisor::grow(self.system(), r.supervisor, std::move(specs), true);
+}
+
+void region_recovery::stop_supervisors() {
+  if (!state_) return;
+  for (region& r : state_->regions) {
+    if (!r.supervisor.valid()) continue;
+    retired_supervisors_.push_back(r.supervisor);
+    job_.actor().system().stop(r.supervisor);
+    r.supervisor = {};
+  }
+}
+
+awaitable<void> region_recovery::exited(actor_ref who, actors::exit_reason why) {
+  if (std::erase(retired_supervisors_, who) != 0 || job_.finished() || !state_) co_return;
+  for (region& r : state_->regions) {
+    if (r.supervisor != who) continue;
+    r.supervisor = {};
+    ++r.restarts;  // the restart it could not make
+    co_await escalate(r, why.to_string());
+    co_return;
+  }
+}
+
+awaitable<void> region_recovery::region_restart(engine::wire::RegionRestart::Reader m,
+                                                engine::wire::RegionMembers::Builder out) {
+  region* r = region_by_id(m.getRegion());
+  if (job_.finished() || r == nullptr) {
+    out.setError(job_.finished() ? "the job ended" : "the region's recovery ended");
+    co_return;
+  }
+  const std::uint64_t id = r->id;
+  if (!co_await restart_region(*r)) {
+    out.setError("the job stops");
+    co_return;
+  }
+  r = region_by_id(id);  // the regions may have changed while it awaited
+  if (r == nullptr) {
+    out.setError("the region's recovery ended");
+    co_return;
+  }
+  auto nodes = out.initNodes(static_cast<unsigned>(r->members.size()));
+  for (unsigned i = 0; i < r->members.size(); ++i) nodes.set(i, r->members[i].spare);
+}
+
+awaitable<bool> region_recovery::restart_region(region& r) {
+  // Members whose worker is gone (the supervisor's children saw it) get a spare.
+  r.restarting = false;
+  r.cause = r.generation == 0 ? "started" : "grew";
+  const auto& workers = job_.worker_roles();
+  for (member& m : r.members) {
+    if (m.spare == 0) continue;
+    if (workers.contains(m.spare) && job_.actor().system().last_heard(m.spare).has_value()) {
+      continue;
+    }
+    state_->replaced.insert(m.spare);
+    if (r.generation != 0) r.cause = "restarted";
+    r.died.push_back(
+        m.spare == m.lost.node
+            ? fmt::format("stage {} replica {} (worker {})", m.lost.stage, m.lost.replica, m.spare)
+            : fmt::format("spare worker {} (rebuilding stage {} replica {})", m.spare, m.lost.stage,
+                          m.lost.replica));
+    m.spare = 0;
+  }
+  if (r.generation != 0) ++r.restarts;
+  if (state_->durable) {
+    const std::uint64_t id = r.id;
+    if (!co_await choose_durable_window(r)) co_return false;
+    if (region_by_id(id) == nullptr) co_return false;
+  }
+  if (!assign_spares(r)) co_return false;
+  r.generation = ++generations_;
+  r.started = sclock::now();
+  send_restores(r);
+  r.died.clear();
+  co_return true;
+}
+
+bool region_recovery::group_replay() const {
+  if (job_.job().dp < 2) return false;
+  for (const auto& [n, w] : job_.workers()) {
+    if (w.stage >= 0 && !w.group_exchange.valid()) return false;  // a worker of an older build
+  }
+  return true;
+}
+
+void region_recovery::add_group_survivors(region& r) {
+  if (!group_replay()) return;
+  for (int s = r.first; s <= r.last; ++s) {
+    for (int d = 0; d < job_.job().dp; ++d) {
+      const bool in = std::any_of(r.members.begin(), r.members.end(), [&](const member& m) {
+        return m.lost.stage == s && m.lost.replica == d;
+      });
+      if (in) continue;
+      for (const auto& [n, w] : job_.workers()) {
+        if (w.stage != s || w.replica != d || member_of(n).first != nullptr) continue;
+        member m;
+        m.lost = w;  // not lost: the survivor rolls back and replays its replica on its worker
+        m.spare = n;
+        r.members.push_back(m);
+        break;
+      }
+    }
+  }
+}
+
+bool region_recovery::assign_spares(region& r) {
+  // Every role without a worker gets a spare; roles whose spare already restored an older
+  // generation restore again (same worker) with the enlarged region.
+  auto& workers = job_.worker_roles();
+  for (member& m : r.members) {
+    if (m.spare == 0) {
+      for (auto& [n, w] : workers) {
+        if (w.stage < 0) {
+          m.spare = n;
+          w.stage = m.lost.stage;
+          w.replica = m.lost.replica;
+          break;
+        }
+      }
+    }
+    if (m.spare == 0) {
+      job_.fail(fmt::format(
+          "stage {} replica {} was lost and no spare worker is left (raise cluster.spares)",
+          m.lost.stage, m.lost.replica));
+      return false;
+    }
+    m.ready = false;
+    worker_info& sw = workers.at(m.spare);
+    if (sw.stage_actor.valid()) {  // reported an older generation, or a survivor's stage
+      sw.stage_actor = actor_ref{};
+      job_.drop_stage(m.lost.stage, m.lost.replica);
+    }
+  }
+  return true;
+}
+
+awaitable<void> region_recovery::escalate(const region& r, const std::string& reason) {
+  const auto& job = job_.job();
+  const std::string stages = r.first == r.last ? fmt::format("stage {}", r.first)
+                                               : fmt::format("stages {}..{}", r.first, r.last);
+  if (state_->durable) {
+    // The job's own rollback could not go on either: nothing is left to fall back to.
+    job_.fail(fmt::format("the rollback of the whole job to the durable tier gave up: {}", reason));
+    co_return;
+  }
+  const std::string why =
+      fmt::format("the recovery of {} restarted {} times, past checkpoint.region_restarts = {}",
+                  stages, r.restarts, job.region_restarts);
+  const bool durable = job_.checkpoints().durable;
+  if (auto* log = job_.log()) {
+    log->write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "region_escalated")
+                   .add("first_stage", r.first)
+                   .add("last_stage", r.last)
+                   .add("restarts", r.restarts)
+                   .add("limit", job.region_restarts)
+                   .add("reason", reason.substr(0, 1024))
+                   .add("to", durable ? "durable_rollback" : "stop")
+                   .add("time_s", log->seconds()));
+  }
+  if (durable) {
+    co_await start_durable_rollback(why);
+    co_return;
+  }
+  job_.fail(why +
+            "; the job stops (with checkpoint.durable = true the whole job would roll back to "
+            "the durable tier instead)");
+}
+
+bool region_recovery::rebuilding(transport::node_id n) const {
+  return member_of(n).second != nullptr;
+}
+
+bool region_recovery::current(transport::node_id n, std::uint64_t generation) const {
+  // Not an older generation's report, nor one of a region about to restart.
+  const auto [reg, m] = member_of(n);
+  return m != nullptr && generation == reg->generation && !reg->restarting;
+}
+
+awaitable<void> region_recovery::restore_failed(const std::string& message, bool snapshot_lost) {
+  // A restore usually fails because a worker it pulled from died: the head learns of that
+  // within the failure timeout, and the region then grows (cascading) and restarts.
+  co_await job_.actor().system().sleep_for(
+      std::chrono::milliseconds(job_.job().failure_timeout_ms + 200));
+  if (job_.finished() || job_.loss_pending() || !state_) co_return;
+  if (snapshot_lost && job_.checkpoints().durable) {
+    co_await start_durable_rollback(message + "; every copy of a needed snapshot is gone");
+    co_return;
+  }
+  job_.fail(message);
+}
+
+awaitable<void> region_recovery::restored(transport::node_id n,
+                                          engine::wire::StageReady::Reader m) {
+  const auto [reg, mem] = member_of(n);
+  if (mem == nullptr) co_return;
+  mem->ready = true;
+  mem->pull_s = m.getPullSeconds();
+  mem->replay_s = m.getReplaySeconds();
+  mem->replay_threads = m.getReplayThreads();
+  mem->replayed = m.getIterationsReplayed();
+  mem->slots_mapped = m.getSlotsMapped();
+  mem->slots_pulled = m.getSlotsPulled();
+  mem->handles_refused = m.getHandlesRefused();
+  reg->ready_at = sclock::now();
+  co_await maybe_finish();
+}
+
+awaitable<void> region_recovery::maybe_finish() {
+  if (!state_ || !state_->pending.empty()) co_return;
+  for (const region& r : state_->regions) {
+    if (r.restarting || r.generation == 0) co_return;
+    for (const member& m : r.members) {
+      if (!m.ready) co_return;
+    }
+  }
+  // A loss during the rewiring makes rewire() false; its turn, queued behind this one, grows
+  // or adds a region.
+  const bool wired = co_await job_.rewire();
+  if (!wired || job_.finished()) co_return;
+  // Every region is back: the tree under the job goes (the stages it rebuilt stay).
+  stop_supervisors();
+  const state rec = std::move(*state_);
+  state_.reset();
+  report_end(rec);
+  engine::recovery_done done;
+  done.target = rec.target;
+  done.validation = rec.resume_validation;
+  done.counts = !rec.resume;
+  done.layout_changed = rec.window_pp != 0;
+  co_await job_.recovered(done);
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,159 @@
+// Policy moevement's recovery on the head (docs/recovery.md "The recovery tree"): losses are
+// placed in regions of contiguous lost stages (a loss next to a region still recovering grows
+// and restarts it, a disjoint one adds a region), each region under a region supervisor
+// (engine/region_supervisor.hpp) that asks for every generation of it (region_restart: a
+// spare for every role whose worker is gone, the Restores sent). A region past its restart
+// intensity escalates to the job's strategy: the durable tier's rollback of the whole job, one
+// region of every role (durable_rollback.cpp, also what `--resume` runs), or the job stops.
+// Runs inside the coordinator's actor, through engine::head_control.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/head_recovery.hpp"
+
+namespace moevement::recovery {
+
+using engine::worker_info;
+
+class region_recovery : public engine::head_recovery {
+ public:
+  explicit region_recovery(engine::head_control& job) : job_(job) {}
+
+  bool active() const override { return state_.has_value(); }
+  std::uint64_t generations() const override { return generations_; }
+  asio::awaitable<void> lost(worker_info w) override;
+  bool involves(transport::node_id n) const override;
+  asio::awaitable<void> lost_member(transport::node_id n) override;
+  asio::awaitable<void> go_on() override { return recover(); }
+  bool rebuilding(transport::node_id n) const override;
+  bool current(transport::node_id n, std::uint64_t generation) const override;
+  asio::awaitable<void> restore_failed(const std::string& message, bool snapshot_lost) override;
+  asio::awaitable<void> restored(transport::node_id n, engine::wire::StageReady::Reader m) override;
+  asio::awaitable<void> region_restart(engine::wire::RegionRestart::Reader m,
+                                       engine::wire::RegionMembers::Builder out) override;
+  asio::awaitable<void> exited(actors::actor_ref who, actors::exit_reason why) override;
+  asio::awaitable<void> resume(const engine::resume_point& p) override;
+  void stop() override { stop_supervisors(); }
+
+ private:
+  using sclock = std::chrono::steady_clock;
+  // One role of a region: a lost stage replica rebuilt on a spare, or (a group replaying in
+  // parallel) a surviving replica replaying on its own worker.
+  struct member {
+    worker_info lost;              // the role (stage, replica) and the worker that had it
+    transport::node_id spare = 0;  // the worker rebuilding it (0: none yet)
+    bool ready = false;            // answered the region's current generation
+    double pull_s = 0.0, replay_s = 0.0;
+    int replay_threads = 0;
+    std::int64_t replayed = 0;
+    std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;  // its restore's
+  };
+  // A supervision subtree of the recovery: contiguous lost stages, rebuilt jointly.
+  struct region {
+    std::uint64_t id = 0;
+    int first = 0, last = 0;  // stages first..last
+    std::vector<member> members;
+    actors::actor_ref supervisor;  // its region_supervisor (invalid: not started yet)
+    std::size_t supervised = 0;    // members it has children for
+    std::shared_ptr<std::vector<transport::node_id>> nodes;  // what its children read
+    std::uint64_t generation = 0;   // of the Restores sent last (0: none yet)
+    int restarts = 0;               // generations before the current one (cascading)
+    bool dirty = false;             // new, grown or lost a replacement: Restores to send
+    std::vector<std::string> died;  // the losses since the last Restores (for the notice)
+    // Why the current generation began (the run log's `supervision`): started, restarted (a
+    // member's worker was lost), grew (a loss next to it, or a merge).
+    const char* cause = "started";
+    // Its supervisor is about to restart it (a member's worker lost, or it grew): reports of
+    // the current generation no longer count, and the recovery cannot end meanwhile.
+    bool restarting = false;
+    sclock::time_point started, ready_at;
+  };
+  struct state {
+    std::int64_t target = 0;
+    bool begun = false;              // the survivors were aborted
+    bool resume_validation = false;  // the loss came during a validation round
+    sclock::time_point detected;
+    std::vector<worker_info> pending;  // losses not yet placed in a region
+    std::vector<region> regions;
+    // Workers of region members that a restart replaced (their loss is the supervisor's, and
+    // their worker_lost may come after it).
+    std::set<transport::node_id> replaced;
+    // Falling back to the durable tier: every stage restores from a window every role
+    // verifies on disk (chosen by each restart of its one region).
+    bool durable = false;
+    std::uint64_t durable_window = 0;
+    std::int64_t durable_first = 0;
+    std::string durable_why;           // what made every copy of a snapshot unusable
+    bool resume = false;               // not a loss: the job resumes from its journal (--resume)
+    int window_pp = 0, window_dp = 0;  // a resume's windows are of this layout (0: the job's)
+    double group_abort_s = 0.0;        // the survivors' NCCL groups' aborts, the slowest
+  };
+  // What a generation restores from: the target iteration, the window (the persisted one, or
+  // the durable tier's) and the first iteration its replay runs.
+  struct restore_from {
+    std::int64_t target = 0;
+    bool durable = false, has_window = false;
+    std::uint64_t window = 0;
+    std::int64_t first = 0;
+  };
+
+  // The survivors are aborted once, then the pending losses placed in regions (contiguous
+  // lost stages merge), each new or grown region supervised.
+  asio::awaitable<void> recover();
+  void place_losses();
+  std::pair<region*, member*> member_of(transport::node_id spare);
+  std::pair<const region*, const member*> member_of(transport::node_id spare) const;
+  region* region_by_id(std::uint64_t id);
+  // Starts r's supervisor (r new), or grows it by r's members it does not supervise yet.
+  void supervise(region& r);
+  // Stops every region supervisor (the recovery ended, or the job did); their exits are
+  // then not escalations.
+  void stop_supervisors();
+  // The next generation of r; false when the job cannot go on (it failed, saying why).
+  asio::awaitable<bool> restart_region(region& r);
+  // With dp > 1 the recovery group replays in parallel: every surviving replica of r's
+  // stages becomes a member too, restored on its own worker.
+  void add_group_survivors(region& r);
+  bool group_replay() const;
+  // Gives every role of r without a worker a spare (false: none left, the job failed).
+  bool assign_spares(region& r);
+  // Region r restarted past checkpoint.region_restarts: the durable fallback where the tier
+  // is on, else the job stops.
+  asio::awaitable<void> escalate(const region& r, const std::string& reason);
+  // Once every member of every region reported: rewire and go on at the target.
+  asio::awaitable<void> maybe_finish();
+
+  // region_restores.cpp: the Restores of a generation, and what the run log says of it.
+  restore_from restore_point() const;
+  std::map<std::string, int> restores_per_host() const;
+  void announce_restart(const region& r);
+  void send_restores(const region& r);
+  void report_end(const state& rec) const;
+
+  // durable_rollback.cpp: every copy of a needed snapshot is gone (or a region escalated)
+  // and the durable tier is on: the whole pipeline becomes one region, every stage worker
+  // (survivors too) restores it from the newest window all of them have on disk, verified,
+  // and replays up to the target (docs/recovery.md "Fallback to the durable tier").
+  asio::awaitable<void> start_durable_rollback(std::string why);
+  // Asks every role of r for its verified durable windows and takes the newest common one;
+  // false when none (the job failed, saying why). A role whose worker was lost meanwhile gets
+  // a spare and everyone is asked again.
+  asio::awaitable<bool> choose_durable_window(region& r);
+  // One region of every stage worker's role (a resume, or the durable rollback's).
+  region whole_pipeline();
+
+  engine::head_control& job_;
+  std::optional<state> state_;
+  std::uint64_t generations_ = 0;
+  std::uint64_t region_ids_ = 0;
+  std::vector<actors::actor_ref> retired_supervisors_;  // stopped on purpose: exits ignored
+};
+
+}  // namespace moevement::recovery

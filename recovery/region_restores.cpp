@@ -1,0 +1,283 @@
+// The Restores of a region's generation (what each member restores from, and from whom), and
+// what the operator and the run log hear of a recovery's start and end.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "recovery/region_recovery.hpp"
+
+namespace moevement::recovery {
+
+using actors::actor_ref;
+
+std::map<std::string, int> region_recovery::restores_per_host() const {
+  const auto& workers = job_.worker_roles();
+  std::map<std::string, int> out;
+  if (!state_) return out;
+  for (const region& r : state_->regions) {
+    for (const member& m : r.members) {
+      const auto w = workers.find(m.spare);
+      if (m.spare != 0 && !m.ready && w != workers.end()) ++out[w->second.host];
+    }
+  }
+  return out;
+}
+
+region_recovery::restore_from region_recovery::restore_point() const {
+  const engine::checkpoint_book& book = job_.checkpoints();
+  restore_from p;
+  p.target = state_->target;
+  p.durable = state_->durable;
+  p.has_window = p.durable || book.persisted.has_value();
+  p.window = p.durable ? state_->durable_window : book.persisted.value_or(0);
+  p.first = p.durable ? state_->durable_first : p.has_window ? book.persisted_first : 0;
+  return p;
+}
+
+void region_recovery::announce_restart(const region& r) {
+  engine::run_log* const log = job_.log();
+  const auto [target, durable, has_window, window, first] = restore_point();
+  std::string roles, spares, replacements;
+  for (const member& m : r.members) {
+    roles += fmt::format("{}{}/{}", roles.empty() ? "" : ",", m.lost.stage, m.lost.replica);
+    spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
+    if (m.spare != m.lost.node) {
+      replacements += fmt::format("{}{}", replacements.empty() ? "" : ",", m.spare);
+    }
+  }
+  const std::size_t rebuilt =
+      std::size_t(std::count(replacements.begin(), replacements.end(), ',')) + 1;
+  const std::string stages = r.first == r.last
+                                 ? fmt::format("stage {}", r.first)
+                                 : fmt::format("stages {}..{} (jointly)", r.first, r.last);
+  {
+    // Who died for this generation (placed by recover()); every role's first loss otherwise.
+    std::string lost;
+    for (const std::string& d : r.died) lost += (lost.empty() ? "" : ", ") + d;
+    if (lost.empty()) {
+      for (const member& m : r.members) {
+        lost += fmt::format("{}stage {} replica {} (worker {})", lost.empty() ? "" : ", ",
+                            m.lost.stage, m.lost.replica, m.lost.node);
+      }
+    }
+    job_.notice(
+        durable ? fmt::format("{} durable window {} on workers {} (replaying iterations {}..{})",
+                              state_->resume ? "resuming from" : "rolling the whole job back to",
+                              window, spares, first, target - 1)
+                : fmt::format("{} lost; {}rebuilding {} on spare worker{} {}{} from {} (replaying "
+                              "iterations {}..{})",
+                              lost, r.restarts > 0 ? "the recovery grew: " : "", stages,
+                              rebuilt > 1 ? "s" : "", replacements,
+                              replacements == spares
+                                  ? std::string()
+                                  : fmt::format(", the group replaying on workers {}", spares),
+                              has_window ? fmt::format("window {}", window)
+                                         : std::string("the initial state"),
+                              first, target - 1));
+  }
+  if (log != nullptr) {
+    const member& m0 = r.members.front();
+    log->write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "recovery_start")
+                   .add("recovery", state_->resume ? "resume"
+                                    : durable      ? "durable"
+                                                   : "region")
+                   .add("stage", m0.lost.stage)
+                   .add("replica", m0.lost.replica)
+                   .add("lost_node", std::int64_t{m0.lost.node})
+                   .add("spare_node", std::int64_t{m0.spare})
+                   .add("first_stage", r.first)
+                   .add("last_stage", r.last)
+                   .add("roles", roles)
+                   .add("spares", spares)
+                   .add("generation", std::int64_t(r.generation))
+                   .add("restarts", r.restarts)
+                   .add("region", std::int64_t(r.id))
+                   .add("supervision", r.cause)
+                   .add("target_iteration", target)
+                   .add("window", has_window ? std::int64_t(window) : std::int64_t{-1})
+                   .add("replay_from", first)
+                   .add("time_s", log->seconds()));
+  }
+}
+
+void region_recovery::send_restores(const region& r) {
+  const auto& workers = job_.worker_roles();
+  const auto& job = job_.job();
+  const engine::checkpoint_book& book = job_.checkpoints();
+  const auto [target, durable, has_window, window, first] = restore_point();
+  announce_restart(r);
+  // Where the region's stage replicas find their windows, and the logs of the healthy stages
+  // just outside it (no region touches another, so those are never being rebuilt).
+  std::vector<actor_ref> holders;
+  for (const auto& [n, w] : workers) {
+    if (w.replicator.valid()) holders.push_back(w.replicator);
+  }
+  auto agent_of = [&](int s, int d) -> actor_ref {
+    if (s < 0 || s >= job.pp) return {};
+    for (const auto& [n, w] : workers) {
+      if (w.stage == s && w.replica == d && member_of(n).first == nullptr) return w.checkpoint;
+    }
+    return {};
+  };
+  std::vector<std::pair<std::int64_t, engine::planned_step>> steps;
+  for (auto it = book.steps.lower_bound(first); it != book.steps.end() && it->first < target;
+       ++it) {
+    steps.emplace_back(it->first, it->second);
+  }
+  const int w_sparse = book.w_sparse, dp = job.dp, k = r.last - r.first + 1;
+  const actor_ref me = job_.actor().self();
+  const std::map<std::string, int> per_host = restores_per_host();
+  // Every replica of the region's stages is a member (add_group_survivors): each replays its
+  // own. Not for a resume at another layout (it replays the old layout whole).
+  const bool group = group_replay() && state_->window_pp == 0 &&
+                     r.members.size() == std::size_t((r.last - r.first + 1) * dp);
+  if (group) {
+    // A member's agent may still be in the previous generation's replay, waiting for a peer
+    // this one replaced: its exchange hears first, and that wait ends.
+    for (const member& m : r.members) {
+      (void)job_.actor().tell<engine::wire::ReplayGeneration>(
+          workers.at(m.spare).group_exchange,
+          [&](engine::wire::ReplayGeneration::Builder b) { b.setGeneration(r.generation); });
+    }
+  }
+  for (const member& m : r.members) {
+    auto fill = [&](engine::wire::Restore::Builder b) {
+      b.setStage(m.lost.stage);
+      b.setReplica(m.lost.replica);
+      b.setFirstStage(r.first);
+      b.setLastStage(r.last);
+      b.setGeneration(r.generation);
+      b.setTargetIteration(target);
+      b.setHasWindow(has_window);
+      b.setWindow(window);
+      b.setFirstIteration(first);
+      b.setWSparse(w_sparse);
+      b.setDurable(durable);
+      const auto share = per_host.find(workers.at(m.spare).host);
+      b.setHostShare(share == per_host.end() ? 1 : share->second);
+      b.setWindowStages(state_->window_pp);
+      b.setWindowReplicas(state_->window_dp);
+      auto src = b.initSources(static_cast<unsigned>(k * dp));
+      for (int j = 0; j < k; ++j) {
+        for (int d = 0; d < dp; ++d) {
+          auto e = src[unsigned(j * dp + d)];
+          // The durable tier: everything from files; no peer is pulled from, and no survivor's
+          // schedule is taken over (every replica of every stage starts a fresh one alike).
+          const auto& use = durable ? std::vector<actor_ref>{} : holders;
+          auto h = e.initSlotHolders(static_cast<unsigned>(use.size()));
+          for (unsigned i = 0; i < use.size(); ++i) actors::write_ref(h[i], use[i]);
+          actors::write_ref(e.initUpstream(),
+                            j == 0 && !durable ? agent_of(r.first - 1, d) : actor_ref{});
+          actors::write_ref(e.initDownstream(),
+                            j == k - 1 && !durable ? agent_of(r.last + 1, d) : actor_ref{});
+          actors::write_ref(e.initSurvivor(), durable ? actor_ref{} : agent_of(r.first + j, d));
+        }
+      }
+      auto l = b.initSteps(static_cast<unsigned>(steps.size()));
+      for (unsigned i = 0; i < steps.size(); ++i) {
+        l[i].setIteration(steps[i].first);
+        l[i].setLossScale(steps[i].second.loss_scale);
+        l[i].setApply(steps[i].second.plan.apply);
+        l[i].setGradMul(steps[i].second.plan.grad_mul);
+        l[i].setGradNorm(steps[i].second.plan.grad_norm);
+      }
+      actors::write_ref(b.initCoordinator(), me);
+      if (group) {
+        // The exchanges of this member's stage's group: replica d's worker, by replica.
+        auto g = b.initGroup(static_cast<unsigned>(dp));
+        for (const member& o : r.members) {
+          if (o.lost.stage == m.lost.stage) {
+            actors::write_ref(g[unsigned(o.lost.replica)], workers.at(o.spare).group_exchange);
+          }
+        }
+      }
+    };
+    (void)job_.actor().tell<engine::wire::Restore>(workers.at(m.spare).agent, fill);
+  }
+  job_.recovery_event("recovery_start", target);
+}
+
+void region_recovery::report_end(const state& rec) const {
+  engine::run_log* const log = job_.log();
+  const auto now = sclock::now();
+  const double secs = std::chrono::duration<double>(now - rec.detected).count();
+  auto since = [](sclock::time_point a, sclock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  for (const region& r : rec.regions) {
+    double pull = 0.0, replay = 0.0;
+    std::int64_t replayed = 0, mapped = 0, pulled = 0, refused = 0;
+    std::string spares, replays, replacements;
+    for (const member& m : r.members) {
+      if (m.spare != m.lost.node) {
+        replacements += fmt::format("{}{}", replacements.empty() ? "" : ",", m.spare);
+      }
+      // Who replayed what: stage/replica@worker, its replay seconds and GEMM threads.
+      replays += fmt::format("{}{}/{}@{}:{:.3f}s:{}t", replays.empty() ? "" : ",", m.lost.stage,
+                             m.lost.replica, m.spare, m.replay_s, m.replay_threads);
+      mapped += m.slots_mapped;
+      pulled += m.slots_pulled;
+      refused += m.handles_refused;
+      pull = std::max(pull, m.pull_s);
+      replay = std::max(replay, m.replay_s);
+      replayed = std::max(replayed, m.replayed);
+      spares += fmt::format("{}{}", spares.empty() ? "" : ",", m.spare);
+    }
+    if (log != nullptr) {
+      const member& m0 = r.members.front();
+      // seconds = detect .. resume; spawn = until this generation's Restores went out (the
+      // survivors' abort, earlier generations of the region); pull and replay as the slowest
+      // replacement reported them; rejoin = its report .. everyone rewired.
+      log->write(engine::json_record{}
+                     .add("kind", "event")
+                     .add("event", "recovery_end")
+                     .add("recovery", rec.resume    ? "resume"
+                                      : rec.durable ? "durable"
+                                                    : "region")
+                     .add("window", rec.durable ? std::int64_t(rec.durable_window) : -1)
+                     .add("stage", m0.lost.stage)
+                     .add("replica", m0.lost.replica)
+                     .add("spare_node", std::int64_t{m0.spare})
+                     .add("first_stage", r.first)
+                     .add("last_stage", r.last)
+                     .add("spares", spares)
+                     .add("generation", std::int64_t(r.generation))
+                     .add("restarts", r.restarts)
+                     .add("target_iteration", rec.target)
+                     .add("iterations_replayed", replayed)
+                     .add("seconds", secs)
+                     .add("spawn_s", since(rec.detected, r.started))
+                     .add("pull_s", pull)
+                     .add("replay_s", replay)
+                     .add("replays", replays)
+                     .add("rejoin_s", since(r.ready_at, now))
+                     .add("slots_mapped", mapped)
+                     .add("slots_pulled", pulled)
+                     .add("handles_refused", refused)
+                     .add("group_abort_s", rec.group_abort_s)
+                     .add("time_s", log->seconds()));
+    }
+    if (rec.resume) {
+      job_.notice(fmt::format(
+          "resumed from window {} in {:.2f} s (replay {:.3f} s, {} iterations replayed); "
+          "training goes on at iteration {}",
+          rec.durable_window, secs, replay, replayed, rec.target));
+    } else {
+      const bool group = replacements != spares;
+      job_.notice(fmt::format(
+          "{} recovered on worker{} {}{} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
+          "iteration{} replayed); training resumes at iteration {}",
+          r.first == r.last ? fmt::format("stage {}", r.first)
+                            : fmt::format("stages {}..{}", r.first, r.last),
+          replacements.find(',') != std::string::npos ? "s" : "", replacements,
+          group ? fmt::format(" (its group replayed on workers {})", spares) : std::string(), secs,
+          pull, replay, replayed, replayed == 1 ? "" : "s", rec.target));
+    }
+  }
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,346 @@
+#include "recovery/rollback_recovery.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "actors/gather.hpp"
+#include "recovery/region_recovery.hpp"
+
+namespace moevement::recovery {
+
+namespace {
+
+using actors::actor_ref;
+using actors::write_ref;
+using asio::awaitable;
+namespace wire = engine::wire;
+
+// Loading a checkpoint can mean reading it from disk: longer than an ordinary ask.
+constexpr auto rollback_timeout = std::chrono::seconds(300);
+
+// What the stages loaded (step 2 of finish()).
+struct loaded {
+  std::uint64_t bytes = 0;
+  std::vector<std::int64_t> lost_per_layer;  // pec: tokens routed to stale experts, by layer
+  std::int64_t stale = 0;
+  std::string sources;
+};
+
+}  // namespace
+
+engine::head_recovery_factory any_head_recovery(engine::policy_kind policy) {
+  switch (engine::recovery_of(policy)) {
+    case engine::recovery_kind::localized:
+      return [](engine::head_control& job) { return std::make_unique<region_recovery>(job); };
+    case engine::recovery_kind::rollback:
+      return [](engine::head_control& job) { return std::make_unique<rollback_recovery>(job); };
+    default:
+      return {};
+  }
+}
+
+awaitable<void> rollback_recovery::lost(engine::worker_info w) {
+  if (!state_) {
+    state_.emplace();
+    state_->detected = sclock::now();
+  }
+  state_->pending.push_back(std::move(w));
+  co_await start();
+}
+
+bool rollback_recovery::rebuilding(transport::node_id n) const {
+  return state_ && std::any_of(state_->rebuilds.begin(), state_->rebuilds.end(),
+                               [&](const rebuild& b) { return b.spare == n; });
+}
+
+awaitable<void> rollback_recovery::resume(const engine::resume_point&) {
+  job_.fail("--resume needs checkpoint.policy = \"moevement\" with checkpoint.durable = true");
+  co_return;
+}
+
+awaitable<void> rollback_recovery::restore_failed(const std::string& message, bool) {
+  // Its stage could not be built, usually because a peer died meanwhile: that loss, within
+  // the failure timeout, starts the rollback over.
+  co_await job_.actor().system().sleep_for(
+      std::chrono::milliseconds(job_.job().failure_timeout_ms + 200));
+  if (job_.finished() || job_.loss_pending() || !state_) co_return;
+  job_.fail(message);
+}
+
+awaitable<void> rollback_recovery::restored(transport::node_id n, wire::StageReady::Reader) {
+  if (!state_) co_return;
+  for (auto& b : state_->rebuilds) {
+    if (b.spare == n) b.ready = true;
+  }
+  if (!state_->pending.empty()) co_return;
+  for (const auto& b : state_->rebuilds) {
+    if (!b.ready) co_return;
+  }
+  co_await finish();
+}
+
+awaitable<void> rollback_recovery::start() {
+  if (job_.finished() || !state_) co_return;
+  if (!state_->begun) {
+    // The whole job goes back, once the survivors stepped.
+    if (job_.stepping()) {
+      co_await job_.finish_stepping();  // go_on() once they have
+      co_return;
+    }
+    state_->begun = true;
+    state_->target = job_.iteration();
+    job_.enter_recovery();
+    if (!co_await job_.abort_survivors(state_->group_abort_s)) co_return;
+    // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
+    if (job_.loss_pending()) co_return;
+  }
+  if (state_->pending.empty()) co_return;  // placed by an earlier turn
+  // A loss during the rollback (a survivor, or a spare being rebuilt) starts its loading over
+  // once the new spare is ready: a finish() in progress gives up (`attempt`).
+  ++state_->attempt;
+  const std::vector<engine::worker_info> lost = std::move(state_->pending);
+  state_->pending.clear();
+  auto& rebuilds = state_->rebuilds;
+  const auto& job = job_.job();
+  for (const engine::worker_info& w : lost) {
+    std::erase_if(rebuilds, [&](const rebuild& b) { return b.spare == w.node; });
+    if (std::any_of(rebuilds.begin(), rebuilds.end(), [&](const rebuild& b) {
+          return b.lost.stage == w.stage && b.lost.replica == w.replica;
+        })) {
+      continue;  // already being rebuilt
+    }
+    transport::node_id spare = 0;
+    for (const auto& [n, sw] : job_.workers()) {
+      if (sw.stage < 0) {
+        spare = n;
+        break;
+      }
+    }
+    if (spare == 0) {
+      job_.fail(
+          fmt::format("stage {} replica {} was lost and no spare worker is left (raise "
+                      "cluster.spares)",
+                      w.stage, w.replica));
+      co_return;
+    }
+    engine::worker_info& sw = job_.worker_roles().at(spare);
+    sw.stage = w.stage;
+    sw.replica = w.replica;
+    rebuilds.push_back({w, spare, false});
+    const std::int64_t failed_at = state_->target;
+    const bool again = state_->attempt > 1;
+    job_.notice(fmt::format(
+        "stage {} replica {} lost (worker {}) at iteration {}{}; policy {}: a fresh stage on "
+        "spare worker {}, then every stage rolls back to the last checkpoint",
+        w.stage, w.replica, w.node, failed_at, again ? ", during the rollback" : "",
+        engine::policy_name(job.policy), spare));
+    if (auto* log = job_.log()) {
+      log->write(engine::json_record{}
+                     .add("kind", "event")
+                     .add("event", "recovery_start")
+                     .add("recovery", "rollback")
+                     .add("policy", engine::policy_name(job.policy))
+                     .add("stage", w.stage)
+                     .add("replica", w.replica)
+                     .add("lost_node", std::int64_t{w.node})
+                     .add("spare_node", std::int64_t{spare})
+                     .add("target_iteration", failed_at)
+                     .add("attempt", std::int64_t(state_->attempt)));
+    }
+    const actor_ref me = job_.actor().self();
+    const int st = w.stage, rep = w.replica;
+    (void)job_.actor().tell<wire::Restore>(sw.agent, [&](wire::Restore::Builder b) {
+      b.setStage(st);
+      b.setReplica(rep);
+      b.setTargetIteration(failed_at);
+      b.setHasWindow(false);
+      write_ref(b.initCoordinator(), me);
+    });
+    if (!again) job_.recovery_event("recovery_start", failed_at);
+  }
+}
+
+awaitable<std::optional<rollback_recovery::chosen>> rollback_recovery::choose_checkpoint(
+    const std::vector<actor_ref>& agents, const std::vector<actor_ref>& holders,
+    std::int64_t target) {
+  const int pp = job_.job().pp;
+  std::map<std::int64_t, int> offered;
+  std::vector<std::string> rejected;
+  auto fill = [&](std::size_t, wire::RollbackQuery::Builder b) {
+    auto l = b.initHolders(static_cast<unsigned>(holders.size()));
+    for (unsigned i = 0; i < holders.size(); ++i) write_ref(l[i], holders[i]);
+  };
+  auto replies = co_await actors::ask_all<wire::RollbackQuery, wire::RollbackOffer>(
+      job_.actor(), agents, rollback_timeout, fill);
+  if (job_.finished() || !state_) co_return std::nullopt;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    const int s = int(i) % pp, d = int(i) / pp;
+    auto& r = replies[i];
+    if (!r.ok()) {
+      if (co_await job_.loss_follows() || job_.finished()) co_return std::nullopt;
+      job_.fail(fmt::format("asking stage {} replica {} for its checkpoints failed: {}", s, d,
+                            r.err().message));
+      co_return std::nullopt;
+    }
+    std::set<std::int64_t> mine;  // each stage counts once per iteration
+    for (auto it : r->get().getIterations()) mine.insert(it);
+    for (auto it : mine) ++offered[it];
+    for (auto t : r->get().getRejected()) {
+      rejected.push_back(fmt::format("stage {} replica {}: {}", s, d, std::string(t)));
+    }
+  }
+  std::int64_t c = -1;
+  const auto& scalers = job_.checkpoints().scaler_at;
+  for (const auto& [it, n] : offered) {
+    if (n == int(agents.size()) && it <= target && scalers.contains(it)) c = it;
+  }
+  job_.report_rejected("checkpoint_rejected", "checkpoint", rejected);
+  if (c < 0) {
+    job_.fail(fmt::format("no checkpoint is loadable on every stage ({} rejected); the job stops",
+                          rejected.size()));
+    co_return std::nullopt;
+  }
+  co_return chosen{c, std::int64_t(rejected.size())};
+}
+
+awaitable<void> rollback_recovery::finish() {
+  const state rec = *state_;
+  const auto& job = job_.job();
+  // A loss not placed yet, or one while this runs (its ask fails, or its node leaves the
+  // membership), leaves the rest to its turn: the lost stage is rebuilt and this starts over.
+  auto superseded = [&] {
+    return job_.finished() || !state_ || state_->attempt != rec.attempt ||
+           !state_->pending.empty() || job_.loss_pending();
+  };
+  if (superseded()) co_return;
+  const bool wired = co_await job_.rewire();
+  if (!wired || superseded()) co_return;
+  // Detection to a wired job (the replacement built, every link up) vs. the checkpoint's query
+  // and load: the simulator's restart and load (docs/simulator.md, "Profile file").
+  const auto t_wired = sclock::now();
+  std::vector<actor_ref> holders;
+  for (const auto& [n, w] : job_.workers()) {
+    if (w.replicator.valid()) holders.push_back(w.replicator);
+  }
+  auto agent_at = [&](int s, int d) -> actor_ref {
+    for (const auto& [n, w] : job_.workers()) {
+      if (w.stage == s && w.replica == d) return w.checkpoint;
+    }
+    return {};
+  };
+  std::vector<actor_ref> agents;  // index d * pp + s
+  for (int d = 0; d < job.dp; ++d) {
+    for (int s = 0; s < job.pp; ++s) agents.push_back(agent_at(s, d));
+  }
+  // 1. What each stage can load, verified by the stage itself (every stage at once).
+  const auto pick = co_await choose_checkpoint(agents, holders, rec.target);
+  if (!pick || superseded()) co_return;
+  const std::int64_t c = pick->iteration;
+  // 2. Every stage loads it, all at once.
+  loaded got;
+  {
+    const int k = std::max(job_.checkpoints().interval, 1);
+    auto fill = [&](std::size_t, wire::RollbackLoad::Builder b) {
+      b.setIteration(c);
+      b.setInterval(k);
+    };
+    auto replies = co_await actors::ask_all<wire::RollbackLoad, wire::RollbackLoaded>(
+        job_.actor(), agents, rollback_timeout, fill);
+    if (superseded()) co_return;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      const int s = int(i) % job.pp, d = int(i) / job.pp;
+      auto& r = replies[i];
+      if (!r.ok() && (co_await job_.loss_follows() || superseded())) co_return;
+      if (!r.ok() || r->get().getError().size() > 0) {
+        job_.fail(fmt::format("stage {} replica {} could not roll back to iteration {}: {}", s, d,
+                              c, r.ok() ? std::string(r->get().getError()) : r.err().message));
+        co_return;
+      }
+      got.bytes += r->get().getBytes();
+      if (d == 0) {
+        // Replicas hold the same experts and count the same tokens (summed over replicas).
+        for (auto n : r->get().getLostTokens()) got.lost_per_layer.push_back(n);
+        got.stale += r->get().getStaleExperts();
+      }
+      got.sources += (got.sources.empty() ? "" : "; ") + std::string(r->get().getSource());
+    }
+  }
+  state_.reset();
+  const auto t_loaded = sclock::now();
+  const double secs = std::chrono::duration<double>(t_loaded - rec.detected).count();
+  std::string rebuilt;  // stage/replica@worker of every stage rebuilt
+  for (const auto& b : rec.rebuilds) {
+    rebuilt += fmt::format("{}{}/{}@{}", rebuilt.empty() ? "" : ",", b.lost.stage, b.lost.replica,
+                           b.spare);
+  }
+  engine::json_record end;
+  end.add("kind", "event")
+      .add("event", "recovery_end")
+      .add("recovery", "rollback")
+      .add("policy", engine::policy_name(job.policy))
+      .add("stage", rec.rebuilds.front().lost.stage)
+      .add("replica", rec.rebuilds.front().lost.replica)
+      .add("spare_node", std::int64_t{rec.rebuilds.front().spare})
+      .add("rebuilt", rebuilt)
+      .add("restarts", std::int64_t(rec.attempt) - 1)
+      .add("group_abort_s", rec.group_abort_s)
+      .add("target_iteration", rec.target)
+      .add("rollback_to", c)
+      .add("replay_from", c)
+      .add("iterations_recomputed", rec.target - c)
+      .add("checkpoint_bytes", got.bytes)
+      .add("rejected", pick->rejected)
+      .add("sources", got.sources)
+      .add("seconds", secs)
+      .add("restore_s", std::chrono::duration<double>(t_wired - rec.detected).count())
+      .add("load_s", std::chrono::duration<double>(t_loaded - t_wired).count());
+  std::string pec_line;
+  if (job.policy == engine::policy_kind::pec) {
+    // PLT (seed 002): mean over MoE layers of the tokens routed to stale experts over the
+    // tokens x top_k the layer saw: of this fault over iterations [0, failed), and of the run
+    // so far over the whole training's tokens.
+    const double per_iteration = double(job.train.micro_batches) * job.train.micro_batch_size *
+                                 job.train.seq_len * job.dp * job.model.top_k;
+    std::int64_t lost = 0;
+    double plt = 0.0;
+    for (auto n : got.lost_per_layer) {
+      lost += n;
+      if (rec.target > 0) plt += double(n) / (per_iteration * double(rec.target));
+    }
+    const double layers = double(std::max<std::size_t>(got.lost_per_layer.size(), 1));
+    plt /= layers;
+    lost_tokens_total_ += lost;
+    const double run_plt =
+        double(lost_tokens_total_) / (layers * per_iteration * double(job.train.iterations));
+    std::string per_layer;
+    for (auto n : got.lost_per_layer) {
+      per_layer += (per_layer.empty() ? "" : ",") + std::to_string(n);
+    }
+    end.add("lost_tokens", lost)
+        .add("lost_tokens_per_layer", per_layer)
+        .add("stale_experts", got.stale)
+        .add("moe_layers", std::int64_t(got.lost_per_layer.size()))
+        .add("plt", plt)
+        .add("run_plt", run_plt);
+    pec_line =
+        fmt::format("; {} stale expert(s), {} token(s) lost, PLT {:.6f}", got.stale, lost, plt);
+  }
+  if (auto* log = job_.log()) log->write(end);
+  job_.notice(fmt::format(
+      "{} rebuilt ({}); every stage rolled back to iteration {} in {:.2f} s ({} iteration(s) to "
+      "recompute){}",
+      rec.rebuilds.size() == 1 ? fmt::format("stage {} replica {}", rec.rebuilds.front().lost.stage,
+                                             rec.rebuilds.front().lost.replica)
+                               : fmt::format("{} stages", rec.rebuilds.size()),
+      rebuilt, c, secs, rec.target - c, pec_line));
+  engine::recovery_done done;
+  done.target = c;
+  done.rolled_back = job_.checkpoints().scaler_at.at(c);
+  co_await job_.recovered(done);
+}
+
+}  // namespace moevement::recovery
