@@ -1,0 +1,311 @@
+// Policy moevement's recovery on the head, on the deterministic scheduler (no processes, no
+// sleeps): a fake coordinator (head_control) hosts region_recovery; workers are actor systems
+// whose "agents" record the Restores they are sent, and a loss is a crashed node. Contiguous
+// losses in one step are one region; a replacement lost during its restore restarts the region
+// on another spare (a new generation to every member); a disjoint loss is a region of its
+// own and a loss next to a region grows it; past the restart intensity the job stops, saying
+// so; once every member reports, the stages are rewired and training goes on at the target.
+#include "recovery/region_recovery.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/deterministic.hpp"
+#include "engine/region_supervisor.hpp"
+
+namespace moevement::recovery {
+namespace {
+
+using namespace std::chrono_literals;
+using actors::actor_ref;
+using actors::awaitable;
+using actors::node_id;
+namespace wire = engine::wire;
+
+// A worker's agent: keeps the Restores it is sent.
+class fake_agent : public actors::actor {
+ public:
+  using interface = actors::interface<actors::tell_t<wire::Restore>>;
+  struct restore {
+    int stage = -1, first = -1, last = -1;
+    std::uint64_t generation = 0;
+    std::int64_t target = 0, first_iteration = 0, window = 0;
+    std::size_t steps = 0;
+  };
+  std::vector<restore> restores;
+  fake_agent() { on<wire::Restore>(&fake_agent::take); }
+
+ private:
+  awaitable<void> take(wire::Restore::Reader m) {
+    restores.push_back({m.getStage(), m.getFirstStage(), m.getLastStage(), m.getGeneration(),
+                        m.getTargetIteration(), m.getFirstIteration(), std::int64_t(m.getWindow()),
+                        m.getSteps().size()});
+    co_return;
+  }
+};
+
+// The coordinator's part: the workers, the window persisted, and what the recovery asked of
+// the job (failures, rewirings, where training went on).
+class fake_head : public actors::actor, public engine::head_control {
+ public:
+  using interface = actors::interface<actors::ask_t<wire::RegionRestart, wire::RegionMembers>>;
+  fake_head(engine::job_config job, std::map<node_id, engine::worker_info> workers)
+      : job_(std::move(job)), workers_(std::move(workers)) {
+    on<wire::RegionRestart, wire::RegionMembers>(&fake_head::restart);
+    book_.w_sparse = 4;
+    book_.persisted = 3;
+    book_.persisted_first = 8;
+    for (std::int64_t i = 8; i < 12; ++i) book_.steps[i] = {};
+  }
+  std::unique_ptr<region_recovery> recovery;
+  std::vector<std::string> failures, notices;
+  std::vector<engine::recovery_done> done;
+  int rewirings = 0;
+
+  // A replacement's report of generation `generation` (as the coordinator passes it on).
+  awaitable<void> report(node_id n, std::uint64_t generation) {
+    capnp::MallocMessageBuilder msg;
+    auto b = msg.initRoot<wire::StageReady>();
+    b.setNode(n);
+    b.setGeneration(generation);
+    if (recovery->rebuilding(n) && recovery->current(n, generation)) {
+      co_await recovery->restored(n, b.asReader());
+    }
+  }
+
+  // head_control
+  actors::actor& actor() override { return *this; }
+  const engine::job_config& job() const override { return job_; }
+  engine::run_log* log() const override { return nullptr; }
+  const std::map<node_id, engine::worker_info>& workers() const override { return workers_; }
+  std::map<node_id, engine::worker_info>& worker_roles() override { return workers_; }
+  const engine::checkpoint_book& checkpoints() const override { return book_; }
+  std::int64_t iteration() const override { return 12; }
+  bool stepping() const override { return false; }
+  bool validating() const override { return false; }
+  bool finished() const override { return !failures.empty(); }
+  void fail(const std::string& message) override { failures.push_back(message); }
+  void notice(const std::string& line) override { notices.push_back(line); }
+  void recovery_event(const std::string&, std::int64_t) override {}
+  void report_rejected(const char*, const char*, const std::vector<std::string>&) override {}
+  bool loss_pending() const override {
+    for (const auto& [n, w] : workers_) {
+      if (!system().last_heard(n)) return true;
+    }
+    return false;
+  }
+  awaitable<bool> loss_follows() override { co_return loss_pending(); }
+  void drop_stage(int, int) override {}
+  awaitable<void> finish_stepping() override { co_return; }
+  void enter_recovery() override {}
+  awaitable<bool> abort_survivors(double&) override { co_return true; }
+  awaitable<bool> rewire() override {
+    ++rewirings;
+    co_return true;
+  }
+  awaitable<void> recovered(const engine::recovery_done& d) override {
+    done.push_back(d);
+    co_return;
+  }
+
+ protected:
+  awaitable<void> on_start() override {
+    trap_exit(true);
+    recovery = std::make_unique<region_recovery>(*this);
+    system().on_membership([this](node_id n, actors::member_event e) {
+      if (e == actors::member_event::up) return;
+      (void)system().post_call(self(),
+                               [this, n](actors::actor&) -> awaitable<void> { co_await lose(n); });
+    });
+    co_return;
+  }
+  awaitable<void> on_exit(actor_ref who, actors::exit_reason why) override {
+    co_await recovery->exited(who, why);
+  }
+
+ private:
+  // As the coordinator's worker_lost: the recovery's own workers are its to handle; a stage's
+  // worker is a loss to place.
+  awaitable<void> lose(node_id n) {
+    const auto it = workers_.find(n);
+    if (it == workers_.end()) co_return;
+    const engine::worker_info w = it->second;
+    workers_.erase(it);
+    if (recovery->involves(n)) {
+      co_await recovery->lost_member(n);
+    } else if (w.stage >= 0) {
+      co_await recovery->lost(w);
+    }
+  }
+  awaitable<void> restart(wire::RegionRestart::Reader m, wire::RegionMembers::Builder out) {
+    co_await recovery->region_restart(m, out);
+  }
+  engine::job_config job_;
+  std::map<node_id, engine::worker_info> workers_;
+  engine::checkpoint_book book_;
+};
+
+// pp 4, dp 1: stage s on worker s + 1; workers 5..8 are spares.
+struct cluster {
+  actors::deterministic d;
+  actors::actor_system& head;
+  std::map<node_id, actor_ref> agents;
+  cluster() : head(d.add(0)) {
+    actors::system_config cfg;
+    cfg.head = 0;
+    for (node_id n = 1; n <= 8; ++n) {
+      auto& w = d.add(n, cfg);
+      w.register_type<engine::region_member>(engine::region_member::registered_name);
+      agents[n] = w.spawn<fake_agent>().ref;
+    }
+  }
+  awaitable<fake_head*> start(int region_restarts) {
+    for (node_id n = 1; n <= 8; ++n) {
+      auto joined = co_await d[n].join(1s);
+      if (!joined.ok()) ADD_FAILURE() << joined.err().message;
+    }
+    engine::job_config job;
+    job.pp = 4;
+    job.dp = 1;
+    job.region_restarts = region_restarts;
+    std::map<node_id, engine::worker_info> workers;
+    for (node_id n = 1; n <= 8; ++n) {
+      engine::worker_info w;
+      w.node = n;
+      w.agent = agents[n];
+      w.checkpoint = agents[n];
+      if (n <= 4) {
+        w.stage = int(n) - 1;
+        w.replica = 0;
+      }
+      workers[n] = w;
+    }
+    auto ref = head.spawn<fake_head>(job, workers).ref;
+    co_await head.sleep_for(10ms);
+    co_return head.local_actor<fake_head>(ref);
+  }
+  const std::vector<fake_agent::restore>& restores(node_id n) {
+    return d[n].local_actor<fake_agent>(agents[n])->restores;
+  }
+};
+
+TEST(region_recovery, contiguous_losses_are_one_region_and_a_lost_replacement_restarts_it) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3);
+    c.d.hub().crash(2);  // stages 1 and 2 in one step
+    c.d.hub().crash(3);
+    co_await c.head.sleep_for(100ms);
+    // One region, stages 1..2, rebuilt on spares 5 and 6 from window 3 (iterations 8..11).
+    for (node_id spare : {5u, 6u}) {
+      const auto& r = c.restores(spare);
+      if (r.size() != 1) {
+        ADD_FAILURE() << "spare " << spare << ": " << r.size() << " Restores";
+        co_return;
+      }
+      EXPECT_EQ(r[0].first, 1);
+      EXPECT_EQ(r[0].last, 2);
+      EXPECT_EQ(r[0].target, 12);
+      EXPECT_EQ(r[0].window, 3);
+      EXPECT_EQ(r[0].first_iteration, 8);
+      EXPECT_EQ(r[0].steps, 4u);
+    }
+    const std::uint64_t g1 = c.restores(5)[0].generation;
+    EXPECT_EQ(c.restores(6)[0].generation, g1);
+    EXPECT_TRUE(c.restores(7).empty());
+
+    // Spare 6 dies during its restore: the region restarts, 6's role on spare 7, and every
+    // member restores the new generation (5 again: the joint replay needs all of them).
+    c.d.hub().crash(6);
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(7).size() != 1 || c.restores(5).size() != 2) {
+      ADD_FAILURE() << c.restores(7).size() << " and " << c.restores(5).size() << " Restores";
+      co_return;
+    }
+    const std::uint64_t g2 = c.restores(7)[0].generation;
+    EXPECT_GT(g2, g1);
+    EXPECT_EQ(c.restores(5)[1].generation, g2);
+    EXPECT_EQ(c.restores(7)[0].stage, c.restores(6)[0].stage);
+
+    // A report of the old generation counts for nothing; the new ones end the recovery.
+    co_await h->report(5, g1);
+    EXPECT_EQ(h->rewirings, 0);
+    co_await h->report(5, g2);
+    EXPECT_EQ(h->rewirings, 0);
+    co_await h->report(7, g2);
+    EXPECT_EQ(h->rewirings, 1);
+    if (h->done.size() != 1) {
+      ADD_FAILURE() << h->done.size() << " recoveries ended";
+      co_return;
+    }
+    EXPECT_EQ(h->done[0].target, 12);
+    EXPECT_TRUE(h->done[0].counts);
+    EXPECT_FALSE(h->recovery->active());
+    EXPECT_TRUE(h->failures.empty()) << h->failures.front();
+  });
+}
+
+TEST(region_recovery, a_disjoint_loss_is_a_region_of_its_own_and_a_neighbours_loss_grows_it) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3);
+    c.d.hub().crash(1);  // stage 0
+    co_await c.head.sleep_for(100ms);
+    c.d.hub().crash(4);  // stage 3: not next to stage 0
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(5).size() != 1 || c.restores(6).size() != 1) {
+      ADD_FAILURE() << c.restores(5).size() << " and " << c.restores(6).size() << " Restores";
+      co_return;
+    }
+    EXPECT_EQ(c.restores(5)[0].first, 0);
+    EXPECT_EQ(c.restores(5)[0].last, 0);
+    EXPECT_EQ(c.restores(6)[0].first, 3);
+    EXPECT_EQ(c.restores(6)[0].last, 3);
+
+    c.d.hub().crash(2);  // stage 1, next to the region of stage 0: it grows to 0..1
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(5).size() != 2 || c.restores(7).size() != 1) {
+      ADD_FAILURE() << c.restores(5).size() << " and " << c.restores(7).size() << " Restores";
+      co_return;
+    }
+    EXPECT_EQ(c.restores(5)[1].first, 0);
+    EXPECT_EQ(c.restores(5)[1].last, 1);
+    EXPECT_EQ(c.restores(7)[0].first, 0);
+    EXPECT_EQ(c.restores(7)[0].last, 1);
+    EXPECT_EQ(c.restores(6).size(), 1u) << "the disjoint region is not restarted";
+    // Every member reports: one rewiring, training goes on.
+    co_await h->report(6, c.restores(6)[0].generation);
+    EXPECT_EQ(h->rewirings, 0);
+    co_await h->report(5, c.restores(5)[1].generation);
+    co_await h->report(7, c.restores(7)[0].generation);
+    EXPECT_EQ(h->rewirings, 1);
+    EXPECT_EQ(h->done.size(), 1u);
+    EXPECT_TRUE(h->failures.empty()) << h->failures.front();
+  });
+}
+
+TEST(region_recovery, a_region_past_its_restart_intensity_stops_the_job_saying_so) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(0);  // no restart allowed
+    c.d.hub().crash(3);                  // stage 2, rebuilt on spare 5
+    co_await c.head.sleep_for(100ms);
+    EXPECT_EQ(c.restores(5).size(), 1u);
+    c.d.hub().crash(5);  // the replacement dies: a restart, past the intensity
+    co_await c.head.sleep_for(100ms);
+    if (h->failures.size() != 1) {
+      ADD_FAILURE() << h->failures.size() << " failures";
+      co_return;
+    }
+    EXPECT_NE(h->failures[0].find("past checkpoint.region_restarts = 0"), std::string::npos)
+        << h->failures[0];
+    EXPECT_TRUE(c.restores(6).empty()) << "no generation after the escalation";
+    EXPECT_TRUE(h->done.empty());
+  });
+}
+
+}  // namespace
+}  // namespace moevement::recovery
