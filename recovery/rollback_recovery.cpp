@@ -22,14 +22,6 @@ namespace wire = engine::wire;
 // Loading a checkpoint can mean reading it from disk: longer than an ordinary ask.
 constexpr auto rollback_timeout = std::chrono::seconds(300);
 
-// What the stages loaded (step 2 of finish()).
-struct loaded {
-  std::uint64_t bytes = 0;
-  std::vector<std::int64_t> lost_per_layer;  // pec: tokens routed to stale experts, by layer
-  std::int64_t stale = 0;
-  std::string sources;
-};
-
 }  // namespace
 
 engine::head_recovery_factory any_head_recovery(engine::policy_kind policy) {
@@ -270,6 +262,16 @@ awaitable<void> rollback_recovery::finish() {
     }
   }
   state_.reset();
+  report_end(rec, c, pick->rejected, got, t_wired);
+  engine::recovery_done done;
+  done.target = c;
+  done.rolled_back = job_.checkpoints().scaler_at.at(c);
+  co_await job_.recovered(done);
+}
+
+void rollback_recovery::report_end(const state& rec, std::int64_t c, std::int64_t rejected,
+                                   const loaded& got, sclock::time_point t_wired) {
+  const auto& job = job_.job();
   const auto t_loaded = sclock::now();
   const double secs = std::chrono::duration<double>(t_loaded - rec.detected).count();
   std::string rebuilt;  // stage/replica@worker of every stage rebuilt
@@ -293,7 +295,7 @@ awaitable<void> rollback_recovery::finish() {
       .add("replay_from", c)
       .add("iterations_recomputed", rec.target - c)
       .add("checkpoint_bytes", got.bytes)
-      .add("rejected", pick->rejected)
+      .add("rejected", rejected)
       .add("sources", got.sources)
       .add("seconds", secs)
       .add("restore_s", std::chrono::duration<double>(t_wired - rec.detected).count())
@@ -337,10 +339,6 @@ awaitable<void> rollback_recovery::finish() {
                                              rec.rebuilds.front().lost.replica)
                                : fmt::format("{} stages", rec.rebuilds.size()),
       rebuilt, c, secs, rec.target - c, pec_line));
-  engine::recovery_done done;
-  done.target = c;
-  done.rolled_back = job_.checkpoints().scaler_at.at(c);
-  co_await job_.recovered(done);
 }
 
 }  // namespace moevement::recovery

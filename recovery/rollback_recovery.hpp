@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/head_recovery.hpp"
@@ -48,6 +49,16 @@ class rollback_recovery : public engine::head_recovery {
   };
   // The survivors drop the iteration in progress (once), every pending loss gets a spare.
   asio::awaitable<void> start();
+  // What the stages loaded (finish()'s second step).
+  struct loaded {
+    std::uint64_t bytes = 0;
+    std::vector<std::int64_t> lost_per_layer;  // pec: tokens routed to stale experts, by layer
+    std::int64_t stale = 0;
+    std::string sources;
+  };
+  // The run log's recovery_end and the notice of a rollback to iteration c.
+  void report_end(const state& rec, std::int64_t c, std::int64_t rejected, const loaded& got,
+                  sclock::time_point t_wired);
   // Once every rebuild is ready: the newest checkpoint every stage can load, loaded
   // everywhere (false from a step: a loss superseded it, or the job ended).
   asio::awaitable<void> finish();
