@@ -7,7 +7,6 @@
 #include <asio/use_awaitable.hpp>
 
 #include "engine/job_config.hpp"
-#include "engine/region_supervisor.hpp"
 #include "engine/stage_actor.hpp"
 #include "models/cuda/device.hpp"
 
@@ -150,9 +149,6 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
     report({}, "bad config from the coordinator: " + cfg.err().message);
     co_return;
   }
-  // The head's region supervisors start a region_member here while this worker takes part
-  // in a recovery (engine/region_supervisor.hpp).
-  system().register_type<region_member>(region_member::registered_name);
   auto joined = co_await system().join(join_timeout);
   if (!joined.ok()) {
     report({}, "joining the cluster failed: " + joined.err().message);

@@ -20,6 +20,7 @@
 #include "base/hash.hpp"
 #include "models/cpu/gemm.hpp"
 #include "recovery/region_restore.hpp"
+#include "recovery/region_supervisor.hpp"
 #include "recovery/snapshot.hpp"
 #include "recovery/sparse_to_dense.hpp"
 #include "recovery/worker_tasks.hpp"
@@ -721,6 +722,9 @@ moevement_checkpoint::moevement_checkpoint(actors::actor_system& system, engine:
                                                     job_.share_memory);
   inbox_ = std::make_shared<group_inbox>(system_.io());
   exchange_ = system_.spawn<recovery::group_exchange>(inbox_);
+  // The head's region supervisors start a region_member here while this worker takes part
+  // in a recovery (recovery/region_supervisor.hpp).
+  system_.register_type<region_member>(region_member::registered_name);
 }
 
 std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "engine/region_supervisor.hpp"
+#include "recovery/region_supervisor.hpp"
 
 namespace moevement::recovery {
 
@@ -13,7 +13,6 @@ namespace {
 
 using actors::actor_ref;
 using asio::awaitable;
-using engine::region_supervisor;
 
 }  // namespace
 

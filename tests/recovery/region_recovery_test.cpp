@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "actors/deterministic.hpp"
-#include "engine/region_supervisor.hpp"
+#include "recovery/region_supervisor.hpp"
 
 namespace moevement::recovery {
 namespace {
@@ -158,7 +158,7 @@ struct cluster {
     cfg.head = 0;
     for (node_id n = 1; n <= 8; ++n) {
       auto& w = d.add(n, cfg);
-      w.register_type<engine::region_member>(engine::region_member::registered_name);
+      w.register_type<region_member>(region_member::registered_name);
       agents[n] = w.spawn<fake_agent>().ref;
     }
   }

@@ -4,7 +4,7 @@
 // each member runs now); a worker lost between that answer and its child's start is tried
 // again; growth counts as a restart; past the restart intensity the supervisor gives up and
 // the job (its parent) sees why.
-#include "engine/region_supervisor.hpp"
+#include "recovery/region_supervisor.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,13 +14,14 @@
 #include "actors/deterministic.hpp"
 #include "engine/engine.capnp.h"
 
-namespace moevement::engine {
+namespace moevement::recovery {
 namespace {
 
 using namespace std::chrono_literals;
 using actors::actor_ref;
 using actors::awaitable;
 using actors::node_id;
+namespace wire = engine::wire;
 
 // The coordinator's part: answers RegionRestart with answers_[call] (the last one once past
 // the end), and keeps the exits of the supervisors it is linked to.
@@ -152,4 +153,4 @@ TEST(region_supervisor, a_worker_lost_before_its_child_started_is_tried_again) {
 }
 
 }  // namespace
-}  // namespace moevement::engine
+}  // namespace moevement::recovery

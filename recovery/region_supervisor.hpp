@@ -18,7 +18,7 @@
 
 #include "actors/supervisor.hpp"
 
-namespace moevement::engine {
+namespace moevement::recovery {
 
 // On every worker (registered as region_member::registered_name): the supervised child that
 // stands for this worker's part in a region's recovery while the region recovers. Its worker's
@@ -54,4 +54,4 @@ class region_supervisor : public actors::supervisor {
   std::shared_ptr<member_nodes> nodes_;
 };
 
-}  // namespace moevement::engine
+}  // namespace moevement::recovery

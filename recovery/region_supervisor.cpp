@@ -1,4 +1,4 @@
-#include "engine/region_supervisor.hpp"
+#include "recovery/region_supervisor.hpp"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 #include "engine/engine.capnp.h"
 
-namespace moevement::engine {
+namespace moevement::recovery {
 
 namespace {
 
@@ -54,9 +54,9 @@ std::vector<actors::child_spec> region_supervisor::member_specs(std::shared_ptr<
 }
 
 asio::awaitable<result<void>> region_supervisor::before_start() {
-  auto fill = [&](wire::RegionRestart::Builder b) { b.setRegion(region_); };
-  auto r =
-      co_await ask<wire::RegionRestart, wire::RegionMembers>(coordinator_, restart_timeout, fill);
+  auto fill = [&](engine::wire::RegionRestart::Builder b) { b.setRegion(region_); };
+  auto r = co_await ask<engine::wire::RegionRestart, engine::wire::RegionMembers>(
+      coordinator_, restart_timeout, fill);
   if (!r.ok()) co_return error{"the coordinator did not answer: " + r.err().message};
   if (r->get().getError().size() > 0) co_return error{std::string(r->get().getError())};
   nodes_->clear();
@@ -64,4 +64,4 @@ asio::awaitable<result<void>> region_supervisor::before_start() {
   co_return result<void>{};
 }
 
-}  // namespace moevement::engine
+}  // namespace moevement::recovery
