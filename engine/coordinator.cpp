@@ -50,9 +50,6 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::WindowReplicated>(&coordinator::window_replicated);
   on<wire::DurableWritten>(&coordinator::durable_written);
   on<wire::RegionRestart, wire::RegionMembers>(&coordinator::region_restart);
-  can_recover_ = recovery_of(job_.policy) == recovery_kind::localized;
-  rolls_back_ = recovery_of(job_.policy) == recovery_kind::rollback;
-  book_.durable = can_recover_ && durable_tier(job_);
   if (recovery) recovery_ = recovery(*this);
 }
 
@@ -284,9 +281,8 @@ awaitable<bool> coordinator::wire_all() {
     std::vector<actor_ref> replicas, replicators;
   };
   std::vector<wiring> plan(std::size_t(job_.workers()));
-  const auto holders_of = (can_recover_ || rolls_back_)
-                              ? snapshot_holders()
-                              : std::map<transport::node_id, std::vector<actor_ref>>{};
+  const auto holders_of =
+      replicates() ? snapshot_holders() : std::map<transport::node_id, std::vector<actor_ref>>{};
   for (int d = 0; d < job_.dp; ++d) {
     for (int s = 0; s < job_.pp; ++s) {
       wiring& w = plan[std::size_t(d * job_.pp + s)];
@@ -296,7 +292,7 @@ awaitable<bool> coordinator::wire_all() {
       if (const auto h = holders_of.find(node_of[d * job_.pp + s]); h != holders_of.end()) {
         w.replicators = h->second;
       }
-      if (can_recover_ && log_ != nullptr) {
+      if (replicates() && log_ != nullptr) {
         std::string holders;
         for (const auto& r : w.replicators) {
           holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
@@ -390,143 +386,11 @@ awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
 }
 
 awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m) {
-  const int s = m.getStage(), d = m.getReplica();
-  if (!can_recover_ || s < 0 || s >= job_.pp || d < 0 || d >= job_.dp) co_return;
-  const std::uint64_t window = m.getWindow();
-  if (book_.persisted && window <= *book_.persisted) co_return;
-  auto& done = replicated_[window];
-  done.resize(stages_.size(), false);
-  done[std::size_t(d * job_.pp + s)] = true;
-  window_first_[window] = m.getFirstIteration();
-  // A stage's replicas must schedule alike, or converting their windows together fails later:
-  // say so now, in the run log, rather than at a recovery.
-  auto& digests = schedule_digests_[window];
-  digests.resize(std::size_t(job_.pp), 0);
-  std::uint64_t& first = digests[std::size_t(s)];
-  if (first == 0) {
-    first = m.getScheduleDigest();
-  } else if (first != m.getScheduleDigest()) {
-    ++schedule_mismatches_;
-    if (log_ != nullptr) {
-      log_->write(json_record{}
-                      .add("kind", "event")
-                      .add("event", "schedule_mismatch")
-                      .add("stage", s)
-                      .add("replica", d)
-                      .add("window", std::int64_t(window)));
-    }
-  }
-  maybe_persist();
-}
-
-void coordinator::maybe_persist() {
-  // Not while a recovery pulls the persisted window: a newer one would make the replicators
-  // drop the slots it is pulling. Decided again once the recovery is over.
-  if (recovering()) return;
-  std::optional<std::uint64_t> newest;
-  for (const auto& [w, done] : replicated_) {
-    if (std::all_of(done.begin(), done.end(), [](bool b) { return b; })) newest = w;
-  }
-  if (!newest) return;
-  // Every stage has this window on its replicators: it is the one a recovery starts from.
-  const std::uint64_t window = *newest;
-  book_.persisted = window;
-  const std::int64_t first = window_first_[window];
-  book_.persisted_first = first;
-  replicated_.erase(replicated_.begin(), replicated_.upper_bound(window));
-  window_first_.erase(window_first_.begin(), window_first_.upper_bound(window));
-  schedule_digests_.erase(schedule_digests_.begin(), schedule_digests_.upper_bound(window));
-  // The durable tier writes one window at a time: this one when the one before is written
-  // everywhere (a disk slower than the windows skips windows, never stalls a step).
-  // Not a window begun before the last recovery's target: a stage rebuilt there never held
-  // all of it (its copies on the replicators serve a recovery; its writer has nothing).
-  const bool durable = book_.durable && !durable_inflight_ && first >= durable_from_;
-  if (durable) {
-    durable_inflight_ = window;
-    durable_reported_.assign(stages_.size(), false);
-    durable_bytes_ = 0;
-    durable_seconds_ = 0.0;
-    durable_errors_ = 0;
-    book_.durable_windows[window] = first;
-    // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
-    while (book_.durable_windows.size() > std::size_t(job_.baseline.keep) + 2) {
-      book_.durable_windows.erase(book_.durable_windows.begin());
-    }
-  }
-  // Step plans stay from the oldest window a recovery may start from: this one, or a durable
-  // one still on disk.
-  const std::int64_t keep_from = book_.durable_windows.empty()
-                                     ? first
-                                     : std::min(first, book_.durable_windows.begin()->second);
-  book_.steps.erase(book_.steps.begin(), book_.steps.lower_bound(keep_from));
-  for (const auto& [n, w] : workers_) {
-    for (const actor_ref& r : {w.checkpoint, w.replicator}) {
-      if (!r.valid()) continue;
-      (void)tell<wire::WindowPersisted>(r, [&](wire::WindowPersisted::Builder b) {
-        b.setWindow(window);
-        b.setFirstIteration(first);
-        b.setDurable(durable && r == w.checkpoint);
-      });
-    }
-  }
-  if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "window_persisted")
-                    .add("window", std::int64_t(window))
-                    .add("first_iteration", first)
-                    .add("iteration", iteration_));
-  }
+  if (recovery_) co_await recovery_->window_replicated(m);
 }
 
 awaitable<void> coordinator::durable_written(wire::DurableWritten::Reader m) {
-  const int s = m.getStage(), d = m.getReplica();
-  if (!book_.durable || s < 0 || s >= job_.pp || d < 0 || d >= job_.dp) co_return;
-  const std::string error = m.getError();
-  if (log_ != nullptr) {
-    json_record r;
-    r.add("kind", "event")
-        .add("event", "durable_written")
-        .add("stage", s)
-        .add("replica", d)
-        .add("window", std::int64_t(m.getWindow()))
-        .add("bytes", std::int64_t(m.getBytes()))
-        .add("seconds", m.getSeconds());
-    if (!error.empty()) r.add("error", error.substr(0, 512));
-    log_->write(r);
-  }
-  if (!error.empty() && callbacks_.on_notice) {
-    callbacks_.on_notice(
-        fmt::format("durable tier: stage {} replica {} did not write window {}: {}", s, d,
-                    m.getWindow(), error.substr(0, 512)));
-  }
-  if (!durable_inflight_ || m.getWindow() != *durable_inflight_) co_return;
-  const std::size_t i = std::size_t(d * job_.pp + s);
-  if (durable_reported_[i]) co_return;
-  durable_reported_[i] = true;
-  durable_bytes_ += m.getBytes();
-  durable_seconds_ = std::max(durable_seconds_, m.getSeconds());
-  durable_errors_ += !error.empty();
-  if (!std::all_of(durable_reported_.begin(), durable_reported_.end(), [](bool b) { return b; })) {
-    co_return;
-  }
-  // Every stage replica answered: one persisted durable window, its bytes in all and the
-  // slowest stage's seconds (they write in parallel). Written everywhere: a resume may start
-  // from it, once the journal has what the windows do not.
-  if (durable_errors_ == 0 && callbacks_.on_durable_window) {
-    callbacks_.on_durable_window(journal_point());
-  }
-  if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "durable_window")
-                    .add("window", std::int64_t(*durable_inflight_))
-                    .add("bytes", std::int64_t(durable_bytes_))
-                    .add("seconds", durable_seconds_)
-                    .add("failed", durable_errors_)
-                    .add("iteration", iteration_));
-  }
-  durable_inflight_.reset();
+  if (recovery_) co_await recovery_->durable_written(m);
 }
 
 }  // namespace moevement::engine

@@ -132,7 +132,7 @@ class coordinator : public actors::actor, private head_control {
   // Posts the loss to this actor (never changes anything in the caller's call).
   void lose_worker(transport::node_id node, const std::string& how);
   // The window every stage snapshots into (0 before it is chosen or under other policies).
-  int w_sparse() const { return book_.w_sparse; }
+  int w_sparse() const { return recovery_ ? recovery_->w_sparse() : 0; }
   std::int64_t recoveries() const { return recoveries_; }
   bool finished() const override { return finished_; }
   // Past admission and wiring: iterations have begun.
@@ -152,12 +152,13 @@ class coordinator : public actors::actor, private head_control {
   const job_config& job() const override { return job_; }
   run_log* log() const override { return log_; }
   std::map<transport::node_id, worker_info>& worker_roles() override { return workers_; }
-  const checkpoint_book& checkpoints() const override { return book_; }
+  const models::loss_scaler& scaler() const override { return scaler_; }
   std::int64_t iteration() const override { return iteration_; }
   bool stepping() const override { return phase_ == phase::stepping; }
   bool validating() const override { return phase_ == phase::validating; }
   void notice(const std::string& line) override;
   void recovery_event(const std::string& event, std::int64_t target) override;
+  void durable_window(const resume_point& p) override;
   // Each checkpoint or window a recovery could not use, and why: a notice and a run log event
   // `event` per reason (`what` names the kind in the notice).
   void report_rejected(const char* event, const char* what,
@@ -197,9 +198,8 @@ class coordinator : public actors::actor, private head_control {
   // A region supervisor asks for its region's next generation: the recovery's to answer.
   asio::awaitable<void> region_restart(wire::RegionRestart::Reader m,
                                        wire::RegionMembers::Builder out);
-  // Persists the newest window every stage has replicated (never during a recovery).
-  void maybe_persist();
   bool recovering() const { return recovery_ && recovery_->active(); }
+  bool replicates() const { return recovery_ && recovery_->replicates(); }
 
   // Wires every stage: neighbours, replicas, and where its snapshot copies go.
   asio::awaitable<bool> wire_all();
@@ -214,10 +214,9 @@ class coordinator : public actors::actor, private head_control {
 
   asio::awaitable<void> wire_and_start();
   // Once every stage reported an iteration (stage_done): the step plan and the iteration's
-  // record (false: the replicas disagreed, the job failed); W_sparse from Algorithm 1 after
-  // the first iteration (policy moevement); the Step to every stage.
+  // record (false: the replicas disagreed, the job failed); the Step to every stage, with the
+  // policy's window size (recovery_->planned).
   bool plan_iteration();
-  void choose_window_size();
   void send_steps();
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
@@ -265,42 +264,15 @@ class coordinator : public actors::actor, private head_control {
   bool finished_ = false;
   double head_stall_s_ = 0.0;  // the longest this process did not run (actor system's on_stall)
 
-  // How a lost worker is recovered (recovery/; null: policy none, the job stops).
+  // The policy on the head (recovery/; null: policy none): what its checkpoints are, and how a
+  // lost worker is recovered (the job stops at a loss without one).
   std::unique_ptr<head_recovery> recovery_;
   std::int64_t recoveries_ = 0;
-  // What recoveries start from: policy moevement's windows and steps, the baselines' interval
-  // and loss scalers.
-  checkpoint_book book_;
-  bool can_recover_ = false;  // policy moevement: windows, replicators, Algorithm 1
-  double profile_seconds_ = 0.0, profile_bandwidth_ = 0.0;  // Algorithm 1's inputs
-  double profile_budget_s_ = 0.0;  // its T_iter: what a stage's snapshot may take
-  std::vector<std::optional<std::vector<double>>> pop_;    // this epoch's popularity, by index
-  std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [index] done
-  std::map<std::uint64_t, std::int64_t> window_first_;
-  std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;  // window -> [stage]
-  std::int64_t schedule_mismatches_ = 0;
-  // The durable tier (checkpoint.durable under moevement): one persisted window at a time is
-  // written by every stage; the windows asked for (window -> first iteration), the newest
-  // checkpoint.keep + 2, whose step plans are kept for a rollback to them (book_).
-  std::optional<std::uint64_t> durable_inflight_;
-  std::vector<bool> durable_reported_;  // [index] of durable_inflight_
-  std::uint64_t durable_bytes_ = 0;
-  double durable_seconds_ = 0.0;
-  std::int64_t durable_errors_ = 0;
-  std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
-  // --resume (engine/coordinator_resume.cpp): the journal's point, until every worker is up;
+  std::vector<std::optional<std::vector<double>>> pop_;  // this epoch's popularity, by index
+  // --resume (engine/coordinator_recovery.cpp): the journal's point, until every worker is up;
   // then every stage restores from the newest durable window all of them verify.
   std::optional<resume_point> resume_;
   asio::awaitable<void> start_resume();
-  // What a resume from the durable window in flight needs (on_durable_window).
-  resume_point journal_point() const;
-
-  // policies dense-memory, dense-disk, pec: a rollback to the newest checkpoint
-  bool rolls_back_ = false;
-  // k (deciding it after iteration 0's profile), recording the loss scaler at checkpoint
-  // points; called once per iteration after its step is planned.
-  int checkpoint_interval();
-  models::loss_scaler initial_scaler() const;
 };
 
 }  // namespace moevement::engine

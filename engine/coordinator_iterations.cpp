@@ -21,9 +21,6 @@ using actors::actor_ref;
 using asio::awaitable;
 using sclock = std::chrono::steady_clock;
 
-// Loss scaler states kept for checkpoint points (a rollback goes back to one of the newest).
-constexpr std::size_t scalers_kept = 64;
-
 }  // namespace
 
 void coordinator::start_iteration() {
@@ -83,8 +80,6 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   }
   if (done_count_ < int(stages_.size()) || recovering()) co_return;
   if (!plan_iteration()) co_return;
-  if (can_recover_ && book_.w_sparse == 0) choose_window_size();
-  if (can_recover_) book_.steps[iteration_] = {last_.loss_scale, plan_};
   send_steps();
 }
 
@@ -131,62 +126,10 @@ bool coordinator::plan_iteration() {
   return true;
 }
 
-void coordinator::choose_window_size() {
-  // Algorithm 1 with this first iteration as the profile (forward, backward and reduction:
-  // what a snapshot copy overlaps with).
-  if (job_.w_sparse > 0) {
-    book_.w_sparse = job_.w_sparse;
-  } else {
-    // The snapshot bandwidth each stage measured for a plain copy, shared with the r
-    // replications of every captured byte; on the CPU, the time those copies may take is
-    // the host's idle core time (engine/window_budget.hpp).
-    std::map<std::string, host_load> hosts;
-    const double cores = std::max(1u, std::thread::hardware_concurrency());
-    std::vector<std::vector<op_size>> sizes(std::size_t(job_.pp));
-    for (const auto& [n, w] : workers_) {
-      host_load& h = hosts[w.host];
-      h.cores = cores;
-      ++h.processes;
-      if (w.stage < 0) continue;
-      sizes[std::size_t(w.stage)] = w.op_sizes;
-      h.compute_s.push_back(compute_s_[std::size_t(w.replica * job_.pp + w.stage)]);
-      if (w.snapshot_bandwidth > 0 &&
-          (h.copy_bytes_per_s == 0 || w.snapshot_bandwidth < h.copy_bytes_per_s)) {
-        h.copy_bytes_per_s = w.snapshot_bandwidth;
-      }
-    }
-    std::vector<host_load> loads;
-    for (auto& [name, h] : hosts) loads.push_back(std::move(h));
-    profile_seconds_ = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
-    // Replicas that map a slot (checkpoint.share_memory, on the owner's host) copy nothing;
-    // those on other hosts are a NIC's work, which the paper's model takes as free.
-    const window_inputs in =
-        window_budget(loads, profile_seconds_, job_.share_memory ? 0 : job_.snapshot_replicas,
-                      job_.train.device == models::device::cpu);
-    profile_bandwidth_ = in.bandwidth;
-    profile_budget_s_ = in.seconds;
-    // No idle time at all: the smallest time, so that Algorithm 1 stops at its own limit.
-    book_.w_sparse = callbacks_.choose_window && profile_bandwidth_ > 0
-                         ? std::max(1, callbacks_.choose_window(sizes, std::max(in.seconds, 1e-9),
-                                                                profile_bandwidth_))
-                         : 1;
-  }
-  if (log_ != nullptr) {
-    log_->write(json_record{}
-                    .add("kind", "event")
-                    .add("event", "window_chosen")
-                    .add("w_sparse", book_.w_sparse)
-                    .add("profile_iteration_s", profile_seconds_)
-                    .add("profile_bandwidth", profile_bandwidth_)
-                    .add("profile_budget_s", profile_budget_s_)
-                    .add("iteration", iteration_));
-  }
-}
-
 void coordinator::send_steps() {
   // Popularity of each stage, summed over its replicas in replica order.
   std::vector<std::vector<double>> stage_pop(std::size_t(job_.pp));
-  for (int st = 0; st < job_.pp && (can_recover_ || rolls_back_); ++st) {
+  for (int st = 0; st < job_.pp && replicates(); ++st) {
     for (int r = 0; r < job_.dp; ++r) {
       const auto& p = pop_[std::size_t(r * job_.pp + st)];
       if (!p) continue;
@@ -200,7 +143,18 @@ void coordinator::send_steps() {
   const std::uint64_t e = epoch_;
   const bool apply = plan_.apply;
   const float mul = plan_.grad_mul;
-  const int w_sparse = rolls_back_ ? checkpoint_interval() : book_.w_sparse;
+  // The window the stages checkpoint by (W_sparse, or the interval k), from the policy, which
+  // keeps what it needs of this iteration (the step a replay applies, the loss scaler).
+  int w_sparse = 0;
+  if (recovery_) {
+    planned_iteration planned;
+    planned.iteration = iteration_;
+    planned.step = {last_.loss_scale, plan_};
+    planned.scaler = scaler_;
+    planned.seconds = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
+    planned.compute_s = compute_s_;
+    w_sparse = recovery_->planned(planned);
+  }
   for (int d = 0; d < job_.dp; ++d) {
     for (int st = 0; st < job_.pp; ++st) {
       const auto& pop = stage_pop[std::size_t(st)];
@@ -271,9 +225,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("max_stage_compute_s", last_.max_compute_s)
         .add("mean_stage_compute_s", last_.mean_compute_s)
         .add("attempts", last_.attempts);
-    if (can_recover_ || rolls_back_) {
-      if (book_.persisted)
-        last_.replication_lag = last_.iteration - (book_.persisted_first + book_.w_sparse - 2);
+    if (replicates()) {
+      last_.replication_lag = recovery_->replication_lag(last_.iteration);
       rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))
           .add("snapshot_lent_bytes", std::int64_t(last_.snapshot_lent_bytes))
           .add("replica_maps", std::int64_t(last_.replica_maps))
@@ -422,57 +375,5 @@ awaitable<void> coordinator::finish() {
 }
 
 // ---- policy moevement: windows and recovery
-
-// ---- dense-memory, dense-disk, pec: one checkpoint interval k job-wide, so that one
-// iteration is checkpointed on every stage
-
-models::loss_scaler coordinator::initial_scaler() const {
-  models::loss_scaler s;
-  s.enabled = job_.model.compute_dtype == models::dtype::f16;
-  s.scale = s.enabled ? job_.train.loss_scale : 1.0f;
-  s.window = job_.train.loss_scale_window;
-  return s;
-}
-
-int coordinator::checkpoint_interval() {
-  if (book_.interval == 0) {
-    double snapshot_s = 0.0;
-    const double iteration_s =
-        std::chrono::duration<double>(sclock::now() - iteration_start_).count();
-    if (job_.baseline.interval > 0) {
-      book_.interval = job_.baseline.interval;
-    } else {
-      // Young's C: the slowest stage's full snapshot (master, m, v of every operator) at the
-      // bandwidth it measured; the stages checkpoint in parallel.
-      for (const auto& [n, w] : workers_) {
-        if (w.stage < 0 || w.snapshot_bandwidth <= 0) continue;
-        double bytes = 0;
-        for (const auto& o : w.op_sizes) bytes += double(o.master_bytes + o.optim_bytes);
-        snapshot_s = std::max(snapshot_s, bytes / w.snapshot_bandwidth);
-      }
-      book_.interval = callbacks_.choose_interval && iteration_s > 0
-                           ? std::max(1, callbacks_.choose_interval(snapshot_s, iteration_s))
-                           : 1;
-    }
-    book_.scaler_at[0] = initial_scaler();
-    if (log_ != nullptr) {
-      log_->write(json_record{}
-                      .add("kind", "event")
-                      .add("event", "interval_chosen")
-                      .add("interval", book_.interval)
-                      .add("snapshot_s", snapshot_s)
-                      .add("profile_iteration_s", iteration_s)
-                      .add("mtbf_s", job_.baseline.mtbf_s)
-                      .add("iteration", iteration_));
-    }
-  }
-  // The scaler after this step is the one a rollback to iteration_ + 1 resumes with.
-  if ((iteration_ + 1) % book_.interval == 0) {
-    book_.scaler_at[iteration_ + 1] = scaler_;
-    while (book_.scaler_at.size() > scalers_kept)
-      book_.scaler_at.erase(std::next(book_.scaler_at.begin()));
-  }
-  return book_.interval;
-}
 
 }  // namespace moevement::engine

@@ -14,6 +14,7 @@ namespace {
 
 using actors::actor_ref;
 using asio::awaitable;
+using sclock = std::chrono::steady_clock;
 
 // The slowest NCCL group abort of the survivors' answers (recovery_end's group_abort_s).
 void note_aborts(const std::vector<result<actors::reply<wire::AbortAck>>>& acks, double& slowest) {
@@ -92,6 +93,10 @@ void coordinator::recovery_event(const std::string& event, std::int64_t target) 
   if (callbacks_.on_recovery) callbacks_.on_recovery(event, target);
 }
 
+void coordinator::durable_window(const resume_point& p) {
+  if (callbacks_.on_durable_window) callbacks_.on_durable_window(p);
+}
+
 void coordinator::report_rejected(const char* event, const char* what,
                                   const std::vector<std::string>& reasons) {
   for (const auto& reason : reasons) {
@@ -159,25 +164,6 @@ awaitable<void> coordinator::recovered(const recovery_done& done) {
   if (done.rolled_back) {  // every stage went back to a checkpoint: so does the job
     iteration_ = done.target;
     scaler_ = *done.rolled_back;
-  } else {
-    // A durable write in flight may never be answered by a lost stage: the next persisted
-    // window is written instead.
-    durable_inflight_.reset();
-    if (done.layout_changed) {
-      // Resumed at another layout: the windows on disk are of the old one, which no restore
-      // of this job reads again. Until the first window of this layout persists, a loss stops
-      // the job (the recovery says so); a new --resume brings it back.
-      book_.durable_windows.clear();
-      book_.persisted.reset();
-      book_.persisted_first = 0;
-    }
-    durable_from_ = done.target;  // the rebuilt stages capture from here on
-    maybe_persist();              // windows the stages finished replicating meanwhile
-    for (const auto& [n, w] : workers_) {
-      if (!w.checkpoint.valid() || !can_recover_) continue;
-      (void)tell<wire::WindowsAbandoned>(
-          w.checkpoint, [&](wire::WindowsAbandoned::Builder b) { b.setBefore(done.target); });
-    }
   }
   phase_ = phase::running;
   recovery_event("recovery_end", done.target);
@@ -201,6 +187,36 @@ awaitable<void> coordinator::region_restart(wire::RegionRestart::Reader m,
     co_return;
   }
   co_await recovery_->region_restart(m, out);
+}
+
+// --resume (docs/recovery.md "Resuming a killed job"): the coordinator's state as the journal
+// says, then its recovery restores every stage from the newest durable window all of them
+// verify (recovery/durable_rollback.cpp).
+asio::awaitable<void> coordinator::start_resume() {
+  const resume_point p = std::move(*resume_);
+  resume_.reset();
+  if (!recovery_) {
+    fail("--resume needs checkpoint.policy = \"moevement\" with checkpoint.durable = true");
+    co_return;
+  }
+  // The coordinator's state as it was at the journal's point: where training goes on and the
+  // loss scaler (the windows are the recovery's).
+  iteration_ = p.target_iteration;
+  scaler_ = p.scaler;
+  job_start_ = sclock::now();
+  if (log_ != nullptr) {
+    log_->write(job_start_record()
+                    .add("resume_window", std::int64_t(p.window))
+                    .add("resume_iteration", p.target_iteration));
+  }
+  if (callbacks_.on_notice) {
+    callbacks_.on_notice(fmt::format(
+        "resuming: the journal's newest window is {}, training goes on at iteration {} (W={})",
+        p.window, p.target_iteration, p.w_sparse));
+  }
+  // Every stage restores from the durable tier (the recovery's resume: one region of the
+  // whole pipeline, restored from the newest window every stage verifies).
+  co_await recovery_->resume(p);
 }
 
 }  // namespace moevement::engine

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,29 +44,21 @@ struct worker_info {
   double snapshot_bandwidth = 0.0;
 };
 
-// What the coordinator knows of the checkpoints a recovery starts from.
-struct checkpoint_book {
-  // policy moevement: the window size, the newest window every stage has replicated (and the
-  // first iteration its conversion replays), the durable tier's windows (window -> first
-  // iteration; checkpoint.durable) and the step plans a replay applies.
-  int w_sparse = 0;
-  std::optional<std::uint64_t> persisted;
-  std::int64_t persisted_first = 0;
-  bool durable = false;
-  std::map<std::uint64_t, std::int64_t> durable_windows;
-  std::map<std::int64_t, planned_step> steps;
-  // dense-memory, dense-disk, pec: the interval k and the loss scaler at the start of the
-  // newest checkpoint points (a rollback resumes with it).
-  int interval = 0;
-  std::map<std::int64_t, models::loss_scaler> scaler_at;
+// An iteration whose step is planned (every stage reported it), as a policy's checkpoints
+// see it.
+struct planned_iteration {
+  std::int64_t iteration = 0;
+  planned_step step;           // what a replay of it applies
+  models::loss_scaler scaler;  // once it is stepped (what a rollback to iteration + 1 resumes)
+  double seconds = 0.0;        // from its Iterate until now (a profile of the iteration)
+  std::span<const double> compute_s;  // each stage's forward + backward, index d * pp + s
 };
 
 // How a recovery ended: where training goes on.
 struct recovery_done {
-  std::int64_t target = 0;      // the iteration training goes on at
-  bool validation = false;      // the loss came during a validation round: it is run again
-  bool counts = true;           // a recovery from a loss (not a --resume)
-  bool layout_changed = false;  // a resume at another layout: the old windows are gone
+  std::int64_t target = 0;  // the iteration training goes on at
+  bool validation = false;  // the loss came during a validation round: it is run again
+  bool counts = true;       // a recovery from a loss (not a --resume)
   // A rollback (the baselines): the loss scaler of `target`, where every stage went back to.
   std::optional<models::loss_scaler> rolled_back;
 };
@@ -81,7 +74,7 @@ class head_control {
   virtual const std::map<transport::node_id, worker_info>& workers() const = 0;
   // The same, to give spares their roles (stage, replica) and drop stale stage actors.
   virtual std::map<transport::node_id, worker_info>& worker_roles() = 0;
-  virtual const checkpoint_book& checkpoints() const = 0;
+  virtual const models::loss_scaler& scaler() const = 0;  // before the next step
   virtual std::int64_t iteration() const = 0;
   virtual bool stepping() const = 0;    // the survivors are stepping the current iteration
   virtual bool validating() const = 0;  // a validation round is out
@@ -91,6 +84,9 @@ class head_control {
   // One line for the operator; the launcher's hook at a recovery's start and end.
   virtual void notice(const std::string& line) = 0;
   virtual void recovery_event(const std::string& event, std::int64_t target) = 0;
+  // A durable window is on disk on every stage replica: what a resume from it needs beside
+  // the windows (the launcher journals it).
+  virtual void durable_window(const resume_point& p) = 0;
   // Each checkpoint or window a recovery could not use: a notice and a run log `event` each.
   virtual void report_rejected(const char* event, const char* what,
                                const std::vector<std::string>& reasons) = 0;
@@ -116,6 +112,20 @@ class head_control {
 class head_recovery {
  public:
   virtual ~head_recovery() = default;
+  // ---- the policy's checkpoints, as the head keeps track of them
+  // Its stages copy snapshots to replicators: the wiring names each stage's holders, and the
+  // iteration records carry what capturing them cost.
+  virtual bool replicates() const { return true; }
+  // Iteration it's step is planned: the window size every stage's Step carries (W_sparse, or
+  // the baselines' checkpoint interval k).
+  virtual int planned(const planned_iteration& it) = 0;
+  virtual asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader) { co_return; }
+  virtual asio::awaitable<void> durable_written(wire::DurableWritten::Reader) { co_return; }
+  virtual int w_sparse() const { return 0; }  // 0: no window chosen (yet)
+  // Iterations stepped since the newest persisted window's last (-1: none, or no windows).
+  virtual std::int64_t replication_lag(std::int64_t /*iteration*/) const { return -1; }
+
+  // ---- recovery
   // A loss is being recovered (from its first report until training goes on).
   virtual bool active() const = 0;
   // The generation the worker-side replays of the job have reached: at the job's end every

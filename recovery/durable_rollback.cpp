@@ -35,6 +35,13 @@ region_recovery::region region_recovery::whole_pipeline() {
 
 awaitable<void> region_recovery::resume(const engine::resume_point& p) {
   const auto& job = job_.job();
+  if (!windows_.durable() || !p.windows.contains(p.window)) {
+    job_.fail("--resume needs checkpoint.policy = \"moevement\" with checkpoint.durable = true");
+    co_return;
+  }
+  // The windows as they were at the journal's point: the window size, the steps a replay
+  // applies and the windows on disk.
+  windows_.resume_from(p);
   state_.emplace();
   state_->target = p.target_iteration;
   state_->begun = true;
@@ -103,7 +110,6 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   const std::int64_t target = state_->target;
   const std::string why = state_->durable_why;
   const auto& workers = job_.worker_roles();
-  const engine::checkpoint_book& book = job_.checkpoints();
   const std::uint64_t id = r.id;
   // The newest window every role has complete and verified on disk. A role whose worker is
   // lost meanwhile gets a spare, and everyone is asked again.
@@ -165,9 +171,9 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
     }
     if (ask_again) continue;
     for (const auto& [w, n] : offered) {
-      const auto known = book.durable_windows.find(w);
-      if (n == int(roles.size()) && known != book.durable_windows.end() &&
-          known->second <= target && (book.persisted && w <= *book.persisted)) {
+      const auto known = windows_.durable_windows().find(w);
+      if (n == int(roles.size()) && known != windows_.durable_windows().end() &&
+          known->second <= target && (windows_.persisted() && w <= *windows_.persisted())) {
         window = w;
         found = true;
       }
@@ -189,7 +195,7 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
     co_return false;
   }
   state_->durable_window = window;
-  state_->durable_first = book.durable_windows.at(window);
+  state_->durable_first = windows_.durable_windows().at(window);
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
                    .add("kind", "event")

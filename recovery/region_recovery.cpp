@@ -86,8 +86,8 @@ awaitable<void> region_recovery::recover() {
   place_losses();
   // Nothing to restore from: no window persisted since a resume at another layout (and the
   // steps from the initial state are gone).
-  const auto& book = job_.checkpoints();
-  if (!state_->durable && !book.persisted && !book.steps.empty() && book.steps.begin()->first > 0) {
+  const auto& steps = windows_.steps();
+  if (!state_->durable && !windows_.persisted() && !steps.empty() && steps.begin()->first > 0) {
     job_.fail(
         "a stage was lost before the job, resumed at another layout, persisted its first "
         "window; the job stops (launch it again with --resume)");
@@ -311,7 +311,7 @@ awaitable<void> region_recovery::escalate(const region& r, const std::string& re
   const std::string why =
       fmt::format("the recovery of {} restarted {} times, past checkpoint.region_restarts = {}",
                   stages, r.restarts, job.region_restarts);
-  const bool durable = job_.checkpoints().durable;
+  const bool durable = windows_.durable();
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
                    .add("kind", "event")
@@ -349,7 +349,7 @@ awaitable<void> region_recovery::restore_failed(const std::string& message, bool
   co_await job_.actor().system().sleep_for(
       std::chrono::milliseconds(job_.job().failure_timeout_ms + 200));
   if (job_.finished() || job_.loss_pending() || !state_) co_return;
-  if (snapshot_lost && job_.checkpoints().durable) {
+  if (snapshot_lost && windows_.durable()) {
     co_await start_durable_rollback(message + "; every copy of a needed snapshot is gone");
     co_return;
   }
@@ -389,11 +389,11 @@ awaitable<void> region_recovery::maybe_finish() {
   const state rec = std::move(*state_);
   state_.reset();
   report_end(rec);
+  windows_.recovered(rec.target, rec.window_pp != 0);
   engine::recovery_done done;
   done.target = rec.target;
   done.validation = rec.resume_validation;
   done.counts = !rec.resume;
-  done.layout_changed = rec.window_pp != 0;
   co_await job_.recovered(done);
 }
 

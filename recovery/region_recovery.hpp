@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/head_recovery.hpp"
+#include "recovery/window_book.hpp"
 
 namespace moevement::recovery {
 
@@ -24,8 +25,21 @@ using engine::worker_info;
 
 class region_recovery : public engine::head_recovery {
  public:
-  explicit region_recovery(engine::head_control& job) : job_(job) {}
+  explicit region_recovery(engine::head_control& job) : job_(job), windows_(job) {}
 
+  int planned(const engine::planned_iteration& it) override { return windows_.planned(it); }
+  asio::awaitable<void> window_replicated(engine::wire::WindowReplicated::Reader m) override {
+    windows_.replicated(m, active());
+    co_return;
+  }
+  asio::awaitable<void> durable_written(engine::wire::DurableWritten::Reader m) override {
+    windows_.durable_written(m);
+    co_return;
+  }
+  int w_sparse() const override { return windows_.w_sparse(); }
+  std::int64_t replication_lag(std::int64_t iteration) const override {
+    return windows_.replication_lag(iteration);
+  }
   bool active() const override { return state_.has_value(); }
   std::uint64_t generations() const override { return generations_; }
   asio::awaitable<void> lost(worker_info w) override;
@@ -150,6 +164,7 @@ class region_recovery : public engine::head_recovery {
   region whole_pipeline();
 
   engine::head_control& job_;
+  window_book windows_;
   std::optional<state> state_;
   std::uint64_t generations_ = 0;
   std::uint64_t region_ids_ = 0;

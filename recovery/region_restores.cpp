@@ -26,13 +26,12 @@ std::map<std::string, int> region_recovery::restores_per_host() const {
 }
 
 region_recovery::restore_from region_recovery::restore_point() const {
-  const engine::checkpoint_book& book = job_.checkpoints();
   restore_from p;
   p.target = state_->target;
   p.durable = state_->durable;
-  p.has_window = p.durable || book.persisted.has_value();
-  p.window = p.durable ? state_->durable_window : book.persisted.value_or(0);
-  p.first = p.durable ? state_->durable_first : p.has_window ? book.persisted_first : 0;
+  p.has_window = p.durable || windows_.persisted().has_value();
+  p.window = p.durable ? state_->durable_window : windows_.persisted().value_or(0);
+  p.first = p.durable ? state_->durable_first : p.has_window ? windows_.persisted_first() : 0;
   return p;
 }
 
@@ -107,7 +106,6 @@ void region_recovery::announce_restart(const region& r) {
 void region_recovery::send_restores(const region& r) {
   const auto& workers = job_.worker_roles();
   const auto& job = job_.job();
-  const engine::checkpoint_book& book = job_.checkpoints();
   const auto [target, durable, has_window, window, first] = restore_point();
   announce_restart(r);
   // Where the region's stage replicas find their windows, and the logs of the healthy stages
@@ -124,11 +122,11 @@ void region_recovery::send_restores(const region& r) {
     return {};
   };
   std::vector<std::pair<std::int64_t, engine::planned_step>> steps;
-  for (auto it = book.steps.lower_bound(first); it != book.steps.end() && it->first < target;
-       ++it) {
+  for (auto it = windows_.steps().lower_bound(first);
+       it != windows_.steps().end() && it->first < target; ++it) {
     steps.emplace_back(it->first, it->second);
   }
-  const int w_sparse = book.w_sparse, dp = job.dp, k = r.last - r.first + 1;
+  const int w_sparse = windows_.w_sparse(), dp = job.dp, k = r.last - r.first + 1;
   const actor_ref me = job_.actor().self();
   const std::map<std::string, int> per_host = restores_per_host();
   // Every replica of the region's stages is a member (add_group_survivors): each replays its

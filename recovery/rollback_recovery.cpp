@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "actors/gather.hpp"
+#include "recovery/dense_capture.hpp"
+#include "recovery/policy_config.hpp"
 #include "recovery/region_recovery.hpp"
 
 namespace moevement::recovery {
@@ -21,6 +23,16 @@ namespace wire = engine::wire;
 
 // Loading a checkpoint can mean reading it from disk: longer than an ordinary ask.
 constexpr auto rollback_timeout = std::chrono::seconds(300);
+// Loss scaler states kept for checkpoint points (a rollback goes back to one of the newest).
+constexpr std::size_t scalers_kept = 64;
+
+models::loss_scaler initial_scaler(const engine::job_config& job) {
+  models::loss_scaler s;
+  s.enabled = job.model.compute_dtype == models::dtype::f16;
+  s.scale = s.enabled ? job.train.loss_scale : 1.0f;
+  s.window = job.train.loss_scale_window;
+  return s;
+}
 
 }  // namespace
 
@@ -33,6 +45,47 @@ engine::head_recovery_factory any_head_recovery(engine::policy_kind policy) {
     default:
       return {};
   }
+}
+
+int rollback_recovery::planned(const engine::planned_iteration& it) {
+  const auto& job = job_.job();
+  if (interval_ == 0) {
+    // One k job-wide, decided after the first iteration's profile, so that one iteration is
+    // checkpointed on every stage.
+    double snapshot_s = 0.0;
+    if (job.baseline.interval > 0) {
+      interval_ = job.baseline.interval;
+    } else {
+      // Young's C: the slowest stage's full snapshot (master, m, v of every operator) at the
+      // bandwidth it measured; the stages checkpoint in parallel.
+      for (const auto& [n, w] : job_.workers()) {
+        if (w.stage < 0 || w.snapshot_bandwidth <= 0) continue;
+        double bytes = 0;
+        for (const auto& o : w.op_sizes) bytes += double(o.master_bytes + o.optim_bytes);
+        snapshot_s = std::max(snapshot_s, bytes / w.snapshot_bandwidth);
+      }
+      interval_ = it.seconds > 0 ? std::max(1, resolve_interval(policy_config_of(job.baseline),
+                                                                snapshot_s, it.seconds))
+                                 : 1;
+    }
+    scaler_at_[0] = initial_scaler(job);
+    if (auto* log = job_.log()) {
+      log->write(engine::json_record{}
+                     .add("kind", "event")
+                     .add("event", "interval_chosen")
+                     .add("interval", interval_)
+                     .add("snapshot_s", snapshot_s)
+                     .add("profile_iteration_s", it.seconds)
+                     .add("mtbf_s", job.baseline.mtbf_s)
+                     .add("iteration", it.iteration));
+    }
+  }
+  // The scaler after this step is the one a rollback to iteration + 1 resumes with.
+  if ((it.iteration + 1) % interval_ == 0) {
+    scaler_at_[it.iteration + 1] = it.scaler;
+    while (scaler_at_.size() > scalers_kept) scaler_at_.erase(std::next(scaler_at_.begin()));
+  }
+  return interval_;
 }
 
 awaitable<void> rollback_recovery::lost(engine::worker_info w) {
@@ -186,9 +239,8 @@ awaitable<std::optional<rollback_recovery::chosen>> rollback_recovery::choose_ch
     }
   }
   std::int64_t c = -1;
-  const auto& scalers = job_.checkpoints().scaler_at;
   for (const auto& [it, n] : offered) {
-    if (n == int(agents.size()) && it <= target && scalers.contains(it)) c = it;
+    if (n == int(agents.size()) && it <= target && scaler_at_.contains(it)) c = it;
   }
   job_.report_rejected("checkpoint_rejected", "checkpoint", rejected);
   if (c < 0) {
@@ -235,7 +287,7 @@ awaitable<void> rollback_recovery::finish() {
   // 2. Every stage loads it, all at once.
   loaded got;
   {
-    const int k = std::max(job_.checkpoints().interval, 1);
+    const int k = std::max(interval_, 1);
     auto fill = [&](std::size_t, wire::RollbackLoad::Builder b) {
       b.setIteration(c);
       b.setInterval(k);
@@ -265,7 +317,7 @@ awaitable<void> rollback_recovery::finish() {
   report_end(rec, c, pick->rejected, got, t_wired);
   engine::recovery_done done;
   done.target = c;
-  done.rolled_back = job_.checkpoints().scaler_at.at(c);
+  done.rolled_back = scaler_at_.at(c);
   co_await job_.recovered(done);
 }
 

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,9 @@ class rollback_recovery : public engine::head_recovery {
  public:
   explicit rollback_recovery(engine::head_control& job) : job_(job) {}
 
+  // The checkpoint interval k (decided after the first iteration's profile: checkpoint.interval,
+  // or Young's optimum), and the loss scaler at the checkpoint points.
+  int planned(const engine::planned_iteration& it) override;
   bool active() const override { return state_.has_value(); }
   asio::awaitable<void> lost(engine::worker_info w) override;
   bool involves(transport::node_id) const override { return false; }
@@ -74,7 +78,9 @@ class rollback_recovery : public engine::head_recovery {
 
   engine::head_control& job_;
   std::optional<state> state_;
-  std::int64_t lost_tokens_total_ = 0;  // pec, over every rollback so far
+  std::int64_t lost_tokens_total_ = 0;                     // pec, over every rollback so far
+  int interval_ = 0;                                       // k (0: not decided yet)
+  std::map<std::int64_t, models::loss_scaler> scaler_at_;  // the newest checkpoint points
 };
 
 // The head's recovery of every policy: regions (moevement), the rollback (the baselines);

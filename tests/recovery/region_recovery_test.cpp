@@ -55,10 +55,6 @@ class fake_head : public actors::actor, public engine::head_control {
   fake_head(engine::job_config job, std::map<node_id, engine::worker_info> workers)
       : job_(std::move(job)), workers_(std::move(workers)) {
     on<wire::RegionRestart, wire::RegionMembers>(&fake_head::restart);
-    book_.w_sparse = 4;
-    book_.persisted = 3;
-    book_.persisted_first = 8;
-    for (std::int64_t i = 8; i < 12; ++i) book_.steps[i] = {};
   }
   std::unique_ptr<region_recovery> recovery;
   std::vector<std::string> failures, notices;
@@ -82,7 +78,7 @@ class fake_head : public actors::actor, public engine::head_control {
   engine::run_log* log() const override { return nullptr; }
   const std::map<node_id, engine::worker_info>& workers() const override { return workers_; }
   std::map<node_id, engine::worker_info>& worker_roles() override { return workers_; }
-  const engine::checkpoint_book& checkpoints() const override { return book_; }
+  const models::loss_scaler& scaler() const override { return scaler_; }
   std::int64_t iteration() const override { return 12; }
   bool stepping() const override { return false; }
   bool validating() const override { return false; }
@@ -90,6 +86,7 @@ class fake_head : public actors::actor, public engine::head_control {
   void fail(const std::string& message) override { failures.push_back(message); }
   void notice(const std::string& line) override { notices.push_back(line); }
   void recovery_event(const std::string&, std::int64_t) override {}
+  void durable_window(const engine::resume_point&) override {}
   void report_rejected(const char*, const char*, const std::vector<std::string>&) override {}
   bool loss_pending() const override {
     for (const auto& [n, w] : workers_) {
@@ -115,6 +112,21 @@ class fake_head : public actors::actor, public engine::head_control {
   awaitable<void> on_start() override {
     trap_exit(true);
     recovery = std::make_unique<region_recovery>(*this);
+    // Twelve iterations trained (W_sparse 4: job.w_sparse), window 3 (iterations 8..11)
+    // replicated by every stage: the persisted window a recovery starts from.
+    for (std::int64_t i = 0; i < 12; ++i) {
+      engine::planned_iteration it;
+      it.iteration = i;
+      EXPECT_EQ(recovery->planned(it), 4);
+    }
+    for (int s = 0; s < job_.pp; ++s) {
+      capnp::MallocMessageBuilder msg;
+      auto b = msg.initRoot<wire::WindowReplicated>();
+      b.setStage(s);
+      b.setWindow(3);
+      b.setFirstIteration(8);
+      co_await recovery->window_replicated(b.asReader());
+    }
     system().on_membership([this](node_id n, actors::member_event e) {
       if (e == actors::member_event::up) return;
       (void)system().post_call(self(),
@@ -145,7 +157,7 @@ class fake_head : public actors::actor, public engine::head_control {
   }
   engine::job_config job_;
   std::map<node_id, engine::worker_info> workers_;
-  engine::checkpoint_book book_;
+  models::loss_scaler scaler_;
 };
 
 // pp 4, dp 1: stage s on worker s + 1; workers 5..8 are spares.
@@ -171,6 +183,7 @@ struct cluster {
     job.pp = 4;
     job.dp = 1;
     job.region_restarts = region_restarts;
+    job.w_sparse = 4;
     std::map<node_id, engine::worker_info> workers;
     for (node_id n = 1; n <= 8; ++n) {
       engine::worker_info w;

@@ -1,0 +1,264 @@
+#include "recovery/window_book.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include "engine/window_budget.hpp"
+#include "recovery/moevement_policy.hpp"
+
+namespace moevement::recovery {
+
+using actors::actor_ref;
+
+window_book::window_book(engine::head_control& job)
+    : job_(job), durable_(engine::durable_tier(job.job())) {}
+
+int window_book::planned(const engine::planned_iteration& it) {
+  if (w_sparse_ == 0) choose_window_size(it);
+  steps_[it.iteration] = it.step;
+  return w_sparse_;
+}
+
+std::int64_t window_book::replication_lag(std::int64_t iteration) const {
+  return persisted_ ? iteration - (persisted_first_ + w_sparse_ - 2) : -1;
+}
+
+void window_book::recovered(std::int64_t target, bool layout_changed) {
+  // A durable write in flight may never be answered by a lost stage: the next persisted
+  // window is written instead.
+  durable_inflight_.reset();
+  if (layout_changed) {
+    // Resumed at another layout: the windows on disk are of the old one, which no restore of
+    // this job reads again. Until the first window of this layout persists, a loss stops the
+    // job (region_recovery says so); a new --resume brings it back.
+    durable_windows_.clear();
+    persisted_.reset();
+    persisted_first_ = 0;
+  }
+  durable_from_ = target;  // the rebuilt stages capture from here on
+  maybe_persist();         // windows the stages finished replicating meanwhile
+  for (const auto& [n, w] : job_.workers()) {
+    if (!w.checkpoint.valid()) continue;
+    (void)job_.actor().tell<engine::wire::WindowsAbandoned>(
+        w.checkpoint, [&](engine::wire::WindowsAbandoned::Builder b) { b.setBefore(target); });
+  }
+}
+
+void window_book::resume_from(const engine::resume_point& p) {
+  w_sparse_ = p.w_sparse;
+  steps_ = p.steps;
+  durable_windows_ = p.windows;
+  persisted_ = p.window;
+  persisted_first_ = p.windows.at(p.window);
+}
+
+void window_book::replicated(engine::wire::WindowReplicated::Reader m, bool recovering) {
+  const auto& job = job_.job();
+  const int s = m.getStage(), d = m.getReplica();
+  if (s < 0 || s >= job.pp || d < 0 || d >= job.dp) return;
+  const std::uint64_t window = m.getWindow();
+  if (persisted_ && window <= *persisted_) return;
+  auto& done = replicated_[window];
+  done.resize(std::size_t(job.pp * job.dp), false);
+  done[std::size_t(d * job.pp + s)] = true;
+  window_first_[window] = m.getFirstIteration();
+  // A stage's replicas must schedule alike, or converting their windows together fails later:
+  // say so now, in the run log, rather than at a recovery.
+  auto& digests = schedule_digests_[window];
+  digests.resize(std::size_t(job.pp), 0);
+  std::uint64_t& first = digests[std::size_t(s)];
+  if (first == 0) {
+    first = m.getScheduleDigest();
+  } else if (first != m.getScheduleDigest()) {
+    if (auto* log = job_.log()) {
+      log->write(engine::json_record{}
+                     .add("kind", "event")
+                     .add("event", "schedule_mismatch")
+                     .add("stage", s)
+                     .add("replica", d)
+                     .add("window", std::int64_t(window)));
+    }
+  }
+  if (!recovering) maybe_persist();
+}
+
+void window_book::maybe_persist() {
+  const auto& job = job_.job();
+  std::optional<std::uint64_t> newest;
+  for (const auto& [w, done] : replicated_) {
+    if (std::all_of(done.begin(), done.end(), [](bool b) { return b; })) newest = w;
+  }
+  if (!newest) return;
+  // Every stage has this window on its replicators: it is the one a recovery starts from.
+  const std::uint64_t window = *newest;
+  persisted_ = window;
+  const std::int64_t first = window_first_[window];
+  persisted_first_ = first;
+  replicated_.erase(replicated_.begin(), replicated_.upper_bound(window));
+  window_first_.erase(window_first_.begin(), window_first_.upper_bound(window));
+  schedule_digests_.erase(schedule_digests_.begin(), schedule_digests_.upper_bound(window));
+  // The durable tier writes one window at a time: this one when the one before is written
+  // everywhere (a disk slower than the windows skips windows, never stalls a step).
+  // Not a window begun before the last recovery's target: a stage rebuilt there never held
+  // all of it (its copies on the replicators serve a recovery; its writer has nothing).
+  const bool durable = durable_ && !durable_inflight_ && first >= durable_from_;
+  if (durable) {
+    durable_inflight_ = window;
+    durable_reported_.assign(std::size_t(job.pp * job.dp), false);
+    durable_bytes_ = 0;
+    durable_seconds_ = 0.0;
+    durable_errors_ = 0;
+    durable_windows_[window] = first;
+    // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
+    while (durable_windows_.size() > std::size_t(job.baseline.keep) + 2) {
+      durable_windows_.erase(durable_windows_.begin());
+    }
+  }
+  // Step plans stay from the oldest window a recovery may start from: this one, or a durable
+  // one still on disk.
+  const std::int64_t keep_from =
+      durable_windows_.empty() ? first : std::min(first, durable_windows_.begin()->second);
+  steps_.erase(steps_.begin(), steps_.lower_bound(keep_from));
+  for (const auto& [n, w] : job_.workers()) {
+    for (const actor_ref& r : {w.checkpoint, w.replicator}) {
+      if (!r.valid()) continue;
+      (void)job_.actor().tell<engine::wire::WindowPersisted>(
+          r, [&](engine::wire::WindowPersisted::Builder b) {
+            b.setWindow(window);
+            b.setFirstIteration(first);
+            b.setDurable(durable && r == w.checkpoint);
+          });
+    }
+  }
+  if (auto* log = job_.log()) {
+    log->write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "window_persisted")
+                   .add("window", std::int64_t(window))
+                   .add("first_iteration", first)
+                   .add("iteration", job_.iteration()));
+  }
+}
+
+void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
+  const auto& job = job_.job();
+  const int s = m.getStage(), d = m.getReplica();
+  if (!durable_ || s < 0 || s >= job.pp || d < 0 || d >= job.dp) return;
+  const std::string error = m.getError();
+  if (auto* log = job_.log()) {
+    engine::json_record r;
+    r.add("kind", "event")
+        .add("event", "durable_written")
+        .add("stage", s)
+        .add("replica", d)
+        .add("window", std::int64_t(m.getWindow()))
+        .add("bytes", std::int64_t(m.getBytes()))
+        .add("seconds", m.getSeconds());
+    if (!error.empty()) r.add("error", error.substr(0, 512));
+    log->write(r);
+  }
+  if (!error.empty()) {
+    job_.notice(fmt::format("durable tier: stage {} replica {} did not write window {}: {}", s, d,
+                            m.getWindow(), error.substr(0, 512)));
+  }
+  if (!durable_inflight_ || m.getWindow() != *durable_inflight_) return;
+  const std::size_t i = std::size_t(d * job.pp + s);
+  if (durable_reported_[i]) return;
+  durable_reported_[i] = true;
+  durable_bytes_ += m.getBytes();
+  durable_seconds_ = std::max(durable_seconds_, m.getSeconds());
+  durable_errors_ += !error.empty();
+  if (!std::all_of(durable_reported_.begin(), durable_reported_.end(), [](bool b) { return b; })) {
+    return;
+  }
+  // Every stage replica answered: one persisted durable window, its bytes in all and the
+  // slowest stage's seconds (they write in parallel). Written everywhere: a resume may start
+  // from it, once the journal has what the windows do not.
+  if (durable_errors_ == 0) job_.durable_window(journal_point());
+  if (auto* log = job_.log()) {
+    log->write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "durable_window")
+                   .add("window", std::int64_t(*durable_inflight_))
+                   .add("bytes", std::int64_t(durable_bytes_))
+                   .add("seconds", durable_seconds_)
+                   .add("failed", durable_errors_)
+                   .add("iteration", job_.iteration()));
+  }
+  durable_inflight_.reset();
+}
+
+void window_book::choose_window_size(const engine::planned_iteration& it) {
+  const auto& job = job_.job();
+  double bandwidth = 0.0, budget_s = 0.0;  // Algorithm 1's inputs
+  // Algorithm 1 with this first iteration as the profile (forward, backward and reduction:
+  // what a snapshot copy overlaps with).
+  if (job.w_sparse > 0) {
+    w_sparse_ = job.w_sparse;
+  } else {
+    // The snapshot bandwidth each stage measured for a plain copy, shared with the r
+    // replications of every captured byte; on the CPU, the time those copies may take is
+    // the host's idle core time (engine/window_budget.hpp).
+    std::map<std::string, engine::host_load> hosts;
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::vector<engine::op_size>> sizes(std::size_t(job.pp));
+    for (const auto& [n, w] : job_.workers()) {
+      engine::host_load& h = hosts[w.host];
+      h.cores = cores;
+      ++h.processes;
+      if (w.stage < 0) continue;
+      sizes[std::size_t(w.stage)] = w.op_sizes;
+      h.compute_s.push_back(it.compute_s[std::size_t(w.replica * job.pp + w.stage)]);
+      if (w.snapshot_bandwidth > 0 &&
+          (h.copy_bytes_per_s == 0 || w.snapshot_bandwidth < h.copy_bytes_per_s)) {
+        h.copy_bytes_per_s = w.snapshot_bandwidth;
+      }
+    }
+    std::vector<engine::host_load> loads;
+    for (auto& [name, h] : hosts) loads.push_back(std::move(h));
+    // Replicas that map a slot (checkpoint.share_memory, on the owner's host) copy nothing;
+    // those on other hosts are a NIC's work, which the paper's model takes as free.
+    const engine::window_inputs in =
+        engine::window_budget(loads, it.seconds, job.share_memory ? 0 : job.snapshot_replicas,
+                              job.train.device == models::device::cpu);
+    bandwidth = in.bandwidth;
+    budget_s = in.seconds;
+    // No idle time at all: the smallest time, so that Algorithm 1 stops at its own limit.
+    w_sparse_ = bandwidth > 0
+                    ? std::max(1, choose_window(sizes, std::max(in.seconds, 1e-9), bandwidth))
+                    : 1;
+  }
+  if (auto* log = job_.log()) {
+    log->write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "window_chosen")
+                   .add("w_sparse", w_sparse_)
+                   .add("profile_iteration_s", it.seconds)
+                   .add("profile_bandwidth", bandwidth)
+                   .add("profile_budget_s", budget_s)
+                   .add("iteration", job_.iteration()));
+  }
+}
+
+engine::resume_point window_book::journal_point() const {
+  const auto& job = job_.job();
+  engine::resume_point p;
+  p.window = durable_inflight_.value_or(0);
+  p.w_sparse = w_sparse_;
+  // The scaler is the one after the last planned step: training goes on right after it.
+  p.target_iteration = steps_.empty() ? job_.iteration() : steps_.rbegin()->first + 1;
+  p.scaler = job_.scaler();
+  p.pp = job.pp;
+  p.dp = job.dp;
+  for (const auto& [w, first] : durable_windows_) {
+    if (w <= p.window) p.windows[w] = first;
+  }
+  const std::int64_t from = p.windows.empty() ? p.target_iteration : p.windows.begin()->second;
+  for (auto it = steps_.lower_bound(from); it != steps_.end(); ++it) p.steps.insert(*it);
+  return p;
+}
+
+}  // namespace moevement::recovery

@@ -1,0 +1,72 @@
+// Policy moevement's windows as the head keeps track of them (docs/recovery.md): W_sparse
+// (Algorithm 1, with the first iteration as its profile), the step plans a replay applies,
+// which window every stage replica has replicated (the newest such is persisted: a recovery
+// starts from it), and the durable tier's writes, one window at a time, with what a --resume
+// needs beside them (the journal point). Part of region_recovery; through engine::head_control.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "engine/head_recovery.hpp"
+
+namespace moevement::recovery {
+
+class window_book {
+ public:
+  explicit window_book(engine::head_control& job);
+
+  // Iteration it's step is planned: its plan is kept for replays (W_sparse chosen after the
+  // first). Returns W_sparse.
+  int planned(const engine::planned_iteration& it);
+  // A stage replica replicated a window; not persisted while a recovery pulls the persisted one
+  // (a newer one would make the replicators drop the slots it pulls).
+  void replicated(engine::wire::WindowReplicated::Reader m, bool recovering);
+  void durable_written(engine::wire::DurableWritten::Reader m);
+  // A recovery ended at `target` (its rebuilt stages capture from there on); layout_changed:
+  // a resume at another layout, whose old windows no restore reads again.
+  void recovered(std::int64_t target, bool layout_changed);
+  // --resume: the windows, steps and W_sparse as the journal says.
+  void resume_from(const engine::resume_point& p);
+
+  int w_sparse() const { return w_sparse_; }
+  bool durable() const { return durable_; }  // checkpoint.durable
+  const std::optional<std::uint64_t>& persisted() const { return persisted_; }
+  std::int64_t persisted_first() const { return persisted_first_; }
+  // The durable windows the stages may still hold (window -> first iteration), oldest first.
+  const std::map<std::uint64_t, std::int64_t>& durable_windows() const { return durable_windows_; }
+  const std::map<std::int64_t, engine::planned_step>& steps() const { return steps_; }
+  // Iterations stepped since the persisted window's last (-1: none persisted yet).
+  std::int64_t replication_lag(std::int64_t iteration) const;
+
+ private:
+  void choose_window_size(const engine::planned_iteration& it);
+  // Persists the newest window every stage has replicated; asks for its durable write.
+  void maybe_persist();
+  // What a resume from the durable window in flight needs (head_control::durable_window).
+  engine::resume_point journal_point() const;
+
+  engine::head_control& job_;
+  bool durable_ = false;
+  int w_sparse_ = 0;
+  std::map<std::int64_t, engine::planned_step> steps_;     // from the oldest window kept
+  std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [d * pp + s] done
+  std::map<std::uint64_t, std::int64_t> window_first_;
+  std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;  // window -> [stage]
+  std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
+  std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
+  // The durable tier: one persisted window at a time is written by every stage; the windows
+  // asked for (window -> first iteration), the newest checkpoint.keep + 2, whose step plans
+  // are kept for a rollback to them.
+  std::optional<std::uint64_t> durable_inflight_;
+  std::vector<bool> durable_reported_;  // [d * pp + s] of durable_inflight_
+  std::uint64_t durable_bytes_ = 0;
+  double durable_seconds_ = 0.0;
+  std::int64_t durable_errors_ = 0;
+  std::map<std::uint64_t, std::int64_t> durable_windows_;
+  std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
+};
+
+}  // namespace moevement::recovery
