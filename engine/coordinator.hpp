@@ -5,6 +5,9 @@
 // the coordinator's), Step to every stage, then the next iteration or a validation round. It
 // can pause between iterations, abort the iteration in progress (nothing stepped; it is re-run
 // under a new epoch) and resume. At the end it gathers the operators' digests: state_hash.
+// The checkpoint policy's head side (its windows, and how a lost worker is recovered) is a
+// head_recovery from recovery/ (engine/head_recovery.hpp), which the coordinator hosts and
+// hands every loss and report to; the coordinator itself names no policy.
 #pragma once
 
 #include <chrono>
@@ -71,15 +74,6 @@ struct job_outcome {
 
 struct coordinator_callbacks {
   std::function<void(const iteration_record&)> on_iteration;
-  // Algorithm 1's FindWindowSize for policy moevement (recovery/ provides it): every stage's
-  // operator sizes, the profiled iteration time, the slowest stage's snapshot bandwidth.
-  std::function<int(const std::vector<std::vector<op_size>>& stages, double iteration_s,
-                    double bandwidth)>
-      choose_window;
-  // The checkpoint interval k of dense-memory, dense-disk and pec when checkpoint.interval is
-  // 0 (recovery/ provides Young's optimum): the slowest stage's full-snapshot seconds and the
-  // profiled iteration time.
-  std::function<int(double snapshot_s, double iteration_s)> choose_interval;
   // A worker was declared lost (the launcher makes sure the process is gone: a hung one
   // would otherwise wake up later).
   std::function<void(transport::node_id node, int pid)> on_worker_lost;

@@ -398,11 +398,6 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       });
     }
   };
-  cb.choose_window = recovery::choose_window;
-  cb.choose_interval = [&job](double snapshot_s, double iteration_s) {
-    return recovery::resolve_interval(recovery::policy_config_of(job.baseline), snapshot_s,
-                                      iteration_s);
-  };
   cb.on_worker_lost = [&](transport::node_id n, int pid) {
     // A hung worker must not wake up later and talk as if nothing happened.
     for (const auto& [p, node] : children) {
