@@ -16,6 +16,7 @@
 #include "base/hash.hpp"
 #include "recovery/baseline_recovery.hpp"
 #include "recovery/moevement_policy.hpp"
+#include "recovery/region_supervisor.hpp"
 #include "recovery/sparse_capture.hpp"
 #include "recovery/worker_tasks.hpp"
 
@@ -692,6 +693,8 @@ baseline_checkpoint::baseline_checkpoint(actors::actor_system& system, engine::b
       config_(policy_config_of(job.baseline)),
       limits_(limits) {
   if (kind_ != baseline_kind::dense_disk) holder_ = system_.spawn<checkpoint_holder>(io_, limits_);
+  // The head's rollback supervises every stage's worker (recovery/rollback_recovery.hpp).
+  system_.register_type<region_member>(region_member::registered_name);
 }
 
 std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(

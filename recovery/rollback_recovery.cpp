@@ -11,6 +11,7 @@
 #include "recovery/dense_capture.hpp"
 #include "recovery/policy_config.hpp"
 #include "recovery/region_recovery.hpp"
+#include "recovery/region_supervisor.hpp"
 
 namespace moevement::recovery {
 
@@ -97,9 +98,32 @@ awaitable<void> rollback_recovery::lost(engine::worker_info w) {
   co_await start();
 }
 
+bool rollback_recovery::involves(transport::node_id n) const {
+  if (!state_) return false;
+  return state_->replaced.contains(n) || std::any_of(state_->roles.begin(), state_->roles.end(),
+                                                     [&](const role& r) { return r.worker == n; });
+}
+
+awaitable<void> rollback_recovery::lost_member(transport::node_id n) {
+  // Its child under the region's supervisor ends with it: the supervisor restarts the region
+  // (region_restart gives the role a spare), and a loading in progress gives up.
+  state_->restarting = true;
+  for (role& r : state_->roles) {
+    if (r.worker == n) r.ready = false;
+  }
+  co_return;
+}
+
 bool rollback_recovery::rebuilding(transport::node_id n) const {
-  return state_ && std::any_of(state_->rebuilds.begin(), state_->rebuilds.end(),
-                               [&](const rebuild& b) { return b.spare == n; });
+  return state_ && std::any_of(state_->roles.begin(), state_->roles.end(),
+                               [&](const role& r) { return r.worker == n && r.fresh; });
+}
+
+bool rollback_recovery::current(transport::node_id n, std::uint64_t generation) const {
+  if (!state_ || state_->restarting) return false;
+  return std::any_of(state_->roles.begin(), state_->roles.end(), [&](const role& r) {
+    return r.worker == n && r.fresh && r.generation == generation;
+  });
 }
 
 awaitable<void> rollback_recovery::resume(const engine::resume_point&) {
@@ -109,7 +133,7 @@ awaitable<void> rollback_recovery::resume(const engine::resume_point&) {
 
 awaitable<void> rollback_recovery::restore_failed(const std::string& message, bool) {
   // Its stage could not be built, usually because a peer died meanwhile: that loss, within
-  // the failure timeout, starts the rollback over.
+  // the failure timeout, restarts the region.
   co_await job_.actor().system().sleep_for(
       std::chrono::milliseconds(job_.job().failure_timeout_ms + 200));
   if (job_.finished() || job_.loss_pending() || !state_) co_return;
@@ -118,12 +142,16 @@ awaitable<void> rollback_recovery::restore_failed(const std::string& message, bo
 
 awaitable<void> rollback_recovery::restored(transport::node_id n, wire::StageReady::Reader) {
   if (!state_) co_return;
-  for (auto& b : state_->rebuilds) {
-    if (b.spare == n) b.ready = true;
+  for (role& r : state_->roles) {
+    if (r.worker == n && r.fresh) r.ready = true;
   }
-  if (!state_->pending.empty()) co_return;
-  for (const auto& b : state_->rebuilds) {
-    if (!b.ready) co_return;
+  co_await maybe_finish();
+}
+
+awaitable<void> rollback_recovery::maybe_finish() {
+  if (!state_ || state_->restarting || state_->attempt == 0) co_return;
+  for (const role& r : state_->roles) {
+    if (r.fresh && !r.ready) co_return;
   }
   co_await finish();
 }
@@ -143,24 +171,74 @@ awaitable<void> rollback_recovery::start() {
     // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
     if (job_.loss_pending()) co_return;
   }
-  if (state_->pending.empty()) co_return;  // placed by an earlier turn
-  // A loss during the rollback (a survivor, or a spare being rebuilt) starts its loading over
-  // once the new spare is ready: a finish() in progress gives up (`attempt`).
-  ++state_->attempt;
-  const std::vector<engine::worker_info> lost = std::move(state_->pending);
+  if (state_->pending.empty() || state_->supervisor.valid()) co_return;
+  // One region: every role of the pipeline (the survivors load the checkpoint too), the lost
+  // ones without a worker until the supervisor's first start gives them spares.
+  for (const auto& [n, w] : job_.workers()) {
+    if (w.stage >= 0) state_->roles.push_back({w, n});
+  }
+  for (const engine::worker_info& w : state_->pending) state_->roles.push_back({w, 0});
   state_->pending.clear();
-  auto& rebuilds = state_->rebuilds;
+  auto& self = job_.actor();
+  state_->nodes = std::make_shared<std::vector<transport::node_id>>();
+  state_->supervisor =
+      self.system()
+          .spawn<region_supervisor>(++region_ids_, self.self(), state_->nodes, state_->roles.size(),
+                                    job_.job().region_restarts)
+          .ref;
+  self.link(state_->supervisor);
+}
+
+void rollback_recovery::stop_supervisor() {
+  if (!state_ || !state_->supervisor.valid()) return;
+  retired_.push_back(state_->supervisor);
+  job_.actor().system().stop(state_->supervisor);
+  state_->supervisor = {};
+}
+
+awaitable<void> rollback_recovery::exited(actor_ref who, actors::exit_reason why) {
+  if (std::erase(retired_, who) != 0 || !state_ || who != state_->supervisor) co_return;
+  state_->supervisor = {};
+  job_.fail(fmt::format(
+      "the rollback of the whole job restarted {} times, past checkpoint.region_restarts = {}: "
+      "{}",
+      state_->attempt, job_.job().region_restarts, why.to_string()));
+}
+
+awaitable<void> rollback_recovery::region_restart(wire::RegionRestart::Reader m,
+                                                  wire::RegionMembers::Builder out) {
+  if (!state_ || m.getRegion() != region_ids_ || !state_->supervisor.valid()) {
+    out.setError("the rollback ended");
+    co_return;
+  }
+  // A new attempt: every role whose worker is gone gets a spare and a fresh stage; the fresh
+  // stages still up keep theirs; the loading starts over once all of them report.
+  state_->restarting = false;
+  ++state_->attempt;
+  if (!give_spares()) {
+    out.setError("the job stops");
+    co_return;
+  }
+  auto nodes = out.initNodes(static_cast<unsigned>(state_->roles.size()));
+  for (unsigned i = 0; i < state_->roles.size(); ++i) nodes.set(i, state_->roles[i].worker);
+}
+
+bool rollback_recovery::give_spares() {
   const auto& job = job_.job();
-  for (const engine::worker_info& w : lost) {
-    std::erase_if(rebuilds, [&](const rebuild& b) { return b.spare == w.node; });
-    if (std::any_of(rebuilds.begin(), rebuilds.end(), [&](const rebuild& b) {
-          return b.lost.stage == w.stage && b.lost.replica == w.replica;
-        })) {
-      continue;  // already being rebuilt
+  const bool again = state_->attempt > 1;
+  const std::int64_t failed_at = state_->target;
+  for (role& r : state_->roles) {
+    if (r.worker != 0) {
+      if (job_.workers().contains(r.worker) &&
+          job_.actor().system().last_heard(r.worker).has_value()) {
+        continue;
+      }
+      state_->replaced.insert(r.worker);
+      r.lost.node = r.worker;  // the worker that died, for the notice
     }
     transport::node_id spare = 0;
     for (const auto& [n, sw] : job_.workers()) {
-      if (sw.stage < 0) {
+      if (sw.stage < 0 && job_.actor().system().last_heard(n).has_value()) {
         spare = n;
         break;
       }
@@ -169,19 +247,20 @@ awaitable<void> rollback_recovery::start() {
       job_.fail(
           fmt::format("stage {} replica {} was lost and no spare worker is left (raise "
                       "cluster.spares)",
-                      w.stage, w.replica));
-      co_return;
+                      r.lost.stage, r.lost.replica));
+      return false;
     }
     engine::worker_info& sw = job_.worker_roles().at(spare);
-    sw.stage = w.stage;
-    sw.replica = w.replica;
-    rebuilds.push_back({w, spare, false});
-    const std::int64_t failed_at = state_->target;
-    const bool again = state_->attempt > 1;
+    sw.stage = r.lost.stage;
+    sw.replica = r.lost.replica;
+    r.worker = spare;
+    r.fresh = true;
+    r.ready = false;
+    r.generation = state_->attempt;
     job_.notice(fmt::format(
         "stage {} replica {} lost (worker {}) at iteration {}{}; policy {}: a fresh stage on "
         "spare worker {}, then every stage rolls back to the last checkpoint",
-        w.stage, w.replica, w.node, failed_at, again ? ", during the rollback" : "",
+        r.lost.stage, r.lost.replica, r.lost.node, failed_at, again ? ", during the rollback" : "",
         engine::policy_name(job.policy), spare));
     if (auto* log = job_.log()) {
       log->write(engine::json_record{}
@@ -189,24 +268,27 @@ awaitable<void> rollback_recovery::start() {
                      .add("event", "recovery_start")
                      .add("recovery", "rollback")
                      .add("policy", engine::policy_name(job.policy))
-                     .add("stage", w.stage)
-                     .add("replica", w.replica)
-                     .add("lost_node", std::int64_t{w.node})
+                     .add("stage", r.lost.stage)
+                     .add("replica", r.lost.replica)
+                     .add("lost_node", std::int64_t{r.lost.node})
                      .add("spare_node", std::int64_t{spare})
                      .add("target_iteration", failed_at)
                      .add("attempt", std::int64_t(state_->attempt)));
     }
     const actor_ref me = job_.actor().self();
-    const int st = w.stage, rep = w.replica;
+    const int st = r.lost.stage, rep = r.lost.replica;
+    const std::uint64_t generation = state_->attempt;
     (void)job_.actor().tell<wire::Restore>(sw.agent, [&](wire::Restore::Builder b) {
       b.setStage(st);
       b.setReplica(rep);
+      b.setGeneration(generation);
       b.setTargetIteration(failed_at);
       b.setHasWindow(false);
       write_ref(b.initCoordinator(), me);
     });
     if (!again) job_.recovery_event("recovery_start", failed_at);
   }
+  return true;
 }
 
 awaitable<std::optional<rollback_recovery::chosen>> rollback_recovery::choose_checkpoint(
@@ -257,7 +339,7 @@ awaitable<void> rollback_recovery::finish() {
   // A loss not placed yet, or one while this runs (its ask fails, or its node leaves the
   // membership), leaves the rest to its turn: the lost stage is rebuilt and this starts over.
   auto superseded = [&] {
-    return job_.finished() || !state_ || state_->attempt != rec.attempt ||
+    return job_.finished() || !state_ || state_->attempt != rec.attempt || state_->restarting ||
            !state_->pending.empty() || job_.loss_pending();
   };
   if (superseded()) co_return;
@@ -313,6 +395,7 @@ awaitable<void> rollback_recovery::finish() {
       got.sources += (got.sources.empty() ? "" : "; ") + std::string(r->get().getSource());
     }
   }
+  stop_supervisor();  // the region is back: its tree goes (the stages it rebuilt stay)
   state_.reset();
   report_end(rec, c, pick->rejected, got, t_wired);
   engine::recovery_done done;
@@ -327,18 +410,22 @@ void rollback_recovery::report_end(const state& rec, std::int64_t c, std::int64_
   const auto t_loaded = sclock::now();
   const double secs = std::chrono::duration<double>(t_loaded - rec.detected).count();
   std::string rebuilt;  // stage/replica@worker of every stage rebuilt
-  for (const auto& b : rec.rebuilds) {
-    rebuilt += fmt::format("{}{}/{}@{}", rebuilt.empty() ? "" : ",", b.lost.stage, b.lost.replica,
-                           b.spare);
+  std::vector<const role*> fresh;
+  for (const role& r : rec.roles) {
+    if (r.fresh) fresh.push_back(&r);
+  }
+  for (const role* b : fresh) {
+    rebuilt += fmt::format("{}{}/{}@{}", rebuilt.empty() ? "" : ",", b->lost.stage, b->lost.replica,
+                           b->worker);
   }
   engine::json_record end;
   end.add("kind", "event")
       .add("event", "recovery_end")
       .add("recovery", "rollback")
       .add("policy", engine::policy_name(job.policy))
-      .add("stage", rec.rebuilds.front().lost.stage)
-      .add("replica", rec.rebuilds.front().lost.replica)
-      .add("spare_node", std::int64_t{rec.rebuilds.front().spare})
+      .add("stage", fresh.front()->lost.stage)
+      .add("replica", fresh.front()->lost.replica)
+      .add("spare_node", std::int64_t{fresh.front()->worker})
       .add("rebuilt", rebuilt)
       .add("restarts", std::int64_t(rec.attempt) - 1)
       .add("group_abort_s", rec.group_abort_s)
@@ -387,9 +474,9 @@ void rollback_recovery::report_end(const state& rec, std::int64_t c, std::int64_
   job_.notice(fmt::format(
       "{} rebuilt ({}); every stage rolled back to iteration {} in {:.2f} s ({} iteration(s) to "
       "recompute){}",
-      rec.rebuilds.size() == 1 ? fmt::format("stage {} replica {}", rec.rebuilds.front().lost.stage,
-                                             rec.rebuilds.front().lost.replica)
-                               : fmt::format("{} stages", rec.rebuilds.size()),
+      fresh.size() == 1 ? fmt::format("stage {} replica {}", fresh.front()->lost.stage,
+                                      fresh.front()->lost.replica)
+                        : fmt::format("{} stages", fresh.size()),
       rebuilt, c, secs, rec.target - c, pec_line));
 }
 
