@@ -59,10 +59,10 @@ struct job_config {
   // checkpoint.replay_threads: GEMM threads of a moevement recovery's replay (the stages
   // outside its region are paused meanwhile); 0 = this host's cores.
   int replay_threads = 0;
-  // checkpoint.region_restarts: `moevement`'s restart intensity. A recovery region restarts
-  // when a loss in or next to it comes while it recovers (it grows); past this many restarts
-  // in one recovery it escalates to the job: with the durable tier the whole job rolls back
-  // to disk, without it the job stops.
+  // checkpoint.region_restarts: a recovery region's restart intensity. A region restarts when
+  // a loss in or next to it comes while it recovers (it grows); past this many restarts in
+  // one recovery it escalates to the job: under `moevement` with the durable tier the whole
+  // job rolls back to disk, otherwise the job stops (the baselines' rollback is one region).
   int region_restarts = 3;
   // checkpoint.share_memory: a `moevement` replica on the owner's host maps the slot's memory
   // instead of copying it (transport/shared_memory.hpp); false: every replica pulls a copy.

@@ -13,13 +13,56 @@ namespace moevement::recovery {
 
 using actors::actor_ref;
 
+namespace {
+
+// A window still not on every stage's replicators this many windows' worth of iterations
+// after it began is reported (replication usually trails capture by about one window).
+constexpr std::int64_t stall_windows = 3;
+
+}  // namespace
+
 window_book::window_book(engine::head_control& job)
     : job_(job), durable_(engine::durable_tier(job.job())) {}
 
 int window_book::planned(const engine::planned_iteration& it) {
   if (w_sparse_ == 0) choose_window_size(it);
   steps_[it.iteration] = it.step;
+  report_stall(it.iteration);
   return w_sparse_;
+}
+
+void window_book::report_stall(std::int64_t iteration) {
+  // The oldest window some stage replica has not replicated yet (one no stage has begun to
+  // replicate shows up once any stage has), reported once.
+  const auto& job = job_.job();
+  for (const auto& [window, done] : replicated_) {
+    if (std::all_of(done.begin(), done.end(), [](bool b) { return b; })) continue;
+    const std::int64_t first = window_first_[window];
+    if (iteration - first < stall_windows * w_sparse_) return;
+    if (stall_reported_ && *stall_reported_ >= window) return;
+    stall_reported_ = window;
+    std::string missing;
+    for (std::size_t i = 0; i < done.size(); ++i) {
+      if (done[i]) continue;
+      const int s = int(i) % job.pp, d = int(i) / job.pp;
+      missing += fmt::format("{}stage {} replica {}", missing.empty() ? "" : ", ", s, d);
+    }
+    job_.notice(fmt::format(
+        "snapshot replication is behind: window {} (iterations {}..{}) is not on the "
+        "replicators of {} at iteration {}; a recovery now replays from {}",
+        window, first, first + w_sparse_ - 1, missing, iteration,
+        persisted_ ? fmt::format("window {}", *persisted_) : std::string("the initial state")));
+    if (auto* log = job_.log()) {
+      log->write(engine::json_record{}
+                     .add("kind", "event")
+                     .add("event", "window_stalled")
+                     .add("window", std::int64_t(window))
+                     .add("missing", missing)
+                     .add("persisted", persisted_ ? std::int64_t(*persisted_) : std::int64_t{-1})
+                     .add("iteration", iteration));
+    }
+    return;
+  }
 }
 
 std::int64_t window_book::replication_lag(std::int64_t iteration) const {
@@ -40,6 +83,16 @@ void window_book::recovered(std::int64_t target, bool layout_changed) {
   }
   durable_from_ = target;  // the rebuilt stages capture from here on
   maybe_persist();         // windows the stages finished replicating meanwhile
+  // The others that began before the target never complete: every stage drops them.
+  for (auto it = replicated_.begin(); it != replicated_.end();) {
+    if (window_first_[it->first] >= target) {
+      ++it;
+      continue;
+    }
+    window_first_.erase(it->first);
+    schedule_digests_.erase(it->first);
+    it = replicated_.erase(it);
+  }
   for (const auto& [n, w] : job_.workers()) {
     if (!w.checkpoint.valid()) continue;
     (void)job_.actor().tell<engine::wire::WindowsAbandoned>(

@@ -43,6 +43,9 @@ class window_book {
 
  private:
   void choose_window_size(const engine::planned_iteration& it);
+  // A window not on every stage's replicators long after it began: a notice and a run log
+  // `window_stalled` event naming the stage replicas it waits for (once per window).
+  void report_stall(std::int64_t iteration);
   // Persists the newest window every stage has replicated; asks for its durable write.
   void maybe_persist();
   // What a resume from the durable window in flight needs (head_control::durable_window).
@@ -67,6 +70,7 @@ class window_book {
   std::int64_t durable_errors_ = 0;
   std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
+  std::optional<std::uint64_t> stall_reported_;  // the newest window reported as stalled
 };
 
 }  // namespace moevement::recovery

@@ -1,11 +1,17 @@
-// Policy moevement's recovery on the head, on the deterministic scheduler (no processes, no
-// sleeps): a fake coordinator (head_control) hosts region_recovery; workers are actor systems
-// whose "agents" record the Restores they are sent, and a loss is a crashed node. Contiguous
-// losses in one step are one region; a replacement lost during its restore restarts the region
-// on another spare (a new generation to every member); a disjoint loss is a region of its
-// own and a loss next to a region grows it; past the restart intensity the job stops, saying
-// so; once every member reports, the stages are rewired and training goes on at the target.
+// The head side of recovery on the deterministic scheduler (no processes, no sleeps): a fake
+// coordinator (head_control) hosts a head_recovery; workers are actor systems whose "agents"
+// record the Restores they are sent (and answer a rollback's queries), and a loss is a crashed
+// node.
+// Policy moevement (region_recovery): contiguous losses in one step are one region; a
+// replacement lost during its restore restarts the region on another spare (a new generation
+// to every member); a disjoint loss is a region of its own and a loss next to a region grows
+// it; past the restart intensity the job stops, saying so; once every member reports, the
+// stages are rewired and training goes on at the target.
+// The baselines (rollback_recovery): one region spanning the pipeline; a spare lost during
+// the rollback restarts it (another spare, a new generation), then every stage loads the
+// newest checkpoint all offer; past the restart intensity the job stops.
 #include "recovery/region_recovery.hpp"
+#include "recovery/rollback_recovery.hpp"
 
 #include <gtest/gtest.h>
 
@@ -25,10 +31,12 @@ using actors::awaitable;
 using actors::node_id;
 namespace wire = engine::wire;
 
-// A worker's agent: keeps the Restores it is sent.
+// A worker's agent: keeps the Restores it is sent; offers checkpoints 0 and 8 to a rollback.
 class fake_agent : public actors::actor {
  public:
-  using interface = actors::interface<actors::tell_t<wire::Restore>>;
+  using interface = actors::interface<actors::tell_t<wire::Restore>,
+                                      actors::ask_t<wire::RollbackQuery, wire::RollbackOffer>,
+                                      actors::ask_t<wire::RollbackLoad, wire::RollbackLoaded>>;
   struct restore {
     int stage = -1, first = -1, last = -1;
     std::uint64_t generation = 0;
@@ -36,13 +44,28 @@ class fake_agent : public actors::actor {
     std::size_t steps = 0;
   };
   std::vector<restore> restores;
-  fake_agent() { on<wire::Restore>(&fake_agent::take); }
+  std::vector<std::int64_t> loads;
+  fake_agent() {
+    on<wire::Restore>(&fake_agent::take);
+    on<wire::RollbackQuery, wire::RollbackOffer>(&fake_agent::offer);
+    on<wire::RollbackLoad, wire::RollbackLoaded>(&fake_agent::load);
+  }
 
  private:
   awaitable<void> take(wire::Restore::Reader m) {
     restores.push_back({m.getStage(), m.getFirstStage(), m.getLastStage(), m.getGeneration(),
                         m.getTargetIteration(), m.getFirstIteration(), std::int64_t(m.getWindow()),
                         m.getSteps().size()});
+    co_return;
+  }
+  awaitable<void> offer(wire::RollbackQuery::Reader, wire::RollbackOffer::Builder out) {
+    auto l = out.initIterations(2);
+    l.set(0, 0);
+    l.set(1, 8);
+    co_return;
+  }
+  awaitable<void> load(wire::RollbackLoad::Reader m, wire::RollbackLoaded::Builder) {
+    loads.push_back(m.getIteration());
     co_return;
   }
 };
@@ -56,7 +79,7 @@ class fake_head : public actors::actor, public engine::head_control {
       : job_(std::move(job)), workers_(std::move(workers)) {
     on<wire::RegionRestart, wire::RegionMembers>(&fake_head::restart);
   }
-  std::unique_ptr<region_recovery> recovery;
+  std::unique_ptr<engine::head_recovery> recovery;
   std::vector<std::string> failures, notices;
   std::vector<engine::recovery_done> done;
   int rewirings = 0;
@@ -111,9 +134,10 @@ class fake_head : public actors::actor, public engine::head_control {
  protected:
   awaitable<void> on_start() override {
     trap_exit(true);
-    recovery = std::make_unique<region_recovery>(*this);
-    // Twelve iterations trained (W_sparse 4: job.w_sparse), window 3 (iterations 8..11)
-    // replicated by every stage: the persisted window a recovery starts from.
+    recovery = any_head_recovery(job_.policy)(*this);
+    // Twelve iterations trained (W_sparse 4: job.w_sparse; the baselines' interval 4), window
+    // 3 (iterations 8..11) replicated by every stage: the persisted window a recovery starts
+    // from.
     for (std::int64_t i = 0; i < 12; ++i) {
       engine::planned_iteration it;
       it.iteration = i;
@@ -174,7 +198,8 @@ struct cluster {
       agents[n] = w.spawn<fake_agent>().ref;
     }
   }
-  awaitable<fake_head*> start(int region_restarts) {
+  awaitable<fake_head*> start(int region_restarts,
+                              engine::policy_kind policy = engine::policy_kind::moevement) {
     for (node_id n = 1; n <= 8; ++n) {
       auto joined = co_await d[n].join(1s);
       if (!joined.ok()) ADD_FAILURE() << joined.err().message;
@@ -184,6 +209,8 @@ struct cluster {
     job.dp = 1;
     job.region_restarts = region_restarts;
     job.w_sparse = 4;
+    job.baseline.interval = 4;
+    job.policy = policy;
     std::map<node_id, engine::worker_info> workers;
     for (node_id n = 1; n <= 8; ++n) {
       engine::worker_info w;
@@ -316,6 +343,102 @@ TEST(region_recovery, a_region_past_its_restart_intensity_stops_the_job_saying_s
     EXPECT_NE(h->failures[0].find("past checkpoint.region_restarts = 0"), std::string::npos)
         << h->failures[0];
     EXPECT_TRUE(c.restores(6).empty()) << "no generation after the escalation";
+    EXPECT_TRUE(h->done.empty());
+  });
+}
+
+TEST(region_recovery, a_window_a_stage_never_replicates_is_reported_once_naming_it) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3);
+    // Window 4 (iterations 16..19) reaches the replicators of every stage but stage 2.
+    for (int s : {0, 1, 3}) {
+      capnp::MallocMessageBuilder msg;
+      auto b = msg.initRoot<wire::WindowReplicated>();
+      b.setStage(s);
+      b.setWindow(4);
+      b.setFirstIteration(16);
+      co_await h->recovery->window_replicated(b.asReader());
+    }
+    auto plan_to = [&](std::int64_t last) {
+      for (std::int64_t i = 12; i <= last; ++i) {
+        engine::planned_iteration it;
+        it.iteration = i;
+        (void)h->recovery->planned(it);
+      }
+    };
+    plan_to(27);  // three windows after it began: not yet
+    EXPECT_TRUE(h->notices.empty()) << h->notices.front();
+    plan_to(40);
+    if (h->notices.size() != 1) {
+      ADD_FAILURE() << h->notices.size() << " notices";
+      co_return;
+    }
+    EXPECT_NE(h->notices[0].find("window 4 (iterations 16..19) is not on the replicators of "
+                                 "stage 2 replica 0 at iteration 28; a recovery now replays "
+                                 "from window 3"),
+              std::string::npos)
+        << h->notices[0];
+  });
+}
+
+TEST(rollback_recovery, a_spare_lost_during_the_rollback_restarts_it_then_every_stage_loads) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3, engine::policy_kind::dense_memory);
+    c.d.hub().crash(2);  // stage 1: a fresh stage on spare 5
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(5).size() != 1) {
+      ADD_FAILURE() << c.restores(5).size() << " Restores on spare 5";
+      co_return;
+    }
+    EXPECT_EQ(c.restores(5)[0].stage, 1);
+    const std::uint64_t g1 = c.restores(5)[0].generation;
+    c.d.hub().crash(5);  // the spare dies while it builds the stage: the region restarts
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(6).size() != 1) {
+      ADD_FAILURE() << c.restores(6).size() << " Restores on spare 6";
+      co_return;
+    }
+    EXPECT_EQ(c.restores(6)[0].stage, 1);
+    EXPECT_GT(c.restores(6)[0].generation, g1);
+    EXPECT_EQ(h->rewirings, 0);
+    co_await h->report(6, g1);  // an older generation's report counts for nothing
+    EXPECT_EQ(h->rewirings, 0);
+    co_await h->report(6, c.restores(6)[0].generation);
+    co_await c.head.sleep_for(100ms);
+    EXPECT_EQ(h->rewirings, 1);
+    // Every stage loaded the newest checkpoint all of them offered; training goes on there.
+    for (node_id n : {1u, 3u, 4u, 6u}) {
+      const auto& loads = c.d[n].local_actor<fake_agent>(c.agents[n])->loads;
+      EXPECT_EQ(loads, std::vector<std::int64_t>{8}) << "worker " << n;
+    }
+    if (h->done.size() != 1) {
+      ADD_FAILURE() << h->done.size() << " recoveries ended; "
+                    << testing::PrintToString(h->failures);
+      co_return;
+    }
+    EXPECT_EQ(h->done[0].target, 8);
+    EXPECT_TRUE(h->done[0].rolled_back.has_value());
+    EXPECT_FALSE(h->recovery->active());
+  });
+}
+
+TEST(rollback_recovery, past_its_restart_intensity_the_job_stops_saying_so) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(0, engine::policy_kind::dense_memory);
+    c.d.hub().crash(2);
+    co_await c.head.sleep_for(100ms);
+    c.d.hub().crash(5);  // a restart, past the intensity of 0
+    co_await c.head.sleep_for(100ms);
+    if (h->failures.size() != 1) {
+      ADD_FAILURE() << h->failures.size() << " failures";
+      co_return;
+    }
+    EXPECT_NE(h->failures[0].find("past checkpoint.region_restarts = 0"), std::string::npos)
+        << h->failures[0];
+    EXPECT_TRUE(c.restores(6).empty());
     EXPECT_TRUE(h->done.empty());
   });
 }
