@@ -18,6 +18,26 @@ namespace moevement::recovery {
 using actors::actor_ref;
 using asio::awaitable;
 
+namespace {
+
+// The roles whose durable windows a rollback asks for, each of a member's replicator: every
+// member's own, or, for a resume at another layout (pp, dp of the windows), the windows'
+// roles spread over the members (the directory is shared).
+template <class Member>
+std::vector<std::pair<int, int>> durable_roles(const std::vector<Member>& members, int pp, int dp) {
+  std::vector<std::pair<int, int>> roles;
+  if (pp == 0) {
+    for (const Member& m : members) roles.emplace_back(m.lost.stage, m.lost.replica);
+    return roles;
+  }
+  for (int d = 0; d < dp; ++d) {
+    for (int s = 0; s < pp; ++s) roles.emplace_back(s, d);
+  }
+  return roles;
+}
+
+}  // namespace
+
 region_recovery::region region_recovery::whole_pipeline() {
   region all;
   all.id = ++region_ids_;
@@ -126,19 +146,8 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
     if (!assign_spares(*reg)) co_return false;
     std::map<std::uint64_t, int> offered;
     rejected.clear();
-    // Every role's windows, each asked of a member's replicator at once: its own role's, or,
-    // for a resume at another layout, the windows' roles spread over the members (the
-    // directory is shared).
     const std::vector<member> members = reg->members;
-    const int pp = state_->window_pp, dp = state_->window_dp;
-    std::vector<std::pair<int, int>> roles;
-    for (const member& m : members) roles.emplace_back(m.lost.stage, m.lost.replica);
-    if (pp != 0) {
-      roles.clear();
-      for (int d = 0; d < dp; ++d) {
-        for (int s = 0; s < pp; ++s) roles.emplace_back(s, d);
-      }
-    }
+    const auto roles = durable_roles(members, state_->window_pp, state_->window_dp);
     std::vector<actor_ref> holders;
     for (std::size_t i = 0; i < roles.size(); ++i) {
       const auto it = workers.find(members[i % members.size()].spare);
@@ -196,6 +205,14 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   }
   state_->durable_window = window;
   state_->durable_first = windows_.durable_windows().at(window);
+  note_durable_window(rejected.size());
+  co_return true;
+}
+
+void region_recovery::note_durable_window(std::size_t rejected) const {
+  const std::uint64_t window = state_->durable_window;
+  const std::int64_t target = state_->target;
+  const std::string& why = state_->durable_why;
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
                    .add("kind", "event")
@@ -203,11 +220,10 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
                    .add("window", std::int64_t(window))
                    .add("first_iteration", state_->durable_first)
                    .add("target_iteration", target)
-                   .add("rejected", std::int64_t(rejected.size()))
+                   .add("rejected", std::int64_t(rejected))
                    .add("reason", why.substr(0, 1024))
                    .add("time_s", log->seconds()));
   }
-  co_return true;
 }
 
 }  // namespace moevement::recovery

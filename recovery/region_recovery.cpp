@@ -16,11 +16,11 @@ using asio::awaitable;
 
 }  // namespace
 
-std::pair<region_recovery::region*, region_recovery::member*> region_recovery::member_of(
-    transport::node_id spare) {
+std::pair<const region_recovery::region*, const region_recovery::member*>
+region_recovery::member_of(transport::node_id spare) const {
   if (state_ && spare != 0) {
-    for (region& r : state_->regions) {
-      for (member& m : r.members) {
+    for (const region& r : state_->regions) {
+      for (const member& m : r.members) {
         if (m.spare == spare) return {&r, &m};
       }
     }
@@ -28,9 +28,11 @@ std::pair<region_recovery::region*, region_recovery::member*> region_recovery::m
   return {nullptr, nullptr};
 }
 
-std::pair<const region_recovery::region*, const region_recovery::member*>
-region_recovery::member_of(transport::node_id spare) const {
-  return const_cast<region_recovery*>(this)->member_of(spare);
+std::pair<region_recovery::region*, region_recovery::member*> region_recovery::member_of(
+    transport::node_id spare) {
+  // The same search, on this (non-const) recovery's own state.
+  const auto [r, m] = std::as_const(*this).member_of(spare);
+  return {const_cast<region*>(r), const_cast<member*>(m)};
 }
 
 region_recovery::region* region_recovery::region_by_id(std::uint64_t id) {

@@ -160,6 +160,8 @@ class region_recovery : public engine::head_recovery {
   // false when none (the job failed, saying why). A role whose worker was lost meanwhile gets
   // a spare and everyone is asked again.
   asio::awaitable<bool> choose_durable_window(region& r);
+  // The run log's durable_rollback event for the window chosen.
+  void note_durable_window(std::size_t rejected) const;
   // One region of every stage worker's role (a resume, or the durable rollback's).
   region whole_pipeline();
 
