@@ -97,8 +97,9 @@ class head_control {
   virtual asio::awaitable<bool> loss_follows() = 0;
   // The stage actor of (stage, replica) is gone: it is rebuilt (its worker restores it anew).
   virtual void drop_stage(int stage, int replica) = 0;
-  // Training stops: the survivors finish stepping first (then the recovery's go_on()), or the
-  // iteration in progress is dropped on every surviving stage at once (false: the job ended;
+  // A recovery begins. While the survivors step, finish_stepping() lets them finish (then
+  // the recovery's go_on()); otherwise enter_recovery() holds training, and abort_survivors()
+  // drops the iteration in progress on every surviving stage at once (false: the job ended;
   // group_abort_s: the slowest NCCL group abort of their answers).
   virtual asio::awaitable<void> finish_stepping() = 0;
   virtual void enter_recovery() = 0;
