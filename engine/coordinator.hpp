@@ -166,8 +166,9 @@ class coordinator : public actors::actor, private head_control {
   void drop_stage(int stage, int replica) override;
   asio::awaitable<void> finish_stepping() override { return maybe_stepped_all(); }
   void enter_recovery() override { phase_ = phase::recovering; }
+  asio::awaitable<bool> hold_training(double& group_abort_s) override;
   // Drops the iteration in progress on every surviving stage, at once (false: the job ended).
-  asio::awaitable<bool> abort_survivors(double& group_abort_s) override;
+  asio::awaitable<bool> abort_survivors(double& group_abort_s);
   asio::awaitable<bool> rewire() override { return wire_all(); }
   asio::awaitable<void> recovered(const recovery_done& done) override;
 

@@ -120,6 +120,12 @@ void coordinator::drop_stage(int stage, int replica) {
   stages_[std::size_t(replica * job_.pp + stage)] = actor_ref{};
 }
 
+awaitable<bool> coordinator::hold_training(double& group_abort_s) {
+  enter_recovery();
+  const bool aborted = co_await abort_survivors(group_abort_s);
+  co_return aborted && !loss_pending();
+}
+
 awaitable<bool> coordinator::abort_survivors(double& group_abort_s) {
   // Drop the iteration in progress everywhere else (it is re-run once the stages are back),
   // and clear what failed in the survivors because of the lost peers: every stage at once.

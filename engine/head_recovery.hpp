@@ -98,12 +98,13 @@ class head_control {
   // The stage actor of (stage, replica) is gone: it is rebuilt (its worker restores it anew).
   virtual void drop_stage(int stage, int replica) = 0;
   // A recovery begins. While the survivors step, finish_stepping() lets them finish (then
-  // the recovery's go_on()); otherwise enter_recovery() holds training, and abort_survivors()
-  // drops the iteration in progress on every surviving stage at once (false: the job ended;
-  // group_abort_s: the slowest NCCL group abort of their answers).
+  // the recovery's go_on()). Otherwise hold_training() holds training and drops the iteration
+  // in progress on every surviving stage at once: false when the job ended meanwhile, or more
+  // losses are queued (their turns go on); group_abort_s: the slowest NCCL group abort of
+  // the survivors' answers. enter_recovery() only holds training (a --resume).
   virtual asio::awaitable<void> finish_stepping() = 0;
+  virtual asio::awaitable<bool> hold_training(double& group_abort_s) = 0;
   virtual void enter_recovery() = 0;
-  virtual asio::awaitable<bool> abort_survivors(double& group_abort_s) = 0;
   // Wires every stage anew (false: a loss meanwhile, whose turn goes on, or the job ended).
   virtual asio::awaitable<bool> rewire() = 0;
   // Every stage is back: training goes on.

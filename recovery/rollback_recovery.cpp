@@ -166,10 +166,8 @@ awaitable<void> rollback_recovery::start() {
     }
     state_->begun = true;
     state_->target = job_.iteration();
-    job_.enter_recovery();
-    if (!co_await job_.abort_survivors(state_->group_abort_s)) co_return;
-    // Stages lost meanwhile: their turns, queued behind this one, place every loss at once.
-    if (job_.loss_pending()) co_return;
+    // (false: the job ended, or stages lost meanwhile, whose turns place every loss at once)
+    if (!co_await job_.hold_training(state_->group_abort_s)) co_return;
   }
   if (state_->pending.empty() || state_->supervisor.valid()) co_return;
   // One region: every role of the pipeline (the survivors load the checkpoint too), the lost

@@ -121,7 +121,7 @@ class fake_head : public actors::actor, public engine::head_control {
   void drop_stage(int, int) override {}
   awaitable<void> finish_stepping() override { co_return; }
   void enter_recovery() override {}
-  awaitable<bool> abort_survivors(double&) override { co_return true; }
+  awaitable<bool> hold_training(double&) override { co_return !loss_pending(); }
   awaitable<bool> rewire() override {
     ++rewirings;
     co_return true;
