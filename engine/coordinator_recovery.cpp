@@ -122,6 +122,8 @@ void coordinator::drop_stage(int stage, int replica) {
 
 awaitable<bool> coordinator::hold_training(double& group_abort_s) {
   enter_recovery();
+  // (The result bound first: g++ 12 compiled `if (!co_await ...) co_return false;` here into
+  // an illegal instruction.)
   const bool aborted = co_await abort_survivors(group_abort_s);
   co_return aborted && !loss_pending();
 }

@@ -229,8 +229,8 @@ awaitable<bool> region_recovery::restart_region(region& r) {
   if (r.generation != 0) ++r.restarts;
   if (state_->durable) {
     const std::uint64_t id = r.id;
-    if (!co_await choose_durable_window(r)) co_return false;
-    if (region_by_id(id) == nullptr) co_return false;
+    const bool chosen = co_await choose_durable_window(r);  // (bound first: see hold_training)
+    if (!chosen || region_by_id(id) == nullptr) co_return false;
   }
   if (!assign_spares(r)) co_return false;
   r.generation = ++generations_;

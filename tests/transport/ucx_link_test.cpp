@@ -49,10 +49,10 @@ std::size_t tensor_bytes() {
   return 256u << 20;
 }
 
-// The kill tests need a pull still in flight when the exporter dies, not a big one: at most
-// 256 MiB (over TCP on loopback still a tenth of a second), which takes 15 s off a suite that
-// runs alone.
-std::size_t kill_tensor_bytes() {
+// At most 256 MiB: the kill tests need a pull still in flight when the exporter dies, not a
+// big one (over TCP on loopback still a tenth of a second), and the path tests but one per
+// transport check which path a pull takes; both take seconds off a suite that runs alone.
+std::size_t capped_tensor_bytes() {
   return std::min<std::size_t>(tensor_bytes(), 256u << 20);
 }
 
@@ -730,6 +730,9 @@ struct tensor_case {
   std::string transport;  // shm | tcp
   bulk_path path;
   std::string memory;  // alloc: UCX allocates the region; user: the exporter's own vector
+  // The full tensor_bytes() (1 GiB under meson test), once per transport; the other paths pull
+  // at most 256 MiB (still 32 pieces): which path a pull takes does not depend on its size.
+  bool full = false;
 };
 
 class ucx_tensor_test : public ::testing::TestWithParam<tensor_case> {};
@@ -749,9 +752,9 @@ TEST_P(ucx_tensor_test, big_tensor_pulled_with_matching_checksum) {
   std::optional<peer_loss> lost;
   link.set_handlers({[&](node_id, incoming_envelope env) { region = decode(env); },
                      [&](node_id, peer_loss why, const std::string&) { lost = why; }});
-  std::vector<std::string> args{helper,  "export", std::to_string(link.port()),
-                                token,   "8",      std::to_string(tensor_bytes()),
-                                c.memory};
+  const std::size_t bytes = c.full ? tensor_bytes() : capped_tensor_bytes();
+  std::vector<std::string> args{
+      helper, "export", std::to_string(link.port()), token, "8", std::to_string(bytes), c.memory};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -792,13 +795,13 @@ TEST_P(ucx_tensor_test, big_tensor_pulled_with_matching_checksum) {
 }
 
 INSTANTIATE_TEST_SUITE_P(paths, ucx_tensor_test,
-                         ::testing::Values(tensor_case{"shm", bulk_path::rma, "alloc"},
+                         ::testing::Values(tensor_case{"shm", bulk_path::rma, "alloc", true},
                                            tensor_case{"shm", bulk_path::rendezvous, "user"},
                                            tensor_case{"shm", bulk_path::automatic, "alloc"},
                                            // registered memory of our own: UCX 1.13 would
                                            // emulate a get of it through the FIFOs
                                            tensor_case{"shm", bulk_path::automatic, "user"},
-                                           tensor_case{"tcp", bulk_path::rendezvous, "alloc"},
+                                           tensor_case{"tcp", bulk_path::rendezvous, "alloc", true},
                                            tensor_case{"tcp", bulk_path::rma, "user"},
                                            tensor_case{"tcp", bulk_path::automatic, "alloc"}),
                          [](const auto& info) {
@@ -837,7 +840,7 @@ TEST_P(ucx_kill_test, pull_fails_in_bounded_time_when_the_exporter_dies) {
   link.set_handlers({[&](node_id, incoming_envelope env) { region = decode(env); },
                      [&](node_id, peer_loss why, const std::string&) { lost = why; }});
   std::vector<std::string> args{helper, "export", std::to_string(link.port()),
-                                token,  "8",      std::to_string(kill_tensor_bytes()),
+                                token,  "8",      std::to_string(capped_tensor_bytes()),
                                 "alloc"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -867,7 +870,7 @@ TEST_P(ucx_kill_test, pull_fails_in_bounded_time_when_the_exporter_dies) {
     ASSERT_EQ(link.counters().pulls_by_lease, 1u) << "the second pull asked the exporter";
   } else {
     ASSERT_FALSE(done.has_value()) << "the pull finished before the kill; the test needs a "
-                                      "bigger tensor (kill_tensor_bytes)";
+                                      "bigger tensor (capped_tensor_bytes)";
   }
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
