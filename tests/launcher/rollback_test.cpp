@@ -125,7 +125,10 @@ TEST(rollback, a_loss_during_the_rollback_adds_a_rebuild_and_starts_it_over) {
     EXPECT_EQ(ends, 1) << "one rollback, restarted: " << second << "\n" << o.output;
     const std::string* end = event(o, "recovery_end");
     ASSERT_NE(end, nullptr) << o.output;
-    EXPECT_EQ(number_field(*end, "rollback_to"), 6);
+    // 6, the newest checkpoint; 3 where the second kill took a holder of a checkpoint-6 copy
+    // not made yet (see above: the job then rightly goes back to the newest every stage has).
+    const auto to = number_field(*end, "rollback_to");
+    EXPECT_TRUE(to == 6 || to == 3) << *end;
     EXPECT_GE(number_field(*end, "restarts"), 1) << *end;
     if (second == "stage=2,replica=0") {
       EXPECT_NE(end->find("2/0@"), std::string::npos) << *end;
