@@ -491,6 +491,12 @@ class actor_system {
   void on_wire(node_id from, transport::incoming_envelope env);
   void on_wire_reply(transport::incoming_envelope& env);
   void on_wire_system(node_id from, transport::incoming_envelope& env);
+  void on_system_down(proto::Down::Reader d);
+  void on_system_watch(node_id from, proto::Watch::Reader w);
+  void on_system_spawn(const transport::envelope_header& h, proto::Spawn::Reader s);
+  void on_system_join(node_id from, const transport::envelope_header& h, proto::Join::Reader j);
+  void on_system_register(node_id from, const transport::envelope_header& h,
+                          proto::Register::Reader r);
   void on_peer_lost(node_id peer, transport::peer_loss why, const std::string& detail);
   template <class Resp, class Fill>
   void reply_wire(const transport::envelope_header& request, Fill&& fill);

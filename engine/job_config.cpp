@@ -55,13 +55,9 @@ const std::vector<std::string>& backend_names() {
 using setter = std::function<void(const std::string&, const config_value&)>;
 using setter_map = std::map<std::string, setter, std::less<>>;
 
-// Every engine key with how it is parsed and validated on its own: the one list of keys.
-setter_map make_setters(job_config& j) {
+// The checkpoint.* keys.
+setter_map checkpoint_setters(job_config& j) {
   return {
-      {"parallel.pp",
-       [&](auto& k, auto& v) { j.pp = int(models::config_int(k, v, 1, max_job_workers)); }},
-      {"parallel.dp",
-       [&](auto& k, auto& v) { j.dp = int(models::config_int(k, v, 1, max_job_workers)); }},
       {"checkpoint.policy",
        [&](auto& k, auto& v) {
          const std::string name = get_choice(k, v, checkpoint_policy_names());
@@ -128,6 +124,12 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.baseline.pec_order = get_choice(k, v, {"sequential", "load-aware"});
        }},
+  };
+}
+
+// The cluster.* keys.
+setter_map cluster_setters(job_config& j) {
+  return {
       {"cluster.backend", [&](auto& k, auto& v) { j.backend = get_choice(k, v, backend_names()); }},
       {"cluster.spares",
        [&](auto& k, auto& v) { j.spares = int(models::config_int(k, v, 0, max_job_workers)); }},
@@ -165,6 +167,16 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.slurm_nodes = int(models::config_int(k, v, 0, max_job_workers));
        }},
+  };
+}
+
+// Every engine key with how it is parsed and validated on its own: the one list of keys.
+setter_map make_setters(job_config& j) {
+  setter_map m{
+      {"parallel.pp",
+       [&](auto& k, auto& v) { j.pp = int(models::config_int(k, v, 1, max_job_workers)); }},
+      {"parallel.dp",
+       [&](auto& k, auto& v) { j.dp = int(models::config_int(k, v, 1, max_job_workers)); }},
       {"engine.stage",
        [&](auto& k, auto& v) {
          std::string s = models::config_string(k, v);
@@ -185,7 +197,11 @@ setter_map make_setters(job_config& j) {
        }},
       {"engine.abort_at",
        [&](auto& k, auto& v) { j.abort_at = models::config_int(k, v, -1, std::int64_t(1) << 40); }},
+
   };
+  m.merge(checkpoint_setters(j));
+  m.merge(cluster_setters(j));
+  return m;
 }
 
 bool is_engine_key(std::string_view key) {

@@ -439,130 +439,140 @@ std::string baseline_agent::unfit(std::int64_t iteration, const held_checkpoint&
   }
 }
 
+void baseline_agent::found_on_disk(std::vector<found_checkpoint>& found,
+                                   std::vector<std::string>& rejected) {
+  const int s = setup_.stage, d = setup_.replica;
+  {
+    std::lock_guard lock(shared_->mu);
+    if (shared_->disk) {
+      try {
+        shared_->disk->flush();
+      } catch (const std::exception& e) {
+        rejected.push_back(e.what());
+      }
+    }
+  }
+  const auto dir = replica_dir(config_.dir, s, d);
+  if (!std::filesystem::is_directory(dir)) {
+    rejected.push_back(fmt::format("{} does not exist (checkpoint.dir)", dir.string()));
+    return;
+  }
+  durable_store store(dir);
+  const auto ids = store.windows();
+  for (auto id = ids.rbegin(); id != ids.rend(); ++id) {
+    const std::string origin = fmt::format("{} window {}", dir.string(), *id);
+    auto w = store.load(*id);
+    if (!w.ok()) {
+      rejected.push_back(fmt::format("{}: {}", origin, w.err().message));
+      continue;
+    }
+    auto blob = w->blobs.find("snapshot");
+    if (blob == w->blobs.end()) {
+      rejected.push_back(origin + ": no blob named snapshot");
+      continue;
+    }
+    auto bytes = std::make_shared<std::vector<std::byte>>(std::move(blob->second));
+    const std::size_t n = bytes->size();
+    found.push_back({origin, std::int64_t(*id), held_on_heap(bytes, n)});
+  }
+}
+
+awaitable<void> baseline_agent::found_on_holders(engine::wire::RollbackQuery::Reader m,
+                                                 std::vector<found_checkpoint>& found,
+                                                 std::vector<std::string>& rejected) {
+  const int s = setup_.stage, d = setup_.replica;
+  for (auto h : m.getHolders()) {
+    const actor_ref holder = read_ref(h);
+    auto fill = [&](wire::FetchCheckpoints::Builder b) {
+      b.setStage(s);
+      b.setReplica(d);
+    };
+    auto r = co_await ask<wire::FetchCheckpoints, wire::CheckpointList>(
+        holder, limits_.fetch_timeout, fill);
+    if (!r.ok()) continue;  // that worker is gone too
+    for (auto e : r->get().getEntries()) {
+      const std::int64_t it = e.getIteration();
+      if (std::any_of(found.begin(), found.end(), [&](const auto& f) { return f.iteration == it; }))
+        continue;
+      const std::string origin = fmt::format(
+          "holder on worker {}, stage {} replica {} iteration {}", holder.node, s, d, it);
+      auto desc = transport::read_descriptor(e.getTensor());
+      if (!desc.ok() || desc->node != holder.node || desc->length == 0 ||
+          desc->length > limits_.max_checkpoint_bytes || e.getSnapshotBytes() > desc->length) {
+        rejected.push_back(origin + ": malformed answer");
+        continue;
+      }
+      auto buf = std::make_shared<std::vector<std::byte>>(desc->length);
+      auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
+      if (!pulled.ok()) {
+        rejected.push_back(origin + ": pull failed: " + pulled.err().message);
+        continue;
+      }
+      found.push_back({origin, it, held_on_heap(buf, e.getSnapshotBytes())});
+    }
+  }
+}
+
+std::set<std::int64_t> baseline_agent::not_rollback_points() const {
+  std::set<std::int64_t> out;
+  if (kind_ != baseline_kind::pec) return out;
+  // A pec checkpoint restores each expert from its own newest save: all must be at hand.
+  // (A checkpoint that is no rollback point may still hold some expert's newest save: the
+  // check is against every verified one.) One that is not is not offered, and not reported
+  // either: nothing is wrong with it.
+  const std::size_t n = model_.operators().size();
+  std::set<std::int64_t> verified;
+  for (const auto& [it, c] : candidates_) verified.insert(it);
+  for (const auto& [it, c] : candidates_) {
+    if (it == 0) continue;
+    const auto meta = decode_pec_meta(trailer_part(c.second), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!verified.contains(meta.saved_at[i])) {
+        out.insert(it);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
                                       engine::wire::RollbackOffer::Builder out) {
   candidates_.clear();
   std::vector<std::string> rejected;
-  std::vector<std::pair<std::string, std::pair<std::int64_t, held_checkpoint>>> found;
-  const int s = setup_.stage, d = setup_.replica;
+  std::vector<found_checkpoint> found;
   if (kind_ == baseline_kind::dense_disk) {
     // CheckFreq recovers from storage: every stage reads its directory (the replacement the
     // lost worker's), newest first, each window verified (manifest, checksums, format).
-    co_await off_thread([&] {
-      {
-        std::lock_guard lock(shared_->mu);
-        if (shared_->disk) {
-          try {
-            shared_->disk->flush();
-          } catch (const std::exception& e) {
-            rejected.push_back(e.what());
-          }
-        }
-      }
-      const auto dir = replica_dir(config_.dir, s, d);
-      if (!std::filesystem::is_directory(dir)) {
-        rejected.push_back(fmt::format("{} does not exist (checkpoint.dir)", dir.string()));
-        return;
-      }
-      durable_store store(dir);
-      const auto ids = store.windows();
-      for (auto id = ids.rbegin(); id != ids.rend(); ++id) {
-        const std::string origin = fmt::format("{} window {}", dir.string(), *id);
-        auto w = store.load(*id);
-        if (!w.ok()) {
-          rejected.push_back(fmt::format("{}: {}", origin, w.err().message));
-          continue;
-        }
-        auto blob = w->blobs.find("snapshot");
-        if (blob == w->blobs.end()) {
-          rejected.push_back(origin + ": no blob named snapshot");
-          continue;
-        }
-        auto bytes = std::make_shared<std::vector<std::byte>>(std::move(blob->second));
-        const std::size_t n = bytes->size();
-        found.push_back({origin, {std::int64_t(*id), held_on_heap(bytes, n)}});
-      }
-    });
+    co_await off_thread([&] { found_on_disk(found, rejected); });
   } else if (!replacement_) {
     std::lock_guard lock(shared_->mu);
     for (const auto& [it, c] : shared_->held) {
-      found.push_back(
-          {fmt::format("host memory of stage {} replica {}, iteration {}", s, d, it), {it, c}});
+      found.push_back({fmt::format("host memory of stage {} replica {}, iteration {}", setup_.stage,
+                                   setup_.replica, it),
+                       it, c});
     }
   } else {
     // The lost worker's copies, from whichever holders still have them.
-    for (auto h : m.getHolders()) {
-      const actor_ref holder = read_ref(h);
-      auto fill = [&](wire::FetchCheckpoints::Builder b) {
-        b.setStage(s);
-        b.setReplica(d);
-      };
-      auto r = co_await ask<wire::FetchCheckpoints, wire::CheckpointList>(
-          holder, limits_.fetch_timeout, fill);
-      if (!r.ok()) continue;  // that worker is gone too
-      for (auto e : r->get().getEntries()) {
-        const std::int64_t it = e.getIteration();
-        const auto have = std::find_if(found.begin(), found.end(),
-                                       [&](const auto& f) { return f.second.first == it; });
-        if (have != found.end()) continue;
-        const std::string origin = fmt::format(
-            "holder on worker {}, stage {} replica {} iteration {}", holder.node, s, d, it);
-        auto desc = transport::read_descriptor(e.getTensor());
-        if (!desc.ok() || desc->node != holder.node || desc->length == 0 ||
-            desc->length > limits_.max_checkpoint_bytes || e.getSnapshotBytes() > desc->length) {
-          rejected.push_back(origin + ": malformed answer");
-          continue;
-        }
-        auto buf = std::make_shared<std::vector<std::byte>>(desc->length);
-        auto pulled = co_await pull_chunked(io_, *desc, *buf, buf, limits_.pull_chunk_bytes);
-        if (!pulled.ok()) {
-          rejected.push_back(origin + ": pull failed: " + pulled.err().message);
-          continue;
-        }
-        found.push_back({origin, {it, held_on_heap(buf, e.getSnapshotBytes())}});
-      }
-    }
+    co_await found_on_holders(m, found, rejected);
   }
   // Verify each (checksums over whole snapshots: off the actor thread).
   std::vector<std::string> why(found.size());
   co_await off_thread([&] {
-    for (std::size_t i = 0; i < found.size(); ++i) {
-      why[i] = unfit(found[i].second.first, found[i].second.second);
-    }
+    for (std::size_t i = 0; i < found.size(); ++i) why[i] = unfit(found[i].iteration, found[i].c);
   });
   for (std::size_t i = 0; i < found.size(); ++i) {
     if (!why[i].empty()) {
-      rejected.push_back(fmt::format("{}: {}", found[i].first, why[i]));
+      rejected.push_back(fmt::format("{}: {}", found[i].origin, why[i]));
       continue;
     }
-    candidates_.emplace(found[i].second.first,
-                        std::make_pair(found[i].first, found[i].second.second));
+    candidates_.emplace(found[i].iteration, std::make_pair(found[i].origin, found[i].c));
   }
   candidates_.emplace(
       0, std::make_pair(
              std::string("the initial state"),
              held_on_heap(std::make_shared<std::vector<std::byte>>(*initial_), initial_->size())));
-  std::set<std::int64_t> not_offered;
-  if (kind_ == baseline_kind::pec) {
-    // A pec checkpoint restores each expert from its own newest save: all must be at hand.
-    // (A checkpoint that is no rollback point may still hold some expert's newest save: the
-    // check is against every verified one.)
-    const std::size_t n = model_.operators().size();
-    std::set<std::int64_t> verified;
-    for (const auto& [it, c] : candidates_) verified.insert(it);
-    for (auto it = candidates_.begin(); it != candidates_.end();) {
-      bool complete = true;
-      if (it->first > 0) {
-        const auto meta = decode_pec_meta(trailer_part(it->second.second), n);
-        for (std::size_t i = 0; i < n; ++i)
-          complete = complete && verified.contains(meta.saved_at[i]);
-      }
-      // Not a rollback point (an older checkpoint kept for the saves it holds): not offered,
-      // and not reported either: nothing is wrong with it.
-      if (!complete) not_offered.insert(it->first);
-      ++it;
-    }
-  }
+  const std::set<std::int64_t> not_offered = not_rollback_points();
   std::vector<std::int64_t> offer;
   for (const auto& [it, c] : candidates_) {
     if (!not_offered.contains(it)) offer.push_back(it);
@@ -571,6 +581,84 @@ awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
   for (unsigned i = 0; i < offer.size(); ++i) l.set(i, offer[i]);
   auto rj = out.initRejected(static_cast<unsigned>(rejected.size()));
   for (unsigned j = 0; j < rejected.size(); ++j) rj.set(j, rejected[j]);
+}
+
+pec_meta baseline_agent::load_pec(std::int64_t c, std::uint64_t& bytes,
+                                  std::vector<std::int64_t>& lost, std::uint32_t& stale) {
+  const auto ops = model_.operators();
+  pec_meta meta;
+  meta.saved_at.assign(ops.size(), 0);
+  meta.unsaved.assign(ops.size(), 0);
+  if (c > 0) meta = decode_pec_meta(trailer_part(candidates_.at(c).second), ops.size());
+  // Each operator from its own newest save (<= c): the non-experts from c, a stale expert
+  // from an older checkpoint, one never saved from the initial state.
+  std::map<std::int64_t, snapshot_view> views;
+  for (auto at : meta.saved_at) {
+    if (!views.contains(at)) {
+      views.emplace(at, parse_snapshot(snapshot_part(candidates_.at(at).second)));
+      bytes += candidates_.at(at).second.snapshot_size;
+    }
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const auto& v = views.at(meta.saved_at[i]);
+    const auto e = std::find_if(v.entries.begin(), v.entries.end(),
+                                [&](const auto& x) { return x.index == i; });
+    if (e == v.entries.end()) {
+      throw std::runtime_error(
+          fmt::format("operator {} is not in checkpoint {}", ops[i]->name(), meta.saved_at[i]));
+    }
+    load_operator(*e, *ops[i]);
+  }
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  for (const auto& layer : find_moe_layers(cops)) {
+    std::int64_t n = 0;
+    for (auto e : layer.experts) {
+      if (meta.saved_at[e] < c) {
+        ++stale;
+        n += meta.unsaved[e];
+      }
+    }
+    lost.push_back(n);
+  }
+  return meta;
+}
+
+void baseline_agent::restart_captures(std::int64_t c, int k, const pec_meta& meta) {
+  // Captures go on from c: what is newer belongs to the abandoned run.
+  std::lock_guard lock(shared_->mu);
+  shared_->interval = k;
+  shared_->to_ship.clear();
+  if (kind_ == baseline_kind::dense_disk) {
+    shared_->disk.reset();  // drained by the query's flush
+    shared_->disk.emplace(setup_.stage, setup_.replica, k, nullptr, config_.dir,
+                          disk_windows_kept(config_));
+    durable_store(replica_dir(config_.dir, setup_.stage, setup_.replica))
+        .drop_after(std::uint64_t(c));
+    return;
+  }
+  shared_->held.clear();
+  for (const auto& [it, cand] : candidates_) {
+    if (it > 0 && it <= c) shared_->held[it] = cand.second;
+  }
+  if (kind_ == baseline_kind::dense_memory) {
+    while (shared_->held.size() > memory_checkpoints_kept) {
+      shared_->held.erase(shared_->held.begin());
+    }
+    return;
+  }
+  const std::set<std::int64_t> needed(meta.saved_at.begin(), meta.saved_at.end());
+  std::erase_if(shared_->held, [&](const auto& kv) { return !needed.contains(kv.first); });
+  shared_->pec_cap.reset();  // refers to the schedule: first
+  shared_->pec_sched.reset();
+  shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, model_.operators());
+  shared_->pec_sched->restart(c, meta.saved_at, meta.unsaved);
+  shared_->pec_cap.emplace(*shared_->pec_sched, setup_.stage, setup_.replica);
+  std::map<std::int64_t, std::vector<std::byte>> held;
+  for (const auto& [it, hc] : shared_->held) {
+    const auto snap = snapshot_part(hc);
+    held.emplace(it, std::vector<std::byte>(snap.begin(), snap.end()));
+  }
+  shared_->pec_cap->restart(std::move(held), meta.saved_at);
 }
 
 awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
@@ -589,7 +677,6 @@ awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
   try {
     co_await off_thread([&] {
       const engine::host_write_scope writing(model_);  // a GPU stage's state, synced around
-      const auto ops = model_.operators();
       if (kind_ != baseline_kind::pec || c == 0) {
         engine::stage_model* one = &model_;
         (void)restore_full_snapshot(snapshot_part(found->second.second), setup_.stage, c,
@@ -597,76 +684,8 @@ awaitable<void> baseline_agent::load(engine::wire::RollbackLoad::Reader m,
         bytes = found->second.second.snapshot_size;
       }
       pec_meta meta;
-      if (kind_ == baseline_kind::pec) {
-        meta.saved_at.assign(ops.size(), 0);
-        meta.unsaved.assign(ops.size(), 0);
-        if (c > 0) meta = decode_pec_meta(trailer_part(found->second.second), ops.size());
-        // Each operator from its own newest save (<= c): the non-experts from c, a stale
-        // expert from an older checkpoint, one never saved from the initial state.
-        std::map<std::int64_t, snapshot_view> views;
-        for (auto at : meta.saved_at) {
-          if (!views.contains(at)) {
-            views.emplace(at, parse_snapshot(snapshot_part(candidates_.at(at).second)));
-            bytes += candidates_.at(at).second.snapshot_size;
-          }
-        }
-        for (std::size_t i = 0; i < ops.size(); ++i) {
-          const auto& v = views.at(meta.saved_at[i]);
-          const auto e = std::find_if(v.entries.begin(), v.entries.end(),
-                                      [&](const auto& x) { return x.index == i; });
-          if (e == v.entries.end()) {
-            throw std::runtime_error(fmt::format("operator {} is not in checkpoint {}",
-                                                 ops[i]->name(), meta.saved_at[i]));
-          }
-          load_operator(*e, *ops[i]);
-        }
-        const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
-        for (const auto& layer : find_moe_layers(cops)) {
-          std::int64_t n = 0;
-          for (auto e : layer.experts) {
-            if (meta.saved_at[e] < c) {
-              ++stale;
-              n += meta.unsaved[e];
-            }
-          }
-          lost.push_back(n);
-        }
-      }
-      // Captures go on from c: what is newer belongs to the abandoned run.
-      std::lock_guard lock(shared_->mu);
-      shared_->interval = k;
-      shared_->to_ship.clear();
-      if (kind_ == baseline_kind::dense_disk) {
-        shared_->disk.reset();  // drained by the query's flush
-        shared_->disk.emplace(setup_.stage, setup_.replica, k, nullptr, config_.dir,
-                              disk_windows_kept(config_));
-        durable_store(replica_dir(config_.dir, setup_.stage, setup_.replica))
-            .drop_after(std::uint64_t(c));
-      } else {
-        shared_->held.clear();
-        for (const auto& [it, cand] : candidates_) {
-          if (it > 0 && it <= c) shared_->held[it] = cand.second;
-        }
-        if (kind_ == baseline_kind::dense_memory) {
-          while (shared_->held.size() > memory_checkpoints_kept) {
-            shared_->held.erase(shared_->held.begin());
-          }
-        } else {
-          const std::set<std::int64_t> needed(meta.saved_at.begin(), meta.saved_at.end());
-          std::erase_if(shared_->held, [&](const auto& kv) { return !needed.contains(kv.first); });
-          shared_->pec_cap.reset();  // refers to the schedule: first
-          shared_->pec_sched.reset();
-          shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, ops);
-          shared_->pec_sched->restart(c, meta.saved_at, meta.unsaved);
-          shared_->pec_cap.emplace(*shared_->pec_sched, setup_.stage, setup_.replica);
-          std::map<std::int64_t, std::vector<std::byte>> held;
-          for (const auto& [it, hc] : shared_->held) {
-            const auto snap = snapshot_part(hc);
-            held.emplace(it, std::vector<std::byte>(snap.begin(), snap.end()));
-          }
-          shared_->pec_cap->restart(std::move(held), meta.saved_at);
-        }
-      }
+      if (kind_ == baseline_kind::pec) meta = load_pec(c, bytes, lost, stale);
+      restart_captures(c, k, meta);
     });
   } catch (const std::exception& e) {
     out.setError(fmt::format("stage {} replica {} could not load checkpoint {}: {}", setup_.stage,

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -132,6 +133,23 @@ class baseline_agent : public actors::actor {
   // a pec checkpoint whose every save is at hand.
   std::string unfit(std::int64_t iteration, const held_checkpoint& c) const;
   void restart_after(std::int64_t iteration);
+  // A checkpoint a query found, and where (for the run log and the reasons it was refused).
+  struct found_checkpoint {
+    std::string origin;
+    std::int64_t iteration = 0;
+    held_checkpoint c;
+  };
+  void found_on_disk(std::vector<found_checkpoint>& found, std::vector<std::string>& rejected);
+  asio::awaitable<void> found_on_holders(engine::wire::RollbackQuery::Reader m,
+                                         std::vector<found_checkpoint>& found,
+                                         std::vector<std::string>& rejected);
+  // Verified pec checkpoints whose operators' saves are not all at hand.
+  std::set<std::int64_t> not_rollback_points() const;
+  // Loads pec checkpoint c's operators, each from its own save: adds the bytes read, the
+  // tokens the stale experts lost (per MoE layer) and their count.
+  pec_meta load_pec(std::int64_t c, std::uint64_t& bytes, std::vector<std::int64_t>& lost,
+                    std::uint32_t& stale);
+  void restart_captures(std::int64_t c, int k, const pec_meta& meta);
 
   std::shared_ptr<baseline_shared> shared_;
   engine::bulk_io& io_;

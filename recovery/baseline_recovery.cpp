@@ -176,18 +176,130 @@ rollback_report rollback_from_disk(engine::local_pipeline& pipe, const std::file
   return rollback(pipe, std::move(by_stage));
 }
 
-pec_recovery_report recover_pec(engine::local_pipeline& fresh,
-                                std::span<const pec_capture* const> captures,
-                                std::int64_t failed_at, const models::model_config& model,
-                                const models::train_config& train) {
-  const int stages = fresh.stages();
-  // per stage: the surviving replica with the newest checkpoint
+namespace {
+
+// PEC's restore of one stage: its checkpoints up to c parsed, and each operator's newest save
+// there (nullptr: never saved, the initial state).
+struct pec_stage_plan {
+  std::vector<std::vector<std::byte>> keep;  // parsed checkpoints' bytes (views point here)
+  std::vector<const snapshot_entry*> entry;  // [op]: its newest save <= c (nullptr: initial)
+  std::vector<snapshot_view> views;
+};
+
+// Per stage: the surviving replica with the newest checkpoint.
+std::vector<const pec_capture*> newest_pec_sources(std::span<const pec_capture* const> captures,
+                                                   int stages) {
   std::vector<const pec_capture*> source(static_cast<std::size_t>(stages), nullptr);
   for (const pec_capture* cap : captures) {
     if (cap == nullptr || cap->stage() < 0 || cap->stage() >= stages || !cap->newest()) continue;
     auto& cur = source[std::size_t(cap->stage())];
     if (cur == nullptr || *cap->newest() > *cur->newest()) cur = cap;
   }
+  return source;
+}
+
+// Parses and checks stage s's checkpoints up to c before any operator is touched; sets
+// `scaler` from stage 0's checkpoint c.
+pec_stage_plan plan_pec_stage(engine::local_pipeline& fresh, const pec_capture& cap, int s,
+                              std::int64_t c, std::optional<models::loss_scaler>& scaler) {
+  pec_stage_plan plan;
+  const auto ops = fresh.stage(s, 0).operators();
+  if (ops.size() != cap.schedule().operators()) {
+    throw rollback_error(fmt::format("pec recovery: stage {} has {} operators, its checkpoints {}",
+                                     s, ops.size(), cap.schedule().operators()));
+  }
+  const auto held = cap.held();
+  if (std::none_of(held.begin(), held.end(), [&](const auto& h) { return h.iteration == c; })) {
+    throw rollback_error(fmt::format(
+        "pec recovery: stage {} no longer holds checkpoint {} (stages' newest differ by more "
+        "than one checkpoint)",
+        s, c));
+  }
+  for (const auto& h : held) {
+    if (h.iteration <= c) plan.keep.emplace_back(h.bytes.begin(), h.bytes.end());
+  }
+  plan.views.reserve(plan.keep.size());
+  for (const auto& bytes : plan.keep) {
+    try {
+      plan.views.push_back(parse_snapshot(bytes));
+    } catch (const snapshot_error& e) {
+      throw rollback_error(fmt::format("pec recovery: stage {}'s checkpoint: {}", s, e.what()));
+    }
+  }
+  plan.entry.assign(ops.size(), nullptr);
+  for (const auto& v : plan.views) {  // oldest first: newer saves overwrite
+    if (v.tag.stage != s) {
+      throw rollback_error(
+          fmt::format("pec recovery: stage {} holds stage {}'s checkpoint", s, v.tag.stage));
+    }
+    for (const auto& e : v.entries) {
+      if (e.index >= ops.size() || e.mode != models::op_mode::active) {
+        throw rollback_error(fmt::format("pec recovery: stage {} checkpoint {}: bad entry {}", s,
+                                         v.tag.state_iteration, e.name));
+      }
+      plan.entry[e.index] = &e;
+    }
+    if (v.tag.state_iteration == c && s == 0) scaler = v.scaler;
+  }
+  const auto& newest = plan.views.back();
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const bool expert = ops[i]->kind() == models::op_kind::expert;
+    const snapshot_entry* e = plan.entry[i];
+    if (!expert && (e == nullptr || newest.tag.state_iteration != c ||
+                    std::none_of(newest.entries.begin(), newest.entries.end(),
+                                 [&](const auto& x) { return x.index == i; }))) {
+      throw rollback_error(fmt::format(
+          "pec recovery: non-expert {} of stage {} is not in checkpoint {}", ops[i]->name(), s, c));
+    }
+    if (e != nullptr) continue;
+    for (int d = 0; d < fresh.replicas(); ++d) {
+      if (fresh.stage(s, d).operators()[i]->step() != 0) {
+        throw rollback_error(
+            fmt::format("pec recovery: expert {} of stage {} was never saved and replica {} is not "
+                        "freshly built: pass a fresh job",
+                        ops[i]->name(), s, d));
+      }
+    }
+  }
+  return plan;
+}
+
+// Loads stage s's plan into every replica, and counts what its stale experts lost.
+void load_pec_stage(engine::local_pipeline& fresh, const pec_capture& cap, int s,
+                    const pec_stage_plan& plan, std::int64_t c, pec_recovery_report& rep) {
+  for (int d = 0; d < fresh.replicas(); ++d) {
+    const auto ops = fresh.stage(s, d).operators();
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (plan.entry[i] != nullptr) load_operator(*plan.entry[i], *ops[i]);
+    }
+  }
+  // the state iteration each operator's save holds (0: initial)
+  std::map<const snapshot_entry*, std::int64_t> when;
+  for (const auto& v : plan.views) {
+    for (const auto& e : v.entries) when[&e] = v.tag.state_iteration;
+  }
+  for (const auto& layer : cap.schedule().layers()) {
+    std::int64_t lost = 0;
+    for (auto e : layer.experts) {
+      const std::int64_t saved = plan.entry[e] ? when.at(plan.entry[e]) : 0;
+      if (saved < c) {
+        ++rep.stale_experts;
+        lost += cap.schedule().routed_tokens(e, saved, c);
+      }
+    }
+    rep.layers.push_back(layer.name);
+    rep.lost_tokens.push_back(lost);
+  }
+}
+
+}  // namespace
+
+pec_recovery_report recover_pec(engine::local_pipeline& fresh,
+                                std::span<const pec_capture* const> captures,
+                                std::int64_t failed_at, const models::model_config& model,
+                                const models::train_config& train) {
+  const int stages = fresh.stages();
+  const auto source = newest_pec_sources(captures, stages);
   std::int64_t c = failed_at;
   for (int s = 0; s < stages; ++s) {
     if (source[std::size_t(s)] == nullptr) {
@@ -207,105 +319,12 @@ pec_recovery_report recover_pec(engine::local_pipeline& fresh,
                          train.seq_len * train.data_parallel * model.top_k * failed_at;
   std::optional<models::loss_scaler> scaler;
   // parse and plan every stage before touching any operator
-  struct stage_plan {
-    std::vector<std::vector<std::byte>> keep;  // parsed checkpoints' bytes (views point here)
-    std::vector<const snapshot_entry*> entry;  // [op]: its newest save <= c (nullptr: initial)
-    std::vector<snapshot_view> views;
-  };
-  std::vector<stage_plan> plans(static_cast<std::size_t>(stages));
+  std::vector<pec_stage_plan> plans;
   for (int s = 0; s < stages; ++s) {
-    const pec_capture& cap = *source[std::size_t(s)];
-    auto& plan = plans[std::size_t(s)];
-    const auto ops = fresh.stage(s, 0).operators();
-    if (ops.size() != cap.schedule().operators()) {
-      throw rollback_error(
-          fmt::format("pec recovery: stage {} has {} operators, its checkpoints {}", s, ops.size(),
-                      cap.schedule().operators()));
-    }
-    const auto held = cap.held();
-    if (std::none_of(held.begin(), held.end(), [&](const auto& h) { return h.iteration == c; })) {
-      throw rollback_error(fmt::format(
-          "pec recovery: stage {} no longer holds checkpoint {} (stages' newest differ by more "
-          "than one checkpoint)",
-          s, c));
-    }
-    for (const auto& h : held) {
-      if (h.iteration > c) continue;
-      plan.keep.emplace_back(h.bytes.begin(), h.bytes.end());
-    }
-    plan.views.reserve(plan.keep.size());
-    for (const auto& bytes : plan.keep) {
-      try {
-        plan.views.push_back(parse_snapshot(bytes));
-      } catch (const snapshot_error& e) {
-        throw rollback_error(fmt::format("pec recovery: stage {}'s checkpoint: {}", s, e.what()));
-      }
-    }
-    plan.entry.assign(ops.size(), nullptr);
-    for (const auto& v : plan.views) {  // oldest first: newer saves overwrite
-      if (v.tag.stage != s) {
-        throw rollback_error(
-            fmt::format("pec recovery: stage {} holds stage {}'s checkpoint", s, v.tag.stage));
-      }
-      for (const auto& e : v.entries) {
-        if (e.index >= ops.size() || e.mode != models::op_mode::active) {
-          throw rollback_error(fmt::format("pec recovery: stage {} checkpoint {}: bad entry {}", s,
-                                           v.tag.state_iteration, e.name));
-        }
-        plan.entry[e.index] = &e;
-      }
-      if (v.tag.state_iteration == c && s == 0) scaler = v.scaler;
-    }
-    const auto& newest = plan.views.back();
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const bool expert = ops[i]->kind() == models::op_kind::expert;
-      const snapshot_entry* e = plan.entry[i];
-      if (!expert && (e == nullptr || newest.tag.state_iteration != c ||
-                      std::none_of(newest.entries.begin(), newest.entries.end(),
-                                   [&](const auto& x) { return x.index == i; }))) {
-        throw rollback_error(
-            fmt::format("pec recovery: non-expert {} of stage {} is not in checkpoint {}",
-                        ops[i]->name(), s, c));
-      }
-      if (e == nullptr) {
-        for (int d = 0; d < fresh.replicas(); ++d) {
-          if (fresh.stage(s, d).operators()[i]->step() != 0) {
-            throw rollback_error(fmt::format(
-                "pec recovery: expert {} of stage {} was never saved and replica {} is not "
-                "freshly built: pass a fresh job",
-                ops[i]->name(), s, d));
-          }
-        }
-      }
-    }
+    plans.push_back(plan_pec_stage(fresh, *source[std::size_t(s)], s, c, scaler));
   }
-  // load, and count what stale experts lost
   for (int s = 0; s < stages; ++s) {
-    auto& plan = plans[std::size_t(s)];
-    const pec_capture& cap = *source[std::size_t(s)];
-    for (int d = 0; d < fresh.replicas(); ++d) {
-      const auto ops = fresh.stage(s, d).operators();
-      for (std::size_t i = 0; i < ops.size(); ++i) {
-        if (plan.entry[i] != nullptr) load_operator(*plan.entry[i], *ops[i]);
-      }
-    }
-    // the state iteration each operator's save holds (0: initial)
-    std::map<const snapshot_entry*, std::int64_t> when;
-    for (const auto& v : plan.views) {
-      for (const auto& e : v.entries) when[&e] = v.tag.state_iteration;
-    }
-    for (const auto& layer : cap.schedule().layers()) {
-      std::int64_t lost = 0;
-      for (auto e : layer.experts) {
-        const std::int64_t saved = plan.entry[e] ? when.at(plan.entry[e]) : 0;
-        if (saved < c) {
-          ++rep.stale_experts;
-          lost += cap.schedule().routed_tokens(e, saved, c);
-        }
-      }
-      rep.layers.push_back(layer.name);
-      rep.lost_tokens.push_back(lost);
-    }
+    load_pec_stage(fresh, *source[std::size_t(s)], s, plans[std::size_t(s)], c, rep);
   }
   fresh.set_position(c, *scaler);
   double sum = 0.0;

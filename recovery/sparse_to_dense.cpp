@@ -56,266 +56,332 @@ void check_sent(const log_store* own, std::int64_t iteration, int mb, log_direct
   ++checked;
 }
 
-}  // namespace
+// One conversion: the inputs checked (windows parsed and verified, every stage's slot schedule
+// complete and the same on every replica, the step plans there), then the replay, iteration by
+// iteration. Index i = j * d_count + d: replica d of stage `stage + j`.
+class conversion {
+ public:
+  conversion(std::span<engine::stage_model* const> replicas, const conversion_input& in)
+      : replicas_(replicas), in_(in) {}
 
-conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas,
-                                  const conversion_input& in) {
-  const int k = in.region_stages;
-  if (k < 1 || in.stage < 0 || in.stage + k > in.stages) {
-    throw conversion_error("sparse-to-dense: region of stages " + std::to_string(in.stage) + ".." +
-                           std::to_string(in.stage + k - 1) + " is outside the pipeline");
+  conversion_report run() {
+    check_region();
+    parse_windows();
+    check_schedules();
+    check_range();
+    active_ = from_initial_ ? n_all_ : 0;
+    for (std::int64_t it = w0_; it < in_.target_iteration; ++it) {
+      if (std::size_t(it - w0_) < w_) load_slot(std::size_t(it - w0_));
+      const step_record& step = in_.steps->at(it);
+      for (std::size_t d = 0; d < d_count_; ++d) replay_replica(d, it, step);
+      if (in_.reduce) reduce_with_group(it);
+      for (int j = 0; j < k_; ++j) step_stage(j, step);
+    }
+    // t at the window's last slot: that slot is the state at t already.
+    if (std::size_t(in_.target_iteration - w0_) < w_) {
+      load_slot(std::size_t(in_.target_iteration - w0_));
+    }
+    if (active_ != n_all_) {
+      throw conversion_error("sparse-to-dense: " + std::to_string(n_all_ - active_) +
+                             " operators still frozen at the end (internal error)");
+    }
+    return rep_;
   }
-  if (replicas.empty() || replicas.size() % std::size_t(k) != 0) {
-    throw conversion_error("sparse-to-dense: " + std::to_string(replicas.size()) +
-                           " stage models for a region of " + std::to_string(k) + " stages");
-  }
-  const std::size_t d_count = replicas.size() / std::size_t(k);  // replicas of each stage
-  const std::size_t all = replicas.size();
-  if (in.reduce && d_count != 1) {
-    throw conversion_error("sparse-to-dense: a parallel group replay gives one replica per stage");
-  }
-  if (in.windows.size() != all) {
-    throw conversion_error("sparse-to-dense: " + std::to_string(in.windows.size()) +
-                           " windows for " + std::to_string(all) + " stage replicas");
-  }
-  if (in.steps == nullptr) throw conversion_error("sparse-to-dense: no step plans given");
-  const bool starts = in.stage == 0, ends = in.stage + k == in.stages;
-  const auto stage_of = [&](std::size_t i) { return in.stage + int(i / d_count); };
 
-  // Parse and verify every slot before touching the stages. Index i = j * d_count + d.
-  std::vector<std::vector<snapshot_view>> views(all);
-  std::vector<std::vector<models::operator_state*>> ops(all);
-  bool from_initial = true;
-  for (const auto& win : in.windows) from_initial = from_initial && win.empty();
-  for (std::size_t i = 0; i < all; ++i) {
-    const std::size_t d = in.first_replica + i % d_count;
-    const int s = stage_of(i);
-    ops[i] = replicas[i]->operators();
-    if (from_initial) continue;
-    if (in.windows[i].empty()) {
-      throw conversion_error("sparse-to-dense: " + where(s, d) + " has an empty window");
+ private:
+  int stage_of(std::size_t i) const { return in_.stage + int(i / d_count_); }
+  // Replica 0 of stage `stage + j`.
+  std::size_t base(int j) const { return std::size_t(j) * d_count_; }
+
+  void check_region() {
+    k_ = in_.region_stages;
+    if (k_ < 1 || in_.stage < 0 || in_.stage + k_ > in_.stages) {
+      throw conversion_error("sparse-to-dense: region of stages " + std::to_string(in_.stage) +
+                             ".." + std::to_string(in_.stage + k_ - 1) +
+                             " is outside the pipeline");
     }
-    for (std::size_t j = 0; j < in.windows[i].size(); ++j) {
-      try {
-        views[i].push_back(parse_snapshot(in.windows[i][j]));
-      } catch (const snapshot_error& e) {
-        throw snapshot_error("sparse-to-dense: slot " + std::to_string(j) + " of " + where(s, d) +
-                             ": " + e.what());
-      }
-      const snapshot_tag& tag = views[i].back().tag;
-      const snapshot_tag& t0 = views[i].front().tag;
-      if (tag.slot != j || tag.window != t0.window ||
-          tag.state_iteration != t0.state_iteration + std::int64_t(j) || tag.stage != s ||
-          tag.replica != std::int32_t(d)) {
-        throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " of " + where(s, d) +
-                               " is tagged window " + std::to_string(tag.window) + " slot " +
-                               std::to_string(tag.slot) + " " +
-                               where(tag.stage, std::size_t(tag.replica)) +
-                               ": not the window asked for");
-      }
-      for (const auto& e : views[i].back().entries) {
-        if (e.index >= ops[i].size()) {
-          throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " names operator " +
-                                 std::to_string(e.index) + " of " + std::to_string(ops[i].size()));
-        }
-      }
+    if (replicas_.empty() || replicas_.size() % std::size_t(k_) != 0) {
+      throw conversion_error("sparse-to-dense: " + std::to_string(replicas_.size()) +
+                             " stage models for a region of " + std::to_string(k_) + " stages");
     }
-    if (views[i].size() != views[0].size() ||
-        views[i][0].tag.state_iteration != views[0][0].tag.state_iteration ||
-        views[i][0].tag.window != views[0][0].tag.window) {
-      throw conversion_error("sparse-to-dense: " + where(s, d) + " holds another window than " +
-                             where(in.stage, 0));
+    d_count_ = replicas_.size() / std::size_t(k_);
+    all_ = replicas_.size();
+    if (in_.reduce && d_count_ != 1) {
+      throw conversion_error(
+          "sparse-to-dense: a parallel group replay gives one replica per stage");
+    }
+    if (in_.windows.size() != all_) {
+      throw conversion_error("sparse-to-dense: " + std::to_string(in_.windows.size()) +
+                             " windows for " + std::to_string(all_) + " stage replicas");
+    }
+    if (in_.steps == nullptr) throw conversion_error("sparse-to-dense: no step plans given");
+    starts_ = in_.stage == 0;
+    ends_ = in_.stage + k_ == in_.stages;
+  }
+
+  // Parses and verifies every slot before touching the stages.
+  void parse_windows() {
+    views_.resize(all_);
+    ops_.resize(all_);
+    from_initial_ = true;
+    for (const auto& win : in_.windows) from_initial_ = from_initial_ && win.empty();
+    for (std::size_t i = 0; i < all_; ++i) {
+      ops_[i] = replicas_[i]->operators();
+      if (from_initial_) {
+        check_fresh(i);
+        continue;
+      }
+      const std::size_t d = in_.first_replica + i % d_count_;
+      const int s = stage_of(i);
+      if (in_.windows[i].empty()) {
+        throw conversion_error("sparse-to-dense: " + where(s, d) + " has an empty window");
+      }
+      for (std::size_t j = 0; j < in_.windows[i].size(); ++j) parse_slot(i, j, s, d);
+      if (views_[i].size() != views_[0].size() ||
+          views_[i][0].tag.state_iteration != views_[0][0].tag.state_iteration ||
+          views_[i][0].tag.window != views_[0][0].tag.window) {
+        throw conversion_error("sparse-to-dense: " + where(s, d) + " holds another window than " +
+                               where(in_.stage, 0));
+      }
     }
   }
-  if (from_initial) {
-    for (std::size_t i = 0; i < all; ++i) {
-      for (const auto* op : ops[i]) {
-        if (op->mode() != models::op_mode::active) {
-          throw conversion_error(
-              "sparse-to-dense: a replay from the initial state needs fresh "
-              "replicas, but " +
-              op->name() + " is frozen");
-        }
+
+  void parse_slot(std::size_t i, std::size_t j, int s, std::size_t d) {
+    try {
+      views_[i].push_back(parse_snapshot(in_.windows[i][j]));
+    } catch (const snapshot_error& e) {
+      throw snapshot_error("sparse-to-dense: slot " + std::to_string(j) + " of " + where(s, d) +
+                           ": " + e.what());
+    }
+    const snapshot_tag& tag = views_[i].back().tag;
+    const snapshot_tag& t0 = views_[i].front().tag;
+    if (tag.slot != j || tag.window != t0.window ||
+        tag.state_iteration != t0.state_iteration + std::int64_t(j) || tag.stage != s ||
+        tag.replica != std::int32_t(d)) {
+      throw conversion_error(
+          "sparse-to-dense: slot " + std::to_string(j) + " of " + where(s, d) +
+          " is tagged window " + std::to_string(tag.window) + " slot " + std::to_string(tag.slot) +
+          " " + where(tag.stage, std::size_t(tag.replica)) + ": not the window asked for");
+    }
+    for (const auto& e : views_[i].back().entries) {
+      if (e.index >= ops_[i].size()) {
+        throw conversion_error("sparse-to-dense: slot " + std::to_string(j) + " names operator " +
+                               std::to_string(e.index) + " of " + std::to_string(ops_[i].size()));
       }
     }
   }
-  const std::size_t w = views[0].size();
-  std::size_t n_all = 0;  // operators of the region (one replica of each stage)
-  for (int j = 0; j < k; ++j) {
-    const std::size_t base = std::size_t(j) * d_count;  // replica 0 of stage `stage + j`
-    const std::size_t n = ops[base].size();
-    n_all += n;
-    // The recovery group must freeze the same operators, or the reduced gradients are wrong.
-    for (std::size_t d = 1; d < d_count; ++d) {
-      for (std::size_t sl = 0; sl < w; ++sl) {
-        const auto& a = views[base][sl].entries;
-        const auto& b = views[base + d][sl].entries;
+
+  // A replay from the initial state needs every operator active (a fresh replica).
+  void check_fresh(std::size_t i) const {
+    for (const auto* op : ops_[i]) {
+      if (op->mode() != models::op_mode::active) {
+        throw conversion_error(
+            "sparse-to-dense: a replay from the initial state needs fresh replicas, but " +
+            op->name() + " is frozen");
+      }
+    }
+  }
+
+  void check_schedules() {
+    w_ = from_initial_ ? 0 : views_[0].size();
+    n_all_ = 0;
+    for (int j = 0; j < k_; ++j) {
+      n_all_ += ops_[base(j)].size();
+      check_same_schedule(j);
+      check_complete(j);
+    }
+  }
+
+  // The recovery group must freeze the same operators, or the reduced gradients are wrong.
+  void check_same_schedule(int j) const {
+    for (std::size_t d = 1; d < d_count_; ++d) {
+      for (std::size_t sl = 0; sl < w_; ++sl) {
+        const auto& a = views_[base(j)][sl].entries;
+        const auto& b = views_[base(j) + d][sl].entries;
         bool same = a.size() == b.size();
         for (std::size_t e = 0; same && e < a.size(); ++e) {
           same = a[e].index == b[e].index && a[e].mode == b[e].mode;
         }
         if (!same) {
-          throw conversion_error("sparse-to-dense: " + where(in.stage + j, 0) + " and replica " +
+          throw conversion_error("sparse-to-dense: " + where(in_.stage + j, 0) + " and replica " +
                                  std::to_string(d) + " scheduled slot " + std::to_string(sl) +
                                  " differently");
         }
       }
     }
-    // Every operator full in exactly one slot, with compute weights in every slot before it.
-    std::vector<int> full_slot(n, from_initial ? 0 : -1);
-    for (std::size_t sl = 0; sl < w; ++sl) {
+  }
+
+  // Every operator full in exactly one slot, with compute weights in every slot before it.
+  void check_complete(int j) const {
+    const auto& ops = ops_[base(j)];
+    const std::size_t n = ops.size();
+    std::vector<int> full_slot(n, from_initial_ ? 0 : -1);
+    for (std::size_t sl = 0; sl < w_; ++sl) {
       std::vector<bool> present(n, false);
-      for (const auto& e : views[base][sl].entries) {
+      for (const auto& e : views_[base(j)][sl].entries) {
         present[e.index] = true;
-        if (e.mode == models::op_mode::active) {
-          if (full_slot[e.index] >= 0) {
-            throw conversion_error("sparse-to-dense: operator " + e.name + " is full in slots " +
-                                   std::to_string(full_slot[e.index]) + " and " +
-                                   std::to_string(sl));
-          }
-          full_slot[e.index] = int(sl);
+        if (e.mode != models::op_mode::active) continue;
+        if (full_slot[e.index] >= 0) {
+          throw conversion_error("sparse-to-dense: operator " + e.name + " is full in slots " +
+                                 std::to_string(full_slot[e.index]) + " and " + std::to_string(sl));
         }
+        full_slot[e.index] = int(sl);
       }
       for (std::size_t o = 0; o < n; ++o) {
         if (full_slot[o] < 0 && !present[o]) {
           throw conversion_error("sparse-to-dense: slot " + std::to_string(sl) +
                                  " has neither the state nor the compute weights of operator " +
-                                 ops[base][o]->name());
+                                 ops[o]->name());
         }
       }
     }
     for (std::size_t o = 0; o < n; ++o) {
       if (full_slot[o] < 0) {
         throw conversion_error("sparse-to-dense: the window never holds the full state of " +
-                               ops[base][o]->name() + " (incomplete window)");
+                               ops[o]->name() + " (incomplete window)");
       }
     }
   }
 
-  conversion_report rep;
-  rep.window = from_initial ? 0 : views[0][0].tag.window;
-  rep.first_iteration = from_initial ? in.initial_iteration : views[0][0].tag.state_iteration;
-  const std::int64_t w0 = rep.first_iteration, t = in.target_iteration;
-  if (t < w0 + std::int64_t(w) - 1) {
-    throw conversion_error("sparse-to-dense: iteration " + std::to_string(t) +
-                           " is inside the window starting at " + std::to_string(w0) +
-                           "; recover from the window before");
-  }
-  for (std::int64_t it = w0; it < t; ++it) {
-    if (!in.steps->contains(it)) {
-      throw conversion_error("sparse-to-dense: no step plan of iteration " + std::to_string(it));
+  void check_range() {
+    rep_.window = from_initial_ ? 0 : views_[0][0].tag.window;
+    rep_.first_iteration = from_initial_ ? in_.initial_iteration : views_[0][0].tag.state_iteration;
+    w0_ = rep_.first_iteration;
+    const std::int64_t t = in_.target_iteration;
+    if (t < w0_ + std::int64_t(w_) - 1) {
+      throw conversion_error("sparse-to-dense: iteration " + std::to_string(t) +
+                             " is inside the window starting at " + std::to_string(w0_) +
+                             "; recover from the window before");
     }
+    for (std::int64_t it = w0_; it < t; ++it) {
+      if (!in_.steps->contains(it)) {
+        throw conversion_error("sparse-to-dense: no step plan of iteration " + std::to_string(it));
+      }
+    }
+    rep_.iterations_replayed = int(t - w0_);
   }
-  rep.iterations_replayed = int(t - w0);
 
-  std::size_t active = from_initial ? n_all : 0;
-  const auto load_slot = [&](std::size_t sl) {
-    for (std::size_t i = 0; i < all; ++i) {
-      for (const auto& e : views[i][sl].entries) load_operator(e, *ops[i][e.index]);
+  void load_slot(std::size_t sl) {
+    for (std::size_t i = 0; i < all_; ++i) {
+      for (const auto& e : views_[i][sl].entries) load_operator(e, *ops_[i][e.index]);
       // the replay steps on the host: a GPU stage's device copy is reloaded when it next
       // steps there
-      if (engine::device_state* d = replicas[i]->device()) d->host_changed();
+      if (engine::device_state* d = replicas_[i]->device()) d->host_changed();
     }
-    active = 0;
-    for (int j = 0; j < k; ++j) {
-      for (const auto* op : ops[std::size_t(j) * d_count]) {
-        active += op->mode() == models::op_mode::active ? 1 : 0;
+    active_ = 0;
+    for (int j = 0; j < k_; ++j) {
+      for (const auto* op : ops_[base(j)]) {
+        active_ += op->mode() == models::op_mode::active ? 1 : 0;
       }
     }
-    rep.active_after_slot.push_back(active);
-  };
+    rep_.active_after_slot.push_back(active_);
+  }
 
-  const std::size_t floats = replicas[0]->boundary_floats();
-  std::vector<float> acc, g;
-  std::vector<engine::stage_model*> region(std::size_t(k), nullptr);
-  for (std::int64_t it = w0; it < t; ++it) {
-    if (std::size_t(it - w0) < w) load_slot(std::size_t(it - w0));
-    const step_record& step = in.steps->at(it);
-    for (std::size_t d = 0; d < d_count; ++d) {
-      const std::size_t gd = in.first_replica + d;  // the replica's index in the group
-      engine::replay_inputs ri{in.stage, in.stages, in.micro_batches, {}, {}};
-      for (int mb = 0; mb < in.micro_batches; ++mb) {
-        if (!starts) {
-          ri.activations.push_back(logged(d < in.upstream.size() ? in.upstream[d] : nullptr, it, mb,
-                                          log_direction::activation, gd, in.stage - 1, floats));
-        }
-        if (!ends) {
-          ri.gradients.push_back(logged(d < in.downstream.size() ? in.downstream[d] : nullptr, it,
-                                        mb, log_direction::gradient, gd, in.stage + k, floats));
-        }
+  // Replays iteration `it` on replica d of every region stage, from the logged boundary inputs.
+  void replay_replica(std::size_t d, std::int64_t it, const step_record& step) {
+    const std::size_t floats = replicas_[0]->boundary_floats();
+    const std::size_t gd = in_.first_replica + d;  // the replica's index in the group
+    engine::replay_inputs ri{in_.stage, in_.stages, in_.micro_batches, {}, {}};
+    for (int mb = 0; mb < in_.micro_batches; ++mb) {
+      if (!starts_) {
+        ri.activations.push_back(logged(d < in_.upstream.size() ? in_.upstream[d] : nullptr, it, mb,
+                                        log_direction::activation, gd, in_.stage - 1, floats));
       }
-      for (int j = 0; j < k; ++j) region[std::size_t(j)] = replicas[std::size_t(j) * d_count + d];
-      const auto outs = engine::replay_region(region, it, step.loss_grad, ri);
-      for (int j = 0; j < k; ++j) {
-        const int s = in.stage + j;
-        const bool first = s == 0, last = s + 1 == in.stages;
-        const auto& out = outs[std::size_t(j)];
-        if (active < n_all) ++rep.sparse_replays;
-        const std::size_t i = std::size_t(j) * d_count + d;
-        const log_store* own = i < in.own.size() ? in.own[i] : nullptr;
-        for (int mb = 0; mb < in.micro_batches; ++mb) {
-          const auto m = std::size_t(mb);
-          if (!last) {
-            if (in.on_sent)
-              in.on_sent(s, it, mb, log_direction::activation, gd, out.activations[m]);
-            check_sent(own, it, mb, log_direction::activation, gd, out.activations[m],
-                       rep.tensors_checked);
-          }
-          if (!first) {
-            if (in.on_sent) in.on_sent(s, it, mb, log_direction::gradient, gd, out.gradients[m]);
-            check_sent(own, it, mb, log_direction::gradient, gd, out.gradients[m],
-                       rep.tensors_checked);
-          }
-        }
+      if (!ends_) {
+        ri.gradients.push_back(logged(d < in_.downstream.size() ? in_.downstream[d] : nullptr, it,
+                                      mb, log_direction::gradient, gd, in_.stage + k_, floats));
       }
     }
-    if (in.reduce) {
-      // The group's other replicas replay on other workers: one sum of every region stage's
-      // gradients with theirs.
-      std::size_t total = 0;
-      for (int j = 0; j < k; ++j) total += engine::gradient_floats(ops[std::size_t(j) * d_count]);
-      acc.resize(total);
-      std::size_t off = 0;
-      for (int j = 0; j < k; ++j) {
-        const auto& o = ops[std::size_t(j) * d_count];
-        const std::size_t n = engine::gradient_floats(o);
-        engine::copy_gradients_out(o, std::span(acc).subspan(off, n));
-        off += n;
-      }
-      in.reduce(it, acc);
-      off = 0;
-      for (int j = 0; j < k; ++j) {
-        const auto& o = ops[std::size_t(j) * d_count];
-        const std::size_t n = engine::gradient_floats(o);
-        engine::copy_gradients_in(o, std::span<const float>(acc).subspan(off, n));
-        off += n;
-      }
+    std::vector<engine::stage_model*> region(std::size_t(k_), nullptr);
+    for (int j = 0; j < k_; ++j) region[std::size_t(j)] = replicas_[base(j) + d];
+    const auto outs = engine::replay_region(region, it, step.loss_grad, ri);
+    for (int j = 0; j < k_; ++j) {
+      if (active_ < n_all_) ++rep_.sparse_replays;
+      const std::size_t i = base(j) + d;
+      sent(in_.stage + j, it, gd, outs[std::size_t(j)], i < in_.own.size() ? in_.own[i] : nullptr);
     }
-    for (int j = 0; j < k; ++j) {
-      const std::size_t base = std::size_t(j) * d_count;
-      // The all-reduce as the engine does it: g_0 + g_1 + ... in replica order.
-      if (d_count > 1 && !in.reduce) {
-        acc.resize(engine::gradient_floats(ops[base]));
-        g.resize(acc.size());
-        engine::copy_gradients_out(ops[base], acc);
-        for (std::size_t d = 1; d < d_count; ++d) {
-          engine::copy_gradients_out(ops[base + d], g);
-          engine::accumulate(acc, g);
-        }
-        for (std::size_t d = 0; d < d_count; ++d) engine::copy_gradients_in(ops[base + d], acc);
+  }
+
+  // What stage s's replica gd sent in iteration `it`: to on_sent, and checked against its
+  // own surviving log.
+  void sent(int s, std::int64_t it, std::size_t gd, const engine::replay_outputs& out,
+            const log_store* own) {
+    const bool first = s == 0, last = s + 1 == in_.stages;
+    for (int mb = 0; mb < in_.micro_batches; ++mb) {
+      const auto m = std::size_t(mb);
+      if (!last) {
+        if (in_.on_sent) in_.on_sent(s, it, mb, log_direction::activation, gd, out.activations[m]);
+        check_sent(own, it, mb, log_direction::activation, gd, out.activations[m],
+                   rep_.tensors_checked);
       }
-      for (std::size_t d = 0; d < d_count; ++d) {
-        engine::apply_step(ops[base + d], step.plan, in.train);
+      if (!first) {
+        if (in_.on_sent) in_.on_sent(s, it, mb, log_direction::gradient, gd, out.gradients[m]);
+        check_sent(own, it, mb, log_direction::gradient, gd, out.gradients[m],
+                   rep_.tensors_checked);
       }
     }
   }
-  // t at the window's last slot: that slot is the state at t already.
-  if (std::size_t(t - w0) < w) load_slot(std::size_t(t - w0));
-  if (active != n_all) {
-    throw conversion_error("sparse-to-dense: " + std::to_string(n_all - active) +
-                           " operators still frozen at the end (internal error)");
+
+  // The group's other replicas replay on other workers: one sum of every region stage's
+  // gradients with theirs.
+  void reduce_with_group(std::int64_t it) {
+    std::size_t total = 0;
+    for (int j = 0; j < k_; ++j) total += engine::gradient_floats(ops_[base(j)]);
+    acc_.resize(total);
+    std::size_t off = 0;
+    for (int j = 0; j < k_; ++j) {
+      const std::size_t n = engine::gradient_floats(ops_[base(j)]);
+      engine::copy_gradients_out(ops_[base(j)], std::span(acc_).subspan(off, n));
+      off += n;
+    }
+    in_.reduce(it, acc_);
+    off = 0;
+    for (int j = 0; j < k_; ++j) {
+      const std::size_t n = engine::gradient_floats(ops_[base(j)]);
+      engine::copy_gradients_in(ops_[base(j)], std::span<const float>(acc_).subspan(off, n));
+      off += n;
+    }
   }
-  return rep;
+
+  void step_stage(int j, const step_record& step) {
+    const std::size_t b = base(j);
+    // The all-reduce as the engine does it: g_0 + g_1 + ... in replica order.
+    if (d_count_ > 1 && !in_.reduce) {
+      acc_.resize(engine::gradient_floats(ops_[b]));
+      g_.resize(acc_.size());
+      engine::copy_gradients_out(ops_[b], acc_);
+      for (std::size_t d = 1; d < d_count_; ++d) {
+        engine::copy_gradients_out(ops_[b + d], g_);
+        engine::accumulate(acc_, g_);
+      }
+      for (std::size_t d = 0; d < d_count_; ++d) engine::copy_gradients_in(ops_[b + d], acc_);
+    }
+    for (std::size_t d = 0; d < d_count_; ++d) {
+      engine::apply_step(ops_[b + d], step.plan, in_.train);
+    }
+  }
+
+  std::span<engine::stage_model* const> replicas_;
+  const conversion_input& in_;
+  int k_ = 1;                // stages in the region
+  std::size_t d_count_ = 1;  // replicas of each stage given
+  std::size_t all_ = 0;
+  bool starts_ = false, ends_ = false, from_initial_ = true;
+  std::vector<std::vector<snapshot_view>> views_;
+  std::vector<std::vector<models::operator_state*>> ops_;
+  std::size_t w_ = 0;      // slots in the window
+  std::size_t n_all_ = 0;  // operators of the region (one replica of each stage)
+  std::size_t active_ = 0;
+  std::int64_t w0_ = 0;
+  std::vector<float> acc_, g_;
+  conversion_report rep_;
+};
+
+}  // namespace
+
+conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas,
+                                  const conversion_input& in) {
+  return conversion(replicas, in).run();
 }
 
 }  // namespace moevement::recovery

@@ -1,0 +1,363 @@
+// The actor system's side of the wire: envelopes in (actor messages, replies, the system
+// protocol: down, watch, stop, spawn by name, join, the global registry) and the membership
+// (join, heartbeats, lost peers).
+#include "actors/system.hpp"
+
+#include <fmt/format.h>
+#include <asio/post.hpp>
+
+#include <algorithm>
+
+namespace moevement::actors {
+namespace {
+
+exit_reason get_reason(proto::ExitReason::Reader r) {
+  const auto k = r.getKind();
+  exit_reason why;
+  why.kind = k <= static_cast<std::uint8_t>(exit_kind::node_lost) ? static_cast<exit_kind>(k)
+                                                                  : exit_kind::error;
+  why.detail = r.getDetail();
+  return why;
+}
+
+}  // namespace
+
+// ---- wire ------------------------------------------------------------------------------------
+
+result<void> actor_system::send_envelope(node_id to, transport::outgoing_envelope& out) {
+  return link_.send(to, out.to_words());
+}
+
+void actor_system::reply_error(const transport::envelope_header& request,
+                               const std::string& message) {
+  if (request.correlation_id == 0 || (request.correlation_id & reply_bit) != 0) return;
+  if (request.sender.node == node_) {
+    pending_complete(request.correlation_id, error{message});
+    return;
+  }
+  reply_wire<proto::ErrorReply>(request,
+                                [&](proto::ErrorReply::Builder b) { b.setMessage(message); });
+}
+
+void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
+  heard(from);
+  const auto& h = env.header();
+  if ((h.correlation_id & reply_bit) != 0) {
+    on_wire_reply(env);
+    return;
+  }
+  if (h.receiver.node != node_ || (h.receiver.incarnation != config_.incarnation &&
+                                   !(h.receiver.actor == 0 && h.receiver.incarnation == 0))) {
+    ++stats_.dead_letters;
+    reply_error(h,
+                fmt::format("actor {} belongs to an incarnation of node {} that is gone "
+                            "(now {})",
+                            actor_ref::from(h.receiver).to_string(), node_, config_.incarnation));
+    return;
+  }
+  if (h.receiver.actor == 0) {
+    try {
+      on_wire_system(from, env);
+    } catch (const kj::Exception& e) {
+      ++stats_.malformed;
+      reply_error(h, std::string("malformed system message: ") + e.getDescription().cStr());
+    }
+    return;
+  }
+  auto it = cells_.find(h.receiver.actor);
+  if (it == cells_.end()) {
+    ++stats_.dead_letters;
+    reply_error(h, fmt::format("actor {} is not running (it stopped or never existed)",
+                               actor_ref::from(h.receiver).to_string()));
+    return;
+  }
+  cell& c = *it->second;
+  const actor::handler_entry* entry = c.impl->find_handler(h.type_id);
+  if (entry == nullptr || (entry->reply_type_id != 0) != (h.correlation_id != 0)) {
+    ++stats_.malformed;
+    reply_error(h,
+                fmt::format("actor {} does not handle message type {:#x} as {}", c.ref.to_string(),
+                            h.type_id, h.correlation_id != 0 ? "an ask" : "a tell"));
+    return;
+  }
+  if (c.mailbox.size() >= c.capacity) {
+    ++stats_.mailbox_full;
+    reply_error(
+        h, fmt::format("mailbox of actor {} is full ({} messages)", c.ref.to_string(), c.capacity));
+    return;
+  }
+  auto m = make_mail();
+  m->header = h;
+  if (h.budget_ns != 0) m->deadline = now() + std::chrono::nanoseconds(h.budget_ns);
+  if (auto ok = entry->copy_in(env, *m); !ok) {
+    ++stats_.malformed;
+    reply_error(
+        h, fmt::format("malformed message for actor {}: {}", c.ref.to_string(), ok.err().message));
+    return;
+  }
+  enqueue(c, std::move(m));
+}
+
+void actor_system::on_wire_reply(transport::incoming_envelope& env) {
+  const auto& h = env.header();
+  pending* p = pending_find(h.correlation_id);
+  if (p == nullptr) {
+    ++stats_.late_replies;
+    return;
+  }
+  const std::uint64_t corr = h.correlation_id & ~reply_bit;
+  if (h.type_id == capnp::typeId<proto::ErrorReply>()) {
+    auto e = env.payload<proto::ErrorReply>();
+    std::string text = "remote error";
+    try {
+      if (e.ok()) text = e->getMessage();
+    } catch (const kj::Exception&) {
+    }
+    pending_complete(corr, error{text});
+    return;
+  }
+  if (h.type_id != p->reply_type || p->copy_in == nullptr) {
+    ++stats_.malformed;
+    pending_complete(corr, error{fmt::format("reply of unexpected type {:#x}", h.type_id)});
+    return;
+  }
+  auto m = make_mail();
+  m->header = h;
+  if (auto ok = p->copy_in(env, *m); !ok) {
+    ++stats_.malformed;
+    pending_complete(corr, error{"malformed reply: " + ok.err().message});
+    return;
+  }
+  pending_complete(corr, std::move(m));
+}
+
+void actor_system::on_wire_system(node_id from, transport::incoming_envelope& env) {
+  const auto& h = env.header();
+  const std::uint64_t t = h.type_id;
+  if (t == capnp::typeId<proto::Heartbeat>()) return;  // heard() already noted it
+  if (t == capnp::typeId<proto::Down>()) {
+    on_system_down(env.payload<proto::Down>().value());
+  } else if (t == capnp::typeId<proto::Watch>()) {
+    on_system_watch(from, env.payload<proto::Watch>().value());
+  } else if (t == capnp::typeId<proto::Stop>()) {
+    auto s = env.payload<proto::Stop>().value();
+    stop(read_ref(s.getTarget()), get_reason(s.getReason()));
+    reply_wire<proto::Ack>(h, [](proto::Ack::Builder) {});
+  } else if (t == capnp::typeId<proto::Spawn>()) {
+    on_system_spawn(h, env.payload<proto::Spawn>().value());
+  } else if (t == capnp::typeId<proto::Join>()) {
+    on_system_join(from, h, env.payload<proto::Join>().value());
+  } else if (t == capnp::typeId<proto::MemberUp>()) {
+    auto m = env.payload<proto::MemberUp>().value().getMember();
+    if (m.getNode() != node_) add_member(m.getNode(), m.getIncarnation());
+  } else if (t == capnp::typeId<proto::Register>()) {
+    on_system_register(from, h, env.payload<proto::Register>().value());
+  } else if (t == capnp::typeId<proto::Unregister>()) {
+    auto r = env.payload<proto::Unregister>().value();
+    auto it = global_names_.find(r.getName());
+    if (it != global_names_.end() && it->second == read_ref(r.getActor())) {
+      global_names_.erase(it);
+    }
+  } else if (t == capnp::typeId<proto::Lookup>()) {
+    auto l = env.payload<proto::Lookup>().value();
+    auto it = global_names_.find(l.getName());
+    const actor_ref found = it == global_names_.end() ? actor_ref{} : it->second;
+    reply_wire<proto::Found>(h, [&](proto::Found::Builder b) { write_ref(b.initActor(), found); });
+  } else {
+    ++stats_.malformed;
+    reply_error(h, fmt::format("node {} has no system message of type {:#x}", node_, t));
+  }
+}
+
+void actor_system::on_system_down(proto::Down::Reader d) {
+  const actor_ref watcher = read_ref(d.getWatcher());
+  const actor_ref target = read_ref(d.getTarget());
+  const bool is_link = d.getIsLink();
+  std::erase_if(remote_watches_, [&](const remote_watch& w) {
+    return w.watcher == watcher && w.target == target && w.is_link == is_link;
+  });
+  if (is_link) {
+    if (cell* c = find_cell(watcher)) {
+      std::erase_if(c->watchers, [&](const watch& w) { return w.who == target; });
+    }
+  }
+  deliver_down(watcher, target, get_reason(d.getReason()), is_link);
+}
+
+void actor_system::on_system_watch(node_id from, proto::Watch::Reader w) {
+  const actor_ref watcher = read_ref(w.getWatcher());
+  const actor_ref target = read_ref(w.getTarget());
+  if (watcher.node != from) {
+    ++stats_.malformed;
+    return;
+  }
+  if (cell* c = find_cell(target)) {
+    c->watchers.push_back({watcher, w.getIsLink()});
+  } else {
+    deliver_down(watcher, target, {exit_kind::noproc, "not running when watched"}, w.getIsLink());
+  }
+}
+
+void actor_system::on_system_spawn(const transport::envelope_header& h, proto::Spawn::Reader s) {
+  auto it = types_.find(s.getTypeName());
+  if (it == types_.end() || shut_down_) {
+    reply_error(h, fmt::format("no actor type '{}' is registered on node {}; call "
+                               "register_type there",
+                               std::string(s.getTypeName()), node_));
+    return;
+  }
+  const actor_ref r = start_actor(it->second(), {s.getMailboxCapacity()});
+  reply_wire<proto::Spawned>(h, [&](proto::Spawned::Builder b) { write_ref(b.initActor(), r); });
+}
+
+void actor_system::on_system_join(node_id from, const transport::envelope_header& h,
+                                  proto::Join::Reader j) {
+  if (node_ != config_.head) {
+    reply_error(h, fmt::format("node {} is not the head (node {} is)", node_, config_.head));
+    return;
+  }
+  for (const auto& [n, m] : members_) {  // tell the others first
+    if (n == from) continue;
+    transport::outgoing_envelope out({{}, {n, 0, 0}, capnp::typeId<proto::MemberUp>(), 0, 0});
+    auto up = out.init_payload<proto::MemberUp>().initMember();
+    up.setNode(from);
+    up.setIncarnation(j.getIncarnation());
+    (void)send_envelope(n, out);
+  }
+  add_member(from, j.getIncarnation());
+  reply_wire<proto::Welcome>(h, [&](proto::Welcome::Builder b) {
+    auto list = b.initMembers(static_cast<unsigned>(members_.size() + 1));
+    unsigned i = 0;
+    list[i].setNode(node_);
+    list[i++].setIncarnation(config_.incarnation);
+    for (const auto& [n, m] : members_) {
+      list[i].setNode(n);
+      list[i++].setIncarnation(m.incarnation);
+    }
+  });
+}
+
+void actor_system::on_system_register(node_id from, const transport::envelope_header& h,
+                                      proto::Register::Reader r) {
+  const actor_ref ref = read_ref(r.getActor());
+  if (node_ != config_.head || ref.node != from) {
+    reply_error(h, "register_global: not the head, or an actor of another node");
+    return;
+  }
+  const std::string name = r.getName();
+  if (global_names_.contains(name)) {
+    reply_error(h, fmt::format("global name '{}' is taken", name));
+    return;
+  }
+  global_names_[name] = ref;
+  reply_wire<proto::Ack>(h, [](proto::Ack::Builder) {});
+}
+
+void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const std::string& detail) {
+  const bool clean = why == transport::peer_loss::goodbye;
+  auto m = members_.find(peer);
+  lost_[peer] = m != members_.end() ? m->second.incarnation : 0;
+  if (m != members_.end()) members_.erase(m);
+  const exit_reason reason =
+      clean ? exit_reason::shutdown(fmt::format("node {} shut down", peer))
+            : exit_reason{exit_kind::node_lost, fmt::format("node {} lost: {}", peer, detail)};
+  // Every ask waiting on that node fails now.
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    pending& p = pending_[i];
+    if (p.used && p.target.node == peer) {
+      const std::uint64_t corr = (std::uint64_t{p.generation & 0x7fffffffu} << 32) | i;
+      pending_complete(corr, error{fmt::format("ask to {} failed: {}", p.target.to_string(),
+                                               reason.to_string())});
+    }
+  }
+  // Every monitor and link of a local actor on an actor there fires.
+  std::vector<remote_watch> fired;
+  std::erase_if(remote_watches_, [&](const remote_watch& w) {
+    if (w.target.node != peer) return false;
+    fired.push_back(w);
+    return true;
+  });
+  for (const auto& w : fired) deliver_down(w.watcher, w.target, reason, w.is_link);
+  // Watchers on that node of local actors are gone too.
+  for (auto& [id, c] : cells_) {
+    std::erase_if(c->watchers, [peer](const watch& w) { return w.who.node == peer; });
+  }
+  if (node_ == config_.head) head_drop_names_of(peer);
+  if (membership_fn_) membership_fn_(peer, clean ? member_event::goodbye : member_event::lost);
+}
+
+// ---- membership ------------------------------------------------------------------------------
+
+awaitable<result<void>> actor_system::join(clock::duration timeout) {
+  if (node_ == config_.head) co_return result<void>{};
+  auto r = co_await ask_system<proto::Join, proto::Welcome>(
+      config_.head, timeout,
+      [this](proto::Join::Builder b) { b.setIncarnation(config_.incarnation); });
+  if (!r.ok()) co_return r.err();
+  for (auto m : r->get().getMembers()) {
+    if (m.getNode() != node_) add_member(m.getNode(), m.getIncarnation());
+  }
+  co_return result<void>{};
+}
+
+std::vector<member_info> actor_system::members() const {
+  std::vector<member_info> out;
+  for (const auto& [n, m] : members_) out.push_back({n, m.incarnation});
+  return out;
+}
+
+void actor_system::add_member(node_id n, std::uint32_t incarnation) {
+  if (shut_down_) return;
+  lost_.erase(n);
+  members_[n] = member{incarnation, now(), false};
+  if (membership_fn_) membership_fn_(n, member_event::up);
+  if (!heartbeat_running_) {
+    heartbeat_running_ = true;
+    heartbeat_tick();
+  }
+}
+
+void actor_system::heard(node_id from) {
+  auto it = members_.find(from);
+  if (it != members_.end()) {
+    it->second.last_heard = now();
+    it->second.heard = true;
+  }
+}
+
+void actor_system::heartbeat_tick() {
+  if (shut_down_ || members_.empty()) {
+    heartbeat_running_ = false;
+    last_tick_ = {};
+    return;
+  }
+  const auto now = this->now();
+  if (last_tick_ != clock::time_point{} && now - last_tick_ > config_.heartbeat_timeout) {
+    for (auto& [n, m] : members_) m.last_heard = now;  // their silence was our own stall
+    if (stall_fn_) stall_fn_(now - last_tick_);
+  }
+  last_tick_ = now;
+  std::vector<node_id> silent;
+  for (auto& [n, m] : members_) {
+    if (m.suspected) continue;
+    const auto timeout = m.heard ? config_.heartbeat_timeout
+                                 : std::max(config_.heartbeat_timeout, config_.join_grace);
+    if (now - m.last_heard > timeout) {
+      m.suspected = true;
+      silent.push_back(n);
+      continue;
+    }
+    transport::outgoing_envelope out({{}, {n, 0, 0}, capnp::typeId<proto::Heartbeat>(), 0, 0});
+    out.init_payload<proto::Heartbeat>().setIncarnation(config_.incarnation);
+    (void)send_envelope(n, out);
+  }
+  // The link reports on_peer_lost(crash) for each, posted; that path does the rest.
+  for (node_id n : silent) link_.forget(n);
+  heartbeat_timer_ = time_->call_at(now + config_.heartbeat_interval, [this, alive = alive_] {
+    if (!*alive) return;
+    heartbeat_timer_ = 0;
+    heartbeat_tick();
+  });
+}
+
+}  // namespace moevement::actors

@@ -1,0 +1,327 @@
+#include "recovery/checkpoint_agent.hpp"
+
+#include <fmt/format.h>
+#include <asio/post.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "recovery/replicator.hpp"
+#include "recovery/snapshot.hpp"
+#include "recovery/worker_tasks.hpp"
+
+namespace moevement::recovery {
+
+using actors::actor_ref;
+using actors::read_ref;
+using actors::write_ref;
+using asio::awaitable;
+
+checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io,
+                                   int stage, int replica, actor_ref coordinator, int copies,
+                                   policy_limits limits, durable_target durable)
+    : shared_(std::move(shared)),
+      io_(io),
+      stage_(stage),
+      replica_(replica),
+      coordinator_(coordinator),
+      copies_(copies),
+      limits_(limits),
+      durable_(std::move(durable)) {
+  on<wire::SlotStored>(&checkpoint_agent::stored);
+  on<engine::wire::WindowPersisted>(&checkpoint_agent::persisted);
+  on<engine::wire::WindowsAbandoned>(&checkpoint_agent::abandoned);
+  on<wire::FetchLog, wire::LogData>(&checkpoint_agent::fetch_log);
+  on<wire::ReleaseLog>(&checkpoint_agent::release);
+  on<wire::FetchSchedule, wire::ScheduleState>(&checkpoint_agent::schedule);
+}
+
+awaitable<void> checkpoint_agent::schedule(wire::FetchSchedule::Reader,
+                                           wire::ScheduleState::Builder out) {
+  std::optional<stage_schedule::state> st;
+  {
+    std::lock_guard lock(shared_->mu);
+    if (shared_->schedule) st = shared_->schedule->save();
+  }
+  out.setHas(st.has_value());
+  if (!st) co_return;
+  auto order = out.initOrder(static_cast<unsigned>(st->order.size()));
+  for (unsigned i = 0; i < order.size(); ++i) order.set(i, std::uint32_t(st->order[i]));
+  auto pop = out.initOrderPopularity(static_cast<unsigned>(st->order_popularity.size()));
+  for (unsigned i = 0; i < pop.size(); ++i) pop.set(i, st->order_popularity[i]);
+  auto counts = out.initCounts(static_cast<unsigned>(st->counts.size()));
+  unsigned i = 0;
+  for (const auto& [w, c] : st->counts) {
+    counts[i].setWindow(w);
+    auto l = counts[i++].initCounts(static_cast<unsigned>(c.size()));
+    for (unsigned j = 0; j < l.size(); ++j) l.set(j, c[j]);
+  }
+  auto scheds = out.initSchedules(static_cast<unsigned>(st->schedules.size()));
+  i = 0;
+  for (const auto& [w, slots] : st->schedules) {
+    scheds[i].setWindow(w);
+    auto ls = scheds[i++].initSlots(static_cast<unsigned>(slots.size()));
+    for (unsigned j = 0; j < ls.size(); ++j) {
+      auto a = ls[j].initActive(static_cast<unsigned>(slots[j].active.size()));
+      for (unsigned x = 0; x < a.size(); ++x) a.set(x, std::uint32_t(slots[j].active[x]));
+      auto f = ls[j].initFrozen(static_cast<unsigned>(slots[j].frozen.size()));
+      for (unsigned x = 0; x < f.size(); ++x) f.set(x, std::uint32_t(slots[j].frozen[x]));
+    }
+  }
+  out.setReorders(st->reorders);
+  auto dec = out.initDecayed(static_cast<unsigned>(st->decayed.size()));
+  for (unsigned j = 0; j < dec.size(); ++j) dec.set(j, st->decayed[j]);
+  auto pend = out.initPending(static_cast<unsigned>(st->pending.size()));
+  for (unsigned j = 0; j < pend.size(); ++j) pend.set(j, st->pending[j]);
+  out.setPendingIteration(st->pending_iteration);
+}
+
+void checkpoint_agent::ship(std::int64_t iteration) {
+  std::uint64_t window = 0;
+  std::uint32_t slot = 0;
+  std::size_t w_sparse = 1;
+  pending_slot p;
+  {
+    std::lock_guard lock(shared_->mu);
+    const auto bytes = shared_->capture.slot_of(iteration);
+    if (!bytes || !shared_->schedule) return;
+    const auto w = std::uint64_t(shared_->schedule->w_sparse());
+    w_sparse = w;
+    window = std::uint64_t(iteration) / w;
+    slot = std::uint32_t(std::uint64_t(iteration) % w);
+    // The capture's own buffer, as it is: it stays unchanged until its window is dropped,
+    // which happens only after every copy of it was made (no copy here). Lent memory is a
+    // region already (a replica on this host reads it with one RMA get); heap memory (the
+    // pool had none free yet) is exported for this slot.
+    if (const auto* lent = shared_->pool ? shared_->pool->lent_region(bytes->data()) : nullptr) {
+      p.slot = lent->describe(0, bytes->size());
+      p.share = shared_->pool->lent_share(bytes->data(), bytes->size());
+    } else {
+      p.region = io_.export_memory({const_cast<std::byte*>(bytes->data()), bytes->size()});
+      p.slot = p.region.describe_all();
+    }
+    auto& r = replicated_[window];
+    if (r.size() != w) r.assign(w, false);
+  }
+  auto& slot_state = pending_[{window, slot}] = std::move(p);
+  send(window, slot, slot_state);
+  // Regions for the slots that missed, on this thread as the link requires: as many of each
+  // size as windows the capture holds (the capture reuses its windows' memory after that, so
+  // the pool is asked only at the start and when a reorder grows a slot), and as many free
+  // ones kept (a shared pool, which makes regions when the capture asks, keeps none).
+  if (shared_->pool) {
+    shared_->pool->refill(w_sparse * limits_.max_windows_held, limits_.max_windows_held);
+  }
+}
+
+void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_slot& p) {
+  const auto d = p.slot;
+  const auto share = p.share;
+  const actor_ref me = self();
+  for (const actor_ref& t : targets_) {
+    if (std::find(p.asked.begin(), p.asked.end(), t) != p.asked.end()) continue;
+    p.asked.push_back(t);
+    (void)tell<wire::StoreSlot>(t, [&](wire::StoreSlot::Builder b) {
+      write_slot_key(b.initKey(), stage_, replica_, window, slot);
+      transport::write_descriptor(b.initTensor(), d);
+      write_ref(b.initFrom(), me);
+      if (share) transport::write_share(b.initShare(), *share);
+    });
+  }
+}
+
+void checkpoint_agent::set_targets(std::vector<actor_ref> replicators) {
+  targets_ = std::move(replicators);
+  // Slots still waiting for copies go to the new targets (a lost replicator never answers).
+  for (auto& [k, p] : pending_) {
+    p.asked.clear();
+    send(k.first, k.second, p);
+  }
+}
+
+awaitable<void> checkpoint_agent::stored(wire::SlotStored::Reader m) {
+  const auto key = m.getKey();
+  if (key.getStage() != stage_ || key.getReplica() != replica_) co_return;
+  const auto it = pending_.find({key.getWindow(), key.getSlot()});
+  if (it == pending_.end() || !m.getOk()) co_return;
+  // The answer names no sender we could trust more than the count: one more copy.
+  ++it->second.copies;
+  ++(m.getMapped() ? shared_->replica_maps : shared_->replica_pulls);
+  const std::size_t need = std::min<std::size_t>(std::size_t(std::max(copies_, 1)),
+                                                 std::max<std::size_t>(targets_.size(), 1));
+  if (it->second.copies < need) co_return;
+  const std::uint64_t window = key.getWindow();
+  auto& r = replicated_[window];
+  if (key.getSlot() < r.size()) r[key.getSlot()] = true;
+  pending_.erase(it);
+  check_window(window);
+}
+
+void checkpoint_agent::check_window(std::uint64_t window) {
+  const auto& r = replicated_[window];
+  if (r.empty() || !std::all_of(r.begin(), r.end(), [](bool b) { return b; })) return;
+  std::int64_t first = 0;
+  std::uint64_t digest = 0;
+  {
+    std::lock_guard lock(shared_->mu);
+    if (!shared_->capture.complete(window)) return;  // started mid-window (a replacement)
+    first = shared_->capture.first_iteration(window);
+    digest = shared_->capture.schedule_digest(window);
+  }
+  (void)tell<engine::wire::WindowReplicated>(coordinator_,
+                                             [&](engine::wire::WindowReplicated::Builder b) {
+                                               b.setStage(stage_);
+                                               b.setReplica(replica_);
+                                               b.setWindow(window);
+                                               b.setFirstIteration(first);
+                                               b.setScheduleDigest(digest);
+                                             });
+}
+
+awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reader m) {
+  const std::uint64_t window = m.getWindow();
+  const bool durable = m.getDurable();
+  std::vector<std::span<const std::byte>> slots;
+  std::int64_t first = -1;
+  {
+    std::scoped_lock lock(shared_->mu, shared_->log_mu);
+    if (durable && durable_.writer) {
+      // Pinned until written: the next persisted window must not recycle its buffers.
+      slots = shared_->capture.window_slots(window);
+      if (!slots.empty()) {
+        shared_->capture.pin(window);
+        first = shared_->capture.first_iteration(window);
+      }
+    }
+    shared_->capture.drop_before(window, m.getFirstIteration());
+    shared_->dropped.notify_all();
+  }
+  replicated_.erase(replicated_.begin(), replicated_.lower_bound(window));
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    it = it->first.first < window ? pending_.erase(it) : std::next(it);
+  }
+  if (durable) write_durable(window, first, std::move(slots));
+  co_return;
+}
+
+awaitable<void> checkpoint_agent::abandoned(engine::wire::WindowsAbandoned::Reader m) {
+  std::size_t n = 0;
+  {
+    std::lock_guard lock(shared_->mu);
+    n = shared_->capture.abandon_ended_before(m.getBefore());
+    if (n > 0) shared_->dropped.notify_all();
+  }
+  // The abandoned windows keep their regions until the next window persists: as many more
+  // for the windows captured meanwhile, or they would go on the heap (read by rendezvous).
+  if (n > 0 && shared_->pool) shared_->pool->grow(n);
+  co_return;
+}
+
+void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
+                                     std::vector<std::span<const std::byte>> slots) {
+  if (!durable_.writer) {
+    durable_done(window, 0, 0.0, "checkpoint.durable is off in this worker");
+    return;
+  }
+  if (slots.empty()) {
+    durable_done(window, 0, 0.0,
+                 "this stage does not hold the whole window (it was rebuilt after it began)");
+    return;
+  }
+  const durable_window_meta meta{stage_, replica_, window, first, int(slots.size())};
+  // The job holds the capture (its pinned buffers) until it unpinned them.
+  durable_.writer->post([shared = shared_, sys = &system(), me = self(), meta,
+                         slots = std::move(slots), dir = durable_.dir,
+                         keep = durable_.keep]() mutable {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::uint64_t bytes = 0;
+    std::string error;
+    try {
+      durable_store store(dir);
+      bytes = write_durable_window(store, meta, slots);
+      store.prune(keep);
+    } catch (const std::exception& e) {
+      error = fmt::format("{} (check the disk and checkpoint.dir)", e.what());
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      std::lock_guard lock(shared->mu);
+      shared->capture.unpin(meta.window);
+      shared->dropped.notify_all();
+    }
+    // `shared` is let go on the actor thread: if it is the last owner, its slot pool
+    // withdraws regions from the link, which only that thread may do.
+    asio::post(sys->io(),
+               [sys, me, window = meta.window, bytes, secs, error, shared = std::move(shared)] {
+                 (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
+                   static_cast<checkpoint_agent&>(a).durable_done(window, bytes, secs, error);
+                   co_return;
+                 });
+               });
+  });
+}
+
+void checkpoint_agent::durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,
+                                    const std::string& error) {
+  (void)tell<engine::wire::DurableWritten>(coordinator_,
+                                           [&](engine::wire::DurableWritten::Builder b) {
+                                             b.setStage(stage_);
+                                             b.setReplica(replica_);
+                                             b.setWindow(window);
+                                             b.setBytes(bytes);
+                                             b.setSeconds(seconds);
+                                             b.setError(error);
+                                           });
+}
+
+awaitable<void> checkpoint_agent::fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out) {
+  const std::int64_t from = m.getFromIteration(), to = m.getToIteration();
+  const std::uint64_t mbs = m.getMicroBatches(), floats = m.getFloatsEach();
+  const auto dir = m.getGradient() ? log_direction::gradient : log_direction::activation;
+  if (from < 0 || to < from || to - from > (1 << 20) || mbs == 0 || mbs > 4096 || floats == 0 ||
+      floats > limits_.max_log_bytes / sizeof(float)) {
+    out.setError("malformed log request");
+    co_return;
+  }
+  const std::uint64_t each = floats * sizeof(float);
+  const std::uint64_t count = std::uint64_t(to - from + 1) * mbs;
+  if (count > limits_.max_log_bytes / each) {
+    out.setError(fmt::format("log request of {} tensors exceeds the limit", count));
+    co_return;
+  }
+  transport::bulk_region region = io_.allocate(count * each);
+  {
+    std::lock_guard lock(shared_->log_mu);
+    const log_store& log = shared_->capture.log();
+    std::byte* dst = region.memory().data();
+    for (std::int64_t it = from; it <= to; ++it) {
+      for (std::uint32_t mb = 0; mb < mbs; ++mb) {
+        const auto bytes = log.find({std::uint64_t(it), mb, dir, m.getReplica()});
+        if (!bytes || bytes->size() != each) {
+          out.setError(fmt::format(
+              "stage {} replica {} has no logged {} of iteration {} micro-batch {} for replica {}",
+              stage_, replica_, dir == log_direction::gradient ? "gradient" : "activation", it, mb,
+              m.getReplica()));
+          co_return;
+        }
+        std::memcpy(dst, bytes->data(), each);
+        dst += each;
+      }
+    }
+  }
+  while (leases_.size() >= limits_.max_log_leases) leases_.erase(leases_.begin());
+  const std::uint64_t lease = next_lease_++;
+  transport::write_descriptor(out.initTensor(), region.describe_all());
+  out.setLease(lease);
+  leases_.emplace(lease, std::move(region));
+}
+
+awaitable<void> checkpoint_agent::release(wire::ReleaseLog::Reader m) {
+  leases_.erase(m.getLease());
+  co_return;
+}
+
+}  // namespace moevement::recovery

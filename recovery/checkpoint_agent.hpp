@@ -1,0 +1,109 @@
+// Policy moevement's checkpoint agent (one per stage process): ships each captured slot to the
+// stage's r replicators (StoreSlot; they pull it), tells the coordinator when a whole window is
+// replicated (WindowReplicated), drops what the job no longer needs once a newer window is
+// persisted everywhere (WindowPersisted), writes persisted windows to the durable tier, and
+// serves its upstream log to a replacement (FetchLog). This is the paper's log keeper: the log
+// lives at the sender.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "engine/checkpoint.hpp"
+#include "recovery/durable_window.hpp"
+#include "recovery/policy_limits.hpp"
+#include "recovery/recovery.capnp.h"
+#include "recovery/slot_pool.hpp"
+#include "recovery/sparse_capture.hpp"
+
+namespace moevement::recovery {
+
+// The capture state a stage's hooks (compute thread) and its agent (actor thread) share.
+// Two locks: `mu` for the windows, schedule and step plans (the capture thread holds it while
+// it copies a slot), `log_mu` for the upstream log (taken on every boundary send, so a send
+// never waits for a capture). Taking both: mu first.
+struct capture_shared {
+  capture_shared(int stage, int replica) : capture(stage, replica) {}
+  // Lends the capture link-allocated slot memory (set by make_hooks). Declared first: it
+  // outlives the capture's buffers. The last owner of capture_shared must release it on the
+  // actor thread (the pool's regions are the link's).
+  std::unique_ptr<slot_pool> pool;
+  std::mutex mu, log_mu;
+  // Replicas of its slots made so far (the agent counts, the hooks report).
+  std::atomic<std::uint64_t> replica_maps{0}, replica_pulls{0};
+  std::condition_variable dropped;  // notified (under mu) when the agent dropped windows
+  sparse_capture capture;
+  std::optional<stage_schedule> schedule;
+  // A replacement's: the schedule state of a surviving replica, loaded once W is known.
+  std::optional<stage_schedule::state> taken_over;
+};
+
+// The durable tier of one stage replica (checkpoint.durable): the process's writer (null: off),
+// the role's directory and the windows kept there.
+struct durable_target {
+  std::shared_ptr<durable_writer> writer;
+  std::filesystem::path dir;
+  std::size_t keep = 2;
+};
+
+class checkpoint_agent : public actors::actor {
+ public:
+  using interface = actors::interface<
+      actors::tell_t<wire::SlotStored>, actors::tell_t<engine::wire::WindowPersisted>,
+      actors::tell_t<engine::wire::WindowsAbandoned>, actors::ask_t<wire::FetchLog, wire::LogData>,
+      actors::tell_t<wire::ReleaseLog>, actors::ask_t<wire::FetchSchedule, wire::ScheduleState>>;
+
+  checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io, int stage,
+                   int replica, actors::actor_ref coordinator, int copies, policy_limits limits,
+                   durable_target durable = {});
+
+  // Called on the actor thread (post_call) by the hooks.
+  void ship(std::int64_t iteration);
+  void set_targets(std::vector<actors::actor_ref> replicators);
+  // The durable writer finished window `window` (error empty) or failed: tell the coordinator.
+  void durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,
+                    const std::string& error);
+
+ private:
+  // Writes a persisted window to the durable tier in the background (slots: the capture's
+  // pinned buffers; empty when this stage does not hold the whole window).
+  void write_durable(std::uint64_t window, std::int64_t first,
+                     std::vector<std::span<const std::byte>> slots);
+  struct pending_slot {
+    transport::bulk_descriptor slot;  // where replicas pull it from
+    transport::bulk_region region;    // heap memory exported for it (none: lent memory)
+    std::optional<transport::share_handle> share;  // lent memory a replica on this host maps
+    std::size_t copies = 0;                        // replicators that answered stored
+    std::vector<actors::actor_ref> asked;          // targets sent a StoreSlot
+  };
+  asio::awaitable<void> stored(wire::SlotStored::Reader m);
+  asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
+  asio::awaitable<void> abandoned(engine::wire::WindowsAbandoned::Reader m);
+  asio::awaitable<void> fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out);
+  asio::awaitable<void> release(wire::ReleaseLog::Reader m);
+  asio::awaitable<void> schedule(wire::FetchSchedule::Reader m, wire::ScheduleState::Builder out);
+  void send(std::uint64_t window, std::uint32_t slot, pending_slot& p);
+  void check_window(std::uint64_t window);
+
+  std::shared_ptr<capture_shared> shared_;
+  engine::bulk_io& io_;
+  int stage_, replica_;
+  actors::actor_ref coordinator_;
+  int copies_;
+  policy_limits limits_;
+  durable_target durable_;
+  std::vector<actors::actor_ref> targets_;
+  std::map<std::pair<std::uint64_t, std::uint32_t>, pending_slot> pending_;
+  std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [slot]
+  std::map<std::uint64_t, transport::bulk_region> leases_;
+  std::uint64_t next_lease_ = 1;
+};
+
+}  // namespace moevement::recovery

@@ -1,0 +1,36 @@
+// What peers may ask of policy moevement's actors, and how much memory and time they may take.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace moevement::recovery {
+
+// Limits on what peers may ask of these actors (everything from the wire is untrusted). The
+// one place these defaults live.
+struct policy_limits {
+  std::uint64_t max_slot_bytes = std::uint64_t(4) << 30;  // one snapshot slot
+  std::uint64_t max_log_bytes = std::uint64_t(8) << 30;   // one FetchLog answer
+  std::size_t max_log_leases = 16;                        // FetchLog answers not yet released
+  std::uint64_t bandwidth_sample_bytes = 16u << 20;       // snapshot bytes timed for Algorithm 1
+  int bandwidth_samples = 5;  // copies of that sample timed; the fastest counts
+  // Large pulls go in pieces of this size, one after the other, so that the processes' event
+  // loops (heartbeats) are never held by one huge transfer.
+  std::uint64_t pull_chunk_bytes = 8u << 20;
+  // Windows a stage holds at most (the persisted one, one complete and being replicated, the
+  // one being captured): a step that would start another waits (a stall) until the job
+  // persisted one more, at most max_window_wait, so that host memory stays bounded when
+  // replication falls behind.
+  std::size_t max_windows_held = 3;
+  // Windows of counts or schedules a survivor's schedule state may carry (it holds two).
+  std::size_t max_schedule_windows = 8;
+  std::chrono::milliseconds max_window_wait{10000};
+  // How long a parallel group replay waits for a peer's gradients of one iteration. A peer
+  // that died or hangs is found by the heartbeats first (the region then restarts under a
+  // newer generation, whose ReplayGeneration ends this wait); this only bounds a wait nothing
+  // else ends.
+  std::chrono::seconds group_wait{600};
+};
+
+}  // namespace moevement::recovery

@@ -1,0 +1,240 @@
+#include "recovery/replicator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "recovery/snapshot.hpp"
+#include "recovery/worker_tasks.hpp"
+
+namespace moevement::recovery {
+
+using actors::actor_ref;
+using actors::read_ref;
+using actors::write_ref;
+using asio::awaitable;
+
+void write_slot_key(wire::SlotKey::Builder b, int stage, int replica, std::uint64_t window,
+                    std::uint32_t slot) {
+  b.setStage(stage);
+  b.setReplica(replica);
+  b.setWindow(window);
+  b.setSlot(slot);
+}
+
+replicator::replicator(engine::bulk_io& io, policy_limits limits,
+                       std::shared_ptr<durable_writer> durable, std::filesystem::path root,
+                       bool share)
+    : io_(io),
+      limits_(limits),
+      durable_(std::move(durable)),
+      root_(std::move(root)),
+      share_(share) {
+  on<wire::StoreSlot>(&replicator::store);
+  on<wire::FetchSlot, wire::SlotData>(&replicator::fetch);
+  on<engine::wire::WindowPersisted>(&replicator::persisted);
+  on<engine::wire::DurableQuery, engine::wire::DurableOffer>(&replicator::durable_query);
+}
+
+awaitable<void> replicator::durable_query(engine::wire::DurableQuery::Reader m,
+                                          engine::wire::DurableOffer::Builder out) {
+  const int stage = m.getStage(), replica = m.getReplica();
+  std::vector<std::uint64_t> ok;
+  std::vector<std::string> rejected;
+  if (!durable_) {
+    rejected.push_back("checkpoint.durable is off in this worker");
+  } else if (stage < 0 || replica < 0 || stage >= engine::max_job_workers ||
+             replica >= engine::max_job_workers) {
+    rejected.push_back("malformed DurableQuery");
+  } else {
+    // Reading every window back (checksums) takes a while: off the actor thread, once the
+    // writes in flight are done.
+    co_await off_thread([&] {
+      durable_->drain();
+      const durable_store store(durable_window_dir(root_, stage, replica));
+      ok = verified_durable_windows(store, stage, replica, &rejected);
+    });
+  }
+  auto w = out.initWindows(static_cast<unsigned>(ok.size()));
+  for (unsigned i = 0; i < w.size(); ++i) w.set(i, ok[i]);
+  auto r = out.initRejected(static_cast<unsigned>(rejected.size()));
+  for (unsigned i = 0; i < r.size(); ++i) {
+    r.set(i, fmt::format("stage {} replica {}: {}", stage, replica, rejected[i]));
+  }
+}
+
+bool replicator::store_mapped(const key& id, const actor_ref& from, wire::StoreSlot::Reader m,
+                              std::uint64_t length) {
+  // The owner's pages, mapped: no copy, and they outlive the owner (a second mapping keeps
+  // them). It writes them again only for a window after the next persisted one, when this
+  // replicator has dropped this one too. Anything wrong (another host, a handle that names
+  // other memory): pull a copy instead.
+  const auto h = transport::read_share(m.getShare());
+  if (!h.ok() || h->length != length) return false;
+  auto mapped = transport::shared_memory::open(*h);
+  if (!mapped.ok()) return false;
+  const auto bytes = mapped->memory().subspan(h->offset, h->length);
+  const auto& [stage, replica, window, slot] = id;
+  const auto tag = read_snapshot_tag(bytes);
+  std::string error;
+  if (!tag || tag->stage != stage || tag->replica != replica || tag->window != window ||
+      tag->slot != slot) {
+    error = "the mapped bytes are not the slot offered";
+  } else {
+    stored_slot s;
+    s.length = length;
+    s.offset = h->offset;
+    s.mapped = std::make_shared<transport::shared_memory>(std::move(*mapped));
+    slots_[id] = std::move(s);
+  }
+  (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
+    write_slot_key(b.initKey(), stage, replica, window, slot);
+    b.setOk(error.empty());
+    b.setError(error);
+    b.setMapped(error.empty());
+  });
+  return true;
+}
+
+std::size_t replicator::bytes_held() const {
+  // Copies only: a mapped slot is its owner's memory (counted there while it lives).
+  std::size_t n = 0;
+  for (const auto& [k, r] : slots_) n += r.region.memory().size();
+  for (const auto& [length, r] : spare_) n += r.memory().size();
+  return n;
+}
+
+awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
+  const auto k = m.getKey();
+  const actor_ref from = read_ref(m.getFrom());
+  const key id{k.getStage(), k.getReplica(), k.getWindow(), k.getSlot()};
+  auto answer = [&](bool ok, const std::string& error) {
+    (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
+      write_slot_key(b.initKey(), k.getStage(), k.getReplica(), k.getWindow(), k.getSlot());
+      b.setOk(ok);
+      b.setError(error);
+    });
+  };
+  auto d = transport::read_descriptor(m.getTensor());
+  if (!from.valid() || !d.ok() || d->node != from.node || d->length > limits_.max_slot_bytes) {
+    if (from.valid()) answer(false, "malformed StoreSlot");
+    co_return;
+  }
+  if (k.getWindow() < persisted_) {
+    answer(false, "window older than the persisted one");
+    co_return;
+  }
+  if (share_ && m.hasShare() && store_mapped(id, from, m, d->length)) co_return;
+  // The pull runs in an actor of its own: a peer that hangs mid-pull must not keep this
+  // replicator from serving FetchSlot to a recovery (the copy it holds is what is needed).
+  // As an actor (not a detached coroutine) it is cancelled with the system at shutdown.
+  transport::bulk_region region;
+  // The smallest spare region that holds it: after a recovery a replicator may hold another
+  // stage's slots, of other sizes.
+  if (const auto spare = spare_.lower_bound(d->length); spare != spare_.end()) {
+    region = std::move(spare->second);
+    spare_.erase(spare);
+  } else {
+    region = io_.allocate(d->length);
+  }
+  auto holder = std::make_shared<transport::bulk_region>(std::move(region));
+  (void)system().spawn<slot_puller>(io_, *d, holder, limits_.pull_chunk_bytes, self(), id, from);
+  co_return;
+}
+
+slot_puller::slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
+                         std::shared_ptr<transport::bulk_region> holder, std::uint64_t chunk,
+                         actor_ref replicator, replicator::key id, actor_ref from)
+    : io_(io),
+      desc_(desc),
+      holder_(std::move(holder)),
+      chunk_(chunk),
+      replicator_(replicator),
+      id_(id),
+      from_(from) {}
+
+awaitable<void> slot_puller::on_start() {
+  auto r =
+      co_await pull_chunked(io_, desc_, holder_->memory().first(desc_.length), holder_, chunk_);
+  std::string error = r.ok() ? std::string() : "pull failed: " + r.err().message;
+  if (error.empty()) {
+    // A late pull (the sender gave the slot's memory to a newer capture) reads another
+    // slot: refused, not stored. (The full checksum is checked when a recovery loads it.)
+    const auto& [stage, replica, window, slot] = id_;
+    const auto tag = read_snapshot_tag(holder_->memory().first(desc_.length));
+    if (!tag || tag->stage != stage || tag->replica != replica || tag->window != window ||
+        tag->slot != slot) {
+      error = "the pulled bytes are not the slot asked for (its buffer was reused meanwhile)";
+    }
+  }
+  (void)system().post_call(replicator_,
+                           [holder = holder_, id = id_, from = from_, length = desc_.length,
+                            error](actors::actor& a) -> awaitable<void> {
+                             static_cast<replicator&>(a).finish_store(id, from, holder, length,
+                                                                      error);
+                             co_return;
+                           });
+  quit();
+}
+
+void replicator::finish_store(const key& id, const actor_ref& from,
+                              const std::shared_ptr<transport::bulk_region>& holder,
+                              std::uint64_t length, const std::string& error) {
+  const auto& [stage, replica, window, slot] = id;
+  const bool ok = error.empty() && window >= persisted_;
+  if (ok) {
+    stored_slot s;
+    s.region = std::move(*holder);
+    s.length = length;
+    slots_[id] = std::move(s);
+  }
+  (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
+    write_slot_key(b.initKey(), stage, replica, window, slot);
+    b.setOk(ok);
+    b.setError(ok ? std::string() : error.empty() ? "window older than the persisted one" : error);
+  });
+}
+
+awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out) {
+  const auto k = m.getKey();
+  const auto it = slots_.find(key{k.getStage(), k.getReplica(), k.getWindow(), k.getSlot()});
+  out.setFound(it != slots_.end());
+  if (it == slots_.end()) co_return;
+  stored_slot& s = it->second;
+  if (!s.mapped) {
+    transport::write_descriptor(out.initTensor(), s.region.describe(0, s.length));
+    co_return;
+  }
+  // A puller on this host maps it in turn; one elsewhere pulls it from an export of the
+  // mapping, made once.
+  transport::write_share(out.initShare(), s.mapped->share(s.offset, s.length));
+  if (s.exported.memory().empty()) {
+    s.exported = io_.export_memory(s.mapped->memory().subspan(s.offset, s.length));
+  }
+  transport::write_descriptor(out.initTensor(), s.exported.describe_all());
+  co_return;
+}
+
+awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
+  persisted_ = std::max(persisted_, m.getWindow());
+  // No recovery pulls a window older than the persisted one (the coordinator does not advance
+  // it during a recovery's pulls), so its regions may take the next window's slots. Spares the
+  // window before left unused are freed.
+  std::multimap<std::uint64_t, transport::bulk_region> dropped;
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (std::get<2>(it->first) < persisted_) {
+      if (!it->second.region.memory().empty()) {
+        dropped.emplace(it->second.region.memory().size(), std::move(it->second.region));
+      }
+      it = slots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!dropped.empty()) spare_ = std::move(dropped);
+  co_return;
+}
+
+}  // namespace moevement::recovery
