@@ -7,8 +7,6 @@
 // With cluster.backend = "slurm" the workers are the tasks of one srun step instead
 // (launcher/slurm_backend.hpp); the rest is the same.
 #include <fmt/format.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -17,13 +15,10 @@
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 
-#include <algorithm>
-#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -35,14 +30,12 @@
 #include "engine/coordinator.hpp"
 #include "engine/job_config.hpp"
 #include "engine/run_log.hpp"
-#include "launcher/config.hpp"
-#include "launcher/exec_child.hpp"
-#include "launcher/inject.hpp"
+#include "launcher/injector.hpp"
 #include "launcher/launch.hpp"
+#include "launcher/launch_options.hpp"
 #include "launcher/slurm_backend.hpp"
-#include "recovery/dense_capture.hpp"
+#include "launcher/worker_processes.hpp"
 #include "recovery/durable_window.hpp"
-#include "recovery/moevement_policy.hpp"
 #include "recovery/resume_journal.hpp"
 #include "recovery/rollback_recovery.hpp"
 #include "transport/ucx_link.hpp"
@@ -50,21 +43,6 @@
 namespace moevement::launcher {
 
 namespace {
-
-constexpr const char* launch_usage =
-    "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...] [--dry-run]\n"
-    "                        [--resume] [--sbatch [-- SBATCH_OPTION ...]]\n"
-    "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
-    "  SPEC: kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot],\n"
-    "        kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M],\n"
-    "        mtbf:SECONDS[,seed=N][,max=K] or trace:FILE (docs/recovery.md); they add to the\n"
-    "        config's [[inject]] tables\n"
-    "  --dry-run: check the config and the injections, print the failure schedules, start "
-    "nothing\n"
-    "  --resume: start where a killed run of the same job left off: the newest durable window\n"
-    "        of checkpoint.dir (policy moevement with checkpoint.durable = true)\n"
-    "  --sbatch: (cluster.backend = \"slurm\") submit this launch as a Slurm batch job and "
-    "return\n";
 
 std::string new_token() {
   std::random_device rd;
@@ -76,37 +54,6 @@ std::string new_token() {
 std::string duration_text(double s) {
   const auto total = static_cast<long>(s + 0.5);
   return fmt::format("{}:{:02d}", total / 60, static_cast<int>(total % 60));
-}
-
-std::string exit_text(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    return fmt::format("was killed by signal {} ({})", sig, ::strsignal(sig));
-  }
-  return "stopped";
-}
-
-// Starts `self worker ...` in its own process group, dying with us.
-pid_t start_worker(const std::string& self, const std::vector<std::string>& args,
-                   const std::string& token) {
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(self.c_str()));
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
-  if (pid == 0) {
-    ::setpgid(0, 0);  // Ctrl-C goes to the head only; the head stops the workers
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
-    ::setenv("MOEVEMENT_JOB_TOKEN", token.c_str(), 1);
-    close_inherited_fds();  // not the head's listeners (UCX opens them without close-on-exec)
-    ::execv(self.c_str(), argv.data());
-    ::_exit(127);
-  }
-  return pid;
 }
 
 // Connections to the head's port that were refused or dropped before they were admitted: not
@@ -124,120 +71,401 @@ void log_link_refusals(engine::run_log& log, const transport::ucx_link_counters&
                 .add("time_s", log.seconds()));
 }
 
-}  // namespace
-
-int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
-  if (argc < 3) {
-    std::cerr << launch_usage;
-    return 2;
-  }
-  models::config_map raw = load_config_file(argv[2]);
-  std::vector<injection> injections;
-  std::vector<std::string> overrides, sbatch_args;
-  bool sbatch = false, dry_run = false, resume = false;
-  for (int i = 3; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--set" && i + 1 < argc) {
-      overrides.emplace_back(argv[++i]);
-      apply_override(raw, overrides.back());
-    } else if (a.starts_with("--set=")) {
-      overrides.push_back(a.substr(6));
-      apply_override(raw, overrides.back());
-    } else if (a == "--inject" && i + 1 < argc) {
-      injections.push_back(parse_injection(argv[++i]));
-    } else if (a.starts_with("--inject=")) {
-      injections.push_back(parse_injection(a.substr(9)));
-    } else if (a == "--dry-run") {
-      dry_run = true;
-    } else if (a == "--resume") {
-      resume = true;
-    } else if (a == "--sbatch") {
-      sbatch = true;
-      if (i + 1 < argc && std::string(argv[i + 1]) == "--") {
-        sbatch_args.assign(argv + i + 2, argv + argc);
-        break;
-      }
-    } else {
-      std::cerr << "moevement launch: unexpected argument '" << a << "'\n" << launch_usage;
-      return 2;
-    }
-  }
-  if (sbatch && resume) {
-    throw std::invalid_argument(
-        "--resume does not go with --sbatch: submit a batch script that runs `moevement launch "
-        "CONFIG --resume` instead");
-  }
-  if (sbatch && !injections.empty()) {
-    throw std::invalid_argument(
-        "--inject does not go with --sbatch (the batch job runs the launch from CONFIG and "
-        "--set only): write the injections as [[inject]] tables in CONFIG "
-        "(docs/configuration.md)");
-  }
-  // The config's [[inject]] tables first, then the command line's (--set may edit tables).
-  {
-    auto tables = take_inject_tables(raw, argv[2]);
-    injections.insert(injections.begin(), tables.begin(), tables.end());
-  }
-  const engine::job_config job = engine::resolve_job(raw);
-  check_host_memory(job.model, job.train);
-  if (auto fits = engine::fits_the_wire(raw); !fits.ok()) {
-    throw std::runtime_error(fits.err().message +
-                             " (the workers would refuse the config: shorten the value)");
-  }
-  (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
-  // Every injection checked against the job, and the failure schedules (mtbf, trace) built,
-  // before anything starts.
-  std::vector<scheduled_failure> schedule;
-  std::vector<std::string> worker_injections;  // phase=...: carried out by the workers
-  for (const auto& inj : injections) {
-    const auto s = check_injection(inj, job);
-    if (!s.empty()) {
-      std::string line = "injection: " + inj.text() + " schedule:";
-      for (const auto& f : s) line += " " + f.text() + ";";
-      line.pop_back();
-      std::cout << line << "\n";
-    } else if (dry_run) {
-      std::cout << "injection: " << inj.text() << "\n";
-    }
-    schedule.insert(schedule.end(), s.begin(), s.end());
-    if (inj.phase) worker_injections.push_back(inj.text());
-  }
-  std::stable_sort(schedule.begin(), schedule.end(),
-                   [](const auto& a, const auto& b) { return a.at_s < b.at_s; });
-  if (dry_run) {
-    std::cout << fmt::format(
-        "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",
-        injections.size());
-    return 0;
-  }
-  // The head's journal of durable windows (policy moevement with the durable tier): read by a
-  // resume, started afresh by a new job.
+// The head's journal of durable windows (policy moevement with the durable tier): read by a
+// resume (the point it starts from), started afresh by a new job.
+std::optional<engine::resume_point> open_journal(const launch_options& o,
+                                                 const engine::job_config& job,
+                                                 std::optional<recovery::resume_journal>& journal) {
   const bool journaled =
-      job.policy == engine::policy_kind::moevement && engine::durable_tier(job) && !sbatch;
-  std::optional<recovery::resume_journal> journal;
-  std::optional<engine::resume_point> resume_from;
-  if (resume && !journaled) {
+      job.policy == engine::policy_kind::moevement && engine::durable_tier(job) && !o.sbatch;
+  if (o.resume && !journaled) {
     throw std::invalid_argument(
         "--resume needs the durable tier of policy moevement: the job must run with "
         "checkpoint.policy = \"moevement\" and checkpoint.durable = true (its windows and "
         "journal are under checkpoint.dir)");
   }
-  if (journaled) {
-    journal.emplace(job);
-    if (resume) {
-      std::vector<std::string> rejected;
-      auto point = journal->load(&rejected);
-      for (const auto& r : rejected) std::cerr << "moevement launch: --resume: " << r << "\n";
-      if (!point.ok()) throw std::runtime_error("--resume: " + point.err().message);
-      resume_from = std::move(*point);
-    } else {
-      journal->clear();
+  if (!journaled) return std::nullopt;
+  journal.emplace(job);
+  if (!o.resume && !o.requeued) {
+    journal->clear();
+    return std::nullopt;
+  }
+  std::vector<std::string> rejected;
+  auto point = journal->load(&rejected);
+  for (const auto& r : rejected) std::cerr << "moevement launch: --resume: " << r << "\n";
+  if (!point.ok() && o.requeued && !o.resume && rejected.empty()) {
+    // Requeued before its first window reached the disk: nothing was kept, so from the start.
+    std::cout << "moevement launch: requeued by Slurm with no window on disk yet: starting "
+                 "from the beginning\n";
+    journal->clear();
+    return std::nullopt;
+  }
+  if (!point.ok()) throw std::runtime_error("--resume: " + point.err().message);
+  if (o.requeued) {
+    std::cout << fmt::format("moevement launch: requeued by Slurm: resuming from window {}\n",
+                             point->window);
+  }
+  return std::move(*point);
+}
+
+// One job's head: the link and actor system of node 0, the coordinator, the worker processes,
+// the failure injector, the progress lines and the run log.
+class head_session {
+ public:
+  head_session(const launch_options& o, const engine::job_config& job, injection_plan plan,
+               std::optional<recovery::resume_journal>& journal,
+               std::optional<engine::resume_point> resume_from)
+      : options_(o),
+        job_(job),
+        journal_(journal),
+        token_(new_token()),
+        processes_(token_),
+        link_(io_, link_options(job, token_)),
+        sys_(io_, link_, system_config(job)),
+        log_(job.run_log, o.resume),
+        worker_specs_(plan.worker_specs),
+        injector_(
+            io_, log_, o.injections, std::move(plan), job.train.iterations,
+            [this]() -> const failure_injector::worker_table* {
+              auto* c = coordinator();
+              return c != nullptr ? &c->workers() : nullptr;
+            },
+            [this](const std::string& line) { say(line); }) {
+    outcome_.message = "the job did not finish";
+    make_callbacks();
+    coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
+                                             recovery::any_head_recovery(job_.policy),
+                                             std::move(resume_from));
+  }
+
+  // Runs the job to its end; the exit status of `moevement launch`.
+  int run();
+
+ private:
+  static transport::ucx_link_options link_options(const engine::job_config& job,
+                                                  const std::string& token) {
+    transport::ucx_link_options opt;
+    opt.self = 0;
+    opt.job_token = token;
+    opt.listen_host = job.host;
+    return opt;
+  }
+  static actors::system_config system_config(const engine::job_config& job) {
+    actors::system_config cfg;
+    cfg.head = 0;
+    cfg.heartbeat_interval = std::chrono::milliseconds(job.heartbeat_ms);
+    cfg.heartbeat_timeout = std::chrono::milliseconds(job.failure_timeout_ms);
+    return cfg;
+  }
+
+  engine::coordinator* coordinator() { return sys_.local_actor<engine::coordinator>(coord_); }
+  void fail(const std::string& why) {
+    if (auto* c = coordinator()) c->fail(why);
+  }
+  // Ends an open progress line (a tty redraws one line in place).
+  void end_line() {
+    if (progress_open_) std::cout << "\n";
+    progress_open_ = false;
+  }
+  void say(const std::string& line) {
+    end_line();
+    std::cout << line << "\n" << std::flush;
+  }
+  void make_callbacks();
+  void progress(const engine::iteration_record& r);
+  void finish(const engine::job_outcome& o);
+  void on_signal(const std::error_code& ec, int sig);
+  void request_stop();
+  void window_on_disk(const engine::resume_point& p);
+  void child_exited(transport::node_id n, pid_t pid, int status);
+  void arm_start_timeout();
+  asio::awaitable<void> start_workers();
+  int report();
+
+  const launch_options& options_;
+  const engine::job_config& job_;
+  std::optional<recovery::resume_journal>& journal_;
+  const std::string token_;
+  const std::string self_ = std::filesystem::read_symlink("/proc/self/exe").string();
+  worker_processes processes_;
+  asio::io_context io_{1};
+  transport::ucx_link link_;
+  actors::actor_system sys_;
+  engine::run_log log_;
+  const std::vector<std::string> worker_specs_;  // phase=... injections: the workers'
+  failure_injector injector_;
+  const bool tty_ = ::isatty(STDOUT_FILENO) != 0;
+  engine::job_outcome outcome_;
+  bool finished_ = false, progress_open_ = false, interrupted_ = false;
+  std::unique_ptr<slurm_step> step_;  // backend slurm: srun, node 0 among the processes
+  asio::steady_timer linger_{io_}, start_timer_{io_};
+  asio::signal_set signals_{io_, SIGINT, SIGTERM, SIGCHLD};  // and SIGUSR1 (run)
+  engine::coordinator_callbacks cb_;
+  actors::actor_ref coord_;
+  // SIGUSR1 (a Slurm --signal before a time limit or preemption, or a user): stop once the
+  // next durable window is journaled; stopped_at_ is that window.
+  bool stop_requested_ = false;
+  std::optional<engine::resume_point> stopped_at_;
+  // The journal is written on a thread of its own, in order (its fsyncs must not hold the
+  // head's actor thread and its heartbeats); a failure comes back as a notice.
+  std::optional<recovery::durable_writer> journal_writer_;
+};
+
+void head_session::make_callbacks() {
+  cb_.on_recovery = [this](const std::string& event, std::int64_t) {
+    injector_.recovery_event(event);
+  };
+  cb_.on_worker_lost = [this](transport::node_id n, int pid) { processes_.kill_node(n, pid); };
+  cb_.on_notice = [this](const std::string& line) { say(line); };
+  cb_.on_iteration = [this](const engine::iteration_record& r) { progress(r); };
+  cb_.on_validation = [this](std::int64_t it, double v) {
+    say(fmt::format("iter {:>6}  val_loss {:.4f}", it + 1, v));
+  };
+  cb_.on_finished = [this](const engine::job_outcome& o) { finish(o); };
+  if (!journal_) return;
+  journal_writer_.emplace();
+  cb_.on_durable_window = [this](const engine::resume_point& p) {
+    journal_writer_->post([this, p] {
+      try {
+        journal_->write(p);
+        asio::post(io_, [this, p] { window_on_disk(p); });
+      } catch (const std::exception& e) {
+        asio::post(io_, [this, line = fmt::format("durable tier: the resume journal of window {} "
+                                                  "was not written: {}",
+                                                  p.window, e.what())] { cb_.on_notice(line); });
+      }
+    });
+  };
+}
+
+void head_session::progress(const engine::iteration_record& r) {
+  injector_.iteration_ended(r.iteration);
+  const std::int64_t done = r.iteration + 1;
+  const double eta = r.seconds * double(job_.train.iterations - done);
+  const std::string line =
+      fmt::format("iter {:>6}/{}  loss {:.4f}  {:>8.0f} tok/s  {:.3f} s/iter  ETA {}", done,
+                  job_.train.iterations, r.loss, r.tokens_per_s, r.seconds, duration_text(eta));
+  if (tty_) {
+    std::cout << "\r" << line << std::flush;
+    progress_open_ = true;
+  } else if (r.iteration % job_.train.log_every == 0 || done == job_.train.iterations) {
+    std::cout << line << "\n" << std::flush;
+  }
+}
+
+void head_session::finish(const engine::job_outcome& o) {
+  finished_ = true;
+  outcome_ = o;
+  start_timer_.cancel();
+  injector_.stop();
+  // Let the Shutdown messages go out, then leave.
+  linger_.expires_after(std::chrono::milliseconds(200));
+  linger_.async_wait([this](const std::error_code&) {
+    sys_.shutdown();
+    linger_.expires_after(std::chrono::milliseconds(100));
+    linger_.async_wait([this](const std::error_code&) { io_.stop(); });
+  });
+}
+
+void head_session::child_exited(transport::node_id n, pid_t pid, int status) {
+  if (step_ && pid == step_->pid()) {
+    step_->exited(status);
+    if (!finished_) {
+      end_line();
+      fail(slurm_step_ended_text(job_, *step_, exit_text(status)));
+    }
+    return;
+  }
+  auto* c = coordinator();
+  bool spare = false, known = false;
+  if (c != nullptr) {
+    const auto w = c->workers().find(n);
+    known = w != c->workers().end();
+    spare = c->started() && (!known || w->second.stage < 0);
+  }
+  if (!finished_ && spare && known) {
+    say(fmt::format("spare worker {} (pid {}) {}; training goes on", n, pid, exit_text(status)));
+  }
+  // The coordinator decides: recover the stage on a spare, or end the job saying so.
+  if (!finished_ && c != nullptr && known) {
+    c->lose_worker(n, exit_text(status));
+    // One truth about who is alive: the exit reaches the membership at once (asks to the
+    // worker fail now, not at the heartbeat timeout).
+    link_.forget(n);
+  } else if (!finished_ && (c == nullptr || !c->started())) {  // never said hello
+    fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
+  }
+}
+
+void head_session::on_signal(const std::error_code& ec, int sig) {
+  if (ec) return;
+  if (sig == SIGCHLD) {
+    processes_.reap_exited(
+        [this](transport::node_id n, pid_t pid, int status) { child_exited(n, pid, status); });
+  } else if (sig == SIGUSR1) {
+    request_stop();
+  } else if (!finished_) {
+    end_line();
+    interrupted_ = true;
+    fail(fmt::format("interrupted by signal {} ({}): stopped every worker", sig, ::strsignal(sig)));
+  }
+  signals_.async_wait([this](const std::error_code& e, int s) { on_signal(e, s); });
+}
+
+void head_session::request_stop() {
+  if (finished_ || stop_requested_) return;
+  if (!journal_) {
+    say("moevement launch: SIGUSR1 asks to stop at the next window on disk, but this job has no "
+        "durable tier (checkpoint.policy = \"moevement\" with checkpoint.durable = true): "
+        "training goes on");
+    return;
+  }
+  stop_requested_ = true;
+  say(
+      fmt::format("moevement launch: SIGUSR1: stopping once the next durable window is on disk "
+                  "(checkpoint.dir = {})",
+                  job_.baseline.dir));
+}
+
+void head_session::window_on_disk(const engine::resume_point& p) {
+  if (!stop_requested_ || finished_ || stopped_at_) return;
+  stopped_at_ = p;
+  fail(fmt::format(
+      "stopped on SIGUSR1 with window {} on disk: `moevement launch CONFIG --resume` goes on "
+      "from iteration {}",
+      p.window, p.target_iteration));
+}
+
+void head_session::arm_start_timeout() {
+  start_timer_.expires_after(std::chrono::milliseconds(job_.start_timeout_ms));
+  start_timer_.async_wait([this](const std::error_code& ec) {
+    auto* c = coordinator();
+    if (ec || finished_ || c == nullptr || c->started()) return;
+    fail(fmt::format(
+        "the workers did not all start within cluster.start_timeout_ms = {} ms ({} of {} said "
+        "hello){}",
+        job_.start_timeout_ms, c->workers().size(), job_.workers() + job_.spares,
+        step_ ? "; the Slurm step's last lines:\n" + step_->output_tail() : ""));
+  });
+}
+
+asio::awaitable<void> head_session::start_workers() {
+  auto r = co_await sys_.register_global(engine::coordinator::registered_name, coord_,
+                                         std::chrono::seconds(5));
+  if (!r.ok()) {
+    fail("cannot register the coordinator: " + r.err().message);
+    co_return;
+  }
+  const std::string head = fmt::format("{}:{}", job_.host, link_.port());
+  if (job_.backend == "slurm") {
+    try {
+      step_ = start_slurm_step(job_, self_, head, token_, worker_specs_);
+      processes_.adopt(step_->pid(), 0);
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    co_return;
+  }
+  for (int n = 1; n <= job_.workers() + job_.spares; ++n) {
+    std::vector<std::string> args{"worker",
+                                  "--head",
+                                  head,
+                                  "--node",
+                                  std::to_string(n),
+                                  "--host",
+                                  job_.host,
+                                  "--heartbeat-ms",
+                                  std::to_string(job_.heartbeat_ms),
+                                  "--failure-timeout-ms",
+                                  std::to_string(job_.failure_timeout_ms)};
+    for (const auto& spec : worker_specs_) {
+      args.push_back("--inject");
+      args.push_back(spec);
+    }
+    try {
+      processes_.start(self_, args, transport::node_id(n));
+    } catch (const std::exception& e) {
+      fail(e.what());
+      co_return;
     }
   }
-  const int nworkers = job.workers() + job.spares;
-  const bool slurm = job.backend == "slurm";
-  if (sbatch) return submit_with_sbatch(job, argv[2], overrides, sbatch_args);
-  if (slurm) {
+}
+
+int head_session::run() {
+  signals_.add(SIGUSR1);
+  signals_.async_wait([this](const std::error_code& e, int s) { on_signal(e, s); });
+  arm_start_timeout();
+  asio::co_spawn(io_, start_workers(), asio::detached);
+  io_.run();
+  end_line();
+  log_link_refusals(log_, link_.counters());
+  injector_.report_unfired(std::cout);
+  return report();
+}
+
+// Every worker goes: those that did not exit after Shutdown get SIGTERM, then SIGKILL. One that
+// ends badly on its own after a good run (a crash while shutting down) fails the launch.
+int head_session::report() {
+  std::string step_end;
+  if (step_) {  // srun goes first: the workers are its tasks
+    processes_.forget(step_->pid());
+    step_end = step_->stop(srun_grace_ms);
+  }
+  const auto bad_exits = processes_.end_all(std::chrono::milliseconds(outcome_.ok ? 3000 : 200));
+  if (outcome_.ok && !bad_exits.empty()) {
+    outcome_.ok = false;
+    outcome_.message = bad_exits.front();
+    for (std::size_t i = 1; i < bad_exits.size(); ++i) outcome_.message += "; " + bad_exits[i];
+    outcome_.message += " (the job itself finished: see that worker's output above)";
+  }
+  if (!outcome_.ok) {
+    std::cerr << "moevement launch: " << outcome_.message << "\n";
+    std::cerr << "run log: " << job_.run_log << "\n";
+    if (step_) {
+      std::cerr << "Slurm step output (each task's stdout and stderr): " << step_->output_path()
+                << " (" << step_end << ")\n";
+    }
+    if (stopped_at_) {
+      if (options_.requeue) requeue_slurm_job(stopped_at_->window);
+      return launch_stopped_status;
+    }
+    return interrupted_ ? 130 : 1;
+  }
+  std::cout << fmt::format(
+      "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, {:.2f} s)  "
+      "ETTR {:.3f}\n",
+      outcome_.final_loss, outcome_.val_loss, outcome_.tokens_per_s, outcome_.iterations,
+      outcome_.seconds, outcome_.ettr);
+  std::cout << "run log: " << job_.run_log << "\n";
+  if (step_) {
+    std::cout << "Slurm step output (each task's stdout and stderr): " << step_->output_path()
+              << "\n";
+  }
+  std::cout << "state_hash=" << hex16(outcome_.state_hash) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
+  auto options = parse_launch_options(argc, argv);
+  if (!options) return 2;
+  const engine::job_config job = checked_job(*options);
+  (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
+  injection_plan plan = plan_injections(options->injections, job, options->dry_run, std::cout);
+  if (options->dry_run) {
+    std::cout << fmt::format(
+        "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",
+        options->injections.size());
+    return 0;
+  }
+  std::optional<recovery::resume_journal> journal;
+  auto resume_from = open_journal(*options, job, journal);
+  options->resume = resume_from.has_value();  // the run log goes on where it was
+  if (options->sbatch) {
+    return submit_with_sbatch(job, options->config_path, options->overrides, options->sbatch_args);
+  }
+  if (job.backend == "slurm") {
     if (const auto why = slurm_precheck(job)) {
       std::cerr << "moevement launch: " << *why << "\n";
       return 1;
@@ -248,417 +476,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       "{} spare(s), stage type {}, checkpoint policy {}\n",
       job.model.preset, job.model.layers, double(job.model.parameter_count()) / 1e6, job.pp, job.dp,
       job.workers(), job.spares, job.stage_type, engine::policy_name(job.policy));
-
-  const std::string token = new_token();
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  asio::io_context io(1);
-  transport::ucx_link_options opt;
-  opt.self = 0;
-  opt.job_token = token;
-  opt.listen_host = job.host;
-  transport::ucx_link link(io, opt);
-  actors::system_config cfg;
-  cfg.head = 0;
-  cfg.heartbeat_interval = std::chrono::milliseconds(job.heartbeat_ms);
-  cfg.heartbeat_timeout = std::chrono::milliseconds(job.failure_timeout_ms);
-  actors::actor_system sys(io, link, cfg);
-  engine::run_log log(job.run_log, resume);
-
-  const bool tty = ::isatty(STDOUT_FILENO) != 0;
-  engine::job_outcome outcome;
-  outcome.message = "the job did not finish";
-  bool finished = false, progress_open = false, interrupted = false;
-  std::map<pid_t, transport::node_id> children;
-  std::unique_ptr<slurm_step> step;  // backend slurm: srun, node 0 in `children`
-  asio::steady_timer linger(io), start_timer(io);
-  asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
-  auto end_line = [&] {
-    if (progress_open) std::cout << "\n";
-    progress_open = false;
-  };
-
-  engine::coordinator_callbacks cb;
-  actors::actor_ref coord_ref;
-  // The run log's `inject` event: what the head struck, and where (phase=... injections are
-  // the workers' own and show as their worker_lost).
-  auto log_injection = [&](const std::string& spec, transport::node_id n, int stage, int replica) {
-    log.write(engine::json_record{}
-                  .add("kind", "event")
-                  .add("event", "inject")
-                  .add("spec", spec)
-                  .add("node", std::int64_t{n})
-                  .add("stage", stage)
-                  .add("replica", replica)
-                  .add("time_s", log.seconds()));
-  };
-  // Injected failures: once iteration T begins, the worker that runs (stage, replica) then.
-  auto inject_due = [&](std::int64_t next_iteration) {
-    auto* c = sys.local_actor<engine::coordinator>(coord_ref);
-    if (c == nullptr) return;
-    for (auto& inj : injections) {
-      if (inj.done || inj.phase || inj.during_recovery || inj.iteration != next_iteration ||
-          (inj.what != injection::kind::kill && inj.what != injection::kind::hang)) {
-        continue;
-      }
-      for (const auto& [n, w] : c->workers()) {
-        if (w.stage != inj.stage || w.replica != inj.replica) continue;
-        inj.done = true;
-        const bool kill = inj.what == injection::kind::kill;
-        end_line();
-        std::cout << fmt::format("inject: {} (worker {}, pid {})\n", inj.text(), n, w.pid)
-                  << std::flush;
-        log_injection(inj.text(), n, inj.stage, inj.replica);
-        ::kill(w.pid, kill ? SIGKILL : SIGSTOP);
-        break;
-      }
-    }
-  };
-  // during=recovery: the K-th recovery to start arms the injection, which fires delay_ms later
-  // at whichever worker then holds (stage, replica): the spare being rebuilt, if it is that one.
-  // Scheduled failures (mtbf, trace) count seconds of training from the end of iteration 0;
-  // one falls due only while no recovery runs and the previous one was recovered, so that
-  // each is recovered (and measured) on its own; during=recovery is how a failure is put
-  // into a recovery on purpose.
-  int recoveries_started = 0;
-  bool recovering = false, awaiting_recovery = false, schedule_closed = false;
-  std::vector<std::unique_ptr<asio::steady_timer>> delayed;
-  asio::steady_timer schedule_timer(io);
-  std::size_t schedule_next = 0;
-  std::optional<std::chrono::steady_clock::time_point> train_start;
-  // Kills (or stops) the worker that holds (stage, replica) now; false if none does.
-  auto strike = [&](failure_kind what, int stage, int replica, const std::string& label,
-                    const std::string& note) {
-    auto* c = sys.local_actor<engine::coordinator>(coord_ref);
-    if (c == nullptr || finished) return false;
-    for (const auto& [n, w] : c->workers()) {
-      if (w.stage != stage || w.replica != replica) continue;
-      end_line();
-      std::cout << fmt::format("inject: {} (worker {}, pid {}; {})\n", label, n, w.pid, note)
-                << std::flush;
-      log_injection(label, n, stage, replica);
-      ::kill(w.pid, what == failure_kind::kill ? SIGKILL : SIGSTOP);
-      return true;
-    }
-    end_line();
-    std::cout << fmt::format("inject: {}: no worker holds stage {} replica {} now; skipped\n",
-                             label, stage, replica)
-              << std::flush;
-    return false;
-  };
-  std::function<void()> schedule_due = [&] {
-    if (!train_start || schedule_closed || finished) return;
-    auto due = [&](std::size_t i) {
-      return *train_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                std::chrono::duration<double>(schedule[i].at_s));
-    };
-    const auto now = std::chrono::steady_clock::now();
-    while (schedule_next < schedule.size() && due(schedule_next) <= now) {
-      if (recovering || awaiting_recovery) return;  // recovery_end calls again
-      const scheduled_failure& f = schedule[schedule_next++];
-      const double at = std::chrono::duration<double>(now - *train_start).count();
-      const std::string kind = f.what == failure_kind::kill ? "kill" : "hang";
-      awaiting_recovery =
-          strike(f.what, f.stage, f.replica,
-                 fmt::format("{}: {} stage={} replica={}", f.origin, kind, f.stage, f.replica),
-                 fmt::format("due at {:.3f} s of training, now {:.3f} s", f.at_s, at));
-    }
-    if (schedule_next < schedule.size()) {
-      schedule_timer.expires_at(due(schedule_next));
-      schedule_timer.async_wait([&](const std::error_code& ec) {
-        if (!ec) schedule_due();
-      });
-    }
-  };
-  cb.on_recovery = [&](const std::string& event, std::int64_t) {
-    if (event == "recovery_end") {
-      recovering = false;
-      awaiting_recovery = false;
-      schedule_due();
-      return;
-    }
-    if (event != "recovery_start") return;
-    recovering = true;
-    const int k = ++recoveries_started;
-    for (auto& inj : injections) {
-      if (inj.done || !inj.during_recovery || inj.nth != k) continue;
-      inj.done = true;
-      auto fire = [&, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica, k] {
-        strike(what, s, d, text,
-               fmt::format("recovery {} {}", k,
-                           recovering && recoveries_started == k ? "in progress" : "ended"));
-      };
-      if (inj.delay_ms == 0) {
-        fire();
-        continue;
-      }
-      delayed.push_back(std::make_unique<asio::steady_timer>(io));
-      delayed.back()->expires_after(std::chrono::milliseconds(inj.delay_ms));
-      delayed.back()->async_wait([fire](const std::error_code& ec) {
-        if (!ec) fire();
-      });
-    }
-  };
-  cb.on_worker_lost = [&](transport::node_id n, int pid) {
-    // A hung worker must not wake up later and talk as if nothing happened.
-    for (const auto& [p, node] : children) {
-      if (node == n && p == pid) ::kill(pid, SIGKILL);
-    }
-  };
-  cb.on_notice = [&](const std::string& line) {
-    end_line();
-    std::cout << line << "\n" << std::flush;
-  };
-  cb.on_iteration = [&](const engine::iteration_record& r) {
-    inject_due(r.iteration + 1);
-    if (r.iteration + 1 >= job.train.iterations) {
-      schedule_closed = true;  // the end of the job (validation, digests) is not targeted
-      schedule_timer.cancel();
-    } else if (!train_start && !schedule.empty()) {
-      train_start = std::chrono::steady_clock::now();
-      schedule_due();
-    }
-    const std::int64_t done = r.iteration + 1;
-    const double eta = r.seconds * double(job.train.iterations - done);
-    const std::string line =
-        fmt::format("iter {:>6}/{}  loss {:.4f}  {:>8.0f} tok/s  {:.3f} s/iter  ETA {}", done,
-                    job.train.iterations, r.loss, r.tokens_per_s, r.seconds, duration_text(eta));
-    if (tty) {
-      std::cout << "\r" << line << std::flush;
-      progress_open = true;
-    } else if (r.iteration % job.train.log_every == 0 || done == job.train.iterations) {
-      std::cout << line << "\n" << std::flush;
-    }
-  };
-  cb.on_validation = [&](std::int64_t it, double v) {
-    end_line();
-    std::cout << fmt::format("iter {:>6}  val_loss {:.4f}\n", it + 1, v) << std::flush;
-  };
-  cb.on_finished = [&](const engine::job_outcome& o) {
-    finished = true;
-    outcome = o;
-    start_timer.cancel();
-    schedule_timer.cancel();
-    for (auto& t : delayed) t->cancel();
-    // Let the Shutdown messages go out, then leave.
-    linger.expires_after(std::chrono::milliseconds(200));
-    linger.async_wait([&](const std::error_code&) {
-      sys.shutdown();
-      linger.expires_after(std::chrono::milliseconds(100));
-      linger.async_wait([&](const std::error_code&) { io.stop(); });
-    });
-  };
-  // The journal is written on a thread of its own, in order (its fsyncs must not hold the
-  // head's actor thread and its heartbeats); a failure comes back as a notice.
-  std::optional<recovery::durable_writer> journal_writer;
-  if (journal) {
-    journal_writer.emplace();
-    cb.on_durable_window = [&](const engine::resume_point& p) {
-      journal_writer->post([&, p] {
-        try {
-          journal->write(p);
-        } catch (const std::exception& e) {
-          asio::post(io, [&, line = fmt::format("durable tier: the resume journal of window {} "
-                                                "was not written: {}",
-                                                p.window, e.what())] { cb.on_notice(line); });
-        }
-      });
-    };
-  }
-  auto coord = sys.spawn<engine::coordinator>(job, raw, cb, &log,
-                                              recovery::any_head_recovery(job.policy), resume_from);
-  coord_ref = coord;
-  auto fail = [&](const std::string& why) {
-    if (auto* c = sys.local_actor<engine::coordinator>(coord)) c->fail(why);
-  };
-
-  std::function<void(const std::error_code&, int)> on_signal = [&](const std::error_code& ec,
-                                                                   int sig) {
-    if (ec) return;
-    if (sig == SIGCHLD) {
-      int status = 0;
-      pid_t pid;
-      while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-        auto it = children.find(pid);
-        if (it == children.end()) continue;
-        const transport::node_id n = it->second;
-        children.erase(it);
-        if (step && pid == step->pid()) {
-          step->exited(status);
-          if (!finished) {
-            end_line();
-            fail(slurm_step_ended_text(job, *step, exit_text(status)));
-          }
-          continue;
-        }
-        auto* c = sys.local_actor<engine::coordinator>(coord);
-        bool spare = false, known = false;
-        if (c != nullptr) {
-          const auto w = c->workers().find(n);
-          known = w != c->workers().end();
-          spare = c->started() && (!known || w->second.stage < 0);
-        }
-        if (!finished && spare && known) {
-          end_line();
-          std::cout << fmt::format("spare worker {} (pid {}) {}; training goes on\n", n, pid,
-                                   exit_text(status));
-        }
-        // The coordinator decides: recover the stage on a spare, or end the job saying so.
-        if (!finished && c != nullptr && known) {
-          c->lose_worker(n, exit_text(status));
-          // One truth about who is alive: the exit reaches the membership at once (asks to
-          // the worker fail now, not at the heartbeat timeout).
-          link.forget(n);
-        } else if (!finished && (c == nullptr || !c->started())) {  // never said hello
-          fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
-        }
-      }
-    } else if (!finished) {
-      end_line();
-      interrupted = true;
-      fail(fmt::format("interrupted by signal {} ({}): stopped every worker", sig,
-                       ::strsignal(sig)));
-    }
-    signals.async_wait(on_signal);
-  };
-  signals.async_wait(on_signal);
-
-  start_timer.expires_after(std::chrono::milliseconds(job.start_timeout_ms));
-  start_timer.async_wait([&](const std::error_code& ec) {
-    auto* c = sys.local_actor<engine::coordinator>(coord);
-    if (ec || finished || c == nullptr || c->started()) return;
-    fail(
-        fmt::format("the workers did not all start within cluster.start_timeout_ms = {} ms "
-                    "({} of {} said hello){}",
-                    job.start_timeout_ms, c->workers().size(), nworkers,
-                    step ? "; the Slurm step's last lines:\n" + step->output_tail() : ""));
-  });
-
-  asio::co_spawn(
-      io,
-      [&]() -> actors::awaitable<void> {
-        auto r = co_await sys.register_global(engine::coordinator::registered_name, coord,
-                                              std::chrono::seconds(5));
-        if (!r.ok()) {
-          fail("cannot register the coordinator: " + r.err().message);
-          co_return;
-        }
-        const std::string head = fmt::format("{}:{}", job.host, link.port());
-        if (slurm) {
-          try {
-            step = start_slurm_step(job, self, head, token, worker_injections);
-            children[step->pid()] = 0;
-          } catch (const std::exception& e) {
-            fail(e.what());
-          }
-          co_return;
-        }
-        for (int n = 1; n <= nworkers; ++n) {
-          std::vector<std::string> args{"worker",
-                                        "--head",
-                                        head,
-                                        "--node",
-                                        std::to_string(n),
-                                        "--host",
-                                        job.host,
-                                        "--heartbeat-ms",
-                                        std::to_string(job.heartbeat_ms),
-                                        "--failure-timeout-ms",
-                                        std::to_string(job.failure_timeout_ms)};
-          for (const auto& spec : worker_injections) {
-            args.push_back("--inject");
-            args.push_back(spec);
-          }
-          try {
-            children[start_worker(self, args, token)] = transport::node_id(n);
-          } catch (const std::exception& e) {
-            fail(e.what());
-            co_return;
-          }
-        }
-      },
-      asio::detached);
-
-  io.run();
-  end_line();
-  log_link_refusals(log, link.counters());
-  // What the head was to inject and did not (the run ended first, or nth recoveries never
-  // started); phase=... injections are the workers' and not known here.
-  for (const auto& inj : injections) {
-    if (!inj.done && !inj.phase &&
-        (inj.what == injection::kind::kill || inj.what == injection::kind::hang)) {
-      std::cout << "inject: " << inj.text() << " did not fire before the job ended\n";
-    }
-  }
-  if (schedule_next < schedule.size()) {
-    std::cout << fmt::format(
-        "inject: {} of {} scheduled failure(s) did not fall due before "
-        "training ended\n",
-        schedule.size() - schedule_next, schedule.size());
-  }
-
-  // Every worker goes: those that did not exit after Shutdown get SIGTERM, then SIGKILL. One
-  // that ends badly on its own after a good run (a crash while shutting down) fails the launch.
-  std::vector<std::string> bad_exits;
-  bool graceful = true;
-  auto reap = [&](std::chrono::milliseconds within) {
-    const auto until = std::chrono::steady_clock::now() + within;
-    while (!children.empty() && std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid > 0) {
-        const auto it = children.find(pid);
-        if (graceful && it != children.end() && it->second != 0 &&
-            !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-          bad_exits.push_back(fmt::format("worker {} (pid {}) {} while shutting down", it->second,
-                                          pid, exit_text(status)));
-        }
-        children.erase(pid);
-      } else if (pid < 0 && errno == ECHILD) {
-        children.clear();
-      } else {
-        ::usleep(10000);
-      }
-    }
-  };
-  std::string step_end;
-  if (step) {  // srun goes first: the workers are its tasks
-    children.erase(step->pid());
-    step_end = step->stop(srun_grace_ms);
-  }
-  reap(std::chrono::milliseconds(outcome.ok ? 3000 : 200));
-  graceful = false;
-  for (const auto& [pid, n] : children) ::kill(pid, SIGTERM);
-  reap(std::chrono::milliseconds(2000));
-  for (const auto& [pid, n] : children) ::kill(pid, SIGKILL);
-  reap(std::chrono::milliseconds(2000));
-
-  if (outcome.ok && !bad_exits.empty()) {
-    outcome.ok = false;
-    outcome.message = bad_exits.front();
-    for (std::size_t i = 1; i < bad_exits.size(); ++i) outcome.message += "; " + bad_exits[i];
-    outcome.message += " (the job itself finished: see that worker's output above)";
-  }
-  if (!outcome.ok) {
-    std::cerr << "moevement launch: " << outcome.message << "\n";
-    std::cerr << "run log: " << job.run_log << "\n";
-    if (step) {
-      std::cerr << "Slurm step output (each task's stdout and stderr): " << step->output_path()
-                << " (" << step_end << ")\n";
-    }
-    return interrupted ? 130 : 1;
-  }
-  std::cout << fmt::format(
-      "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, {:.2f} s)  "
-      "ETTR {:.3f}\n",
-      outcome.final_loss, outcome.val_loss, outcome.tokens_per_s, outcome.iterations,
-      outcome.seconds, outcome.ettr);
-  std::cout << "run log: " << job.run_log << "\n";
-  if (step) {
-    std::cout << "Slurm step output (each task's stdout and stderr): " << step->output_path()
-              << "\n";
-  }
-  std::cout << "state_hash=" << hex16(outcome.state_hash) << "\n";
-  return 0;
+  head_session session(*options, job, std::move(plan), journal, std::move(resume_from));
+  return session.run();
 }
 
 }  // namespace moevement::launcher

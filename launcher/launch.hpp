@@ -7,6 +7,10 @@
 
 namespace moevement::launcher {
 
+// `moevement launch`'s exit status when SIGUSR1 stopped it with a window on disk to resume from
+// (EX_TEMPFAIL: run it again with --resume).
+inline constexpr int launch_stopped_status = 75;
+
 int run_launch(int argc, char** argv, const engine::stage_registry& registry);
 int run_worker(int argc, char** argv, const engine::stage_registry& registry);
 

@@ -478,6 +478,28 @@ std::string slurm_step_ended_text(const engine::job_config& job, const slurm_ste
                      hint);
 }
 
+void requeue_slurm_job(std::uint64_t window) {
+  const char* id = std::getenv("SLURM_JOB_ID");
+  if (id == nullptr) {
+    std::cerr << "moevement launch: --requeue: not inside a Slurm job (SLURM_JOB_ID is unset): "
+                 "nothing requeued; `moevement launch CONFIG --resume` goes on\n";
+    return;
+  }
+  // Slurm ends this job's processes as it requeues it: everything is said and flushed first.
+  std::cout << fmt::format(
+                   "moevement launch: requeueing Slurm job {}: when it starts again it resumes "
+                   "from window {}\n",
+                   id, window)
+            << std::flush;
+  const auto [status, said] = run_capturing({"scontrol", "requeue", id});
+  if (status != 0) {
+    std::cerr << fmt::format(
+        "moevement launch: `scontrol requeue {}` failed: {}(submit the job with sbatch --requeue, "
+        "as `moevement launch --sbatch` does; or run `moevement launch CONFIG --resume`)\n",
+        id, said);
+  }
+}
+
 int submit_with_sbatch(const engine::job_config& job, const std::string& config_path,
                        const std::vector<std::string>& overrides,
                        const std::vector<std::string>& sbatch_args) {
@@ -494,6 +516,10 @@ int submit_with_sbatch(const engine::job_config& job, const std::string& config_
   }
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const std::string base = fs::absolute(run_log_base(job.run_log)).string();
+  // With a durable journal to resume from, the job is requeued instead of lost at its time
+  // limit (policy moevement with the durable tier).
+  const bool requeueable =
+      job.policy == engine::policy_kind::moevement && engine::durable_tier(job);
   const std::string script = base + ".sbatch.sh", output = base + ".sbatch.out";
   {
     std::ofstream out(script, std::ios::trunc);
@@ -502,6 +528,7 @@ int submit_with_sbatch(const engine::job_config& job, const std::string& config_
            "its\n# allocation; it starts the workers as one srun step.\n"
         << "exec " << shell_quote(self) << " launch " << shell_quote(fs::absolute(config_path));
     for (const auto& o : overrides) out << " --set " << shell_quote(o);
+    if (requeueable) out << " --requeue";
     out << "\n";
     if (!out) {
       std::cerr << "moevement launch: cannot write the batch script " << script << "\n";
@@ -512,6 +539,12 @@ int submit_with_sbatch(const engine::job_config& job, const std::string& config_
                                 fmt::format("--ntasks={}", job.workers() + job.spares),
                                 "--output=" + output};
   if (job.slurm_nodes > 0) argv.push_back(fmt::format("--nodes={}", job.slurm_nodes));
+  if (requeueable) {
+    // Before a time limit or a preemption Slurm signals the head, which stops at its next
+    // durable window and requeues the job; the output of every run goes to the one file.
+    argv.insert(argv.end(), {"--requeue", fmt::format("--signal=B:USR1@{}", requeue_signal_s),
+                             "--open-mode=append"});
+  }
   if (!job.slurm_partition.empty()) argv.push_back("--partition=" + job.slurm_partition);
   argv.insert(argv.end(), sbatch_args.begin(), sbatch_args.end());
   argv.push_back(script);

@@ -26,6 +26,10 @@ namespace moevement::launcher {
 // Shutdown), and then after SIGTERM (srun ends the step: SIGTERM to the tasks, SIGKILL after
 // the cluster's KillWait), before it scancels the step and kills srun.
 inline constexpr int srun_grace_ms = 3000;
+// A batch job submitted with --sbatch is signalled (SIGUSR1) this long before its time limit:
+// time for the next durable window to reach the disk (Slurm signals within about a minute of
+// the time asked for). sbatch options after `--` may say otherwise (--signal).
+inline constexpr int requeue_signal_s = 180;
 inline constexpr int srun_term_wait_ms = 8000;
 
 // Where srun's output goes: the run log's path with ".jsonl" (if any) replaced by ".slurm.log".
@@ -77,6 +81,11 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
 // script that runs the same launch (the head) inside its allocation, submits it with sbatch
 // for pp x dp + spares tasks (cluster.slurm_nodes, cluster.slurm_partition; the options after
 // `--` go to sbatch as they are), prints the job id and where its output goes, and returns.
+// `moevement launch --requeue`, stopped on SIGUSR1 with `window` on disk: requeues this Slurm
+// batch job (scontrol requeue SLURM_JOB_ID), which then starts again and resumes from it.
+// Prints what it did, or why it could not (not a batch job, not requeueable).
+void requeue_slurm_job(std::uint64_t window);
+
 int submit_with_sbatch(const engine::job_config& job, const std::string& config_path,
                        const std::vector<std::string>& overrides,
                        const std::vector<std::string>& sbatch_args);

@@ -400,6 +400,34 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   fs::remove_all(dir + "-pp2");
 }
 
+// SIGUSR1 (what Slurm sends before a time limit, `sbatch --signal`) stops the job once its next
+// durable window is journaled, with status 75 and the command that goes on; --resume then
+// ends with the uninterrupted run's hash.
+TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exact) {
+  const std::string longer = fmt::format(" --set train.iterations={}", resume_iterations);
+  const std::string dir = checkpoint_dir("usr1");
+  {
+    background_launch j("usr1", job(dir, "--set cluster.spares=0" + longer));
+    ASSERT_EQ(j.wait_for_workers(3).size(), 3u) << j.output();
+    ASSERT_TRUE(wait_for_event(j, "durable_window")) << j.output();
+    ::kill(j.pid, SIGUSR1);
+    EXPECT_EQ(j.wait(std::chrono::seconds(60)), 75) << j.output();
+    const std::string out = j.output();
+    EXPECT_NE(out.find("SIGUSR1: stopping once the next durable window is on disk"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("`moevement launch CONFIG --resume` goes on from iteration"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(count_events(lines_of(j.log), "durable_rollback"), 0) << out;
+  }
+  const auto o = launch("usr1-resumed", job(dir, "--set cluster.spares=0" + longer) + " --resume");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(resume_iterations));
+  EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
+  fs::remove_all(dir);
+}
+
 // What cannot be resumed says why, before any worker starts.
 TEST(resume, nothing_to_resume_is_refused_saying_why) {
   const std::string dir = checkpoint_dir("nothing");

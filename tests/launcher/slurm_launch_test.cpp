@@ -213,6 +213,52 @@ TEST_F(slurm_launch, launch_sbatch_submits_a_batch_job_that_gives_the_same_state
   EXPECT_TRUE(contains(head, "inside this allocation")) << head;
 }
 
+// `--sbatch` with the durable tier: the batch job is submitted requeueable and to be signalled
+// before its time limit. SIGUSR1 (here `scancel --batch --signal=USR1`, what Slurm's --signal
+// does) stops it at its next durable window and requeues it; started again, the job resumes on
+// its own and ends with the uninterrupted run's hash.
+TEST_F(slurm_launch, a_signalled_batch_job_is_requeued_and_resumes_bit_exact) {
+  const std::string its = "--set train.iterations=60 --set train.seq_len=16 ";
+  const auto ref = cluster_->run(bin() + " train " + config() + " " + its, 120);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string durable = its +
+                              "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                              "--set checkpoint.durable=true --set checkpoint.dir=" +
+                              cluster_->dir() + "/requeue-ckpt ";
+  const std::string log = cluster_->dir() + "/requeue.jsonl";
+  const auto r = cluster_->run(
+      "out=$(" + launch("requeue", durable + slurm_2x2) +
+          " --sbatch -- --time=5) || { echo \"$out\"; exit 1; }\n"
+          "echo \"$out\"\n"
+          "id=$(echo \"$out\" | sed -n 's/^submitted Slurm job \\([0-9]*\\) .*/\\1/p')\n"
+          "for i in $(seq 600); do\n"
+          "  grep -q '\"event\":\"durable_window\"' " +
+          log +
+          " 2>/dev/null && break\n"
+          "  sleep 0.1\n"
+          "done\n"
+          "scancel --batch --signal=USR1 $id\n"
+          "for i in $(seq 1200); do\n"
+          "  info=$(scontrol show job $id -o)\n"
+          "  st=$(echo \"$info\" | grep -o 'JobState=[A-Z_]*')\n"
+          "  case $info in *Reason=BeginTime*) scontrol update jobid=$id StartTime=now ;; esac\n"
+          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING|*=REQUEUED) ;; *) break ;; "
+          "esac\n"
+          "  sleep 0.1\n"
+          "done\n"
+          "echo $st; scontrol show job $id -o | grep -o 'Restarts=[0-9]*'",
+      240);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string head = read_file(cluster_->dir() + "/requeue.sbatch.out");
+  EXPECT_TRUE(contains(r.output, "JobState=COMPLETED")) << r.output << head;
+  EXPECT_TRUE(contains(r.output, "Restarts=1")) << r.output;
+  EXPECT_TRUE(contains(head, "SIGUSR1: stopping once the next durable window is on disk")) << head;
+  EXPECT_TRUE(contains(head, "requeueing Slurm job")) << head;
+  EXPECT_TRUE(contains(head, "requeued by Slurm: resuming from window")) << head;
+  EXPECT_EQ(hash_of(head), hash_of(ref.output)) << head << "\nstep output:\n"
+                                                << read_file(slurm_log("requeue"));
+}
+
 TEST_F(slurm_launch, a_worker_killed_mid_run_ends_the_job_with_a_clear_error_and_no_hung_srun) {
   // Node 2 is (stage 1, replica 0). Killed with SIGKILL once the first iteration is logged.
   const std::string dir = cluster_->dir();

@@ -1,0 +1,98 @@
+#include "launcher/worker_processes.hpp"
+
+#include <fmt/format.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <stdexcept>
+
+#include "launcher/exec_child.hpp"
+
+namespace moevement::launcher {
+
+std::string exit_text(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return fmt::format("was killed by signal {} ({})", sig, ::strsignal(sig));
+  }
+  return "stopped";
+}
+
+// Starts `self worker ...` in its own process group, dying with us.
+void worker_processes::start(const std::string& self, const std::vector<std::string>& args,
+                             transport::node_id node) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(self.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);  // Ctrl-C goes to the head only; the head stops the workers
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
+    ::setenv("MOEVEMENT_JOB_TOKEN", token_.c_str(), 1);
+    close_inherited_fds();  // not the head's listeners (UCX opens them without close-on-exec)
+    ::execv(self.c_str(), argv.data());
+    ::_exit(127);
+  }
+  children_[pid] = node;
+}
+
+void worker_processes::reap_exited(
+    const std::function<void(transport::node_id, pid_t, int)>& on_exit) {
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    auto it = children_.find(pid);
+    if (it == children_.end()) continue;
+    const transport::node_id n = it->second;
+    children_.erase(it);
+    on_exit(n, pid, status);
+  }
+}
+
+void worker_processes::kill_node(transport::node_id node, int pid) {
+  for (const auto& [p, n] : children_) {
+    if (n == node && p == pid) ::kill(pid, SIGKILL);
+  }
+}
+
+void worker_processes::reap(std::chrono::milliseconds within, std::vector<std::string>* bad) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (!children_.empty() && std::chrono::steady_clock::now() < until) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      const auto it = children_.find(pid);
+      if (bad != nullptr && it != children_.end() && it->second != 0 &&
+          !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        bad->push_back(fmt::format("worker {} (pid {}) {} while shutting down", it->second, pid,
+                                   exit_text(status)));
+      }
+      children_.erase(pid);
+    } else if (pid < 0 && errno == ECHILD) {
+      children_.clear();
+    } else {
+      ::usleep(10000);
+    }
+  }
+}
+
+std::vector<std::string> worker_processes::end_all(std::chrono::milliseconds grace) {
+  std::vector<std::string> bad;
+  reap(grace, &bad);
+  for (const auto& [pid, n] : children_) ::kill(pid, SIGTERM);
+  reap(std::chrono::milliseconds(2000), nullptr);
+  for (const auto& [pid, n] : children_) ::kill(pid, SIGKILL);
+  reap(std::chrono::milliseconds(2000), nullptr);
+  return bad;
+}
+
+}  // namespace moevement::launcher

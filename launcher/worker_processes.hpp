@@ -1,0 +1,51 @@
+// The worker processes the head started (`moevement worker ...`, or srun for the Slurm
+// backend): started in their own process group and dying with the head, reaped as they exit,
+// and ended (Shutdown, then SIGTERM, then SIGKILL) when the job ends.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "transport/link.hpp"
+
+namespace moevement::launcher {
+
+// "exited with status 1", "was killed by signal 9 (Killed)".
+std::string exit_text(int status);
+
+class worker_processes {
+ public:
+  explicit worker_processes(std::string token) : token_(std::move(token)) {}
+  worker_processes(const worker_processes&) = delete;
+  worker_processes& operator=(const worker_processes&) = delete;
+
+  // Starts `self args...` as node `node`, with the job's token in its environment. Throws.
+  void start(const std::string& self, const std::vector<std::string>& args,
+             transport::node_id node);
+  // A process started elsewhere that counts as node `node` (srun: 0).
+  void adopt(pid_t pid, transport::node_id node) { children_[pid] = node; }
+  void forget(pid_t pid) { children_.erase(pid); }
+  // Reaps every child that exited: on_exit(node, pid, wait status) for each of ours.
+  void reap_exited(const std::function<void(transport::node_id, pid_t, int)>& on_exit);
+  // SIGKILL to node's process if it is still `pid` (a hung worker must not wake up later and
+  // talk as if nothing happened).
+  void kill_node(transport::node_id node, int pid);
+  // Ends every child: waits up to `grace` for them to exit on their own (after Shutdown), then
+  // SIGTERM, then SIGKILL. Returns the workers (not node 0) that ended badly within the grace:
+  // a crash while shutting down.
+  std::vector<std::string> end_all(std::chrono::milliseconds grace);
+
+ private:
+  // Waits up to `within` for children to exit; bad exits go to `bad` unless null.
+  void reap(std::chrono::milliseconds within, std::vector<std::string>* bad);
+
+  std::string token_;
+  std::map<pid_t, transport::node_id> children_;
+};
+
+}  // namespace moevement::launcher
