@@ -23,7 +23,8 @@ namespace {
 
 constexpr const char* inject_usage =
     "expected kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot], "
-    "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M], "
+    "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M] (either with "
+    "[,scope=host]), "
     "mtbf:SECONDS[,seed=N][,max=K] or trace:FILE (docs/recovery.md)";
 constexpr const char* trace_usage =
     "expected `<seconds> kill|hang stage=S replica=D` (seconds of training, not decreasing; "
@@ -132,6 +133,7 @@ std::string injection::text() const {
     s += fmt::format(",iter={}", iteration);
     if (phase) s += fmt::format(",phase={}", phase_name(*phase));
   }
+  if (whole_host) s += ",scope=host";
   return s;
 }
 
@@ -204,6 +206,11 @@ injection parse_injection(const std::string& spec, const std::string& source) {
       } else {
         bad(where, fmt::format("phase must be forward, backward, step or snapshot, got '{}'", v));
       }
+    } else if (k == "scope") {
+      if (v != "host" && v != "process") {
+        bad(where, fmt::format("scope must be process or host, got '{}'", v));
+      }
+      inj.whole_host = v == "host";
     } else if (k == "during") {
       if (v != "recovery") bad(where, fmt::format("during must be recovery, got '{}'", v));
       inj.during_recovery = true;
@@ -222,6 +229,9 @@ injection parse_injection(const std::string& spec, const std::string& source) {
     bad(where, "give either iter=T or during=recovery (one of them)");
   }
   if (inj.phase && !have_iter) bad(where, "phase goes with iter=T, not during=recovery");
+  if (inj.phase && inj.whole_host) {
+    bad(where, "scope=host is the head's: it does not go with phase (a worker's own failure)");
+  }
   if ((have_nth || have_delay) && !inj.during_recovery) {
     bad(where, "nth and delay_ms go with during=recovery");
   }
@@ -229,7 +239,7 @@ injection parse_injection(const std::string& spec, const std::string& source) {
 }
 
 std::vector<std::string> inject_table_keys() {
-  return {"kind", "stage",    "replica", "iter", "phase", "during",
+  return {"kind", "stage",    "replica", "iter", "phase", "scope", "during",
           "nth",  "delay_ms", "seconds", "seed", "max",   "file"};
 }
 
@@ -277,7 +287,7 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
                                  : std::string();
     std::set<std::string> allowed;
     if (kind == "kill" || kind == "hang") {
-      allowed = {"kind", "stage", "replica", "iter", "phase", "during", "nth", "delay_ms"};
+      allowed = {"kind", "stage", "replica", "iter", "phase", "scope", "during", "nth", "delay_ms"};
     } else if (kind == "mtbf") {
       allowed = {"kind", "seconds", "seed", "max"};
     } else if (kind == "trace") {
@@ -289,7 +299,7 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
                            : models::config_type_name(k->second)));
     }
     auto text_of = [&](const std::string& key, const models::config_value& v) -> std::string {
-      const bool string_key = key == "phase" || key == "during" || key == "file";
+      const bool string_key = key == "phase" || key == "scope" || key == "during" || key == "file";
       if (string_key) {
         if (!std::holds_alternative<std::string>(v)) {
           fail(fmt::format("{} must be a string, got {}", key, models::config_type_name(v)));
@@ -467,6 +477,11 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
         fmt::format("phase=snapshot needs checkpoint.policy = \"moevement\" (policy {} takes no "
                     "snapshots)",
                     engine::policy_name(job.policy)));
+  }
+  if (inj.whole_host && job.backend != "slurm") {
+    fail(
+        "scope=host on the local backend would end every worker (they all run on this host): "
+        "use it with cluster.backend = \"slurm\" on several nodes");
   }
   if (inj.during_recovery && engine::recovery_of(job.policy) == engine::recovery_kind::none) {
     fail(

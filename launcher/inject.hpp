@@ -11,6 +11,8 @@
 //   kill:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M]
 //                                      the head kills the worker that holds (S, D) M ms after
 //                                      the K-th recovery started (K >= 1; default 1, 0 ms)
+//   kill:...,scope=host                every worker and spare on the host (failure domain: the
+//                                      Slurm node, else the host) of the one that holds (S, D)
 //   hang:...                           the same with SIGSTOP (heartbeats stop)
 //   mtbf:SECONDS[,seed=N][,max=K]      Poisson failures: exponential gaps of mean SECONDS of
 //                                      training, each killing a uniformly chosen (S, D); all
@@ -39,6 +41,7 @@ struct injection {
   int stage = 0, replica = 0;
   std::int64_t iteration = 0;  // iter=T (>= 1); 0 with during=recovery
   std::optional<engine::fault_point> phase;
+  bool whole_host = false;  // scope=host: every process in the failure domain of (stage, replica)
   bool during_recovery = false;
   int nth = 1;                // during=recovery: the nth recovery to start (1-based)
   std::int64_t delay_ms = 0;  // during=recovery: after it started

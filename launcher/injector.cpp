@@ -56,22 +56,36 @@ void failure_injector::log_injection(const std::string& spec, transport::node_id
                  .add("time_s", log_.seconds()));
 }
 
-// Kills (or stops) the worker that holds (stage, replica) now; false if none does.
+// Kills (or stops) the worker that holds (stage, replica) now, or every process of its failure
+// domain; false if no worker holds it.
 bool failure_injector::strike(failure_kind what, int stage, int replica, const std::string& label,
-                              const std::string& note) {
+                              const std::string& note, bool whole_host) {
   const worker_table* workers = workers_();
   if (workers == nullptr || stopped_) return false;
-  for (const auto& [n, w] : *workers) {
-    if (w.stage != stage || w.replica != replica) continue;
-    say_(note.empty() ? fmt::format("inject: {} (worker {}, pid {})", label, n, w.pid)
-                      : fmt::format("inject: {} (worker {}, pid {}; {})", label, n, w.pid, note));
-    log_injection(label, n, stage, replica);
-    ::kill(w.pid, what == failure_kind::kill ? SIGKILL : SIGSTOP);
-    return true;
+  const auto held = std::find_if(workers->begin(), workers->end(), [&](const auto& w) {
+    return w.second.stage == stage && w.second.replica == replica;
+  });
+  if (held == workers->end()) {
+    say_(fmt::format("inject: {}: no worker holds stage {} replica {} now; skipped", label, stage,
+                     replica));
+    return false;
   }
-  say_(fmt::format("inject: {}: no worker holds stage {} replica {} now; skipped", label, stage,
-                   replica));
-  return false;
+  std::vector<const engine::worker_info*> victims;
+  for (const auto& [n, w] : *workers) {
+    if (n == held->first || (whole_host && w.domain == held->second.domain)) victims.push_back(&w);
+  }
+  std::string who;
+  for (const auto* w : victims) {
+    who += fmt::format("{}worker {}, pid {}", who.empty() ? "" : "; ", w->node, w->pid);
+  }
+  if (whole_host) who += fmt::format(" (all of host {})", held->second.domain);
+  say_(note.empty() ? fmt::format("inject: {} ({})", label, who)
+                    : fmt::format("inject: {} ({}; {})", label, who, note));
+  for (const auto* w : victims) {
+    log_injection(label, w->node, w->stage, w->replica);
+    ::kill(w->pid, what == failure_kind::kill ? SIGKILL : SIGSTOP);
+  }
+  return true;
 }
 
 // Injected failures: once iteration T begins, the worker that runs (stage, replica) then.
@@ -88,7 +102,7 @@ void failure_injector::inject_due(std::int64_t next_iteration) {
     });
     if (!held) continue;
     inj.done = true;
-    strike(inj.failure(), inj.stage, inj.replica, inj.text(), "");
+    strike(inj.failure(), inj.stage, inj.replica, inj.text(), "", inj.whole_host);
   }
 }
 

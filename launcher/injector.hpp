@@ -54,8 +54,9 @@ class failure_injector {
   void report_unfired(std::ostream& out) const;
 
  private:
+  // whole_host: every process in the failure domain of the one that holds (stage, replica).
   bool strike(failure_kind what, int stage, int replica, const std::string& label,
-              const std::string& note);
+              const std::string& note, bool whole_host = false);
   void inject_due(std::int64_t next_iteration);
   void schedule_due();
   void log_injection(const std::string& spec, transport::node_id n, int stage, int replica);

@@ -131,6 +131,15 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
 
+// The tasks spread evenly over cluster.slurm_nodes (at most this many per node): by default
+// Slurm fills the first node's CPUs, so one node would hold most tasks and its loss most
+// roles and every spare; spread, a lost node takes 1/N of them and the spares elsewhere
+// survive it.
+std::string spread_tasks(const engine::job_config& job) {
+  const int ntasks = job.workers() + job.spares;
+  return fmt::format("--ntasks-per-node={}", (ntasks + job.slurm_nodes - 1) / job.slurm_nodes);
+}
+
 }  // namespace
 
 std::string slurm_output_path(const std::string& run_log) {
@@ -144,6 +153,7 @@ std::vector<std::string> srun_command(const engine::job_config& job, const std::
   std::vector<std::string> c{"srun", "--job-name=" + step_name, fmt::format("--ntasks={}", ntasks)};
   if (job.slurm_nodes > 0) c.push_back(fmt::format("--nodes={}", job.slurm_nodes));
   if (!job.slurm_partition.empty()) c.push_back("--partition=" + job.slurm_partition);
+  if (job.slurm_nodes > 0 && !in_allocation) c.push_back(spread_tasks(job));
   if (!in_allocation) {
     // Outside an allocation srun would queue for ever when the cluster cannot run the step.
     c.push_back(
@@ -538,7 +548,10 @@ int submit_with_sbatch(const engine::job_config& job, const std::string& config_
   std::vector<std::string> argv{"sbatch", "--parsable", "--job-name=moevement",
                                 fmt::format("--ntasks={}", job.workers() + job.spares),
                                 "--output=" + output};
-  if (job.slurm_nodes > 0) argv.push_back(fmt::format("--nodes={}", job.slurm_nodes));
+  if (job.slurm_nodes > 0) {
+    argv.push_back(fmt::format("--nodes={}", job.slurm_nodes));
+    argv.push_back(spread_tasks(job));
+  }
   if (requeueable) {
     // Before a time limit or a preemption Slurm signals the head, which stops at its next
     // durable window and requeues the job; the output of every run goes to the one file.

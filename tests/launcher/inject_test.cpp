@@ -51,7 +51,9 @@ TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
         "kill:stage=1,replica=0,iter=7,phase=forward",
         "kill:stage=1,replica=0,iter=7,phase=backward", "hang:stage=2,replica=0,iter=2,phase=step",
         "kill:stage=2,replica=1,iter=9,phase=snapshot",
-        "kill:stage=1,replica=0,during=recovery,nth=2,delay_ms=50", "mtbf:2.5,seed=7",
+        "kill:stage=1,replica=0,during=recovery,nth=2,delay_ms=50",
+        "kill:stage=1,replica=0,iter=7,scope=host",
+        "hang:stage=0,replica=1,during=recovery,nth=1,delay_ms=0,scope=host", "mtbf:2.5,seed=7",
         "mtbf:30,seed=1,max=4", "trace:some/file.txt"}) {
     const injection inj = parse_injection(spec);
     EXPECT_EQ(inj.text(), spec);
@@ -82,6 +84,8 @@ TEST(inject_spec, malformed_specs_say_what_is_expected) {
                                  "kill:stage=0,replica=0,iter=2,nth=1",
                                  "kill:stage=0,replica=0,during=recovery,nth=0",
                                  "kill:stage=0,replica=0,iter=2,colour=red",
+                                 "kill:stage=0,replica=0,iter=2,scope=rack",
+                                 "kill:stage=0,replica=0,iter=2,phase=step,scope=host",
                                  "kill:stage=0,replica=0,iter=2,",
                                  "kill:stage=-1,replica=0,iter=2",
                                  "mtbf:",
@@ -117,6 +121,7 @@ TEST(inject_spec, checked_against_the_job) {
   refused("kill:stage=3,replica=0,iter=2", "there is no stage 3 replica 0");
   refused("kill:stage=0,replica=2,iter=2", "there is no stage 0 replica 2");
   refused("kill:stage=0,replica=0,iter=12", "iter=12 never runs");
+  refused("kill:stage=0,replica=0,iter=2,scope=host", "scope=host on the local backend");
   EXPECT_NO_THROW((void)check_injection(parse_injection("kill:stage=2,replica=1,iter=11"), job));
   auto raw = load_config_file(temp_file("none.toml", "[train]\niterations = 12\n"));
   const auto job_none = engine::resolve_job(raw);

@@ -369,6 +369,36 @@ TEST_F(slurm_launch, a_killed_task_is_rebuilt_on_a_spare_task_with_the_same_stat
   }
 }
 
+// A whole Slurm node lost at once (its failure domain: every task on it, spares included)
+// under the default placement: no slot loses every copy, the lost roles are rebuilt on the
+// spares of the other nodes, and the job ends with the fault-free hash.
+TEST_F(slurm_launch, losing_a_whole_node_is_recovered_bit_exact) {
+  const std::string run = "--set train.iterations=12 --set train.seq_len=16 ";
+  const auto local = cluster_->run(launch("node_ref", run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const auto slurm = cluster_->run(
+      launch("node_lost", run + "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                                "--set cluster.backend=slurm --set cluster.spares=2 "
+                                "--set cluster.slurm_nodes=3 "
+                                "--inject kill:stage=1,replica=0,iter=6,scope=host"),
+      120);
+  ASSERT_FALSE(slurm.timed_out) << slurm.output;
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
+                                << read_file(slurm_log("node_lost"));
+  EXPECT_TRUE(contains(slurm.output, "inject: kill:stage=1,replica=0,iter=6,scope=host (worker "))
+      << slurm.output;
+  EXPECT_TRUE(contains(slurm.output, "(all of host n")) << slurm.output;
+  // Two tasks per node: both went.
+  const std::string log = read_file(cluster_->dir() + "/node_lost.jsonl");
+  int struck = 0;
+  for (auto at = log.find("\"event\":\"inject\""); at != std::string::npos;
+       at = log.find("\"event\":\"inject\"", at + 1)) {
+    ++struck;
+  }
+  EXPECT_EQ(struck, 2) << log;
+  EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
+}
+
 // Two nodes for three tasks: the stages share a node, so each stage's second copy is on its
 // own node, where the replicator maps it, and the spare is on the other node. The replacement
 // is offered the mapping's handle, refuses it (another host) and pulls the slot from the
