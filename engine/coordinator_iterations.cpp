@@ -224,7 +224,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("tokens_per_s", last_.tokens_per_s)
         .add("max_stage_compute_s", last_.max_compute_s)
         .add("mean_stage_compute_s", last_.mean_compute_s)
-        .add("attempts", last_.attempts);
+        .add("attempts", last_.attempts)
+        .add("time_s", log_->seconds());
     if (replicates()) {
       last_.replication_lag = recovery_->replication_lag(last_.iteration);
       rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))

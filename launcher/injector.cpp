@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <filesystem>
 
 namespace moevement::launcher {
 
@@ -40,6 +41,7 @@ failure_injector::failure_injector(asio::io_context& io, engine::run_log& log,
       iterations_(iterations),
       workers_(std::move(workers)),
       say_(std::move(say)),
+      self_exe_(std::filesystem::read_symlink("/proc/self/exe")),
       schedule_timer_(io) {}
 
 // The run log's `inject` event: what the head struck, and where (phase=... injections are the
@@ -56,8 +58,17 @@ void failure_injector::log_injection(const std::string& spec, transport::node_id
                  .add("time_s", log_.seconds()));
 }
 
+// A head-side injection signals pids, which mean something only on the head's host: a worker on
+// another host has a pid that here may be any other process's. So only processes of this very
+// program are signalled.
+bool failure_injector::ours(int pid) const {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink(fmt::format("/proc/{}/exe", pid), ec);
+  return !ec && exe == self_exe_;
+}
+
 // Kills (or stops) the worker that holds (stage, replica) now, or every process of its failure
-// domain; false if no worker holds it.
+// domain; false if none was struck.
 bool failure_injector::strike(failure_kind what, int stage, int replica, const std::string& label,
                               const std::string& note, bool whole_host) {
   const worker_table* workers = workers_();
@@ -72,8 +83,18 @@ bool failure_injector::strike(failure_kind what, int stage, int replica, const s
   }
   std::vector<const engine::worker_info*> victims;
   for (const auto& [n, w] : *workers) {
-    if (n == held->first || (whole_host && w.domain == held->second.domain)) victims.push_back(&w);
+    if (n != held->first && !(whole_host && w.domain == held->second.domain)) continue;
+    if (ours(w.pid)) {
+      victims.push_back(&w);
+    } else {
+      say_(fmt::format(
+          "inject: {}: worker {} (pid {}) is not a process of this program on the head's host "
+          "(another host?): a head-side injection cannot reach it; skipped (phase=... "
+          "injections are carried out by the worker itself, on any host)",
+          label, w.node, w.pid));
+    }
   }
+  if (victims.empty()) return false;
   std::string who;
   for (const auto* w : victims) {
     who += fmt::format("{}worker {}, pid {}", who.empty() ? "" : "; ", w->node, w->pid);
@@ -158,10 +179,12 @@ void failure_injector::recovery_event(const std::string& event) {
   for (auto& inj : injections_) {
     if (inj.done || !inj.during_recovery || inj.nth != k) continue;
     inj.done = true;
-    auto fire = [this, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica, k] {
+    auto fire = [this, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica, k,
+                 host = inj.whole_host] {
       strike(what, s, d, text,
              fmt::format("recovery {} {}", k,
-                         recovering_ && recoveries_started_ == k ? "in progress" : "ended"));
+                         recovering_ && recoveries_started_ == k ? "in progress" : "ended"),
+             host);
     };
     if (inj.delay_ms == 0) {
       fire();

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -60,6 +61,7 @@ class failure_injector {
   void inject_due(std::int64_t next_iteration);
   void schedule_due();
   void log_injection(const std::string& spec, transport::node_id n, int stage, int replica);
+  bool ours(int pid) const;
   std::chrono::steady_clock::time_point due(std::size_t i) const;
 
   asio::io_context& io_;
@@ -69,6 +71,7 @@ class failure_injector {
   std::int64_t iterations_;
   std::function<const worker_table*()> workers_;
   std::function<void(const std::string&)> say_;
+  std::filesystem::path self_exe_;
   bool stopped_ = false;
   // Scheduled failures (mtbf, trace) count seconds of training from the end of iteration 0;
   // one falls due only while no recovery runs and the previous one was recovered, so that

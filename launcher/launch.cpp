@@ -92,7 +92,8 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
   }
   std::vector<std::string> rejected;
   auto point = journal->load(&rejected);
-  for (const auto& r : rejected) std::cerr << "moevement launch: --resume: " << r << "\n";
+  const char* what = o.resume ? "--resume" : "requeued job's resume";
+  for (const auto& r : rejected) std::cerr << "moevement launch: " << what << ": " << r << "\n";
   if (!point.ok() && o.requeued && !o.resume && rejected.empty()) {
     // Requeued before its first window reached the disk: nothing was kept, so from the start.
     std::cout << "moevement launch: requeued by Slurm with no window on disk yet: starting "
@@ -100,7 +101,7 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
     journal->clear();
     return std::nullopt;
   }
-  if (!point.ok()) throw std::runtime_error("--resume: " + point.err().message);
+  if (!point.ok()) throw std::runtime_error(std::string(what) + ": " + point.err().message);
   if (o.requeued) {
     std::cout << fmt::format("moevement launch: requeued by Slurm: resuming from window {}\n",
                              point->window);
@@ -132,6 +133,7 @@ class head_session {
             },
             [this](const std::string& line) { say(line); }) {
     outcome_.message = "the job did not finish";
+    signals_.add(SIGUSR1);  // the signal set's constructor takes three
     make_callbacks();
     coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
                                              recovery::any_head_recovery(job_.policy),
@@ -331,9 +333,9 @@ void head_session::window_on_disk(const engine::resume_point& p) {
   if (!stop_requested_ || finished_ || stopped_at_) return;
   stopped_at_ = p;
   fail(fmt::format(
-      "stopped on SIGUSR1 with window {} on disk: `moevement launch CONFIG --resume` goes on "
-      "from iteration {}",
-      p.window, p.target_iteration));
+      "stopped on SIGUSR1 with window {} on disk: {} from iteration {}", p.window,
+      options_.requeue ? "the requeued job goes on" : "`moevement launch CONFIG --resume` goes on",
+      p.target_iteration));
 }
 
 void head_session::arm_start_timeout() {
@@ -392,7 +394,6 @@ asio::awaitable<void> head_session::start_workers() {
 }
 
 int head_session::run() {
-  signals_.add(SIGUSR1);
   signals_.async_wait([this](const std::error_code& e, int s) { on_signal(e, s); });
   arm_start_timeout();
   asio::co_spawn(io_, start_workers(), asio::detached);

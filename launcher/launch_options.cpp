@@ -10,7 +10,7 @@ namespace moevement::launcher {
 
 const char* const launch_usage =
     "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...] [--dry-run]\n"
-    "                        [--resume] [--sbatch [-- SBATCH_OPTION ...]]\n"
+    "                        [--resume] [--requeue] [--sbatch [-- SBATCH_OPTION ...]]\n"
     "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
     "  SPEC: kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot],\n"
     "        kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M],\n"
@@ -24,7 +24,7 @@ const char* const launch_usage =
     "return\n"
     "  SIGUSR1 stops the job once its next durable window is on disk (exit status 75);\n"
     "  --requeue: then requeue this Slurm batch job, which resumes on its own when it starts\n"
-    "        again (--sbatch adds it, with sbatch --requeue --signal=B:USR1@120)\n";
+    "        again (--sbatch adds it, with sbatch --requeue --signal=B:USR1@180)\n";
 
 std::optional<launch_options> parse_launch_options(int argc, char** argv) {
   if (argc < 3) {

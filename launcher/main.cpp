@@ -13,6 +13,7 @@
 #include "engine/stage_registry.hpp"
 #include "launcher/check.hpp"
 #include "launcher/launch.hpp"
+#include "launcher/report.hpp"
 #include "launcher/simulate.hpp"
 #include "launcher/slurm_env_cmd.hpp"
 #include "launcher/train.hpp"
@@ -30,6 +31,8 @@ commands:
   bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
   slurm-env  print what this task learned from Slurm's environment (run under srun), as JSON
   simulate   estimate ETTR per checkpoint policy (moevement simulate --help)
+  report RUN.jsonl [MORE.jsonl] [-o FILE.html]  a run's story as one HTML file: throughput
+             with the failures and recoveries, loss, checkpoint costs, the recoveries
   version    print the version
   help       print this text
 )";
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
     if (command == "simulate")
       return moevement::launcher::run_simulate(argc, argv, std::cout, std::cerr);
     if (command == "train") return moevement::launcher::run_train(argc, argv);
+    if (command == "report") return moevement::launcher::run_report(argc, argv);
     if (command == "launch" || command == "worker") {
       const auto registry = moevement::engine::stage_registry::with_builtins();
       return command == "launch" ? moevement::launcher::run_launch(argc, argv, registry)

@@ -132,9 +132,9 @@ bool is_loopback(const std::string& host) {
 }
 
 // The tasks spread evenly over cluster.slurm_nodes (at most this many per node): by default
-// Slurm fills the first node's CPUs, so one node would hold most tasks and its loss most
-// roles and every spare; spread, a lost node takes 1/N of them and the spares elsewhere
-// survive it.
+// Slurm fills the first node's CPUs, so one node would hold most tasks and its loss most roles
+// and every spare; spread, a lost node takes about 1/N of them and the spares elsewhere survive
+// it. (--spread-job spreads the allocation, not the tasks.)
 std::string spread_tasks(const engine::job_config& job) {
   const int ntasks = job.workers() + job.spares;
   return fmt::format("--ntasks-per-node={}", (ntasks + job.slurm_nodes - 1) / job.slurm_nodes);

@@ -77,15 +77,16 @@ std::optional<std::string> slurm_precheck(const engine::job_config& job);
 // runs run_worker() as that node.
 int run_slurm_worker(int argc, char** argv, const engine::stage_registry& registry);
 
-// `moevement launch CONFIG [--set k=v ...] --sbatch [-- SBATCH_OPTION ...]`: writes a batch
-// script that runs the same launch (the head) inside its allocation, submits it with sbatch
-// for pp x dp + spares tasks (cluster.slurm_nodes, cluster.slurm_partition; the options after
-// `--` go to sbatch as they are), prints the job id and where its output goes, and returns.
 // `moevement launch --requeue`, stopped on SIGUSR1 with `window` on disk: requeues this Slurm
 // batch job (scontrol requeue SLURM_JOB_ID), which then starts again and resumes from it.
 // Prints what it did, or why it could not (not a batch job, not requeueable).
 void requeue_slurm_job(std::uint64_t window);
 
+// `moevement launch CONFIG [--set k=v ...] --sbatch [-- SBATCH_OPTION ...]`: writes a batch
+// script that runs the same launch (the head) inside its allocation, submits it with sbatch
+// for pp x dp + spares tasks (cluster.slurm_nodes, cluster.slurm_partition; the options after
+// `--` go to sbatch as they are), prints the job id and where its output goes, and returns.
+// With the durable tier the job is requeueable (docs/slurm.md).
 int submit_with_sbatch(const engine::job_config& job, const std::string& config_path,
                        const std::vector<std::string>& overrides,
                        const std::vector<std::string>& sbatch_args);

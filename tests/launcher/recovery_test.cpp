@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -150,6 +152,16 @@ TEST(recovery, a_killed_stage_is_rebuilt_bit_exact_wherever_it_sits) {
     EXPECT_NE(event(o, "recovery_end"), nullptr);
     EXPECT_NE(o.output.find("recovered on worker"), std::string::npos) << o.output;
     expect_ettr_accounts_for_the_recovery(o);
+    if (stage == 1) {  // `moevement report` reads a real run log: the recovery in its table
+      const std::string html = log_path("kill1") + ".html";
+      const auto r = run_moevement("report " + log_path("kill1") + " -o " + html);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      std::ifstream in(html);
+      const std::string page{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      EXPECT_NE(page.find("<td>region</td><td>stage 1 replica 0</td><td>7</td>"), std::string::npos)
+          << page;
+      EXPECT_NE(page.find("state_hash " + o.hash), std::string::npos);
+    }
   }
 }
 

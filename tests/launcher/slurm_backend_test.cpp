@@ -40,7 +40,7 @@ TEST(slurm_backend, srun_command_keeps_the_step_alive_and_carries_no_token) {
   EXPECT_EQ(c[0], "srun");
   EXPECT_TRUE(has(c, "--ntasks=5"));
   EXPECT_TRUE(has(c, "--nodes=3"));
-  EXPECT_TRUE(has(c, "--ntasks-per-node=2")) << "5 tasks spread over 3 nodes";
+  EXPECT_TRUE(has(c, "--ntasks-per-node=2")) << "the 5 tasks spread over the 3 nodes";
   EXPECT_TRUE(has(c, "--partition=debug"));
   EXPECT_TRUE(has(c, "--job-name=moevement-1-abc"));
   EXPECT_TRUE(has(c, "--kill-on-bad-exit=0"));

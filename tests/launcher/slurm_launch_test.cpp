@@ -241,7 +241,6 @@ TEST_F(slurm_launch, a_signalled_batch_job_is_requeued_and_resumes_bit_exact) {
           "for i in $(seq 1200); do\n"
           "  info=$(scontrol show job $id -o)\n"
           "  st=$(echo \"$info\" | grep -o 'JobState=[A-Z_]*')\n"
-          "  case $info in *Reason=BeginTime*) scontrol update jobid=$id StartTime=now ;; esac\n"
           "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING|*=REQUEUED) ;; *) break ;; "
           "esac\n"
           "  sleep 0.1\n"

@@ -1,0 +1,231 @@
+#include "engine/run_log_reader.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+
+namespace moevement::engine {
+namespace {
+
+// A strict reader of one flat JSON object: string keys; string, number, bool or null values.
+class line_parser {
+ public:
+  explicit line_parser(std::string_view s) : s_(s) {}
+
+  result<std::map<std::string, run_record::value, std::less<>>> object() {
+    std::map<std::string, run_record::value, std::less<>> out;
+    skip_space();
+    if (!take('{')) return fail("expected '{'");
+    skip_space();
+    if (take('}')) return finish(std::move(out));
+    for (;;) {
+      skip_space();
+      auto key = string();
+      if (!key.ok()) return key.err();
+      skip_space();
+      if (!take(':')) return fail("expected ':'");
+      skip_space();
+      auto v = value();
+      if (!v.ok()) return v.err();
+      out[std::move(*key)] = std::move(*v);
+      skip_space();
+      if (take('}')) return finish(std::move(out));
+      if (!take(',')) return fail("expected ',' or '}'");
+    }
+  }
+
+ private:
+  error fail(const std::string& what) const {
+    return error{fmt::format("{} at byte {}", what, i_)};
+  }
+  bool take(char c) {
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  void skip_space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+  }
+  result<std::map<std::string, run_record::value, std::less<>>> finish(
+      std::map<std::string, run_record::value, std::less<>> out) {
+    skip_space();
+    if (i_ != s_.size()) return fail("text after the object");
+    return out;
+  }
+
+  result<run_record::value> value() {
+    if (i_ >= s_.size()) return fail("expected a value");
+    const char c = s_[i_];
+    if (c == '"') {
+      auto str = string();
+      if (!str.ok()) return str.err();
+      return run_record::value{std::move(*str)};
+    }
+    if (s_.substr(i_).starts_with("true")) {
+      i_ += 4;
+      return run_record::value{true};
+    }
+    if (s_.substr(i_).starts_with("false")) {
+      i_ += 5;
+      return run_record::value{false};
+    }
+    if (s_.substr(i_).starts_with("null")) {
+      i_ += 4;
+      return run_record::value{};
+    }
+    return number();
+  }
+
+  result<run_record::value> number() {
+    const std::size_t start = i_;
+    while (i_ < s_.size() &&
+           std::string_view("+-0123456789.eE").find(s_[i_]) != std::string_view::npos) {
+      ++i_;
+    }
+    if (i_ == start) return fail("expected a value");
+    const std::string text(s_.substr(start, i_ - start));
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() || errno == ERANGE) {
+      i_ = start;
+      return fail("not a number");
+    }
+    return run_record::value{d};
+  }
+
+  result<std::string> string() {
+    if (!take('"')) return fail("expected a string");
+    std::string out;
+    while (i_ < s_.size()) {
+      const char c = s_[i_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) return fail("a control character in a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i_ >= s_.size()) break;
+      const char e = s_[i_++];
+      switch (e) {
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'u': {
+          if (i_ + 4 > s_.size()) return fail("a short \\u escape");
+          const std::string hex(s_.substr(i_, 4));
+          char* end = nullptr;
+          const unsigned long cp = std::strtoul(hex.c_str(), &end, 16);
+          if (end != hex.c_str() + 4) return fail("a bad \\u escape");
+          i_ += 4;
+          append_utf8(out, cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFD : cp);  // no surrogate pairs
+          break;
+        }
+        default:
+          return fail("an unknown escape");
+      }
+    }
+    return fail("an unterminated string");
+  }
+
+  static void append_utf8(std::string& out, unsigned long cp) {
+    if (cp < 0x80) {
+      out += char(cp);
+    } else if (cp < 0x800) {
+      out += char(0xC0 | (cp >> 6));
+      out += char(0x80 | (cp & 0x3F));
+    } else {
+      out += char(0xE0 | (cp >> 12));
+      out += char(0x80 | ((cp >> 6) & 0x3F));
+      out += char(0x80 | (cp & 0x3F));
+    }
+  }
+
+  std::string_view s_;
+  std::size_t i_ = 0;
+};
+
+}  // namespace
+
+std::optional<double> run_record::number(std::string_view key) const {
+  const auto it = fields_.find(key);
+  if (it == fields_.end()) return std::nullopt;
+  if (const auto* d = std::get_if<double>(&it->second)) return *d;
+  return std::nullopt;
+}
+
+std::optional<std::string> run_record::text(std::string_view key) const {
+  const auto it = fields_.find(key);
+  if (it == fields_.end()) return std::nullopt;
+  if (const auto* s = std::get_if<std::string>(&it->second)) return *s;
+  return std::nullopt;
+}
+
+bool run_record::is(std::string_view key, std::string_view value) const {
+  const auto it = fields_.find(key);
+  if (it == fields_.end()) return false;
+  const auto* s = std::get_if<std::string>(&it->second);
+  return s != nullptr && *s == value;
+}
+
+result<run_record> run_record::parse(std::string_view line) {
+  auto fields = line_parser(line).object();
+  if (!fields.ok()) return fields.err();
+  run_record r;
+  r.fields_ = std::move(*fields);
+  if (!r.text("kind")) return error{"no \"kind\" (every run log record has one)"};
+  return r;
+}
+
+result<run_log_contents> read_run_log(const std::string& path, std::size_t max_line_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error{fmt::format("cannot open {}", path)};
+  run_log_contents out;
+  std::string line;
+  while (std::getline(in, line)) {
+    ++out.lines;
+    if (line.empty()) continue;
+    if (line.size() > max_line_bytes) {
+      out.stopped = fmt::format("line {}: longer than {} bytes", out.lines, max_line_bytes);
+      break;
+    }
+    auto r = run_record::parse(line);
+    if (!r.ok()) {
+      out.stopped = fmt::format("line {}: {}", out.lines, r.err().message);
+      break;
+    }
+    out.records.push_back(std::move(*r));
+  }
+  if (out.records.empty()) {
+    return error{fmt::format("{} is not a run log ({})", path,
+                             out.stopped.empty() ? "it is empty" : out.stopped)};
+  }
+  return out;
+}
+
+}  // namespace moevement::engine

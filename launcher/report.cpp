@@ -1,0 +1,419 @@
+#include "launcher/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+
+#include "engine/run_log_reader.hpp"
+
+namespace moevement::launcher {
+namespace {
+
+constexpr const char* report_usage =
+    "usage: moevement report RUN.jsonl [MORE.jsonl ...] [-o REPORT.html]\n"
+    "  one self-contained HTML file of the runs (overlaid): throughput over wall time with the\n"
+    "  failures and recoveries, loss, checkpoint costs, the recoveries; default output: the\n"
+    "  first run log's name with .html\n";
+
+// Okabe-Ito: told apart with any colour vision.
+constexpr const char* palette[] = {"#0072B2", "#E69F00", "#009E73", "#CC79A7",
+                                   "#56B4E9", "#D55E00", "#000000"};
+constexpr const char* loss_colour = "#D55E00";
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// ---- what a run log tells
+
+struct point {
+  double x = 0, y = 0;
+};
+
+struct marker {
+  double t = 0;
+  std::string label;
+};
+
+struct recovery_row {
+  double start = 0, end = -1, seconds = 0, spawn = 0, pull = 0, replay = 0, rejoin = 0;
+  std::string kind, lost;
+  long target = -1, replayed = 0;
+};
+
+struct run_story {
+  std::string name, stopped;
+  std::vector<point> throughput;                             // (seconds since the start, tokens/s)
+  std::vector<point> loss, val_loss, stall_ms, snapshot_mb;  // by iteration
+  std::vector<marker> losses, injections;
+  std::vector<double> persisted;  // times windows persisted
+  std::vector<recovery_row> recoveries;
+  std::optional<double> ettr, wall_s;
+  std::string hash, failed;
+  long iterations = 0;
+};
+
+double num(const engine::run_record& r, const char* key, double fallback = 0) {
+  return r.number(key).value_or(fallback);
+}
+
+void add_event(run_story& s, const engine::run_record& r, double t) {
+  const std::string ev = r.text("event").value_or("");
+  if (ev == "worker_lost") {
+    s.losses.push_back(
+        {t, fmt::format("stage {} replica {} lost", num(r, "stage", -1), num(r, "replica", -1))});
+  } else if (ev == "inject") {
+    s.injections.push_back({t, r.text("spec").value_or("inject")});
+  } else if (ev == "window_persisted") {
+    s.persisted.push_back(t);
+  } else if (ev == "recovery_start") {
+    recovery_row row;
+    row.start = t;
+    row.kind = r.text("recovery").value_or("?");
+    row.lost = fmt::format("stage {} replica {}", num(r, "stage", -1), num(r, "replica", -1));
+    s.recoveries.push_back(row);
+  } else if (ev == "recovery_end" && !s.recoveries.empty()) {
+    recovery_row& row = s.recoveries.back();
+    row.end = t;
+    row.seconds = num(r, "seconds");
+    row.spawn = num(r, "spawn_s");
+    row.pull = num(r, "pull_s");
+    row.replay = num(r, "replay_s");
+    row.rejoin = num(r, "rejoin_s");
+    row.target = long(num(r, "target_iteration", -1));
+    row.replayed = long(num(r, "iterations_replayed"));
+  } else if (ev == "job_end") {
+    s.ettr = r.number("ettr");
+    s.wall_s = r.number("wall_s");
+    s.hash = r.text("state_hash").value_or("");
+  } else if (ev == "job_failed") {
+    s.failed = r.text("message").value_or("the job failed");
+  }
+}
+
+run_story story_of(const std::string& path, const engine::run_log_contents& log) {
+  run_story s;
+  s.name = std::filesystem::path(path).filename().string();
+  s.stopped = log.stopped;
+  double clock = 0;  // the last time seen: for records without time_s (older logs)
+  for (const auto& r : log.records) {
+    if (r.is("kind", "iteration")) {
+      clock = r.number("time_s").value_or(clock + num(r, "iteration_s"));
+      const double it = num(r, "iteration");
+      s.throughput.push_back({clock, num(r, "tokens_per_s")});
+      s.loss.push_back({it, num(r, "loss")});
+      if (r.has("stall_s")) s.stall_ms.push_back({it, 1000 * num(r, "stall_s")});
+      if (r.has("snapshot_bytes")) s.snapshot_mb.push_back({it, num(r, "snapshot_bytes") / 1e6});
+      s.iterations = std::max(s.iterations, long(it) + 1);
+    } else if (r.is("kind", "validation")) {
+      s.val_loss.push_back({num(r, "iteration"), num(r, "val_loss")});
+    } else if (r.is("kind", "event")) {
+      clock = r.number("time_s").value_or(clock);
+      add_event(s, r, clock);
+    }
+  }
+  return s;
+}
+
+// ---- charts
+
+// A round step for about `n` ticks over [0, span].
+double tick_step(double span, int n) {
+  if (span <= 0) return 1;
+  const double raw = span / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * mag >= raw) return m * mag;
+  }
+  return 10 * mag;
+}
+
+std::string tick_text(double v) {
+  if (v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-2)) return fmt::format("{:.1e}", v);
+  return fmt::format("{:g}", std::round(v * 1000) / 1000);
+}
+
+// One line chart: x and y from 0 (or the data's minimum) to their maxima, ticked and labelled.
+class svg_chart {
+ public:
+  svg_chart(std::string title, std::string x_label, std::string y_label)
+      : title_(std::move(title)), x_label_(std::move(x_label)), y_label_(std::move(y_label)) {}
+
+  void fit(const std::vector<point>& pts, bool y_from_zero = true) {
+    for (const auto& p : pts) {
+      x_max_ = std::max(x_max_, p.x);
+      y_max_ = std::max(y_max_, p.y);
+      y_min_ = y_from_zero ? 0.0 : std::min(y_min_, p.y);
+    }
+  }
+  void fit_x(double x) { x_max_ = std::max(x_max_, x); }
+
+  void line(const std::vector<point>& pts, const char* colour, bool dots = false) {
+    if (pts.empty()) return;
+    std::string d;
+    for (const auto& p : pts) d += fmt::format("{:.1f},{:.1f} ", px(p.x), py(p.y));
+    body_ += fmt::format(
+        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", colour, d);
+    if (!dots) return;
+    for (const auto& p : pts) {
+      body_ += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", px(p.x),
+                           py(p.y), colour);
+    }
+  }
+  // A vertical line at x with a label (hover) and a short text.
+  void rule(double x, const char* colour, const std::string& label, const char* dash) {
+    body_ += fmt::format(
+        "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" stroke=\"{3}\" "
+        "stroke-dasharray=\"{4}\"><title>{5}</title></line>\n",
+        px(x), top_, top_ + plot_h_, colour, dash, escape(label));
+  }
+  void band(double x0, double x1, const char* colour, const std::string& label) {
+    body_ += fmt::format(
+        "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\" "
+        "fill-opacity=\"0.18\"><title>{}</title></rect>\n",
+        px(x0), top_, std::max(1.0, px(x1) - px(x0)), plot_h_, colour, escape(label));
+  }
+  void tick_below(double x, const char* colour) {
+    body_ +=
+        fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" stroke=\"{3}\"/>\n",
+                    px(x), top_ + plot_h_ - 6, top_ + plot_h_, colour);
+  }
+
+  std::string svg() const {
+    std::string out = fmt::format(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+        "viewBox=\"0 0 {} {}\" role=\"img\"><title>{}</title>\n",
+        width_, height_, width_, height_, escape(title_));
+    out += fmt::format("<text x=\"{}\" y=\"16\" class=\"t\">{}</text>\n", left_, escape(title_));
+    out += axes();
+    out += body_;
+    return out + "</svg>\n";
+  }
+
+ private:
+  double px(double x) const { return left_ + (x_max_ > 0 ? x / x_max_ : 0) * plot_w_; }
+  double py(double y) const {
+    const double span = y_max_ - y_min_;
+    return top_ + plot_h_ - (span > 0 ? (y - y_min_) / span : 0) * plot_h_;
+  }
+  std::string axes() const {
+    std::string out = fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n",
+        left_, top_, plot_w_, plot_h_);
+    const double xs = tick_step(x_max_, 10), ys = tick_step(y_max_ - y_min_, 5);
+    for (double x = 0; x <= x_max_ * 1.0001 && xs > 0; x += xs) {
+      out += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"x\">{}</text>\n", px(x),
+                         top_ + plot_h_ + 16, tick_text(x));
+    }
+    for (double y = std::ceil(y_min_ / ys) * ys; y <= y_max_ * 1.0001 && ys > 0; y += ys) {
+      out += fmt::format(
+          "<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>"
+          "<text x=\"{}\" y=\"{:.1f}\" class=\"y\">{}</text>\n",
+          left_, left_ + plot_w_, py(y), py(y), left_ - 6, py(y) + 4, tick_text(y));
+    }
+    out += fmt::format("<text x=\"{}\" y=\"{}\" class=\"xl\">{}</text>\n", left_ + plot_w_ / 2,
+                       height_ - 4, escape(x_label_));
+    out += fmt::format("<text transform=\"translate(14,{}) rotate(-90)\" class=\"xl\">{}</text>\n",
+                       top_ + plot_h_ / 2, escape(y_label_));
+    return out;
+  }
+
+  std::string title_, x_label_, y_label_, body_;
+  int width_ = 1180, height_ = 300, left_ = 70, top_ = 28, plot_w_ = 1080, plot_h_ = 228;
+  double x_max_ = 0, y_max_ = 0, y_min_ = 0;
+};
+
+// ---- the page
+
+std::string throughput_chart(const std::vector<run_story>& runs) {
+  svg_chart c("Throughput over wall time, with failures and recoveries",
+              "seconds since the job started", "tokens/s");
+  for (const auto& r : runs) {
+    c.fit(r.throughput);
+    for (const auto& rec : r.recoveries) c.fit_x(rec.end >= 0 ? rec.end : rec.start);
+  }
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const char* colour = palette[i % std::size(palette)];
+    const auto& r = runs[i];
+    for (const auto& rec : r.recoveries) {
+      c.band(
+          rec.start, rec.end >= 0 ? rec.end : rec.start, colour,
+          fmt::format("{}: {} recovery of {} ({:.2f} s)", r.name, rec.kind, rec.lost, rec.seconds));
+    }
+    for (double t : r.persisted) c.tick_below(t, colour);
+    c.line(r.throughput, colour);
+    for (const auto& m : r.losses) c.rule(m.t, "#D55E00", r.name + ": " + m.label, "6,3");
+    for (const auto& m : r.injections) c.rule(m.t, "#000000", r.name + ": " + m.label, "2,3");
+  }
+  return c.svg();
+}
+
+std::string loss_chart(const run_story& r) {
+  svg_chart c(r.name + ": loss", "iteration", "loss (nats)");
+  c.fit(r.loss);
+  c.fit(r.val_loss);
+  c.line(r.loss, palette[0]);
+  c.line(r.val_loss, loss_colour, true);
+  return c.svg();
+}
+
+std::string cost_charts(const run_story& r) {
+  std::string out;
+  if (!r.stall_ms.empty()) {
+    svg_chart c(r.name + ": the step's wait for the checkpoint capture (stall)", "iteration",
+                "stall (ms)");
+    c.fit(r.stall_ms);
+    c.line(r.stall_ms, palette[1]);
+    out += c.svg();
+  }
+  if (!r.snapshot_mb.empty()) {
+    svg_chart c(r.name + ": snapshot bytes captured per iteration", "iteration", "MB");
+    c.fit(r.snapshot_mb);
+    c.line(r.snapshot_mb, palette[2]);
+    out += c.svg();
+  }
+  return out;
+}
+
+std::string summary_table(const std::vector<run_story>& runs) {
+  std::string out =
+      "<table><tr><th>run</th><th>iterations</th><th>wall (s)</th><th>ETTR</th>"
+      "<th>failures</th><th>recoveries</th><th>end</th></tr>\n";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    std::string end = !r.failed.empty() ? "failed: " + r.failed
+                      : r.hash.empty()  ? "no job_end record (still running, or killed)"
+                                        : "state_hash " + r.hash;
+    out += fmt::format(
+        "<tr><td><span class=\"key\" style=\"background:{}\"></span>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+        palette[i % std::size(palette)], escape(r.name), r.iterations,
+        r.wall_s ? fmt::format("{:.2f}", *r.wall_s) : "-",
+        r.ettr ? fmt::format("{:.3f}", *r.ettr) : "-", r.losses.size(), r.recoveries.size(),
+        escape(end));
+  }
+  return out + "</table>\n";
+}
+
+std::string recovery_table(const std::vector<run_story>& runs) {
+  std::string out =
+      "<table><tr><th>run</th><th>at (s)</th><th>kind</th><th>lost</th><th>resumed at "
+      "iteration</th><th>replayed</th><th>seconds</th><th>spawn</th><th>pull</th>"
+      "<th>replay</th><th>rejoin</th></tr>\n";
+  std::size_t rows = 0;
+  for (const auto& r : runs) {
+    for (const auto& rec : r.recoveries) {
+      ++rows;
+      out += fmt::format(
+          "<tr><td>{}</td><td>{:.2f}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+          "<td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td></tr>\n",
+          escape(r.name), rec.start, escape(rec.kind), escape(rec.lost),
+          rec.end >= 0 ? std::to_string(rec.target) : "(did not end)", rec.replayed, rec.seconds,
+          rec.spawn, rec.pull, rec.replay, rec.rejoin);
+    }
+  }
+  if (rows == 0) return "<p>No recovery in these runs.</p>\n";
+  return out + "</table>\n";
+}
+
+constexpr const char* style =
+    "body{font-family:sans-serif;max-width:1200px;margin:1em auto;color:#222}"
+    "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
+    "text-align:right}td:first-child,th:first-child{text-align:left}"
+    ".key{display:inline-block;width:12px;height:12px;margin-right:6px}"
+    ".warn{color:#a40}svg{display:block;margin:0.8em 0}"
+    "svg .t{font-size:14px;font-weight:bold}svg .x{font-size:11px;text-anchor:middle}"
+    "svg .y{font-size:11px;text-anchor:end}svg .xl{font-size:12px;text-anchor:middle}";
+
+std::string page(const std::vector<run_story>& runs) {
+  std::string out = fmt::format(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>moevement report</title>"
+      "<style>{}</style></head><body>\n<h1>moevement report</h1>\n",
+      style);
+  for (const auto& r : runs) {
+    if (!r.stopped.empty()) {
+      out += fmt::format("<p class=\"warn\">{}: read up to {}; the rest is not shown.</p>\n",
+                         escape(r.name), escape(r.stopped));
+    }
+  }
+  out += summary_table(runs);
+  out +=
+      "<p>Shaded: a recovery (detection to training going on); dashed: a worker lost; "
+      "dotted: an injected failure; ticks at the bottom: a window persisted. Hover for "
+      "details.</p>\n";
+  out += throughput_chart(runs);
+  out += "<h2>Recoveries</h2>\n" + recovery_table(runs);
+  for (const auto& r : runs) {
+    out += "<h2>" + escape(r.name) + "</h2>\n" + loss_chart(r) + cost_charts(r);
+  }
+  return out + "</body></html>\n";
+}
+
+}  // namespace
+
+void write_report(const std::vector<std::string>& run_logs, const std::string& out_path) {
+  std::vector<run_story> runs;
+  for (const auto& path : run_logs) {
+    auto log = engine::read_run_log(path);
+    if (!log.ok()) throw std::runtime_error(log.err().message);
+    runs.push_back(story_of(path, *log));
+  }
+  std::ofstream out(out_path, std::ios::trunc);
+  out << page(runs);
+  out.flush();
+  if (!out) throw std::runtime_error("cannot write " + out_path);
+}
+
+int run_report(int argc, char** argv) {
+  std::vector<std::string> logs;
+  std::string out;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "-o" || a == "--output") && i + 1 < argc) {
+      out = argv[++i];
+    } else if (a.starts_with("-")) {
+      std::cerr << "moevement report: unexpected argument '" << a << "'\n" << report_usage;
+      return 2;
+    } else {
+      logs.push_back(a);
+    }
+  }
+  if (logs.empty()) {
+    std::cerr << report_usage;
+    return 2;
+  }
+  if (out.empty()) {
+    std::string base = logs.front();
+    if (base.ends_with(".jsonl")) base.resize(base.size() - 6);
+    out = base + ".html";
+  }
+  write_report(logs, out);
+  std::cout << "report: " << out << "\n";
+  return 0;
+}
+
+}  // namespace moevement::launcher

@@ -1,0 +1,105 @@
+// engine::run_log_reader: a run log read back strictly, line by line; a bad line stops the
+// reading there and says where; a file with no record is not a run log.
+#include "engine/run_log_reader.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "engine/run_log.hpp"
+
+namespace moevement::engine {
+namespace {
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const std::string path =
+      ::testing::TempDir() + "reader_" + std::to_string(::getpid()) + "_" + name;
+  std::ofstream(path, std::ios::trunc) << text;
+  return path;
+}
+
+TEST(run_log_reader, a_record_reads_back_what_run_log_wrote) {
+  const std::string path = temp_file("written.jsonl", "");
+  {
+    run_log log(path);
+    log.write(json_record{}
+                  .add("kind", "event")
+                  .add("event", "worker_lost")
+                  .add("how", "was \"killed\"\n\tby signal 9 \\ ok")
+                  .add("stage", 2)
+                  .add("time_s", 1.25)
+                  .add("big", std::int64_t(1) << 40));
+  }
+  auto r = read_run_log(path);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  ASSERT_EQ(r->records.size(), 1u);
+  const auto& rec = r->records[0];
+  EXPECT_TRUE(rec.is("event", "worker_lost"));
+  EXPECT_EQ(rec.text("how"), "was \"killed\"\n\tby signal 9 \\ ok");
+  EXPECT_EQ(rec.number("stage"), 2.0);
+  EXPECT_EQ(rec.number("time_s"), 1.25);
+  EXPECT_EQ(rec.number("big"), double(std::int64_t(1) << 40));
+  EXPECT_FALSE(rec.number("how").has_value()) << "a string is not a number";
+  EXPECT_TRUE(r->stopped.empty());
+}
+
+TEST(run_log_reader, every_json_value_kind_and_escape_parses) {
+  auto r = run_record::parse(
+      R"({ "kind" : "x", "t": true, "f": false, "n": null, "e": -1.5e3, "u": "\u00e9\u0041\/" })");
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->number("e"), -1500.0);
+  EXPECT_EQ(r->text("u"),
+            "\xc3\xa9"
+            "A/");
+  EXPECT_EQ(r->fields().size(), 6u);
+}
+
+TEST(run_log_reader, malformed_lines_say_what_and_where) {
+  for (const std::string line :
+       {"", "kind", "{", "{\"kind\":\"x\"", "{\"kind\":\"x\",}", "{\"kind\" \"x\"}",
+        "{\"kind\":\"x\"} trailing", "{\"kind\":x}", "{\"kind\":\"a\\qb\"}", "{\"kind\":\"a\tb\"}",
+        "{\"kind\":\"x\",\"n\":1e}", "{\"kind\":\"x\",\"n\":--1}", "{\"kind\":\"\\u12\"}",
+        "{\"kind\":\"unterminated}", "{\"event\":\"no kind\"}", "{\"kind\":3}"}) {
+    auto r = run_record::parse(line);
+    EXPECT_FALSE(r.ok()) << line;
+    if (!r.ok()) {
+      EXPECT_FALSE(r.err().message.empty()) << line;
+    }
+  }
+  auto bad = run_record::parse("{\"kind\":\"x\" \"y\":1}");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("at byte 12"), std::string::npos) << bad.err().message;
+}
+
+TEST(run_log_reader, a_truncated_log_keeps_what_it_holds_and_says_where_it_stopped) {
+  const std::string path = temp_file(
+      "truncated.jsonl",
+      "{\"kind\":\"event\",\"event\":\"job_start\"}\n\n{\"kind\":\"iteration\",\"iteration\":0}\n"
+      "{\"kind\":\"iteration\",\"itera");
+  auto r = read_run_log(path);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->records.size(), 2u);
+  EXPECT_EQ(r->stopped.rfind("line 4: ", 0), 0u) << r->stopped;
+}
+
+TEST(run_log_reader, what_is_not_a_run_log_is_an_error) {
+  auto missing = read_run_log(::testing::TempDir() + "no_such_run_log.jsonl");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.err().message.find("cannot open"), std::string::npos);
+  auto empty = read_run_log(temp_file("empty.jsonl", ""));
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.err().message.find("is not a run log (it is empty)"), std::string::npos);
+  auto text = read_run_log(temp_file("notes.txt", "# my notes\nhello\n"));
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.err().message.find("is not a run log (line 1: expected '{' at byte 0)"),
+            std::string::npos)
+      << text.err().message;
+  auto huge = read_run_log(temp_file("huge.jsonl", std::string(100, 'x') + "\n"), 50);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.err().message.find("longer than 50 bytes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moevement::engine

@@ -1,0 +1,127 @@
+// `moevement report`: one self-contained HTML file of one or more run logs, with the
+// failures and recoveries on the throughput chart and in a table; a truncated log renders what
+// it holds; a file that is not a run log is a clear error. (A real job's run log is reported in
+// tests/launcher/recovery_test.)
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/support/run_moevement.hpp"
+
+namespace {
+
+using namespace moevement::test_support;
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "report_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  const std::string path = temp_path(name);
+  std::ofstream(path, std::ios::trunc) << text;
+  return path;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A run of 6 iterations with a kill of stage 1 at iteration 3, recovered.
+std::string run_log_text(double tokens_per_s) {
+  std::string t = "{\"kind\":\"event\",\"event\":\"job_start\",\"time_s\":0}\n";
+  for (int i = 0; i < 6; ++i) {
+    t += "{\"kind\":\"iteration\",\"iteration\":" + std::to_string(i) +
+         ",\"loss\":" + std::to_string(5.5 - 0.1 * i) +
+         ",\"iteration_s\":0.1,\"tokens_per_s\":" + std::to_string(tokens_per_s) +
+         ",\"stall_s\":0.001,\"snapshot_bytes\":2000000,\"time_s\":" +
+         std::to_string(0.1 * (i + 1) + (i >= 3 ? 0.5 : 0)) + "}\n";
+    if (i == 2) {
+      t += "{\"kind\":\"event\",\"event\":\"window_persisted\",\"window\":1,\"time_s\":0.3}\n"
+           "{\"kind\":\"event\",\"event\":\"inject\",\"spec\":\"kill:stage=1,replica=0,iter=3\","
+           "\"time_s\":0.31}\n"
+           "{\"kind\":\"event\",\"event\":\"worker_lost\",\"stage\":1,\"replica\":0,\"time_s\":"
+           "0.32}\n"
+           "{\"kind\":\"event\",\"event\":\"recovery_start\",\"recovery\":\"region\",\"stage\":1,"
+           "\"replica\":0,\"time_s\":0.33}\n"
+           "{\"kind\":\"event\",\"event\":\"recovery_end\",\"recovery\":\"region\",\"stage\":1,"
+           "\"target_iteration\":3,\"iterations_replayed\":2,\"seconds\":0.47,\"spawn_s\":0.1,"
+           "\"pull_s\":0.05,\"replay_s\":0.2,\"rejoin_s\":0.12,\"time_s\":0.8}\n";
+    }
+  }
+  t += "{\"kind\":\"validation\",\"iteration\":5,\"val_loss\":5.1}\n"
+       "{\"kind\":\"event\",\"event\":\"job_end\",\"state_hash\":\"0123456789abcdef\","
+       "\"ettr\":0.62,\"wall_s\":1.1,\"time_s\":1.1}\n";
+  return t;
+}
+
+TEST(report, a_run_log_becomes_one_self_contained_html_file) {
+  const std::string log = write("run.jsonl", run_log_text(1000));
+  const std::string out = temp_path("run.html");
+  const auto r = run_moevement("report " + log + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("report: " + out), std::string::npos) << r.output;
+  const std::string html = read(out);
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("Throughput over wall time"), std::string::npos);
+  EXPECT_NE(html.find("seconds since the job started"), std::string::npos) << "axes labelled";
+  EXPECT_NE(html.find("stage 1 replica 0 lost"), std::string::npos) << "the failure marked";
+  EXPECT_NE(html.find("kill:stage=1,replica=0,iter=3"), std::string::npos) << "the injection";
+  EXPECT_NE(html.find("<td>region</td><td>stage 1 replica 0</td><td>3</td><td>2</td>"
+                      "<td>0.470</td><td>0.100</td><td>0.050</td><td>0.200</td><td>0.120</td>"),
+            std::string::npos)
+      << "the recovery's row";
+  EXPECT_NE(html.find("state_hash 0123456789abcdef"), std::string::npos);
+  EXPECT_NE(html.find("<td>0.620</td>"), std::string::npos) << "ETTR";
+  EXPECT_NE(html.find("stall (ms)"), std::string::npos);
+  EXPECT_NE(html.find("loss (nats)"), std::string::npos);
+  // Self-contained: nothing fetched, no script.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("href="), std::string::npos);
+  // Without -o: beside the run log.
+  const auto beside = run_moevement("report " + log);
+  ASSERT_EQ(beside.exit_code, 0) << beside.output;
+  EXPECT_NE(read(temp_path("run.html")).find("<svg"), std::string::npos);
+}
+
+TEST(report, several_runs_overlay_and_a_truncated_one_says_where_it_stopped) {
+  const std::string a = write("a.jsonl", run_log_text(1000));
+  std::string cut = run_log_text(2000);
+  cut.resize(cut.find("\"event\":\"job_end\"") + 10);
+  const std::string b = write("b.jsonl", cut);
+  const std::string out = temp_path("ab.html");
+  const auto r = run_moevement("report " + a + " " + b + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = read(out);
+  EXPECT_NE(html.find(">report_" + std::to_string(::getpid()) + "_a.jsonl</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find(">report_" + std::to_string(::getpid()) + "_b.jsonl</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("_b.jsonl: read up to line 14:"), std::string::npos) << html;
+  EXPECT_NE(html.find("no job_end record"), std::string::npos);
+}
+
+TEST(report, what_is_not_a_run_log_is_refused) {
+  const std::string notes = write("notes.txt", "these are my notes\n");
+  auto r = run_moevement("report " + notes + " -o " + temp_path("notes.html"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("is not a run log (line 1: expected '{' at byte 0)"), std::string::npos)
+      << r.output;
+  r = run_moevement("report");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("usage: moevement report"), std::string::npos) << r.output;
+  r = run_moevement("report " + notes + " --colour red");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unexpected argument '--colour'"), std::string::npos) << r.output;
+  r = run_moevement("report " + temp_path("missing.jsonl"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("cannot open"), std::string::npos) << r.output;
+}
+
+}  // namespace
