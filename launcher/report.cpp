@@ -120,10 +120,19 @@ run_story story_of(const std::string& path, const engine::run_log_contents& log)
   run_story s;
   s.name = std::filesystem::path(path).filename().string();
   s.stopped = log.stopped;
+  // Times from job_start (the head's start-up before it is not the job's).
+  double t0 = 0;
+  for (const auto& r : log.records) {
+    if (r.is("event", "job_start")) {
+      t0 = r.number("time_s").value_or(0);
+      break;
+    }
+  }
   double clock = 0;  // the last time seen: for records without time_s (older logs)
   for (const auto& r : log.records) {
     if (r.is("kind", "iteration")) {
-      clock = r.number("time_s").value_or(clock + num(r, "iteration_s"));
+      clock =
+          r.has("time_s") ? std::max(0.0, num(r, "time_s") - t0) : clock + num(r, "iteration_s");
       const double it = num(r, "iteration");
       s.throughput.push_back({clock, num(r, "tokens_per_s")});
       s.loss.push_back({it, num(r, "loss")});
@@ -133,7 +142,7 @@ run_story story_of(const std::string& path, const engine::run_log_contents& log)
     } else if (r.is("kind", "validation")) {
       s.val_loss.push_back({num(r, "iteration"), num(r, "val_loss")});
     } else if (r.is("kind", "event")) {
-      clock = r.number("time_s").value_or(clock);
+      if (r.has("time_s")) clock = std::max(0.0, num(r, "time_s") - t0);
       add_event(s, r, clock);
     }
   }
