@@ -33,6 +33,7 @@
 #include "launcher/injector.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/launch_options.hpp"
+#include "launcher/report.hpp"
 #include "launcher/slurm_backend.hpp"
 #include "launcher/worker_processes.hpp"
 #include "recovery/durable_window.hpp"
@@ -401,6 +402,15 @@ int head_session::run() {
   end_line();
   log_link_refusals(log_, link_.counters());
   injector_.report_unfired(std::cout);
+  // The run log is complete here (job_end or job_failed); state_hash= stays the last line.
+  if (!options_.report.empty()) {
+    try {
+      write_report({job_.run_log}, options_.report);
+      std::cout << "report: " << options_.report << "\n";
+    } catch (const std::exception& e) {
+      std::cerr << "moevement launch: --report: " << e.what() << "\n";
+    }
+  }
   return report();
 }
 

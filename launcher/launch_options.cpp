@@ -10,7 +10,8 @@ namespace moevement::launcher {
 
 const char* const launch_usage =
     "usage: moevement launch CONFIG [--set key=value ...] [--inject SPEC ...] [--dry-run]\n"
-    "                        [--resume] [--requeue] [--sbatch [-- SBATCH_OPTION ...]]\n"
+    "                        [--resume] [--requeue] [--report FILE.html]\n"
+    "                        [--sbatch [-- SBATCH_OPTION ...]]\n"
     "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
     "  SPEC: kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot],\n"
     "        kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M],\n"
@@ -22,6 +23,7 @@ const char* const launch_usage =
     "        of checkpoint.dir (policy moevement with checkpoint.durable = true)\n"
     "  --sbatch: (cluster.backend = \"slurm\") submit this launch as a Slurm batch job and "
     "return\n"
+    "  --report: when the job ends, draw its run log as one HTML file (moevement report)\n"
     "  SIGUSR1 stops the job once its next durable window is on disk (exit status 75);\n"
     "  --requeue: then requeue this Slurm batch job, which resumes on its own when it starts\n"
     "        again (--sbatch adds it, with sbatch --requeue --signal=B:USR1@180)\n";
@@ -52,6 +54,8 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
       o.resume = true;
     } else if (a == "--requeue") {
       o.requeue = true;
+    } else if (a == "--report" && i + 1 < argc) {
+      o.report = argv[++i];
     } else if (a == "--sbatch") {
       o.sbatch = true;
       if (i + 1 < argc && std::string(argv[i + 1]) == "--") {

@@ -20,6 +20,7 @@ struct launch_options {
   models::config_map raw;  // the config file with the overrides applied
   std::vector<injection> injections;
   std::vector<std::string> overrides, sbatch_args;
+  std::string report;  // --report FILE: `moevement report` of the run log when the job ends
   bool sbatch = false, dry_run = false, resume = false;
   // --requeue: on SIGUSR1, once a window is on disk, requeue this Slurm batch job, which then
   // resumes on its own; requeued: this is such a job starting again (SLURM_RESTART_COUNT > 0).

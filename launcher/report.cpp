@@ -68,12 +68,12 @@ struct recovery_row {
 
 struct run_story {
   std::string name, stopped;
-  std::vector<point> throughput;                             // (seconds since the start, tokens/s)
-  std::vector<point> loss, val_loss, stall_ms, snapshot_mb;  // by iteration
+  std::vector<point> throughput;  // (seconds since the start, tokens/s)
+  std::vector<point> loss, val_loss, stall_ms, snapshot_mb, capture_ms;  // by iteration
   std::vector<marker> losses, injections;
   std::vector<double> persisted;  // times windows persisted
   std::vector<recovery_row> recoveries;
-  std::optional<double> ettr, wall_s;
+  std::optional<double> ettr, wall_s, w_sparse;
   std::string hash, failed;
   long iterations = 0;
 };
@@ -91,6 +91,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     s.injections.push_back({t, r.text("spec").value_or("inject")});
   } else if (ev == "window_persisted") {
     s.persisted.push_back(t);
+  } else if (ev == "window_chosen") {
+    s.w_sparse = r.number("w_sparse");
   } else if (ev == "recovery_start") {
     recovery_row row;
     row.start = t;
@@ -138,6 +140,7 @@ run_story story_of(const std::string& path, const engine::run_log_contents& log)
       s.loss.push_back({it, num(r, "loss")});
       if (r.has("stall_s")) s.stall_ms.push_back({it, 1000 * num(r, "stall_s")});
       if (r.has("snapshot_bytes")) s.snapshot_mb.push_back({it, num(r, "snapshot_bytes") / 1e6});
+      if (r.has("capture_cpu_s")) s.capture_ms.push_back({it, 1000 * num(r, "capture_cpu_s")});
       s.iterations = std::max(s.iterations, long(it) + 1);
     } else if (r.is("kind", "validation")) {
       s.val_loss.push_back({num(r, "iteration"), num(r, "val_loss")});
@@ -299,6 +302,13 @@ std::string cost_charts(const run_story& r) {
     c.line(r.stall_ms, palette[1]);
     out += c.svg();
   }
+  if (!r.capture_ms.empty()) {
+    svg_chart c(r.name + ": CPU time of the stages' captures per iteration (summed)", "iteration",
+                "capture CPU (ms)");
+    c.fit(r.capture_ms);
+    c.line(r.capture_ms, palette[3]);
+    out += c.svg();
+  }
   if (!r.snapshot_mb.empty()) {
     svg_chart c(r.name + ": snapshot bytes captured per iteration", "iteration", "MB");
     c.fit(r.snapshot_mb);
@@ -311,7 +321,7 @@ std::string cost_charts(const run_story& r) {
 std::string summary_table(const std::vector<run_story>& runs) {
   std::string out =
       "<table><tr><th>run</th><th>iterations</th><th>wall (s)</th><th>ETTR</th>"
-      "<th>failures</th><th>recoveries</th><th>end</th></tr>\n";
+      "<th>W_sparse</th><th>failures</th><th>recoveries</th><th>end</th></tr>\n";
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
     std::string end = !r.failed.empty() ? "failed: " + r.failed
@@ -319,10 +329,11 @@ std::string summary_table(const std::vector<run_story>& runs) {
                                         : "state_hash " + r.hash;
     out += fmt::format(
         "<tr><td><span class=\"key\" style=\"background:{}\"></span>{}</td><td>{}</td>"
-        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         palette[i % std::size(palette)], escape(r.name), r.iterations,
         r.wall_s ? fmt::format("{:.2f}", *r.wall_s) : "-",
-        r.ettr ? fmt::format("{:.3f}", *r.ettr) : "-", r.losses.size(), r.recoveries.size(),
+        r.ettr ? fmt::format("{:.3f}", *r.ettr) : "-",
+        r.w_sparse ? fmt::format("{:g}", *r.w_sparse) : "-", r.losses.size(), r.recoveries.size(),
         escape(end));
   }
   return out + "</table>\n";

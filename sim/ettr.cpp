@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -115,6 +116,190 @@ interval_rule parse_interval_rule(std::string_view name) {
                               "' (known: young, oracle, cap, fixed)");
 }
 
+namespace {
+
+// The dense baselines' interval k by the policy's rule (fixed, Young, an overhead cap, or the
+// oracle's best ETTR).
+int choose_dense_interval(const policy_model& m, const policy_settings& p,
+                          const failure_settings& f, double mtbf_s, double persist,
+                          const std::function<policy_model(int)>& with_interval) {
+  int k = 1;
+  switch (p.rule) {
+    case interval_rule::fixed:
+      require(p.fixed_interval >= 1, "policies.<dense>.fixed_interval must be >= 1");
+      k = p.fixed_interval;
+      break;
+    case interval_rule::young: {
+      // Young: tau = sqrt(2 C MTBF), C the checkpoint's cost to training.
+      const double c_cost = with_interval(1).stall_s;
+      k = std::clamp(static_cast<int>(std::lround(std::sqrt(2 * c_cost * mtbf_s) / m.iteration_s)),
+                     1, max_interval);
+      break;
+    }
+    case interval_rule::cap: {
+      require(p.overhead_cap > 0, "policies.<dense>.overhead_cap must be positive");
+      k = max_interval;
+      for (int i = 1; i <= max_interval; ++i) {
+        if (dense_stall(m, persist, i) / (i * m.iteration_s) <= p.overhead_cap) {
+          k = i;
+          break;
+        }
+      }
+      break;
+    }
+    case interval_rule::oracle: {
+      double best = -1;
+      const int limit =
+          std::clamp(static_cast<int>(8 * mtbf_s / m.iteration_s) + 1, 1, max_interval);
+      for (int i = 1; i <= limit; ++i) {
+        const double e = evaluate_closed_form(with_interval(i), mtbf_s, f.duration_s).ettr;
+        if (e > best) {
+          best = e;
+          k = i;
+        }
+      }
+      break;
+    }
+  }
+  return k;
+}
+
+// dense-memory, dense-disk: a full snapshot every k iterations, k by the policy's rule.
+policy_model build_dense(policy_model m, const model_inputs& in, const iteration_costs& costs,
+                         const policy_settings& p, const failure_settings& f, double mtbf_s,
+                         double overlap) {
+  const auto& c = in.cluster;
+  double snap = 0, load = 0, per_gpu_state = 0;
+  for (const auto& s : costs.stages) {
+    const double bytes = stage_state_bytes(s);
+    per_gpu_state = std::max(per_gpu_state, bytes / s.gpus);
+    if (p.kind == policy_kind::dense_memory) {
+      snap = std::max(snap, bytes / s.snapshot_bytes_per_s);
+    } else {
+      // CheckFreq snapshots to local host memory only; a measured or calibrated snapshot
+      // bandwidth replaces the nominal device-to-host one.
+      const double bw =
+          c.snapshot_bytes_per_s > 0 ? c.snapshot_bytes_per_s : c.host_device_bytes_per_s;
+      snap = std::max(snap, bytes / s.gpus / bw);
+    }
+  }
+  if (p.snapshot_s >= 0) snap = p.snapshot_s;
+  m.snapshot_s = snap;
+  m.stall_s = std::max(0.0, snap - overlap);
+  double persist = 0;
+  if (p.kind == policy_kind::dense_memory) {
+    // The failed node pulls its state from a peer; the others read their local copy.
+    load = std::max(per_gpu_state / per_gpu_inter_bw(c), per_gpu_state / c.host_device_bytes_per_s);
+  } else {
+    persist = costs.total_params * 12.0 / c.storage_bytes_per_s;
+    load = persist;
+  }
+  if (p.load_s >= 0) load = p.load_s;
+  m.load_s = load;
+  m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : snap + persist;
+  set_lag_samples(m, p);
+  const auto with_interval = [&](int k) {
+    policy_model x = m;
+    x.interval = k;
+    x.stall_s = dense_stall(m, persist, k);
+    return x;
+  };
+  return with_interval(choose_dense_interval(m, p, f, mtbf_s, persist, with_interval));
+}
+
+// pec: K experts per checkpoint, doubling level by level until every expert is in.
+policy_model build_pec(policy_model m, const model_inputs& in, const iteration_costs& costs,
+                       const policy_settings& p, double overlap) {
+  const auto& c = in.cluster;
+  const int experts = in.model.experts;
+  require(experts > 0, "policy pec needs a model with experts");
+  require(p.pec_initial_fraction > 0 && p.pec_initial_fraction <= 1,
+          "policies.pec.initial_fraction must be in (0, 1]");
+  require(p.pec_persist_interval >= 1, "policies.pec.persist_interval must be >= 1");
+  require(p.pec_interval >= 1, "policies.pec.interval must be >= 1");
+  m.experts = experts;
+  m.pec_persist_interval = p.pec_persist_interval;
+  m.pec_plt_budget = p.pec_plt_budget;
+  m.pec_node_fraction =
+      std::min(1.0, std::max(1.0, static_cast<double>(c.gpus_per_node) / in.plan.ep) / in.plan.pp);
+  int k = std::max(1, static_cast<int>(std::lround(experts * p.pec_initial_fraction)));
+  double per_gpu_state = 0;
+  double measured_scale = -1;  // measured / modelled time of the first level's checkpoint
+  while (true) {
+    double snap = 0;
+    for (const auto& s : costs.stages) {
+      double bytes = 0;
+      for (const auto& op : s.ops) {
+        bytes += op.params * 12.0 *
+                 (op.kind == op_kind::expert ? static_cast<double>(k) / experts : 1.0);
+      }
+      snap = std::max(snap, bytes / s.snapshot_bytes_per_s);
+      per_gpu_state = std::max(per_gpu_state, stage_state_bytes(s) / s.gpus);
+    }
+    // A measured time is of the first level's checkpoint; larger K scale with the bytes.
+    if (p.snapshot_s >= 0 && measured_scale < 0)
+      measured_scale = snap > 0 ? p.snapshot_s / snap : 0;
+    if (measured_scale >= 0) snap = m.pec_k.empty() ? p.snapshot_s : snap * measured_scale;
+    if (m.pec_k.empty()) m.snapshot_s = snap;
+    m.pec_snapshot_s.push_back(snap);
+    m.pec_k.push_back(k);
+    m.pec_stall_s.push_back(std::max(0.0, snap - overlap));
+    if (k >= experts) break;
+    k = std::min(experts, 2 * k);
+  }
+  m.stall_s = m.pec_stall_s.front();
+  m.load_s = p.load_s >= 0 ? p.load_s : per_gpu_state / per_gpu_inter_bw(c);
+  m.interval = p.pec_interval;
+  return m;
+}
+
+// moevement: Algorithm 1 per stage; W_sparse is agreed across stages (the largest wins).
+policy_model build_moevement(policy_model m, const model_inputs& in, const iteration_costs& costs,
+                             const policy_settings& p, double overlap) {
+  const auto& c = in.cluster;
+  std::vector<std::vector<std::size_t>> orders;
+  for (const auto& s : costs.stages) {
+    orders.push_back(order_by_popularity(s.snapshot));
+    std::vector<sparse_op> ordered;
+    for (auto i : orders.back()) ordered.push_back(s.snapshot[i]);
+    const auto w = find_window_size(ordered, costs.iteration_s, s.snapshot_bytes_per_s);
+    if (w.w_sparse > m.w_sparse) {
+      m.w_sparse = w.w_sparse;
+      m.o_active = w.o_active;
+    }
+  }
+  double slot_s = 0, load = 0;
+  for (std::size_t si = 0; si < costs.stages.size(); ++si) {
+    const auto& s = costs.stages[si];
+    const std::size_t n = s.ops.size();
+    const int o_active = static_cast<int>((n + m.w_sparse - 1) / m.w_sparse);
+    const auto schedule = generate_schedule(orders[si], m.w_sparse, o_active);
+    double window_bytes = 0;
+    std::vector<double> conv;
+    for (int j = 0; j < m.w_sparse; ++j) {
+      const double b = slot_bytes(schedule[static_cast<std::size_t>(j)], s.snapshot);
+      window_bytes += b;
+      slot_s = std::max(slot_s, b / s.snapshot_bytes_per_s);
+      conv.push_back(local_replay_iteration_s(s, active_after_slot(schedule, n, j),
+                                              costs.microbatches, in.constants));
+    }
+    m.conversion_s.push_back(std::move(conv));
+    m.catch_up_s.push_back(
+        local_replay_iteration_s(s, std::vector<bool>(n, true), costs.microbatches, in.constants));
+    // The replacement GPUs pull the stage's persisted window from peers' host memory.
+    load = std::max(load, window_bytes / (s.gpus * per_gpu_inter_bw(c)));
+  }
+  m.snapshot_s = slot_s;
+  m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : slot_s;
+  set_lag_samples(m, p);
+  m.stall_s = std::max(0.0, slot_s - overlap);
+  m.load_s = p.load_s >= 0 ? p.load_s : load;
+  m.interval = 1;
+  return m;
+}
+
+}  // namespace
+
 policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
                           const policy_settings& p, const failure_settings& f, double mtbf_s) {
   require(mtbf_s > 0, "failures.mtbf_minutes must be positive");
@@ -126,174 +311,16 @@ policy_model build_policy(const model_inputs& in, const iteration_costs& costs,
   m.restart_s = p.restart_s >= 0 ? p.restart_s : f.restart_s;
   m.dispatch_s = costs.dispatch_s;
   m.stages = static_cast<int>(costs.stages.size());
-  const auto& c = in.cluster;
   // Snapshots overlap the next iteration's forward and backward; the update must wait.
   const double overlap = costs.iteration_s - costs.update_s;
-
   switch (p.kind) {
     case policy_kind::dense_memory:
-    case policy_kind::dense_disk: {
-      double snap = 0, load = 0, per_gpu_state = 0;
-      for (const auto& s : costs.stages) {
-        const double bytes = stage_state_bytes(s);
-        per_gpu_state = std::max(per_gpu_state, bytes / s.gpus);
-        if (p.kind == policy_kind::dense_memory) {
-          snap = std::max(snap, bytes / s.snapshot_bytes_per_s);
-        } else {
-          // CheckFreq snapshots to local host memory only; a measured or calibrated snapshot
-          // bandwidth replaces the nominal device-to-host one.
-          const double bw =
-              c.snapshot_bytes_per_s > 0 ? c.snapshot_bytes_per_s : c.host_device_bytes_per_s;
-          snap = std::max(snap, bytes / s.gpus / bw);
-        }
-      }
-      if (p.snapshot_s >= 0) snap = p.snapshot_s;
-      m.snapshot_s = snap;
-      m.stall_s = std::max(0.0, snap - overlap);
-      double persist = 0;
-      if (p.kind == policy_kind::dense_memory) {
-        // The failed node pulls its state from a peer; the others read their local copy.
-        load = std::max(per_gpu_state / per_gpu_inter_bw(c),
-                        per_gpu_state / c.host_device_bytes_per_s);
-      } else {
-        persist = costs.total_params * 12.0 / c.storage_bytes_per_s;
-        load = persist;
-      }
-      if (p.load_s >= 0) load = p.load_s;
-      m.load_s = load;
-      m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : snap + persist;
-      set_lag_samples(m, p);
-      const auto with_interval = [&](int k) {
-        policy_model x = m;
-        x.interval = k;
-        x.stall_s = dense_stall(m, persist, k);
-        return x;
-      };
-      int k = 1;
-      switch (p.rule) {
-        case interval_rule::fixed:
-          require(p.fixed_interval >= 1, "policies.<dense>.fixed_interval must be >= 1");
-          k = p.fixed_interval;
-          break;
-        case interval_rule::young: {
-          // Young: tau = sqrt(2 C MTBF), C the checkpoint's cost to training.
-          const double c_cost = with_interval(1).stall_s;
-          k = std::clamp(
-              static_cast<int>(std::lround(std::sqrt(2 * c_cost * mtbf_s) / m.iteration_s)), 1,
-              max_interval);
-          break;
-        }
-        case interval_rule::cap: {
-          require(p.overhead_cap > 0, "policies.<dense>.overhead_cap must be positive");
-          k = max_interval;
-          for (int i = 1; i <= max_interval; ++i) {
-            if (dense_stall(m, persist, i) / (i * m.iteration_s) <= p.overhead_cap) {
-              k = i;
-              break;
-            }
-          }
-          break;
-        }
-        case interval_rule::oracle: {
-          double best = -1;
-          const int limit =
-              std::clamp(static_cast<int>(8 * mtbf_s / m.iteration_s) + 1, 1, max_interval);
-          for (int i = 1; i <= limit; ++i) {
-            const double e = evaluate_closed_form(with_interval(i), mtbf_s, f.duration_s).ettr;
-            if (e > best) {
-              best = e;
-              k = i;
-            }
-          }
-          break;
-        }
-      }
-      return with_interval(k);
-    }
-    case policy_kind::pec: {
-      const int experts = in.model.experts;
-      require(experts > 0, "policy pec needs a model with experts");
-      require(p.pec_initial_fraction > 0 && p.pec_initial_fraction <= 1,
-              "policies.pec.initial_fraction must be in (0, 1]");
-      require(p.pec_persist_interval >= 1, "policies.pec.persist_interval must be >= 1");
-      require(p.pec_interval >= 1, "policies.pec.interval must be >= 1");
-      m.experts = experts;
-      m.pec_persist_interval = p.pec_persist_interval;
-      m.pec_plt_budget = p.pec_plt_budget;
-      m.pec_node_fraction = std::min(
-          1.0, std::max(1.0, static_cast<double>(c.gpus_per_node) / in.plan.ep) / in.plan.pp);
-      int k = std::max(1, static_cast<int>(std::lround(experts * p.pec_initial_fraction)));
-      double per_gpu_state = 0;
-      double measured_scale = -1;  // measured / modelled time of the first level's checkpoint
-      while (true) {
-        double snap = 0;
-        for (const auto& s : costs.stages) {
-          double bytes = 0;
-          for (const auto& op : s.ops) {
-            bytes += op.params * 12.0 *
-                     (op.kind == op_kind::expert ? static_cast<double>(k) / experts : 1.0);
-          }
-          snap = std::max(snap, bytes / s.snapshot_bytes_per_s);
-          per_gpu_state = std::max(per_gpu_state, stage_state_bytes(s) / s.gpus);
-        }
-        // A measured time is of the first level's checkpoint; larger K scale with the bytes.
-        if (p.snapshot_s >= 0 && measured_scale < 0)
-          measured_scale = snap > 0 ? p.snapshot_s / snap : 0;
-        if (measured_scale >= 0) snap = m.pec_k.empty() ? p.snapshot_s : snap * measured_scale;
-        if (m.pec_k.empty()) m.snapshot_s = snap;
-        m.pec_snapshot_s.push_back(snap);
-        m.pec_k.push_back(k);
-        m.pec_stall_s.push_back(std::max(0.0, snap - overlap));
-        if (k >= experts) break;
-        k = std::min(experts, 2 * k);
-      }
-      m.stall_s = m.pec_stall_s.front();
-      m.load_s = p.load_s >= 0 ? p.load_s : per_gpu_state / per_gpu_inter_bw(c);
-      m.interval = p.pec_interval;
-      return m;
-    }
-    case policy_kind::moevement: {
-      // Algorithm 1 per stage; W_sparse is agreed across stages (the largest wins).
-      std::vector<std::vector<std::size_t>> orders;
-      for (const auto& s : costs.stages) {
-        orders.push_back(order_by_popularity(s.snapshot));
-        std::vector<sparse_op> ordered;
-        for (auto i : orders.back()) ordered.push_back(s.snapshot[i]);
-        const auto w = find_window_size(ordered, costs.iteration_s, s.snapshot_bytes_per_s);
-        if (w.w_sparse > m.w_sparse) {
-          m.w_sparse = w.w_sparse;
-          m.o_active = w.o_active;
-        }
-      }
-      double slot_s = 0, load = 0;
-      for (std::size_t si = 0; si < costs.stages.size(); ++si) {
-        const auto& s = costs.stages[si];
-        const std::size_t n = s.ops.size();
-        const int o_active = static_cast<int>((n + m.w_sparse - 1) / m.w_sparse);
-        const auto schedule = generate_schedule(orders[si], m.w_sparse, o_active);
-        double window_bytes = 0;
-        std::vector<double> conv;
-        for (int j = 0; j < m.w_sparse; ++j) {
-          const double b = slot_bytes(schedule[static_cast<std::size_t>(j)], s.snapshot);
-          window_bytes += b;
-          slot_s = std::max(slot_s, b / s.snapshot_bytes_per_s);
-          conv.push_back(local_replay_iteration_s(s, active_after_slot(schedule, n, j),
-                                                  costs.microbatches, in.constants));
-        }
-        m.conversion_s.push_back(std::move(conv));
-        m.catch_up_s.push_back(local_replay_iteration_s(s, std::vector<bool>(n, true),
-                                                        costs.microbatches, in.constants));
-        // The replacement GPUs pull the stage's persisted window from peers' host memory.
-        load = std::max(load, window_bytes / (s.gpus * per_gpu_inter_bw(c)));
-      }
-      m.snapshot_s = slot_s;
-      m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : slot_s;
-      set_lag_samples(m, p);
-      m.stall_s = std::max(0.0, slot_s - overlap);
-      m.load_s = p.load_s >= 0 ? p.load_s : load;
-      m.interval = 1;
-      return m;
-    }
+    case policy_kind::dense_disk:
+      return build_dense(std::move(m), in, costs, p, f, mtbf_s, overlap);
+    case policy_kind::pec:
+      return build_pec(std::move(m), in, costs, p, overlap);
+    case policy_kind::moevement:
+      return build_moevement(std::move(m), in, costs, p, overlap);
   }
   throw std::logic_error("build_policy: unhandled policy");
 }

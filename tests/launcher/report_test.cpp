@@ -34,12 +34,14 @@ std::string read(const std::string& path) {
 
 // A run of 6 iterations with a kill of stage 1 at iteration 3, recovered.
 std::string run_log_text(double tokens_per_s) {
-  std::string t = "{\"kind\":\"event\",\"event\":\"job_start\",\"time_s\":0}\n";
+  std::string t =
+      "{\"kind\":\"event\",\"event\":\"job_start\",\"time_s\":0}\n"
+      "{\"kind\":\"event\",\"event\":\"window_chosen\",\"w_sparse\":2}\n";
   for (int i = 0; i < 6; ++i) {
     t += "{\"kind\":\"iteration\",\"iteration\":" + std::to_string(i) +
          ",\"loss\":" + std::to_string(5.5 - 0.1 * i) +
          ",\"iteration_s\":0.1,\"tokens_per_s\":" + std::to_string(tokens_per_s) +
-         ",\"stall_s\":0.001,\"snapshot_bytes\":2000000,\"time_s\":" +
+         ",\"stall_s\":0.001,\"capture_cpu_s\":0.002,\"snapshot_bytes\":2000000,\"time_s\":" +
          std::to_string(0.1 * (i + 1) + (i >= 3 ? 0.5 : 0)) + "}\n";
     if (i == 2) {
       t += "{\"kind\":\"event\",\"event\":\"window_persisted\",\"window\":1,\"time_s\":0.3}\n"
@@ -77,7 +79,8 @@ TEST(report, a_run_log_becomes_one_self_contained_html_file) {
             std::string::npos)
       << "the recovery's row";
   EXPECT_NE(html.find("state_hash 0123456789abcdef"), std::string::npos);
-  EXPECT_NE(html.find("<td>0.620</td>"), std::string::npos) << "ETTR";
+  EXPECT_NE(html.find("<td>0.620</td><td>2</td>"), std::string::npos) << "ETTR, W_sparse";
+  EXPECT_NE(html.find("capture CPU (ms)"), std::string::npos);
   EXPECT_NE(html.find("stall (ms)"), std::string::npos);
   EXPECT_NE(html.find("loss (nats)"), std::string::npos);
   // Self-contained: nothing fetched, no script.
@@ -103,7 +106,7 @@ TEST(report, several_runs_overlay_and_a_truncated_one_says_where_it_stopped) {
             std::string::npos);
   EXPECT_NE(html.find(">report_" + std::to_string(::getpid()) + "_b.jsonl</td>"),
             std::string::npos);
-  EXPECT_NE(html.find("_b.jsonl: read up to line 14:"), std::string::npos) << html;
+  EXPECT_NE(html.find("_b.jsonl: read up to line 15:"), std::string::npos) << html;
   EXPECT_NE(html.find("no job_end record"), std::string::npos);
 }
 
