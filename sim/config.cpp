@@ -417,18 +417,9 @@ iteration_costs apply_profile(iteration_costs costs, const profile_data& p) {
   return costs;
 }
 
-sim_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
-                        const std::filesystem::path& base_dir) {
-  auto root = parse_toml(toml_text, "config");
-  for (const auto& o : overrides) apply_override(root, o);
-  check_keys(root, known_keys(), "config");
-  const reader r(root);
-  sim_config cfg;
-  cfg.name = r.string("name", "simulation");
-  auto& in = cfg.inputs;
-  in.model = read_model(r);
+namespace {
 
-  auto& c = in.cluster;
+void read_cluster(const reader& r, cluster_spec& c) {
   c.gpu = r.string("cluster.gpu", c.gpu);
   c.peak_flops = r.positive("cluster.peak_tflops", c.peak_flops / 1e12) * 1e12;
   c.compute_efficiency = r.positive("cluster.compute_efficiency", c.compute_efficiency);
@@ -449,7 +440,9 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
     c.snapshot_bytes_per_s = r.positive("cluster.snapshot_gb_per_s_per_gpu", 1) * 1e9;
   if (c.alpha_intra_s < 0) fail("cluster.alpha_intra_us", "must be >= 0");
   if (c.alpha_inter_s < 0) fail("cluster.alpha_inter_us", "must be >= 0");
+}
 
+void read_plan(const reader& r, model_inputs& in) {
   auto& p = in.plan;
   p.pp = r.count("plan.pp", p.pp);
   p.dp = r.count("plan.dp", p.dp);
@@ -468,8 +461,9 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
   if (p.global_batch % (p.micro_batch * p.dp) != 0) {
     fail("plan.global_batch", "must be a multiple of plan.micro_batch x plan.dp");
   }
+}
 
-  auto& k = in.constants;
+void read_constants(const reader& r, model_constants& k) {
   k.expert_popularity_zipf = r.number("costs.expert_popularity_zipf", k.expert_popularity_zipf);
   if (k.expert_popularity_zipf < 0) fail("costs.expert_popularity_zipf", "must be >= 0");
   k.frozen_compute_fraction =
@@ -477,7 +471,9 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
   k.update_bytes_per_param = r.positive("costs.update_bytes_per_param", k.update_bytes_per_param);
   k.sync_overlap = r.fraction("costs.sync_overlap", k.sync_overlap);
   k.grad_bytes_per_param = r.positive("costs.grad_bytes_per_param", k.grad_bytes_per_param);
+}
 
+void read_failures(const reader& r, sim_config& cfg, const std::filesystem::path& base_dir) {
   auto& f = cfg.failures;
   for (double m : r.numbers("failures.mtbf_minutes", {120, 60, 30, 20, 10})) {
     if (!(m > 0)) fail("failures.mtbf_minutes", "every MTBF must be positive");
@@ -498,7 +494,10 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
     }
     if (cfg.trace.empty()) fail("failures.trace", "the trace has no failures");
   }
+}
 
+std::vector<policy_settings> read_policies(const reader& r) {
+  std::vector<policy_settings> out;
   const int replicas = r.count("policies.replicas", 2, 0);
   for (const auto& name :
        r.strings("policies.list", {"dense-disk", "dense-memory", "pec", "moevement"})) {
@@ -541,9 +540,14 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
       ps.pec_persist_interval = r.count("policies.pec.persist_interval", ps.pec_persist_interval);
       ps.pec_interval = r.count("policies.pec.interval", ps.pec_interval);
     }
-    cfg.policies.push_back(ps);
+    out.push_back(ps);
   }
+  return out;
+}
 
+// A profile file (measured costs) overrides the modelled ones, per policy.
+void read_profile(const reader& r, sim_config& cfg, const std::filesystem::path& base_dir) {
+  auto& f = cfg.failures;
   if (r.has("profile.file")) {
     const auto path = base_dir / r.string("profile.file", "");
     try {
@@ -568,8 +572,9 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
         ps.persist_lag_samples_s = samples->second;
     }
   }
+}
 
-  auto& s = cfg.sweep;
+void read_sweep(const reader& r, sweep_settings& s) {
   s.models = r.strings("sweep.models", s.models);
   s.gpus = r.counts("sweep.gpus", s.gpus);
   s.stages = r.counts("sweep.stages", s.stages);
@@ -583,6 +588,27 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
          "sweep.models, sweep.gpus, sweep.stages and sweep.pipelines must have "
          "the same length");
   }
+}
+
+}  // namespace
+
+sim_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
+                        const std::filesystem::path& base_dir) {
+  auto root = parse_toml(toml_text, "config");
+  for (const auto& o : overrides) apply_override(root, o);
+  check_keys(root, known_keys(), "config");
+  const reader r(root);
+  sim_config cfg;
+  cfg.name = r.string("name", "simulation");
+  auto& in = cfg.inputs;
+  in.model = read_model(r);
+  read_cluster(r, in.cluster);
+  read_plan(r, in);
+  read_constants(r, in.constants);
+  read_failures(r, cfg, base_dir);
+  cfg.policies = read_policies(r);
+  read_profile(r, cfg, base_dir);
+  read_sweep(r, cfg.sweep);
   return cfg;
 }
 
