@@ -345,6 +345,7 @@ json_record coordinator::job_start_record() const {
       .add("spares", job_.spares)
       .add("iterations", job_.train.iterations)
       .add("micro_batches", job_.train.micro_batches);
+  if (log_ != nullptr) r.add("time_s", log_->seconds());
   return r;
 }
 

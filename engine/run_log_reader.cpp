@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 
@@ -91,7 +92,8 @@ class line_parser {
     char* end = nullptr;
     errno = 0;
     const double d = std::strtod(text.c_str(), &end);
-    if (end != text.c_str() + text.size() || errno == ERANGE) {
+    // Underflow (1e-400) reads as 0 or a denormal; only overflow is refused.
+    if (end != text.c_str() + text.size() || (errno == ERANGE && std::isinf(d))) {
       i_ = start;
       return fail("not a number");
     }
@@ -138,10 +140,16 @@ class line_parser {
           break;
         case 'u': {
           if (i_ + 4 > s_.size()) return fail("a short \\u escape");
-          const std::string hex(s_.substr(i_, 4));
-          char* end = nullptr;
-          const unsigned long cp = std::strtoul(hex.c_str(), &end, 16);
-          if (end != hex.c_str() + 4) return fail("a bad \\u escape");
+          unsigned long cp = 0;
+          for (std::size_t k = 0; k < 4; ++k) {
+            const char h = s_[i_ + k];
+            const int d = h >= '0' && h <= '9'   ? h - '0'
+                          : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                          : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                 : -1;
+            if (d < 0) return fail("a bad \\u escape");
+            cp = cp * 16 + unsigned(d);
+          }
           i_ += 4;
           append_utf8(out, cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFD : cp);  // no surrogate pairs
           break;
@@ -207,13 +215,23 @@ result<run_log_contents> read_run_log(const std::string& path, std::size_t max_l
   if (!in) return error{fmt::format("cannot open {}", path)};
   run_log_contents out;
   std::string line;
-  while (std::getline(in, line)) {
+  while (in.peek() != std::char_traits<char>::eof()) {
     ++out.lines;
-    if (line.empty()) continue;
-    if (line.size() > max_line_bytes) {
+    // Read up to the newline, but never hold more than max_line_bytes of one line.
+    line.clear();
+    bool too_long = false;
+    for (int c = in.get(); c != std::char_traits<char>::eof() && c != '\n'; c = in.get()) {
+      if (line.size() == max_line_bytes) {
+        too_long = true;
+        break;
+      }
+      line += char(c);
+    }
+    if (too_long) {
       out.stopped = fmt::format("line {}: longer than {} bytes", out.lines, max_line_bytes);
       break;
     }
+    if (line.empty()) continue;
     auto r = run_record::parse(line);
     if (!r.ok()) {
       out.stopped = fmt::format("line {}: {}", out.lines, r.err().message);

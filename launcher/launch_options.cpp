@@ -72,6 +72,11 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
         "--resume does not go with --sbatch: submit a batch script that runs `moevement launch "
         "CONFIG --resume` instead");
   }
+  if (!o.report.empty() && (o.sbatch || o.dry_run)) {
+    throw std::invalid_argument(
+        "--report draws the job's run log when the job ends here: it does not go with --sbatch "
+        "or --dry-run (run `moevement report RUN.jsonl` once the batch job ended)");
+  }
   if (o.sbatch && !o.injections.empty()) {
     throw std::invalid_argument(
         "--inject does not go with --sbatch (the batch job runs the launch from CONFIG and "

@@ -1,9 +1,14 @@
 #include "launcher/report.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -82,6 +87,13 @@ double num(const engine::run_record& r, const char* key, double fallback = 0) {
   return r.number(key).value_or(fallback);
 }
 
+// A value from the log fit to draw: finite and of a sane size (a log is untrusted).
+std::optional<double> drawable(const engine::run_record& r, const char* key, double scale = 1) {
+  const auto v = r.number(key);
+  if (!v || !std::isfinite(*v * scale) || std::fabs(*v * scale) > 1e15) return std::nullopt;
+  return *v * scale;
+}
+
 void add_event(run_story& s, const engine::run_record& r, double t) {
   const std::string ev = r.text("event").value_or("");
   if (ev == "worker_lost") {
@@ -107,8 +119,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     row.pull = num(r, "pull_s");
     row.replay = num(r, "replay_s");
     row.rejoin = num(r, "rejoin_s");
-    row.target = long(num(r, "target_iteration", -1));
-    row.replayed = long(num(r, "iterations_replayed"));
+    row.target = static_cast<long>(drawable(r, "target_iteration").value_or(-1));
+    row.replayed = static_cast<long>(drawable(r, "iterations_replayed").value_or(0));
   } else if (ev == "job_end") {
     s.ettr = r.number("ettr");
     s.wall_s = r.number("wall_s");
@@ -118,35 +130,57 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
   }
 }
 
+// Times from job_start. A resumed job appends to the same log, its own clock from 0 again:
+// each job_start after the first goes on from the last time seen.
+class run_clock {
+ public:
+  double at(const engine::run_record& r) {
+    if (r.is("event", "job_start")) {
+      if (started_) offset_ = now_;
+      started_ = true;
+      t0_ = r.number("time_s").value_or(0);
+    }
+    if (const auto t = r.number("time_s"); t && std::isfinite(*t) && std::fabs(*t) < 1e12) {
+      now_ = offset_ + std::max(0.0, *t - t0_);
+    }
+    return now_;
+  }
+  // A record without time_s (an older log) that took `seconds`.
+  double advance(double seconds) {
+    if (std::isfinite(seconds) && seconds > 0 && seconds < 1e9) now_ += seconds;
+    return now_;
+  }
+
+ private:
+  bool started_ = false;
+  double t0_ = 0, offset_ = 0, now_ = 0;
+};
+
 run_story story_of(const std::string& path, const engine::run_log_contents& log) {
   run_story s;
   s.name = std::filesystem::path(path).filename().string();
   s.stopped = log.stopped;
-  // Times from job_start (the head's start-up before it is not the job's).
-  double t0 = 0;
-  for (const auto& r : log.records) {
-    if (r.is("event", "job_start")) {
-      t0 = r.number("time_s").value_or(0);
-      break;
-    }
-  }
-  double clock = 0;  // the last time seen: for records without time_s (older logs)
+  run_clock clock;
   for (const auto& r : log.records) {
     if (r.is("kind", "iteration")) {
-      clock =
-          r.has("time_s") ? std::max(0.0, num(r, "time_s") - t0) : clock + num(r, "iteration_s");
-      const double it = num(r, "iteration");
-      s.throughput.push_back({clock, num(r, "tokens_per_s")});
-      s.loss.push_back({it, num(r, "loss")});
-      if (r.has("stall_s")) s.stall_ms.push_back({it, 1000 * num(r, "stall_s")});
-      if (r.has("snapshot_bytes")) s.snapshot_mb.push_back({it, num(r, "snapshot_bytes") / 1e6});
-      if (r.has("capture_cpu_s")) s.capture_ms.push_back({it, 1000 * num(r, "capture_cpu_s")});
-      s.iterations = std::max(s.iterations, long(it) + 1);
+      const double t = r.has("time_s") ? clock.at(r) : clock.advance(num(r, "iteration_s"));
+      const auto it = drawable(r, "iteration");
+      if (!it) continue;
+      auto add = [&](std::vector<point>& to, std::optional<double> v) {
+        if (v) to.push_back({*it, *v});
+      };
+      if (const auto tps = drawable(r, "tokens_per_s")) s.throughput.push_back({t, *tps});
+      add(s.loss, drawable(r, "loss"));  // a diverged loss is null: not drawn
+      add(s.stall_ms, drawable(r, "stall_s", 1000));
+      add(s.snapshot_mb, drawable(r, "snapshot_bytes", 1e-6));
+      add(s.capture_ms, drawable(r, "capture_cpu_s", 1000));
+      s.iterations = std::max(s.iterations, static_cast<long>(std::max(0.0, *it)) + 1);
     } else if (r.is("kind", "validation")) {
-      s.val_loss.push_back({num(r, "iteration"), num(r, "val_loss")});
+      const auto it = drawable(r, "iteration");
+      const auto v = drawable(r, "val_loss");
+      if (it && v) s.val_loss.push_back({*it, *v});
     } else if (r.is("kind", "event")) {
-      if (r.has("time_s")) clock = std::max(0.0, num(r, "time_s") - t0);
-      add_event(s, r, clock);
+      add_event(s, r, clock.at(r));
     }
   }
   return s;
@@ -156,7 +190,7 @@ run_story story_of(const std::string& path, const engine::run_log_contents& log)
 
 // A round step for about `n` ticks over [0, span].
 double tick_step(double span, int n) {
-  if (span <= 0) return 1;
+  if (!(span > 0) || !std::isfinite(span)) return 1;
   const double raw = span / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0}) {
     if (m * mag >= raw) return m * mag;
@@ -175,11 +209,12 @@ class svg_chart {
   svg_chart(std::string title, std::string x_label, std::string y_label)
       : title_(std::move(title)), x_label_(std::move(x_label)), y_label_(std::move(y_label)) {}
 
-  void fit(const std::vector<point>& pts, bool y_from_zero = true) {
+  // Axes from 0 (or the data's minimum, when negative) to the data's maxima.
+  void fit(const std::vector<point>& pts) {
     for (const auto& p : pts) {
       x_max_ = std::max(x_max_, p.x);
       y_max_ = std::max(y_max_, p.y);
-      y_min_ = y_from_zero ? 0.0 : std::min(y_min_, p.y);
+      y_min_ = std::min(y_min_, p.y);
     }
   }
   void fit_x(double x) { x_max_ = std::max(x_max_, x); }
@@ -237,11 +272,16 @@ class svg_chart {
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n",
         left_, top_, plot_w_, plot_h_);
     const double xs = tick_step(x_max_, 10), ys = tick_step(y_max_ - y_min_, 5);
-    for (double x = 0; x <= x_max_ * 1.0001 && xs > 0; x += xs) {
+    for (int i = 0; i <= max_ticks; ++i) {
+      const double x = i * xs;
+      if (x > x_max_ * 1.0001) break;
       out += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"x\">{}</text>\n", px(x),
                          top_ + plot_h_ + 16, tick_text(x));
     }
-    for (double y = std::ceil(y_min_ / ys) * ys; y <= y_max_ * 1.0001 && ys > 0; y += ys) {
+    const double y0 = std::ceil(y_min_ / ys) * ys;
+    for (int i = 0; i <= max_ticks; ++i) {
+      const double y = y0 + i * ys;
+      if (y > y_max_ * 1.0001) break;
       out += fmt::format(
           "<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>"
           "<text x=\"{}\" y=\"{:.1f}\" class=\"y\">{}</text>\n",
@@ -254,6 +294,7 @@ class svg_chart {
     return out;
   }
 
+  static constexpr int max_ticks = 20;
   std::string title_, x_label_, y_label_, body_;
   int width_ = 1180, height_ = 300, left_ = 70, top_ = 28, plot_w_ = 1080, plot_h_ = 228;
   double x_max_ = 0, y_max_ = 0, y_min_ = 0;
@@ -267,6 +308,9 @@ std::string throughput_chart(const std::vector<run_story>& runs) {
   for (const auto& r : runs) {
     c.fit(r.throughput);
     for (const auto& rec : r.recoveries) c.fit_x(rec.end >= 0 ? rec.end : rec.start);
+    for (const auto& m : r.losses) c.fit_x(m.t);
+    for (const auto& m : r.injections) c.fit_x(m.t);
+    for (double t : r.persisted) c.fit_x(t);
   }
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const char* colour = palette[i % std::size(palette)];
@@ -402,6 +446,13 @@ void write_report(const std::vector<std::string>& run_logs, const std::string& o
     if (!log.ok()) throw std::runtime_error(log.err().message);
     runs.push_back(story_of(path, *log));
   }
+  // Private as the run log is (it names hosts and failures): 0600 whatever the umask.
+  const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || ::fchmod(fd, 0600) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("cannot write " + out_path + ": " + std::strerror(errno));
+  }
+  ::close(fd);
   std::ofstream out(out_path, std::ios::trunc);
   out << page(runs);
   out.flush();
@@ -413,7 +464,11 @@ int run_report(int argc, char** argv) {
   std::string out;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "-o" || a == "--output") && i + 1 < argc) {
+    if (a == "-o" || a == "--output") {
+      if (i + 1 >= argc) {
+        std::cerr << "moevement report: " << a << " needs a file name\n" << report_usage;
+        return 2;
+      }
       out = argv[++i];
     } else if (a.starts_with("-")) {
       std::cerr << "moevement report: unexpected argument '" << a << "'\n" << report_usage;

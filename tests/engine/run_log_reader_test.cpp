@@ -54,6 +54,9 @@ TEST(run_log_reader, every_json_value_kind_and_escape_parses) {
             "\xc3\xa9"
             "A/");
   EXPECT_EQ(r->fields().size(), 6u);
+  auto tiny = run_record::parse(R"({"kind":"x","n":1e-400})");
+  ASSERT_TRUE(tiny.ok()) << "an underflow is a number (0): " << tiny.err().message;
+  EXPECT_EQ(tiny->number("n"), 0.0);
 }
 
 TEST(run_log_reader, malformed_lines_say_what_and_where) {
@@ -61,7 +64,8 @@ TEST(run_log_reader, malformed_lines_say_what_and_where) {
        {"", "kind", "{", "{\"kind\":\"x\"", "{\"kind\":\"x\",}", "{\"kind\" \"x\"}",
         "{\"kind\":\"x\"} trailing", "{\"kind\":x}", "{\"kind\":\"a\\qb\"}", "{\"kind\":\"a\tb\"}",
         "{\"kind\":\"x\",\"n\":1e}", "{\"kind\":\"x\",\"n\":--1}", "{\"kind\":\"\\u12\"}",
-        "{\"kind\":\"unterminated}", "{\"event\":\"no kind\"}", "{\"kind\":3}"}) {
+        "{\"kind\":\"unterminated}", "{\"event\":\"no kind\"}", "{\"kind\":3}",
+        "{\"kind\":\"\\u-FFF\"}", "{\"kind\":\"\\u0x1F\"}", "{\"kind\":\"x\",\"n\":1e999}"}) {
     auto r = run_record::parse(line);
     EXPECT_FALSE(r.ok()) << line;
     if (!r.ok()) {

@@ -110,6 +110,26 @@ TEST(report, several_runs_overlay_and_a_truncated_one_says_where_it_stopped) {
   EXPECT_NE(html.find("no job_end record"), std::string::npos);
 }
 
+// Values a hostile or broken log may hold: huge, null (a diverged loss), missing. The report
+// is still written (no hang, nothing drawn at infinity), and a diverged loss is not drawn as 0.
+TEST(report, hostile_values_are_left_out_not_drawn) {
+  const std::string log =
+      write("hostile.jsonl",
+            "{\"kind\":\"event\",\"event\":\"job_start\",\"time_s\":1e308}\n"
+            "{\"kind\":\"iteration\",\"iteration\":0,\"loss\":null,\"tokens_per_s\":1.79e308,"
+            "\"time_s\":1.7e308}\n"
+            "{\"kind\":\"iteration\",\"iteration\":1e300,\"loss\":5}\n"
+            "{\"kind\":\"iteration\",\"iteration\":2,\"loss\":4.5,\"tokens_per_s\":10,"
+            "\"time_s\":-5}\n"
+            "{\"kind\":\"event\",\"event\":\"recovery_end\",\"target_iteration\":1e300}\n");
+  const std::string out = temp_path("hostile.html");
+  const auto r = run_moevement("report " + log + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = read(out);
+  EXPECT_EQ(html.find("inf"), std::string::npos) << html;
+  EXPECT_EQ(html.find("nan"), std::string::npos) << html;
+}
+
 TEST(report, what_is_not_a_run_log_is_refused) {
   const std::string notes = write("notes.txt", "these are my notes\n");
   auto r = run_moevement("report " + notes + " -o " + temp_path("notes.html"));
@@ -122,6 +142,13 @@ TEST(report, what_is_not_a_run_log_is_refused) {
   r = run_moevement("report " + notes + " --colour red");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unexpected argument '--colour'"), std::string::npos) << r.output;
+  r = run_moevement("report " + notes + " -o");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("-o needs a file name"), std::string::npos) << r.output;
+  r = run_moevement("launch " + source_path("examples/configs/tiny.toml") + " --dry-run --report " +
+                    temp_path("x.html"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--report draws the job's run log"), std::string::npos) << r.output;
   r = run_moevement("report " + temp_path("missing.jsonl"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("cannot open"), std::string::npos) << r.output;
