@@ -337,29 +337,23 @@ std::string loss_chart(const run_story& r) {
   return c.svg();
 }
 
+// One per-iteration series as a chart of its own; nothing when the log has none.
+std::string series_chart(const std::string& title, const std::string& y_label,
+                         const std::vector<point>& pts, const char* colour) {
+  if (pts.empty()) return "";
+  svg_chart c(title, "iteration", y_label);
+  c.fit(pts);
+  c.line(pts, colour);
+  return c.svg();
+}
+
 std::string cost_charts(const run_story& r) {
-  std::string out;
-  if (!r.stall_ms.empty()) {
-    svg_chart c(r.name + ": the step's wait for the checkpoint capture (stall)", "iteration",
-                "stall (ms)");
-    c.fit(r.stall_ms);
-    c.line(r.stall_ms, palette[1]);
-    out += c.svg();
-  }
-  if (!r.capture_ms.empty()) {
-    svg_chart c(r.name + ": CPU time of the stages' captures per iteration (summed)", "iteration",
-                "capture CPU (ms)");
-    c.fit(r.capture_ms);
-    c.line(r.capture_ms, palette[3]);
-    out += c.svg();
-  }
-  if (!r.snapshot_mb.empty()) {
-    svg_chart c(r.name + ": snapshot bytes captured per iteration", "iteration", "MB");
-    c.fit(r.snapshot_mb);
-    c.line(r.snapshot_mb, palette[2]);
-    out += c.svg();
-  }
-  return out;
+  return series_chart(r.name + ": the step's wait for the checkpoint capture (stall)", "stall (ms)",
+                      r.stall_ms, palette[1]) +
+         series_chart(r.name + ": CPU time of the stages' captures per iteration (summed)",
+                      "capture CPU (ms)", r.capture_ms, palette[3]) +
+         series_chart(r.name + ": snapshot bytes captured per iteration", "MB", r.snapshot_mb,
+                      palette[2]);
 }
 
 std::string summary_table(const std::vector<run_story>& runs) {
