@@ -39,6 +39,21 @@ struct MemberUp {
 struct Heartbeat {
   incarnation @0 :UInt32;
 }
+# Only the head declares a member lost (actors/suspicions.hpp). A member that has not heard
+# another one for the heartbeat timeout tells the head (Unreachable), and again once it hears
+# it (Reachable); the head's verdict goes to every member (MemberLost), the lost one included.
+struct Unreachable {
+  member @0 :Member;
+  detail @1 :Text;
+}
+struct Reachable {
+  member @0 :Member;
+}
+struct MemberLost {
+  member @0 :Member;
+  detail @1 :Text;
+  goodbye @2 :Bool;  # it left cleanly
+}
 
 # Remote spawn by registered type name.
 struct Spawn {

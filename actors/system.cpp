@@ -663,6 +663,7 @@ void actor_system::shutdown() {
   shut_down_ = true;
   time_->cancel(std::exchange(deadline_timer_, 0));
   time_->cancel(std::exchange(heartbeat_timer_, 0));
+  time_->cancel(std::exchange(verdict_timer_, 0));
   if (!members_.empty()) link_.say_goodbye();
   members_.clear();
 }

@@ -53,6 +53,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -61,6 +62,7 @@
 
 #include "actors/actor_ref.hpp"
 #include "actors/exit_reason.hpp"
+#include "actors/suspicions.hpp"
 #include "actors/system.capnp.h"
 #include "actors/time_source.hpp"
 #include "actors/unique_function.hpp"
@@ -80,15 +82,21 @@ struct system_config {
   // When full, a send fails at once: local tell/ask return an error to the sender, a remote
   // ask gets an error reply, a remote tell is dropped and counted (stats().mailbox_full).
   std::size_t mailbox_capacity = 4096;
-  // Failure detection: every member gets a heartbeat each interval; a member not heard from
-  // (any message counts) for `heartbeat_timeout` is declared lost and forgotten by the link.
-  // A hung node is detected after timeout .. timeout + interval.
+  // Failure detection: every member gets a heartbeat each interval. Only the head declares a
+  // member lost: one it has not heard from (any message counts) for `heartbeat_timeout`, one
+  // whose process its transport saw end, or one another member reports silent for that long
+  // (after `suspicion_window`; actors/suspicions.hpp). Other members report, reconnect and
+  // go on; the head's verdict reaches them as a message. A hung node is detected after
+  // timeout .. timeout + interval.
   std::chrono::milliseconds heartbeat_interval{100};
   std::chrono::milliseconds heartbeat_timeout{1000};
   // A member never heard from since it joined is given this long instead (when longer): its
   // first messages wait for a connection, and a dropped SYN alone costs Linux 1 s, two in a
   // row 3 s, three 7 s. A process that dies is found by the transport at once anyway.
   std::chrono::milliseconds join_grace{10000};
+  // How long the head collects members' reports of a silent peer before its verdict: every
+  // report of one fault (a node cut off from all its peers reports them all in one tick).
+  std::chrono::milliseconds suspicion_window{200};
   // Where the system reads the time and sets its timers; null: the steady clock (production).
   // Tests give a manual_time (actors/deterministic.hpp). Not owned; must outlive the system.
   time_source* time = nullptr;
@@ -100,6 +108,10 @@ struct system_stats {
   std::uint64_t dead_letters = 0;  // tells to actors that were gone (remote side)
   std::uint64_t expired = 0;       // asks dropped unhandled because the caller gave up
   std::uint64_t late_replies = 0;  // replies that arrived after their ask ended
+  std::uint64_t reconnects = 0;    // connections to a live member that failed and were redialled
+  std::uint64_t suspicions = 0;    // members reported to the head as silent (non-head nodes)
+  std::uint64_t verdicts = 0;      // members the head declared lost on others' reports
+  std::uint64_t fenced = 0;        // messages dropped from a node declared lost
 };
 
 // ---- typed interfaces ------------------------------------------------------------------------
@@ -383,6 +395,8 @@ class actor_system {
     if (it == members_.end()) return std::nullopt;
     return it->second.last_heard;
   }
+  // Members coming and going, as this node knows them. `fn(node(), lost)`: the head declared
+  // this node itself lost (others could not reach it); it is fenced and should stop.
   void on_membership(std::function<void(node_id, member_event)> fn) {
     membership_fn_ = std::move(fn);
   }
@@ -447,8 +461,8 @@ class actor_system {
   struct member {
     std::uint32_t incarnation = 0;
     clock::time_point last_heard;
-    bool suspected = false;
-    bool heard = false;  // anything from it since it joined (else join_grace applies)
+    bool suspected = false;  // not heard for the timeout (reported to the head, off the head)
+    bool heard = false;      // anything from it since it joined (else join_grace applies)
   };
 
   actor_ref start_actor(std::unique_ptr<actor> impl, spawn_options opts);
@@ -498,6 +512,15 @@ class actor_system {
   void on_system_register(node_id from, const transport::envelope_header& h,
                           proto::Register::Reader r);
   void on_peer_lost(node_id peer, transport::peer_loss why, const std::string& detail);
+  // The one place a member becomes lost on this node (the head's verdict, or on the head
+  // itself its own): fails asks, fires monitors and links, and, on the head, tells the others.
+  void declare_lost(node_id peer, bool clean, const std::string& detail);
+  void fail_pending_to(node_id peer, const std::string& why);
+  void on_system_unreachable(node_id from, proto::Unreachable::Reader u);
+  void on_system_reachable(node_id from, proto::Reachable::Reader r);
+  void on_system_member_lost(node_id from, proto::MemberLost::Reader m);
+  void report_to_head(node_id peer, bool unreachable, const std::string& detail);
+  void take_verdicts();
   template <class Resp, class Fill>
   void reply_wire(const transport::envelope_header& request, Fill&& fill);
   void send_watch(actor_ref watcher, actor_ref target, bool is_link);
@@ -540,11 +563,14 @@ class actor_system {
 
   std::map<node_id, member> members_;
   std::map<node_id, std::uint32_t> lost_;  // node -> the incarnation that was lost
+  std::set<node_id> fenced_;               // lost, not by goodbye: nothing from it is read
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;
   std::function<void(clock::duration)> stall_fn_;
-  clock::time_point last_tick_{};  // of heartbeat_tick (a gap past the timeout: a stall)
+  suspicion_book suspicions_;                // head only
+  time_source::timer_id verdict_timer_ = 0;  // head only: the next suspicion window's end
+  clock::time_point last_tick_{};            // of heartbeat_tick (a gap past the timeout: a stall)
 };
 
 // ---- templates -------------------------------------------------------------------------------

@@ -40,8 +40,15 @@ void actor_system::reply_error(const transport::envelope_header& request,
 }
 
 void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
-  heard(from);
   const auto& h = env.header();
+  // A node declared lost is never trusted again in this job (it may be alive behind a cut
+  // link, and redial); only the head hears a new incarnation of it join.
+  if (fenced_.contains(from) && !(node_ == config_.head && h.receiver.actor == 0 &&
+                                  h.type_id == capnp::typeId<proto::Join>())) {
+    ++stats_.fenced;
+    return;
+  }
+  heard(from);
   if ((h.correlation_id & reply_bit) != 0) {
     on_wire_reply(env);
     return;
@@ -150,6 +157,12 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   } else if (t == capnp::typeId<proto::MemberUp>()) {
     auto m = env.payload<proto::MemberUp>().value().getMember();
     if (m.getNode() != node_) add_member(m.getNode(), m.getIncarnation());
+  } else if (t == capnp::typeId<proto::Unreachable>()) {
+    on_system_unreachable(from, env.payload<proto::Unreachable>().value());
+  } else if (t == capnp::typeId<proto::Reachable>()) {
+    on_system_reachable(from, env.payload<proto::Reachable>().value());
+  } else if (t == capnp::typeId<proto::MemberLost>()) {
+    on_system_member_lost(from, env.payload<proto::MemberLost>().value());
   } else if (t == capnp::typeId<proto::Register>()) {
     on_system_register(from, h, env.payload<proto::Register>().value());
   } else if (t == capnp::typeId<proto::Unregister>()) {
@@ -256,20 +269,40 @@ void actor_system::on_system_register(node_id from, const transport::envelope_he
 void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const std::string& detail) {
   const bool clean = why == transport::peer_loss::goodbye;
   auto m = members_.find(peer);
-  lost_[peer] = m != members_.end() ? m->second.incarnation : 0;
-  if (m != members_.end()) members_.erase(m);
-  const exit_reason reason =
-      clean ? exit_reason::shutdown(fmt::format("node {} shut down", peer))
-            : exit_reason{exit_kind::node_lost, fmt::format("node {} lost: {}", peer, detail)};
-  // Every ask waiting on that node fails now.
+  if (m == members_.end() && lost_.contains(peer)) return;  // declared already
+  // Off the head, a failed connection to a live-looking member is no verdict: redial it and
+  // let the heartbeats decide (silence is reported to the head, whose verdict comes back).
+  if (!clean && node_ != config_.head && peer != config_.head && m != members_.end() &&
+      !shut_down_) {
+    ++stats_.reconnects;
+    link_.revive(peer);
+    fail_pending_to(peer, fmt::format("the connection to node {} failed: {}", peer, detail));
+    return;
+  }
+  declare_lost(peer, clean, detail);
+}
+
+void actor_system::fail_pending_to(node_id peer, const std::string& why) {
   for (std::size_t i = 0; i < pending_.size(); ++i) {
     pending& p = pending_[i];
     if (p.used && p.target.node == peer) {
       const std::uint64_t corr = (std::uint64_t{p.generation & 0x7fffffffu} << 32) | i;
-      pending_complete(corr, error{fmt::format("ask to {} failed: {}", p.target.to_string(),
-                                               reason.to_string())});
+      pending_complete(corr, error{fmt::format("ask to {} failed: {}", p.target.to_string(), why)});
     }
   }
+}
+
+void actor_system::declare_lost(node_id peer, bool clean, const std::string& detail) {
+  auto m = members_.find(peer);
+  if (m == members_.end() && lost_.contains(peer)) return;  // declared already
+  const std::uint32_t incarnation = m != members_.end() ? m->second.incarnation : 0;
+  lost_[peer] = incarnation;
+  if (!clean) fenced_.insert(peer);
+  if (m != members_.end()) members_.erase(m);
+  const exit_reason reason =
+      clean ? exit_reason::shutdown(fmt::format("node {} shut down", peer))
+            : exit_reason{exit_kind::node_lost, fmt::format("node {} lost: {}", peer, detail)};
+  fail_pending_to(peer, reason.to_string());  // every ask waiting on that node fails now
   // Every monitor and link of a local actor on an actor there fires.
   std::vector<remote_watch> fired;
   std::erase_if(remote_watches_, [&](const remote_watch& w) {
@@ -282,7 +315,27 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
   for (auto& [id, c] : cells_) {
     std::erase_if(c->watchers, [peer](const watch& w) { return w.who.node == peer; });
   }
-  if (node_ == config_.head) head_drop_names_of(peer);
+  if (node_ == config_.head) {
+    head_drop_names_of(peer);
+    suspicions_.forget(peer);
+    // The verdict goes to every member, so that none acts on a view of its own, and (best
+    // effort, before its connection goes) to the lost node itself: it is fenced.
+    if (incarnation != 0 && !shut_down_) {
+      std::vector<node_id> told{peer};
+      for (const auto& [n, mem] : members_) told.push_back(n);
+      for (node_id n : told) {
+        transport::outgoing_envelope out({{}, {n, 0, 0}, capnp::typeId<proto::MemberLost>(), 0, 0});
+        auto b = out.init_payload<proto::MemberLost>();
+        auto who = b.initMember();
+        who.setNode(peer);
+        who.setIncarnation(incarnation);
+        b.setDetail(detail.substr(0, 1000));
+        b.setGoodbye(clean);
+        (void)send_envelope(n, out);
+      }
+    }
+  }
+  link_.forget(peer);  // its report comes back posted and finds it declared
   if (membership_fn_) membership_fn_(peer, clean ? member_event::goodbye : member_event::lost);
 }
 
@@ -309,6 +362,7 @@ std::vector<member_info> actor_system::members() const {
 void actor_system::add_member(node_id n, std::uint32_t incarnation) {
   if (shut_down_) return;
   lost_.erase(n);
+  fenced_.erase(n);
   members_[n] = member{incarnation, now(), false};
   if (membership_fn_) membership_fn_(n, member_event::up);
   if (!heartbeat_running_) {
@@ -319,9 +373,87 @@ void actor_system::add_member(node_id n, std::uint32_t incarnation) {
 
 void actor_system::heard(node_id from) {
   auto it = members_.find(from);
-  if (it != members_.end()) {
-    it->second.last_heard = now();
-    it->second.heard = true;
+  if (it == members_.end()) return;
+  it->second.last_heard = now();
+  it->second.heard = true;
+  if (it->second.suspected && node_ != config_.head) {  // back: the head withdraws the report
+    it->second.suspected = false;
+    report_to_head(from, false, {});
+  }
+}
+
+void actor_system::report_to_head(node_id peer, bool unreachable, const std::string& detail) {
+  auto m = members_.find(peer);
+  if (m == members_.end()) return;
+  const std::uint64_t type =
+      unreachable ? capnp::typeId<proto::Unreachable>() : capnp::typeId<proto::Reachable>();
+  transport::outgoing_envelope out({{}, {config_.head, 0, 0}, type, 0, 0});
+  if (unreachable) {
+    ++stats_.suspicions;
+    auto u = out.init_payload<proto::Unreachable>();
+    auto who = u.initMember();
+    who.setNode(peer);
+    who.setIncarnation(m->second.incarnation);
+    u.setDetail(detail);
+  } else {
+    auto who = out.init_payload<proto::Reachable>().initMember();
+    who.setNode(peer);
+    who.setIncarnation(m->second.incarnation);
+  }
+  (void)send_envelope(config_.head, out);
+}
+
+void actor_system::on_system_unreachable(node_id from, proto::Unreachable::Reader u) {
+  const node_id suspect = u.getMember().getNode();
+  const auto m = members_.find(suspect);
+  if (node_ != config_.head || !members_.contains(from) || m == members_.end() ||
+      m->second.incarnation != u.getMember().getIncarnation()) {
+    return;  // not ours to judge, or about a member that is gone already
+  }
+  suspicions_.report(from, suspect, now(), std::string(u.getDetail()).substr(0, 200));
+  if (verdict_timer_ == 0) {
+    const auto due = suspicions_.next_due(config_.suspicion_window);
+    verdict_timer_ = time_->call_at(*due, [this, alive = alive_] {
+      if (!*alive) return;
+      verdict_timer_ = 0;
+      take_verdicts();
+    });
+  }
+}
+
+void actor_system::on_system_reachable(node_id from, proto::Reachable::Reader r) {
+  if (node_ == config_.head) suspicions_.withdraw(from, r.getMember().getNode());
+}
+
+void actor_system::on_system_member_lost(node_id from, proto::MemberLost::Reader m) {
+  const node_id peer = m.getMember().getNode();
+  if (from != config_.head || node_ == config_.head) {
+    ++stats_.malformed;  // only the head's verdicts count
+    return;
+  }
+  const std::string detail = m.getDetail();
+  if (peer == node_) {  // this node itself: fenced
+    if (membership_fn_) membership_fn_(node_, member_event::lost);
+    return;
+  }
+  const auto it = members_.find(peer);
+  if (it == members_.end() || it->second.incarnation != m.getMember().getIncarnation()) return;
+  declare_lost(peer, m.getGoodbye(), detail);
+}
+
+void actor_system::take_verdicts() {
+  if (shut_down_) return;
+  for (const auto& v : suspicions_.decide(now(), config_.suspicion_window)) {
+    if (!members_.contains(v.node)) continue;
+    ++stats_.verdicts;
+    declare_lost(v.node, false, v.why);
+  }
+  if (const auto due = suspicions_.next_due(config_.suspicion_window)) {
+    verdict_timer_ = time_->call_at(*due, [this, alive = alive_] {
+      if (!*alive) return;
+      verdict_timer_ = 0;
+      take_verdicts();
+    });
   }
 }
 
@@ -339,20 +471,28 @@ void actor_system::heartbeat_tick() {
   last_tick_ = now;
   std::vector<node_id> silent;
   for (auto& [n, m] : members_) {
-    if (m.suspected) continue;
     const auto timeout = m.heard ? config_.heartbeat_timeout
                                  : std::max(config_.heartbeat_timeout, config_.join_grace);
-    if (now - m.last_heard > timeout) {
+    if (!m.suspected && now - m.last_heard > timeout) {
       m.suspected = true;
       silent.push_back(n);
-      continue;
+      // The head and the head's silence are decided here; another member is only reported,
+      // and keeps its heartbeats (hearing it again withdraws the report).
+      if (node_ == config_.head || n == config_.head) continue;
     }
     transport::outgoing_envelope out({{}, {n, 0, 0}, capnp::typeId<proto::Heartbeat>(), 0, 0});
     out.init_payload<proto::Heartbeat>().setIncarnation(config_.incarnation);
     (void)send_envelope(n, out);
   }
-  // The link reports on_peer_lost(crash) for each, posted; that path does the rest.
-  for (node_id n : silent) link_.forget(n);
+  for (node_id n : silent) {
+    if (node_ == config_.head || n == config_.head) {
+      declare_lost(n, false,
+                   fmt::format("no heartbeat for {} ms", config_.heartbeat_timeout.count()));
+    } else {
+      report_to_head(n, true,
+                     fmt::format("not heard for {} ms", config_.heartbeat_timeout.count()));
+    }
+  }
   heartbeat_timer_ = time_->call_at(now + config_.heartbeat_interval, [this, alive = alive_] {
     if (!*alive) return;
     heartbeat_timer_ = 0;

@@ -132,6 +132,9 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   });
   sys.on_membership([&](transport::node_id n, actors::member_event e) {
     if (n == cfg.head && e != actors::member_event::up) stop(1, "lost the head: stopping");
+    if (n == args.node && e == actors::member_event::lost) {
+      stop(1, "the head declared this worker lost (its peers could not reach it): stopping");
+    }
   });
   auto agent = sys.spawn<engine::worker_agent>(
       link, registry, [&](int s, const std::string& why) { stop(s, why); },

@@ -30,7 +30,8 @@ struct link_handlers {
   // One validated envelope from a peer. Malformed input never reaches here: the link
   // counts it (link_stats::malformed) and, where it can, answers with an error.
   std::function<void(node_id from, incoming_envelope envelope)> on_message;
-  // A peer is gone. Fires once per peer per loss; sends to it fail fast from then on.
+  // A peer is gone, or its connection failed. Fires once per peer per loss (until revive());
+  // sends to it fail fast from then on.
   // A hung peer is NOT reported here (transports cannot see it): the actor layer's
   // heartbeats detect hangs and call forget() on the link.
   std::function<void(node_id peer, peer_loss why, const std::string& detail)> on_peer_lost;
@@ -55,6 +56,10 @@ class link {
   // Declares a peer lost (e.g. heartbeats timed out): drops its connection, fails its
   // in-flight sends, and reports on_peer_lost(crash) once if not reported already.
   virtual void forget(node_id peer) = 0;
+  // A peer whose connection failed (reported through on_peer_lost(crash)) that the caller
+  // still counts alive: the next send dials it afresh (and it is heard again), and a later
+  // failure is reported again. No effect on a peer that is not lost.
+  virtual void revive(node_id peer) = 0;
   // Tells every connected peer that this process is shutting down cleanly.
   virtual void say_goodbye() = 0;
   virtual link_stats stats() const = 0;

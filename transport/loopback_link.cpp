@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <asio/post.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -40,6 +41,19 @@ void loopback_hub::hang(node_id id) {
   hung_.insert(id);
 }
 
+void loopback_hub::cut(node_id a, node_id b) {
+  cut_.insert(std::minmax(a, b));
+}
+
+void loopback_hub::heal(node_id a, node_id b) {
+  cut_.erase(std::minmax(a, b));
+}
+
+void loopback_hub::drop_connection(node_id a, node_id b) {
+  report_lost(a, b, peer_loss::crash, "simulated endpoint error");
+  report_lost(b, a, peer_loss::crash, "simulated endpoint error");
+}
+
 void loopback_hub::report_lost(node_id at, node_id peer, peer_loss why, const std::string& detail) {
   asio::post(io_, [this, alive = alive_, at, peer, why, detail] {
     if (!*alive) return;
@@ -57,6 +71,7 @@ void loopback_hub::deliver(node_id from, node_id to, std::shared_ptr<kj::Array<c
   asio::post(io_, [this, alive = alive_, from, to, words = std::move(words), bytes] {
     if (!*alive) return;
     if (hung_.contains(from) || hung_.contains(to)) return;  // a hung process says nothing
+    if (cut_.contains(std::minmax(from, to))) return;
     auto it = links_.find(to);
     if (it == links_.end() || it->second->dead_) return;
     loopback_link& l = *it->second;
@@ -110,6 +125,11 @@ void loopback_link::forget(node_id peer) {
   if (peer == self_) return;
   lost_.insert(peer);  // sends fail from now on; the report follows, posted
   hub_.report_lost(self_, peer, peer_loss::crash, "forgotten (heartbeat timeout)");
+}
+
+void loopback_link::revive(node_id peer) {
+  lost_.erase(peer);
+  reported_.erase(peer);
 }
 
 void loopback_link::say_goodbye() {

@@ -8,6 +8,11 @@
 //   hang(n)    nothing to or from n is delivered any more and nothing is reported (what a
 //              SIGSTOPped process looks like to UCX); heartbeats must find it.
 //   goodbye    n's link says_goodbye(): the others report on_peer_lost(n, goodbye).
+// and two ways the network between live nodes fails:
+//   cut(a, b)          nothing between a and b is delivered, nothing reported (a blackhole),
+//                      until heal(a, b).
+//   drop_connection    a's and b's links each report on_peer_lost(crash) of the other (an
+//                      endpoint error); both processes live on (revive() redials).
 // Threading: single-threaded, like every link; all calls on the io_context's thread.
 #pragma once
 
@@ -41,6 +46,9 @@ class loopback_hub {
   void crash(node_id id);
   // The node stops responding: messages to and from it are dropped silently.
   void hang(node_id id);
+  void cut(node_id a, node_id b);
+  void heal(node_id a, node_id b);
+  void drop_connection(node_id a, node_id b);
   // Hands a raw byte string to `to` as if `from` had sent it (malformed-input tests).
   void inject(node_id from, node_id to, std::span<const std::byte> bytes);
 
@@ -57,6 +65,7 @@ class loopback_hub {
   std::map<node_id, loopback_link*> links_;
   std::set<node_id> hung_;
   std::set<node_id> crashed_;
+  std::set<std::pair<node_id, node_id>> cut_;  // (low, high)
   // Lets posted deliveries see that the hub is gone (links never outlive it, but posted
   // handlers can).
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
@@ -70,6 +79,7 @@ class loopback_link final : public link {
   void set_handlers(link_handlers handlers) override { handlers_ = std::move(handlers); }
   result<void> send(node_id to, kj::Array<capnp::word> message) override;
   void forget(node_id peer) override;
+  void revive(node_id peer) override;
   void say_goodbye() override;
   link_stats stats() const override { return stats_; }
 

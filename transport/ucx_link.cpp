@@ -1937,6 +1937,15 @@ void ucx_link::forget(node_id peer) {
   state_->lose_peer(peer, peer_loss::crash, "forgotten (declared lost by the caller)");
 }
 
+void ucx_link::revive(node_id peer) {
+  auto& s = *state_;
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end() || !it->second.lost) return;
+  const detail::peer_entry was = it->second;
+  it->second = detail::peer_entry{was.host, was.port, was.addressed};
+  ++s.counters.revived;
+}
+
 void ucx_link::say_goodbye() {
   auto& s = *state_;
   s.said_goodbye = true;

@@ -67,6 +67,7 @@ struct ucx_link_counters {
   std::uint64_t leases_revoked = 0;   // exporter: revocations sent for withdrawn regions
   std::uint64_t leases_released = 0;  // exporter: releases received from holders
   std::uint64_t withdrawn_held = 0;   // exporter, now: withdrawn regions kept for lease holders
+  std::uint64_t revived = 0;          // lost peers made dialable again (revive)
   std::uint64_t held_sends = 0;       // envelopes and pull requests held until the peer's welcome
   std::uint64_t arms = 0;             // ucp_worker_arm calls
   std::uint64_t arm_busy = 0;         // ... that returned UCS_ERR_BUSY (progress again)
@@ -100,6 +101,7 @@ class ucx_link final : public link {
   void set_handlers(link_handlers handlers) override;
   result<void> send(node_id to, kj::Array<capnp::word> message) override;
   void forget(node_id peer) override;
+  void revive(node_id peer) override;
   // After it, peers that drop their connections are reported as peer_loss::goodbye: this
   // process is leaving and expects them to.
   void say_goodbye() override;
