@@ -400,6 +400,12 @@ class actor_system {
   void on_membership(std::function<void(node_id, member_event)> fn) {
     membership_fn_ = std::move(fn);
   }
+  // Why a node was declared lost (the transport's detail, the heartbeat silence, or the
+  // head's verdict); empty if it was not.
+  std::string why_lost(node_id n) const {
+    auto it = lost_why_.find(n);
+    return it == lost_why_.end() ? std::string() : it->second;
+  }
   // This node itself did not run its heartbeats for longer than the heartbeat timeout (it was
   // stopped, e.g. SIGSTOP, or starved of CPU): `fn(gap)`. The members' silence over that gap
   // is this node's own, so none is declared lost for it: each gets a fresh timeout (one that
@@ -563,7 +569,8 @@ class actor_system {
 
   std::map<node_id, member> members_;
   std::map<node_id, std::uint32_t> lost_;  // node -> the incarnation that was lost
-  std::set<node_id> fenced_;               // lost, not by goodbye: nothing from it is read
+  std::map<node_id, std::string> lost_why_;
+  std::set<node_id> fenced_;  // lost, not by goodbye: nothing from it is read
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;

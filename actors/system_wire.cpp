@@ -297,6 +297,7 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
   if (m == members_.end() && lost_.contains(peer)) return;  // declared already
   const std::uint32_t incarnation = m != members_.end() ? m->second.incarnation : 0;
   lost_[peer] = incarnation;
+  lost_why_[peer] = detail.substr(0, 300);
   if (!clean) fenced_.insert(peer);
   if (m != members_.end()) members_.erase(m);
   const exit_reason reason =
@@ -363,6 +364,7 @@ void actor_system::add_member(node_id n, std::uint32_t incarnation) {
   if (shut_down_) return;
   lost_.erase(n);
   fenced_.erase(n);
+  lost_why_.erase(n);
   members_[n] = member{incarnation, now(), false};
   if (membership_fn_) membership_fn_(n, member_event::up);
   if (!heartbeat_running_) {

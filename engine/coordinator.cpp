@@ -57,7 +57,12 @@ awaitable<void> coordinator::on_start() {
   trap_exit(true);  // region supervisors' exits come as messages (on_exit): the job decides
   system().on_membership([this](transport::node_id n, actors::member_event e) {
     if (e == actors::member_event::up) return;
-    lose_worker(n, e == actors::member_event::goodbye ? "left the job" : "was lost");
+    if (e == actors::member_event::goodbye) {
+      lose_worker(n, "left the job");
+    } else {
+      const std::string why = system().why_lost(n);
+      lose_worker(n, why.empty() ? std::string("was lost") : "was lost: " + why);
+    }
   });
   system().on_stall([this](actors::clock::duration gap) {
     const double secs = std::chrono::duration<double>(gap).count();
