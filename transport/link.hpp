@@ -30,8 +30,10 @@ struct link_handlers {
   // One validated envelope from a peer. Malformed input never reaches here: the link
   // counts it (link_stats::malformed) and, where it can, answers with an error.
   std::function<void(node_id from, incoming_envelope envelope)> on_message;
-  // A peer is gone, or its connection failed. Fires once per peer per loss (until revive());
-  // sends to it fail fast from then on.
+  // A peer is gone, or its connection failed. Fires once per peer per loss (until revive()).
+  // After a goodbye or forget() sends to it fail fast; after a failed connection (crash) a
+  // link may keep them for the peer's next connection (ucx_link does: delivery_book.hpp)
+  // until revive() or forget() decides.
   // A hung peer is NOT reported here (transports cannot see it): the actor layer's
   // heartbeats detect hangs and call forget() on the link.
   std::function<void(node_id peer, peer_loss why, const std::string& detail)> on_peer_lost;

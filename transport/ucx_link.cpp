@@ -19,12 +19,14 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
 #include "base/hash.hpp"
+#include "transport/delivery_book.hpp"
 #include "transport/shared_memory.hpp"
 #include "transport/ucx_context.hpp"
 
@@ -46,7 +48,7 @@ enum am_id : unsigned {
   am_hello = 1,     // header hello_header, data: the job token, then the bulk worker address
   am_welcome,       // header welcome_header, data: the acceptor's bulk worker address
   am_refused,       // no payload: the acceptor refused our token
-  am_envelope,      // data: one serialized envelope
+  am_envelope,      // header delivery_book::header, data: one serialized envelope
   am_goodbye,       // no payload: the sender is shutting down cleanly
   am_bulk_request,  // header bulk_request_header
   am_bulk_data,     // header bulk_reply_header, data: the bytes (rendezvous when large)
@@ -55,13 +57,15 @@ enum am_id : unsigned {
   am_bulk_lease,    // header bulk_lease_header, data: the packed rkey (a lease on the region)
   am_bulk_revoke,   // header region_header: the exporter withdrew a region we hold a lease on
   am_bulk_release,  // header region_header: the importer gives one lease back
+  am_ack,           // header delivery_book::header: envelopes handed on (delivery_book.hpp)
 };
 constexpr am_id all_am_ids[] = {am_hello,      am_welcome,      am_refused,     am_envelope,
                                 am_goodbye,    am_bulk_request, am_bulk_data,   am_bulk_rkey,
-                                am_bulk_error, am_bulk_lease,   am_bulk_revoke, am_bulk_release};
+                                am_bulk_error, am_bulk_lease,   am_bulk_revoke, am_bulk_release,
+                                am_ack};
 
 constexpr std::uint32_t wire_magic = 0x56454f4d;  // "MOEV"
-constexpr std::uint32_t wire_version = 4;
+constexpr std::uint32_t wire_version = 5;
 constexpr std::size_t max_token_bytes = 256;
 constexpr std::size_t max_address_bytes = 8192;  // a UCX worker address is a few hundred
 constexpr std::size_t host_tag_bytes = 8;        // leads the bulk address, see bulk_ep_of
@@ -101,6 +105,14 @@ struct bulk_lease_header {
 struct region_header {
   std::uint64_t region;
 };
+
+// A link's session: tells a peer's envelopes from those of an earlier process on that node.
+std::uint64_t new_session() {
+  std::random_device rd;
+  std::uint64_t v = (std::uint64_t{rd()} << 32) ^ rd() ^
+                    static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
+  return v == 0 ? 1 : v;
+}
 
 template <class T>
 bool read_header(const void* header, std::size_t length, T& out) {
@@ -216,6 +228,7 @@ namespace {
 // One received envelope awaiting in-order delivery.
 struct inbound {
   enum class kind { envelope, goodbye } what = kind::envelope;
+  delivery_book::header stream;           // envelopes: where it is in the sender's stream
   std::shared_ptr<capnp::word[]> buffer;  // uninitialised: filled by a copy or the rendezvous
   std::size_t bytes = 0;
   bool ready = false;
@@ -288,6 +301,9 @@ struct peer_entry {
   bool path_known = false;
   bulk_path path = bulk_path::rendezvous;
   std::uint32_t rma = 0;  // rma_level, once path_known
+  // Its connection failed but nobody gave it up (forget, goodbye): sends to it are numbered and
+  // kept (delivery_book) for its next connection, dialled after revive() or by the peer.
+  bool kept = false;
 };
 
 struct pull_op {
@@ -373,6 +389,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   link_handlers handlers;
   link_stats stats;
   ucx_link_counters counters;
+  delivery_book book{new_session()};
 
   std::uint64_t next_serial = 1;
   std::map<std::uint64_t, std::unique_ptr<connection>> conns;
@@ -711,13 +728,31 @@ struct link_state : std::enable_shared_from_this<link_state> {
     return {};
   }
 
-  result<void> send_envelope(connection& c, std::shared_ptr<kj::Array<capnp::word>> owned) {
-    const void* data = owned->begin();
-    const std::size_t bytes = owned->size() * sizeof(capnp::word);
-    return send_am(c, am_envelope, nullptr, 0, data, bytes, std::move(owned),
+  result<void> send_envelope(connection& c, const delivery_book::header& h,
+                             std::shared_ptr<kj::Array<capnp::word>> owned) {
+    struct holder {
+      delivery_book::header header;
+      std::shared_ptr<kj::Array<capnp::word>> words;
+    };
+    auto hold = std::make_shared<holder>(holder{h, std::move(owned)});
+    const void* data = hold->words->begin();
+    const std::size_t bytes = hold->words->size() * sizeof(capnp::word);
+    return send_am(c, am_envelope, &hold->header, sizeof(delivery_book::header), data, bytes, hold,
                    [this](ucs_status_t status) {
                      if (status != UCS_OK) ++stats.send_errors;
                    });
+  }
+  // c became the connection we send to its peer on: what the peer has not acknowledged goes
+  // again first (held until then, in order), so a failed connection loses no message.
+  void resend_unacked(connection& c) {
+    auto kept = book.unacked(c.peer);
+    if (kept.empty()) return;
+    counters.resent += kept.size();
+    for (auto& k : kept) {
+      c.held.push_back([this, k = std::move(k)](connection& conn) {
+        (void)send_envelope(conn, book.restamp(conn.peer, k.seq), k.message);
+      });
+    }
   }
   void release_held(std::uint64_t serial) {
     connection* c = find_conn(serial);
@@ -731,7 +766,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // Runs `send` now, or once the peer welcomed us on this (outgoing) connection: nothing but
   // the hello may go out before, and what was held goes first (in order).
   void send_when_welcomed(connection& c, std::function<void(connection&)> send) {
-    if (c.outgoing && (!c.welcomed || !c.held.empty())) {
+    if ((c.outgoing && !c.welcomed) || !c.held.empty()) {
       ++counters.held_sends;
       c.held.push_back(std::move(send));
       return;
@@ -897,6 +932,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
                    static_cast<std::uint32_t>(bulk_address.size()),
                    0};
     send_control(c, am_hello, h, token->data(), token->size(), token);
+    resend_unacked(c);
     return &c;
   }
 
@@ -959,7 +995,25 @@ struct link_state : std::enable_shared_from_this<link_state> {
     conns.erase(serial);
     drop_grants(serial);
     fail_waiting_pulls(serial, detail);
-    if (admitted) lose_peer(peer, peer_loss::crash, detail);
+    if (!admitted) return;
+    // Another connection to that peer still works (one each way, or a redial overtook this
+    // failure): the peer is not lost; its messages go on there, what was unacked first.
+    for (auto& [other, oc] : conns) {
+      if (!oc->admitted || oc->peer != peer) continue;
+      auto& pe = peers[peer];
+      if (find_conn(pe.send_conn) == nullptr) {
+        pe.send_conn = other;
+        resend_unacked(*oc);
+        if (!oc->outgoing || oc->welcomed) post_release_held(other);  // else at the welcome
+      }
+      return;
+    }
+    lose_peer(peer, peer_loss::crash, detail);
+  }
+  void post_release_held(std::uint64_t serial) {
+    asio::post(io, [w = weak_from_this(), serial] {
+      if (auto st = w.lock()) st->release_held(serial);
+    });
   }
 
   // Marks a peer lost (once), closes all its connections, reports it.
@@ -971,8 +1025,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
     LINK_TRACE("node {} lost ({}): {}", peer, why == peer_loss::goodbye ? "goodbye" : "crash",
                detail);
     it->second.lost = true;
+    it->second.kept = why == peer_loss::crash;
     it->second.send_conn = 0;
     it->second.path_known = false;
+    if (why == peer_loss::goodbye) book.forget(peer);
     std::vector<std::uint64_t> doomed;
     for (auto& [serial, c] : conns) {
       if (c->admitted && c->peer == peer) doomed.push_back(serial);
@@ -1064,7 +1120,16 @@ struct link_state : std::enable_shared_from_this<link_state> {
         }
         return UCS_OK;
       case am_envelope:
-        return on_envelope(c, data, len, rndv);
+        return on_envelope(c, header, header_len, data, len, rndv);
+      case am_ack: {
+        delivery_book::header h{};
+        if (!read_header(header, header_len, h) || len != 0) {
+          ++stats.malformed;
+          return UCS_OK;
+        }
+        book.acked(c.peer, h.ack_session, h.ack_seq);
+        return UCS_OK;
+      }
       case am_goodbye: {
         LINK_TRACE("goodbye from node {} on conn {} (header {} B, data {} B)", c.peer, c.serial,
                    header_len, len);
@@ -1159,8 +1224,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
     LINK_TRACE("hello from node {} on conn {}", h.node, c.serial);
     auto& pe = peers[h.node];
     if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
-    if (find_conn(pe.send_conn) == nullptr) pe.send_conn = c.serial;
     const std::uint64_t serial = c.serial;
+    // We send on the newest connection the peer dialled: a peer that dials again has given up
+    // the one before (which may look alive from here: a shared-memory endpoint whose other
+    // end closed reports nothing). What it has not acknowledged goes first, after the welcome;
+    // copies it already has are dropped there.
+    pe.send_conn = c.serial;
+    resend_unacked(c);
     asio::post(io, [w = weak_from_this(), serial] {
       auto s = w.lock();
       if (!s) return;
@@ -1170,17 +1240,22 @@ struct link_state : std::enable_shared_from_this<link_state> {
                         welcome_header{wire_magic, wire_version, s->opt.self,
                                        static_cast<std::uint32_t>(address->size())},
                         address->data(), address->size(), address);
+        s->release_held(serial);
       }
     });
     return UCS_OK;
   }
 
-  ucs_status_t on_envelope(connection& c, void* data, std::size_t len, bool rndv) {
-    if (len > opt.limits.max_bytes || len < sizeof(capnp::word) || len % sizeof(capnp::word)) {
+  ucs_status_t on_envelope(connection& c, const void* header, std::size_t header_len, void* data,
+                           std::size_t len, bool rndv) {
+    delivery_book::header stream{};
+    if (len > opt.limits.max_bytes || len < sizeof(capnp::word) || len % sizeof(capnp::word) ||
+        !read_header(header, header_len, stream) || stream.seq == 0 || stream.session == 0) {
       ++stats.malformed;
       return UCS_OK;  // a rendezvous is dropped without moving its bytes
     }
     auto in = std::make_shared<inbound>();
+    in->stream = stream;
     in->buffer = std::make_shared_for_overwrite<capnp::word[]>(len / sizeof(capnp::word));
     in->bytes = len;
     c.inbox.push_back(in);
@@ -1264,8 +1339,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
       const node_id from = c->peer;
       if (in->failed) continue;
       if (in->what == inbound::kind::goodbye) {
+        book.forget(from);
         lose_peer(from, peer_loss::goodbye, "the peer said goodbye");
         return;
+      }
+      if (!book.accept(from, in->stream)) {
+        ++counters.duplicates;  // sent again after a failed connection, handed on already
+        continue;
       }
       auto env = incoming_envelope::decode(
           std::as_bytes(std::span(in->buffer.get(), in->bytes / sizeof(capnp::word))), opt.limits);
@@ -1283,6 +1363,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
         }
       }
       c = find_conn(serial);  // the handler may have forgotten the peer
+    }
+    // Nothing of ours carried the acknowledgement back for a while: an explicit one.
+    if (c != nullptr && c->admitted && book.ack_due(c->peer)) {
+      ++counters.acks_sent;
+      send_control(*c, am_ack, book.ack_header(c->peer));
     }
   }
 
@@ -1917,24 +2002,38 @@ result<void> ucx_link::send(node_id to, kj::Array<capnp::word> message) {
   }
   auto c = s.connection_to(to);
   if (!c.ok()) {
+    if (auto pe = s.peers.find(to); pe != s.peers.end() && pe->second.kept) {
+      (void)s.book.stamp(to, std::make_shared<kj::Array<capnp::word>>(std::move(message)));
+      ++s.stats.sent;  // goes out first on the peer's next connection
+      return {};
+    }
     ++s.stats.send_errors;
     return c.err();
   }
+  // Numbered and kept until the peer acknowledges it: from here on it reaches the peer even
+  // if this connection fails and another is dialled (an error now is counted, not returned).
   auto owned = std::make_shared<kj::Array<capnp::word>>(std::move(message));
-  if ((*c)->outgoing && (!(*c)->welcomed || !(*c)->held.empty())) {
-    s.send_when_welcomed(**c, [&s, owned = std::move(owned)](detail::connection& conn) {
-      (void)s.send_envelope(conn, owned);
-    });
-    ++s.stats.sent;
-    return {};
-  }
-  auto r = s.send_envelope(**c, std::move(owned));
-  if (r.ok()) ++s.stats.sent;
-  return r;
+  const auto stream = s.book.stamp(to, owned);
+  s.send_when_welcomed(**c, [&s, stream, owned = std::move(owned)](detail::connection& conn) {
+    (void)s.send_envelope(conn, stream, owned);
+  });
+  ++s.stats.sent;
+  return {};
 }
 
 void ucx_link::forget(node_id peer) {
   state_->lose_peer(peer, peer_loss::crash, "forgotten (declared lost by the caller)");
+  if (auto it = state_->peers.find(peer); it != state_->peers.end()) it->second.kept = false;
+  state_->book.forget(peer);  // lost for good: nothing kept for it
+}
+
+void ucx_link::fail_connections_for_tests(node_id peer) {
+  auto& s = *state_;
+  std::vector<std::uint64_t> doomed;
+  for (auto& [serial, c] : s.conns) {
+    if (c->admitted && c->peer == peer) doomed.push_back(serial);
+  }
+  for (auto serial : doomed) s.fail_connection(serial, "failed by the test");
 }
 
 void ucx_link::revive(node_id peer) {
@@ -1943,6 +2042,7 @@ void ucx_link::revive(node_id peer) {
   if (it == s.peers.end() || !it->second.lost) return;
   const detail::peer_entry was = it->second;
   it->second = detail::peer_entry{was.host, was.port, was.addressed};
+  it->second.kept = true;  // still kept while it has no connection (and no address to dial)
   ++s.counters.revived;
 }
 

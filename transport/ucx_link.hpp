@@ -68,6 +68,9 @@ struct ucx_link_counters {
   std::uint64_t leases_released = 0;  // exporter: releases received from holders
   std::uint64_t withdrawn_held = 0;   // exporter, now: withdrawn regions kept for lease holders
   std::uint64_t revived = 0;          // lost peers made dialable again (revive)
+  std::uint64_t resent = 0;           // envelopes sent again on a new connection (unacked)
+  std::uint64_t duplicates = 0;       // envelopes received again, dropped (handed on already)
+  std::uint64_t acks_sent = 0;        // explicit acks (none of our envelopes carried one back)
   std::uint64_t held_sends = 0;       // envelopes and pull requests held until the peer's welcome
   std::uint64_t arms = 0;             // ucp_worker_arm calls
   std::uint64_t arm_busy = 0;         // ... that returned UCS_ERR_BUSY (progress again)
@@ -129,6 +132,10 @@ class ucx_link final : public link {
   // UCX's description of the endpoint to a peer (its lanes: which transport carries active
   // messages, RMA, rendezvous), to check what was selected (docs/infiniband.md).
   result<std::string> endpoint_info(node_id peer);
+
+  // For the connection-failure tests only: every connection to `peer` fails as on an endpoint
+  // error (the peer lives on).
+  void fail_connections_for_tests(node_id peer);
 
   // For the malformed-input tests only: sends a raw active message of the link's protocol
   // (`am` is one of its ids) with arbitrary header and data bytes.

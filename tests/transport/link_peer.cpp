@@ -1,6 +1,8 @@
 // The other process of the multi-process link tests. It connects to the test process (node 0)
 // over 127.0.0.1 and plays one role:
 //   link_peer echo      PORT TOKEN NODE            echo every "echo" message; goodbye on "bye"
+//   link_peer redial    PORT TOKEN NODE            echo; on "break" fail its connections to
+//                                                  node 0, then revive it and dial again
 //   link_peer export    PORT TOKEN NODE BYTES KIND export BYTES (KIND: alloc|user) filled with
 //                                                  a pattern, send its descriptor + checksum,
 //                                                  serve pulls until the test says goodbye
@@ -145,8 +147,10 @@ int main(int argc, char** argv) {
   link.set_handlers(link_handlers{
       [&](node_id from, incoming_envelope env) {
         auto m = decode(env);
-        if (mode == "echo" && m.kind == "echo") {
+        if ((mode == "echo" || mode == "redial") && m.kind == "echo") {
           (void)link.send(from, encode(me, from, m));
+        } else if (mode == "redial" && m.kind == "break") {
+          asio::post(io, [&link] { link.fail_connections_for_tests(0); });
         } else if (m.kind == "bye") {
           link.say_goodbye();
           // Leave time for the goodbye to flush; the destructor flushes too.
@@ -182,6 +186,9 @@ int main(int argc, char** argv) {
         say(detail.c_str());
         if (mode == "intruder") {
           finish(detail.find("refused") != std::string::npos ? 0 : 1);
+        } else if (mode == "redial" && why == peer_loss::crash) {
+          link.revive(0);  // a failed connection, not a lost peer: dial again, lose nothing
+          (void)link.send(0, encode(me, 0, make("back")));  // (heartbeats would dial in a job)
         } else {
           finish(why == peer_loss::goodbye ? 0 : 1);
         }

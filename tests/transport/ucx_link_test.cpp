@@ -191,6 +191,51 @@ TEST_P(ucx_link_test, messages_round_trip_in_order_then_goodbye) {
   EXPECT_FALSE(link_->send(7, encode(0, 7, testing::make("echo"))).ok()) << "sent to a lost peer";
 }
 
+// A connection that fails between two live peers loses no message and repeats none: each side
+// numbers its envelopes and keeps them until acknowledged, the peer dials again, and what was
+// not acknowledged goes again first; copies already handed on are dropped. The helper fails
+// its connection in the middle of each round (with echoes in flight both ways).
+TEST_P(ucx_link_test, a_failed_connection_loses_and_repeats_no_message) {
+  make_link();
+  link_->set_handlers(link_handlers{
+      [this](node_id from, incoming_envelope env) { inbox_.emplace_back(from, decode(env)); },
+      [this](node_id peer, peer_loss why, const std::string& detail) {
+        losses_.push_back({peer, why, detail});
+        if (why == peer_loss::crash) link_->revive(peer);  // the peer dials us again
+      }});
+  const pid_t pid = spawn(peer_args("redial", 7));
+  ASSERT_TRUE(wait_message("ready"));
+  constexpr int rounds = 4, per_round = 60;
+  std::vector<std::byte> blob(512);
+  testing::fill_pattern(blob, 1);
+  for (int r = 0; r < rounds; ++r) {
+    for (int i = 0; i < per_round; ++i) {
+      const int seq = r * per_round + i;
+      ASSERT_TRUE(link_->send(7, encode(0, 7, testing::make("echo", seq, blob))).ok()) << seq;
+      if (i == per_round / 2) {
+        ASSERT_TRUE(link_->send(7, encode(0, 7, testing::make("break"))).ok());
+      }
+    }
+    ASSERT_TRUE(run_until([&] {
+      std::erase_if(inbox_, [](const auto& m) { return m.second.kind == "back"; });
+      return inbox_.size() == std::size_t(r + 1) * per_round;
+    })) << "round "
+        << r << ": " << inbox_.size() << " echoes";
+  }
+  run_until([] { return false; }, 200ms);  // late copies would show up here
+  std::erase_if(inbox_, [](const auto& m) { return m.second.kind == "back"; });
+  ASSERT_EQ(inbox_.size(), std::size_t(rounds * per_round));
+  for (int i = 0; i < rounds * per_round; ++i) {
+    EXPECT_EQ(inbox_[i].second.seq, std::uint64_t(i)) << "echo " << i;
+    EXPECT_EQ(inbox_[i].second.blob, blob);
+  }
+  // Not vacuous: connections did fail here, and messages were sent again or dropped as copies.
+  EXPECT_GE(losses_.size(), 1u);
+  EXPECT_GT(link_->counters().resent + link_->counters().duplicates, 0u);
+  losses_.clear();
+  part(7, pid);
+}
+
 // The adaptive spin engages: once a reply woke us sooner than opt.spin after our send, the
 // window covers that wait, so later replies are caught while spinning (no wakeup paid). It
 // used to double from 0 on each such wake and halve on each fruitless spin, never getting past
@@ -316,6 +361,10 @@ TEST_P(ucx_link_test, killed_idle_peer_is_reported_as_crash) {
   EXPECT_EQ(losses_[0].peer, 3u);
   EXPECT_EQ(losses_[0].why, peer_loss::crash);
   RecordProperty("detect_ms", static_cast<int>(ms.count()));
+  // A failed connection is not a verdict: sends are kept for a next connection until the
+  // caller gives the peer up (forget), and fail fast from then on.
+  EXPECT_TRUE(link_->send(3, encode(0, 3, testing::make("x"))).ok());
+  link_->forget(3);
   EXPECT_FALSE(link_->send(3, encode(0, 3, testing::make("x"))).ok());
   run_until([] { return false; }, 50ms);
   EXPECT_EQ(losses_.size(), 1u) << "a loss must be reported once";
