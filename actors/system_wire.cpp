@@ -320,8 +320,9 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
     head_drop_names_of(peer);
     suspicions_.forget(peer);
     // The verdict goes to every member, so that none acts on a view of its own, and (best
-    // effort, before its connection goes) to the lost node itself: it is fenced.
-    if (incarnation != 0 && !shut_down_) {
+    // effort, before its connection goes) to the lost node itself: it is fenced. A goodbye
+    // each member hears itself (and at a job's end nothing is sent to nodes on their way out).
+    if (incarnation != 0 && !clean && !shut_down_) {
       std::vector<node_id> told{peer};
       for (const auto& [n, mem] : members_) told.push_back(n);
       for (node_id n : told) {
@@ -331,7 +332,7 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
         who.setNode(peer);
         who.setIncarnation(incarnation);
         b.setDetail(detail.substr(0, 1000));
-        b.setGoodbye(clean);
+        b.setGoodbye(false);
         (void)send_envelope(n, out);
       }
     }

@@ -1830,9 +1830,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
     // falls back to a local disconnect, after a send error, with a request still listed on
     // the endpoint. Seen at the end of a job whose peers were exiting at the same time.
     drain(opt.close_timeout);
+    // A connection still being set up (no welcome yet: a dial whose SYN was dropped, to a peer
+    // that may be gone) has nothing to flush but its hello; it is closed by force, which fails
+    // what waits on it. Flushing it left the hello pending on a wireup endpoint, and
+    // ucp_worker_destroy then aborts ("pending request ... should have been flushed").
     for (auto& [serial, c] : conns) {
       close_bulk(*c, /*force=*/false);
-      close_ep(c->ep, /*force=*/false);
+      close_ep(c->ep, /*force=*/c->outgoing && !c->welcomed);
     }
     conns.clear();
     drain(opt.close_timeout);
