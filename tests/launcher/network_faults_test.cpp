@@ -87,22 +87,38 @@ TEST(network_faults, dropped_syns_cost_no_worker_and_no_bit) {
 }
 
 // `moevement launch ARGS` in a fresh network namespace where, once iteration `at` is in the
-// run log, every TCP connection between the workers of stages 0 and 1 (replica 0) is
-// blackholed both ways: two live processes that cannot hear each other, while both still hear
-// the head (new connections get through). The output ends with the rule's packet counter.
-run_result launch_cutting_stages(int at, const std::string& args, const std::string& log) {
+// run log, every TCP connection between the workers of stages 0 and 1 (replica 0) fails, the
+// processes living on (new connections get through):
+//   cut    blackholed both ways for good: two live processes that cannot hear each other,
+//          while both still hear the head;
+//   reset  closed under them (`ss -K`: an endpoint error on each side).
+// The output says how many connections, and ends with the blackhole's packet counter.
+run_result launch_failing_stage_link(const std::string& mode, int at, const std::string& args,
+                                     const std::string& log) {
   const std::string dir = ::testing::TempDir() + "netcut_" + std::to_string(::getpid());
   {
     std::ofstream rules(dir + ".nft");
     rules << "table inet fault {\n  set cut { type inet_service . inet_service; }\n"
           << "  chain in {\n    type filter hook input priority 0;\n"
           << "    tcp sport . tcp dport @cut counter drop\n  }\n}\n";
-    // Established connections of pid A and pid B that are each other's: "portA . portB".
+    // Established connections of pid A and pid B that are each other's: "portA portB".
     std::ofstream pairs(dir + ".awk");
     pairs << "index($0, A) { split($3, l, \":\"); split($4, p, \":\"); a[l[2] \" \" p[2]] = 1 }\n"
           << "index($0, B) { split($3, l, \":\"); split($4, p, \":\"); b[p[2] \" \" l[2]] = 1 }\n"
-          << "END { for (x in a) if (x in b) { split(x, q, \" \");\n"
-          << "  print q[1] \" . \" q[2] \", \" q[2] \" . \" q[1] } }\n";
+          << "END { for (x in a) if (x in b) print x }\n";
+    std::ofstream elements(dir + ".elements.awk");
+    elements << "{ print $1 \" . \" $2 \", \" $2 \" . \" $1 }\n";
+    const std::string fail =
+        mode == "cut"
+            ? "nft add element inet fault cut \"{ $(awk -f " + dir + ".elements.awk " + dir +
+                  ".pairs | paste -sd,) }\"\n"
+            : "while read a b; do ss -K -tn state established \"( sport = :$a and dport = :$b )\""
+              " > /dev/null; done < " +
+                  dir + ".pairs\n" +
+                  // how many of them are still there (0: the kernel closed them)
+                  "echo \"still $(ss -tnH state established | awk '{split($3, l, \":\");"
+                  " split($4, p, \":\"); print l[2], p[2]}' | grep -cxFf " +
+                  dir + ".pairs)\"\n";
     std::ofstream script(dir + ".sh");
     script << "ip link set lo up || exit 90\nnft -f " << dir << ".nft || exit 91\n"
            << std::getenv("MOEVEMENT_BIN") << " launch " << args << " &\njob=$!\n"
@@ -112,14 +128,22 @@ run_result launch_cutting_stages(int at, const std::string& args, const std::str
            << " | head -1 | sed 's/.*\"pid\":\\([0-9]*\\).*/\\1/'; }\n"
            << "ss -tnpH state established | awk -v A=\"pid=$(pid 0),\" -v B=\"pid=$(pid 1),\" -f "
            << dir << ".awk > " << dir << ".pairs\n"
-           << "echo \"cut $(wc -l < " << dir << ".pairs) connections\"\n"
-           << "[ -s " << dir << ".pairs ] && nft add element inet fault cut \"{ $(paste -sd, "
-           << dir << ".pairs) }\"\n"
-           << "wait $job\nrc=$?\n"
+           << "echo \"failed $(wc -l < " << dir << ".pairs) connections\"\n"
+           << "[ -s " << dir << ".pairs ] && " << fail << "wait $job\nrc=$?\n"
            << "nft list chain inet fault in | grep -o 'packets [0-9]*'\nexit $rc\n";
   }
   return shell("unshare -n sh " + dir + ".sh");
 }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+const std::string stage_job = source_path("examples/configs/tiny.toml") +
+                              " --set train.iterations=40 --set train.seq_len=16 "
+                              "--set parallel.pp=2 --set cluster.spares=1 "
+                              "--set checkpoint.policy=moevement";
 
 // Two live workers that cannot hear each other decide nothing themselves: each reports the
 // other to the head, the head declares one lost (fenced: it is ended), a spare takes its stage,
@@ -127,26 +151,44 @@ run_result launch_cutting_stages(int at, const std::string& args, const std::str
 // lost on its own, the head heard of nothing, and the pipeline stalled.)
 TEST(network_faults, a_link_cut_between_two_live_workers_is_judged_by_the_head) {
   if (const auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  const std::string job = source_path("examples/configs/tiny.toml") +
-                          " --set train.iterations=40 --set train.seq_len=16 --set parallel.pp=2 "
-                          "--set cluster.spares=1 --set checkpoint.policy=moevement";
-  const auto ref = run_moevement("train " + job);
+  const auto ref = run_moevement("train " + stage_job);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string log = log_path("netcut");
-  const auto r = launch_cutting_stages(10, job + " --set engine.run_log=" + log, log);
+  const auto r =
+      launch_failing_stage_link("cut", 10, stage_job + " --set engine.run_log=" + log, log);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(hash_of(r.output.substr(0, r.output.rfind("packets "))), hash_of(ref.output))
       << r.output;
   EXPECT_NE(r.output.find("recovered on worker"), std::string::npos) << r.output;
   // Not vacuous: connections were cut and packets dropped on them.
-  EXPECT_EQ(r.output.find("cut 0 connections"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("failed 0 connections"), std::string::npos) << r.output;
   const auto at = r.output.rfind("packets ");
   ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_GT(std::atol(r.output.c_str() + at + 8), 0) << r.output;
-  std::ifstream in(log);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // The loss is the head's verdict on a report, not a transport error or its own heartbeats.
+  const std::string text = read_file(log);
   EXPECT_NE(text.find("unreachable from node"), std::string::npos) << text.substr(0, 2000);
+}
+
+// Connections between two live workers closed under them (an endpoint error on each side) cost
+// nothing: they dial again, what was in flight is sent again and handed on once, no worker is
+// lost, and the job ends with `moevement train`'s state_hash. (Before, each declared the other
+// lost on its own and the pipeline stalled.)
+TEST(network_faults, connections_reset_between_two_live_workers_cost_no_worker_and_no_bit) {
+  if (const auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const auto ref = run_moevement("train " + stage_job);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string log = log_path("netreset");
+  const auto r =
+      launch_failing_stage_link("reset", 10, stage_job + " --set engine.run_log=" + log, log);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(hash_of(r.output.substr(0, r.output.rfind("packets "))), hash_of(ref.output))
+      << r.output;
+  EXPECT_EQ(r.output.find("failed 0 connections"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("still 0"), std::string::npos) << r.output;  // they were closed
+  EXPECT_EQ(r.output.find("recovered on worker"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(log).find("worker_lost"), std::string::npos);
+  std::cerr << r.output.substr(r.output.find("failed "), 200);
 }
 
 }  // namespace
