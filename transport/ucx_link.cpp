@@ -311,8 +311,10 @@ struct pull_op {
   node_id peer = 0;
   std::uint64_t conn = 0;
   std::uint64_t region = 0;
+  std::uint64_t offset = 0;
   std::byte* into = nullptr;
   std::size_t length = 0;
+  int attempts = 1;              // a pull whose connection failed is asked again on the next one
   std::uint32_t rma = rma_none;  // the rma_level we offered the exporter
   bool transferring = false;     // a UCX request moves the bytes; it completes on its own
   std::shared_ptr<lease> under;  // the lease the get runs under, if any
@@ -402,6 +404,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::map<std::uint64_t, std::shared_ptr<region_record>> withdrawn;
   std::uint64_t next_region = 1;
   std::map<std::uint64_t, std::unique_ptr<pull_op>> pulls;
+  // Pulls whose connection failed while their peer lives on (conn 0): asked again, whole, on
+  // the peer's next connection (pulls are idempotent); failed on forget() or a goodbye.
+  static constexpr int max_pull_attempts = 3;
   std::uint64_t next_pull = 1;
   std::uint64_t outstanding = 0;           // UCX requests whose callback has not run
   std::vector<pending_request*> inflight;  // those requests, cancelled at shutdown
@@ -746,13 +751,55 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // again first (held until then, in order), so a failed connection loses no message.
   void resend_unacked(connection& c) {
     auto kept = book.unacked(c.peer);
-    if (kept.empty()) return;
     counters.resent += kept.size();
     for (auto& k : kept) {
       c.held.push_back([this, k = std::move(k)](connection& conn) {
         (void)send_envelope(conn, book.restamp(conn.peer, k.seq), k.message);
       });
     }
+    for (auto& [id, op] : pulls) {
+      if (op->peer == c.peer && op->conn == 0) reissue_pull(c, *op);
+    }
+  }
+  void reissue_pull(connection& c, pull_op& op) {
+    op.conn = c.serial;
+    ++op.attempts;
+    ++counters.pulls_retried;
+    const std::uint32_t flags =
+        opt.lease_regions && op.rma != rma_none ? std::uint32_t{accepts_lease} : 0u;
+    const bulk_request_header request{op.id, op.region, op.offset, op.length, op.rma, flags};
+    send_when_welcomed(
+        c, [this, request](connection& conn) { send_control(conn, am_bulk_request, request); });
+  }
+  // A pull whose connection failed: asked again on the next one, or failed (no attempts left,
+  // or this link is leaving).
+  void park_or_fail_pull(std::uint64_t id, const std::string& why) {
+    auto it = pulls.find(id);
+    if (it == pulls.end()) return;
+    pull_op& op = *it->second;
+    auto pe = peers.find(op.peer);
+    if (op.attempts >= max_pull_attempts || said_goodbye || pe == peers.end() ||
+        (pe->second.lost && !pe->second.kept)) {
+      return finish_pull(id, error{"pull failed: peer lost: " + why});
+    }
+    if (op.under) {  // the lease was the old connection's
+      auto& l = *op.under;
+      --l.gets;
+      if (l.retired && l.gets == 0) post_release(l.conn, l.region);
+      op.under.reset();
+    }
+    op.conn = 0;
+    op.transferring = false;
+    // A connection to the peer is up already (it redialled first): asked again there now.
+    if (connection* c = find_conn(pe->second.send_conn)) reissue_pull(*c, op);
+  }
+  // The peer is given up: its parked pulls fail.
+  void fail_parked_pulls(node_id peer, const std::string& why) {
+    std::vector<std::uint64_t> ids;
+    for (auto& [id, op] : pulls) {
+      if (op->peer == peer && op->conn == 0) ids.push_back(id);
+    }
+    for (auto id : ids) finish_pull(id, error{"pull failed: peer lost: " + why});
   }
   void release_held(std::uint64_t serial) {
     connection* c = find_conn(serial);
@@ -1028,7 +1075,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
     it->second.kept = why == peer_loss::crash;
     it->second.send_conn = 0;
     it->second.path_known = false;
-    if (why == peer_loss::goodbye) book.forget(peer);
+    if (why == peer_loss::goodbye) {
+      book.forget(peer);
+      fail_parked_pulls(peer, detail);
+    }
     std::vector<std::uint64_t> doomed;
     for (auto& [serial, c] : conns) {
       if (c->admitted && c->peer == peer) doomed.push_back(serial);
@@ -1450,7 +1500,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     for (auto& [id, op] : pulls) {
       if (op->conn == serial && !op->transferring) ids.push_back(id);
     }
-    for (auto id : ids) finish_pull(id, error{"pull failed: peer lost: " + detail});
+    for (auto id : ids) park_or_fail_pull(id, detail);
   }
 
   ucs_status_t on_bulk_reply(connection& c, am_id id, const void* header, std::size_t header_len,
@@ -1552,9 +1602,20 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void complete_transfer(std::uint64_t id, ucs_status_t st) {
     if (st == UCS_OK) {
       post_finish(id, {});
-    } else {
-      post_finish(id, error{fmt::format("pull failed mid-transfer: {}", ucs_status_string(st))});
+      return;
     }
+    // Its connection failed under it (an endpoint timeout on a slow, lossy link): asked again
+    // on the next connection, if the peer is not given up by then.
+    asio::post(io, [w = weak_from_this(), id, why = std::string(ucs_status_string(st))] {
+      auto s = w.lock();
+      if (!s) return;
+      auto it = s->pulls.find(id);
+      if (it == s->pulls.end()) return;
+      if (s->find_conn(it->second->conn) != nullptr) {
+        return s->finish_pull(id, error{"pull failed mid-transfer: " + why});
+      }
+      s->park_or_fail_pull(id, "mid-transfer: " + why);
+    });
   }
 
   // The registration of the link's region that holds [p, p + n), if any: a get into it then
@@ -2029,6 +2090,7 @@ void ucx_link::forget(node_id peer) {
   state_->lose_peer(peer, peer_loss::crash, "forgotten (declared lost by the caller)");
   if (auto it = state_->peers.find(peer); it != state_->peers.end()) it->second.kept = false;
   state_->book.forget(peer);  // lost for good: nothing kept for it
+  state_->fail_parked_pulls(peer, "forgotten (declared lost by the caller)");
 }
 
 void ucx_link::fail_connections_for_tests(node_id peer) {
@@ -2195,6 +2257,7 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   op->peer = d.node;
   op->conn = (*c)->serial;
   op->region = d.region;
+  op->offset = d.offset;
   op->into = into.data();
   op->length = into.size();
   op->rma = rma;

@@ -3,9 +3,12 @@
 //   link_peer echo      PORT TOKEN NODE            echo every "echo" message; goodbye on "bye"
 //   link_peer redial    PORT TOKEN NODE            echo; on "break" fail its connections to
 //                                                  node 0, then revive it and dial again
-//   link_peer export    PORT TOKEN NODE BYTES KIND export BYTES (KIND: alloc|user) filled with
+//   link_peer export    PORT TOKEN NODE BYTES KIND [redial]
+//                                                  export BYTES (KIND: alloc|user) filled with
 //                                                  a pattern, send its descriptor + checksum,
 //                                                  serve pulls until the test says goodbye
+//                                                  (redial: a failed connection is dialled
+//                                                  again, as in mode redial)
 //   link_peer flood     PORT TOKEN NODE            sends "flood" envelopes of 8000 bytes to
 //                                                  node 0 without pause (until killed)
 //   link_peer intruder  PORT TOKEN NODE            expects to be refused (wrong token)
@@ -186,7 +189,8 @@ int main(int argc, char** argv) {
         say(detail.c_str());
         if (mode == "intruder") {
           finish(detail.find("refused") != std::string::npos ? 0 : 1);
-        } else if (mode == "redial" && why == peer_loss::crash) {
+        } else if ((mode == "redial" || (argc > 7 && std::string(argv[7]) == "redial")) &&
+                   why == peer_loss::crash) {
           link.revive(0);  // a failed connection, not a lost peer: dial again, lose nothing
           (void)link.send(0, encode(me, 0, make("back")));  // (heartbeats would dial in a job)
         } else {

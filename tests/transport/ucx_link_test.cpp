@@ -232,8 +232,49 @@ TEST_P(ucx_link_test, a_failed_connection_loses_and_repeats_no_message) {
   // Not vacuous: connections did fail here, and messages were sent again or dropped as copies.
   EXPECT_GE(losses_.size(), 1u);
   EXPECT_GT(link_->counters().resent + link_->counters().duplicates, 0u);
-  losses_.clear();
-  part(7, pid);
+  ASSERT_TRUE(link_->send(7, encode(0, 7, testing::make("bye"))).ok());
+  EXPECT_TRUE(run_until([&] {
+    return std::any_of(losses_.begin(), losses_.end(),
+                       [](const loss& l) { return l.why == peer_loss::goodbye; });
+  }));
+  EXPECT_EQ(wait_exit(pid), 0);
+}
+
+// A pull whose connection fails (waiting for its reply, or while its bytes move) is asked again,
+// whole, on the peer's next connection: pulls are idempotent. The exporter lives on and dials
+// again; both pulls complete with the right bytes.
+TEST_P(ucx_link_test, a_pull_whose_connection_fails_is_asked_again_on_the_next_one) {
+  make_link();
+  link_->set_handlers(link_handlers{
+      [this](node_id from, incoming_envelope env) { inbox_.emplace_back(from, decode(env)); },
+      [this](node_id peer, peer_loss why, const std::string& detail) {
+        losses_.push_back({peer, why, detail});
+        if (why == peer_loss::crash) link_->revive(peer);
+      }});
+  auto args = peer_args("export", 8);
+  args.insert(args.end(), {std::to_string(64 << 20), "alloc", "redial"});
+  const pid_t pid = spawn(args);
+  const auto region = wait_message("region");
+  ASSERT_TRUE(region);
+  std::vector<std::byte> into(region->descriptor.length);
+  for (int delay_ms : {0, 3}) {
+    std::fill(into.begin(), into.end(), std::byte{0});
+    std::optional<result<void>> done;
+    link_->pull(region->descriptor, into, [&](result<void> r) { done = std::move(r); });
+    if (delay_ms > 0) run_until([] { return false; }, std::chrono::milliseconds(delay_ms));
+    link_->fail_connections_for_tests(8);
+    ASSERT_TRUE(run_until([&] { return done.has_value(); })) << "delay " << delay_ms;
+    ASSERT_TRUE(done->ok()) << done->err().message;
+    EXPECT_EQ(xxhash64(into), region->checksum) << "delay " << delay_ms;
+  }
+  EXPECT_GE(losses_.size(), 1u);  // not vacuous: connections failed, a pull was asked again
+  EXPECT_GE(link_->counters().pulls_retried, 1u);
+  ASSERT_TRUE(link_->send(8, encode(0, 8, testing::make("bye"))).ok());
+  EXPECT_TRUE(run_until([&] {
+    return std::any_of(losses_.begin(), losses_.end(),
+                       [](const loss& l) { return l.why == peer_loss::goodbye; });
+  }));
+  EXPECT_EQ(wait_exit(pid), 0);
 }
 
 // The adaptive spin engages: once a reply woke us sooner than opt.spin after our send, the
@@ -887,7 +928,12 @@ TEST_P(ucx_kill_test, pull_fails_in_bounded_time_when_the_exporter_dies) {
   std::optional<test_message> region;
   std::optional<peer_loss> lost;
   link.set_handlers({[&](node_id, incoming_envelope env) { region = decode(env); },
-                     [&](node_id, peer_loss why, const std::string&) { lost = why; }});
+                     [&](node_id peer, peer_loss why, const std::string&) {
+                       lost = why;
+                       // A failed connection keeps its pulls for a next one until the caller
+                       // gives the peer up, as the actor layer does on the head's verdict.
+                       if (why == peer_loss::crash) link.forget(peer);
+                     }});
   std::vector<std::string> args{helper, "export", std::to_string(link.port()),
                                 token,  "8",      std::to_string(capped_tensor_bytes()),
                                 "alloc"};
