@@ -35,14 +35,17 @@ std::optional<suspicion_book::clock::time_point> suspicion_book::next_due(
   return oldest + window;
 }
 
-std::vector<suspicion_book::verdict> suspicion_book::decide(clock::time_point now,
-                                                            clock::duration window) {
+std::vector<suspicion_book::verdict> suspicion_book::decide(
+    clock::time_point now, clock::duration window, const std::function<bool(node_id)>& hears) {
   std::vector<verdict> out;
-  auto ripe = [&](const report_entry& r) { return r.at + window <= now; };
+  auto heard = [&](node_id n) { return !hears || hears(n); };
+  auto ripe = [&](const report_entry& r) { return r.at + window <= now && heard(r.suspect); };
   if (std::none_of(reports_.begin(), reports_.end(), ripe)) return out;
-  // A reporter that cannot hear two or more members is the one cut off.
+  // A reporter that cannot hear two or more members (that the judge hears) is the one cut off.
   std::map<node_id, std::set<node_id>> heard_of;
-  for (const auto& r : reports_) heard_of[r.reporter].insert(r.suspect);
+  for (const auto& r : reports_) {
+    if (heard(r.suspect)) heard_of[r.reporter].insert(r.suspect);
+  }
   for (const auto& r : reports_) {
     if (!ripe(r) || heard_of[r.reporter].size() < 2) continue;
     if (std::any_of(out.begin(), out.end(), [&](const verdict& v) { return v.node == r.reporter; }))

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,7 +42,10 @@ class suspicion_book {
   // When the oldest standing report's window ends; nullopt when none stands.
   std::optional<clock::time_point> next_due(clock::duration window) const;
   // The verdicts on the reports older than `window` at `now`; those decided are dropped.
-  std::vector<verdict> decide(clock::time_point now, clock::duration window);
+  // Reports about a node the judge does not hear itself (`hears` false) wait: neither a
+  // verdict on it nor a count against its reporter.
+  std::vector<verdict> decide(clock::time_point now, clock::duration window,
+                              const std::function<bool(node_id)>& hears = {});
 
  private:
   struct report_entry {

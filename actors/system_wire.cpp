@@ -229,6 +229,11 @@ void actor_system::on_system_join(node_id from, const transport::envelope_header
     reply_error(h, fmt::format("node {} is not the head (node {} is)", node_, config_.head));
     return;
   }
+  if (auto it = lost_.find(from);
+      it != lost_.end() && fenced_.contains(from) && j.getIncarnation() <= it->second) {
+    ++stats_.fenced;  // the process declared lost, back: only a newer incarnation may join
+    return;
+  }
   for (const auto& [n, m] : members_) {  // tell the others first
     if (n == from) continue;
     transport::outgoing_envelope out({{}, {n, 0, 0}, capnp::typeId<proto::MemberUp>(), 0, 0});
@@ -274,9 +279,10 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
   // let the heartbeats decide (silence is reported to the head, whose verdict comes back).
   if (!clean && node_ != config_.head && peer != config_.head && m != members_.end() &&
       !shut_down_) {
+    // Asks to it stand: their requests and replies are kept and sent again by the link, so
+    // they end with their reply, their deadline, or the head's verdict.
     ++stats_.reconnects;
     link_.revive(peer);
-    fail_pending_to(peer, fmt::format("the connection to node {} failed: {}", peer, detail));
     return;
   }
   declare_lost(peer, clean, detail);
@@ -446,12 +452,20 @@ void actor_system::on_system_member_lost(node_id from, proto::MemberLost::Reader
 
 void actor_system::take_verdicts() {
   if (shut_down_) return;
-  for (const auto& v : suspicions_.decide(now(), config_.suspicion_window)) {
+  // A suspect the head does not hear either is the head's own heartbeats' to decide (soon):
+  // reports about it wait, and count against nobody.
+  const auto hears = [this](node_id n) {
+    auto it = members_.find(n);
+    return it != members_.end() && !it->second.suspected &&
+           now() - it->second.last_heard <= 2 * config_.heartbeat_interval;
+  };
+  for (const auto& v : suspicions_.decide(now(), config_.suspicion_window, hears)) {
     if (!members_.contains(v.node)) continue;
     ++stats_.verdicts;
     declare_lost(v.node, false, v.why);
   }
-  if (const auto due = suspicions_.next_due(config_.suspicion_window)) {
+  if (auto due = suspicions_.next_due(config_.suspicion_window)) {
+    due = std::max(*due, now() + config_.heartbeat_interval);  // deferred ones: look again
     verdict_timer_ = time_->call_at(*due, [this, alive = alive_] {
       if (!*alive) return;
       verdict_timer_ = 0;

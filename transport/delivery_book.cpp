@@ -67,7 +67,13 @@ delivery_book::header delivery_book::ack_header(node_id peer) {
 }
 
 void delivery_book::forget(node_id peer) {
-  streams_.erase(peer);
+  auto it = streams_.find(peer);
+  if (it == streams_.end()) return;
+  // Our numbering goes on (a peer that still knows our session must not take new messages
+  // for copies); everything else about it starts afresh.
+  const std::uint64_t next = it->second.next_seq;
+  it->second = stream{};
+  it->second.next_seq = next;
 }
 
 }  // namespace moevement::transport

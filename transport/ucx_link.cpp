@@ -758,18 +758,24 @@ struct link_state : std::enable_shared_from_this<link_state> {
       });
     }
     for (auto& [id, op] : pulls) {
-      if (op->peer == c.peer && op->conn == 0) reissue_pull(c, *op);
+      if (op->peer == c.peer && op->conn == 0) reissue_pull(c, *op, /*hold=*/true);
     }
   }
-  void reissue_pull(connection& c, pull_op& op) {
+  // hold: queued behind what c holds, released by the caller (after the welcome, outside
+  // progress); else sent now if c may send.
+  void reissue_pull(connection& c, pull_op& op, bool hold = false) {
     op.conn = c.serial;
     ++op.attempts;
     ++counters.pulls_retried;
     const std::uint32_t flags =
         opt.lease_regions && op.rma != rma_none ? std::uint32_t{accepts_lease} : 0u;
     const bulk_request_header request{op.id, op.region, op.offset, op.length, op.rma, flags};
-    send_when_welcomed(
-        c, [this, request](connection& conn) { send_control(conn, am_bulk_request, request); });
+    auto send = [this, request](connection& conn) { send_control(conn, am_bulk_request, request); };
+    if (hold) {
+      c.held.push_back(std::move(send));
+    } else {
+      send_when_welcomed(c, std::move(send));
+    }
   }
   // A pull whose connection failed: asked again on the next one, or failed (no attempts left,
   // or this link is leaving).
@@ -1387,7 +1393,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
       auto in = std::move(c->inbox.front());
       c->inbox.pop_front();
       const node_id from = c->peer;
-      if (in->failed) continue;
+      if (in->failed) {
+        // Its bytes never came (the connection is failing): nothing after it may be handed
+        // on, or it would be skipped for good. The connection goes; the next one resends.
+        c->inbox.clear();
+        post_fail(serial, "a message's bytes failed to arrive");
+        return;
+      }
       if (in->what == inbound::kind::goodbye) {
         book.forget(from);
         lose_peer(from, peer_loss::goodbye, "the peer said goodbye");
@@ -1417,7 +1429,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
     // Nothing of ours carried the acknowledgement back for a while: an explicit one.
     if (c != nullptr && c->admitted && book.ack_due(c->peer)) {
       ++counters.acks_sent;
-      send_control(*c, am_ack, book.ack_header(c->peer));
+      const auto ack = book.ack_header(c->peer);
+      send_when_welcomed(*c, [this, ack](connection& conn) { send_control(conn, am_ack, ack); });
     }
   }
 
@@ -1649,7 +1662,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (pit == pulls.end()) return;
     pull_op& op = *pit->second;
     connection* c = find_conn(op.conn);
-    if (c == nullptr) return finish_pull(id, error{"pull failed: peer lost"});
+    if (c == nullptr) return park_or_fail_pull(id, "its connection failed");
     std::shared_ptr<remote_key> key;
     if (auto it = c->rkeys.find(op.region); it != c->rkeys.end()) {
       key = it->second;
@@ -1683,7 +1696,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (pit == pulls.end()) return;
     pull_op& op = *pit->second;
     connection* c = find_conn(op.conn);
-    if (c == nullptr) return finish_pull(id, error{"pull failed: peer lost"});
+    if (c == nullptr) return park_or_fail_pull(id, "its connection failed");
     if (c->revoked.contains(op.region)) {
       send_control(*c, am_bulk_release, region_header{op.region});
       return finish_pull(id, error{fmt::format("node {} refused the pull: no such region "
@@ -1728,8 +1741,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     p->keep = l;  // the rkey outlives the get even if the lease is dropped
     p->done = [this, id = op.id](ucs_status_t st) { complete_transfer(id, st); };
     ucp_request_param_t param = request_params(p.get());
-    if (bulk_ep_of(c) == nullptr) {
-      --l->gets;
+    if (bulk_ep_of(c) == nullptr) {  // finish_pull gives the lease's get back (op.under)
       return finish_pull(op.id, error{"pull failed: no bulk endpoint to the peer"});
     }
     use_memh(param, local_memh(op.into, op.length, /*messages=*/false));
@@ -2117,7 +2129,11 @@ void ucx_link::say_goodbye() {
   s.said_goodbye = true;
   if (detail::link_tracing()) fmt::print(stderr, "[link {}] saying goodbye\n", s.opt.self);
   for (auto& [serial, c] : s.conns) {
-    if (c->admitted) s.send_signal(*c, detail::am_goodbye);
+    // Behind what the connection holds (resends), never overtaking it.
+    if (c->admitted) {
+      s.send_when_welcomed(
+          *c, [&s](detail::connection& conn) { s.send_signal(conn, detail::am_goodbye); });
+    }
   }
 }
 

@@ -38,6 +38,16 @@ TEST(suspicion_book, a_reporter_that_hears_nobody_is_the_one_cut_off) {
   EXPECT_TRUE(b.empty());
 }
 
+TEST(suspicion_book, reports_about_a_node_the_judge_does_not_hear_wait) {
+  suspicion_book b;
+  const auto t = book_clock::time_point{} + 10s;
+  b.report(1, 2, t, "x");
+  b.report(1, 3, t, "x");
+  const auto deaf_to_2_and_3 = [](suspicion_book::node_id n) { return n != 2 && n != 3; };
+  EXPECT_TRUE(b.decide(t + 1s, 200ms, deaf_to_2_and_3).empty());  // not node 1: it may be right
+  EXPECT_FALSE(b.empty());
+}
+
 TEST(suspicion_book, a_withdrawn_or_forgotten_report_takes_no_verdict) {
   suspicion_book b;
   const auto t = book_clock::time_point{} + 10s;
@@ -57,12 +67,17 @@ struct four_nodes {
   system_config cfg;
   std::map<node_id, std::vector<std::pair<node_id, member_event>>> seen;
 
-  explicit four_nodes(std::chrono::milliseconds window = 200ms) {
+  // node1_timeout: node 1's own heartbeat timeout (its reports can then ripen before the head
+  // has timed anything out itself).
+  explicit four_nodes(std::chrono::milliseconds window = 200ms,
+                      std::chrono::milliseconds node1_timeout = 1000ms) {
     cfg.heartbeat_interval = 100ms;
     cfg.heartbeat_timeout = 1000ms;
     cfg.suspicion_window = window;
     for (node_id n = 0; n < 4; ++n) {
-      auto& s = d.add(n, cfg);
+      system_config own = cfg;
+      if (n == 1) own.heartbeat_timeout = node1_timeout;
+      auto& s = d.add(n, own);
       cfg.head = 0;
       s.on_membership([this, n](node_id who, member_event e) {
         if (e != member_event::up) seen[n].emplace_back(who, e);
@@ -170,6 +185,24 @@ TEST(verdicts, a_worker_cut_off_from_every_peer_is_the_one_declared) {
     EXPECT_TRUE(c.member(0, 2));
     EXPECT_TRUE(c.member(0, 3));
     EXPECT_TRUE(c.member(2, 3));
+  });
+}
+
+// Two workers hang together: the third reports both (first: its timeout is shorter), but the
+// head does not hear them either, so its own heartbeats decide; the healthy reporter is not
+// taken for the one cut off.
+TEST(verdicts, two_hung_workers_do_not_fence_the_one_that_reports_them) {
+  four_nodes c(200ms, 400ms);
+  c.d.run_body([&]() -> awaitable<void> {
+    co_await c.join();
+    c.d.hub().hang(2);
+    c.d.hub().hang(3);
+    co_await c.d[0].sleep_for(5s);
+    EXPECT_TRUE(c.member(0, 1));
+    EXPECT_FALSE(c.member(0, 2));
+    EXPECT_FALSE(c.member(0, 3));
+    EXPECT_EQ(c.d[0].stats().verdicts, 0u);  // the head's own heartbeats, not reports
+    EXPECT_GE(c.d[1].stats().suspicions, 1u);
   });
 }
 

@@ -145,13 +145,19 @@ const std::string stage_job = source_path("examples/configs/tiny.toml") +
                               "--set parallel.pp=2 --set cluster.spares=1 "
                               "--set checkpoint.policy=moevement";
 
+// `moevement train` of stage_job, once for the tests that compare with it.
+const run_result& stage_reference() {
+  static const run_result ref = run_moevement("train " + stage_job);
+  return ref;
+}
+
 // Two live workers that cannot hear each other decide nothing themselves: each reports the
 // other to the head, the head declares one lost (fenced: it is ended), a spare takes its stage,
 // and the job ends with `moevement train`'s state_hash. (Before, each declared the other
 // lost on its own, the head heard of nothing, and the pipeline stalled.)
 TEST(network_faults, a_link_cut_between_two_live_workers_is_judged_by_the_head) {
   if (const auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  const auto ref = run_moevement("train " + stage_job);
+  const auto& ref = stage_reference();
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string log = log_path("netcut");
   const auto r =
@@ -176,7 +182,7 @@ TEST(network_faults, a_link_cut_between_two_live_workers_is_judged_by_the_head) 
 // lost on its own and the pipeline stalled.)
 TEST(network_faults, connections_reset_between_two_live_workers_cost_no_worker_and_no_bit) {
   if (const auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  const auto ref = run_moevement("train " + stage_job);
+  const auto& ref = stage_reference();
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string log = log_path("netreset");
   const auto r =
