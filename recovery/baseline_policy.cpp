@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "base/clock.hpp"
 #include "base/hash.hpp"
 #include "recovery/baseline_recovery.hpp"
 #include "recovery/moevement_policy.hpp"
@@ -29,10 +30,6 @@ using actors::read_ref;
 using actors::write_ref;
 using asio::awaitable;
 using sclock = std::chrono::steady_clock;
-
-double seconds_since(sclock::time_point t0) {
-  return std::chrono::duration<double>(sclock::now() - t0).count();
-}
 
 // Windows dense-disk keeps per stage replica: checkpoint.keep verified ones behind what the
 // slowest stage may not have on disk yet. Persisting runs in the background and a stage may

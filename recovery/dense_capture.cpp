@@ -1,4 +1,5 @@
 #include "recovery/dense_capture.hpp"
+#include "base/clock.hpp"
 
 #include <fmt/format.h>
 
@@ -12,10 +13,6 @@ namespace moevement::recovery {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 void require_interval(int interval) {
   if (interval < 1) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "base/hash.hpp"
+#include "base/parse.hpp"
 #include "recovery/atomic_file.hpp"
 
 namespace moevement::recovery {
@@ -20,12 +21,6 @@ constexpr std::size_t max_manifest_bytes = 1u << 20;
 
 std::span<const std::byte> as_bytes(const std::string& s) {
   return std::as_bytes(std::span(s.data(), s.size()));
-}
-
-bool parse_u64(const std::string& s, std::uint64_t& out, int base = 10) {
-  if (s.empty()) return false;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out, base);
-  return ec == std::errc() && p == s.data() + s.size();
 }
 
 struct manifest_entry {
@@ -43,7 +38,7 @@ result<std::vector<manifest_entry>> parse_manifest(const std::string& text, std:
   std::string sum_line = text.substr(end_of_body + 15);
   if (!sum_line.empty() && sum_line.back() == '\n') sum_line.pop_back();
   std::uint64_t want = 0;
-  if (!parse_u64(sum_line, want, 16) || sum_line.size() != 16) {
+  if (!parse_int(sum_line, want, 16) || sum_line.size() != 16) {
     return error{"manifest checksum line is malformed"};
   }
   if (xxhash64(as_bytes(body)) != want) return error{"manifest checksum mismatch (corrupt)"};
@@ -54,7 +49,7 @@ result<std::vector<manifest_entry>> parse_manifest(const std::string& text, std:
     return error{"manifest does not start with the moevement-durable-window header"};
   }
   std::uint64_t version = 0;
-  if (!parse_u64(line.substr(25), version) || version != durable_store::format_version) {
+  if (!parse_int(line.substr(25), version) || version != durable_store::format_version) {
     return error{
         fmt::format("manifest format version '{}' is not {} (written by another "
                     "moevement version; load it with that version)",
@@ -62,7 +57,7 @@ result<std::vector<manifest_entry>> parse_manifest(const std::string& text, std:
   }
   std::uint64_t got_id = 0;
   if (!std::getline(in, line) || line.rfind("window ", 0) != 0 ||
-      !parse_u64(line.substr(7), got_id) || got_id != id) {
+      !parse_int(line.substr(7), got_id) || got_id != id) {
     return error{"manifest names another window than its directory"};
   }
   std::vector<manifest_entry> entries;
@@ -72,7 +67,7 @@ result<std::vector<manifest_entry>> parse_manifest(const std::string& text, std:
     fields >> tag >> name >> bytes >> hash;
     manifest_entry e;
     if (tag != "blob" || (fields >> extra) || !valid_blob_name(name) ||
-        !parse_u64(bytes, e.bytes) || hash.size() != 16 || !parse_u64(hash, e.hash, 16)) {
+        !parse_int(bytes, e.bytes) || hash.size() != 16 || !parse_int(hash, e.hash, 16)) {
       return error{fmt::format("manifest line '{}' is malformed", line)};
     }
     e.name = name;
@@ -189,7 +184,7 @@ std::vector<std::uint64_t> durable_store::windows() const {
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     std::uint64_t id = 0;
-    if (name.rfind(window_prefix, 0) != 0 || !parse_u64(name.substr(7), id)) continue;
+    if (name.rfind(window_prefix, 0) != 0 || !parse_int(name.substr(7), id)) continue;
     if (entry.is_symlink(ec)) continue;  // not a window this job wrote: never read through it
     if (std::filesystem::exists(entry.path() / manifest_name)) ids.push_back(id);
   }
@@ -220,7 +215,7 @@ void durable_store::prune(std::size_t keep) {
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     std::uint64_t id = 0;
-    if (name.rfind(window_prefix, 0) != 0 || !parse_u64(name.substr(7), id)) continue;
+    if (name.rfind(window_prefix, 0) != 0 || !parse_int(name.substr(7), id)) continue;
     if (id < newest && !std::filesystem::exists(entry.path() / manifest_name)) {
       std::filesystem::remove_all(entry.path());
     }
@@ -233,7 +228,7 @@ void durable_store::drop_after(std::uint64_t id) {
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     std::uint64_t w = 0;
-    if (name.rfind(window_prefix, 0) != 0 || !parse_u64(name.substr(7), w)) continue;
+    if (name.rfind(window_prefix, 0) != 0 || !parse_int(name.substr(7), w)) continue;
     if (w > id) drop.push_back(entry.path());
   }
   for (const auto& p : drop) std::filesystem::remove_all(p, ec);
@@ -245,7 +240,7 @@ void durable_store::clear() {
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     std::uint64_t w = 0;
-    if (name.rfind(window_prefix, 0) == 0 && parse_u64(name.substr(7), w)) {
+    if (name.rfind(window_prefix, 0) == 0 && parse_int(name.substr(7), w)) {
       drop.push_back(entry.path());
     }
   }

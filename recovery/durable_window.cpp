@@ -5,6 +5,7 @@
 #include <charconv>
 #include <sstream>
 
+#include "base/parse.hpp"
 #include "recovery/snapshot.hpp"
 
 namespace moevement::recovery {
@@ -17,13 +18,6 @@ constexpr std::int64_t max_slots = 1 << 20;
 
 std::string slot_name(std::size_t j) {
   return fmt::format("slot-{:06}.snap", j);
-}
-
-template <class T>
-bool parse_int(const std::string& s, T& out) {
-  if (s.empty()) return false;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && p == s.data() + s.size();
 }
 
 std::string meta_text(const durable_window_meta& m) {

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <sstream>
 
+#include "base/parse.hpp"
 #include "recovery/durable_store.hpp"
 
 namespace moevement::recovery {
@@ -16,13 +17,6 @@ constexpr const char* blob_name = "resume.txt";
 // Bounds on what a journal may hold: a damaged file must not ask for a huge allocation.
 constexpr std::size_t max_lines = 1u << 22;
 constexpr std::size_t max_identity_value = 4096;
-
-template <class T>
-bool parse_int(const std::string& s, T& out, int base = 10) {
-  if (s.empty()) return false;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out, base);
-  return ec == std::errc() && p == s.data() + s.size();
-}
 
 bool parse_f32(const std::string& s, float& out) {
   std::uint32_t bits = 0;

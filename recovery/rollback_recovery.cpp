@@ -20,7 +20,6 @@ namespace {
 using actors::actor_ref;
 using actors::write_ref;
 using asio::awaitable;
-namespace wire = engine::wire;
 
 // Loading a checkpoint can mean reading it from disk: longer than an ordinary ask.
 constexpr auto rollback_timeout = std::chrono::seconds(300);
@@ -140,7 +139,8 @@ awaitable<void> rollback_recovery::restore_failed(const std::string& message, bo
   job_.fail(message);
 }
 
-awaitable<void> rollback_recovery::restored(transport::node_id n, wire::StageReady::Reader) {
+awaitable<void> rollback_recovery::restored(transport::node_id n,
+                                            engine::wire::StageReady::Reader) {
   if (!state_) co_return;
   for (role& r : state_->roles) {
     if (r.worker == n && r.fresh) r.ready = true;
@@ -203,8 +203,8 @@ awaitable<void> rollback_recovery::exited(actor_ref who, actors::exit_reason why
       state_->attempt, job_.job().region_restarts, why.to_string()));
 }
 
-awaitable<void> rollback_recovery::region_restart(wire::RegionRestart::Reader m,
-                                                  wire::RegionMembers::Builder out) {
+awaitable<void> rollback_recovery::region_restart(engine::wire::RegionRestart::Reader m,
+                                                  engine::wire::RegionMembers::Builder out) {
   if (!state_ || m.getRegion() != region_ids_ || !state_->supervisor.valid()) {
     out.setError("the rollback ended");
     co_return;
@@ -276,7 +276,7 @@ bool rollback_recovery::give_spares() {
     const actor_ref me = job_.actor().self();
     const int st = r.lost.stage, rep = r.lost.replica;
     const std::uint64_t generation = state_->attempt;
-    (void)job_.actor().tell<wire::Restore>(sw.agent, [&](wire::Restore::Builder b) {
+    (void)job_.actor().tell<engine::wire::Restore>(sw.agent, [&](engine::wire::Restore::Builder b) {
       b.setStage(st);
       b.setReplica(rep);
       b.setGeneration(generation);
@@ -295,11 +295,11 @@ awaitable<std::optional<rollback_recovery::chosen>> rollback_recovery::choose_ch
   const int pp = job_.job().pp;
   std::map<std::int64_t, int> offered;
   std::vector<std::string> rejected;
-  auto fill = [&](std::size_t, wire::RollbackQuery::Builder b) {
+  auto fill = [&](std::size_t, engine::wire::RollbackQuery::Builder b) {
     auto l = b.initHolders(static_cast<unsigned>(holders.size()));
     for (unsigned i = 0; i < holders.size(); ++i) write_ref(l[i], holders[i]);
   };
-  auto replies = co_await actors::ask_all<wire::RollbackQuery, wire::RollbackOffer>(
+  auto replies = co_await actors::ask_all<engine::wire::RollbackQuery, engine::wire::RollbackOffer>(
       job_.actor(), agents, rollback_timeout, fill);
   if (job_.finished() || !state_) co_return std::nullopt;
   for (std::size_t i = 0; i < replies.size(); ++i) {
@@ -368,12 +368,13 @@ awaitable<void> rollback_recovery::finish() {
   loaded got;
   {
     const int k = std::max(interval_, 1);
-    auto fill = [&](std::size_t, wire::RollbackLoad::Builder b) {
+    auto fill = [&](std::size_t, engine::wire::RollbackLoad::Builder b) {
       b.setIteration(c);
       b.setInterval(k);
     };
-    auto replies = co_await actors::ask_all<wire::RollbackLoad, wire::RollbackLoaded>(
-        job_.actor(), agents, rollback_timeout, fill);
+    auto replies =
+        co_await actors::ask_all<engine::wire::RollbackLoad, engine::wire::RollbackLoaded>(
+            job_.actor(), agents, rollback_timeout, fill);
     if (superseded()) co_return;
     for (std::size_t i = 0; i < replies.size(); ++i) {
       const int s = int(i) % job.pp, d = int(i) / job.pp;

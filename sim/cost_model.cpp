@@ -6,12 +6,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/require.hpp"
+
 namespace moevement::sim {
 namespace {
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
-}
 
 bool is_replicated(op_kind k) {
   return k != op_kind::expert;
@@ -97,10 +95,6 @@ std::vector<int> partition_blocks(const model_shape& m, int stages) {
   return bounds;
 }
 
-double per_gpu_inter_bw(const cluster_spec& c) {
-  return c.inter_node_bytes_per_s / c.gpus_per_node;
-}
-
 double microbatch_compute_s(const stage_costs& s, const std::vector<double>& factor) {
   double replicated = 0;
   std::vector<double> per_rank(static_cast<std::size_t>(s.ep), 0.0);
@@ -164,7 +158,7 @@ iteration_costs estimate_iteration(const model_shape& m, const cluster_spec& c, 
   const int expert_replication = m.experts > 0 && p.ep > m.experts ? p.ep / m.experts : 1;
   const auto shares = expert_shares(m, k.expert_popularity_zipf);
   const double tokens_mb = static_cast<double>(p.micro_batch) * m.seq_len;
-  const double inter_bw = per_gpu_inter_bw(c);
+  const double inter_bw = c.inter_node_bytes_per_s_per_gpu();
   const bool ep_intra = p.ep <= c.gpus_per_node;
   const double a2a_bw = ep_intra ? c.intra_node_bytes_per_s : inter_bw;
   const double a2a_alpha = ep_intra ? c.alpha_intra_s : c.alpha_inter_s;

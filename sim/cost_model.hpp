@@ -28,6 +28,8 @@ struct cluster_spec {
   // Measured or calibrated snapshot bandwidth per GPU (to host memory and r peers); 0: derive
   // it from host_device and inter_node bandwidths (snapshot_bandwidth_per_gpu).
   double snapshot_bytes_per_s = 0;
+  // A node's inter-node bandwidth shared by its GPUs.
+  double inter_node_bytes_per_s_per_gpu() const { return inter_node_bytes_per_s / gpus_per_node; }
 };
 
 struct plan_spec {

@@ -9,21 +9,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/require.hpp"
+
 namespace moevement::sim {
 namespace {
 
 constexpr int max_interval = 1'000'000;
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
-}
-
 double stage_state_bytes(const stage_costs& s) {
   return s.params * 12.0;  // FP32 master + Adam m and v; compute weights derive from the master
-}
-
-double per_gpu_inter_bw(const cluster_spec& c) {
-  return c.inter_node_bytes_per_s / c.gpus_per_node;
 }
 
 std::uint64_t splitmix64(std::uint64_t x) {
@@ -189,7 +183,8 @@ policy_model build_dense(policy_model m, const model_inputs& in, const iteration
   double persist = 0;
   if (p.kind == policy_kind::dense_memory) {
     // The failed node pulls its state from a peer; the others read their local copy.
-    load = std::max(per_gpu_state / per_gpu_inter_bw(c), per_gpu_state / c.host_device_bytes_per_s);
+    load = std::max(per_gpu_state / c.inter_node_bytes_per_s_per_gpu(),
+                    per_gpu_state / c.host_device_bytes_per_s);
   } else {
     persist = costs.total_params * 12.0 / c.storage_bytes_per_s;
     load = persist;
@@ -248,7 +243,7 @@ policy_model build_pec(policy_model m, const model_inputs& in, const iteration_c
     k = std::min(experts, 2 * k);
   }
   m.stall_s = m.pec_stall_s.front();
-  m.load_s = p.load_s >= 0 ? p.load_s : per_gpu_state / per_gpu_inter_bw(c);
+  m.load_s = p.load_s >= 0 ? p.load_s : per_gpu_state / c.inter_node_bytes_per_s_per_gpu();
   m.interval = p.pec_interval;
   return m;
 }
@@ -287,7 +282,7 @@ policy_model build_moevement(policy_model m, const model_inputs& in, const itera
     m.catch_up_s.push_back(
         local_replay_iteration_s(s, std::vector<bool>(n, true), costs.microbatches, in.constants));
     // The replacement GPUs pull the stage's persisted window from peers' host memory.
-    load = std::max(load, window_bytes / (s.gpus * per_gpu_inter_bw(c)));
+    load = std::max(load, window_bytes / (s.gpus * c.inter_node_bytes_per_s_per_gpu()));
   }
   m.snapshot_s = slot_s;
   m.persist_lag_s = p.persist_lag_s >= 0 ? p.persist_lag_s : slot_s;

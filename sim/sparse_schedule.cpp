@@ -9,7 +9,7 @@
 namespace moevement::sim {
 namespace {
 
-void require(bool ok, const char* what) {
+void require_schedule(bool ok, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("sparse schedule: ") + what);
 }
 
@@ -21,10 +21,10 @@ int ceil_div(std::size_t a, std::size_t b) {
 
 window_size find_window_size(std::size_t o_total, double t_iter_s, double s_compute,
                              double s_master, double s_optim, double bandwidth_bytes_per_s) {
-  require(o_total > 0, "no operators (O_total must be at least 1)");
-  require(t_iter_s > 0, "iteration time must be positive");
-  require(bandwidth_bytes_per_s > 0, "snapshot bandwidth must be positive");
-  require(s_compute >= 0 && s_master >= 0 && s_optim >= 0, "operator sizes must be >= 0");
+  require_schedule(o_total > 0, "no operators (O_total must be at least 1)");
+  require_schedule(t_iter_s > 0, "iteration time must be positive");
+  require_schedule(bandwidth_bytes_per_s > 0, "snapshot bandwidth must be positive");
+  require_schedule(s_compute >= 0 && s_master >= 0 && s_optim >= 0, "operator sizes must be >= 0");
   const auto size_for = [&](std::size_t active) {
     return (s_master + s_optim) * static_cast<double>(active) +
            s_compute * static_cast<double>(o_total - active);
@@ -62,9 +62,9 @@ double largest_slot(std::size_t n, std::size_t active, std::span<const double> p
 
 window_size find_window_size(std::span<const sparse_op> ordered, double t_iter_s,
                              double bandwidth_bytes_per_s) {
-  require(!ordered.empty(), "no operators (O_total must be at least 1)");
-  require(t_iter_s > 0, "iteration time must be positive");
-  require(bandwidth_bytes_per_s > 0, "snapshot bandwidth must be positive");
+  require_schedule(!ordered.empty(), "no operators (O_total must be at least 1)");
+  require_schedule(t_iter_s > 0, "iteration time must be positive");
+  require_schedule(bandwidth_bytes_per_s > 0, "snapshot bandwidth must be positive");
   const std::size_t n = ordered.size();
   std::vector<double> prefix_full(n + 1, 0.0), suffix_compute(n + 1, 0.0);
   for (std::size_t i = 0; i < n; ++i) {
@@ -99,22 +99,22 @@ std::vector<std::size_t> order_by_popularity(std::span<const sparse_op> ops) {
 }
 
 double time_decayed_popularity(double previous, double count_this_batch, double alpha) {
-  require(alpha >= 0 && alpha <= 1, "decay alpha must be in [0, 1]");
+  require_schedule(alpha >= 0 && alpha <= 1, "decay alpha must be in [0, 1]");
   return alpha * previous + (1 - alpha) * count_this_batch;
 }
 
 double capacity_normalized_popularity(double count, double capacity) {
-  require(capacity > 0, "expert capacity must be positive");
+  require_schedule(capacity > 0, "expert capacity must be positive");
   return count / capacity;
 }
 
 std::vector<schedule_slot> generate_schedule(std::span<const std::size_t> order, int w_sparse,
                                              int o_active) {
-  require(w_sparse >= 1, "W_sparse must be at least 1");
-  require(o_active >= 1, "O_active must be at least 1");
+  require_schedule(w_sparse >= 1, "W_sparse must be at least 1");
+  require_schedule(o_active >= 1, "O_active must be at least 1");
   const std::size_t n = order.size();
-  require(static_cast<std::size_t>(w_sparse) * static_cast<std::size_t>(o_active) >= n,
-          "W_sparse * O_active must cover every operator");
+  require_schedule(static_cast<std::size_t>(w_sparse) * static_cast<std::size_t>(o_active) >= n,
+                   "W_sparse * O_active must cover every operator");
   std::vector<schedule_slot> schedule;
   schedule.reserve(static_cast<std::size_t>(w_sparse));
   for (int i = 0; i < w_sparse; ++i) {
@@ -172,7 +172,8 @@ std::string check_schedule(std::span<const schedule_slot> schedule, std::size_t 
 }
 
 std::vector<bool> active_after_slot(std::span<const schedule_slot> schedule, std::size_t n, int j) {
-  require(j >= 0 && static_cast<std::size_t>(j) < schedule.size(), "slot index out of range");
+  require_schedule(j >= 0 && static_cast<std::size_t>(j) < schedule.size(),
+                   "slot index out of range");
   std::vector<bool> active(n, false);
   for (int s = 0; s <= j; ++s) {
     for (const auto i : schedule[static_cast<std::size_t>(s)].active) active.at(i) = true;
@@ -182,7 +183,8 @@ std::vector<bool> active_after_slot(std::span<const schedule_slot> schedule, std
 
 bool should_reorder(std::span<const double> old_popularity, std::span<const double> new_popularity,
                     reorder_thresholds thresholds) {
-  require(old_popularity.size() == new_popularity.size(), "popularity vectors differ in length");
+  require_schedule(old_popularity.size() == new_popularity.size(),
+                   "popularity vectors differ in length");
   if (old_popularity.empty()) return false;
   std::size_t changed = 0;
   for (std::size_t i = 0; i < old_popularity.size(); ++i) {

@@ -130,7 +130,7 @@ bool same_token(const std::string& a, const void* b, std::size_t b_len) {
   return diff == 0;
 }
 
-void check(ucs_status_t status, const std::string& what) {
+void check_status(ucs_status_t status, const std::string& what) {
   if (status != UCS_OK) {
     throw std::runtime_error(fmt::format("{} failed: {} (see docs/transport.md for UCX settings)",
                                          what, ucs_status_string(status)));
@@ -449,7 +449,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
       p.flags = UCP_AM_FLAG_WHOLE_MSG;
       p.cb = &on_am;
       p.arg = new_am_arg(id);
-      check(ucp_worker_set_am_recv_handler(worker.handle(), &p), "ucp_worker_set_am_recv_handler");
+      check_status(ucp_worker_set_am_recv_handler(worker.handle(), &p),
+                   "ucp_worker_set_am_recv_handler");
     }
     socklen_t len = 0;
     sockaddr_storage ss = resolve(opt.listen_host, opt.listen_port, len);
@@ -459,11 +460,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
     lp.sockaddr.addrlen = len;
     lp.conn_handler.cb = &on_conn_request;
     lp.conn_handler.arg = this;
-    check(ucp_listener_create(worker.handle(), &lp, &listener),
-          fmt::format("listening on {}:{}", opt.listen_host, opt.listen_port));
+    check_status(ucp_listener_create(worker.handle(), &lp, &listener),
+                 fmt::format("listening on {}:{}", opt.listen_host, opt.listen_port));
     ucp_listener_attr_t attr{};
     attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    check(ucp_listener_query(listener, &attr), "ucp_listener_query");
+    check_status(ucp_listener_query(listener, &attr), "ucp_listener_query");
     if (attr.sockaddr.ss_family == AF_INET) {
       port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
     } else {
@@ -2146,7 +2147,8 @@ bulk_region ucx_link::export_region(std::span<std::byte> memory) {
   p.length = memory.size();
   auto r = std::make_shared<detail::region_record>();
   r->context = s.bulk_context.handle();
-  detail::check(ucp_mem_map(s.bulk_context.handle(), &p, &r->memh), "ucp_mem_map (export_region)");
+  detail::check_status(ucp_mem_map(s.bulk_context.handle(), &p, &r->memh),
+                       "ucp_mem_map (export_region)");
   r->base = memory.data();
   r->length = memory.size();
   void* packed = nullptr;
@@ -2173,11 +2175,11 @@ bulk_region ucx_link::allocate_region(std::size_t bytes) {
   p.flags = UCP_MEM_MAP_ALLOCATE;
   auto r = std::make_shared<detail::region_record>();
   r->context = s.bulk_context.handle();
-  detail::check(ucp_mem_map(s.bulk_context.handle(), &p, &r->memh),
-                "ucp_mem_map (allocate_region)");
+  detail::check_status(ucp_mem_map(s.bulk_context.handle(), &p, &r->memh),
+                       "ucp_mem_map (allocate_region)");
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-  detail::check(ucp_mem_query(r->memh, &attr), "ucp_mem_query");
+  detail::check_status(ucp_mem_query(r->memh, &attr), "ucp_mem_query");
   r->base = static_cast<std::byte*>(attr.address);
   r->length = bytes;
   r->allocated = true;

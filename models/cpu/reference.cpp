@@ -157,7 +157,7 @@ vec attention_backward(const vec& dy, const vec& qkv, int b, int t, int c, int n
 }
 
 namespace {
-double gelu1(double v) {
+double gelu1_f64(double v) {
   const double s = std::sqrt(2.0 / M_PI);
   return 0.5 * v * (1.0 + std::tanh(s * (v + 0.044715 * v * v * v)));
 }
@@ -165,7 +165,7 @@ double gelu1(double v) {
 
 vec gelu(const vec& x) {
   vec y(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = gelu1(x[i]);
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = gelu1_f64(x[i]);
   return y;
 }
 

@@ -3,16 +3,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "models/cuda/check.hpp"
 #include "models/cuda/device.hpp"
 
 namespace moevement::models::cuda {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-  }
-}
 
 // One thread per element; no atomics, so the result is bitwise reproducible.
 __global__ void saxpy_kernel(int n, float a, const float* x, float* y) {

@@ -14,19 +14,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "models/cuda/check.hpp"
 #include "models/cuda/kernels.hpp"
 
 namespace moevement::models::cuda {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
-  }
-}
 
 constexpr std::size_t workspace_bytes = 32u << 20;  // fixed cuBLAS workspace per context
 constexpr int block = 256;

@@ -63,6 +63,11 @@ class device_array {
   std::size_t n_ = 0;
 };
 
+using float_buffer = std::unique_ptr<device_array<float>>;
+inline float_buffer make_float_buffer(context& ctx, std::size_t n) {
+  return std::make_unique<device_array<float>>(ctx, n);
+}
+
 void matmul_forward(context& ctx, float* out, const float* x, const float* w, int n, int in,
                     int out_dim);
 void matmul_backward(context& ctx, float* dx, float* dw, const float* dout, const float* x,

@@ -8,12 +8,8 @@
 namespace moevement::models::cuda {
 namespace {
 
-using buffer = std::unique_ptr<device_array<float>>;
+using buffer = float_buffer;
 using index_buffer = std::unique_ptr<device_array<std::int32_t>>;
-
-buffer make(context& ctx, std::size_t n) {
-  return std::make_unique<device_array<float>>(ctx, n);
-}
 
 // An owned operator on the device: its compute weights (fp32 values of the compute dtype) and
 // its accumulated gradient, laid out as operator_state lays out its parameters.
@@ -62,8 +58,8 @@ struct stage::impl {
     for (std::size_t i = r.first_op; i < r.last_op; ++i) {
       const auto& op = m.ops()[i];
       device_operator d;
-      d.weights = make(ctx, std::size_t(op.numel()));
-      d.grad = make(ctx, std::size_t(op.numel()));
+      d.weights = make_float_buffer(ctx, std::size_t(op.numel()));
+      d.grad = make_float_buffer(ctx, std::size_t(op.numel()));
       fill_zero(ctx, d.grad->data(), d.grad->size() * sizeof(float));
       ops.push_back(std::move(d));
     }
@@ -71,23 +67,23 @@ struct stage::impl {
     const std::size_t c0 = cfg.d_model, f = cfg.d_ff, e = cfg.experts, v = cfg.vocab;
     const std::size_t nc = std::size_t(n) * c0, rows = std::size_t(nk);
     const std::size_t wide = std::max(rows * f, nc);
-    d_a = make(ctx, wide);
-    d_b = make(ctx, wide);
-    d_c = make(ctx, nc);
-    d_h = make(ctx, nc);
-    d_qkv = make(ctx, 3 * nc);
-    d_att = make(ctx, std::size_t(b) * cfg.heads * t * t);
-    d_weight = make(ctx, std::size_t(n) * cfg.top_k);
-    d_logits = make(ctx, std::size_t(n) * e);
-    d_ye = make(ctx, rows * c0);
-    d_xs = make(ctx, rows * c0);
-    d_cur = make(ctx, nc);
-    d_next = make(ctx, nc);
+    d_a = make_float_buffer(ctx, wide);
+    d_b = make_float_buffer(ctx, wide);
+    d_c = make_float_buffer(ctx, nc);
+    d_h = make_float_buffer(ctx, nc);
+    d_qkv = make_float_buffer(ctx, 3 * nc);
+    d_att = make_float_buffer(ctx, std::size_t(b) * cfg.heads * t * t);
+    d_weight = make_float_buffer(ctx, std::size_t(n) * cfg.top_k);
+    d_logits = make_float_buffer(ctx, std::size_t(n) * e);
+    d_ye = make_float_buffer(ctx, rows * c0);
+    d_xs = make_float_buffer(ctx, rows * c0);
+    d_cur = make_float_buffer(ctx, nc);
+    d_next = make_float_buffer(ctx, nc);
     if (r.has_head) {
-      d_head = make(ctx, std::size_t(n) * v);
-      d_nf = make(ctx, nc);
-      logits = make(ctx, std::size_t(n) * v);
-      losses = make(ctx, n);
+      d_head = make_float_buffer(ctx, std::size_t(n) * v);
+      d_nf = make_float_buffer(ctx, nc);
+      logits = make_float_buffer(ctx, std::size_t(n) * v);
+      losses = make_float_buffer(ctx, n);
       host_losses.resize(n);
     }
   }
@@ -111,26 +107,26 @@ struct stage::impl {
     c.targets = std::make_unique<device_array<std::int32_t>>(ctx, n);
     c.layers.resize(std::size_t(range.last_layer - range.first_layer));
     for (auto& l : c.layers) {
-      l.x = make(ctx, nc);
-      l.n1 = make(ctx, nc);
-      l.rstd1 = make(ctx, n);
-      l.qkv = make(ctx, 3 * nc);
-      l.att = make(ctx, std::size_t(b) * cfg.heads * t * t);
-      l.yatt = make(ctx, nc);
-      l.h = make(ctx, nc);
-      l.n2 = make(ctx, nc);
-      l.rstd2 = make(ctx, n);
-      l.glogits = make(ctx, std::size_t(n) * e);
-      l.xs = make(ctx, rows * c0);
-      l.hpre = make(ctx, rows * f);
-      l.act = make(ctx, rows * f);
-      l.ye = make(ctx, rows * c0);
+      l.x = make_float_buffer(ctx, nc);
+      l.n1 = make_float_buffer(ctx, nc);
+      l.rstd1 = make_float_buffer(ctx, n);
+      l.qkv = make_float_buffer(ctx, 3 * nc);
+      l.att = make_float_buffer(ctx, std::size_t(b) * cfg.heads * t * t);
+      l.yatt = make_float_buffer(ctx, nc);
+      l.h = make_float_buffer(ctx, nc);
+      l.n2 = make_float_buffer(ctx, nc);
+      l.rstd2 = make_float_buffer(ctx, n);
+      l.glogits = make_float_buffer(ctx, std::size_t(n) * e);
+      l.xs = make_float_buffer(ctx, rows * c0);
+      l.hpre = make_float_buffer(ctx, rows * f);
+      l.act = make_float_buffer(ctx, rows * f);
+      l.ye = make_float_buffer(ctx, rows * c0);
     }
-    c.out = make(ctx, nc);
+    c.out = make_float_buffer(ctx, nc);
     if (range.has_head) {
-      c.nf = make(ctx, nc);
-      c.rstdf = make(ctx, n);
-      c.probs = make(ctx, std::size_t(n) * cfg.vocab);
+      c.nf = make_float_buffer(ctx, nc);
+      c.rstdf = make_float_buffer(ctx, n);
+      c.probs = make_float_buffer(ctx, std::size_t(n) * cfg.vocab);
     }
   }
 
@@ -438,11 +434,11 @@ void stage::step(const step_plan& plan, const adamw_config& cfg, bool grads_from
     if (op.mode() != op_mode::active) continue;
     const std::size_t bytes = std::size_t(op.numel()) * sizeof(float);
     if (!d.master) {
-      d.master = make(s.ctx, std::size_t(op.numel()));
-      d.m = make(s.ctx, std::size_t(op.numel()));
-      d.v = make(s.ctx, std::size_t(op.numel()));
+      d.master = make_float_buffer(s.ctx, std::size_t(op.numel()));
+      d.m = make_float_buffer(s.ctx, std::size_t(op.numel()));
+      d.v = make_float_buffer(s.ctx, std::size_t(op.numel()));
       // compute bytes (2 or 4 per element) in a float buffer: numel floats always suffice
-      d.compute = make(s.ctx, std::size_t(op.numel()));
+      d.compute = make_float_buffer(s.ctx, std::size_t(op.numel()));
     }
     if (!s.device_current) {  // the host's state is the current one: it goes up first
       copy_to_device(s.ctx, d.master->data(), op.master().data(), bytes);

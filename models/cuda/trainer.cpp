@@ -11,11 +11,7 @@
 namespace moevement::models::cuda {
 namespace {
 
-using buffer = std::unique_ptr<device_array<float>>;
-
-buffer make(context& ctx, std::size_t n) {
-  return std::make_unique<device_array<float>>(ctx, n);
-}
+using buffer = float_buffer;
 
 // An operator's optimizer state on the device; its compute weights and gradient are the
 // stage's, its step is kept by the host operator_state.
@@ -53,9 +49,9 @@ struct trainer::impl {
       const auto& op = model.ops()[i];
       const auto numel = std::size_t(op.numel());
       optimizer_state d;
-      d.master = make(ctx, numel);
-      d.m = make(ctx, numel);
-      d.v = make(ctx, numel);
+      d.master = make_float_buffer(ctx, numel);
+      d.m = make_float_buffer(ctx, numel);
+      d.v = make_float_buffer(ctx, numel);
       copy_to_device(ctx, d.master->data(), op.master().data(), numel * sizeof(float));
       copy_to_device(ctx, d.m->data(), op.adam_m().data(), numel * sizeof(float));
       copy_to_device(ctx, d.v->data(), op.adam_v().data(), numel * sizeof(float));
@@ -91,7 +87,8 @@ iteration_stats trainer::train_iteration() {
   const float loss_grad = s.scaler.scale / float(m * dp);
   const std::size_t nops = s.ops.size();
   if (dp > 1 && s.replica_sum.empty()) {
-    for (std::size_t i = 0; i < nops; ++i) s.replica_sum.push_back(make(s.ctx, s.grad_sizes[i]));
+    for (std::size_t i = 0; i < nops; ++i)
+      s.replica_sum.push_back(make_float_buffer(s.ctx, s.grad_sizes[i]));
   }
   for (int d = 0; d < dp; ++d) {
     s.body.zero_grads();
