@@ -98,7 +98,9 @@ awaitable<void> supervisor::on_exit(actor_ref who, exit_reason why) {
   const bool wanted =
       restart == restart_type::permanent || (restart == restart_type::transient && why.abnormal());
   if (!wanted) {
+    const std::string id = children_[i].spec.id;
     if (restart == restart_type::temporary) children_.erase(children_.begin() + i);
+    co_await child_ended(id, who, why);
     co_return;
   }
   if (!note_restart()) {
@@ -159,7 +161,20 @@ void supervisor::on_stop(const exit_reason&) {
   }
 }
 
+supervisor::adoption::~adoption() {
+  if (done) return;
+  asio::post(sys.io(), [s = &sys, c = child] {
+    s->stop(c, exit_reason::shutdown("its supervisor stopped before it recorded it"));
+  });
+}
+
+awaitable<void> supervisor::adopt(child_spec spec, actor_ref ref) {
+  children_.push_back({std::move(spec), ref});
+  co_return;
+}
+
 awaitable<void> supervisor::grow_now(std::vector<child_spec> more, bool counts_as_restart) {
+  const std::size_t first_new = children_.size();
   for (auto& s : more) children_.push_back({std::move(s), {}});
   if (counts_as_restart && !note_restart()) {
     exit_reason why{
@@ -171,6 +186,11 @@ awaitable<void> supervisor::grow_now(std::vector<child_spec> more, bool counts_a
             std::chrono::duration_cast<std::chrono::milliseconds>(intensity_.period).count(),
             children_.size())};
     co_await give_up(std::move(why));
+    co_return;
+  }
+  if (strategy_ == strategy::one_for_one) {
+    // Independent children: only the new ones start.
+    co_await start_range(first_new);
     co_return;
   }
   co_await stop_range(0);

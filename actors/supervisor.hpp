@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,6 +74,14 @@ class supervisor : public actor {
   // the restart intensity like a child's restart (past it, the supervisor gives up).
   static result<void> grow(actor_system& sys, actor_ref supervisor_ref,
                            std::vector<child_spec> more, bool counts_as_restart = false);
+  // Starts a child of type A, built from copies of `args`, on this node under the running local
+  // supervisor `supervisor_ref`, and returns its ref: spawned and linked before this returns,
+  // so its exit cannot be missed (the supervisor records it in its next turn, before any exit
+  // of it). For children whose ref the caller needs at once (a restarted child has a new one:
+  // which_children). Under one_for_one, no other child is touched.
+  template <class A, class... Args>
+  static result<actor_ref> start_local(actor_system& sys, actor_ref supervisor_ref, std::string id,
+                                       restart_type restart, Args... args);
   // The children and their current refs (actor 0 when not running), in start order.
   static awaitable<result<std::vector<std::pair<std::string, actor_ref>>>> which_children(
       actor_system& sys, actor_ref supervisor_ref, clock::duration timeout);
@@ -87,6 +96,12 @@ class supervisor : public actor {
   // ones to restart were stopped: a subclass prepares what their start functions read (say,
   // where each runs now). An error makes the supervisor give up with it.
   virtual awaitable<result<void>> before_start() { co_return result<void>{}; }
+  // A child ended and is not restarted (temporary, or transient after a normal exit): the
+  // subclass's strategy for it (say, report an abnormal end upwards). The default does nothing.
+  virtual awaitable<void> child_ended(const std::string& /*id*/, actor_ref /*who*/,
+                                      const exit_reason& /*why*/) {
+    co_return;
+  }
   // A child that fails to start is tried again, with the others (before_start first),
   // counted as a restart; off (the default), the supervisor gives up at once.
   void retry_failed_starts(bool on) { retry_failed_starts_ = on; }
@@ -96,9 +111,19 @@ class supervisor : public actor {
     child_spec spec;
     actor_ref ref;
   };
+  // A start_local child until the supervisor records it: stopped (in a later turn of the
+  // io_context) if the supervisor never does.
+  struct adoption {
+    adoption(actor_system& s, actor_ref c) : sys(s), child(c) {}
+    ~adoption();
+    actor_system& sys;
+    actor_ref child;
+    bool done = false;
+  };
   awaitable<void> on_grow(proto::GrowChildren::Reader m, proto::Ack::Builder);
   awaitable<void> on_list(proto::ListChildren::Reader, proto::ChildList::Builder out);
   awaitable<void> grow_now(std::vector<child_spec> more, bool counts_as_restart);
+  awaitable<void> adopt(child_spec spec, actor_ref ref);
   // Starts children [from, end) in order; false (and the supervisor quits) if one fails.
   awaitable<bool> start_range(std::size_t from);
   // Stops children [from, end) in reverse order and waits for each.
@@ -113,5 +138,24 @@ class supervisor : public actor {
   std::vector<actor_ref> retired_;  // children we stopped on purpose: their exits are ignored
   bool retry_failed_starts_ = false;
 };
+
+template <class A, class... Args>
+result<actor_ref> supervisor::start_local(actor_system& sys, actor_ref supervisor_ref,
+                                          std::string id, restart_type restart, Args... args) {
+  if (!sys.alive(supervisor_ref)) {
+    return error{"start_local: the supervisor " + supervisor_ref.to_string() + " is not running"};
+  }
+  const actor_ref child = sys.spawn<A>(args...).ref;
+  sys.link(supervisor_ref, child);
+  auto spec = child_spec::local<A>(std::move(id), restart, std::move(args)...);
+  // The mailbox is FIFO: this turn comes before any exit of the child. Should the supervisor
+  // stop first, the turn is dropped unrun, and the guard stops the child instead.
+  auto guard = std::make_shared<adoption>(sys, child);
+  (void)sys.post_call(supervisor_ref, [spec = std::move(spec), guard](actor& a) mutable {
+    guard->done = true;
+    return static_cast<supervisor&>(a).adopt(std::move(spec), guard->child);
+  });
+  return child;
+}
 
 }  // namespace moevement::actors

@@ -154,6 +154,18 @@ struct interface {
   using reply_of = typename detail::find_reply<Req, Entries...>::type;
 };
 
+// A subclass actor's interface: its base's entries and more (say, a custom stage actor that
+// takes the engine's protocol and messages of its own). The base's handlers stay registered
+// under the base's interface.
+template <class Base, class... More>
+struct extend_interface;
+template <class... Entries, class... More>
+struct extend_interface<interface<Entries...>, More...> {
+  using type = interface<Entries..., More...>;
+};
+template <class Base, class... More>
+using extended = typename extend_interface<Base, More...>::type;
+
 // ---- messages --------------------------------------------------------------------------------
 
 // Replies carry this bit in their correlation id; requests never do.
@@ -400,6 +412,14 @@ class actor_system {
   void on_membership(std::function<void(node_id, member_event)> fn) {
     membership_fn_ = std::move(fn);
   }
+  // The caller knows the process behind member `peer` is gone (a launcher saw it exit): it is
+  // declared lost now, on the head with the verdict sent to every member. (A failed connection
+  // alone is redialled first: see on_peer_lost.)
+  void lose_member(node_id peer, const std::string& detail);
+  // Where member `peer` listens: the head learns its workers' addresses so that it can redial
+  // one whose connection failed (a member that dialled us is reachable without it, but then
+  // only it can reconnect, and a failed connection to it is a verdict at once).
+  void add_peer_address(node_id peer, const std::string& host, std::uint16_t port);
   // Why a node was declared lost (the transport's detail, the heartbeat silence, or the
   // head's verdict); empty if it was not.
   std::string why_lost(node_id n) const {
@@ -570,7 +590,8 @@ class actor_system {
   std::map<node_id, member> members_;
   std::map<node_id, std::uint32_t> lost_;  // node -> the incarnation that was lost
   std::map<node_id, std::string> lost_why_;
-  std::set<node_id> fenced_;  // lost, not by goodbye: nothing from it is read
+  std::set<node_id> fenced_;     // lost, not by goodbye: nothing from it is read
+  std::set<node_id> redialled_;  // members redialled after a failed connection, not heard since
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;

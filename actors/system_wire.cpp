@@ -275,17 +275,32 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
   const bool clean = why == transport::peer_loss::goodbye;
   auto m = members_.find(peer);
   if (m == members_.end() && lost_.contains(peer)) return;  // declared already
-  // Off the head, a failed connection to a live-looking member is no verdict: redial it and
-  // let the heartbeats decide (silence is reported to the head, whose verdict comes back).
-  if (!clean && node_ != config_.head && peer != config_.head && m != members_.end() &&
-      !shut_down_) {
-    // Asks to it stand: their requests and replies are kept and sent again by the link, so
-    // they end with their reply, their deadline, or the head's verdict.
-    ++stats_.reconnects;
-    link_.revive(peer);
-    return;
+  // A failed connection to a live-looking member is no verdict by itself (a reset, a
+  // transport's timeout on a slow link): it is redialled. Asks to it stand: their requests and
+  // replies are kept and sent again by the link, so they end with their reply, their deadline,
+  // or a verdict. Where this node's verdict counts (the head on any member, a member on the
+  // head), a redial that the peer refuses before it is heard again is one: nothing listens
+  // there any more. Elsewhere the heartbeats decide (silence is reported to the head).
+  if (!clean && m != members_.end() && !shut_down_) {
+    const bool judges = node_ == config_.head || peer == config_.head;
+    const bool redial_refused = why == transport::peer_loss::refused && redialled_.contains(peer);
+    // (Where we cannot dial it, only its own redial could tell: the failure is the verdict.)
+    if (!judges || (!redial_refused && link_.can_dial(peer))) {
+      redialled_.insert(peer);
+      ++stats_.reconnects;
+      link_.revive(peer);
+      return;
+    }
   }
   declare_lost(peer, clean, detail);
+}
+
+void actor_system::lose_member(node_id peer, const std::string& detail) {
+  declare_lost(peer, false, detail);
+}
+
+void actor_system::add_peer_address(node_id peer, const std::string& host, std::uint16_t port) {
+  if (peer != node_ && !host.empty() && port != 0) link_.add_peer(peer, host, port);
 }
 
 void actor_system::fail_pending_to(node_id peer, const std::string& why) {
@@ -301,6 +316,7 @@ void actor_system::fail_pending_to(node_id peer, const std::string& why) {
 void actor_system::declare_lost(node_id peer, bool clean, const std::string& detail) {
   auto m = members_.find(peer);
   if (m == members_.end() && lost_.contains(peer)) return;  // declared already
+  redialled_.erase(peer);
   const std::uint32_t incarnation = m != members_.end() ? m->second.incarnation : 0;
   lost_[peer] = incarnation;
   lost_why_[peer] = detail.substr(0, 300);
@@ -385,6 +401,7 @@ void actor_system::heard(node_id from) {
   if (it == members_.end()) return;
   it->second.last_heard = now();
   it->second.heard = true;
+  redialled_.erase(from);                               // a redial (if any) reached it
   if (it->second.suspected && node_ != config_.head) {  // back: the head withdraws the report
     it->second.suspected = false;
     report_to_head(from, false, {});

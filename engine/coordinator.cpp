@@ -50,11 +50,12 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   on<wire::WindowReplicated>(&coordinator::window_replicated);
   on<wire::DurableWritten>(&coordinator::durable_written);
   on<wire::RegionRestart, wire::RegionMembers>(&coordinator::region_restart);
+  on<wire::RegionEscalated>(&coordinator::region_escalated);
   if (recovery) recovery_ = recovery(*this);
 }
 
 awaitable<void> coordinator::on_start() {
-  trap_exit(true);  // region supervisors' exits come as messages (on_exit): the job decides
+  trap_exit(true);  // the recovery tree's root is linked: its end comes as a message (on_exit)
   system().on_membership([this](transport::node_id n, actors::member_event e) {
     if (e == actors::member_event::up) return;
     if (e == actors::member_event::goodbye) {
@@ -166,6 +167,9 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
     w.replica = idx / job_.pp;
   }
   workers_[n] = w;
+  // So that a failed connection to it is redialled from here too: a reset costs no recovery,
+  // and a dead worker refuses the redial (docs/actors.md "Only the head declares").
+  system().add_peer_address(n, w.host, w.port);
   if (log_ != nullptr) {
     log_->write(json_record{}
                     .add("kind", "event")

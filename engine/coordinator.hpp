@@ -97,7 +97,8 @@ class coordinator : public actors::actor, private head_control {
                         actors::tell_t<wire::StageFailed>, actors::tell_t<wire::ValLoss>,
                         actors::tell_t<wire::WindowReplicated>,
                         actors::tell_t<wire::DurableWritten>,
-                        actors::ask_t<wire::RegionRestart, wire::RegionMembers>>;
+                        actors::ask_t<wire::RegionRestart, wire::RegionMembers>,
+                        actors::tell_t<wire::RegionEscalated>>;
   static constexpr const char* registered_name = "moevement.coordinator";
   // An ordinary ask to the stages (wiring, abort, digests).
   static constexpr auto ask_timeout = std::chrono::seconds(30);
@@ -136,8 +137,7 @@ class coordinator : public actors::actor, private head_control {
   asio::awaitable<void> on_start() override;
   void on_stop(const actors::exit_reason& why) override;
   asio::awaitable<void> on_down(actors::actor_ref who, actors::exit_reason why) override;
-  // A region supervisor gave up (past its restart intensity, or it could not start its
-  // children): the recovery's strategy decides (head_recovery::exited).
+  // The recovery tree's job supervisor (linked) ended: abnormally, the job stops.
   asio::awaitable<void> on_exit(actors::actor_ref who, actors::exit_reason why) override;
 
  private:
@@ -193,6 +193,8 @@ class coordinator : public actors::actor, private head_control {
   // A region supervisor asks for its region's next generation: the recovery's to answer.
   asio::awaitable<void> region_restart(wire::RegionRestart::Reader m,
                                        wire::RegionMembers::Builder out);
+  // The job supervisor reports a region supervisor that gave up: the recovery's to decide.
+  asio::awaitable<void> region_escalated(wire::RegionEscalated::Reader m);
   bool recovering() const { return recovery_ && recovery_->active(); }
   bool replicates() const { return recovery_ && recovery_->replicates(); }
 

@@ -185,7 +185,14 @@ awaitable<void> coordinator::recovered(const recovery_done& done) {
 }
 
 awaitable<void> coordinator::on_exit(actor_ref who, actors::exit_reason why) {
-  if (recovery_ && !finished_) co_await recovery_->exited(who, why);
+  if (!recovery_ || finished_ || !why.abnormal() || who != recovery_->tree_root()) co_return;
+  fail("the recovery tree's job supervisor stopped (" + why.to_string() + "); the job stops");
+}
+
+awaitable<void> coordinator::region_escalated(wire::RegionEscalated::Reader m) {
+  if (!recovery_ || finished_) co_return;
+  std::string reason = m.getReason();
+  co_await recovery_->escalated(m.getRegion(), std::move(reason));
 }
 
 awaitable<void> coordinator::region_restart(wire::RegionRestart::Reader m,

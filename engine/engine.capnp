@@ -308,7 +308,7 @@ struct Restore {
   group @17 :List(Address);
 }
 
-# ---- the recovery tree (engine/region_supervisor.hpp)
+# ---- the recovery tree (recovery/job_supervisor.hpp, recovery/region_supervisor.hpp)
 
 # A region's supervisor -> the coordinator, before it starts its children (the first time,
 # after a member's worker was lost, after the region grew): begin a new generation of region
@@ -320,6 +320,14 @@ struct RegionRestart {
 struct RegionMembers {
   nodes @0 :List(UInt32);  # [member] its worker, in the order the region's children start
   error @1 :Text;          # non-empty: the region cannot go on (no spare left, job ended)
+}
+
+# The job supervisor (recovery/job_supervisor.hpp) -> the coordinator: region `region`'s
+# supervisor gave up (past checkpoint.region_restarts, or it could not start its children);
+# the job's strategy decides (the durable tier's rollback of the whole job, or the job stops).
+struct RegionEscalated {
+  region @0 :UInt64;
+  reason @1 :Text;  # the region supervisor's exit reason
 }
 
 # Coordinator -> a worker's group exchange (the policy's, engine/checkpoint.hpp

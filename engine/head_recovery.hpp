@@ -3,7 +3,7 @@
 // way of recovering: regions under supervisors for policy moevement, the global rollback for
 // the baselines); policy none has none. The coordinator hands its head_recovery, in the
 // coordinator's own turns, every loss of a stage's worker, every report of a worker the
-// recovery put to work, and its region supervisors' asks and exits. The recovery drives the
+// recovery put to work, and its region supervisors' asks and escalations. The recovery drives the
 // job back through head_control, which the coordinator implements: the coordinator keeps
 // admission, wiring, iterations, pause/abort/resume and the accounting, and holds no recovery
 // state of its own.
@@ -151,13 +151,19 @@ class head_recovery {
   virtual asio::awaitable<void> restore_failed(const std::string& message, bool snapshot_lost) = 0;
   // Its stage is back (the coordinator has recorded its actors).
   virtual asio::awaitable<void> restored(transport::node_id n, wire::StageReady::Reader m) = 0;
-  // A region supervisor's ask for its region's next generation, and its exit.
+  // A region supervisor's ask for its region's next generation.
   virtual asio::awaitable<void> region_restart(wire::RegionRestart::Reader,
                                                wire::RegionMembers::Builder out) {
     out.setError("this job recovers no region");
     co_return;
   }
-  virtual asio::awaitable<void> exited(actors::actor_ref, actors::exit_reason) { co_return; }
+  // The recovery tree's root (its job supervisor, linked to the coordinator; invalid while
+  // there is none), and a region supervisor that gave up, as the job supervisor reports it:
+  // the job's strategy applies.
+  virtual actors::actor_ref tree_root() const { return {}; }
+  virtual asio::awaitable<void> escalated(std::uint64_t /*region*/, std::string /*reason*/) {
+    co_return;
+  }
   // --resume: every stage restores from the durable tier, as the journal says (the coordinator
   // has taken its state from p already).
   virtual asio::awaitable<void> resume(const resume_point& p) = 0;

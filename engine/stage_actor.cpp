@@ -96,6 +96,10 @@ stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, 
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
 }
 
+stage_actor::stage_actor(stage_actor_args args)
+    : stage_actor(std::move(args.setup), std::move(args.model), *args.io, args.coordinator,
+                  std::move(args.hooks), std::move(args.faults)) {}
+
 stage_actor::~stage_actor() {
   stop_sum_ = true;  // a sum waiting on a peer returns (aborted): the compute thread joins
   pool_.join();
@@ -108,6 +112,10 @@ awaitable<void> stage_actor::compute(F&& fn) {
     co_return;
   };
   co_await asio::co_spawn(pool_.get_executor(), std::move(task), asio::use_awaitable);
+}
+
+awaitable<void> stage_actor::on_compute_thread(std::function<void()> fn) {
+  co_await compute(fn);
 }
 
 void stage_actor::fail(const std::string& what) {

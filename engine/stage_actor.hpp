@@ -4,6 +4,10 @@
 // stage in replica order, the optimizer step the coordinator planned, the hooks of a
 // checkpoint policy, validation on replica 0, and its operators' digests.
 //
+// A custom stage type may subclass it (stage_registry::add_actor): the subclass takes
+// messages of its own beside these (its interface: actors::extended<stage_actor::interface,
+// ...>) and reaches its model on the compute thread (on_compute_thread).
+//
 // Message-driven: every handler does what the inputs it has allow, then returns, so that a
 // neighbour's tensor arriving while this stage computes simply waits in the mailbox. The
 // computation itself runs on the actor's own compute thread (awaited), so the node's
@@ -15,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,6 +29,7 @@
 #include "engine/hooks.hpp"
 #include "engine/schedule.hpp"
 #include "engine/stage_model.hpp"
+#include "engine/stage_registry.hpp"
 
 namespace moevement::engine {
 
@@ -43,10 +49,20 @@ class stage_actor : public actors::actor {
   stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
               actors::actor_ref coordinator, std::unique_ptr<stage_hooks> hooks,
               fault_hook faults = {});
+  explicit stage_actor(stage_actor_args args);
   ~stage_actor() override;
 
   // Messages dropped as stale (an aborted epoch) or refused as malformed.
   std::uint64_t dropped() const { return dropped_; }
+
+ protected:
+  // For a subclass's own handlers. The model is the compute thread's: read or change it only
+  // inside on_compute_thread, which runs fn there between the engine's own work (in order
+  // with it) and waits. fn must not touch the subclass's members past the call's end.
+  const stage_setup& setup() const { return setup_; }
+  stage_model& model() { return *model_; }
+  std::int64_t iteration() const { return iteration_; }  // the current or last one
+  asio::awaitable<void> on_compute_thread(std::function<void()> fn);
 
  private:
   enum class phase : std::uint8_t {

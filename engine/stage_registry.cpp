@@ -10,18 +10,26 @@ stage_registry stage_registry::with_builtins() {
   return r;
 }
 
-void stage_registry::add(const std::string& name, stage_factory factory) {
+void stage_registry::add(const std::string& name, stage_factory factory, stage_spawner spawner) {
   if (name.empty() ||
       name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
     throw std::invalid_argument("stage type name '" + name +
                                 "' must be lower-case letters, digits and _");
   }
-  if (!types_.emplace(name, std::move(factory)).second) {
+  if (!types_.emplace(name, stage_type{std::move(factory), std::move(spawner)}).second) {
     throw std::invalid_argument("stage type '" + name + "' is already registered");
   }
 }
 
 const stage_factory& stage_registry::find(const std::string& name) const {
+  return type(name).model;
+}
+
+const stage_spawner& stage_registry::spawner(const std::string& name) const {
+  return type(name).spawn;
+}
+
+const stage_registry::stage_type& stage_registry::type(const std::string& name) const {
   auto it = types_.find(name);
   if (it == types_.end()) {
     std::string known;

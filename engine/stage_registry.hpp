@@ -1,7 +1,8 @@
 // Stage types by name: the config's `engine.stage` selects one. The built-in "moe" is the MoE
 // transformer (make_moe_stage); a program with custom stages builds a registry with its own
-// types added and hands it to the launcher (examples/custom_stage). No global registry: the
-// worker processes are the same program, so they build the same one.
+// types added and hands it to the launcher (examples/custom_stage); a custom type may bring its
+// own stage actor class too (add_actor). No global registry: the worker processes are the same
+// program, so they build the same one.
 #pragma once
 
 #include <functional>
@@ -10,25 +11,63 @@
 #include <string>
 #include <vector>
 
+#include "actors/actor_ref.hpp"
+#include "engine/hooks.hpp"
 #include "engine/stage_model.hpp"
+
+namespace moevement::actors {
+class actor_system;
+}
 
 namespace moevement::engine {
 
+class bulk_io;
+
 using stage_factory = std::function<std::unique_ptr<stage_model>(const stage_setup&)>;
+
+// What a stage actor is built from (the worker's agent hands it to the stage type's spawner).
+// A custom stage actor's constructor takes it and hands it on to engine::stage_actor's.
+struct stage_actor_args {
+  stage_setup setup;
+  std::unique_ptr<stage_model> model;
+  bulk_io* io = nullptr;  // the worker's, outlives the actor
+  actors::actor_ref coordinator;
+  std::unique_ptr<stage_hooks> hooks;  // null: policy none
+  fault_hook faults;                   // empty: no failure injection
+};
+// Spawns a stage type's stage actor and returns its ref; empty: engine::stage_actor itself.
+using stage_spawner = std::function<actors::actor_ref(actors::actor_system&, stage_actor_args&&)>;
 
 class stage_registry {
  public:
   // With the built-in types ("moe").
   static stage_registry with_builtins();
 
-  // Throws std::invalid_argument when the name is taken or not [a-z0-9_]+.
-  void add(const std::string& name, stage_factory factory);
+  // Throws std::invalid_argument when the name is taken or not [a-z0-9_]+. spawner: how its
+  // stage actor is made (empty: engine::stage_actor).
+  void add(const std::string& name, stage_factory factory, stage_spawner spawner = {});
+  // A stage type whose stage actor is a class of its own: A derives from engine::stage_actor
+  // and is constructed from stage_actor_args, and may take messages of its own beside the
+  // engine's protocol (docs/custom-stages.md). Include engine/stage_actor.hpp where it is
+  // called.
+  template <class A>
+  void add_actor(const std::string& name, stage_factory factory) {
+    add(name, std::move(factory), [](auto& system, stage_actor_args&& args) {
+      return system.template spawn<A>(std::move(args)).ref;
+    });
+  }
   // Throws models::config_error("engine.stage") naming the registered types.
   const stage_factory& find(const std::string& name) const;
+  const stage_spawner& spawner(const std::string& name) const;  // as find()
   std::vector<std::string> names() const;
 
  private:
-  std::map<std::string, stage_factory> types_;
+  struct stage_type {
+    stage_factory model;
+    stage_spawner spawn;
+  };
+  const stage_type& type(const std::string& name) const;
+  std::map<std::string, stage_type> types_;
 };
 
 }  // namespace moevement::engine

@@ -125,8 +125,12 @@ void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> m
   if (checkpoint_) hooks = checkpoint_->make_hooks(setup, *model, coordinator_);
   fault_hook faults;
   if (faults_) faults = faults_(setup.stage, setup.replica, replacement);
-  stage_ = system().spawn<stage_actor>(std::move(setup), std::move(model), *bulk_, coordinator_,
-                                       std::move(hooks), std::move(faults));
+  stage_actor_args args{std::move(setup), std::move(model), bulk_.get(),
+                        coordinator_,     std::move(hooks), std::move(faults)};
+  // The stage type's own actor class (stage_registry::add_actor), or the engine's.
+  const stage_spawner& spawn = registry_.spawner(job_->stage_type);
+  stage_ =
+      spawn ? spawn(system(), std::move(args)) : system().spawn<stage_actor>(std::move(args)).ref;
   report(stage_, "");
 }
 

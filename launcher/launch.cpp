@@ -116,9 +116,10 @@ class head_session {
  public:
   head_session(const launch_options& o, const engine::job_config& job, injection_plan plan,
                std::optional<recovery::resume_journal>& journal,
-               std::optional<engine::resume_point> resume_from)
+               std::optional<engine::resume_point> resume_from, head_extension extension)
       : options_(o),
         job_(job),
+        extension_(std::move(extension)),
         journal_(journal),
         token_(new_token()),
         processes_(token_),
@@ -176,6 +177,8 @@ class head_session {
   }
   void make_callbacks();
   void progress(const engine::iteration_record& r);
+  // The program's head_extension after iteration r (every log_every).
+  void extend(const engine::iteration_record& r);
   void finish(const engine::job_outcome& o);
   void on_signal(const std::error_code& ec, int sig);
   void request_stop();
@@ -187,6 +190,7 @@ class head_session {
 
   const launch_options& options_;
   const engine::job_config& job_;
+  const head_extension extension_;
   std::optional<recovery::resume_journal>& journal_;
   const std::string token_;
   const std::string self_ = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -220,7 +224,10 @@ void head_session::make_callbacks() {
   };
   cb_.on_worker_lost = [this](transport::node_id n, int pid) { processes_.kill_node(n, pid); };
   cb_.on_notice = [this](const std::string& line) { say(line); };
-  cb_.on_iteration = [this](const engine::iteration_record& r) { progress(r); };
+  cb_.on_iteration = [this](const engine::iteration_record& r) {
+    progress(r);
+    extend(r);
+  };
   cb_.on_validation = [this](std::int64_t it, double v) {
     say(fmt::format("iter {:>6}  val_loss {:.4f}", it + 1, v));
   };
@@ -254,6 +261,21 @@ void head_session::progress(const engine::iteration_record& r) {
   } else if (r.iteration % job_.train.log_every == 0 || done == job_.train.iterations) {
     std::cout << line << "\n" << std::flush;
   }
+}
+
+void head_session::extend(const engine::iteration_record& r) {
+  if (!extension_.after_iteration) return;
+  const std::int64_t done = r.iteration + 1;
+  if (r.iteration % job_.train.log_every != 0 && done != job_.train.iterations) return;
+  auto* c = coordinator();
+  if (c == nullptr) return;
+  std::vector<actors::actor_ref> stages(std::size_t(job_.pp * job_.dp));
+  for (const auto& [n, w] : c->workers()) {
+    if (w.stage >= 0) stages[std::size_t(w.replica * job_.pp + w.stage)] = w.stage_actor;
+  }
+  end_line();
+  asio::co_spawn(io_, extension_.after_iteration(sys_, r.iteration, std::move(stages)),
+                 asio::detached);
 }
 
 void head_session::finish(const engine::job_outcome& o) {
@@ -293,8 +315,8 @@ void head_session::child_exited(transport::node_id n, pid_t pid, int status) {
   if (!finished_ && c != nullptr && known) {
     c->lose_worker(n, exit_text(status));
     // One truth about who is alive: the exit reaches the membership at once (asks to the
-    // worker fail now, not at the heartbeat timeout).
-    link_.forget(n);
+    // worker fail now, not at the heartbeat timeout or after a refused redial).
+    sys_.lose_member(n, "its process " + exit_text(status));
   } else if (!finished_ && (c == nullptr || !c->started())) {  // never said hello
     fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
   }
@@ -458,7 +480,8 @@ int head_session::report() {
 
 }  // namespace
 
-int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
+int run_launch(int argc, char** argv, const engine::stage_registry& registry,
+               head_extension extension) {
   auto options = parse_launch_options(argc, argv);
   if (!options) return 2;
   const engine::job_config job = checked_job(*options);
@@ -487,7 +510,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry) {
       "{} spare(s), stage type {}, checkpoint policy {}\n",
       job.model.preset, job.model.layers, double(job.model.parameter_count()) / 1e6, job.pp, job.dp,
       job.workers(), job.spares, job.stage_type, engine::policy_name(job.policy));
-  head_session session(*options, job, std::move(plan), journal, std::move(resume_from));
+  head_session session(*options, job, std::move(plan), journal, std::move(resume_from),
+                       std::move(extension));
   return session.run();
 }
 

@@ -127,10 +127,7 @@ void region_recovery::place_losses() {
         if (std::max(a.first, b.first) > std::min(a.last, b.last) + 1) continue;
         // The supervised one absorbs the other (whose supervisor, if any, stops).
         if (!a.supervisor.valid() && b.supervisor.valid()) std::swap(a, b);
-        if (b.supervisor.valid()) {
-          retired_supervisors_.push_back(b.supervisor);
-          job_.actor().system().stop(b.supervisor);
-        }
+        tree_.stop_region(b.supervisor);
         a.first = std::min(a.first, b.first);
         a.last = std::max(a.last, b.last);
         for (auto& m : b.members) a.members.push_back(std::move(m));
@@ -151,11 +148,7 @@ void region_recovery::supervise(region& r) {
   if (!r.supervisor.valid()) {
     r.nodes = std::make_shared<std::vector<transport::node_id>>();
     r.supervised = r.members.size();
-    r.supervisor = self.system()
-                       .spawn<region_supervisor>(r.id, self.self(), r.nodes, r.supervised,
-                                                 job_.job().region_restarts)
-                       .ref;
-    self.link(r.supervisor);
+    r.supervisor = tree_.start_region(r.id, r.nodes, r.supervised);
     return;
   }
   r.restarting = true;
@@ -167,23 +160,15 @@ void region_recovery::supervise(region& r) {
 
 void region_recovery::stop_supervisors() {
   if (!state_) return;
-  for (region& r : state_->regions) {
-    if (!r.supervisor.valid()) continue;
-    retired_supervisors_.push_back(r.supervisor);
-    job_.actor().system().stop(r.supervisor);
-    r.supervisor = {};
-  }
+  for (region& r : state_->regions) tree_.stop_region(r.supervisor);
 }
 
-awaitable<void> region_recovery::exited(actor_ref who, actors::exit_reason why) {
-  if (std::erase(retired_supervisors_, who) != 0 || job_.finished() || !state_) co_return;
-  for (region& r : state_->regions) {
-    if (r.supervisor != who) continue;
-    r.supervisor = {};
-    ++r.restarts;  // the restart it could not make
-    co_await escalate(r, why.to_string());
-    co_return;
-  }
+awaitable<void> region_recovery::escalated(std::uint64_t id, std::string reason) {
+  region* r = state_ ? region_by_id(id) : nullptr;
+  if (job_.finished() || r == nullptr || !r->supervisor.valid()) co_return;  // stale
+  r->supervisor = {};
+  ++r->restarts;  // the restart it could not make
+  co_await escalate(*r, reason);
 }
 
 awaitable<void> region_recovery::region_restart(engine::wire::RegionRestart::Reader m,

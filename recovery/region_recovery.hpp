@@ -1,11 +1,12 @@
 // Policy moevement's recovery on the head (docs/recovery.md "The recovery tree"): losses are
 // placed in regions of contiguous lost stages (a loss next to a region still recovering grows
 // and restarts it, a disjoint one adds a region), each region under a region supervisor
-// (engine/region_supervisor.hpp) that asks for every generation of it (region_restart: a
+// (recovery/region_supervisor.hpp) that asks for every generation of it (region_restart: a
 // spare for every role whose worker is gone, the Restores sent). A region past its restart
-// intensity escalates to the job's strategy: the durable tier's rollback of the whole job, one
-// region of every role (durable_rollback.cpp, also what `--resume` runs), or the job stops.
-// Runs inside the coordinator's actor, through engine::head_control.
+// intensity escalates to the job supervisor (recovery/job_supervisor.hpp), whose strategy is
+// the durable tier's rollback of the whole job, one region of every role (durable_rollback.cpp,
+// also what `--resume` runs), or the job stops. Runs inside the coordinator's actor, through
+// engine::head_control.
 #pragma once
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "engine/head_recovery.hpp"
+#include "recovery/job_supervisor.hpp"
 #include "recovery/window_book.hpp"
 
 namespace moevement::recovery {
@@ -25,7 +27,7 @@ using engine::worker_info;
 
 class region_recovery : public engine::head_recovery {
  public:
-  explicit region_recovery(engine::head_control& job) : job_(job), windows_(job) {}
+  explicit region_recovery(engine::head_control& job) : job_(job), windows_(job), tree_(job) {}
 
   int planned(const engine::planned_iteration& it) override { return windows_.planned(it); }
   asio::awaitable<void> window_replicated(engine::wire::WindowReplicated::Reader m) override {
@@ -52,9 +54,13 @@ class region_recovery : public engine::head_recovery {
   asio::awaitable<void> restored(transport::node_id n, engine::wire::StageReady::Reader m) override;
   asio::awaitable<void> region_restart(engine::wire::RegionRestart::Reader m,
                                        engine::wire::RegionMembers::Builder out) override;
-  asio::awaitable<void> exited(actors::actor_ref who, actors::exit_reason why) override;
+  actors::actor_ref tree_root() const override { return tree_.root(); }
+  asio::awaitable<void> escalated(std::uint64_t region, std::string reason) override;
   asio::awaitable<void> resume(const engine::resume_point& p) override;
-  void stop() override { stop_supervisors(); }
+  void stop() override {
+    stop_supervisors();
+    tree_.stop();
+  }
 
  private:
   using sclock = std::chrono::steady_clock;
@@ -170,7 +176,7 @@ class region_recovery : public engine::head_recovery {
   std::optional<state> state_;
   std::uint64_t generations_ = 0;
   std::uint64_t region_ids_ = 0;
-  std::vector<actors::actor_ref> retired_supervisors_;  // stopped on purpose: exits ignored
+  recovery_tree tree_;  // the job supervisor, over the regions' supervisors
 };
 
 }  // namespace moevement::recovery

@@ -177,30 +177,22 @@ awaitable<void> rollback_recovery::start() {
   }
   for (const engine::worker_info& w : state_->pending) state_->roles.push_back({w, 0});
   state_->pending.clear();
-  auto& self = job_.actor();
   state_->nodes = std::make_shared<std::vector<transport::node_id>>();
-  state_->supervisor =
-      self.system()
-          .spawn<region_supervisor>(++region_ids_, self.self(), state_->nodes, state_->roles.size(),
-                                    job_.job().region_restarts)
-          .ref;
-  self.link(state_->supervisor);
+  state_->supervisor = tree_.start_region(++region_ids_, state_->nodes, state_->roles.size());
 }
 
 void rollback_recovery::stop_supervisor() {
-  if (!state_ || !state_->supervisor.valid()) return;
-  retired_.push_back(state_->supervisor);
-  job_.actor().system().stop(state_->supervisor);
-  state_->supervisor = {};
+  if (state_) tree_.stop_region(state_->supervisor);
 }
 
-awaitable<void> rollback_recovery::exited(actor_ref who, actors::exit_reason why) {
-  if (std::erase(retired_, who) != 0 || !state_ || who != state_->supervisor) co_return;
+awaitable<void> rollback_recovery::escalated(std::uint64_t region, std::string reason) {
+  if (!state_ || region != region_ids_ || !state_->supervisor.valid()) co_return;  // stale
   state_->supervisor = {};
   job_.fail(fmt::format(
       "the rollback of the whole job restarted {} times, past checkpoint.region_restarts = {}: "
       "{}",
-      state_->attempt, job_.job().region_restarts, why.to_string()));
+      state_->attempt, job_.job().region_restarts, reason));
+  co_return;
 }
 
 awaitable<void> rollback_recovery::region_restart(engine::wire::RegionRestart::Reader m,

@@ -2,11 +2,11 @@
 // lost worker (docs/policies.md). A spare takes the lost stage's role with a fresh stage; then
 // every stage (survivors and the replacement) offers the checkpoints it can load, verified;
 // the newest one every stage offers is loaded everywhere and the job recomputes from there.
-// The rollback is a region spanning the pipeline under a region supervisor, as policy
-// moevement's regions are: a loss during it (a survivor, or a spare being rebuilt) restarts
-// the region (a spare for the lost role, then the loading over); past
-// checkpoint.region_restarts the job stops. Runs inside the coordinator's actor, through
-// engine::head_control.
+// The rollback is a region spanning the pipeline under a region supervisor, under the job
+// supervisor, as policy moevement's regions are: a loss during it (a survivor, or a spare
+// being rebuilt) restarts the region (a spare for the lost role, then the loading over); past
+// checkpoint.region_restarts it escalates, and the job stops. Runs inside the coordinator's actor,
+// through engine::head_control.
 #pragma once
 
 #include <chrono>
@@ -19,12 +19,13 @@
 #include <vector>
 
 #include "engine/head_recovery.hpp"
+#include "recovery/job_supervisor.hpp"
 
 namespace moevement::recovery {
 
 class rollback_recovery : public engine::head_recovery {
  public:
-  explicit rollback_recovery(engine::head_control& job) : job_(job) {}
+  explicit rollback_recovery(engine::head_control& job) : job_(job), tree_(job) {}
 
   // The checkpoint interval k (decided after the first iteration's profile: checkpoint.interval,
   // or Young's optimum), and the loss scaler at the checkpoint points.
@@ -40,9 +41,13 @@ class rollback_recovery : public engine::head_recovery {
   asio::awaitable<void> restored(transport::node_id n, engine::wire::StageReady::Reader m) override;
   asio::awaitable<void> region_restart(engine::wire::RegionRestart::Reader m,
                                        engine::wire::RegionMembers::Builder out) override;
-  asio::awaitable<void> exited(actors::actor_ref who, actors::exit_reason why) override;
+  actors::actor_ref tree_root() const override { return tree_.root(); }
+  asio::awaitable<void> escalated(std::uint64_t region, std::string reason) override;
   asio::awaitable<void> resume(const engine::resume_point& p) override;
-  void stop() override { stop_supervisor(); }
+  void stop() override {
+    stop_supervisor();
+    tree_.stop();
+  }
 
  private:
   using sclock = std::chrono::steady_clock;
@@ -69,8 +74,8 @@ class rollback_recovery : public engine::head_recovery {
     double group_abort_s = 0.0;             // the survivors' NCCL groups' aborts, the slowest
   };
   // The survivors drop the iteration in progress (once); then one region of every role, under
-  // a region_supervisor (recovery/region_supervisor.hpp): the same tree as policy moevement's,
-  // one region spanning the pipeline.
+  // a region_supervisor (recovery/region_supervisor.hpp) under the job supervisor: the same
+  // tree as policy moevement's, one region spanning the pipeline.
   asio::awaitable<void> start();
   void stop_supervisor();
   // Each role whose worker is gone gets a spare and a fresh stage (false: none left).
@@ -102,9 +107,9 @@ class rollback_recovery : public engine::head_recovery {
   engine::head_control& job_;
   std::optional<state> state_;
   std::uint64_t region_ids_ = 0;
-  std::vector<actors::actor_ref> retired_;  // supervisors stopped on purpose: exits ignored
-  std::int64_t lost_tokens_total_ = 0;      // pec, over every rollback so far
-  int interval_ = 0;                        // k (0: not decided yet)
+  recovery_tree tree_;                  // the job supervisor, over the region's supervisor
+  std::int64_t lost_tokens_total_ = 0;  // pec, over every rollback so far
+  int interval_ = 0;                    // k (0: not decided yet)
   std::map<std::int64_t, models::loss_scaler> scaler_at_;  // the newest checkpoint points
 };
 

@@ -24,6 +24,9 @@ using node_id = std::uint32_t;
 enum class peer_loss {
   goodbye,  // the peer said goodbye before closing: a clean shutdown, not a failure
   crash,    // the connection failed (process died, endpoint error)
+  // A connection this node dialled failed before the peer welcomed it: nothing listens there
+  // any more (the process is gone), or the peer refused our job token.
+  refused,
 };
 
 struct link_handlers {
@@ -31,7 +34,8 @@ struct link_handlers {
   // counts it (link_stats::malformed) and, where it can, answers with an error.
   std::function<void(node_id from, incoming_envelope envelope)> on_message;
   // A peer is gone, or its connection failed. Fires once per peer per loss (until revive()).
-  // After a goodbye or forget() sends to it fail fast; after a failed connection (crash) a
+  // After a goodbye or forget() sends to it fail fast; after a failed connection (crash,
+  // refused) a
   // link may keep them for the peer's next connection (ucx_link does: delivery_book.hpp)
   // until revive() or forget() decides.
   // A hung peer is NOT reported here (transports cannot see it): the actor layer's
@@ -62,6 +66,11 @@ class link {
   // still counts alive: the next send dials it afresh (and it is heard again), and a later
   // failure is reported again. No effect on a peer that is not lost.
   virtual void revive(node_id peer) = 0;
+  // Where to reach a peer (a link that needs addresses keeps it; a peer that dialled us is
+  // reachable over that connection without one), and whether a revive() can dial it: false
+  // when only the peer can reconnect.
+  virtual void add_peer(node_id /*peer*/, const std::string& /*host*/, std::uint16_t /*port*/) {}
+  virtual bool can_dial(node_id /*peer*/) const { return true; }
   // Tells every connected peer that this process is shutting down cleanly.
   virtual void say_goodbye() = 0;
   virtual link_stats stats() const = 0;

@@ -130,6 +130,13 @@ void loopback_link::forget(node_id peer) {
 void loopback_link::revive(node_id peer) {
   lost_.erase(peer);
   reported_.erase(peer);
+  // The dial a revive leads to: a crashed process refuses it (as a closed port answers a SYN).
+  auto it = hub_.links_.find(peer);
+  if (it == hub_.links_.end() || it->second->dead_) {
+    lost_.insert(peer);
+    hub_.report_lost(self_, peer, peer_loss::refused,
+                     "simulated refused dial (the process is gone)");
+  }
 }
 
 void loopback_link::say_goodbye() {

@@ -1043,6 +1043,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (c == nullptr) return;
     const bool admitted = c->admitted;
     const node_id peer = c->peer;
+    const bool refused = c->outgoing && !c->welcomed;  // our dial: the peer never answered
     LINK_TRACE("failing conn {} (node {}, admitted {}): {}", serial, peer, admitted, detail);
     close_bulk(*c, /*force=*/true);
     close_ep(c->ep, /*force=*/true);
@@ -1062,7 +1063,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       }
       return;
     }
-    lose_peer(peer, peer_loss::crash, detail);
+    lose_peer(peer, refused ? peer_loss::refused : peer_loss::crash, detail);
   }
   void post_release_held(std::uint64_t serial) {
     asio::post(io, [w = weak_from_this(), serial] {
@@ -1076,10 +1077,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
     if (it == peers.end() || it->second.lost) return;
     // After our own goodbye, peers closing on us is expected, not news.
     if (said_goodbye) why = peer_loss::goodbye;
-    LINK_TRACE("node {} lost ({}): {}", peer, why == peer_loss::goodbye ? "goodbye" : "crash",
+    LINK_TRACE("node {} lost ({}): {}", peer, why == peer_loss::goodbye ? "goodbye" : "failure",
                detail);
     it->second.lost = true;
-    it->second.kept = why == peer_loss::crash;
+    it->second.kept = why != peer_loss::goodbye;
     it->second.send_conn = 0;
     it->second.path_known = false;
     if (why == peer_loss::goodbye) {
@@ -1091,8 +1092,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
       if (c->admitted && c->peer == peer) doomed.push_back(serial);
     }
     for (auto serial : doomed) {
-      close_bulk(*conns[serial], why == peer_loss::crash);
-      close_ep(conns[serial]->ep, why == peer_loss::crash);
+      close_bulk(*conns[serial], why != peer_loss::goodbye);
+      close_ep(conns[serial]->ep, why != peer_loss::goodbye);
       conns.erase(serial);
       drop_grants(serial);
       fail_waiting_pulls(serial, detail);
@@ -1173,7 +1174,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
       }
       case am_refused:
         if (c.outgoing) {
-          post_lose(c.peer, peer_loss::crash, "refused by the peer: wrong job token");
+          post_lose(c.peer, peer_loss::refused, "refused by the peer: wrong job token");
         }
         return UCS_OK;
       case am_envelope:
@@ -2033,6 +2034,11 @@ void ucx_link::add_peer(node_id peer, const std::string& host, std::uint16_t por
   pe.host = host;
   pe.port = port;
   pe.addressed = true;
+}
+
+bool ucx_link::can_dial(node_id peer) const {
+  const auto it = state_->peers.find(peer);
+  return it != state_->peers.end() && it->second.addressed;
 }
 
 node_id ucx_link::self() const {

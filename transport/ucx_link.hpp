@@ -99,7 +99,8 @@ class ucx_link final : public link {
   std::uint16_t port() const;
   // Where to reach a peer; the endpoint is created on the first send or pull. Re-adding a
   // lost peer (e.g. a restarted node) makes it reachable again.
-  void add_peer(node_id peer, const std::string& host, std::uint16_t port);
+  void add_peer(node_id peer, const std::string& host, std::uint16_t port) override;
+  bool can_dial(node_id peer) const override;
 
   node_id self() const override;
   void set_handlers(link_handlers handlers) override;

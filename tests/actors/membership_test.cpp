@@ -119,6 +119,59 @@ TEST(membership, a_crashed_node_is_detected_by_the_transport_at_once) {
   });
 }
 
+// A connection reset between the head and a live member (an endpoint error on both sides) is
+// no verdict: each side redials and asks go on; only a redial the peer refuses (its process
+// is gone) is one, found at once on either side.
+TEST(membership, a_reset_connection_to_a_live_member_is_redialled_and_a_refused_redial_is_a_loss) {
+  cluster c;
+  auto& head = c.add(0, fast());
+  auto& n1 = c.add(1, fast());
+  events ev, ev1;
+  head.on_membership([&](node_id n, member_event e) { ev.seen.emplace_back(n, e); });
+  n1.on_membership([&](node_id n, member_event e) { ev1.seen.emplace_back(n, e); });
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    auto a = n1.spawn<echo>();
+    co_await sleep_for(2ms);
+    c.hub().drop_connection(0, 1);
+    co_await sleep_for(5ms);  // far below the heartbeat timeout
+    auto fill = [](msg::Add::Builder b) {
+      b.setA(2);
+      b.setB(3);
+    };
+    auto r = co_await head.ask<msg::Add, msg::Sum>(a, 1s, fill);
+    CO_ASSERT(r.ok());
+    EXPECT_EQ(r->get().getValue(), 5);
+    EXPECT_EQ(ev.seen.size(), 1u);  // only its joining: no loss on either side
+    EXPECT_TRUE(ev1.seen.empty() || ev1.seen.back().second == member_event::up);
+    EXPECT_GE(head.stats().reconnects, 1u);
+    EXPECT_GE(n1.stats().reconnects, 1u);
+    // A crash: the head's redial is refused, a verdict at once.
+    c.hub().crash(1);
+    co_await sleep_for(5ms);
+    CO_ASSERT(ev.seen.size() == 2);
+    EXPECT_EQ(ev.seen[1], std::make_pair(node_id{1}, member_event::lost));
+  });
+}
+
+TEST(membership, a_member_whose_head_crashed_finds_it_at_once) {
+  cluster c;
+  auto& head = c.add(0, fast());
+  auto& n1 = c.add(1, fast());
+  events ev1;
+  n1.on_membership([&](node_id n, member_event e) { ev1.seen.emplace_back(n, e); });
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    co_await sleep_for(2ms);
+    (void)head;
+    c.hub().crash(0);
+    co_await sleep_for(5ms);  // far below the heartbeat timeout
+    bool lost = false;
+    for (const auto& [n, e] : ev1.seen) lost = lost || (n == 0 && e == member_event::lost);
+    EXPECT_TRUE(lost);
+  });
+}
+
 TEST(membership, goodbye_is_a_shutdown_not_a_failure) {
   cluster c;
   auto& head = c.add(0, fast());

@@ -1,4 +1,5 @@
-// Supervisors: strategies, restart types, intensity and escalation, ordered shutdown, grow.
+// Supervisors: strategies, restart types, intensity and escalation, ordered shutdown, grow,
+// children started with their ref at once (start_local) and the hook for children that end.
 #include "actors/supervisor.hpp"
 
 #include "tests/actors/harness.hpp"
@@ -198,7 +199,7 @@ TEST(supervisor, grow_adds_children_and_restarts_the_whole_set_together) {
   n2.register_type<echo>("echo");
   c.run([&]() -> awaitable<void> {
     auto sup =
-        n1.spawn<supervisor>(strategy::one_for_one, restart_intensity{},
+        n1.spawn<supervisor>(strategy::one_for_all, restart_intensity{},
                              std::vector{child_spec::local<echo>("a", restart_type::permanent)});
     auto before = co_await children_of(n1, sup);
     CO_ASSERT(before.size() == 1);
@@ -233,6 +234,71 @@ TEST(supervisor, grow_adds_children_and_restarts_the_whole_set_together) {
     auto again = co_await children_of(n1, sup);
     EXPECT_NE(again[1].second, grown[1].second);
     EXPECT_TRUE(n2.alive(again[1].second));
+  });
+}
+
+TEST(supervisor, one_for_one_growth_starts_only_the_new_children) {
+  cluster c;
+  auto& sys = c.add(1);
+  c.run([&]() -> awaitable<void> {
+    auto sup = sys.spawn<supervisor>(strategy::one_for_one, restart_intensity{}, three());
+    auto before = co_await children_of(sys, sup);
+    EXPECT_TRUE(
+        supervisor::grow(sys, sup, {child_spec::local<echo>("d", restart_type::permanent)}, true)
+            .ok());
+    auto after = co_await children_of(sys, sup);
+    CO_ASSERT(after.size() == 4);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(after[i].second, before[i].second) << i;
+    EXPECT_TRUE(sys.alive(after[3].second));
+  });
+}
+
+// Records the children that end without a restart, as a subclass's strategy sees them.
+class recording_supervisor : public supervisor {
+ public:
+  recording_supervisor() : supervisor(strategy::one_for_one, restart_intensity{}, {}) {}
+  std::vector<std::pair<std::string, exit_reason>> ended;
+
+ protected:
+  awaitable<void> child_ended(const std::string& id, actor_ref, const exit_reason& why) override {
+    ended.emplace_back(id, why);
+    co_return;
+  }
+};
+
+TEST(supervisor, a_child_started_with_its_ref_is_supervised_and_its_end_reaches_the_hook) {
+  cluster c;
+  auto& sys = c.add(1);
+  c.run([&]() -> awaitable<void> {
+    auto sup = sys.spawn<recording_supervisor>();
+    auto* s = sys.local_actor<recording_supervisor>(sup);
+    auto a = supervisor::start_local<echo>(sys, sup, "a", restart_type::temporary);
+    auto b = supervisor::start_local<echo>(sys, sup, "b", restart_type::temporary);
+    CO_ASSERT(a.ok() && b.ok());
+    EXPECT_TRUE(sys.alive(*a));
+    // A crash before the supervisor's next turn is still seen (linked at once).
+    crash(sys, *a);
+    co_await sleep_for(5ms);
+    auto kids = co_await children_of(sys, sup);
+    CO_ASSERT(kids.size() == 1);  // temporary: gone, not restarted
+    EXPECT_EQ(kids[0].first, "b");
+    EXPECT_EQ(kids[0].second, *b);
+    CO_ASSERT(s->ended.size() == 1);
+    EXPECT_EQ(s->ended[0].first, "a");
+    EXPECT_TRUE(s->ended[0].second.abnormal());
+    // A child stopped on purpose ends with shutdown: not abnormal.
+    sys.stop(*b);
+    co_await sleep_for(5ms);
+    CO_ASSERT(s->ended.size() == 2);
+    EXPECT_EQ(s->ended[1].first, "b");
+    EXPECT_FALSE(s->ended[1].second.abnormal());
+    // The supervisor stopping takes its adopted children down.
+    auto d = supervisor::start_local<echo>(sys, sup, "d", restart_type::temporary);
+    CO_ASSERT(d.ok());
+    sys.stop(sup);
+    co_await sleep_for(5ms);
+    EXPECT_FALSE(sys.alive(*d));
+    EXPECT_FALSE(supervisor::start_local<echo>(sys, sup, "e", restart_type::temporary).ok());
   });
 }
 

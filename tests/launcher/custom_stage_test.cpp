@@ -1,5 +1,7 @@
 // The custom stage example (examples/custom_stage) end to end: a stage type registered by name
-// in its own program trains under `launch`, and its pipelining changes no bit either.
+// in its own program, with a stage actor of its own, trains under `launch`, and its pipelining
+// changes no bit either. Its actor answers a message of its own (StatsQuery, asked by the
+// head every log_every iterations), the rebuilt ones after a kill too, with the same bits.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -23,6 +25,21 @@ moevement::test_support::run_result run_example(const std::string& args) {
 std::string hash_of(const std::string& out) {
   const auto at = out.rfind("state_hash=");
   return at == std::string::npos ? "" : out.substr(at + 11, 16);
+}
+
+// The head's `stats` line after iteration `iter` (empty: none).
+std::string stats_line(const std::string& out, int iter) {
+  const std::string key =
+      "stats  iter " + std::string(iter < 10 ? "    " : "   ") + std::to_string(iter) + ":";
+  const auto at = out.find(key);
+  if (at == std::string::npos) return "";
+  return out.substr(at, out.find('\n', at) - at);
+}
+
+std::size_t count_of(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
 }
 
 std::string config() {
@@ -60,6 +77,13 @@ TEST(custom_stage, a_killed_custom_stage_is_rebuilt_bit_exact) {
   EXPECT_NE(killed.output.find("stage 0 recovered"), std::string::npos) << killed.output;
   EXPECT_EQ(hash_of(killed.output).size(), 16u);
   EXPECT_EQ(hash_of(killed.output), hash_of(clean.output));
+  // Every stage actor, the rebuilt ones included, answers the custom message after the last
+  // iteration, with the fault-free run's statistics.
+  const std::string last = stats_line(clean.output, 12);
+  EXPECT_EQ(count_of(last, "weight_rms"), 4u) << clean.output;
+  EXPECT_EQ(count_of(last, "no answer"), 0u) << last;
+  EXPECT_EQ(stats_line(killed.output, 12), last) << killed.output;
+  EXPECT_EQ(count_of(stats_line(killed.output, 1), "weight_rms"), 4u) << killed.output;
 }
 
 TEST(custom_stage, learns) {

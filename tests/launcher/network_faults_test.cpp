@@ -87,14 +87,15 @@ TEST(network_faults, dropped_syns_cost_no_worker_and_no_bit) {
 }
 
 // `moevement launch ARGS` in a fresh network namespace where, once iteration `at` is in the
-// run log, every TCP connection between the workers of stages 0 and 1 (replica 0) fails, the
-// processes living on (new connections get through):
+// run log, every TCP connection between the workers of stages 0 and 1 (replica 0) fails (with
+// `head`, between the head and the worker of stage 1), the processes living on (new
+// connections get through):
 //   cut    blackholed both ways for good: two live processes that cannot hear each other,
 //          while both still hear the head;
 //   reset  closed under them (`ss -K`: an endpoint error on each side).
 // The output says how many connections, and ends with the blackhole's packet counter.
 run_result launch_failing_stage_link(const std::string& mode, int at, const std::string& args,
-                                     const std::string& log) {
+                                     const std::string& log, bool head = false) {
   const std::string dir = ::testing::TempDir() + "netcut_" + std::to_string(::getpid());
   {
     std::ofstream rules(dir + ".nft");
@@ -126,8 +127,8 @@ run_result launch_failing_stage_link(const std::string& mode, int at, const std:
            << " 2>/dev/null; do sleep 0.02; i=$((i+1)); [ $i -gt 3000 ] && break; done\n"
            << "pid() { grep \"\\\"stage\\\":$1,\\\"replica\\\":0\" " << log
            << " | head -1 | sed 's/.*\"pid\":\\([0-9]*\\).*/\\1/'; }\n"
-           << "ss -tnpH state established | awk -v A=\"pid=$(pid 0),\" -v B=\"pid=$(pid 1),\" -f "
-           << dir << ".awk > " << dir << ".pairs\n"
+           << "ss -tnpH state established | awk -v A=\"pid=" << (head ? "$job" : "$(pid 0)")
+           << ",\" -v B=\"pid=$(pid 1),\" -f " << dir << ".awk > " << dir << ".pairs\n"
            << "echo \"failed $(wc -l < " << dir << ".pairs) connections\"\n"
            << "[ -s " << dir << ".pairs ] && " << fail << "wait $job\nrc=$?\n"
            << "nft list chain inet fault in | grep -o 'packets [0-9]*'\nexit $rc\n";
@@ -195,6 +196,25 @@ TEST(network_faults, connections_reset_between_two_live_workers_cost_no_worker_a
   EXPECT_EQ(r.output.find("recovered on worker"), std::string::npos) << r.output;
   EXPECT_EQ(read_file(log).find("worker_lost"), std::string::npos);
   std::cerr << r.output.substr(r.output.find("failed "), 200);
+}
+
+// The same reset between the head and a live worker costs nothing either: both sides redial
+// (the head no longer takes a failed connection for a dead worker; only a redial the worker
+// refuses, its process's exit, or its silence past the failure timeout is one).
+TEST(network_faults, connections_reset_between_the_head_and_a_live_worker_cost_no_worker) {
+  if (const auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const auto& ref = stage_reference();
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string log = log_path("netheadreset");
+  const auto r = launch_failing_stage_link("reset", 10, stage_job + " --set engine.run_log=" + log,
+                                           log, /*head=*/true);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(hash_of(r.output.substr(0, r.output.rfind("packets "))), hash_of(ref.output))
+      << r.output;
+  EXPECT_EQ(r.output.find("failed 0 connections"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("still 0"), std::string::npos) << r.output;  // they were closed
+  EXPECT_EQ(r.output.find("recovered on worker"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(log).find("worker_lost"), std::string::npos);
 }
 
 }  // namespace

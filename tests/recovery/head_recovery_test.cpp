@@ -6,7 +6,9 @@
 // replacement lost during its restore restarts the region on another spare (a new generation
 // to every member); a disjoint loss is a region of its own and a loss next to a region grows
 // it; past the restart intensity the job stops, saying so; once every member reports, the
-// stages are rewired and training goes on at the target.
+// stages are rewired and training goes on at the target. The tree: a job supervisor whose
+// children are the regions' supervisors (a merge stops one on purpose, an escalation reaches
+// the job supervisor and is reported, the job's end takes the tree down).
 // The baselines (rollback_recovery): one region spanning the pipeline; a spare lost during
 // the rollback restarts it (another spare, a new generation), then every stage loads the
 // newest checkpoint all offer; past the restart intensity the job stops.
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "actors/deterministic.hpp"
+#include "actors/supervisor.hpp"
 #include "recovery/region_supervisor.hpp"
 
 namespace moevement::recovery {
@@ -74,11 +77,14 @@ class fake_agent : public actors::actor {
 // the job (failures, rewirings, where training went on).
 class fake_head : public actors::actor, public engine::head_control {
  public:
-  using interface = actors::interface<actors::ask_t<wire::RegionRestart, wire::RegionMembers>>;
+  using interface = actors::interface<actors::ask_t<wire::RegionRestart, wire::RegionMembers>,
+                                      actors::tell_t<wire::RegionEscalated>>;
   fake_head(engine::job_config job, std::map<node_id, engine::worker_info> workers)
       : job_(std::move(job)), workers_(std::move(workers)) {
     on<wire::RegionRestart, wire::RegionMembers>(&fake_head::restart);
+    on<wire::RegionEscalated>(&fake_head::escalated);
   }
+  std::vector<std::string> tree_exits;  // the job supervisor's end, as the coordinator sees it
   std::unique_ptr<engine::head_recovery> recovery;
   std::vector<std::string> failures, notices;
   std::vector<engine::recovery_done> done;
@@ -159,7 +165,8 @@ class fake_head : public actors::actor, public engine::head_control {
     co_return;
   }
   awaitable<void> on_exit(actor_ref who, actors::exit_reason why) override {
-    co_await recovery->exited(who, why);
+    if (who == recovery->tree_root()) tree_exits.push_back(why.to_string());
+    co_return;
   }
 
  private:
@@ -178,6 +185,10 @@ class fake_head : public actors::actor, public engine::head_control {
   }
   awaitable<void> restart(wire::RegionRestart::Reader m, wire::RegionMembers::Builder out) {
     co_await recovery->region_restart(m, out);
+  }
+  awaitable<void> escalated(wire::RegionEscalated::Reader m) {
+    std::string reason = m.getReason();
+    co_await recovery->escalated(m.getRegion(), std::move(reason));
   }
   engine::job_config job_;
   std::map<node_id, engine::worker_info> workers_;
@@ -327,6 +338,65 @@ TEST(region_recovery, a_disjoint_loss_is_a_region_of_its_own_and_a_neighbours_lo
   });
 }
 
+// The region supervisors under the job supervisor, by region.
+awaitable<std::vector<std::string>> regions_under(actors::actor_system& head, fake_head* h) {
+  std::vector<std::string> ids;
+  auto r = co_await actors::supervisor::which_children(head, h->recovery->tree_root(), 1s);
+  if (!r.ok()) {
+    ADD_FAILURE() << r.err().message;
+    co_return ids;
+  }
+  for (const auto& [id, ref] : *r) {
+    EXPECT_TRUE(head.alive(ref)) << id;
+    ids.push_back(id);
+  }
+  co_return ids;
+}
+
+TEST(region_recovery, the_tree_is_a_job_supervisor_over_a_region_supervisor_per_region) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3);
+    EXPECT_FALSE(h->recovery->tree_root().valid()) << "no tree before a loss";
+    c.d.hub().crash(1);  // stage 0
+    c.d.hub().crash(3);  // stage 2: a region of its own
+    co_await c.head.sleep_for(100ms);
+    const actor_ref root = h->recovery->tree_root();
+    EXPECT_TRUE(c.head.alive(root));
+    const auto two = co_await regions_under(c.head, h);
+    const std::vector<std::string> expected{"1", "2"};
+    EXPECT_EQ(two, expected);
+    // Stage 1 joins them: one region absorbs the other, whose supervisor is stopped on
+    // purpose (not escalated), and grows.
+    c.d.hub().crash(2);
+    co_await c.head.sleep_for(100ms);
+    const auto merged = co_await regions_under(c.head, h);
+    EXPECT_EQ(merged.size(), 1u);
+    EXPECT_TRUE(h->failures.empty()) << h->failures.front();
+    for (node_id n : {5u, 6u, 7u}) {
+      if (c.restores(n).empty()) {
+        ADD_FAILURE() << "spare " << n << " got no Restore";
+        co_return;
+      }
+      EXPECT_EQ(c.restores(n).back().first, 0) << n;
+      EXPECT_EQ(c.restores(n).back().last, 2) << n;
+    }
+    for (node_id n : {5u, 6u, 7u}) co_await h->report(n, c.restores(n).back().generation);
+    EXPECT_EQ(h->done.size(), 1u);
+    // The recovery ended: its region supervisors went, the job supervisor stays for the next.
+    co_await c.head.sleep_for(10ms);
+    const auto none = co_await regions_under(c.head, h);
+    EXPECT_TRUE(none.empty());
+    EXPECT_EQ(h->recovery->tree_root(), root);
+    EXPECT_TRUE(h->tree_exits.empty());
+    // The job's end takes the tree down.
+    h->recovery->stop();
+    co_await c.head.sleep_for(10ms);
+    EXPECT_FALSE(c.head.alive(root));
+    EXPECT_TRUE(h->failures.empty()) << h->failures.front();
+  });
+}
+
 TEST(region_recovery, a_region_past_its_restart_intensity_stops_the_job_saying_so) {
   cluster c;
   c.d.run_body([&]() -> awaitable<void> {
@@ -344,6 +414,12 @@ TEST(region_recovery, a_region_past_its_restart_intensity_stops_the_job_saying_s
         << h->failures[0];
     EXPECT_TRUE(c.restores(6).empty()) << "no generation after the escalation";
     EXPECT_TRUE(h->done.empty());
+    // The region supervisor gave up and reached the job supervisor, which reported it and
+    // stays (its strategy decided: here, no durable tier, the job stops).
+    EXPECT_TRUE(c.head.alive(h->recovery->tree_root()));
+    const auto left = co_await regions_under(c.head, h);
+    EXPECT_TRUE(left.empty());
+    EXPECT_TRUE(h->tree_exits.empty());
   });
 }
 
