@@ -23,8 +23,8 @@ namespace {
 constexpr const char* report_usage =
     "usage: moevement report RUN.jsonl [MORE.jsonl ...] [-o REPORT.html]\n"
     "  one self-contained HTML file of the runs (overlaid): throughput over wall time with the\n"
-    "  failures and recoveries, loss, checkpoint costs, the recoveries; default output: the\n"
-    "  first run log's name with .html\n";
+    "  failures and recoveries, loss, checkpoint costs, the recoveries and their supervision\n"
+    "  tree; default output: the first run log's name with .html\n";
 
 // Okabe-Ito: told apart with any colour vision.
 constexpr const char* palette[] = {"#0072B2", "#E69F00", "#009E73", "#CC79A7",
@@ -71,6 +71,15 @@ struct recovery_row {
   long target = -1, replayed = 0;
 };
 
+// One event of the recovery tree (docs/recovery.md "The recovery tree"): a region's
+// supervisor started, restarted (a member's worker lost), grew (a loss next to it), or gave up
+// and escalated to the job supervisor.
+struct supervision_row {
+  double t = 0;
+  std::string region, event, stages, roles;
+  long generation = -1, restarts = -1;
+};
+
 struct run_story {
   std::string name, stopped;
   std::vector<point> throughput;  // (seconds since the start, tokens/s)
@@ -78,6 +87,7 @@ struct run_story {
   std::vector<marker> losses, injections;
   std::vector<double> persisted;  // times windows persisted
   std::vector<recovery_row> recoveries;
+  std::vector<supervision_row> supervision;
   std::optional<double> ettr, wall_s, w_sparse;
   std::string hash, failed;
   long iterations = 0;
@@ -92,6 +102,42 @@ std::optional<double> drawable(const engine::run_record& r, const char* key, dou
   const auto v = r.number(key);
   if (!v || !std::isfinite(*v * scale) || std::fabs(*v * scale) > 1e15) return std::nullopt;
   return *v * scale;
+}
+
+// A whole number from the log fit to show (-1: none, or not sane).
+long whole(const engine::run_record& r, const char* key) {
+  const auto v = drawable(r, key);
+  return v && *v >= 0 ? static_cast<long>(*v) : -1;
+}
+
+// The recovery tree's events: each generation of a region (recovery_start) and each
+// escalation (region_escalated).
+void add_supervision(run_story& s, const engine::run_record& r, double t, const std::string& ev) {
+  supervision_row row;
+  row.t = t;
+  const long region = whole(r, "region");
+  row.region = region >= 0 ? std::to_string(region) : "-";
+  const long first = whole(r, "first_stage"), last = whole(r, "last_stage");
+  row.stages = first < 0       ? "-"
+               : first == last ? fmt::format("{}", first)
+                               : fmt::format("{}..{}", first, last);
+  row.restarts = whole(r, "restarts");
+  if (ev == "region_escalated") {
+    row.event = "escalated to " + r.text("to").value_or("?");
+    row.roles = r.text("reason").value_or("").substr(0, 200);
+  } else if (r.is("recovery", "rollback")) {
+    const long attempt = whole(r, "attempt");
+    row.region = "rollback";
+    row.event = attempt > 1 ? "restarted" : "started";
+    row.stages = "all";
+    row.roles = fmt::format("{}/{} rebuilt", num(r, "stage", -1), num(r, "replica", -1));
+    row.generation = attempt;
+  } else {
+    row.event = r.text("supervision").value_or("started");
+    row.roles = r.text("roles").value_or("").substr(0, 200);
+    row.generation = whole(r, "generation");
+  }
+  s.supervision.push_back(std::move(row));
 }
 
 void add_event(run_story& s, const engine::run_record& r, double t) {
@@ -111,6 +157,9 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     row.kind = r.text("recovery").value_or("?");
     row.lost = fmt::format("stage {} replica {}", num(r, "stage", -1), num(r, "replica", -1));
     s.recoveries.push_back(row);
+    add_supervision(s, r, t, ev);
+  } else if (ev == "region_escalated") {
+    add_supervision(s, r, t, ev);
   } else if (ev == "recovery_end" && !s.recoveries.empty()) {
     recovery_row& row = s.recoveries.back();
     row.end = t;
@@ -398,6 +447,29 @@ std::string recovery_table(const std::vector<run_story>& runs) {
   return out + "</table>\n";
 }
 
+std::string supervision_table(const std::vector<run_story>& runs) {
+  std::string out =
+      "<p>Each recovery region has a supervisor under the job supervisor: it started, restarted "
+      "(a member's worker was lost), grew (a loss next to it), or gave up past "
+      "checkpoint.region_restarts and escalated.</p>\n"
+      "<table><tr><th>run</th><th>at (s)</th><th>region</th><th>event</th><th>stages</th>"
+      "<th>members (stage/replica), or why</th><th>generation</th><th>restarts</th></tr>\n";
+  std::size_t rows = 0;
+  auto number = [](long v) { return v >= 0 ? std::to_string(v) : std::string("-"); };
+  for (const auto& r : runs) {
+    for (const auto& e : r.supervision) {
+      ++rows;
+      out += fmt::format(
+          "<tr><td>{}</td><td>{:.2f}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+          "<td>{}</td></tr>\n",
+          escape(r.name), e.t, escape(e.region), escape(e.event), escape(e.stages), escape(e.roles),
+          number(e.generation), number(e.restarts));
+    }
+  }
+  if (rows == 0) return "<p>No recovery tree in these runs.</p>\n";
+  return out + "</table>\n";
+}
+
 constexpr const char* style =
     "body{font-family:sans-serif;max-width:1200px;margin:1em auto;color:#222}"
     "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
@@ -425,6 +497,7 @@ std::string page(const std::vector<run_story>& runs) {
       "details.</p>\n";
   out += throughput_chart(runs);
   out += "<h2>Recoveries</h2>\n" + recovery_table(runs);
+  out += "<h2>The recovery tree</h2>\n" + supervision_table(runs);
   for (const auto& r : runs) {
     out += "<h2>" + escape(r.name) + "</h2>\n" + loss_chart(r) + cost_charts(r);
   }

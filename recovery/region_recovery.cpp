@@ -301,6 +301,7 @@ awaitable<void> region_recovery::escalate(const region& r, const std::string& re
     log->write(engine::json_record{}
                    .add("kind", "event")
                    .add("event", "region_escalated")
+                   .add("region", std::int64_t(r.id))
                    .add("first_stage", r.first)
                    .add("last_stage", r.last)
                    .add("restarts", r.restarts)

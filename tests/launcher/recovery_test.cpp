@@ -161,6 +161,8 @@ TEST(recovery, a_killed_stage_is_rebuilt_bit_exact_wherever_it_sits) {
       const std::string page{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
       EXPECT_NE(page.find("<td>region</td><td>stage 1 replica 0</td><td>7</td>"), std::string::npos)
           << page;
+      // and its region's supervisor in the recovery tree
+      EXPECT_NE(page.find("<td>started</td><td>1</td><td>1/0</td>"), std::string::npos) << page;
       EXPECT_NE(page.find("state_hash " + o.hash), std::string::npos);
     }
   }

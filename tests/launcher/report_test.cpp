@@ -50,7 +50,8 @@ std::string run_log_text(double tokens_per_s) {
            "{\"kind\":\"event\",\"event\":\"worker_lost\",\"stage\":1,\"replica\":0,\"time_s\":"
            "0.32}\n"
            "{\"kind\":\"event\",\"event\":\"recovery_start\",\"recovery\":\"region\",\"stage\":1,"
-           "\"replica\":0,\"time_s\":0.33}\n"
+           "\"replica\":0,\"region\":1,\"supervision\":\"started\",\"first_stage\":1,"
+           "\"last_stage\":1,\"roles\":\"1/0\",\"generation\":1,\"restarts\":0,\"time_s\":0.33}\n"
            "{\"kind\":\"event\",\"event\":\"recovery_end\",\"recovery\":\"region\",\"stage\":1,"
            "\"target_iteration\":3,\"iterations_replayed\":2,\"seconds\":0.47,\"spawn_s\":0.1,"
            "\"pull_s\":0.05,\"replay_s\":0.2,\"rejoin_s\":0.12,\"time_s\":0.8}\n";
@@ -78,6 +79,9 @@ TEST(report, a_run_log_becomes_one_self_contained_html_file) {
                       "<td>0.470</td><td>0.100</td><td>0.050</td><td>0.200</td><td>0.120</td>"),
             std::string::npos)
       << "the recovery's row";
+  EXPECT_NE(html.find("<td>1</td><td>started</td><td>1</td><td>1/0</td><td>1</td><td>0</td>"),
+            std::string::npos)
+      << "the recovery tree's row";
   EXPECT_NE(html.find("state_hash 0123456789abcdef"), std::string::npos);
   EXPECT_NE(html.find("<td>0.620</td><td>2</td>"), std::string::npos) << "ETTR, W_sparse";
   EXPECT_NE(html.find("capture CPU (ms)"), std::string::npos);
@@ -112,6 +116,43 @@ TEST(report, several_runs_overlay_and_a_truncated_one_says_where_it_stopped) {
 
 // Values a hostile or broken log may hold: huge, null (a diverged loss), missing. The report
 // is still written (no hang, nothing drawn at infinity), and a diverged loss is not drawn as 0.
+// A region that restarted, grew and escalated to the durable tier's rollback: each is a row of
+// the recovery tree, in order, and the baselines' rollback is one region of its own.
+TEST(report, the_recovery_tree_lists_every_supervision_event) {
+  const std::string log = write(
+      "tree.jsonl",
+      "{\"kind\":\"event\",\"event\":\"job_start\",\"time_s\":0}\n"
+      "{\"kind\":\"event\",\"event\":\"recovery_start\",\"recovery\":\"region\",\"region\":1,"
+      "\"supervision\":\"started\",\"first_stage\":2,\"last_stage\":2,\"roles\":\"2/0\","
+      "\"generation\":1,\"restarts\":0,\"time_s\":1}\n"
+      "{\"kind\":\"event\",\"event\":\"recovery_start\",\"recovery\":\"region\",\"region\":1,"
+      "\"supervision\":\"grew\",\"first_stage\":1,\"last_stage\":2,\"roles\":\"2/0,1/0\","
+      "\"generation\":2,\"restarts\":1,\"time_s\":2}\n"
+      "{\"kind\":\"event\",\"event\":\"region_escalated\",\"region\":1,\"first_stage\":1,"
+      "\"last_stage\":2,\"restarts\":2,\"to\":\"durable_rollback\",\"reason\":\"restart "
+      "intensity exceeded <&>\",\"time_s\":3}\n"
+      "{\"kind\":\"event\",\"event\":\"recovery_start\",\"recovery\":\"rollback\",\"stage\":0,"
+      "\"replica\":1,\"attempt\":2,\"time_s\":4}\n");
+  const std::string out = temp_path("tree.html");
+  const auto r = run_moevement("report " + log + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = read(out);
+  const auto started = html.find("<td>1</td><td>started</td><td>2</td><td>2/0</td><td>1</td>");
+  const auto grew = html.find("<td>1</td><td>grew</td><td>1..2</td><td>2/0,1/0</td><td>2</td>");
+  const auto escalated = html.find(
+      "<td>1</td><td>escalated to durable_rollback</td><td>1..2</td><td>restart intensity "
+      "exceeded &lt;&amp;&gt;</td><td>-</td><td>2</td>");
+  ASSERT_NE(started, std::string::npos) << html;
+  ASSERT_NE(grew, std::string::npos) << html;
+  ASSERT_NE(escalated, std::string::npos) << html;
+  EXPECT_LT(started, grew);
+  EXPECT_LT(grew, escalated);
+  EXPECT_NE(html.find("<td>rollback</td><td>restarted</td><td>all</td><td>0/1 rebuilt</td>"
+                      "<td>2</td>"),
+            std::string::npos)
+      << html;
+}
+
 TEST(report, hostile_values_are_left_out_not_drawn) {
   const std::string log =
       write("hostile.jsonl",
