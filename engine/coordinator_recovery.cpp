@@ -27,8 +27,13 @@ void note_aborts(const std::vector<result<actors::reply<wire::AbortAck>>>& acks,
 
 bool coordinator::loss_pending() const {
   if (!started()) return false;  // workers join the membership while they are admitted
-  return std::any_of(workers_.begin(), workers_.end(),
-                     [&](const auto& kv) { return !system().last_heard(kv.first).has_value(); });
+  // A lost spare that no recovery counts on changes nothing a recovery does (its turn only
+  // drops it): waiting for it would leave the recovery held with no loss to go on from (a
+  // host lost with a stage's worker and a spare on it).
+  return std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
+    const bool counts = kv.second.stage >= 0 || (recovery_ && recovery_->involves(kv.first));
+    return counts && !system().last_heard(kv.first).has_value();
+  });
 }
 
 awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {

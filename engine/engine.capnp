@@ -306,6 +306,12 @@ struct Restore {
   # replays only its own replica of the region and sums the gradients with these peers after
   # each iteration, in replica order. Empty: it replays every replica itself.
   group @17 :List(Address);
+  # A joint region (firstStage < lastStage) replayed as a pipeline: [s - firstStage] the group
+  # exchange of the worker replaying (s, replica) in this generation. This worker then replays
+  # only its own stage, taking the boundary tensors of its region neighbours from them live and
+  # sending them its own; the logs of the healthy stages outside serve the region's ends.
+  # Empty: it replays every stage of the region itself.
+  pipeline @18 :List(Address);
 }
 
 # ---- the recovery tree (recovery/job_supervisor.hpp, recovery/region_supervisor.hpp)

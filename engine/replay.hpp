@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -46,5 +47,25 @@ replay_outputs replay_iteration(stage_model& stage, std::int64_t iteration, floa
 std::vector<replay_outputs> replay_region(std::span<stage_model* const> region,
                                           std::int64_t iteration, float loss_grad,
                                           const replay_inputs& inputs);
+
+// A stage replaying alone beside the neighbours it exchanges tensors with (a joint region
+// replayed as a pipeline across workers, recovery/sparse_to_dense.hpp): its boundary inputs
+// are taken as it needs them, its outputs handed on as they are made.
+struct replay_stream {
+  // The activation of micro-batch mb from the stage before (never called on stage 0) and the
+  // gradient from the stage after (never on the last stage); each may wait until it is there.
+  // The span must stay valid until the next call.
+  std::function<std::span<const float>(int mb)> activation_in, gradient_in;
+  // What the stage sent: its activation (not on the last stage) and its input gradient (not on
+  // the first), the moment each is made.
+  std::function<void(int mb, std::span<const float>)> activation_out, gradient_out;
+};
+
+// Replays one stage (`stage` of `stages`) for one iteration in its own 1F1B order, as
+// replay_iteration does, through `io`. Because each stage's order is the one it trains in,
+// stages replaying side by side this way never wait on each other in a cycle. Weight
+// gradients stay in the operators.
+void replay_streamed(stage_model& model, std::int64_t iteration, float loss_grad, int stage,
+                     int stages, int micro_batches, const replay_stream& io);
 
 }  // namespace moevement::engine

@@ -72,13 +72,27 @@ awaitable<transport::bulk_descriptor> group_inbox::take(
   }
 }
 
-group_exchange::group_exchange(std::shared_ptr<group_inbox> inbox) : inbox_(std::move(inbox)) {
+group_exchange::group_exchange(std::shared_ptr<group_inbox> gradients,
+                               std::shared_ptr<group_inbox> boundaries)
+    : inbox_(std::move(gradients)), boundaries_(std::move(boundaries)) {
   on<wire::ReplayGradients>(&group_exchange::gradients);
+  on<wire::ReplayBoundary>(&group_exchange::boundary);
   on<engine::wire::ReplayGeneration>(&group_exchange::generation);
 }
 
 awaitable<void> group_exchange::generation(engine::wire::ReplayGeneration::Reader m) {
   inbox_->begin(m.getGeneration());
+  boundaries_->begin(m.getGeneration());
+  co_return;
+}
+
+awaitable<void> group_exchange::boundary(wire::ReplayBoundary::Reader m) {
+  auto d = transport::read_descriptor(m.getTensor());
+  if (!d.ok() || m.getMicroBatch() > (1u << 20) ||
+      !boundaries_->put(m.getGeneration(), m.getIteration(),
+                        boundary_exchange::tag(int(m.getMicroBatch()), m.getGradient()), *d)) {
+    ++refused_;
+  }
   co_return;
 }
 
@@ -111,16 +125,19 @@ group_reducer::group_reducer(actors::actor_system& system, engine::bulk_io& io,
   if (replica_ >= peers_.size()) throw std::invalid_argument("group_reducer: replica outside");
 }
 
+namespace {
+
+// Runs `task` on the actor thread and waits for it, from the replay's thread.
 template <class Task>
-void group_reducer::on_actor_thread(Task task) {
-  if (system_.io().get_executor().running_in_this_thread()) {
-    throw std::logic_error("group_reducer::reduce on the actor thread (it would wait for itself)");
+void wait_on_actor_thread(actors::actor_system& system, Task task) {
+  if (system.io().get_executor().running_in_this_thread()) {
+    throw std::logic_error("a group replay waits on the actor thread (it would wait for itself)");
   }
   // Owned by the completion handler: if the io_context goes first (the process stopping),
   // the handler is destroyed and the promise broken, which ends the wait below.
   auto done = std::make_shared<std::promise<void>>();
   auto finished = done->get_future();
-  asio::co_spawn(system_.io(), std::move(task), [done](std::exception_ptr e) {
+  asio::co_spawn(system.io(), std::move(task), [done](std::exception_ptr e) {
     if (e) {
       done->set_exception(e);
     } else {
@@ -128,6 +145,13 @@ void group_reducer::on_actor_thread(Task task) {
     }
   });
   finished.get();
+}
+
+}  // namespace
+
+template <class Task>
+void group_reducer::on_actor_thread(Task task) {
+  wait_on_actor_thread(system_, std::move(task));
 }
 
 awaitable<void> group_reducer::announce(std::int64_t iteration,
@@ -187,6 +211,93 @@ void group_reducer::reduce(std::int64_t iteration, std::span<float> grads) {
       engine::accumulate(grads, g);
     }
   }
+}
+
+boundary_exchange::boundary_exchange(actors::actor_system& system, engine::bulk_io& io,
+                                     std::shared_ptr<group_inbox> inbox, std::uint64_t generation,
+                                     actors::actor_ref before, actors::actor_ref after,
+                                     std::size_t floats, int micro_batches,
+                                     std::uint64_t pull_chunk_bytes,
+                                     std::chrono::steady_clock::duration wait)
+    : system_(system),
+      io_(io),
+      inbox_(std::move(inbox)),
+      generation_(generation),
+      before_(before),
+      after_(after),
+      floats_(floats),
+      micro_batches_(micro_batches),
+      chunk_(pull_chunk_bytes),
+      wait_(wait),
+      incoming_(std::make_shared<std::vector<float>>(floats)) {
+  if (micro_batches_ < 1 || floats_ == 0) throw std::invalid_argument("boundary_exchange: shape");
+  const std::size_t bytes = std::size_t(micro_batches_) * floats_ * sizeof(float);
+  if (after_.valid()) activations_ = io_.allocate(bytes);
+  if (before_.valid()) gradients_ = io_.allocate(bytes);
+}
+
+awaitable<void> boundary_exchange::announce(std::int64_t iteration, int mb, bool gradient,
+                                            transport::bulk_descriptor d) {
+  const actors::actor_ref to = gradient ? before_ : after_;
+  (void)system_.tell<wire::ReplayBoundary>(to, [&](wire::ReplayBoundary::Builder b) {
+    b.setGeneration(generation_);
+    b.setIteration(iteration);
+    b.setMicroBatch(std::uint32_t(mb));
+    b.setGradient(gradient);
+    transport::write_descriptor(b.initTensor(), d);
+  });
+  co_return;
+}
+
+awaitable<void> boundary_exchange::pull(std::int64_t iteration, int mb, bool gradient) {
+  const actors::actor_ref from = gradient ? after_ : before_;
+  const transport::bulk_descriptor desc =
+      co_await inbox_->take(generation_, iteration, tag(mb, gradient), wait_);
+  if (desc.node != from.node || desc.length != floats_ * sizeof(float)) {
+    throw std::runtime_error(fmt::format(
+        "the region member of the stage {} announced a {} that does not match the replay ({} "
+        "bytes on node {}, expected {} on node {})",
+        gradient ? "after" : "before", gradient ? "gradient" : "activation", desc.length, desc.node,
+        floats_ * sizeof(float), from.node));
+  }
+  auto pulled = co_await pull_chunked(io_, desc, std::as_writable_bytes(std::span(*incoming_)),
+                                      incoming_, chunk_);
+  if (!pulled.ok()) {
+    throw std::runtime_error(fmt::format("pulling a region neighbour's {} failed: {}",
+                                         gradient ? "gradient" : "activation",
+                                         pulled.err().message));
+  }
+}
+
+std::vector<float> boundary_exchange::take(std::int64_t iteration, int mb, bool gradient) {
+  if (!(gradient ? after_ : before_).valid() || mb < 0 || mb >= micro_batches_) {
+    throw std::invalid_argument("boundary_exchange::take: no such neighbour or micro-batch");
+  }
+  wait_on_actor_thread(system_, pull(iteration, mb, gradient));
+  return *incoming_;
+}
+
+void boundary_exchange::send(std::int64_t iteration, int mb, bool gradient,
+                             std::span<const float> t) {
+  const transport::bulk_region& buf = gradient ? gradients_ : activations_;
+  if (!(gradient ? before_ : after_).valid() || mb < 0 || mb >= micro_batches_ ||
+      t.size() != floats_) {
+    throw std::invalid_argument("boundary_exchange::send: no such neighbour, or a bad tensor");
+  }
+  const std::size_t offset = std::size_t(mb) * floats_ * sizeof(float);
+  std::memcpy(buf.memory().data() + offset, t.data(), t.size_bytes());
+  wait_on_actor_thread(
+      system_, announce(iteration, mb, gradient, buf.describe(offset, floats_ * sizeof(float))));
+}
+
+awaitable<void> boundary_exchange::finish() {
+  // Markers, never pulled: to the stage after as if an activation, to the one before as if a
+  // gradient; and each neighbour's own marker the same way round.
+  const std::uint64_t one = floats_ * sizeof(float);
+  if (after_.valid()) co_await announce(done_, 0, false, activations_.describe(0, one));
+  if (before_.valid()) co_await announce(done_, 0, true, gradients_.describe(0, one));
+  if (before_.valid()) (void)co_await inbox_->take(generation_, done_, tag(0, false), wait_);
+  if (after_.valid()) (void)co_await inbox_->take(generation_, done_, tag(0, true), wait_);
 }
 
 }  // namespace moevement::recovery

@@ -68,20 +68,24 @@ class group_inbox {
   std::set<asio::steady_timer*> waiters_;  // cancelled (woken) on every put and begin
 };
 
-// One per worker (policy moevement): peers' ReplayGradients into the inbox.
+// One per worker (policy moevement): peers' ReplayGradients into the gradients' inbox, and
+// a pipelined region's neighbours' ReplayBoundary into the boundaries' (keyed by iteration and
+// boundary_exchange::tag).
 class group_exchange : public actors::actor {
  public:
-  using interface = actors::interface<actors::tell_t<wire::ReplayGradients>,
-                                      actors::tell_t<engine::wire::ReplayGeneration>>;
-  explicit group_exchange(std::shared_ptr<group_inbox> inbox);
+  using interface =
+      actors::interface<actors::tell_t<wire::ReplayGradients>, actors::tell_t<wire::ReplayBoundary>,
+                        actors::tell_t<engine::wire::ReplayGeneration>>;
+  group_exchange(std::shared_ptr<group_inbox> gradients, std::shared_ptr<group_inbox> boundaries);
   std::uint64_t refused() const { return refused_; }
 
  private:
   asio::awaitable<void> gradients(wire::ReplayGradients::Reader m);
+  asio::awaitable<void> boundary(wire::ReplayBoundary::Reader m);
   // A new generation of the replay begins (the worker's agent may be busy with the old one,
   // whose waits end now).
   asio::awaitable<void> generation(engine::wire::ReplayGeneration::Reader m);
-  std::shared_ptr<group_inbox> inbox_;
+  std::shared_ptr<group_inbox> inbox_, boundaries_;
   std::uint64_t refused_ = 0;
 };
 
@@ -124,6 +128,60 @@ class group_reducer {
   std::uint64_t chunk_;
   std::chrono::steady_clock::duration wait_;
   transport::bulk_region buffers_[2];
+  std::shared_ptr<std::vector<float>> incoming_;
+};
+
+// One member's side of a joint region replayed as a pipeline (docs/recovery.md "The group
+// replays in parallel"): this member replays one stage of the region; the members replaying
+// the stage before and after it (the same replica) send it their activations and gradients,
+// and it sends them its own, per micro-batch, the moment each is made. A tensor is copied into
+// an exported buffer (a slot per micro-batch and direction), announced to the neighbour's
+// group exchange (ReplayBoundary) and pulled there. One buffer per direction is enough: this
+// stage rewrites its activation of micro-batch mb in iteration i + 1 only after the stage
+// after sent it every gradient of i, which that stage did only after pulling every activation
+// of i (and the same the other way round). Made and dropped on the actor thread; take() and
+// send() run on the replay's thread.
+class boundary_exchange {
+ public:
+  // The inbox key of a tensor: its micro-batch and direction.
+  static std::uint32_t tag(int mb, bool gradient) { return std::uint32_t(mb) * 2 + gradient; }
+
+  // before / after: the group exchange of the member replaying the stage before / after this
+  // one (invalid: that side is outside the region; its tensors come from a log, and none are
+  // sent to it). floats: of one boundary tensor.
+  boundary_exchange(actors::actor_system& system, engine::bulk_io& io,
+                    std::shared_ptr<group_inbox> inbox, std::uint64_t generation,
+                    actors::actor_ref before, actors::actor_ref after, std::size_t floats,
+                    int micro_batches, std::uint64_t pull_chunk_bytes,
+                    std::chrono::steady_clock::duration wait);
+
+  // The activation of (iteration, mb) from the stage before, or the gradient from the stage
+  // after. Throws when it does not come (superseded by a newer generation, or the wait ran
+  // out) or does not match.
+  std::vector<float> take(std::int64_t iteration, int mb, bool gradient);
+  // This stage's activation (to the stage after) or input gradient (to the stage before).
+  void send(std::int64_t iteration, int mb, bool gradient, std::span<const float> t);
+  // On the actor thread, once the replay is over: tells the neighbours this member pulled all
+  // it needed and waits until each says the same, so that no buffer goes while one still
+  // pulls it. Throws as take() does.
+  asio::awaitable<void> finish();
+
+ private:
+  static constexpr std::int64_t done_ = INT64_MAX;  // the iteration of finish()'s message
+  asio::awaitable<void> announce(std::int64_t iteration, int mb, bool gradient,
+                                 transport::bulk_descriptor d);
+  asio::awaitable<void> pull(std::int64_t iteration, int mb, bool gradient);
+
+  actors::actor_system& system_;
+  engine::bulk_io& io_;
+  std::shared_ptr<group_inbox> inbox_;
+  std::uint64_t generation_;
+  actors::actor_ref before_, after_;
+  std::size_t floats_;
+  int micro_batches_;
+  std::uint64_t chunk_;
+  std::chrono::steady_clock::duration wait_;
+  transport::bulk_region activations_, gradients_;  // [mb] slots of floats_, sent from here
   std::shared_ptr<std::vector<float>> incoming_;
 };
 

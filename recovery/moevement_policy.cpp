@@ -237,7 +237,8 @@ moevement_checkpoint::moevement_checkpoint(actors::actor_system& system, engine:
   replicator_ = system_.spawn<recovery::replicator>(io_, limits_, durable_, job_.baseline.dir,
                                                     job_.share_memory);
   inbox_ = std::make_shared<group_inbox>(system_.io());
-  exchange_ = system_.spawn<recovery::group_exchange>(inbox_);
+  boundaries_ = std::make_shared<group_inbox>(system_.io());
+  exchange_ = system_.spawn<recovery::group_exchange>(inbox_, boundaries_);
   // The head's region supervisors start a region_member here while this worker takes part
   // in a recovery (recovery/region_supervisor.hpp).
   system_.register_type<region_member>(region_member::registered_name);
@@ -318,7 +319,7 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_files_.clear();
   restored_w_ = 0;
   timing_ = {};
-  restore_context ctx{system_, io_, job_, limits_, durable_.get(), inbox_};
+  restore_context ctx{system_, io_, job_, limits_, durable_.get(), inbox_, boundaries_};
   restored_stage r = co_await restore_region(std::move(ctx), plan, factory, std::move(setup));
   restored_log_ = std::move(r.log);
   restored_schedule_ = std::move(r.schedule);

@@ -56,7 +56,8 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   std::shared_ptr<durable_writer> durable_;  // null: checkpoint.durable is off
   bool fresh_ = true;                        // no restore yet: the role given at the start
   actors::actor_ref replicator_, agent_, exchange_;
-  std::shared_ptr<group_inbox> inbox_;  // what exchange_ received, for a group replay here
+  std::shared_ptr<group_inbox> inbox_;       // what exchange_ received, for a group replay here
+  std::shared_ptr<group_inbox> boundaries_;  // and for a pipelined region's replay here
   std::vector<engine::op_size> sizes_;
   double bandwidth_ = 0.0;
   // What a restore replayed for this replica: it becomes the new stage's upstream log.

@@ -97,3 +97,16 @@ struct ReplayGradients {
   replica @2 :UInt32;
   tensor @3 :Bulk.BulkDescriptor;
 }
+
+# Member of a joint region replayed as a pipeline -> the group exchange of the member replaying
+# the stage after it (an activation) or before it (a gradient), same replica
+# (recovery/group_replay.hpp boundary_exchange): the tensor it sent at (iteration,
+# microBatch), exported until that member pulled it. iteration 2^63 - 1: the member is done (a
+# marker, never pulled).
+struct ReplayBoundary {
+  generation @0 :UInt64;
+  iteration @1 :Int64;
+  microBatch @2 :UInt32;
+  gradient @3 :Bool;
+  tensor @4 :Bulk.BulkDescriptor;
+}

@@ -155,6 +155,10 @@ class region_recovery : public engine::head_recovery {
   std::map<std::string, int> restores_per_host() const;
   void announce_restart(const region& r);
   void send_restores(const region& r);
+  // Whether r's members replay as a group (each its own replica of the region) and as a
+  // pipeline (each its own stage of a joint region).
+  bool replays_as_group(const region& r) const;
+  bool replays_as_pipeline(const region& r) const;
   void report_end(const state& rec) const;
 
   // durable_rollback.cpp: every copy of a needed snapshot is gone (or a region escalated)

@@ -59,14 +59,21 @@ struct restore_plan {
   int window_pp = 0, window_dp = 0;
   std::vector<int> replicas;     // of each region stage, rebuilt here (all, or this one)
   std::vector<actor_ref> group;  // [replica] the members' exchanges (empty: no group)
+  // [s - first_stage] the exchange of the member replaying (s, replica) (empty: this worker
+  // replays every stage of the region, not a pipeline of them)
+  std::vector<actor_ref> pipeline;
   std::map<std::int64_t, step_record> steps;
-  // Index i of a stage replica rebuilt here (i = j * replicas.size() + r) -> its place in
-  // the Restore's sources (j * dp + replica).
+  bool pipelined() const { return !pipeline.empty(); }
+  // The stages replayed here: the region's, or (pipelined) this role's alone.
+  int first_here() const { return pipelined() ? stage : first_stage; }
+  int k_here() const { return pipelined() ? 1 : k; }
+  // Index i of a stage replica rebuilt here (i = j * replicas.size() + r, stage
+  // first_here() + j) -> its place in the Restore's sources ((stage - first_stage) * dp +
+  // replica).
   std::size_t source(std::size_t i) const {
-    const std::size_t n = replicas.size();
-    return (i / n) * std::size_t(dp) + std::size_t(replicas[i % n]);
+    return std::size_t(stage_of(i) - first_stage) * std::size_t(dp) + std::size_t(replica_of(i));
   }
-  int stage_of(std::size_t i) const { return first_stage + int(i / replicas.size()); }
+  int stage_of(std::size_t i) const { return first_here() + int(i / replicas.size()); }
   int replica_of(std::size_t i) const { return replicas[i % replicas.size()]; }
 };
 
@@ -118,6 +125,24 @@ restore_plan decode(engine::wire::Restore::Reader m, const engine::job_config& j
     p.replicas = {p.replica};
   } else {
     for (int d = 0; d < p.dp; ++d) p.replicas.push_back(d);
+  }
+  if (m.getPipeline().size() != 0) {
+    // One stage replica replayed here: with dp > 1 only as a group member.
+    if (m.getPipeline().size() != unsigned(p.k) || p.k < 2 || p.replicas.size() != 1) {
+      throw std::runtime_error("malformed Restore from the coordinator (its pipeline)");
+    }
+    std::set<transport::node_id> nodes;
+    for (auto a : m.getPipeline()) {
+      p.pipeline.push_back(read_ref(a));
+      nodes.insert(p.pipeline.back().node);
+      if (!p.pipeline.back().valid()) {
+        throw std::runtime_error("malformed Restore from the coordinator (a pipeline member)");
+      }
+    }
+    if (nodes.size() != p.pipeline.size()) {
+      throw std::runtime_error(
+          "malformed Restore from the coordinator (a worker twice in a pipeline)");
+    }
   }
   const int mbs = job.train.micro_batches;
   for (auto r : m.getSteps()) {
@@ -174,7 +199,7 @@ awaitable<restored_stage> region_restore::run(const engine::stage_factory& facto
   // Fresh stages for every replica rebuilt here of every stage of the region: the initial
   // state, or what the windows' slots overwrite. Built on a thread of their own while this
   // one pulls the slots: allocating a stage's state is as long as pulling it.
-  const std::size_t all = std::size_t(p_.k) * p_.replicas.size();
+  const std::size_t all = std::size_t(p_.k_here()) * p_.replicas.size();
   models_.resize(all);
   slots_.resize(all);
   std::future<void> building = std::async(std::launch::async, [&] {
@@ -208,7 +233,7 @@ awaitable<restored_stage> region_restore::run(const engine::stage_factory& facto
   const std::size_t n = p_.replicas.size();
   const auto mine = std::size_t(std::find(p_.replicas.begin(), p_.replicas.end(), p_.replica) -
                                 p_.replicas.begin());
-  out_.model = std::move(models_[std::size_t(p_.stage - p_.first_stage) * n + mine]);
+  out_.model = std::move(models_[std::size_t(p_.stage - p_.first_here()) * n + mine]);
   co_return std::move(out_);
 }
 
@@ -385,11 +410,12 @@ awaitable<void> region_restore::fetch_logs(std::size_t floats) {
   down_.resize(n);
   for (std::size_t r = 0; r < n; ++r) {
     const int d = p_.replicas[r];
-    if (p_.first_stage > 0) {
+    // The region's ends only (a pipelined member inside it takes its neighbours' live).
+    if (p_.first_stage > 0 && p_.first_here() == p_.first_stage) {
       const auto src = m_.getSources()[unsigned(d)];
       co_await fetch_log(read_ref(src.getUpstream()), false, d, floats, up_[r]);
     }
-    if (p_.last_stage + 1 < ctx_.job.pp) {
+    if (p_.last_stage + 1 < ctx_.job.pp && p_.first_here() + p_.k_here() - 1 == p_.last_stage) {
       const auto src = m_.getSources()[unsigned((p_.k - 1) * p_.dp + d)];
       co_await fetch_log(read_ref(src.getDownstream()), true, d, floats, down_[r]);
     }
@@ -438,8 +464,8 @@ awaitable<void> region_restore::fetch_schedule() {
 awaitable<void> region_restore::replay() {
   // Sparse-to-dense conversion of the region, then all-active replay up to the target.
   conversion_input in;
-  in.stage = p_.first_stage;
-  in.region_stages = p_.k;
+  in.stage = p_.first_here();
+  in.region_stages = p_.k_here();
   in.stages = ctx_.job.pp;
   in.micro_batches = ctx_.job.train.micro_batches;
   in.target_iteration = p_.target;
@@ -454,13 +480,29 @@ awaitable<void> region_restore::replay() {
   std::unique_ptr<group_reducer> group;
   if (!p_.group.empty()) {
     std::size_t floats = 0;
-    for (int j = 0; j < p_.k; ++j)
-      floats += engine::gradient_floats(models_[std::size_t(j)]->operators());
+    for (const auto& model : models_) floats += engine::gradient_floats(model->operators());
     group = std::make_unique<group_reducer>(ctx_.system, ctx_.io, ctx_.inbox, p_.generation,
                                             std::uint32_t(p_.replica), p_.group, floats,
                                             ctx_.limits.pull_chunk_bytes, ctx_.limits.group_wait);
     in.first_replica = std::size_t(p_.replica);
     in.reduce = [&](std::int64_t it, std::span<float> g) { group->reduce(it, g); };
+  }
+  // A pipelined region: the tensors with this stage's region neighbours pass live.
+  std::unique_ptr<boundary_exchange> live;
+  if (p_.pipelined()) {
+    if (!ctx_.boundaries) throw std::logic_error("a pipelined restore without a boundary inbox");
+    const auto j = std::size_t(p_.stage - p_.first_stage);
+    const actor_ref before = j > 0 ? p_.pipeline[j - 1] : actor_ref{};
+    const actor_ref after = j + 1 < p_.pipeline.size() ? p_.pipeline[j + 1] : actor_ref{};
+    live = std::make_unique<boundary_exchange>(
+        ctx_.system, ctx_.io, ctx_.boundaries, p_.generation, before, after,
+        models_[0]->boundary_floats(), ctx_.job.train.micro_batches, ctx_.limits.pull_chunk_bytes,
+        ctx_.limits.group_wait);
+    in.live_before = before.valid();
+    in.live_after = after.valid();
+    in.take_live = [&](std::int64_t it, int mb, log_direction dir) {
+      return live->take(it, mb, dir == log_direction::gradient);
+    };
   }
   auto own = std::make_unique<log_store>();
   const int s = p_.stage;
@@ -470,6 +512,8 @@ awaitable<void> region_restore::replay() {
     if (st == s && d == me) {
       own->append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)}, std::as_bytes(x));
     }
+    const bool gradient = dir == log_direction::gradient;
+    if (live && (gradient ? in.live_before : in.live_after)) live->send(it, mb, gradient, x);
   };
   std::vector<engine::stage_model*> ptrs;
   for (auto& m : models_) ptrs.push_back(m.get());
@@ -483,6 +527,7 @@ awaitable<void> region_restore::replay() {
                       [&] { (void)sparse_to_dense(ptrs, in); });
   });
   if (group) co_await group->finish();
+  if (live) co_await live->finish();
   const auto done = sclock::now();
   out_.timing.pull_s = std::chrono::duration<double>(pulled_at_ - started_).count();
   out_.timing.replay_s = std::chrono::duration<double>(done - pulled_at_).count();
@@ -541,12 +586,18 @@ awaitable<restored_stage> restore_region(restore_context ctx, engine::wire::Rest
     throw std::runtime_error(
         "malformed Restore from the coordinator (its group names another worker for this one)");
   }
+  if (plan.pipelined() &&
+      plan.pipeline[std::size_t(plan.stage - plan.first_stage)].node != ctx.system.node()) {
+    throw std::runtime_error(
+        "malformed Restore from the coordinator (its pipeline names another worker for this one)");
+  }
   if (plan.durable && plan.window_pp != 0 &&
       (plan.window_pp != ctx.job.pp || plan.window_dp != ctx.job.dp)) {
     co_return co_await restore_layout(ctx, m, factory, std::move(setup));
   }
   // A group replay of an older generation still waiting here ends now (superseded).
   if (ctx.inbox) ctx.inbox->begin(plan.generation);
+  if (ctx.boundaries) ctx.boundaries->begin(plan.generation);
   region_restore run(std::move(ctx), m, std::move(plan), std::move(setup));
   co_return co_await run.run(factory);
 }

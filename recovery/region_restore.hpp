@@ -8,7 +8,9 @@
 // Who replays what: with a group (the Restore names one exchange per replica), this worker
 // replays only its own replica of each region stage and sums gradients with the group's
 // other members, each on its own worker (recovery/group_replay.hpp); without one it replays
-// every replica of the region itself.
+// every replica of the region itself. With a pipeline (a joint region: the Restore names one
+// exchange per region stage), it replays only its own stage, the boundary tensors with the
+// region's other stages passing live between their members (boundary_exchange).
 #pragma once
 
 #include <asio/awaitable.hpp>
@@ -57,6 +59,7 @@ struct restore_context {
   policy_limits limits;
   durable_writer* durable = nullptr;  // null: checkpoint.durable is off
   std::shared_ptr<group_inbox> inbox;
+  std::shared_ptr<group_inbox> boundaries;  // a pipelined region's tensors (boundary_exchange)
 };
 
 // Runs one Restore. Throws std::runtime_error (engine::snapshot_lost when every copy of a

@@ -103,6 +103,26 @@ void region_recovery::announce_restart(const region& r) {
   }
 }
 
+bool region_recovery::replays_as_group(const region& r) const {
+  return group_replay() && state_->window_pp == 0 &&
+         r.members.size() == std::size_t((r.last - r.first + 1) * job_.job().dp);
+}
+
+bool region_recovery::replays_as_pipeline(const region& r) const {
+  // A joint region replays as a pipeline: each member its own stage, the tensors between the
+  // region's stages passing live between their members (every role a member, each with an
+  // exchange; recovery/group_replay.hpp boundary_exchange).
+  const int k = r.last - r.first + 1, dp = job_.job().dp;
+  const bool group = replays_as_group(r);
+  const auto& workers = job_.workers();
+  return k > 1 && state_->window_pp == 0 && (group || dp == 1) &&
+         r.members.size() == std::size_t(k * (group ? dp : 1)) &&
+         std::all_of(r.members.begin(), r.members.end(), [&](const member& m) {
+           const auto w = workers.find(m.spare);
+           return w != workers.end() && w->second.group_exchange.valid();
+         });
+}
+
 void region_recovery::send_restores(const region& r) {
   const auto& workers = job_.worker_roles();
   const auto& job = job_.job();
@@ -131,9 +151,8 @@ void region_recovery::send_restores(const region& r) {
   const std::map<std::string, int> per_host = restores_per_host();
   // Every replica of the region's stages is a member (add_group_survivors): each replays its
   // own. Not for a resume at another layout (it replays the old layout whole).
-  const bool group = group_replay() && state_->window_pp == 0 &&
-                     r.members.size() == std::size_t((r.last - r.first + 1) * dp);
-  if (group) {
+  const bool group = replays_as_group(r), pipeline = replays_as_pipeline(r);
+  if (group || pipeline) {
     // A member's agent may still be in the previous generation's replay, waiting for a peer
     // this one replaced: its exchange hears first, and that wait ends.
     for (const member& m : r.members) {
@@ -184,6 +203,16 @@ void region_recovery::send_restores(const region& r) {
         l[i].setGradNorm(steps[i].second.plan.grad_norm);
       }
       actors::write_ref(b.initCoordinator(), me);
+      if (pipeline) {
+        // The exchanges of this member's replica's region stages, by stage.
+        auto l = b.initPipeline(static_cast<unsigned>(k));
+        for (const member& o : r.members) {
+          if (o.lost.replica == m.lost.replica) {
+            actors::write_ref(l[unsigned(o.lost.stage - r.first)],
+                              workers.at(o.spare).group_exchange);
+          }
+        }
+      }
       if (group) {
         // The exchanges of this member's stage's group: replica d's worker, by replica.
         auto g = b.initGroup(static_cast<unsigned>(dp));
@@ -252,6 +281,7 @@ void region_recovery::report_end(const state& rec) const {
                      .add("pull_s", pull)
                      .add("replay_s", replay)
                      .add("replays", replays)
+                     .add("pipelined", replays_as_pipeline(r))
                      .add("rejoin_s", since(r.ready_at, now))
                      .add("slots_mapped", mapped)
                      .add("slots_pulled", pulled)

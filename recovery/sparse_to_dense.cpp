@@ -117,7 +117,16 @@ class conversion {
     if (in_.steps == nullptr) throw conversion_error("sparse-to-dense: no step plans given");
     starts_ = in_.stage == 0;
     ends_ = in_.stage + k_ == in_.stages;
+    if (streamed()) {
+      if (k_ != 1 || d_count_ != 1 || !in_.take_live || (in_.live_before && starts_) ||
+          (in_.live_after && ends_)) {
+        throw conversion_error(
+            "sparse-to-dense: a pipelined replay gives one stage replica with live neighbours "
+            "inside the pipeline, and take_live");
+      }
+    }
   }
+  bool streamed() const { return in_.live_before || in_.live_after; }
 
   // Parses and verifies every slot before touching the stages.
   void parse_windows() {
@@ -279,6 +288,10 @@ class conversion {
 
   // Replays iteration `it` on replica d of every region stage, from the logged boundary inputs.
   void replay_replica(std::size_t d, std::int64_t it, const step_record& step) {
+    if (streamed()) {
+      replay_streamed(it, step);
+      return;
+    }
     const std::size_t floats = replicas_[0]->boundary_floats();
     const std::size_t gd = in_.first_replica + d;  // the replica's index in the group
     engine::replay_inputs ri{in_.stage, in_.stages, in_.micro_batches, {}, {}};
@@ -300,6 +313,50 @@ class conversion {
       const std::size_t i = base(j) + d;
       sent(in_.stage + j, it, gd, outs[std::size_t(j)], i < in_.own.size() ? in_.own[i] : nullptr);
     }
+  }
+
+  // The one stage of a pipelined replay: its boundary tensors with the region's other members
+  // come live (take_live), the others from the logs; what it sends goes out at once.
+  void replay_streamed(std::int64_t it, const step_record& step) {
+    const std::size_t floats = replicas_[0]->boundary_floats();
+    const std::size_t gd = in_.first_replica;
+    const int s = in_.stage;
+    const log_store* own = in_.own.empty() ? nullptr : in_.own[0];
+    std::vector<float> act, grad;  // the inputs in use (valid until the next)
+    auto input = [&](std::vector<float>& into, int mb,
+                     log_direction dir) -> std::span<const float> {
+      const bool activation = dir == log_direction::activation;
+      if (activation ? in_.live_before : in_.live_after) {
+        into = in_.take_live(it, mb, dir);
+      } else {
+        const log_store* log = activation ? (in_.upstream.empty() ? nullptr : in_.upstream[0])
+                                          : (in_.downstream.empty() ? nullptr : in_.downstream[0]);
+        into = logged(log, it, mb, dir, gd, activation ? s - 1 : s + 1, floats);
+      }
+      if (into.size() != floats) {
+        throw conversion_error("sparse-to-dense: a live boundary tensor of iteration " +
+                               std::to_string(it) + " micro-batch " + std::to_string(mb) + " has " +
+                               std::to_string(into.size()) + " floats, expected " +
+                               std::to_string(floats));
+      }
+      return into;
+    };
+    auto output = [&](int mb, log_direction dir, std::span<const float> t) {
+      if (in_.on_sent) in_.on_sent(s, it, mb, dir, gd, t);
+      check_sent(own, it, mb, dir, gd, t, rep_.tensors_checked);
+    };
+    engine::replay_stream io;
+    io.activation_in = [&](int mb) { return input(act, mb, log_direction::activation); };
+    io.gradient_in = [&](int mb) { return input(grad, mb, log_direction::gradient); };
+    io.activation_out = [&](int mb, std::span<const float> t) {
+      output(mb, log_direction::activation, t);
+    };
+    io.gradient_out = [&](int mb, std::span<const float> t) {
+      output(mb, log_direction::gradient, t);
+    };
+    engine::replay_streamed(*replicas_[0], it, step.loss_grad, s, in_.stages, in_.micro_batches,
+                            io);
+    if (active_ < n_all_) ++rep_.sparse_replays;
   }
 
   // What stage s's replica gd sent in iteration `it`: to on_sent, and checked against its

@@ -61,6 +61,15 @@ struct conversion_input {
   // here. upstream, downstream and own are indexed by the replicas given.
   std::size_t first_replica = 0;
   std::function<void(std::int64_t iteration, std::span<float> gradients)> reduce;
+  // A joint region replayed as a pipeline across workers: the region given (region_stages 1,
+  // one replica) is one stage of a larger region whose other stages other workers replay at
+  // the same time, each its own. live_before: the stage before is such a member, and its
+  // activations come from take_live as this stage needs them (not from `upstream`);
+  // live_after: the same for the gradients of the stage after. on_sent then gets each tensor
+  // the moment it is made (those members wait for it). take_live may wait; it throws to give
+  // up (the replay ends with that error).
+  bool live_before = false, live_after = false;
+  std::function<std::vector<float>(std::int64_t iteration, int mb, log_direction dir)> take_live;
   // Called with every tensor the replay sends (to rebuild the stages' own upstream logs).
   std::function<void(int stage, std::int64_t iteration, int micro_batch, log_direction dir,
                      std::size_t replica, std::span<const float> tensor)>
