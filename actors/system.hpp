@@ -416,6 +416,9 @@ class actor_system {
   // declared lost now, on the head with the verdict sent to every member. (A failed connection
   // alone is redialled first: see on_peer_lost.)
   void lose_member(node_id peer, const std::string& detail);
+  // The job is over: members are about to leave, and a failed connection to one is taken as
+  // its leaving (declared at once), never redialled.
+  void wind_down();
   // Where member `peer` listens: the head learns its workers' addresses so that it can redial
   // one whose connection failed (a member that dialled us is reachable without it, but then
   // only it can reconnect, and a failed connection to it is a verdict at once).
@@ -592,6 +595,7 @@ class actor_system {
   std::map<node_id, std::string> lost_why_;
   std::set<node_id> fenced_;     // lost, not by goodbye: nothing from it is read
   std::set<node_id> redialled_;  // members redialled after a failed connection, not heard since
+  bool winding_down_ = false;    // wind_down(): failed connections are not redialled
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;

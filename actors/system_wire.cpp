@@ -281,7 +281,7 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
   // or a verdict. Where this node's verdict counts (the head on any member, a member on the
   // head), a redial that the peer refuses before it is heard again is one: nothing listens
   // there any more. Elsewhere the heartbeats decide (silence is reported to the head).
-  if (!clean && m != members_.end() && !shut_down_) {
+  if (!clean && m != members_.end() && !shut_down_ && !winding_down_) {
     const bool judges = node_ == config_.head || peer == config_.head;
     const bool redial_refused = why == transport::peer_loss::refused && redialled_.contains(peer);
     // (Where we cannot dial it, only its own redial could tell: the failure is the verdict.)
@@ -293,6 +293,10 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
     }
   }
   declare_lost(peer, clean, detail);
+}
+
+void actor_system::wind_down() {
+  winding_down_ = true;
 }
 
 void actor_system::lose_member(node_id peer, const std::string& detail) {

@@ -233,6 +233,7 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
 }
 
 asio::awaitable<void> worker_agent::shutdown(wire::Shutdown::Reader) {
+  system().wind_down();  // the job is over: peers closing their connections is no fault
   if (on_exit_) on_exit_(0, "shutdown requested by the coordinator");
   co_return;
 }

@@ -280,6 +280,7 @@ void head_session::extend(const engine::iteration_record& r) {
 
 void head_session::finish(const engine::job_outcome& o) {
   finished_ = true;
+  sys_.wind_down();  // the workers leave now: their connections closing is no fault
   outcome_ = o;
   start_timer_.cancel();
   injector_.stop();

@@ -55,6 +55,8 @@ class ucx_worker {
   unsigned progress();
   // The worker's own address blob (for out-of-band exchange in tests and diagnostics).
   std::vector<std::byte> address() const;
+  // Never destroyed (left for the process's exit): see ucx_link's shutdown for when.
+  void abandon() { worker_ = nullptr; }
 
  private:
   ucp_worker_h worker_ = nullptr;
