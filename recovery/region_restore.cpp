@@ -77,6 +77,26 @@ struct restore_plan {
   int replica_of(std::size_t i) const { return replicas[i % replicas.size()]; }
 };
 
+// The exchanges a Restore names for its group or pipeline: each valid, each on its own worker.
+std::vector<actor_ref> members_of(capnp::List<::moevement::wire::ActorAddress>::Reader list,
+                                  const char* what) {
+  std::vector<actor_ref> out;
+  std::set<transport::node_id> nodes;
+  for (auto a : list) {
+    out.push_back(read_ref(a));
+    nodes.insert(out.back().node);
+    if (!out.back().valid()) {
+      throw std::runtime_error(
+          fmt::format("malformed Restore from the coordinator (a member of its {})", what));
+    }
+  }
+  if (nodes.size() != out.size()) {
+    throw std::runtime_error(
+        fmt::format("malformed Restore from the coordinator (a worker twice in its {})", what));
+  }
+  return out;
+}
+
 restore_plan decode(engine::wire::Restore::Reader m, const engine::job_config& job,
                     const engine::stage_setup& setup, bool durable_on) {
   restore_plan p;
@@ -110,18 +130,7 @@ restore_plan decode(engine::wire::Restore::Reader m, const engine::job_config& j
     if (m.getGroup().size() != unsigned(p.dp) || p.dp < 2) {
       throw std::runtime_error("malformed Restore from the coordinator (its group)");
     }
-    std::set<transport::node_id> nodes;
-    for (auto a : m.getGroup()) {
-      p.group.push_back(read_ref(a));
-      nodes.insert(p.group.back().node);
-      if (!p.group.back().valid()) {
-        throw std::runtime_error("malformed Restore from the coordinator (a group member)");
-      }
-    }
-    if (nodes.size() != p.group.size()) {
-      throw std::runtime_error(
-          "malformed Restore from the coordinator (a worker twice in a group)");
-    }
+    p.group = members_of(m.getGroup(), "group");
     p.replicas = {p.replica};
   } else {
     for (int d = 0; d < p.dp; ++d) p.replicas.push_back(d);
@@ -131,18 +140,7 @@ restore_plan decode(engine::wire::Restore::Reader m, const engine::job_config& j
     if (m.getPipeline().size() != unsigned(p.k) || p.k < 2 || p.replicas.size() != 1) {
       throw std::runtime_error("malformed Restore from the coordinator (its pipeline)");
     }
-    std::set<transport::node_id> nodes;
-    for (auto a : m.getPipeline()) {
-      p.pipeline.push_back(read_ref(a));
-      nodes.insert(p.pipeline.back().node);
-      if (!p.pipeline.back().valid()) {
-        throw std::runtime_error("malformed Restore from the coordinator (a pipeline member)");
-      }
-    }
-    if (nodes.size() != p.pipeline.size()) {
-      throw std::runtime_error(
-          "malformed Restore from the coordinator (a worker twice in a pipeline)");
-    }
+    p.pipeline = members_of(m.getPipeline(), "pipeline");
   }
   const int mbs = job.train.micro_batches;
   for (auto r : m.getSteps()) {

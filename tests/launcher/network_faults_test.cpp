@@ -152,6 +152,19 @@ const run_result& stage_reference() {
   return ref;
 }
 
+// A reset run (launch_failing_stage_link "reset") ended as a fault-free one: the reference's
+// hash, connections there were and were closed, no worker lost, no recovery.
+void expect_reset_costs_nothing(const run_result& r, const run_result& ref,
+                                const std::string& log) {
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(hash_of(r.output.substr(0, r.output.rfind("packets "))), hash_of(ref.output))
+      << r.output;
+  EXPECT_EQ(r.output.find("failed 0 connections"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("still 0"), std::string::npos) << r.output;  // they were closed
+  EXPECT_EQ(r.output.find("recovered on worker"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(log).find("worker_lost"), std::string::npos);
+}
+
 // Two live workers that cannot hear each other decide nothing themselves: each reports the
 // other to the head, the head declares one lost (fenced: it is ended), a spare takes its stage,
 // and the job ends with `moevement train`'s state_hash. (Before, each declared the other
@@ -186,16 +199,9 @@ TEST(network_faults, connections_reset_between_two_live_workers_cost_no_worker_a
   const auto& ref = stage_reference();
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string log = log_path("netreset");
-  const auto r =
-      launch_failing_stage_link("reset", 10, stage_job + " --set engine.run_log=" + log, log);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(hash_of(r.output.substr(0, r.output.rfind("packets "))), hash_of(ref.output))
-      << r.output;
-  EXPECT_EQ(r.output.find("failed 0 connections"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("still 0"), std::string::npos) << r.output;  // they were closed
-  EXPECT_EQ(r.output.find("recovered on worker"), std::string::npos) << r.output;
-  EXPECT_EQ(read_file(log).find("worker_lost"), std::string::npos);
-  std::cerr << r.output.substr(r.output.find("failed "), 200);
+  expect_reset_costs_nothing(
+      launch_failing_stage_link("reset", 10, stage_job + " --set engine.run_log=" + log, log), ref,
+      log);
 }
 
 // The same reset between the head and a live worker costs nothing either: both sides redial
@@ -206,15 +212,10 @@ TEST(network_faults, connections_reset_between_the_head_and_a_live_worker_cost_n
   const auto& ref = stage_reference();
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string log = log_path("netheadreset");
-  const auto r = launch_failing_stage_link("reset", 10, stage_job + " --set engine.run_log=" + log,
-                                           log, /*head=*/true);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(hash_of(r.output.substr(0, r.output.rfind("packets "))), hash_of(ref.output))
-      << r.output;
-  EXPECT_EQ(r.output.find("failed 0 connections"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("still 0"), std::string::npos) << r.output;  // they were closed
-  EXPECT_EQ(r.output.find("recovered on worker"), std::string::npos) << r.output;
-  EXPECT_EQ(read_file(log).find("worker_lost"), std::string::npos);
+  expect_reset_costs_nothing(
+      launch_failing_stage_link("reset", 10, stage_job + " --set engine.run_log=" + log, log,
+                                /*head=*/true),
+      ref, log);
 }
 
 }  // namespace
