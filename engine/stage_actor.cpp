@@ -46,15 +46,13 @@ bool tracing() {
                  int(phase_), fmt::format(__VA_ARGS__));                                       \
   } while (0)
 
-stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
-                         actor_ref coordinator, std::unique_ptr<stage_hooks> hooks,
-                         fault_hook faults)
-    : setup_(std::move(setup)),
-      model_(std::move(model)),
-      io_(io),
-      coordinator_(coordinator),
-      hooks_(hooks ? std::move(hooks) : std::make_unique<stage_hooks>()),
-      faults_(std::move(faults)),
+stage_actor::stage_actor(stage_actor_args args)
+    : setup_(std::move(args.setup)),
+      model_(std::move(args.model)),
+      io_(*args.io),
+      coordinator_(args.coordinator),
+      hooks_(args.hooks ? std::move(args.hooks) : std::make_unique<stage_hooks>()),
+      faults_(std::move(args.faults)),
       ops_(model_->operators()),
       plan_(one_f_one_b(setup_.stage, setup_.stages, setup_.train.micro_batches)),
       bf_(model_->boundary_floats()),
@@ -95,10 +93,6 @@ stage_actor::stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, 
   on<wire::ValActivation>(&stage_actor::val_activation);
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
 }
-
-stage_actor::stage_actor(stage_actor_args args)
-    : stage_actor(std::move(args.setup), std::move(args.model), *args.io, args.coordinator,
-                  std::move(args.hooks), std::move(args.faults)) {}
 
 stage_actor::~stage_actor() {
   stop_sum_ = true;  // a sum waiting on a peer returns (aborted): the compute thread joins

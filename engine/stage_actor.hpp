@@ -45,10 +45,7 @@ class stage_actor : public actors::actor {
                         actors::ask_t<wire::DigestsQuery, wire::Digests>>;
 
   // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
-  // hooks may be null (policy none); faults may be empty (no failure injection).
-  stage_actor(stage_setup setup, std::unique_ptr<stage_model> model, bulk_io& io,
-              actors::actor_ref coordinator, std::unique_ptr<stage_hooks> hooks,
-              fault_hook faults = {});
+  // args.hooks may be null (policy none); args.faults may be empty (no failure injection).
   explicit stage_actor(stage_actor_args args);
   ~stage_actor() override;
 
