@@ -112,10 +112,14 @@ bool region_recovery::replays_as_pipeline(const region& r) const {
   // A joint region replays as a pipeline: each member its own stage, the tensors between the
   // region's stages passing live between their members (every role a member, each with an
   // exchange; recovery/group_replay.hpp boundary_exchange).
+  // Off in jobs for now: after a pipelined joint recovery the survivors' snapshot and log
+  // memory sometimes stays above the fault-free peak under load (recovery_test's joint test,
+  // 2 runs in 5); the mechanism itself is tested (sparse_to_dense_test).
+  constexpr bool pipelined_replay = false;
   const int k = r.last - r.first + 1, dp = job_.job().dp;
   const bool group = replays_as_group(r);
   const auto& workers = job_.workers();
-  return k > 1 && state_->window_pp == 0 && (group || dp == 1) &&
+  return pipelined_replay && k > 1 && state_->window_pp == 0 && (group || dp == 1) &&
          r.members.size() == std::size_t(k * (group ? dp : 1)) &&
          std::all_of(r.members.begin(), r.members.end(), [&](const member& m) {
            const auto w = workers.find(m.spare);

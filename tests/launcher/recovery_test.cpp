@@ -287,9 +287,8 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
   EXPECT_EQ(number_field(last, "last_stage"), 2) << last;
   EXPECT_LE(number_field(last, "iterations_replayed"), 4) << "at most 2 x W_sparse";
   EXPECT_NE(o.output.find("stages 1..2 recovered"), std::string::npos) << o.output;
-  // A pipeline of its members: each replayed its own stage on its own spare, the tensors
-  // between stages 1 and 2 passing live between them.
-  EXPECT_NE(last.find("\"pipelined\":true"), std::string::npos) << last;
+  // Each member on its own spare (the pipelined replay is off in jobs for now: region_restores).
+  EXPECT_NE(last.find("\"pipelined\":false"), std::string::npos) << last;
   const std::string replays = text_field(last, "replays");
   EXPECT_NE(replays.find("1/0@"), std::string::npos) << replays;
   EXPECT_NE(replays.find("2/0@"), std::string::npos) << replays;
@@ -390,9 +389,8 @@ TEST(recovery, a_lost_data_parallel_pair_of_neighbours_is_one_region) {
   ASSERT_FALSE(ends.empty()) << o.output;
   EXPECT_EQ(number_field(*ends.back(), "first_stage"), 1);
   EXPECT_EQ(number_field(*ends.back(), "last_stage"), 2);
-  // Four members, each replaying its own stage's own replica: a pipeline per replica, and
-  // each stage's group summing its gradients.
-  EXPECT_NE(ends.back()->find("\"pipelined\":true"), std::string::npos) << *ends.back();
+  // Four members, each replaying its own replica, each stage's group summing its gradients.
+  EXPECT_NE(ends.back()->find("\"pipelined\":false"), std::string::npos) << *ends.back();
   const std::string replays = text_field(*ends.back(), "replays");
   for (const char* role : {"1/0@", "1/1@", "2/0@", "2/1@"}) {
     EXPECT_NE(replays.find(role), std::string::npos) << role << " in " << replays;
