@@ -12,7 +12,8 @@
 // cluster.failure_timeout_ms=10000 (see below), --kill-iter T (default 2/3 of the run),
 // --kill-stage S (default pp/2), --no-recovery, --profile-out FILE (the simulator's profile,
 // format 1: bench/sim_validation.hpp policies_profile, docs/simulator.md "Profile file"),
-// --durable (the moevement runs with checkpoint.durable = true in a temporary checkpoint.dir:
+// --durable (the moevement runs with checkpoint.durable = true in a temporary checkpoint.dir,
+// where they otherwise run with it false, the in-memory tier alone:
 // what writing persisted windows to disk in the background costs: also runs moevement without
 // it, interleaved, and prints durable_iteration_time ours=durable theirs=without,
 // durable_windows, bytes, seconds).
@@ -62,6 +63,13 @@
 // the rounds: ettr (ratio ours/theirs) and time_lost_s = wall x (1 - ettr), the wall time
 // beyond the useful time (ratio theirs/ours; n/a when ours is not above 0, a run faster than
 // its round's `none`); a comment line per run with its recoveries and state_hash.
+// `moevement bench recovery --joint K`: stages S..S+K-1 (replica 0) killed together at
+// iteration T, one joint region, under moevement with checkpoint.pipelined_replay = true
+// (ours: each member replays its own stage, the tensors between them passing live) and false
+// (theirs: each member replays every region stage of its replica, the path before),
+// interleaved, --repeats each, after a fault-free `none` run (its hash): replay_s (the
+// slowest member's, ratio theirs/ours), recovery_s and whether both hashes equal `none`'s.
+// --spares is raised to K.
 // Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -96,6 +104,7 @@ struct options {
   int kill_iter = -1, kill_stage = -1;
   std::vector<int> kill_iters;  // bench recovery --kill-iters: a trace of several kills
   std::vector<int> dps;         // bench recovery --dp 1,2,4: the same kill at each dp
+  int joint = 0;                // bench recovery --joint K: K contiguous stages killed together
   bool recovery = true, fault_free_compare = true, durable = false;
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
@@ -154,6 +163,8 @@ options parse_options(int argc, char** argv) {
       o.kill_iters = positive_list(value(), "--kill-iters: iterations >= 1, comma-separated");
     } else if (f == "--kill-stage")
       o.kill_stage = std::atoi(value().c_str());
+    else if (f == "--joint")
+      o.joint = std::atoi(value().c_str());
     else if (f == "--no-recovery")
       o.recovery = false;
     else if (f == "--durable")
@@ -173,6 +184,15 @@ options parse_options(int argc, char** argv) {
   }
   if (o.kill_iter < 0) o.kill_iter = std::max(1, 2 * o.iterations / 3);
   if (o.kill_stage < 0) o.kill_stage = o.pp / 2;
+  if (o.joint != 0) {
+    if (o.fault_free_compare || o.dps.size() > 1 || !o.kill_iters.empty()) {
+      throw std::runtime_error("--joint is for `bench recovery` with one dp and one kill");
+    }
+    if (o.joint < 2) throw std::runtime_error("--joint K: K >= 2 contiguous stages");
+    o.kill_stage = std::min(o.kill_stage, o.pp - o.joint);
+    if (o.kill_stage < 0) throw std::runtime_error("--joint K: K stages need --pp >= K");
+    o.spares = std::max(o.spares, o.joint);
+  }
   std::sort(o.kill_iters.begin(), o.kill_iters.end());
   if (!o.kill_iters.empty() && o.kill_iters.back() >= o.iterations) {
     throw std::runtime_error("--kill-iters: every iteration below --iterations");
@@ -404,6 +424,46 @@ void compare_dp(const options& o, Run run) {
   }
 }
 
+// `moevement bench recovery --joint K`: one joint region replayed as a pipeline (ours) and
+// every member replaying the whole region (theirs), interleaved (see the header).
+template <class Run>
+void compare_joint(const options& o, Run run) {
+  std::vector<std::string> injects;
+  for (int s = o.kill_stage; s < o.kill_stage + o.joint; ++s) {
+    injects.push_back(fmt::format("kill:stage={},replica=0,iter={}", s, o.kill_iter));
+  }
+  std::printf(
+      "# recovery: stages %d..%d killed at iteration %d under moevement, the region "
+      "replayed as a pipeline (ours) and whole by each member (theirs), %d runs each\n",
+      o.kill_stage, o.kill_stage + o.joint - 1, o.kill_iter, o.repeats);
+  const run_result none = run("none", {}, {});
+  struct side {
+    std::vector<double> replay, total;
+    long replayed = -1;
+    bool same = true;
+  } ours, theirs;
+  for (int r = 0; r < o.repeats; ++r) {
+    for (const bool pipelined : {true, false}) {
+      side& x = pipelined ? ours : theirs;
+      const run_result f =
+          run("moevement", injects, {fmt::format("checkpoint.pipelined_replay={}", pipelined)});
+      if (f.recoveries.empty()) throw std::runtime_error("the injected kills led to no recovery");
+      const recovery_rec& rec = f.recoveries.back();
+      x.replay.push_back(rec.replay_s);
+      x.total.push_back(rec.seconds);
+      x.replayed = rec.replayed;
+      x.same = x.same && !f.state_hash.empty() && f.state_hash == none.state_hash;
+    }
+  }
+  const double mo = median(ours.replay), mt = median(theirs.replay);
+  std::printf("# iterations replayed: ours %ld theirs %ld\n", ours.replayed, theirs.replayed);
+  std::printf("replay_s: ours=%.4f theirs=%.4f ratio=%.2f\n", mo, mt, mt / mo);
+  std::printf("recovery_s: ours=%.4f theirs=%.4f ratio=%.2f\n", median(ours.total),
+              median(theirs.total), median(theirs.total) / median(ours.total));
+  std::printf("state_hash_equal: ours=%s theirs=%s\n", ours.same ? "yes" : "NO",
+              theirs.same ? "yes" : "NO");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -426,8 +486,10 @@ int main(int argc, char** argv) {
       set(fmt::format("cluster.spares={}", o.spares));
       set("checkpoint.policy=" + policy);
       if (policy == "moevement") set(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
-      if (policy == "moevement" && o.durable) {
-        set("checkpoint.durable=true");
+      if (policy == "moevement") {
+        // The in-memory tier alone unless --durable (its own comparison): what the design's
+        // overhead and recovery figures are of. The job's default also writes to disk.
+        set(fmt::format("checkpoint.durable={}", o.durable));
         set("checkpoint.dir=" + (fs::path(log).replace_extension(".ckpt")).string());
       }
       // On a loaded 2-core machine the 1 s default heartbeat silence was taken for a lost
@@ -450,7 +512,9 @@ int main(int argc, char** argv) {
                      const std::vector<std::string>& extra) {
         return parse(launch_or_throw(bin, args(policy, inject, extra), log));
       };
-      if (o.dps.size() > 1) {
+      if (o.joint > 0) {
+        compare_joint(o, run);
+      } else if (o.dps.size() > 1) {
         compare_dp(o, run);
       } else if (o.kill_iters.empty()) {
         compare_recoveries(o, run);

@@ -47,6 +47,7 @@ struct iteration_record {
   std::uint64_t replica_maps = 0, replica_pulls = 0;  // the stages' replicas so far, by kind
   double stall_s = 0.0;
   double capture_cpu_s = 0.0;         // CPU time of the stages' last captures, summed
+  std::uint64_t windows_skipped = 0;  // windows the stages captured nothing of so far, summed
   std::int64_t replication_lag = -1;  // iterations stepped since the persisted window's last
   // GPU stages with NCCL (train.collectives), the slowest stage's: waiting for the group to
   // form (the first iteration after a wiring; else 0), and the device sum.
@@ -248,6 +249,9 @@ class coordinator : public actors::actor, private head_control {
   std::uint64_t wirings_ = 0;                       // Wire.wiring: one per wire_all()
   int done_count_ = 0;
   std::vector<bool> stepped_flags_;
+  // Per stage replica (d * pp + s): the windows_skipped it last reported (a new worker's starts
+  // again from 0), so that each new skip is a notice once.
+  std::vector<std::uint64_t> windows_skipped_;
   models::step_plan plan_;
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
   double train_seconds_ = 0.0;

@@ -193,6 +193,19 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.replica_maps += m.getReplicaMaps();
   last_.replica_pulls += m.getReplicaPulls();
   last_.capture_cpu_s += m.getCaptureCpuSeconds();
+  windows_skipped_.resize(stages_.size(), 0);
+  if (const auto skipped = m.getWindowsSkipped(); skipped != windows_skipped_[i]) {
+    if (skipped > windows_skipped_[i]) {
+      notice(fmt::format(
+          "stage {} replica {} captured nothing of a window: it holds as many windows as it "
+          "may and none persisted within the wait (snapshot replication is stuck; memory "
+          "stays bounded, and a recovery replays from the last persisted window)",
+          s, d));
+    }
+    windows_skipped_[i] = skipped;
+  }
+  last_.windows_skipped = 0;
+  for (const auto n : windows_skipped_) last_.windows_skipped += n;
   last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
   co_await maybe_stepped_all();
 }
@@ -234,6 +247,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
           .add("replica_pulls", std::int64_t(last_.replica_pulls))
           .add("stall_s", last_.stall_s)
           .add("capture_cpu_s", last_.capture_cpu_s)
+          .add("windows_skipped", std::int64_t(last_.windows_skipped))
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
           .add("snapshot_host_bytes_by_stage",
                fmt::format("{}", fmt::join(last_.snapshot_host_bytes_by_stage, ",")))

@@ -170,6 +170,7 @@ struct Stepped {
   replicaMaps @8 :UInt64;   # copies of this stage replica's slots made so far by mapping
   replicaPulls @9 :UInt64;  # and by pulling
   captureCpuSeconds @10 :Float64;  # CPU time of the last capture
+  windowsSkipped @11 :UInt64;  # windows captured nothing of so far (memory bound; hooks.hpp)
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

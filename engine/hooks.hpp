@@ -51,6 +51,9 @@ struct checkpoint_stats {
   // CPU time (of the thread that made it) of the last capture: what checkpointing costs the
   // host's cores, whatever the wall clock shows on a busy host.
   double capture_cpu_s = 0.0;
+  // Windows this stage replica captured nothing of (so far): it held as many windows as it may
+  // and the job persisted none within the wait; its memory stays bounded meanwhile.
+  std::uint64_t windows_skipped = 0;
 };
 
 // CPU seconds the calling thread has used so far.

@@ -5,6 +5,7 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -81,6 +82,12 @@ setter_map checkpoint_setters(job_config& j) {
          const auto* b = std::get_if<bool>(&v);
          if (b == nullptr) throw config_error(k, "expected true or false");
          j.share_memory = *b;
+       }},
+      {"checkpoint.pipelined_replay",
+       [&](auto& k, auto& v) {
+         const auto* b = std::get_if<bool>(&v);
+         if (b == nullptr) throw config_error(k, "expected true or false");
+         j.pipelined_replay = *b;
        }},
       {"checkpoint.ordering",
        [&](auto& k, auto& v) { j.ordering = get_choice(k, v, ordering_names()); }},
@@ -250,7 +257,17 @@ int replay_threads_for(int configured, int host_share, int cores) {
 }
 
 bool durable_tier(const job_config& job) {
-  return job.durable.value_or(job.policy == policy_kind::dense_disk);
+  // Under Slurm the default directory would be each node's own disk: on only where it was set.
+  const bool dir_given = job.baseline.dir != checkpoint_dir_beside(job.run_log);
+  const bool moevement_default =
+      job.policy == policy_kind::moevement && (job.backend == "local" || dir_given);
+  return job.durable.value_or(job.policy == policy_kind::dense_disk || moevement_default);
+}
+
+std::string checkpoint_dir_beside(const std::string& run_log) {
+  std::filesystem::path p(run_log);
+  p.replace_extension(".checkpoints");
+  return p.string();
 }
 
 std::vector<std::string> job_config_keys() {
@@ -262,6 +279,7 @@ std::vector<std::string> job_config_keys() {
 
 job_config resolve_job(models::config_map map) {
   job_config j;
+  const bool dir_given = map.contains("checkpoint.dir");
   models::apply_config(map, j.model, j.train);  // consumes model.* and train.*
   const setter_map setters = make_setters(j);
   for (const auto& [key, value] : map) {
@@ -276,6 +294,7 @@ job_config resolve_job(models::config_map map) {
     s->second(key, value);
   }
   j.train.data_parallel = j.dp;
+  if (!dir_given) j.baseline.dir = checkpoint_dir_beside(j.run_log);
 
   // Cross-checks, after every key is read so that the order of keys does not matter.
   models::validate(j.model, j.train);

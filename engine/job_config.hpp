@@ -28,8 +28,10 @@ struct baseline_knobs {
   // checkpoint.mtbf_s: the job's mean time between failures (Young's MTBF), seconds. One
   // hour: a failure rate that makes Young's k visible on the CPU presets.
   double mtbf_s = 3600.0;
-  // checkpoint.dir: where dense-disk persists (stage-<s>-replica-<d>/ under it).
-  std::string dir = "checkpoints";
+  // checkpoint.dir: where dense-disk and the durable tier persist (stage-<s>-replica-<d>/
+  // under it). Unset: beside the run log, named after it (resolve_job: run.jsonl ->
+  // run.checkpoints, engine.run_log's default), so that every run has its own.
+  std::string dir = "run.checkpoints";
   // checkpoint.keep: verified snapshots kept on disk per stage replica (>= 2, so that a
   // corrupt newest one always has a previous good one behind it).
   int keep = 2;
@@ -67,13 +69,19 @@ struct job_config {
   // checkpoint.share_memory: a `moevement` replica on the owner's host maps the slot's memory
   // instead of copying it (transport/shared_memory.hpp); false: every replica pulls a copy.
   bool share_memory = true;
+  // checkpoint.pipelined_replay: a joint region (several contiguous stages lost together)
+  // replays as a pipeline, each member only its own stage, the tensors between them passing
+  // live; false: each member replays every region stage of its replica (one stage's compute
+  // per member against the region's; the same bits either way).
+  bool pipelined_replay = true;
   std::string ordering = "popularity";  // checkpoint.ordering: what orders a window's operators
   double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
   double reorder_change = 0.10;    // checkpoint.reorder_change: an expert's popularity moved by
   double reorder_fraction = 0.25;  // checkpoint.reorder_fraction: for this share of experts
   // checkpoint.durable: the durable tier (persisted windows on disk, under checkpoint.dir).
-  // Unset ("auto", the default): on for dense-disk (whose checkpoints are the disk), off for
-  // the others; durable_tier() resolves it, the one place that default lives.
+  // Unset ("auto", the default): on for dense-disk (whose checkpoints are the disk) and for
+  // moevement on the local backend, or under Slurm where checkpoint.dir is set; off for the
+  // others. durable_tier() resolves it, the one place that default lives.
   std::optional<bool> durable;
   baseline_knobs baseline;                 // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
   std::string backend = "local";           // cluster.backend: local | slurm
@@ -92,9 +100,12 @@ struct job_config {
   bool operator==(const job_config&) const = default;
 };
 
-// Whether the job writes persisted windows to disk (checkpoint.durable resolved): on for
-// dense-disk, off for the others, unless set.
+// Whether the job writes persisted windows to disk (checkpoint.durable resolved): unless set,
+// on for dense-disk, and for moevement on the local backend or with checkpoint.dir given (under
+// Slurm the default directory would be on each node's own disk); off for the others.
 bool durable_tier(const job_config& job);
+// checkpoint.dir's default: beside the run log, named after it (run.jsonl -> run.checkpoints).
+std::string checkpoint_dir_beside(const std::string& run_log);
 
 // The GEMM threads of a recovery's replay: checkpoint.replay_threads when set (> 0), else
 // this host's cores divided among the `host_share` replays running on it at once (at least

@@ -558,6 +558,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setReplicaMaps(st.replica_maps);
     b.setReplicaPulls(st.replica_pulls);
     b.setCaptureCpuSeconds(st.capture_cpu_s);
+    b.setWindowsSkipped(st.windows_skipped);
   });
   at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }

@@ -505,6 +505,11 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
       std::cerr << "moevement launch: " << *why << "\n";
       return 1;
     }
+    if (job.policy == engine::policy_kind::moevement && !engine::durable_tier(job)) {
+      std::cerr << "moevement launch: warning: the durable tier is off (no checkpoint.dir): a "
+                   "loss of every copy of a snapshot ends this job and it cannot be resumed; set "
+                   "checkpoint.dir to a directory every node sees\n";
+    }
   }
   std::cout << fmt::format(
       "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "

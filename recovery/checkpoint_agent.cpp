@@ -107,6 +107,10 @@ void checkpoint_agent::ship(std::int64_t iteration) {
   }
   auto& slot_state = pending_[{window, slot}] = std::move(p);
   send(window, slot, slot_state);
+  refill_pool(w_sparse);
+}
+
+void checkpoint_agent::refill_pool(std::size_t w_sparse) {
   // Regions for the slots that missed, on this thread as the link requires: as many of each
   // size as windows the capture holds (the capture reuses its windows' memory after that, so
   // the pool is asked only at the start and when a reorder grows a slot), and as many free
@@ -185,6 +189,7 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
   const bool durable = m.getDurable();
   std::vector<std::span<const std::byte>> slots;
   std::int64_t first = -1;
+  std::size_t w_sparse = 1;
   {
     std::scoped_lock lock(shared_->mu, shared_->log_mu);
     if (durable && durable_.writer) {
@@ -197,7 +202,10 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
     }
     shared_->capture.drop_before(window, m.getFirstIteration());
     shared_->dropped.notify_all();
+    if (shared_->schedule) w_sparse = std::size_t(shared_->schedule->w_sparse());
   }
+  // The dropped windows' memory the capture did not keep goes back now, not at the next ship.
+  refill_pool(w_sparse);
   replicated_.erase(replicated_.begin(), replicated_.lower_bound(window));
   for (auto it = pending_.begin(); it != pending_.end();) {
     it = it->first.first < window ? pending_.erase(it) : std::next(it);

@@ -72,6 +72,7 @@ class checkpoint_agent : public actors::actor {
                     const std::string& error);
 
  private:
+  void refill_pool(std::size_t w_sparse);
   // Writes a persisted window to the durable tier in the background (slots: the capture's
   // pinned buffers; empty when this stage does not hold the whole window).
   void write_durable(std::uint64_t window, std::int64_t first,

@@ -64,10 +64,19 @@ class checkpoint_hooks : public engine::stage_hooks {
     }
     std::unique_lock lock(shared_->mu);
     // A new window while replication is behind: wait for the job to persist one (bounded).
+    // Past the wait the window is skipped, not captured (memory stays bounded however long
+    // nothing persists), and so are the next ones at once, without waiting, until a window
+    // persists again: a stuck replication costs no stall per window.
     if (shared_->schedule && iteration % shared_->schedule->w_sparse() == 0) {
-      shared_->dropped.wait_for(lock, limits_.max_window_wait, [&] {
-        return shared_->capture.windows_held() < limits_.max_windows_held;
-      });
+      const auto full = [&] { return shared_->capture.windows_held() >= limits_.max_windows_held; };
+      if (!(paused_ && full())) {
+        shared_->dropped.wait_for(lock, limits_.max_window_wait, [&] { return !full(); });
+      }
+      paused_ = full();
+      if (paused_) {
+        shared_->capture.skip_window(std::uint64_t(iteration / shared_->schedule->w_sparse()));
+        windows_skipped_ = shared_->capture.windows_skipped();
+      }
     }
     stall_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (decided.w_sparse > 0 && !shared_->schedule) {
@@ -145,7 +154,8 @@ class checkpoint_hooks : public engine::stage_hooks {
             lent_bytes_.load(),
             shared_->replica_maps.load(),
             shared_->replica_pulls.load(),
-            capture_cpu_s_.load()};
+            capture_cpu_s_.load(),
+            windows_skipped_.load()};
   }
 
  private:
@@ -157,6 +167,8 @@ class checkpoint_hooks : public engine::stage_hooks {
   sparse_config config_;
   std::future<void> pending_;  // the capture in flight
   double stall_s_ = 0.0;
+  bool paused_ = false;  // the last window was skipped (before_step)
+  std::atomic<std::uint64_t> windows_skipped_{0};
   std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0}, lent_bytes_{0};
   std::atomic<double> capture_cpu_s_{0.0};
   asio::thread_pool pool_{1};  // last: joined first

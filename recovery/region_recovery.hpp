@@ -155,6 +155,13 @@ class region_recovery : public engine::head_recovery {
   std::map<std::string, int> restores_per_host() const;
   void announce_restart(const region& r);
   void send_restores(const region& r);
+  // A Restore's sources (per region stage and replica): the slot holders, and where `peers`
+  // (not the durable tier) the logs of the healthy stages just outside the region and the
+  // survivor whose schedule a replacement takes over.
+  void write_sources(engine::wire::Restore::Builder b, const region& r,
+                     const std::vector<actors::actor_ref>& holders, bool peers) const;
+  // The checkpoint agent of stage replica (s, d) when it is outside every region (else none).
+  actors::actor_ref outside_agent(int s, int d) const;
   // Whether r's members replay as a group (each its own replica of the region) and as a
   // pipeline (each its own stage of a joint region).
   bool replays_as_group(const region& r) const;

@@ -112,19 +112,41 @@ bool region_recovery::replays_as_pipeline(const region& r) const {
   // A joint region replays as a pipeline: each member its own stage, the tensors between the
   // region's stages passing live between their members (every role a member, each with an
   // exchange; recovery/group_replay.hpp boundary_exchange).
-  // Off in jobs for now: after a pipelined joint recovery the survivors' snapshot and log
-  // memory sometimes stays above the fault-free peak under load (recovery_test's joint test,
-  // 2 runs in 5); the mechanism itself is tested (sparse_to_dense_test).
-  constexpr bool pipelined_replay = false;
   const int k = r.last - r.first + 1, dp = job_.job().dp;
   const bool group = replays_as_group(r);
   const auto& workers = job_.workers();
-  return pipelined_replay && k > 1 && state_->window_pp == 0 && (group || dp == 1) &&
+  return job_.job().pipelined_replay && k > 1 && state_->window_pp == 0 && (group || dp == 1) &&
          r.members.size() == std::size_t(k * (group ? dp : 1)) &&
          std::all_of(r.members.begin(), r.members.end(), [&](const member& m) {
            const auto w = workers.find(m.spare);
            return w != workers.end() && w->second.group_exchange.valid();
          });
+}
+
+actor_ref region_recovery::outside_agent(int s, int d) const {
+  if (s < 0 || s >= job_.job().pp) return {};
+  for (const auto& [n, w] : job_.worker_roles()) {
+    if (w.stage == s && w.replica == d && member_of(n).first == nullptr) return w.checkpoint;
+  }
+  return {};
+}
+
+void region_recovery::write_sources(engine::wire::Restore::Builder b, const region& r,
+                                    const std::vector<actor_ref>& holders, bool peers) const {
+  const int dp = job_.job().dp, k = r.last - r.first + 1;
+  auto src = b.initSources(static_cast<unsigned>(k * dp));
+  for (int j = 0; j < k; ++j) {
+    for (int d = 0; d < dp; ++d) {
+      auto e = src[unsigned(j * dp + d)];
+      auto h = e.initSlotHolders(static_cast<unsigned>(holders.size()));
+      for (unsigned i = 0; i < holders.size(); ++i) actors::write_ref(h[i], holders[i]);
+      actors::write_ref(e.initUpstream(),
+                        j == 0 && peers ? outside_agent(r.first - 1, d) : actor_ref{});
+      actors::write_ref(e.initDownstream(),
+                        j == k - 1 && peers ? outside_agent(r.last + 1, d) : actor_ref{});
+      actors::write_ref(e.initSurvivor(), peers ? outside_agent(r.first + j, d) : actor_ref{});
+    }
+  }
 }
 
 void region_recovery::send_restores(const region& r) {
@@ -138,19 +160,12 @@ void region_recovery::send_restores(const region& r) {
   for (const auto& [n, w] : workers) {
     if (w.replicator.valid()) holders.push_back(w.replicator);
   }
-  auto agent_of = [&](int s, int d) -> actor_ref {
-    if (s < 0 || s >= job.pp) return {};
-    for (const auto& [n, w] : workers) {
-      if (w.stage == s && w.replica == d && member_of(n).first == nullptr) return w.checkpoint;
-    }
-    return {};
-  };
   std::vector<std::pair<std::int64_t, engine::planned_step>> steps;
   for (auto it = windows_.steps().lower_bound(first);
        it != windows_.steps().end() && it->first < target; ++it) {
     steps.emplace_back(it->first, it->second);
   }
-  const int w_sparse = windows_.w_sparse(), dp = job.dp, k = r.last - r.first + 1;
+  const int w_sparse = windows_.w_sparse(), k = r.last - r.first + 1;
   const actor_ref me = job_.actor().self();
   const std::map<std::string, int> per_host = restores_per_host();
   // Every replica of the region's stages is a member (add_group_survivors): each replays its
@@ -182,22 +197,9 @@ void region_recovery::send_restores(const region& r) {
       b.setHostShare(share == per_host.end() ? 1 : share->second);
       b.setWindowStages(state_->window_pp);
       b.setWindowReplicas(state_->window_dp);
-      auto src = b.initSources(static_cast<unsigned>(k * dp));
-      for (int j = 0; j < k; ++j) {
-        for (int d = 0; d < dp; ++d) {
-          auto e = src[unsigned(j * dp + d)];
-          // The durable tier: everything from files; no peer is pulled from, and no survivor's
-          // schedule is taken over (every replica of every stage starts a fresh one alike).
-          const auto& use = durable ? std::vector<actor_ref>{} : holders;
-          auto h = e.initSlotHolders(static_cast<unsigned>(use.size()));
-          for (unsigned i = 0; i < use.size(); ++i) actors::write_ref(h[i], use[i]);
-          actors::write_ref(e.initUpstream(),
-                            j == 0 && !durable ? agent_of(r.first - 1, d) : actor_ref{});
-          actors::write_ref(e.initDownstream(),
-                            j == k - 1 && !durable ? agent_of(r.last + 1, d) : actor_ref{});
-          actors::write_ref(e.initSurvivor(), durable ? actor_ref{} : agent_of(r.first + j, d));
-        }
-      }
+      // The durable tier: everything from files; no peer is pulled from, and no survivor's
+      // schedule is taken over (every replica of every stage starts a fresh one alike).
+      write_sources(b, r, durable ? std::vector<actor_ref>{} : holders, !durable);
       auto l = b.initSteps(static_cast<unsigned>(steps.size()));
       for (unsigned i = 0; i < steps.size(); ++i) {
         l[i].setIteration(steps[i].first);
@@ -219,7 +221,7 @@ void region_recovery::send_restores(const region& r) {
       }
       if (group) {
         // The exchanges of this member's stage's group: replica d's worker, by replica.
-        auto g = b.initGroup(static_cast<unsigned>(dp));
+        auto g = b.initGroup(static_cast<unsigned>(job.dp));
         for (const member& o : r.members) {
           if (o.lost.stage == m.lost.stage) {
             actors::write_ref(g[unsigned(o.lost.replica)], workers.at(o.spare).group_exchange);

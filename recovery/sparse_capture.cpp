@@ -274,8 +274,9 @@ std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
   const auto slot = std::uint32_t(std::uint64_t(iteration) % w);
   auto it = windows_.find(window);
   if (it == windows_.end()) {
-    if (slot != 0) {
-      // Started (or resumed) mid-window: this window can never be complete; wait for the next.
+    if (slot != 0 || (skipped_ && *skipped_ == window)) {
+      // Started (or resumed) mid-window, or skipped: this window can never be complete; wait
+      // for the next.
       add_popularity();
       return std::nullopt;
     }
@@ -389,35 +390,22 @@ void sparse_capture::unpinned(const char* why) {
 void sparse_capture::persist(std::uint64_t window) {
   persisted_ = window;
   abandoned_.erase(window);  // persisted after all: it counts again
-  // Keep this window and the one in flight after it; recycle the buffers of older ones.
-  for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
-    if (pinned_.contains(it->first)) {
-      ++it;
-      continue;
-    }
-    spare_.push_back(std::move(it->second.slots));
-    abandoned_.erase(it->first);
-    it = windows_.erase(it);
-  }
-  trim_spares();
+  recycle_before(window);    // keeps this window and the one in flight after it
   const std::int64_t first = windows_.at(window).first_iteration;
   log_.drop_before(std::uint64_t(first));
   steps_.erase(steps_.begin(), steps_.lower_bound(first));
 }
 
+void sparse_capture::skip_window(std::uint64_t window) {
+  if (windows_.contains(window) || (skipped_ && *skipped_ >= window)) return;
+  skipped_ = window;
+  ++windows_skipped_;
+}
+
 void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iteration) {
   persisted_ = window;
   abandoned_.erase(window);  // persisted after all: it counts again
-  for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
-    if (pinned_.contains(it->first)) {
-      ++it;
-      continue;
-    }
-    spare_.push_back(std::move(it->second.slots));
-    abandoned_.erase(it->first);
-    it = windows_.erase(it);
-  }
-  trim_spares();
+  recycle_before(window);
   log_.drop_before(std::uint64_t(std::max<std::int64_t>(first_iteration, 0)));
   steps_.erase(steps_.begin(), steps_.lower_bound(first_iteration));
 }
@@ -440,10 +428,43 @@ void sparse_capture::unpin(std::uint64_t window) {
   pinned_.erase(window);
   const auto it = windows_.find(window);
   if (it == windows_.end() || !persisted_ || window >= *persisted_) return;
-  spare_.push_back(std::move(it->second.slots));
+  auto slots = std::move(it->second.slots);
   abandoned_.erase(it->first);
   windows_.erase(it);
+  recycle(std::move(slots));
   trim_spares();
+}
+
+void sparse_capture::recycle_before(std::uint64_t window) {
+  for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
+    if (pinned_.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    auto slots = std::move(it->second.slots);
+    abandoned_.erase(it->first);
+    it = windows_.erase(it);
+    recycle(std::move(slots));
+  }
+  trim_spares();
+}
+
+void sparse_capture::recycle(std::vector<slot_buffer> slots) {
+  // A window begun while this one was still held (its persisting lagged the next capture) got
+  // fresh memory for the slots captured so far only: its later slots take this window's
+  // instead of new memory, and what is left is a spare. Without this every window of a job
+  // whose persisting lags by a slot makes (and the pool frees) a window's memory again.
+  for (auto& [id, b] : windows_) {
+    for (std::size_t j = 0; j < b.slots.size() && j < slots.size(); ++j) {
+      if (b.slots[j].memory.bytes.empty() && !slots[j].memory.bytes.empty()) {
+        b.slots[j] = {std::move(slots[j].memory), 0};
+        slots[j] = {};
+      }
+    }
+  }
+  const bool any = std::any_of(slots.begin(), slots.end(),
+                               [](const slot_buffer& b) { return !b.memory.bytes.empty(); });
+  if (any) spare_.push_back(std::move(slots));
 }
 
 std::size_t sparse_capture::windows_held() const {

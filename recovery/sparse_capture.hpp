@@ -178,6 +178,11 @@ class sparse_capture : public engine::stage_hooks {
   // page-locked when it comes; the heap's is the device's pinned memory). Set it before the
   // first capture.
   void set_device(engine::device_state* device) { device_ = device; }
+  // Captures nothing of `window` (memory bounded: the job persisted no window for too long;
+  // moevement_policy decides). It never completes here, so the job persists none of it; the
+  // next window is captured as usual. Counted in windows_skipped().
+  void skip_window(std::uint64_t window);
+  std::uint64_t windows_skipped() const { return windows_skipped_; }
   // Drops windows older than `window`, and logs and step plans before first_iteration.
   void drop_before(std::uint64_t window, std::int64_t first_iteration);
   // Marks the windows newer than the persisted one whose first slot was captured by a step
@@ -261,6 +266,10 @@ class sparse_capture : public engine::stage_hooks {
   };
   void persist(std::uint64_t window);
   void trim_spares();
+  // Drops the windows before `window` (not the pinned ones), recycling their buffers.
+  void recycle_before(std::uint64_t window);
+  // A dropped window's buffers: to a newer window's slots that have none yet, else a spare.
+  void recycle(std::vector<slot_buffer> slots);
   // Makes `buf` hold n bytes: lent memory when the allocator has some (replacing heap memory
   // too), else the heap, reusing what fits.
   void fit(slot_buffer& buf, std::size_t n);
@@ -275,7 +284,9 @@ class sparse_capture : public engine::stage_hooks {
   const models::loss_scaler* scaler_;
   std::map<std::uint64_t, window_buffers> windows_;
   std::set<std::uint64_t> pinned_;
-  std::set<std::uint64_t> abandoned_;  // abandon_ended_before: held, not counted
+  std::set<std::uint64_t> abandoned_;     // abandon_ended_before: held, not counted
+  std::optional<std::uint64_t> skipped_;  // skip_window: the newest window not captured
+  std::uint64_t windows_skipped_ = 0;
   std::optional<std::uint64_t> persisted_;
   std::vector<std::vector<slot_buffer>> spare_;  // buffers of dropped windows
   slot_allocator allocator_;

@@ -76,6 +76,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"checkpoint.region_restarts",
            {std::int64_t(0), [](auto& j) { return j.region_restarts == 0; }}},
           {"checkpoint.share_memory", {false, [](auto& j) { return !j.share_memory; }}},
+          {"checkpoint.pipelined_replay", {false, [](auto& j) { return !j.pipelined_replay; }}},
           {"checkpoint.ordering",
            {std::string("soft-count"), [](auto& j) { return j.ordering == "soft-count"; }}},
           {"checkpoint.decay_alpha", {0.5, [](auto& j) { return j.decay_alpha == 0.5; }}},
@@ -134,8 +135,9 @@ TEST(job_config, every_engine_key_overrides_its_default) {
 
 TEST(job_config, wrong_type_names_the_key) {
   for (const auto& key : job_config_keys()) {
-    // checkpoint.durable and .share_memory are the boolean keys: an integer is their wrong type.
-    const bool boolean = key == "checkpoint.durable" || key == "checkpoint.share_memory";
+    // The boolean keys: an integer is their wrong type.
+    const bool boolean = key == "checkpoint.durable" || key == "checkpoint.share_memory" ||
+                         key == "checkpoint.pipelined_replay";
     const auto r = boolean ? reject({{key, std::int64_t(1)}}) : reject({{key, true}});
     EXPECT_EQ(r.key, key);
     EXPECT_TRUE(contains(r.message, "expected")) << r.message;
@@ -478,15 +480,33 @@ TEST(job_config_wire, mutated_envelopes_never_crash) {
   EXPECT_GT(read, 0) << "no mutation reached read_config: the corpus tests nothing";
 }
 
-TEST(job_config, the_durable_tier_is_on_for_dense_disk_and_off_for_the_others_by_default) {
-  for (const std::string policy : {"none", "moevement", "dense-memory", "pec"}) {
+TEST(job_config, the_durable_tier_is_on_for_dense_disk_and_local_moevement_by_default) {
+  for (const std::string policy : {"none", "dense-memory", "pec"}) {
     EXPECT_FALSE(durable_tier(resolve_job({{"checkpoint.policy", policy}}))) << policy;
   }
+  const models::config_value moe = std::string("moevement");
+  EXPECT_TRUE(durable_tier(resolve_job({{"checkpoint.policy", moe}}))) << "the local backend";
+  const models::config_value slurm = std::string("slurm");
+  // Under Slurm only with a checkpoint.dir given (the default one is each node's own disk).
+  EXPECT_FALSE(durable_tier(resolve_job({{"checkpoint.policy", moe}, {"cluster.backend", slurm}})));
+  EXPECT_TRUE(durable_tier(resolve_job({{"checkpoint.policy", moe},
+                                        {"cluster.backend", slurm},
+                                        {"checkpoint.dir", std::string("/shared/ckpt")}})));
+  // Its default directory is beside the run log, named after it.
+  EXPECT_EQ(resolve_job({}).baseline.dir, "run.checkpoints");
+  EXPECT_EQ(resolve_job({{"engine.run_log", std::string("logs/a.jsonl")}}).baseline.dir,
+            "logs/a.checkpoints");
+  EXPECT_EQ(resolve_job({{"engine.run_log", std::string("logs/a.jsonl")},
+                         {"checkpoint.dir", std::string("elsewhere")}})
+                .baseline.dir,
+            "elsewhere");
   EXPECT_TRUE(durable_tier(resolve_job({{"checkpoint.policy", std::string("dense-disk")}})));
   EXPECT_TRUE(durable_tier(resolve_job(
       {{"checkpoint.policy", std::string("moevement")}, {"checkpoint.durable", true}})));
-  EXPECT_FALSE(durable_tier(resolve_job({{"checkpoint.policy", std::string("moevement")},
-                                         {"checkpoint.durable", std::string("auto")}})));
+  EXPECT_TRUE(durable_tier(resolve_job({{"checkpoint.policy", std::string("moevement")},
+                                        {"checkpoint.durable", std::string("auto")}})));
+  EXPECT_FALSE(durable_tier(resolve_job(
+      {{"checkpoint.policy", std::string("moevement")}, {"checkpoint.durable", false}})));
   EXPECT_EQ(reject({{"checkpoint.policy", std::string("pec")}, {"checkpoint.durable", true}}).key,
             "checkpoint.durable");
   EXPECT_EQ(

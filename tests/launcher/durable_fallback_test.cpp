@@ -44,14 +44,15 @@ std::string checkpoint_dir(const std::string& name) {
 constexpr const char* iterations = "40";
 
 // tiny, pp=3, a window of 2, one copy of every slot (stage 0's on stage 1's worker, see
-// recovery_test), the durable tier on.
+// recovery_test), the durable tier on (its default on the local backend) in `dir` (empty: its
+// default, beside the run log).
 std::string job(const std::string& dir, const std::string& extra = "") {
   return tiny() + " --set train.iterations=" + iterations +
          " --set train.seq_len=16 --set parallel.pp=3 "
          "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
-         "--set checkpoint.replicas=1 --set cluster.spares=2 --set checkpoint.durable=true "
-         "--set cluster.failure_timeout_ms=3000 --set checkpoint.dir=" +
-         dir + " " + extra;
+         "--set checkpoint.replicas=1 --set cluster.spares=2 "
+         "--set cluster.failure_timeout_ms=3000 " +
+         (dir.empty() ? "" : "--set checkpoint.dir=" + dir + " ") + extra;
 }
 
 // The uninterrupted run's hash, by `moevement train`.
@@ -112,9 +113,11 @@ std::vector<const std::string*> events(const outcome& o, const std::string& name
 }
 
 TEST(durable_fallback, every_copy_gone_rolls_the_job_back_to_disk_bit_exact) {
-  const std::string dir = checkpoint_dir("gone");
-  background_launch j("gone", job(dir));
+  // The defaults: the durable tier on, in a directory beside the run log.
+  background_launch j("gone", job(""));
+  const fs::path dir = fs::path(j.log).replace_extension(".checkpoints");
   kill_after_durable_windows(j, 1);
+  EXPECT_TRUE(fs::is_directory(dir / "stage-0-replica-0")) << dir;
   const auto o = finish(j);
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference());

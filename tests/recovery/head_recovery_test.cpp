@@ -222,6 +222,7 @@ struct cluster {
     job.w_sparse = 4;
     job.baseline.interval = 4;
     job.policy = policy;
+    job.durable = false;  // an escalation stops the job (no disk in these fakes)
     std::map<node_id, engine::worker_info> workers;
     for (node_id n = 1; n <= 8; ++n) {
       engine::worker_info w;

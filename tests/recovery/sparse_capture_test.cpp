@@ -423,5 +423,70 @@ TEST(sparse_capture, lent_slot_memory_holds_the_same_bytes_and_goes_back) {
   EXPECT_EQ(lender.returns, int(lender.blocks.size()));
 }
 
+// Persisting lags the next capture by a slot (a loaded host): window 2 begins while window 0
+// is still held and takes new memory for its first slot. When window 1 then persists, window
+// 0's memory goes to window 2's remaining slot instead of back to the lender (no new memory
+// for it), and what is left goes back: the capture holds two windows again.
+TEST(sparse_capture, a_window_begun_before_the_last_was_dropped_takes_its_memory) {
+  constexpr int w = 2;
+  const auto t = test_train();
+  engine::local_pipeline pipe{models::preset("tiny"), t, 1};
+  stage_schedule sched(sparse_config{w}, pipe.stage(0, 0).operators());
+  test_lender lender;
+  lender.misses_left = 0;
+  {
+    sparse_capture cap(0, 0);
+    cap.set_schedule(sched);
+    cap.set_allocator([&](std::size_t n) { return lender.take(n); });
+    pipe.set_hooks(0, 0, &cap);
+    for (int i = 0; i < 2 * w; ++i) pipe.train_iteration();  // windows 0 and 1
+    cap.drop_before(0, 1);
+    EXPECT_EQ(lender.asks, 2 * w);
+    const std::size_t two_windows = cap.snapshot_bytes_held();
+    pipe.train_iteration();  // window 2's first slot, window 0 still held: new memory
+    EXPECT_EQ(lender.asks, 2 * w + 1);
+    cap.drop_before(1, 3);  // window 1 persisted: window 0 dropped
+    EXPECT_EQ(lender.returns, 1) << "window 0's first slot went back, its second was kept";
+    pipe.train_iteration();  // window 2's second slot: window 0's memory, no ask
+    EXPECT_EQ(lender.asks, 2 * w + 1);
+    EXPECT_TRUE(cap.complete(2));
+    EXPECT_EQ(lender.lent_blocks(), std::size_t(2 * w));
+    EXPECT_EQ(cap.snapshot_bytes_held(), two_windows);
+    pipe.set_hooks(0, 0, nullptr);
+  }
+  EXPECT_EQ(lender.lent_blocks(), 0u);
+}
+
+// Replication stuck (no window persists): the policy skips windows rather than hold more.
+// A skipped window takes no memory and is never complete; the next one after a persist is
+// captured as usual.
+TEST(sparse_capture, a_skipped_window_takes_no_memory_and_the_next_is_captured) {
+  constexpr int w = 2;
+  const auto t = test_train();
+  engine::local_pipeline pipe{models::preset("tiny"), t, 1};
+  stage_schedule sched(sparse_config{w}, pipe.stage(0, 0).operators());
+  sparse_capture cap(0, 0);
+  cap.set_schedule(sched);
+  pipe.set_hooks(0, 0, &cap);
+  for (int i = 0; i < 3 * w; ++i) pipe.train_iteration();  // windows 0, 1, 2; none persisted
+  const std::size_t held = cap.snapshot_bytes_held();
+  cap.skip_window(1);  // begun already: not skipped
+  EXPECT_EQ(cap.windows_skipped(), 0u);
+  cap.skip_window(3);
+  cap.skip_window(3);  // once
+  EXPECT_EQ(cap.windows_skipped(), 1u);
+  for (int i = 0; i < w; ++i) pipe.train_iteration();  // window 3: nothing captured
+  EXPECT_FALSE(cap.slot_of(3 * w).has_value());
+  EXPECT_FALSE(cap.complete(3));
+  EXPECT_EQ(cap.windows_held(), 3u);
+  EXPECT_EQ(cap.snapshot_bytes_held(), held);
+  cap.drop_before(2, 2 * w + 1);  // window 2 persists after all
+  pipe.train_iteration();         // window 4 is captured
+  EXPECT_TRUE(cap.slot_of(4 * w).has_value());
+  pipe.train_iteration();
+  EXPECT_TRUE(cap.complete(4));
+  pipe.set_hooks(0, 0, nullptr);
+}
+
 }  // namespace
 }  // namespace moevement::recovery

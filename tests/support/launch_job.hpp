@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -113,6 +114,9 @@ struct background_launch {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
+    // The durable tier's default directory, beside the run log (checkpoint.dir unset).
+    std::error_code ec;
+    std::filesystem::remove_all(std::filesystem::path(log).replace_extension(".checkpoints"), ec);
   }
 };
 
