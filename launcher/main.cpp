@@ -53,6 +53,7 @@ constexpr bench_entry benchmarks[] = {
     {"recovery", "moevement's recovery against the baselines' rollbacks (--dp: per dp)"},
     {"simvalidate", "the ETTR simulator against measured `launch` runs"},
     {"collectives", "GPU stages' gradient sum through NCCL against the host path"},
+    {"network", "a job on a lossy or rate-limited loopback against a clean one (root, nft, tc)"},
 };
 
 void list_benchmarks(std::ostream& out) {
