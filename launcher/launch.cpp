@@ -61,7 +61,10 @@ std::string duration_text(double s) {
 // the job's own traffic (another job, a scanner, a stale token). The link warns on stderr as
 // they come; the run log keeps the totals.
 void log_link_refusals(engine::run_log& log, const transport::ucx_link_counters& c) {
-  if (c.refused_tokens + c.bad_hellos + c.hello_timeouts + c.failed_accepts == 0) return;
+  if (c.refused_tokens + c.bad_hellos + c.hello_timeouts + c.failed_accepts + c.half_open_refused ==
+      0) {
+    return;
+  }
   log.write(engine::json_record{}
                 .add("kind", "event")
                 .add("event", "link_refusals")
@@ -69,6 +72,7 @@ void log_link_refusals(engine::run_log& log, const transport::ucx_link_counters&
                 .add("bad_hellos", c.bad_hellos)
                 .add("hello_timeouts", c.hello_timeouts)
                 .add("failed_accepts", c.failed_accepts)
+                .add("half_open_refused", c.half_open_refused)
                 .add("time_s", log.seconds()));
 }
 

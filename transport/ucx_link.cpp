@@ -910,8 +910,29 @@ struct link_state : std::enable_shared_from_this<link_state> {
     });
   }
 
+  // The address part of "host:port" (or "[v6]:port").
+  static std::string source_of(const std::string& from) {
+    return from.substr(0, std::min(from.rfind(':'), from.size()));
+  }
+
+  std::size_t half_open_from(const std::string& source) const {
+    std::size_t n = 0;
+    for (const auto& [serial, c] : conns) {
+      n += !c->outgoing && !c->admitted && source_of(c->from) == source;
+    }
+    return n;
+  }
+
   void accept(ucp_conn_request_h request) {
     const std::string from = client_of(request);  // before ucp_ep_create, which frees it
+    if (half_open_from(source_of(from)) >= opt.max_half_open_per_source) {
+      ucp_listener_reject(listener, request);  // frees the request; the listener listens on
+      ++counters.half_open_refused;
+      report_refusal(counters.half_open_refused, from,
+                     fmt::format("{} connections from it not admitted yet (the limit)",
+                                 opt.max_half_open_per_source));
+      return;
+    }
     ucp_ep_params_t p = ep_params();
     p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
     p.conn_request = request;

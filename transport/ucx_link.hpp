@@ -39,6 +39,11 @@ struct ucx_link_options {
   bool spin_yield = true;               // sched_yield() on each idle pass of the spin (see pump())
   std::chrono::milliseconds safety_tick{5};       // progress at least this often, armed or not
   std::chrono::milliseconds hello_timeout{5000};  // accepted but silent connections are closed
+  // Connections from one source address accepted and not yet admitted (no valid hello yet): a
+  // request beyond this many is refused, so that one source cannot hold more endpoints open
+  // than this for hello_timeout each. Above what a job's start makes legitimately (every
+  // process of a host dialling one peer at once: at most 256 workers and their spares).
+  std::size_t max_half_open_per_source = 512;
   std::chrono::milliseconds close_timeout{1000};  // bound on the flush at destruction
   decode_limits limits;                           // applied to every received envelope
   bulk_path bulk = bulk_path::automatic;
@@ -53,35 +58,36 @@ struct ucx_link_options {
 
 // What the link counts besides link_stats.
 struct ucx_link_counters {
-  std::uint64_t refused_tokens = 0;   // hellos with a wrong job token
-  std::uint64_t bad_hellos = 0;       // hellos that were malformed or came twice
-  std::uint64_t hello_timeouts = 0;   // accepted connections closed for silence
-  std::uint64_t failed_accepts = 0;   // connection requests UCX could not make an endpoint of
-  std::uint64_t bulk_rejected = 0;    // pull requests we refused to serve (bad descriptor)
-  std::uint64_t bulk_served = 0;      // pull requests served
-  std::uint64_t pulls_ok = 0;         // our pulls that completed
-  std::uint64_t pulls_failed = 0;     // our pulls that completed with an error
-  std::uint64_t pulls_retried = 0;    // our pulls asked again on a new connection
-  std::uint64_t pulls_by_rma = 0;     // our pulls the exporter answered with an rkey
-  std::uint64_t pulls_by_lease = 0;   // our pulls read under a cached lease (no round trip)
-  std::uint64_t leases_granted = 0;   // exporter: leases handed out (one per grant message)
-  std::uint64_t leases_revoked = 0;   // exporter: revocations sent for withdrawn regions
-  std::uint64_t leases_released = 0;  // exporter: releases received from holders
-  std::uint64_t withdrawn_held = 0;   // exporter, now: withdrawn regions kept for lease holders
-  std::uint64_t revived = 0;          // lost peers made dialable again (revive)
-  std::uint64_t resent = 0;           // envelopes sent again on a new connection (unacked)
-  std::uint64_t duplicates = 0;       // envelopes received again, dropped (handed on already)
-  std::uint64_t acks_sent = 0;        // explicit acks (none of our envelopes carried one back)
-  std::uint64_t held_sends = 0;       // envelopes and pull requests held until the peer's welcome
-  std::uint64_t arms = 0;             // ucp_worker_arm calls
-  std::uint64_t arm_busy = 0;         // ... that returned UCS_ERR_BUSY (progress again)
-  std::uint64_t arm_errors = 0;       // ... that failed otherwise (no fd wait: tick only)
-  std::uint64_t arm_stuck = 0;        // busy arms after a run of idle ones: polled, not spun
-  std::uint64_t tick_progress = 0;    // safety-tick wakeups whose progress found events
-  std::uint64_t poll_progress = 0;    // poll-timer wakeups whose progress found events
-  std::uint64_t fd_progress = 0;      // event-fd wakeups whose progress found events
-  std::uint64_t spin_progress = 0;    // spin passes whose progress found events (no wakeup paid)
-  std::uint64_t spin_backoffs = 0;    // spins stopped: their yield gave the core to another process
+  std::uint64_t refused_tokens = 0;     // hellos with a wrong job token
+  std::uint64_t bad_hellos = 0;         // hellos that were malformed or came twice
+  std::uint64_t hello_timeouts = 0;     // accepted connections closed for silence
+  std::uint64_t failed_accepts = 0;     // connection requests UCX could not make an endpoint of
+  std::uint64_t half_open_refused = 0;  // requests past max_half_open_per_source
+  std::uint64_t bulk_rejected = 0;      // pull requests we refused to serve (bad descriptor)
+  std::uint64_t bulk_served = 0;        // pull requests served
+  std::uint64_t pulls_ok = 0;           // our pulls that completed
+  std::uint64_t pulls_failed = 0;       // our pulls that completed with an error
+  std::uint64_t pulls_retried = 0;      // our pulls asked again on a new connection
+  std::uint64_t pulls_by_rma = 0;       // our pulls the exporter answered with an rkey
+  std::uint64_t pulls_by_lease = 0;     // our pulls read under a cached lease (no round trip)
+  std::uint64_t leases_granted = 0;     // exporter: leases handed out (one per grant message)
+  std::uint64_t leases_revoked = 0;     // exporter: revocations sent for withdrawn regions
+  std::uint64_t leases_released = 0;    // exporter: releases received from holders
+  std::uint64_t withdrawn_held = 0;     // exporter, now: withdrawn regions kept for lease holders
+  std::uint64_t revived = 0;            // lost peers made dialable again (revive)
+  std::uint64_t resent = 0;             // envelopes sent again on a new connection (unacked)
+  std::uint64_t duplicates = 0;         // envelopes received again, dropped (handed on already)
+  std::uint64_t acks_sent = 0;          // explicit acks (none of our envelopes carried one back)
+  std::uint64_t held_sends = 0;         // envelopes and pull requests held until the peer's welcome
+  std::uint64_t arms = 0;               // ucp_worker_arm calls
+  std::uint64_t arm_busy = 0;           // ... that returned UCS_ERR_BUSY (progress again)
+  std::uint64_t arm_errors = 0;         // ... that failed otherwise (no fd wait: tick only)
+  std::uint64_t arm_stuck = 0;          // busy arms after a run of idle ones: polled, not spun
+  std::uint64_t tick_progress = 0;      // safety-tick wakeups whose progress found events
+  std::uint64_t poll_progress = 0;      // poll-timer wakeups whose progress found events
+  std::uint64_t fd_progress = 0;        // event-fd wakeups whose progress found events
+  std::uint64_t spin_progress = 0;      // spin passes whose progress found events (no wakeup paid)
+  std::uint64_t spin_backoffs = 0;  // spins stopped: their yield gave the core to another process
 };
 
 class ucx_link final : public link {

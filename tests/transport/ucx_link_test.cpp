@@ -4,6 +4,7 @@
 #include "transport/ucx_link.hpp"
 
 #include <gtest/gtest.h>
+#include <ucp/api/ucp.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -568,6 +569,86 @@ TEST_P(ucx_link_test, junk_connections_leave_the_listener_listening) {
   ASSERT_TRUE(run_until([&] { return !inbox_.empty(); }));
   part(7, pid);
   for (int s : open_junk) ::close(s);
+}
+
+// A UCX client of our own that connects to the link's port and never says hello: the link
+// accepts it and holds it unadmitted (until hello_timeout).
+struct silent_client {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<ucp_ep_h> eps;
+  silent_client() {
+    ucp_params_t p{};
+    p.field_mask = UCP_PARAM_FIELD_FEATURES;
+    p.features = UCP_FEATURE_AM;
+    EXPECT_EQ(ucp_init(&p, nullptr, &context), UCS_OK);
+    ucp_worker_params_t w{};
+    w.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    w.thread_mode = UCS_THREAD_MODE_SINGLE;
+    EXPECT_EQ(ucp_worker_create(context, &w, &worker), UCS_OK);
+  }
+  void connect(std::uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ucp_ep_params_t e{};
+    e.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    e.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    e.sockaddr.addr = reinterpret_cast<const sockaddr*>(&a);
+    e.sockaddr.addrlen = sizeof a;
+    e.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ucp_ep_h ep = nullptr;
+    EXPECT_EQ(ucp_ep_create(worker, &e, &ep), UCS_OK);
+    eps.push_back(ep);
+  }
+  void progress() { ucp_worker_progress(worker); }
+  ~silent_client() {
+    for (ucp_ep_h ep : eps) {
+      ucp_request_param_t r{};
+      r.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      r.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* req = ucp_ep_close_nbx(ep, &r);
+      while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS) progress();
+      if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+    }
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+  }
+};
+
+// One source may hold only so many accepted connections that never said hello: the next
+// request from it is refused (counted, reported) and the listener goes on listening.
+TEST_P(ucx_link_test, half_open_connections_from_one_source_are_limited) {
+  ucx_link_options o;
+  o.max_half_open_per_source = 2;
+  o.hello_timeout = 1s;
+  make_link(o);
+  silent_client client;
+  for (int i = 0; i < 3; ++i) {
+    client.connect(link_->port());
+    // each request reaches the listener before the next is made (the order is the test's)
+    run_until(
+        [&] {
+          client.progress();
+          return false;
+        },
+        300ms);
+  }
+  EXPECT_TRUE(run_until([&] {
+    client.progress();
+    return link_->counters().half_open_refused == 1;
+  }));
+  EXPECT_EQ(link_->counters().half_open_refused, 1u);
+  // Once the silent ones are closed (hello_timeout), a real peer from the same source gets in.
+  EXPECT_TRUE(run_until([&] {
+    client.progress();
+    return link_->counters().hello_timeouts >= 2;
+  }));
+  const pid_t pid = spawn(peer_args("echo", 7));
+  ASSERT_TRUE(wait_message("ready")) << "the listener stopped accepting";
+  part(7, pid);
 }
 
 // The inodes of this process's listening TCP sockets, with their local addresses as
