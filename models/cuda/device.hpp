@@ -20,5 +20,8 @@ std::vector<float> saxpy(float a, const std::vector<float>& x, const std::vector
 void prewarm();
 // "<name> (sm_XY)" of device 0, or why there is none.
 std::string describe_device();
+// Opens cuBLASLt if it is not open yet (it is loaded on first use, never at a process's start:
+// models/cuda/cublaslt_loader.cpp) and says why it cannot be: empty when it is open.
+std::string open_cublaslt();
 
 }  // namespace moevement::models::cuda

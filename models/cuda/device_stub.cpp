@@ -18,5 +18,8 @@ void prewarm() {}
 std::string describe_device() {
   return "CUDA backend not compiled in";
 }
+std::string open_cublaslt() {
+  return "CUDA backend not compiled in";
+}
 
 }  // namespace moevement::models::cuda

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 namespace moevement::models::cuda {
 namespace {
@@ -24,6 +27,20 @@ TEST(cuda_device, saxpy_runs_on_the_gpu_and_is_reproducible) {
     EXPECT_EQ(r1[i], expect) << i;
   }
   EXPECT_EQ(std::memcmp(r1.data(), r2.data(), r1.size() * sizeof(float)), 0);
+}
+
+// cuBLASLt (half a gigabyte) is opened on first use, not when a process starts: a process that
+// never runs a GPU GEMM (every CPU job's) does not pay for loading it. Needs no GPU.
+TEST(cuda_device, cublaslt_is_opened_on_first_use_not_at_start) {
+  if (!compiled()) GTEST_SKIP() << "CUDA backend not compiled into this build";
+  const auto mapped = [] {
+    std::ifstream maps("/proc/self/maps");
+    const std::string all((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+    return all.find("libcublasLt") != std::string::npos;
+  };
+  EXPECT_FALSE(mapped()) << "loaded at the process's start";
+  EXPECT_EQ(open_cublaslt(), "");
+  EXPECT_TRUE(mapped());
 }
 
 TEST(cuda_device, without_a_backend_the_error_says_what_to_do) {
