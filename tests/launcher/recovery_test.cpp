@@ -499,8 +499,10 @@ TEST(recovery, a_failure_next_to_a_recovering_region_grows_and_restarts_it) {
   // Stage 1 is killed; the moment its recovery starts, stage 2 (whose gradient log the
   // restore needs) hangs. The restore cannot finish without stage 2, and once the heartbeats
   // give up on it, the loss next to the region still recovering grows the region to 1..2 and
-  // restarts it (cascading): stage 1's spare restores again, stage 2 gets a new one.
+  // restarts it (cascading): stage 1's spare restores again, stage 2 gets a new one. A window
+  // of 3 (a replay of several iterations is under way when the loss comes).
   const auto o = launch("cascade", job(4, 1, 2,
+                                       "--set checkpoint.w_sparse=3 "
                                        "--set cluster.failure_timeout_ms=1000 "
                                        "--inject kill:stage=1,replica=0,iter=7 "
                                        "--inject hang:stage=2,replica=0,during=recovery"));
