@@ -12,7 +12,8 @@
 // medians, ours = under the fault, theirs = clean (ratio theirs/ours: 1 = the fault cost
 // nothing):
 //   wall_s      the fault-free run's wall time (the run log's job_end);
-//   recoveries  recovery_start events of the fault-free runs (a false suspicion costs one);
+//   recoveries  recovery_start events of the fault-free runs, all of them added up (a false
+//               suspicion costs one);
 //   detect_s    worker_lost time_s - inject time_s, of the kill and of the hang;
 //   plus whether every run ended with `moevement train`'s state_hash.
 // Options: --config FILE (default examples/configs/tiny.toml), --set KEY=VALUE (repeatable),
@@ -31,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -107,7 +109,7 @@ shell_result shell(const std::string& cmd) {
 
 std::string unavailable() {
   if (::geteuid() != 0) return "needs root (network namespaces with nftables and tc)";
-  if (std::system("command -v unshare && command -v ip && command -v nft && command -v tc "
+  if (std::system("{ command -v unshare && command -v ip && command -v nft && command -v tc; } "
                   "> /dev/null 2>&1") != 0) {
     return "needs unshare, ip, nft and tc (util-linux, iproute2, nftables)";
   }
@@ -257,9 +259,10 @@ int main(int argc, char** argv) {
     for (const auto& c : conditions) {
       const figures& f = by[c];
       std::printf(
-          "# %s: %d runs, %d failed, %d ended with train's state_hash; fault-free "
-          "recoveries (median) %.1f\n",
-          c.c_str(), f.runs, f.failed, f.equal, median(f.recoveries));
+          "# %s: %d runs, %d failed, %d ended with train's state_hash; recoveries in the "
+          "fault-free runs: %.0f\n",
+          c.c_str(), f.runs, f.failed, f.equal,
+          std::accumulate(f.recoveries.begin(), f.recoveries.end(), 0.0));
       if (c == "clean") continue;
       auto line = [&](const char* metric, const std::vector<double>& ours,
                       const std::vector<double>& theirs) {

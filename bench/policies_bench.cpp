@@ -490,7 +490,7 @@ int main(int argc, char** argv) {
         // The in-memory tier alone unless --durable (its own comparison): what the design's
         // overhead and recovery figures are of. The job's default also writes to disk.
         set(fmt::format("checkpoint.durable={}", o.durable));
-        set("checkpoint.dir=" + (fs::path(log).replace_extension(".ckpt")).string());
+        if (o.durable) set("checkpoint.dir=" + (fs::path(log).replace_extension(".ckpt")).string());
       }
       // On a loaded 2-core machine the 1 s default heartbeat silence was taken for a lost
       // worker (a false failure ends a `none` run); the injected kill is detected by the

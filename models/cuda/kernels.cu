@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/cuda/check.hpp"
+#include "models/cuda/device.hpp"
 #include "models/cuda/kernels.hpp"
 
 namespace moevement::models::cuda {
@@ -71,6 +72,10 @@ context::context(int device) : impl_(std::make_unique<impl>()) {
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaMalloc(&impl_->workspace, workspace_bytes), "cudaMalloc(workspace)");
+  if (const std::string why = open_cublaslt(); !why.empty()) {  // opened on first use
+    throw std::runtime_error("cuBLASLt cannot be opened: " + why +
+                             " (the CUDA toolkit's libcublasLt must be on the library path)");
+  }
   check(cublasLtCreate(&impl_->lt), "cublasLtCreate");
 }
 
