@@ -119,7 +119,10 @@ bool rollback_recovery::rebuilding(transport::node_id n) const {
 }
 
 bool rollback_recovery::current(transport::node_id n, std::uint64_t generation) const {
-  if (!state_ || state_->restarting) return false;
+  // Not an older generation's report. One that comes while the region is about to restart
+  // counts: a restart gives a fresh stage still up no new Restore, so it never reports again
+  // (maybe_finish waits for the restart's own Restores).
+  if (!state_) return false;
   return std::any_of(state_->roles.begin(), state_->roles.end(), [&](const role& r) {
     return r.worker == n && r.fresh && r.generation == generation;
   });

@@ -501,6 +501,44 @@ TEST(rollback_recovery, a_spare_lost_during_the_rollback_restarts_it_then_every_
   });
 }
 
+// A fresh stage that reports while the rollback is about to restart (a survivor was just lost,
+// its supervisor's restart not here yet) keeps its report: the restart sends it no new Restore,
+// so a dropped report would leave the rollback waiting for it for ever.
+TEST(rollback_recovery, a_report_between_a_loss_and_the_restart_it_causes_still_counts) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3, engine::policy_kind::dense_memory);
+    c.d.hub().crash(2);  // stage 1: a fresh stage on spare 5
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(5).size() != 1) {
+      ADD_FAILURE() << c.restores(5).size() << " Restores on spare 5";
+      co_return;
+    }
+    const std::uint64_t g1 = c.restores(5)[0].generation;
+    // The head learns that survivor stage 2 (worker 3) is gone; spare 5 reports before the
+    // region's supervisor asks for the restart.
+    co_await h->recovery->lost_member(3);
+    co_await h->report(5, g1);
+    c.d.hub().crash(3);
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(6).size() != 1) {
+      ADD_FAILURE() << c.restores(6).size() << " Restores on spare 6";
+      co_return;
+    }
+    EXPECT_EQ(c.restores(6)[0].stage, 2);
+    EXPECT_EQ(c.restores(5).size(), 1u) << "the fresh stage still up keeps its build";
+    co_await h->report(6, c.restores(6)[0].generation);
+    co_await c.head.sleep_for(100ms);
+    EXPECT_EQ(h->rewirings, 1);
+    if (h->done.size() != 1) {
+      ADD_FAILURE() << h->done.size() << " recoveries ended; "
+                    << testing::PrintToString(h->failures);
+      co_return;
+    }
+    EXPECT_EQ(h->done[0].target, 8);
+  });
+}
+
 TEST(rollback_recovery, past_its_restart_intensity_the_job_stops_saying_so) {
   cluster c;
   c.d.run_body([&]() -> awaitable<void> {
