@@ -27,7 +27,8 @@ commands:
   launch CONFIG [--set k=v] train on a local cluster of worker processes (pp x dp stage
              actors over UCX); shows progress, writes the run log, prints state_hash=
   worker     one worker process of a job (started by launch, or by Slurm)
-  train CONFIG [--set k=v]  train in this process (no actors); prints state_hash=
+  train CONFIG [--set k=v]  train in this process (no actors); prints state_hash=;
+             --checkpoint-dir DIR [--resume] checkpoints it and goes on after a kill
   bench NAME run benchmark NAME (bench/NAME_bench.cpp) against its competitor
   slurm-env  print what this task learned from Slurm's environment (run under srun), as JSON
   simulate   estimate ETTR per checkpoint policy (moevement simulate --help)

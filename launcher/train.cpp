@@ -3,12 +3,16 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "base/hash.hpp"
 #include "engine/job_config.hpp"
 #include "launcher/config.hpp"
+#include "launcher/train_checkpoint.hpp"
 #include "models/cuda/device.hpp"
 #include "models/cuda/trainer.hpp"
 #include "models/trainer.hpp"
@@ -17,12 +21,66 @@ namespace moevement::launcher {
 
 namespace {
 constexpr const char* train_usage =
-    "usage: moevement train CONFIG [--set key=value ...]\n"
-    "  CONFIG: a TOML file (examples/configs/tiny.toml); keys in docs/configuration.md\n";
+    "usage: moevement train CONFIG [--set key=value ...] [--checkpoint-dir DIR\n"
+    "                       [--checkpoint-every K] [--resume]]\n"
+    "  CONFIG: a TOML file (examples/configs/tiny.toml); keys in docs/configuration.md\n"
+    "  --checkpoint-dir: write the whole training state there every K iterations (default 10)\n"
+    "  --resume: start from the newest checkpoint in DIR that verifies (a killed run goes on\n"
+    "            where it was and ends with the uninterrupted run's state_hash)\n";
+
+struct train_options {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string checkpoint_dir;
+  int checkpoint_every = train_checkpoint_every;
+  bool resume = false;
+};
+
+// Throws std::invalid_argument saying what is wrong.
+train_options parse_train_options(int argc, char** argv) {
+  train_options o;
+  o.config = argv[2];
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--set") {
+      o.overrides.push_back(value());
+    } else if (a.starts_with("--set=")) {
+      o.overrides.push_back(a.substr(6));
+    } else if (a == "--checkpoint-dir") {
+      o.checkpoint_dir = value();
+    } else if (a == "--checkpoint-every") {
+      const std::string v = value();
+      std::size_t used = 0;
+      try {
+        o.checkpoint_every = std::stoi(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || o.checkpoint_every < 1) {
+        throw std::invalid_argument("--checkpoint-every needs a whole number >= 1, not '" + v +
+                                    "'");
+      }
+    } else if (a == "--resume") {
+      o.resume = true;
+    } else {
+      throw std::invalid_argument("unexpected argument '" + a + "'");
+    }
+  }
+  if (o.resume && o.checkpoint_dir.empty()) {
+    throw std::invalid_argument("--resume needs --checkpoint-dir DIR (where the run wrote them)");
+  }
+  return o;
+}
 
 // The training loop and its report, for the CPU and the CUDA trainer alike.
-template <class Trainer>
-int train_loop(Trainer& tr, const models::model_config& model, const models::train_config& train) {
+// after_step(tr): once each iteration, after its step (checkpoints).
+template <class Trainer, class AfterStep>
+int train_loop(Trainer& tr, const models::model_config& model, const models::train_config& train,
+               std::int64_t first, AfterStep after_step) {
   std::cout << fmt::format(
       "model {}: {} layers, d_model {}, {} experts (top-{}), {:.3f} M parameters ({:.3f} M "
       "active), compute {}, {} replica(s)\n",
@@ -34,15 +92,16 @@ int train_loop(Trainer& tr, const models::model_config& model, const models::tra
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   models::iteration_stats st;
-  for (std::int64_t it = 0; it < train.iterations; ++it) {
+  for (std::int64_t it = first; it < train.iterations; ++it) {
     st = tr.train_iteration();
+    after_step(tr);
     const bool last = it + 1 == train.iterations;
     if (it % train.log_every == 0 || last) {
       const double secs = std::chrono::duration<double>(clock::now() - start).count();
       std::cout << fmt::format(
           "iter {:6d}  loss {:.4f}  aux {:.4f}  grad_norm {:.3f}{}  tok/s {:.0f}\n", it, st.loss,
           st.aux_loss, st.grad_norm, st.applied ? "" : "  (skipped: fp16 overflow)",
-          double(tr.tokens_per_iteration()) * double(it + 1) / secs);
+          double(tr.tokens_per_iteration()) * double(it + 1 - first) / secs);
     }
     if (train.val_every > 0 && (it + 1) % train.val_every == 0 && !last) {
       std::cout << fmt::format("iter {:6d}  val_loss {:.4f}\n", it, tr.validation_loss());
@@ -53,8 +112,9 @@ int train_loop(Trainer& tr, const models::model_config& model, const models::tra
   std::cout << fmt::format(
       "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, "
       "{:.2f} s)\n",
-      st.loss, val, secs > 0 ? double(tr.tokens_per_iteration()) * train.iterations / secs : 0.0,
-      train.iterations, secs);
+      st.loss, val,
+      secs > 0 ? double(tr.tokens_per_iteration()) * double(train.iterations - first) / secs : 0.0,
+      train.iterations - first, secs);
   std::cout << "state_hash=" << hex16(tr.state_hash()) << "\n";
   return 0;
 }
@@ -66,18 +126,15 @@ int run_train(int argc, char** argv) {
     std::cerr << train_usage;
     return 2;
   }
-  models::config_map map = load_config_file(argv[2]);
-  for (int i = 3; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--set" && i + 1 < argc) {
-      apply_override(map, argv[++i]);
-    } else if (a.starts_with("--set=")) {
-      apply_override(map, a.substr(6));
-    } else {
-      std::cerr << "moevement train: unexpected argument '" << a << "'\n" << train_usage;
-      return 2;
-    }
+  train_options o;
+  try {
+    o = parse_train_options(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "moevement train: " << e.what() << "\n" << train_usage;
+    return 2;
   }
+  models::config_map map = load_config_file(o.config);
+  for (const auto& kv : o.overrides) apply_override(map, kv);
   // `train` reads model.*, train.* and parallel.dp (it emulates the data-parallel replicas in
   // this process, so it is the bit-exact reference of `launch`); the engine's other keys are
   // accepted and ignored so that one file serves both. Anything else is an unknown key.
@@ -90,11 +147,39 @@ int run_train(int argc, char** argv) {
   const models::model_config& model = job.model;
   const models::train_config& train = job.train;
   if (train.device == models::device::cuda) {
+    if (!o.checkpoint_dir.empty()) {
+      throw std::invalid_argument(
+          "moevement train: --checkpoint-dir is for CPU training (train.device = \"cpu\"); GPU "
+          "stages checkpoint and resume under `moevement launch` (docs/recovery.md)");
+    }
     models::cuda::trainer tr(model, train);
-    return train_loop(tr, model, train);
+    return train_loop(tr, model, train, 0, [](auto&) {});
   }
   models::trainer tr(model, train);
-  return train_loop(tr, model, train);
+  if (o.checkpoint_dir.empty()) return train_loop(tr, model, train, 0, [](auto&) {});
+  if (o.resume && !std::filesystem::is_directory(o.checkpoint_dir)) {
+    throw std::invalid_argument(fmt::format(
+        "nothing to resume: {} is not a directory (--checkpoint-dir names where the run wrote "
+        "its checkpoints)",
+        o.checkpoint_dir));
+  }
+  train_checkpoints checkpoints(o.checkpoint_dir, job);
+  std::int64_t first = 0;
+  if (o.resume) {
+    std::vector<std::string> rejected;
+    try {
+      first = checkpoints.resume(tr, &rejected);
+    } catch (const std::runtime_error& e) {
+      for (const auto& r : rejected) std::cerr << "moevement train: " << r << "\n";
+      throw;
+    }
+    for (const auto& r : rejected) std::cout << "skipped " << r << "\n";
+    std::cout << fmt::format("resumed from the checkpoint of iteration {} in {}\n", first,
+                             o.checkpoint_dir);
+  }
+  return train_loop(tr, model, train, first, [&](models::trainer& t) {
+    if (t.iteration() % o.checkpoint_every == 0) checkpoints.write(t);
+  });
 }
 
 }  // namespace moevement::launcher

@@ -235,18 +235,11 @@ result<engine::resume_point> resume_journal::load(std::vector<std::string>* reje
         why = fmt::format("it says window {}", parsed->first.window);
       } else {
         // Written by this job's training, or refused naming what differs.
-        const auto& theirs = parsed->second;
-        for (std::size_t i = 0; i < identity_.size(); ++i) {
-          const auto& [key, mine] = identity_[i];
-          const auto at = std::find_if(theirs.begin(), theirs.end(),
-                                       [&](const auto& kv) { return kv.first == key; });
-          const std::string was = at == theirs.end() ? "(not recorded)" : at->second;
-          if (was != mine) {
-            return error{fmt::format(
-                "the checkpoint in {} was written by a job with {} = {}; this config has {}: "
-                "resume with the settings it was written with",
-                dir_.parent_path().string(), key, was, mine)};
-          }
+        if (auto d = identity_difference(identity_, parsed->second)) {
+          return error{fmt::format(
+              "the checkpoint in {} was written by a job with {}: resume with the settings it "
+              "was written with",
+              dir_.parent_path().string(), *d)};
         }
         return std::move(parsed->first);
       }
@@ -255,6 +248,18 @@ result<engine::resume_point> resume_journal::load(std::vector<std::string>* reje
   }
   return error{fmt::format("nothing to resume in {}: {} journal(s), none usable{}", dir_.string(),
                            ids.size(), ids.empty() ? "" : " (see the reasons above)")};
+}
+
+std::optional<std::string> identity_difference(
+    const std::vector<std::pair<std::string, std::string>>& mine,
+    const std::vector<std::pair<std::string, std::string>>& theirs) {
+  for (const auto& [key, value] : mine) {
+    const auto at =
+        std::find_if(theirs.begin(), theirs.end(), [&](const auto& kv) { return kv.first == key; });
+    const std::string was = at == theirs.end() ? "(not recorded)" : at->second;
+    if (was != value) return fmt::format("{} = {}; this config has {}", key, was, value);
+  }
+  return std::nullopt;
 }
 
 void resume_journal::clear() const {

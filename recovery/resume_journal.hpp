@@ -16,6 +16,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,12 @@ namespace moevement::recovery {
 // (train.iterations, train.device, validation, cluster.*) are not in it, nor the placement:
 // a resume may change pp and dp (the journal's layout line says what the windows have).
 std::vector<std::pair<std::string, std::string>> state_identity(const engine::job_config& job);
+
+// The first setting of `mine` that `theirs` (read from a file) records otherwise, as
+// "train.seed = 1; this config has 7"; nullopt when every one agrees.
+std::optional<std::string> identity_difference(
+    const std::vector<std::pair<std::string, std::string>>& mine,
+    const std::vector<std::pair<std::string, std::string>>& theirs);
 
 // checkpoint.dir/head/
 std::filesystem::path resume_journal_dir(const std::filesystem::path& checkpoint_dir);
