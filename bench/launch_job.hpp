@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,16 +41,19 @@ inline std::filesystem::path bench_log(const std::string& name) {
 
 struct job_outcome {
   bool ok = false;
+  bool killed = false;         // kill_when said so, and the process got SIGKILL
   std::string output;          // the job's stdout and stderr (kept when it failed)
   std::vector<stamped> lines;  // the run log, stamped
 };
 
 // Runs `bin args...` with its output in a file beside `log`; `log` must be the job's run log
 // (engine.run_log). `on_poll` (optional) is called after each poll with its time stamp, to watch
-// something else on the same clock. Throws only when the process cannot be started.
-inline job_outcome launch_job(const std::string& bin, const std::vector<std::string>& args,
-                              const std::filesystem::path& log,
-                              const std::function<void(double)>& on_poll = {}) {
+// something else on the same clock; `kill_when` (optional), with the run log so far, says when to
+// kill the process (SIGKILL, once). Throws only when the process cannot be started.
+inline job_outcome launch_job(
+    const std::string& bin, const std::vector<std::string>& args, const std::filesystem::path& log,
+    const std::function<void(double)>& on_poll = {},
+    const std::function<bool(const std::vector<stamped>&)>& kill_when = {}) {
   namespace fs = std::filesystem;
   using sclock = std::chrono::steady_clock;
   fs::remove(log);
@@ -85,6 +89,10 @@ inline job_outcome launch_job(const std::string& bin, const std::vector<std::str
       partial.erase(0, nl + 1);
     }
     if (on_poll) on_poll(t);
+    if (kill_when && !o.killed && kill_when(o.lines)) {
+      ::kill(pid, SIGKILL);
+      o.killed = true;
+    }
   };
   int status = 0;
   for (;;) {

@@ -54,6 +54,7 @@ constexpr bench_entry benchmarks[] = {
     {"recovery", "moevement's recovery against the baselines' rollbacks (--dp: per dp)"},
     {"simvalidate", "the ETTR simulator against measured `launch` runs"},
     {"collectives", "GPU stages' gradient sum through NCCL against the host path"},
+    {"resume", "a killed job's --resume against dense-disk's reload of the same state"},
     {"network", "a job on a lossy or rate-limited loopback against a clean one (root, nft, tc)"},
 };
 
