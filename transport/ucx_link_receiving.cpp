@@ -1,0 +1,321 @@
+// link_state: receiving active messages: the hello, envelopes and their in-order delivery.
+#include "transport/ucx_link_state.hpp"
+
+namespace moevement::transport::detail {
+
+ucs_status_t link_state::on_am(void* arg, const void* header, std::size_t header_len, void* data,
+                               std::size_t len, const ucp_am_recv_param_t* param) {
+  auto* a = static_cast<std::pair<link_state*, am_id>*>(arg);
+  return a->first->receive(a->second, header, header_len, data, len, param);
+}
+
+ucs_status_t link_state::receive(am_id id, const void* header, std::size_t header_len, void* data,
+                                 std::size_t len, const ucp_am_recv_param_t* param) {
+  last_activity = clock::now();
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) {
+    ++stats.malformed;  // we cannot tell who sent it
+    return UCS_OK;      // drops it (a rendezvous is completed empty for the sender)
+  }
+  auto it = by_ep.find(param->reply_ep);
+  if (it == by_ep.end()) {
+    LINK_TRACE("am {} on an unknown endpoint dropped", unsigned(id));
+    return UCS_OK;  // a connection being closed
+  }
+  connection& c = *conns.at(it->second);
+  if (id == am_hello) return on_hello(c, header, header_len, data, len, rndv);
+  if (!c.admitted) {
+    LINK_TRACE("am {} before the hello on conn {} dropped", unsigned(id), c.serial);
+    ++stats.malformed;  // nothing but a hello is accepted before admission
+    return UCS_OK;
+  }
+  switch (id) {
+    case am_welcome: {
+      welcome_header h{};
+      if (!c.outgoing || rndv || !read_header(header, header_len, h) || h.magic != wire_magic ||
+          h.node != c.peer || h.address_bytes != len || len > max_address_bytes) {
+        ++stats.malformed;
+        post_fail(c.serial, "bad welcome (is another node listening at that address?)");
+        return UCS_OK;
+      }
+      c.welcomed = true;
+      c.bulk_address.assign(static_cast<const std::byte*>(data),
+                            static_cast<const std::byte*>(data) + len);
+      LINK_TRACE("welcomed by node {} on conn {}", c.peer, c.serial);
+      if (!c.held.empty()) {  // not inside progress: sends go out from a posted handler
+        asio::post(io, [w = weak_from_this(), serial = c.serial] {
+          if (auto st = w.lock()) st->release_held(serial);
+        });
+      }
+      return UCS_OK;
+    }
+    case am_refused:
+      if (c.outgoing) {
+        post_lose(c.peer, peer_loss::refused, "refused by the peer: wrong job token");
+      }
+      return UCS_OK;
+    case am_envelope:
+      return on_envelope(c, header, header_len, data, len, rndv);
+    case am_ack: {
+      delivery_book::header h{};
+      if (!read_header(header, header_len, h) || len != 0) {
+        ++stats.malformed;
+        return UCS_OK;
+      }
+      book.acked(c.peer, h.ack_session, h.ack_seq);
+      return UCS_OK;
+    }
+    case am_goodbye: {
+      LINK_TRACE("goodbye from node {} on conn {} (header {} B, data {} B)", c.peer, c.serial,
+                 header_len, len);
+      auto in = std::make_shared<inbound>();
+      in->what = inbound::kind::goodbye;
+      in->ready = true;
+      c.inbox.push_back(in);
+      post_deliver(c.serial);
+      return UCS_OK;
+    }
+    case am_bulk_request: {
+      bulk_request_header h{};
+      if (!read_header(header, header_len, h) || len != 0) {
+        ++stats.malformed;
+        return UCS_OK;
+      }
+      asio::post(io, [w = weak_from_this(), serial = c.serial, h] {
+        if (auto s = w.lock()) s->serve_pull(serial, h);
+      });
+      return UCS_OK;
+    }
+    case am_bulk_data:
+    case am_bulk_rkey:
+    case am_bulk_error:
+    case am_bulk_lease:
+      return on_bulk_reply(c, id, header, header_len, data, len, rndv);
+    case am_bulk_revoke:
+    case am_bulk_release: {
+      region_header h{};
+      if (!read_header(header, header_len, h) || len != 0) {
+        ++stats.malformed;
+        return UCS_OK;
+      }
+      // Not inside progress: a release may unmap a region, a revocation may send.
+      asio::post(io, [w = weak_from_this(), serial = c.serial, region = h.region, id] {
+        auto s = w.lock();
+        if (!s) return;
+        if (id == am_bulk_revoke) {
+          s->on_revoke(serial, region);
+        } else {
+          s->on_release(serial, region);
+        }
+      });
+      return UCS_OK;
+    }
+    default:
+      LINK_TRACE("unknown am {} on conn {} dropped", unsigned(id), c.serial);
+      ++stats.malformed;
+      return UCS_OK;
+  }
+}
+
+ucs_status_t link_state::on_hello(connection& c, const void* header, std::size_t header_len,
+                                  const void* data, std::size_t len, bool rndv) {
+  hello_header h{};
+  if (c.admitted) {  // a second hello (or one on our own connection): ignored, counted
+    ++counters.bad_hellos;
+    ++stats.malformed;
+    return UCS_OK;
+  }
+  if (c.outgoing || rndv || !read_header(header, header_len, h) || h.magic != wire_magic ||
+      h.version != wire_version || h.token_bytes > max_token_bytes ||
+      h.address_bytes > max_address_bytes || std::size_t{h.token_bytes} + h.address_bytes != len) {
+    ++counters.bad_hellos;
+    ++stats.malformed;
+    report_refusal(counters.bad_hellos, c.from, "malformed hello");
+    post_fail(c.serial, "bad hello");
+    return UCS_OK;
+  }
+  if (!same_token(opt.job_token, data, h.token_bytes)) {
+    ++counters.refused_tokens;
+    ++stats.malformed;
+    report_refusal(counters.refused_tokens, c.from, "wrong job token");
+    const std::uint64_t serial = c.serial;
+    asio::post(io, [w = weak_from_this(), serial] {
+      auto s = w.lock();
+      if (!s) return;
+      if (connection* conn = s->find_conn(serial)) {
+        s->send_signal(*conn, am_refused);
+        s->close_ep(conn->ep, /*force=*/false);  // flushes the refusal first
+        s->conns.erase(serial);
+      }
+    });
+    return UCS_OK;
+  }
+  if (said_goodbye) {
+    // Leaving: a peer's dial that got here late (a dropped SYN tried again) is not welcomed.
+    // A welcome queued on an endpoint still wiring up is what UCX 1.13 aborts on when the
+    // worker then goes ("pending request ... should have been flushed").
+    post_fail(c.serial, "this node is leaving");
+    return UCS_OK;
+  }
+  c.admitted = true;
+  c.peer = h.node;
+  // Used only now that the token is right: a job member's own worker address.
+  c.bulk_address.assign(static_cast<const std::byte*>(data) + h.token_bytes,
+                        static_cast<const std::byte*>(data) + len);
+  LINK_TRACE("hello from node {} on conn {}", h.node, c.serial);
+  auto& pe = peers[h.node];
+  if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
+  const std::uint64_t serial = c.serial;
+  // We send on the newest connection the peer dialled: a peer that dials again has given up
+  // the one before (which may look alive from here: a shared-memory endpoint whose other
+  // end closed reports nothing). What it has not acknowledged goes first, after the welcome;
+  // copies it already has are dropped there.
+  pe.send_conn = c.serial;
+  resend_unacked(c);
+  asio::post(io, [w = weak_from_this(), serial] {
+    auto s = w.lock();
+    if (!s) return;
+    if (connection* conn = s->find_conn(serial)) {
+      auto address = std::make_shared<std::vector<std::byte>>(s->bulk_address);
+      s->send_control(*conn, am_welcome,
+                      welcome_header{wire_magic, wire_version, s->opt.self,
+                                     static_cast<std::uint32_t>(address->size())},
+                      address->data(), address->size(), address);
+      s->release_held(serial);
+    }
+  });
+  return UCS_OK;
+}
+
+ucs_status_t link_state::on_envelope(connection& c, const void* header, std::size_t header_len,
+                                     void* data, std::size_t len, bool rndv) {
+  delivery_book::header stream{};
+  if (len > opt.limits.max_bytes || len < sizeof(capnp::word) || len % sizeof(capnp::word) ||
+      !read_header(header, header_len, stream) || stream.seq == 0 || stream.session == 0) {
+    ++stats.malformed;
+    return UCS_OK;  // a rendezvous is dropped without moving its bytes
+  }
+  auto in = std::make_shared<inbound>();
+  in->stream = stream;
+  in->buffer = std::make_shared_for_overwrite<capnp::word[]>(len / sizeof(capnp::word));
+  in->bytes = len;
+  c.inbox.push_back(in);
+  if (!rndv) {
+    // Eager data lives only during this callback: one copy of a small message into an
+    // aligned buffer, which the envelope then reads in place.
+    std::memcpy(static_cast<void*>(in->buffer.get()), data, len);
+    in->ready = true;
+    // Handed out by pump() once progress has returned (no handler runs inside a UCX
+    // callback), without a trip through the io_context queue.
+    if (!c.deliver_posted) {
+      c.deliver_posted = true;
+      ready.push_back(c.serial);
+    }
+    return UCS_OK;
+  }
+  // Rendezvous: the bytes go straight into our aligned buffer (no copy), started outside
+  // progress.
+  asio::post(io, [w = weak_from_this(), serial = c.serial, in, data] {
+    auto s = w.lock();
+    if (!s) return;
+    if (s->find_conn(serial) == nullptr) {
+      ucp_am_data_release(s->worker.handle(), data);
+      return;
+    }
+    auto p = std::make_unique<pending_request>();
+    p->keep = in;
+    p->done = [s = s.get(), serial, in](ucs_status_t st) {
+      if (st == UCS_OK) {
+        in->ready = true;
+      } else {
+        in->failed = true;
+      }
+      s->post_deliver(serial);
+    };
+    ucp_request_param_t param = s->request_params(p.get(), /*recv_am=*/true);
+    s->track(ucp_am_recv_data_nbx(s->worker.handle(), data, in->buffer.get(), in->bytes, &param),
+             std::move(p));
+    s->kick();
+  });
+  return UCS_INPROGRESS;
+}
+
+void link_state::deliver_ready() {
+  if (ready.empty()) return;
+  auto serials = std::move(ready);
+  ready.clear();
+  for (auto serial : serials) deliver(serial);
+}
+
+void link_state::post_deliver(std::uint64_t serial) {
+  if (connection* c = find_conn(serial)) {
+    if (c->deliver_posted) return;
+    c->deliver_posted = true;
+  }
+  asio::post(io, [w = weak_from_this(), serial] {
+    if (auto s = w.lock()) s->deliver(serial);
+  });
+}
+
+void link_state::post_fail(std::uint64_t serial, std::string detail) {
+  asio::post(io, [w = weak_from_this(), serial, detail = std::move(detail)] {
+    if (auto s = w.lock()) s->fail_connection(serial, detail);
+  });
+}
+
+void link_state::post_lose(node_id peer, peer_loss why, std::string detail) {
+  asio::post(io, [w = weak_from_this(), peer, why, detail = std::move(detail)] {
+    if (auto s = w.lock()) s->lose_peer(peer, why, detail);
+  });
+}
+
+void link_state::deliver(std::uint64_t serial) {
+  connection* c = find_conn(serial);
+  if (c != nullptr) c->deliver_posted = false;
+  while (c != nullptr && !c->inbox.empty() &&
+         (c->inbox.front()->ready || c->inbox.front()->failed)) {
+    auto in = std::move(c->inbox.front());
+    c->inbox.pop_front();
+    const node_id from = c->peer;
+    if (in->failed) {
+      // Its bytes never came (the connection is failing): nothing after it may be handed
+      // on, or it would be skipped for good. The connection goes; the next one resends.
+      c->inbox.clear();
+      post_fail(serial, "a message's bytes failed to arrive");
+      return;
+    }
+    if (in->what == inbound::kind::goodbye) {
+      book.forget(from);
+      lose_peer(from, peer_loss::goodbye, "the peer said goodbye");
+      return;
+    }
+    if (!book.accept(from, in->stream)) {
+      ++counters.duplicates;  // sent again after a failed connection, handed on already
+      continue;
+    }
+    auto env = incoming_envelope::decode(
+        std::as_bytes(std::span(in->buffer.get(), in->bytes / sizeof(capnp::word))), opt.limits);
+    if (!env.ok()) {
+      ++stats.malformed;
+      continue;
+    }
+    ++stats.received;
+    env->hold(in->buffer);
+    if (handlers.on_message) {
+      try {
+        handlers.on_message(from, std::move(*env));
+      } catch (const kj::Exception&) {
+        ++stats.malformed;  // a payload field failed lazy validation in the handler
+      }
+    }
+    c = find_conn(serial);  // the handler may have forgotten the peer
+  }
+  // Nothing of ours carried the acknowledgement back for a while: an explicit one.
+  if (c != nullptr && c->admitted && book.ack_due(c->peer)) {
+    ++counters.acks_sent;
+    const auto ack = book.ack_header(c->peer);
+    send_when_welcomed(*c, [this, ack](connection& conn) { send_control(conn, am_ack, ack); });
+  }
+}
+
+}  // namespace moevement::transport::detail
