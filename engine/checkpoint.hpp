@@ -48,6 +48,14 @@ class worker_checkpoint {
   // stage was built; `model` outlives the hooks). Also measures what Algorithm 1 needs.
   virtual std::unique_ptr<stage_hooks> make_hooks(const stage_setup& setup, stage_model& model,
                                                   actors::actor_ref coordinator) = 0;
+  // The heavy part of the stage's set-up that needs no actor (a baseline's copy of the initial
+  // state, which is also its snapshot cost): called on the thread that built the stage, before
+  // make_hooks(), so that this node's heartbeats go on meanwhile (a 165 MB stage copied on the
+  // actor thread by five processes on two cores went silent past the failure timeout).
+  virtual void prepare(const stage_setup& setup, stage_model& model) {
+    (void)setup;
+    (void)model;
+  }
   virtual std::vector<op_size> op_sizes() const = 0;
   virtual double snapshot_bandwidth() const = 0;  // bytes/s, measured by make_hooks()
   // Rebuilds replica `setup.replica` of stage `setup.stage` at the start of the restore's

@@ -69,10 +69,6 @@ stage_actor::stage_actor(stage_actor_args args)
   in_ = std::make_shared<incoming>();
   in_->act.resize(setup_.first() ? 0 : slots);
   in_->grad.resize(setup_.last() ? 0 : slots);
-  if (setup_.replicas > 1) {
-    in_->partial.resize(setup_.replica > 0 ? gf_ : 0);
-    in_->total.resize(setup_.replica < setup_.replicas - 1 ? gf_ : 0);
-  }
   in_->val.resize(setup_.first() ? 0 : bf_);
   act_epoch_.assign(std::size_t(m_), 0);
   grad_epoch_.assign(std::size_t(m_), 0);
@@ -92,6 +88,19 @@ stage_actor::stage_actor(stage_actor_args args)
   on<wire::Validate>(&stage_actor::validate);
   on<wire::ValActivation>(&stage_actor::val_activation);
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
+}
+
+awaitable<void> stage_actor::on_start() {
+  // The reduction's pull targets hold a stage's gradient each (55 MB per stage of the small
+  // preset): zero-filled on the compute thread, so that this node's heartbeats go on (on the
+  // actor thread, five such processes on two cores went silent past the failure timeout).
+  // No message is handled before on_start() returns.
+  if (setup_.replicas > 1) {
+    co_await compute([this] {
+      in_->partial.resize(setup_.replica > 0 ? gf_ : 0);
+      in_->total.resize(setup_.replica < setup_.replicas - 1 ? gf_ : 0);
+    });
+  }
 }
 
 stage_actor::~stage_actor() {

@@ -61,6 +61,10 @@ class stage_actor : public actors::actor {
   std::int64_t iteration() const { return iteration_; }  // the current or last one
   asio::awaitable<void> on_compute_thread(std::function<void()> fn);
 
+ protected:
+  // Makes the reduction's buffers (a subclass that overrides it co_awaits this one first).
+  asio::awaitable<void> on_start() override;
+
  private:
   enum class phase : std::uint8_t {
     idle,

@@ -102,14 +102,17 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
 
 // Building a stage (initialising its weights, loading the corpus) can take seconds: on a
 // thread of its own, so that this node's heartbeats go on meanwhile.
+// The checkpoint policy's own heavy set-up (worker_checkpoint::prepare) runs there too.
 static asio::awaitable<std::unique_ptr<stage_model>> build_stage(const stage_factory& factory,
                                                                  const stage_setup& setup,
+                                                                 worker_checkpoint* checkpoint,
                                                                  std::string& error) {
   std::unique_ptr<stage_model> model;
   asio::thread_pool builder(1);
   auto build = [&]() -> asio::awaitable<void> {
     try {
       model = factory(setup);
+      if (checkpoint != nullptr) checkpoint->prepare(setup, *model);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -182,7 +185,7 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
     stage_setup setup = setup_for(*job_, stage, replica);
     const stage_factory& factory = registry_.find(job_->stage_type);
     std::string build_error;
-    auto model = co_await build_stage(factory, setup, build_error);
+    auto model = co_await build_stage(factory, setup, checkpoint_.get(), build_error);
     if (!build_error.empty()) {
       report({}, build_error);
       co_return;

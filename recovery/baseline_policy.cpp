@@ -555,8 +555,10 @@ awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
   }
   // Verify each (checksums over whole snapshots: off the actor thread).
   std::vector<std::string> why(found.size());
+  std::shared_ptr<std::vector<std::byte>> initial;  // a copy: a load may go on from it
   co_await off_thread([&] {
     for (std::size_t i = 0; i < found.size(); ++i) why[i] = unfit(found[i].iteration, found[i].c);
+    initial = std::make_shared<std::vector<std::byte>>(*initial_);  // (a stage's worth: off thread)
   });
   for (std::size_t i = 0; i < found.size(); ++i) {
     if (!why[i].empty()) {
@@ -565,10 +567,8 @@ awaitable<void> baseline_agent::query(engine::wire::RollbackQuery::Reader m,
     }
     candidates_.emplace(found[i].iteration, std::make_pair(found[i].origin, found[i].c));
   }
-  candidates_.emplace(
-      0, std::make_pair(
-             std::string("the initial state"),
-             held_on_heap(std::make_shared<std::vector<std::byte>>(*initial_), initial_->size())));
+  candidates_.emplace(0, std::make_pair(std::string("the initial state"),
+                                        held_on_heap(std::move(initial), initial_->size())));
   const std::set<std::int64_t> not_offered = not_rollback_points();
   std::vector<std::int64_t> offer;
   for (const auto& [it, c] : candidates_) {
@@ -721,16 +721,8 @@ std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(
     const auto s = sparse_sizes(*op);
     sizes_.push_back({s.compute_bytes, s.master_bytes, s.optim_bytes});
   }
-  // The stage as built (the initial state every rollback to iteration 0, and every pec expert
-  // never saved, comes back to), timed: Young's snapshot cost C.
-  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
-  const std::vector<capture_kind> kinds(ops.size(), capture_kind::full);
-  auto initial = std::make_shared<std::vector<std::byte>>(snapshot_size(cops, kinds));
-  const auto t0 = sclock::now();
-  write_snapshot(*initial, {0, 0, 0, setup.stage, setup.replica}, models::loss_scaler{}, cops,
-                 kinds);
-  const double secs = seconds_since(t0);
-  bandwidth_ = secs > 0 ? double(initial->size()) / secs : 0.0;
+  if (!initial_) prepare(setup, model);  // (a caller that did not)
+  auto initial = std::move(initial_);
   auto shared = std::make_shared<baseline_shared>();
   if (kind_ == baseline_kind::dense_memory) shared->pool = std::make_unique<slot_pool>(io_);
   agent_ = system_.spawn<baseline_agent>(shared, io_, kind_, config_, setup, model,
@@ -740,11 +732,27 @@ std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(
                                           setup.stage, setup.replica, model.device());
 }
 
+void baseline_checkpoint::prepare(const engine::stage_setup& setup, engine::stage_model& model) {
+  const std::vector<models::operator_state*> ops = model.operators();
+  const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
+  const std::vector<capture_kind> kinds(ops.size(), capture_kind::full);
+  auto initial = std::make_shared<std::vector<std::byte>>(snapshot_size(cops, kinds));
+  const auto t0 = sclock::now();
+  write_snapshot(*initial, {0, 0, 0, setup.stage, setup.replica}, models::loss_scaler{}, cops,
+                 kinds);
+  const double secs = seconds_since(t0);
+  bandwidth_ = secs > 0 ? double(initial->size()) / secs : 0.0;
+  initial_ = std::move(initial);
+}
+
 awaitable<std::unique_ptr<engine::stage_model>> baseline_checkpoint::restore(
     engine::wire::Restore::Reader, const engine::stage_factory& factory,
     engine::stage_setup setup) {
   std::unique_ptr<engine::stage_model> model;
-  co_await off_thread([&] { model = factory(setup); });
+  co_await off_thread([&] {
+    model = factory(setup);
+    prepare(setup, *model);
+  });
   replacement_ = true;
   co_return model;
 }

@@ -177,6 +177,9 @@ class baseline_checkpoint : public engine::worker_checkpoint {
   std::unique_ptr<engine::stage_hooks> make_hooks(const engine::stage_setup& setup,
                                                   engine::stage_model& model,
                                                   actors::actor_ref coordinator) override;
+  // The stage's initial state as a full snapshot (every rollback to iteration 0 and every pec
+  // expert never saved comes back to it), timed: Young's snapshot cost C.
+  void prepare(const engine::stage_setup& setup, engine::stage_model& model) override;
   std::vector<engine::op_size> op_sizes() const override { return sizes_; }
   double snapshot_bandwidth() const override { return bandwidth_; }
   // A fresh stage: the rollback that follows loads it (RollbackLoad).
@@ -194,6 +197,7 @@ class baseline_checkpoint : public engine::worker_checkpoint {
   actors::actor_ref holder_, agent_;
   std::vector<engine::op_size> sizes_;
   double bandwidth_ = 0.0;
+  std::shared_ptr<std::vector<std::byte>> initial_;  // prepare()'s, taken by make_hooks()
   bool replacement_ = false;
 };
 

@@ -82,6 +82,21 @@ TEST(rollback, dense_memory_kill_rolls_back_bit_exact) {
   EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
 }
 
+// The demo's scale (small preset, 27 M parameters, pp 2 x dp 2 and a spare: five processes on
+// the test machine's cores): each stage's copy of its initial state (165 MB) is made on the
+// thread that built the stage. Made on the actor thread, it silenced the heartbeats of 1 to 3
+// workers past the 1 s failure timeout before the first iteration (the job stopped, 3 of 3
+// runs on two cores).
+TEST(rollback, a_baseline_starts_at_the_demos_scale) {
+  const auto o = launch("dm-demo", source_path("examples/configs/demo.toml") +
+                                       " --set train.iterations=2 --set train.val_batches=0 "
+                                       "--set checkpoint.policy=dense-memory --set "
+                                       "cluster.spares=1");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash.size(), 16u) << o.output;
+  EXPECT_EQ(o.events("worker_lost").size(), 0u) << o.output;
+}
+
 // dense-memory checkpoints go into memory the link allocated, which holders on this host read
 // with one RMA get: the first ones start on the heap while the pool learns their size, then
 // every one is lent (run log: snapshot_lent_bytes == snapshot_bytes).
