@@ -70,24 +70,25 @@ struct ucx_link_counters {
   std::uint64_t pulls_retried = 0;      // our pulls asked again on a new connection
   std::uint64_t pulls_by_rma = 0;       // our pulls the exporter answered with an rkey
   std::uint64_t pulls_by_lease = 0;     // our pulls read under a cached lease (no round trip)
-  std::uint64_t leases_granted = 0;     // exporter: leases handed out (one per grant message)
-  std::uint64_t leases_revoked = 0;     // exporter: revocations sent for withdrawn regions
-  std::uint64_t leases_released = 0;    // exporter: releases received from holders
-  std::uint64_t withdrawn_held = 0;     // exporter, now: withdrawn regions kept for lease holders
-  std::uint64_t revived = 0;            // lost peers made dialable again (revive)
-  std::uint64_t resent = 0;             // envelopes sent again on a new connection (unacked)
-  std::uint64_t duplicates = 0;         // envelopes received again, dropped (handed on already)
-  std::uint64_t acks_sent = 0;          // explicit acks (none of our envelopes carried one back)
-  std::uint64_t held_sends = 0;         // envelopes and pull requests held until the peer's welcome
-  std::uint64_t arms = 0;               // ucp_worker_arm calls
-  std::uint64_t arm_busy = 0;           // ... that returned UCS_ERR_BUSY (progress again)
-  std::uint64_t arm_errors = 0;         // ... that failed otherwise (no fd wait: tick only)
-  std::uint64_t arm_stuck = 0;          // busy arms after a run of idle ones: polled, not spun
-  std::uint64_t tick_progress = 0;      // safety-tick wakeups whose progress found events
-  std::uint64_t poll_progress = 0;      // poll-timer wakeups whose progress found events
-  std::uint64_t fd_progress = 0;        // event-fd wakeups whose progress found events
-  std::uint64_t spin_progress = 0;      // spin passes whose progress found events (no wakeup paid)
-  std::uint64_t spin_backoffs = 0;  // spins stopped: their yield gave the core to another process
+  std::uint64_t get_pieces = 0;      // gets issued under leases (a big one from this host: several)
+  std::uint64_t leases_granted = 0;  // exporter: leases handed out (one per grant message)
+  std::uint64_t leases_revoked = 0;  // exporter: revocations sent for withdrawn regions
+  std::uint64_t leases_released = 0;  // exporter: releases received from holders
+  std::uint64_t withdrawn_held = 0;   // exporter, now: withdrawn regions kept for lease holders
+  std::uint64_t revived = 0;          // lost peers made dialable again (revive)
+  std::uint64_t resent = 0;           // envelopes sent again on a new connection (unacked)
+  std::uint64_t duplicates = 0;       // envelopes received again, dropped (handed on already)
+  std::uint64_t acks_sent = 0;        // explicit acks (none of our envelopes carried one back)
+  std::uint64_t held_sends = 0;       // envelopes and pull requests held until the peer's welcome
+  std::uint64_t arms = 0;             // ucp_worker_arm calls
+  std::uint64_t arm_busy = 0;         // ... that returned UCS_ERR_BUSY (progress again)
+  std::uint64_t arm_errors = 0;       // ... that failed otherwise (no fd wait: tick only)
+  std::uint64_t arm_stuck = 0;        // busy arms after a run of idle ones: polled, not spun
+  std::uint64_t tick_progress = 0;    // safety-tick wakeups whose progress found events
+  std::uint64_t poll_progress = 0;    // poll-timer wakeups whose progress found events
+  std::uint64_t fd_progress = 0;      // event-fd wakeups whose progress found events
+  std::uint64_t spin_progress = 0;    // spin passes whose progress found events (no wakeup paid)
+  std::uint64_t spin_backoffs = 0;    // spins stopped: their yield gave the core to another process
 };
 
 class ucx_link final : public link {

@@ -296,15 +296,38 @@ void link_state::issue_get(pull_op& op, connection& c, const std::shared_ptr<lea
   op.transferring = true;
   op.under = l;
   ++l->gets;
-  auto p = std::make_unique<pending_request>();
-  p->keep = l;  // the rkey outlives the get even if the lease is dropped
-  p->done = [this, id = op.id](ucs_status_t st) { complete_transfer(id, st); };
-  ucp_request_param_t param = request_params(p.get());
   if (bulk_ep_of(c) == nullptr) {  // finish_pull gives the lease's get back (op.under)
     return finish_pull(op.id, error{"pull failed: no bulk endpoint to the peer"});
   }
+  get_piece(op.id, c.serial, l, address, 0);
+}
+
+void link_state::get_piece(std::uint64_t id, std::uint64_t serial, std::shared_ptr<lease> l,
+                           std::uint64_t address, std::size_t done) {
+  const auto it = pulls.find(id);
+  if (it == pulls.end()) return;
+  pull_op& op = *it->second;
+  connection* c = find_conn(serial);
+  if (c == nullptr || c->bulk_ep == nullptr) {  // failed between two pieces
+    return complete_transfer(id, UCS_ERR_CONNECTION_RESET);
+  }
+  const bool same_host =
+      c->bulk_address.size() > host_tag_bytes &&
+      std::memcmp(c->bulk_address.data(), bulk_address.data(), host_tag_bytes) == 0;
+  const std::size_t n = same_host ? std::min(get_piece_bytes, op.length - done) : op.length - done;
+  auto p = std::make_unique<pending_request>();
+  p->keep = l;  // the rkey outlives the get even if the lease is dropped
+  p->done = [this, id, serial, l, address, next = done + n, total = op.length](ucs_status_t st) {
+    if (st != UCS_OK || next == total) return complete_transfer(id, st);
+    asio::post(io, [w = weak_from_this(), id, serial, l, address, next] {
+      if (auto s = w.lock()) s->get_piece(id, serial, l, address, next);
+    });
+  };
+  ucp_request_param_t param = request_params(p.get());
   use_memh(param, local_memh(op.into, op.length, /*messages=*/false));
-  track(ucp_get_nbx(c.bulk_ep, op.into, op.length, address, l->key->handle, &param), std::move(p));
+  ++counters.get_pieces;
+  track(ucp_get_nbx(c->bulk_ep, op.into + done, n, address + done, l->key->handle, &param),
+        std::move(p));
   kick();
 }
 

@@ -581,6 +581,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // Reads op's bytes at `address` of the exporter under lease `l`.
   void issue_get(pull_op& op, connection& c, const std::shared_ptr<lease>& l,
                  std::uint64_t address);
+  // From a peer on this host a get is a copy UCX makes inside ucp_get_nbx, on this thread: a
+  // stage's gradient (55 MB for the small preset) held it 0.2-0.5 s on a loaded host, and the
+  // node's heartbeats with it. Such a get goes in pieces of get_piece_bytes, each next one
+  // posted, so that timers and messages run between them. Bytes [done, op.length) remain.
+  static constexpr std::size_t get_piece_bytes = std::size_t{4} << 20;
+  void get_piece(std::uint64_t id, std::uint64_t serial, std::shared_ptr<lease> l,
+                 std::uint64_t address, std::size_t done);
 
   // Takes a lease out of use; released to the exporter once its gets have completed.
   void retire(lease& l);

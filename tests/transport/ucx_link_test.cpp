@@ -815,6 +815,29 @@ TEST_P(ucx_lease_test, later_pulls_read_under_the_lease_and_ranges_are_checked) 
   EXPECT_EQ(link_->stats().malformed, 0u);
 }
 
+// From a peer on this host a get is a copy made on the link's thread: a big one goes in pieces
+// of 4 MiB, each posted after the last (the thread's timers and messages run between them),
+// the first pull (the grant) and those under the lease alike, every byte in its place.
+TEST_P(ucx_lease_test, a_big_get_from_this_host_goes_in_pieces) {
+  make_link();
+  const std::size_t bytes = (10u << 20) + 123;  // 3 pieces
+  auto region = link_->allocate_region(bytes);
+  testing::fill_pattern(region.memory(), 5);
+  auto rig = connect();
+  auto& puller = rig->puller;
+  std::vector<std::byte> into(bytes);
+  auto r = pull(puller, region.describe_all(), into);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(xxhash64(into), xxhash64(region.memory()));
+  EXPECT_EQ(puller.counters().get_pieces, 3u);
+  std::vector<std::byte> part((5u << 20) + 1);
+  r = pull(puller, region.describe(bytes - part.size(), part.size()), part);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), region.memory().end() - part.size()));
+  EXPECT_EQ(puller.counters().pulls_by_lease, 1u);
+  EXPECT_EQ(puller.counters().get_pieces, 5u);
+}
+
 // Withdrawal: the exporter revokes the lease and keeps the memory mapped until the holder has
 // released it (after the gets it started); later pulls are refused by the exporter.
 TEST_P(ucx_lease_test, withdrawn_region_is_revoked_then_refused_and_freed_after_release) {
