@@ -119,6 +119,7 @@ long last_iteration(const std::vector<stamped>& log) {
 
 struct ours_round {
   double restore_s = 0, time_lost_s = 0, iteration_s = 0;
+  double pull_s = 0, replay_s = 0;  // the resume's parts: windows read from disk, replay
   long killed_after = -1, resumed_at = -1, replayed = 0;
   std::string hash;
 };
@@ -150,6 +151,8 @@ ours_round run_ours(const options& o, const std::string& bin) {
       r.restore_s = number(l, "seconds");
       r.resumed_at = long(number(l, "target_iteration"));
       r.replayed = long(number(l, "iterations_replayed"));
+      r.pull_s = number(l, "pull_s");
+      r.replay_s = number(l, "replay_s");
     }
     if (l.find("\"kind\":\"iteration\"") != std::string::npos &&
         long(number(l, "iteration")) == r.killed_after && r.time_lost_s == 0) {
@@ -222,11 +225,12 @@ int main(int argc, char** argv) {
       iteration.push_back(a.iteration_s);
       lost_its.push_back(a.iteration_s > 0 ? a.time_lost_s / a.iteration_s : 0);
       std::printf(
-          "# round %d: killed after iteration %ld, resumed at %ld (%ld replayed) in %.3f s; "
+          "# round %d: killed after iteration %ld, resumed at %ld (%ld replayed) in %.3f s (disk "
+          "%.3f s, replay %.3f s); "
           "trained again what was lost after %.3f s (%.1f iterations of %.4f s); dense-disk "
           "reload %.3f s, %ld recomputed\n",
-          i, a.killed_after, a.resumed_at, a.replayed, a.restore_s, a.time_lost_s, lost_its.back(),
-          a.iteration_s, b.load_s, b.recomputed);
+          i, a.killed_after, a.resumed_at, a.replayed, a.restore_s, a.pull_s, a.replay_s,
+          a.time_lost_s, lost_its.back(), a.iteration_s, b.load_s, b.recomputed);
     }
     std::printf("# state_hash equal to train's: ours %d of %d, dense-disk %d of %d\n", ours_equal,
                 o.repeats, theirs_equal, o.repeats);
