@@ -4,7 +4,9 @@
 // naming its command, and every `moevement bench NAME` the page names exists.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -17,10 +19,14 @@
 
 namespace {
 
-std::vector<std::string> page() {
+std::string source_root() {
   const char* root = std::getenv("MOEVEMENT_SOURCE_ROOT");
   if (root == nullptr) throw std::runtime_error("MOEVEMENT_SOURCE_ROOT is not set");
-  std::ifstream in(std::string(root) + "/docs/benchmarks.md");
+  return root;
+}
+
+std::vector<std::string> page() {
+  std::ifstream in(source_root() + "/docs/benchmarks.md");
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   return lines;
@@ -71,6 +77,23 @@ std::string unit_of(const std::string& cell) {
   return sp == std::string::npos ? "" : cell.substr(sp + 1);
 }
 
+// Whether a row's ratio is theirs/ours or ours/theirs of its figures; nullopt: a row whose
+// cells are not all plain figures (prose, ranges, names), which is not checked.
+std::optional<bool> ratio_fits(const std::vector<std::string>& c) {
+  const auto ours = figure_of(c[1]), theirs = figure_of(c[2]), ratio = figure_of(c[3]);
+  if (!ours || !theirs || !ratio || unit_of(c[1]) != unit_of(c[2]) || !unit_of(c[3]).empty())
+    return std::nullopt;
+  if (ours->value <= ours->half_ulp || theirs->value <= theirs->half_ulp) return std::nullopt;
+  // The ratio of the unrounded figures lies in these bounds; the printed ratio is within half
+  // its own last digit of it.
+  const double lo = (theirs->value - theirs->half_ulp) / (ours->value + ours->half_ulp);
+  const double hi = (theirs->value + theirs->half_ulp) / (ours->value - ours->half_ulp);
+  auto fits = [&](double a, double b) {
+    return ratio->value + ratio->half_ulp >= a && ratio->value - ratio->half_ulp <= b;
+  };
+  return fits(lo, hi) || fits(1 / hi, 1 / lo);
+}
+
 TEST(benchmarks_doc, every_ratio_is_what_its_two_figures_give) {
   int checked = 0;
   const auto lines = page();
@@ -81,23 +104,39 @@ TEST(benchmarks_doc, every_ratio_is_what_its_two_figures_give) {
     const auto c = cells_of(l);
     ASSERT_EQ(c.size(), 6u) << "docs/benchmarks.md:" << n + 1
                             << ": a row has what, ours, competitor, ratio, machine, date";
-    const auto ours = figure_of(c[1]), theirs = figure_of(c[2]), ratio = figure_of(c[3]);
-    if (!ours || !theirs || !ratio || unit_of(c[1]) != unit_of(c[2]) || !unit_of(c[3]).empty())
-      continue;
-    if (ours->value <= ours->half_ulp || theirs->value <= theirs->half_ulp) continue;
-    // The ratio of the unrounded figures lies in these bounds; the printed ratio is within
-    // half its own last digit of it.
-    const double lo = (theirs->value - theirs->half_ulp) / (ours->value + ours->half_ulp);
-    const double hi = (theirs->value + theirs->half_ulp) / (ours->value - ours->half_ulp);
-    auto fits = [&](double a, double b) {
-      return ratio->value + ratio->half_ulp >= a && ratio->value - ratio->half_ulp <= b;
-    };
-    EXPECT_TRUE(fits(lo, hi) || fits(1 / hi, 1 / lo))
-        << "docs/benchmarks.md:" << n + 1 << ": ratio " << c[3] << " is neither theirs/ours nor "
-        << "ours/theirs of " << c[1] << " and " << c[2];
+    const auto fits = ratio_fits(c);
+    if (!fits) continue;
+    EXPECT_TRUE(*fits) << "docs/benchmarks.md:" << n + 1 << ": ratio " << c[3]
+                       << " is neither theirs/ours nor ours/theirs of " << c[1] << " and " << c[2];
     ++checked;
   }
   EXPECT_GE(checked, 15) << "the check found few rows it could read: has the table format changed?";
+}
+
+// scripts/bench-rows makes the rows from a benchmark's own output lines, which the check above
+// then reads; input without such a line is an error.
+TEST(benchmarks_doc, bench_rows_makes_rows_from_a_benchmarks_output) {
+  const std::string script = source_root() + "/scripts/bench-rows";
+  auto run = [&](const std::string& input) {
+    const std::string cmd = "printf '" + input + "' | " + script + " 2>&1";
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    char buf[512];
+    while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    const int status = p != nullptr ? ::pclose(p) : -1;
+    return std::make_pair(status, out);
+  };
+  const auto [status, out] =
+      run("# a comment\\nreload_s: ours=12.8926 theirs=12.1568 ratio=0.943\\nnoise: 3\\n");
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(out.rfind("| reload_s | 12.8926 | 12.1568 | 0.943 | ", 0), 0u) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  const auto fits = ratio_fits(cells_of(out.substr(0, out.find('\n'))));
+  ASSERT_TRUE(fits.has_value()) << out;
+  EXPECT_TRUE(*fits) << out;
+  const auto [bad, why] = run("no figures here\\n");
+  EXPECT_NE(bad, 0);
+  EXPECT_NE(why.find("no \"metric: ours="), std::string::npos) << why;
 }
 
 TEST(benchmarks_doc, every_benchmark_has_a_section_with_its_command) {
