@@ -83,18 +83,21 @@ struct job_config {
   // moevement on the local backend, or under Slurm where checkpoint.dir is set; off for the
   // others. durable_tier() resolves it, the one place that default lives.
   std::optional<bool> durable;
-  baseline_knobs baseline;                 // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
-  std::string backend = "local";           // cluster.backend: local | slurm
-  int spares = 0;                          // cluster.spares: idle workers beside pp*dp
-  std::string host = "127.0.0.1";          // cluster.host: where the head listens
-  std::string stage_type = "moe";          // engine.stage: a stage_registry name
-  std::string run_log = "run.jsonl";       // engine.run_log: path of the JSONL run log
-  std::int64_t heartbeat_ms = 100;         // cluster.heartbeat_ms
-  std::int64_t failure_timeout_ms = 1000;  // cluster.failure_timeout_ms: silence => dead
-  std::int64_t abort_at = -1;              // engine.abort_at: abort this iteration once (tests)
-  std::int64_t start_timeout_ms = 30000;   // cluster.start_timeout_ms: workers must join by then
-  std::string slurm_partition;             // cluster.slurm_partition: "" = Slurm's default
-  int slurm_nodes = 0;                     // cluster.slurm_nodes: srun -N; 0 = Slurm chooses
+  baseline_knobs baseline;            // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
+  std::string backend = "local";      // cluster.backend: local | slurm
+  int spares = 0;                     // cluster.spares: idle workers beside pp*dp
+  std::string host = "127.0.0.1";     // cluster.host: where the head listens
+  std::string stage_type = "moe";     // engine.stage: a stage_registry name
+  std::string run_log = "run.jsonl";  // engine.run_log: path of the JSONL run log
+  std::int64_t heartbeat_ms = 100;    // cluster.heartbeat_ms
+  // cluster.failure_timeout_ms: silence => dead. Above a one-second stall (a loaded host, a
+  // page-faulting copy, a SYN retry), which must not cost a recovery; a hung peer is still
+  // found within 1.6 s (a dead one at once: its connection fails).
+  std::int64_t failure_timeout_ms = 1500;
+  std::int64_t abort_at = -1;             // engine.abort_at: abort this iteration once (tests)
+  std::int64_t start_timeout_ms = 30000;  // cluster.start_timeout_ms: workers must join by then
+  std::string slurm_partition;            // cluster.slurm_partition: "" = Slurm's default
+  int slurm_nodes = 0;                    // cluster.slurm_nodes: srun -N; 0 = Slurm chooses
 
   int workers() const { return pp * dp; }
   bool operator==(const job_config&) const = default;

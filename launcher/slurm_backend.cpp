@@ -247,7 +247,8 @@ std::optional<std::string> slurm_precheck(const engine::job_config& job) {
 int run_slurm_worker(int argc, char** argv, const engine::stage_registry& registry) {
   std::string head, host;
   int pp = 0, dp = 0, spares = -1;
-  long heartbeat_ms = 100, failure_timeout_ms = 1000;
+  long heartbeat_ms = engine::job_config{}.heartbeat_ms;
+  long failure_timeout_ms = engine::job_config{}.failure_timeout_ms;
   std::vector<std::string> injections;
   for (int i = 3; i < argc; ++i) {  // argv: moevement worker --slurm ...
     const std::string f = argv[i];

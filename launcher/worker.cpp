@@ -42,7 +42,8 @@ struct worker_args {
   transport::node_id node = 0;
   std::string host = "127.0.0.1";
   std::string domain;  // failure domain (the Slurm node); empty: the host
-  long heartbeat_ms = 100, failure_timeout_ms = 1000;
+  long heartbeat_ms = engine::job_config{}.heartbeat_ms;  // (the launcher passes both)
+  long failure_timeout_ms = engine::job_config{}.failure_timeout_ms;
   std::vector<injection> injections;  // phase=... (launcher/inject.hpp)
 };
 

@@ -53,7 +53,7 @@ TEST(job_config, defaults) {
   EXPECT_EQ(j.stage_type, "moe");
   EXPECT_EQ(j.run_log, "run.jsonl");
   EXPECT_EQ(j.heartbeat_ms, 100);
-  EXPECT_EQ(j.failure_timeout_ms, 1000);
+  EXPECT_EQ(j.failure_timeout_ms, 1500);
   EXPECT_EQ(j.start_timeout_ms, 30000);
   EXPECT_EQ(j.model, models::preset("tiny"));
   EXPECT_EQ(j.train, models::train_config{});
@@ -214,9 +214,9 @@ TEST(job_config, worker_count_is_bounded) {
 }
 
 TEST(job_config, failure_timeout_must_cover_two_heartbeats) {
-  EXPECT_EQ(reject({{"cluster.heartbeat_ms", std::int64_t(600)}}).key,
+  EXPECT_EQ(reject({{"cluster.heartbeat_ms", std::int64_t(800)}}).key,
             "cluster.failure_timeout_ms");
-  EXPECT_EQ(resolve_job({{"cluster.heartbeat_ms", std::int64_t(500)}}).heartbeat_ms, 500);
+  EXPECT_EQ(resolve_job({{"cluster.heartbeat_ms", std::int64_t(750)}}).heartbeat_ms, 750);
 }
 
 TEST(job_config, every_policy_is_available) {
