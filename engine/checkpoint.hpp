@@ -50,8 +50,9 @@ class worker_checkpoint {
                                                   actors::actor_ref coordinator) = 0;
   // The heavy part of the stage's set-up that needs no actor (a baseline's copy of the initial
   // state, which is also its snapshot cost): called on the thread that built the stage, before
-  // make_hooks(), so that this node's heartbeats go on meanwhile (a 165 MB stage copied on the
-  // actor thread by five processes on two cores went silent past the failure timeout).
+  // every make_hooks() (a policy may require it), so that this node's heartbeats go on meanwhile (a
+  // 165 MB stage copied on the actor thread by five processes on two cores went silent past the
+  // failure timeout).
   virtual void prepare(const stage_setup& setup, stage_model& model) {
     (void)setup;
     (void)model;

@@ -20,9 +20,7 @@ constexpr const char* identity_header = "moevement-train-checkpoint 1";
 using identity = std::vector<std::pair<std::string, std::string>>;
 
 std::string identity_text(const identity& id) {
-  std::string out = fmt::format("{}\n", identity_header);
-  for (const auto& [k, v] : id) out += fmt::format("identity {} {}\n", k, v);
-  return out;
+  return fmt::format("{}\n", identity_header) + recovery::identity_lines(id);
 }
 
 // Strict: a file from disk is untrusted.
@@ -34,13 +32,10 @@ result<identity> parse_identity(const std::vector<std::byte>& bytes) {
   }
   identity out;
   while (std::getline(in, line)) {
-    const std::string tag = "identity ";
-    const auto space = line.find(' ', tag.size());
-    if (line.compare(0, tag.size(), tag) != 0 || space == std::string::npos ||
-        space == tag.size()) {
+    auto kv = recovery::parse_identity_line(line);
+    if (!kv)
       return error{fmt::format("{}: unexpected line '{}'", identity_blob, line.substr(0, 80))};
-    }
-    out.emplace_back(line.substr(tag.size(), space - tag.size()), line.substr(space + 1));
+    out.push_back(std::move(*kv));
   }
   return out;
 }

@@ -721,7 +721,7 @@ std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(
     const auto s = sparse_sizes(*op);
     sizes_.push_back({s.compute_bytes, s.master_bytes, s.optim_bytes});
   }
-  if (!initial_) prepare(setup, model);  // (a caller that did not)
+  if (!initial_) throw std::logic_error("baseline_checkpoint::make_hooks before prepare()");
   auto initial = std::move(initial_);
   auto shared = std::make_shared<baseline_shared>();
   if (kind_ == baseline_kind::dense_memory) shared->pool = std::make_unique<slot_pool>(io_);

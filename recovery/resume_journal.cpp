@@ -125,8 +125,23 @@ std::string resume_text(const engine::resume_point& p,
     out += fmt::format("step {} {} {} {} {}\n", it, bits(s.loss_scale), s.plan.apply ? 1 : 0,
                        bits(s.plan.grad_mul), bits(s.plan.grad_norm));
   }
+  return out + identity_lines(identity);
+}
+
+std::string identity_lines(const std::vector<std::pair<std::string, std::string>>& identity) {
+  std::string out;
   for (const auto& [k, v] : identity) out += fmt::format("identity {} {}\n", k, v);
   return out;
+}
+
+std::optional<std::pair<std::string, std::string>> parse_identity_line(const std::string& line) {
+  const std::string tag = "identity ";
+  const auto space = line.find(' ', tag.size());
+  if (line.compare(0, tag.size(), tag) != 0 || space == std::string::npos || space == tag.size() ||
+      line.size() >= max_identity_value) {
+    return std::nullopt;
+  }
+  return std::pair{line.substr(tag.size(), space - tag.size()), line.substr(space + 1)};
 }
 
 result<std::pair<engine::resume_point, std::vector<std::pair<std::string, std::string>>>>
@@ -177,10 +192,8 @@ parse_resume_text(const std::string& text) {
       }
       s.plan.apply = w[3] == "1";
       if (!p.steps.emplace(it, s).second) return bad("a step twice");
-    } else if (w.size() >= 2 && w[0] == "identity" && line.compare(0, 9, "identity ") == 0 &&
-               line.compare(9, w[1].size(), w[1]) == 0 && line.size() < max_identity_value) {
-      // The value is the rest of the line (a corpus path may hold spaces).
-      identity.emplace_back(w[1], line.substr(9 + w[1].size() + 1));
+    } else if (auto kv = parse_identity_line(line)) {
+      identity.push_back(std::move(*kv));
     } else {
       return bad("unexpected");
     }

@@ -39,6 +39,12 @@ std::optional<std::string> identity_difference(
     const std::vector<std::pair<std::string, std::string>>& mine,
     const std::vector<std::pair<std::string, std::string>>& theirs);
 
+// A state identity as the files that record it write it: one "identity <key> <value>" line per
+// setting; and one such line read back (the value is the rest of the line: a corpus path may
+// hold spaces), nullopt when the line is not one (a file is untrusted).
+std::string identity_lines(const std::vector<std::pair<std::string, std::string>>& identity);
+std::optional<std::pair<std::string, std::string>> parse_identity_line(const std::string& line);
+
 // checkpoint.dir/head/
 std::filesystem::path resume_journal_dir(const std::filesystem::path& checkpoint_dir);
 

@@ -311,10 +311,8 @@ void link_state::get_piece(std::uint64_t id, std::uint64_t serial, std::shared_p
   if (c == nullptr || c->bulk_ep == nullptr) {  // failed between two pieces
     return complete_transfer(id, UCS_ERR_CONNECTION_RESET);
   }
-  const bool same_host =
-      c->bulk_address.size() > host_tag_bytes &&
-      std::memcmp(c->bulk_address.data(), bulk_address.data(), host_tag_bytes) == 0;
-  const std::size_t n = same_host ? std::min(get_piece_bytes, op.length - done) : op.length - done;
+  const std::size_t left = op.length - done;
+  const std::size_t n = on_this_host(*c) ? std::min(get_piece_bytes, left) : left;
   auto p = std::make_unique<pending_request>();
   p->keep = l;  // the rkey outlives the get even if the lease is dropped
   p->done = [this, id, serial, l, address, next = done + n, total = op.length](ucs_status_t st) {

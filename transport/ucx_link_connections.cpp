@@ -173,8 +173,7 @@ void link_state::close_bulk(connection& c, bool force) {
 
 ucp_ep_h link_state::bulk_ep_of(connection& c) {
   if (c.bulk_ep != nullptr || c.bulk_address.size() <= host_tag_bytes) return c.bulk_ep;
-  const bool same_host =
-      std::memcmp(c.bulk_address.data(), bulk_address.data(), host_tag_bytes) == 0;
+  const bool same_host = on_this_host(c);
   const bool tls_default = std::getenv("UCX_TLS") == nullptr;
   ucp_ep_params_t p = same_host && tls_default ? ucp_ep_params_t{} : ep_params();
   p.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;

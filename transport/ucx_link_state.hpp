@@ -508,6 +508,11 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // FIFO; IB, RoCE or TCP, where an error without handling would be fatal) it has peer error
   // handling like every other endpoint.
   ucp_ep_h bulk_ep_of(connection& c);
+  // Whether c's peer runs on this host (its bulk address leads with our host tag).
+  bool on_this_host(const connection& c) const {
+    return c.bulk_address.size() > host_tag_bytes &&
+           std::memcmp(c.bulk_address.data(), bulk_address.data(), host_tag_bytes) == 0;
+  }
 
   void close_ep(ucp_ep_h ep, bool force);
 

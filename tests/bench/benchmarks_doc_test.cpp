@@ -64,10 +64,8 @@ std::optional<figure> figure_of(const std::string& cell) {
       if (!std::isalpha(static_cast<unsigned char>(c)) && c != '/') return std::nullopt;
     }
   }
+  if (std::count(digits.begin(), digits.end(), '.') > 1) return std::nullopt;
   const auto dot = digits.find('.');
-  if (digits.find('.', dot + 1) != std::string::npos && dot != std::string::npos) {
-    return std::nullopt;
-  }
   const int decimals = dot == std::string::npos ? 0 : int(digits.size() - dot - 1);
   return figure{std::strtod(digits.c_str(), nullptr), 0.5 * std::pow(10.0, -decimals)};
 }

@@ -159,6 +159,9 @@ TEST(resume_text, malformed_text_is_an_error_saying_what) {
   EXPECT_FALSE(parse_resume_text(replaced("layout 3 2", "layout 0 2")).ok());
   EXPECT_FALSE(parse_resume_text(replaced("layout 3 2", "layout 3")).ok());
   EXPECT_FALSE(parse_resume_text(std::string("\0\0\0", 3)).ok());
+  // An identity line cut after its key (reading its value used to throw out_of_range).
+  EXPECT_FALSE(parse_resume_text(good + "identity train.seed\n").ok());
+  EXPECT_FALSE(parse_resume_text(good + "identity  1\n").ok());
   // A corpus path with spaces survives.
   auto job = engine::resolve_job({});
   job.train.corpus = "/data/my corpus";
