@@ -1078,12 +1078,12 @@ TEST_P(ucx_kill_test, pull_fails_in_bounded_time_when_the_exporter_dies) {
   const auto ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
-  if (c.leased && done->ok()) {
-    // A leased get on shared memory may read the importer's own mapping of the dead exporter's
-    // segment: then it must have read the exported bytes.
-    EXPECT_EQ(xxhash64(into), region->checksum) << "a leased pull from a killed peer read junk";
-  } else {
-    EXPECT_FALSE(done->ok()) << "a pull from a killed peer reported success";
+  if (done->ok()) {
+    // Success only with every exported byte: a leased get on shared memory may read the
+    // importer's own mapping of the dead exporter's segment, and a rendezvous may have had all
+    // its bytes sent (in the kernel's socket buffers) before the kill, the receiver behind
+    // (seen once over TCP in the sanitizer build, 5 ms after the start).
+    EXPECT_EQ(xxhash64(into), region->checksum) << "a pull from a killed peer read junk";
   }
   std::printf("pull completed %lld ms after the kill: %s\n", static_cast<long long>(ms),
               done->ok() ? "ok" : done->err().message.c_str());
