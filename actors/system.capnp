@@ -32,6 +32,8 @@ struct Join {
 }
 struct Welcome {
   members @0 :List(Member);
+  standby @1 :UInt32;     # the node that takes over as head when the head is lost
+  hasStandby @2 :Bool;
 }
 struct MemberUp {
   member @0 :Member;

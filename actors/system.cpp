@@ -52,7 +52,7 @@ void actor::quit(exit_reason why) {
 }
 
 actor_system::actor_system(asio::io_context& io, transport::link& link, system_config config)
-    : io_(io), link_(link), config_(config), node_(link.self()) {
+    : io_(io), link_(link), config_(config), node_(link.self()), head_(config.head), standby_(config.standby) {
   if (config_.time == nullptr) own_time_ = std::make_unique<steady_time>(io);
   time_ = config_.time != nullptr ? config_.time : own_time_.get();
   transport::link_handlers h;
@@ -222,16 +222,16 @@ void actor_system::terminate(cell& c, exit_reason why) {
   cells_.erase(c.ref.actor);
   for (const auto& n : c.names) names_.erase(n);
   for (const auto& n : c.global_names) {
-    if (node_ == config_.head) {
+    if (node_ == head_) {
       auto it = global_names_.find(n);
       if (it != global_names_.end() && it->second == c.ref) global_names_.erase(it);
     } else {
       transport::outgoing_envelope out(
-          {c.ref.address(), {config_.head, 0, 0}, capnp::typeId<proto::Unregister>(), 0, 0});
+          {c.ref.address(), {head_, 0, 0}, capnp::typeId<proto::Unregister>(), 0, 0});
       auto u = out.init_payload<proto::Unregister>();
       u.setName(n);
       write_ref(u.initActor(), c.ref);
-      (void)send_envelope(config_.head, out);
+      (void)send_envelope(head_, out);
     }
   }
   try {
@@ -474,13 +474,13 @@ awaitable<result<void>> actor_system::register_global(std::string name, actor_re
     co_return error{fmt::format("cannot register '{}' globally: {} is not a running local actor",
                                 name, ref.to_string())};
   }
-  if (node_ == config_.head) {
+  if (node_ == head_) {
     if (global_names_.contains(name)) {
       co_return error{fmt::format("global name '{}' is taken", name)};
     }
     global_names_[name] = ref;
   } else {
-    auto r = co_await ask_system<proto::Register, proto::Ack>(config_.head, timeout,
+    auto r = co_await ask_system<proto::Register, proto::Ack>(head_, timeout,
                                                               [&](proto::Register::Builder b) {
                                                                 b.setName(name);
                                                                 write_ref(b.initActor(), ref);
@@ -495,13 +495,13 @@ awaitable<result<void>> actor_system::register_global(std::string name, actor_re
 
 awaitable<result<actor_ref>> actor_system::whereis_global(std::string name,
                                                           clock::duration timeout) {
-  if (node_ == config_.head) {
+  if (node_ == head_) {
     auto it = global_names_.find(name);
     if (it == global_names_.end()) co_return error{fmt::format("no actor named '{}'", name)};
     co_return it->second;
   }
   auto r = co_await ask_system<proto::Lookup, proto::Found>(
-      config_.head, timeout, [&](proto::Lookup::Builder b) { b.setName(name); });
+      head_, timeout, [&](proto::Lookup::Builder b) { b.setName(name); });
   if (!r.ok()) co_return r.err();
   const actor_ref found = read_ref(r->get().getActor());
   if (!found.valid()) co_return error{fmt::format("no actor named '{}'", name)};

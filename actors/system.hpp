@@ -78,6 +78,12 @@ using transport::node_id;
 struct system_config {
   std::uint32_t incarnation = 1;  // bump on every restart of this node
   node_id head = 0;               // holds membership and the cluster-wide registry
+  // The node that becomes the head when the head is lost (none: a lost head is the end). Set
+  // on the head (members learn it when they join) and on the standby itself. On the standby,
+  // the head's loss (its transport's notice, or its heartbeats' silence) is the verdict: it
+  // takes the head's place, tells every member (MemberLost of the old head, which is fenced),
+  // and the members register their cluster-wide names with it again.
+  std::optional<node_id> standby = std::nullopt;
   // Mailbox bound per actor (user messages; down/exit notifications are never refused).
   // When full, a send fails at once: local tell/ask return an error to the sender, a remote
   // ask gets an error reply, a remote tell is dropped and counted (stats().mailbox_full).
@@ -315,7 +321,8 @@ struct typed_ref {
       clock::duration timeout, Fill fill = {}) const;
 };
 
-enum class member_event : std::uint8_t { up, goodbye, lost };
+// head_changed: `node` is the head now (the old one was lost, reported just before).
+enum class member_event : std::uint8_t { up, goodbye, lost, head_changed };
 struct member_info {
   node_id node = 0;
   std::uint32_t incarnation = 0;
@@ -329,6 +336,9 @@ class actor_system {
   actor_system& operator=(const actor_system&) = delete;
 
   node_id node() const { return node_; }
+  // The head now (config().head until a standby took over) and the standby, if any.
+  node_id head() const { return head_; }
+  std::optional<node_id> standby() const { return standby_; }
   std::uint32_t incarnation() const { return config_.incarnation; }
   const system_config& config() const { return config_; }
   asio::io_context& io() { return io_; }
@@ -408,7 +418,8 @@ class actor_system {
     return it->second.last_heard;
   }
   // Members coming and going, as this node knows them. `fn(node(), lost)`: the head declared
-  // this node itself lost (others could not reach it); it is fenced and should stop.
+  // this node itself lost (others could not reach it), or this node is a head that stalled
+  // while a standby waited (yield_to_standby); it is fenced and should stop.
   void on_membership(std::function<void(node_id, member_event)> fn) {
     membership_fn_ = std::move(fn);
   }
@@ -559,11 +570,20 @@ class actor_system {
   void heartbeat_tick();
   void heard(node_id from);
   void head_drop_names_of(node_id n);
+  // The head `lost` is gone and the standby takes its place (on every member, the standby
+  // included): the names of local actors go to the new head.
+  void follow_standby();
+  // On a head with a standby that did not run for longer than the heartbeat timeout (it was
+  // stopped): the standby may have taken its place, so it judges nobody from now on and
+  // reports itself lost (fenced). True once it has.
+  bool yield_to_standby();
 
   asio::io_context& io_;
   transport::link& link_;
   system_config config_;
   node_id node_;
+  node_id head_;                    // config_.head until the standby takes over
+  std::optional<node_id> standby_;  // config_.standby, or the head's (Welcome); reset if lost
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   bool shut_down_ = false;
   system_stats stats_;
@@ -596,6 +616,7 @@ class actor_system {
   std::set<node_id> fenced_;     // lost, not by goodbye: nothing from it is read
   std::set<node_id> redialled_;  // members redialled after a failed connection, not heard since
   bool winding_down_ = false;    // wind_down(): failed connections are not redialled
+  bool yielded_ = false;         // a head that stalled with a standby waiting (yield_to_standby)
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;

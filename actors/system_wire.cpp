@@ -43,7 +43,7 @@ void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
   const auto& h = env.header();
   // A node declared lost is never trusted again in this job (it may be alive behind a cut
   // link, and redial); only the head hears a new incarnation of it join.
-  if (fenced_.contains(from) && !(node_ == config_.head && h.receiver.actor == 0 &&
+  if (fenced_.contains(from) && !(node_ == head_ && h.receiver.actor == 0 &&
                                   h.type_id == capnp::typeId<proto::Join>())) {
     ++stats_.fenced;
     return;
@@ -225,8 +225,8 @@ void actor_system::on_system_spawn(const transport::envelope_header& h, proto::S
 
 void actor_system::on_system_join(node_id from, const transport::envelope_header& h,
                                   proto::Join::Reader j) {
-  if (node_ != config_.head) {
-    reply_error(h, fmt::format("node {} is not the head (node {} is)", node_, config_.head));
+  if (node_ != head_) {
+    reply_error(h, fmt::format("node {} is not the head (node {} is)", node_, head_));
     return;
   }
   if (auto it = lost_.find(from);
@@ -252,13 +252,17 @@ void actor_system::on_system_join(node_id from, const transport::envelope_header
       list[i].setNode(n);
       list[i++].setIncarnation(m.incarnation);
     }
+    if (standby_) {
+      b.setStandby(*standby_);
+      b.setHasStandby(true);
+    }
   });
 }
 
 void actor_system::on_system_register(node_id from, const transport::envelope_header& h,
                                       proto::Register::Reader r) {
   const actor_ref ref = read_ref(r.getActor());
-  if (node_ != config_.head || ref.node != from) {
+  if (node_ != head_ || ref.node != from) {
     reply_error(h, "register_global: not the head, or an actor of another node");
     return;
   }
@@ -282,7 +286,7 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
   // head), a redial that the peer refuses before it is heard again is one: nothing listens
   // there any more. Elsewhere the heartbeats decide (silence is reported to the head).
   if (!clean && m != members_.end() && !shut_down_ && !winding_down_) {
-    const bool judges = node_ == config_.head || peer == config_.head;
+    const bool judges = node_ == head_ || peer == head_;
     const bool redial_refused = why == transport::peer_loss::refused && redialled_.contains(peer);
     // (Where we cannot dial it, only its own redial could tell: the failure is the verdict.)
     if (!judges || (!redial_refused && link_.can_dial(peer))) {
@@ -317,10 +321,32 @@ void actor_system::fail_pending_to(node_id peer, const std::string& why) {
   }
 }
 
+bool actor_system::yield_to_standby() {
+  if (yielded_) return true;
+  if (node_ != head_ || !standby_ || !members_.contains(*standby_)) return false;
+  if (last_tick_ == clock::time_point{} || now() - last_tick_ <= config_.heartbeat_timeout) {
+    return false;
+  }
+  yielded_ = true;
+  if (membership_fn_) membership_fn_(node_, member_event::lost);
+  return true;
+}
+
 void actor_system::declare_lost(node_id peer, bool clean, const std::string& detail) {
+  if (yield_to_standby()) return;
   auto m = members_.find(peer);
   if (m == members_.end() && lost_.contains(peer)) return;  // declared already
   redialled_.erase(peer);
+  // The head lost where a standby waits: the standby is the head from now on (on the standby
+  // itself this is its taking over, and the verdict below goes to every member).
+  const bool head_changes = peer == head_ && standby_ && *standby_ != peer;
+  if (head_changes) {
+    head_ = *standby_;
+    standby_.reset();
+    suspicions_ = {};
+  } else if (standby_ && peer == *standby_) {
+    standby_.reset();
+  }
   const std::uint32_t incarnation = m != members_.end() ? m->second.incarnation : 0;
   lost_[peer] = incarnation;
   lost_why_[peer] = detail.substr(0, 300);
@@ -342,7 +368,7 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
   for (auto& [id, c] : cells_) {
     std::erase_if(c->watchers, [peer](const watch& w) { return w.who.node == peer; });
   }
-  if (node_ == config_.head) {
+  if (node_ == head_) {
     head_drop_names_of(peer);
     suspicions_.forget(peer);
     // The verdict goes to every member, so that none acts on a view of its own, and (best
@@ -365,16 +391,39 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
   }
   link_.forget(peer);  // its report comes back posted and finds it declared
   if (membership_fn_) membership_fn_(peer, clean ? member_event::goodbye : member_event::lost);
+  if (head_changes) follow_standby();
+}
+
+void actor_system::follow_standby() {
+  for (auto& [id, c] : cells_) {
+    for (const auto& n : c->global_names) {
+      if (node_ == head_) {
+        global_names_[n] = c->ref;
+        continue;
+      }
+      // A tell (no reply): a name taken meanwhile at the new head stays the other actor's.
+      transport::outgoing_envelope out(
+          {c->ref.address(), {head_, 0, 0}, capnp::typeId<proto::Register>(), 0, 0});
+      auto r = out.init_payload<proto::Register>();
+      r.setName(n);
+      write_ref(r.initActor(), c->ref);
+      (void)send_envelope(head_, out);
+    }
+  }
+  if (membership_fn_) membership_fn_(head_, member_event::head_changed);
 }
 
 // ---- membership ------------------------------------------------------------------------------
 
 awaitable<result<void>> actor_system::join(clock::duration timeout) {
-  if (node_ == config_.head) co_return result<void>{};
+  if (node_ == head_) co_return result<void>{};
   auto r = co_await ask_system<proto::Join, proto::Welcome>(
-      config_.head, timeout,
+      head_, timeout,
       [this](proto::Join::Builder b) { b.setIncarnation(config_.incarnation); });
   if (!r.ok()) co_return r.err();
+  if (r->get().getHasStandby() && r->get().getStandby() != head_) {
+    standby_ = r->get().getStandby();
+  }
   for (auto m : r->get().getMembers()) {
     if (m.getNode() != node_) add_member(m.getNode(), m.getIncarnation());
   }
@@ -406,7 +455,7 @@ void actor_system::heard(node_id from) {
   it->second.last_heard = now();
   it->second.heard = true;
   redialled_.erase(from);                               // a redial (if any) reached it
-  if (it->second.suspected && node_ != config_.head) {  // back: the head withdraws the report
+  if (it->second.suspected && node_ != head_) {  // back: the head withdraws the report
     it->second.suspected = false;
     report_to_head(from, false, {});
   }
@@ -417,7 +466,7 @@ void actor_system::report_to_head(node_id peer, bool unreachable, const std::str
   if (m == members_.end()) return;
   const std::uint64_t type =
       unreachable ? capnp::typeId<proto::Unreachable>() : capnp::typeId<proto::Reachable>();
-  transport::outgoing_envelope out({{}, {config_.head, 0, 0}, type, 0, 0});
+  transport::outgoing_envelope out({{}, {head_, 0, 0}, type, 0, 0});
   if (unreachable) {
     ++stats_.suspicions;
     auto u = out.init_payload<proto::Unreachable>();
@@ -430,13 +479,13 @@ void actor_system::report_to_head(node_id peer, bool unreachable, const std::str
     who.setNode(peer);
     who.setIncarnation(m->second.incarnation);
   }
-  (void)send_envelope(config_.head, out);
+  (void)send_envelope(head_, out);
 }
 
 void actor_system::on_system_unreachable(node_id from, proto::Unreachable::Reader u) {
   const node_id suspect = u.getMember().getNode();
   const auto m = members_.find(suspect);
-  if (node_ != config_.head || !members_.contains(from) || m == members_.end() ||
+  if (node_ != head_ || !members_.contains(from) || m == members_.end() ||
       m->second.incarnation != u.getMember().getIncarnation()) {
     return;  // not ours to judge, or about a member that is gone already
   }
@@ -452,13 +501,15 @@ void actor_system::on_system_unreachable(node_id from, proto::Unreachable::Reade
 }
 
 void actor_system::on_system_reachable(node_id from, proto::Reachable::Reader r) {
-  if (node_ == config_.head) suspicions_.withdraw(from, r.getMember().getNode());
+  if (node_ == head_) suspicions_.withdraw(from, r.getMember().getNode());
 }
 
 void actor_system::on_system_member_lost(node_id from, proto::MemberLost::Reader m) {
   const node_id peer = m.getMember().getNode();
-  if (from != config_.head || node_ == config_.head) {
-    ++stats_.malformed;  // only the head's verdicts count
+  // Only the head's verdicts count, and the standby's on the head (its taking over).
+  const bool takeover = standby_ && from == *standby_ && peer == head_;
+  if (!takeover && (from != head_ || node_ == head_)) {
+    ++stats_.malformed;
     return;
   }
   const std::string detail = m.getDetail();
@@ -502,6 +553,10 @@ void actor_system::heartbeat_tick() {
     return;
   }
   const auto now = this->now();
+  if (yield_to_standby()) {
+    heartbeat_running_ = false;
+    return;
+  }
   if (last_tick_ != clock::time_point{} && now - last_tick_ > config_.heartbeat_timeout) {
     for (auto& [n, m] : members_) m.last_heard = now;  // their silence was our own stall
     if (stall_fn_) stall_fn_(now - last_tick_);
@@ -516,14 +571,14 @@ void actor_system::heartbeat_tick() {
       silent.push_back(n);
       // The head and the head's silence are decided here; another member is only reported,
       // and keeps its heartbeats (hearing it again withdraws the report).
-      if (node_ == config_.head || n == config_.head) continue;
+      if (node_ == head_ || n == head_) continue;
     }
     transport::outgoing_envelope out({{}, {n, 0, 0}, capnp::typeId<proto::Heartbeat>(), 0, 0});
     out.init_payload<proto::Heartbeat>().setIncarnation(config_.incarnation);
     (void)send_envelope(n, out);
   }
   for (node_id n : silent) {
-    if (node_ == config_.head || n == config_.head) {
+    if (node_ == head_ || n == head_) {
       declare_lost(n, false,
                    fmt::format("no heartbeat for {} ms", config_.heartbeat_timeout.count()));
     } else {

@@ -1,6 +1,8 @@
 // Membership and failure detection over loopback links: join through the head, heartbeats,
 // crash, hang (no transport signal: heartbeats must find it) and goodbye. The same checks are
 // written against transport::link so that they can run over ucx_link between processes.
+#include <algorithm>
+
 #include "tests/actors/harness.hpp"
 
 namespace moevement::actors::testing {
@@ -169,6 +171,110 @@ TEST(membership, a_member_whose_head_crashed_finds_it_at_once) {
     bool lost = false;
     for (const auto& [n, e] : ev1.seen) lost = lost || (n == 0 && e == member_event::lost);
     EXPECT_TRUE(lost);
+  });
+}
+
+system_config with_standby(node_id standby) {
+  system_config cfg = fast();
+  cfg.standby = standby;
+  return cfg;
+}
+
+bool saw(const events& ev, node_id n, member_event e) {
+  return std::find(ev.seen.begin(), ev.seen.end(), std::make_pair(n, e)) != ev.seen.end();
+}
+
+// The head crashes; the standby (node 2) takes its place at once: every member follows it,
+// names registered cluster-wide are found there, and its verdicts count from then on.
+TEST(membership, a_standby_takes_the_place_of_a_crashed_head) {
+  cluster c;
+  c.add(0, with_standby(2));
+  auto& n1 = c.add(1, fast());
+  auto& standby = c.add(2, with_standby(2));
+  auto& n3 = c.add(3, fast());
+  events ev1, ev2;
+  n1.on_membership([&](node_id n, member_event e) { ev1.seen.emplace_back(n, e); });
+  standby.on_membership([&](node_id n, member_event e) { ev2.seen.emplace_back(n, e); });
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await standby.join(1s)).ok());
+    CO_ASSERT((co_await n3.join(1s)).ok());
+    EXPECT_EQ(n1.standby(), std::optional<node_id>(2));  // learnt when it joined
+    auto a = n1.spawn<echo>();
+    CO_ASSERT((co_await n1.register_global("the-echo", a, 1s)).ok());
+    auto w = standby.spawn<watcher>();
+    auto on3 = n3.spawn<echo>();
+    co_await sleep_for(2ms);
+    standby.local_actor<watcher>(w)->monitor(on3);
+    c.hub().crash(0);
+    co_await sleep_for(5ms);  // far below the heartbeat timeout
+    EXPECT_EQ(standby.head(), 2u);
+    EXPECT_EQ(n1.head(), 2u);
+    EXPECT_EQ(n3.head(), 2u);
+    EXPECT_FALSE(n1.standby().has_value());  // one standby, used
+    EXPECT_TRUE(saw(ev1, 0, member_event::lost));
+    EXPECT_TRUE(saw(ev1, 2, member_event::head_changed));
+    EXPECT_TRUE(saw(ev2, 2, member_event::head_changed));
+    // Names come back to the new head; lookups and registrations go there.
+    auto found = co_await n3.whereis_global("the-echo", 1s);
+    CO_ASSERT(found.ok());
+    EXPECT_EQ(*found, a);
+    // The new head judges: a member's crash is its verdict, sent to the others.
+    c.hub().crash(3);
+    co_await sleep_for(5ms);
+    EXPECT_TRUE(saw(ev1, 3, member_event::lost));
+    auto* sw = standby.local_actor<watcher>(w);
+    CO_ASSERT(sw->events.size() == 1);
+    EXPECT_EQ(sw->events[0].why.kind, exit_kind::node_lost);
+    EXPECT_EQ(n1.members().size(), 1u);  // the standby, now head
+  });
+}
+
+// A head that hangs (no transport signal) is replaced after the heartbeat timeout: the
+// standby's own silence rule is the verdict, and the members that judged it themselves follow.
+TEST(membership, a_hung_head_is_replaced_by_the_standby) {
+  cluster c;
+  auto& head = c.add(0, with_standby(2));
+  auto& n1 = c.add(1, fast());
+  auto& standby = c.add(2, with_standby(2));
+  events ev1, ev2;
+  n1.on_membership([&](node_id n, member_event e) { ev1.seen.emplace_back(n, e); });
+  standby.on_membership([&](node_id n, member_event e) { ev2.seen.emplace_back(n, e); });
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await standby.join(1s)).ok());
+    co_await sleep_for(20ms);
+    const auto hung_at = clock::now();
+    const auto heard_before = standby.last_heard(0);
+    CO_ASSERT(heard_before.has_value());
+    c.hub().hang(0);
+    while (standby.head() != 2 && clock::now() - hung_at < 2s) co_await sleep_for(1ms);
+    EXPECT_GE(clock::now() - *heard_before, 100ms);  // never before the configured silence
+    EXPECT_EQ(standby.head(), 2u);
+    co_await sleep_for(20ms);
+    EXPECT_EQ(n1.head(), 2u);
+    EXPECT_TRUE(saw(ev1, 0, member_event::lost));
+    EXPECT_TRUE(saw(ev1, 2, member_event::head_changed));
+    EXPECT_TRUE(saw(ev2, 2, member_event::head_changed));
+    EXPECT_EQ(n1.members().size(), 1u);
+    (void)head;
+  });
+}
+
+// Without a standby, a lost head stays lost: nobody takes its place.
+TEST(membership, without_a_standby_the_head_is_not_replaced) {
+  cluster c;
+  c.add(0, fast());
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    EXPECT_FALSE(n1.standby().has_value());
+    c.hub().crash(0);
+    co_await sleep_for(5ms);
+    EXPECT_EQ(n1.head(), 0u);
+    EXPECT_EQ(n2.head(), 0u);
   });
 }
 
