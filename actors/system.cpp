@@ -52,7 +52,12 @@ void actor::quit(exit_reason why) {
 }
 
 actor_system::actor_system(asio::io_context& io, transport::link& link, system_config config)
-    : io_(io), link_(link), config_(config), node_(link.self()), head_(config.head), standby_(config.standby) {
+    : io_(io),
+      link_(link),
+      config_(config),
+      node_(link.self()),
+      head_(config.head),
+      standby_(config.standby) {
   if (config_.time == nullptr) own_time_ = std::make_unique<steady_time>(io);
   time_ = config_.time != nullptr ? config_.time : own_time_.get();
   transport::link_handlers h;

@@ -43,8 +43,8 @@ void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
   const auto& h = env.header();
   // A node declared lost is never trusted again in this job (it may be alive behind a cut
   // link, and redial); only the head hears a new incarnation of it join.
-  if (fenced_.contains(from) && !(node_ == head_ && h.receiver.actor == 0 &&
-                                  h.type_id == capnp::typeId<proto::Join>())) {
+  if (fenced_.contains(from) &&
+      !(node_ == head_ && h.receiver.actor == 0 && h.type_id == capnp::typeId<proto::Join>())) {
     ++stats_.fenced;
     return;
   }
@@ -339,7 +339,8 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
   redialled_.erase(peer);
   // The head lost where a standby waits: the standby is the head from now on (on the standby
   // itself this is its taking over, and the verdict below goes to every member).
-  const bool head_changes = peer == head_ && standby_ && *standby_ != peer;
+  const bool head_changes =
+      !clean && peer == head_ && standby_ && *standby_ != peer && m != members_.end();
   if (head_changes) {
     head_ = *standby_;
     standby_.reset();
@@ -418,8 +419,7 @@ void actor_system::follow_standby() {
 awaitable<result<void>> actor_system::join(clock::duration timeout) {
   if (node_ == head_) co_return result<void>{};
   auto r = co_await ask_system<proto::Join, proto::Welcome>(
-      head_, timeout,
-      [this](proto::Join::Builder b) { b.setIncarnation(config_.incarnation); });
+      head_, timeout, [this](proto::Join::Builder b) { b.setIncarnation(config_.incarnation); });
   if (!r.ok()) co_return r.err();
   if (r->get().getHasStandby() && r->get().getStandby() != head_) {
     standby_ = r->get().getStandby();
@@ -454,7 +454,7 @@ void actor_system::heard(node_id from) {
   if (it == members_.end()) return;
   it->second.last_heard = now();
   it->second.heard = true;
-  redialled_.erase(from);                               // a redial (if any) reached it
+  redialled_.erase(from);                        // a redial (if any) reached it
   if (it->second.suspected && node_ != head_) {  // back: the head withdraws the report
     it->second.suspected = false;
     report_to_head(from, false, {});

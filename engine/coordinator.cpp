@@ -29,13 +29,15 @@ using actors::write_ref;
 
 coordinator::coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks,
                          run_log* log, head_recovery_factory recovery,
-                         std::optional<resume_point> resume)
+                         std::optional<resume_point> resume,
+                         std::set<transport::node_id> taken_over)
     : job_(std::move(job)),
       raw_(std::move(raw)),
       callbacks_(std::move(callbacks)),
       log_(log),
-      expected_workers_(job_.workers() + job_.spares),
+      expected_workers_(taken_over.empty() ? job_.workers() + job_.spares : int(taken_over.size())),
       abort_at_(job_.abort_at),
+      taken_over_(std::move(taken_over)),
       resume_(std::move(resume)) {
   stages_.resize(std::size_t(job_.workers()));
   scaler_.enabled = job_.model.compute_dtype == models::dtype::f16;
@@ -57,7 +59,22 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
 awaitable<void> coordinator::on_start() {
   trap_exit(true);  // the recovery tree's root is linked: its end comes as a message (on_exit)
   system().on_membership([this](transport::node_id n, actors::member_event e) {
-    if (e == actors::member_event::up) return;
+    if (e == actors::member_event::up || e == actors::member_event::head_changed) return;
+    if (n == system().node()) {  // this head is fenced: the standby took its place
+      finished_ = true;
+      if (callbacks_.on_replaced) callbacks_.on_replaced();
+      return;
+    }
+    if (standby_.node == n) {
+      standby_ = {};
+      if (callbacks_.on_notice && !finished_) {
+        callbacks_.on_notice(
+            fmt::format("the standby head (node {}) was lost: a loss of this "
+                        "head now ends the job (`--resume` brings it back)",
+                        n));
+      }
+      return;
+    }
     if (e == actors::member_event::goodbye) {
       lose_worker(n, "left the job");
     } else {
@@ -143,15 +160,19 @@ void coordinator::finish_with(job_outcome outcome) {
   for (const auto& [n, w] : workers_) {
     if (w.agent.valid()) (void)tell<wire::Shutdown>(w.agent);
   }
+  if (standby_.agent.valid()) (void)tell<wire::Shutdown>(standby_.agent);
   if (callbacks_.on_finished) callbacks_.on_finished(outcome);
 }
 
 awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
   const transport::node_id n = m.getNode();
   const actor_ref agent = read_ref(m.getAgent());
-  if (phase_ != phase::admitting || n < 1 || n > transport::node_id(expected_workers_) ||
-      workers_.contains(n) || agent.node != n || m.getHost().size() > 255 ||
-      m.getDomain().size() > 255) {
+  const bool ours = taken_over_.empty() ? n >= 1 && int(n) <= expected_workers_
+                                        : taken_over_.contains(n) && m.getTaken();
+  const bool standby = m.getStandby() && job_.standby_head && taken_over_.empty() &&
+                       n == standby_node(job_) && !standby_.agent.valid();
+  if (phase_ != phase::admitting || (!ours && !standby) || workers_.contains(n) ||
+      agent.node != n || m.getHost().size() > 255 || m.getDomain().size() > 255) {
     co_return;  // not one of ours, or twice: ignored
   }
   worker_info w;
@@ -162,35 +183,51 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
   w.pid = m.getPid();
   w.agent = agent;
   const int idx = int(n) - 1;
-  if (idx < job_.workers()) {
+  if (!taken_over_.empty()) {  // a standby that took over: each keeps the role it holds
+    if (m.getStage() >= job_.pp || m.getReplica() >= job_.dp ||
+        (m.getStage() >= 0) != (m.getReplica() >= 0)) {
+      co_return;
+    }
+    w.stage = m.getStage() >= 0 ? m.getStage() : -1;
+    w.replica = m.getStage() >= 0 ? m.getReplica() : -1;
+  } else if (idx < job_.workers()) {
     w.stage = idx % job_.pp;
     w.replica = idx / job_.pp;
   }
-  workers_[n] = w;
+  if (standby) {
+    standby_ = w;
+  } else {
+    workers_[n] = w;
+  }
   // So that a failed connection to it is redialled from here too: a reset costs no recovery,
   // and a dead worker refuses the redial (docs/actors.md "Only the head declares").
   system().add_peer_address(n, w.host, w.port);
   if (log_ != nullptr) {
     log_->write(json_record{}
                     .add("kind", "event")
-                    .add("event", "worker_up")
+                    .add("event", standby ? "standby_up" : "worker_up")
                     .add("node", std::int64_t{n})
                     .add("pid", w.pid)
                     .add("stage", w.stage)
                     .add("replica", w.replica));
   }
   if (int(workers_.size()) < expected_workers_) co_return;
+  if (job_.standby_head && taken_over_.empty() && !standby_.agent.valid()) co_return;
+  if (!taken_over_.empty() && !roles_complete()) co_return;
   // Everyone is here: every worker learns every address, the config and its role.
   phase_ = phase::starting;
-  for (const auto& [node, info] : workers_) {
-    const worker_info& me = info;
+  std::vector<const worker_info*> all;
+  for (const auto& [node, info] : workers_) all.push_back(&info);
+  if (standby_.agent.valid()) all.push_back(&standby_);
+  for (const worker_info* to : all) {
+    const worker_info& me = *to;
     (void)tell<wire::Assign>(me.agent, [&](wire::Assign::Builder b) {
-      auto peers = b.initPeers(static_cast<unsigned>(workers_.size()));
+      auto peers = b.initPeers(static_cast<unsigned>(all.size()));
       unsigned i = 0;
-      for (const auto& [pn, pw] : workers_) {
-        peers[i].setNode(pn);
-        peers[i].setHost(pw.host);
-        peers[i].setPort(pw.port);
+      for (const worker_info* p : all) {
+        peers[i].setNode(p->node);
+        peers[i].setHost(p->host);
+        peers[i].setPort(p->port);
         ++i;
       }
       write_config(b.initConfig(), raw_);
@@ -200,6 +237,23 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
       b.setResume(resume_.has_value());
     });
   }
+}
+
+bool coordinator::roles_complete() {
+  std::vector<int> held(std::size_t(job_.workers()), 0);
+  for (const auto& [n, w] : workers_) {
+    if (w.stage >= 0) ++held[std::size_t(w.replica * job_.pp + w.stage)];
+  }
+  for (int i = 0; i < job_.workers(); ++i) {
+    if (held[std::size_t(i)] == 1) continue;
+    fail(
+        fmt::format("the standby head cannot take over: stage {} replica {} is held by {} "
+                    "workers (the head was lost during a recovery); `moevement launch CONFIG "
+                    "--resume` goes on from the newest window on disk",
+                    i % job_.pp, i / job_.pp, held[std::size_t(i)]));
+    return false;
+  }
+  return true;
 }
 
 awaitable<void> coordinator::ready(wire::StageReady::Reader m) {

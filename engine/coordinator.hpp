@@ -88,6 +88,9 @@ struct coordinator_callbacks {
   // A durable window is on disk on every stage replica (policy moevement, checkpoint.durable):
   // what a resume from it needs beside the windows (recovery/ journals it).
   std::function<void(const resume_point&)> on_durable_window;
+  // This head is fenced: it was stopped past the failure timeout and the standby head took
+  // its place (cluster.standby_head). It ends without a word to the workers.
+  std::function<void()> on_replaced;
 };
 
 class coordinator : public actors::actor, private head_control {
@@ -109,9 +112,13 @@ class coordinator : public actors::actor, private head_control {
   // a killed job left it (its journal), not from the initial state.
   // recovery: how this job recovers a lost worker (recovery::any_head_recovery; empty: the
   // job stops at a loss).
+  // taken_over: this is a standby head that took the place of a lost one (cluster.standby_head):
+  // the workers it expects (those alive), each saying hello with the role it holds; resume is
+  // then the journal's newest window, which every stage restores in place.
   coordinator(job_config job, models::config_map raw, coordinator_callbacks callbacks, run_log* log,
               head_recovery_factory recovery = {},
-              std::optional<resume_point> resume = std::nullopt);
+              std::optional<resume_point> resume = std::nullopt,
+              std::set<transport::node_id> taken_over = {});
 
   // Between iterations: stop after the current one / go on. abort_iteration(): drop the
   // iteration in progress on every stage and re-run it (resume() if paused).
@@ -232,6 +239,11 @@ class coordinator : public actors::actor, private head_control {
   run_log* log_;
   int expected_workers_;
   std::int64_t abort_at_ = -1;
+  std::set<transport::node_id> taken_over_;  // a standby that took over: the workers it expects
+  worker_info standby_;                      // the standby head, once it said hello
+  // A standby that took over: every (stage, replica) held by exactly one worker; else the job
+  // fails saying why (false).
+  bool roles_complete();
   std::map<transport::node_id, worker_info> workers_;
   std::vector<actors::actor_ref> stages_;  // [dp * pp], index d * pp + s
   int ready_count_ = 0;

@@ -32,6 +32,14 @@ struct WorkerHello {
   # The failure domain this process is in (its Slurm node, else its host): snapshot copies
   # go to other domains first.
   domain @5 :Text;
+  # The standby head (cluster.standby_head) says hello too, as node pp*dp + spares + 1: it gets
+  # every peer's address in its Assign and joins, but has no role.
+  standby @6 :Bool;
+  # A worker saying hello to a standby head that took over: the role it holds (stage -1: a
+  # spare), which the new head keeps.
+  taken @7 :Bool;
+  stage @8 :Int32;
+  replica @9 :Int32;
 }
 # The coordinator's answer once every worker said hello: every peer's address (so that all
 # can heartbeat all), the job's config, and this worker's role (stage -1: a spare).

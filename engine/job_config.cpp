@@ -138,6 +138,12 @@ setter_map checkpoint_setters(job_config& j) {
 setter_map cluster_setters(job_config& j) {
   return {
       {"cluster.backend", [&](auto& k, auto& v) { j.backend = get_choice(k, v, backend_names()); }},
+      {"cluster.standby_head",
+       [&](auto& k, auto& v) {
+         const auto* b = std::get_if<bool>(&v);
+         if (b == nullptr) throw config_error(k, "expected true or false");
+         j.standby_head = *b;
+       }},
       {"cluster.spares",
        [&](auto& k, auto& v) { j.spares = int(models::config_int(k, v, 0, max_job_workers)); }},
       {"cluster.host",
@@ -333,6 +339,13 @@ job_config resolve_job(models::config_map map) {
     throw config_error("checkpoint.durable",
                        "dense-disk checkpoints are the durable tier and cannot turn it off; use "
                        "policy dense-memory for checkpoints in peers' memory only");
+  }
+  if (j.standby_head &&
+      (j.backend != "local" || j.policy != policy_kind::moevement || !durable_tier(j))) {
+    throw config_error("cluster.standby_head",
+                       "a standby head takes over from the resume journal of the durable tier: it "
+                       "needs cluster.backend = \"local\" and checkpoint.policy = \"moevement\" "
+                       "with the durable tier on (checkpoint.durable left \"auto\" or true)");
   }
   if (j.slurm_nodes > j.workers() + j.spares) {
     throw config_error("cluster.slurm_nodes",

@@ -83,9 +83,12 @@ struct job_config {
   // moevement on the local backend, or under Slurm where checkpoint.dir is set; off for the
   // others. durable_tier() resolves it, the one place that default lives.
   std::optional<bool> durable;
-  baseline_knobs baseline;            // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
-  std::string backend = "local";      // cluster.backend: local | slurm
-  int spares = 0;                     // cluster.spares: idle workers beside pp*dp
+  baseline_knobs baseline;        // checkpoint.interval, .mtbf_s, .dir, .keep, .pec_*
+  std::string backend = "local";  // cluster.backend: local | slurm
+  int spares = 0;                 // cluster.spares: idle workers beside pp*dp
+  // cluster.standby_head: `launch` also starts a standby head, which takes over when the head
+  // is lost (docs/recovery.md "Head failover"). Off: a lost head ends the job (--resume).
+  bool standby_head = false;
   std::string host = "127.0.0.1";     // cluster.host: where the head listens
   std::string stage_type = "moe";     // engine.stage: a stage_registry name
   std::string run_log = "run.jsonl";  // engine.run_log: path of the JSONL run log
@@ -102,6 +105,11 @@ struct job_config {
   int workers() const { return pp * dp; }
   bool operator==(const job_config&) const = default;
 };
+
+// The node id of the standby head (cluster.standby_head): after every worker and spare.
+inline std::uint32_t standby_node(const job_config& j) {
+  return std::uint32_t(j.workers() + j.spares + 1);
+}
 
 // Whether the job writes persisted windows to disk (checkpoint.durable resolved): unless set,
 // on for dense-disk, and for moevement on the local backend or with checkpoint.dir given (under

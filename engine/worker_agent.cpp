@@ -52,6 +52,11 @@ void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& h
     write_ref(b.initAgent(), self());
     b.setPid(::getpid());
     b.setDomain(domain.empty() ? host : domain);
+    if (assigned_) {  // to a standby head that took over: the role this worker holds
+      b.setTaken(true);
+      b.setStage(stage_index_);
+      b.setReplica(stage_index_ >= 0 ? replica_ : -1);
+    }
   });
 }
 
@@ -138,7 +143,10 @@ void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> m
 }
 
 asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
-  if (assigned_) co_return;
+  if (assigned_) {
+    co_await taken_over(m);
+    co_return;
+  }
   assigned_ = true;
   const int stage = m.getStage(), replica = m.getReplica();
   stage_index_ = stage;
@@ -194,6 +202,25 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
   } catch (const std::exception& e) {
     report({}, e.what());
   }
+}
+
+asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
+  // Only from a new head (a standby that took over), for the role this worker holds, with a
+  // resume: the stage goes on from the durable tier (its durable Restore drops the running
+  // one), under the new head's generations.
+  const actors::actor_ref from = read_ref(m.getCoordinator());
+  if (!job_ || from == coordinator_ || from.node != system().head() || !m.getResume() ||
+      m.getStage() != stage_index_ || (stage_index_ >= 0 && m.getReplica() != replica_)) {
+    co_return;
+  }
+  coordinator_ = from;
+  generation_ = 0;
+  for (auto p : m.getPeers()) {
+    if (p.getNode() == system().node() || p.getNode() == system().head()) continue;
+    if (p.getHost().size() > 255) continue;
+    link_.add_peer(p.getNode(), p.getHost(), p.getPort());
+  }
+  report({}, "");
 }
 
 asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {

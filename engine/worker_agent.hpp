@@ -32,7 +32,8 @@ class worker_agent : public actors::actor {
                std::function<void(int, const std::string&)> on_exit,
                checkpoint_factory checkpoints = {}, fault_factory faults = {});
 
-  // Tells the coordinator this worker is up (call once the agent has started).
+  // Tells the coordinator this worker is up (call once the agent has started); once assigned,
+  // tells a standby head that took over, with the role held.
   // domain: the failure domain (Slurm node name; empty: the host).
   void say_hello(actors::actor_ref coordinator, const std::string& host,
                  const std::string& domain = "");
@@ -40,6 +41,8 @@ class worker_agent : public actors::actor {
 
  private:
   asio::awaitable<void> assign(wire::Assign::Reader m);
+  // A second Assign: from a standby head that took over (say_hello again first).
+  asio::awaitable<void> taken_over(wire::Assign::Reader m);
   asio::awaitable<void> restore(wire::Restore::Reader m);
   asio::awaitable<void> shutdown(wire::Shutdown::Reader m);
   // Spawns the stage actor for `model` and tells the coordinator (StageReady).

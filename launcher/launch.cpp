@@ -35,6 +35,7 @@
 #include "launcher/launch_options.hpp"
 #include "launcher/report.hpp"
 #include "launcher/slurm_backend.hpp"
+#include "launcher/standby_agent.hpp"
 #include "launcher/worker_processes.hpp"
 #include "recovery/durable_window.hpp"
 #include "recovery/resume_journal.hpp"
@@ -125,11 +126,12 @@ class head_session {
         job_(job),
         extension_(std::move(extension)),
         journal_(journal),
-        token_(new_token()),
+        standby_(!o.standby_of.empty()),
+        token_(standby_ ? standby_token() : new_token()),
         processes_(token_),
-        link_(io_, link_options(job, token_)),
+        link_(io_, link_options(job, token_, standby_ ? o.standby_node : 0)),
         sys_(io_, link_, system_config(job)),
-        log_(job.run_log, o.resume),
+        log_(job.run_log, o.resume || standby_),
         worker_specs_(plan.worker_specs),
         injector_(
             io_, log_, o.injections, std::move(plan), job.train.iterations,
@@ -140,6 +142,12 @@ class head_session {
             [this](const std::string& line) { say(line); }) {
     outcome_.message = "the job did not finish";
     signals_.add(SIGUSR1);  // the signal set's constructor takes three
+    if (standby_) {         // the coordinator comes when this standby takes over (take_over)
+      const auto colon = o.standby_of.rfind(':');
+      link_.add_peer(0, o.standby_of.substr(0, colon),
+                     std::uint16_t(std::stoul(o.standby_of.substr(colon + 1))));
+      return;
+    }
     make_callbacks();
     coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
                                              recovery::any_head_recovery(job_.policy),
@@ -151,9 +159,10 @@ class head_session {
 
  private:
   static transport::ucx_link_options link_options(const engine::job_config& job,
-                                                  const std::string& token) {
+                                                  const std::string& token,
+                                                  transport::node_id self) {
     transport::ucx_link_options opt;
-    opt.self = 0;
+    opt.self = self;
     opt.job_token = token;
     opt.listen_host = job.host;
     return opt;
@@ -161,6 +170,7 @@ class head_session {
   static actors::system_config system_config(const engine::job_config& job) {
     actors::system_config cfg;
     cfg.head = 0;
+    if (job.standby_head) cfg.standby = engine::standby_node(job);
     cfg.heartbeat_interval = std::chrono::milliseconds(job.heartbeat_ms);
     cfg.heartbeat_timeout = std::chrono::milliseconds(job.failure_timeout_ms);
     return cfg;
@@ -190,12 +200,32 @@ class head_session {
   void child_exited(transport::node_id n, pid_t pid, int status);
   void arm_start_timeout();
   asio::awaitable<void> start_workers();
+  void start_standby(const std::string& head);
   int report();
+  // ---- the standby head (cluster.standby_head; launcher/standby_agent.hpp)
+  static std::string standby_token() {
+    const char* t = std::getenv("MOEVEMENT_JOB_TOKEN");
+    if (t == nullptr || *t == '\0') {
+      throw std::invalid_argument("--standby-of: MOEVEMENT_JOB_TOKEN is not set (launch sets it)");
+    }
+    return t;
+  }
+  asio::awaitable<void> wait_as_standby();
+  void standby_membership(transport::node_id n, actors::member_event e);
+  // The head is lost and this standby is the head now: the coordinator again, from the
+  // journal's newest window, with the workers that are alive.
+  void take_over();
+  void end_standby(int status, const std::string& why);
+  // The old head, fenced: the standby took its place while this one was stopped.
+  void replaced();
 
   const launch_options& options_;
   const engine::job_config& job_;
   const head_extension extension_;
   std::optional<recovery::resume_journal>& journal_;
+  const bool standby_;  // this process is the standby head (until it takes over)
+  bool took_over_ = false, replaced_ = false;
+  std::optional<int> standby_status_;  // the standby ended without taking over
   const std::string token_;
   const std::string self_ = std::filesystem::read_symlink("/proc/self/exe").string();
   worker_processes processes_;
@@ -226,7 +256,15 @@ void head_session::make_callbacks() {
   cb_.on_recovery = [this](const std::string& event, std::int64_t) {
     injector_.recovery_event(event);
   };
-  cb_.on_worker_lost = [this](transport::node_id n, int pid) { processes_.kill_node(n, pid); };
+  cb_.on_worker_lost = [this](transport::node_id n, int pid) {
+    // A standby that took over started no worker: the process (on this host) goes by its pid.
+    if (took_over_ && pid > 0) {
+      ::kill(pid, SIGKILL);
+    } else {
+      processes_.kill_node(n, pid);
+    }
+  };
+  cb_.on_replaced = [this] { replaced(); };
   cb_.on_notice = [this](const std::string& line) { say(line); };
   cb_.on_iteration = [this](const engine::iteration_record& r) {
     progress(r);
@@ -413,19 +451,119 @@ asio::awaitable<void> head_session::start_workers() {
       args.push_back(spec);
     }
     try {
-      processes_.start(self_, args, transport::node_id(n));
+      processes_.start(self_, args, transport::node_id(n), job_.standby_head);
     } catch (const std::exception& e) {
       fail(e.what());
       co_return;
     }
   }
+  if (job_.standby_head) start_standby(head);
+}
+
+void head_session::start_standby(const std::string& head) {
+  std::vector<std::string> args{"launch", options_.config_path};
+  for (const auto& o : options_.overrides) {
+    args.push_back("--set");
+    args.push_back(o);
+  }
+  args.insert(args.end(),
+              {"--standby-of", head, "--node", std::to_string(engine::standby_node(job_))});
+  try {
+    processes_.start(self_, args, transport::node_id(engine::standby_node(job_)), true);
+  } catch (const std::exception& e) {
+    fail(std::string("cannot start the standby head: ") + e.what());
+  }
+}
+
+asio::awaitable<void> head_session::wait_as_standby() {
+  sys_.on_membership(
+      [this](transport::node_id n, actors::member_event e) { standby_membership(n, e); });
+  auto agent = sys_.spawn<standby_agent>(
+      link_, [this](int status, const std::string& why) { end_standby(status, why); });
+  auto coord =
+      co_await sys_.whereis_global(engine::coordinator::registered_name, std::chrono::seconds(30));
+  if (!coord.ok() || !coord->valid()) {
+    end_standby(1, "cannot find the coordinator at the head: " +
+                       (coord.ok() ? std::string("not registered") : coord.err().message));
+    co_return;
+  }
+  if (auto* a = sys_.local_actor<standby_agent>(agent)) a->say_hello(*coord, job_.host);
+}
+
+void head_session::standby_membership(transport::node_id n, actors::member_event e) {
+  if (e == actors::member_event::head_changed && n == sys_.node()) {
+    take_over();
+  } else if (e != actors::member_event::up && n == sys_.head() && !took_over_) {
+    end_standby(1, "the head was lost before this standby joined its cluster");
+  } else if (n == sys_.node() && e == actors::member_event::lost) {
+    end_standby(1, "the head declared this standby lost");
+  }
+}
+
+void head_session::take_over() {
+  if (took_over_ || standby_status_) return;
+  took_over_ = true;
+  journal_.emplace(job_);
+  std::vector<std::string> rejected;
+  auto point = journal_->load(&rejected);
+  for (const auto& r : rejected) say("moevement launch (standby head): " + r);
+  if (!point.ok()) {
+    end_standby(1, "the head was lost and this standby cannot take over: " + point.err().message +
+                       " (no durable window on disk yet: run the job again)");
+    return;
+  }
+  std::set<transport::node_id> alive;
+  for (const auto& m : sys_.members()) alive.insert(m.node);
+  say(fmt::format(
+      "moevement launch (standby head, pid {}): the head was lost ({}); taking over with {} "
+      "workers from window {} on disk: training goes on at iteration {}",
+      ::getpid(), sys_.why_lost(0), alive.size(), point->window, point->target_iteration));
+  make_callbacks();
+  coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
+                                           recovery::any_head_recovery(job_.policy),
+                                           std::move(*point), std::move(alive));
+  asio::co_spawn(
+      io_,
+      [this]() -> asio::awaitable<void> {
+        auto r = co_await sys_.register_global(engine::coordinator::registered_name, coord_,
+                                               std::chrono::seconds(5));
+        if (!r.ok()) fail("cannot register the coordinator: " + r.err().message);
+      },
+      asio::detached);
+}
+
+void head_session::end_standby(int status, const std::string& why) {
+  if (standby_status_ || took_over_) return;
+  standby_status_ = status;
+  if (status != 0) std::cerr << "moevement launch (standby head): " << why << "\n";
+  sys_.shutdown();
+  linger_.expires_after(std::chrono::milliseconds(100));
+  linger_.async_wait([this](const std::error_code&) { io_.stop(); });
+}
+
+void head_session::replaced() {
+  if (replaced_) return;
+  replaced_ = true;
+  finished_ = true;
+  say("moevement launch: this head did not run for longer than cluster.failure_timeout_ms and "
+      "the standby head took its place: leaving the job to it");
+  processes_.forget_all();
+  injector_.stop();
+  io_.stop();
 }
 
 int head_session::run() {
   signals_.async_wait([this](const std::error_code& e, int s) { on_signal(e, s); });
-  arm_start_timeout();
-  asio::co_spawn(io_, start_workers(), asio::detached);
-  io_.run();
+  if (standby_) {
+    asio::co_spawn(io_, wait_as_standby(), asio::detached);
+    io_.run();
+    if (!took_over_) return standby_status_.value_or(1);
+  } else {
+    arm_start_timeout();
+    asio::co_spawn(io_, start_workers(), asio::detached);
+    io_.run();
+  }
+  if (replaced_) return 1;
   end_line();
   log_link_refusals(log_, link_.counters());
   injector_.report_unfired(std::cout);
@@ -499,6 +637,12 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
     return 0;
   }
   std::optional<recovery::resume_journal> journal;
+  if (!options->standby_of.empty()) {  // the standby head: quiet until it takes over
+    if (!job.standby_head) throw std::invalid_argument("--standby-of needs cluster.standby_head");
+    head_session standby(*options, job, std::move(plan), journal, std::nullopt,
+                         std::move(extension));
+    return standby.run();
+  }
   auto resume_from = open_journal(*options, job, journal);
   options->resume = resume_from.has_value();  // the run log goes on where it was
   if (options->sbatch) {

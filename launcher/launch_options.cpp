@@ -56,6 +56,10 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
       o.requeue = true;
     } else if (a == "--report" && i + 1 < argc) {
       o.report = argv[++i];
+    } else if (a == "--standby-of" && i + 1 < argc) {
+      o.standby_of = argv[++i];
+    } else if (a == "--node" && i + 1 < argc) {
+      o.standby_node = std::uint32_t(std::strtoul(argv[++i], nullptr, 10));
     } else if (a == "--sbatch") {
       o.sbatch = true;
       if (i + 1 < argc && std::string(argv[i + 1]) == "--") {
@@ -83,6 +87,11 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
         "--set only): write the injections as [[inject]] tables in CONFIG "
         "(docs/configuration.md)");
   }
+  if (!o.standby_of.empty() && (o.standby_node == 0 || o.resume || o.sbatch || o.dry_run)) {
+    throw std::invalid_argument(
+        "--standby-of HOST:PORT goes with --node N only (launch starts the standby head itself "
+        "under cluster.standby_head = true)");
+  }
   if (o.requeue) {
     const char* restarts = std::getenv("SLURM_RESTART_COUNT");
     o.requeued = restarts != nullptr && std::atoi(restarts) > 0;
@@ -90,6 +99,7 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
   // The config's [[inject]] tables first, then the command line's (--set may edit tables).
   auto tables = take_inject_tables(o.raw, o.config_path);
   o.injections.insert(o.injections.begin(), tables.begin(), tables.end());
+  if (!o.standby_of.empty()) o.injections.clear();  // the head injected them already
   return o;
 }
 

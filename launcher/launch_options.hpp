@@ -25,6 +25,11 @@ struct launch_options {
   // --requeue: on SIGUSR1, once a window is on disk, requeue this Slurm batch job, which then
   // resumes on its own; requeued: this is such a job starting again (SLURM_RESTART_COUNT > 0).
   bool requeue = false, requeued = false;
+  // --standby-of HOST:PORT --node N: this process is the job's standby head (cluster.
+  // standby_head; `launch` starts it): it joins the head at HOST:PORT as node N and takes the
+  // head's place when the head is lost.
+  std::string standby_of;
+  std::uint32_t standby_node = 0;
 };
 
 // Parses argv (argv[2] is CONFIG). nullopt: a usage error, already printed with the usage.

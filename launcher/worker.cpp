@@ -131,13 +131,41 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   signals.async_wait([&](const std::error_code& ec, int sig) {
     if (!ec) stop(128 + sig, fmt::format("stopped by signal {}", sig));
   });
+  actors::actor_ref agent;
+  const std::string host = args.host, domain = args.domain;
+  // Finds the coordinator at the head (a standby that took over registers its own a moment
+  // later: looked for again until `within`) and says hello to it.
+  auto hello = [&, host, domain](std::chrono::seconds ask,
+                                 std::chrono::seconds within) -> actors::awaitable<void> {
+    const auto until = std::chrono::steady_clock::now() + within;
+    for (;;) {
+      auto coord = co_await sys.whereis_global(engine::coordinator::registered_name, ask);
+      if (coord.ok() && coord->valid()) {
+        if (auto* a = sys.local_actor<engine::worker_agent>(agent))
+          a->say_hello(*coord, host, domain);
+        co_return;
+      }
+      if (std::chrono::steady_clock::now() >= until || stopping) {
+        stop(1, "cannot find the coordinator at the head: " +
+                    (coord.ok() ? std::string("not registered") : coord.err().message));
+        co_return;
+      }
+      co_await sys.sleep_for(std::chrono::milliseconds(100));
+    }
+  };
   sys.on_membership([&](transport::node_id n, actors::member_event e) {
-    if (n == cfg.head && e != actors::member_event::up) stop(1, "lost the head: stopping");
+    if (e == actors::member_event::head_changed) {  // a standby took the lost head's place
+      say(fmt::format("the head was lost; the standby head (node {}) takes over", n));
+      asio::co_spawn(io, hello(std::chrono::seconds(5), std::chrono::seconds(60)), asio::detached);
+      return;
+    }
+    // (Where a standby takes over, the lost head is no longer sys.head() here.)
+    if (n == sys.head() && e != actors::member_event::up) stop(1, "lost the head: stopping");
     if (n == args.node && e == actors::member_event::lost) {
       stop(1, "the head declared this worker lost (its peers could not reach it): stopping");
     }
   });
-  auto agent = sys.spawn<engine::worker_agent>(
+  agent = sys.spawn<engine::worker_agent>(
       link, registry, [&](int s, const std::string& why) { stop(s, why); },
       recovery::any_policy_factory(),
       [&, who = fmt::format("worker {}, pid {}", args.node, ::getpid())](int stage, int replica,
@@ -150,21 +178,7 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
     auto* a = sys.local_actor<engine::worker_agent>(agent);
     if (!ec && (a == nullptr || !a->assigned())) stop(1, "no role from the head in 120 s");
   });
-  const std::string host = args.host, domain = args.domain;
-  asio::co_spawn(
-      io,
-      [&, host, domain]() -> actors::awaitable<void> {
-        auto coord = co_await sys.whereis_global(engine::coordinator::registered_name,
-                                                 std::chrono::seconds(30));
-        if (!coord.ok() || !coord->valid()) {
-          stop(1, "cannot find the coordinator at the head: " +
-                      (coord.ok() ? std::string("not registered") : coord.err().message));
-          co_return;
-        }
-        if (auto* a = sys.local_actor<engine::worker_agent>(agent))
-          a->say_hello(*coord, host, domain);
-      },
-      asio::detached);
+  asio::co_spawn(io, hello(std::chrono::seconds(30), std::chrono::seconds(0)), asio::detached);
   io.run();
   return status;
 }

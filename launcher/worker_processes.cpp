@@ -25,7 +25,7 @@ std::string exit_text(int status) {
 
 // Starts `self worker ...` in its own process group, dying with us.
 void worker_processes::start(const std::string& self, const std::vector<std::string>& args,
-                             transport::node_id node) {
+                             transport::node_id node, bool outlive_head) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(self.c_str()));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -35,8 +35,10 @@ void worker_processes::start(const std::string& self, const std::vector<std::str
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
     ::setpgid(0, 0);  // Ctrl-C goes to the head only; the head stops the workers
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
+    if (!outlive_head) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
+    }
     ::setenv("MOEVEMENT_JOB_TOKEN", token_.c_str(), 1);
     close_inherited_fds();  // not the head's listeners (UCX opens them without close-on-exec)
     ::execv(self.c_str(), argv.data());

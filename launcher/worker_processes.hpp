@@ -25,11 +25,14 @@ class worker_processes {
   worker_processes& operator=(const worker_processes&) = delete;
 
   // Starts `self args...` as node `node`, with the job's token in its environment. Throws.
-  void start(const std::string& self, const std::vector<std::string>& args,
-             transport::node_id node);
+  // outlive_head: it does not die with this process (a standby head takes over).
+  void start(const std::string& self, const std::vector<std::string>& args, transport::node_id node,
+             bool outlive_head = false);
   // A process started elsewhere that counts as node `node` (srun: 0).
   void adopt(pid_t pid, transport::node_id node) { children_[pid] = node; }
   void forget(pid_t pid) { children_.erase(pid); }
+  // Leaves every child alone from now on (a standby head took them over).
+  void forget_all() { children_.clear(); }
   // Reaps every child that exited: on_exit(node, pid, wait status) for each of ours.
   void reap_exited(const std::function<void(transport::node_id, pid_t, int)>& on_exit);
   // SIGKILL to node's process if it is still `pid` (a hung worker must not wake up later and

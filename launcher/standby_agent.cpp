@@ -1,0 +1,44 @@
+#include "launcher/standby_agent.hpp"
+
+#include <unistd.h>
+
+namespace moevement::launcher {
+
+standby_agent::standby_agent(transport::ucx_link& link,
+                             std::function<void(int, const std::string&)> on_end)
+    : link_(link), on_end_(std::move(on_end)) {
+  on<engine::wire::Assign>(&standby_agent::assign);
+  on<engine::wire::Shutdown>(&standby_agent::shutdown);
+}
+
+void standby_agent::say_hello(actors::actor_ref coordinator, const std::string& host) {
+  (void)tell<engine::wire::WorkerHello>(coordinator, [&](engine::wire::WorkerHello::Builder b) {
+    b.setNode(system().node());
+    b.setHost(host);
+    b.setPort(link_.port());
+    actors::write_ref(b.initAgent(), self());
+    b.setPid(::getpid());
+    b.setDomain(host);
+    b.setStandby(true);
+  });
+}
+
+actors::awaitable<void> standby_agent::assign(engine::wire::Assign::Reader m) {
+  if (assigned_ || m.getCoordinator().getNode() != system().head()) co_return;
+  assigned_ = true;
+  for (auto p : m.getPeers()) {
+    if (p.getNode() == system().node() || p.getNode() == system().head()) continue;
+    if (p.getHost().size() > 255) continue;
+    link_.add_peer(p.getNode(), p.getHost(), p.getPort());
+  }
+  auto joined = co_await system().join(std::chrono::seconds(30));
+  if (!joined.ok() && on_end_) on_end_(1, "joining the cluster failed: " + joined.err().message);
+}
+
+actors::awaitable<void> standby_agent::shutdown(engine::wire::Shutdown::Reader) {
+  system().wind_down();
+  if (on_end_) on_end_(0, "the job ended under its head");
+  co_return;
+}
+
+}  // namespace moevement::launcher

@@ -1,0 +1,143 @@
+// Head failover (cluster.standby_head, docs/recovery.md "Head failover"), end to end with real
+// processes: `moevement launch` starts a standby head beside its workers; the head is killed
+// (SIGKILL) or stopped (SIGSTOP past the failure timeout) mid-run; the workers stay up, the
+// standby takes the head's place, every stage goes back to the newest durable window in place,
+// and the job ends with the uninterrupted run's state_hash. A head woken after it was replaced
+// leaves the workers to the standby.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/launch_job.hpp"
+#include "tests/support/run_moevement.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace moevement::test_support;
+
+constexpr const char* iterations = "300";
+
+// tiny at pp = 3 with a spare, windows of 2 with one copy of each slot, the durable tier in
+// its default place (beside the run log), and a standby head.
+std::string job(const std::string& extra = "") {
+  return source_path("examples/configs/tiny.toml") + " --set train.iterations=" + iterations +
+         " --set train.seq_len=16 --set parallel.pp=3 --set checkpoint.policy=moevement "
+         "--set checkpoint.w_sparse=2 --set checkpoint.replicas=1 --set cluster.spares=1 "
+         "--set cluster.standby_head=true " +
+         extra;
+}
+
+std::string reference() {
+  static const std::string hash = [] {
+    const auto r =
+        run_moevement("train " + source_path("examples/configs/tiny.toml") +
+                      " --set train.iterations=" + iterations + " --set train.seq_len=16");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return hash_of(r.output);
+  }();
+  return hash;
+}
+
+int count_events(const std::vector<std::string>& log, const std::string& name) {
+  int n = 0;
+  for (const auto& l : log) n += l.find("\"event\":\"" + name + "\"") != std::string::npos;
+  return n;
+}
+
+// Waits until `windows` durable windows are journaled (the run log says so).
+bool wait_for_windows(background_launch& j, int windows) {
+  for (int i = 0; i < 6000; ++i) {
+    const auto log = lines_of(j.log);
+    if (count_events(log, "job_end") > 0) return false;
+    if (count_events(log, "durable_window") >= windows) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+// The standby's end: its state_hash line in the shared output (the head's process is gone).
+std::string wait_for_hash(background_launch& j) {
+  for (int i = 0; i < 1200; ++i) {
+    const std::string h = hash_of(j.output());
+    if (!h.empty()) return h;
+    std::this_thread::sleep_for(100ms);
+  }
+  return "";
+}
+
+pid_t standby_pid(const std::string& output) {
+  const std::string tag = "(standby head, pid ";
+  const auto at = output.find(tag);
+  return at == std::string::npos ? -1 : pid_t(std::atoi(output.c_str() + at + tag.size()));
+}
+
+TEST(head_failover, a_killed_head_is_replaced_by_the_standby_bit_exact) {
+  background_launch j("killed_head", job());
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(j.pid, SIGKILL);
+  EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  const std::string hash = wait_for_hash(j);
+  const std::string out = j.output();
+  EXPECT_EQ(hash, reference()) << out;
+  EXPECT_NE(out.find("the head was lost"), std::string::npos) << out;
+  EXPECT_NE(out.find("taking over with 4 workers"), std::string::npos) << out;
+  // The run log goes on: the standby's job_start from the journal's window, one resume, the end.
+  const auto log = lines_of(j.log);
+  EXPECT_EQ(count_events(log, "job_start"), 2) << out;
+  EXPECT_EQ(count_events(log, "job_end"), 1) << out;
+  std::string resumed;
+  for (const auto& l : log) {
+    if (l.find("\"resume_window\"") != std::string::npos) resumed = l;
+  }
+  ASSERT_FALSE(resumed.empty()) << out;
+  EXPECT_GT(number_field(resumed, "resume_iteration"), 0) << resumed;
+  std::printf("head killed: the standby's hash after %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
+  // Nothing is left behind: the workers (and the spare) and the standby end with the job.
+  EXPECT_TRUE(all_gone(workers)) << out;
+  const pid_t standby = standby_pid(out);
+  ASSERT_GT(standby, 0) << out;
+  EXPECT_TRUE(all_gone({standby})) << out;
+}
+
+// SIGSTOP past the failure timeout: the standby takes over; the head, woken, finds that it was
+// replaced and ends (status 1) without touching the workers, which finish under the standby.
+TEST(head_failover, a_stopped_head_yields_to_the_standby_when_it_wakes) {
+  background_launch j("stopped_head", job("--set cluster.failure_timeout_ms=1000"));
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();
+  ::kill(j.pid, SIGSTOP);
+  for (int i = 0; i < 300 && j.output().find("taking over") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ::kill(j.pid, SIGCONT);
+  EXPECT_EQ(j.wait(std::chrono::seconds(30)), 1);
+  const std::string hash = wait_for_hash(j);
+  const std::string out = j.output();
+  EXPECT_EQ(hash, reference()) << out;
+  EXPECT_NE(out.find("the standby head took its place: leaving the job to it"), std::string::npos)
+      << out;
+  EXPECT_TRUE(all_gone(workers)) << out;
+}
+
+// Where it cannot apply (no durable tier to take over from), the key is a config error.
+TEST(head_failover, the_key_is_refused_without_the_durable_tier) {
+  for (const char* bad : {"--set checkpoint.policy=none", "--set checkpoint.durable=false"}) {
+    const auto r = run_moevement("launch " + job(bad) + " --dry-run");
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find("cluster.standby_head"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
