@@ -42,6 +42,7 @@ inline std::filesystem::path bench_log(const std::string& name) {
 struct job_outcome {
   bool ok = false;
   bool killed = false;         // kill_when said so, and the process got SIGKILL
+  double killed_at = 0;        // when (the run log's clock)
   std::string output;          // the job's stdout and stderr (kept when it failed)
   std::vector<stamped> lines;  // the run log, stamped
 };
@@ -49,11 +50,13 @@ struct job_outcome {
 // Runs `bin args...` with its output in a file beside `log`; `log` must be the job's run log
 // (engine.run_log). `on_poll` (optional) is called after each poll with its time stamp, to watch
 // something else on the same clock; `kill_when` (optional), with the run log so far, says when to
-// kill the process (SIGKILL, once). Throws only when the process cannot be started.
+// kill the process (SIGKILL, once); outlived: after that kill, the run log is read on until it
+// ends (job_end or job_failed: another process, a standby head, carried the job on; at most
+// 10 minutes). Throws only when the process cannot be started.
 inline job_outcome launch_job(
     const std::string& bin, const std::vector<std::string>& args, const std::filesystem::path& log,
     const std::function<void(double)>& on_poll = {},
-    const std::function<bool(const std::vector<stamped>&)>& kill_when = {}) {
+    const std::function<bool(const std::vector<stamped>&)>& kill_when = {}, bool outlived = false) {
   namespace fs = std::filesystem;
   using sclock = std::chrono::steady_clock;
   fs::remove(log);
@@ -92,7 +95,17 @@ inline job_outcome launch_job(
     if (kill_when && !o.killed && kill_when(o.lines)) {
       ::kill(pid, SIGKILL);
       o.killed = true;
+      o.killed_at = t;
     }
+  };
+  auto ended = [&] {
+    for (const auto& [t, l] : o.lines) {
+      if (l.find("\"event\":\"job_end\"") != std::string::npos ||
+          l.find("\"event\":\"job_failed\"") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
   };
   int status = 0;
   for (;;) {
@@ -104,6 +117,15 @@ inline job_outcome launch_job(
   }
   poll();
   o.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (outlived && o.killed) {
+    const auto until = sclock::now() + std::chrono::minutes(10);
+    while (!ended() && sclock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      poll();
+    }
+    o.ok = ended();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // its last lines of output
+  }
   std::ifstream in(out);
   std::stringstream s;
   s << in.rdbuf();

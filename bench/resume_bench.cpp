@@ -12,9 +12,15 @@
 //           iterations) with stage 0's worker killed at --kill-at: the rollback's load_s, every
 //           stage reading and loading its full checkpoint from disk. dense-disk has no --resume,
 //           so its reload inside the job is the nearest like for like.
+//   standby the same moevement job with a standby head (cluster.standby_head): the head gets
+//           SIGKILL at the same point and the standby carries the job on (its workers stay).
+//           Measured: the time from the kill until the killed run's last iteration is trained
+//           again, against the resume's (which counts from the resume's start, so leaves out
+//           the operator's reaction and the kill's own detection: favourable to the resume).
 // Prints
 //   reload_s: ours=<resume restore> theirs=<dense-disk load_s> ratio=<theirs/ours>
-// and, as comments, the time lost, the iteration time and the hashes.
+//   head_loss_s: ours=<standby's time lost> theirs=<resume's time lost> ratio=<theirs/ours>
+// and, as comments, the time lost in iterations, the iteration time and the hashes.
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -165,6 +171,44 @@ ours_round run_ours(const options& o, const std::string& bin) {
   return r;
 }
 
+struct standby_round {
+  double time_lost_s = 0, restore_s = 0;
+  long killed_after = -1, resumed_at = -1;
+  std::string hash;
+};
+
+standby_round run_standby(const options& o, const std::string& bin) {
+  const fs::path log = bench_log("resume_standby");
+  const fs::path dir = fs::path(log).replace_extension(".ckpt");
+  fs::remove_all(dir);
+  auto args = job_args(o, "moevement", log);
+  args.insert(args.end(), {"--set", "cluster.standby_head=true"});
+  const auto r = launch_job(
+      bin, args, log, {},
+      [&](const std::vector<stamped>& l) { return last_iteration(l) >= o.kill_at; }, true);
+  if (!r.killed || !r.ok) throw std::runtime_error("the standby did not finish:\n" + r.output);
+  standby_round out;
+  bool after_kill = false;
+  for (const auto& [t, l] : r.lines) {
+    const bool iteration = l.find("\"kind\":\"iteration\"") != std::string::npos;
+    if (!after_kill && iteration) out.killed_after = long(number(l, "iteration"));
+    if (t > r.killed_at) after_kill = true;
+    if (after_kill && is_event(l, "recovery_end") && text(l, "recovery") == "resume") {
+      out.restore_s = number(l, "seconds");
+      out.resumed_at = long(number(l, "target_iteration"));
+    }
+    if (after_kill && iteration && long(number(l, "iteration")) == out.killed_after &&
+        out.time_lost_s == 0 && out.resumed_at >= 0) {
+      out.time_lost_s = t - r.killed_at;
+    }
+    if (is_event(l, "job_end")) out.hash = text(l, "state_hash");
+  }
+  wait_for_workers_gone(r.lines);
+  fs::remove(log);
+  fs::remove_all(dir);
+  return out;
+}
+
 struct theirs_round {
   double load_s = 0;
   long recomputed = -1;
@@ -212,13 +256,20 @@ int main(int argc, char** argv) {
     std::printf(
         "# config %s, pp %d, %d iterations; the head killed after iteration %d; %d rounds\n",
         o.config.c_str(), o.pp, o.iterations, o.kill_at, o.repeats);
-    std::vector<double> restore, load, lost, lost_its, iteration;
-    int ours_equal = 0, theirs_equal = 0;
+    std::vector<double> restore, load, lost, lost_its, iteration, standby_lost;
+    int ours_equal = 0, theirs_equal = 0, standby_equal = 0;
     for (int i = 0; i < o.repeats; ++i) {  // interleaved: the host's load drifts
       const ours_round a = run_ours(o, bin);
       const theirs_round b = run_theirs(o, bin);
+      const standby_round c = run_standby(o, bin);
       ours_equal += a.hash == want;
       theirs_equal += b.hash == want;
+      standby_equal += c.hash == want;
+      standby_lost.push_back(c.time_lost_s);
+      std::printf(
+          "# round %d, standby: killed after iteration %ld, back at %ld in %.3f s; trained again "
+          "what was lost %.3f s after the kill\n",
+          i, c.killed_after, c.resumed_at, c.restore_s, c.time_lost_s);
       restore.push_back(a.restore_s);
       load.push_back(b.load_s);
       lost.push_back(a.time_lost_s);
@@ -232,8 +283,9 @@ int main(int argc, char** argv) {
           i, a.killed_after, a.resumed_at, a.replayed, a.restore_s, a.pull_s, a.replay_s,
           a.time_lost_s, lost_its.back(), a.iteration_s, b.load_s, b.recomputed);
     }
-    std::printf("# state_hash equal to train's: ours %d of %d, dense-disk %d of %d\n", ours_equal,
-                o.repeats, theirs_equal, o.repeats);
+    std::printf(
+        "# state_hash equal to train's: ours %d of %d, dense-disk %d of %d, standby %d of %d\n",
+        ours_equal, o.repeats, theirs_equal, o.repeats, standby_equal, o.repeats);
     std::printf(
         "# time lost to the kill (resume start to the killed run's last iteration): "
         "%.3f s median, %.1f iterations; iteration %.4f s\n",
@@ -241,7 +293,13 @@ int main(int argc, char** argv) {
     const double ours = median(restore), theirs = median(load);
     std::printf("reload_s: ours=%.4f theirs=%.4f ratio=%.3f\n", ours, theirs,
                 ours > 0 ? theirs / ours : 0.0);
-    return ours_equal == o.repeats && theirs_equal == o.repeats ? 0 : 1;
+    const double standby = median(standby_lost), resume = median(lost);
+    std::printf("# time lost to the head kill with a standby: %.3f s median, %.1f iterations\n",
+                standby, median(iteration) > 0 ? standby / median(iteration) : 0.0);
+    std::printf("head_loss_s: ours=%.4f theirs=%.4f ratio=%.3f\n", standby, resume,
+                standby > 0 ? resume / standby : 0.0);
+    return ours_equal == o.repeats && theirs_equal == o.repeats && standby_equal == o.repeats ? 0
+                                                                                              : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench resume: %s\n", e.what());
     return 1;

@@ -95,6 +95,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
             [](auto& j) { return j.baseline.pec_order == "load-aware"; }}},
           {"cluster.backend", {std::string("local"), [](auto& j) { return j.backend == "local"; }}},
           {"cluster.spares", {std::int64_t(2), [](auto& j) { return j.spares == 2; }}},
+          // (true needs policy moevement: standby_head_needs_the_durable_tier below)
+          {"cluster.standby_head", {false, [](auto& j) { return !j.standby_head; }}},
           {"cluster.host", {std::string("::1"), [](auto& j) { return j.host == "::1"; }}},
           {"cluster.heartbeat_ms",
            {std::int64_t(50), [](auto& j) { return j.heartbeat_ms == 50; }}},
@@ -137,7 +139,7 @@ TEST(job_config, wrong_type_names_the_key) {
   for (const auto& key : job_config_keys()) {
     // The boolean keys: an integer is their wrong type.
     const bool boolean = key == "checkpoint.durable" || key == "checkpoint.share_memory" ||
-                         key == "checkpoint.pipelined_replay";
+                         key == "checkpoint.pipelined_replay" || key == "cluster.standby_head";
     const auto r = boolean ? reject({{key, std::int64_t(1)}}) : reject({{key, true}});
     EXPECT_EQ(r.key, key);
     EXPECT_TRUE(contains(r.message, "expected")) << r.message;
@@ -145,6 +147,23 @@ TEST(job_config, wrong_type_names_the_key) {
   EXPECT_EQ(reject({{"parallel.pp", 2.5}}).key, "parallel.pp");
   EXPECT_EQ(reject({{"parallel.dp", std::string("2")}}).key, "parallel.dp");
   EXPECT_EQ(reject({{"checkpoint.policy", std::int64_t(1)}}).key, "checkpoint.policy");
+}
+
+// A standby head takes over from the durable tier's journal: policy moevement on the local
+// backend with the durable tier on, else the key is refused by name.
+TEST(job_config, standby_head_needs_the_durable_tier) {
+  const config_map ok{{"checkpoint.policy", std::string("moevement")},
+                      {"cluster.standby_head", true}};
+  EXPECT_TRUE(resolve_job(ok).standby_head);
+  EXPECT_EQ(standby_node(resolve_job(ok)), 2u);  // after the one worker (pp = dp = 1)
+  EXPECT_EQ(reject({{"cluster.standby_head", true}}).key, "cluster.standby_head");  // policy none
+  config_map no_disk = ok;
+  no_disk["checkpoint.durable"] = false;
+  EXPECT_EQ(reject(no_disk).key, "cluster.standby_head");
+  config_map slurm = ok;
+  slurm["cluster.backend"] = std::string("slurm");
+  slurm["checkpoint.dir"] = std::string("/shared/ck");
+  EXPECT_EQ(reject(slurm).key, "cluster.standby_head");
 }
 
 TEST(job_config, bad_values_name_the_key) {
