@@ -560,6 +560,13 @@ void actor_system::heartbeat_tick() {
   if (last_tick_ != clock::time_point{} && now - last_tick_ > config_.heartbeat_timeout) {
     for (auto& [n, m] : members_) m.last_heard = now;  // their silence was our own stall
     if (stall_fn_) stall_fn_(now - last_tick_);
+  } else if (last_tick_ != clock::time_point{} &&
+             now - last_tick_ > 2 * config_.heartbeat_interval) {
+    // A late tick (this process starved of CPU, or blocked, for less than the timeout): that
+    // part of every member's silence is our own, and what they sent meanwhile may still wait
+    // to be read after this tick. Each is judged on the time this node ran.
+    const auto late = now - last_tick_ - config_.heartbeat_interval;
+    for (auto& [n, m] : members_) m.last_heard = std::min(now, m.last_heard + late);
   }
   last_tick_ = now;
   std::vector<node_id> silent;

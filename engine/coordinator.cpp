@@ -214,8 +214,12 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
   if (int(workers_.size()) < expected_workers_) co_return;
   if (job_.standby_head && taken_over_.empty() && !standby_.agent.valid()) co_return;
   if (!taken_over_.empty() && !roles_complete()) co_return;
-  // Everyone is here: every worker learns every address, the config and its role.
   phase_ = phase::starting;
+  send_assigns();
+}
+
+void coordinator::send_assigns() {
+  // Everyone is here: every worker learns every address, the config and its role.
   std::vector<const worker_info*> all;
   for (const auto& [node, info] : workers_) all.push_back(&info);
   if (standby_.agent.valid()) all.push_back(&standby_);

@@ -244,6 +244,8 @@ class coordinator : public actors::actor, private head_control {
   // A standby that took over: every (stage, replica) held by exactly one worker; else the job
   // fails saying why (false).
   bool roles_complete();
+  // Admission is complete: every worker (and the standby head) gets its Assign.
+  void send_assigns();
   std::map<transport::node_id, worker_info> workers_;
   std::vector<actors::actor_ref> stages_;  // [dp * pp], index d * pp + s
   int ready_count_ = 0;

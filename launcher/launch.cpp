@@ -522,6 +522,7 @@ void head_session::take_over() {
   coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
                                            recovery::any_head_recovery(job_.policy),
                                            std::move(*point), std::move(alive));
+  arm_start_timeout();  // every worker says hello again within cluster.start_timeout_ms
   asio::co_spawn(
       io_,
       [this]() -> asio::awaitable<void> {

@@ -165,6 +165,11 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
       stop(1, "the head declared this worker lost (its peers could not reach it): stopping");
     }
   });
+  // Its peers judge a silence past the failure timeout: one of this process's own is named here.
+  sys.on_stall([&](actors::clock::duration gap) {
+    say(fmt::format("this worker did not run for {:.1f} s (stopped, or starved of CPU)",
+                    std::chrono::duration<double>(gap).count()));
+  });
   agent = sys.spawn<engine::worker_agent>(
       link, registry, [&](int s, const std::string& why) { stop(s, why); },
       recovery::any_policy_factory(),

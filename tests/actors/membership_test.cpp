@@ -2,6 +2,7 @@
 // crash, hang (no transport signal: heartbeats must find it) and goodbye. The same checks are
 // written against transport::link so that they can run over ucx_link between processes.
 #include <algorithm>
+#include <thread>
 
 #include "tests/actors/harness.hpp"
 
@@ -259,6 +260,33 @@ TEST(membership, a_hung_head_is_replaced_by_the_standby) {
     EXPECT_EQ(n1.members().size(), 1u);
     (void)head;
   });
+}
+
+// A head that did not run for longer than the heartbeat timeout (here the whole loop blocks,
+// as a SIGSTOP would stop one process) may have been replaced meanwhile: with a standby waiting
+// it yields at once (reports itself lost, judges nobody, falls silent), and the standby then
+// takes over on that silence. Without a standby the same stall changes nothing.
+TEST(membership, a_head_that_stalled_past_the_timeout_yields_to_its_standby) {
+  for (const bool with : {true, false}) {
+    cluster c;
+    auto& head = c.add(0, with ? with_standby(2) : fast());
+    auto& n1 = c.add(1, fast());
+    auto& standby = c.add(2, with ? with_standby(2) : fast());
+    events ev0;
+    head.on_membership([&](node_id n, member_event e) { ev0.seen.emplace_back(n, e); });
+    c.run([&]() -> awaitable<void> {
+      CO_ASSERT((co_await n1.join(1s)).ok());
+      CO_ASSERT((co_await standby.join(1s)).ok());
+      co_await sleep_for(20ms);
+      std::this_thread::sleep_for(150ms);  // every node stalls past the 100 ms timeout
+      co_await sleep_for(20ms);
+      EXPECT_EQ(saw(ev0, 0, member_event::lost), with) << "with a standby: " << with;
+      EXPECT_EQ(head.members().size(), 2u) << "it declared nobody lost for its own stall";
+      co_await sleep_for(250ms);  // the yielded head is silent: the standby takes over
+      EXPECT_EQ(standby.head(), with ? 2u : 0u);
+      EXPECT_EQ(n1.head(), with ? 2u : 0u);
+    });
+  }
 }
 
 // Without a standby, a lost head stays lost: nobody takes its place.
