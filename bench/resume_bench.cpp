@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
       ours_equal += a.hash == want;
       theirs_equal += b.hash == want;
       standby_equal += c.hash == want;
-      standby_lost.push_back(c.time_lost_s);
+      if (c.hash == want) standby_lost.push_back(c.time_lost_s);  // a round that failed: none
       std::printf(
           "# round %d, standby: killed after iteration %ld, back at %ld in %.3f s; trained again "
           "what was lost %.3f s after the kill\n",
@@ -293,11 +293,17 @@ int main(int argc, char** argv) {
     const double ours = median(restore), theirs = median(load);
     std::printf("reload_s: ours=%.4f theirs=%.4f ratio=%.3f\n", ours, theirs,
                 ours > 0 ? theirs / ours : 0.0);
-    const double standby = median(standby_lost), resume = median(lost);
-    std::printf("# time lost to the head kill with a standby: %.3f s median, %.1f iterations\n",
-                standby, median(iteration) > 0 ? standby / median(iteration) : 0.0);
-    std::printf("head_loss_s: ours=%.4f theirs=%.4f ratio=%.3f\n", standby, resume,
-                standby > 0 ? resume / standby : 0.0);
+    if (standby_lost.empty()) {
+      std::printf("# no standby round ended with train's hash: no time lost to report\n");
+    } else {
+      const double standby = median(standby_lost), resume = median(lost);
+      std::printf(
+          "# time lost to the head kill with a standby (the %zu rounds that ended right): %.3f s "
+          "median, %.1f iterations\n",
+          standby_lost.size(), standby, median(iteration) > 0 ? standby / median(iteration) : 0.0);
+      std::printf("head_loss_s: ours=%.4f theirs=%.4f ratio=%.3f\n", standby, resume,
+                  standby > 0 ? resume / standby : 0.0);
+    }
     return ours_equal == o.repeats && theirs_equal == o.repeats && standby_equal == o.repeats ? 0
                                                                                               : 1;
   } catch (const std::exception& e) {

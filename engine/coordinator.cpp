@@ -138,6 +138,12 @@ void coordinator::finish_with(job_outcome outcome) {
     json_record r;
     r.add("kind", "event").add("event", outcome.ok ? "job_end" : "job_failed");
     r.add("iterations", outcome.iterations);
+    // The head's view of its members over the job: connections redialled, silences reported
+    // to it, and its verdicts on those reports (docs/actors.md).
+    const auto& st = system().stats();
+    r.add("reconnects", std::int64_t(st.reconnects))
+        .add("verdicts", std::int64_t(st.verdicts))
+        .add("fenced", std::int64_t(st.fenced));
     if (outcome.ok) {
       r.add("state_hash", hex16(outcome.state_hash))
           .add("wall_s", outcome.wall_s)

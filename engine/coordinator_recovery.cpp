@@ -39,10 +39,11 @@ bool coordinator::loss_pending() const {
 awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {
   if (finished_) co_return;
   if (phase_ == phase::admitting && taken_over_.contains(n) && !workers_.contains(n)) {
-    fail(fmt::format("worker {} {} before it said hello to the standby head taking over, so the "
-                     "job stops (`moevement launch CONFIG --resume` goes on from the newest "
-                     "window on disk)",
-                     n, how));
+    fail(
+        fmt::format("worker {} {} before it said hello to the standby head taking over, so the "
+                    "job stops (`moevement launch CONFIG --resume` goes on from the newest "
+                    "window on disk)",
+                    n, how));
     co_return;
   }
   auto it = workers_.find(n);

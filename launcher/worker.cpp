@@ -121,7 +121,11 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
     if (stopping) return;
     stopping = true;
     status = s;
-    if (s != 0) say(why);
+    if (s != 0) {
+      const auto& st = sys.stats();
+      say(fmt::format("{} (reconnects {}, peers reported silent {})", why, st.reconnects,
+                      st.suspicions));
+    }
     signals.cancel();
     admission.cancel();
     sys.shutdown();
