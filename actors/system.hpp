@@ -343,6 +343,8 @@ class actor_system {
   const system_config& config() const { return config_; }
   asio::io_context& io() { return io_; }
   const system_stats& stats() const { return stats_; }
+  // The last connection redialled (stats().reconnects) and why: "node N: DETAIL"; empty if none.
+  const std::string& last_reconnect() const { return last_reconnect_; }
 
   // ---- time: actors read it and sleep through the system, never the clock directly, so
   // that a test's manual time governs them too.
@@ -587,6 +589,7 @@ class actor_system {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   bool shut_down_ = false;
   system_stats stats_;
+  std::string last_reconnect_;
 
   std::uint64_t next_actor_id_ = 1;
   std::unordered_map<std::uint64_t, std::shared_ptr<cell>> cells_;

@@ -292,6 +292,7 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
     if (!judges || (!redial_refused && link_.can_dial(peer))) {
       redialled_.insert(peer);
       ++stats_.reconnects;
+      last_reconnect_ = fmt::format("node {}: {}", peer, detail.substr(0, 200));
       link_.revive(peer);
       return;
     }

@@ -144,6 +144,7 @@ void coordinator::finish_with(job_outcome outcome) {
     r.add("reconnects", std::int64_t(st.reconnects))
         .add("verdicts", std::int64_t(st.verdicts))
         .add("fenced", std::int64_t(st.fenced));
+    if (st.reconnects > 0) r.add("last_reconnect", system().last_reconnect());
     if (outcome.ok) {
       r.add("state_hash", hex16(outcome.state_hash))
           .add("wall_s", outcome.wall_s)

@@ -123,7 +123,8 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
     status = s;
     if (s != 0) {
       const auto& st = sys.stats();
-      say(fmt::format("{} (reconnects {}, peers reported silent {})", why, st.reconnects,
+      say(fmt::format("{} (reconnects {}{}, peers reported silent {})", why, st.reconnects,
+                      st.reconnects > 0 ? ", the last " + sys.last_reconnect() : std::string(),
                       st.suspicions));
     }
     signals.cancel();
