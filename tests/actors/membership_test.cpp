@@ -181,6 +181,11 @@ system_config with_standby(node_id standby) {
   return cfg;
 }
 
+// Keeps every membership event `s` reports in `ev`.
+void record(actor_system& s, events& ev) {
+  s.on_membership([&ev](node_id n, member_event e) { ev.seen.emplace_back(n, e); });
+}
+
 bool saw(const events& ev, node_id n, member_event e) {
   return std::find(ev.seen.begin(), ev.seen.end(), std::make_pair(n, e)) != ev.seen.end();
 }
@@ -194,8 +199,8 @@ TEST(membership, a_standby_takes_the_place_of_a_crashed_head) {
   auto& standby = c.add(2, with_standby(2));
   auto& n3 = c.add(3, fast());
   events ev1, ev2;
-  n1.on_membership([&](node_id n, member_event e) { ev1.seen.emplace_back(n, e); });
-  standby.on_membership([&](node_id n, member_event e) { ev2.seen.emplace_back(n, e); });
+  record(n1, ev1);
+  record(standby, ev2);
   c.run([&]() -> awaitable<void> {
     CO_ASSERT((co_await n1.join(1s)).ok());
     CO_ASSERT((co_await standby.join(1s)).ok());
@@ -239,8 +244,8 @@ TEST(membership, a_hung_head_is_replaced_by_the_standby) {
   auto& n1 = c.add(1, fast());
   auto& standby = c.add(2, with_standby(2));
   events ev1, ev2;
-  n1.on_membership([&](node_id n, member_event e) { ev1.seen.emplace_back(n, e); });
-  standby.on_membership([&](node_id n, member_event e) { ev2.seen.emplace_back(n, e); });
+  record(n1, ev1);
+  record(standby, ev2);
   c.run([&]() -> awaitable<void> {
     CO_ASSERT((co_await n1.join(1s)).ok());
     CO_ASSERT((co_await standby.join(1s)).ok());
@@ -273,7 +278,7 @@ TEST(membership, a_head_that_stalled_past_the_timeout_yields_to_its_standby) {
     auto& n1 = c.add(1, fast());
     auto& standby = c.add(2, with ? with_standby(2) : fast());
     events ev0;
-    head.on_membership([&](node_id n, member_event e) { ev0.seen.emplace_back(n, e); });
+    record(head, ev0);
     c.run([&]() -> awaitable<void> {
       CO_ASSERT((co_await n1.join(1s)).ok());
       CO_ASSERT((co_await standby.join(1s)).ok());
@@ -311,7 +316,7 @@ TEST(membership, goodbye_is_a_shutdown_not_a_failure) {
   auto& head = c.add(0, fast());
   auto& n1 = c.add(1, fast());
   events ev;
-  head.on_membership([&](node_id n, member_event e) { ev.seen.emplace_back(n, e); });
+  record(head, ev);
   c.run([&]() -> awaitable<void> {
     CO_ASSERT((co_await n1.join(1s)).ok());
     auto w = head.spawn<watcher>();
