@@ -29,6 +29,15 @@ stage_setup setup_for(const job_config& job, int stage, int replica) {
 }
 }  // namespace
 
+void add_assigned_peers(transport::ucx_link& link, const actors::actor_system& system,
+                        capnp::List<wire::Peer>::Reader peers) {
+  for (auto p : peers) {
+    if (p.getNode() == system.node() || p.getNode() == system.head()) continue;
+    if (p.getHost().size() > 255) continue;
+    link.add_peer(p.getNode(), p.getHost(), p.getPort());
+  }
+}
+
 worker_agent::worker_agent(transport::ucx_link& link, const stage_registry& registry,
                            std::function<void(int, const std::string&)> on_exit,
                            checkpoint_factory checkpoints, fault_factory faults)
@@ -152,13 +161,8 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
   stage_index_ = stage;
   replica_ = replica;
   coordinator_ = read_ref(m.getCoordinator());
-  const transport::node_id me = system().node();
   // Every peer's address first, so that heartbeats reach every member once we join.
-  for (auto p : m.getPeers()) {
-    if (p.getNode() == me || p.getNode() == system().config().head) continue;
-    if (p.getHost().size() > 255) continue;
-    link_.add_peer(p.getNode(), p.getHost(), p.getPort());
-  }
+  add_assigned_peers(link_, system(), m.getPeers());
   auto cfg = read_config(m.getConfig());
   if (!cfg.ok()) {
     report({}, "bad config from the coordinator: " + cfg.err().message);
@@ -215,11 +219,7 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
   }
   coordinator_ = from;
   generation_ = 0;
-  for (auto p : m.getPeers()) {
-    if (p.getNode() == system().node() || p.getNode() == system().head()) continue;
-    if (p.getHost().size() > 255) continue;
-    link_.add_peer(p.getNode(), p.getHost(), p.getPort());
-  }
+  add_assigned_peers(link_, system(), m.getPeers());
   report({}, "");
 }
 

@@ -20,6 +20,11 @@
 
 namespace moevement::engine {
 
+// Every peer's address from an Assign into `link` (this node and the head skipped: the head's
+// address is known already); a host name over 255 bytes is not one of ours and is skipped.
+void add_assigned_peers(transport::ucx_link& link, const actors::actor_system& system,
+                        capnp::List<wire::Peer>::Reader peers);
+
 class worker_agent : public actors::actor {
  public:
   using interface = actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Restore>,

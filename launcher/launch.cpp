@@ -16,12 +16,14 @@
 #include <asio/steady_timer.hpp>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -144,8 +146,13 @@ class head_session {
     signals_.add(SIGUSR1);  // the signal set's constructor takes three
     if (standby_) {         // the coordinator comes when this standby takes over (take_over)
       const auto colon = o.standby_of.rfind(':');
-      link_.add_peer(0, o.standby_of.substr(0, colon),
-                     std::uint16_t(std::stoul(o.standby_of.substr(colon + 1))));
+      const long port = colon == std::string::npos
+                            ? 0
+                            : std::strtol(o.standby_of.c_str() + colon + 1, nullptr, 10);
+      if (port < 1 || port > 65535) {
+        throw std::invalid_argument("--standby-of: expected HOST:PORT, got '" + o.standby_of + "'");
+      }
+      link_.add_peer(0, o.standby_of.substr(0, colon), std::uint16_t(port));
       return;
     }
     make_callbacks();
@@ -257,9 +264,10 @@ void head_session::make_callbacks() {
     injector_.recovery_event(event);
   };
   cb_.on_worker_lost = [this](transport::node_id n, int pid) {
-    // A standby that took over started no worker: the process (on this host) goes by its pid.
-    if (took_over_ && pid > 0) {
-      ::kill(pid, SIGKILL);
+    // A standby that took over started no worker: the process (on this host) goes by its pid,
+    // once its command line shows it is that worker.
+    if (took_over_) {
+      worker_processes::kill_worker(n, pid);
     } else {
       processes_.kill_node(n, pid);
     }
@@ -493,7 +501,9 @@ asio::awaitable<void> head_session::wait_as_standby() {
 void head_session::standby_membership(transport::node_id n, actors::member_event e) {
   if (e == actors::member_event::head_changed && n == sys_.node()) {
     take_over();
-  } else if (e != actors::member_event::up && n == sys_.head() && !took_over_) {
+  } else if (e == actors::member_event::goodbye && n == sys_.head()) {
+    end_standby(0, "the head left (the job ended)");
+  } else if (e == actors::member_event::lost && n == sys_.head() && !took_over_) {
     end_standby(1, "the head was lost before this standby joined its cluster");
   } else if (n == sys_.node() && e == actors::member_event::lost) {
     end_standby(1, "the head declared this standby lost");
@@ -502,7 +512,6 @@ void head_session::standby_membership(transport::node_id n, actors::member_event
 
 void head_session::take_over() {
   if (took_over_ || standby_status_) return;
-  took_over_ = true;
   journal_.emplace(job_);
   std::vector<std::string> rejected;
   auto point = journal_->load(&rejected);
@@ -512,12 +521,14 @@ void head_session::take_over() {
                        " (no durable window on disk yet: run the job again)");
     return;
   }
+  took_over_ = true;
   std::set<transport::node_id> alive;
   for (const auto& m : sys_.members()) alive.insert(m.node);
   say(fmt::format(
       "moevement launch (standby head, pid {}): the head was lost ({}); taking over with {} "
       "workers from window {} on disk: training goes on at iteration {}",
-      ::getpid(), sys_.why_lost(0), alive.size(), point->window, point->target_iteration));
+      ::getpid(), sys_.why_lost(sys_.config().head), alive.size(), point->window,
+      point->target_iteration));
   make_callbacks();
   coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
                                            recovery::any_head_recovery(job_.policy),
@@ -536,7 +547,9 @@ void head_session::take_over() {
 void head_session::end_standby(int status, const std::string& why) {
   if (standby_status_ || took_over_) return;
   standby_status_ = status;
-  if (status != 0) std::cerr << "moevement launch (standby head): " << why << "\n";
+  if (status != 0) {
+    std::cerr << fmt::format("moevement launch (standby head, pid {}): {}\n", ::getpid(), why);
+  }
   sys_.shutdown();
   linger_.expires_after(std::chrono::milliseconds(100));
   linger_.async_wait([this](const std::error_code&) { io_.stop(); });

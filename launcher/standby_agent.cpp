@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "engine/worker_agent.hpp"
+
 namespace moevement::launcher {
 
 standby_agent::standby_agent(transport::ucx_link& link,
@@ -26,11 +28,7 @@ void standby_agent::say_hello(actors::actor_ref coordinator, const std::string& 
 actors::awaitable<void> standby_agent::assign(engine::wire::Assign::Reader m) {
   if (assigned_ || m.getCoordinator().getNode() != system().head()) co_return;
   assigned_ = true;
-  for (auto p : m.getPeers()) {
-    if (p.getNode() == system().node() || p.getNode() == system().head()) continue;
-    if (p.getHost().size() > 255) continue;
-    link_.add_peer(p.getNode(), p.getHost(), p.getPort());
-  }
+  engine::add_assigned_peers(link_, system(), m.getPeers());
   auto joined = co_await system().join(std::chrono::seconds(30));
   if (!joined.ok() && on_end_) on_end_(1, "joining the cluster failed: " + joined.err().message);
 }

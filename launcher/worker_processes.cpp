@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 #include "launcher/exec_child.hpp"
@@ -64,6 +66,19 @@ void worker_processes::kill_node(transport::node_id node, int pid) {
   for (const auto& [p, n] : children_) {
     if (n == node && p == pid) ::kill(pid, SIGKILL);
   }
+}
+
+void worker_processes::kill_worker(transport::node_id node, int pid) {
+  if (pid <= 1) return;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  const std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // argv is NUL-separated: "...\0worker\0...\0--node\0N\0..."
+  const std::string node_arg = std::string("\0--node\0", 8) + std::to_string(node) + '\0';
+  if (cmd.find(std::string("\0worker\0", 8)) == std::string::npos ||
+      cmd.find(node_arg) == std::string::npos) {
+    return;
+  }
+  ::kill(pid, SIGKILL);
 }
 
 void worker_processes::reap(std::chrono::milliseconds within, std::vector<std::string>* bad) {

@@ -38,6 +38,9 @@ class worker_processes {
   // SIGKILL to node's process if it is still `pid` (a hung worker must not wake up later and
   // talk as if nothing happened).
   void kill_node(transport::node_id node, int pid);
+  // The same for a process this one did not start (a standby head that took over): only if
+  // `pid` runs `moevement worker ... --node NODE` (the pid came over the wire).
+  static void kill_worker(transport::node_id node, int pid);
   // Ends every child: waits up to `grace` for them to exit on their own (after Shutdown), then
   // SIGTERM, then SIGKILL. Returns the workers (not node 0) that ended badly within the grace:
   // a crash while shutting down.

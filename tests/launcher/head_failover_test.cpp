@@ -131,6 +131,27 @@ TEST(head_failover, a_stopped_head_yields_to_the_standby_when_it_wakes) {
   EXPECT_TRUE(all_gone(workers)) << out;
 }
 
+// The head killed before the first durable window is journaled: the standby has nothing to
+// take over from; it says so and ends, and the workers end with it (nothing left behind).
+TEST(head_failover, a_head_lost_before_the_first_window_ends_the_job_saying_why) {
+  background_launch j("no_window", job("--set checkpoint.w_sparse=50"));
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  ASSERT_EQ(count_events(lines_of(j.log), "durable_window"), 0) << j.output();
+  ::kill(j.pid, SIGKILL);
+  EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  EXPECT_TRUE(all_gone(workers)) << j.output();
+  for (int i = 0; i < 300 && j.output().find("cannot take over") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const std::string out = j.output();
+  EXPECT_NE(out.find("this standby cannot take over"), std::string::npos) << out;
+  const pid_t standby = standby_pid(out);
+  ASSERT_GT(standby, 0) << out;
+  EXPECT_TRUE(all_gone({standby})) << out;
+  EXPECT_TRUE(hash_of(out).empty()) << out;
+}
+
 // Where it cannot apply (no durable tier to take over from), the key is a config error.
 TEST(head_failover, the_key_is_refused_without_the_durable_tier) {
   for (const char* bad : {"--set checkpoint.policy=none", "--set checkpoint.durable=false"}) {

@@ -1,0 +1,58 @@
+// worker_processes::kill_worker: a standby head that took over kills a lost worker by the pid
+// its hello carried (untrusted), only if that process's command line is the worker's own.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "launcher/worker_processes.hpp"
+
+namespace {
+
+using moevement::launcher::worker_processes;
+
+// `sh -c 'sleep 30; true' ARGS...`: a live process whose argv ends with ARGS (the `; true`
+// keeps the shell from exec'ing sleep, which would replace the command line).
+pid_t start(const char* a, const char* b, const char* c) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", "sleep 30; true", a, b, c, nullptr);
+    ::_exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its argv is in place
+  return pid;
+}
+
+// Killed by SIGKILL within a second, or not (then it is ended here).
+bool killed(pid_t pid) {
+  int status = 0;
+  for (int i = 0; i < 100; ++i) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, &status, 0);
+  return false;
+}
+
+TEST(worker_processes, kill_worker_kills_only_that_nodes_worker) {
+  const pid_t other_node = start("worker", "--node", "2");
+  worker_processes::kill_worker(1, other_node);
+  EXPECT_FALSE(killed(other_node)) << "node 2's worker, asked as node 1";
+  const pid_t not_a_worker = start("launch", "--node", "1");
+  worker_processes::kill_worker(1, not_a_worker);
+  EXPECT_FALSE(killed(not_a_worker)) << "not a worker";
+  const pid_t worker = start("worker", "--node", "1");
+  worker_processes::kill_worker(1, worker);
+  EXPECT_TRUE(killed(worker));
+  worker_processes::kill_worker(1, 1);  // init, or a pid that came over the wire as 1: never
+  worker_processes::kill_worker(1, 0);
+  worker_processes::kill_worker(1, -1);
+}
+
+}  // namespace
