@@ -91,6 +91,9 @@ struct coordinator_callbacks {
   // This head is fenced: it was stopped past the failure timeout and the standby head took
   // its place (cluster.standby_head). It ends without a word to the workers.
   std::function<void()> on_replaced;
+  // Awaited once the last iteration ended, before the final state is read and the workers
+  // shut down: what the launcher still asks of the stages (its head_extension) ends first.
+  std::function<asio::awaitable<void>()> before_finish;
 };
 
 class coordinator : public actors::actor, private head_control {

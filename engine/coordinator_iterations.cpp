@@ -361,6 +361,8 @@ awaitable<void> coordinator::abort_iteration() {
 }
 
 awaitable<void> coordinator::finish() {
+  if (callbacks_.before_finish) co_await callbacks_.before_finish();
+  if (finished_) co_return;
   std::vector<actor_ref> first_replicas;
   for (int s = 0; s < job_.pp; ++s) first_replicas.push_back(stage_ref(s, 0));
   auto replies = co_await actors::ask_all<wire::DigestsQuery, wire::Digests>(

@@ -12,8 +12,10 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/redirect_error.hpp>
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <csignal>
 #include <cstdlib>
@@ -200,6 +202,8 @@ class head_session {
   void progress(const engine::iteration_record& r);
   // The program's head_extension after iteration r (every log_every).
   void extend(const engine::iteration_record& r);
+  // Returns once no extension runs (the job's end waits for the last iteration's).
+  asio::awaitable<void> extensions_ended();
   void finish(const engine::job_outcome& o);
   void on_signal(const std::error_code& ec, int sig);
   void request_stop();
@@ -247,6 +251,8 @@ class head_session {
   bool finished_ = false, progress_open_ = false, interrupted_ = false;
   std::unique_ptr<slurm_step> step_;  // backend slurm: srun, node 0 among the processes
   asio::steady_timer linger_{io_}, start_timer_{io_};
+  int extensions_running_ = 0;
+  asio::steady_timer extensions_done_{io_};
   asio::signal_set signals_{io_, SIGINT, SIGTERM, SIGCHLD};  // and SIGUSR1 (run)
   engine::coordinator_callbacks cb_;
   actors::actor_ref coord_;
@@ -282,6 +288,7 @@ void head_session::make_callbacks() {
     say(fmt::format("iter {:>6}  val_loss {:.4f}", it + 1, v));
   };
   cb_.on_finished = [this](const engine::job_outcome& o) { finish(o); };
+  cb_.before_finish = [this] { return extensions_ended(); };
   if (!journal_) return;
   journal_writer_.emplace();
   cb_.on_durable_window = [this](const engine::resume_point& p) {
@@ -324,8 +331,20 @@ void head_session::extend(const engine::iteration_record& r) {
     if (w.stage >= 0) stages[std::size_t(w.replica * job_.pp + w.stage)] = w.stage_actor;
   }
   end_line();
+  ++extensions_running_;
   asio::co_spawn(io_, extension_.after_iteration(sys_, r.iteration, std::move(stages)),
-                 asio::detached);
+                 [this](const std::exception_ptr&) {
+                   if (--extensions_running_ == 0) extensions_done_.cancel();
+                 });
+}
+
+asio::awaitable<void> head_session::extensions_ended() {
+  while (extensions_running_ > 0) {
+    // Each extension bounds its own asks; the timer is only woken early by the last one's end.
+    extensions_done_.expires_after(std::chrono::seconds(1));
+    std::error_code ec;  // cancelled: the last one ended
+    co_await extensions_done_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
 }
 
 void head_session::finish(const engine::job_outcome& o) {
