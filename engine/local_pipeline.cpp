@@ -10,7 +10,7 @@ namespace moevement::engine {
 
 local_pipeline::local_pipeline(const models::model_config& model, const models::train_config& train,
                                int stages, const stage_factory& factory)
-    : train_(train), stages_(stages), replicas_(train.data_parallel) {
+    : train_(train), stages_(stages), replicas_(train.data_parallel), ep_(train.expert_parallel) {
   if (stages < 1) throw models::config_error("parallel.pp", "must be >= 1");
   if (replicas_ < 1) throw models::config_error("parallel.dp", "must be >= 1");
   slots_.resize(std::size_t(stages_) * std::size_t(replicas_));
@@ -21,6 +21,9 @@ local_pipeline::local_pipeline(const models::model_config& model, const models::
       sl.model = factory(setup);
       sl.ops = sl.model->operators();
     }
+  }
+  if (ep_ > 1) {
+    for (int s = 0; s < stages_; ++s) connect_experts(s, model);
   }
   // as models::trainer initialises it
   scaler_.enabled = model.compute_dtype == models::dtype::f16;
@@ -114,17 +117,68 @@ void local_pipeline::run_replica(int replica, std::vector<double>& losses,
   }
 }
 
+void local_pipeline::connect_experts(int s, const models::model_config& model) {
+  for (int g = 0; g < replicas_ / ep_; ++g) {
+    std::vector<models::expert_shard*> group;
+    for (int k = 0; k < ep_; ++k) {
+      auto* shard = at(s, g * ep_ + k).model->experts();
+      if (shard == nullptr) {
+        throw models::config_error(
+            "parallel.ep", "stage " + std::to_string(s) + " has no experts to shard; use 1");
+      }
+      group.push_back(shard);
+    }
+    for (int k = 0; k < ep_; ++k) {
+      slot& sl = at(s, g * ep_ + k);
+      sl.exchange =
+          std::make_unique<models::direct_exchange>(group, k, model.experts, model.d_model);
+      sl.model->set_expert_exchange(sl.exchange.get());
+    }
+  }
+}
+
 void local_pipeline::all_reduce(int stage) {
-  // left fold g_0 + g_1 + ... in replica order, the result in every replica
-  const auto& ops0 = at(stage, 0).ops;
-  reduce_acc_.resize(gradient_floats(ops0));
+  // left fold g_0 + g_1 + ... in replica order, the result in every replica; under expert
+  // parallelism the non-experts so, and each expert over the rows of every replica
+  std::vector<std::vector<models::operator_state*>> ops(static_cast<std::size_t>(replicas_));
+  for (int d = 0; d < replicas_; ++d) {
+    for (auto* op : at(stage, d).ops) {
+      if (ep_ == 1 || op->kind() != models::op_kind::expert) ops[std::size_t(d)].push_back(op);
+    }
+  }
+  reduce_acc_.resize(gradient_floats(ops[0]));
   reduce_tmp_.resize(reduce_acc_.size());
-  copy_gradients_out(ops0, reduce_acc_);
+  copy_gradients_out(ops[0], reduce_acc_);
   for (int d = 1; d < replicas_; ++d) {
-    copy_gradients_out(at(stage, d).ops, reduce_tmp_);
+    copy_gradients_out(ops[std::size_t(d)], reduce_tmp_);
     accumulate(reduce_acc_, reduce_tmp_);
   }
-  for (int d = 0; d < replicas_; ++d) copy_gradients_in(at(stage, d).ops, reduce_acc_);
+  for (int d = 0; d < replicas_; ++d) copy_gradients_in(ops[std::size_t(d)], reduce_acc_);
+  if (ep_ > 1) reduce_experts(stage);
+}
+
+void local_pipeline::reduce_experts(int stage) {
+  // Replica d's rows of shard k's experts were computed by rank k of d's EP group, and kept
+  // apart there as source d % ep.
+  for (int k = 0; k < ep_; ++k) {
+    const auto shard = [&](int d) { return at(stage, (d / ep_) * ep_ + k).model->experts(); };
+    const auto first = shard(0)->source_gradient(0);
+    reduce_acc_.assign(first.begin(), first.end());
+    for (int d = 1; d < replicas_; ++d) accumulate(reduce_acc_, shard(d)->source_gradient(d % ep_));
+    for (int g = 0; g < replicas_ / ep_; ++g) {
+      const auto experts = shard(g * ep_)->experts();
+      copy_gradients_in(experts, reduce_acc_);
+    }
+  }
+}
+
+std::vector<models::operator_state*> local_pipeline::canonical_ops(int stage) {
+  if (ep_ == 1) return at(stage, 0).ops;
+  std::vector<std::vector<models::op_kind>> kinds;
+  for (int k = 0; k < ep_; ++k) kinds.push_back(operator_kinds(at(stage, k).ops));
+  std::vector<models::operator_state*> out;
+  for (const auto& a : canonical_order(kinds)) out.push_back(at(stage, a.rank).ops[a.index]);
+  return out;
 }
 
 models::iteration_stats local_pipeline::train_iteration() {
@@ -154,7 +208,7 @@ models::iteration_stats local_pipeline::train_iteration() {
   }
   std::vector<double> sq;
   for (int s = 0; s < stages_; ++s) {
-    const auto part = gradient_sq_sums(at(s, 0).ops);
+    const auto part = gradient_sq_sums(canonical_ops(s));
     sq.insert(sq.end(), part.begin(), part.end());
   }
   plan_ = models::plan_step(sq, scaler_, train_.grad_clip);
@@ -194,7 +248,7 @@ double local_pipeline::validation_loss() {
 std::uint64_t local_pipeline::state_hash() {
   std::vector<std::uint64_t> digests;
   for (int s = 0; s < stages_; ++s) {
-    const auto part = operator_digests(at(s, 0).ops);
+    const auto part = operator_digests(canonical_ops(s));
     digests.insert(digests.end(), part.begin(), part.end());
   }
   return models::state_hash(digests, scaler_);

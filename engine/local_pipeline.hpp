@@ -52,6 +52,7 @@ class local_pipeline {
     std::unique_ptr<stage_model> model;
     std::vector<models::operator_state*> ops;
     stage_hooks* hooks = nullptr;
+    std::unique_ptr<models::direct_exchange> exchange;  // expert parallelism only
   };
   slot& at(int stage, int replica) {
     return slots_[std::size_t(replica) * std::size_t(stages_) + std::size_t(stage)];
@@ -60,9 +61,15 @@ class local_pipeline {
   // losses[mb] and aux[mb] (summed over stages in stage order).
   void run_replica(int replica, std::vector<double>& losses, std::vector<double>& aux);
   void all_reduce(int stage);
+  // Expert parallelism: every EP group's shards of stage s exchange rows directly.
+  void connect_experts(int stage, const models::model_config& model);
+  // The experts' fold: each shard's experts summed over every replica's rows, in replica order.
+  void reduce_experts(int stage);
+  // Stage s's operators in canonical order (from replica 0, or EP group 0's ranks).
+  std::vector<models::operator_state*> canonical_ops(int stage);
 
   models::train_config train_;
-  int stages_, replicas_;
+  int stages_, replicas_, ep_;
   std::vector<slot> slots_;  // [replica][stage]
   models::loss_scaler scaler_;
   models::step_plan plan_;

@@ -144,8 +144,11 @@ class moe_stage final : public stage_model {
  public:
   moe_stage(const stage_setup& setup, const models::stage_range& range)
       : setup_(setup),
-        model_(setup.model, setup.train.seed, range.first_op, range.last_op, setup.initialize),
-        stage_(model_, range, setup.train.micro_batch_size, setup.train.seq_len) {
+        split_(expert_split_of(setup)),
+        model_(setup.model, setup.train.seed, range.first_op, range.last_op, setup.initialize,
+               split_),
+        stage_(model_, range, setup.train.micro_batch_size, setup.train.seq_len, split_) {
+    if (split_.count > 1) shard_ = std::make_unique<models::expert_shard>(model_, range, split_);
     if (setup.first() || setup.last()) {
       corpus_.emplace(
           models::corpus::load(setup.train.corpus, setup.train.val_fraction, setup.train.seq_len));
@@ -153,7 +156,9 @@ class moe_stage final : public stage_model {
     const std::size_t n = std::size_t(stage_.tokens());
     tokens_.resize(n);
     targets_.resize(n);
-    for (std::size_t i = range.first_op; i < range.last_op; ++i) ops_.push_back(&model_.ops()[i]);
+    for (std::size_t i = range.first_op; i < range.last_op; ++i) {
+      if (model_.ops()[i].allocated()) ops_.push_back(&model_.ops()[i]);  // EP: held experts
+    }
     if (setup.train.device == models::device::cuda) {
       // The GPU computes. Once the engine steps on the device (device()), master, m and v live
       // there too and the host operators are a mirror the engine syncs when it reads them;
@@ -183,6 +188,7 @@ class moe_stage final : public stage_model {
     stage_.abort();  // nothing of an earlier iteration may survive into this one
     iteration_ = iteration;
     backwards_ = 0;
+    if (shard_) shard_->begin_iteration();
     if (gpu_) {
       gpu_->abort();
       gpu_->prepare();  // the host's weights, when the host holds the state
@@ -220,6 +226,7 @@ class moe_stage final : public stage_model {
 
   void abort_iteration() override {
     stage_.abort();
+    if (shard_) shard_->abort();
     if (gpu_) gpu_->abort();
     backwards_ = 0;
   }
@@ -238,8 +245,16 @@ class moe_stage final : public stage_model {
   }
 
   device_state* device() override { return state_.get(); }
+  models::expert_shard* experts() override { return shard_.get(); }
+  void set_expert_exchange(models::expert_exchange* exchange) override {
+    stage_.set_exchange(exchange);
+  }
 
  private:
+  static models::expert_split expert_split_of(const stage_setup& setup) {
+    const int ep = setup.train.expert_parallel;
+    return ep > 1 ? models::expert_split{setup.replica % ep, ep} : models::expert_split{};
+  }
   void check_boundary(std::span<const float> t, bool needed, const char* what) const {
     const std::size_t want = needed ? boundary_floats() : 0;
     if (t.size() != want) {
@@ -256,8 +271,10 @@ class moe_stage final : public stage_model {
   }
 
   stage_setup setup_;
+  models::expert_split split_;  // the experts this replica holds (all without EP)
   models::moe_model model_;
   models::stage stage_;
+  std::unique_ptr<models::expert_shard> shard_;  // expert parallelism only
   std::optional<models::corpus> corpus_;
   std::vector<models::operator_state*> ops_;
   std::vector<std::int32_t> tokens_, targets_;  // [B,T] scratch
@@ -294,6 +311,11 @@ std::unique_ptr<stage_model> make_moe_stage(const stage_setup& setup) {
                                                   std::to_string(setup.replicas) + ")");
   }
   models::validate(setup.model, setup.train);
+  if (setup.train.expert_parallel > 1 && setup.train.device == models::device::cuda) {
+    throw models::config_error("parallel.ep",
+                               "expert parallelism trains on train.device = "
+                               "\"cpu\" only so far; set parallel.ep = 1 on GPUs");
+  }
   if (setup.train.device == models::device::cuda && models::cuda::device_count() == 0) {
     throw models::config_error("train.device", "'cuda' but no GPU is usable on this worker (" +
                                                    models::cuda::describe_device() +

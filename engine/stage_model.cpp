@@ -88,4 +88,44 @@ std::vector<double> operator_popularity(std::span<models::operator_state* const>
   return c;
 }
 
+std::vector<models::op_kind> operator_kinds(std::span<models::operator_state* const> ops) {
+  std::vector<models::op_kind> k;
+  k.reserve(ops.size());
+  for (const auto* op : ops) k.push_back(op->kind());
+  return k;
+}
+
+std::vector<operator_at> canonical_order(std::span<const std::vector<models::op_kind>> kinds) {
+  std::vector<operator_at> out;
+  if (kinds.empty()) return out;
+  const auto expert = models::op_kind::expert;
+  std::vector<std::size_t> at(kinds.size(), 0);
+  const auto bad = [] {
+    throw std::invalid_argument(
+        "canonical_order: the EP ranks' operator lists differ beyond their experts");
+  };
+  while (at[0] < kinds[0].size()) {
+    const auto kind = kinds[0][at[0]];
+    if (kind != expert) {  // a non-expert: rank 0's; every rank holds it there
+      out.push_back({0, at[0]});
+      for (std::size_t k = 0; k < kinds.size(); ++k) {
+        if (at[k] >= kinds[k].size() || kinds[k][at[k]] != kind) bad();
+        ++at[k];
+      }
+      continue;
+    }
+    for (std::size_t k = 0; k < kinds.size(); ++k) {  // a layer's experts, rank by rank
+      if (at[k] >= kinds[k].size() || kinds[k][at[k]] != expert) bad();
+      while (at[k] < kinds[k].size() && kinds[k][at[k]] == expert) {
+        out.push_back({int(k), at[k]});
+        ++at[k];
+      }
+    }
+  }
+  for (std::size_t k = 1; k < kinds.size(); ++k) {
+    if (at[k] != kinds[k].size()) bad();
+  }
+  return out;
+}
+
 }  // namespace moevement::engine

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "models/config.hpp"
+#include "models/expert_shard.hpp"
 #include "models/model.hpp"
 #include "models/operator_state.hpp"
 
@@ -143,6 +144,13 @@ class stage_model {
   // The device copy of the training state, when the stage has one (see device_state);
   // nullptr: the host operators are the only copy (CPU stages, custom stages).
   virtual device_state* device() { return nullptr; }
+
+  // Expert parallelism (train.expert_parallel > 1; models/expert_exchange.hpp): the experts
+  // this replica holds, which compute the rows of every replica of its EP group; nullptr for a
+  // stage without it. operators() then lists the non-experts and these experts only.
+  virtual models::expert_shard* experts() { return nullptr; }
+  // Where this stage's routed rows go (not owned; set before the first forward).
+  virtual void set_expert_exchange(models::expert_exchange* /*exchange*/) {}
 };
 
 // A scope in which a stage's host operators are written (a restore, a rollback): a stage with
@@ -193,5 +201,17 @@ std::vector<double> operator_popularity(std::span<models::operator_state* const>
                                         bool soft = false);
 // Every operator's digest, in operator order (state_hash's input).
 std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* const> ops);
+
+// Expert parallelism: the canonical order of a stage's operators over its EP ranks.
+// kinds[k]: the kinds of EP rank k's operators() (the same non-experts on every rank, and a
+// contiguous block of each layer's experts). Returns (rank, index in its list) in canonical
+// order: each non-expert from rank 0, each layer's experts from rank 0, 1, ... in turn.
+// Throws std::invalid_argument where the lists do not fit that shape.
+struct operator_at {
+  int rank = 0;
+  std::size_t index = 0;
+};
+std::vector<operator_at> canonical_order(std::span<const std::vector<models::op_kind>> kinds);
+std::vector<models::op_kind> operator_kinds(std::span<models::operator_state* const> ops);
 
 }  // namespace moevement::engine

@@ -266,6 +266,18 @@ void validate(const model_config& m, const train_config& t) {
                        fmt::format("{} exceeds model.max_seq_len ({})", t.seq_len, m.max_seq_len));
   }
   if (t.data_parallel < 1) throw config_error("parallel.dp", "must be at least 1");
+  if (t.expert_parallel < 1) throw config_error("parallel.ep", "must be at least 1");
+  if (t.data_parallel % t.expert_parallel != 0) {
+    throw config_error("parallel.ep", fmt::format("{} does not divide parallel.dp ({}): EP groups "
+                                                  "are ep consecutive data-parallel replicas",
+                                                  t.expert_parallel, t.data_parallel));
+  }
+  if (m.experts % t.expert_parallel != 0) {
+    throw config_error("parallel.ep", fmt::format("{} does not divide the {} experts of each "
+                                                  "layer (model.experts): each EP rank holds "
+                                                  "experts / ep of them",
+                                                  t.expert_parallel, m.experts));
+  }
   if (m.vocab != 256) throw config_error("model.preset", "the byte-level trainer needs vocab 256");
   if (t.collectives == collectives::nccl && t.device != device::cuda) {
     throw config_error("train.collectives",

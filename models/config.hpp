@@ -89,6 +89,10 @@ struct train_config {
   // Data-parallel replicas emulated in one process (the engine's parallel.dp; not a train.*
   // key): replica d trains on its own micro-batches (data position keyed by d).
   int data_parallel = 1;
+  // Expert parallelism (the engine's parallel.ep; not a train.* key): every MoE layer's experts
+  // are sharded over EP groups of this many consecutive replicas (models/expert_exchange.hpp).
+  // Divides data_parallel and the expert count; changes no bit.
+  int expert_parallel = 1;
 
   bool operator==(const train_config&) const = default;
 };

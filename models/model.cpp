@@ -12,7 +12,7 @@ namespace moevement::models {
 using cpu::routing;
 
 moe_model::moe_model(const model_config& cfg, std::uint64_t seed, std::size_t first_op,
-                     std::size_t last_op, bool initialize)
+                     std::size_t last_op, bool initialize, expert_split experts)
     : cfg_(cfg) {
   const std::int64_t c = cfg.d_model, v = cfg.vocab, f = cfg.d_ff, e = cfg.experts;
   const dtype dt = cfg.compute_dtype;
@@ -43,7 +43,7 @@ moe_model::moe_model(const model_config& cfg, std::uint64_t seed, std::size_t fi
       ops_.emplace_back(p + "expert" + std::to_string(j), op_kind::expert,
                         std::vector<param_spec>{{"w1", {c, f}, std0, 0.0f, true},
                                                 {"w2", {f, c}, std_res, 0.0f, true}},
-                        dt, mine());
+                        dt, mine() && experts.holds(j, cfg.experts));
     }
   }
   ops_.emplace_back("final_norm", op_kind::norm,
@@ -51,7 +51,7 @@ moe_model::moe_model(const model_config& cfg, std::uint64_t seed, std::size_t fi
   ops_.emplace_back("head", op_kind::head, std::vector<param_spec>{{"w", {c, v}, std0, 0.0f, true}},
                     dt, mine());
   for (std::size_t i = first_op; i < last_op && i < ops_.size() && initialize; ++i) {
-    ops_[i].init(seed, i);
+    if (ops_[i].allocated()) ops_[i].init(seed, i);
   }
 }
 
@@ -94,10 +94,12 @@ std::vector<stage_range> partition(const model_config& cfg, int stages) {
   return out;
 }
 
-stage::stage(moe_model& model, stage_range range, int micro_batch_size, int seq_len)
-    : model_(model), range_(range), b_(micro_batch_size), t_(seq_len) {
+stage::stage(moe_model& model, stage_range range, int micro_batch_size, int seq_len,
+             expert_split experts)
+    : model_(model), range_(range), b_(micro_batch_size), t_(seq_len), split_(experts) {
   for (std::size_t i = range.first_op; i < range.last_op; ++i) {
-    if (!model.ops()[i].allocated()) {
+    const auto& op = model.ops()[i];
+    if (!op.allocated() && !(op.kind() == op_kind::expert && split_.count > 1)) {
       throw std::invalid_argument("stage: operator " + model.ops()[i].name() +
                                   " is not allocated in this model");
     }
@@ -107,9 +109,48 @@ stage::stage(moe_model& model, stage_range range, int micro_batch_size, int seq_
   }
 }
 
-void stage::layer_forward(int l, layer_cache& c, float* out, bool training) {
+void stage::experts_forward(int l, int mb, layer_cache& c, bool training) {
   const auto& cfg = model_.config();
-  const int n = b_ * t_, ch = cfg.d_model, f = cfg.d_ff, e = cfg.experts;
+  const int ch = cfg.d_model, f = cfg.d_ff, rows = c.route.rows();
+  if (split_.count > 1) {
+    if (exchange_ == nullptr) {
+      throw std::logic_error("stage: expert parallelism without an exchange (set_exchange)");
+    }
+    exchange_->forward(l, mb, c.route.offsets, c.xs, c.ye, training);
+    return;
+  }
+  c.hpre.resize(std::size_t(rows) * f);
+  c.act.resize(std::size_t(rows) * f);
+  for (int j = 0; j < cfg.experts; ++j) {
+    const int r0 = c.route.offsets[j], r = c.route.offsets[j + 1] - r0;
+    if (r == 0) continue;
+    expert_forward(op(model_.expert(l, j)), r, ch, f, c.xs.data() + std::size_t(r0) * ch,
+                   c.hpre.data() + std::size_t(r0) * f, c.act.data() + std::size_t(r0) * f,
+                   c.ye.data() + std::size_t(r0) * ch);
+  }
+}
+
+void stage::experts_backward(int l, int mb, layer_cache& c) {
+  const auto& cfg = model_.config();
+  const int ch = cfg.d_model, f = cfg.d_ff;
+  if (split_.count > 1) {
+    exchange_->backward(l, mb, c.route.offsets, d_ye_, d_xs_);
+    return;
+  }
+  for (int j = 0; j < cfg.experts; ++j) {
+    auto& ex = op(model_.expert(l, j));
+    const int r0 = c.route.offsets[j], r = c.route.offsets[j + 1] - r0;
+    if (r == 0) continue;
+    expert_backward(ex, ex.grad(0), ex.grad(1), r, ch, f, d_ye_.data() + std::size_t(r0) * ch,
+                    c.xs.data() + std::size_t(r0) * ch, c.hpre.data() + std::size_t(r0) * f,
+                    c.act.data() + std::size_t(r0) * f, d_a_.data(), d_b_.data(),
+                    d_xs_.data() + std::size_t(r0) * ch);
+  }
+}
+
+void stage::layer_forward(int l, int mb, layer_cache& c, float* out, bool training) {
+  const auto& cfg = model_.config();
+  const int n = b_ * t_, ch = cfg.d_model, e = cfg.experts;
   auto& norm1 = op(model_.norm1(l));
   auto& attn = op(model_.attention(l));
   auto& norm2 = op(model_.norm2(l));
@@ -144,25 +185,15 @@ void stage::layer_forward(int l, layer_cache& c, float* out, bool training) {
   }
   const int rows = c.route.rows();
   c.xs.resize(std::size_t(rows) * ch);
-  c.hpre.resize(std::size_t(rows) * f);
-  c.act.resize(std::size_t(rows) * f);
   c.ye.resize(std::size_t(rows) * ch);
   cpu::moe_gather(c.xs.data(), c.n2.data(), c.route, ch);
-  for (int j = 0; j < e; ++j) {
-    auto& ex = op(model_.expert(l, j));
-    const int r0 = c.route.offsets[j], r = c.route.offsets[j + 1] - r0;
-    if (r == 0) continue;
-    float* hp = c.hpre.data() + std::size_t(r0) * f;
-    cpu::matmul_forward(hp, c.xs.data() + std::size_t(r0) * ch, ex.weight(0), r, ch, f);
-    cpu::gelu_forward(c.act.data() + std::size_t(r0) * f, hp, r * f);
-    cpu::matmul_forward(c.ye.data() + std::size_t(r0) * ch, c.act.data() + std::size_t(r0) * f,
-                        ex.weight(1), r, f, ch);
-  }
+  experts_forward(l, mb, c, training);
   cpu::moe_combine_forward(out, c.ye.data(), c.route, ch);
   for (std::size_t i = 0; i < nc; ++i) out[i] = c.h[i] + out[i];
 }
 
-void stage::layer_backward(int l, layer_cache& c, const float* dout, float* dx, float loss_grad) {
+void stage::layer_backward(int l, int mb, layer_cache& c, const float* dout, float* dx,
+                           float loss_grad) {
   const auto& cfg = model_.config();
   const int n = b_ * t_, ch = cfg.d_model, f = cfg.d_ff, e = cfg.experts;
   auto& norm1 = op(model_.norm1(l));
@@ -181,18 +212,7 @@ void stage::layer_backward(int l, layer_cache& c, const float* dout, float* dx, 
   d_c_.resize(nc);
   // MoE block
   cpu::moe_combine_backward(d_ye_.data(), d_weight_.data(), dout, c.ye.data(), c.route, ch);
-  for (int j = 0; j < e; ++j) {
-    auto& ex = op(model_.expert(l, j));
-    const int r0 = c.route.offsets[j], r = c.route.offsets[j + 1] - r0;
-    if (r == 0) continue;
-    // dact [r,F] = dye W2^T ; dW2 += act^T dye
-    cpu::matmul_backward(d_a_.data(), ex.grad(1), d_ye_.data() + std::size_t(r0) * ch,
-                         c.act.data() + std::size_t(r0) * f, ex.weight(1), r, f, ch);
-    cpu::gelu_backward(d_b_.data(), d_a_.data(), c.hpre.data() + std::size_t(r0) * f, r * f);
-    // dxs [r,C] = dhpre W1^T ; dW1 += xs^T dhpre
-    cpu::matmul_backward(d_xs_.data() + std::size_t(r0) * ch, ex.grad(0), d_b_.data(),
-                         c.xs.data() + std::size_t(r0) * ch, ex.weight(0), r, ch, f);
-  }
+  experts_backward(l, mb, c);
   cpu::gate_backward(d_logits_.data(), c.route, d_weight_.data(), cfg.aux_loss_coef * loss_grad);
   // dn2 [N,C] = dlogits Wg^T + sum over slots of dxs, in slot order
   cpu::matmul_backward(d_c_.data(), gate.grad(0), d_logits_.data(), c.n2.data(), gate.weight(0), n,
@@ -252,7 +272,7 @@ stage::forward_result stage::forward(int mb, const std::int32_t* tokens, const f
   for (int i = 0; i < layers; ++i) {
     std::vector<float>& out = i + 1 < layers ? c.layers[i + 1].x : c.out;
     out.resize(nc);
-    layer_forward(range_.first_layer + i, c.layers[i], out.data(), training);
+    layer_forward(range_.first_layer + i, mb, c.layers[i], out.data(), training);
     res.aux_loss += c.layers[i].route.aux_loss;
   }
   if (range_.has_head) {
@@ -322,7 +342,7 @@ std::span<const float> stage::backward(int mb, const float* grad_out, float loss
   }
   const int layers = range_.last_layer - range_.first_layer;
   for (int i = layers - 1; i >= 0; --i) {
-    layer_backward(range_.first_layer + i, c.layers[i], dcur.data(), dnext.data(), loss_grad);
+    layer_backward(range_.first_layer + i, mb, c.layers[i], dcur.data(), dnext.data(), loss_grad);
     std::swap(dcur, dnext);
   }
   std::span<const float> result;

@@ -22,6 +22,7 @@
 
 #include "models/config.hpp"
 #include "models/cpu/kernels.hpp"
+#include "models/expert_exchange.hpp"
 #include "models/operator_state.hpp"
 
 namespace moevement::models {
@@ -33,9 +34,11 @@ class moe_model {
   // counter-based per operator, so a partial model holds exactly the full model's values.
   // initialize = false leaves the owned operators' state zero (master, m, v, compute): for a
   // model whose every operator is loaded next (a recovery from a window), where the random
-  // init would be overwritten anyway.
+  // init would be overwritten anyway. experts: under expert parallelism, only this block of
+  // every layer's experts is owned (models/expert_exchange.hpp).
   moe_model(const model_config& cfg, std::uint64_t seed, std::size_t first_op = 0,
-            std::size_t last_op = std::size_t(-1), bool initialize = true);
+            std::size_t last_op = std::size_t(-1), bool initialize = true,
+            expert_split experts = {});
 
   const model_config& config() const { return cfg_; }
   std::vector<operator_state>& ops() { return ops_; }
@@ -75,7 +78,12 @@ std::vector<stage_range> partition(const model_config& cfg, int stages);
 
 class stage {
  public:
-  stage(moe_model& model, stage_range range, int micro_batch_size, int seq_len);
+  // experts: the block of experts the model holds (expert parallelism, split.count > 1): the
+  // routed rows are then computed through set_exchange()'s exchange, never here.
+  stage(moe_model& model, stage_range range, int micro_batch_size, int seq_len,
+        expert_split experts = {});
+  // Where the routed rows go under expert parallelism (not owned; before the first forward).
+  void set_exchange(expert_exchange* exchange) { exchange_ = exchange; }
 
   const stage_range& range() const { return range_; }
   int tokens() const { return b_ * t_; }  // N = B*T rows of every activation
@@ -117,13 +125,19 @@ class stage {
     std::vector<float> out;               // [N,C] output of the last layer
     std::vector<float> nf, rstdf, probs;  // head: [N,C] [N] [N,V]
   };
-  void layer_forward(int l, layer_cache& c, float* out, bool training);
-  void layer_backward(int l, layer_cache& c, const float* dout, float* dx, float loss_grad);
+  void layer_forward(int l, int mb, layer_cache& c, float* out, bool training);
+  void layer_backward(int l, int mb, layer_cache& c, const float* dout, float* dx, float loss_grad);
+  // The routed rows' expert outputs c.ye from c.xs: here, or through the exchange.
+  void experts_forward(int l, int mb, layer_cache& c, bool training);
+  // d_xs_ from d_ye_ (and the local experts' weight gradients).
+  void experts_backward(int l, int mb, layer_cache& c);
   operator_state& op(std::size_t i) { return model_.ops()[i]; }
 
   moe_model& model_;
   stage_range range_;
   int b_, t_;
+  expert_split split_;
+  expert_exchange* exchange_ = nullptr;
   std::map<int, mb_cache> cache_;
   std::vector<mb_cache> spare_;  // finished caches, kept so their buffers are reused
   // scratch reused across calls (no state between calls)

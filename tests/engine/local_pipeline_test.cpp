@@ -46,6 +46,46 @@ TEST(local_pipeline, matches_the_trainer_bit_for_bit_for_every_pp_and_dp) {
   }
 }
 
+TEST(local_pipeline, expert_parallelism_changes_no_bit) {
+  // ep = 1, 2, 4 at dp = 4 against the trainer, which holds every expert in one process
+  const auto m = models::preset("tiny");
+  for (int ep : {1, 2, 4}) {
+    for (int pp : {1, 2}) {
+      auto t = test_train(4);
+      t.expert_parallel = ep;
+      SCOPED_TRACE(testing::Message() << "ep=" << ep);
+      expect_same_run(m, t, pp, 2);
+    }
+  }
+  auto t = test_train(2);  // one EP group of two, f16 with the loss scale changing
+  t.expert_parallel = 2;
+  t.loss_scale_window = 2;
+  auto f16 = m;
+  f16.compute_dtype = models::dtype::f16;
+  expect_same_run(f16, t, 2, 3);
+}
+
+TEST(local_pipeline, an_ep_rank_holds_its_block_of_experts_only) {
+  const auto m = models::preset("tiny");  // 4 experts per layer
+  auto t = test_train(4);
+  t.expert_parallel = 4;
+  local_pipeline pipe(m, t, 2);
+  for (int d = 0; d < 4; ++d) {
+    for (int s = 0; s < 2; ++s) {
+      auto& stage = pipe.stage(s, d);
+      ASSERT_NE(stage.experts(), nullptr);
+      EXPECT_EQ(stage.experts()->split().index, d % 4);
+      int experts = 0;
+      for (auto* op : stage.operators()) {
+        if (op->kind() != models::op_kind::expert) continue;
+        ++experts;
+        EXPECT_EQ(op->name().back(), char('0' + d % 4)) << op->name();
+      }
+      EXPECT_EQ(experts, 2) << "one expert in each of the stage's two layers";
+    }
+  }
+}
+
 TEST(local_pipeline, f16_with_loss_scaling_matches_the_trainer) {
   auto m = models::preset("tiny");
   m.compute_dtype = models::dtype::f16;
@@ -125,6 +165,16 @@ TEST(local_pipeline, bad_setup_names_the_key) {
     FAIL() << "pp = 0 accepted";
   } catch (const models::config_error& e) {
     EXPECT_EQ(e.key(), "parallel.pp");
+  }
+  for (const auto& [dp, ep] : {std::pair{4, 3}, std::pair{3, 3}, std::pair{2, 0}}) {
+    auto t = test_train(dp);
+    t.expert_parallel = ep;  // 3 divides neither dp = 4 nor the 4 experts; 0 is no size
+    try {
+      local_pipeline pipe(m, t, 1);
+      FAIL() << "ep " << ep << " at dp " << dp << " accepted";
+    } catch (const models::config_error& e) {
+      EXPECT_EQ(e.key(), "parallel.ep") << e.what();
+    }
   }
 }
 

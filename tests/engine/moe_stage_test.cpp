@@ -191,6 +191,37 @@ TEST(moe_stage, a_gpu_stage_steps_on_the_device_with_the_host_steps_bits) {
   EXPECT_EQ(dev->validate(0, {}).loss, host->validate(0, {}).loss);
 }
 
+TEST(moe_stage, canonical_order_interleaves_each_layers_experts_by_rank) {
+  using k = models::op_kind;
+  // two ranks: norm, gate, their experts (rank 0 holds 0-1, rank 1 holds 2-3), head
+  const std::vector<std::vector<k>> kinds{{k::norm, k::gate, k::expert, k::expert, k::head},
+                                          {k::norm, k::gate, k::expert, k::expert, k::head}};
+  const auto order = canonical_order(kinds);
+  const std::vector<std::pair<int, std::size_t>> want{{0, 0}, {0, 1}, {0, 2}, {0, 3},
+                                                      {1, 2}, {1, 3}, {0, 4}};
+  ASSERT_EQ(order.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(order[i].rank, want[i].first) << i;
+    EXPECT_EQ(order[i].index, want[i].second) << i;
+  }
+  const std::vector<std::vector<k>> one{{k::norm, k::expert, k::head}};
+  EXPECT_EQ(canonical_order(one).size(), 3u);
+  const std::vector<std::vector<k>> differ{{k::norm, k::expert}, {k::gate, k::expert}};
+  EXPECT_THROW(canonical_order(differ), std::invalid_argument);
+  const std::vector<std::vector<k>> short_rank{{k::norm, k::expert, k::head}, {k::norm, k::expert}};
+  EXPECT_THROW(canonical_order(short_rank), std::invalid_argument);
+}
+
+TEST(moe_stage, expert_parallelism_on_a_gpu_is_refused_naming_the_key) {
+  auto s = tiny_setup(0, 1);
+  s.replicas = 2;
+  s.train.data_parallel = 2;
+  s.train.expert_parallel = 2;
+  EXPECT_NE(make_moe_stage(s)->experts(), nullptr);
+  s.train.device = models::device::cuda;
+  EXPECT_EQ(key_of(s), "parallel.ep");
+}
+
 TEST(moe_stage, a_cpu_stage_has_no_device_state) {
   EXPECT_EQ(make_moe_stage(tiny_setup(0, 1))->device(), nullptr);
 }
