@@ -289,11 +289,18 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   }
   const actor_ref ckpt = read_ref(m.getCheckpoint()), repl = read_ref(m.getReplicator());
   const actor_ref exchange = read_ref(m.getGroupExchange());
+  const actor_ref experts = read_ref(m.getExperts());
   if ((ckpt.valid() && ckpt.node != w.node) || (repl.valid() && repl.node != w.node) ||
-      (exchange.valid() && exchange.node != w.node)) {
+      (exchange.valid() && exchange.node != w.node) ||
+      (experts.valid() && experts.node != w.node)) {
     fail(fmt::format("worker {} reported checkpoint actors of another node", w.node));
     co_return;
   }
+  if (w.stage >= 0 && job_.ep > 1 && !experts.valid()) {
+    fail(fmt::format("worker {} reported no expert router (parallel.ep = {})", w.node, job_.ep));
+    co_return;
+  }
+  w.experts = experts;
   w.checkpoint = ckpt;
   w.replicator = repl;
   w.group_exchange = exchange;
@@ -352,7 +359,7 @@ awaitable<bool> coordinator::wire_all() {
   // the asks then looks like a loss just after the wiring, which its recovery rewires.
   struct wiring {
     actor_ref prev, next;
-    std::vector<actor_ref> replicas, replicators;
+    std::vector<actor_ref> replicas, replicators, experts;
   };
   std::vector<wiring> plan(std::size_t(job_.workers()));
   const auto holders_of =
@@ -362,7 +369,13 @@ awaitable<bool> coordinator::wire_all() {
       wiring& w = plan[std::size_t(d * job_.pp + s)];
       w.prev = s > 0 ? stage_ref(s - 1, d) : actor_ref{};
       w.next = s + 1 < job_.pp ? stage_ref(s + 1, d) : actor_ref{};
-      for (int r = 0; r < job_.dp; ++r) w.replicas.push_back(stage_ref(s, r));
+      for (int r = 0; r < job_.dp; ++r) {
+        w.replicas.push_back(stage_ref(s, r));
+        if (job_.ep > 1) {
+          const auto at = workers_.find(node_of[r * job_.pp + s]);
+          w.experts.push_back(at != workers_.end() ? at->second.experts : actor_ref{});
+        }
+      }
       if (const auto h = holders_of.find(node_of[d * job_.pp + s]); h != holders_of.end()) {
         w.replicators = h->second;
       }
@@ -391,6 +404,8 @@ awaitable<bool> coordinator::wire_all() {
     for (unsigned j = 0; j < w.replicas.size(); ++j) write_ref(l[j], w.replicas[j]);
     auto rl = b.initReplicators(static_cast<unsigned>(w.replicators.size()));
     for (unsigned j = 0; j < w.replicators.size(); ++j) write_ref(rl[j], w.replicators[j]);
+    auto el = b.initExperts(static_cast<unsigned>(w.experts.size()));
+    for (unsigned j = 0; j < w.experts.size(); ++j) write_ref(el[j], w.experts[j]);
   };
   auto replies =
       co_await actors::ask_all<wire::Wire, wire::WireAck>(*this, stages_, ask_timeout, fill);

@@ -261,6 +261,14 @@ class coordinator : public actors::actor, private head_control {
   bool pause_requested_ = false;
   // the current epoch's reports, index d * pp + s
   std::vector<std::optional<std::vector<double>>> sq_, losses_, aux_;
+  // Expert parallelism: which of each stage replica's operators are experts (StageDone).
+  std::vector<std::vector<bool>> expert_ops_;
+  // One stage's per-operator values in canonical order, merged from the EP ranks of replica
+  // group 0 (values[k] and experts[k]: rank k's, in its operators' order); throws
+  // std::invalid_argument where they do not fit together.
+  template <class T>
+  static std::vector<T> merge_ranks(const std::vector<std::vector<T>>& values,
+                                    const std::vector<std::vector<bool>>& experts);
   std::vector<double> compute_s_;
   double group_form_s_ = 0.0, device_sum_s_ = 0.0;  // of this iteration, the slowest stage's
   std::uint64_t wirings_ = 0;                       // Wire.wiring: one per wire_all()

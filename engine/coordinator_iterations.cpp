@@ -29,6 +29,7 @@ void coordinator::start_iteration() {
   ++attempts_;
   const std::size_t n = stages_.size();
   sq_.assign(n, std::nullopt);
+  expert_ops_.assign(n, {});
   losses_.assign(n, std::nullopt);
   aux_.assign(n, std::nullopt);
   pop_.assign(n, std::nullopt);
@@ -66,6 +67,7 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
     return v;
   };
   sq_[i] = to_vector(m.getSqSums());
+  for (const bool x : m.getExperts()) expert_ops_[i].push_back(x);
   aux_[i] = to_vector(m.getAuxLosses());
   if (s == job_.pp - 1) losses_[i] = to_vector(m.getLosses());
   compute_s_[i] = m.getComputeSeconds();
@@ -83,12 +85,31 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   send_steps();
 }
 
+template <class T>
+std::vector<T> coordinator::merge_ranks(const std::vector<std::vector<T>>& values,
+                                        const std::vector<std::vector<bool>>& experts) {
+  std::vector<std::vector<models::op_kind>> kinds;
+  for (std::size_t k = 0; k < values.size(); ++k) {
+    if (experts[k].size() != values[k].size()) {
+      throw std::invalid_argument("an EP rank's operator kinds do not match its values");
+    }
+    auto& l = kinds.emplace_back();
+    for (const bool e : experts[k])
+      l.push_back(e ? models::op_kind::expert : models::op_kind::norm);
+  }
+  std::vector<T> out;
+  for (const auto& a : canonical_order(kinds)) out.push_back(values[std::size_t(a.rank)][a.index]);
+  return out;
+}
+
 bool coordinator::plan_iteration() {
-  // Every replica of a stage must hold the same reduced gradient.
+  // Every replica of a stage must hold the same reduced gradient (under expert parallelism,
+  // every replica holding the same block of experts).
   std::vector<double> sq;
+  const int ep = job_.ep;
   for (int st = 0; st < job_.pp; ++st) {
-    const auto& first = *sq_[std::size_t(st)];
-    for (int r = 1; r < job_.dp; ++r) {
+    for (int r = ep; r < job_.dp; ++r) {
+      const auto& first = *sq_[std::size_t((r % ep) * job_.pp + st)];
       const auto& other = *sq_[std::size_t(r * job_.pp + st)];
       if (other.size() != first.size() ||
           std::memcmp(other.data(), first.data(), first.size() * sizeof(double)) != 0) {
@@ -97,7 +118,25 @@ bool coordinator::plan_iteration() {
         return false;
       }
     }
-    sq.insert(sq.end(), first.begin(), first.end());
+    if (ep == 1) {
+      const auto& first = *sq_[std::size_t(st)];
+      sq.insert(sq.end(), first.begin(), first.end());
+      continue;
+    }
+    std::vector<std::vector<double>> ranks;
+    std::vector<std::vector<bool>> experts;
+    for (int k = 0; k < ep; ++k) {
+      ranks.push_back(*sq_[std::size_t(k * job_.pp + st)]);
+      experts.push_back(expert_ops_[std::size_t(k * job_.pp + st)]);
+    }
+    try {
+      const auto merged = merge_ranks(ranks, experts);
+      sq.insert(sq.end(), merged.begin(), merged.end());
+    } catch (const std::invalid_argument& e) {
+      fail(fmt::format("stage {}'s EP ranks reported operators that do not fit together: {}", st,
+                       e.what()));
+      return false;
+    }
   }
   last_ = iteration_record{};
   last_.iteration = iteration_;
@@ -363,19 +402,42 @@ awaitable<void> coordinator::abort_iteration() {
 awaitable<void> coordinator::finish() {
   if (callbacks_.before_finish) co_await callbacks_.before_finish();
   if (finished_) co_return;
+  // replica 0 of every stage (under expert parallelism, EP ranks 0..ep-1: every block)
+  const int ep = job_.ep;
   std::vector<actor_ref> first_replicas;
-  for (int s = 0; s < job_.pp; ++s) first_replicas.push_back(stage_ref(s, 0));
+  for (int k = 0; k < ep; ++k) {
+    for (int s = 0; s < job_.pp; ++s) first_replicas.push_back(stage_ref(s, k));
+  }
   auto replies = co_await actors::ask_all<wire::DigestsQuery, wire::Digests>(
       *this, first_replicas, ask_timeout, [](std::size_t, wire::DigestsQuery::Builder) {});
   if (finished_) co_return;
   std::vector<std::uint64_t> digests;
   for (int s = 0; s < job_.pp; ++s) {
-    const auto& r = replies[std::size_t(s)];
-    if (!r.ok()) {
-      fail(fmt::format("reading stage {}'s state failed: {}", s, r.err().message));
+    std::vector<std::vector<std::uint64_t>> ranks;
+    std::vector<std::vector<bool>> experts;
+    for (int k = 0; k < ep; ++k) {
+      const auto& r = replies[std::size_t(k * job_.pp + s)];
+      if (!r.ok()) {
+        fail(fmt::format("reading stage {}'s state failed: {}", s, r.err().message));
+        co_return;
+      }
+      auto& values = ranks.emplace_back();
+      for (const std::uint64_t v : r->get().getValues()) values.push_back(v);
+      auto& flags = experts.emplace_back();
+      for (const bool x : r->get().getExperts()) flags.push_back(x);
+    }
+    if (ep == 1) {
+      digests.insert(digests.end(), ranks[0].begin(), ranks[0].end());
+      continue;
+    }
+    try {
+      const auto merged = merge_ranks(ranks, experts);
+      digests.insert(digests.end(), merged.begin(), merged.end());
+    } catch (const std::invalid_argument& e) {
+      fail(fmt::format("stage {}'s EP ranks reported operators that do not fit together: {}", s,
+                       e.what()));
       co_return;
     }
-    for (auto v : r->get().getValues()) digests.push_back(v);
   }
   job_outcome o;
   o.ok = true;

@@ -85,6 +85,8 @@ struct StageReady {
   # The policy's group exchange in this worker (a recovery group's replay sums gradients
   # through it; invalid when the policy has none).
   groupExchange @18 :Address;
+  # Expert parallelism (parallel.ep > 1): the stage's expert router (invalid without it).
+  experts @19 :Address;
 }
 struct OpSize {
   computeBytes @0 :UInt64;
@@ -101,6 +103,8 @@ struct Wire {
   replicators @3 :List(Address);
   # Counts the coordinator's wirings: a GPU stage's NCCL group is made anew on each.
   wiring @4 :UInt64;
+  # Expert parallelism: every replica's expert router, in replica order (empty without it).
+  experts @5 :List(Address);
 }
 struct WireAck {}
 struct Shutdown {}
@@ -126,13 +130,18 @@ struct Gradient {
 }
 # Gradient reduction along the replicas in order: replica d sends g_0 + ... + g_d to d + 1;
 # the last replica sends the total to every other.
+# Under expert parallelism there are two such folds (experts set: the second): the
+# non-experts over every replica as above, and each expert block over its copies (EP rank k of
+# every EP group, in group order), each copy adding its group's replicas' rows in order.
 struct ReducePartial {
   epoch @0 :UInt64;
   tensor @1 :Bulk.BulkDescriptor;
+  experts @2 :Bool;
 }
 struct ReduceTotal {
   epoch @0 :UInt64;
   tensor @1 :Bulk.BulkDescriptor;
+  experts @2 :Bool;
 }
 # GPU stages with NCCL (train.collectives): replica 0 makes a group id on each wiring and
 # tells the other replicas of its stage, which join it.
@@ -154,6 +163,33 @@ struct StageDone {
   # (after a wiring; else 0), and the sum's seconds.
   groupFormSeconds @8 :Float64;
   deviceSumSeconds @9 :Float64;
+  # Expert parallelism: which operators are experts (sqSums then cover this replica's block
+  # of experts only; the coordinator merges the EP ranks' in canonical order).
+  experts @10 :List(Bool);
+}
+
+# ---- expert parallelism (parallel.ep; engine/expert_router.hpp)
+
+# Rows of one (layer, micro-batch) from a source replica to the EP rank holding their
+# experts: forward, the routed inputs [rows, C] with the rows of each of the receiver's
+# experts; backward, the gradient of those experts' outputs (rows as in the forward).
+struct ExpertRows {
+  epoch @0 :UInt64;      # the iteration's (validation: 0)
+  layer @1 :Int32;
+  microBatch @2 :Int32;  # -1: a validation batch (nothing kept for a backward)
+  backward @3 :Bool;
+  source @4 :Int32;      # the sender's EP rank
+  rows @5 :List(Int32);  # forward: per expert of the receiver's block
+  tensor @6 :Bulk.BulkDescriptor;
+}
+# The answer: the experts' outputs (forward) or the gradient of their inputs (backward).
+struct ExpertOutput {
+  epoch @0 :UInt64;
+  layer @1 :Int32;
+  microBatch @2 :Int32;
+  backward @3 :Bool;
+  owner @4 :Int32;  # the sender's EP rank
+  tensor @5 :Bulk.BulkDescriptor;
 }
 struct Step {
   epoch @0 :UInt64;
@@ -216,6 +252,8 @@ struct ValLoss {
 struct DigestsQuery {}
 struct Digests {
   values @0 :List(UInt64);  # per operator, in canonical order
+  # Expert parallelism: which of them are experts (the coordinator merges the EP ranks').
+  experts @1 :List(Bool);
 }
 
 # ---- checkpointing and recovery (policy moevement)

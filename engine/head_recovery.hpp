@@ -40,6 +40,7 @@ struct worker_info {
   actors::actor_ref stage_actor;
   actors::actor_ref checkpoint, replicator;  // the policy's actors there (moevement)
   actors::actor_ref group_exchange;          // where a parallel group replay sends it gradients
+  actors::actor_ref experts;                 // its stage's expert router (parallel.ep > 1)
   std::vector<op_size> op_sizes;
   double snapshot_bandwidth = 0.0;
 };

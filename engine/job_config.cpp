@@ -190,6 +190,8 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) { j.pp = int(models::config_int(k, v, 1, max_job_workers)); }},
       {"parallel.dp",
        [&](auto& k, auto& v) { j.dp = int(models::config_int(k, v, 1, max_job_workers)); }},
+      {"parallel.ep",
+       [&](auto& k, auto& v) { j.ep = int(models::config_int(k, v, 1, max_job_workers)); }},
       {"engine.stage",
        [&](auto& k, auto& v) {
          std::string s = models::config_string(k, v);
@@ -300,6 +302,7 @@ job_config resolve_job(models::config_map map) {
     s->second(key, value);
   }
   j.train.data_parallel = j.dp;
+  j.train.expert_parallel = j.ep;
   if (!dir_given) j.baseline.dir = checkpoint_dir_beside(j.run_log);
 
   // Cross-checks, after every key is read so that the order of keys does not matter.
@@ -309,6 +312,24 @@ job_config resolve_job(models::config_map map) {
                        fmt::format("{} pipeline stages but the model has {} layers (model.layers); "
                                    "use at most {} stages",
                                    j.pp, j.model.layers, j.model.layers));
+  }
+  if (j.ep > 1 && j.stage_type != "moe") {
+    throw config_error("parallel.ep", fmt::format("stage type \"{}\" has no experts to shard; "
+                                                  "expert parallelism is the built-in \"moe\" "
+                                                  "stage's",
+                                                  j.stage_type));
+  }
+  if (j.ep > 1 && j.train.device != models::device::cpu) {
+    throw config_error("parallel.ep",
+                       "expert parallelism trains on train.device = \"cpu\" only "
+                       "so far; set parallel.ep = 1 on GPUs");
+  }
+  if (j.ep > 1 && j.policy != policy_kind::none) {
+    throw config_error("parallel.ep",
+                       fmt::format("checkpointing and recovery of sharded experts are not built "
+                                   "yet: policy {} needs parallel.ep = 1 (or use "
+                                   "checkpoint.policy = \"none\")",
+                                   policy_name(j.policy)));
   }
   if (j.workers() > max_job_workers) {
     throw config_error("parallel.dp",

@@ -52,9 +52,10 @@ recovery_kind recovery_of(policy_kind policy);
 
 struct job_config {
   models::model_config model;
-  models::train_config train;              // train.data_parallel == dp
-  int pp = 1;                              // parallel.pp: pipeline stages
-  int dp = 1;                              // parallel.dp: data-parallel replicas of each stage
+  models::train_config train;  // train.data_parallel == dp
+  int pp = 1;                  // parallel.pp: pipeline stages
+  int dp = 1;                  // parallel.dp: data-parallel replicas of each stage
+  int ep = 1;  // parallel.ep: each stage's experts sharded over EP groups of ep replicas
   policy_kind policy = policy_kind::none;  // checkpoint.policy
   int w_sparse = 0;           // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
   int snapshot_replicas = 2;  // checkpoint.replicas: copies of every snapshot slot (r)

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
@@ -57,7 +58,8 @@ stage_actor::stage_actor(stage_actor_args args)
       plan_(one_f_one_b(setup_.stage, setup_.stages, setup_.train.micro_batches)),
       bf_(model_->boundary_floats()),
       gf_(gradient_floats(ops_)),
-      m_(setup_.train.micro_batches) {
+      m_(setup_.train.micro_batches),
+      router_(std::move(args.experts)) {
   while (first_backward_ < plan_.size() && plan_[first_backward_].what != pass::backward) {
     ++first_backward_;
   }
@@ -88,33 +90,62 @@ stage_actor::stage_actor(stage_actor_args args)
   on<wire::Validate>(&stage_actor::validate);
   on<wire::ValActivation>(&stage_actor::val_activation);
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
+  if (router_) {
+    if (model_->experts() == nullptr) {
+      throw std::invalid_argument("stage_actor: expert parallelism with a stage without experts");
+    }
+    router_->attach(model_->experts());
+    model_->set_expert_exchange(router_.get());
+    for (auto* op : ops_) {
+      if (op->kind() != models::op_kind::expert) dense_ops_.push_back(op);
+    }
+    dense_floats_ = gradient_floats(dense_ops_);
+  }
 }
 
 awaitable<void> stage_actor::on_start() {
+  if (router_) {
+    // Rows for this replica's experts that arrive while its compute thread is elsewhere: a turn
+    // of this actor serves them there (a turn waits while the actor is busy, e.g. computing,
+    // and the exchange it waits in serves them meanwhile).
+    router_->set_wake([sys = &system(), me = self()] {
+      (void)sys->post_call(me, [](actors::actor& a) -> awaitable<void> {
+        auto& s = static_cast<stage_actor&>(a);
+        co_await s.compute([&s] { s.router_->serve_pending(); });
+      });
+    });
+    // The last rows of this block's backwards came from a peer after this stage's own
+    // backwards ended: its fold goes on.
+    router_->set_on_complete([sys = &system(), me = self()] {
+      asio::post(sys->io(), [sys, me] {
+        (void)sys->post_call(me, [](actors::actor& a) -> awaitable<void> {
+          auto& s = static_cast<stage_actor&>(a);
+          if (s.phase_ == phase::reducing) co_await s.reduce();
+        });
+      });
+    });
+  }
   // The reduction's pull targets hold a stage's gradient each (55 MB per stage of the small
   // preset): zero-filled on the compute thread, so that this node's heartbeats go on (on the
   // actor thread, five such processes on two cores went silent past the failure timeout).
   // No message is handled before on_start() returns.
   if (setup_.replicas > 1) {
     co_await compute([this] {
-      in_->partial.resize(setup_.replica > 0 ? gf_ : 0);
-      in_->total.resize(setup_.replica < setup_.replicas - 1 ? gf_ : 0);
+      // under expert parallelism every replica takes part in two folds: both buffers
+      in_->partial.resize(setup_.replica > 0 || router_ ? gf_ : 0);
+      in_->total.resize(setup_.replica < setup_.replicas - 1 || router_ ? gf_ : 0);
     });
   }
 }
 
 stage_actor::~stage_actor() {
+  if (router_) {  // an exchange waiting on a peer returns (stopped): the compute thread joins
+    router_->set_wake({});
+    router_->set_on_complete({});
+    router_->stop("the stage stopped");
+  }
   stop_sum_ = true;  // a sum waiting on a peer returns (aborted): the compute thread joins
   pool_.join();
-}
-
-template <class F>
-awaitable<void> stage_actor::compute(F&& fn) {
-  auto task = [&fn]() -> awaitable<void> {
-    fn();
-    co_return;
-  };
-  co_await asio::co_spawn(pool_.get_executor(), std::move(task), asio::use_awaitable);
 }
 
 awaitable<void> stage_actor::on_compute_thread(std::function<void()> fn) {
@@ -175,6 +206,25 @@ awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) 
     co_return;
   }
   wiring_ = m.getWiring();
+  if (router_) {
+    // this replica's EP group: ep consecutive replicas
+    const auto all = m.getExperts();
+    const int ep = router_->ep(), first = setup_.replica - router_->rank();
+    if (all.size() != unsigned(setup_.replicas)) {
+      fail("the wiring names no expert router of every replica");
+      co_return;
+    }
+    std::vector<actor_ref> group;
+    for (int k = 0; k < ep; ++k) group.push_back(read_ref(all[unsigned(first + k)]));
+    for (const auto& peer : group) {
+      if (!peer.valid()) {
+        fail("the wiring names an invalid expert router");
+        co_return;
+      }
+      if (!(peer == router_->actor())) system().monitor(router_->actor(), peer);
+    }
+    router_->set_peers(std::move(group));
+  }
   if (reduction_ != nullptr) co_await form_group();
 }
 
@@ -260,6 +310,7 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
   loss_scale_ = m.getLossScale();
   phase_ = phase::running;
   next_step_ = 0;
+  dense_fold_.sent = dense_fold_.done = expert_fold_.sent = expert_fold_.done = false;
   losses_.assign(std::size_t(m_), 0.0);
   aux_.assign(std::size_t(m_), 0.0);
   compute_s_ = 0.0;
@@ -271,6 +322,10 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
     begin_operators(ops_, /*zero_grads=*/d == nullptr || !d->grads_on_device());
     model_->begin_iteration(it);
   });
+  if (router_) {
+    const std::uint64_t e = epoch_;
+    co_await compute([&] { router_->begin_epoch(e); });  // serves rows that came early
+  }
   co_await advance();
 }
 
@@ -285,11 +340,18 @@ awaitable<void> stage_actor::advance() {
       if (!setup_.first() && act_epoch_[mb] != epoch_) co_return;  // wait for the activation
       if (next_step_ == 0) at_fault_point(fault_point::forward);
       bool bad = false;
+      std::string error;
       co_await compute([&] {
         const auto t0 = sclock::now();
         std::span<const float> x;
         if (!setup_.first()) x = std::span<const float>(in_->act).subspan(mb * bf_, bf_);
-        const stage_output out = model_->forward(s.micro_batch, x);
+        stage_output out;
+        try {
+          out = model_->forward(s.micro_batch, x);
+        } catch (const std::exception& e) {  // an expert exchange stopped (a peer lost)
+          error = e.what();
+          return;
+        }
         losses_[mb] = out.loss;
         aux_[mb] = out.aux_loss;
         if (!setup_.last()) {
@@ -303,6 +365,10 @@ awaitable<void> stage_actor::advance() {
         }
         compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
       });
+      if (!error.empty()) {
+        fail("forward: " + error);
+        co_return;
+      }
       if (bad) {
         fail("the stage's forward returned an activation of the wrong size");
         co_return;
@@ -320,11 +386,18 @@ awaitable<void> stage_actor::advance() {
       if (!setup_.last() && grad_epoch_[mb] != epoch_) co_return;  // wait for the gradient
       if (next_step_ == first_backward_) at_fault_point(fault_point::backward);
       bool bad = false;
+      std::string error;
       co_await compute([&] {
         const auto t0 = sclock::now();
         std::span<const float> g;
         if (!setup_.last()) g = std::span<const float>(in_->grad).subspan(mb * bf_, bf_);
-        const auto dx = model_->backward(s.micro_batch, g, loss_grad);
+        std::span<const float> dx;
+        try {
+          dx = model_->backward(s.micro_batch, g, loss_grad);
+        } catch (const std::exception& e) {
+          error = e.what();
+          return;
+        }
         if (!setup_.first()) {
           if (dx.size() != bf_) {
             bad = true;
@@ -336,6 +409,10 @@ awaitable<void> stage_actor::advance() {
         }
         compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
       });
+      if (!error.empty()) {
+        fail("backward: " + error);
+        co_return;
+      }
       if (bad) {
         fail("the stage's backward returned an input gradient of the wrong size");
         co_return;
@@ -356,100 +433,6 @@ awaitable<void> stage_actor::advance() {
     phase_ = phase::reducing;
     co_await reduce();
   }
-}
-
-awaitable<void> stage_actor::device_reduce() {
-  if (phase_ != phase::reducing || !joined_) co_return;  // the group's id is on its way
-  phase_ = phase::wait_total;                            // the sum is out
-  const auto deadline = joined_at_ + std::chrono::seconds(setup_.train.nccl_timeout_s);
-  device_reduction::result r;
-  co_await compute([&] { r = reduction_->sum(deadline, stop_sum_); });
-  if (r.stopped || phase_ != phase::wait_total) co_return;  // aborted meanwhile
-  if (!r.ok) {
-    joined_ = false;
-    fail("the gradient sum through NCCL failed: " + r.error);
-    co_return;
-  }
-  group_form_s_ = r.form_s;
-  device_sum_s_ = r.sum_s;
-  co_await finish_reduce();
-}
-
-awaitable<void> stage_actor::reduce() {
-  const int d = setup_.replica, n = setup_.replicas;
-  if (reduction_ != nullptr) {
-    co_await device_reduce();
-    co_return;
-  }
-  if (n == 1) {
-    co_await finish_reduce();
-    co_return;
-  }
-  if (phase_ == phase::reducing) {
-    if (d > 0 && partial_epoch_ != epoch_) co_return;  // wait for g_0 + ... + g_{d-1}
-    co_await compute([&] {
-      auto acc = floats(red_out_).first(gf_);
-      copy_gradients_out(ops_, acc);
-      // acc = g_d + (g_0 + ... + g_{d-1}): float addition commutes, so this is bit for bit
-      // the left fold (... + g_{d-1}) + g_d of the reference.
-      if (d > 0) accumulate(acc, in_->partial);
-      if (d == n - 1) copy_gradients_in(ops_, acc);
-    });
-    const auto desc = red_out_.describe(0, gf_ * sizeof(float));
-    const std::uint64_t e = epoch_;
-    if (d < n - 1) {
-      (void)tell<wire::ReducePartial>(replicas_[std::size_t(d + 1)],
-                                      [&](wire::ReducePartial::Builder b) {
-                                        b.setEpoch(e);
-                                        transport::write_descriptor(b.initTensor(), desc);
-                                      });
-      phase_ = phase::wait_total;
-    } else {
-      for (int r = 0; r < n - 1; ++r) {
-        (void)tell<wire::ReduceTotal>(replicas_[std::size_t(r)], [&](wire::ReduceTotal::Builder b) {
-          b.setEpoch(e);
-          transport::write_descriptor(b.initTensor(), desc);
-        });
-      }
-      co_await finish_reduce();
-      co_return;
-    }
-  }
-  if (phase_ == phase::wait_total && total_epoch_ == epoch_) {
-    co_await compute([&] { copy_gradients_in(ops_, in_->total); });
-    co_await finish_reduce();
-  }
-}
-
-awaitable<void> stage_actor::finish_reduce() {
-  STAGE_TRACE("done");
-  phase_ = phase::reduced;
-  std::vector<double> sq, pop;
-  co_await compute([&] {
-    device_state* d = model_->device();
-    sq = d != nullptr && d->grads_on_device() ? d->grad_sq_sums() : gradient_sq_sums(ops_);
-    pop = operator_popularity(ops_, hooks_ && hooks_->soft_popularity());
-  });
-  const std::uint64_t e = epoch_;
-  (void)tell<wire::StageDone>(coordinator_, [&](wire::StageDone::Builder b) {
-    b.setStage(setup_.stage);
-    b.setReplica(setup_.replica);
-    b.setEpoch(e);
-    auto s = b.initSqSums(static_cast<unsigned>(sq.size()));
-    for (unsigned i = 0; i < sq.size(); ++i) s.set(i, sq[i]);
-    if (setup_.last()) {
-      auto l = b.initLosses(static_cast<unsigned>(losses_.size()));
-      for (unsigned i = 0; i < losses_.size(); ++i) l.set(i, losses_[i]);
-    }
-    auto a = b.initAuxLosses(static_cast<unsigned>(aux_.size()));
-    for (unsigned i = 0; i < aux_.size(); ++i) a.set(i, aux_[i]);
-    b.setComputeSeconds(compute_s_);
-    auto p = b.initPopularity(static_cast<unsigned>(pop.size()));
-    for (unsigned i = 0; i < pop.size(); ++i) p.set(i, pop[i]);
-    b.setGroupFormSeconds(group_form_s_);
-    b.setDeviceSumSeconds(device_sum_s_);
-  });
-  group_form_s_ = device_sum_s_ = 0.0;
 }
 
 awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
@@ -484,35 +467,6 @@ awaitable<void> stage_actor::gradient(wire::Gradient::Reader m) {
   }
   grad_epoch_[std::size_t(mb)] = e;
   if (e == epoch_) co_await advance();
-}
-
-awaitable<void> stage_actor::reduce_partial(wire::ReducePartial::Reader m) {
-  auto d = read_descriptor(m.getTensor());
-  if (in_->partial.empty() || !d.ok() || d->length != gf_ * sizeof(float)) {
-    ++dropped_;
-    co_return;
-  }
-  if (!accept(m.getEpoch())) co_return;
-  const std::uint64_t e = m.getEpoch();
-  if (!co_await pull(*d, in_->partial)) co_return;
-  partial_epoch_ = e;
-  if (e == epoch_ && phase_ == phase::reducing) co_await reduce();
-}
-
-awaitable<void> stage_actor::reduce_total(wire::ReduceTotal::Reader m) {
-  auto d = read_descriptor(m.getTensor());
-  if (in_->total.empty() || !d.ok() || d->length != gf_ * sizeof(float)) {
-    ++dropped_;
-    co_return;
-  }
-  // The total comes only after this replica sent its partial sum (same epoch).
-  if (m.getEpoch() != epoch_ || phase_ != phase::wait_total) {
-    ++dropped_;
-    co_return;
-  }
-  if (!co_await pull(*d, in_->total)) co_return;
-  total_epoch_ = m.getEpoch();
-  co_await reduce();
 }
 
 awaitable<void> stage_actor::step(wire::Step::Reader m) {
@@ -590,6 +544,7 @@ awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builde
   ack.setGroupAbortSeconds(group_s);
   if (phase_ == phase::stepped || phase_ == phase::idle) co_return;  // nothing in flight
   co_await compute([&] { model_->abort_iteration(); });
+  if (router_) router_->resume();
   phase_ = phase::aborted;
 }
 
@@ -620,13 +575,23 @@ awaitable<void> stage_actor::val_activation(wire::ValActivation::Reader m) {
 // down the pipeline.
 awaitable<void> stage_actor::validate_one(std::uint64_t round, int i, std::span<const float> x) {
   stage_output out;
+  std::string error;
   co_await compute([&] {
-    out = model_->validate(i, x);
+    try {
+      out = model_->validate(i, x);
+    } catch (const std::exception& e) {  // an expert exchange stopped (a peer lost)
+      error = e.what();
+      return;
+    }
     if (!setup_.last() && out.activation.size() == bf_) {
       auto slot = floats(val_out_).subspan(std::size_t(i) * bf_, bf_);
       std::copy(out.activation.begin(), out.activation.end(), slot.begin());
     }
   });
+  if (!error.empty()) {
+    fail("validation: " + error);
+    co_return;
+  }
   if (setup_.last()) {
     const double loss = out.loss;
     (void)tell<wire::ValLoss>(coordinator_, [&](wire::ValLoss::Builder b) {
@@ -652,6 +617,10 @@ awaitable<void> stage_actor::digests(wire::DigestsQuery::Reader, wire::Digests::
   });
   auto l = out.initValues(static_cast<unsigned>(d.size()));
   for (unsigned i = 0; i < d.size(); ++i) l.set(i, d[i]);
+  if (router_) {
+    auto x = out.initExperts(static_cast<unsigned>(ops_.size()));
+    for (unsigned i = 0; i < ops_.size(); ++i) x.set(i, ops_[i]->kind() == models::op_kind::expert);
+  }
 }
 
 }  // namespace moevement::engine

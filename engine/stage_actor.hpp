@@ -14,7 +14,9 @@
 // heartbeats never stall behind a long GEMM.
 #pragma once
 
+#include <asio/co_spawn.hpp>
 #include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +28,7 @@
 #include "actors/system.hpp"
 #include "engine/bulk_io.hpp"
 #include "engine/engine.capnp.h"
+#include "engine/expert_router.hpp"
 #include "engine/hooks.hpp"
 #include "engine/schedule.hpp"
 #include "engine/stage_model.hpp"
@@ -97,6 +100,10 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> advance();
   asio::awaitable<void> reduce();
   asio::awaitable<void> finish_reduce();
+  // Expert parallelism's reduction: the two folds below, each as far as its inputs allow.
+  asio::awaitable<void> reduce_sharded();
+  asio::awaitable<void> fold_dense();
+  asio::awaitable<void> fold_experts();
   // NCCL (device_reduction): replica 0 makes the wiring's group and tells the others; each
   // joins; the sum runs on the compute thread, and an Abort stops it (stop_sum_).
   asio::awaitable<void> form_group();
@@ -108,7 +115,13 @@ class stage_actor : public actors::actor {
   asio::awaitable<bool> pull(const transport::bulk_descriptor& d, std::span<float> into);
   // Runs fn on the compute thread and waits for it.
   template <class F>
-  asio::awaitable<void> compute(F&& fn);
+  asio::awaitable<void> compute(F&& fn) {
+    auto task = [&fn]() -> asio::awaitable<void> {
+      fn();
+      co_return;
+    };
+    co_await asio::co_spawn(pool_.get_executor(), std::move(task), asio::use_awaitable);
+  }
   void fail(const std::string& what);
   void at_fault_point(fault_point p) {
     if (faults_) faults_(iteration_, p);
@@ -145,6 +158,20 @@ class stage_actor : public actors::actor {
   double compute_s_ = 0.0;
   std::uint64_t dropped_ = 0;
   bool failed_ = false;
+
+  // Expert parallelism: where the model's routed rows go (engine/expert_router.hpp); null
+  // without it.
+  std::shared_ptr<expert_router> router_;
+  // Its reduction: the non-experts' fold over every replica (their gradient is the first
+  // dense_floats_ of gf_ in the reduction's buffers) and the expert block's over its copies
+  // (the rest).
+  struct fold {
+    bool sent = false, done = false;  // this iteration's share sent; the total is here
+    std::uint64_t partial_epoch = 0, total_epoch = 0;
+  };
+  std::vector<models::operator_state*> dense_ops_;
+  std::size_t dense_floats_ = 0;
+  fold dense_fold_, expert_fold_;
 
   device_reduction* reduction_ = nullptr;  // model_->device()->reduction(): NCCL, else null
   std::uint64_t wiring_ = 0;               // the last Wire's count

@@ -22,6 +22,7 @@ class actor_system;
 namespace moevement::engine {
 
 class bulk_io;
+class expert_router;
 
 using stage_factory = std::function<std::unique_ptr<stage_model>(const stage_setup&)>;
 
@@ -34,6 +35,8 @@ struct stage_actor_args {
   actors::actor_ref coordinator;
   std::unique_ptr<stage_hooks> hooks;  // null: policy none
   fault_hook faults;                   // empty: no failure injection
+  // Expert parallelism (parallel.ep > 1): the stage's router, shared with its router actor.
+  std::shared_ptr<expert_router> experts;
 };
 // Spawns a stage type's stage actor and returns its ref; empty: engine::stage_actor itself.
 using stage_spawner = std::function<actors::actor_ref(actors::actor_system&, stage_actor_args&&)>;

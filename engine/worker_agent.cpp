@@ -92,6 +92,7 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
     write_ref(b.initCheckpoint(), ckpt);
     write_ref(b.initReplicator(), repl);
     write_ref(b.initGroupExchange(), exchange);
+    write_ref(b.initExperts(), stage.valid() ? experts_ : actors::actor_ref{});
     auto l = b.initOpSizes(static_cast<unsigned>(sizes.size()));
     for (unsigned i = 0; i < sizes.size(); ++i) {
       l[i].setComputeBytes(sizes[i].compute_bytes);
@@ -142,8 +143,15 @@ void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> m
   if (checkpoint_) hooks = checkpoint_->make_hooks(setup, *model, coordinator_);
   fault_hook faults;
   if (faults_) faults = faults_(setup.stage, setup.replica, replacement);
-  stage_actor_args args{std::move(setup), std::move(model), bulk_.get(),
-                        coordinator_,     std::move(hooks), std::move(faults)};
+  // Expert parallelism: the router's message half is an actor of its own (expert_router.hpp).
+  std::shared_ptr<expert_router> router;
+  if (setup.train.expert_parallel > 1) {
+    router = std::make_shared<expert_router>(system(), *bulk_, setup);
+    experts_ = system().spawn<expert_router_actor>(router, *bulk_).ref;
+    router->set_actor(experts_);
+  }
+  stage_actor_args args{std::move(setup), std::move(model),  bulk_.get(),      coordinator_,
+                        std::move(hooks), std::move(faults), std::move(router)};
   // The stage type's own actor class (stage_registry::add_actor), or the engine's.
   const stage_spawner& spawn = registry_.spawner(job_->stage_type);
   stage_ =

@@ -70,6 +70,7 @@ class worker_agent : public actors::actor {
   bool assigned_ = false, restored_ = false;
   std::uint64_t generation_ = 0;  // of the Restore this replacement last answered
   actors::actor_ref stage_;
+  actors::actor_ref experts_;  // the stage's expert router actor (parallel.ep > 1)
 };
 
 }  // namespace moevement::engine

@@ -1,0 +1,385 @@
+#include "engine/expert_router.hpp"
+
+#include <fmt/format.h>
+#include <asio/post.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+namespace moevement::engine {
+
+using transport::read_descriptor;
+
+expert_router::expert_router(actors::actor_system& system, bulk_io& io, const stage_setup& setup)
+    : system_(system),
+      rank_(setup.replica % setup.train.expert_parallel),
+      ep_(setup.train.expert_parallel),
+      experts_(setup.model.experts),
+      c_(setup.model.d_model),
+      max_floats_(std::size_t(setup.train.micro_batch_size) * std::size_t(setup.train.seq_len) *
+                  std::size_t(setup.model.top_k) * std::size_t(setup.model.d_model)) {
+  const std::size_t bytes = std::size_t(ep_) * max_floats_ * sizeof(float);
+  rows_out_ = io.allocate(bytes);
+  answers_out_ = io.allocate(bytes);
+  rows_in_.assign(std::size_t(ep_), std::vector<float>(max_floats_));
+  answers_in_.assign(std::size_t(ep_), std::vector<float>(max_floats_));
+  awaited_.resize(std::size_t(ep_));
+  backwards_.assign(std::size_t(ep_), 0);
+  expected_backwards_ = setup.train.micro_batches;  // times the layers: attach()
+}
+
+void expert_router::attach(models::expert_shard* shard) {
+  shard_ = shard;
+  std::lock_guard lk(mu_);
+  expected_backwards_ *= shard->layers();
+}
+
+bool expert_router::complete() const {
+  std::lock_guard lk(mu_);
+  return std::all_of(backwards_.begin(), backwards_.end(),
+                     [&](int n) { return n >= expected_backwards_; });
+}
+
+void expert_router::backward_done(int source) {
+  bool now = false;
+  {
+    std::lock_guard lk(mu_);
+    const int n = ++backwards_[std::size_t(source)];
+    now = n == expected_backwards_ && std::all_of(backwards_.begin(), backwards_.end(),
+                                                  [&](int b) { return b >= expected_backwards_; });
+  }
+  if (now && on_complete_) on_complete_();
+}
+
+std::span<float> expert_router::slot(const transport::bulk_region& region, int k) const {
+  auto bytes = region.memory();
+  auto* f = reinterpret_cast<float*>(bytes.data());
+  return {f + std::size_t(k) * max_floats_, max_floats_};
+}
+
+void expert_router::forward(int layer, int mb, std::span<const int> offsets,
+                            std::span<const float> xs, std::span<float> ye, bool training) {
+  exchange(layer, mb, false, training, offsets, xs, ye);
+}
+
+void expert_router::backward(int layer, int mb, std::span<const int> offsets,
+                             std::span<const float> d_ye, std::span<float> d_xs) {
+  exchange(layer, mb, true, true, offsets, d_ye, d_xs);
+}
+
+void expert_router::exchange(int layer, int mb, bool backward, bool training,
+                             std::span<const int> offsets, std::span<const float> in,
+                             std::span<float> out) {
+  if (shard_ == nullptr) throw std::logic_error("expert_router: no shard attached");
+  if (offsets.size() != std::size_t(experts_) + 1 || in.size() != out.size()) {
+    throw std::invalid_argument("expert_router: offsets or tensors do not fit the experts");
+  }
+  const int per = experts_ / ep_;
+  // what owner k gets: its experts' row counts, and where their rows are
+  std::vector<request> to(static_cast<std::size_t>(ep_));
+  std::vector<std::size_t> first(static_cast<std::size_t>(ep_));
+  {
+    std::lock_guard lk(mu_);
+    if (stopped_) throw exchange_stopped(why_);
+    for (int k = 0; k < ep_; ++k) {
+      request& r = to[std::size_t(k)];
+      r = {rank_, layer, mb, backward, training ? epoch_ : 0, {}, 0};
+      for (int j = k * per; j < (k + 1) * per; ++j) r.rows.push_back(offsets[j + 1] - offsets[j]);
+      first[std::size_t(k)] = std::size_t(offsets[k * per]) * std::size_t(c_);
+      r.floats = std::size_t(offsets[(k + 1) * per] - offsets[k * per]) * std::size_t(c_);
+      if (r.floats > max_floats_) throw std::invalid_argument("expert_router: too many rows");
+      if (k != rank_) awaited_[std::size_t(k)] = {true, false, layer, mb, backward, r.floats};
+    }
+  }
+  for (int k = 0; k < ep_; ++k) {
+    if (k == rank_) continue;
+    const request& r = to[std::size_t(k)];
+    const auto src = in.subspan(first[std::size_t(k)], r.floats);
+    std::copy(src.begin(), src.end(), slot(rows_out_, k).begin());
+    send_rows(k, r);
+  }
+  {  // this replica's own experts: here
+    const request& r = to[std::size_t(rank_)];
+    const auto mine_in = in.subspan(first[std::size_t(rank_)], r.floats);
+    const auto mine_out = out.subspan(first[std::size_t(rank_)], r.floats);
+    if (backward) {
+      shard_->backward(rank_, layer, mb, mine_in, mine_out);
+      backward_done(rank_);
+    } else {
+      shard_->forward(rank_, layer, mb, r.rows, mine_in, mine_out, training);
+    }
+  }
+  int left = ep_ - 1;
+  while (left > 0) {
+    std::vector<request> todo;
+    std::vector<int> arrived;
+    {
+      std::unique_lock lk(mu_);
+      const auto ready = [&] {
+        if (stopped_) return true;
+        for (const auto& a : awaited_) {
+          if (a.waiting && a.arrived) return true;
+        }
+        return std::any_of(requests_.begin(), requests_.end(),
+                           [&](const request& q) { return q.mb < 0 || q.epoch <= epoch_; });
+      };
+      cv_.wait(lk, ready);
+      if (stopped_) throw exchange_stopped(why_);
+      for (int k = 0; k < ep_; ++k) {
+        auto& a = awaited_[std::size_t(k)];
+        if (!a.waiting || !a.arrived) continue;
+        arrived.push_back(k);
+        a = {};
+      }
+      todo = take_servable();
+    }
+    for (const request& r : todo) serve(r);
+    for (const int k : arrived) {
+      const request& r = to[std::size_t(k)];
+      const auto& src = answers_in_[std::size_t(k)];
+      std::copy(src.begin(), src.begin() + std::ptrdiff_t(r.floats),
+                out.begin() + std::ptrdiff_t(first[std::size_t(k)]));
+      --left;
+    }
+  }
+}
+
+std::vector<expert_router::request> expert_router::take_servable() {
+  std::vector<request> out;
+  std::deque<request> keep;
+  for (auto& r : requests_) {
+    if (r.mb >= 0 && r.epoch < epoch_) continue;  // an aborted iteration's
+    if (r.mb < 0 || r.epoch == epoch_) {
+      out.push_back(std::move(r));
+    } else {
+      keep.push_back(std::move(r));  // a later iteration's, before this replica began it
+    }
+  }
+  requests_ = std::move(keep);
+  return out;
+}
+
+void expert_router::serve(const request& r) {
+  const auto in = std::span<const float>(rows_in_[std::size_t(r.source)]).first(r.floats);
+  const auto out = slot(answers_out_, r.source).first(r.floats);
+  try {
+    if (r.backward) {
+      shard_->backward(r.source, r.layer, r.mb, in, out);
+    } else {
+      shard_->forward(r.source, r.layer, r.mb, r.rows, in, out, r.mb >= 0);
+    }
+  } catch (const std::exception& e) {
+    stop(
+        fmt::format("expert parallelism: the rows of EP rank {} (layer {}, micro-batch {}) "
+                    "could not be computed: {}",
+                    r.source, r.layer, r.mb, e.what()));
+    return;
+  }
+  send_output(r);
+  if (r.backward) backward_done(r.source);
+}
+
+void expert_router::begin_epoch(std::uint64_t epoch) {
+  {
+    std::lock_guard lk(mu_);
+    epoch_ = epoch;
+    std::fill(backwards_.begin(), backwards_.end(), 0);
+  }
+  serve_pending();
+}
+
+void expert_router::serve_pending() {
+  for (;;) {
+    std::vector<request> todo;
+    {
+      std::lock_guard lk(mu_);
+      if (stopped_) return;
+      todo = take_servable();
+    }
+    if (todo.empty()) return;
+    for (const request& r : todo) serve(r);
+  }
+}
+
+void expert_router::stop(const std::string& why) {
+  std::lock_guard lk(mu_);
+  if (!stopped_) why_ = why;
+  stopped_ = true;
+  cv_.notify_all();
+}
+
+void expert_router::resume() {
+  std::lock_guard lk(mu_);
+  stopped_ = false;
+  why_.clear();
+  for (auto& a : awaited_) a = {};
+  std::erase_if(requests_, [&](const request& r) { return r.mb < 0 || r.epoch <= epoch_; });
+}
+
+void expert_router::send_rows(int owner, const request& r) {
+  asio::post(system_.io(), [self = shared_from_this(), owner, r] {
+    if (std::size_t(owner) >= self->peers_.size()) return;
+    const auto d = self->rows_out_.describe(std::size_t(owner) * self->max_floats_ * sizeof(float),
+                                            r.floats * sizeof(float));
+    (void)self->system_.tell<wire::ExpertRows>(
+        self->peers_[std::size_t(owner)],
+        [&](wire::ExpertRows::Builder b) {
+          b.setEpoch(r.epoch);
+          b.setLayer(r.layer);
+          b.setMicroBatch(r.mb);
+          b.setBackward(r.backward);
+          b.setSource(r.source);
+          if (!r.backward) {
+            auto l = b.initRows(static_cast<unsigned>(r.rows.size()));
+            for (unsigned i = 0; i < r.rows.size(); ++i) l.set(i, r.rows[i]);
+          }
+          transport::write_descriptor(b.initTensor(), d);
+        },
+        self->self_);
+  });
+}
+
+void expert_router::send_output(const request& r) {
+  asio::post(system_.io(), [self = shared_from_this(), r] {
+    if (std::size_t(r.source) >= self->peers_.size()) return;
+    const auto d = self->answers_out_.describe(
+        std::size_t(r.source) * self->max_floats_ * sizeof(float), r.floats * sizeof(float));
+    (void)self->system_.tell<wire::ExpertOutput>(
+        self->peers_[std::size_t(r.source)],
+        [&](wire::ExpertOutput::Builder b) {
+          b.setEpoch(r.epoch);
+          b.setLayer(r.layer);
+          b.setMicroBatch(r.mb);
+          b.setBackward(r.backward);
+          b.setOwner(self->rank_);
+          transport::write_descriptor(b.initTensor(), d);
+        },
+        self->self_);
+  });
+}
+
+bool expert_router::check_rows(const request& r, std::size_t bytes) const {
+  const std::size_t row_bytes = std::size_t(c_) * sizeof(float);
+  if (r.source < 0 || r.source >= ep_ || r.source == rank_ || r.layer < 0 || r.mb < -1 ||
+      bytes % row_bytes != 0 || bytes / sizeof(float) > max_floats_) {
+    return false;
+  }
+  if (r.backward) return r.mb >= 0 && r.rows.empty();
+  if (r.rows.size() != std::size_t(experts_ / ep_)) return false;
+  std::size_t total = 0;
+  for (const int n : r.rows) {
+    if (n < 0) return false;
+    total += std::size_t(n);
+  }
+  return total * row_bytes == bytes;
+}
+
+std::span<float> expert_router::rows_buffer(int source) {
+  return rows_in_.at(std::size_t(source));
+}
+
+void expert_router::rows_arrived(request r) {
+  {
+    std::lock_guard lk(mu_);
+    requests_.push_back(std::move(r));
+    cv_.notify_all();
+  }
+  if (wake_) wake_();
+}
+
+std::span<float> expert_router::output_buffer(int owner, int layer, int mb, bool backward,
+                                              std::size_t bytes) {
+  std::lock_guard lk(mu_);
+  if (owner < 0 || owner >= ep_ || owner == rank_) return {};
+  const auto& a = awaited_[std::size_t(owner)];
+  if (!a.waiting || a.arrived || a.layer != layer || a.mb != mb || a.backward != backward ||
+      a.floats * sizeof(float) != bytes) {
+    return {};
+  }
+  return std::span<float>(answers_in_[std::size_t(owner)]).first(a.floats);
+}
+
+void expert_router::output_arrived(int owner) {
+  std::lock_guard lk(mu_);
+  auto& a = awaited_.at(std::size_t(owner));
+  if (a.waiting) a.arrived = true;
+  cv_.notify_all();
+}
+
+// ---- the router actor
+
+expert_router_actor::expert_router_actor(std::shared_ptr<expert_router> router, bulk_io& io)
+    : router_(std::move(router)), io_(io) {
+  on<wire::ExpertRows>(&expert_router_actor::rows);
+  on<wire::ExpertOutput>(&expert_router_actor::output);
+}
+
+asio::awaitable<void> expert_router_actor::on_start() {
+  router_->set_actor(self());
+  co_return;
+}
+
+asio::awaitable<void> expert_router_actor::on_down(actors::actor_ref who, actors::exit_reason) {
+  const auto& peers = router_->peers();
+  const auto it = std::find(peers.begin(), peers.end(), who);
+  if (it == peers.end()) co_return;
+  router_->stop(fmt::format("expert parallelism: EP rank {} (node {}) was lost", it - peers.begin(),
+                            who.node));
+}
+
+asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
+  expert_router::request r;
+  r.source = m.getSource();
+  r.layer = m.getLayer();
+  r.mb = m.getMicroBatch();
+  r.backward = m.getBackward();
+  r.epoch = m.getEpoch();
+  const auto rows = m.getRows();
+  if (rows.size() > 1u << 16) {
+    ++dropped_;
+    co_return;
+  }
+  for (const int n : rows) r.rows.push_back(n);
+  const auto d = read_descriptor(m.getTensor());
+  if (!d.ok() || !router_->check_rows(r, d->length)) {
+    ++dropped_;
+    co_return;
+  }
+  r.floats = d->length / sizeof(float);
+  if (r.floats > 0) {
+    const auto into = router_->rows_buffer(r.source).first(r.floats);
+    auto pulled = co_await io_.pull(*d, std::as_writable_bytes(into), router_);
+    if (!pulled.ok()) {
+      router_->stop(fmt::format("expert parallelism: pulling the rows of EP rank {} failed: {}",
+                                r.source, pulled.err().message));
+      co_return;
+    }
+  }
+  router_->rows_arrived(std::move(r));
+}
+
+asio::awaitable<void> expert_router_actor::output(wire::ExpertOutput::Reader m) {
+  const int owner = m.getOwner();
+  const auto d = read_descriptor(m.getTensor());
+  if (!d.ok()) {
+    ++dropped_;
+    co_return;
+  }
+  const auto into =
+      router_->output_buffer(owner, m.getLayer(), m.getMicroBatch(), m.getBackward(), d->length);
+  if (into.size() * sizeof(float) != d->length) {  // not awaited (stale), or of another shape
+    ++dropped_;
+    co_return;
+  }
+  if (!into.empty()) {
+    auto pulled = co_await io_.pull(*d, std::as_writable_bytes(into), router_);
+    if (!pulled.ok()) {
+      router_->stop(fmt::format("expert parallelism: pulling the answer of EP rank {} failed: {}",
+                                owner, pulled.err().message));
+      co_return;
+    }
+  }
+  router_->output_arrived(owner);
+}
+
+}  // namespace moevement::engine
