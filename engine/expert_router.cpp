@@ -258,14 +258,14 @@ void expert_router::send_output(const request& r) {
   });
 }
 
-bool expert_router::check_rows(const request& r, std::size_t bytes) const {
-  const std::size_t row_bytes = std::size_t(c_) * sizeof(float);
-  if (r.source < 0 || r.source >= ep_ || r.source == rank_ || r.layer < 0 || r.mb < -1 ||
-      bytes % row_bytes != 0 || bytes / sizeof(float) > max_floats_) {
+bool expert_rows_fit(const expert_request& r, std::size_t bytes, const expert_router_shape& s) {
+  const std::size_t row_bytes = std::size_t(s.c) * sizeof(float);
+  if (r.source < 0 || r.source >= s.ep || r.source == s.rank || r.layer < 0 || r.mb < -1 ||
+      bytes % row_bytes != 0 || bytes / sizeof(float) > s.max_floats) {
     return false;
   }
   if (r.backward) return r.mb >= 0 && r.rows.empty();
-  if (r.rows.size() != std::size_t(experts_ / ep_)) return false;
+  if (r.rows.size() != std::size_t(s.experts / s.ep)) return false;
   std::size_t total = 0;
   for (const int n : r.rows) {
     if (n < 0) return false;

@@ -40,6 +40,25 @@ class exchange_stopped : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One message's rows (ExpertRows), decoded.
+struct expert_request {
+  int source = 0, layer = 0, mb = 0;
+  bool backward = false;
+  std::uint64_t epoch = 0;
+  std::vector<int> rows;  // forward: per expert of the receiver's block
+  std::size_t floats = 0;
+};
+// What a router takes: its EP rank of ep, experts per layer, floats per row (C), and at most
+// max_floats floats per message.
+struct expert_router_shape {
+  int rank = 0, ep = 1, experts = 1, c = 1;
+  std::size_t max_floats = 0;
+};
+// Whether a peer's request with a tensor of `bytes` is one this router can take: a source of
+// its group other than itself, a forward's row counts for each expert of its block summing to
+// the tensor, a backward with none, within the buffers.
+bool expert_rows_fit(const expert_request& r, std::size_t bytes, const expert_router_shape& s);
+
 class expert_router final : public models::expert_exchange,
                             public std::enable_shared_from_this<expert_router> {
  public:
@@ -83,14 +102,10 @@ class expert_router final : public models::expert_exchange,
   void resume();
 
   // ---- the router actor (actor thread): a peer's message, checked; false: malformed
-  struct request {
-    int source = 0, layer = 0, mb = 0;
-    bool backward = false;
-    std::uint64_t epoch = 0;
-    std::vector<int> rows;
-    std::size_t floats = 0;
-  };
-  bool check_rows(const request& r, std::size_t bytes) const;
+  using request = expert_request;
+  bool check_rows(const request& r, std::size_t bytes) const {
+    return expert_rows_fit(r, bytes, {rank_, ep_, experts_, c_, max_floats_});
+  }
   std::span<float> rows_buffer(int source);  // where a request's tensor is pulled
   void rows_arrived(request r);
   // Where owner's answer goes, if one of this shape is awaited (else empty: dropped).

@@ -121,6 +121,13 @@ TEST(job_config, every_engine_key_overrides_its_default) {
     const job_config j = resolve_job({{key, c.first}});
     EXPECT_TRUE(c.second(j)) << key;
   }
+  {  // parallel.ep needs a parallel.dp it divides, and policy none (below): not alone
+    covered.insert("parallel.ep");
+    const job_config j =
+        resolve_job({{"parallel.dp", std::int64_t(4)}, {"parallel.ep", std::int64_t(2)}});
+    EXPECT_EQ(j.ep, 2);
+    EXPECT_EQ(j.train.expert_parallel, 2) << "train.expert_parallel must follow parallel.ep";
+  }
   const auto keys = job_config_keys();
   EXPECT_EQ(covered, std::set<std::string>(keys.begin(), keys.end()))
       << "a key of job_config_keys() has no override case here";
@@ -164,6 +171,30 @@ TEST(job_config, standby_head_needs_the_durable_tier) {
   slurm["cluster.backend"] = std::string("slurm");
   slurm["checkpoint.dir"] = std::string("/shared/ck");
   EXPECT_EQ(reject(slurm).key, "cluster.standby_head");
+}
+
+TEST(job_config, expert_parallelism_needs_a_dp_and_an_expert_count_it_divides) {
+  const auto ep = [](std::int64_t dp, std::int64_t ep) {
+    return config_map{{"parallel.dp", dp}, {"parallel.ep", ep}};
+  };
+  EXPECT_EQ(resolve_job(ep(4, 4)).ep, 4);
+  EXPECT_EQ(resolve_job(ep(4, 1)).ep, 1);
+  const auto not_dp = reject(ep(4, 3));
+  EXPECT_EQ(not_dp.key, "parallel.ep");
+  EXPECT_TRUE(contains(not_dp.message, "parallel.dp")) << not_dp.message;
+  auto more = ep(8, 8);  // tiny has 4 experts per layer
+  EXPECT_EQ(reject(more).key, "parallel.ep");
+  EXPECT_TRUE(contains(reject(more).message, "model.experts")) << reject(more).message;
+  EXPECT_EQ(reject(ep(2, 0)).key, "parallel.ep");
+  auto policy = ep(2, 2);
+  policy["checkpoint.policy"] = std::string("moevement");
+  EXPECT_EQ(reject(policy).key, "parallel.ep");
+  auto gpu = ep(2, 2);
+  gpu["train.device"] = std::string("cuda");
+  EXPECT_EQ(reject(gpu).key, "parallel.ep");
+  auto custom = ep(2, 2);
+  custom["engine.stage"] = std::string("residual_mlp");
+  EXPECT_EQ(reject(custom).key, "parallel.ep");
 }
 
 TEST(job_config, bad_values_name_the_key) {

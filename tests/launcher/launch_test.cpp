@@ -1,5 +1,5 @@
-// `moevement launch` end to end: real worker processes over loopback UCX. Pipelining and data
-// parallelism change no bit (the same state_hash as `moevement train`), a worker killed or
+// `moevement launch` end to end: real worker processes over loopback UCX. Pipelining, data and
+// expert parallelism change no bit (the same state_hash as `moevement train`), a worker killed or
 // hung under policy `none` ends the job with a clear error, Ctrl-C leaves no process behind.
 #include <gtest/gtest.h>
 
@@ -58,6 +58,22 @@ TEST(launch, data_parallel_reduction_is_the_reference_left_fold) {
   const auto [train, launch] = train_and_launch(2, 3);
   EXPECT_EQ(train.size(), 16u);
   EXPECT_EQ(launch, train);
+}
+
+TEST(launch, expert_parallelism_changes_no_bit) {
+  // dp = 4 with the experts sharded over 2 and over 4 replicas, against `train`, which holds
+  // every expert in one process
+  const std::string set = short_run("--set parallel.dp=4", log_path("ep"));
+  const auto t = run_moevement("train " + tiny() + " " + set);
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  ASSERT_EQ(hash_of(t.output).size(), 16u);
+  for (const auto& [ep, pp] : {std::pair{2, 2}, std::pair{4, 1}}) {
+    const auto l =
+        run_moevement("launch " + tiny() + " " + set + " --set parallel.ep=" + std::to_string(ep) +
+                      " --set parallel.pp=" + std::to_string(pp));
+    ASSERT_EQ(l.exit_code, 0) << l.output;
+    EXPECT_EQ(hash_of(l.output), hash_of(t.output)) << "ep=" << ep << " pp=" << pp;
+  }
 }
 
 TEST(launch, pp2_dp2_learns_and_repeats_bit_for_bit) {
@@ -125,6 +141,21 @@ TEST(launch, killed_worker_under_policy_none_ends_the_job_with_a_clear_error) {
   bool logged = false;
   for (const auto& l : lines_of(job.log)) logged |= l.find("job_failed") != std::string::npos;
   EXPECT_TRUE(logged);
+}
+
+TEST(launch, a_killed_ep_rank_ends_the_job_and_no_peer_waits_for_ever) {
+  // Its EP peers may be waiting for its experts' rows: they must end with the job.
+  endless_launch job("kill_ep", "--set parallel.ep=2");
+  const auto pids = job.wait_for_workers(4);
+  ASSERT_EQ(pids.size(), 4u) << job.output();
+  std::this_thread::sleep_for(300ms);  // into training
+  ::kill(pids[2], SIGKILL);
+  const int rc = job.wait(60s);
+  const std::string out = job.output();
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("pid " + std::to_string(pids[2])), std::string::npos) << out;
+  EXPECT_EQ(out.find("state_hash="), std::string::npos);
+  EXPECT_TRUE(all_gone(pids)) << "a worker outlived the job";
 }
 
 TEST(launch, a_lost_spare_does_not_stop_training) {
