@@ -433,7 +433,18 @@ json_record coordinator::job_start_record() const {
       .add("dp", job_.dp)
       .add("spares", job_.spares)
       .add("iterations", job_.train.iterations)
-      .add("micro_batches", job_.train.micro_batches);
+      .add("micro_batches", job_.train.micro_batches)
+      .add("ep", job_.ep);
+  if (job_.stage_type == "moe") {
+    // the expert parameters the fullest stage worker holds (its block of each layer's experts)
+    int layers = 0;
+    for (const auto& range : models::partition(job_.model, job_.pp)) {
+      layers = std::max(layers, range.last_layer - range.first_layer);
+    }
+    const std::int64_t per_expert = 2 * std::int64_t(job_.model.d_model) * job_.model.d_ff;
+    r.add("expert_params_per_worker",
+          std::int64_t(layers) * (job_.model.experts / job_.ep) * per_expert);
+  }
   if (log_ != nullptr) r.add("time_s", log_->seconds());
   return r;
 }

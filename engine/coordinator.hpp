@@ -52,6 +52,10 @@ struct iteration_record {
   // GPU stages with NCCL (train.collectives), the slowest stage's: waiting for the group to
   // form (the first iteration after a wiring; else 0), and the device sum.
   double group_form_s = 0.0, device_sum_s = 0.0;
+  // Expert parallelism: seconds the stages waited for their EP peers' rows (the slowest, the
+  // mean over stages): the all-to-all's cost beside the experts' compute.
+  double max_expert_wait_s = 0.0, mean_expert_wait_s = 0.0;
+  std::uint64_t peak_rss_bytes = 0;  // the largest worker process's peak resident memory
   // snapshot_host_bytes per stage replica, index d * pp + s (where a recovery's memory stays)
   std::vector<std::uint64_t> snapshot_host_bytes_by_stage;
 };
@@ -263,6 +267,7 @@ class coordinator : public actors::actor, private head_control {
   std::vector<std::optional<std::vector<double>>> sq_, losses_, aux_;
   // Expert parallelism: which of each stage replica's operators are experts (StageDone).
   std::vector<std::vector<bool>> expert_ops_;
+  std::vector<double> expert_wait_s_;  // per stage replica, this iteration
   // One stage's per-operator values in canonical order, merged from the EP ranks of replica
   // group 0 (values[k] and experts[k]: rank k's, in its operators' order); throws
   // std::invalid_argument where they do not fit together.

@@ -30,6 +30,7 @@ void coordinator::start_iteration() {
   const std::size_t n = stages_.size();
   sq_.assign(n, std::nullopt);
   expert_ops_.assign(n, {});
+  expert_wait_s_.assign(n, 0.0);
   losses_.assign(n, std::nullopt);
   aux_.assign(n, std::nullopt);
   pop_.assign(n, std::nullopt);
@@ -68,6 +69,7 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   };
   sq_[i] = to_vector(m.getSqSums());
   for (const bool x : m.getExperts()) expert_ops_[i].push_back(x);
+  expert_wait_s_[i] = m.getExpertWaitSeconds();
   aux_[i] = to_vector(m.getAuxLosses());
   if (s == job_.pp - 1) losses_[i] = to_vector(m.getLosses());
   compute_s_[i] = m.getComputeSeconds();
@@ -162,6 +164,10 @@ bool coordinator::plan_iteration() {
     last_.max_compute_s = std::max(last_.max_compute_s, c);
     last_.mean_compute_s += c / double(compute_s_.size());
   }
+  for (double w : expert_wait_s_) {
+    last_.max_expert_wait_s = std::max(last_.max_expert_wait_s, w);
+    last_.mean_expert_wait_s += w / double(expert_wait_s_.size());
+  }
   return true;
 }
 
@@ -232,6 +238,7 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.replica_maps += m.getReplicaMaps();
   last_.replica_pulls += m.getReplicaPulls();
   last_.capture_cpu_s += m.getCaptureCpuSeconds();
+  last_.peak_rss_bytes = std::max<std::uint64_t>(last_.peak_rss_bytes, m.getPeakRssBytes());
   windows_skipped_.resize(stages_.size(), 0);
   if (const auto skipped = m.getWindowsSkipped(); skipped != windows_skipped_[i]) {
     if (skipped > windows_skipped_[i]) {
@@ -277,7 +284,12 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("max_stage_compute_s", last_.max_compute_s)
         .add("mean_stage_compute_s", last_.mean_compute_s)
         .add("attempts", last_.attempts)
+        .add("peak_worker_rss_bytes", std::int64_t(last_.peak_rss_bytes))
         .add("time_s", log_->seconds());
+    if (job_.ep > 1) {
+      rec.add("max_expert_wait_s", last_.max_expert_wait_s)
+          .add("mean_expert_wait_s", last_.mean_expert_wait_s);
+    }
     if (replicates()) {
       last_.replication_lag = recovery_->replication_lag(last_.iteration);
       rec.add("snapshot_bytes", std::int64_t(last_.snapshot_bytes))

@@ -166,6 +166,8 @@ struct StageDone {
   # Expert parallelism: which operators are experts (sqSums then cover this replica's block
   # of experts only; the coordinator merges the EP ranks' in canonical order).
   experts @10 :List(Bool);
+  # Expert parallelism: seconds the compute thread waited for its EP peers' answers.
+  expertWaitSeconds @11 :Float64;
 }
 
 # ---- expert parallelism (parallel.ep; engine/expert_router.hpp)
@@ -180,7 +182,7 @@ struct ExpertRows {
   backward @3 :Bool;
   source @4 :Int32;      # the sender's EP rank
   rows @5 :List(Int32);  # forward: per expert of the receiver's block
-  tensor @6 :Bulk.BulkDescriptor;
+  tensor @6 :Bulk.BulkDescriptor;  # unset when there are no rows
 }
 # The answer: the experts' outputs (forward) or the gradient of their inputs (backward).
 struct ExpertOutput {
@@ -189,7 +191,7 @@ struct ExpertOutput {
   microBatch @2 :Int32;
   backward @3 :Bool;
   owner @4 :Int32;  # the sender's EP rank
-  tensor @5 :Bulk.BulkDescriptor;
+  tensor @5 :Bulk.BulkDescriptor;  # unset when there are no rows
 }
 struct Step {
   epoch @0 :UInt64;
@@ -215,6 +217,7 @@ struct Stepped {
   replicaPulls @9 :UInt64;  # and by pulling
   captureCpuSeconds @10 :Float64;  # CPU time of the last capture
   windowsSkipped @11 :UInt64;  # windows captured nothing of so far (memory bound; hooks.hpp)
+  peakRssBytes @12 :UInt64;    # the worker process's peak resident memory so far (VmHWM)
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

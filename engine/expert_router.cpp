@@ -4,6 +4,7 @@
 #include <asio/post.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace moevement::engine {
@@ -123,7 +124,9 @@ void expert_router::exchange(int layer, int mb, bool backward, bool training,
         return std::any_of(requests_.begin(), requests_.end(),
                            [&](const request& q) { return q.mb < 0 || q.epoch <= epoch_; });
       };
+      const auto t0 = std::chrono::steady_clock::now();
       cv_.wait(lk, ready);
+      wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (stopped_) throw exchange_stopped(why_);
       for (int k = 0; k < ep_; ++k) {
         auto& a = awaited_[std::size_t(k)];
@@ -219,8 +222,6 @@ void expert_router::resume() {
 void expert_router::send_rows(int owner, const request& r) {
   asio::post(system_.io(), [self = shared_from_this(), owner, r] {
     if (std::size_t(owner) >= self->peers_.size()) return;
-    const auto d = self->rows_out_.describe(std::size_t(owner) * self->max_floats_ * sizeof(float),
-                                            r.floats * sizeof(float));
     (void)self->system_.tell<wire::ExpertRows>(
         self->peers_[std::size_t(owner)],
         [&](wire::ExpertRows::Builder b) {
@@ -233,7 +234,11 @@ void expert_router::send_rows(int owner, const request& r) {
             auto l = b.initRows(static_cast<unsigned>(r.rows.size()));
             for (unsigned i = 0; i < r.rows.size(); ++i) l.set(i, r.rows[i]);
           }
-          transport::write_descriptor(b.initTensor(), d);
+          if (r.floats == 0) return;  // no rows for this owner: no tensor (none is empty)
+          transport::write_descriptor(
+              b.initTensor(),
+              self->rows_out_.describe(std::size_t(owner) * self->max_floats_ * sizeof(float),
+                                       r.floats * sizeof(float)));
         },
         self->self_);
   });
@@ -242,8 +247,6 @@ void expert_router::send_rows(int owner, const request& r) {
 void expert_router::send_output(const request& r) {
   asio::post(system_.io(), [self = shared_from_this(), r] {
     if (std::size_t(r.source) >= self->peers_.size()) return;
-    const auto d = self->answers_out_.describe(
-        std::size_t(r.source) * self->max_floats_ * sizeof(float), r.floats * sizeof(float));
     (void)self->system_.tell<wire::ExpertOutput>(
         self->peers_[std::size_t(r.source)],
         [&](wire::ExpertOutput::Builder b) {
@@ -252,7 +255,11 @@ void expert_router::send_output(const request& r) {
           b.setMicroBatch(r.mb);
           b.setBackward(r.backward);
           b.setOwner(self->rank_);
-          transport::write_descriptor(b.initTensor(), d);
+          if (r.floats == 0) return;
+          transport::write_descriptor(
+              b.initTensor(),
+              self->answers_out_.describe(std::size_t(r.source) * self->max_floats_ * sizeof(float),
+                                          r.floats * sizeof(float)));
         },
         self->self_);
   });
@@ -340,7 +347,9 @@ asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
     co_return;
   }
   for (const int n : rows) r.rows.push_back(n);
-  const auto d = read_descriptor(m.getTensor());
+  // no tensor: no rows (a descriptor is never empty)
+  const auto d = m.hasTensor() ? read_descriptor(m.getTensor())
+                               : result<transport::bulk_descriptor>(transport::bulk_descriptor{});
   if (!d.ok() || !router_->check_rows(r, d->length)) {
     ++dropped_;
     co_return;
@@ -360,7 +369,8 @@ asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
 
 asio::awaitable<void> expert_router_actor::output(wire::ExpertOutput::Reader m) {
   const int owner = m.getOwner();
-  const auto d = read_descriptor(m.getTensor());
+  const auto d = m.hasTensor() ? read_descriptor(m.getTensor())
+                               : result<transport::bulk_descriptor>(transport::bulk_descriptor{});
   if (!d.ok()) {
     ++dropped_;
     co_return;

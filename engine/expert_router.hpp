@@ -25,6 +25,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/system.hpp"
@@ -95,6 +96,9 @@ class expert_router final : public models::expert_exchange,
   void backward(int layer, int mb, std::span<const int> offsets, std::span<const float> d_ye,
                 std::span<float> d_xs) override;
 
+  // Seconds the compute thread waited for answers since the last call (compute thread).
+  double take_wait_s() { return std::exchange(wait_s_, 0.0); }
+
   // ---- any thread
   // A waiting exchange throws exchange_stopped(why), now and until resume().
   void stop(const std::string& why);
@@ -140,6 +144,7 @@ class expert_router final : public models::expert_exchange,
   // outgoing, exported: [ep][max_floats] rows sent to each owner, answers to each source
   transport::bulk_region rows_out_, answers_out_;
   std::vector<std::vector<float>> rows_in_, answers_in_;  // [ep][max_floats] pull targets
+  double wait_s_ = 0.0;                                   // the compute thread's
 
   mutable std::mutex mu_;  // what follows: shared by the compute thread and the actor thread
   std::condition_variable cv_;

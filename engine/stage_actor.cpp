@@ -1,6 +1,7 @@
 #include "engine/stage_actor.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <asio/use_awaitable.hpp>
@@ -522,6 +523,8 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setReplicaPulls(st.replica_pulls);
     b.setCaptureCpuSeconds(st.capture_cpu_s);
     b.setWindowsSkipped(st.windows_skipped);
+    ::rusage u{};
+    if (::getrusage(RUSAGE_SELF, &u) == 0) b.setPeakRssBytes(std::uint64_t(u.ru_maxrss) * 1024);
   });
   at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }

@@ -92,7 +92,9 @@ awaitable<void> stage_actor::reduce() {
 awaitable<void> stage_actor::finish_reduce() {
   phase_ = phase::reduced;
   std::vector<double> sq, pop;
+  double expert_wait_s = 0.0;
   co_await compute([&] {
+    if (router_) expert_wait_s = router_->take_wait_s();
     device_state* d = model_->device();
     sq = d != nullptr && d->grads_on_device() ? d->grad_sq_sums() : gradient_sq_sums(ops_);
     pop = operator_popularity(ops_, hooks_ && hooks_->soft_popularity());
@@ -116,6 +118,7 @@ awaitable<void> stage_actor::finish_reduce() {
     b.setGroupFormSeconds(group_form_s_);
     b.setDeviceSumSeconds(device_sum_s_);
     if (router_) {
+      b.setExpertWaitSeconds(expert_wait_s);
       auto x = b.initExperts(static_cast<unsigned>(ops_.size()));
       for (unsigned i = 0; i < ops_.size(); ++i) {
         x.set(i, ops_[i]->kind() == models::op_kind::expert);
