@@ -216,7 +216,9 @@ void expert_router::resume() {
   stopped_ = false;
   why_.clear();
   for (auto& a : awaited_) a = {};
-  std::erase_if(requests_, [&](const request& r) { return r.mb < 0 || r.epoch <= epoch_; });
+  // Requests of the aborted iteration are still served: an EP peer that has not taken its
+  // Abort yet may be waiting for them (and serves this one's likewise). The next epoch drops
+  // what is left.
 }
 
 void expert_router::send_rows(int owner, const request& r) {

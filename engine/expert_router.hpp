@@ -102,7 +102,8 @@ class expert_router final : public models::expert_exchange,
   // ---- any thread
   // A waiting exchange throws exchange_stopped(why), now and until resume().
   void stop(const std::string& why);
-  // After an aborted iteration: waits allowed again; nothing of the old one is kept.
+  // After an aborted iteration: waits allowed again. Its peers' requests are still served
+  // (they may be computing it until their own Abort); the next epoch drops them.
   void resume();
 
   // ---- the router actor (actor thread): a peer's message, checked; false: malformed

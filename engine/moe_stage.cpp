@@ -226,7 +226,9 @@ class moe_stage final : public stage_model {
 
   void abort_iteration() override {
     stage_.abort();
-    if (shard_) shard_->abort();
+    // The expert shard keeps the aborted iteration's rows: its EP peers may still be computing
+    // that iteration (an abort reaches each stage when it is free) and need their backwards
+    // served. begin_iteration() drops them.
     if (gpu_) gpu_->abort();
     backwards_ = 0;
   }
