@@ -55,7 +55,8 @@ struct iteration_record {
   // Expert parallelism: seconds the stages waited for their EP peers' rows (the slowest, the
   // mean over stages): the all-to-all's cost beside the experts' compute.
   double max_expert_wait_s = 0.0, mean_expert_wait_s = 0.0;
-  std::uint64_t peak_rss_bytes = 0;  // the largest worker process's peak resident memory
+  std::uint64_t peak_rss_bytes = 0;       // the largest worker process's peak resident memory
+  std::uint64_t expert_rows_refused = 0;  // EP peers' messages the stages refused so far, summed
   // snapshot_host_bytes per stage replica, index d * pp + s (where a recovery's memory stays)
   std::vector<std::uint64_t> snapshot_host_bytes_by_stage;
 };
@@ -267,7 +268,8 @@ class coordinator : public actors::actor, private head_control {
   std::vector<std::optional<std::vector<double>>> sq_, losses_, aux_;
   // Expert parallelism: which of each stage replica's operators are experts (StageDone).
   std::vector<std::vector<bool>> expert_ops_;
-  std::vector<double> expert_wait_s_;  // per stage replica, this iteration
+  std::vector<double> expert_wait_s_;          // per stage replica, this iteration
+  std::vector<std::uint64_t> expert_refused_;  // per stage replica, so far
   // One stage's per-operator values in canonical order, merged from the EP ranks of replica
   // group 0 (values[k] and experts[k]: rank k's, in its operators' order); throws
   // std::invalid_argument where they do not fit together.

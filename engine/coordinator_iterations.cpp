@@ -70,6 +70,8 @@ awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {
   sq_[i] = to_vector(m.getSqSums());
   for (const bool x : m.getExperts()) expert_ops_[i].push_back(x);
   expert_wait_s_[i] = m.getExpertWaitSeconds();
+  expert_refused_.resize(stages_.size(), 0);
+  expert_refused_[i] = m.getExpertRowsRefused();
   aux_[i] = to_vector(m.getAuxLosses());
   if (s == job_.pp - 1) losses_[i] = to_vector(m.getLosses());
   compute_s_[i] = m.getComputeSeconds();
@@ -164,6 +166,7 @@ bool coordinator::plan_iteration() {
     last_.max_compute_s = std::max(last_.max_compute_s, c);
     last_.mean_compute_s += c / double(compute_s_.size());
   }
+  for (const auto n : expert_refused_) last_.expert_rows_refused += n;
   for (double w : expert_wait_s_) {
     last_.max_expert_wait_s = std::max(last_.max_expert_wait_s, w);
     last_.mean_expert_wait_s += w / double(expert_wait_s_.size());
@@ -288,7 +291,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("time_s", log_->seconds());
     if (job_.ep > 1) {
       rec.add("max_expert_wait_s", last_.max_expert_wait_s)
-          .add("mean_expert_wait_s", last_.mean_expert_wait_s);
+          .add("mean_expert_wait_s", last_.mean_expert_wait_s)
+          .add("expert_rows_refused", std::int64_t(last_.expert_rows_refused));
     }
     if (replicates()) {
       last_.replication_lag = recovery_->replication_lag(last_.iteration);

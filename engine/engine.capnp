@@ -168,6 +168,8 @@ struct StageDone {
   experts @10 :List(Bool);
   # Expert parallelism: seconds the compute thread waited for its EP peers' answers.
   expertWaitSeconds @11 :Float64;
+  # and how many of their messages it refused so far (malformed, or answers not awaited)
+  expertRowsRefused @12 :UInt64;
 }
 
 # ---- expert parallelism (parallel.ep; engine/expert_router.hpp)

@@ -345,7 +345,7 @@ asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
   r.epoch = m.getEpoch();
   const auto rows = m.getRows();
   if (rows.size() > 1u << 16) {
-    ++dropped_;
+    router_->count_refused();
     co_return;
   }
   for (const int n : rows) r.rows.push_back(n);
@@ -353,7 +353,7 @@ asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
   const auto d = m.hasTensor() ? read_descriptor(m.getTensor())
                                : result<transport::bulk_descriptor>(transport::bulk_descriptor{});
   if (!d.ok() || !router_->check_rows(r, d->length)) {
-    ++dropped_;
+    router_->count_refused();
     co_return;
   }
   r.floats = d->length / sizeof(float);
@@ -374,13 +374,13 @@ asio::awaitable<void> expert_router_actor::output(wire::ExpertOutput::Reader m) 
   const auto d = m.hasTensor() ? read_descriptor(m.getTensor())
                                : result<transport::bulk_descriptor>(transport::bulk_descriptor{});
   if (!d.ok()) {
-    ++dropped_;
+    router_->count_refused();
     co_return;
   }
   const auto into =
       router_->output_buffer(owner, m.getLayer(), m.getMicroBatch(), m.getBackward(), d->length);
   if (into.size() * sizeof(float) != d->length) {  // not awaited (stale), or of another shape
-    ++dropped_;
+    router_->count_refused();
     co_return;
   }
   if (!into.empty()) {

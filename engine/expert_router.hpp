@@ -17,6 +17,7 @@
 // direction: the rows it sent last, and the answer to them.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -98,6 +99,9 @@ class expert_router final : public models::expert_exchange,
 
   // Seconds the compute thread waited for answers since the last call (compute thread).
   double take_wait_s() { return std::exchange(wait_s_, 0.0); }
+  // Peers' messages refused as malformed (or not awaited) so far (any thread).
+  std::uint64_t refused() const { return refused_.load(); }
+  void count_refused() { ++refused_; }
 
   // ---- any thread
   // A waiting exchange throws exchange_stopped(why), now and until resume().
@@ -146,6 +150,7 @@ class expert_router final : public models::expert_exchange,
   transport::bulk_region rows_out_, answers_out_;
   std::vector<std::vector<float>> rows_in_, answers_in_;  // [ep][max_floats] pull targets
   double wait_s_ = 0.0;                                   // the compute thread's
+  std::atomic<std::uint64_t> refused_{0};
 
   mutable std::mutex mu_;  // what follows: shared by the compute thread and the actor thread
   std::condition_variable cv_;
@@ -164,7 +169,7 @@ class expert_router_actor : public actors::actor {
   using interface =
       actors::interface<actors::tell_t<wire::ExpertRows>, actors::tell_t<wire::ExpertOutput>>;
   expert_router_actor(std::shared_ptr<expert_router> router, bulk_io& io);
-  std::uint64_t dropped() const { return dropped_; }
+  std::uint64_t dropped() const { return router_->refused(); }
 
  protected:
   asio::awaitable<void> on_start() override;
@@ -176,7 +181,6 @@ class expert_router_actor : public actors::actor {
 
   std::shared_ptr<expert_router> router_;
   bulk_io& io_;
-  std::uint64_t dropped_ = 0;
 };
 
 }  // namespace moevement::engine

@@ -119,6 +119,7 @@ awaitable<void> stage_actor::finish_reduce() {
     b.setDeviceSumSeconds(device_sum_s_);
     if (router_) {
       b.setExpertWaitSeconds(expert_wait_s);
+      b.setExpertRowsRefused(router_->refused());
       auto x = b.initExperts(static_cast<unsigned>(ops_.size()));
       for (unsigned i = 0; i < ops_.size(); ++i) {
         x.set(i, ops_[i]->kind() == models::op_kind::expert);
