@@ -15,6 +15,12 @@
 
 namespace moevement::engine {
 
+// A region's memory as floats (the stage actors' tensors).
+inline std::span<float> region_floats(const transport::bulk_region& r) {
+  auto bytes = r.memory();
+  return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
+}
+
 class bulk_io {
  public:
   explicit bulk_io(transport::ucx_link& link) : link_(link) {}

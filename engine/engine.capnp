@@ -185,6 +185,7 @@ struct ExpertRows {
   source @4 :Int32;      # the sender's EP rank
   rows @5 :List(Int32);  # forward: per expert of the receiver's block
   tensor @6 :Bulk.BulkDescriptor;  # unset when there are no rows
+  seq @7 :UInt64;  # counts the sender's exchanges: the answer names it
 }
 # The answer: the experts' outputs (forward) or the gradient of their inputs (backward).
 struct ExpertOutput {
@@ -194,6 +195,8 @@ struct ExpertOutput {
   backward @3 :Bool;
   owner @4 :Int32;  # the sender's EP rank
   tensor @5 :Bulk.BulkDescriptor;  # unset when there are no rows
+  seq @6 :UInt64;  # the request's
+  error @7 :Text;  # non-empty: the rows could not be computed (what was wrong with them)
 }
 struct Step {
   epoch @0 :UInt64;

@@ -27,10 +27,13 @@ expert_router::expert_router(actors::actor_system& system, bulk_io& io, const st
   awaited_.resize(std::size_t(ep_));
   backwards_.assign(std::size_t(ep_), 0);
   expected_backwards_ = setup.train.micro_batches;  // times the layers: attach()
+  shape_ = {rank_, ep_, experts_, c_, max_floats_, 0, 0, setup.train.micro_batches};
 }
 
 void expert_router::attach(models::expert_shard* shard) {
   shard_ = shard;
+  shape_.first_layer = shard->range().first_layer;
+  shape_.last_layer = shard->range().last_layer;
   std::lock_guard lk(mu_);
   expected_backwards_ *= shard->layers();
 }
@@ -79,17 +82,20 @@ void expert_router::exchange(int layer, int mb, bool backward, bool training,
   // what owner k gets: its experts' row counts, and where their rows are
   std::vector<request> to(static_cast<std::size_t>(ep_));
   std::vector<std::size_t> first(static_cast<std::size_t>(ep_));
+  const std::uint64_t seq = ++seq_;
   {
     std::lock_guard lk(mu_);
     if (stopped_) throw exchange_stopped(why_);
     for (int k = 0; k < ep_; ++k) {
       request& r = to[std::size_t(k)];
-      r = {rank_, layer, mb, backward, training ? epoch_ : 0, {}, 0};
+      r = {rank_, layer, mb, backward, training ? epoch_ : 0, seq, {}, 0};
       for (int j = k * per; j < (k + 1) * per; ++j) r.rows.push_back(offsets[j + 1] - offsets[j]);
       first[std::size_t(k)] = std::size_t(offsets[k * per]) * std::size_t(c_);
       r.floats = std::size_t(offsets[(k + 1) * per] - offsets[k * per]) * std::size_t(c_);
       if (r.floats > max_floats_) throw std::invalid_argument("expert_router: too many rows");
-      if (k != rank_) awaited_[std::size_t(k)] = {true, false, layer, mb, backward, r.floats};
+      if (k != rank_) {
+        awaited_[std::size_t(k)] = {true, false, layer, mb, backward, r.epoch, seq, r.floats, {}};
+      }
     }
   }
   for (int k = 0; k < ep_; ++k) {
@@ -131,6 +137,12 @@ void expert_router::exchange(int layer, int mb, bool backward, bool training,
       for (int k = 0; k < ep_; ++k) {
         auto& a = awaited_[std::size_t(k)];
         if (!a.waiting || !a.arrived) continue;
+        if (!a.error.empty()) {
+          const std::string why =
+              fmt::format("EP rank {} refused this replica's rows: {}", k, a.error);
+          for (auto& other : awaited_) other = {};  // nothing of this exchange is awaited now
+          throw std::runtime_error(why);
+        }
         arrived.push_back(k);
         a = {};
       }
@@ -172,13 +184,13 @@ void expert_router::serve(const request& r) {
       shard_->forward(r.source, r.layer, r.mb, r.rows, in, out, r.mb >= 0);
     }
   } catch (const std::exception& e) {
-    stop(
-        fmt::format("expert parallelism: the rows of EP rank {} (layer {}, micro-batch {}) "
-                    "could not be computed: {}",
-                    r.source, r.layer, r.mb, e.what()));
+    // rows that fit the message but not this shard (a backward without its forward, a forward
+    // held already): the source's exchange fails with the reason, this one goes on
+    count_refused();
+    send_output(r, e.what());
     return;
   }
-  send_output(r);
+  send_output(r, {});
   if (r.backward) backward_done(r.source);
 }
 
@@ -232,6 +244,7 @@ void expert_router::send_rows(int owner, const request& r) {
           b.setMicroBatch(r.mb);
           b.setBackward(r.backward);
           b.setSource(r.source);
+          b.setSeq(r.seq);
           if (!r.backward) {
             auto l = b.initRows(static_cast<unsigned>(r.rows.size()));
             for (unsigned i = 0; i < r.rows.size(); ++i) l.set(i, r.rows[i]);
@@ -246,8 +259,8 @@ void expert_router::send_rows(int owner, const request& r) {
   });
 }
 
-void expert_router::send_output(const request& r) {
-  asio::post(system_.io(), [self = shared_from_this(), r] {
+void expert_router::send_output(const request& r, const std::string& error) {
+  asio::post(system_.io(), [self = shared_from_this(), r, error] {
     if (std::size_t(r.source) >= self->peers_.size()) return;
     (void)self->system_.tell<wire::ExpertOutput>(
         self->peers_[std::size_t(r.source)],
@@ -257,6 +270,11 @@ void expert_router::send_output(const request& r) {
           b.setMicroBatch(r.mb);
           b.setBackward(r.backward);
           b.setOwner(self->rank_);
+          b.setSeq(r.seq);
+          if (!error.empty()) {
+            b.setError(error);
+            return;
+          }
           if (r.floats == 0) return;
           transport::write_descriptor(
               b.initTensor(),
@@ -269,8 +287,9 @@ void expert_router::send_output(const request& r) {
 
 bool expert_rows_fit(const expert_request& r, std::size_t bytes, const expert_router_shape& s) {
   const std::size_t row_bytes = std::size_t(s.c) * sizeof(float);
-  if (r.source < 0 || r.source >= s.ep || r.source == s.rank || r.layer < 0 || r.mb < -1 ||
-      bytes % row_bytes != 0 || bytes / sizeof(float) > s.max_floats) {
+  if (r.source < 0 || r.source >= s.ep || r.source == s.rank || r.layer < s.first_layer ||
+      r.layer >= s.last_layer || r.mb < -1 || r.mb >= s.micro_batches || bytes % row_bytes != 0 ||
+      bytes / sizeof(float) > s.max_floats) {
     return false;
   }
   if (r.backward) return r.mb >= 0 && r.rows.empty();
@@ -290,28 +309,39 @@ std::span<float> expert_router::rows_buffer(int source) {
 void expert_router::rows_arrived(request r) {
   {
     std::lock_guard lk(mu_);
+    // A source sends again only once it has every answer, or gave its exchange up (stopped):
+    // what it sent before is nobody's now.
+    std::erase_if(requests_, [&](const request& q) { return q.source == r.source; });
     requests_.push_back(std::move(r));
     cv_.notify_all();
   }
   if (wake_) wake_();
 }
 
-std::span<float> expert_router::output_buffer(int owner, int layer, int mb, bool backward,
-                                              std::size_t bytes) {
+std::optional<std::span<float>> expert_router::output_buffer(const answer& a) {
   std::lock_guard lk(mu_);
-  if (owner < 0 || owner >= ep_ || owner == rank_) return {};
-  const auto& a = awaited_[std::size_t(owner)];
-  if (!a.waiting || a.arrived || a.layer != layer || a.mb != mb || a.backward != backward ||
-      a.floats * sizeof(float) != bytes) {
-    return {};
-  }
-  return std::span<float>(answers_in_[std::size_t(owner)]).first(a.floats);
+  if (a.owner < 0 || a.owner >= ep_ || a.owner == rank_) return std::nullopt;
+  const auto& w = awaited_[std::size_t(a.owner)];
+  if (!w.matches(a) || w.floats * sizeof(float) != a.bytes) return std::nullopt;
+  return std::span<float>(answers_in_[std::size_t(a.owner)]).first(w.floats);
 }
 
-void expert_router::output_arrived(int owner) {
+void expert_router::output_arrived(const answer& a) {
   std::lock_guard lk(mu_);
-  auto& a = awaited_.at(std::size_t(owner));
-  if (a.waiting) a.arrived = true;
+  if (a.owner < 0 || a.owner >= ep_ || a.owner == rank_) return;
+  auto& w = awaited_[std::size_t(a.owner)];
+  if (!w.matches(a)) return;  // given up while its tensor came
+  w.arrived = true;
+  cv_.notify_all();
+}
+
+void expert_router::output_failed(const answer& a, const std::string& why) {
+  std::lock_guard lk(mu_);
+  if (a.owner < 0 || a.owner >= ep_ || a.owner == rank_) return;
+  auto& w = awaited_[std::size_t(a.owner)];
+  if (!w.matches(a)) return;
+  w.arrived = true;
+  w.error = why.empty() ? "no reason given" : why;
   cv_.notify_all();
 }
 
@@ -343,6 +373,7 @@ asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
   r.mb = m.getMicroBatch();
   r.backward = m.getBackward();
   r.epoch = m.getEpoch();
+  r.seq = m.getSeq();
   const auto rows = m.getRows();
   if (rows.size() > 1u << 16) {
     router_->count_refused();
@@ -370,28 +401,40 @@ asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
 }
 
 asio::awaitable<void> expert_router_actor::output(wire::ExpertOutput::Reader m) {
-  const int owner = m.getOwner();
+  expert_router::answer a;
+  a.owner = m.getOwner();
+  a.layer = m.getLayer();
+  a.mb = m.getMicroBatch();
+  a.backward = m.getBackward();
+  a.epoch = m.getEpoch();
+  a.seq = m.getSeq();
+  if (m.getError().size() > 0) {
+    constexpr std::size_t most = 1000;  // of a peer's text, for the stage's failure message
+    const std::string why(m.getError().cStr(), std::min<std::size_t>(m.getError().size(), most));
+    router_->output_failed(a, why);
+    co_return;
+  }
   const auto d = m.hasTensor() ? read_descriptor(m.getTensor())
                                : result<transport::bulk_descriptor>(transport::bulk_descriptor{});
   if (!d.ok()) {
     router_->count_refused();
     co_return;
   }
-  const auto into =
-      router_->output_buffer(owner, m.getLayer(), m.getMicroBatch(), m.getBackward(), d->length);
-  if (into.size() * sizeof(float) != d->length) {  // not awaited (stale), or of another shape
+  a.bytes = d->length;
+  const auto into = router_->output_buffer(a);
+  if (!into) {  // not awaited (stale), or of another shape
     router_->count_refused();
     co_return;
   }
-  if (!into.empty()) {
-    auto pulled = co_await io_.pull(*d, std::as_writable_bytes(into), router_);
+  if (!into->empty()) {
+    auto pulled = co_await io_.pull(*d, std::as_writable_bytes(*into), router_);
     if (!pulled.ok()) {
       router_->stop(fmt::format("expert parallelism: pulling the answer of EP rank {} failed: {}",
-                                owner, pulled.err().message));
+                                a.owner, pulled.err().message));
       co_return;
     }
   }
-  router_->output_arrived(owner);
+  router_->output_arrived(a);
 }
 
 }  // namespace moevement::engine

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -46,19 +47,22 @@ class exchange_stopped : public std::runtime_error {
 struct expert_request {
   int source = 0, layer = 0, mb = 0;
   bool backward = false;
-  std::uint64_t epoch = 0;
+  std::uint64_t epoch = 0, seq = 0;
   std::vector<int> rows;  // forward: per expert of the receiver's block
   std::size_t floats = 0;
 };
-// What a router takes: its EP rank of ep, experts per layer, floats per row (C), and at most
-// max_floats floats per message.
+// What a router takes: its EP rank of ep, experts per layer, floats per row (C), at most
+// max_floats floats per message, the stage's layers [first_layer, last_layer) and its
+// micro-batches.
 struct expert_router_shape {
   int rank = 0, ep = 1, experts = 1, c = 1;
   std::size_t max_floats = 0;
+  int first_layer = 0, last_layer = 0, micro_batches = 1;
 };
 // Whether a peer's request with a tensor of `bytes` is one this router can take: a source of
-// its group other than itself, a forward's row counts for each expert of its block summing to
-// the tensor, a backward with none, within the buffers.
+// its group other than itself, a layer of this stage, a micro-batch of the iteration (or -1,
+// validation), a forward's row counts for each expert of its block summing to the tensor, a
+// backward with none, within the buffers.
 bool expert_rows_fit(const expert_request& r, std::size_t bytes, const expert_router_shape& s);
 
 class expert_router final : public models::expert_exchange,
@@ -113,20 +117,36 @@ class expert_router final : public models::expert_exchange,
   // ---- the router actor (actor thread): a peer's message, checked; false: malformed
   using request = expert_request;
   bool check_rows(const request& r, std::size_t bytes) const {
-    return expert_rows_fit(r, bytes, {rank_, ep_, experts_, c_, max_floats_});
+    return expert_rows_fit(r, bytes, shape_);
   }
   std::span<float> rows_buffer(int source);  // where a request's tensor is pulled
   void rows_arrived(request r);
-  // Where owner's answer goes, if one of this shape is awaited (else empty: dropped).
-  std::span<float> output_buffer(int owner, int layer, int mb, bool backward, std::size_t bytes);
-  void output_arrived(int owner);
+  // An owner's answer, decoded.
+  struct answer {
+    int owner = 0, layer = 0, mb = 0;
+    bool backward = false;
+    std::uint64_t epoch = 0, seq = 0;
+    std::size_t bytes = 0;
+  };
+  // Where the answer's tensor goes, if this very answer is awaited (nullopt: refused).
+  std::optional<std::span<float>> output_buffer(const answer& a);
+  // It is here (checked again: a wait given up meanwhile takes nothing).
+  void output_arrived(const answer& a);
+  // The owner could not compute the rows: the waiting exchange throws with its reason.
+  void output_failed(const answer& a, const std::string& why);
 
  private:
   struct awaited {
     bool waiting = false, arrived = false;
     int layer = 0, mb = 0;
     bool backward = false;
+    std::uint64_t epoch = 0, seq = 0;
     std::size_t floats = 0;
+    std::string error;  // the owner's, when it could not compute them
+    bool matches(const answer& a) const {
+      return waiting && !arrived && a.layer == layer && a.mb == mb && a.backward == backward &&
+             a.epoch == epoch && a.seq == seq;
+    }
   };
   void exchange(int layer, int mb, bool backward, bool training, std::span<const int> offsets,
                 std::span<const float> in, std::span<float> out);
@@ -134,12 +154,14 @@ class expert_router final : public models::expert_exchange,
   // Requests that can be served now (this epoch's, or validation's); drops older epochs'.
   std::vector<request> take_servable();  // mu_ held
   void send_rows(int owner, const request& r);
-  void send_output(const request& r);
+  void send_output(const request& r, const std::string& error);
   std::span<float> slot(const transport::bulk_region& region, int k) const;
 
   actors::actor_system& system_;
   const int rank_, ep_, experts_, c_;
   const std::size_t max_floats_;  // one message's tensor: at most N*K rows of C
+  expert_router_shape shape_;     // the above and the stage's layers (attach())
+  std::uint64_t seq_ = 0;         // this replica's exchanges (compute thread)
   models::expert_shard* shard_ = nullptr;
   std::function<void()> wake_, on_complete_;
   // the backward one source's rows took here (this epoch), once its rows were computed

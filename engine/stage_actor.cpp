@@ -21,11 +21,6 @@ using actors::actor_ref;
 using asio::awaitable;
 using transport::bulk_descriptor;
 
-std::span<float> floats(const transport::bulk_region& r) {
-  auto bytes = r.memory();
-  return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
-}
-
 using actors::read_ref;
 using transport::read_descriptor;
 
@@ -140,13 +135,14 @@ awaitable<void> stage_actor::on_start() {
 }
 
 stage_actor::~stage_actor() {
-  if (router_) {  // an exchange waiting on a peer returns (stopped): the compute thread joins
-    router_->set_wake({});
-    router_->set_on_complete({});
-    router_->stop("the stage stopped");
-  }
+  // an exchange waiting on a peer returns (stopped): the compute thread joins
+  if (router_) router_->stop("the stage stopped");
   stop_sum_ = true;  // a sum waiting on a peer returns (aborted): the compute thread joins
   pool_.join();
+  if (router_) {  // after the join: the compute thread may have been calling them
+    router_->set_wake({});
+    router_->set_on_complete({});
+  }
 }
 
 awaitable<void> stage_actor::on_compute_thread(std::function<void()> fn) {
@@ -360,7 +356,7 @@ awaitable<void> stage_actor::advance() {
             bad = true;
             return;
           }
-          auto slot = floats(act_out_).subspan(mb * bf_, bf_);
+          auto slot = region_floats(act_out_).subspan(mb * bf_, bf_);
           std::copy(out.activation.begin(), out.activation.end(), slot.begin());
           hooks_->on_boundary_send(it, s.micro_batch, boundary::activation, slot);
         }
@@ -404,7 +400,7 @@ awaitable<void> stage_actor::advance() {
             bad = true;
             return;
           }
-          auto slot = floats(grad_out_).subspan(mb * bf_, bf_);
+          auto slot = region_floats(grad_out_).subspan(mb * bf_, bf_);
           std::copy(dx.begin(), dx.end(), slot.begin());
           hooks_->on_boundary_send(it, s.micro_batch, boundary::gradient, slot);
         }
@@ -587,7 +583,7 @@ awaitable<void> stage_actor::validate_one(std::uint64_t round, int i, std::span<
       return;
     }
     if (!setup_.last() && out.activation.size() == bf_) {
-      auto slot = floats(val_out_).subspan(std::size_t(i) * bf_, bf_);
+      auto slot = region_floats(val_out_).subspan(std::size_t(i) * bf_, bf_);
       std::copy(out.activation.begin(), out.activation.end(), slot.begin());
     }
   });

@@ -13,11 +13,6 @@ namespace {
 
 using asio::awaitable;
 
-std::span<float> floats(const transport::bulk_region& r) {
-  auto bytes = r.memory();
-  return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
-}
-
 using transport::read_descriptor;
 
 }  // namespace
@@ -56,7 +51,7 @@ awaitable<void> stage_actor::reduce() {
   if (phase_ == phase::reducing) {
     if (d > 0 && partial_epoch_ != epoch_) co_return;  // wait for g_0 + ... + g_{d-1}
     co_await compute([&] {
-      auto acc = floats(red_out_).first(gf_);
+      auto acc = region_floats(red_out_).first(gf_);
       copy_gradients_out(ops_, acc);
       // acc = g_d + (g_0 + ... + g_{d-1}): float addition commutes, so this is bit for bit
       // the left fold (... + g_{d-1}) + g_d of the reference.
@@ -195,7 +190,7 @@ awaitable<void> stage_actor::fold_dense() {
   if (d > 0 && f.partial_epoch != e) co_return;  // wait for g_0 + ... + g_{d-1}
   f.sent = true;
   co_await compute([&] {
-    auto acc = floats(red_out_).first(dense_floats_);
+    auto acc = region_floats(red_out_).first(dense_floats_);
     copy_gradients_out(dense_ops_, acc);
     if (d > 0) accumulate(acc, partial);  // g_d + partial: addition commutes (see reduce())
     if (d == n - 1) copy_gradients_in(dense_ops_, acc);
@@ -240,7 +235,7 @@ awaitable<void> stage_actor::fold_experts() {
   if (!router_->complete()) co_return;           // a peer's last backward rows are still to come
   f.sent = true;
   co_await compute([&] {
-    auto acc = floats(red_out_).subspan(dense_floats_, ef);
+    auto acc = region_floats(red_out_).subspan(dense_floats_, ef);
     int source = 0;
     if (g == 0) {  // the fold starts with replica 0's rows (a copy, as the reference's)
       const auto first = shard->source_gradient(0);

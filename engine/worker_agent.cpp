@@ -247,7 +247,9 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
         replica != replica_) {
       co_return;
     }
-    if (stage_.valid()) system().stop(stage_);  // never wired, or the survivor's old stage
+    if (stage_.valid()) system().stop(stage_);      // never wired, or the survivor's old stage
+    if (experts_.valid()) system().stop(experts_);  // its router goes with it
+    experts_ = {};
     stage_ = {};
   }
   restored_ = true;

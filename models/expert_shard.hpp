@@ -45,7 +45,8 @@ class expert_shard {
   std::span<const float> source_gradient(int source) const;
   // Forwards held for a backward.
   std::size_t in_flight() const { return cache_.size(); }
-  // MoE layers of the stage (a source's backwards per micro-batch).
+  // The stage's layers; their count is a source's backwards per micro-batch.
+  const stage_range& range() const { return range_; }
   int layers() const { return range_.last_layer - range_.first_layer; }
 
  private:
