@@ -104,6 +104,9 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> reduce_sharded();
   asio::awaitable<void> fold_dense();
   asio::awaitable<void> fold_experts();
+  // Where a reduction message's tensor goes in the buffers (first float, floats): all of them,
+  // or under expert parallelism one of the two folds' parts.
+  std::pair<std::size_t, std::size_t> fold_part(bool experts) const;
   // NCCL (device_reduction): replica 0 makes the wiring's group and tells the others; each
   // joins; the sum runs on the compute thread, and an Abort stops it (stop_sum_).
   asio::awaitable<void> form_group();

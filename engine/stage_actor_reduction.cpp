@@ -124,12 +124,16 @@ awaitable<void> stage_actor::finish_reduce() {
   group_form_s_ = device_sum_s_ = 0.0;
 }
 
+std::pair<std::size_t, std::size_t> stage_actor::fold_part(bool experts) const {
+  if (!router_) return {0, gf_};
+  return experts ? std::pair{dense_floats_, gf_ - dense_floats_}
+                 : std::pair{std::size_t{0}, dense_floats_};
+}
+
 awaitable<void> stage_actor::reduce_partial(wire::ReducePartial::Reader m) {
   auto d = read_descriptor(m.getTensor());
-  // which part of the buffers: everything, or one of expert parallelism's two folds
   const bool experts = m.getExperts();
-  const std::size_t at = experts ? dense_floats_ : 0;
-  const std::size_t n = !router_ ? gf_ : experts ? gf_ - dense_floats_ : dense_floats_;
+  const auto [at, n] = fold_part(experts);
   if (in_->partial.empty() || !d.ok() || d->length != n * sizeof(float) || (experts && !router_)) {
     ++dropped_;
     co_return;
@@ -145,8 +149,7 @@ awaitable<void> stage_actor::reduce_partial(wire::ReducePartial::Reader m) {
 awaitable<void> stage_actor::reduce_total(wire::ReduceTotal::Reader m) {
   auto d = read_descriptor(m.getTensor());
   const bool experts = m.getExperts();
-  const std::size_t at = experts ? dense_floats_ : 0;
-  const std::size_t n = !router_ ? gf_ : experts ? gf_ - dense_floats_ : dense_floats_;
+  const auto [at, n] = fold_part(experts);
   if (in_->total.empty() || !d.ok() || d->length != n * sizeof(float) || (experts && !router_)) {
     ++dropped_;
     co_return;

@@ -196,8 +196,9 @@ owner_rows rows_of(std::span<const int> offsets, int k, int per) {
 
 }  // namespace
 
-void direct_exchange::forward(int layer, int mb, std::span<const int> offsets,
-                              std::span<const float> xs, std::span<float> ye, bool training) {
+void direct_exchange::each_owner(std::span<const int> offsets,
+                                 const std::function<void(expert_shard&, const std::vector<int>&,
+                                                          std::size_t, std::size_t)>& fn) {
   if (offsets.size() != std::size_t(experts_) + 1) {
     throw std::invalid_argument("direct_exchange: offsets for " +
                                 std::to_string(offsets.size() - 1) + " experts");
@@ -205,24 +206,24 @@ void direct_exchange::forward(int layer, int mb, std::span<const int> offsets,
   const int per = experts_ / int(group_.size());
   for (int k = 0; k < int(group_.size()); ++k) {
     const auto o = rows_of(offsets, k, per);
-    const std::size_t at = o.first_row * std::size_t(c_), n = o.count * std::size_t(c_);
-    group_[std::size_t(k)]->forward(source_, layer, mb, o.rows, xs.subspan(at, n),
-                                    ye.subspan(at, n), training);
+    fn(*group_[std::size_t(k)], o.rows, o.first_row * std::size_t(c_), o.count * std::size_t(c_));
   }
+}
+
+void direct_exchange::forward(int layer, int mb, std::span<const int> offsets,
+                              std::span<const float> xs, std::span<float> ye, bool training) {
+  each_owner(offsets, [&](expert_shard& owner, const std::vector<int>& rows, std::size_t at,
+                          std::size_t n) {
+    owner.forward(source_, layer, mb, rows, xs.subspan(at, n), ye.subspan(at, n), training);
+  });
 }
 
 void direct_exchange::backward(int layer, int mb, std::span<const int> offsets,
                                std::span<const float> d_ye, std::span<float> d_xs) {
-  if (offsets.size() != std::size_t(experts_) + 1) {
-    throw std::invalid_argument("direct_exchange: offsets for " +
-                                std::to_string(offsets.size() - 1) + " experts");
-  }
-  const int per = experts_ / int(group_.size());
-  for (int k = 0; k < int(group_.size()); ++k) {
-    const auto o = rows_of(offsets, k, per);
-    const std::size_t at = o.first_row * std::size_t(c_), n = o.count * std::size_t(c_);
-    group_[std::size_t(k)]->backward(source_, layer, mb, d_ye.subspan(at, n), d_xs.subspan(at, n));
-  }
+  each_owner(offsets,
+             [&](expert_shard& owner, const std::vector<int>&, std::size_t at, std::size_t n) {
+               owner.backward(source_, layer, mb, d_ye.subspan(at, n), d_xs.subspan(at, n));
+             });
 }
 
 }  // namespace moevement::models

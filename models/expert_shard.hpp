@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <span>
 #include <tuple>
@@ -84,6 +85,11 @@ class direct_exchange final : public expert_exchange {
                 std::span<float> d_xs) override;
 
  private:
+  // fn(owner, its experts' row counts, where their rows start and how many floats they are)
+  // for each owner in rank order.
+  void each_owner(std::span<const int> offsets,
+                  const std::function<void(expert_shard&, const std::vector<int>&, std::size_t,
+                                           std::size_t)>& fn);
   std::vector<expert_shard*> group_;
   int source_, experts_, c_;
 };
