@@ -49,20 +49,18 @@ TEST(local_pipeline, matches_the_trainer_bit_for_bit_for_every_pp_and_dp) {
 TEST(local_pipeline, expert_parallelism_changes_no_bit) {
   // ep = 1, 2, 4 at dp = 4 against the trainer, which holds every expert in one process
   const auto m = models::preset("tiny");
-  for (int ep : {1, 2, 4}) {
-    for (int pp : {1, 2}) {
-      auto t = test_train(4);
-      t.expert_parallel = ep;
-      SCOPED_TRACE(testing::Message() << "ep=" << ep);
-      expect_same_run(m, t, pp, 2);
-    }
+  for (const auto& [ep, pp] : {std::pair{1, 1}, std::pair{2, 2}, std::pair{4, 1}}) {
+    auto t = test_train(4);
+    t.expert_parallel = ep;
+    SCOPED_TRACE(testing::Message() << "ep=" << ep);
+    expect_same_run(m, t, pp, 2);
   }
   auto t = test_train(2);  // one EP group of two, f16 with the loss scale changing
   t.expert_parallel = 2;
-  t.loss_scale_window = 2;
+  t.loss_scale_window = 1;
   auto f16 = m;
   f16.compute_dtype = models::dtype::f16;
-  expect_same_run(f16, t, 2, 3);
+  expect_same_run(f16, t, 2, 2);
 }
 
 TEST(local_pipeline, an_ep_rank_holds_its_block_of_experts_only) {
