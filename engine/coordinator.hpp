@@ -276,6 +276,11 @@ class coordinator : public actors::actor, private head_control {
   template <class T>
   static std::vector<T> merge_ranks(const std::vector<std::vector<T>>& values,
                                     const std::vector<std::vector<bool>>& experts);
+  // Appends stage st's values (one EP rank's as they are; several merged) to out; false (and
+  // the job failed) where the ranks' operators do not fit together.
+  template <class T>
+  bool append_stage(int st, const std::vector<std::vector<T>>& values,
+                    const std::vector<std::vector<bool>>& experts, std::vector<T>& out);
   std::vector<double> compute_s_;
   double group_form_s_ = 0.0, device_sum_s_ = 0.0;  // of this iteration, the slowest stage's
   std::uint64_t wirings_ = 0;                       // Wire.wiring: one per wire_all()

@@ -106,6 +106,24 @@ std::vector<T> coordinator::merge_ranks(const std::vector<std::vector<T>>& value
   return out;
 }
 
+template <class T>
+bool coordinator::append_stage(int st, const std::vector<std::vector<T>>& values,
+                               const std::vector<std::vector<bool>>& experts, std::vector<T>& out) {
+  if (values.size() == 1) {
+    out.insert(out.end(), values[0].begin(), values[0].end());
+    return true;
+  }
+  try {
+    const auto merged = merge_ranks(values, experts);
+    out.insert(out.end(), merged.begin(), merged.end());
+    return true;
+  } catch (const std::invalid_argument& e) {
+    fail(fmt::format("stage {}'s EP ranks reported operators that do not fit together: {}", st,
+                     e.what()));
+    return false;
+  }
+}
+
 bool coordinator::plan_iteration() {
   // Every replica of a stage must hold the same reduced gradient (under expert parallelism,
   // every replica holding the same block of experts).
@@ -122,25 +140,13 @@ bool coordinator::plan_iteration() {
         return false;
       }
     }
-    if (ep == 1) {
-      const auto& first = *sq_[std::size_t(st)];
-      sq.insert(sq.end(), first.begin(), first.end());
-      continue;
-    }
     std::vector<std::vector<double>> ranks;
     std::vector<std::vector<bool>> experts;
     for (int k = 0; k < ep; ++k) {
       ranks.push_back(*sq_[std::size_t(k * job_.pp + st)]);
       experts.push_back(expert_ops_[std::size_t(k * job_.pp + st)]);
     }
-    try {
-      const auto merged = merge_ranks(ranks, experts);
-      sq.insert(sq.end(), merged.begin(), merged.end());
-    } catch (const std::invalid_argument& e) {
-      fail(fmt::format("stage {}'s EP ranks reported operators that do not fit together: {}", st,
-                       e.what()));
-      return false;
-    }
+    if (!append_stage(st, ranks, experts, sq)) return false;
   }
   last_ = iteration_record{};
   last_.iteration = iteration_;
@@ -442,18 +448,7 @@ awaitable<void> coordinator::finish() {
       auto& flags = experts.emplace_back();
       for (const bool x : r->get().getExperts()) flags.push_back(x);
     }
-    if (ep == 1) {
-      digests.insert(digests.end(), ranks[0].begin(), ranks[0].end());
-      continue;
-    }
-    try {
-      const auto merged = merge_ranks(ranks, experts);
-      digests.insert(digests.end(), merged.begin(), merged.end());
-    } catch (const std::invalid_argument& e) {
-      fail(fmt::format("stage {}'s EP ranks reported operators that do not fit together: {}", s,
-                       e.what()));
-      co_return;
-    }
+    if (!append_stage(s, ranks, experts, digests)) co_return;
   }
   job_outcome o;
   o.ok = true;

@@ -347,15 +347,22 @@ void expert_router::output_failed(const answer& a, const std::string& why) {
 
 // ---- the router actor
 
+namespace {
+
+// A message's tensor; none (an empty descriptor) when it has no rows: the transport refuses
+// descriptors of zero bytes, so such a message carries none.
+result<transport::bulk_descriptor> tensor_of(bool has,
+                                             ::moevement::wire::BulkDescriptor::Reader r) {
+  if (!has) return transport::bulk_descriptor{};
+  return read_descriptor(r);
+}
+
+}  // namespace
+
 expert_router_actor::expert_router_actor(std::shared_ptr<expert_router> router, bulk_io& io)
     : router_(std::move(router)), io_(io) {
   on<wire::ExpertRows>(&expert_router_actor::rows);
   on<wire::ExpertOutput>(&expert_router_actor::output);
-}
-
-asio::awaitable<void> expert_router_actor::on_start() {
-  router_->set_actor(self());
-  co_return;
 }
 
 asio::awaitable<void> expert_router_actor::on_down(actors::actor_ref who, actors::exit_reason) {
@@ -380,9 +387,7 @@ asio::awaitable<void> expert_router_actor::rows(wire::ExpertRows::Reader m) {
     co_return;
   }
   for (const int n : rows) r.rows.push_back(n);
-  // no tensor: no rows (a descriptor is never empty)
-  const auto d = m.hasTensor() ? read_descriptor(m.getTensor())
-                               : result<transport::bulk_descriptor>(transport::bulk_descriptor{});
+  const auto d = tensor_of(m.hasTensor(), m.getTensor());
   if (!d.ok() || !router_->check_rows(r, d->length)) {
     router_->count_refused();
     co_return;
@@ -414,8 +419,7 @@ asio::awaitable<void> expert_router_actor::output(wire::ExpertOutput::Reader m) 
     router_->output_failed(a, why);
     co_return;
   }
-  const auto d = m.hasTensor() ? read_descriptor(m.getTensor())
-                               : result<transport::bulk_descriptor>(transport::bulk_descriptor{});
+  const auto d = tensor_of(m.hasTensor(), m.getTensor());
   if (!d.ok()) {
     router_->count_refused();
     co_return;

@@ -194,7 +194,6 @@ class expert_router_actor : public actors::actor {
   std::uint64_t dropped() const { return router_->refused(); }
 
  protected:
-  asio::awaitable<void> on_start() override;
   asio::awaitable<void> on_down(actors::actor_ref who, actors::exit_reason why) override;
 
  private:

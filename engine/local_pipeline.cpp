@@ -20,6 +20,9 @@ local_pipeline::local_pipeline(const models::model_config& model, const models::
       slot& sl = at(s, d);
       sl.model = factory(setup);
       sl.ops = sl.model->operators();
+      for (auto* op : sl.ops) {
+        if (ep_ == 1 || op->kind() != models::op_kind::expert) sl.dense_ops.push_back(op);
+      }
     }
   }
   if (ep_ > 1) {
@@ -140,20 +143,15 @@ void local_pipeline::connect_experts(int s, const models::model_config& model) {
 void local_pipeline::all_reduce(int stage) {
   // left fold g_0 + g_1 + ... in replica order, the result in every replica; under expert
   // parallelism the non-experts so, and each expert over the rows of every replica
-  std::vector<std::vector<models::operator_state*>> ops(static_cast<std::size_t>(replicas_));
-  for (int d = 0; d < replicas_; ++d) {
-    for (auto* op : at(stage, d).ops) {
-      if (ep_ == 1 || op->kind() != models::op_kind::expert) ops[std::size_t(d)].push_back(op);
-    }
-  }
-  reduce_acc_.resize(gradient_floats(ops[0]));
+  const auto& ops0 = at(stage, 0).dense_ops;
+  reduce_acc_.resize(gradient_floats(ops0));
   reduce_tmp_.resize(reduce_acc_.size());
-  copy_gradients_out(ops[0], reduce_acc_);
+  copy_gradients_out(ops0, reduce_acc_);
   for (int d = 1; d < replicas_; ++d) {
-    copy_gradients_out(ops[std::size_t(d)], reduce_tmp_);
+    copy_gradients_out(at(stage, d).dense_ops, reduce_tmp_);
     accumulate(reduce_acc_, reduce_tmp_);
   }
-  for (int d = 0; d < replicas_; ++d) copy_gradients_in(ops[std::size_t(d)], reduce_acc_);
+  for (int d = 0; d < replicas_; ++d) copy_gradients_in(at(stage, d).dense_ops, reduce_acc_);
   if (ep_ > 1) reduce_experts(stage);
 }
 

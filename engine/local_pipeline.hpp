@@ -51,6 +51,9 @@ class local_pipeline {
   struct slot {
     std::unique_ptr<stage_model> model;
     std::vector<models::operator_state*> ops;
+    // what the all-reduce over every replica sums: all of ops, or under expert parallelism
+    // its non-experts (the experts have a fold of their own)
+    std::vector<models::operator_state*> dense_ops;
     stage_hooks* hooks = nullptr;
     std::unique_ptr<models::direct_exchange> exchange;  // expert parallelism only
   };
