@@ -537,7 +537,8 @@ int main(int argc, char** argv) {
     const long skip = counted_from(moe);
     int w = 0;
     for (const auto& r : moe) w = std::max(w, r.w_sparse);
-    std::vector<double> moe_s, stall, bytes, host, capture_cpu;
+    std::vector<double> moe_s, stall, bytes, host, capture_cpu, log_s, hooks_s, moe_compute,
+        moe_step;
     for (const auto& r : moe) {
       for (const auto& it : r.iterations) {
         host.push_back(it.host_bytes);
@@ -546,6 +547,10 @@ int main(int argc, char** argv) {
         stall.push_back(it.stall_s);
         bytes.push_back(it.snapshot_bytes);
         capture_cpu.push_back(it.capture_cpu_s);
+        log_s.push_back(it.log_s);
+        hooks_s.push_back(it.step_hooks_s);
+        moe_compute.push_back(it.mean_stage_compute_s);
+        moe_step.push_back(it.step_phase_s);
       }
     }
     if (moe_s.empty()) {
@@ -556,21 +561,30 @@ int main(int argc, char** argv) {
     std::printf("# counted iterations: %ld..%d of each run\n", skip, o.iterations - 1);
     std::printf("w_sparse: %d\n", w);
     if (o.fault_free_compare) {
-      std::vector<double> none_s;
+      std::vector<double> none_s, none_compute, none_step;
       for (const auto& r : none) {
         for (const auto& it : r.iterations) {
-          if (it.iteration >= skip) none_s.push_back(it.seconds);
+          if (it.iteration < skip) continue;
+          none_s.push_back(it.seconds);
+          none_compute.push_back(it.mean_stage_compute_s);
+          none_step.push_back(it.step_phase_s);
         }
       }
       const double none_median = median(none_s);
       std::printf("iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median, none_median,
                   none_median / moe_median);
       std::printf("overhead_vs_none: %.2f%%\n", 100.0 * (moe_median / none_median - 1.0));
+      // Forward + backward per stage (the boundary logging counts in it), median.
+      std::printf("mean_stage_compute_s: ours=%.5f theirs=%.5f\n", median(moe_compute),
+                  median(none_compute));
+      std::printf("step_phase_s: ours=%.5f theirs=%.5f\n", median(moe_step), median(none_step));
     } else {
       std::printf("iteration_time_moevement: %.5f\n", moe_median);
     }
     std::printf("snapshot_bytes_per_iteration: %.0f\n", mean(bytes));
     std::printf("stall_s_mean: %.6f\n", mean(stall));
+    // The compute thread's time in the hooks besides the stall (the busiest stage's).
+    std::printf("log_s_mean: %.6f\nstep_hooks_s_mean: %.6f\n", mean(log_s), mean(hooks_s));
     // What the captures cost the host's cores, which the wall clock of a shared host hides.
     const double cores = std::max(1u, std::thread::hardware_concurrency());
     std::printf(

@@ -25,6 +25,8 @@ struct iteration_rec {
   long iteration = 0;
   double seconds = 0, stall_s = 0;
   double capture_cpu_s = 0;                   // the stages' captures' CPU time, summed
+  double log_s = 0, step_hooks_s = 0;  // the busiest stage's compute-thread seconds in the hooks
+  double step_phase_s = 0;             // of `seconds`, Step sent .. the last Stepped
   double t = 0;                               // when the bench saw the record
   double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
   double mean_stage_compute_s =
@@ -116,6 +118,9 @@ inline run_result parse(const std::vector<stamped>& log) {
       it.seconds = number(l, "iteration_s");
       it.stall_s = number(l, "stall_s");
       it.capture_cpu_s = number(l, "capture_cpu_s");
+      it.log_s = number(l, "log_s");
+      it.step_phase_s = number(l, "step_phase_s");
+      it.step_hooks_s = number(l, "step_hooks_s");
       it.snapshot_bytes = number(l, "snapshot_bytes");
       it.host_bytes = number(l, "snapshot_host_bytes") + number(l, "log_host_bytes");
       it.mean_stage_compute_s = number(l, "mean_stage_compute_s");

@@ -46,6 +46,12 @@ struct iteration_record {
   std::uint64_t snapshot_lent_bytes = 0;              // of snapshot_bytes, in link-allocated memory
   std::uint64_t replica_maps = 0, replica_pulls = 0;  // the stages' replicas so far, by kind
   double stall_s = 0.0;
+  // The busiest stage's compute-thread seconds logging its boundary tensors, and in the step's
+  // hooks less the stall: checkpointing's share of the critical path beside the stall.
+  double log_s = 0.0, step_hooks_s = 0.0;
+  // Of `seconds`, the step phase: from the Step messages to the last Stepped (the optimizer
+  // and the step's hooks on the slowest stage, and the messages' way there and back).
+  double step_phase_s = 0.0;
   double capture_cpu_s = 0.0;         // CPU time of the stages' last captures, summed
   std::uint64_t windows_skipped = 0;  // windows the stages captured nothing of so far, summed
   std::int64_t replication_lag = -1;  // iterations stepped since the persisted window's last
@@ -291,6 +297,7 @@ class coordinator : public actors::actor, private head_control {
   std::vector<std::uint64_t> windows_skipped_;
   models::step_plan plan_;
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
+  std::chrono::steady_clock::time_point steps_sent_;  // this iteration's Step messages
   double train_seconds_ = 0.0;
   std::map<std::int64_t, double> committed_s_;  // iteration -> its committed attempt (s)
   double validation_s_ = 0.0;                   // completed validation passes (s)

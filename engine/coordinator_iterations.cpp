@@ -194,6 +194,7 @@ void coordinator::send_steps() {
     }
   }
   phase_ = phase::stepping;
+  steps_sent_ = sclock::now();
   const std::uint64_t e = epoch_;
   const bool apply = plan_.apply;
   const float mul = plan_.grad_mul;
@@ -262,6 +263,8 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.windows_skipped = 0;
   for (const auto n : windows_skipped_) last_.windows_skipped += n;
   last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
+  last_.log_s = std::max(last_.log_s, m.getLogSeconds());
+  last_.step_hooks_s = std::max(last_.step_hooks_s, m.getStepHookSeconds());
   co_await maybe_stepped_all();
 }
 
@@ -274,6 +277,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
   train_seconds_ += secs;
   committed_s_[last_.iteration] = secs;
   last_.seconds = secs;
+  last_.step_phase_s = std::chrono::duration<double>(sclock::now() - steps_sent_).count();
   const double tokens =
       double(job_.train.micro_batches) * job_.train.micro_batch_size * job_.train.seq_len * job_.dp;
   last_.tokens_per_s = secs > 0 ? tokens / secs : 0.0;
@@ -290,6 +294,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("loss_scale", double(last_.loss_scale))
         .add("iteration_s", last_.seconds)
         .add("tokens_per_s", last_.tokens_per_s)
+        .add("step_phase_s", last_.step_phase_s)
         .add("max_stage_compute_s", last_.max_compute_s)
         .add("mean_stage_compute_s", last_.mean_compute_s)
         .add("attempts", last_.attempts)
@@ -307,6 +312,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
           .add("replica_maps", std::int64_t(last_.replica_maps))
           .add("replica_pulls", std::int64_t(last_.replica_pulls))
           .add("stall_s", last_.stall_s)
+          .add("log_s", last_.log_s)
+          .add("step_hooks_s", last_.step_hooks_s)
           .add("capture_cpu_s", last_.capture_cpu_s)
           .add("windows_skipped", std::int64_t(last_.windows_skipped))
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))

@@ -223,6 +223,10 @@ struct Stepped {
   captureCpuSeconds @10 :Float64;  # CPU time of the last capture
   windowsSkipped @11 :UInt64;  # windows captured nothing of so far (memory bound; hooks.hpp)
   peakRssBytes @12 :UInt64;    # the worker process's peak resident memory so far (VmHWM)
+  # The compute thread's seconds in the policy's hooks this iteration: logging the boundary
+  # tensors it sent (the upstream log), and the step's hooks less the stall.
+  logSeconds @13 :Float64;
+  stepHookSeconds @14 :Float64;
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

@@ -34,13 +34,20 @@ bool tracing() {
   return on;
 }
 
+// The trace's timestamps: one clock for every process of the host, so that their lines merge.
+double trace_clock() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
 }  // namespace
 
 #define STAGE_TRACE(...)                                                                       \
   do {                                                                                         \
     if (tracing())                                                                             \
-      fmt::print(stderr, "[stage {} r{} e{} ph{}] {}\n", setup_.stage, setup_.replica, epoch_, \
-                 int(phase_), fmt::format(__VA_ARGS__));                                       \
+      fmt::print(stderr, "{:.6f} [stage {} r{} e{} ph{}] {}\n", trace_clock(), setup_.stage,    \
+                 setup_.replica, epoch_, int(phase_), fmt::format(__VA_ARGS__));               \
   } while (0)
 
 stage_actor::stage_actor(stage_actor_args args)
@@ -311,6 +318,7 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
   losses_.assign(std::size_t(m_), 0.0);
   aux_.assign(std::size_t(m_), 0.0);
   compute_s_ = 0.0;
+  log_s_ = 0.0;
   const std::int64_t it = iteration_;
   co_await compute([&] {
     // Gradients that stay on the device leave the host's unused: zeroing them would be a pass
@@ -338,6 +346,7 @@ awaitable<void> stage_actor::advance() {
       if (next_step_ == 0) at_fault_point(fault_point::forward);
       bool bad = false;
       std::string error;
+      STAGE_TRACE("forward mb={}", mb);
       co_await compute([&] {
         const auto t0 = sclock::now();
         std::span<const float> x;
@@ -358,10 +367,13 @@ awaitable<void> stage_actor::advance() {
           }
           auto slot = region_floats(act_out_).subspan(mb * bf_, bf_);
           std::copy(out.activation.begin(), out.activation.end(), slot.begin());
+          const auto l0 = sclock::now();
           hooks_->on_boundary_send(it, s.micro_batch, boundary::activation, slot);
+          log_s_ += std::chrono::duration<double>(sclock::now() - l0).count();
         }
         compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
       });
+      STAGE_TRACE("forward done mb={}", mb);
       if (!error.empty()) {
         fail("forward: " + error);
         co_return;
@@ -384,6 +396,7 @@ awaitable<void> stage_actor::advance() {
       if (next_step_ == first_backward_) at_fault_point(fault_point::backward);
       bool bad = false;
       std::string error;
+      STAGE_TRACE("backward mb={}", mb);
       co_await compute([&] {
         const auto t0 = sclock::now();
         std::span<const float> g;
@@ -402,10 +415,13 @@ awaitable<void> stage_actor::advance() {
           }
           auto slot = region_floats(grad_out_).subspan(mb * bf_, bf_);
           std::copy(dx.begin(), dx.end(), slot.begin());
+          const auto l0 = sclock::now();
           hooks_->on_boundary_send(it, s.micro_batch, boundary::gradient, slot);
+          log_s_ += std::chrono::duration<double>(sclock::now() - l0).count();
         }
         compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
       });
+      STAGE_TRACE("backward done mb={}", mb);
       if (!error.empty()) {
         fail("backward: " + error);
         co_return;
@@ -446,6 +462,7 @@ awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
     co_return;
   }
   act_epoch_[std::size_t(mb)] = e;
+  STAGE_TRACE("activation pulled mb={}", mb);
   if (e == epoch_) co_await advance();
 }
 
@@ -463,6 +480,7 @@ awaitable<void> stage_actor::gradient(wire::Gradient::Reader m) {
     co_return;
   }
   grad_epoch_[std::size_t(mb)] = e;
+  STAGE_TRACE("gradient pulled mb={}", mb);
   if (e == epoch_) co_await advance();
 }
 
@@ -481,11 +499,18 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   }
   const checkpoint_step decided{std::max(m.getWSparse(), 0), popularity};
   at_fault_point(fault_point::step);
+  STAGE_TRACE("step");
   std::string error;
   co_await compute([&] {
+    using sclock = std::chrono::steady_clock;
+    const auto seconds = [](sclock::time_point t0) {
+      return std::chrono::duration<double>(sclock::now() - t0).count();
+    };
     try {
+      const auto h0 = sclock::now();
       hooks_->before_step(it, decided);
       hooks_->on_step(it, loss_scale_ / float(m_ * setup_.replicas), plan);
+      step_hook_s_ = seconds(h0);
       if (device_state* d = model_->device()) {
         // the optimizer on the device; the host's gradients only when the replicas reduced
         // them there
@@ -493,7 +518,9 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
       } else {
         apply_step(ops_, plan, setup_.train);
       }
+      const auto h1 = sclock::now();
       hooks_->after_step(it, ops_);
+      step_hook_s_ += seconds(h1);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -502,6 +529,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     fail("checkpointing failed: " + error);
     co_return;
   }
+  STAGE_TRACE("step done");
   hooks_->after_step_shipped(it);
   const checkpoint_stats st = hooks_->stats();
   phase_ = phase::stepped;
@@ -519,6 +547,8 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setReplicaPulls(st.replica_pulls);
     b.setCaptureCpuSeconds(st.capture_cpu_s);
     b.setWindowsSkipped(st.windows_skipped);
+    b.setLogSeconds(log_s_);
+    b.setStepHookSeconds(std::max(0.0, step_hook_s_ - st.stall_s));
     ::rusage u{};
     if (::getrusage(RUSAGE_SELF, &u) == 0) b.setPeakRssBytes(std::uint64_t(u.ru_maxrss) * 1024);
   });

@@ -159,6 +159,9 @@ class stage_actor : public actors::actor {
   std::size_t next_step_ = 0;
   std::vector<double> losses_, aux_;
   double compute_s_ = 0.0;
+  // This iteration's compute-thread seconds in the hooks: on_boundary_send, and the step's
+  // hooks (the Stepped message's logSeconds, stepHookSeconds).
+  double log_s_ = 0.0, step_hook_s_ = 0.0;
   std::uint64_t dropped_ = 0;
   bool failed_ = false;
 
