@@ -24,10 +24,10 @@ struct stamped {
 struct iteration_rec {
   long iteration = 0;
   double seconds = 0, stall_s = 0;
-  double capture_cpu_s = 0;                   // the stages' captures' CPU time, summed
+  double capture_cpu_s = 0;            // the stages' captures' CPU time, summed
   double log_s = 0, step_hooks_s = 0;  // the busiest stage's compute-thread seconds in the hooks
   double step_phase_s = 0;             // of `seconds`, Step sent .. the last Stepped
-  double t = 0;                               // when the bench saw the record
+  double t = 0;                        // when the bench saw the record
   double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
   double mean_stage_compute_s =
       0;  // over the stages: their forward + backward of all micro-batches

@@ -296,7 +296,9 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     fail(fmt::format("worker {} reported checkpoint actors of another node", w.node));
     co_return;
   }
-  if (w.stage >= 0 && job_.ep > 1 && !experts.valid()) {
+  // (a stage is reported with its router; a resumed job's workers first report without
+  // either, their stages come with the restore)
+  if (w.stage >= 0 && job_.ep > 1 && read_ref(m.getActor()).valid() && !experts.valid()) {
     fail(fmt::format("worker {} reported no expert router (parallel.ep = {})", w.node, job_.ep));
     co_return;
   }
@@ -475,15 +477,23 @@ awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
 }
 
 awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
-  // A stage usually fails because a peer died under it (a pull broke). The head learns of
-  // that death itself within the failure timeout, with the better message (which worker,
-  // how it died): wait that long before blaming the stage.
+  // A stage usually fails because a peer died under it (a pull broke, an EP peer's router saw
+  // it go). The head learns of that death itself within the failure timeout, with the better
+  // message (which worker, how it died): the verdict waits that long. Not in this turn: the
+  // loss, and the recovery it starts, must not queue behind it (a sleep here held an EP
+  // rank's recovery for the whole timeout).
   std::string message = "a stage failed: " + std::string(m.getMessage());
-  co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
-  // A worker was lost meanwhile: that was the cause, and its loss (queued behind this turn)
-  // decides the recovery or the job's end.
-  if (loss_pending() || recovering()) co_return;
-  fail(message);
+  const std::uint64_t losses = losses_seen_;
+  const auto wait = std::chrono::milliseconds(job_.failure_timeout_ms + 200);
+  system().time().call_at(system().now() + wait, [sys = &system(), me = self(), losses, message] {
+    (void)sys->post_call(me, [losses, message](actors::actor& a) -> awaitable<void> {
+      auto& c = static_cast<coordinator&>(a);
+      // A worker was lost meanwhile: that was the cause, and its loss decides.
+      if (c.losses_seen_ == losses && !c.loss_pending() && !c.recovering()) c.fail(message);
+      co_return;
+    });
+  });
+  co_return;
 }
 
 awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m) {

@@ -20,13 +20,12 @@ local_pipeline::local_pipeline(const models::model_config& model, const models::
       slot& sl = at(s, d);
       sl.model = factory(setup);
       sl.ops = sl.model->operators();
-      for (auto* op : sl.ops) {
-        if (ep_ == 1 || op->kind() != models::op_kind::expert) sl.dense_ops.push_back(op);
-      }
     }
   }
-  if (ep_ > 1) {
-    for (int s = 0; s < stages_; ++s) connect_experts(s, model);
+  for (int s = 0; s < stages_; ++s) {
+    std::vector<stage_model*> replicas;
+    for (int d = 0; d < replicas_; ++d) replicas.push_back(at(s, d).model.get());
+    groups_.push_back(std::make_unique<local_group>(replicas, ep_));
   }
   // as models::trainer initialises it
   scaler_.enabled = model.compute_dtype == models::dtype::f16;
@@ -120,56 +119,6 @@ void local_pipeline::run_replica(int replica, std::vector<double>& losses,
   }
 }
 
-void local_pipeline::connect_experts(int s, const models::model_config& model) {
-  for (int g = 0; g < replicas_ / ep_; ++g) {
-    std::vector<models::expert_shard*> group;
-    for (int k = 0; k < ep_; ++k) {
-      auto* shard = at(s, g * ep_ + k).model->experts();
-      if (shard == nullptr) {
-        throw models::config_error(
-            "parallel.ep", "stage " + std::to_string(s) + " has no experts to shard; use 1");
-      }
-      group.push_back(shard);
-    }
-    for (int k = 0; k < ep_; ++k) {
-      slot& sl = at(s, g * ep_ + k);
-      sl.exchange =
-          std::make_unique<models::direct_exchange>(group, k, model.experts, model.d_model);
-      sl.model->set_expert_exchange(sl.exchange.get());
-    }
-  }
-}
-
-void local_pipeline::all_reduce(int stage) {
-  // left fold g_0 + g_1 + ... in replica order, the result in every replica; under expert
-  // parallelism the non-experts so, and each expert over the rows of every replica
-  const auto& ops0 = at(stage, 0).dense_ops;
-  reduce_acc_.resize(gradient_floats(ops0));
-  reduce_tmp_.resize(reduce_acc_.size());
-  copy_gradients_out(ops0, reduce_acc_);
-  for (int d = 1; d < replicas_; ++d) {
-    copy_gradients_out(at(stage, d).dense_ops, reduce_tmp_);
-    accumulate(reduce_acc_, reduce_tmp_);
-  }
-  for (int d = 0; d < replicas_; ++d) copy_gradients_in(at(stage, d).dense_ops, reduce_acc_);
-  if (ep_ > 1) reduce_experts(stage);
-}
-
-void local_pipeline::reduce_experts(int stage) {
-  // Replica d's rows of shard k's experts were computed by rank k of d's EP group, and kept
-  // apart there as source d % ep.
-  for (int k = 0; k < ep_; ++k) {
-    const auto shard = [&](int d) { return at(stage, (d / ep_) * ep_ + k).model->experts(); };
-    const auto first = shard(0)->source_gradient(0);
-    reduce_acc_.assign(first.begin(), first.end());
-    for (int d = 1; d < replicas_; ++d) accumulate(reduce_acc_, shard(d)->source_gradient(d % ep_));
-    for (int g = 0; g < replicas_ / ep_; ++g) {
-      const auto experts = shard(g * ep_)->experts();
-      copy_gradients_in(experts, reduce_acc_);
-    }
-  }
-}
-
 std::vector<models::operator_state*> local_pipeline::canonical_ops(int stage) {
   if (ep_ == 1) return at(stage, 0).ops;
   std::vector<std::vector<models::op_kind>> kinds;
@@ -202,7 +151,7 @@ models::iteration_stats local_pipeline::train_iteration() {
   st.loss /= m * replicas_;
   st.aux_loss /= m * replicas_;
   if (replicas_ > 1) {
-    for (int s = 0; s < stages_; ++s) all_reduce(s);
+    for (auto& g : groups_) g->all_reduce();
   }
   std::vector<double> sq;
   for (int s = 0; s < stages_; ++s) {

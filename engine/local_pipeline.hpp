@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/hooks.hpp"
+#include "engine/local_group.hpp"
 #include "engine/stage_registry.hpp"
 #include "models/trainer.hpp"
 
@@ -51,11 +52,7 @@ class local_pipeline {
   struct slot {
     std::unique_ptr<stage_model> model;
     std::vector<models::operator_state*> ops;
-    // what the all-reduce over every replica sums: all of ops, or under expert parallelism
-    // its non-experts (the experts have a fold of their own)
-    std::vector<models::operator_state*> dense_ops;
     stage_hooks* hooks = nullptr;
-    std::unique_ptr<models::direct_exchange> exchange;  // expert parallelism only
   };
   slot& at(int stage, int replica) {
     return slots_[std::size_t(replica) * std::size_t(stages_) + std::size_t(stage)];
@@ -63,22 +60,18 @@ class local_pipeline {
   // Runs every stage's 1F1B steps of one replica, in an order where inputs exist; fills
   // losses[mb] and aux[mb] (summed over stages in stage order).
   void run_replica(int replica, std::vector<double>& losses, std::vector<double>& aux);
-  void all_reduce(int stage);
-  // Expert parallelism: every EP group's shards of stage s exchange rows directly.
-  void connect_experts(int stage, const models::model_config& model);
-  // The experts' fold: each shard's experts summed over every replica's rows, in replica order.
-  void reduce_experts(int stage);
   // Stage s's operators in canonical order (from replica 0, or EP group 0's ranks).
   std::vector<models::operator_state*> canonical_ops(int stage);
 
   models::train_config train_;
   int stages_, replicas_, ep_;
   std::vector<slot> slots_;  // [replica][stage]
+  // [stage]: its replicas' EP groups and all-reduce (declared after slots_: destroyed first)
+  std::vector<std::unique_ptr<local_group>> groups_;
   models::loss_scaler scaler_;
   models::step_plan plan_;
   float loss_grad_ = 0.0f;
   std::int64_t iteration_ = 0;
-  std::vector<float> reduce_acc_, reduce_tmp_;
 };
 
 }  // namespace moevement::engine

@@ -251,12 +251,9 @@ class moe_stage final : public stage_model {
   void set_expert_exchange(models::expert_exchange* exchange) override {
     stage_.set_exchange(exchange);
   }
+  models::expert_exchange* expert_exchange() const override { return stage_.exchange(); }
 
  private:
-  static models::expert_split expert_split_of(const stage_setup& setup) {
-    const int ep = setup.train.expert_parallel;
-    return ep > 1 ? models::expert_split{setup.replica % ep, ep} : models::expert_split{};
-  }
   void check_boundary(std::span<const float> t, bool needed, const char* what) const {
     const std::size_t want = needed ? boundary_floats() : 0;
     if (t.size() != want) {

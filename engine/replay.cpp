@@ -16,7 +16,7 @@ replay_outputs replay_iteration(stage_model& stage, std::int64_t iteration, floa
 
 std::vector<replay_outputs> replay_region(std::span<stage_model* const> region,
                                           std::int64_t iteration, float loss_grad,
-                                          const replay_inputs& in) {
+                                          const replay_inputs& in, bool begin) {
   const int k = int(region.size());
   if (k < 1) throw std::invalid_argument("replay_region: an empty region");
   if (in.stage < 0 || in.stage + k > in.stages) {
@@ -47,8 +47,10 @@ std::vector<replay_outputs> replay_region(std::span<stage_model* const> region,
   for (int j = 0; j < k; ++j) {
     const auto ju = std::size_t(j);
     steps[ju] = one_f_one_b(in.stage + j, in.stages, int(m));
-    begin_operators(region[ju]->operators());
-    region[ju]->begin_iteration(iteration);
+    if (begin) {
+      begin_operators(region[ju]->operators());
+      region[ju]->begin_iteration(iteration);
+    }
     out[ju].activations.resize(m);
     out[ju].gradients.resize(m);
     out[ju].losses.assign(m, 0.0);

@@ -43,10 +43,13 @@ replay_outputs replay_iteration(stage_model& stage, std::int64_t iteration, floa
 // between region stages pass in memory. Each stage runs its own 1F1B steps in their order
 // (whichever stage can proceed does), so each computes exactly what it computed in the
 // pipeline. Returns [k] outputs: what each stage sent (the internal ones included, for the
-// stages' own logs). With k = 1 it is replay_iteration.
+// stages' own logs). With k = 1 it is replay_iteration. begin = false: the caller began the
+// iteration on the region's stages already (begin_operators, begin_iteration), as it must when
+// replicas exchange expert rows: an owner's shard holds every source's gradients, and its own
+// replica's begin_iteration would zero those of the replicas replayed before it.
 std::vector<replay_outputs> replay_region(std::span<stage_model* const> region,
                                           std::int64_t iteration, float loss_grad,
-                                          const replay_inputs& inputs);
+                                          const replay_inputs& inputs, bool begin = true);
 
 // A stage replaying alone beside the neighbours it exchanges tensors with (a joint region
 // replayed as a pipeline across workers, recovery/sparse_to_dense.hpp): its boundary inputs

@@ -43,11 +43,11 @@ double trace_clock() {
 
 }  // namespace
 
-#define STAGE_TRACE(...)                                                                       \
-  do {                                                                                         \
-    if (tracing())                                                                             \
-      fmt::print(stderr, "{:.6f} [stage {} r{} e{} ph{}] {}\n", trace_clock(), setup_.stage,    \
-                 setup_.replica, epoch_, int(phase_), fmt::format(__VA_ARGS__));               \
+#define STAGE_TRACE(...)                                                                     \
+  do {                                                                                       \
+    if (tracing())                                                                           \
+      fmt::print(stderr, "{:.6f} [stage {} r{} e{} ph{}] {}\n", trace_clock(), setup_.stage, \
+                 setup_.replica, epoch_, int(phase_), fmt::format(__VA_ARGS__));             \
   } while (0)
 
 stage_actor::stage_actor(stage_actor_args args)
@@ -228,6 +228,9 @@ awaitable<void> stage_actor::wire(wire::Wire::Reader m, wire::WireAck::Builder) 
       if (!(peer == router_->actor())) system().monitor(router_->actor(), peer);
     }
     router_->set_peers(std::move(group));
+    // This wiring's peers are alive: a stop for a peer of an older one (lost in the step, after
+    // the abort that would have resumed the router) no longer holds.
+    router_->resume();
   }
   if (reduction_ != nullptr) co_await form_group();
 }
@@ -494,8 +497,14 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   plan.grad_mul = m.getGradMul();
   const std::int64_t it = iteration_;
   std::vector<double> popularity;
-  if (m.getPopularity().size() == ops_.size()) {
-    for (double x : m.getPopularity()) popularity.push_back(x);
+  if (m.getPopularity().size() > 0) {
+    std::vector<double> canonical;
+    for (double x : m.getPopularity()) canonical.push_back(x);
+    try {  // this rank's share, in its operators' order
+      popularity = rank_popularity(canonical, ops_, expert_split_of(setup_));
+    } catch (const std::invalid_argument&) {
+      ++dropped_;  // a list of another shape: no counts this step (the schedule keeps its order)
+    }
   }
   const checkpoint_step decided{std::max(m.getWSparse(), 0), popularity};
   at_fault_point(fault_point::step);

@@ -92,7 +92,8 @@ awaitable<void> stage_actor::finish_reduce() {
     if (router_) expert_wait_s = router_->take_wait_s();
     device_state* d = model_->device();
     sq = d != nullptr && d->grads_on_device() ? d->grad_sq_sums() : gradient_sq_sums(ops_);
-    pop = operator_popularity(ops_, hooks_ && hooks_->soft_popularity());
+    // canonical (every expert of the stage): the coordinator sums it over all replicas
+    pop = canonical_popularity(ops_, expert_split_of(setup_), hooks_ && hooks_->soft_popularity());
   });
   const std::uint64_t e = epoch_;
   (void)tell<wire::StageDone>(coordinator_, [&](wire::StageDone::Builder b) {

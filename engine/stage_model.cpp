@@ -128,4 +128,72 @@ std::vector<operator_at> canonical_order(std::span<const std::vector<models::op_
   return out;
 }
 
+namespace {
+
+// The canonical order of a stage whose EP ranks all have `ops`' shape (every rank holds the
+// same non-experts and blocks of the same size).
+std::vector<operator_at> order_of_ranks(std::span<models::operator_state* const> ops, int ranks) {
+  const std::vector<std::vector<models::op_kind>> kinds(std::size_t(std::max(ranks, 1)),
+                                                        operator_kinds(ops));
+  return canonical_order(kinds);
+}
+
+}  // namespace
+
+std::vector<double> canonical_popularity(std::span<models::operator_state* const> ops,
+                                         models::expert_split split, bool soft) {
+  if (split.count <= 1) return operator_popularity(ops, soft);
+  // For each of this rank's operators: the gate before it and its place in its expert block.
+  std::vector<const models::operator_state*> gate(ops.size(), nullptr);
+  std::vector<std::size_t> place(ops.size(), 0);
+  const models::operator_state* last_gate = nullptr;
+  std::size_t run = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i]->kind() == models::op_kind::gate) last_gate = ops[i];
+    run = ops[i]->kind() == models::op_kind::expert ? run + 1 : 0;
+    gate[i] = last_gate;
+    place[i] = run == 0 ? 0 : run - 1;
+  }
+  std::vector<double> c;
+  std::vector<std::size_t> block(ops.size(), 0);  // the block size of each expert's run
+  for (std::size_t i = ops.size(); i-- > 0;) {
+    if (ops[i]->kind() != models::op_kind::expert) continue;
+    block[i] = i + 1 < ops.size() && ops[i + 1]->kind() == models::op_kind::expert ? block[i + 1]
+                                                                                   : place[i] + 1;
+  }
+  for (const auto& at : order_of_ranks(ops, split.count)) {
+    const std::size_t i = at.index;
+    if (ops[i]->kind() != models::op_kind::expert || gate[i] == nullptr) {
+      c.push_back(0.0);
+      continue;
+    }
+    // The expert's index in its layer: rank `at.rank`'s block, this place in it.
+    const std::size_t e = std::size_t(at.rank) * block[i] + place[i];
+    const auto& routed = gate[i]->routed_tokens();
+    const auto& probs = gate[i]->prob_sums();
+    if (soft) {
+      c.push_back(e < probs.size() ? probs[e] : 0.0);
+    } else {
+      c.push_back(e < routed.size() ? double(routed[e]) : 0.0);
+    }
+  }
+  return c;
+}
+
+std::vector<double> rank_popularity(std::span<const double> canonical,
+                                    std::span<models::operator_state* const> ops,
+                                    models::expert_split split) {
+  const auto order = order_of_ranks(ops, split.count);
+  if (canonical.size() != order.size()) {
+    throw std::invalid_argument("rank_popularity: " + std::to_string(canonical.size()) +
+                                " counts for a stage of " + std::to_string(order.size()) +
+                                " operators (canonical order)");
+  }
+  std::vector<double> mine(ops.size(), 0.0);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    if (order[k].rank == split.index) mine[order[k].index] = canonical[k];
+  }
+  return mine;
+}
+
 }  // namespace moevement::engine

@@ -36,6 +36,12 @@ struct stage_setup {
   bool last() const { return stage == stages - 1; }
 };
 
+// The EP rank of a stage replica: replica % ep of ep (expert parallelism; {0, 1} without it).
+inline models::expert_split expert_split_of(const stage_setup& setup) {
+  const int ep = setup.train.expert_parallel;
+  return ep > 1 ? models::expert_split{setup.replica % ep, ep} : models::expert_split{};
+}
+
 struct stage_output {
   std::span<const float> activation;  // [B,T,C] to the next stage (empty on the last stage)
   double loss = 0.0;                  // last stage: mean cross-entropy of the micro-batch
@@ -151,6 +157,7 @@ class stage_model {
   virtual models::expert_shard* experts() { return nullptr; }
   // Where this stage's routed rows go (not owned; set before the first forward).
   virtual void set_expert_exchange(models::expert_exchange* /*exchange*/) {}
+  virtual models::expert_exchange* expert_exchange() const { return nullptr; }
 };
 
 // A scope in which a stage's host operators are written (a restore, a rollback): a stage with
@@ -213,5 +220,21 @@ struct operator_at {
 };
 std::vector<operator_at> canonical_order(std::span<const std::vector<models::op_kind>> kinds);
 std::vector<models::op_kind> operator_kinds(std::span<models::operator_state* const> ops);
+
+// Expert parallelism and popularity. Each replica's gates count the tokens routed to every
+// expert of their layer, held or not, so each EP rank can report its popularity in the
+// canonical order (what operator_popularity gives on the whole stage, as with ep = 1): the
+// coordinator sums those over every replica of the stage, and every copy of a block of experts
+// then orders its sparse schedule by the same job-wide counts. ops: EP rank `split.index`'s
+// operators(); a layer's expert block follows its gate (its experts, then the next layer's
+// operators). With split.count 1 this is operator_popularity(ops, soft).
+std::vector<double> canonical_popularity(std::span<models::operator_state* const> ops,
+                                         models::expert_split split, bool soft = false);
+// The other way: rank `split.index`'s share of a canonical popularity list, in its operators'
+// order (its non-experts, and its block of each layer's experts). Throws std::invalid_argument
+// when the list is not the length of the stage's canonical order.
+std::vector<double> rank_popularity(std::span<const double> canonical,
+                                    std::span<models::operator_state* const> ops,
+                                    models::expert_split split);
 
 }  // namespace moevement::engine

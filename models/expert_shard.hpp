@@ -23,6 +23,7 @@ class expert_shard {
   expert_shard(moe_model& model, stage_range range, expert_split split);
 
   const expert_split& split() const { return split_; }
+  const model_config& config() const { return model_.config(); }
   int sources() const { return split_.count; }
   // The held experts of every layer of the range, in canonical order.
   std::span<operator_state* const> experts() const { return experts_; }

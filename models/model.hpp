@@ -84,6 +84,7 @@ class stage {
         expert_split experts = {});
   // Where the routed rows go under expert parallelism (not owned; before the first forward).
   void set_exchange(expert_exchange* exchange) { exchange_ = exchange; }
+  expert_exchange* exchange() const { return exchange_; }
 
   const stage_range& range() const { return range_; }
   int tokens() const { return b_ * t_; }  // N = B*T rows of every activation

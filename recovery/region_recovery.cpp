@@ -226,7 +226,10 @@ awaitable<bool> region_recovery::restart_region(region& r) {
 }
 
 bool region_recovery::group_replay() const {
-  if (job_.job().dp < 2) return false;
+  // Under expert parallelism the whole group replays on each restored worker, whose EP groups
+  // exchange their rows in that process (recovery/sparse_to_dense.hpp); a group replay spread
+  // over the workers, with the all-to-all between them, is not built yet.
+  if (job_.job().dp < 2 || job_.job().ep > 1) return false;
   for (const auto& [n, w] : job_.workers()) {
     if (w.stage >= 0 && !w.group_exchange.valid()) return false;  // a worker of an older build
   }

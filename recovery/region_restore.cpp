@@ -425,6 +425,9 @@ awaitable<void> region_restore::fetch_schedule() {
     const actor_ref peer =
         read_ref(m_.getSources()[unsigned((p_.stage - p_.first_stage) * p_.dp + d)].getSurvivor());
     if (!peer.valid() || d == p_.replica) continue;
+    // Under expert parallelism only a replica of the same EP rank holds these operators.
+    const int ep = std::max(ctx_.job.ep, 1);
+    if (d % ep != p_.replica % ep) continue;
     auto r =
         co_await ctx_.system.ask<wire::FetchSchedule, wire::ScheduleState>(peer, fetch_timeout);
     if (!r.ok()) continue;  // that survivor died meanwhile: its loss restarts this restore

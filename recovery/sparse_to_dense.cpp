@@ -1,8 +1,11 @@
 #include "recovery/sparse_to_dense.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 
+#include "engine/local_group.hpp"
 #include "engine/replay.hpp"
 
 namespace moevement::recovery {
@@ -70,9 +73,16 @@ class conversion {
     check_schedules();
     check_range();
     active_ = from_initial_ ? n_all_ : 0;
+    make_groups();
     for (std::int64_t it = w0_; it < in_.target_iteration; ++it) {
       if (std::size_t(it - w0_) < w_) load_slot(std::size_t(it - w0_));
       const step_record& step = in_.steps->at(it);
+      if (ep_ > 1) {  // every replica begins before any replays (replay_region's begin)
+        for (std::size_t i = 0; i < all_; ++i) {
+          engine::begin_operators(ops_[i]);
+          replicas_[i]->begin_iteration(it);
+        }
+      }
       for (std::size_t d = 0; d < d_count_; ++d) replay_replica(d, it, step);
       if (in_.reduce) reduce_with_group(it);
       for (int j = 0; j < k_; ++j) step_stage(j, step);
@@ -86,6 +96,17 @@ class conversion {
                              " operators still frozen at the end (internal error)");
     }
     return rep_;
+  }
+
+  // The whole group is here (no `reduce`): each region stage's replicas in one engine::local_group,
+  // which sums their gradients as training does and, under expert parallelism, lets each EP
+  // group's replicas compute each other's expert rows.
+  void make_groups() {
+    if (in_.reduce) return;
+    for (int j = 0; j < k_; ++j) {
+      groups_.push_back(
+          std::make_unique<engine::local_group>(replicas_.subspan(base(j), d_count_), ep_));
+    }
   }
 
  private:
@@ -109,6 +130,14 @@ class conversion {
     if (in_.reduce && d_count_ != 1) {
       throw conversion_error(
           "sparse-to-dense: a parallel group replay gives one replica per stage");
+    }
+    ep_ = std::max(in_.train.expert_parallel, 1);
+    if (ep_ > 1 && (in_.reduce || in_.live_before || in_.live_after ||
+                    d_count_ != std::size_t(in_.train.data_parallel))) {
+      throw conversion_error(
+          "sparse-to-dense: under expert parallelism (parallel.ep " + std::to_string(ep_) +
+          ") the whole group replays in one process; a replay spread over workers is not built "
+          "yet");
     }
     if (in_.windows.size() != all_) {
       throw conversion_error("sparse-to-dense: " + std::to_string(in_.windows.size()) +
@@ -201,20 +230,21 @@ class conversion {
     }
   }
 
-  // The recovery group must freeze the same operators, or the reduced gradients are wrong.
+  // The recovery group must freeze the same operators, or the reduced gradients are wrong
+  // (under expert parallelism: the replicas of one EP rank, which hold the same operators).
   void check_same_schedule(int j) const {
-    for (std::size_t d = 1; d < d_count_; ++d) {
+    for (std::size_t d = std::size_t(ep_); d < d_count_; ++d) {
       for (std::size_t sl = 0; sl < w_; ++sl) {
-        const auto& a = views_[base(j)][sl].entries;
+        const auto& a = views_[base(j) + d % std::size_t(ep_)][sl].entries;
         const auto& b = views_[base(j) + d][sl].entries;
         bool same = a.size() == b.size();
         for (std::size_t e = 0; same && e < a.size(); ++e) {
           same = a[e].index == b[e].index && a[e].mode == b[e].mode;
         }
         if (!same) {
-          throw conversion_error("sparse-to-dense: " + where(in_.stage + j, 0) + " and replica " +
-                                 std::to_string(d) + " scheduled slot " + std::to_string(sl) +
-                                 " differently");
+          throw conversion_error("sparse-to-dense: " + where(in_.stage + j, d % std::size_t(ep_)) +
+                                 " and replica " + std::to_string(d) + " scheduled slot " +
+                                 std::to_string(sl) + " differently");
         }
       }
     }
@@ -307,7 +337,7 @@ class conversion {
     }
     std::vector<engine::stage_model*> region(std::size_t(k_), nullptr);
     for (int j = 0; j < k_; ++j) region[std::size_t(j)] = replicas_[base(j) + d];
-    const auto outs = engine::replay_region(region, it, step.loss_grad, ri);
+    const auto outs = engine::replay_region(region, it, step.loss_grad, ri, ep_ == 1);
     for (int j = 0; j < k_; ++j) {
       if (active_ < n_all_) ++rep_.sparse_replays;
       const std::size_t i = base(j) + d;
@@ -403,16 +433,7 @@ class conversion {
   void step_stage(int j, const step_record& step) {
     const std::size_t b = base(j);
     // The all-reduce as the engine does it: g_0 + g_1 + ... in replica order.
-    if (d_count_ > 1 && !in_.reduce) {
-      acc_.resize(engine::gradient_floats(ops_[b]));
-      g_.resize(acc_.size());
-      engine::copy_gradients_out(ops_[b], acc_);
-      for (std::size_t d = 1; d < d_count_; ++d) {
-        engine::copy_gradients_out(ops_[b + d], g_);
-        engine::accumulate(acc_, g_);
-      }
-      for (std::size_t d = 0; d < d_count_; ++d) engine::copy_gradients_in(ops_[b + d], acc_);
-    }
+    if (!groups_.empty()) groups_[std::size_t(j)]->all_reduce();
     for (std::size_t d = 0; d < d_count_; ++d) {
       engine::apply_step(ops_[b + d], step.plan, in_.train);
     }
@@ -430,7 +451,10 @@ class conversion {
   std::size_t n_all_ = 0;  // operators of the region (one replica of each stage)
   std::size_t active_ = 0;
   std::int64_t w0_ = 0;
-  std::vector<float> acc_, g_;
+  std::vector<float> acc_;
+  int ep_ = 1;  // train.expert_parallel
+  std::vector<std::unique_ptr<engine::local_group>>
+      groups_;  // [region stage], the whole group here
   conversion_report rep_;
 };
 

@@ -88,9 +88,12 @@ struct conversion_report {
 };
 
 // replicas[j * replicas + d]: replica d of stage `stage + j` (a fresh stage_model, as a
-// replacement is); its operators are overwritten. Throws conversion_error (or snapshot_error for a
-// slot that does not verify, wrapped with where it came from) and leaves the stage unusable on
-// error.
+// replacement is); its operators are overwritten. Under expert parallelism
+// (train.expert_parallel > 1) the whole group is given (no `reduce`): each EP group's replicas
+// compute each other's expert rows through an engine::local_group meanwhile, and each block of
+// experts sums every replica's rows in replica order, as training does. Throws conversion_error (or
+// snapshot_error for a slot that does not verify, wrapped with where it came from) and leaves the
+// stage unusable on error.
 conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas,
                                   const conversion_input& in);
 

@@ -118,11 +118,13 @@ void window_book::replicated(engine::wire::WindowReplicated::Reader m, bool reco
   done.resize(std::size_t(job.pp * job.dp), false);
   done[std::size_t(d * job.pp + s)] = true;
   window_first_[window] = m.getFirstIteration();
-  // A stage's replicas must schedule alike, or converting their windows together fails later:
-  // say so now, in the run log, rather than at a recovery.
+  // A stage's replicas must schedule alike (under expert parallelism, those of one EP rank,
+  // which hold the same operators), or converting their windows together fails later: say so
+  // now, in the run log, rather than at a recovery.
+  const int ep = std::max(job.ep, 1);
   auto& digests = schedule_digests_[window];
-  digests.resize(std::size_t(job.pp), 0);
-  std::uint64_t& first = digests[std::size_t(s)];
+  digests.resize(std::size_t(job.pp * ep), 0);
+  std::uint64_t& first = digests[std::size_t(s * ep + d % ep)];
   if (first == 0) {
     first = m.getScheduleDigest();
   } else if (first != m.getScheduleDigest()) {

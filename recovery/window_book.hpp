@@ -57,7 +57,8 @@ class window_book {
   std::map<std::int64_t, engine::planned_step> steps_;     // from the oldest window kept
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [d * pp + s] done
   std::map<std::uint64_t, std::int64_t> window_first_;
-  std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;  // window -> [stage]
+  // window -> [stage * ep + EP rank]
+  std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;
   std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
   std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
   // The durable tier: one persisted window at a time is written by every stage; the windows

@@ -188,7 +188,10 @@ TEST(job_config, expert_parallelism_needs_a_dp_and_an_expert_count_it_divides) {
   EXPECT_EQ(reject(ep(2, 0)).key, "parallel.ep");
   auto policy = ep(2, 2);
   policy["checkpoint.policy"] = std::string("moevement");
+  EXPECT_EQ(resolve_job(policy).ep, 2);  // sparse checkpoints per EP rank
+  policy["checkpoint.policy"] = std::string("dense-memory");
   EXPECT_EQ(reject(policy).key, "parallel.ep");
+  EXPECT_TRUE(contains(reject(policy).message, "baselines")) << reject(policy).message;
   auto gpu = ep(2, 2);
   gpu["train.device"] = std::string("cuda");
   EXPECT_EQ(reject(gpu).key, "parallel.ep");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <vector>
 
@@ -210,6 +211,52 @@ TEST(moe_stage, canonical_order_interleaves_each_layers_experts_by_rank) {
   EXPECT_THROW(canonical_order(differ), std::invalid_argument);
   const std::vector<std::vector<k>> short_rank{{k::norm, k::expert, k::head}, {k::norm, k::expert}};
   EXPECT_THROW(canonical_order(short_rank), std::invalid_argument);
+}
+
+TEST(moe_stage, ep_ranks_report_popularity_in_canonical_order_and_take_their_share) {
+  // Every gate counts tokens for every expert of its layer: expert j of layer L gets 10 L + j.
+  const auto counted = [](stage_model& st) {
+    auto ops = st.operators();
+    int layer = 0;
+    for (auto* op : ops) {
+      if (op->kind() != models::op_kind::gate) continue;
+      auto& routed = op->routed_tokens();
+      auto& probs = op->prob_sums();
+      for (std::size_t j = 0; j < routed.size(); ++j) {
+        routed[j] = 10 * layer + std::int64_t(j);
+        probs[j] = 0.5 * double(routed[j]);
+      }
+      ++layer;
+    }
+    return std::vector<models::operator_state*>(ops.begin(), ops.end());
+  };
+  auto whole_setup = tiny_setup(0, 1);
+  auto whole = make_moe_stage(whole_setup);
+  const auto whole_ops = counted(*whole);
+  const auto want = canonical_popularity(whole_ops, {});
+  EXPECT_EQ(want, operator_popularity(whole_ops));
+  EXPECT_EQ(canonical_popularity(whole_ops, {}, true), operator_popularity(whole_ops, true));
+  std::map<std::string, double> by_name;
+  for (std::size_t i = 0; i < whole_ops.size(); ++i) by_name[whole_ops[i]->name()] = want[i];
+
+  for (int rank = 0; rank < 2; ++rank) {
+    auto s = tiny_setup(0, 1);
+    s.replicas = s.train.data_parallel = 2;
+    s.train.expert_parallel = 2;
+    s.replica = rank;
+    auto st = make_moe_stage(s);
+    const auto ops = counted(*st);
+    ASSERT_LT(ops.size(), whole_ops.size());
+    const models::expert_split split = expert_split_of(s);
+    EXPECT_EQ(canonical_popularity(ops, split), want) << "rank " << rank;
+    const auto mine = rank_popularity(want, ops, split);
+    ASSERT_EQ(mine.size(), ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      EXPECT_EQ(mine[i], by_name.at(ops[i]->name())) << ops[i]->name() << " on rank " << rank;
+    }
+    EXPECT_THROW(rank_popularity(std::vector<double>(ops.size(), 1.0), ops, split),
+                 std::invalid_argument);
+  }
 }
 
 TEST(moe_stage, expert_parallelism_on_a_gpu_is_refused_naming_the_key) {

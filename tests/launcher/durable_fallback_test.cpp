@@ -445,3 +445,40 @@ TEST(resume, nothing_to_resume_is_refused_saying_why) {
 }
 
 }  // namespace
+
+namespace {
+
+// Expert parallelism: each worker's windows hold its own block of experts; the resumed job
+// rebuilds every stage replica from them (each worker replaying its stage's group with its EP
+// groups' rows exchanged in that process) and ends with the uninterrupted run's hash.
+TEST(resume, a_killed_expert_parallel_job_resumes_bit_exact) {
+  const std::string dir = checkpoint_dir("resume_ep");
+  const std::string set =
+      "--set cluster.spares=0 --set train.iterations=60 --set parallel.pp=2 "
+      "--set parallel.dp=2 --set parallel.ep=2";
+  std::vector<pid_t> workers;
+  {
+    background_launch j("killed_ep", job(dir, set));
+    workers = j.wait_for_workers(4);
+    ASSERT_EQ(workers.size(), 4u) << j.output();
+    std::vector<std::string> log;
+    for (int i = 0; i < 6000 && count_events(log, "durable_window") < 2; ++i) {
+      std::this_thread::sleep_for(5ms);
+      log = lines_of(j.log);
+    }
+    ASSERT_GE(count_events(log, "durable_window"), 2) << j.output();
+    ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
+    ::kill(j.pid, SIGKILL);
+    EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  }
+  EXPECT_TRUE(all_gone(workers)) << "the workers outlived their head";
+  const auto o = launch("resumed_ep", job(dir, set) + " --resume");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const auto t = run_moevement("train " + tiny() +
+                               " --set train.iterations=60 --set train.seq_len=16 "
+                               "--set parallel.dp=2");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_EQ(o.hash, hash_of(t.output));
+}
+
+}  // namespace

@@ -195,6 +195,34 @@ std::map<std::pair<int, int>, int> replayed_by(const std::string& line) {
   return out;
 }
 
+TEST(recovery, a_lost_ep_rank_is_rebuilt_bit_exact) {
+  // Expert parallelism: the lost replica holds its own block of experts. Its spare replays
+  // the whole group in one process (its EP groups exchanging rows there) and keeps its replica;
+  // the survivors, whose router saw the peer go, take the new one at the rewiring.
+  const std::string ep = "--set parallel.ep=2 ";
+  for (const char* phase : {"forward", "step", "snapshot"}) {
+    const auto o =
+        launch(std::string("ep_") + phase,
+               job(2, 2, 1, ep + "--inject kill:stage=1,replica=1,iter=5,phase=" + phase));
+    ASSERT_EQ(o.exit_code, 0) << phase << ": " << o.output;
+    EXPECT_EQ(o.hash, reference(2)) << phase;
+    const std::string* end = event(o, "recovery_end");
+    ASSERT_NE(end, nullptr) << o.output;
+    const auto by = replayed_by(*end);
+    EXPECT_EQ(by.size(), 1u) << "the spare alone replays: " << *end;
+  }
+  // dp = 4: the replacement's schedule comes from the survivor of its EP rank (replica 1).
+  const auto four = launch("ep_dp4", job(2, 4, 1, ep + "--inject kill:stage=0,replica=3,iter=6"));
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  EXPECT_EQ(four.hash, reference(4));
+  // Both EP ranks of a stage at once: every block of its experts is rebuilt from the windows.
+  const auto both = launch("ep_both", job(2, 2, 2,
+                                          ep + "--inject kill:stage=0,replica=0,iter=7 "
+                                               "--inject kill:stage=0,replica=1,iter=7"));
+  ASSERT_EQ(both.exit_code, 0) << both.output;
+  EXPECT_EQ(both.hash, reference(2));
+}
+
 TEST(recovery, one_lost_replica_of_a_data_parallel_stage) {
   // dp = 4: the lost replica's group replays in parallel, each of the four replicas of stage
   // 1 on its own worker (the three survivors on theirs, the lost one on the spare).

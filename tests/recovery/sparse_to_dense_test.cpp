@@ -448,6 +448,33 @@ TEST(sparse_to_dense, f16_loss_scaling_and_three_replicas) {
   EXPECT_EQ(parse_snapshot(job.cap(1, 2).persisted()->slots.back()).scaler.enabled, true);
 }
 
+// Expert parallelism: a replay of the whole group in one process, whose EP groups compute each
+// other's expert rows, ends with every replica's bits (each EP rank holds other operators).
+TEST(sparse_to_dense, an_expert_parallel_group_is_rebuilt_bit_identical) {
+  for (const auto& [dp, ep] : {std::pair{2, 2}, std::pair{4, 2}}) {
+    auto t = test_train(dp);
+    t.expert_parallel = ep;
+    captured_job job(2, dp, models::preset("tiny"), t);
+    expect_bit_exact_conversions(job);
+  }
+  // Spread over workers (each replaying its own replica) it is not built yet, and says so.
+  auto t = test_train(2);
+  t.expert_parallel = 2;
+  captured_job job(2, 2, models::preset("tiny"), t);
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  engine::local_pipeline fresh(job.model, job.train, 2);
+  auto in = job.input(0);
+  in.windows.resize(1);
+  in.reduce = [](std::int64_t, std::span<float>) {};
+  engine::stage_model* one[] = {&fresh.stage(0, 0)};
+  try {
+    sparse_to_dense(one, in);
+    ADD_FAILURE() << "a replay over workers with expert parallelism was accepted";
+  } catch (const conversion_error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.ep"), std::string::npos) << e.what();
+  }
+}
+
 TEST(sparse_to_dense, every_operator_is_full_exactly_once_per_window) {
   captured_job job(2, 1);
   for (int i = 0; i < iterations; ++i) {
