@@ -483,16 +483,22 @@ awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
   // loss, and the recovery it starts, must not queue behind it (a sleep here held an EP
   // rank's recovery for the whole timeout).
   std::string message = "a stage failed: " + std::string(m.getMessage());
-  const std::uint64_t losses = losses_seen_;
+  if (loss_pending() || recovering()) co_return;  // a loss is known already: it decides
+  const std::uint64_t losses = losses_seen_, wirings = wirings_;
   const auto wait = std::chrono::milliseconds(job_.failure_timeout_ms + 200);
-  system().time().call_at(system().now() + wait, [sys = &system(), me = self(), losses, message] {
-    (void)sys->post_call(me, [losses, message](actors::actor& a) -> awaitable<void> {
-      auto& c = static_cast<coordinator&>(a);
-      // A worker was lost meanwhile: that was the cause, and its loss decides.
-      if (c.losses_seen_ == losses && !c.loss_pending() && !c.recovering()) c.fail(message);
-      co_return;
-    });
-  });
+  system().time().call_at(
+      system().now() + wait, [sys = &system(), me = self(), losses, wirings, message] {
+        (void)sys->post_call(me, [losses, wirings, message](actors::actor& a) -> awaitable<void> {
+          auto& c = static_cast<coordinator&>(a);
+          // A worker was lost meanwhile (or the job was rewired since, after a recovery):
+          // that was the cause, and its loss decides.
+          if (c.losses_seen_ == losses && c.wirings_ == wirings && !c.loss_pending() &&
+              !c.recovering()) {
+            c.fail(message);
+          }
+          co_return;
+        });
+      });
   co_return;
 }
 

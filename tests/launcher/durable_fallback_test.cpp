@@ -295,6 +295,28 @@ long newest_window(const std::string& dir) {
   return newest;
 }
 
+// Launches `args` with its `workers` workers, waits until `windows` durable windows are on
+// disk, then SIGKILLs the head: its workers must stop on their own.
+void kill_head_after_durable_windows(const std::string& name, const std::string& args,
+                                     std::size_t workers, int windows) {
+  std::vector<pid_t> pids;
+  {
+    background_launch j(name, args);
+    pids = j.wait_for_workers(workers);
+    ASSERT_EQ(pids.size(), workers) << j.output();
+    std::vector<std::string> log;
+    for (int i = 0; i < 6000 && count_events(log, "durable_window") < windows; ++i) {
+      std::this_thread::sleep_for(5ms);
+      log = lines_of(j.log);
+    }
+    ASSERT_GE(count_events(log, "durable_window"), windows) << j.output();
+    ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
+    ::kill(j.pid, SIGKILL);
+    EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  }
+  EXPECT_TRUE(all_gone(pids)) << "the workers outlived their head";
+}
+
 // `moevement launch --resume` (docs/recovery.md "Resuming a killed job"). The whole job is
 // killed (the head with SIGKILL; its workers stop on their own), the newest window of stage 0
 // is corrupted on disk, and the job is launched again with --resume: it starts from the
@@ -307,22 +329,8 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   // loaded machine's fsyncs fell behind 40 iterations.
   const std::string longer = fmt::format(" --set train.iterations={}", resume_iterations);
   const std::string dir = checkpoint_dir("resume");
-  std::vector<pid_t> workers;
-  {
-    background_launch j("killed", job(dir, "--set cluster.spares=0" + longer));
-    workers = j.wait_for_workers(3);
-    ASSERT_EQ(workers.size(), 3u) << j.output();
-    std::vector<std::string> log;
-    for (int i = 0; i < 6000 && count_events(log, "durable_window") < 3; ++i) {
-      std::this_thread::sleep_for(5ms);
-      log = lines_of(j.log);
-    }
-    ASSERT_GE(count_events(log, "durable_window"), 3) << j.output();
-    ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
-    ::kill(j.pid, SIGKILL);
-    EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
-  }
-  EXPECT_TRUE(all_gone(workers)) << "the workers outlived their head";
+  ASSERT_NO_FATAL_FAILURE(
+      kill_head_after_durable_windows("killed", job(dir, "--set cluster.spares=0" + longer), 3, 3));
   // Copies for the resumes at other layouts below.
   for (const char* copy : {"-pp2", "-pp2dp2", "-pp4dp2"}) {
     fs::copy(dir, dir + copy, fs::copy_options::recursive);
@@ -456,22 +464,7 @@ TEST(resume, a_killed_expert_parallel_job_resumes_bit_exact) {
   const std::string set =
       "--set cluster.spares=0 --set train.iterations=60 --set parallel.pp=2 "
       "--set parallel.dp=2 --set parallel.ep=2";
-  std::vector<pid_t> workers;
-  {
-    background_launch j("killed_ep", job(dir, set));
-    workers = j.wait_for_workers(4);
-    ASSERT_EQ(workers.size(), 4u) << j.output();
-    std::vector<std::string> log;
-    for (int i = 0; i < 6000 && count_events(log, "durable_window") < 2; ++i) {
-      std::this_thread::sleep_for(5ms);
-      log = lines_of(j.log);
-    }
-    ASSERT_GE(count_events(log, "durable_window"), 2) << j.output();
-    ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
-    ::kill(j.pid, SIGKILL);
-    EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
-  }
-  EXPECT_TRUE(all_gone(workers)) << "the workers outlived their head";
+  ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows("killed_ep", job(dir, set), 4, 2));
   const auto o = launch("resumed_ep", job(dir, set) + " --resume");
   ASSERT_EQ(o.exit_code, 0) << o.output;
   const auto t = run_moevement("train " + tiny() +
