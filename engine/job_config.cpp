@@ -324,12 +324,11 @@ job_config resolve_job(models::config_map map) {
                        "expert parallelism trains on train.device = \"cpu\" only "
                        "so far; set parallel.ep = 1 on GPUs");
   }
-  if (j.ep > 1 && j.policy != policy_kind::none && j.policy != policy_kind::moevement) {
+  if (j.ep > 1 && j.policy == policy_kind::pec) {
     throw config_error("parallel.ep",
-                       fmt::format("the baselines do not checkpoint sharded experts yet: policy "
-                                   "{} needs parallel.ep = 1 (or use checkpoint.policy = "
-                                   "\"moevement\" or \"none\")",
-                                   policy_name(j.policy)));
+                       "pec does not checkpoint sharded experts yet (its expert selection counts "
+                       "every expert of a layer on each worker): use parallel.ep = 1 with pec, or "
+                       "another checkpoint.policy");
   }
   if (j.workers() > max_job_workers) {
     throw config_error("parallel.dp",

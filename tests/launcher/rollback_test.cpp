@@ -82,6 +82,26 @@ TEST(rollback, dense_memory_kill_rolls_back_bit_exact) {
   EXPECT_NE(o.output.find("rolled back to iteration 6"), std::string::npos) << o.output;
 }
 
+// Expert parallelism: each worker's full snapshot holds its own block of experts; the rollback
+// reloads every worker's own, in memory and on disk alike.
+TEST(rollback, the_dense_baselines_roll_back_an_expert_parallel_job_bit_exact) {
+  const std::string dir = checkpoint_dir("ep");
+  for (const char* policy : {"dense-memory", "dense-disk"}) {
+    background_launch j(std::string("ep_") + policy,
+                        job(policy, 2, 2,
+                            "--set parallel.ep=2 --set checkpoint.interval=3 "
+                            "--set checkpoint.dir=" +
+                                dir + " --inject kill:stage=1,replica=1,iter=7"));
+    const auto o = finish(j);
+    ASSERT_EQ(o.exit_code, 0) << policy << ": " << o.output;
+    EXPECT_EQ(o.hash, reference(2)) << policy;
+    const std::string* end = event(o, "recovery_end");
+    ASSERT_NE(end, nullptr) << o.output;
+    EXPECT_EQ(number_field(*end, "rollback_to"), 6) << policy;
+  }
+  fs::remove_all(dir);
+}
+
 // The demo's scale (small preset, 27 M parameters, pp 2 x dp 2 and a spare: five processes on
 // the test machine's cores): each stage's copy of its initial state (165 MB) is made on the
 // thread that built the stage. Made on the actor thread, it silenced the heartbeats of 1 to 3
