@@ -478,28 +478,16 @@ awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
 
 awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {
   // A stage usually fails because a peer died under it (a pull broke, an EP peer's router saw
-  // it go). The head learns of that death itself within the failure timeout, with the better
-  // message (which worker, how it died): the verdict waits that long. Not in this turn: the
-  // loss, and the recovery it starts, must not queue behind it (a sleep here held an EP
-  // rank's recovery for the whole timeout).
+  // it go). A loss the head knows already decides. Else the head learns of that death itself
+  // within the failure timeout, with the better message (which worker, how it died): wait
+  // that long before blaming the stage.
   std::string message = "a stage failed: " + std::string(m.getMessage());
-  if (loss_pending() || recovering()) co_return;  // a loss is known already: it decides
-  const std::uint64_t losses = losses_seen_, wirings = wirings_;
-  const auto wait = std::chrono::milliseconds(job_.failure_timeout_ms + 200);
-  system().time().call_at(
-      system().now() + wait, [sys = &system(), me = self(), losses, wirings, message] {
-        (void)sys->post_call(me, [losses, wirings, message](actors::actor& a) -> awaitable<void> {
-          auto& c = static_cast<coordinator&>(a);
-          // A worker was lost meanwhile (or the job was rewired since, after a recovery):
-          // that was the cause, and its loss decides.
-          if (c.losses_seen_ == losses && c.wirings_ == wirings && !c.loss_pending() &&
-              !c.recovering()) {
-            c.fail(message);
-          }
-          co_return;
-        });
-      });
-  co_return;
+  if (loss_pending() || recovering()) co_return;
+  co_await system().sleep_for(std::chrono::milliseconds(job_.failure_timeout_ms + 200));
+  // A worker was lost meanwhile: that was the cause, and its loss (queued behind this turn)
+  // decides the recovery or the job's end.
+  if (loss_pending() || recovering()) co_return;
+  fail(message);
 }
 
 awaitable<void> coordinator::window_replicated(wire::WindowReplicated::Reader m) {

@@ -297,7 +297,6 @@ class coordinator : public actors::actor, private head_control {
   std::vector<std::uint64_t> windows_skipped_;
   models::step_plan plan_;
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
-  std::uint64_t losses_seen_ = 0;  // worker losses taken (a stage's failure waits for one)
   std::chrono::steady_clock::time_point steps_sent_;  // this iteration's Step messages
   double train_seconds_ = 0.0;
   std::map<std::int64_t, double> committed_s_;  // iteration -> its committed attempt (s)

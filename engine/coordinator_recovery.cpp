@@ -38,7 +38,6 @@ bool coordinator::loss_pending() const {
 
 awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {
   if (finished_) co_return;
-  ++losses_seen_;
   if (phase_ == phase::admitting && taken_over_.contains(n) && !workers_.contains(n)) {
     fail(
         fmt::format("worker {} {} before it said hello to the standby head taking over, so the "
