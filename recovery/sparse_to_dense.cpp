@@ -453,8 +453,8 @@ class conversion {
   std::int64_t w0_ = 0;
   std::vector<float> acc_;
   int ep_ = 1;  // train.expert_parallel
-  std::vector<std::unique_ptr<engine::local_group>>
-      groups_;  // [region stage], the whole group here
+  // [region stage]: its replicas, when the whole group replays here
+  std::vector<std::unique_ptr<engine::local_group>> groups_;
   conversion_report rep_;
 };
 

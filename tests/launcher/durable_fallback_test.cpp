@@ -75,16 +75,22 @@ int count_events(const std::vector<std::string>& log, const std::string& name) {
   return n;
 }
 
-// Once `windows` durable windows are on disk everywhere (the run log says so), SIGKILLs the
-// workers of `stages` together; by default stages 0 and 1: stage 0's only snapshot copy dies
-// with stage 1's worker.
-void kill_after_durable_windows(background_launch& j, int windows,
-                                const std::set<int>& stages = {0, 1}) {
+// The run log once it shows `windows` durable windows (or after 30 s).
+std::vector<std::string> wait_for_durable_windows(background_launch& j, int windows) {
   std::vector<std::string> log;
   for (int i = 0; i < 6000 && count_events(log, "durable_window") < windows; ++i) {
     std::this_thread::sleep_for(5ms);
     log = lines_of(j.log);
   }
+  return log;
+}
+
+// Once `windows` durable windows are on disk everywhere (the run log says so), SIGKILLs the
+// workers of `stages` together; by default stages 0 and 1: stage 0's only snapshot copy dies
+// with stage 1's worker.
+void kill_after_durable_windows(background_launch& j, int windows,
+                                const std::set<int>& stages = {0, 1}) {
+  const auto log = wait_for_durable_windows(j, windows);
   ASSERT_GE(count_events(log, "durable_window"), windows) << j.output();
   ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the failure";
   std::vector<pid_t> victims;
@@ -304,11 +310,7 @@ void kill_head_after_durable_windows(const std::string& name, const std::string&
     background_launch j(name, args);
     pids = j.wait_for_workers(workers);
     ASSERT_EQ(pids.size(), workers) << j.output();
-    std::vector<std::string> log;
-    for (int i = 0; i < 6000 && count_events(log, "durable_window") < windows; ++i) {
-      std::this_thread::sleep_for(5ms);
-      log = lines_of(j.log);
-    }
+    const auto log = wait_for_durable_windows(j, windows);
     ASSERT_GE(count_events(log, "durable_window"), windows) << j.output();
     ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
     ::kill(j.pid, SIGKILL);
