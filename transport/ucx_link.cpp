@@ -302,7 +302,19 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
     return;
   }
   auto c = s.connection_to(d.node);
-  if (!c.ok()) return fail("pull: " + c.err().message);
+  if (!c.ok()) {
+    // A peer the link lost but still keeps (a failed connection, no verdict yet) gets the pull
+    // parked, as its messages are: asked on its next connection, failed once it is forgotten.
+    const auto pe = s.peers.find(d.node);
+    if (pe == s.peers.end() || !pe->second.lost || !pe->second.kept || s.said_goodbye) {
+      return fail("pull: " + c.err().message);
+    }
+    ++s.counters.pulls_parked;
+    (void)s.add_pull(d, into, /*conn=*/0,
+                     s.opt.bulk == bulk_path::rma ? detail::rma_any : detail::rma_none,
+                     std::move(done));
+    return;
+  }
   // The exporter makes the final choice: it knows whether the region is of a kind the
   // endpoint's native RMA lanes can reach.
   std::uint32_t rma = detail::rma_none;
@@ -323,19 +335,8 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
                     "[{}, +{}) of a region of {})",
                     d.node, d.offset, d.length, lease->length));
   }
-  auto op = std::make_unique<detail::pull_op>();
-  op->id = s.next_pull++;
-  op->peer = d.node;
-  op->conn = (*c)->serial;
-  op->region = d.region;
-  op->offset = d.offset;
-  op->into = into.data();
-  op->length = into.size();
-  op->rma = rma;
-  op->done = std::move(done);
-  const std::uint64_t id = op->id;
-  auto& op_ref = *op;
-  s.pulls[id] = std::move(op);
+  auto& op_ref = s.add_pull(d, into, (*c)->serial, rma, std::move(done));
+  const std::uint64_t id = op_ref.id;
   if (lease) {
     ++s.counters.pulls_by_lease;
     s.issue_get(op_ref, **c, lease, lease->base + d.offset);

@@ -68,6 +68,7 @@ struct ucx_link_counters {
   std::uint64_t pulls_ok = 0;           // our pulls that completed
   std::uint64_t pulls_failed = 0;       // our pulls that completed with an error
   std::uint64_t pulls_retried = 0;      // our pulls asked again on a new connection
+  std::uint64_t pulls_parked = 0;       // our pulls made while the peer had no connection
   std::uint64_t pulls_by_rma = 0;       // our pulls the exporter answered with an rkey
   std::uint64_t pulls_by_lease = 0;     // our pulls read under a cached lease (no round trip)
   std::uint64_t get_pieces = 0;      // gets issued under leases (a big one from this host: several)

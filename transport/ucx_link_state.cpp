@@ -417,6 +417,23 @@ void link_state::park_or_fail_pull(std::uint64_t id, const std::string& why) {
   if (connection* c = find_conn(pe->second.send_conn)) reissue_pull(*c, op);
 }
 
+pull_op& link_state::add_pull(const bulk_descriptor& d, std::span<std::byte> into,
+                              std::uint64_t conn, std::uint32_t rma, ucx_link::pull_handler done) {
+  auto op = std::make_unique<pull_op>();
+  op->id = next_pull++;
+  op->peer = d.node;
+  op->conn = conn;
+  op->region = d.region;
+  op->offset = d.offset;
+  op->into = into.data();
+  op->length = into.size();
+  op->rma = rma;
+  op->done = std::move(done);
+  auto& ref = *op;
+  pulls[ref.id] = std::move(op);
+  return ref;
+}
+
 void link_state::fail_parked_pulls(node_id peer, const std::string& why) {
   std::vector<std::uint64_t> ids;
   for (auto& [id, op] : pulls) {

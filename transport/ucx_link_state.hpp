@@ -442,6 +442,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // A pull whose connection failed: asked again on the next one, or failed (no attempts left,
   // or this link is leaving).
   void park_or_fail_pull(std::uint64_t id, const std::string& why);
+  // A new pull of `d` into `into`, asked on connection `conn` (0: parked until the peer's next).
+  pull_op& add_pull(const bulk_descriptor& d, std::span<std::byte> into, std::uint64_t conn,
+                    std::uint32_t rma, ucx_link::pull_handler done);
   // The peer is given up: its parked pulls fail.
   void fail_parked_pulls(node_id peer, const std::string& why);
   void release_held(std::uint64_t serial);

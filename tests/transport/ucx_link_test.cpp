@@ -277,6 +277,38 @@ TEST_P(ucx_link_test, a_pull_whose_connection_fails_is_asked_again_on_the_next_o
   EXPECT_EQ(wait_exit(pid), 0);
 }
 
+// A pull made after the link lost a live peer but before the caller's verdict (a job's head
+// decides who is lost) is parked like a message: asked on the peer's next connection, or failed
+// once the peer is forgotten. It used to fail at once ("node 8 is lost"), and a stage that
+// pulled in that gap failed its job although its peer was alive (seen once in network_faults).
+TEST_P(ucx_link_test, a_pull_in_the_gap_before_the_verdict_waits_for_the_peer) {
+  make_link();  // its loss handler records and decides nothing
+  auto args = peer_args("export", 8);
+  args.insert(args.end(), {std::to_string(1 << 20), "alloc", "redial"});
+  const pid_t pid = spawn(args);
+  const auto region = wait_message("region");
+  ASSERT_TRUE(region);
+  std::vector<std::byte> into(region->descriptor.length);
+  std::optional<result<void>> done;
+  link_->fail_connections_for_tests(8);  // lost now, kept: no verdict yet
+  link_->pull(region->descriptor, into, [&](result<void> r) { done = std::move(r); });
+  EXPECT_EQ(link_->counters().pulls_parked, 1u);
+  EXPECT_FALSE(done.has_value());
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));  // the peer dials again
+  ASSERT_TRUE(done->ok()) << done->err().message;
+  EXPECT_EQ(xxhash64(into), region->checksum);
+  // The same gap, then the verdict: the parked pull fails and says so.
+  done.reset();
+  link_->fail_connections_for_tests(8);
+  link_->pull(region->descriptor, into, [&](result<void> r) { done = std::move(r); });
+  EXPECT_EQ(link_->counters().pulls_parked, 2u);
+  link_->forget(8);
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_FALSE(done->ok());
+  EXPECT_NE(done->err().message.find("peer lost"), std::string::npos) << done->err().message;
+  ::kill(pid, SIGKILL);
+}
+
 // The adaptive spin engages: once a reply woke us sooner than opt.spin after our send, the
 // window covers that wait, so later replies are caught while spinning (no wakeup paid). It
 // used to double from 0 on each such wake and halve on each fruitless spin, never getting past
