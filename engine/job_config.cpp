@@ -75,6 +75,10 @@ setter_map checkpoint_setters(job_config& j) {
        }},
       {"checkpoint.region_restarts",
        [&](auto& k, auto& v) { j.region_restarts = int(models::config_int(k, v, 0, 1000)); }},
+      {"checkpoint.max_window_wait_ms",
+       [&](auto& k, auto& v) {
+         j.max_window_wait_ms = int(models::config_int(k, v, 0, 3600 * 1000));
+       }},
       {"checkpoint.replay_threads",
        [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
       {"checkpoint.share_memory",

@@ -67,6 +67,9 @@ struct job_config {
   // one recovery it escalates to the job: under `moevement` with the durable tier the whole
   // job rolls back to disk, otherwise the job stops (the baselines' rollback is one region).
   int region_restarts = 3;
+  // checkpoint.max_window_wait_ms: how long a step that would start a fourth window waits for
+  // the job to persist one (memory stays at three windows); past it the window is skipped.
+  int max_window_wait_ms = 10000;
   // checkpoint.share_memory: a `moevement` replica on the owner's host maps the slot's memory
   // instead of copying it (transport/shared_memory.hpp); false: every replica pulls a copy.
   bool share_memory = true;

@@ -42,13 +42,14 @@ class checkpoint_hooks : public engine::stage_hooks {
  public:
   checkpoint_hooks(std::shared_ptr<capture_shared> shared, actors::actor_system& system,
                    actor_ref agent, std::vector<models::operator_state*> ops, policy_limits limits,
-                   sparse_config config)
+                   sparse_config config, std::chrono::milliseconds max_window_wait)
       : shared_(std::move(shared)),
         system_(system),
         agent_(agent),
         ops_(std::move(ops)),
         limits_(limits),
-        config_(std::move(config)) {
+        config_(std::move(config)),
+        max_window_wait_(max_window_wait) {
     // The capture yields to the stages' compute: it has until the next step to finish, and
     // where the stages compute on the same cores it takes their time.
     asio::post(pool_, [] { (void)::setpriority(PRIO_PROCESS, ::gettid(), 19); });
@@ -70,7 +71,7 @@ class checkpoint_hooks : public engine::stage_hooks {
     if (shared_->schedule && iteration % shared_->schedule->w_sparse() == 0) {
       const auto full = [&] { return shared_->capture.windows_held() >= limits_.max_windows_held; };
       if (!(paused_ && full())) {
-        shared_->dropped.wait_for(lock, limits_.max_window_wait, [&] { return !full(); });
+        shared_->dropped.wait_for(lock, max_window_wait_, [&] { return !full(); });
       }
       paused_ = full();
       if (paused_) {
@@ -165,6 +166,7 @@ class checkpoint_hooks : public engine::stage_hooks {
   std::vector<models::operator_state*> ops_;
   policy_limits limits_;
   sparse_config config_;
+  std::chrono::milliseconds max_window_wait_;  // checkpoint.max_window_wait_ms
   std::future<void> pending_;  // the capture in flight
   double stall_s_ = 0.0;
   bool paused_ = false;  // the last window was skipped (before_step)
@@ -315,7 +317,8 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   config.reorder.change_threshold = job_.reorder_change;
   config.reorder.fraction_threshold = job_.reorder_fraction;
   return std::make_unique<checkpoint_hooks>(shared, system_, agent_, std::move(ops), limits_,
-                                            std::move(config));
+                                            std::move(config),
+                                            std::chrono::milliseconds(job_.max_window_wait_ms));
 }
 
 awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(

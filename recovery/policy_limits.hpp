@@ -20,12 +20,11 @@ struct policy_limits {
   std::uint64_t pull_chunk_bytes = 8u << 20;
   // Windows a stage holds at most (the persisted one, one complete and being replicated, the
   // one being captured): a step that would start another waits (a stall) until the job
-  // persisted one more, at most max_window_wait, so that host memory stays bounded when
-  // replication falls behind.
+  // persisted one more, at most checkpoint.max_window_wait_ms, so that host memory stays
+  // bounded when replication falls behind.
   std::size_t max_windows_held = 3;
   // Windows of counts or schedules a survivor's schedule state may carry (it holds two).
   std::size_t max_schedule_windows = 8;
-  std::chrono::milliseconds max_window_wait{10000};
   // How long a parallel group replay waits for a peer's gradients of one iteration. A peer
   // that died or hangs is found by the heartbeats first (the region then restarts under a
   // newer generation, whose ReplayGeneration ends this wait); this only bounds a wait nothing

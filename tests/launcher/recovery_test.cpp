@@ -274,6 +274,54 @@ TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
   EXPECT_NE(event(o, "recovery_end"), nullptr);
 }
 
+// Replication stalled by a real fault that is no loss: the spare, which holds copies of both
+// stages' slots, is stopped (SIGSTOP) for less than the failure timeout. Meanwhile no window
+// can persist; past checkpoint.max_window_wait_ms the stages skip windows (their memory stays
+// at three windows) instead of stalling, windows persist again once the spare runs, and the
+// job ends with no worker lost and `moevement train`'s state_hash.
+TEST(recovery, a_stalled_replication_skips_windows_and_costs_no_bit) {
+  background_launch j("skip", job(2, 1, 1,
+                                  "--set train.iterations=100 --set checkpoint.w_sparse=1 "
+                                  "--set checkpoint.max_window_wait_ms=20"));
+  ASSERT_EQ(j.wait_for_workers(3).size(), 3u) << j.output();
+  pid_t spare = -1;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"worker_up\"") != std::string::npos && number_field(l, "stage") == -1) {
+      spare = pid_t(number_field(l, "pid"));
+    }
+  }
+  ASSERT_GT(spare, 1);
+  const auto reached = [&](int iteration) {
+    for (const auto& l : lines_of(j.log)) {
+      if (l.find("\"kind\":\"iteration\"") != std::string::npos &&
+          number_field(l, "iteration") >= iteration) {
+        return true;
+      }
+    }
+    return false;
+  };
+  for (int i = 0; i < 1000 && !reached(10); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(::kill(spare, SIGSTOP), 0);
+  std::this_thread::sleep_for(800ms);  // under the 3 s failure timeout: no loss
+  ASSERT_EQ(::kill(spare, SIGCONT), 0);
+  const auto o = finish(j);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1, 100));
+  EXPECT_EQ(event(o, "worker_lost"), nullptr) << o.output;
+  EXPECT_NE(o.output.find("captured nothing of a window"), std::string::npos) << o.output;
+  double skipped = 0, last_window = -1;
+  for (const auto& l : o.log) {
+    if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+      skipped = number_field(l, "windows_skipped");
+    }
+    if (l.find("\"window_persisted\"") != std::string::npos) {
+      last_window = number_field(l, "window");
+    }
+  }
+  EXPECT_GT(skipped, 0) << o.output;
+  EXPECT_GE(last_window, 90) << "windows persist again after the stall";
+}
+
 TEST(recovery, two_failures_in_turn_use_two_spares) {
   const auto o = launch("twice", job(3, 1, 2,
                                      "--inject kill:stage=1,replica=0,iter=4 "
