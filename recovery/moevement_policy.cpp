@@ -167,7 +167,7 @@ class checkpoint_hooks : public engine::stage_hooks {
   policy_limits limits_;
   sparse_config config_;
   std::chrono::milliseconds max_window_wait_;  // checkpoint.max_window_wait_ms
-  std::future<void> pending_;  // the capture in flight
+  std::future<void> pending_;                  // the capture in flight
   double stall_s_ = 0.0;
   bool paused_ = false;  // the last window was skipped (before_step)
   std::atomic<std::uint64_t> windows_skipped_{0};
