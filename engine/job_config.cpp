@@ -328,11 +328,11 @@ job_config resolve_job(models::config_map map) {
                        "expert parallelism trains on train.device = \"cpu\" only "
                        "so far; set parallel.ep = 1 on GPUs");
   }
-  if (j.ep > 1 && j.policy == policy_kind::pec) {
-    throw config_error("parallel.ep",
-                       "pec does not checkpoint sharded experts yet (its expert selection counts "
-                       "every expert of a layer on each worker): use parallel.ep = 1 with pec, or "
-                       "another checkpoint.policy");
+  if (j.ep > 1 && j.policy == policy_kind::pec && j.baseline.pec_order == "load-aware") {
+    throw config_error("checkpoint.pec_order",
+                       "load-aware ranks every expert of a layer by the tokens routed to it, which "
+                       "an expert-parallel worker does not count: use \"sequential\" (the "
+                       "default) with parallel.ep > 1");
   }
   if (j.workers() > max_job_workers) {
     throw config_error("parallel.dp",

@@ -80,8 +80,10 @@ class baseline_hooks : public engine::stage_hooks {
  public:
   baseline_hooks(std::shared_ptr<baseline_shared> shared, actors::actor_system& system,
                  actor_ref agent, std::vector<models::operator_state*> ops, baseline_kind kind,
-                 policy_config config, int stage, int replica, engine::device_state* device)
+                 policy_config config, int stage, int replica, engine::device_state* device,
+                 models::expert_split split)
       : device_(device),
+        split_(split),
         shared_(std::move(shared)),
         system_(system),
         agent_(agent),
@@ -195,13 +197,14 @@ class baseline_hooks : public engine::stage_hooks {
 
  private:
   engine::device_state* device_;  // the stage's state on a GPU, or nullptr
+  models::expert_split split_;    // the experts this worker holds (parallel.ep)
   // Under shared_->mu, once k is known.
   void start_captures(int k) {
     shared_->interval = k;
     if (kind_ == baseline_kind::dense_disk) {
       shared_->disk.emplace(stage_, replica_, k, nullptr, config_.dir, disk_windows_kept(config_));
     } else if (kind_ == baseline_kind::pec) {
-      shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, ops_);
+      shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, ops_, split_);
       shared_->pec_cap.emplace(*shared_->pec_sched, stage_, replica_);
     }
   }
@@ -607,7 +610,7 @@ pec_meta baseline_agent::load_pec(std::int64_t c, std::uint64_t& bytes,
     load_operator(*e, *ops[i]);
   }
   const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
-  for (const auto& layer : find_moe_layers(cops)) {
+  for (const auto& layer : find_moe_layers(cops, engine::expert_split_of(setup_))) {
     std::int64_t n = 0;
     for (auto e : layer.experts) {
       if (meta.saved_at[e] < c) {
@@ -647,7 +650,8 @@ void baseline_agent::restart_captures(std::int64_t c, int k, const pec_meta& met
   std::erase_if(shared_->held, [&](const auto& kv) { return !needed.contains(kv.first); });
   shared_->pec_cap.reset();  // refers to the schedule: first
   shared_->pec_sched.reset();
-  shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, model_.operators());
+  shared_->pec_sched.emplace(config_.pec_experts, config_.pec_order, k, model_.operators(),
+                             engine::expert_split_of(setup_));
   shared_->pec_sched->restart(c, meta.saved_at, meta.unsaved);
   shared_->pec_cap.emplace(*shared_->pec_sched, setup_.stage, setup_.replica);
   std::map<std::int64_t, std::vector<std::byte>> held;
@@ -729,7 +733,8 @@ std::unique_ptr<engine::stage_hooks> baseline_checkpoint::make_hooks(
                                          std::shared_ptr<const std::vector<std::byte>>(initial),
                                          replacement_, limits_);
   return std::make_unique<baseline_hooks>(shared, system_, agent_, std::move(ops), kind_, config_,
-                                          setup.stage, setup.replica, model.device());
+                                          setup.stage, setup.replica, model.device(),
+                                          engine::expert_split_of(setup));
 }
 
 void baseline_checkpoint::prepare(const engine::stage_setup& setup, engine::stage_model& model) {

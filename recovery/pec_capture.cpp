@@ -9,12 +9,19 @@
 
 namespace moevement::recovery {
 
-std::vector<moe_layer> find_moe_layers(std::span<const models::operator_state* const> ops) {
+std::vector<moe_layer> find_moe_layers(std::span<const models::operator_state* const> ops,
+                                       models::expert_split split) {
   std::vector<moe_layer> layers;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     if (ops[i]->kind() != models::op_kind::gate) continue;
-    moe_layer l{i, ops[i]->name(), {}};
-    const std::size_t want = ops[i]->routed_tokens().size();
+    const int total = int(ops[i]->routed_tokens().size());
+    if (split.count < 1 || total % split.count != 0) {
+      throw std::invalid_argument(
+          fmt::format("pec: gate {} routes to {} experts, which {} EP ranks do not share evenly",
+                      ops[i]->name(), total, split.count));
+    }
+    moe_layer l{i, ops[i]->name(), {}, std::size_t(split.first(total)), std::size_t(total)};
+    const std::size_t want = std::size_t(total / split.count);
     for (std::size_t j = i + 1; j < ops.size() && l.experts.size() < want; ++j) {
       if (ops[j]->kind() == models::op_kind::expert) l.experts.push_back(j);
     }
@@ -28,15 +35,20 @@ std::vector<moe_layer> find_moe_layers(std::span<const models::operator_state* c
 }
 
 pec_schedule::pec_schedule(int experts, pec_selection order, int interval,
-                           std::span<models::operator_state* const> ops)
+                           std::span<models::operator_state* const> ops, models::expert_split split)
     : k_(experts), order_(order), interval_(interval), n_(ops.size()) {
   if (experts < 1) throw std::invalid_argument("checkpoint.pec_experts: must be >= 1");
+  if (split.count > 1 && order == pec_selection::load_aware) {
+    throw std::invalid_argument(
+        "checkpoint.pec_order: load-aware ranks every expert of a layer, which an expert-"
+        "parallel worker does not count; use \"sequential\" with parallel.ep > 1");
+  }
   if (interval < 1) {
     throw std::invalid_argument(
         "pec: interval must be >= 1 (resolve checkpoint.interval = 0 with resolve_interval)");
   }
   const std::vector<const models::operator_state*> cops(ops.begin(), ops.end());
-  layers_ = find_moe_layers(cops);
+  layers_ = find_moe_layers(cops, split);
   layer_of_.assign(n_, -1);
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     for (auto e : layers_[l].experts) layer_of_[e] = int(l);
@@ -53,7 +65,7 @@ void pec_schedule::add_counts(std::int64_t iteration,
   c.resize(n_, 0);
   for (const auto& l : layers_) {
     const auto& routed = ops[l.gate]->routed_tokens();
-    for (std::size_t j = 0; j < l.experts.size(); ++j) c[l.experts[j]] += routed[j];
+    for (std::size_t j = 0; j < l.experts.size(); ++j) c[l.experts[j]] += routed[l.first + j];
   }
 }
 
@@ -123,14 +135,15 @@ const std::vector<capture_kind>& pec_schedule::checkpoint_kinds(std::int64_t ite
   const std::int64_t number = (iteration + 1) / interval_ - 1;  // 0-based checkpoint number
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const auto& experts = layers_[l].experts;
-    const std::size_t e = experts.size();
+    // Over the layer's experts (all ranks'), held or not: every EP rank selects alike.
+    const std::size_t e = layers_[l].total;
     if (e == 0) continue;
     const std::size_t keep = std::min<std::size_t>(std::size_t(k_), e);
     const std::size_t start = std::size_t((number * k_ + std::int64_t(l)) % std::int64_t(e));
-    // rank[j]: where expert j comes in this checkpoint's sequential order
+    // by_rank[r]: the layer's expert that comes r-th in this checkpoint's sequential order
     std::vector<std::size_t> by_rank(e);
     for (std::size_t r = 0; r < e; ++r) by_rank[r] = (start + r) % e;
-    if (order_ == pec_selection::load_aware) {
+    if (order_ == pec_selection::load_aware) {  // (every expert held: no EP)
       std::vector<std::int64_t> unsaved(e);
       for (std::size_t j = 0; j < e; ++j) {
         unsaved[j] = routed_tokens(experts[j], saved_at_[experts[j]], iteration);
@@ -139,7 +152,12 @@ const std::vector<capture_kind>& pec_schedule::checkpoint_kinds(std::int64_t ite
       std::stable_sort(by_rank.begin(), by_rank.end(),
                        [&](std::size_t a, std::size_t b) { return unsaved[a] > unsaved[b]; });
     }
-    for (std::size_t r = keep; r < e; ++r) kinds[experts[by_rank[r]]] = capture_kind::skip;
+    for (std::size_t r = keep; r < e; ++r) {
+      const std::size_t x = by_rank[r];
+      if (x >= layers_[l].first && x - layers_[l].first < experts.size()) {
+        kinds[experts[x - layers_[l].first]] = capture_kind::skip;
+      }
+    }
   }
   prev_saved_at_ = saved_at_;
   for (std::size_t i = 0; i < n_; ++i) {

@@ -28,27 +28,38 @@
 #include <vector>
 
 #include "engine/hooks.hpp"
+#include "models/expert_exchange.hpp"
 #include "recovery/policy_config.hpp"
 #include "recovery/snapshot.hpp"
 
 namespace moevement::recovery {
 
-// One MoE layer of a stage: its gate and its routed experts (operator indices).
+// One MoE layer of a stage: its gate and the routed experts this worker holds (operator
+// indices). Under expert parallelism a worker holds a block of the layer's experts: held
+// expert j is the layer's expert first + j of total.
 struct moe_layer {
   std::size_t gate = 0;
   std::string name;  // the gate's name, e.g. "layer3.gate"
   std::vector<std::size_t> experts;
+  std::size_t first = 0;  // the layer's index of experts[0]
+  std::size_t total = 0;  // the layer's experts (the gate's routed_tokens().size())
 };
 
-// The MoE layers of a stage's operators: each gate followed by its routed_tokens().size()
-// next expert operators (the models/ layout).
-std::vector<moe_layer> find_moe_layers(std::span<const models::operator_state* const> ops);
+// The MoE layers of a stage's operators: each gate followed by the next expert operators it
+// routes to that `split` holds (all routed_tokens().size() of them without EP; the models/
+// layout).
+std::vector<moe_layer> find_moe_layers(std::span<const models::operator_state* const> ops,
+                                       models::expert_split split = {});
 
 class pec_schedule {
  public:
   // experts: K per layer (>= 1; more than a layer has saves all of them). interval >= 1.
+  // split: the block of experts this worker holds (expert parallelism): the selection is the
+  // layer's, the same on every EP rank, and each rank saves the selected experts it holds, so
+  // that the job's checkpoints are those of ep = 1. Load-aware selection ranks every expert
+  // of a layer, which a rank does not count: refused with EP.
   pec_schedule(int experts, pec_selection order, int interval,
-               std::span<models::operator_state* const> ops);
+               std::span<models::operator_state* const> ops, models::expert_split split = {});
 
   int interval() const { return interval_; }
   int experts_per_checkpoint() const { return k_; }

@@ -371,6 +371,7 @@ awaitable<void> rollback_recovery::finish() {
         co_await actors::ask_all<engine::wire::RollbackLoad, engine::wire::RollbackLoaded>(
             job_.actor(), agents, rollback_timeout, fill);
     if (superseded()) co_return;
+    std::vector<std::vector<std::int64_t>> stage_lost(std::size_t(job.pp));  // pec: by layer
     for (std::size_t i = 0; i < replies.size(); ++i) {
       const int s = int(i) % job.pp, d = int(i) / job.pp;
       auto& r = replies[i];
@@ -381,12 +382,19 @@ awaitable<void> rollback_recovery::finish() {
         co_return;
       }
       got.bytes += r->get().getBytes();
-      if (d == 0) {
-        // Replicas hold the same experts and count the same tokens (summed over replicas).
-        for (auto n : r->get().getLostTokens()) got.lost_per_layer.push_back(n);
+      if (d < job.ep) {
+        // Replicas count the same tokens (summed over replicas), and the first EP group's
+        // ranks hold every expert once (one rank, all of them, without EP).
+        const auto lost = r->get().getLostTokens();
+        auto& layers = stage_lost[std::size_t(s)];
+        layers.resize(std::max<std::size_t>(layers.size(), lost.size()));
+        for (unsigned l = 0; l < lost.size(); ++l) layers[l] += lost[l];
         got.stale += r->get().getStaleExperts();
       }
       got.sources += (got.sources.empty() ? "" : "; ") + std::string(r->get().getSource());
+    }
+    for (const auto& layers : stage_lost) {
+      got.lost_per_layer.insert(got.lost_per_layer.end(), layers.begin(), layers.end());
     }
   }
   stop_supervisor();  // the region is back: its tree goes (the stages it rebuilt stay)

@@ -194,8 +194,10 @@ TEST(job_config, expert_parallelism_needs_a_dp_and_an_expert_count_it_divides) {
   policy["checkpoint.policy"] = std::string("dense-memory");
   EXPECT_EQ(resolve_job(policy).ep, 2);  // each worker's full snapshot of its own operators
   policy["checkpoint.policy"] = std::string("pec");
-  EXPECT_EQ(reject(policy).key, "parallel.ep");
-  EXPECT_TRUE(contains(reject(policy).message, "pec")) << reject(policy).message;
+  EXPECT_EQ(resolve_job(policy).ep, 2);  // each rank saves the selected experts it holds
+  policy["checkpoint.pec_order"] = std::string("load-aware");
+  EXPECT_EQ(reject(policy).key, "checkpoint.pec_order");
+  EXPECT_TRUE(contains(reject(policy).message, "sequential")) << reject(policy).message;
   auto gpu = ep(2, 2);
   gpu["train.device"] = std::string("cuda");
   EXPECT_EQ(reject(gpu).key, "parallel.ep");

@@ -230,6 +230,32 @@ TEST(rollback, pec_kill_restores_stale_experts_and_logs_plt) {
   EXPECT_NE(o.hash, reference(1));
 }
 
+// pec under expert parallelism: every EP rank selects over the layer's experts alike and saves
+// the selected ones it holds, so the job's checkpoints, its rollback, the stale experts and the
+// tokens they lost are those of ep = 1: the same state_hash and PLT at ep = 2 as at ep = 1.
+TEST(rollback, pec_with_expert_parallelism_loses_what_it_loses_without) {
+  std::vector<outcome> runs;
+  for (const char* ep : {"1", "2"}) {
+    background_launch j(std::string("pec_ep") + ep,
+                        job("pec", 2, 2,
+                            std::string("--set parallel.ep=") + ep +
+                                " --set checkpoint.interval=2 --set checkpoint.pec_experts=1 "
+                                "--inject kill:stage=1,replica=1,iter=7"));
+    runs.push_back(finish(j));
+    ASSERT_EQ(runs.back().exit_code, 0) << "ep " << ep << ": " << runs.back().output;
+  }
+  const std::string *one = event(runs[0], "recovery_end"), *two = event(runs[1], "recovery_end");
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  ASSERT_EQ(number_field(*two, "rollback_to"), number_field(*one, "rollback_to")) << *two;
+  EXPECT_GT(number_field(*one, "lost_tokens"), 0) << *one;
+  for (const char* field : {"lost_tokens", "stale_experts", "plt", "run_plt"}) {
+    EXPECT_EQ(number_field(*two, field), number_field(*one, field)) << field;
+  }
+  EXPECT_EQ(runs[1].hash, runs[0].hash);
+  EXPECT_NE(runs[1].hash, reference(2));  // by design: stale experts lost updates
+}
+
 // The newest window of each stage is damaged (stage 1's flipped, stage 0's truncated) while
 // stage 1 hangs: both are rejected with their reason and the job rolls back to the previous
 // good checkpoint, still bit-exact. keep = 3: should the hung stage's newest persisted window

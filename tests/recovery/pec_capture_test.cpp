@@ -123,6 +123,43 @@ TEST(pec_schedule, sequential_takes_k_experts_round_robin_per_layer) {
   EXPECT_THROW(pec_schedule(0, pec_selection::sequential, 1, ops), std::invalid_argument);
 }
 
+// Expert parallelism: each EP rank holds a block of each layer's experts; its schedule selects
+// over the layer's experts as the whole stage's does and marks the selected ones it holds.
+// Together the ranks save exactly what ep = 1 saves. Load-aware (it ranks experts a rank does
+// not count) is refused.
+TEST(pec_schedule, expert_parallel_ranks_save_together_what_one_worker_saves) {
+  engine::local_pipeline whole(models::preset("tiny"), test_train(), pp);
+  auto train = test_train();
+  train.expert_parallel = 2;
+  engine::local_pipeline sharded(models::preset("tiny"), train, pp);
+  pec_schedule one(1, pec_selection::sequential, 2, whole.stage(1, 0).operators());
+  std::vector<std::unique_ptr<pec_schedule>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<pec_schedule>(1, pec_selection::sequential, 2,
+                                                   sharded.stage(1, r).operators(),
+                                                   models::expert_split{r, 2}));
+    ASSERT_EQ(ranks.back()->layers().size(), 2u);
+    EXPECT_EQ(ranks.back()->layers()[0].experts.size(), 2u);  // of 4
+    EXPECT_EQ(ranks.back()->layers()[0].first, std::size_t(2 * r));
+    EXPECT_EQ(ranks.back()->layers()[0].total, 4u);
+  }
+  for (std::int64_t it = 1; it < 12; it += 2) {
+    const auto& kinds = one.checkpoint_kinds(it);
+    for (std::size_t l = 0; l < 2; ++l) {
+      std::vector<std::size_t> together;
+      for (const auto& rank : ranks) {
+        for (auto j : saved_experts(*rank, rank->checkpoint_kinds(it), l)) {
+          together.push_back(rank->layers()[l].first + j);
+        }
+      }
+      EXPECT_EQ(together, saved_experts(one, kinds, l)) << "iteration " << it << " layer " << l;
+    }
+  }
+  EXPECT_THROW(pec_schedule(1, pec_selection::load_aware, 2, sharded.stage(1, 0).operators(),
+                            models::expert_split{0, 2}),
+               std::invalid_argument);
+}
+
 TEST(pec_schedule, load_aware_takes_the_most_unsaved_tokens) {
   pec_job job(1, pec_selection::load_aware, 2);
   job.train_to(9);  // checkpoints after steps 1, 3, 5, 7
