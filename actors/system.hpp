@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "actors/actor_ref.hpp"
+#include "actors/disposer.hpp"
 #include "actors/exit_reason.hpp"
 #include "actors/suspicions.hpp"
 #include "actors/system.capnp.h"
@@ -403,6 +404,13 @@ class actor_system {
   // died meanwhile is found then, or at once by the transport).
   void on_stall(std::function<void(clock::duration)> fn) { stall_fn_ = std::move(fn); }
 
+  // Destroys `object` off the actor thread (actors/disposer.hpp): for memory dropped in bulk,
+  // whose freeing would hold the heartbeats. Never for transport handles (bulk regions).
+  template <class T>
+  void dispose(T object) {
+    disposer_.dispose(std::move(object));
+  }
+
   // Ordered shutdown: stops every local actor, newest first, fails pending asks, says goodbye
   // to peers and stops the timers. Run the io_context afterwards to let coroutines unwind.
   void shutdown();
@@ -568,6 +576,7 @@ class actor_system {
   bool deadline_armed_ = false;
   clock::time_point deadline_armed_at_;
 
+  disposer disposer_;
   std::map<node_id, member> members_;
   std::map<node_id, std::uint32_t> lost_;  // node -> the incarnation that was lost
   std::map<node_id, std::string> lost_why_;

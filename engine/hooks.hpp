@@ -66,6 +66,11 @@ inline double thread_cpu_seconds() {
 class stage_hooks {
  public:
   virtual ~stage_hooks() = default;
+  // Whether these hooks may be destroyed on any thread (after the stage's compute thread
+  // ended): the stage actor then drops them, and its model after them, off the actor thread
+  // (actor_system::dispose), where waiting out a capture in flight or freeing the state
+  // holds no heartbeat. Hooks that hold transport handles say no.
+  virtual bool disposable() const { return false; }
   // Before on_step of `iteration` (compute thread).
   virtual void before_step(std::int64_t /*iteration*/, const checkpoint_step& /*decided*/) {}
   // The step of `iteration`, just before it is applied: the loss gradient its backwards used

@@ -150,6 +150,19 @@ stage_actor::~stage_actor() {
     router_->set_wake({});
     router_->set_on_complete({});
   }
+  // The model's memory goes back off the actor thread (actors/disposer.hpp), after the hooks:
+  // a capture in flight reads the operators (the hooks' destructor waits for it). Freeing a
+  // demo-scale stage, or waiting out its capture, held the heartbeats past the failure timeout
+  // when a standby head rebuilt every stage at once on two cores. A GPU stage's state is the
+  // device's: freed here, where its context is current.
+  if (model_ && model_->device() == nullptr && (!hooks_ || hooks_->disposable())) {
+    struct remains {  // destroyed in reverse: the hooks, then the model
+      std::unique_ptr<stage_model> model;
+      std::unique_ptr<stage_hooks> hooks;
+    };
+    system().dispose(remains{std::move(model_), std::move(hooks_)});
+  }
+  hooks_.reset();  // (before the model, here too)
 }
 
 awaitable<void> stage_actor::on_compute_thread(std::function<void()> fn) {

@@ -19,6 +19,23 @@ using actors::read_ref;
 using actors::write_ref;
 using asio::awaitable;
 
+void release_capture(std::shared_ptr<capture_shared>& shared, actors::actor_system& system) {
+  if (shared && !system.io().get_executor().running_in_this_thread()) {
+    // Dropped off the actor thread (actor_system::dispose): the pool's regions are the link's.
+    asio::post(system.io(),
+               [s = std::move(shared), sys = &system]() mutable { release_capture(s, *sys); });
+    return;
+  }
+  if (shared && shared.use_count() == 1 && shared->pool) {
+    system.dispose(shared->pool->release_files());
+  }
+  shared.reset();
+}
+
+checkpoint_agent::~checkpoint_agent() {
+  release_capture(shared_, system());
+}
+
 checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io,
                                    int stage, int replica, actor_ref coordinator, int copies,
                                    policy_limits limits, durable_target durable)
@@ -262,13 +279,14 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
     }
     // `shared` is let go on the actor thread: if it is the last owner, its slot pool
     // withdraws regions from the link, which only that thread may do.
-    asio::post(sys->io(),
-               [sys, me, window = meta.window, bytes, secs, error, shared = std::move(shared)] {
-                 (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
-                   static_cast<checkpoint_agent&>(a).durable_done(window, bytes, secs, error);
-                   co_return;
-                 });
-               });
+    asio::post(sys->io(), [sys, me, window = meta.window, bytes, secs, error,
+                           shared = std::move(shared)]() mutable {
+      (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
+        static_cast<checkpoint_agent&>(a).durable_done(window, bytes, secs, error);
+        co_return;
+      });
+      release_capture(shared, *sys);
+    });
   });
 }
 

@@ -45,6 +45,12 @@ struct capture_shared {
   std::optional<stage_schedule::state> taken_over;
 };
 
+// Drops one owner's hold on a capture (any thread: off the actor thread it is posted there).
+// The last owner first hands the slot pool's memory files to the process's disposer
+// (actors/disposer.hpp), so that unmapping a stage's snapshot memory never holds the actor
+// thread (nor its heartbeats).
+void release_capture(std::shared_ptr<capture_shared>& shared, actors::actor_system& system);
+
 // The durable tier of one stage replica (checkpoint.durable): the process's writer (null: off),
 // the role's directory and the windows kept there.
 struct durable_target {
@@ -63,6 +69,7 @@ class checkpoint_agent : public actors::actor {
   checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io, int stage,
                    int replica, actors::actor_ref coordinator, int copies, policy_limits limits,
                    durable_target durable = {});
+  ~checkpoint_agent() override;
 
   // Called on the actor thread (post_call) by the hooks.
   void ship(std::int64_t iteration);

@@ -121,7 +121,7 @@ group_reducer::group_reducer(actors::actor_system& system, engine::bulk_io& io,
       wait_(wait),
       buffers_{io_.allocate(std::max<std::size_t>(floats, 1) * sizeof(float)),
                io_.allocate(std::max<std::size_t>(floats, 1) * sizeof(float))},
-      incoming_(std::make_shared<std::vector<float>>(floats)) {
+      incoming_() {
   if (replica_ >= peers_.size()) throw std::invalid_argument("group_reducer: replica outside");
 }
 
@@ -193,6 +193,9 @@ awaitable<void> group_reducer::finish() {
 
 void group_reducer::reduce(std::int64_t iteration, std::span<float> grads) {
   if (grads.size() != floats_) throw std::invalid_argument("group_reducer: gradient size");
+  // Made here, on the replay's thread: zero-filling a stage's worth of gradients on the actor
+  // thread held its heartbeats (every stage of a job rebuilt at once on two cores).
+  if (!incoming_) incoming_ = std::make_shared<std::vector<float>>(floats_);
   const transport::bulk_region& buf = buffers_[std::size_t(iteration) % 2];
   const std::span<float> mine(reinterpret_cast<float*>(buf.memory().data()), floats_);
   std::memcpy(mine.data(), grads.data(), grads.size_bytes());

@@ -128,7 +128,7 @@ class group_reducer {
   std::uint64_t chunk_;
   std::chrono::steady_clock::duration wait_;
   transport::bulk_region buffers_[2];
-  std::shared_ptr<std::vector<float>> incoming_;
+  std::shared_ptr<std::vector<float>> incoming_;  // made by the first reduce()
 };
 
 // One member's side of a joint region replayed as a pipeline (docs/recovery.md "The group

@@ -52,10 +52,20 @@ class checkpoint_hooks : public engine::stage_hooks {
         max_window_wait_(max_window_wait) {
     // The capture yields to the stages' compute: it has until the next step to finish, and
     // where the stages compute on the same cores it takes their time.
-    asio::post(pool_, [] { (void)::setpriority(PRIO_PROCESS, ::gettid(), 19); });
+    asio::post(pool_, [this] {
+      capture_tid_ = ::gettid();
+      (void)::setpriority(PRIO_PROCESS, ::gettid(), 19);
+    });
   }
   bool soft_popularity() const override { return config_.soft(); }
-  ~checkpoint_hooks() override { pool_.join(); }
+  bool disposable() const override { return true; }  // the capture is released where it may be
+  ~checkpoint_hooks() override {
+    // A capture in flight is waited for (on the disposer's thread, when the stage dropped these
+    // hooks there) at full priority, not the capture's own lowest.
+    if (const pid_t tid = capture_tid_.load(); tid > 0) (void)::setpriority(PRIO_PROCESS, tid, 0);
+    pool_.join();
+    release_capture(shared_, system_);
+  }
 
   void before_step(std::int64_t iteration, const engine::checkpoint_step& decided) override {
     const auto t0 = std::chrono::steady_clock::now();
@@ -173,7 +183,8 @@ class checkpoint_hooks : public engine::stage_hooks {
   std::atomic<std::uint64_t> windows_skipped_{0};
   std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0}, lent_bytes_{0};
   std::atomic<double> capture_cpu_s_{0.0};
-  asio::thread_pool pool_{1};  // last: joined first
+  std::atomic<pid_t> capture_tid_{0};  // the capture thread's (its priority)
+  asio::thread_pool pool_{1};          // last: joined first
 };
 
 // Algorithm 1's bandwidth: how fast this process writes snapshot bytes, measured on the

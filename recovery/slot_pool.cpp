@@ -45,6 +45,20 @@ std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
   return slot_memory{memory, std::move(owner), true};
 }
 
+std::vector<transport::shared_memory> slot_pool::release_files() {
+  std::map<const std::byte*, entry> all;
+  {
+    std::lock_guard lock(mu_);
+    all.swap(regions_);
+  }
+  std::vector<transport::shared_memory> files;
+  for (auto& [base, e] : all) {
+    e.region = {};  // unexported (or, the link's own, freed) here, on the actor thread
+    if (!e.shared.empty()) files.push_back(std::move(e.shared));
+  }
+  return files;
+}
+
 void slot_pool::give_back(const std::byte* base) {
   std::lock_guard lock(mu_);
   if (const auto it = regions_.find(base); it != regions_.end()) it->second.lent = false;

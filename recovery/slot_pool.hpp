@@ -66,6 +66,11 @@ class slot_pool {
   std::optional<transport::share_handle> lent_share(const std::byte* base,
                                                     std::uint64_t length) const;
 
+  // Actor thread, once nothing captures into the pool any more (its capture is being dropped):
+  // unexports every region, frees the link's own, and hands over the memory files, whose
+  // unmapping (most of a stage's snapshot memory) may then happen on any thread.
+  std::vector<transport::shared_memory> release_files();
+
   std::size_t free_bytes() const;
   std::size_t regions() const;
   // Refills that could not allocate every region (those captures stay on the heap).
