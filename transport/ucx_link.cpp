@@ -310,6 +310,7 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
       return fail("pull: " + c.err().message);
     }
     ++s.counters.pulls_parked;
+    // No path to the peer is known now: byte copies, unless RMA is the only path allowed.
     (void)s.add_pull(d, into, /*conn=*/0,
                      s.opt.bulk == bulk_path::rma ? detail::rma_any : detail::rma_none,
                      std::move(done));
