@@ -108,7 +108,7 @@ awaitable<void> group_exchange::gradients(wire::ReplayGradients::Reader m) {
 group_reducer::group_reducer(actors::actor_system& system, engine::bulk_io& io,
                              std::shared_ptr<group_inbox> inbox, std::uint64_t generation,
                              std::uint32_t replica, std::vector<actors::actor_ref> peers,
-                             std::size_t floats, std::uint64_t pull_chunk_bytes,
+                             group_layout layout, std::uint64_t pull_chunk_bytes,
                              std::chrono::steady_clock::duration wait)
     : system_(system),
       io_(io),
@@ -116,11 +116,12 @@ group_reducer::group_reducer(actors::actor_system& system, engine::bulk_io& io,
       generation_(generation),
       replica_(replica),
       peers_(std::move(peers)),
-      floats_(floats),
+      layout_(layout),
+      floats_(layout.floats()),
       chunk_(pull_chunk_bytes),
       wait_(wait),
-      buffers_{io_.allocate(std::max<std::size_t>(floats, 1) * sizeof(float)),
-               io_.allocate(std::max<std::size_t>(floats, 1) * sizeof(float))},
+      buffers_{io_.allocate(std::max<std::size_t>(floats_, 1) * sizeof(float)),
+               io_.allocate(std::max<std::size_t>(floats_, 1) * sizeof(float))},
       incoming_() {
   if (replica_ >= peers_.size()) throw std::invalid_argument("group_reducer: replica outside");
 }
@@ -201,18 +202,15 @@ void group_reducer::reduce(std::int64_t iteration, std::span<float> grads) {
   std::memcpy(mine.data(), grads.data(), grads.size_bytes());
   const transport::bulk_descriptor desc = buf.describe(0, floats_ * sizeof(float));
   on_actor_thread(announce(iteration, desc));
-  // The fold as training does it: g_0, then + g_1, + g_2, ... (engine::accumulate).
+  // The fold as training does it: g_0, then + g_1, + g_2, ... (engine::accumulate); under
+  // expert parallelism each expert block only over its copies' sources (fold_group).
   for (std::uint32_t d = 0; d < peers_.size(); ++d) {
     std::span<const float> g = mine;
     if (d != replica_) {
       on_actor_thread(pull(iteration, d));
       g = *incoming_;
     }
-    if (d == 0) {
-      std::memcpy(grads.data(), g.data(), g.size_bytes());
-    } else {
-      engine::accumulate(grads, g);
-    }
+    fold_group(layout_, replica_, d, g, grads.first(layout_.dense + layout_.block));
   }
 }
 

@@ -31,6 +31,7 @@
 #include "engine/bulk_io.hpp"
 #include "engine/engine.capnp.h"
 #include "recovery/recovery.capnp.h"
+#include "recovery/sparse_to_dense.hpp"
 #include "transport/bulk.hpp"
 
 namespace moevement::recovery {
@@ -94,15 +95,17 @@ class group_exchange : public actors::actor {
 class group_reducer {
  public:
   // peers[d]: the group exchange of the member replaying replica d (this member's own entry
-  // is not used). floats: the region's gradients, every stage's, stage order.
+  // is not used). layout: the region's gradients, every stage's, stage order
+  // (recovery/sparse_to_dense.hpp).
   group_reducer(actors::actor_system& system, engine::bulk_io& io,
                 std::shared_ptr<group_inbox> inbox, std::uint64_t generation, std::uint32_t replica,
-                std::vector<actors::actor_ref> peers, std::size_t floats,
+                std::vector<actors::actor_ref> peers, group_layout layout,
                 std::uint64_t pull_chunk_bytes, std::chrono::steady_clock::duration wait);
 
-  // On the replay's thread (never the actor thread): `grads` (this member's) becomes the sum
-  // over the group, in replica order. Throws when a peer's announcement does not come
-  // (superseded by a newer generation, or the wait ran out), or does not match.
+  // On the replay's thread (never the actor thread): `grads` (this member's, layout.floats())
+  // becomes the sum over the group in replica order, in its first layout.dense + layout.block
+  // floats (fold_group). Throws when a peer's announcement does not come (superseded by a
+  // newer generation, or the wait ran out), or does not match.
   void reduce(std::int64_t iteration, std::span<float> grads);
   // On the actor thread, once the replay is over: tells the peers this member pulled all it
   // needed and waits until each says the same, so that no buffer goes while a peer still
@@ -124,6 +127,7 @@ class group_reducer {
   std::uint64_t generation_;
   std::uint32_t replica_;
   std::vector<actors::actor_ref> peers_;
+  group_layout layout_;
   std::size_t floats_;
   std::uint64_t chunk_;
   std::chrono::steady_clock::duration wait_;

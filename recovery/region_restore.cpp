@@ -482,9 +482,9 @@ awaitable<void> region_restore::replay() {
   if (!p_.group.empty()) {
     std::size_t floats = 0;
     for (const auto& model : models_) floats += engine::gradient_floats(model->operators());
-    group = std::make_unique<group_reducer>(ctx_.system, ctx_.io, ctx_.inbox, p_.generation,
-                                            std::uint32_t(p_.replica), p_.group, floats,
-                                            ctx_.limits.pull_chunk_bytes, ctx_.limits.group_wait);
+    group = std::make_unique<group_reducer>(
+        ctx_.system, ctx_.io, ctx_.inbox, p_.generation, std::uint32_t(p_.replica), p_.group,
+        group_layout{floats, 0, 1}, ctx_.limits.pull_chunk_bytes, ctx_.limits.group_wait);
     in.first_replica = std::size_t(p_.replica);
     in.reduce = [&](std::int64_t it, std::span<float> g) { group->reduce(it, g); };
   }

@@ -82,8 +82,10 @@ class conversion {
           engine::begin_operators(ops_[i]);
           replicas_[i]->begin_iteration(it);
         }
+        if (in_.reduce) in_.experts_begin(it);
       }
       for (std::size_t d = 0; d < d_count_; ++d) replay_replica(d, it, step);
+      if (in_.reduce && ep_ > 1) in_.experts_end(it);
       if (in_.reduce) reduce_with_group(it);
       for (int j = 0; j < k_; ++j) step_stage(j, step);
     }
@@ -132,12 +134,29 @@ class conversion {
           "sparse-to-dense: a parallel group replay gives one replica per stage");
     }
     ep_ = std::max(in_.train.expert_parallel, 1);
-    if (ep_ > 1 && (in_.reduce || in_.live_before || in_.live_after ||
-                    d_count_ != std::size_t(in_.train.data_parallel))) {
+    if (ep_ > 1 && (in_.live_before || in_.live_after)) {
+      throw conversion_error("sparse-to-dense: under expert parallelism (parallel.ep " +
+                             std::to_string(ep_) +
+                             ") a joint region is not replayed as a pipeline yet");
+    }
+    if (ep_ > 1 && !in_.reduce && d_count_ != std::size_t(in_.train.data_parallel)) {
+      throw conversion_error("sparse-to-dense: under expert parallelism (parallel.ep " +
+                             std::to_string(ep_) +
+                             ") a replay in one process gives the whole group");
+    }
+    if (ep_ > 1 && in_.reduce && (!in_.experts_begin || !in_.experts_end)) {
       throw conversion_error(
           "sparse-to-dense: under expert parallelism (parallel.ep " + std::to_string(ep_) +
-          ") the whole group replays in one process; a replay spread over workers is not built "
-          "yet");
+          ") a member replaying its own replica needs experts_begin and experts_end");
+    }
+    if (ep_ > 1 && in_.reduce) {
+      for (std::size_t i = 0; i < all_; ++i) {
+        if (replicas_[i]->experts() == nullptr) {
+          throw conversion_error(
+              "sparse-to-dense: under expert parallelism a stage of the "
+              "region holds no experts");
+        }
+      }
     }
     if (in_.windows.size() != all_) {
       throw conversion_error("sparse-to-dense: " + std::to_string(in_.windows.size()) +
@@ -412,6 +431,10 @@ class conversion {
   // The group's other replicas replay on other workers: one sum of every region stage's
   // gradients with theirs.
   void reduce_with_group(std::int64_t it) {
+    if (ep_ > 1) {
+      reduce_sharded(it);
+      return;
+    }
     std::size_t total = 0;
     for (int j = 0; j < k_; ++j) total += engine::gradient_floats(ops_[base(j)]);
     acc_.resize(total);
@@ -426,6 +449,50 @@ class conversion {
     for (int j = 0; j < k_; ++j) {
       const std::size_t n = engine::gradient_floats(ops_[base(j)]);
       engine::copy_gradients_in(ops_[base(j)], std::span<const float>(acc_).subspan(off, n));
+      off += n;
+    }
+  }
+
+  // Under expert parallelism: the non-experts of every region stage, then each source's part
+  // of every region stage's expert block (group_layout); the block's sum comes back in the
+  // first source's part.
+  void reduce_sharded(std::int64_t it) {
+    if (dense_ops_.empty()) {
+      for (int j = 0; j < k_; ++j) {
+        auto& dense = dense_ops_.emplace_back();
+        for (auto* op : ops_[base(j)]) {
+          if (op->kind() != models::op_kind::expert) dense.push_back(op);
+        }
+        layout_.dense += engine::gradient_floats(dense);
+        layout_.block += replicas_[base(j)]->experts()->source_gradient(0).size();
+      }
+      layout_.ep = ep_;
+    }
+    acc_.resize(layout_.floats());
+    std::size_t off = 0;
+    for (const auto& dense : dense_ops_) {
+      const std::size_t n = engine::gradient_floats(dense);
+      engine::copy_gradients_out(dense, std::span(acc_).subspan(off, n));
+      off += n;
+    }
+    for (int s = 0; s < ep_; ++s) {
+      for (int j = 0; j < k_; ++j) {
+        const auto g = replicas_[base(j)]->experts()->source_gradient(s);
+        std::copy(g.begin(), g.end(), acc_.begin() + std::ptrdiff_t(off));
+        off += g.size();
+      }
+    }
+    in_.reduce(it, acc_);
+    off = 0;
+    for (const auto& dense : dense_ops_) {
+      const std::size_t n = engine::gradient_floats(dense);
+      engine::copy_gradients_in(dense, std::span<const float>(acc_).subspan(off, n));
+      off += n;
+    }
+    for (int j = 0; j < k_; ++j) {
+      models::expert_shard* shard = replicas_[base(j)]->experts();
+      const std::size_t n = shard->source_gradient(0).size();
+      engine::copy_gradients_in(shard->experts(), std::span<const float>(acc_).subspan(off, n));
       off += n;
     }
   }
@@ -453,12 +520,42 @@ class conversion {
   std::int64_t w0_ = 0;
   std::vector<float> acc_;
   int ep_ = 1;  // train.expert_parallel
+  // A member replaying its own replica under expert parallelism: [region stage] its
+  // non-expert operators, and what it hands `reduce`
+  std::vector<std::vector<models::operator_state*>> dense_ops_;
+  group_layout layout_;
   // [region stage]: its replicas, when the whole group replays here
   std::vector<std::unique_ptr<engine::local_group>> groups_;
   conversion_report rep_;
 };
 
 }  // namespace
+
+void fold_group(const group_layout& l, std::size_t me, std::size_t d, std::span<const float> g,
+                std::span<float> sum) {
+  if (g.size() != l.floats() || sum.size() != l.dense + l.block || l.ep < 1) {
+    throw std::invalid_argument("fold_group: gradients that do not fit the layout");
+  }
+  const auto ep = std::size_t(l.ep);
+  const auto dense_in = g.first(l.dense);
+  const auto dense_sum = sum.first(l.dense);
+  if (d == 0) {
+    std::copy(dense_in.begin(), dense_in.end(), dense_sum.begin());
+  } else {
+    engine::accumulate(dense_sum, dense_in);
+  }
+  if (l.ep == 1 || d % ep != me % ep) return;  // another EP rank's block
+  // d's EP group holds sources d / ep * ep + s, in replica order
+  const auto block_sum = sum.subspan(l.dense, l.block);
+  for (std::size_t s = 0; s < ep; ++s) {
+    const auto part = g.subspan(l.dense + s * l.block, l.block);
+    if (d < ep && s == 0) {
+      std::copy(part.begin(), part.end(), block_sum.begin());
+    } else {
+      engine::accumulate(block_sum, part);
+    }
+  }
+}
 
 conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas,
                                   const conversion_input& in) {

@@ -61,6 +61,14 @@ struct conversion_input {
   // here. upstream, downstream and own are indexed by the replicas given.
   std::size_t first_replica = 0;
   std::function<void(std::int64_t iteration, std::span<float> gradients)> reduce;
+  // Under expert parallelism with `reduce` (each member replays its own replica, and its EP
+  // group's members compute each other's expert rows through the exchange each replica's
+  // model was given: engine::expert_router across workers): experts_begin(it) is called once
+  // this member's stages began iteration it (rows of it may be served from then on),
+  // experts_end(it) once it replayed it (it returns when every source's rows of it were
+  // served here). `reduce` then gets group_layout{...}'s buffer: the non-expert gradients,
+  // then every source's part of the member's expert blocks (fold_group says how it sums).
+  std::function<void(std::int64_t iteration)> experts_begin, experts_end;
   // A joint region replayed as a pipeline across workers: the region given (region_stages 1,
   // one replica) is one stage of a larger region whose other stages other workers replay at
   // the same time, each its own. live_before: the stage before is such a member, and its
@@ -87,11 +95,31 @@ struct conversion_report {
   std::size_t tensors_checked = 0;
 };
 
+// The gradients a member of a parallel group replay hands `reduce`: `dense` floats of the
+// region stages' non-expert operators (every operator without expert parallelism), then, for
+// each source s < ep, `block` floats: source s's part of the member's expert blocks (every
+// region stage's, stage order).
+struct group_layout {
+  std::size_t dense = 0, block = 0;
+  int ep = 1;
+  std::size_t floats() const { return dense + block * std::size_t(ep); }
+};
+
+// The group's sum as the member replaying replica `me` keeps it, folded one member at a time
+// in replica order: fold_group(l, me, d, g_d, sum) for d = 0, 1, ... The non-experts become
+// g_0 + g_1 + ... (as training sums them); the expert block of me's EP rank k becomes the sum
+// over every replica r of the rows it routed there, in replica order (kept as source r % ep by
+// the copy of the block in r's EP group: replica (r / ep) * ep + k), as training sums them
+// (engine::local_group). `sum` holds dense + block floats.
+void fold_group(const group_layout& l, std::size_t me, std::size_t d, std::span<const float> g,
+                std::span<float> sum);
+
 // replicas[j * replicas + d]: replica d of stage `stage + j` (a fresh stage_model, as a
 // replacement is); its operators are overwritten. Under expert parallelism
-// (train.expert_parallel > 1) the whole group is given (no `reduce`): each EP group's replicas
-// compute each other's expert rows through an engine::local_group meanwhile, and each block of
-// experts sums every replica's rows in replica order, as training does. Throws conversion_error (or
+// (train.expert_parallel > 1) either the whole group is given (no `reduce`): each EP group's
+// replicas compute each other's expert rows through an engine::local_group meanwhile, and each
+// block of experts sums every replica's rows in replica order, as training does; or one
+// replica, with `reduce` and experts_begin / experts_end (above). Throws conversion_error (or
 // snapshot_error for a slot that does not verify, wrapped with where it came from) and leaves the
 // stage unusable on error.
 conversion_report sparse_to_dense(std::span<engine::stage_model* const> replicas,

@@ -75,6 +75,13 @@ struct captured_job {
   }
 };
 
+// One source's part of replica d's expert blocks over stages first..last.
+std::size_t experts_block_floats(engine::local_pipeline& p, int first, int last, int d) {
+  std::size_t n = 0;
+  for (int s = first; s <= last; ++s) n += p.stage(s, d).experts()->source_gradient(0).size();
+  return n;
+}
+
 void copy_state(std::span<models::operator_state* const> from,
                 std::span<models::operator_state* const> to) {
   ASSERT_EQ(from.size(), to.size());
@@ -457,7 +464,7 @@ TEST(sparse_to_dense, an_expert_parallel_group_is_rebuilt_bit_identical) {
     captured_job job(2, dp, models::preset("tiny"), t);
     expect_bit_exact_conversions(job);
   }
-  // Spread over workers (each replaying its own replica) it is not built yet, and says so.
+  // A member replaying its own replica needs the hooks that pace its expert exchange.
   auto t = test_train(2);
   t.expert_parallel = 2;
   captured_job job(2, 2, models::preset("tiny"), t);
@@ -469,10 +476,161 @@ TEST(sparse_to_dense, an_expert_parallel_group_is_rebuilt_bit_identical) {
   engine::stage_model* one[] = {&fresh.stage(0, 0)};
   try {
     sparse_to_dense(one, in);
-    ADD_FAILURE() << "a replay over workers with expert parallelism was accepted";
+    ADD_FAILURE() << "a replay over workers with expert parallelism was accepted without hooks";
   } catch (const conversion_error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.ep"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("experts_begin"), std::string::npos) << e.what();
   }
+}
+
+// Members on threads, as on workers: each calls its EP group's shards as the router would
+// (one call at a time: the shards are not shared between threads otherwise), and a barrier
+// paces what engine::expert_router paces by epochs (rows of an iteration only once every
+// member began it; the reduce only once every source's rows were served).
+class threaded_experts {
+ public:
+  threaded_experts(int members) : members_(members) {}
+  void barrier() {
+    std::unique_lock lock(mu_);
+    const std::uint64_t round = round_;
+    if (++arrived_ == members_) {
+      arrived_ = 0;
+      ++round_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return round_ != round || failed_; });
+    if (failed_) throw std::runtime_error("a member failed");
+  }
+  void fail() {
+    std::lock_guard lock(mu_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+  std::mutex& shards() { return shards_mu_; }
+
+ private:
+  std::mutex mu_, shards_mu_;
+  std::condition_variable cv_;
+  int members_, arrived_ = 0;
+  std::uint64_t round_ = 0;
+  bool failed_ = false;
+};
+
+class locked_exchange final : public models::expert_exchange {
+ public:
+  locked_exchange(std::vector<models::expert_shard*> group, int source, int experts, int c,
+                  std::mutex& mu)
+      : inner_(std::move(group), source, experts, c), mu_(mu) {}
+  void forward(int layer, int mb, std::span<const int> offsets, std::span<const float> xs,
+               std::span<float> ye, bool training) override {
+    std::lock_guard lock(mu_);
+    inner_.forward(layer, mb, offsets, xs, ye, training);
+  }
+  void backward(int layer, int mb, std::span<const int> offsets, std::span<const float> d_ye,
+                std::span<float> d_xs) override {
+    std::lock_guard lock(mu_);
+    inner_.backward(layer, mb, offsets, d_ye, d_xs);
+  }
+
+ private:
+  models::direct_exchange inner_;
+  std::mutex& mu_;
+};
+
+// Under expert parallelism too, each member replays its own replica (its block of experts
+// and the non-experts), the EP group computing each other's rows, and the group's sum
+// (fold_group) gives each member the bits the lost replica had.
+TEST(sparse_to_dense, an_expert_parallel_group_replaying_in_parallel_ends_bit_identical) {
+  for (const auto& [dp, ep] : {std::pair{2, 2}, std::pair{4, 2}}) {
+    SCOPED_TRACE(testing::Message() << "dp " << dp << " ep " << ep);
+    const int pp = 3, first = 1, last = 2;
+    auto t = test_train(dp);
+    t.expert_parallel = ep;
+    captured_job job(pp, dp, models::preset("tiny"), t);
+    for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+    engine::local_pipeline fresh(job.model, job.train, pp);
+    threaded_experts pace(dp);
+    std::vector<std::unique_ptr<locked_exchange>> exchanges;  // [j][d]
+    for (int s = first; s <= last; ++s) {
+      for (int d = 0; d < dp; ++d) {
+        std::vector<models::expert_shard*> group;
+        for (int k = 0; k < ep; ++k) group.push_back(fresh.stage(s, d / ep * ep + k).experts());
+        exchanges.push_back(std::make_unique<locked_exchange>(group, d % ep, job.model.experts,
+                                                              job.model.d_model, pace.shards()));
+        fresh.stage(s, d).set_expert_exchange(exchanges.back().get());
+      }
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<std::int64_t, std::vector<std::vector<float>>> deposits;
+    auto reduce_as = [&](std::size_t me) {
+      return [&, me](std::int64_t it, std::span<float> g) {
+        std::unique_lock lock(mu);
+        auto& got = deposits[it];
+        got.resize(std::size_t(dp));
+        got[me].assign(g.begin(), g.end());
+        cv.notify_all();
+        cv.wait(lock, [&] {
+          return std::all_of(got.begin(), got.end(), [](const auto& v) { return !v.empty(); });
+        });
+        // the layout as the member made it: every member's buffer has the same size
+        const std::size_t block = experts_block_floats(fresh, first, last, int(me));
+        const group_layout l{g.size() - block * std::size_t(ep), block, ep};
+        for (std::size_t d = 0; d < std::size_t(dp); ++d) {
+          fold_group(l, me, d, got[d], g.first(l.dense + l.block));
+        }
+      };
+    };
+    std::vector<std::thread> members;
+    std::vector<std::string> errors(static_cast<std::size_t>(dp));
+    for (int d = 0; d < dp; ++d) {
+      members.emplace_back([&, d] {
+        conversion_input in;
+        in.stage = first;
+        in.region_stages = last - first + 1;
+        in.stages = pp;
+        in.micro_batches = job.train.micro_batches;
+        in.target_iteration = job.pipe.iteration();
+        in.train = job.train;
+        in.first_replica = std::size_t(d);
+        in.reduce = reduce_as(std::size_t(d));
+        in.experts_begin = [&](std::int64_t) { pace.barrier(); };
+        in.experts_end = [&](std::int64_t) { pace.barrier(); };
+        std::vector<engine::stage_model*> mine;
+        for (int s = first; s <= last; ++s) {
+          mine.push_back(&fresh.stage(s, d));
+          in.windows.push_back(job.cap(s, d).persisted()->slots);
+          in.own.push_back(&job.cap(s, d).log());
+        }
+        in.upstream.push_back(&job.cap(first - 1, d).log());
+        in.steps = &job.cap(0, 0).steps();
+        try {
+          (void)sparse_to_dense(mine, in);
+        } catch (const std::exception& e) {
+          errors[std::size_t(d)] = e.what();
+          pace.fail();
+          cv.notify_all();
+        }
+      });
+    }
+    for (auto& th : members) th.join();
+    for (int d = 0; d < dp; ++d) {
+      ASSERT_EQ(errors[std::size_t(d)], "") << "replica " << d;
+      for (int s = first; s <= last; ++s) {
+        EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
+                  engine::operator_digests(job.pipe.stage(s, d).operators()))
+            << "stage " << s << " replica " << d;
+      }
+    }
+  }
+}
+
+TEST(sparse_to_dense, a_gradient_buffer_that_does_not_fit_the_layout_is_refused) {
+  const group_layout l{4, 2, 2};
+  std::vector<float> g(l.floats()), sum(l.dense + l.block);
+  EXPECT_NO_THROW(fold_group(l, 0, 0, g, sum));
+  g.pop_back();
+  EXPECT_THROW(fold_group(l, 0, 0, g, sum), std::invalid_argument);
 }
 
 TEST(sparse_to_dense, every_operator_is_full_exactly_once_per_window) {
