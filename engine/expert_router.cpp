@@ -40,8 +40,30 @@ void expert_router::attach(models::expert_shard* shard) {
 
 bool expert_router::complete() const {
   std::lock_guard lk(mu_);
+  return complete_held();
+}
+
+bool expert_router::complete_held() const {
   return std::all_of(backwards_.begin(), backwards_.end(),
                      [&](int n) { return n >= expected_backwards_; });
+}
+
+void expert_router::drain() {
+  for (;;) {
+    std::vector<request> todo;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] {
+        return stopped_ || complete_held() ||
+               std::any_of(requests_.begin(), requests_.end(),
+                           [&](const request& q) { return q.mb < 0 || q.epoch <= epoch_; });
+      });
+      if (stopped_) throw exchange_stopped(why_);
+      if (complete_held()) return;
+      todo = take_servable();
+    }
+    for (const request& r : todo) serve(r);
+  }
 }
 
 void expert_router::backward_done(int source) {

@@ -95,6 +95,9 @@ class expert_router final : public models::expert_exchange,
   void begin_epoch(std::uint64_t epoch);
   // Serves every request that can be.
   void serve_pending();
+  // Waits, serving, until complete() (a replay's end of an iteration: every source's
+  // backwards computed here). Throws exchange_stopped when stopped meanwhile.
+  void drain();
   // models::expert_exchange. Throws exchange_stopped when stopped while waiting.
   void forward(int layer, int mb, std::span<const int> offsets, std::span<const float> xs,
                std::span<float> ye, bool training) override;
@@ -153,6 +156,7 @@ class expert_router final : public models::expert_exchange,
   void serve(const request& r);
   // Requests that can be served now (this epoch's, or validation's); drops older epochs'.
   std::vector<request> take_servable();  // mu_ held
+  bool complete_held() const;            // complete(), mu_ held
   void send_rows(int owner, const request& r);
   void send_output(const request& r, const std::string& error);
   std::span<float> slot(const transport::bulk_region& region, int k) const;

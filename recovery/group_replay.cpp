@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <future>
+#include <optional>
 #include <stdexcept>
 
 #include "engine/stage_model.hpp"
@@ -24,7 +25,45 @@ void group_inbox::begin(std::uint64_t generation) {
   if (generation <= generation_) return;
   generation_ = generation;
   std::erase_if(got_, [&](const auto& e) { return std::get<0>(e.first) < generation; });
+  std::erase_if(routers_, [&](const auto& e) { return e.first.first < generation; });
+  std::vector<std::function<void()>> stops;
+  for (auto it = on_superseded_.begin(); it != on_superseded_.end() && it->first < generation;) {
+    stops.push_back(std::move(it->second));
+    it = on_superseded_.erase(it);
+  }
+  for (auto& stop : stops) stop();
   wake_all();
+}
+
+void group_inbox::when_superseded(std::uint64_t generation, std::function<void()> stop) {
+  if (generation < generation_) {
+    stop();
+    return;
+  }
+  on_superseded_.emplace(generation, std::move(stop));
+}
+
+bool group_inbox::put_router(std::uint64_t generation, std::uint32_t replica,
+                             actors::actor_ref router) {
+  if (generation < generation_ || size() >= max_entries_ || !router.valid()) return false;
+  routers_[{generation, replica}] = router;
+  wake_all();
+  return true;
+}
+
+awaitable<actors::actor_ref> group_inbox::take_router(std::uint64_t generation,
+                                                      std::uint32_t replica,
+                                                      std::chrono::steady_clock::duration timeout) {
+  co_return co_await wait_for<actors::actor_ref>(
+      generation, timeout,
+      [&]() -> std::optional<actors::actor_ref> {
+        const auto it = routers_.find({generation, replica});
+        if (it == routers_.end()) return std::nullopt;
+        const actors::actor_ref r = it->second;
+        routers_.erase(it);
+        return r;
+      },
+      fmt::format("replica {} of the recovery group never named its expert router", replica));
 }
 
 bool group_inbox::put(std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
@@ -37,9 +76,10 @@ bool group_inbox::put(std::uint64_t generation, std::int64_t iteration, std::uin
   return true;
 }
 
-awaitable<transport::bulk_descriptor> group_inbox::take(
-    std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
-    std::chrono::steady_clock::duration timeout) {
+template <class T, class Ready>
+awaitable<T> group_inbox::wait_for(std::uint64_t generation,
+                                   std::chrono::steady_clock::duration timeout, Ready ready,
+                                   const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   asio::steady_timer timer(io_);
   for (;;) {
@@ -48,17 +88,8 @@ awaitable<transport::bulk_descriptor> group_inbox::take(
           fmt::format("the group replay of generation {} was superseded by generation {}",
                       generation, generation_));
     }
-    const auto it = got_.find({generation, iteration, replica});
-    if (it != got_.end()) {
-      const transport::bulk_descriptor d = it->second;
-      got_.erase(it);
-      co_return d;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw std::runtime_error(
-          fmt::format("replica {} of the recovery group never sent its gradients of iteration {}",
-                      replica, iteration));
-    }
+    if (std::optional<T> got = ready()) co_return *got;
+    if (std::chrono::steady_clock::now() >= deadline) throw std::runtime_error(what);
     timer.expires_at(deadline);
     waiters_.insert(&timer);
     // Out of the set however this frame ends (also destroyed while it waits).
@@ -72,12 +103,37 @@ awaitable<transport::bulk_descriptor> group_inbox::take(
   }
 }
 
+awaitable<transport::bulk_descriptor> group_inbox::take(
+    std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
+    std::chrono::steady_clock::duration timeout) {
+  co_return co_await wait_for<transport::bulk_descriptor>(
+      generation, timeout,
+      [&]() -> std::optional<transport::bulk_descriptor> {
+        const auto it = got_.find({generation, iteration, replica});
+        if (it == got_.end()) return std::nullopt;
+        const transport::bulk_descriptor d = it->second;
+        got_.erase(it);
+        return d;
+      },
+      fmt::format("replica {} of the recovery group never sent its gradients of iteration {}",
+                  replica, iteration));
+}
+
 group_exchange::group_exchange(std::shared_ptr<group_inbox> gradients,
                                std::shared_ptr<group_inbox> boundaries)
     : inbox_(std::move(gradients)), boundaries_(std::move(boundaries)) {
   on<wire::ReplayGradients>(&group_exchange::gradients);
   on<wire::ReplayBoundary>(&group_exchange::boundary);
   on<engine::wire::ReplayGeneration>(&group_exchange::generation);
+  on<wire::ReplayExperts>(&group_exchange::experts);
+}
+
+awaitable<void> group_exchange::experts(wire::ReplayExperts::Reader m) {
+  if (!m.hasRouter() ||
+      !inbox_->put_router(m.getGeneration(), m.getReplica(), actors::read_ref(m.getRouter()))) {
+    ++refused_;
+  }
+  co_return;
 }
 
 awaitable<void> group_exchange::generation(engine::wire::ReplayGeneration::Reader m) {

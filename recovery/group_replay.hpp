@@ -11,6 +11,12 @@
 // peer's announcement of i + 1, which each peer sends only once it pulled this member's of i.
 // At the end each member says it is done and waits for everyone's word before it lets its
 // buffers go.
+//
+// Under expert parallelism a member's buffer holds its non-expert gradients and each source's
+// part of its block of experts (group_layout); the non-experts sum over every member, each
+// block over its copies' sources (fold_group). The members' replay routers, which compute the
+// EP groups' rows meanwhile, are named to each other through the same exchanges
+// (ReplayExperts, kept in the gradients' inbox).
 #pragma once
 
 #include <asio/awaitable.hpp>
@@ -20,10 +26,12 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -57,15 +65,30 @@ class group_inbox {
   asio::awaitable<transport::bulk_descriptor> take(std::uint64_t generation, std::int64_t iteration,
                                                    std::uint32_t replica,
                                                    std::chrono::steady_clock::duration timeout);
-  std::size_t size() const { return got_.size(); }
+  std::size_t size() const { return got_.size() + routers_.size(); }
+
+  // Under expert parallelism: a peer's replay router (ReplayExperts), kept and taken as an
+  // announcement is.
+  bool put_router(std::uint64_t generation, std::uint32_t replica, actors::actor_ref router);
+  asio::awaitable<actors::actor_ref> take_router(std::uint64_t generation, std::uint32_t replica,
+                                                 std::chrono::steady_clock::duration timeout);
+  // `stop` runs once a newer generation than `generation` begins here (at once if one has):
+  // what waits outside the inbox (a replay's expert router) ends with the replay.
+  void when_superseded(std::uint64_t generation, std::function<void()> stop);
 
  private:
   void wake_all();
+  // Waits (as take does) until `ready` gives a value; `what` says what never came.
+  template <class T, class Ready>
+  asio::awaitable<T> wait_for(std::uint64_t generation, std::chrono::steady_clock::duration timeout,
+                              Ready ready, const std::string& what);
 
   asio::io_context& io_;
   std::size_t max_entries_;
   std::uint64_t generation_ = 0;  // the newest restore begun here
   std::map<std::tuple<std::uint64_t, std::int64_t, std::uint32_t>, transport::bulk_descriptor> got_;
+  std::map<std::pair<std::uint64_t, std::uint32_t>, actors::actor_ref> routers_;
+  std::multimap<std::uint64_t, std::function<void()>> on_superseded_;
   std::set<asio::steady_timer*> waiters_;  // cancelled (woken) on every put and begin
 };
 
@@ -76,13 +99,15 @@ class group_exchange : public actors::actor {
  public:
   using interface =
       actors::interface<actors::tell_t<wire::ReplayGradients>, actors::tell_t<wire::ReplayBoundary>,
-                        actors::tell_t<engine::wire::ReplayGeneration>>;
+                        actors::tell_t<engine::wire::ReplayGeneration>,
+                        actors::tell_t<wire::ReplayExperts>>;
   group_exchange(std::shared_ptr<group_inbox> gradients, std::shared_ptr<group_inbox> boundaries);
   std::uint64_t refused() const { return refused_; }
 
  private:
   asio::awaitable<void> gradients(wire::ReplayGradients::Reader m);
   asio::awaitable<void> boundary(wire::ReplayBoundary::Reader m);
+  asio::awaitable<void> experts(wire::ReplayExperts::Reader m);
   // A new generation of the replay begins (the worker's agent may be busy with the old one,
   // whose waits end now).
   asio::awaitable<void> generation(engine::wire::ReplayGeneration::Reader m);

@@ -98,6 +98,15 @@ struct ReplayGradients {
   tensor @3 :Bulk.BulkDescriptor;
 }
 
+# Member of a group replay under expert parallelism -> every other member's group exchange
+# (recovery/group_replay.hpp): the expert router this member's replay computes its EP group's
+# rows with, for the generation. Its EP group's members route their rows there.
+struct ReplayExperts {
+  generation @0 :UInt64;
+  replica @1 :UInt32;
+  router @2 :Envelope.ActorAddress;
+}
+
 # Member of a joint region replayed as a pipeline -> the group exchange of the member replaying
 # the stage after it (an activation) or before it (a gradient), same replica
 # (recovery/group_replay.hpp boundary_exchange): the tensor it sent at (iteration,

@@ -225,11 +225,13 @@ awaitable<bool> region_recovery::restart_region(region& r) {
   co_return true;
 }
 
-bool region_recovery::group_replay() const {
-  // Under expert parallelism the whole group replays on each restored worker, whose EP groups
-  // exchange their rows in that process (recovery/sparse_to_dense.hpp); a group replay spread
-  // over the workers, with the all-to-all between them, is not built yet.
-  if (job_.job().dp < 2 || job_.job().ep > 1) return false;
+bool region_recovery::group_replay(const region& r) const {
+  // Under expert parallelism a single-stage region's group replays spread over its workers,
+  // the EP groups' rows passing between them (each member's replay router); a joint region's
+  // replays whole on each restored worker, whose EP groups exchange their rows in that
+  // process (recovery/sparse_to_dense.hpp): one replay thread serving the routers of several
+  // stages could wait on a peer that waits on it.
+  if (job_.job().dp < 2 || (job_.job().ep > 1 && r.first != r.last)) return false;
   for (const auto& [n, w] : job_.workers()) {
     if (w.stage >= 0 && !w.group_exchange.valid()) return false;  // a worker of an older build
   }
@@ -237,7 +239,7 @@ bool region_recovery::group_replay() const {
 }
 
 void region_recovery::add_group_survivors(region& r) {
-  if (!group_replay()) return;
+  if (!group_replay(r)) return;
   for (int s = r.first; s <= r.last; ++s) {
     for (int d = 0; d < job_.job().dp; ++d) {
       const bool in = std::any_of(r.members.begin(), r.members.end(), [&](const member& m) {

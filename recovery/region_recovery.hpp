@@ -141,7 +141,7 @@ class region_recovery : public engine::head_recovery {
   // With dp > 1 the recovery group replays in parallel: every surviving replica of r's
   // stages becomes a member too, restored on its own worker.
   void add_group_survivors(region& r);
-  bool group_replay() const;
+  bool group_replay(const region& r) const;
   // Gives every role of r without a worker a spare (false: none left, the job failed).
   bool assign_spares(region& r);
   // Region r restarted past checkpoint.region_restarts: the durable fallback where the tier

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
 
+#include "engine/expert_router.hpp"
 #include "models/cpu/gemm.hpp"
 #include "recovery/durable_store.hpp"
 #include "recovery/layout_change.hpp"
@@ -177,6 +179,9 @@ class region_restore {
   // rebuilt: the fresh ones agree with each other).
   awaitable<void> fetch_schedule();
   awaitable<void> replay();
+  // Under expert parallelism: the router this member's replay computes its EP group's rows
+  // with, its peers' named (ReplayExperts through the group exchanges).
+  awaitable<std::shared_ptr<engine::expert_router>> replay_router();
 
   restore_context ctx_;
   engine::wire::Restore::Reader m_;
@@ -462,6 +467,49 @@ awaitable<void> region_restore::fetch_schedule() {
   }
 }
 
+awaitable<std::shared_ptr<engine::expert_router>> region_restore::replay_router() {
+  // One stage replica replayed here (single-stage regions only: with several, one thread
+  // serving several routers could wait on a peer that waits on it).
+  if (models_.size() != 1 || models_[0]->experts() == nullptr) {
+    throw std::runtime_error(
+        "malformed Restore from the coordinator (a group replay under expert parallelism "
+        "replays one stage replica with experts on each member)");
+  }
+  engine::stage_setup sd = setup_;
+  sd.stage = p_.stage;
+  sd.replica = p_.replica;
+  auto router = std::make_shared<engine::expert_router>(ctx_.system, ctx_.io, sd);
+  router->attach(models_[0]->experts());
+  router->set_actor(ctx_.system.spawn<engine::expert_router_actor>(router, ctx_.io).ref);
+  models_[0]->set_expert_exchange(router.get());
+  // A newer generation (a member lost) ends this replay's waits on the router too.
+  ctx_.inbox->when_superseded(p_.generation, [weak = std::weak_ptr(router), g = p_.generation] {
+    if (auto r = weak.lock()) {
+      r->stop(fmt::format("the group replay of generation {} was superseded", g));
+    }
+  });
+  const auto me = std::uint32_t(p_.replica);
+  for (std::uint32_t d = 0; d < p_.group.size(); ++d) {
+    if (d == me) continue;
+    (void)ctx_.system.tell<wire::ReplayExperts>(p_.group[d], [&](wire::ReplayExperts::Builder b) {
+      b.setGeneration(p_.generation);
+      b.setReplica(me);
+      actors::write_ref(b.initRouter(), router->actor());
+    });
+  }
+  // The routers of this replica's EP group, by EP rank.
+  const int ep = std::max(ctx_.job.ep, 1), base = p_.replica / ep * ep;
+  std::vector<actor_ref> peers;
+  for (int k = 0; k < ep; ++k) {
+    const auto d = std::uint32_t(base + k);
+    actor_ref peer = router->actor();  // (a co_await inside ?: is miscompiled by GCC 12)
+    if (d != me) peer = co_await ctx_.inbox->take_router(p_.generation, d, ctx_.limits.group_wait);
+    peers.push_back(peer);
+  }
+  router->set_peers(std::move(peers));
+  co_return router;
+}
+
 awaitable<void> region_restore::replay() {
   // Sparse-to-dense conversion of the region, then all-active replay up to the target.
   conversion_input in;
@@ -479,14 +527,42 @@ awaitable<void> region_restore::replay() {
   in.train = ctx_.job.train;
   in.initial_iteration = p_.first;
   std::unique_ptr<group_reducer> group;
+  std::shared_ptr<engine::expert_router> router;
+  // However the replay ends: the router's actor stops and the model lets go of it. After a
+  // finished replay every member pulled all it needed (group->finish()), so no rows or
+  // answers of it are in flight.
+  struct router_guard {
+    region_restore& self;
+    std::shared_ptr<engine::expert_router> router;
+    ~router_guard() {
+      self.models_[0]->set_expert_exchange(nullptr);
+      self.ctx_.system.stop(router->actor());
+    }
+  };
+  std::optional<router_guard> router_done;
   if (!p_.group.empty()) {
-    std::size_t floats = 0;
-    for (const auto& model : models_) floats += engine::gradient_floats(model->operators());
-    group = std::make_unique<group_reducer>(
-        ctx_.system, ctx_.io, ctx_.inbox, p_.generation, std::uint32_t(p_.replica), p_.group,
-        group_layout{floats, 0, 1}, ctx_.limits.pull_chunk_bytes, ctx_.limits.group_wait);
+    group_layout layout{0, 0, std::max(ctx_.job.ep, 1)};
+    for (const auto& model : models_) {
+      for (auto* op : model->operators()) {
+        if (layout.ep == 1 || op->kind() != models::op_kind::expert) {
+          layout.dense += engine::gradient_floats(std::span(&op, 1));
+        }
+      }
+      if (layout.ep > 1 && model->experts() != nullptr) {
+        layout.block += engine::gradient_floats(model->experts()->experts());
+      }
+    }
+    group = std::make_unique<group_reducer>(ctx_.system, ctx_.io, ctx_.inbox, p_.generation,
+                                            std::uint32_t(p_.replica), p_.group, layout,
+                                            ctx_.limits.pull_chunk_bytes, ctx_.limits.group_wait);
     in.first_replica = std::size_t(p_.replica);
     in.reduce = [&](std::int64_t it, std::span<float> g) { group->reduce(it, g); };
+    if (layout.ep > 1) {
+      router = co_await replay_router();
+      router_done.emplace(*this, router);
+      in.experts_begin = [&](std::int64_t it) { router->begin_epoch(std::uint64_t(it) + 1); };
+      in.experts_end = [&](std::int64_t) { router->drain(); };
+    }
   }
   // A pipelined region: the tensors with this stage's region neighbours pass live.
   std::unique_ptr<boundary_exchange> live;

@@ -104,7 +104,7 @@ void region_recovery::announce_restart(const region& r) {
 }
 
 bool region_recovery::replays_as_group(const region& r) const {
-  return group_replay() && state_->window_pp == 0 &&
+  return group_replay(r) && state_->window_pp == 0 &&
          r.members.size() == std::size_t((r.last - r.first + 1) * job_.job().dp);
 }
 
@@ -171,14 +171,16 @@ void region_recovery::send_restores(const region& r) {
   // Every replica of the region's stages is a member (add_group_survivors): each replays its
   // own. Not for a resume at another layout (it replays the old layout whole).
   const bool group = replays_as_group(r), pipeline = replays_as_pipeline(r);
-  if (group || pipeline) {
-    // A member's agent may still be in the previous generation's replay, waiting for a peer
-    // this one replaced: its exchange hears first, and that wait ends.
-    for (const member& m : r.members) {
-      (void)job_.actor().tell<engine::wire::ReplayGeneration>(
-          workers.at(m.spare).group_exchange,
-          [&](engine::wire::ReplayGeneration::Builder b) { b.setGeneration(r.generation); });
-    }
+  // A member's agent may still be in the previous generation's replay, waiting for a peer
+  // this one replaced: its exchange hears first, and that wait ends. Also when this generation
+  // replays otherwise (under expert parallelism a region grown to several stages replays whole
+  // on each member, while the previous one replayed spread).
+  for (const member& m : r.members) {
+    const actor_ref exchange = workers.at(m.spare).group_exchange;
+    if (!exchange.valid()) continue;
+    (void)job_.actor().tell<engine::wire::ReplayGeneration>(
+        exchange,
+        [&](engine::wire::ReplayGeneration::Builder b) { b.setGeneration(r.generation); });
   }
   for (const member& m : r.members) {
     auto fill = [&](engine::wire::Restore::Builder b) {

@@ -196,9 +196,9 @@ std::map<std::pair<int, int>, int> replayed_by(const std::string& line) {
 }
 
 TEST(recovery, a_lost_ep_rank_is_rebuilt_bit_exact) {
-  // Expert parallelism: the lost replica holds its own block of experts. Its spare replays
-  // the whole group in one process (its EP groups exchanging rows there) and keeps its replica;
-  // the survivors, whose router saw the peer go, take the new one at the rewiring.
+  // Expert parallelism: the lost replica holds its own block of experts. Its group replays
+  // spread over its workers (the survivor rolled back on its own), the EP group's rows passing
+  // between their replay routers, and each member's experts summed over their copies.
   const std::string ep = "--set parallel.ep=2 ";
   for (const char* phase : {"forward", "step", "snapshot"}) {
     const auto o =
@@ -209,12 +209,16 @@ TEST(recovery, a_lost_ep_rank_is_rebuilt_bit_exact) {
     const std::string* end = event(o, "recovery_end");
     ASSERT_NE(end, nullptr) << o.output;
     const auto by = replayed_by(*end);
-    EXPECT_EQ(by.size(), 1u) << "the spare alone replays: " << *end;
+    ASSERT_EQ(by.size(), 2u) << "each replica on its own worker: " << *end;
+    EXPECT_NE(by.at({1, 0}), by.at({1, 1})) << *end;
   }
-  // dp = 4: the replacement's schedule comes from the survivor of its EP rank (replica 1).
+  // dp = 4: two EP groups, each block of experts summed over its two copies.
   const auto four = launch("ep_dp4", job(2, 4, 1, ep + "--inject kill:stage=0,replica=3,iter=6"));
   ASSERT_EQ(four.exit_code, 0) << four.output;
   EXPECT_EQ(four.hash, reference(4));
+  const std::string* end4 = event(four, "recovery_end");
+  ASSERT_NE(end4, nullptr) << four.output;
+  EXPECT_EQ(replayed_by(*end4).size(), 4u) << *end4;
   // Both EP ranks of a stage at once: every block of its experts is rebuilt from the windows.
   const auto both = launch("ep_both", job(2, 2, 2,
                                           ep + "--inject kill:stage=0,replica=0,iter=7 "
@@ -260,6 +264,34 @@ TEST(recovery, a_replacement_lost_while_its_group_replays_restarts_the_group) {
   const auto ends = o.events("recovery_end");
   ASSERT_EQ(ends.size(), 1u) << o.output;
   EXPECT_EQ(replayed_by(*ends[0]).size(), 2u) << *ends[0];
+}
+
+TEST(recovery, an_ep_rank_lost_while_its_group_replays_restarts_the_group) {
+  // Expert parallelism, dp = 2: the spare rebuilding (1, 0) is killed the moment the recovery
+  // starts, while the survivor (1, 1) replays beside it, waiting in its replay router for the
+  // dead one's expert rows or answers. The newer generation ends that wait, the region
+  // restarts on another spare, and the job ends bit-exact.
+  const auto o = launch("epcascade", job(2, 2, 2,
+                                         "--set parallel.ep=2 "
+                                         "--inject kill:stage=1,replica=0,iter=7 "
+                                         "--inject kill:stage=1,replica=0,during=recovery"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  EXPECT_EQ(o.events("recovery_start").size(), 2u) << o.output;
+  const auto ends = o.events("recovery_end");
+  ASSERT_EQ(ends.size(), 1u) << o.output;
+  EXPECT_EQ(replayed_by(*ends[0]).size(), 2u) << *ends[0];
+  // pp = 3: a replica of the next stage lost while stage 1's group replays spread: the region
+  // grows to stages 1..2, which replay whole on each member (a joint region under EP), and
+  // the survivor that was replaying spread hears the new generation first (it waited for a
+  // peer whose restore failed).
+  const auto grown = launch("epgrown", job(3, 2, 2,
+                                           "--set parallel.ep=2 "
+                                           "--inject kill:stage=1,replica=0,iter=5 "
+                                           "--inject kill:stage=2,replica=1,during=recovery"));
+  ASSERT_EQ(grown.exit_code, 0) << grown.output;
+  EXPECT_EQ(grown.hash, reference(2));
+  EXPECT_EQ(grown.events("recovery_end").size(), 1u) << grown.output;
 }
 
 TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
