@@ -70,6 +70,10 @@
 // interleaved, --repeats each, after a fault-free `none` run (its hash): replay_s (the
 // slowest member's, ratio theirs/ours), recovery_s and whether both hashes equal `none`'s.
 // --spares is raised to K.
+// `moevement bench recovery --spread`: one kill (--kill-stage, replica 0, --kill-iter) at
+// dp > 1, the group replaying spread over its workers (checkpoint.spread_replay = true, ours)
+// and whole in each replacement (false, theirs), interleaved, --repeats each, after a `none`
+// run; the same figures as --joint. With --set parallel.ep=E under expert parallelism.
 // Run from the source root.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -105,6 +109,7 @@ struct options {
   std::vector<int> kill_iters;  // bench recovery --kill-iters: a trace of several kills
   std::vector<int> dps;         // bench recovery --dp 1,2,4: the same kill at each dp
   int joint = 0;                // bench recovery --joint K: K contiguous stages killed together
+  bool spread = false;          // bench recovery --spread: spread_replay true against false
   bool recovery = true, fault_free_compare = true, durable = false;
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
@@ -165,6 +170,8 @@ options parse_options(int argc, char** argv) {
       o.kill_stage = std::atoi(value().c_str());
     else if (f == "--joint")
       o.joint = std::atoi(value().c_str());
+    else if (f == "--spread")
+      o.spread = true;
     else if (f == "--no-recovery")
       o.recovery = false;
     else if (f == "--durable")
@@ -192,6 +199,10 @@ options parse_options(int argc, char** argv) {
     o.kill_stage = std::min(o.kill_stage, o.pp - o.joint);
     if (o.kill_stage < 0) throw std::runtime_error("--joint K: K stages need --pp >= K");
     o.spares = std::max(o.spares, o.joint);
+  }
+  if (o.spread && (o.fault_free_compare || o.dps.size() > 1 || !o.kill_iters.empty() ||
+                   o.joint != 0 || o.dp < 2)) {
+    throw std::runtime_error("--spread is for `bench recovery` with one dp > 1 and one kill");
   }
   std::sort(o.kill_iters.begin(), o.kill_iters.end());
   if (!o.kill_iters.empty() && o.kill_iters.back() >= o.iterations) {
@@ -424,18 +435,11 @@ void compare_dp(const options& o, Run run) {
   }
 }
 
-// `moevement bench recovery --joint K`: one joint region replayed as a pipeline (ours) and
-// every member replaying the whole region (theirs), interleaved (see the header).
+// `moevement bench recovery --joint K` and `--spread`: the same kills recovered with a
+// boolean key true (ours) and false (theirs), interleaved (see the header).
 template <class Run>
-void compare_joint(const options& o, Run run) {
-  std::vector<std::string> injects;
-  for (int s = o.kill_stage; s < o.kill_stage + o.joint; ++s) {
-    injects.push_back(fmt::format("kill:stage={},replica=0,iter={}", s, o.kill_iter));
-  }
-  std::printf(
-      "# recovery: stages %d..%d killed at iteration %d under moevement, the region "
-      "replayed as a pipeline (ours) and whole by each member (theirs), %d runs each\n",
-      o.kill_stage, o.kill_stage + o.joint - 1, o.kill_iter, o.repeats);
+void compare_key(const options& o, Run run, const std::vector<std::string>& injects,
+                 const std::string& key) {
   const run_result none = run("none", {}, {});
   struct side {
     std::vector<double> replay, total;
@@ -443,10 +447,9 @@ void compare_joint(const options& o, Run run) {
     bool same = true;
   } ours, theirs;
   for (int r = 0; r < o.repeats; ++r) {
-    for (const bool pipelined : {true, false}) {
-      side& x = pipelined ? ours : theirs;
-      const run_result f =
-          run("moevement", injects, {fmt::format("checkpoint.pipelined_replay={}", pipelined)});
+    for (const bool on : {true, false}) {
+      side& x = on ? ours : theirs;
+      const run_result f = run("moevement", injects, {fmt::format("{}={}", key, on)});
       if (f.recoveries.empty()) throw std::runtime_error("the injected kills led to no recovery");
       const recovery_rec& rec = f.recoveries.back();
       x.replay.push_back(rec.replay_s);
@@ -462,6 +465,30 @@ void compare_joint(const options& o, Run run) {
               median(theirs.total), median(theirs.total) / median(ours.total));
   std::printf("state_hash_equal: ours=%s theirs=%s\n", ours.same ? "yes" : "NO",
               theirs.same ? "yes" : "NO");
+}
+
+template <class Run>
+void compare_joint(const options& o, Run run) {
+  std::vector<std::string> injects;
+  for (int s = o.kill_stage; s < o.kill_stage + o.joint; ++s) {
+    injects.push_back(fmt::format("kill:stage={},replica=0,iter={}", s, o.kill_iter));
+  }
+  std::printf(
+      "# recovery: stages %d..%d killed at iteration %d under moevement, the region "
+      "replayed as a pipeline (ours) and whole by each member (theirs), %d runs each\n",
+      o.kill_stage, o.kill_stage + o.joint - 1, o.kill_iter, o.repeats);
+  compare_key(o, run, injects, "checkpoint.pipelined_replay");
+}
+
+template <class Run>
+void compare_spread(const options& o, Run run) {
+  std::printf(
+      "# recovery: stage %d replica 0 killed at iteration %d under moevement at dp %d, the "
+      "group replayed spread over its workers (ours) and whole by the replacement (theirs), %d "
+      "runs each\n",
+      o.kill_stage, o.kill_iter, o.dp, o.repeats);
+  compare_key(o, run, {fmt::format("kill:stage={},replica=0,iter={}", o.kill_stage, o.kill_iter)},
+              "checkpoint.spread_replay");
 }
 
 }  // namespace
@@ -514,6 +541,8 @@ int main(int argc, char** argv) {
       };
       if (o.joint > 0) {
         compare_joint(o, run);
+      } else if (o.spread) {
+        compare_spread(o, run);
       } else if (o.dps.size() > 1) {
         compare_dp(o, run);
       } else if (o.kill_iters.empty()) {

@@ -93,6 +93,12 @@ setter_map checkpoint_setters(job_config& j) {
          if (b == nullptr) throw config_error(k, "expected true or false");
          j.pipelined_replay = *b;
        }},
+      {"checkpoint.spread_replay",
+       [&](auto& k, auto& v) {
+         const auto* b = std::get_if<bool>(&v);
+         if (b == nullptr) throw config_error(k, "expected true or false");
+         j.spread_replay = *b;
+       }},
       {"checkpoint.ordering",
        [&](auto& k, auto& v) { j.ordering = get_choice(k, v, ordering_names()); }},
       {"checkpoint.decay_alpha",

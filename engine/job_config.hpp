@@ -78,6 +78,11 @@ struct job_config {
   // live; false: each member replays every region stage of its replica (one stage's compute
   // per member against the region's; the same bits either way).
   bool pipelined_replay = true;
+  // checkpoint.spread_replay: a lost stage's recovery group (every replica of its stage) replays
+  // spread over its workers, each replica on its own, survivors rolled back on theirs; false:
+  // each replacement replays the whole group in its process and keeps its replica (dp times a
+  // replica's compute per replacement; the same bits either way).
+  bool spread_replay = true;
   std::string ordering = "popularity";  // checkpoint.ordering: what orders a window's operators
   double decay_alpha = 0.9;             // checkpoint.decay_alpha: time-decayed history weight
   double reorder_change = 0.10;    // checkpoint.reorder_change: an expert's popularity moved by

@@ -231,7 +231,8 @@ bool region_recovery::group_replay(const region& r) const {
   // replays whole on each restored worker, whose EP groups exchange their rows in that
   // process (recovery/sparse_to_dense.hpp): one replay thread serving the routers of several
   // stages could wait on a peer that waits on it.
-  if (job_.job().dp < 2 || (job_.job().ep > 1 && r.first != r.last)) return false;
+  const auto& job = job_.job();
+  if (!job.spread_replay || job.dp < 2 || (job.ep > 1 && r.first != r.last)) return false;
   for (const auto& [n, w] : job_.workers()) {
     if (w.stage >= 0 && !w.group_exchange.valid()) return false;  // a worker of an older build
   }

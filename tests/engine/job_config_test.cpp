@@ -79,6 +79,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(50), [](auto& j) { return j.max_window_wait_ms == 50; }}},
           {"checkpoint.share_memory", {false, [](auto& j) { return !j.share_memory; }}},
           {"checkpoint.pipelined_replay", {false, [](auto& j) { return !j.pipelined_replay; }}},
+          {"checkpoint.spread_replay", {false, [](auto& j) { return !j.spread_replay; }}},
           {"checkpoint.ordering",
            {std::string("soft-count"), [](auto& j) { return j.ordering == "soft-count"; }}},
           {"checkpoint.decay_alpha", {0.5, [](auto& j) { return j.decay_alpha == 0.5; }}},
@@ -148,7 +149,8 @@ TEST(job_config, wrong_type_names_the_key) {
   for (const auto& key : job_config_keys()) {
     // The boolean keys: an integer is their wrong type.
     const bool boolean = key == "checkpoint.durable" || key == "checkpoint.share_memory" ||
-                         key == "checkpoint.pipelined_replay" || key == "cluster.standby_head";
+                         key == "checkpoint.pipelined_replay" ||
+                         key == "checkpoint.spread_replay" || key == "cluster.standby_head";
     const auto r = boolean ? reject({{key, std::int64_t(1)}}) : reject({{key, true}});
     EXPECT_EQ(r.key, key);
     EXPECT_TRUE(contains(r.message, "expected")) << r.message;

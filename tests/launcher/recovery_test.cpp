@@ -212,6 +212,17 @@ TEST(recovery, a_lost_ep_rank_is_rebuilt_bit_exact) {
     ASSERT_EQ(by.size(), 2u) << "each replica on its own worker: " << *end;
     EXPECT_NE(by.at({1, 0}), by.at({1, 1})) << *end;
   }
+  // checkpoint.spread_replay = false: the spare replays the whole group in one process (its
+  // EP groups exchanging rows there) and keeps its replica; the survivor, whose router saw the
+  // peer go, takes the new one at the rewiring.
+  const auto whole = launch("ep_whole", job(2, 2, 1,
+                                            ep + "--set checkpoint.spread_replay=false "
+                                                 "--inject kill:stage=1,replica=1,iter=5"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  EXPECT_EQ(whole.hash, reference(2));
+  const std::string* end_whole = event(whole, "recovery_end");
+  ASSERT_NE(end_whole, nullptr) << whole.output;
+  EXPECT_EQ(replayed_by(*end_whole).size(), 1u) << "the spare alone replays: " << *end_whole;
   // dp = 4: two EP groups, each block of experts summed over its two copies.
   const auto four = launch("ep_dp4", job(2, 4, 1, ep + "--inject kill:stage=0,replica=3,iter=6"));
   ASSERT_EQ(four.exit_code, 0) << four.output;
