@@ -101,15 +101,17 @@ std::vector<replay_outputs> replay_region(std::span<stage_model* const> region,
 }
 
 void replay_streamed(stage_model& model, std::int64_t iteration, float loss_grad, int stage,
-                     int stages, int micro_batches, const replay_stream& io) {
+                     int stages, int micro_batches, const replay_stream& io, bool begin) {
   if (stage < 0 || stage >= stages || micro_batches < 1) {
     throw std::invalid_argument("replay_streamed: stage " + std::to_string(stage) + " of " +
                                 std::to_string(stages) + ", " + std::to_string(micro_batches) +
                                 " micro-batches");
   }
   const bool first = stage == 0, last = stage + 1 == stages;
-  begin_operators(model.operators());
-  model.begin_iteration(iteration);
+  if (begin) {
+    begin_operators(model.operators());
+    model.begin_iteration(iteration);
+  }
   for (const pipeline_step& st : one_f_one_b(stage, stages, micro_batches)) {
     if (st.what == pass::forward) {
       std::span<const float> x;

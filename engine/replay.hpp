@@ -67,8 +67,9 @@ struct replay_stream {
 // Replays one stage (`stage` of `stages`) for one iteration in its own 1F1B order, as
 // replay_iteration does, through `io`. Because each stage's order is the one it trains in,
 // stages replaying side by side this way never wait on each other in a cycle. Weight
-// gradients stay in the operators.
+// gradients stay in the operators. begin = false: the caller began the iteration (as
+// replay_region's).
 void replay_streamed(stage_model& model, std::int64_t iteration, float loss_grad, int stage,
-                     int stages, int micro_batches, const replay_stream& io);
+                     int stages, int micro_batches, const replay_stream& io, bool begin = true);
 
 }  // namespace moevement::engine

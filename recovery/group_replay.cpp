@@ -184,9 +184,11 @@ group_reducer::group_reducer(actors::actor_system& system, engine::bulk_io& io,
 
 namespace {
 
-// Runs `task` on the actor thread and waits for it, from the replay's thread.
+// Runs `task` on the actor thread and waits for it, from the replay's thread; `idle` (if set)
+// runs there every millisecond meanwhile.
 template <class Task>
-void wait_on_actor_thread(actors::actor_system& system, Task task) {
+void wait_on_actor_thread(actors::actor_system& system, Task task,
+                          const std::function<void()>& idle = {}) {
   if (system.io().get_executor().running_in_this_thread()) {
     throw std::logic_error("a group replay waits on the actor thread (it would wait for itself)");
   }
@@ -201,6 +203,9 @@ void wait_on_actor_thread(actors::actor_system& system, Task task) {
       done->set_value();
     }
   });
+  if (idle) {
+    while (finished.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) idle();
+  }
   finished.get();
 }
 
@@ -330,7 +335,7 @@ std::vector<float> boundary_exchange::take(std::int64_t iteration, int mb, bool 
   if (!(gradient ? after_ : before_).valid() || mb < 0 || mb >= micro_batches_) {
     throw std::invalid_argument("boundary_exchange::take: no such neighbour or micro-batch");
   }
-  wait_on_actor_thread(system_, pull(iteration, mb, gradient));
+  wait_on_actor_thread(system_, pull(iteration, mb, gradient), idle_);
   return *incoming_;
 }
 

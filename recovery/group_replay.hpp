@@ -188,6 +188,9 @@ class boundary_exchange {
   // after. Throws when it does not come (superseded by a newer generation, or the wait ran
   // out) or does not match.
   std::vector<float> take(std::int64_t iteration, int mb, bool gradient);
+  // What take() runs while it waits (every millisecond): under expert parallelism the replay
+  // serves its EP group's rows meanwhile, or a peer waiting for them could wait on this one.
+  void set_idle(std::function<void()> idle) { idle_ = std::move(idle); }
   // This stage's activation (to the stage after) or input gradient (to the stage before).
   void send(std::int64_t iteration, int mb, bool gradient, std::span<const float> t);
   // On the actor thread, once the replay is over: tells the neighbours this member pulled all
@@ -212,6 +215,7 @@ class boundary_exchange {
   std::chrono::steady_clock::duration wait_;
   transport::bulk_region activations_, gradients_;  // [mb] slots of floats_, sent from here
   std::shared_ptr<std::vector<float>> incoming_;
+  std::function<void()> idle_;
 };
 
 }  // namespace moevement::recovery

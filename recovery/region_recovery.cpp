@@ -226,13 +226,15 @@ awaitable<bool> region_recovery::restart_region(region& r) {
 }
 
 bool region_recovery::group_replay(const region& r) const {
-  // Under expert parallelism a single-stage region's group replays spread over its workers,
-  // the EP groups' rows passing between them (each member's replay router); a joint region's
-  // replays whole on each restored worker, whose EP groups exchange their rows in that
-  // process (recovery/sparse_to_dense.hpp): one replay thread serving the routers of several
-  // stages could wait on a peer that waits on it.
+  // Under expert parallelism the group replays spread over its workers, the EP groups' rows
+  // passing between them (each member's replay router), when each member replays one stage:
+  // a single-stage region, or a joint one replayed as a pipeline. Otherwise it replays whole
+  // on each restored worker, whose EP groups exchange their rows in that process
+  // (recovery/sparse_to_dense.hpp): one replay thread serving the routers of several stages
+  // could wait on a peer that waits on it.
   const auto& job = job_.job();
-  if (!job.spread_replay || job.dp < 2 || (job.ep > 1 && r.first != r.last)) return false;
+  if (!job.spread_replay || job.dp < 2) return false;
+  if (job.ep > 1 && r.first != r.last && !job.pipelined_replay) return false;
   for (const auto& [n, w] : job_.workers()) {
     if (w.stage >= 0 && !w.group_exchange.valid()) return false;  // a worker of an older build
   }

@@ -577,6 +577,7 @@ awaitable<void> region_restore::replay() {
         ctx_.limits.group_wait);
     in.live_before = before.valid();
     in.live_after = after.valid();
+    if (router) live->set_idle([&router] { router->serve_pending(); });
     in.take_live = [&](std::int64_t it, int mb, log_direction dir) {
       return live->take(it, mb, dir == log_direction::gradient);
     };

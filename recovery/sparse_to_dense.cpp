@@ -134,11 +134,6 @@ class conversion {
           "sparse-to-dense: a parallel group replay gives one replica per stage");
     }
     ep_ = std::max(in_.train.expert_parallel, 1);
-    if (ep_ > 1 && (in_.live_before || in_.live_after)) {
-      throw conversion_error("sparse-to-dense: under expert parallelism (parallel.ep " +
-                             std::to_string(ep_) +
-                             ") a joint region is not replayed as a pipeline yet");
-    }
     if (ep_ > 1 && !in_.reduce && d_count_ != std::size_t(in_.train.data_parallel)) {
       throw conversion_error("sparse-to-dense: under expert parallelism (parallel.ep " +
                              std::to_string(ep_) +
@@ -403,8 +398,8 @@ class conversion {
     io.gradient_out = [&](int mb, std::span<const float> t) {
       output(mb, log_direction::gradient, t);
     };
-    engine::replay_streamed(*replicas_[0], it, step.loss_grad, s, in_.stages, in_.micro_batches,
-                            io);
+    engine::replay_streamed(*replicas_[0], it, step.loss_grad, s, in_.stages, in_.micro_batches, io,
+                            ep_ == 1);
     if (active_ < n_all_) ++rep_.sparse_replays;
   }
 

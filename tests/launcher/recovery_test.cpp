@@ -293,9 +293,9 @@ TEST(recovery, an_ep_rank_lost_while_its_group_replays_restarts_the_group) {
   ASSERT_EQ(ends.size(), 1u) << o.output;
   EXPECT_EQ(replayed_by(*ends[0]).size(), 2u) << *ends[0];
   // pp = 3: a replica of the next stage lost while stage 1's group replays spread: the region
-  // grows to stages 1..2, which replay whole on each member (a joint region under EP), and
-  // the survivor that was replaying spread hears the new generation first (it waited for a
-  // peer whose restore failed).
+  // grows to stages 1..2, replayed as a pipeline by every replica of both, and the survivor
+  // that was replaying hears the new generation first (it waited for a peer whose restore
+  // failed).
   const auto grown = launch("epgrown", job(3, 2, 2,
                                            "--set parallel.ep=2 "
                                            "--inject kill:stage=1,replica=0,iter=5 "
@@ -303,6 +303,27 @@ TEST(recovery, an_ep_rank_lost_while_its_group_replays_restarts_the_group) {
   ASSERT_EQ(grown.exit_code, 0) << grown.output;
   EXPECT_EQ(grown.hash, reference(2));
   EXPECT_EQ(grown.events("recovery_end").size(), 1u) << grown.output;
+}
+
+TEST(recovery, a_joint_ep_region_replays_as_a_pipeline_spread_over_its_workers) {
+  // Expert parallelism, pp = 3, dp = 2: stages 1 and 2 of replica 0 killed together. Every
+  // replica of both stages is a member, each replaying its own stage on its own worker: the
+  // boundary tensors pass live between the stages' members, the expert rows between each
+  // stage's EP group (a member waiting for a boundary tensor serves its peers' rows).
+  const auto o = launch("epjoint", job(3, 2, 2,
+                                       "--set parallel.ep=2 "
+                                       "--inject kill:stage=1,replica=0,iter=5 "
+                                       "--inject kill:stage=2,replica=0,iter=5"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_NE(end->find("\"pipelined\":true"), std::string::npos) << *end;
+  const auto by = replayed_by(*end);
+  ASSERT_EQ(by.size(), 4u) << *end;
+  std::set<int> workers;
+  for (const auto& [role, worker] : by) workers.insert(worker);
+  EXPECT_EQ(workers.size(), 4u) << "each on a worker of its own: " << *end;
 }
 
 TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
