@@ -30,7 +30,8 @@ struct iteration_rec {
   double t = 0;                        // when the bench saw the record
   double snapshot_bytes = 0, host_bytes = 0;  // host: snapshot_host_bytes + log_host_bytes
   double mean_stage_compute_s =
-      0;  // over the stages: their forward + backward of all micro-batches
+      0;                         // over the stages: their forward + backward of all micro-batches
+  double max_expert_wait_s = 0;  // the longest a stage waited for expert rows (parallel.ep > 1)
 };
 
 // A worker_lost record: which stage, at which iteration, seen when (since the spawn).
@@ -85,6 +86,7 @@ struct run_result {
   int interval = 0;
   double interval_snapshot_s = -1;
   int micro_batches = 0;                 // job_start (0: not in the record)
+  int ep = 1;                            // job_start's parallel.ep (1 when not in the record)
   double t_last_iteration = -1;          // the last iteration record seen
   std::vector<loss_rec> losses;          // every worker_lost, in order
   std::vector<recovery_rec> recoveries;  // every recovery_end, in order
@@ -124,6 +126,7 @@ inline run_result parse(const std::vector<stamped>& log) {
       it.snapshot_bytes = number(l, "snapshot_bytes");
       it.host_bytes = number(l, "snapshot_host_bytes") + number(l, "log_host_bytes");
       it.mean_stage_compute_s = number(l, "mean_stage_compute_s");
+      it.max_expert_wait_s = number(l, "max_expert_wait_s");
       it.t = t;
       r.iterations.push_back(it);
       r.t_last_iteration = t;
@@ -141,6 +144,7 @@ inline run_result parse(const std::vector<stamped>& log) {
     } else if (is_event(l, "job_start")) {
       r.t_start = t;
       r.micro_batches = int(number(l, "micro_batches"));
+      r.ep = std::max(1, int(number(l, "ep")));
     } else if (is_event(l, "job_end")) {
       r.t_end = t;
       r.state_hash = text(l, "state_hash");

@@ -54,6 +54,8 @@ inline std::string profile_toml(const sim::profile_data& p) {
   if (p.restart_s >= 0) out += "restart_s = " + toml_float(p.restart_s) + "\n";
   if (p.persist_lag_s >= 0) out += "persist_lag_s = " + toml_float(p.persist_lag_s) + "\n";
   if (p.dispatch_s >= 0) out += "dispatch_s = " + toml_float(p.dispatch_s) + "\n";
+  if (p.ep > 0) out += fmt::format("ep = {}\n", p.ep);
+  if (p.alltoall_s >= 0) out += "alltoall_s = " + toml_float(p.alltoall_s) + "\n";
   if (!p.snapshot_s.empty()) {
     out += "[profile.snapshot_s]\n";
     for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
@@ -276,6 +278,18 @@ inline sim::profile_data policies_profile(const std::vector<run_result>& none,
   if (!lags.empty()) {
     p.persist_lag_s = median(lags);
     p.persist_lag_samples_s["moevement"] = lags;  // the distribution, as simvalidate writes it
+  }
+  // Under expert parallelism: the EP degree, and the all-to-all's share of a micro-batch (the
+  // longest expert wait of a stage per micro-batch, policy none's median counted iteration).
+  if (none.front().ep > 1) {
+    p.ep = none.front().ep;
+    std::vector<double> waits;
+    for (const auto& r : none) {
+      for (const auto& it : r.iterations) {
+        if (it.iteration >= counted_from) waits.push_back(it.max_expert_wait_s / m);
+      }
+    }
+    p.alltoall_s = median(waits);
   }
   std::vector<double> gaps;
   for (const auto& r : none) {

@@ -304,6 +304,8 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.restart_s",
                                              "profile.persist_lag_s",
                                              "profile.dispatch_s",
+                                             "profile.ep",
+                                             "profile.alltoall_s",
                                              "profile.snapshot_s.dense-memory",
                                              "profile.snapshot_s.dense-disk",
                                              "profile.snapshot_s.pec",
@@ -349,6 +351,9 @@ profile_data parse_profile(std::string_view text) {
   p.persist_lag_s = r.has("profile.persist_lag_s") ? r.number("profile.persist_lag_s", 0) : -1;
   if (r.has("profile.persist_lag_s") && p.persist_lag_s < 0)
     fail("profile.persist_lag_s", "must be >= 0");
+  if (r.has("profile.ep")) p.ep = r.count("profile.ep", 1, 1);
+  p.alltoall_s = r.has("profile.alltoall_s") ? r.number("profile.alltoall_s", 0) : -1;
+  if (r.has("profile.alltoall_s") && p.alltoall_s < 0) fail("profile.alltoall_s", "must be >= 0");
   for (const char* pol : {"dense-memory", "dense-disk", "pec", "moevement"}) {
     const std::string k = std::string("profile.snapshot_s.") + pol;
     if (r.has(k)) p.snapshot_s[pol] = r.number(k, 0);
@@ -398,6 +403,17 @@ iteration_costs apply_profile(iteration_costs costs, const profile_data& p) {
       worst = std::max(worst, st.microbatch_s);
     }
     costs.pipeline_s = (costs.microbatches + static_cast<int>(costs.stages.size()) - 1) * worst;
+  }
+  if (p.alltoall_s >= 0) {
+    // The measured all-to-all share of a micro-batch, the rest compute (at least 1%: the wait
+    // is measured inside the compute), its rate scaled to match (a replay's frozen operators
+    // compute at that rate, and wait the all-to-all in full).
+    for (auto& st : costs.stages) {
+      const double before = st.compute_s;
+      st.comm_s = std::min(p.alltoall_s, 0.99 * st.microbatch_s);
+      st.compute_s = st.microbatch_s - st.comm_s;
+      if (before > 0) st.flops_per_s *= before / st.compute_s;
+    }
   }
   if (p.sync_s >= 0) {
     for (auto& st : costs.stages) st.sync_s = p.sync_s;
@@ -554,6 +570,11 @@ void read_profile(const reader& r, sim_config& cfg, const std::filesystem::path&
       cfg.profile = parse_profile(read_text(path, "profile"));
     } catch (const std::invalid_argument& e) {
       fail("profile.file", e.what());
+    }
+    if (cfg.profile->ep > 0 && cfg.profile->ep != cfg.inputs.plan.ep) {
+      fail("profile.file", "the profile was measured at ep " + std::to_string(cfg.profile->ep) +
+                               " but plan.ep is " + std::to_string(cfg.inputs.plan.ep) +
+                               ": set plan.ep to the profile's, or measure one at this ep");
     }
     if (cfg.profile->restart_s >= 0) f.restart_s = cfg.profile->restart_s;
     for (auto& ps : cfg.policies) {

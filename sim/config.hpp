@@ -44,6 +44,11 @@ struct profile_data {
   // whose tail decides how often a rollback goes one interval further back. Optional (format 1
   // files without it read as before); the single values above stay the median.
   std::map<std::string, std::vector<double>> persist_lag_samples_s;
+  // The expert-parallel degree the profile was measured at when above 1 (0: not said; a config
+  // whose plan.ep differs from a said one is refused), and the expert all-to-all's share of one
+  // micro-batch's forward + backward (the engine's expert wait per micro-batch); < 0: modelled.
+  int ep = 0;
+  double alltoall_s = -1;
 };
 
 struct sweep_settings {

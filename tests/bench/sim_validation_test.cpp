@@ -383,6 +383,51 @@ std::vector<stamped> none_log() {
   return log;
 }
 
+// Under expert parallelism the profile says the EP degree and the all-to-all's share of a
+// micro-batch (the longest expert wait per micro-batch), and the simulator takes it only at
+// that plan.ep.
+TEST(sim_validation, the_policies_bench_profile_carries_expert_parallelism) {
+  auto log = none_log();
+  log[0].line =
+      R"({"kind":"event","event":"job_start","pp":3,"dp":2,"spares":1,"iterations":4,"micro_batches":4,"ep":2})";
+  for (std::size_t i = 1; i + 1 < log.size(); ++i) {
+    auto& l = log[i].line;
+    l.insert(l.size() - 1, ",\"max_expert_wait_s\":" + std::to_string(0.0004 * double(i)));
+  }
+  const run_result none = parse(log), moe = parse(two_failure_log());
+  EXPECT_EQ(none.ep, 2);
+  const auto p = policies_profile({none}, {moe}, {moe}, 1, 3);
+  EXPECT_EQ(p.ep, 2);
+  EXPECT_NEAR(p.alltoall_s, 0.0012 / 4, 1e-12);  // iterations 1..3 wait 0.0008, 0.0012, 0.0016
+  EXPECT_EQ(policies_profile({parse(none_log())}, {moe}, {moe}, 1, 3).ep, 0);  // ep 1: not said
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("sim_validation_ep_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "profile.toml") << profile_toml(p);
+  const std::string config =
+      "[model]\npreset = \"gpt-moe\"\n[plan]\npp = 3\ndp = 4\n"
+      "[policies]\nlist = [\"moevement\"]\n[profile]\nfile = \"profile.toml\"\n";
+  const auto cfg = sim::parse_config(config, {"plan.ep=2", "failures.trials=2"}, dir);
+  ASSERT_TRUE(cfg.profile.has_value());
+  EXPECT_EQ(cfg.profile->ep, 2);
+  EXPECT_EQ(cfg.profile->alltoall_s, p.alltoall_s);
+  const auto costs =
+      sim::apply_profile(sim::estimate_iteration(cfg.inputs.model, cfg.inputs.cluster,
+                                                 cfg.inputs.plan, cfg.inputs.constants, 2),
+                         *cfg.profile);
+  for (const auto& st : costs.stages) {
+    EXPECT_EQ(st.comm_s, p.alltoall_s);
+    EXPECT_NEAR(st.compute_s + st.comm_s, st.microbatch_s, 1e-15);
+  }
+  try {
+    (void)sim::parse_config(config, {"plan.ep=4", "failures.trials=2"}, dir);
+    ADD_FAILURE() << "a profile measured at ep 2 was taken for plan.ep = 4";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.ep"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(sim_validation, the_policies_bench_profile_loads_in_the_simulator_with_its_values) {
   const run_result none = parse(none_log()), moe = parse(two_failure_log());
   const auto p = policies_profile({none}, {moe}, {moe}, 1, 3);

@@ -97,10 +97,11 @@ TEST(rollback, the_dense_baselines_roll_back_an_expert_parallel_job_bit_exact) {
     EXPECT_EQ(o.hash, reference(2)) << policy;
     const std::string* end = event(o, "recovery_end");
     ASSERT_NE(end, nullptr) << o.output;
-    // dense-disk: the newest checkpoint every stage has on disk (written in the background,
-    // so possibly the one before, 3); dense-memory: the newest, 6.
+    // dense-disk: the newest checkpoint every stage has on disk (written in the background, so
+    // on a loaded machine one before, 3, or even none yet: seen once, 0); dense-memory: the
+    // newest, 6.
     const int to = int(number_field(*end, "rollback_to"));
-    EXPECT_TRUE(to == 6 || (to == 3 && std::string(policy) == "dense-disk")) << *end;
+    EXPECT_TRUE(to == 6 || (std::string(policy) == "dense-disk" && (to == 3 || to == 0))) << *end;
   }
   fs::remove_all(dir);
 }
