@@ -326,6 +326,21 @@ TEST(recovery, a_joint_ep_region_replays_as_a_pipeline_spread_over_its_workers) 
   EXPECT_EQ(workers.size(), 4u) << "each on a worker of its own: " << *end;
 }
 
+TEST(recovery, an_ep_rank_lost_while_another_stages_region_recovers) {
+  // Expert parallelism, pp = 3, dp = 2: stage 0 lost, then stage 2 (not adjacent: a region of
+  // its own) while stage 0's group replays. Two regions recover side by side, each group
+  // spread over its own workers with replay routers of its own.
+  const auto o = launch("epconcurrent", job(3, 2, 2,
+                                            "--set parallel.ep=2 "
+                                            "--inject kill:stage=0,replica=0,iter=5 "
+                                            "--inject kill:stage=2,replica=1,during=recovery"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  const auto ends = o.events("recovery_end");
+  ASSERT_EQ(ends.size(), 2u) << o.output;
+  for (const std::string* end : ends) EXPECT_EQ(replayed_by(*end).size(), 2u) << *end;
+}
+
 TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
   const auto o = launch("hang", job(2, 1, 1,
                                     "--set cluster.failure_timeout_ms=400 "
