@@ -218,9 +218,13 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
                     .add("stage", w.stage)
                     .add("replica", w.replica));
   }
-  if (int(workers_.size()) < expected_workers_) co_return;
-  if (job_.standby_head && taken_over_.empty() && !standby_.agent.valid()) co_return;
-  if (!taken_over_.empty() && !roles_complete()) co_return;
+  admitted();
+}
+
+void coordinator::admitted() {
+  if (phase_ != phase::admitting || int(workers_.size()) < expected_workers_) return;
+  if (job_.standby_head && taken_over_.empty() && !standby_.agent.valid()) return;
+  if (!taken_over_.empty() && !roles_complete()) return;
   phase_ = phase::starting;
   send_assigns();
 }
@@ -256,11 +260,21 @@ bool coordinator::roles_complete() {
     if (w.stage >= 0) ++held[std::size_t(w.replica * job_.pp + w.stage)];
   }
   for (int i = 0; i < job_.workers(); ++i) {
+    if (held[std::size_t(i)] == 0) {  // its worker was lost during the takeover: a spare's now
+      const auto spare = std::find_if(workers_.begin(), workers_.end(),
+                                      [](const auto& kv) { return kv.second.stage < 0; });
+      if (spare != workers_.end()) {
+        spare->second.stage = i % job_.pp;
+        spare->second.replica = i / job_.pp;
+        continue;
+      }
+    }
     if (held[std::size_t(i)] == 1) continue;
     fail(
         fmt::format("the standby head cannot take over: stage {} replica {} is held by {} "
-                    "workers (the head was lost during a recovery); `moevement launch CONFIG "
-                    "--resume` goes on from the newest window on disk",
+                    "workers (the head was lost during a recovery, or the role's worker with it "
+                    "and no spare is left); `moevement launch CONFIG --resume` goes on from the "
+                    "newest window on disk",
                     i % job_.pp, i / job_.pp, held[std::size_t(i)]));
     return false;
   }

@@ -257,7 +257,11 @@ class coordinator : public actors::actor, private head_control {
   worker_info standby_;                      // the standby head, once it said hello
   // A standby that took over: every (stage, replica) held by exactly one worker; else the job
   // fails saying why (false).
+  // A standby that took over: every role held by exactly one worker (a role whose worker was
+  // lost meanwhile given to a spare); false (the job failed) otherwise.
   bool roles_complete();
+  // Every expected worker said hello (and the roles are complete): the Assigns go out.
+  void admitted();
   // Admission is complete: every worker (and the standby head) gets its Assign.
   void send_assigns();
   std::map<transport::node_id, worker_info> workers_;

@@ -38,12 +38,24 @@ bool coordinator::loss_pending() const {
 
 awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {
   if (finished_) co_return;
-  if (phase_ == phase::admitting && taken_over_.contains(n) && !workers_.contains(n)) {
-    fail(
-        fmt::format("worker {} {} before it said hello to the standby head taking over, so the "
-                    "job stops (`moevement launch CONFIG --resume` goes on from the newest "
-                    "window on disk)",
-                    n, how));
+  if (phase_ == phase::admitting && taken_over_.size() > 1 && taken_over_.contains(n)) {
+    // Lost while the standby takes over: every stage restores from disk then, so a spare
+    // takes the role it held (roles_complete), as a rollback's would.
+    taken_over_.erase(n);
+    workers_.erase(n);
+    --expected_workers_;
+    notice(fmt::format("worker {} {} while the standby head took over; a spare takes its role", n,
+                       how));
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "worker_lost")
+                      .add("node", std::int64_t{n})
+                      .add("how", how)
+                      .add("during", "takeover")
+                      .add("time_s", log_->seconds()));
+    }
+    admitted();
     co_return;
   }
   auto it = workers_.find(n);

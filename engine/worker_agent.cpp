@@ -220,9 +220,13 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
   // Only from a new head (a standby that took over), for the role this worker holds, with a
   // resume: the stage goes on from the durable tier (its durable Restore drops the running
   // one), under the new head's generations.
+  // A spare may be given the role of a worker lost during the takeover: it stays a spare until
+  // that role's durable Restore.
   const actors::actor_ref from = read_ref(m.getCoordinator());
+  const bool spare_given_a_role = stage_index_ < 0 && m.getStage() >= 0;
   if (!job_ || from == coordinator_ || from.node != system().head() || !m.getResume() ||
-      m.getStage() != stage_index_ || (stage_index_ >= 0 && m.getReplica() != replica_)) {
+      (!spare_given_a_role &&
+       (m.getStage() != stage_index_ || (stage_index_ >= 0 && m.getReplica() != replica_)))) {
     co_return;
   }
   coordinator_ = from;

@@ -110,6 +110,34 @@ TEST(head_failover, a_killed_head_is_replaced_by_the_standby_bit_exact) {
   EXPECT_TRUE(all_gone({standby})) << out;
 }
 
+// A worker killed with the head: lost while the standby takes over, its role goes to the spare,
+// which restores it from disk like every other stage, and the job ends bit-exact.
+TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
+  background_launch j("head_and_worker", job());
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  pid_t stage1 = -1;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"event\":\"worker_up\"") != std::string::npos && number_field(l, "stage") == 1) {
+      stage1 = pid_t(number_field(l, "pid"));
+    }
+  }
+  ASSERT_GT(stage1, 0) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();
+  ::kill(j.pid, SIGKILL);
+  ::kill(stage1, SIGKILL);
+  EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  const std::string hash = wait_for_hash(j);
+  const std::string out = j.output();
+  EXPECT_EQ(hash, reference()) << out;
+  EXPECT_NE(out.find("while the standby head took over; a spare takes its role"), std::string::npos)
+      << out;
+  EXPECT_TRUE(all_gone(workers)) << out;
+  const pid_t standby = standby_pid(out);
+  ASSERT_GT(standby, 0) << out;
+  EXPECT_TRUE(all_gone({standby})) << out;
+}
+
 // SIGSTOP past the failure timeout: the standby takes over; the head, woken, finds that it was
 // replaced and ends (status 1) without touching the workers, which finish under the standby.
 TEST(head_failover, a_stopped_head_yields_to_the_standby_when_it_wakes) {
