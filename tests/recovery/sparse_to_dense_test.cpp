@@ -325,163 +325,6 @@ TEST(sparse_to_dense, a_group_replaying_in_parallel_ends_bit_identical) {
   EXPECT_THROW(sparse_to_dense(replicas_of(fresh, first), in), conversion_error);
 }
 
-// A joint region replayed as a pipeline across workers: each (stage, replica) of region 1..2
-// replays only its own stage, on a thread of its own (as each member would on its own
-// worker). The boundary tensors between the region's stages pass live from one member to the
-// next the moment they are made (take_live / on_sent); those with the healthy stages outside
-// come from their logs; each stage's replicas sum their gradients in replica order. Every
-// member ends bit-identical to the lost stage it stands for, and sends what it sent.
-TEST(sparse_to_dense, a_joint_region_replayed_as_a_pipeline_ends_bit_identical) {
-  const int pp = 4, dp = 2, first = 1, last = 2;
-  captured_job job(pp, dp, models::preset("tiny"), test_train(dp));
-  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
-  engine::local_pipeline fresh(job.model, job.train, pp);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool failed = false;
-  // What the members sent each other: (sending stage, replica, iteration, mb, direction).
-  std::map<std::tuple<int, int, std::int64_t, int, int>, std::vector<float>> wire;
-  // Each stage's gradient deposits by iteration: [replica].
-  std::map<std::pair<int, std::int64_t>, std::vector<std::vector<float>>> deposits;
-  auto wait_for = [&](std::unique_lock<std::mutex>& lock, auto ready) {
-    cv.wait(lock, [&] { return failed || ready(); });
-    if (failed) throw std::runtime_error("another member failed");
-  };
-  auto member = [&](int s, int d) {
-    conversion_input in;
-    in.stage = s;
-    in.region_stages = 1;
-    in.stages = pp;
-    in.micro_batches = job.train.micro_batches;
-    in.target_iteration = job.pipe.iteration();
-    in.train = job.train;
-    in.first_replica = std::size_t(d);
-    in.live_before = s > first;
-    in.live_after = s < last;
-    in.windows.push_back(job.cap(s, d).persisted()->slots);
-    in.own.push_back(&job.cap(s, d).log());
-    in.upstream.push_back(s == first ? &job.cap(s - 1, d).log() : nullptr);
-    in.downstream.push_back(s == last ? &job.cap(s + 1, d).log() : nullptr);
-    in.steps = &job.cap(0, 0).steps();
-    in.reduce = [&, s, d](std::int64_t it, std::span<float> g) {
-      std::unique_lock lock(mu);
-      auto& got = deposits[{s, it}];
-      got.resize(std::size_t(dp));
-      got[std::size_t(d)].assign(g.begin(), g.end());
-      cv.notify_all();
-      wait_for(lock, [&] {
-        return std::all_of(got.begin(), got.end(), [](const auto& v) { return !v.empty(); });
-      });
-      std::copy(got[0].begin(), got[0].end(), g.begin());
-      for (int r = 1; r < dp; ++r) engine::accumulate(g, got[std::size_t(r)]);
-    };
-    in.take_live = [&, s, d](std::int64_t it, int mb, log_direction dir) {
-      const int from = dir == log_direction::activation ? s - 1 : s + 1;
-      const auto key = std::make_tuple(from, d, it, mb, int(dir));
-      std::unique_lock lock(mu);
-      wait_for(lock, [&] { return wire.contains(key); });
-      return wire[key];
-    };
-    in.on_sent = [&, d](int st, std::int64_t it, int mb, log_direction dir, std::size_t,
-                        std::span<const float> t) {
-      std::lock_guard lock(mu);
-      wire[std::make_tuple(st, d, it, mb, int(dir))].assign(t.begin(), t.end());
-      cv.notify_all();
-    };
-    engine::stage_model* mine[] = {&fresh.stage(s, d)};
-    return sparse_to_dense(mine, in);
-  };
-  std::vector<std::thread> members;
-  std::map<std::pair<int, int>, std::string> errors;
-  std::map<std::pair<int, int>, conversion_report> reports;
-  for (int s = first; s <= last; ++s) {
-    for (int d = 0; d < dp; ++d) {
-      errors[{s, d}];
-      reports[{s, d}];
-    }
-  }
-  for (int s = first; s <= last; ++s) {
-    for (int d = 0; d < dp; ++d) {
-      members.emplace_back([&, s, d] {
-        try {
-          reports.at({s, d}) = member(s, d);
-        } catch (const std::exception& e) {
-          std::lock_guard lock(mu);
-          errors.at({s, d}) = e.what();
-          failed = true;
-          cv.notify_all();
-        }
-      });
-    }
-  }
-  for (auto& t : members) t.join();
-  for (int s = first; s <= last; ++s) {
-    for (int d = 0; d < dp; ++d) {
-      ASSERT_EQ(errors.at({s, d}), "") << "stage " << s << " replica " << d;
-      const auto& rep = reports.at({s, d});
-      EXPECT_EQ(rep.iterations_replayed, 4);
-      EXPECT_EQ(rep.sparse_replays, w_sparse - 1);
-      // every tensor it sent (both ways: stages 1 and 2 of 4) matched the lost stage's log
-      EXPECT_EQ(rep.tensors_checked, std::size_t(2 * job.train.micro_batches * 4));
-      EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
-                engine::operator_digests(job.pipe.stage(s, d).operators()))
-          << "stage " << s << " replica " << d;
-    }
-  }
-  // A pipelined replay is one stage replica with live neighbours inside the pipeline.
-  conversion_input bad = job.input(first);
-  bad.live_before = true;
-  bad.take_live = [](std::int64_t, int, log_direction) { return std::vector<float>{}; };
-  EXPECT_THROW(sparse_to_dense(replicas_of(fresh, first), bad), conversion_error);
-}
-
-// f16 with dynamic loss scaling (the scale changes inside the replayed iterations: the logged
-// plans and loss gradients, not recomputed ones, must be applied) and dp = 3 (the
-// all-reduce order matters from three replicas on).
-TEST(sparse_to_dense, f16_loss_scaling_and_three_replicas) {
-  auto m = models::preset("tiny");
-  m.compute_dtype = models::dtype::f16;
-  auto t = test_train(3);
-  t.loss_scale_window = 1;  // doubles after every good step, halves on overflow
-  captured_job job(2, 3, m, t);
-  expect_bit_exact_conversions(job);
-  // the scale moved inside the replayed iterations (the logged loss gradients differ)
-  float lo = 1e30f, hi = 0.0f;
-  for (const auto& [it, rec] : job.cap(0, 0).steps()) {
-    lo = std::min(lo, rec.loss_grad);
-    hi = std::max(hi, rec.loss_grad);
-  }
-  EXPECT_LT(lo, hi);
-  EXPECT_EQ(parse_snapshot(job.cap(1, 2).persisted()->slots.back()).scaler.enabled, true);
-}
-
-// Expert parallelism: a replay of the whole group in one process, whose EP groups compute each
-// other's expert rows, ends with every replica's bits (each EP rank holds other operators).
-TEST(sparse_to_dense, an_expert_parallel_group_is_rebuilt_bit_identical) {
-  for (const auto& [dp, ep] : {std::pair{2, 2}, std::pair{4, 2}}) {
-    auto t = test_train(dp);
-    t.expert_parallel = ep;
-    captured_job job(2, dp, models::preset("tiny"), t);
-    expect_bit_exact_conversions(job);
-  }
-  // A member replaying its own replica needs the hooks that pace its expert exchange.
-  auto t = test_train(2);
-  t.expert_parallel = 2;
-  captured_job job(2, 2, models::preset("tiny"), t);
-  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
-  engine::local_pipeline fresh(job.model, job.train, 2);
-  auto in = job.input(0);
-  in.windows.resize(1);
-  in.reduce = [](std::int64_t, std::span<float>) {};
-  engine::stage_model* one[] = {&fresh.stage(0, 0)};
-  try {
-    sparse_to_dense(one, in);
-    ADD_FAILURE() << "a replay over workers with expert parallelism was accepted without hooks";
-  } catch (const conversion_error& e) {
-    EXPECT_NE(std::string(e.what()).find("experts_begin"), std::string::npos) << e.what();
-  }
-}
-
 // Members on threads, as on workers: each calls its EP group's shards as the router would
 // (one call at a time: the shards are not shared between threads otherwise), and a barrier
 // paces what engine::expert_router paces by epochs (rows of an iteration only once every
@@ -536,6 +379,199 @@ class locked_exchange final : public models::expert_exchange {
   models::direct_exchange inner_;
   std::mutex& mu_;
 };
+
+// A joint region replayed as a pipeline across workers: each (stage, replica) of region 1..2
+// replays only its own stage, on a thread of its own (as each member would on its own
+// worker). The boundary tensors between the region's stages pass live from one member to the
+// next the moment they are made (take_live / on_sent); those with the healthy stages outside
+// come from their logs; each stage's replicas sum their gradients in replica order. Every
+// member ends bit-identical to the lost stage it stands for, and sends what it sent.
+// Under expert parallelism (ep 2) each stage's members also compute each other's expert rows
+// (as the replay routers do across workers) and fold their experts over the copies.
+void expect_pipelined_region(int ep) {
+  SCOPED_TRACE(testing::Message() << "ep " << ep);
+  const int pp = 4, dp = 2, first = 1, last = 2;
+  auto t = test_train(dp);
+  t.expert_parallel = ep;
+  captured_job job(pp, dp, models::preset("tiny"), t);
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  engine::local_pipeline fresh(job.model, job.train, pp);
+  // [stage - first]: its members' pace, and their exchanges
+  std::vector<std::unique_ptr<threaded_experts>> paces;
+  std::vector<std::unique_ptr<locked_exchange>> exchanges;
+  for (int s = first; s <= last && ep > 1; ++s) {
+    paces.push_back(std::make_unique<threaded_experts>(dp));
+    for (int d = 0; d < dp; ++d) {
+      std::vector<models::expert_shard*> group;
+      for (int k = 0; k < ep; ++k) group.push_back(fresh.stage(s, d / ep * ep + k).experts());
+      exchanges.push_back(std::make_unique<locked_exchange>(
+          group, d % ep, job.model.experts, job.model.d_model, paces.back()->shards()));
+      fresh.stage(s, d).set_expert_exchange(exchanges.back().get());
+    }
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool failed = false;
+  // What the members sent each other: (sending stage, replica, iteration, mb, direction).
+  std::map<std::tuple<int, int, std::int64_t, int, int>, std::vector<float>> wire;
+  // Each stage's gradient deposits by iteration: [replica].
+  std::map<std::pair<int, std::int64_t>, std::vector<std::vector<float>>> deposits;
+  auto wait_for = [&](std::unique_lock<std::mutex>& lock, auto ready) {
+    cv.wait(lock, [&] { return failed || ready(); });
+    if (failed) throw std::runtime_error("another member failed");
+  };
+  auto member = [&](int s, int d) {
+    conversion_input in;
+    in.stage = s;
+    in.region_stages = 1;
+    in.stages = pp;
+    in.micro_batches = job.train.micro_batches;
+    in.target_iteration = job.pipe.iteration();
+    in.train = job.train;
+    in.first_replica = std::size_t(d);
+    in.live_before = s > first;
+    in.live_after = s < last;
+    in.windows.push_back(job.cap(s, d).persisted()->slots);
+    in.own.push_back(&job.cap(s, d).log());
+    in.upstream.push_back(s == first ? &job.cap(s - 1, d).log() : nullptr);
+    in.downstream.push_back(s == last ? &job.cap(s + 1, d).log() : nullptr);
+    in.steps = &job.cap(0, 0).steps();
+    in.reduce = [&, s, d](std::int64_t it, std::span<float> g) {
+      std::unique_lock lock(mu);
+      auto& got = deposits[{s, it}];
+      got.resize(std::size_t(dp));
+      got[std::size_t(d)].assign(g.begin(), g.end());
+      cv.notify_all();
+      wait_for(lock, [&] {
+        return std::all_of(got.begin(), got.end(), [](const auto& v) { return !v.empty(); });
+      });
+      const std::size_t block = ep > 1 ? experts_block_floats(fresh, s, s, d) : 0;
+      const group_layout l{g.size() - block * std::size_t(ep), block, ep};
+      for (std::size_t r = 0; r < std::size_t(dp); ++r) {
+        fold_group(l, std::size_t(d), r, got[r], g.first(l.dense + l.block));
+      }
+    };
+    if (ep > 1) {
+      threaded_experts& pace = *paces[std::size_t(s - first)];
+      in.experts_begin = [&pace](std::int64_t) { pace.barrier(); };
+      in.experts_end = [&pace](std::int64_t) { pace.barrier(); };
+    }
+    in.take_live = [&, s, d](std::int64_t it, int mb, log_direction dir) {
+      const int from = dir == log_direction::activation ? s - 1 : s + 1;
+      const auto key = std::make_tuple(from, d, it, mb, int(dir));
+      std::unique_lock lock(mu);
+      wait_for(lock, [&] { return wire.contains(key); });
+      return wire[key];
+    };
+    in.on_sent = [&, d](int st, std::int64_t it, int mb, log_direction dir, std::size_t,
+                        std::span<const float> t) {
+      std::lock_guard lock(mu);
+      wire[std::make_tuple(st, d, it, mb, int(dir))].assign(t.begin(), t.end());
+      cv.notify_all();
+    };
+    engine::stage_model* mine[] = {&fresh.stage(s, d)};
+    return sparse_to_dense(mine, in);
+  };
+  std::vector<std::thread> members;
+  std::map<std::pair<int, int>, std::string> errors;
+  std::map<std::pair<int, int>, conversion_report> reports;
+  for (int s = first; s <= last; ++s) {
+    for (int d = 0; d < dp; ++d) {
+      errors[{s, d}];
+      reports[{s, d}];
+    }
+  }
+  for (int s = first; s <= last; ++s) {
+    for (int d = 0; d < dp; ++d) {
+      members.emplace_back([&, s, d] {
+        try {
+          reports.at({s, d}) = member(s, d);
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          errors.at({s, d}) = e.what();
+          failed = true;
+          cv.notify_all();
+          for (auto& p : paces) p->fail();
+        }
+      });
+    }
+  }
+  for (auto& t : members) t.join();
+  for (int s = first; s <= last; ++s) {
+    for (int d = 0; d < dp; ++d) {
+      ASSERT_EQ(errors.at({s, d}), "") << "stage " << s << " replica " << d;
+      const auto& rep = reports.at({s, d});
+      EXPECT_EQ(rep.iterations_replayed, 4);
+      EXPECT_EQ(rep.sparse_replays, w_sparse - 1);
+      // every tensor it sent (both ways: stages 1 and 2 of 4) matched the lost stage's log
+      EXPECT_EQ(rep.tensors_checked, std::size_t(2 * job.train.micro_batches * 4));
+      EXPECT_EQ(engine::operator_digests(fresh.stage(s, d).operators()),
+                engine::operator_digests(job.pipe.stage(s, d).operators()))
+          << "stage " << s << " replica " << d;
+    }
+  }
+}
+
+TEST(sparse_to_dense, a_joint_region_replayed_as_a_pipeline_ends_bit_identical) {
+  expect_pipelined_region(1);
+  expect_pipelined_region(2);
+  const int pp = 4, dp = 2, first = 1;
+  captured_job job(pp, dp, models::preset("tiny"), test_train(dp));
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  engine::local_pipeline fresh(job.model, job.train, pp);
+  // A pipelined replay is one stage replica with live neighbours inside the pipeline.
+  conversion_input bad = job.input(first);
+  bad.live_before = true;
+  bad.take_live = [](std::int64_t, int, log_direction) { return std::vector<float>{}; };
+  EXPECT_THROW(sparse_to_dense(replicas_of(fresh, first), bad), conversion_error);
+}
+
+// f16 with dynamic loss scaling (the scale changes inside the replayed iterations: the logged
+// plans and loss gradients, not recomputed ones, must be applied) and dp = 3 (the
+// all-reduce order matters from three replicas on).
+TEST(sparse_to_dense, f16_loss_scaling_and_three_replicas) {
+  auto m = models::preset("tiny");
+  m.compute_dtype = models::dtype::f16;
+  auto t = test_train(3);
+  t.loss_scale_window = 1;  // doubles after every good step, halves on overflow
+  captured_job job(2, 3, m, t);
+  expect_bit_exact_conversions(job);
+  // the scale moved inside the replayed iterations (the logged loss gradients differ)
+  float lo = 1e30f, hi = 0.0f;
+  for (const auto& [it, rec] : job.cap(0, 0).steps()) {
+    lo = std::min(lo, rec.loss_grad);
+    hi = std::max(hi, rec.loss_grad);
+  }
+  EXPECT_LT(lo, hi);
+  EXPECT_EQ(parse_snapshot(job.cap(1, 2).persisted()->slots.back()).scaler.enabled, true);
+}
+
+// Expert parallelism: a replay of the whole group in one process, whose EP groups compute each
+// other's expert rows, ends with every replica's bits (each EP rank holds other operators).
+TEST(sparse_to_dense, an_expert_parallel_group_is_rebuilt_bit_identical) {
+  for (const auto& [dp, ep] : {std::pair{2, 2}, std::pair{4, 2}}) {
+    auto t = test_train(dp);
+    t.expert_parallel = ep;
+    captured_job job(2, dp, models::preset("tiny"), t);
+    expect_bit_exact_conversions(job);
+  }
+  // A member replaying its own replica needs the hooks that pace its expert exchange.
+  auto t = test_train(2);
+  t.expert_parallel = 2;
+  captured_job job(2, 2, models::preset("tiny"), t);
+  for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
+  engine::local_pipeline fresh(job.model, job.train, 2);
+  auto in = job.input(0);
+  in.windows.resize(1);
+  in.reduce = [](std::int64_t, std::span<float>) {};
+  engine::stage_model* one[] = {&fresh.stage(0, 0)};
+  try {
+    sparse_to_dense(one, in);
+    ADD_FAILURE() << "a replay over workers with expert parallelism was accepted without hooks";
+  } catch (const conversion_error& e) {
+    EXPECT_NE(std::string(e.what()).find("experts_begin"), std::string::npos) << e.what();
+  }
+}
 
 // Under expert parallelism too, each member replays its own replica (its block of experts
 // and the non-experts), the EP group computing each other's rows, and the group's sum
