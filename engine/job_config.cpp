@@ -323,12 +323,6 @@ job_config resolve_job(models::config_map map) {
                                    "use at most {} stages",
                                    j.pp, j.model.layers, j.model.layers));
   }
-  if (j.ep > 1 && j.stage_type != "moe") {
-    throw config_error("parallel.ep", fmt::format("stage type \"{}\" has no experts to shard; "
-                                                  "expert parallelism is the built-in \"moe\" "
-                                                  "stage's",
-                                                  j.stage_type));
-  }
   if (j.ep > 1 && j.train.device != models::device::cpu) {
     throw config_error("parallel.ep",
                        "expert parallelism trains on train.device = \"cpu\" only "

@@ -28,11 +28,10 @@ local_group::local_group(std::span<stage_model* const> replicas, int ep)
       }
       group.push_back(shard);
     }
-    const auto& model = group[0]->config();
+    const int experts = group[0]->experts_per_layer(), c = group[0]->d_model();
     for (int k = 0; k < ep_; ++k) {
       auto* r = replicas_[std::size_t(g * ep_ + k)];
-      exchanges_.push_back(
-          std::make_unique<models::direct_exchange>(group, k, model.experts, model.d_model));
+      exchanges_.push_back(std::make_unique<models::direct_exchange>(group, k, experts, c));
       before_.push_back(r->expert_exchange());
       r->set_expert_exchange(exchanges_.back().get());
     }

@@ -6,17 +6,20 @@ namespace moevement::engine {
 
 stage_registry stage_registry::with_builtins() {
   stage_registry r;
-  r.add("moe", [](const stage_setup& s) { return make_moe_stage(s); });
+  r.add(
+      "moe", [](const stage_setup& s) { return make_moe_stage(s); }, {},
+      stage_traits{.expert_parallel = true});
   return r;
 }
 
-void stage_registry::add(const std::string& name, stage_factory factory, stage_spawner spawner) {
+void stage_registry::add(const std::string& name, stage_factory factory, stage_spawner spawner,
+                         stage_traits traits) {
   if (name.empty() ||
       name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
     throw std::invalid_argument("stage type name '" + name +
                                 "' must be lower-case letters, digits and _");
   }
-  if (!types_.emplace(name, stage_type{std::move(factory), std::move(spawner)}).second) {
+  if (!types_.emplace(name, stage_type{std::move(factory), std::move(spawner), traits}).second) {
     throw std::invalid_argument("stage type '" + name + "' is already registered");
   }
 }
@@ -27,6 +30,18 @@ const stage_factory& stage_registry::find(const std::string& name) const {
 
 const stage_spawner& stage_registry::spawner(const std::string& name) const {
   return type(name).spawn;
+}
+
+const stage_traits& stage_registry::traits(const std::string& name) const {
+  return type(name).traits;
+}
+
+void stage_registry::check_expert_parallel(const std::string& name, int ep) const {
+  if (ep <= 1 || traits(name).expert_parallel) return;
+  throw models::config_error("parallel.ep",
+                             "stage type \"" + name +
+                                 "\" has no experts to shard (it is not registered with "
+                                 "stage_traits::expert_parallel); use parallel.ep = 1");
 }
 
 const stage_registry::stage_type& stage_registry::type(const std::string& name) const {

@@ -41,6 +41,14 @@ struct stage_actor_args {
 // Spawns a stage type's stage actor and returns its ref; empty: engine::stage_actor itself.
 using stage_spawner = std::function<actors::actor_ref(actors::actor_system&, stage_actor_args&&)>;
 
+// What a stage type can do beyond the stage_model contract.
+struct stage_traits {
+  // Its stages hold experts that parallel.ep shards: stage_model::experts() gives the replica's
+  // block, and set_expert_exchange() the all-to-all its MoE layers go through
+  // (docs/custom-stages.md). Without it, parallel.ep > 1 is refused naming the key.
+  bool expert_parallel = false;
+};
+
 class stage_registry {
  public:
   // With the built-in types ("moe").
@@ -48,26 +56,35 @@ class stage_registry {
 
   // Throws std::invalid_argument when the name is taken or not [a-z0-9_]+. spawner: how its
   // stage actor is made (empty: engine::stage_actor).
-  void add(const std::string& name, stage_factory factory, stage_spawner spawner = {});
+  void add(const std::string& name, stage_factory factory, stage_spawner spawner = {},
+           stage_traits traits = {});
   // A stage type whose stage actor is a class of its own: A derives from engine::stage_actor
   // and is constructed from stage_actor_args, and may take messages of its own beside the
   // engine's protocol (docs/custom-stages.md). Include engine/stage_actor.hpp where it is
   // called.
   template <class A>
-  void add_actor(const std::string& name, stage_factory factory) {
-    add(name, std::move(factory), [](auto& system, stage_actor_args&& args) {
-      return system.template spawn<A>(std::move(args)).ref;
-    });
+  void add_actor(const std::string& name, stage_factory factory, stage_traits traits = {}) {
+    add(
+        name, std::move(factory),
+        [](auto& system, stage_actor_args&& args) {
+          return system.template spawn<A>(std::move(args)).ref;
+        },
+        traits);
   }
   // Throws models::config_error("engine.stage") naming the registered types.
   const stage_factory& find(const std::string& name) const;
   const stage_spawner& spawner(const std::string& name) const;  // as find()
+  const stage_traits& traits(const std::string& name) const;    // as find()
+  // parallel.ep > 1 for a type without stage_traits::expert_parallel: models::config_error
+  // naming parallel.ep.
+  void check_expert_parallel(const std::string& name, int ep) const;
   std::vector<std::string> names() const;
 
  private:
   struct stage_type {
     stage_factory model;
     stage_spawner spawn;
+    stage_traits traits;
   };
   const stage_type& type(const std::string& name) const;
   std::map<std::string, stage_type> types_;

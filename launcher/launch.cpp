@@ -662,6 +662,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   if (!options) return 2;
   const engine::job_config job = checked_job(*options);
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
+  registry.check_expert_parallel(job.stage_type, job.ep);
   injection_plan plan = plan_injections(options->injections, job, options->dry_run, std::cout);
   if (options->dry_run) {
     std::cout << fmt::format(

@@ -27,26 +27,58 @@ void expert_backward(const operator_state& ex, float* dw1, float* dw2, int rows,
   cpu::matmul_backward(d_xs, dw1, d_hpre, xs, ex.weight(0), rows, c, f);
 }
 
-expert_shard::expert_shard(moe_model& model, stage_range range, expert_split split)
-    : model_(model), range_(range), split_(split) {
-  const int e = model.config().experts;
+namespace {
+
+void check_split(expert_split split, int e) {
   if (split.count < 1 || e % split.count != 0 || split.index < 0 || split.index >= split.count) {
     throw std::invalid_argument("expert_shard: shard " + std::to_string(split.index) + " of " +
                                 std::to_string(split.count) + " for " + std::to_string(e) +
                                 " experts");
   }
-  per_layer_ = e / split.count;
-  std::size_t floats = 0;
+}
+
+std::vector<operator_state*> held_experts(moe_model& model, stage_range range, expert_split split) {
+  const int e = model.config().experts;
+  check_split(split, e);
+  std::vector<operator_state*> out;
   for (int l = range.first_layer; l < range.last_layer; ++l) {
     for (int j = split.first(e); j < split.last(e); ++j) {
       auto& op = model.ops()[model.expert(l, j)];
       if (!op.allocated()) {
         throw std::invalid_argument("expert_shard: " + op.name() + " is not held by this model");
       }
-      experts_.push_back(&op);
-      grad_offset_.push_back(floats);
-      floats += std::size_t(op.numel());
+      out.push_back(&op);
     }
+  }
+  return out;
+}
+
+}  // namespace
+
+expert_shard::expert_shard(moe_model& model, stage_range range, expert_split split)
+    : expert_shard(held_experts(model, range, split), model.config().experts,
+                   model.config().d_model, model.config().d_ff, range, split) {}
+
+expert_shard::expert_shard(std::vector<operator_state*> held, int experts, int d_model, int d_ff,
+                           stage_range range, expert_split split)
+    : experts_total_(experts), c_(d_model), f_(d_ff), range_(range), split_(split) {
+  check_split(split, experts);
+  per_layer_ = experts / split.count;
+  const auto layers = std::size_t(std::max(range.last_layer - range.first_layer, 0));
+  if (held.size() != layers * std::size_t(per_layer_)) {
+    throw std::invalid_argument("expert_shard: " + std::to_string(held.size()) +
+                                " experts held for " + std::to_string(layers) + " layers of " +
+                                std::to_string(per_layer_));
+  }
+  std::size_t floats = 0;
+  for (operator_state* op : held) {
+    if (op == nullptr || !op->allocated() || op->param_count() != 2 ||
+        op->numel() != 2 * std::int64_t(d_model) * d_ff) {
+      throw std::invalid_argument("expert_shard: an expert is not a held [C,F] + [F,C] MLP");
+    }
+    experts_.push_back(op);
+    grad_offset_.push_back(floats);
+    floats += std::size_t(op->numel());
   }
   grads_.assign(std::size_t(split.count), std::vector<float>(floats, 0.0f));
 }
@@ -74,7 +106,7 @@ void expert_shard::check_call(int source, int layer, std::span<const int> rows, 
     if (r < 0) throw std::invalid_argument("expert_shard: a negative row count");
     total += std::size_t(r);
   }
-  const std::size_t want = total * std::size_t(model_.config().d_model);
+  const std::size_t want = total * std::size_t(c_);
   if (floats != want || out_floats != want) {
     throw std::invalid_argument("expert_shard: " + std::to_string(floats) + " floats in, " +
                                 std::to_string(out_floats) + " out, for " + std::to_string(total) +
@@ -91,7 +123,7 @@ void expert_shard::forward(int source, int layer, int mb, std::span<const int> r
                            std::to_string(mb) + " of source " + std::to_string(source) +
                            " is already in flight");
   }
-  const int c = model_.config().d_model, f = model_.config().d_ff;
+  const int c = c_, f = f_;
   held h;
   if (!spare_.empty()) {  // reuse buffers: no allocation in steady state
     h = std::move(spare_.back());
@@ -128,7 +160,7 @@ void expert_shard::backward(int source, int layer, int mb, std::span<const float
   }
   held& h = it->second;
   check_call(source, layer, h.rows, d_ye.size(), d_xs.size());
-  const int c = model_.config().d_model, f = model_.config().d_ff;
+  const int c = c_, f = f_;
   const int most = h.rows.empty() ? 0 : *std::max_element(h.rows.begin(), h.rows.end());
   d_act_.resize(std::size_t(most) * f);
   d_hpre_.resize(std::size_t(most) * f);

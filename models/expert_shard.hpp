@@ -21,9 +21,16 @@ class expert_shard {
   // The experts `split` of the MoE layers of `range` (allocated in `model`), for `sources`
   // source replicas (split.count: the EP group).
   expert_shard(moe_model& model, stage_range range, expert_split split);
+  // The same for any stage whose experts are GELU MLPs of the built-in kind (an operator with
+  // w1 [d_model, d_ff] and w2 [d_ff, d_model]; a custom stage's, docs/custom-stages.md):
+  // `held` is every held expert of the range's layers, layer by layer, split.last - split.first
+  // of the `experts` of each layer.
+  expert_shard(std::vector<operator_state*> held, int experts, int d_model, int d_ff,
+               stage_range range, expert_split split);
 
   const expert_split& split() const { return split_; }
-  const model_config& config() const { return model_.config(); }
+  int experts_per_layer() const { return experts_total_; }  // every rank's, E
+  int d_model() const { return c_; }
   int sources() const { return split_.count; }
   // The held experts of every layer of the range, in canonical order.
   std::span<operator_state* const> experts() const { return experts_; }
@@ -62,7 +69,7 @@ class expert_shard {
   void check_call(int source, int layer, std::span<const int> rows, std::size_t floats,
                   std::size_t out_floats) const;
 
-  moe_model& model_;
+  int experts_total_, c_, f_;
   stage_range range_;
   expert_split split_;
   int per_layer_;  // held experts per layer

@@ -1,7 +1,8 @@
-// A program with its own stage type: the moevement CLI (launch, worker) with "residual_mlp"
+// A program with its own stage types: the moevement CLI (launch, worker) with "residual_mlp"
 // added to the registry, with a stage actor of its own (residual_mlp_actor: the engine's
-// protocol plus a StatsQuery message). The launcher starts this same binary as its workers, so
-// they know the type too; the head asks every stage for its weights' statistics every
+// protocol plus a StatsQuery message), and "residual_moe", a mixture-of-experts stage that
+// takes parallel.ep (stage_traits::expert_parallel). The launcher starts this same binary as its
+// workers, so they know the type too; the head asks every stage for its weights' statistics every
 // train.log_every iterations and prints a `stats` line.
 //   build/examples/custom_stage/custom_stage launch examples/custom_stage/residual_mlp.toml
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include "engine/stage_registry.hpp"
 #include "examples/custom_stage/residual_mlp.hpp"
 #include "examples/custom_stage/residual_mlp_actor.hpp"
+#include "examples/custom_stage/residual_moe.hpp"
 #include "launcher/launch.hpp"
 
 namespace {
@@ -46,6 +48,11 @@ int main(int argc, char** argv) {
     auto registry = moevement::engine::stage_registry::with_builtins();
     registry.add_actor<custom_stage::residual_mlp_actor>("residual_mlp",
                                                          custom_stage::make_residual_mlp);
+    // Its stages hold experts that parallel.ep shards over the replicas (the stats actor
+    // answers for it too: it reads any stage's operators).
+    registry.add_actor<custom_stage::residual_mlp_actor>(
+        "residual_moe", custom_stage::make_residual_moe,
+        moevement::engine::stage_traits{.expert_parallel = true});
     const std::string_view command = argc > 1 ? argv[1] : "";
     if (command == "launch") {
       moevement::launcher::head_extension extension;

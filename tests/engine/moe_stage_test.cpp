@@ -109,6 +109,21 @@ TEST(moe_stage, registry_builds_moe_by_name) {
   }
 }
 
+TEST(moe_stage, only_types_registered_with_experts_take_expert_parallelism) {
+  auto reg = stage_registry::with_builtins();
+  EXPECT_TRUE(reg.traits("moe").expert_parallel);
+  EXPECT_NO_THROW(reg.check_expert_parallel("moe", 4));
+  reg.add("dense", [](const stage_setup& s) { return make_moe_stage(s); });
+  EXPECT_NO_THROW(reg.check_expert_parallel("dense", 1));
+  try {
+    reg.check_expert_parallel("dense", 2);
+    FAIL() << "a type without experts took parallel.ep = 2";
+  } catch (const models::config_error& e) {
+    EXPECT_EQ(e.key(), "parallel.ep");
+    EXPECT_NE(std::string(e.what()).find("dense"), std::string::npos) << e.what();
+  }
+}
+
 // One iteration of a single-stage job on `st`: forwards and backwards of every micro-batch
 // (the GPU stage brings its gradients back after the last), then the plan the engine would
 // send. Returns the loss summed over the micro-batches.

@@ -1,7 +1,8 @@
 // The custom stage example (examples/custom_stage) end to end: a stage type registered by name
 // in its own program, with a stage actor of its own, trains under `launch`, and its pipelining
-// changes no bit either. Its actor answers a message of its own (StatsQuery, asked by the
-// head every log_every iterations), the rebuilt ones after a kill too, with the same bits.
+// changes no bit either; a custom MoE type takes expert parallelism bit-exact. Its actor answers a
+// message of its own (StatsQuery, asked by the head every log_every iterations), the rebuilt ones
+// after a kill too, with the same bits.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -93,6 +94,39 @@ TEST(custom_stage, learns) {
   const auto at = r.output.find("final: loss ");
   ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_LT(std::strtod(r.output.c_str() + at + 12, nullptr), 4.0) << r.output;
+}
+
+std::string moe_config() {
+  return source_path("examples/custom_stage/residual_moe.toml");
+}
+
+TEST(custom_stage, a_custom_moe_stage_takes_expert_parallelism_bit_exact) {
+  // residual_moe (stage_traits::expert_parallel): its experts sharded over the replicas, the
+  // routed rows through the engine's all-to-all. ep 1 and 2 at dp 2 end with the same hash, and
+  // so does a kill under policy moevement at ep 2 (the group replays spread over its workers,
+  // the EP rows between their replay routers).
+  const std::string common = " --set train.iterations=12" + log();
+  const auto one = run_example("launch " + moe_config() + common + " --set parallel.ep=1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(hash_of(one.output).size(), 16u);
+  const auto two = run_example("launch " + moe_config() + common);  // its config: ep 2
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(hash_of(two.output), hash_of(one.output));
+  const auto killed = run_example(
+      "launch " + moe_config() + common +
+      " --set checkpoint.policy=moevement --set checkpoint.w_sparse=2 --set cluster.spares=1"
+      " --set cluster.failure_timeout_ms=3000 --inject kill:stage=1,replica=0,iter=7");
+  ASSERT_EQ(killed.exit_code, 0) << killed.output;
+  EXPECT_NE(killed.output.find("the group replaying on workers"), std::string::npos)
+      << killed.output;
+  EXPECT_EQ(hash_of(killed.output), hash_of(one.output));
+}
+
+TEST(custom_stage, a_type_without_experts_refuses_expert_parallelism) {
+  const auto r = run_example("launch " + config() + " --set parallel.ep=2" + log());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("parallel.ep"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("residual_mlp"), std::string::npos) << r.output;
 }
 
 TEST(custom_stage, the_plain_binary_does_not_know_it) {
