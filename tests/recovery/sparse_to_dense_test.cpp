@@ -255,25 +255,49 @@ TEST(sparse_to_dense, a_region_without_its_neighbours_log_says_which) {
 // its own (as each member does on its own worker) and the gradients are summed through
 // `reduce` in replica order; every member ends bit-identical to the lost stages, as the
 // whole group replayed in one place does. dp = 3: the order of the sum matters.
+// Where the members of a group replay on threads leave their gradients: each waits for every
+// member's of the same iteration and gets them all, in replica order.
+class gradient_board {
+ public:
+  explicit gradient_board(int members) : members_(std::size_t(members)) {}
+  std::vector<std::vector<float>> all(std::int64_t it, std::size_t me, std::span<const float> g) {
+    std::unique_lock lock(mu_);
+    auto& got = deposits_[it];
+    got.resize(members_);
+    got[me].assign(g.begin(), g.end());
+    cv_.notify_all();
+    cv_.wait(lock, [&] {
+      return failed_ ||
+             std::all_of(got.begin(), got.end(), [](const auto& v) { return !v.empty(); });
+    });
+    if (failed_) throw std::runtime_error("another member failed");
+    return got;
+  }
+  // A member failed: the others' waits end.
+  void fail() {
+    std::lock_guard lock(mu_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::size_t members_;
+  bool failed_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::int64_t, std::vector<std::vector<float>>> deposits_;
+};
+
 TEST(sparse_to_dense, a_group_replaying_in_parallel_ends_bit_identical) {
   const int pp = 4, dp = 3, first = 1, last = 2;
   captured_job job(pp, dp, models::preset("tiny"), test_train(dp));
   for (int i = 0; i < iterations; ++i) job.pipe.train_iteration();
   engine::local_pipeline fresh(job.model, job.train, pp);
-  // What the members deposit, by iteration: [replica] gradients; the sum in replica order.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::int64_t, std::vector<std::vector<float>>> deposits;
+  // The sum in replica order.
+  gradient_board board(dp);
   auto reduce_as = [&](std::size_t me) {
     return [&, me](std::int64_t it, std::span<float> g) {
-      std::unique_lock lock(mu);
-      auto& got = deposits[it];
-      got.resize(std::size_t(dp));
-      got[me].assign(g.begin(), g.end());
-      cv.notify_all();
-      cv.wait(lock, [&] {
-        return std::all_of(got.begin(), got.end(), [](const auto& v) { return !v.empty(); });
-      });
+      const auto got = board.all(it, me, g);
       std::copy(got[0].begin(), got[0].end(), g.begin());
       for (int d = 1; d < dp; ++d) engine::accumulate(g, got[std::size_t(d)]);
     };
@@ -305,7 +329,7 @@ TEST(sparse_to_dense, a_group_replaying_in_parallel_ends_bit_identical) {
         replays[std::size_t(d)] = sparse_to_dense(mine, in).sparse_replays;
       } catch (const std::exception& e) {
         errors[std::size_t(d)] = e.what();
-        cv.notify_all();
+        board.fail();
       }
     });
   }
@@ -596,19 +620,10 @@ TEST(sparse_to_dense, an_expert_parallel_group_replaying_in_parallel_ends_bit_id
         fresh.stage(s, d).set_expert_exchange(exchanges.back().get());
       }
     }
-    std::mutex mu;
-    std::condition_variable cv;
-    std::map<std::int64_t, std::vector<std::vector<float>>> deposits;
+    gradient_board board(dp);
     auto reduce_as = [&](std::size_t me) {
       return [&, me](std::int64_t it, std::span<float> g) {
-        std::unique_lock lock(mu);
-        auto& got = deposits[it];
-        got.resize(std::size_t(dp));
-        got[me].assign(g.begin(), g.end());
-        cv.notify_all();
-        cv.wait(lock, [&] {
-          return std::all_of(got.begin(), got.end(), [](const auto& v) { return !v.empty(); });
-        });
+        const auto got = board.all(it, me, g);
         // the layout as the member made it: every member's buffer has the same size
         const std::size_t block = experts_block_floats(fresh, first, last, int(me));
         const group_layout l{g.size() - block * std::size_t(ep), block, ep};
@@ -645,7 +660,7 @@ TEST(sparse_to_dense, an_expert_parallel_group_replaying_in_parallel_ends_bit_id
         } catch (const std::exception& e) {
           errors[std::size_t(d)] = e.what();
           pace.fail();
-          cv.notify_all();
+          board.fail();
         }
       });
     }
