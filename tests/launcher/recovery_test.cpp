@@ -200,7 +200,7 @@ TEST(recovery, a_lost_ep_rank_is_rebuilt_bit_exact) {
   // spread over its workers (the survivor rolled back on its own), the EP group's rows passing
   // between their replay routers, and each member's experts summed over their copies.
   const std::string ep = "--set parallel.ep=2 ";
-  for (const char* phase : {"forward", "step", "snapshot"}) {
+  for (const char* phase : {"forward", "backward", "step", "snapshot"}) {
     const auto o =
         launch(std::string("ep_") + phase,
                job(2, 2, 1, ep + "--inject kill:stage=1,replica=1,iter=5,phase=" + phase));
