@@ -16,7 +16,11 @@
 // where they otherwise run with it false, the in-memory tier alone:
 // what writing persisted windows to disk in the background costs: also runs moevement without
 // it, interleaved, and prints durable_iteration_time ours=durable theirs=without,
-// durable_windows, bytes, seconds).
+// durable_windows, bytes, seconds), --matrix (the fault-free part, without the recovery, for
+// each of: the demo config (the small preset) at pp 2 dp 1, pp 3 dp 1 and pp 2 dp 2, and
+// pipeline_tiny at pp 3; then a `matrix` line each: W_sparse, overhead_vs_none, the iteration
+// times and the captures' share of the host's cores), --load N (N busy processes beside the
+// job for the whole benchmark: a shared host).
 //
 // Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
 // Counted iterations: those at or after the end of the first window (window_chosen's
@@ -90,6 +94,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/busy_load.hpp"
 #include "bench/launch_job.hpp"
 #include "bench/run_log_stats.hpp"
 #include "bench/sim_validation.hpp"
@@ -110,6 +115,8 @@ struct options {
   std::vector<int> dps;         // bench recovery --dp 1,2,4: the same kill at each dp
   int joint = 0;                // bench recovery --joint K: K contiguous stages killed together
   bool spread = false;          // bench recovery --spread: spread_replay true against false
+  bool matrix = false;          // bench policies --matrix: the fault-free part per placement
+  int load = 0;                 // --load N: N busy processes beside the job
   bool recovery = true, fault_free_compare = true, durable = false;
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
   std::string profile_out;
@@ -172,6 +179,10 @@ options parse_options(int argc, char** argv) {
       o.joint = std::atoi(value().c_str());
     else if (f == "--spread")
       o.spread = true;
+    else if (f == "--matrix")
+      o.matrix = true;
+    else if (f == "--load")
+      o.load = std::atoi(value().c_str());
     else if (f == "--no-recovery")
       o.recovery = false;
     else if (f == "--durable")
@@ -183,6 +194,9 @@ options parse_options(int argc, char** argv) {
     else
       throw std::runtime_error("unknown option " + f + " (see bench/policies_bench.cpp)");
   }
+  if (o.load < 0 || o.load > 64) throw std::runtime_error("--load N: 0 <= N <= 64");
+  if (o.matrix && !o.fault_free_compare)
+    throw std::runtime_error("--matrix is for `bench policies`");
   if (o.repeats < 1 || o.iterations < 2 || o.pp < 1 || o.dp < 1) {
     throw std::runtime_error("--repeats >= 1, --iterations >= 2, --pp >= 1, --dp >= 1");
   }
@@ -491,13 +505,16 @@ void compare_spread(const options& o, Run run) {
               "checkpoint.spread_replay");
 }
 
-}  // namespace
+// The fault-free part's figures, for --matrix.
+struct policies_summary {
+  int w_sparse = 0;
+  double overhead_pct = 0, capture_share_pct = 0, none_s = 0, moevement_s = 0;
+};
 
-int main(int argc, char** argv) {
-  try {
-    const options o = parse_options(argc, argv);
-    const auto bin = moevement_binary();
-    const fs::path log = bench_log("policies");
+// One run of the benchmark as `o` says (see the header).
+policies_summary run_bench(const options& o, const std::string& bin, const fs::path& log) {
+  policies_summary summary;
+  {
     auto args = [&](const std::string& policy, const std::vector<std::string>& injects,
                     const std::vector<std::string>& extra = {}) {
       std::vector<std::string> a{"launch", o.config};
@@ -551,7 +568,7 @@ int main(int argc, char** argv) {
         compare_trace(o, run);
       }
       fs::remove(log);
-      return 0;
+      return summary;
     }
     std::vector<run_result> none, moe, plain;  // plain: moevement without the durable tier
     for (int r = 0; r < o.repeats; ++r) {
@@ -603,6 +620,9 @@ int main(int argc, char** argv) {
       std::printf("iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median, none_median,
                   none_median / moe_median);
       std::printf("overhead_vs_none: %.2f%%\n", 100.0 * (moe_median / none_median - 1.0));
+      summary.overhead_pct = 100.0 * (moe_median / none_median - 1.0);
+      summary.none_s = none_median;
+      summary.moevement_s = moe_median;
       // Forward + backward per stage (the boundary logging counts in it), median.
       std::printf("mean_stage_compute_s: ours=%.5f theirs=%.5f\n", median(moe_compute),
                   median(none_compute));
@@ -620,6 +640,8 @@ int main(int argc, char** argv) {
         "capture_cpu_s_per_iteration: %.5f (%.2f%% of the host's %.0f cores x the "
         "median iteration)\n",
         mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
+    summary.w_sparse = w;
+    summary.capture_share_pct = 100.0 * mean(capture_cpu) / (cores * moe_median);
     std::printf("peak_snapshot_log_host_bytes: %.0f\n",
                 *std::max_element(host.begin(), host.end()));
     if (o.durable) {
@@ -688,6 +710,54 @@ int main(int argc, char** argv) {
       std::printf("# profile (simulator format 1) written to %s\n", o.profile_out.c_str());
     }
     fs::remove(log);
+  }
+  return summary;
+}
+
+// --matrix: the fault-free part for each placement of the matrix (see the header), then one
+// line each.
+void run_matrix(const options& o, const std::string& bin, const fs::path& log) {
+  struct placement {
+    const char* config;
+    int pp, dp;
+  };
+  const placement matrix[] = {{"examples/configs/demo.toml", 2, 1},
+                              {"examples/configs/demo.toml", 3, 1},
+                              {"examples/configs/demo.toml", 2, 2},
+                              {"examples/configs/pipeline_tiny.toml", 3, 1}};
+  std::vector<std::pair<const placement*, policies_summary>> rows;
+  for (const placement& p : matrix) {
+    options e = o;
+    e.config = p.config;
+    e.pp = p.pp;
+    e.dp = p.dp;
+    e.recovery = false;
+    rows.emplace_back(&p, run_bench(e, bin, log));
+  }
+  std::printf("# matrix, %d busy processes beside the job; load after: %s\n", o.load,
+              loadavg().c_str());
+  for (const auto& [p, s] : rows) {
+    std::printf(
+        "matrix %s pp=%d dp=%d: w_sparse=%d overhead_vs_none=%.2f%% iteration_time: ours=%.5f "
+        "theirs=%.5f capture_cpu_share=%.2f%%\n",
+        fs::path(p->config).stem().c_str(), p->pp, p->dp, s.w_sparse, s.overhead_pct, s.moevement_s,
+        s.none_s, s.capture_share_pct);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse_options(argc, argv);
+    const busy_load busy(o.load);
+    const auto bin = moevement_binary();
+    const fs::path log = bench_log("policies");
+    if (o.matrix) {
+      run_matrix(o, bin, log);
+    } else {
+      (void)run_bench(o, bin, log);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench policies: %s\n", e.what());
     return 1;
