@@ -180,8 +180,10 @@ class region_restore {
   awaitable<void> fetch_schedule();
   awaitable<void> replay();
   // Under expert parallelism: the router this member's replay computes its EP group's rows
-  // with, its peers' named (ReplayExperts through the group exchanges).
-  awaitable<std::shared_ptr<engine::expert_router>> replay_router();
+  // with (its actor spawned, the model's exchange), and its naming: to the other members
+  // (ReplayExperts through the group exchanges), and theirs taken as its peers.
+  std::shared_ptr<engine::expert_router> replay_router();
+  awaitable<void> name_router(engine::expert_router& router);
 
   restore_context ctx_;
   engine::wire::Restore::Reader m_;
@@ -467,9 +469,9 @@ awaitable<void> region_restore::fetch_schedule() {
   }
 }
 
-awaitable<std::shared_ptr<engine::expert_router>> region_restore::replay_router() {
-  // One stage replica replayed here (single-stage regions only: with several, one thread
-  // serving several routers could wait on a peer that waits on it).
+std::shared_ptr<engine::expert_router> region_restore::replay_router() {
+  // One stage replica replayed here (a single-stage region, or one stage of a pipelined one:
+  // with several, one thread serving several routers could wait on a peer that waits on it).
   if (models_.size() != 1 || models_[0]->experts() == nullptr) {
     throw std::runtime_error(
         "malformed Restore from the coordinator (a group replay under expert parallelism "
@@ -488,13 +490,17 @@ awaitable<std::shared_ptr<engine::expert_router>> region_restore::replay_router(
       r->stop(fmt::format("the group replay of generation {} was superseded", g));
     }
   });
+  return router;
+}
+
+awaitable<void> region_restore::name_router(engine::expert_router& router) {
   const auto me = std::uint32_t(p_.replica);
   for (std::uint32_t d = 0; d < p_.group.size(); ++d) {
     if (d == me) continue;
     (void)ctx_.system.tell<wire::ReplayExperts>(p_.group[d], [&](wire::ReplayExperts::Builder b) {
       b.setGeneration(p_.generation);
       b.setReplica(me);
-      actors::write_ref(b.initRouter(), router->actor());
+      actors::write_ref(b.initRouter(), router.actor());
     });
   }
   // The routers of this replica's EP group, by EP rank.
@@ -502,12 +508,11 @@ awaitable<std::shared_ptr<engine::expert_router>> region_restore::replay_router(
   std::vector<actor_ref> peers;
   for (int k = 0; k < ep; ++k) {
     const auto d = std::uint32_t(base + k);
-    actor_ref peer = router->actor();  // (a co_await inside ?: is miscompiled by GCC 12)
+    actor_ref peer = router.actor();  // (a co_await inside ?: is miscompiled by GCC 12)
     if (d != me) peer = co_await ctx_.inbox->take_router(p_.generation, d, ctx_.limits.group_wait);
     peers.push_back(peer);
   }
-  router->set_peers(std::move(peers));
-  co_return router;
+  router.set_peers(std::move(peers));
 }
 
 awaitable<void> region_restore::replay() {
@@ -540,26 +545,19 @@ awaitable<void> region_restore::replay() {
     }
   };
   std::optional<router_guard> router_done;
+  std::vector<engine::stage_model*> ptrs;
+  for (auto& m : models_) ptrs.push_back(m.get());
   if (!p_.group.empty()) {
-    group_layout layout{0, 0, std::max(ctx_.job.ep, 1)};
-    for (const auto& model : models_) {
-      for (auto* op : model->operators()) {
-        if (layout.ep == 1 || op->kind() != models::op_kind::expert) {
-          layout.dense += engine::gradient_floats(std::span(&op, 1));
-        }
-      }
-      if (layout.ep > 1 && model->experts() != nullptr) {
-        layout.block += engine::gradient_floats(model->experts()->experts());
-      }
-    }
+    const group_layout layout = group_layout_of(ptrs, ctx_.job.ep);
     group = std::make_unique<group_reducer>(ctx_.system, ctx_.io, ctx_.inbox, p_.generation,
                                             std::uint32_t(p_.replica), p_.group, layout,
                                             ctx_.limits.pull_chunk_bytes, ctx_.limits.group_wait);
     in.first_replica = std::size_t(p_.replica);
     in.reduce = [&](std::int64_t it, std::span<float> g) { group->reduce(it, g); };
     if (layout.ep > 1) {
-      router = co_await replay_router();
+      router = replay_router();
       router_done.emplace(*this, router);
+      co_await name_router(*router);
       in.experts_begin = [&](std::int64_t it) { router->begin_epoch(std::uint64_t(it) + 1); };
       in.experts_end = [&](std::int64_t) { router->drain(); };
     }
@@ -593,8 +591,6 @@ awaitable<void> region_restore::replay() {
     const bool gradient = dir == log_direction::gradient;
     if (live && (gradient ? in.live_before : in.live_after)) live->send(it, mb, gradient, x);
   };
-  std::vector<engine::stage_model*> ptrs;
-  for (auto& m : models_) ptrs.push_back(m.get());
   // Every stage outside the region is paused while it replays: its GEMMs may take the host's
   // cores (BLIS gives the same bits for any thread count; tests/models/model_test.cpp), shared
   // with the other replays the coordinator runs on this host at the same time.

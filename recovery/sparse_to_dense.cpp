@@ -458,10 +458,8 @@ class conversion {
         for (auto* op : ops_[base(j)]) {
           if (op->kind() != models::op_kind::expert) dense.push_back(op);
         }
-        layout_.dense += engine::gradient_floats(dense);
-        layout_.block += replicas_[base(j)]->experts()->source_gradient(0).size();
       }
-      layout_.ep = ep_;
+      layout_ = group_layout_of(replicas_, ep_);
     }
     acc_.resize(layout_.floats());
     std::size_t off = 0;
@@ -525,6 +523,22 @@ class conversion {
 };
 
 }  // namespace
+
+group_layout group_layout_of(std::span<engine::stage_model* const> models, int ep) {
+  group_layout l{0, 0, std::max(ep, 1)};
+  for (engine::stage_model* model : models) {
+    const auto ops = model->operators();
+    for (models::operator_state* op : ops) {
+      if (l.ep == 1 || op->kind() != models::op_kind::expert) {
+        l.dense += engine::gradient_floats(std::span(&op, 1));
+      }
+    }
+    if (l.ep > 1 && model->experts() != nullptr) {
+      l.block += engine::gradient_floats(model->experts()->experts());
+    }
+  }
+  return l;
+}
 
 void fold_group(const group_layout& l, std::size_t me, std::size_t d, std::span<const float> g,
                 std::span<float> sum) {

@@ -105,6 +105,10 @@ struct group_layout {
   std::size_t floats() const { return dense + block * std::size_t(ep); }
 };
 
+// The layout of one member's models (its replica of each region stage) at expert parallelism
+// `ep`: under ep > 1 the non-experts are dense and each stage's expert_shard gives the block.
+group_layout group_layout_of(std::span<engine::stage_model* const> models, int ep);
+
 // The group's sum as the member replaying replica `me` keeps it, folded one member at a time
 // in replica order: fold_group(l, me, d, g_d, sum) for d = 0, 1, ... The non-experts become
 // g_0 + g_1 + ... (as training sums them); the expert block of me's EP rank k becomes the sum

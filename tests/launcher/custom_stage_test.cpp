@@ -127,6 +127,9 @@ TEST(custom_stage, a_type_without_experts_refuses_expert_parallelism) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("parallel.ep"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("residual_mlp"), std::string::npos) << r.output;
+  // refused at the head, before any worker starts
+  EXPECT_NE(r.output.find("has no experts to shard"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("workers +"), std::string::npos) << r.output;
 }
 
 TEST(custom_stage, the_plain_binary_does_not_know_it) {
