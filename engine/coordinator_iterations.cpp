@@ -200,7 +200,7 @@ void coordinator::send_steps() {
   const float mul = plan_.grad_mul;
   // The window the stages checkpoint by (W_sparse, or the interval k), from the policy, which
   // keeps what it needs of this iteration (the step a replay applies, the loss scaler).
-  int w_sparse = 0;
+  checkpoint_place place;
   if (recovery_) {
     planned_iteration planned;
     planned.iteration = iteration_;
@@ -208,7 +208,7 @@ void coordinator::send_steps() {
     planned.scaler = scaler_;
     planned.seconds = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
     planned.compute_s = compute_s_;
-    w_sparse = recovery_->planned(planned);
+    place = recovery_->planned(planned);
   }
   for (int d = 0; d < job_.dp; ++d) {
     for (int st = 0; st < job_.pp; ++st) {
@@ -217,7 +217,9 @@ void coordinator::send_steps() {
         b.setEpoch(e);
         b.setApply(apply);
         b.setGradMul(mul);
-        b.setWSparse(w_sparse);
+        b.setWSparse(place.w_sparse);
+        b.setWindow(place.window);
+        b.setSlot(place.slot);
         auto l = b.initPopularity(static_cast<unsigned>(pop.size()));
         for (unsigned k = 0; k < pop.size(); ++k) l.set(k, pop[k]);
       });
@@ -248,6 +250,7 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.replica_maps += m.getReplicaMaps();
   last_.replica_pulls += m.getReplicaPulls();
   last_.capture_cpu_s += m.getCaptureCpuSeconds();
+  last_.fresh_bytes += m.getFreshBytes();
   last_.peak_rss_bytes = std::max<std::uint64_t>(last_.peak_rss_bytes, m.getPeakRssBytes());
   windows_skipped_.resize(stages_.size(), 0);
   if (const auto skipped = m.getWindowsSkipped(); skipped != windows_skipped_[i]) {
@@ -315,6 +318,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
           .add("log_s", last_.log_s)
           .add("step_hooks_s", last_.step_hooks_s)
           .add("capture_cpu_s", last_.capture_cpu_s)
+          .add("snapshot_fresh_bytes", std::int64_t(last_.fresh_bytes))
           .add("windows_skipped", std::int64_t(last_.windows_skipped))
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
           .add("snapshot_host_bytes_by_stage",
@@ -328,6 +332,10 @@ awaitable<void> coordinator::maybe_stepped_all() {
     log_->write(rec);
   }
   if (callbacks_.on_iteration) callbacks_.on_iteration(last_);
+  if (recovery_ && !recovering()) {
+    recovery_->stepped({last_.iteration, last_.seconds, last_.stall_s, last_.log_s,
+                        last_.capture_cpu_s, last_.snapshot_bytes, last_.fresh_bytes});
+  }
   ++iteration_;
   if (recovering()) {  // a stage was lost while the others stepped: rebuild it one further
     phase_ = phase::paused;

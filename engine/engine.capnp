@@ -207,6 +207,10 @@ struct Step {
   # replica of a stage computes the same sparse schedule).
   wSparse @3 :Int32;
   popularity @4 :List(Float64);
+  # Policy moevement: the window and slot this step captures (the head places every slot:
+  # recovery/window_plan.hpp; wSparse is that window's size).
+  window @5 :UInt64;
+  slot @6 :UInt32;
 }
 struct Stepped {
   stage @0 :Int32;
@@ -227,6 +231,7 @@ struct Stepped {
   # tensors it sent (the upstream log), and the step's hooks less the stall.
   logSeconds @13 :Float64;
   stepHookSeconds @14 :Float64;
+  freshBytes @15 :UInt64;  # of the last capture, bytes written into never-written memory
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

@@ -55,6 +55,17 @@ struct planned_iteration {
   std::span<const double> compute_s;  // each stage's forward + backward, index d * pp + s
 };
 
+// What the checkpoints cost one stepped iteration, as its stages reported it.
+struct iteration_cost {
+  std::int64_t iteration = 0;
+  double seconds = 0.0;              // the iteration's wall time (Iterate to the last Stepped)
+  double stall_s = 0.0;              // the longest a step waited for the capture before it
+  double log_s = 0.0;                // the longest a stage spent logging its boundary sends
+  double capture_cpu_s = 0.0;        // the captures' CPU time, summed over the stages
+  std::uint64_t snapshot_bytes = 0;  // the bytes the stages' last captures wrote
+  std::uint64_t fresh_bytes = 0;     // of those, written into never-written memory
+};
+
 // How a recovery ended: where training goes on.
 struct recovery_done {
   std::int64_t target = 0;  // the iteration training goes on at
@@ -119,9 +130,12 @@ class head_recovery {
   // Its stages copy snapshots to replicators: the wiring names each stage's holders, and the
   // iteration records carry what capturing them cost.
   virtual bool replicates() const { return true; }
-  // Iteration it's step is planned: the window size every stage's Step carries (W_sparse, or
-  // the baselines' checkpoint interval k).
-  virtual int planned(const planned_iteration& it) = 0;
+  // Iteration it's step is planned: where every stage's Step says its checkpoint goes (the
+  // window and slot under moevement; the baselines' checkpoint interval k).
+  virtual checkpoint_place planned(const planned_iteration& it) = 0;
+  // Every stage stepped iteration c.iteration: what its checkpoints cost (policy moevement
+  // re-chooses W_sparse from it).
+  virtual void stepped(const iteration_cost& /*c*/) {}
   virtual asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader) { co_return; }
   virtual asio::awaitable<void> durable_written(wire::DurableWritten::Reader) { co_return; }
   virtual int w_sparse() const { return 0; }  // 0: no window chosen (yet)

@@ -28,9 +28,20 @@ using fault_hook = std::function<void(std::int64_t iteration, fault_point point)
 // rebuilt on a spare (Restore), false for one given its role at the start (Assign).
 using fault_factory = std::function<fault_hook(int stage, int replica, bool replacement)>;
 
+// Where a step's checkpoint goes, as the head planned it. Under moevement the head places
+// every step's slot: windows of W_sparse steps back to back, W re-chosen at a window's start
+// (recovery/window_plan.hpp), so the stages never compute it from the iteration.
+struct checkpoint_place {
+  int w_sparse = 0;          // its window's size (the baselines: the interval k); 0: none yet
+  std::uint64_t window = 0;  // moevement: the window this step's slot belongs to
+  std::uint32_t slot = 0;    // and its slot (0: the step that begins the window)
+};
+
 // What the coordinator decided for checkpointing at this step (policy moevement).
 struct checkpoint_step {
-  int w_sparse = 0;  // the window every stage uses; 0: not chosen yet (nothing to capture)
+  int w_sparse = 0;          // this step's window's size; 0: not chosen yet (nothing to capture)
+  std::uint64_t window = 0;  // the window and slot this step captures (checkpoint_place)
+  std::uint32_t slot = 0;
   // Per operator: tokens routed to it in this iteration, summed over the stage's replicas in
   // replica order (so every replica computes the same sparse schedule). Empty: no counts.
   std::span<const double> popularity;
@@ -51,6 +62,10 @@ struct checkpoint_stats {
   // CPU time (of the thread that made it) of the last capture: what checkpointing costs the
   // host's cores, whatever the wall clock shows on a busy host.
   double capture_cpu_s = 0.0;
+  // Of the last capture's bytes, those written into memory no capture had written before
+  // (first touches: the kernel makes each page then, and that, not the copy, is most of a
+  // fresh slot's CPU time; a one-off the window tuner does not count as the steady cost).
+  std::uint64_t fresh_bytes = 0;
   // Windows this stage replica captured nothing of (so far): it held as many windows as it may
   // and the job persisted none within the wait; its memory stays bounded meanwhile.
   std::uint64_t windows_skipped = 0;

@@ -69,6 +69,8 @@ setter_map checkpoint_setters(job_config& j) {
        }},
       {"checkpoint.w_sparse",
        [&](auto& k, auto& v) { j.w_sparse = int(models::config_int(k, v, 0, 1 << 20)); }},
+      {"checkpoint.max_overhead",
+       [&](auto& k, auto& v) { j.max_overhead = models::config_double(k, v, 0.0, 1.0); }},
       {"checkpoint.replicas",
        [&](auto& k, auto& v) {
          j.snapshot_replicas = int(models::config_int(k, v, 1, max_job_workers));

@@ -57,7 +57,11 @@ struct job_config {
   int dp = 1;                  // parallel.dp: data-parallel replicas of each stage
   int ep = 1;  // parallel.ep: each stage's experts sharded over EP groups of ep replicas
   policy_kind policy = policy_kind::none;  // checkpoint.policy
-  int w_sparse = 0;           // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
+  int w_sparse = 0;  // checkpoint.w_sparse: iterations per window; 0 = Algorithm 1
+  // checkpoint.max_overhead: with Algorithm 1's W (w_sparse 0), the fraction of the iteration
+  // time capturing may cost before the head raises W (recovery/window_tuner.hpp); 0: W stays
+  // Algorithm 1's.
+  double max_overhead = 0.01;
   int snapshot_replicas = 2;  // checkpoint.replicas: copies of every snapshot slot (r)
   // checkpoint.replay_threads: GEMM threads of a moevement recovery's replay (the stages
   // outside its region are paused meanwhile); 0 = this host's cores.

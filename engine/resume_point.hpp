@@ -32,6 +32,8 @@ struct resume_point {
   // The durable windows the stages may still hold (id -> the first iteration it replays),
   // oldest first; `window` is the newest. A resume takes the newest every stage verifies.
   std::map<std::uint64_t, std::int64_t> windows;
+  // Their sizes (W_sparse changes at a window's start; one not here has w_sparse's).
+  std::map<std::uint64_t, int> window_sizes;
   // Every step from the oldest window's first iteration to target_iteration - 1.
   std::map<std::int64_t, planned_step> steps;
 };

@@ -519,7 +519,8 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
       ++dropped_;  // a list of another shape: no counts this step (the schedule keeps its order)
     }
   }
-  const checkpoint_step decided{std::max(m.getWSparse(), 0), popularity};
+  const checkpoint_step decided{std::max(m.getWSparse(), 0), m.getWindow(), m.getSlot(),
+                                popularity};
   at_fault_point(fault_point::step);
   STAGE_TRACE("step");
   std::string error;
@@ -568,6 +569,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setReplicaMaps(st.replica_maps);
     b.setReplicaPulls(st.replica_pulls);
     b.setCaptureCpuSeconds(st.capture_cpu_s);
+    b.setFreshBytes(st.fresh_bytes);
     b.setWindowsSkipped(st.windows_skipped);
     b.setLogSeconds(log_s_);
     b.setStepHookSeconds(std::max(0.0, step_hook_s_ - st.stall_s));

@@ -93,6 +93,7 @@ awaitable<void> checkpoint_agent::schedule(wire::FetchSchedule::Reader,
   auto pend = out.initPending(static_cast<unsigned>(st->pending.size()));
   for (unsigned j = 0; j < pend.size(); ++j) pend.set(j, st->pending[j]);
   out.setPendingIteration(st->pending_iteration);
+  out.setPendingWindow(st->pending_window);
 }
 
 void checkpoint_agent::ship(std::int64_t iteration) {
@@ -103,11 +104,13 @@ void checkpoint_agent::ship(std::int64_t iteration) {
   {
     std::lock_guard lock(shared_->mu);
     const auto bytes = shared_->capture.slot_of(iteration);
-    if (!bytes || !shared_->schedule) return;
-    const auto w = std::uint64_t(shared_->schedule->w_sparse());
+    const auto place = shared_->capture.place_of(iteration);
+    if (!bytes || !place || !shared_->schedule) return;
+    const auto w = std::uint64_t(place->w_sparse);
     w_sparse = w;
-    window = std::uint64_t(iteration) / w;
-    slot = std::uint32_t(std::uint64_t(iteration) % w);
+    last_w_ = w;
+    window = place->window;
+    slot = place->slot;
     // The capture's own buffer, as it is: it stays unchanged until its window is dropped,
     // which happens only after every copy of it was made (no copy here). Lent memory is a
     // region already (a replica on this host reads it with one RMA get); heap memory (the
@@ -206,7 +209,6 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
   const bool durable = m.getDurable();
   std::vector<std::span<const std::byte>> slots;
   std::int64_t first = -1;
-  std::size_t w_sparse = 1;
   {
     std::scoped_lock lock(shared_->mu, shared_->log_mu);
     if (durable && durable_.writer) {
@@ -219,10 +221,9 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
     }
     shared_->capture.drop_before(window, m.getFirstIteration());
     shared_->dropped.notify_all();
-    if (shared_->schedule) w_sparse = std::size_t(shared_->schedule->w_sparse());
   }
   // The dropped windows' memory the capture did not keep goes back now, not at the next ship.
-  refill_pool(w_sparse);
+  refill_pool(last_w_);
   replicated_.erase(replicated_.begin(), replicated_.lower_bound(window));
   for (auto it = pending_.begin(); it != pending_.end();) {
     it = it->first.first < window ? pending_.erase(it) : std::next(it);

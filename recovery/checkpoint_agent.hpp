@@ -107,6 +107,7 @@ class checkpoint_agent : public actors::actor {
   int copies_;
   policy_limits limits_;
   durable_target durable_;
+  std::size_t last_w_ = 1;  // the W of the newest slot shipped (the pool's regions per window)
   std::vector<actors::actor_ref> targets_;
   std::map<std::pair<std::uint64_t, std::uint32_t>, pending_slot> pending_;
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [slot]

@@ -67,7 +67,7 @@ class checkpoint_hooks : public engine::stage_hooks {
     release_capture(shared_, system_);
   }
 
-  void before_step(std::int64_t iteration, const engine::checkpoint_step& decided) override {
+  void before_step(std::int64_t, const engine::checkpoint_step& decided) override {
     const auto t0 = std::chrono::steady_clock::now();
     if (pending_.valid()) {
       pending_.wait();
@@ -78,14 +78,15 @@ class checkpoint_hooks : public engine::stage_hooks {
     // Past the wait the window is skipped, not captured (memory stays bounded however long
     // nothing persists), and so are the next ones at once, without waiting, until a window
     // persists again: a stuck replication costs no stall per window.
-    if (shared_->schedule && iteration % shared_->schedule->w_sparse() == 0) {
+    place_ = {decided.w_sparse, decided.window, decided.slot};
+    if (shared_->schedule && decided.w_sparse > 0 && decided.slot == 0) {
       const auto full = [&] { return shared_->capture.windows_held() >= limits_.max_windows_held; };
       if (!(paused_ && full())) {
         shared_->dropped.wait_for(lock, max_window_wait_, [&] { return !full(); });
       }
       paused_ = full();
       if (paused_) {
-        shared_->capture.skip_window(std::uint64_t(iteration / shared_->schedule->w_sparse()));
+        shared_->capture.skip_window(decided.window);
         windows_skipped_ = shared_->capture.windows_skipped();
       }
     }
@@ -109,7 +110,7 @@ class checkpoint_hooks : public engine::stage_hooks {
   void after_step(std::int64_t iteration, std::span<models::operator_state* const>) override {
     auto done = std::make_shared<std::promise<void>>();
     pending_ = done->get_future();
-    asio::post(pool_, [this, iteration, done] {
+    asio::post(pool_, [this, iteration, done, place = place_] {
       try {
         {
           const double cpu0 = engine::thread_cpu_seconds();
@@ -118,7 +119,7 @@ class checkpoint_hooks : public engine::stage_hooks {
           std::optional<sparse_capture::slot_write> job;
           {
             std::lock_guard lock(shared_->mu);
-            job = shared_->capture.begin_capture(iteration, ops_);
+            job = shared_->capture.begin_capture(iteration, ops_, place);
           }
           if (job) job->write();
           std::lock_guard lock(shared_->mu);
@@ -126,6 +127,7 @@ class checkpoint_hooks : public engine::stage_hooks {
           capture_cpu_s_ = engine::thread_cpu_seconds() - cpu0;
           const bool captured = shared_->capture.slot_of(iteration).has_value();
           slot_bytes_ = captured ? shared_->capture.last_slot_bytes() : 0;
+          fresh_bytes_ = captured && shared_->capture.last_slot_fresh() ? slot_bytes_.load() : 0;
           lent_bytes_ = captured && shared_->capture.last_slot_lent() ? slot_bytes_.load() : 0;
           host_bytes_ = shared_->capture.snapshot_bytes_held() +
                         (shared_->pool ? shared_->pool->free_bytes() : 0);
@@ -166,6 +168,7 @@ class checkpoint_hooks : public engine::stage_hooks {
             shared_->replica_maps.load(),
             shared_->replica_pulls.load(),
             capture_cpu_s_.load(),
+            fresh_bytes_.load(),
             windows_skipped_.load()};
   }
 
@@ -179,9 +182,11 @@ class checkpoint_hooks : public engine::stage_hooks {
   std::chrono::milliseconds max_window_wait_;  // checkpoint.max_window_wait_ms
   std::future<void> pending_;                  // the capture in flight
   double stall_s_ = 0.0;
-  bool paused_ = false;  // the last window was skipped (before_step)
+  engine::checkpoint_place place_;  // where this step captures, as the head placed it
+  bool paused_ = false;             // the last window was skipped (before_step)
   std::atomic<std::uint64_t> windows_skipped_{0};
   std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0}, lent_bytes_{0};
+  std::atomic<std::uint64_t> fresh_bytes_{0};
   std::atomic<double> capture_cpu_s_{0.0};
   std::atomic<pid_t> capture_tid_{0};  // the capture thread's (its priority)
   asio::thread_pool pool_{1};          // last: joined first

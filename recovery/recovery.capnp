@@ -85,6 +85,7 @@ struct ScheduleState {
   decayed @6 :List(Float64);       # time-decayed ordering: the moving average
   pending @7 :List(Float64);       # and the counts of pendingIteration not folded in yet
   pendingIteration @8 :Int64;
+  pendingWindow @9 :UInt64;        # the window pendingIteration's counts go to
 }
 
 # Member of a recovery group replaying in parallel -> every other member's group exchange

@@ -29,7 +29,10 @@ class region_recovery : public engine::head_recovery {
  public:
   explicit region_recovery(engine::head_control& job) : job_(job), windows_(job), tree_(job) {}
 
-  int planned(const engine::planned_iteration& it) override { return windows_.planned(it); }
+  engine::checkpoint_place planned(const engine::planned_iteration& it) override {
+    return windows_.planned(it);
+  }
+  void stepped(const engine::iteration_cost& c) override { windows_.stepped(c); }
   asio::awaitable<void> window_replicated(engine::wire::WindowReplicated::Reader m) override {
     windows_.replicated(m, active());
     co_return;

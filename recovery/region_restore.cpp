@@ -464,6 +464,7 @@ awaitable<void> region_restore::fetch_schedule() {
     for (auto x : m.getDecayed()) st.decayed.push_back(x);
     for (auto x : m.getPending()) st.pending.push_back(x);
     st.pending_iteration = m.getPendingIteration();
+    st.pending_window = m.getPendingWindow();
     out_.schedule = std::move(st);
     co_return;
   }

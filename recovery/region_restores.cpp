@@ -165,7 +165,9 @@ void region_recovery::send_restores(const region& r) {
        it != windows_.steps().end() && it->first < target; ++it) {
     steps.emplace_back(it->first, it->second);
   }
-  const int w_sparse = windows_.w_sparse(), k = r.last - r.first + 1;
+  // The restored window's own W (it changes at a window's start: window_plan).
+  const int w_sparse = has_window ? windows_.w_of(window) : windows_.w_sparse();
+  const int k = r.last - r.first + 1;
   const actor_ref me = job_.actor().self();
   const std::map<std::string, int> per_host = restores_per_host();
   // Every replica of the region's stages is a member (add_group_survivors): each replays its

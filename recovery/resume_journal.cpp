@@ -120,7 +120,11 @@ std::string resume_text(const engine::resume_point& p,
       resume_journal::format_version, p.window, p.w_sparse, p.target_iteration,
       p.scaler.enabled ? 1 : 0, bits(p.scaler.scale), p.scaler.good_steps, p.scaler.window, p.pp,
       p.dp);
-  for (const auto& [id, first] : p.windows) out += fmt::format("durable {} {}\n", id, first);
+  for (const auto& [id, first] : p.windows) {
+    const auto size = p.window_sizes.find(id);
+    out += fmt::format("durable {} {} {}\n", id, first,
+                       size == p.window_sizes.end() ? p.w_sparse : size->second);
+  }
   for (const auto& [it, s] : p.steps) {
     out += fmt::format("step {} {} {} {} {}\n", it, bits(s.loss_scale), s.plan.apply ? 1 : 0,
                        bits(s.plan.grad_mul), bits(s.plan.grad_norm));
@@ -175,13 +179,16 @@ parse_resume_text(const std::string& text) {
       if (n == 6) stage_of_file = 2;
       continue;
     }
-    if (w.size() == 3 && w[0] == "durable") {
+    if ((w.size() == 3 || w.size() == 4) && w[0] == "durable") {
       std::uint64_t id = 0;
       std::int64_t first = 0;
+      int size = p.w_sparse;  // a journal of before W_sparse could change: one for all
       if (!parse_int(w[1], id) || !parse_int(w[2], first) || first < 0 ||
+          (w.size() == 4 && (!parse_int(w[3], size) || size < 1 || size > (1 << 20))) ||
           !p.windows.emplace(id, first).second) {
         return bad("malformed durable window");
       }
+      p.window_sizes[id] = size;
     } else if (w.size() == 6 && w[0] == "step") {
       std::int64_t it = 0;
       engine::planned_step s;

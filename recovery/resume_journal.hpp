@@ -5,11 +5,11 @@
 //   resume.txt
 //     moevement-resume 1
 //     window <id>
-//     w_sparse <W>
+//     w_sparse <W>            (the window's; W may change at a window's start)
 //     target_iteration <t>
 //     loss_scaler <enabled 0|1> <scale, f32 bits in hex> <good_steps> <window>
 //     layout <pp> <dp>        (of the windows; a resume may run at another)
-//     durable <id> <first iteration>                                     (one per window)
+//     durable <id> <first iteration> <its W>                             (one per window)
 //     step <iteration> <loss scale bits> <apply 0|1> <grad_mul bits> <grad_norm f64 bits>
 //     identity <key> <value>     (what fixes the training state: state_identity())
 // Floats are stored as their bits, so that a resumed step is the planned one bit for bit.

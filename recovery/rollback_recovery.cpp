@@ -47,7 +47,7 @@ engine::head_recovery_factory any_head_recovery(engine::policy_kind policy) {
   }
 }
 
-int rollback_recovery::planned(const engine::planned_iteration& it) {
+engine::checkpoint_place rollback_recovery::planned(const engine::planned_iteration& it) {
   const auto& job = job_.job();
   if (interval_ == 0) {
     // One k job-wide, decided after the first iteration's profile, so that one iteration is
@@ -85,7 +85,7 @@ int rollback_recovery::planned(const engine::planned_iteration& it) {
     scaler_at_[it.iteration + 1] = it.scaler;
     while (scaler_at_.size() > scalers_kept) scaler_at_.erase(std::next(scaler_at_.begin()));
   }
-  return interval_;
+  return {interval_, 0, 0};
 }
 
 awaitable<void> rollback_recovery::lost(engine::worker_info w) {

@@ -29,7 +29,7 @@ class rollback_recovery : public engine::head_recovery {
 
   // The checkpoint interval k (decided after the first iteration's profile: checkpoint.interval,
   // or Young's optimum), and the loss scaler at the checkpoint points.
-  int planned(const engine::planned_iteration& it) override;
+  engine::checkpoint_place planned(const engine::planned_iteration& it) override;
   bool active() const override { return state_.has_value(); }
   asio::awaitable<void> lost(engine::worker_info w) override;
   bool involves(transport::node_id n) const override;

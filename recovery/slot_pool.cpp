@@ -7,6 +7,7 @@ namespace moevement::recovery {
 
 std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
   std::span<std::byte> memory;
+  bool fresh = true;
   {
     std::lock_guard lock(mu_);
     entry* best = nullptr;
@@ -17,6 +18,8 @@ std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
     if (best != nullptr) {
       best->lent = true;
       best->spared = 0;  // used: an ordinary region from now on
+      fresh = !best->used;
+      best->used = true;
       memory = best->memory();
     } else if (!share_) {
       missed_.push_back(bytes);
@@ -34,6 +37,7 @@ std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
       return std::nullopt;  // the heap, then
     }
     e.lent = true;
+    e.used = true;
     memory = e.memory();
     std::lock_guard lock(mu_);
     regions_.emplace(memory.data(), std::move(e));
@@ -42,7 +46,7 @@ std::optional<slot_memory> slot_pool::take(std::size_t bytes) {
   // outside the lock: if it cannot be made, the deleter gives the region back at once.
   std::shared_ptr<void> owner(static_cast<void*>(memory.data()),
                               [this](void* base) { give_back(static_cast<std::byte*>(base)); });
-  return slot_memory{memory, std::move(owner), true};
+  return slot_memory{memory, std::move(owner), true, fresh};
 }
 
 std::vector<transport::shared_memory> slot_pool::release_files() {
@@ -67,7 +71,7 @@ void slot_pool::give_back(const std::byte* base) {
 void slot_pool::adopt(transport::bulk_region region) {
   if (region.memory().empty()) return;
   std::lock_guard lock(mu_);
-  add_free(entry{{}, std::move(region), false, 0});
+  add_free(entry{{}, std::move(region), false, 0, true});  // a restore wrote it
 }
 
 void slot_pool::adopt(transport::shared_memory file, std::size_t refills) {
@@ -75,6 +79,7 @@ void slot_pool::adopt(transport::shared_memory file, std::size_t refills) {
   entry e;
   e.shared = std::move(file);
   e.spared = refills;
+  e.used = true;  // a restore wrote it
   std::lock_guard lock(mu_);
   add_free(std::move(e));
 }

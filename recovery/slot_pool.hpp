@@ -82,6 +82,7 @@ class slot_pool {
     transport::bulk_region region;    // (declared after: unexported before the unmap)
     bool lent = false;
     std::size_t spared = 0;  // refills it stays while free (adopt)
+    bool used = false;       // lent before (or adopted): its pages were written
     std::span<std::byte> memory() const {
       return shared.empty() ? region.memory() : shared.memory();
     }

@@ -91,7 +91,8 @@ stage_schedule::stage_schedule(const sparse_config& config,
 }
 
 void stage_schedule::add_popularity(std::int64_t iteration,
-                                    std::span<models::operator_state* const> ops) {
+                                    std::span<models::operator_state* const> ops,
+                                    std::optional<std::uint64_t> window) {
   if (ops.size() != n_) throw std::invalid_argument("sparse schedule: operator count changed");
   // A gate's counters are per expert of its layer: the next routed_tokens().size() experts.
   std::vector<double> c(n_, 0.0);
@@ -106,18 +107,21 @@ void stage_schedule::add_popularity(std::int64_t iteration,
       ++e;
     }
   }
-  add_counts(iteration, c);
+  add_counts(iteration, c, window);
 }
 
-void stage_schedule::add_counts(std::int64_t iteration, std::span<const double> counts) {
+void stage_schedule::add_counts(std::int64_t iteration, std::span<const double> counts,
+                                std::optional<std::uint64_t> window) {
   if (counts.size() != n_) throw std::invalid_argument("sparse schedule: operator count changed");
-  auto& c = counts_[std::uint64_t(iteration) / std::uint64_t(w_)];
+  const std::uint64_t win = window.value_or(std::uint64_t(iteration) / std::uint64_t(w_));
+  auto& c = counts_[win];
   c.resize(n_, 0.0);
   if (config_.order_by == ordering::time_decayed) {
     // One step of the moving average per iteration (a mini-batch), over every replica's
     // counts of it: they are gathered until the next iteration (or a schedule) folds them in.
     if (iteration != pending_iteration_) fold_pending();
     pending_iteration_ = iteration;
+    pending_window_ = win;
     pending_.resize(n_, 0.0);
     for (std::size_t i = 0; i < n_; ++i) {
       if (is_expert_[i]) pending_[i] += counts[i];
@@ -135,7 +139,7 @@ void stage_schedule::add_counts(std::int64_t iteration, std::span<const double> 
 void stage_schedule::fold_pending() {
   if (pending_iteration_ < 0) return;
   decayed_.resize(n_, 0.0);
-  auto& c = counts_[std::uint64_t(pending_iteration_) / std::uint64_t(w_)];
+  auto& c = counts_[pending_window_];
   c.assign(n_, 0.0);  // the window's popularity: the moving average as of its last iteration
   for (std::size_t i = 0; i < n_; ++i) {
     if (!is_expert_[i]) continue;
@@ -146,8 +150,10 @@ void stage_schedule::fold_pending() {
   pending_.assign(n_, 0.0);
 }
 
-const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint64_t window) {
+const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint64_t window,
+                                                                       int w) {
   if (auto it = schedules_.find(window); it != schedules_.end()) return it->second;
+  if (w <= 0) w = w_;
   fold_pending();
   if (window > 0) {
     if (auto it = counts_.find(window - 1); it != counts_.end()) {
@@ -171,7 +177,8 @@ const std::vector<sim::schedule_slot>& stage_schedule::window_schedule(std::uint
   // Counts and schedules older than the window before are of no further use.
   counts_.erase(counts_.begin(), counts_.lower_bound(window == 0 ? 0 : window - 1));
   schedules_.erase(schedules_.begin(), schedules_.lower_bound(window == 0 ? 0 : window - 1));
-  return schedules_[window] = sim::generate_schedule(order_, w_, o_active_);
+  const int o_active = int((n_ + std::size_t(w) - 1) / std::size_t(w));
+  return schedules_[window] = sim::generate_schedule(order_, w, o_active);
 }
 
 void stage_schedule::load(state s) {
@@ -193,7 +200,7 @@ void stage_schedule::load(state s) {
     if (c.size() != n_) bad("counts of window " + std::to_string(w) + " do not fit");
   }
   for (const auto& [w, slots] : s.schedules) {
-    if (slots.size() != std::size_t(w_))
+    if (slots.empty() || slots.size() > (std::size_t(1) << 20))
       bad("a schedule of " + std::to_string(slots.size()) + " slots");
     for (const auto& sl : slots) {
       for (std::size_t i : sl.active) {
@@ -211,6 +218,7 @@ void stage_schedule::load(state s) {
   decayed_ = std::move(s.decayed);
   pending_ = std::move(s.pending);
   pending_iteration_ = s.pending_iteration;
+  pending_window_ = s.pending_window;
   counts_ = std::move(s.counts);
   schedules_ = std::move(s.schedules);
   reorders_ = s.reorders;
@@ -254,14 +262,26 @@ void sparse_capture::slot_write::write() const {
 }
 
 std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
-    std::int64_t iteration, std::span<models::operator_state* const> ops) {
+    std::int64_t iteration, std::span<models::operator_state* const> ops,
+    std::optional<engine::checkpoint_place> place) {
   if (schedule_ == nullptr) return std::nullopt;  // W_sparse not chosen yet
   stage_schedule& schedule_ = *this->schedule_;
+  if (!place || place->w_sparse < 1) {
+    const auto w = std::uint64_t(schedule_.w_sparse());
+    place = engine::checkpoint_place{int(w), std::uint64_t(iteration) / w,
+                                     std::uint32_t(std::uint64_t(iteration) % w)};
+  }
+  const auto w = std::uint64_t(place->w_sparse);
+  const std::uint64_t window = place->window;
+  const std::uint32_t slot = place->slot;
+  if (slot >= w) {
+    throw std::invalid_argument(fmt::format("sparse capture: slot {} of a window of {}", slot, w));
+  }
   const auto add_popularity = [&] {
     if (!distributed_) {
-      schedule_.add_popularity(iteration, ops);
+      schedule_.add_popularity(iteration, ops, window);
     } else if (counts_.size() == ops.size()) {
-      schedule_.add_counts(iteration, counts_);
+      schedule_.add_counts(iteration, counts_, window);
     }
   };
   if (ops.size() != schedule_.operators()) {
@@ -269,9 +289,6 @@ std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
                                 std::to_string(ops.size()) + " operators, the schedule " +
                                 std::to_string(schedule_.operators()));
   }
-  const auto w = std::uint64_t(schedule_.w_sparse());
-  const auto window = std::uint64_t(iteration) / w;
-  const auto slot = std::uint32_t(std::uint64_t(iteration) % w);
   auto it = windows_.find(window);
   if (it == windows_.end()) {
     if (slot != 0 || (skipped_ && *skipped_ == window)) {
@@ -290,7 +307,13 @@ std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
     b.slots.resize(w);
     it = windows_.emplace(window, std::move(b)).first;
   }
-  const auto& sched = schedule_.window_schedule(window)[slot];
+  const auto& schedule = schedule_.window_schedule(window, int(w));
+  if (schedule.size() != w) {
+    throw std::invalid_argument(
+        fmt::format("sparse capture: window {} was scheduled with {} slots, the step says {}",
+                    window, schedule.size(), w));
+  }
+  const auto& sched = schedule[slot];
   {
     std::uint64_t& h = it->second.schedule_digest;
     auto mix = [&h](std::uint64_t v) {
@@ -313,6 +336,8 @@ std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
   job.bytes = buf.bytes();
   job.keep = buf.memory.owner;
   job.lent = buf.memory.lent;
+  job.fresh = buf.memory.fresh;
+  buf.memory.fresh = false;  // written from now on
   job.scaler = scaler_ ? *scaler_ : models::loss_scaler{};
   job.tag = {window, slot, iteration + 1, stage_, replica_};
   job.device = device_ != nullptr && device_->state_on_device() ? device_ : nullptr;
@@ -327,6 +352,7 @@ void sparse_capture::end_capture(const slot_write& job) {
   if (it == windows_.end()) return;  // dropped meanwhile (a recovery): nothing to count
   last_slot_bytes_ = job.bytes.size();
   last_slot_lent_ = job.lent;
+  last_slot_fresh_ = job.fresh;
   ++it->second.captured;
   const auto w = std::uint32_t(it->second.slots.size());
   if (!distributed_ && job.tag.slot + 1 == w && it->second.captured == int(w)) {
@@ -484,9 +510,12 @@ std::vector<std::span<const std::byte>> sparse_capture::window_slots(std::uint64
 
 void sparse_capture::trim_spares() {
   // Buffers of dropped windows are reused by the next ones, but only as many as the steady
-  // state holds (the persisted window and the one being captured): a peak (replication
-  // behind, or a window a recovery kept from persisting) must not stay allocated for good.
-  constexpr std::size_t steady_windows = 2;
+  // state holds: the persisted window, the one its replicas are still being told of, and the
+  // one being captured (a window's persist usually arrives after the next window's first
+  // capture began: with two, every window of W = 1 took new memory, whose first touch costs
+  // ten to twenty times the copy). A peak (replication behind, or a window a recovery kept
+  // from persisting) must not stay allocated for good.
+  constexpr std::size_t steady_windows = 3;
   while (!spare_.empty() && windows_.size() + spare_.size() > steady_windows) spare_.pop_back();
 }
 
@@ -495,20 +524,28 @@ std::uint64_t sparse_capture::schedule_digest(std::uint64_t window) const {
   return it == windows_.end() ? 0 : it->second.schedule_digest;
 }
 
+std::optional<engine::checkpoint_place> sparse_capture::place_of(std::int64_t iteration) const {
+  // Slot j of a window is captured by the step of its first iteration - 1 + j.
+  for (const auto& [id, b] : windows_) {
+    const std::int64_t j = iteration - (b.first_iteration - 1);
+    if (j >= 0 && j < std::int64_t(b.slots.size())) {
+      return engine::checkpoint_place{int(b.slots.size()), id, std::uint32_t(j)};
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<std::span<const std::byte>> sparse_capture::slot_of(std::int64_t iteration) const {
-  if (schedule_ == nullptr) return std::nullopt;
-  const auto w = std::uint64_t(schedule_->w_sparse());
-  const auto it = windows_.find(std::uint64_t(iteration) / w);
-  if (it == windows_.end()) return std::nullopt;
-  const auto& slot = it->second.slots[std::uint64_t(iteration) % w];
+  const auto place = place_of(iteration);
+  if (!place) return std::nullopt;
+  const auto& slot = windows_.at(place->window).slots[place->slot];
   if (slot.size == 0 || writing_ == iteration) return std::nullopt;  // none, or not written yet
   return std::span<const std::byte>(slot.bytes());
 }
 
 bool sparse_capture::complete(std::uint64_t window) const {
   const auto it = windows_.find(window);
-  return it != windows_.end() && schedule_ != nullptr &&
-         it->second.captured == schedule_->w_sparse();
+  return it != windows_.end() && it->second.captured == int(it->second.slots.size());
 }
 
 std::int64_t sparse_capture::first_iteration(std::uint64_t window) const {

@@ -79,21 +79,27 @@ class stage_schedule {
   // Throws std::invalid_argument when w_sparse is 0 and the profile is missing.
   stage_schedule(const sparse_config& config, std::span<models::operator_state* const> ops);
 
+  // The W it was made with: every window's, in process; under moevement_policy the head
+  // places each step (engine::checkpoint_place) and a window's W may differ from it.
   int w_sparse() const { return w_; }
   int o_active() const { return o_active_; }
   std::size_t operators() const { return n_; }
 
   // Adds one replica's popularity counters after the step of `iteration` (the gates'
-  // routed-token counts, attributed to each gate's experts).
-  void add_popularity(std::int64_t iteration, std::span<models::operator_state* const> ops);
+  // routed-token counts, attributed to each gate's experts), counted for `window` (the
+  // window that step's slot belongs to; by default iteration / w_sparse()).
+  void add_popularity(std::int64_t iteration, std::span<models::operator_state* const> ops,
+                      std::optional<std::uint64_t> window = std::nullopt);
   // Adds per-operator counts (engine::operator_popularity, summed over replicas).
-  void add_counts(std::int64_t iteration, std::span<const double> counts);
+  void add_counts(std::int64_t iteration, std::span<const double> counts,
+                  std::optional<std::uint64_t> window = std::nullopt);
 
   // The schedule of window `window` (fixed once asked for): the previous window's order, or
   // a new ascending-popularity order when the popularity of the window before moved enough
   // (sim::should_reorder). Non-expert operators are treated as the most popular (they see
   // every token), so experts come first, as in the paper's Figure 6.
-  const std::vector<sim::schedule_slot>& window_schedule(std::uint64_t window);
+  // w: the window's size (0: w_sparse()).
+  const std::vector<sim::schedule_slot>& window_schedule(std::uint64_t window, int w = 0);
   std::uint64_t reorders() const { return reorders_; }
 
   // Everything the next windows' schedules depend on (the order, the popularity it came
@@ -109,10 +115,11 @@ class stage_schedule {
     std::vector<double> decayed;  // time_decayed: the moving average so far
     std::vector<double> pending;  // time_decayed: counts of pending_iteration not folded yet
     std::int64_t pending_iteration = -1;
+    std::uint64_t pending_window = 0;
   };
   state save() const {
-    return {order_,    order_popularity_, counts_,  schedules_,
-            reorders_, decayed_,          pending_, pending_iteration_};
+    return {order_,   order_popularity_,  counts_,        schedules_, reorders_, decayed_,
+            pending_, pending_iteration_, pending_window_};
   }
   // Throws std::invalid_argument when `s` does not fit this stage's operators.
   void load(state s);
@@ -131,6 +138,7 @@ class stage_schedule {
   std::vector<double> decayed_;  // [operator], time_decayed only
   std::vector<double> pending_;
   std::int64_t pending_iteration_ = -1;
+  std::uint64_t pending_window_ = 0;  // the window pending_iteration_'s counts go to
 };
 
 // The plan a replay of one iteration must apply (it depends on every stage's gradients).
@@ -146,6 +154,7 @@ struct slot_memory {
   std::span<std::byte> bytes;   // the capacity
   std::shared_ptr<void> owner;  // keeps the memory (or gives it back to its lender)
   bool lent = false;            // from a slot_allocator, not the heap
+  bool fresh = true;            // never written yet (its pages are made as the capture writes)
 };
 // Called on the capture thread (under the capture's lock): memory of at least `bytes`, or
 // nullopt (none free: the capture uses the heap this time and asks again at the next window).
@@ -199,6 +208,9 @@ class sparse_capture : public engine::stage_hooks {
   std::vector<std::span<const std::byte>> window_slots(std::uint64_t window) const;
   // The slot captured by the step of `iteration`, if it was (distributed use: to ship it).
   std::optional<std::span<const std::byte>> slot_of(std::int64_t iteration) const;
+  // Where the step of `iteration` captured (its window, slot, and the window's size), if a
+  // window held here has that step.
+  std::optional<engine::checkpoint_place> place_of(std::int64_t iteration) const;
   // Whether every slot of `window` was captured in this process.
   bool complete(std::uint64_t window) const;
   std::int64_t first_iteration(std::uint64_t window) const;
@@ -221,6 +233,7 @@ class sparse_capture : public engine::stage_hooks {
     std::span<std::byte> bytes;  // the slot's buffer
     std::shared_ptr<void> keep;  // its memory, alive whatever is dropped meanwhile
     bool lent = false;
+    bool fresh = false;  // the buffer was never written before
     snapshot_tag tag;
     models::loss_scaler scaler;
     std::vector<const models::operator_state*> ops;
@@ -228,8 +241,11 @@ class sparse_capture : public engine::stage_hooks {
     engine::device_state* device = nullptr;  // copies from the device; nullptr: from the host
     void write() const;
   };
+  // place: where the head put this step (moevement_policy); by default slot
+  // iteration % W of window iteration / W, W the schedule's.
   std::optional<slot_write> begin_capture(std::int64_t iteration,
-                                          std::span<models::operator_state* const> ops);
+                                          std::span<models::operator_state* const> ops,
+                                          std::optional<engine::checkpoint_place> place = {});
   void end_capture(const slot_write& job);
   void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
                         std::span<const float> tensor) override;
@@ -248,6 +264,8 @@ class sparse_capture : public engine::stage_hooks {
   std::size_t last_slot_bytes() const { return last_slot_bytes_; }
   // Whether that slot lies in lent memory (set_allocator), not on the heap.
   bool last_slot_lent() const { return last_slot_lent_; }
+  // Whether it was written into memory no capture had written before.
+  bool last_slot_fresh() const { return last_slot_fresh_; }
   // Boundary sends whose bytes differed from an earlier entry of the same key.
   std::uint64_t log_conflicts() const { return log_conflicts_; }
 
@@ -297,6 +315,7 @@ class sparse_capture : public engine::stage_hooks {
   std::map<std::int64_t, step_record> steps_;
   std::size_t last_slot_bytes_ = 0;
   bool last_slot_lent_ = false;
+  bool last_slot_fresh_ = false;
   std::uint64_t log_conflicts_ = 0;
 };
 

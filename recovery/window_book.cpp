@@ -24,11 +24,57 @@ constexpr std::int64_t stall_windows = 3;
 window_book::window_book(engine::head_control& job)
     : job_(job), durable_(engine::durable_tier(job.job())) {}
 
-int window_book::planned(const engine::planned_iteration& it) {
+engine::checkpoint_place window_book::planned(const engine::planned_iteration& it) {
   if (w_sparse_ == 0) choose_window_size(it);
+  if (plan_.empty()) plan_.start(it.iteration, w_sparse_);
+  // A step planned again (a recovery went back over it) goes where it went the first time.
+  if (it.iteration > planned_max_ && plan_.at(it.iteration).slot == 0) retune(it.iteration);
+  planned_max_ = std::max(planned_max_, it.iteration);
   steps_[it.iteration] = it.step;
   report_stall(it.iteration);
-  return w_sparse_;
+  return plan_.at(it.iteration);
+}
+
+void window_book::stepped(const engine::iteration_cost& c) {
+  if (tuner_) tuner_->add(c);
+}
+
+void window_book::retune(std::int64_t step) {
+  if (!tuner_) return;
+  const engine::checkpoint_place at = plan_.at(step);
+  const auto d = tuner_->decide(at.w_sparse);
+  if (!d) return;
+  if (auto* log = job_.log()) {
+    log->write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "window_tuned")
+                   .add("w_sparse", d->w)
+                   .add("previous", d->previous)
+                   .add("window", std::int64_t(at.window))
+                   .add("overhead", d->overhead)
+                   .add("max_overhead", job_.job().max_overhead)
+                   .add("measured_iterations", d->iterations)
+                   .add("measured_s", d->seconds)
+                   .add("stall_s", d->stall_s)
+                   .add("log_s", d->log_s)
+                   .add("capture_cpu_s", d->capture_cpu_s)
+                   .add("cpu_share_s", d->cpu_share_s)
+                   .add("iteration", step));
+  }
+  if (d->w == d->previous) return;
+  plan_.start(step, d->w);
+  w_sparse_ = d->w;
+  job_.notice(fmt::format(
+      "checkpoint windows: W_sparse {} -> {} from window {} on (capturing cost {:.2f}% of the "
+      "iteration time over the last {} iterations; checkpoint.max_overhead is {:g}%)",
+      d->previous, d->w, at.window, 100 * d->overhead, d->iterations,
+      100 * job_.job().max_overhead));
+}
+
+int window_book::w_of(std::uint64_t window) const {
+  if (const int w = plan_.w_of(window); w > 0) return w;
+  const auto it = resumed_sizes_.find(window);
+  return it != resumed_sizes_.end() ? it->second : w_sparse_;
 }
 
 void window_book::report_stall(std::int64_t iteration) {
@@ -38,7 +84,8 @@ void window_book::report_stall(std::int64_t iteration) {
   for (const auto& [window, done] : replicated_) {
     if (std::all_of(done.begin(), done.end(), [](bool b) { return b; })) continue;
     const std::int64_t first = window_first_[window];
-    if (iteration - first < stall_windows * w_sparse_) return;
+    const int w = w_of(window);
+    if (iteration - first < stall_windows * w) return;
     if (stall_reported_ && *stall_reported_ >= window) return;
     stall_reported_ = window;
     std::string missing;
@@ -50,7 +97,7 @@ void window_book::report_stall(std::int64_t iteration) {
     job_.notice(fmt::format(
         "snapshot replication is behind: window {} (iterations {}..{}) is not on the "
         "replicators of {} at iteration {}; a recovery now replays from {}",
-        window, first, first + w_sparse_ - 1, missing, iteration,
+        window, first, first + w - 1, missing, iteration,
         persisted_ ? fmt::format("window {}", *persisted_) : std::string("the initial state")));
     if (auto* log = job_.log()) {
       log->write(engine::json_record{}
@@ -66,13 +113,14 @@ void window_book::report_stall(std::int64_t iteration) {
 }
 
 std::int64_t window_book::replication_lag(std::int64_t iteration) const {
-  return persisted_ ? iteration - (persisted_first_ + w_sparse_ - 2) : -1;
+  return persisted_ ? iteration - (persisted_first_ + w_of(*persisted_) - 2) : -1;
 }
 
 void window_book::recovered(std::int64_t target, bool layout_changed) {
   // A durable write in flight may never be answered by a lost stage: the next persisted
   // window is written instead.
   durable_inflight_.reset();
+  if (tuner_) tuner_->clear();  // what was measured before the loss is not the steady state
   if (layout_changed) {
     // Resumed at another layout: the windows on disk are of the old one, which no restore of
     // this job reads again. Until the first window of this layout persists, a loss stops the
@@ -102,6 +150,13 @@ void window_book::recovered(std::int64_t target, bool layout_changed) {
 
 void window_book::resume_from(const engine::resume_point& p) {
   w_sparse_ = p.w_sparse;
+  resumed_sizes_ = p.window_sizes;
+  // Windows go on from the journal's, W as it was there (its first step is first - 1); the
+  // stages drop any newer window on disk as they restore.
+  plan_ = window_plan{};
+  plan_.start(p.windows.at(p.window) - 1, p.w_sparse, p.window);
+  planned_max_ = p.target_iteration - 1;
+  make_tuner();
   steps_ = p.steps;
   durable_windows_ = p.windows;
   persisted_ = p.window;
@@ -177,6 +232,8 @@ void window_book::maybe_persist() {
   const std::int64_t keep_from =
       durable_windows_.empty() ? first : std::min(first, durable_windows_.begin()->second);
   steps_.erase(steps_.begin(), steps_.lower_bound(keep_from));
+  plan_.forget_before(durable_windows_.empty() ? window
+                                               : std::min(window, durable_windows_.begin()->first));
   for (const auto& [n, w] : job_.workers()) {
     for (const actor_ref& r : {w.checkpoint, w.replicator}) {
       if (!r.valid()) continue;
@@ -246,6 +303,23 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
   durable_inflight_.reset();
 }
 
+void window_book::make_tuner() {
+  const auto& job = job_.job();
+  if (job.w_sparse > 0 || !(job.max_overhead > 0)) return;
+  tuner_config c;
+  c.max_overhead = job.max_overhead;
+  if (job.train.device == models::device::cpu) {
+    std::map<std::string, double> hosts;  // the cores of each host with a stage
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    for (const auto& [n, w] : job_.workers()) {
+      if (w.stage >= 0) hosts[w.host] = cores;
+    }
+    for (const auto& [h, k] : hosts) c.cores += k;
+  }
+  for (const auto& [n, w] : job_.workers()) c.ceiling = std::max(c.ceiling, int(w.op_sizes.size()));
+  tuner_.emplace(c);
+}
+
 void window_book::choose_window_size(const engine::planned_iteration& it) {
   const auto& job = job_.job();
   double bandwidth = 0.0, budget_s = 0.0;  // Algorithm 1's inputs
@@ -285,6 +359,7 @@ void window_book::choose_window_size(const engine::planned_iteration& it) {
     w_sparse_ = bandwidth > 0
                     ? std::max(1, choose_window(sizes, std::max(in.seconds, 1e-9), bandwidth))
                     : 1;
+    make_tuner();
   }
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
@@ -294,6 +369,7 @@ void window_book::choose_window_size(const engine::planned_iteration& it) {
                    .add("profile_iteration_s", it.seconds)
                    .add("profile_bandwidth", bandwidth)
                    .add("profile_budget_s", budget_s)
+                   .add("tuned", tuner_.has_value())
                    .add("iteration", job_.iteration()));
   }
 }
@@ -302,14 +378,16 @@ engine::resume_point window_book::journal_point() const {
   const auto& job = job_.job();
   engine::resume_point p;
   p.window = durable_inflight_.value_or(0);
-  p.w_sparse = w_sparse_;
+  p.w_sparse = w_of(p.window);
   // The scaler is the one after the last planned step: training goes on right after it.
   p.target_iteration = steps_.empty() ? job_.iteration() : steps_.rbegin()->first + 1;
   p.scaler = job_.scaler();
   p.pp = job.pp;
   p.dp = job.dp;
   for (const auto& [w, first] : durable_windows_) {
-    if (w <= p.window) p.windows[w] = first;
+    if (w > p.window) continue;
+    p.windows[w] = first;
+    p.window_sizes[w] = w_of(w);
   }
   const std::int64_t from = p.windows.empty() ? p.target_iteration : p.windows.begin()->second;
   for (auto it = steps_.lower_bound(from); it != steps_.end(); ++it) p.steps.insert(*it);

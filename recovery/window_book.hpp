@@ -1,5 +1,6 @@
 // Policy moevement's windows as the head keeps track of them (docs/recovery.md): W_sparse
-// (Algorithm 1, with the first iteration as its profile), the step plans a replay applies,
+// (Algorithm 1, with the first iteration as its profile, then re-chosen from what capturing
+// costs: window_tuner), where each step's slot goes (window_plan), the step plans a replay applies,
 // which window every stage replica has replicated (the newest such is persisted: a recovery
 // starts from it), and the durable tier's writes, one window at a time, with what a --resume
 // needs beside them (the journal point). Part of region_recovery; through engine::head_control.
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "engine/head_recovery.hpp"
+#include "recovery/window_plan.hpp"
+#include "recovery/window_tuner.hpp"
 
 namespace moevement::recovery {
 
@@ -19,8 +22,10 @@ class window_book {
   explicit window_book(engine::head_control& job);
 
   // Iteration it's step is planned: its plan is kept for replays (W_sparse chosen after the
-  // first). Returns W_sparse.
-  int planned(const engine::planned_iteration& it);
+  // first, re-chosen at a window's start). Returns where its slot goes.
+  engine::checkpoint_place planned(const engine::planned_iteration& it);
+  // Every stage stepped it: what its checkpoints cost (the tuner's measure).
+  void stepped(const engine::iteration_cost& c);
   // A stage replica replicated a window; not persisted while a recovery pulls the persisted one
   // (a newer one would make the replicators drop the slots it pulls).
   void replicated(engine::wire::WindowReplicated::Reader m, bool recovering);
@@ -31,8 +36,9 @@ class window_book {
   // --resume: the windows, steps and W_sparse as the journal says.
   void resume_from(const engine::resume_point& p);
 
-  int w_sparse() const { return w_sparse_; }
-  bool durable() const { return durable_; }  // checkpoint.durable
+  int w_sparse() const { return w_sparse_; }  // the newest window's
+  int w_of(std::uint64_t window) const;       // that window's (the newest's if unknown)
+  bool durable() const { return durable_; }   // checkpoint.durable
   const std::optional<std::uint64_t>& persisted() const { return persisted_; }
   std::int64_t persisted_first() const { return persisted_first_; }
   // The durable windows the stages may still hold (window -> first iteration), oldest first.
@@ -43,6 +49,9 @@ class window_book {
 
  private:
   void choose_window_size(const engine::planned_iteration& it);
+  // At a window's first step, planned for the first time: W for it from the tuner.
+  void retune(std::int64_t step);
+  void make_tuner();  // with Algorithm 1's W and checkpoint.max_overhead > 0
   // A window not on every stage's replicators long after it began: a notice and a run log
   // `window_stalled` event naming the stage replicas it waits for (once per window).
   void report_stall(std::int64_t iteration);
@@ -54,6 +63,10 @@ class window_book {
   engine::head_control& job_;
   bool durable_ = false;
   int w_sparse_ = 0;
+  window_plan plan_;
+  std::optional<window_tuner> tuner_;                      // W chosen by Algorithm 1 and tuned
+  std::int64_t planned_max_ = -1;                          // the newest step planned
+  std::map<std::uint64_t, int> resumed_sizes_;             // --resume: the journal's windows' W
   std::map<std::int64_t, engine::planned_step> steps_;     // from the oldest window kept
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [d * pp + s] done
   std::map<std::uint64_t, std::int64_t> window_first_;

@@ -69,6 +69,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"checkpoint.policy",
            {std::string("moevement"), [](auto& j) { return j.policy == policy_kind::moevement; }}},
           {"checkpoint.w_sparse", {std::int64_t(4), [](auto& j) { return j.w_sparse == 4; }}},
+          {"checkpoint.max_overhead", {0.05, [](auto& j) { return j.max_overhead == 0.05; }}},
           {"checkpoint.replicas",
            {std::int64_t(3), [](auto& j) { return j.snapshot_replicas == 3; }}},
           {"checkpoint.replay_threads",
@@ -315,6 +316,8 @@ TEST(job_config, baseline_knobs) {
   EXPECT_EQ(reject({{"checkpoint.keep", std::int64_t(1)}}).key, "checkpoint.keep");
   EXPECT_EQ(reject({{"checkpoint.interval", std::int64_t(-1)}}).key, "checkpoint.interval");
   EXPECT_EQ(reject({{"checkpoint.mtbf_s", 0.0}}).key, "checkpoint.mtbf_s");
+  EXPECT_EQ(reject({{"checkpoint.max_overhead", 1.5}}).key, "checkpoint.max_overhead");
+  EXPECT_EQ(reject({{"checkpoint.max_overhead", -0.01}}).key, "checkpoint.max_overhead");
   EXPECT_EQ(reject({{"checkpoint.pec_order", std::string("random")}}).key, "checkpoint.pec_order");
   EXPECT_EQ(reject({{"checkpoint.dir", std::string("")}}).key, "checkpoint.dir");
 }

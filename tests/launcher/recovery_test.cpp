@@ -102,6 +102,35 @@ TEST(recovery, capture_and_replication_change_no_bit) {
   EXPECT_GE(persisted, 4) << "12 iterations with W=2 persist a window every 2 iterations";
 }
 
+// W_sparse re-chosen mid-run (checkpoint.max_overhead, recovery/window_tuner.hpp): with a
+// bound no capture meets, the head raises W at window starts from Algorithm 1's on, the stages
+// capture where it places each step, and a stage killed after the change is rebuilt from a
+// window of whatever W it had, bit-exact.
+TEST(recovery, a_w_sparse_tuned_mid_run_keeps_recovery_bit_exact) {
+  const std::string tuned = tiny() +
+                            " --set train.iterations=40 --set train.seq_len=16 --set "
+                            "parallel.pp=3 --set checkpoint.policy=moevement --set "
+                            "cluster.spares=1 --set cluster.failure_timeout_ms=3000 --set "
+                            "checkpoint.max_overhead=1e-9 --inject kill:stage=1,replica=0,iter=34";
+  const auto o = launch("tuned", tuned);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1, 40));
+  int raised = 0, most = 0;
+  for (const auto& l : o.log) {
+    if (l.find("\"event\":\"window_tuned\"") == std::string::npos) continue;
+    const int w = int(number_field(l, "w_sparse"));
+    most = std::max(most, w);
+    raised += w > int(number_field(l, "previous")) && number_field(l, "iteration") < 34;
+  }
+  EXPECT_GE(raised, 1) << "W was raised before the kill\n" << o.output;
+  EXPECT_NE(o.output.find("checkpoint windows: W_sparse"), std::string::npos) << o.output;
+  const std::string* start = event(o, "recovery_start");
+  ASSERT_NE(start, nullptr) << o.output;
+  EXPECT_GE(number_field(*start, "window"), 0);
+  EXPECT_LE(number_field(*start, "target_iteration") - number_field(*start, "replay_from"),
+            2 * most);
+}
+
 // The last iteration record's cumulative count of replicas made by mapping or by pulling.
 std::pair<double, double> replica_kinds(const outcome& o) {
   std::pair<double, double> last{-1, -1};

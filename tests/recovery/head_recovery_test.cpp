@@ -25,6 +25,8 @@
 #include "actors/deterministic.hpp"
 #include "actors/supervisor.hpp"
 #include "recovery/region_supervisor.hpp"
+#include "recovery/window_plan.hpp"
+#include "recovery/window_tuner.hpp"
 
 namespace moevement::recovery {
 namespace {
@@ -148,7 +150,7 @@ class fake_head : public actors::actor, public engine::head_control {
     for (std::int64_t i = 0; i < 12; ++i) {
       engine::planned_iteration it;
       it.iteration = i;
-      EXPECT_EQ(recovery->planned(it), 4);
+      EXPECT_EQ(recovery->planned(it).w_sparse, 4);
     }
     for (int s = 0; s < job_.pp; ++s) {
       capnp::MallocMessageBuilder msg;
@@ -559,6 +561,112 @@ TEST(rollback_recovery, past_its_restart_intensity_the_job_stops_saying_so) {
     EXPECT_TRUE(c.restores(6).empty());
     EXPECT_TRUE(h->done.empty());
   });
+}
+
+// ---- W_sparse re-chosen at a window's start (window_plan, window_tuner)
+
+TEST(window_plan, places_every_step_and_changes_w_only_at_a_window_start) {
+  window_plan p;
+  EXPECT_EQ(p.at(3).w_sparse, 0) << "nothing placed before the plan starts";
+  p.start(0, 4);
+  const auto at = [&](std::int64_t i) {
+    const auto c = p.at(i);
+    return std::tuple{c.w_sparse, c.window, c.slot};
+  };
+  EXPECT_EQ(at(0), std::tuple(4, 0u, 0u));
+  EXPECT_EQ(at(5), std::tuple(4, 1u, 1u));
+  EXPECT_THROW(p.start(9, 2), std::logic_error) << "step 9 is slot 1 of window 2";
+  p.start(8, 2);  // window 2 onwards: windows of 2, numbered on
+  EXPECT_EQ(at(7), std::tuple(4, 1u, 3u)) << "the steps before keep their places";
+  EXPECT_EQ(at(8), std::tuple(2, 2u, 0u));
+  EXPECT_EQ(at(11), std::tuple(2, 3u, 1u));
+  p.start(12, 8);
+  EXPECT_EQ(at(21), std::tuple(8, 5u, 1u));
+  EXPECT_EQ(p.w_of(1), 4);
+  EXPECT_EQ(p.w_of(3), 2);
+  EXPECT_EQ(p.w_of(9), 8);
+  // A step planned again after a recovery gets the place it had; replacing a segment from
+  // its own first step changes only what follows.
+  p.start(12, 3);
+  EXPECT_EQ(at(12), std::tuple(3, 4u, 0u));
+  EXPECT_EQ(p.segments().size(), 3u);
+  p.forget_before(4);
+  EXPECT_EQ(p.segments().size(), 1u) << "windows 4.. lie in the last segment only";
+  EXPECT_EQ(p.w_of(3), 0) << "forgotten";
+  EXPECT_EQ(p.w_of(4), 3);
+  EXPECT_THROW(p.start(20, 0), std::invalid_argument);
+  window_plan resumed;  // a resumed job: windows go on from the journal's
+  resumed.start(75, 25, 3);
+  EXPECT_EQ(resumed.at(100).window, 4u);
+  EXPECT_EQ(resumed.at(100).slot, 0u);
+}
+
+engine::iteration_cost cost(double seconds, double stall, std::uint64_t fresh = 0,
+                            double cpu = 0.0) {
+  engine::iteration_cost c;
+  c.snapshot_bytes = 100 << 20;
+  c.seconds = seconds;
+  c.stall_s = stall;
+  c.capture_cpu_s = cpu;
+  c.fresh_bytes = fresh;
+  return c;
+}
+
+TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_when_cheap) {
+  window_tuner t({.max_overhead = 0.01, .ceiling = 40});
+  for (int i = 0; i < 3; ++i) t.add(cost(1.0, 0.0));
+  EXPECT_FALSE(t.decide(4)) << "a window of 4 is not measured yet";
+  t.add(cost(1.0, 0.2));  // 0.2 s of stall in 4 s: 0.2 / 3.8 = 5.3%
+  auto d = t.decide(4);
+  ASSERT_TRUE(d);
+  EXPECT_NEAR(d->overhead, 0.2 / 3.8, 1e-12);
+  EXPECT_EQ(d->w, 16) << "at most four times at once";
+  for (int i = 0; i < 16; ++i) t.add(cost(1.0, i == 0 ? 0.024 : 0.0));  // 0.15%
+  d = t.decide(16);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->w, 16) << "one cheap window is not enough to halve";
+  for (int i = 0; i < 16; ++i) t.add(cost(1.0, 0.0));
+  d = t.decide(16);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->w, 8) << "two in a row are";
+  for (int i = 0; i < 8; ++i) t.add(cost(1.0, 0.0101));  // just over 1%: at least W + 1
+  d = t.decide(8);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->w, 9);
+  for (int i = 0; i < 9; ++i) t.add(cost(1.0, 0.5));
+  EXPECT_EQ(t.decide(9)->w, 36);
+  for (int i = 0; i < 36; ++i) t.add(cost(1.0, 0.5));
+  EXPECT_EQ(t.decide(36)->w, 40) << "never past the ceiling (one operator per slot)";
+}
+
+TEST(window_tuner, a_warm_up_window_decides_nothing_and_cpu_counts_on_cpu_stages) {
+  window_tuner t({.max_overhead = 0.01, .cores = 2, .ceiling = 64});
+  t.add(cost(1.0, 0.3, 30 << 20));  // slots into fresh memory: the kernel made their pages
+  for (int i = 0; i < 3; ++i) t.add(cost(1.0, 0.3));
+  EXPECT_FALSE(t.decide(4));
+  EXPECT_EQ(t.warm_ups(), 1);
+  t.add(cost(1.0, 0.0, 4 << 20));  // a few fresh bytes (a slot grew a little): measured
+  for (int i = 0; i < 3; ++i) t.add(cost(1.0, 0.0));
+  EXPECT_EQ(t.decide(4)->w, 4);
+  for (int i = 0; i < 4; ++i) t.add(cost(1.0, 0.0, 0, 0.05));  // 5% of a core of two: 2.5%
+  auto d = t.decide(4);
+  ASSERT_TRUE(d);
+  EXPECT_NEAR(d->cpu_share_s, 0.1, 1e-12);
+  EXPECT_EQ(d->w, 11);  // ceil(4 x 2.56)
+  window_tuner gpu(
+      {.max_overhead = 0.01, .ceiling = 64});  // GPU stages: the host's cores are not the compute's
+  for (int i = 0; i < 4; ++i) gpu.add(cost(1.0, 0.0, 0, 0.05));
+  EXPECT_EQ(gpu.decide(4)->w, 4);
+  window_tuner off(
+      {.max_overhead = 0.0, .cores = 2, .ceiling = 64});  // checkpoint.max_overhead = 0
+  for (int i = 0; i < 8; ++i) off.add(cost(1.0, 0.9));
+  EXPECT_FALSE(off.decide(4));
+  // A recovery clears what was measured.
+  window_tuner r({.max_overhead = 0.01, .ceiling = 64});
+  for (int i = 0; i < 3; ++i) r.add(cost(1.0, 0.9));
+  r.clear();
+  r.add(cost(1.0, 0.9));
+  EXPECT_FALSE(r.decide(1)) << "one iteration since the recovery";
 }
 
 }  // namespace

@@ -1,0 +1,51 @@
+#include "recovery/window_tuner.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moevement::recovery {
+
+void window_tuner::add(const engine::iteration_cost& c) {
+  if (!(c.seconds > 0)) return;
+  ++m_.iterations;
+  m_.seconds += c.seconds;
+  m_.stall_s += std::max(0.0, c.stall_s);
+  m_.log_s += std::max(0.0, c.log_s);
+  m_.capture_cpu_s += std::max(0.0, c.capture_cpu_s);
+  m_.snapshot_bytes += c.snapshot_bytes;
+  m_.fresh_bytes += c.fresh_bytes;
+}
+
+std::optional<window_tuner::decision> window_tuner::decide(int w) {
+  if (!(c_.max_overhead > 0) || m_.iterations < std::max(w, min_iterations)) return std::nullopt;
+  if (double(m_.fresh_bytes) > warm_up_share * double(m_.snapshot_bytes)) {
+    ++warm_ups_;
+    m_ = {};
+    return std::nullopt;
+  }
+  decision d;
+  d.previous = w;
+  d.iterations = m_.iterations;
+  d.seconds = m_.seconds;
+  d.stall_s = m_.stall_s;
+  d.log_s = m_.log_s;
+  d.capture_cpu_s = m_.capture_cpu_s;
+  d.cpu_share_s = c_.cores > 0 ? m_.capture_cpu_s / c_.cores : 0.0;
+  const double cost = m_.stall_s + m_.log_s + d.cpu_share_s;
+  d.overhead = cost / std::max(m_.seconds - cost, 1e-9);
+  const int ceiling = std::max(c_.ceiling, 1), floor = std::clamp(c_.floor, 1, ceiling);
+  d.w = w;
+  calm_ = d.overhead < c_.max_overhead / 4 ? calm_ + 1 : 0;
+  if (d.overhead > c_.max_overhead) {
+    const double grow = std::min(grow_at_most, d.overhead / c_.max_overhead);
+    d.w = std::max(w + 1, int(std::ceil(double(w) * grow)));
+  } else if (calm_ >= calm_decisions) {
+    d.w = w / 2;
+    calm_ = 0;
+  }
+  d.w = std::clamp(d.w, floor, ceiling);
+  m_ = {};
+  return d;
+}
+
+}  // namespace moevement::recovery

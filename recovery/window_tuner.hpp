@@ -1,0 +1,81 @@
+// Policy moevement's W_sparse, re-chosen from what capturing really costs (issue: Algorithm 1
+// takes the snapshot copy as free while it fits in the iteration, true where a GPU's copy
+// engine moves the bytes; on shared or busy host cores nothing checked that it was).
+//
+// Algorithm 1's W is the start. The head then measures, over each window, what the stages'
+// checkpoints cost the iterations: the time each step waited for the capture before it (the
+// stall), the copies of the upstream log on the compute thread, and, where the stages compute
+// on the CPU, the captures' CPU time as a share of the hosts' cores. The capture thread runs
+// at the lowest priority, yet on CPU stages it still slows the compute by about its share of
+// the cores (measured: a capture using 6.6% of two cores, the stages' compute 6% slower;
+// docs/benchmarks.md), through the caches and memory it shares with them. The iteration time
+// itself cannot tell: on a shared host it varies by tens of percent from one iteration to the
+// next without any checkpoint. At a window's start the tuner decides:
+//   cost over max_overhead of the capture-free time: a larger W (fewer bytes per step, at
+//     least W + 1, at most 4 x W at once), up to the ceiling (one operator per slot);
+//   cost under a quarter of it in two decisions in a row: half the W (a recovery replays up
+//     to 2 x W iterations, so W stays no larger than it must; the two decisions keep a
+//     window's one-off costs, such as the first touch of new slot memory, from see-sawing W);
+//   else the same W.
+// Each decision measures a whole window of the current W (its slots differ in size) and at
+// least min_iterations iterations; a recovery clears what was measured. A window in which the
+// stages wrote more than warm_up_share of their bytes into memory never written before (the
+// job's first windows, and those after W changed: slots of other sizes) is a warm-up and
+// decides nothing: on first touch the kernel makes each page, which costs a fresh slot ten to
+// twenty times its copy here (docs/benchmarks.md), once.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "engine/head_recovery.hpp"
+
+namespace moevement::recovery {
+
+struct tuner_config {
+  double max_overhead = 0.01;  // checkpoint.max_overhead (0: W stays Algorithm 1's)
+  double cores = 0;            // the hosts' cores where the stages compute on the CPU; 0: GPU
+  int floor = 1;               // the smallest W it goes down to
+  int ceiling = 1;             // the most operators any stage has (one per slot)
+};
+
+class window_tuner {
+ public:
+  static constexpr int min_iterations = 3;
+  static constexpr double grow_at_most = 4.0;
+  static constexpr int calm_decisions = 2;  // under a quarter of the bound, in a row, to halve
+  static constexpr double warm_up_share = 0.05;
+
+  explicit window_tuner(tuner_config c) : c_(c) {}
+
+  // One stepped iteration (not one of a recovery).
+  void add(const engine::iteration_cost& c);
+  void clear() { m_ = {}; }
+
+  struct decision {
+    int w = 1;              // the W for the window that starts
+    int previous = 1;       // the W measured
+    double overhead = 0.0;  // cost / (wall - cost) over what was measured
+    int iterations = 0;     // how many
+    double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;  // their sums
+    double cpu_share_s = 0.0;  // capture_cpu_s / the cores, when it counts
+  };
+  // At a window's start, the current W being w: the decision, or nullopt while too little of
+  // this W is measured, the window was a warm-up (what was measured is dropped), or tuning
+  // is off.
+  std::optional<decision> decide(int w);
+  std::int64_t warm_ups() const { return warm_ups_; }
+
+ private:
+  struct measured {
+    int iterations = 0;
+    double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;
+    std::uint64_t snapshot_bytes = 0, fresh_bytes = 0;
+  };
+  tuner_config c_;
+  measured m_;
+  int calm_ = 0;  // decisions in a row under a quarter of the bound
+  std::int64_t warm_ups_ = 0;
+};
+
+}  // namespace moevement::recovery
