@@ -23,8 +23,8 @@
 // job for the whole benchmark: a shared host).
 //
 // Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
-// Counted iterations: those at or after the end of the first window (window_chosen's
-// iteration + W_sparse; always after iteration 0), the same indices for both policies.
+// Counted iterations: those past the warm-up (bench/run_log_stats.hpp counted_from: the first two
+// windows, and a window after the last change of W), the same indices for both policies.
 //   iteration_time: ours = moevement's median counted iteration_s (pooled over repeats),
 //                   theirs = none's; ratio = theirs / ours (1 = no overhead)
 //   plus W_sparse, snapshot bytes per iteration (mean over counted iterations), mean stall,
@@ -507,7 +507,7 @@ void compare_spread(const options& o, Run run) {
 
 // The fault-free part's figures, for --matrix.
 struct policies_summary {
-  int w_sparse = 0;
+  int w_sparse = 0, w_first = 0;  // the W the runs ended with (the largest), Algorithm 1's
   double overhead_pct = 0, capture_share_pct = 0, none_s = 0, moevement_s = 0;
 };
 
@@ -579,10 +579,14 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
             parse(launch_or_throw(bin, args("moevement", {}, {"checkpoint.durable=false"}), log)));
       }
     }
-    // Counted: at or after the end of the first window, in every moevement run.
+    // Counted: past the warm-up windows and the last change of W, in every moevement run.
     const long skip = counted_from(moe);
-    int w = 0;
-    for (const auto& r : moe) w = std::max(w, r.w_sparse);
+    int w = 0, w_first = 0, changes = 0;
+    for (const auto& r : moe) {
+      w = std::max(w, r.w_sparse);
+      w_first = std::max(w_first, r.w_first);
+      changes += r.w_changed_at >= 0;
+    }
     std::vector<double> moe_s, stall, bytes, host, capture_cpu, log_s, hooks_s, moe_compute,
         moe_step;
     for (const auto& r : moe) {
@@ -601,11 +605,14 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
     }
     if (moe_s.empty()) {
       throw std::runtime_error(fmt::format(
-          "no iteration after the first window (it ends at {}): raise --iterations", skip));
+          "no iteration after the warm-up windows and the last change of W (counted from {}): "
+          "raise --iterations",
+          skip));
     }
     const double moe_median = median(moe_s);
     std::printf("# counted iterations: %ld..%d of each run\n", skip, o.iterations - 1);
-    std::printf("w_sparse: %d\n", w);
+    // Algorithm 1's W, and the W the head tuned it to (checkpoint.max_overhead).
+    std::printf("w_sparse: %d (Algorithm 1: %d; runs where it changed: %d)\n", w, w_first, changes);
     if (o.fault_free_compare) {
       std::vector<double> none_s, none_compute, none_step;
       for (const auto& r : none) {
@@ -641,6 +648,7 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
         "median iteration)\n",
         mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
     summary.w_sparse = w;
+    summary.w_first = w_first;
     summary.capture_share_pct = 100.0 * mean(capture_cpu) / (cores * moe_median);
     std::printf("peak_snapshot_log_host_bytes: %.0f\n",
                 *std::max_element(host.begin(), host.end()));
@@ -738,10 +746,10 @@ void run_matrix(const options& o, const std::string& bin, const fs::path& log) {
               loadavg().c_str());
   for (const auto& [p, s] : rows) {
     std::printf(
-        "matrix %s pp=%d dp=%d: w_sparse=%d overhead_vs_none=%.2f%% iteration_time: ours=%.5f "
-        "theirs=%.5f capture_cpu_share=%.2f%%\n",
-        fs::path(p->config).stem().c_str(), p->pp, p->dp, s.w_sparse, s.overhead_pct, s.moevement_s,
-        s.none_s, s.capture_share_pct);
+        "matrix %s pp=%d dp=%d: w_sparse=%d (Algorithm 1: %d) overhead_vs_none=%.2f%% "
+        "iteration_time: ours=%.5f theirs=%.5f capture_cpu_share=%.2f%%\n",
+        fs::path(p->config).stem().c_str(), p->pp, p->dp, s.w_sparse, s.w_first, s.overhead_pct,
+        s.moevement_s, s.none_s, s.capture_share_pct);
   }
 }
 

@@ -68,8 +68,10 @@ struct recovery_rec {
 // What one `moevement launch` left in its run log.
 struct run_result {
   std::vector<iteration_rec> iterations;
-  int w_sparse = 0;
+  int w_sparse = 0;  // the W the run ended with (window_tuned changes it)
+  int w_first = 0;   // Algorithm 1's (window_chosen)
   long window_chosen_at = -1;
+  long w_changed_at = -1;           // the last window_tuned that changed W (-1: none)
   double t_start = -1, t_end = -1;  // job_start, job_end seen
   std::string state_hash;
   bool recovered = false;
@@ -131,9 +133,15 @@ inline run_result parse(const std::vector<stamped>& log) {
       r.iterations.push_back(it);
       r.t_last_iteration = t;
     } else if (is_event(l, "window_chosen")) {
-      r.w_sparse = int(number(l, "w_sparse"));
+      r.w_sparse = r.w_first = int(number(l, "w_sparse"));
       r.window_chosen_at = long(number(l, "iteration"));
       r.profile_bandwidth = number(l, "profile_bandwidth");
+    } else if (is_event(l, "window_tuned")) {
+      const int w = int(number(l, "w_sparse"));
+      if (w != int(number(l, "previous"))) {
+        r.w_sparse = w;
+        r.w_changed_at = long(number(l, "iteration"));
+      }
     } else if (is_event(l, "interval_chosen")) {
       r.interval = int(number(l, "interval"));
       r.interval_snapshot_s = number(l, "snapshot_s");
@@ -247,13 +255,16 @@ inline double time_lost(const run_result& r, const std::map<long, double>& fault
   return after - before - f->second;
 }
 
-// The first counted iteration: the end of the first window in every run (window_chosen's
-// iteration + W_sparse), and never iteration 0.
+// The first counted iteration, the same in every run: past the warm-up, when the capture first
+// writes its windows' memory (recovery/window_tuner.hpp), and never iteration 0. That is the
+// end of the second window (window_chosen's iteration + 2 x its W: a stage holds two windows
+// at once), and of the first window after the last change of W (window_tuned).
 inline long counted_from(const std::vector<run_result>& runs) {
   long skip = 1;
   for (const auto& r : runs) {
     if (r.window_chosen_at < 0) throw std::runtime_error("a moevement run chose no window");
-    skip = std::max(skip, r.window_chosen_at + r.w_sparse);
+    skip = std::max(skip, r.window_chosen_at + 2L * r.w_first);
+    if (r.w_changed_at >= 0) skip = std::max(skip, r.w_changed_at + r.w_sparse);
   }
   return skip;
 }

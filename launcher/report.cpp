@@ -89,6 +89,7 @@ struct run_story {
   std::vector<recovery_row> recoveries;
   std::vector<supervision_row> supervision;
   std::optional<double> ettr, wall_s, w_sparse;
+  std::optional<double> w_last;  // W_sparse as the head re-chose it (window_tuned), if it did
   std::string hash, failed;
   long iterations = 0;
 };
@@ -151,6 +152,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     s.persisted.push_back(t);
   } else if (ev == "window_chosen") {
     s.w_sparse = r.number("w_sparse");
+  } else if (ev == "window_tuned") {
+    if (r.number("w_sparse") != r.number("previous")) s.w_last = r.number("w_sparse");
   } else if (ev == "recovery_start") {
     recovery_row row;
     row.start = t;
@@ -420,8 +423,10 @@ std::string summary_table(const std::vector<run_story>& runs) {
         palette[i % std::size(palette)], escape(r.name), r.iterations,
         r.wall_s ? fmt::format("{:.2f}", *r.wall_s) : "-",
         r.ettr ? fmt::format("{:.3f}", *r.ettr) : "-",
-        r.w_sparse ? fmt::format("{:g}", *r.w_sparse) : "-", r.losses.size(), r.recoveries.size(),
-        escape(end));
+        !r.w_sparse ? std::string("-")
+        : r.w_last  ? fmt::format("{:g} &rarr; {:g}", *r.w_sparse, *r.w_last)
+                    : fmt::format("{:g}", *r.w_sparse),
+        r.losses.size(), r.recoveries.size(), escape(end));
   }
   return out + "</table>\n";
 }

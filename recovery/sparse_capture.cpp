@@ -297,6 +297,11 @@ std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
       add_popularity();
       return std::nullopt;
     }
+    // How many windows this one is held beside (abandoned ones left aside: a recovery's, they
+    // go at the next persist): the steady state trim_spares keeps memory for.
+    std::size_t held = 1;
+    for (const auto& [id, w] : windows_) held += !abandoned_.contains(id);
+    held_at_starts_[starts_++ % held_at_starts_.size()] = held;
     window_buffers b;
     b.first_iteration = iteration + 1;
     if (!spare_.empty()) {
@@ -510,12 +515,16 @@ std::vector<std::span<const std::byte>> sparse_capture::window_slots(std::uint64
 
 void sparse_capture::trim_spares() {
   // Buffers of dropped windows are reused by the next ones, but only as many as the steady
-  // state holds: the persisted window, the one its replicas are still being told of, and the
-  // one being captured (a window's persist usually arrives after the next window's first
-  // capture began: with two, every window of W = 1 took new memory, whose first touch costs
-  // ten to twenty times the copy). A peak (replication behind, or a window a recovery kept
-  // from persisting) must not stay allocated for good.
-  constexpr std::size_t steady_windows = 3;
+  // state holds: the persisted window and the one being captured, and a third where the
+  // persist of a window arrives after the next one began (a window of one or two iterations
+  // is that fast). Kept to two there, every window took new memory, whose first touch costs
+  // ten to twenty times the copy. The steady state is the most windows held at the last few
+  // window starts (the policy's bound, three, at most): a peak (replication behind, or a
+  // window a recovery kept from persisting) must not stay allocated for good.
+  std::size_t steady_windows = 2;
+  for (std::size_t i = 0; i < std::min(starts_, held_at_starts_.size()); ++i) {
+    steady_windows = std::max(steady_windows, std::min<std::size_t>(held_at_starts_[i], 3));
+  }
   while (!spare_.empty() && windows_.size() + spare_.size() > steady_windows) spare_.pop_back();
 }
 

@@ -18,6 +18,7 @@
 // k*W + W - 1.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -307,6 +308,9 @@ class sparse_capture : public engine::stage_hooks {
   std::uint64_t windows_skipped_ = 0;
   std::optional<std::uint64_t> persisted_;
   std::vector<std::vector<slot_buffer>> spare_;  // buffers of dropped windows
+  // Windows held as each of the last few windows began (itself included; trim_spares).
+  std::array<std::size_t, 4> held_at_starts_{};
+  std::size_t starts_ = 0;
   slot_allocator allocator_;
   engine::device_state* device_ = nullptr;
   std::int64_t writing_ = -1;         // the iteration whose slot is between begin and end_capture

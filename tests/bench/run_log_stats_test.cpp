@@ -43,7 +43,7 @@ TEST(run_log_stats, parses_the_records_the_benchmark_needs) {
   EXPECT_DOUBLE_EQ(r.iterations[1].stall_s, 0.001);
   EXPECT_EQ(r.w_sparse, 2);
   EXPECT_EQ(r.window_chosen_at, 1);
-  EXPECT_EQ(counted_from({r}), 3);  // the first window covers iterations 1 and 2
+  EXPECT_EQ(counted_from({r}), 5);  // the first two windows (the warm-up): iterations 1..4
   EXPECT_TRUE(r.recovered);
   EXPECT_DOUBLE_EQ(r.recovery_s, 0.125);
   EXPECT_EQ(r.target - r.replay_from, 1);
@@ -51,6 +51,20 @@ TEST(run_log_stats, parses_the_records_the_benchmark_needs) {
   EXPECT_EQ(r.state_hash, "00ff00ff00ff00ff");
   EXPECT_DOUBLE_EQ(r.t_end - r.t_start, 0.6);
   EXPECT_DOUBLE_EQ(r.t_recovery_end - r.t_recovery_start, 0.1);
+  // W re-chosen mid-run: the run's W is the last, counted from a window of it after the change.
+  auto tuned = log;
+  tuned.insert(
+      tuned.begin() + 4,
+      {0.35, R"({"kind":"event","event":"window_tuned","w_sparse":8,"previous":2,"iteration":5})"});
+  tuned.insert(
+      tuned.begin() + 5,
+      {0.36,
+       R"({"kind":"event","event":"window_tuned","w_sparse":8,"previous":8,"iteration":13})"});
+  const run_result t = parse(tuned);
+  EXPECT_EQ(t.w_first, 2);
+  EXPECT_EQ(t.w_sparse, 8);
+  EXPECT_EQ(t.w_changed_at, 5) << "a decision that kept W changes nothing";
+  EXPECT_EQ(counted_from({t}), 13);
   // Iteration 2's record came 0.3 s after iteration 1's; fault-free it takes 0.25 s.
   EXPECT_NEAR(time_lost(r, {{0, 0.5}, {1, 0.25}, {2, 0.25}}), 0.05, 1e-12);
 }

@@ -423,10 +423,12 @@ TEST(sparse_capture, lent_slot_memory_holds_the_same_bytes_and_goes_back) {
   EXPECT_EQ(lender.returns, int(lender.blocks.size()));
 }
 
-// Persisting lags the next capture by a slot (a loaded host): window 2 begins while window 0
-// is still held and takes new memory for its first slot. When window 1 then persists, window
-// 0's memory goes to window 2's remaining slot instead of back to the lender (no new memory
-// for it), and what is left goes back: the capture holds two windows again.
+// Persisting lags the next capture by a slot (the usual case: a window's persist arrives after
+// the next window's first capture): window 2 begins while window 0 is still held and takes new
+// memory for its first slot. When window 1 then persists, window 0's memory goes to window 2's
+// remaining slot instead of back to the lender, and what is left stays as a spare: the
+// capture keeps three windows' memory (the persisted, the persisting and the captured one), so
+// the next windows take no new memory (with two, every window of W = 1 did).
 TEST(sparse_capture, a_window_begun_before_the_last_was_dropped_takes_its_memory) {
   constexpr int w = 2;
   const auto t = test_train();
@@ -445,13 +447,28 @@ TEST(sparse_capture, a_window_begun_before_the_last_was_dropped_takes_its_memory
     const std::size_t two_windows = cap.snapshot_bytes_held();
     pipe.train_iteration();  // window 2's first slot, window 0 still held: new memory
     EXPECT_EQ(lender.asks, 2 * w + 1);
+    EXPECT_TRUE(cap.last_slot_fresh()) << "new memory: its pages made as it was written";
     cap.drop_before(1, 3);  // window 1 persisted: window 0 dropped
-    EXPECT_EQ(lender.returns, 1) << "window 0's first slot went back, its second was kept";
+    EXPECT_EQ(lender.returns, 0) << "window 0's second slot goes to window 2, its first is kept";
     pipe.train_iteration();  // window 2's second slot: window 0's memory, no ask
     EXPECT_EQ(lender.asks, 2 * w + 1);
+    EXPECT_FALSE(cap.last_slot_fresh());
     EXPECT_TRUE(cap.complete(2));
-    EXPECT_EQ(lender.lent_blocks(), std::size_t(2 * w));
-    EXPECT_EQ(cap.snapshot_bytes_held(), two_windows);
+    EXPECT_EQ(lender.lent_blocks(), std::size_t(2 * w + 1));
+    EXPECT_GT(cap.snapshot_bytes_held(), two_windows);
+    // Persisting one window behind: window 3 completes the third window's memory (one slot
+    // new), and from then on no window takes new memory.
+    for (int i = 0; i < w; ++i) pipe.train_iteration();
+    EXPECT_EQ(lender.asks, 2 * w + 2);
+    for (int k = 4; k < 7; ++k) {
+      cap.drop_before(std::uint64_t(k - 2), 2 * (k - 2) + 1);
+      for (int i = 0; i < w; ++i) {
+        pipe.train_iteration();
+        EXPECT_FALSE(cap.last_slot_fresh()) << "window " << k;
+      }
+    }
+    EXPECT_EQ(lender.asks, 2 * w + 2);
+    EXPECT_LE(lender.lent_blocks(), std::size_t(3 * w)) << "three windows' memory at most";
     pipe.set_hooks(0, 0, nullptr);
   }
   EXPECT_EQ(lender.lent_blocks(), 0u);
