@@ -428,6 +428,10 @@ awaitable<result<void>> actor_system::join(clock::duration timeout) {
   for (auto m : r->get().getMembers()) {
     if (m.getNode() != node_) add_member(m.getNode(), m.getIncarnation());
   }
+  // The welcome came from the head: heard, so its silence from now on is judged by the
+  // heartbeat timeout, not the join grace of a member never heard from (a head lost before its
+  // first heartbeat reached this node was otherwise taken over only after the grace).
+  heard(head_);
   co_return result<void>{};
 }
 

@@ -44,6 +44,7 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
   scaler_.scale = scaler_.enabled ? job_.train.loss_scale : 1.0f;
   scaler_.window = job_.train.loss_scale_window;
   on<wire::WorkerHello>(&coordinator::hello);
+  on<wire::StandbyJoined>(&coordinator::standby_joined);
   on<wire::StageReady>(&coordinator::ready);
   on<wire::StageDone>(&coordinator::stage_done);
   on<wire::Stepped>(&coordinator::stepped);
@@ -67,6 +68,7 @@ awaitable<void> coordinator::on_start() {
     }
     if (standby_.node == n) {
       standby_ = {};
+      release_start();  // training goes on without one (the notice says what that means)
       if (callbacks_.on_notice && !finished_) {
         callbacks_.on_notice(
             fmt::format("the standby head (node {}) was lost: a loss of this "
@@ -342,11 +344,32 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     co_return;
   }
   if (++ready_count_ < expected_workers_) co_return;
+  if (standby_.agent.valid() && !standby_joined_) {
+    held_start_ = true;  // release_start() when the standby joined
+    co_return;
+  }
+  co_await start_training();
+}
+
+awaitable<void> coordinator::start_training() {
   if (resume_) {
     co_await start_resume();
   } else {
     co_await wire_and_start();
   }
+}
+
+awaitable<void> coordinator::standby_joined(wire::StandbyJoined::Reader m) {
+  if (!standby_.agent.valid() || m.getNode() != standby_.node) co_return;
+  standby_joined_ = true;
+  release_start();
+}
+
+void coordinator::release_start() {
+  if (!std::exchange(held_start_, false) || finished_) return;
+  (void)system().post_call(self(), [](actors::actor& a) -> awaitable<void> {
+    co_await static_cast<coordinator&>(a).start_training();
+  });
 }
 
 std::map<transport::node_id, std::vector<actor_ref>> coordinator::snapshot_holders() const {

@@ -117,7 +117,7 @@ class coordinator : public actors::actor, private head_control {
                         actors::tell_t<wire::WindowReplicated>,
                         actors::tell_t<wire::DurableWritten>,
                         actors::ask_t<wire::RegionRestart, wire::RegionMembers>,
-                        actors::tell_t<wire::RegionEscalated>>;
+                        actors::tell_t<wire::RegionEscalated>, actors::tell_t<wire::StandbyJoined>>;
   static constexpr const char* registered_name = "moevement.coordinator";
   // An ordinary ask to the stages (wiring, abort, digests).
   static constexpr auto ask_timeout = std::chrono::seconds(30);
@@ -233,6 +233,10 @@ class coordinator : public actors::actor, private head_control {
   std::map<transport::node_id, std::vector<actors::actor_ref>> snapshot_holders() const;
 
   asio::awaitable<void> wire_and_start();
+  // Every stage is ready (and the standby, if any, joined): wire and train, or resume.
+  asio::awaitable<void> start_training();
+  void release_start();  // the start held for the standby's join goes on (or without it)
+  asio::awaitable<void> standby_joined(wire::StandbyJoined::Reader m);
   // Once every stage reported an iteration (stage_done): the step plan and the iteration's
   // record (false: the replicas disagreed, the job failed); the Step to every stage, with the
   // policy's window size (recovery_->planned).
@@ -256,6 +260,9 @@ class coordinator : public actors::actor, private head_control {
   std::int64_t abort_at_ = -1;
   std::set<transport::node_id> taken_over_;  // a standby that took over: the workers it expects
   worker_info standby_;                      // the standby head, once it said hello
+  // Training starts once the standby joined the cluster (it watches this head from then on:
+  // a head lost before that could not be taken over); held_start_: every stage was ready first.
+  bool standby_joined_ = false, held_start_ = false;
   // A standby that took over: every (stage, replica) held by exactly one worker; else the job
   // fails saying why (false).
   // A standby that took over: every role held by exactly one worker (a role whose worker was

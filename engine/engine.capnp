@@ -23,6 +23,11 @@ struct Peer {
   port @2 :UInt16;
 }
 # A worker process is up: where it listens, and its agent actor.
+# The standby head -> the head's coordinator, once it joined the cluster (it watches the head
+# from then on): training starts only then, so that a head lost at any point can be taken over.
+struct StandbyJoined {
+  node @0 :UInt32;
+}
 struct WorkerHello {
   node @0 :UInt32;
   host @1 :Text;

@@ -29,8 +29,15 @@ actors::awaitable<void> standby_agent::assign(engine::wire::Assign::Reader m) {
   if (assigned_ || m.getCoordinator().getNode() != system().head()) co_return;
   assigned_ = true;
   engine::add_assigned_peers(link_, system(), m.getPeers());
+  const actors::actor_ref coordinator = actors::read_ref(m.getCoordinator());
   auto joined = co_await system().join(std::chrono::seconds(30));
-  if (!joined.ok() && on_end_) on_end_(1, "joining the cluster failed: " + joined.err().message);
+  if (!joined.ok()) {
+    if (on_end_) on_end_(1, "joining the cluster failed: " + joined.err().message);
+    co_return;
+  }
+  // A member now, watching the head: the head starts training on this word.
+  (void)tell<engine::wire::StandbyJoined>(
+      coordinator, [&](engine::wire::StandbyJoined::Builder b) { b.setNode(system().node()); });
 }
 
 actors::awaitable<void> standby_agent::shutdown(engine::wire::Shutdown::Reader) {

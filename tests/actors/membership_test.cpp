@@ -267,6 +267,27 @@ TEST(membership, a_hung_head_is_replaced_by_the_standby) {
   });
 }
 
+// The head hangs right after the standby joined, before any heartbeat of it reached the
+// standby: its welcome was heard, so its silence is judged by the heartbeat timeout, not the
+// join grace that a member never heard from gets (the standby once waited out that grace, 10 s
+// by default, while the workers had already turned to it).
+TEST(membership, a_head_hung_right_after_the_join_is_replaced_within_the_timeout) {
+  cluster c;
+  system_config slow_grace = with_standby(2);
+  slow_grace.join_grace = 5s;
+  auto& head = c.add(0, slow_grace);
+  auto& standby = c.add(2, slow_grace);
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await standby.join(1s)).ok());
+    const auto hung_at = clock::now();
+    c.hub().hang(0);
+    while (standby.head() != 2 && clock::now() - hung_at < 4s) co_await sleep_for(1ms);
+    EXPECT_EQ(standby.head(), 2u);
+    EXPECT_LT(clock::now() - hung_at, 2s) << "taken over on the timeout, not the join grace";
+    (void)head;
+  });
+}
+
 // A head that did not run for longer than the heartbeat timeout (here the whole loop blocks,
 // as a SIGSTOP would stop one process) may have been replaced meanwhile: with a standby waiting
 // it yields at once (reports itself lost, judges nobody, falls silent), and the standby then
