@@ -734,13 +734,18 @@ void run_matrix(const options& o, const std::string& bin, const fs::path& log) {
                               {"examples/configs/demo.toml", 2, 2},
                               {"examples/configs/pipeline_tiny.toml", 3, 1}};
   std::vector<std::pair<const placement*, policies_summary>> rows;
+  std::vector<std::pair<const placement*, std::string>> failed;
   for (const placement& p : matrix) {
     options e = o;
     e.config = p.config;
     e.pp = p.pp;
     e.dp = p.dp;
     e.recovery = false;
-    rows.emplace_back(&p, run_bench(e, bin, log));
+    try {  // one placement that cannot be measured (too few iterations) leaves the others
+      rows.emplace_back(&p, run_bench(e, bin, log));
+    } catch (const std::exception& x) {
+      failed.emplace_back(&p, x.what());
+    }
   }
   std::printf("# matrix, %d busy processes beside the job; load after: %s\n", o.load,
               loadavg().c_str());
@@ -751,6 +756,11 @@ void run_matrix(const options& o, const std::string& bin, const fs::path& log) {
         fs::path(p->config).stem().c_str(), p->pp, p->dp, s.w_sparse, s.w_first, s.overhead_pct,
         s.moevement_s, s.none_s, s.capture_share_pct);
   }
+  for (const auto& [p, why] : failed) {
+    std::printf("matrix %s pp=%d dp=%d: not measured: %s\n", fs::path(p->config).stem().c_str(),
+                p->pp, p->dp, why.c_str());
+  }
+  if (!failed.empty()) throw std::runtime_error("a placement of the matrix was not measured");
 }
 
 }  // namespace
