@@ -5,8 +5,17 @@
 
 namespace moevement::recovery {
 
+double window_tuner::cost_of(const engine::iteration_cost& c) const {
+  const double cpu = c_.cores > 0 ? std::max(0.0, c.capture_cpu_s) / c_.cores : 0.0;
+  return std::max(0.0, c.stall_s) + std::max(0.0, c.log_s) + cpu;
+}
+
 void window_tuner::add(const engine::iteration_cost& c) {
   if (!(c.seconds > 0)) return;
+  if (const double cost = cost_of(c); cost > m_.worst_cost) {
+    m_.worst_cost = cost;
+    m_.worst_seconds = c.seconds;
+  }
   ++m_.iterations;
   m_.seconds += c.seconds;
   m_.stall_s += std::max(0.0, c.stall_s);
@@ -31,8 +40,10 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
   d.log_s = m_.log_s;
   d.capture_cpu_s = m_.capture_cpu_s;
   d.cpu_share_s = c_.cores > 0 ? m_.capture_cpu_s / c_.cores : 0.0;
-  const double cost = m_.stall_s + m_.log_s + d.cpu_share_s;
-  d.overhead = cost / std::max(m_.seconds - cost, 1e-9);
+  // Less the costliest iteration: the steady cost, not a one-off.
+  const double cost = m_.stall_s + m_.log_s + d.cpu_share_s - std::max(0.0, m_.worst_cost);
+  const double seconds = m_.seconds - m_.worst_seconds;
+  d.overhead = std::max(0.0, cost) / std::max(seconds - cost, 1e-9);
   const int ceiling = std::max(c_.ceiling, 1), floor = std::clamp(c_.floor, 1, ceiling);
   d.w = w;
   calm_ = d.overhead < c_.max_overhead / 4 ? calm_ + 1 : 0;

@@ -18,7 +18,9 @@
 //     window's one-off costs, such as the first touch of new slot memory, from see-sawing W);
 //   else the same W.
 // Each decision measures a whole window of the current W (its slots differ in size) and at
-// least min_iterations iterations; a recovery clears what was measured. A window in which the
+// least min_iterations iterations, less the one that cost the most (a one-off hiccup, such as
+// a 26 ms log copy in a 9 ms iteration, once made three iterations look 84% slower and W four
+// times larger); a recovery clears what was measured. A window in which the
 // stages wrote more than warm_up_share of their bytes into memory never written before (the
 // job's first windows, and those after W changed: slots of other sizes) is a warm-up and
 // decides nothing: on first touch the kernel makes each page, which costs a fresh slot ten to
@@ -41,7 +43,7 @@ struct tuner_config {
 
 class window_tuner {
  public:
-  static constexpr int min_iterations = 3;
+  static constexpr int min_iterations = 8;
   static constexpr double grow_at_most = 4.0;
   static constexpr int calm_decisions = 2;  // under a quarter of the bound, in a row, to halve
   static constexpr double warm_up_share = 0.05;
@@ -71,7 +73,9 @@ class window_tuner {
     int iterations = 0;
     double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;
     std::uint64_t snapshot_bytes = 0, fresh_bytes = 0;
+    double worst_cost = -1, worst_seconds = 0;  // the iteration that cost the most
   };
+  double cost_of(const engine::iteration_cost& c) const;
   tuner_config c_;
   measured m_;
   int calm_ = 0;  // decisions in a row under a quarter of the bound

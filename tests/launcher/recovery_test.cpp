@@ -108,19 +108,19 @@ TEST(recovery, capture_and_replication_change_no_bit) {
 // window of whatever W it had, bit-exact.
 TEST(recovery, a_w_sparse_tuned_mid_run_keeps_recovery_bit_exact) {
   const std::string tuned = tiny() +
-                            " --set train.iterations=40 --set train.seq_len=16 --set "
+                            " --set train.iterations=60 --set train.seq_len=16 --set "
                             "parallel.pp=3 --set checkpoint.policy=moevement --set "
                             "cluster.spares=1 --set cluster.failure_timeout_ms=3000 --set "
-                            "checkpoint.max_overhead=1e-9 --inject kill:stage=1,replica=0,iter=34";
+                            "checkpoint.max_overhead=1e-9 --inject kill:stage=1,replica=0,iter=50";
   const auto o = launch("tuned", tuned);
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  EXPECT_EQ(o.hash, reference(1, 40));
+  EXPECT_EQ(o.hash, reference(1, 60));
   int raised = 0, most = 0;
   for (const auto& l : o.log) {
     if (l.find("\"event\":\"window_tuned\"") == std::string::npos) continue;
     const int w = int(number_field(l, "w_sparse"));
     most = std::max(most, w);
-    raised += w > int(number_field(l, "previous")) && number_field(l, "iteration") < 34;
+    raised += w > int(number_field(l, "previous")) && number_field(l, "iteration") < 50;
   }
   EXPECT_GE(raised, 1) << "W was raised before the kill\n" << o.output;
   EXPECT_NE(o.output.find("checkpoint windows: W_sparse"), std::string::npos) << o.output;

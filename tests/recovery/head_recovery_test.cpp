@@ -614,16 +614,18 @@ engine::iteration_cost cost(double seconds, double stall, std::uint64_t fresh = 
 
 TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_when_cheap) {
   window_tuner t({.max_overhead = 0.01, .ceiling = 40});
-  for (int i = 0; i < 3; ++i) t.add(cost(1.0, 0.0));
-  EXPECT_FALSE(t.decide(4)) << "a window of 4 is not measured yet";
-  t.add(cost(1.0, 0.2));  // 0.2 s of stall in 4 s: 0.2 / 3.8 = 5.3%
+  for (int i = 0; i < 7; ++i) t.add(cost(1.0, 0.1));
+  EXPECT_FALSE(t.decide(4)) << "at least min_iterations measured";
+  t.add(cost(1.0, 0.1));
+  // 0.1 s of stall in each second, one iteration (the costliest) left out: 0.7 / 6.3 = 11%.
   auto d = t.decide(4);
   ASSERT_TRUE(d);
-  EXPECT_NEAR(d->overhead, 0.2 / 3.8, 1e-12);
+  EXPECT_NEAR(d->overhead, 0.7 / 6.3, 1e-12);
   EXPECT_EQ(d->w, 16) << "at most four times at once";
-  for (int i = 0; i < 16; ++i) t.add(cost(1.0, i == 0 ? 0.024 : 0.0));  // 0.15%
+  for (int i = 0; i < 16; ++i) t.add(cost(1.0, i == 0 ? 0.024 : (i == 1 ? 0.003 : 0.0)));
   d = t.decide(16);
   ASSERT_TRUE(d);
+  EXPECT_NEAR(d->overhead, 0.003 / (15 - 0.003), 1e-12) << "the 24 ms one-off left out";
   EXPECT_EQ(d->w, 16) << "one cheap window is not enough to halve";
   for (int i = 0; i < 16; ++i) t.add(cost(1.0, 0.0));
   d = t.decide(16);
@@ -641,29 +643,28 @@ TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_w
 
 TEST(window_tuner, a_warm_up_window_decides_nothing_and_cpu_counts_on_cpu_stages) {
   window_tuner t({.max_overhead = 0.01, .cores = 2, .ceiling = 64});
-  t.add(cost(1.0, 0.3, 30 << 20));  // slots into fresh memory: the kernel made their pages
-  for (int i = 0; i < 3; ++i) t.add(cost(1.0, 0.3));
+  t.add(cost(1.0, 0.3, 60 << 20));  // slots into fresh memory: the kernel made their pages
+  for (int i = 0; i < 7; ++i) t.add(cost(1.0, 0.3));
   EXPECT_FALSE(t.decide(4));
   EXPECT_EQ(t.warm_ups(), 1);
   t.add(cost(1.0, 0.0, 4 << 20));  // a few fresh bytes (a slot grew a little): measured
-  for (int i = 0; i < 3; ++i) t.add(cost(1.0, 0.0));
+  for (int i = 0; i < 7; ++i) t.add(cost(1.0, 0.0));
   EXPECT_EQ(t.decide(4)->w, 4);
-  for (int i = 0; i < 4; ++i) t.add(cost(1.0, 0.0, 0, 0.05));  // 5% of a core of two: 2.5%
+  for (int i = 0; i < 8; ++i) t.add(cost(1.0, 0.0, 0, 0.05));  // 5% of a core of two: 2.5%
   auto d = t.decide(4);
   ASSERT_TRUE(d);
-  EXPECT_NEAR(d->cpu_share_s, 0.1, 1e-12);
+  EXPECT_NEAR(d->cpu_share_s, 0.2, 1e-12);
   EXPECT_EQ(d->w, 11);  // ceil(4 x 2.56)
-  window_tuner gpu(
-      {.max_overhead = 0.01, .ceiling = 64});  // GPU stages: the host's cores are not the compute's
-  for (int i = 0; i < 4; ++i) gpu.add(cost(1.0, 0.0, 0, 0.05));
+  // GPU stages: the host's cores are not the compute's.
+  window_tuner gpu({.max_overhead = 0.01, .ceiling = 64});
+  for (int i = 0; i < 8; ++i) gpu.add(cost(1.0, 0.0, 0, 0.05));
   EXPECT_EQ(gpu.decide(4)->w, 4);
-  window_tuner off(
-      {.max_overhead = 0.0, .cores = 2, .ceiling = 64});  // checkpoint.max_overhead = 0
+  window_tuner off({.max_overhead = 0.0, .cores = 2, .ceiling = 64});  // max_overhead = 0
   for (int i = 0; i < 8; ++i) off.add(cost(1.0, 0.9));
   EXPECT_FALSE(off.decide(4));
   // A recovery clears what was measured.
   window_tuner r({.max_overhead = 0.01, .ceiling = 64});
-  for (int i = 0; i < 3; ++i) r.add(cost(1.0, 0.9));
+  for (int i = 0; i < 7; ++i) r.add(cost(1.0, 0.9));
   r.clear();
   r.add(cost(1.0, 0.9));
   EXPECT_FALSE(r.decide(1)) << "one iteration since the recovery";
