@@ -155,6 +155,8 @@ class coordinator : public actors::actor, private head_control {
   bool finished() const override { return finished_; }
   // Past admission and wiring: iterations have begun.
   bool started() const { return phase_ != phase::admitting && phase_ != phase::starting; }
+  // Every stage is ready and training waits for the standby head to join (StandbyJoined).
+  bool waits_for_standby() const { return held_start_; }
 
  protected:
   asio::awaitable<void> on_start() override;

@@ -436,6 +436,13 @@ void head_session::arm_start_timeout() {
   start_timer_.async_wait([this](const std::error_code& ec) {
     auto* c = coordinator();
     if (ec || finished_ || c == nullptr || c->started()) return;
+    if (c->waits_for_standby()) {
+      fail(fmt::format(
+          "the standby head did not join the cluster within cluster.start_timeout_ms = {} ms "
+          "(training waits for it, so that the head can be taken over from the start)",
+          job_.start_timeout_ms));
+      return;
+    }
     fail(fmt::format(
         "the workers did not all start within cluster.start_timeout_ms = {} ms ({} of {} said "
         "hello){}",
