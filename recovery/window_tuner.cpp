@@ -12,6 +12,10 @@ double window_tuner::cost_of(const engine::iteration_cost& c) const {
 
 void window_tuner::add(const engine::iteration_cost& c) {
   if (!(c.seconds > 0)) return;
+  if (double(c.fresh_bytes) > warm_up_share * double(c.snapshot_bytes)) {
+    ++warm_ups_;  // the kernel made pages for it: a one-off, not the steady cost
+    return;
+  }
   if (const double cost = cost_of(c); cost > m_.worst_cost) {
     m_.worst_cost = cost;
     m_.worst_seconds = c.seconds;
@@ -21,17 +25,10 @@ void window_tuner::add(const engine::iteration_cost& c) {
   m_.stall_s += std::max(0.0, c.stall_s);
   m_.log_s += std::max(0.0, c.log_s);
   m_.capture_cpu_s += std::max(0.0, c.capture_cpu_s);
-  m_.snapshot_bytes += c.snapshot_bytes;
-  m_.fresh_bytes += c.fresh_bytes;
 }
 
 std::optional<window_tuner::decision> window_tuner::decide(int w) {
   if (!(c_.max_overhead > 0) || m_.iterations < std::max(w, min_iterations)) return std::nullopt;
-  if (double(m_.fresh_bytes) > warm_up_share * double(m_.snapshot_bytes)) {
-    ++warm_ups_;
-    m_ = {};
-    return std::nullopt;
-  }
   decision d;
   d.previous = w;
   d.iterations = m_.iterations;

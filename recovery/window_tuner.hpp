@@ -20,11 +20,13 @@
 // Each decision measures a whole window of the current W (its slots differ in size) and at
 // least min_iterations iterations, less the one that cost the most (a one-off hiccup, such as
 // a 26 ms log copy in a 9 ms iteration, once made three iterations look 84% slower and W four
-// times larger); a recovery clears what was measured. A window in which the
-// stages wrote more than warm_up_share of their bytes into memory never written before (the
-// job's first windows, and those after W changed: slots of other sizes) is a warm-up and
-// decides nothing: on first touch the kernel makes each page, which costs a fresh slot ten to
-// twenty times its copy here (docs/benchmarks.md), once.
+// times larger); a recovery clears what was measured. An iteration whose captures wrote more
+// than warm_up_share of their bytes into memory never written before (the job's first
+// windows, those after W changed: slots of other sizes, and a window that began while
+// persisting lagged more than usual) is a warm-up and no sample: on first touch the kernel
+// makes each page, which costs a fresh slot ten to twenty times its copy here
+// (docs/benchmarks.md), once. (Whole windows were left out at first: under load, at W 1, one
+// fresh slot in every few made every window a warm-up and W was never re-chosen.)
 #pragma once
 
 #include <cstdint>
@@ -63,8 +65,7 @@ class window_tuner {
     double cpu_share_s = 0.0;  // capture_cpu_s / the cores, when it counts
   };
   // At a window's start, the current W being w: the decision, or nullopt while too little of
-  // this W is measured, the window was a warm-up (what was measured is dropped), or tuning
-  // is off.
+  // this W is measured (warm-ups are not counted), or tuning is off.
   std::optional<decision> decide(int w);
   std::int64_t warm_ups() const { return warm_ups_; }
 
@@ -72,7 +73,6 @@ class window_tuner {
   struct measured {
     int iterations = 0;
     double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;
-    std::uint64_t snapshot_bytes = 0, fresh_bytes = 0;
     double worst_cost = -1, worst_seconds = 0;  // the iteration that cost the most
   };
   double cost_of(const engine::iteration_cost& c) const;

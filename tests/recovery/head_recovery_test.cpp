@@ -641,15 +641,19 @@ TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_w
   EXPECT_EQ(t.decide(36)->w, 40) << "never past the ceiling (one operator per slot)";
 }
 
-TEST(window_tuner, a_warm_up_window_decides_nothing_and_cpu_counts_on_cpu_stages) {
+TEST(window_tuner, warm_up_iterations_are_no_samples_and_cpu_counts_on_cpu_stages) {
   window_tuner t({.max_overhead = 0.01, .cores = 2, .ceiling = 64});
-  t.add(cost(1.0, 0.3, 60 << 20));  // slots into fresh memory: the kernel made their pages
-  for (int i = 0; i < 7; ++i) t.add(cost(1.0, 0.3));
-  EXPECT_FALSE(t.decide(4));
-  EXPECT_EQ(t.warm_ups(), 1);
-  t.add(cost(1.0, 0.0, 4 << 20));  // a few fresh bytes (a slot grew a little): measured
-  for (int i = 0; i < 7; ++i) t.add(cost(1.0, 0.0));
-  EXPECT_EQ(t.decide(4)->w, 4);
+  // Slots into fresh memory (the kernel made their pages), in every other iteration: those
+  // are left out, the others measured.
+  for (int i = 0; i < 14; ++i) t.add(i % 2 == 0 ? cost(1.0, 0.9, 60 << 20) : cost(1.0, 0.0));
+  EXPECT_FALSE(t.decide(4)) << "seven samples";
+  EXPECT_EQ(t.warm_ups(), 7);
+  t.add(cost(1.0, 0.0, 4 << 20));  // a few fresh bytes (a slot grew a little): a sample
+  EXPECT_EQ(t.warm_ups(), 7);
+  const auto calm = t.decide(4);
+  ASSERT_TRUE(calm);
+  EXPECT_EQ(calm->iterations, 8);
+  EXPECT_EQ(calm->w, 4) << "the warm-ups' stall did not count";
   for (int i = 0; i < 8; ++i) t.add(cost(1.0, 0.0, 0, 0.05));  // 5% of a core of two: 2.5%
   auto d = t.decide(4);
   ASSERT_TRUE(d);
