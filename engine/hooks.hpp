@@ -39,9 +39,7 @@ struct checkpoint_place {
 
 // What the coordinator decided for checkpointing at this step (policy moevement).
 struct checkpoint_step {
-  int w_sparse = 0;          // this step's window's size; 0: not chosen yet (nothing to capture)
-  std::uint64_t window = 0;  // the window and slot this step captures (checkpoint_place)
-  std::uint32_t slot = 0;
+  checkpoint_place place;  // w_sparse 0: not chosen yet (nothing to capture)
   // Per operator: tokens routed to it in this iteration, summed over the stage's replicas in
   // replica order (so every replica computes the same sparse schedule). Empty: no counts.
   std::span<const double> popularity;

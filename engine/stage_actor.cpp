@@ -519,7 +519,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
       ++dropped_;  // a list of another shape: no counts this step (the schedule keeps its order)
     }
   }
-  const checkpoint_step decided{std::max(m.getWSparse(), 0), m.getWindow(), m.getSlot(),
+  const checkpoint_step decided{{std::max(m.getWSparse(), 0), m.getWindow(), m.getSlot()},
                                 popularity};
   at_fault_point(fault_point::step);
   STAGE_TRACE("step");

@@ -96,7 +96,9 @@ class baseline_hooks : public engine::stage_hooks {
   void before_step(std::int64_t, const engine::checkpoint_step& decided) override {
     popularity_.assign(decided.popularity.begin(), decided.popularity.end());
     std::lock_guard lock(shared_->mu);
-    if (decided.w_sparse > 0 && shared_->interval == 0) start_captures(decided.w_sparse);
+    if (decided.place.w_sparse > 0 && shared_->interval == 0) {
+      start_captures(decided.place.w_sparse);
+    }
   }
 
   void after_step(std::int64_t iteration, std::span<models::operator_state* const> ops) override {

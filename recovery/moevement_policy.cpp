@@ -78,22 +78,22 @@ class checkpoint_hooks : public engine::stage_hooks {
     // Past the wait the window is skipped, not captured (memory stays bounded however long
     // nothing persists), and so are the next ones at once, without waiting, until a window
     // persists again: a stuck replication costs no stall per window.
-    place_ = {decided.w_sparse, decided.window, decided.slot};
-    if (shared_->schedule && decided.w_sparse > 0 && decided.slot == 0) {
+    place_ = decided.place;
+    if (shared_->schedule && place_.w_sparse > 0 && place_.slot == 0) {
       const auto full = [&] { return shared_->capture.windows_held() >= limits_.max_windows_held; };
       if (!(paused_ && full())) {
         shared_->dropped.wait_for(lock, max_window_wait_, [&] { return !full(); });
       }
       paused_ = full();
       if (paused_) {
-        shared_->capture.skip_window(decided.window);
+        shared_->capture.skip_window(place_.window);
         windows_skipped_ = shared_->capture.windows_skipped();
       }
     }
     stall_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (decided.w_sparse > 0 && !shared_->schedule) {
+    if (place_.w_sparse > 0 && !shared_->schedule) {
       sparse_config c = config_;  // the job's ordering; W as the coordinator chose it
-      c.w_sparse = decided.w_sparse;
+      c.w_sparse = place_.w_sparse;
       shared_->schedule.emplace(c, ops_);
       if (shared_->taken_over) {  // a replacement schedules as its stage's survivors do
         shared_->schedule->load(std::move(*shared_->taken_over));

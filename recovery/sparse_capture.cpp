@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "recovery/policy_limits.hpp"
+
 namespace moevement::recovery {
 
 const char* ordering_name(ordering o) {
@@ -300,7 +302,7 @@ std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
     // How many windows this one is held beside (abandoned ones left aside: a recovery's, they
     // go at the next persist): the steady state trim_spares keeps memory for.
     std::size_t held = 1;
-    for (const auto& [id, w] : windows_) held += !abandoned_.contains(id);
+    for (const auto& [id, held_window] : windows_) held += !abandoned_.contains(id);
     held_at_starts_[starts_++ % held_at_starts_.size()] = held;
     window_buffers b;
     b.first_iteration = iteration + 1;
@@ -519,11 +521,12 @@ void sparse_capture::trim_spares() {
   // persist of a window arrives after the next one began (a window of one or two iterations
   // is that fast). Kept to two there, every window took new memory, whose first touch costs
   // ten to twenty times the copy. The steady state is the most windows held at the last few
-  // window starts (the policy's bound, three, at most): a peak (replication behind, or a
+  // window starts (the policy's bound on windows held, at most): a peak (replication behind, or a
   // window a recovery kept from persisting) must not stay allocated for good.
   std::size_t steady_windows = 2;
   for (std::size_t i = 0; i < std::min(starts_, held_at_starts_.size()); ++i) {
-    steady_windows = std::max(steady_windows, std::min<std::size_t>(held_at_starts_[i], 3));
+    steady_windows =
+        std::max(steady_windows, std::min(held_at_starts_[i], policy_limits{}.max_windows_held));
   }
   while (!spare_.empty() && windows_.size() + spare_.size() > steady_windows) spare_.pop_back();
 }

@@ -16,10 +16,12 @@ void window_tuner::add(const engine::iteration_cost& c) {
     ++warm_ups_;  // the kernel made pages for it: a one-off, not the steady cost
     return;
   }
-  if (const double cost = cost_of(c); cost > m_.worst_cost) {
+  const double cost = cost_of(c);
+  if (cost > m_.worst_cost) {
     m_.worst_cost = cost;
     m_.worst_seconds = c.seconds;
   }
+  m_.cost += cost;
   ++m_.iterations;
   m_.seconds += c.seconds;
   m_.stall_s += std::max(0.0, c.stall_s);
@@ -38,10 +40,10 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
   d.capture_cpu_s = m_.capture_cpu_s;
   d.cpu_share_s = c_.cores > 0 ? m_.capture_cpu_s / c_.cores : 0.0;
   // Less the costliest iteration: the steady cost, not a one-off.
-  const double cost = m_.stall_s + m_.log_s + d.cpu_share_s - std::max(0.0, m_.worst_cost);
+  const double cost = m_.cost - std::max(0.0, m_.worst_cost);
   const double seconds = m_.seconds - m_.worst_seconds;
   d.overhead = std::max(0.0, cost) / std::max(seconds - cost, 1e-9);
-  const int ceiling = std::max(c_.ceiling, 1), floor = std::clamp(c_.floor, 1, ceiling);
+  const int ceiling = std::max(c_.ceiling, 1);
   d.w = w;
   calm_ = d.overhead < c_.max_overhead / 4 ? calm_ + 1 : 0;
   if (d.overhead > c_.max_overhead) {
@@ -51,7 +53,7 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
     d.w = w / 2;
     calm_ = 0;
   }
-  d.w = std::clamp(d.w, floor, ceiling);
+  d.w = std::clamp(d.w, 1, ceiling);
   m_ = {};
   return d;
 }

@@ -39,7 +39,6 @@ namespace moevement::recovery {
 struct tuner_config {
   double max_overhead = 0.01;  // checkpoint.max_overhead (0: W stays Algorithm 1's)
   double cores = 0;            // the hosts' cores where the stages compute on the CPU; 0: GPU
-  int floor = 1;               // the smallest W it goes down to
   int ceiling = 1;             // the most operators any stage has (one per slot)
 };
 
@@ -73,6 +72,7 @@ class window_tuner {
   struct measured {
     int iterations = 0;
     double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;
+    double cost = 0.0;                          // cost_of summed
     double worst_cost = -1, worst_seconds = 0;  // the iteration that cost the most
   };
   double cost_of(const engine::iteration_cost& c) const;
