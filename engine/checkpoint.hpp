@@ -76,6 +76,9 @@ class worker_checkpoint {
     int replay_threads = 0;  // the GEMM threads the replay ran with
   };
   virtual restore_timing last_restore() const { return {}; }
+  // A standby head took over (cluster.standby_head) and the stage runs on: its checkpoint
+  // actors report to the new coordinator from now on.
+  virtual void set_coordinator(actors::actor_ref /*coordinator*/) {}
 };
 
 using checkpoint_factory = std::function<std::unique_ptr<worker_checkpoint>(

@@ -328,8 +328,11 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   }
   w.snapshot_bandwidth = m.getSnapshotBandwidth();
   // A resume's workers build no stage from the initial state: they restore one from disk.
+  // Under a standby that took over, a worker reports the stage it runs (a spare given a lost
+  // worker's role reports none: it is restored).
   const bool resuming = resume_ && phase_ == phase::starting;
-  if (w.stage >= 0 && !resuming) {
+  const bool live = resuming && !taken_over_.empty() && read_ref(m.getActor()).valid();
+  if (w.stage >= 0 && (!resuming || live)) {
     const actor_ref r = read_ref(m.getActor());
     if (r.node != w.node || m.getStage() != w.stage || m.getReplica() != w.replica) {
       fail(fmt::format("worker {} reported an inconsistent stage", w.node));
@@ -352,7 +355,9 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
 }
 
 awaitable<void> coordinator::start_training() {
-  if (resume_) {
+  if (resume_ && !taken_over_.empty()) {
+    co_await start_takeover();
+  } else if (resume_) {
     co_await start_resume();
   } else {
     co_await wire_and_start();

@@ -265,6 +265,9 @@ class coordinator : public actors::actor, private head_control {
   // Training starts once the standby joined the cluster (it watches this head from then on:
   // a head lost before that could not be taken over); held_start_: every stage was ready first.
   bool standby_joined_ = false, held_start_ = false;
+  // A standby that took over sent the lost head's last Step to the stages that lacked it:
+  // once they stepped, training goes on (nothing of that iteration is logged again).
+  bool completing_takeover_ = false;
   // A standby that took over: every (stage, replica) held by exactly one worker; else the job
   // fails saying why (false).
   // A standby that took over: every role held by exactly one worker (a role whose worker was
@@ -332,6 +335,11 @@ class coordinator : public actors::actor, private head_control {
   // then every stage restores from the newest durable window all of them verify.
   std::optional<resume_point> resume_;
   asio::awaitable<void> start_resume();
+  // A standby that took over: training goes on from the live stages where they agree
+  // (engine/takeover.hpp), else every stage goes back to the journal's window (start_resume).
+  asio::awaitable<void> start_takeover();
+  // Why the stages cannot go on live ("" once they do).
+  asio::awaitable<std::string> go_on_live();
 };
 
 }  // namespace moevement::engine

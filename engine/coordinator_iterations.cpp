@@ -201,6 +201,7 @@ void coordinator::send_steps() {
   // The window the stages checkpoint by (W_sparse, or the interval k), from the policy, which
   // keeps what it needs of this iteration (the step a replay applies, the loss scaler).
   checkpoint_place place;
+  std::int64_t keep_from = -1;  // the steps the stages keep for a standby head (Step.keepFrom)
   if (recovery_) {
     planned_iteration planned;
     planned.iteration = iteration_;
@@ -209,7 +210,9 @@ void coordinator::send_steps() {
     planned.seconds = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
     planned.compute_s = compute_s_;
     place = recovery_->planned(planned);
+    keep_from = recovery_->steps_kept_from();
   }
+  const double norm = plan_.grad_norm;
   for (int d = 0; d < job_.dp; ++d) {
     for (int st = 0; st < job_.pp; ++st) {
       const auto& pop = stage_pop[std::size_t(st)];
@@ -220,6 +223,8 @@ void coordinator::send_steps() {
         b.setWSparse(place.w_sparse);
         b.setWindow(place.window);
         b.setSlot(place.slot);
+        b.setGradNorm(norm);
+        b.setKeepFrom(keep_from);
         auto l = b.initPopularity(static_cast<unsigned>(pop.size()));
         for (unsigned k = 0; k < pop.size(); ++k) l.set(k, pop[k]);
       });
@@ -275,6 +280,18 @@ awaitable<void> coordinator::maybe_stepped_all() {
   if (phase_ != phase::stepping) co_return;
   for (std::size_t i = 0; i < stages_.size(); ++i) {
     if (stages_[i].valid() && !stepped_flags_[i]) co_return;
+  }
+  if (std::exchange(completing_takeover_, false)) {
+    // The lost head's last iteration, completed (engine/takeover.hpp): its record went with
+    // that head.
+    ++iteration_;
+    if (recovering()) {
+      phase_ = phase::paused;
+      co_await recovery_->go_on();
+      co_return;
+    }
+    if (co_await wire_all()) co_await after_iteration();
+    co_return;
   }
   const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
   train_seconds_ += secs;

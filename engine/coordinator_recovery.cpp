@@ -7,6 +7,7 @@
 
 #include "actors/gather.hpp"
 #include "engine/coordinator.hpp"
+#include "engine/takeover.hpp"
 
 namespace moevement::engine {
 
@@ -257,6 +258,117 @@ asio::awaitable<void> coordinator::start_resume() {
   // Every stage restores from the durable tier (the recovery's resume: one region of the
   // whole pipeline, restored from the newest window every stage verifies).
   co_await recovery_->resume(p);
+}
+
+awaitable<void> coordinator::start_takeover() {
+  const std::string why = co_await go_on_live();
+  if (finished_ || why.empty()) co_return;
+  if (callbacks_.on_notice) {
+    callbacks_.on_notice("the standby head cannot go on from the running stages (" + why +
+                         "): every stage goes back to the journal's window");
+  }
+  // Their durable Restores stop the running stages: those are no longer the job's.
+  for (auto& [n, w] : workers_) {
+    if (w.stage >= 0) drop_stage(w.stage, w.replica);
+    w.stage_actor = actor_ref{};
+  }
+  co_await start_resume();
+}
+
+awaitable<std::string> coordinator::go_on_live() {
+  if (!recovery_) co_return "no recovery policy";
+  if (std::any_of(stages_.begin(), stages_.end(), [](const actor_ref& r) { return !r.valid(); })) {
+    co_return "a role's worker was lost: its spare is restored from disk";
+  }
+  auto replies = co_await actors::ask_all<wire::StageStateQuery, wire::StageState>(
+      *this, stages_, ask_timeout, [](std::size_t, wire::StageStateQuery::Builder) {});
+  if (finished_) co_return "";
+  std::vector<stage_state> states;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    const auto where = fmt::format("stage {} replica {}", int(i) % job_.pp, int(i) / job_.pp);
+    if (!replies[i].ok()) co_return where + " did not answer: " + replies[i].err().message;
+    try {
+      states.push_back(read_stage_state(replies[i]->get()));
+    } catch (const std::exception& e) {
+      co_return where + ": " + e.what();
+    }
+  }
+  const resume_point& journal = *resume_;
+  auto t = plan_live_takeover(states, journal, job_.pp);
+  if (!t.ok()) co_return t.err().message;
+  // Reduced gradients no Step will come for go (each stage at its own epoch).
+  if (!t->drop.empty()) {
+    std::vector<actor_ref> to;
+    for (const auto& [i, e] : t->drop) to.push_back(stages_[i]);
+    auto acks = co_await actors::ask_all<wire::Abort, wire::AbortAck>(
+        *this, to, ask_timeout,
+        [&](std::size_t k, wire::Abort::Builder b) { b.setEpoch(t->drop[k].second); });
+    if (finished_) co_return "";
+    for (std::size_t k = 0; k < acks.size(); ++k) {
+      if (!acks[k].ok()) co_return "a stage could not drop its reduced gradients";
+    }
+  }
+  if (!recovery_->taken_over(journal, *t)) co_return "the recovery policy cannot";
+  resume_.reset();
+  // The coordinator's state where the stages are: the next iteration, the loss scaler
+  // before it, epochs and wirings past every stage's.
+  iteration_ = t->target;
+  scaler_ = t->scaler;
+  epoch_ = t->epoch;
+  wirings_ = t->wiring;
+  job_start_ = sclock::now();
+  const std::int64_t completed = t->unfinished ? t->unfinished->iteration : -1;
+  if (log_ != nullptr) {
+    log_->write(job_start_record()
+                    .add("resume_window", std::int64_t(journal.window))
+                    .add("resume_iteration", t->target)
+                    .add("takeover", "live")
+                    .add("dropped_iteration", t->dropped)
+                    .add("completed_step", completed));
+  }
+  if (callbacks_.on_notice) {
+    callbacks_.on_notice(fmt::format(
+        "the standby head goes on from the running stages at iteration {}{} (W={}); until its "
+        "first window persists, a recovery goes back to window {} on disk",
+        t->target,
+        t->dropped       ? " (the iteration in flight runs again)"
+        : completed >= 0 ? fmt::format(" (the step of iteration {} sent to the stages that "
+                                       "lacked it)",
+                                       completed)
+                         : std::string(),
+        t->w_sparse, journal.window));
+  }
+  if (t->unfinished) {
+    // The stages that lack the lost head's last Step get it; once they have stepped, the
+    // stages are wired and training goes on (maybe_stepped_all).
+    const auto& u = *t->unfinished;
+    phase_ = phase::stepping;
+    epoch_ = u.epoch;
+    iteration_ = u.iteration;
+    last_ = iteration_record{};
+    last_.iteration = u.iteration;
+    stepped_flags_.assign(stages_.size(), true);
+    completing_takeover_ = true;
+    for (std::size_t k = 0; k < u.stages.size(); ++k) {
+      stepped_flags_[u.stages[k]] = false;
+      (void)tell<wire::Step>(stages_[u.stages[k]], [&](wire::Step::Builder b) {
+        b.setEpoch(u.epoch);
+        b.setApply(u.step.plan.apply);
+        b.setGradMul(u.step.plan.grad_mul);
+        b.setGradNorm(u.step.plan.grad_norm);
+        b.setWSparse(u.place.w_sparse);
+        b.setWindow(u.place.window);
+        b.setSlot(u.place.slot);
+        b.setKeepFrom(recovery_->steps_kept_from());
+        const auto& pop = u.popularity[k];
+        auto l = b.initPopularity(static_cast<unsigned>(pop.size()));
+        for (unsigned j = 0; j < pop.size(); ++j) l.set(j, pop[j]);
+      });
+    }
+    co_return "";
+  }
+  if (co_await wire_all()) co_await after_iteration();
+  co_return "";
 }
 
 }  // namespace moevement::engine

@@ -216,6 +216,11 @@ struct Step {
   # recovery/window_plan.hpp; wSparse is that window's size).
   window @5 :UInt64;
   slot @6 :UInt32;
+  # The step's gradient norm (a replay's record of it), and the first iteration whose step
+  # the head still keeps for a replay (policy moevement; -1: none): the stage keeps the same
+  # steps, so that a standby head taking over from the live stages has them.
+  gradNorm @7 :Float64;
+  keepFrom @8 :Int64;
 }
 struct Stepped {
   stage @0 :Int32;
@@ -276,6 +281,25 @@ struct Digests {
   values @0 :List(UInt64);  # per operator, in canonical order
   # Expert parallelism: which of them are experts (the coordinator merges the EP ranks').
   experts @1 :List(Bool);
+}
+
+# A standby head that took over asks every live stage where it is (engine/takeover.hpp):
+# the iteration in flight, if any, is dropped first (as Abort drops it, whatever its epoch).
+struct StageStateQuery {}
+struct StageState {
+  epoch @0 :UInt64;    # the newest epoch the stage has seen
+  known @1 :Bool;      # false: a rebuilt stage that has not iterated (stepped is unknown)
+  stepped @2 :Int64;   # the last iteration it stepped (-1: none, the initial state)
+  dropped @3 :Bool;    # an iteration was in flight and is dropped
+  wiring @4 :UInt64;   # the newest wiring it was given
+  window @5 :UInt64;   # its last step's checkpoint window, and that window's size (0: none)
+  wSparse @6 :Int32;
+  steps @7 :List(StepRecord);  # the step plans it keeps (Step.keepFrom on), oldest first
+  # The next iteration's gradients are reduced here and wait for its Step (kept, not
+  # dropped: the head may have been lost while its Steps went out, and other stages stepped).
+  reduced @8 :Bool;
+  slot @9 :UInt32;                  # its last step's slot in `window`
+  popularity @10 :List(Float64);    # and that Step's popularity, as it came
 }
 
 # ---- checkpointing and recovery (policy moevement)

@@ -24,6 +24,7 @@
 #include "engine/job_config.hpp"
 #include "engine/resume_point.hpp"
 #include "engine/run_log.hpp"
+#include "engine/takeover.hpp"
 #include "models/model.hpp"
 
 namespace moevement::engine {
@@ -139,6 +140,9 @@ class head_recovery {
   virtual asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader) { co_return; }
   virtual asio::awaitable<void> durable_written(wire::DurableWritten::Reader) { co_return; }
   virtual int w_sparse() const { return 0; }  // 0: no window chosen (yet)
+  // The first iteration whose step plan it keeps for a replay (-1: none): the stages keep the
+  // same (Step.keepFrom), for a standby head that takes over from them.
+  virtual std::int64_t steps_kept_from() const { return -1; }
   // Iterations stepped since the newest persisted window's last (-1: none, or no windows).
   virtual std::int64_t replication_lag(std::int64_t /*iteration*/) const { return -1; }
 
@@ -182,6 +186,15 @@ class head_recovery {
   // --resume: every stage restores from the durable tier, as the journal says (the coordinator
   // has taken its state from p already).
   virtual asio::awaitable<void> resume(const resume_point& p) = 0;
+  // A standby head took over from the live stages (engine/takeover.hpp): the windows and steps
+  // are the journal's and the stages' (t.steps), the stages go on at t.target, and every
+  // window they began before it is abandoned; the next one placed is t.next_window. The
+  // in-memory windows persisted before are unknown here: until one of this head's persists,
+  // a recovery goes back to the journal's durable window. False: this recovery cannot (the
+  // stages go back to the durable tier instead).
+  virtual bool taken_over(const resume_point& /*journal*/, const live_takeover& /*t*/) {
+    return false;
+  }
   // The job ended: the recovery's supervisors stop.
   virtual void stop() {}
 };

@@ -93,6 +93,8 @@ stage_actor::stage_actor(stage_actor_args args)
   on<wire::Validate>(&stage_actor::validate);
   on<wire::ValActivation>(&stage_actor::val_activation);
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
+  on<wire::StageStateQuery, wire::StageState>(&stage_actor::state);
+  if (setup_.initialize) stepped_ = -1;
   if (router_) {
     if (model_->experts() == nullptr) {
       throw std::invalid_argument("stage_actor: expert parallelism with a stage without experts");
@@ -327,6 +329,7 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
   if (failed_ || m.getEpoch() <= epoch_) co_return;
   epoch_ = m.getEpoch();
   iteration_ = m.getIteration();
+  if (!stepped_) stepped_ = iteration_ - 1;  // a rebuilt stage is told where it goes on
   loss_scale_ = m.getLossScale();
   phase_ = phase::running;
   next_step_ = 0;
@@ -508,6 +511,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   models::step_plan plan;
   plan.apply = m.getApply();
   plan.grad_mul = m.getGradMul();
+  plan.grad_norm = m.getGradNorm();
   const std::int64_t it = iteration_;
   std::vector<double> popularity;
   if (m.getPopularity().size() > 0) {
@@ -553,6 +557,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     co_return;
   }
   STAGE_TRACE("step done");
+  keep_step(it, plan, m);
   hooks_->after_step_shipped(it);
   const checkpoint_stats st = hooks_->stats();
   phase_ = phase::stepped;
@@ -579,9 +584,58 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }
 
+void stage_actor::keep_step(std::int64_t it, const models::step_plan& plan, wire::Step::Reader m) {
+  stepped_ = it;
+  last_window_ = m.getWindow();
+  last_w_sparse_ = m.getWSparse();
+  last_slot_ = m.getSlot();
+  last_popularity_.clear();
+  for (double x : m.getPopularity()) last_popularity_.push_back(x);
+  if (m.getKeepFrom() < 0) {
+    kept_steps_.clear();  // no head keeps steps (a policy without replays)
+    return;
+  }
+  kept_steps_[it] = planned_step{loss_scale_, plan};
+  kept_steps_.erase(kept_steps_.begin(), kept_steps_.lower_bound(m.getKeepFrom()));
+}
+
 awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder ack) {
   STAGE_TRACE("abort epoch={}", m.getEpoch());
   if (m.getEpoch() != epoch_) co_return;
+  ack.setGroupAbortSeconds(co_await drop_in_flight());
+}
+
+awaitable<void> stage_actor::state(wire::StageStateQuery::Reader, wire::StageState::Builder out) {
+  STAGE_TRACE("state query");
+  // Reduced gradients wait for their Step: the new head sends it when other stages stepped.
+  const bool reduced = phase_ == phase::reduced;
+  const bool in_flight =
+      !reduced && phase_ != phase::stepped && phase_ != phase::idle && phase_ != phase::aborted;
+  if (!reduced) co_await drop_in_flight();
+  out.setReduced(reduced);
+  out.setSlot(last_slot_);
+  auto pop = out.initPopularity(static_cast<unsigned>(last_popularity_.size()));
+  for (unsigned i = 0; i < last_popularity_.size(); ++i) pop.set(i, last_popularity_[i]);
+  out.setEpoch(epoch_);
+  out.setKnown(stepped_.has_value());
+  out.setStepped(stepped_.value_or(-1));
+  out.setDropped(in_flight);
+  out.setWiring(wiring_);
+  out.setWindow(last_window_);
+  out.setWSparse(last_w_sparse_);
+  auto l = out.initSteps(static_cast<unsigned>(kept_steps_.size()));
+  unsigned i = 0;
+  for (const auto& [it, p] : kept_steps_) {
+    l[i].setIteration(it);
+    l[i].setLossScale(p.loss_scale);
+    l[i].setApply(p.plan.apply);
+    l[i].setGradMul(p.plan.grad_mul);
+    l[i].setGradNorm(p.plan.grad_norm);
+    ++i;
+  }
+}
+
+awaitable<double> stage_actor::drop_in_flight() {
   // What failed in this attempt (a pull from a peer that died, during the iteration or a
   // validation round) was decided by the coordinator: what comes next is run again.
   failed_ = false;
@@ -594,11 +648,11 @@ awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builde
     co_await compute([&] { group_s = reduction_->leave(); });
     stop_sum_ = false;
   }
-  ack.setGroupAbortSeconds(group_s);
-  if (phase_ == phase::stepped || phase_ == phase::idle) co_return;  // nothing in flight
+  if (phase_ == phase::stepped || phase_ == phase::idle) co_return group_s;  // nothing in flight
   co_await compute([&] { model_->abort_iteration(); });
   if (router_) router_->resume();
   phase_ = phase::aborted;
+  co_return group_s;
 }
 
 awaitable<void> stage_actor::validate(wire::Validate::Reader m) {

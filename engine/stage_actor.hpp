@@ -22,7 +22,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "actors/system.hpp"
@@ -30,6 +32,7 @@
 #include "engine/engine.capnp.h"
 #include "engine/expert_router.hpp"
 #include "engine/hooks.hpp"
+#include "engine/resume_point.hpp"
 #include "engine/schedule.hpp"
 #include "engine/stage_model.hpp"
 #include "engine/stage_registry.hpp"
@@ -45,7 +48,8 @@ class stage_actor : public actors::actor {
                         actors::tell_t<wire::ReduceGroup>, actors::tell_t<wire::Step>,
                         actors::ask_t<wire::Abort, wire::AbortAck>, actors::tell_t<wire::Validate>,
                         actors::tell_t<wire::ValActivation>,
-                        actors::ask_t<wire::DigestsQuery, wire::Digests>>;
+                        actors::ask_t<wire::DigestsQuery, wire::Digests>,
+                        actors::ask_t<wire::StageStateQuery, wire::StageState>>;
 
   // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
   // args.hooks may be null (policy none); args.faults may be empty (no failure injection).
@@ -54,6 +58,9 @@ class stage_actor : public actors::actor {
 
   // Messages dropped as stale (an aborted epoch) or refused as malformed.
   std::uint64_t dropped() const { return dropped_; }
+  // A standby head took over and this stage runs on: its reports go to the new coordinator
+  // (called by its worker's agent, on the actor thread).
+  void set_coordinator(actors::actor_ref coordinator) { coordinator_ = coordinator; }
 
  protected:
   // For a subclass's own handlers. The model is the compute thread's: read or change it only
@@ -95,6 +102,14 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> val_activation(wire::ValActivation::Reader m);
   asio::awaitable<void> validate_one(std::uint64_t round, int index, std::span<const float> x);
   asio::awaitable<void> digests(wire::DigestsQuery::Reader, wire::Digests::Builder out);
+  // A standby head that took over: the iteration in flight dropped, where this stage is.
+  asio::awaitable<void> state(wire::StageStateQuery::Reader, wire::StageState::Builder out);
+  // Drops the iteration in flight, if any (Abort and a takeover); the NCCL group's abort
+  // seconds.
+  asio::awaitable<double> drop_in_flight();
+  // What a step leaves for a standby head: the step plans from Step.keepFrom on, and where
+  // the step checkpointed.
+  void keep_step(std::int64_t it, const models::step_plan& plan, wire::Step::Reader m);
 
   // Runs the 1F1B steps whose inputs are here, then the reduction when all are done.
   asio::awaitable<void> advance();
@@ -154,6 +169,16 @@ class stage_actor : public actors::actor {
 
   std::uint64_t epoch_ = 0;
   std::int64_t iteration_ = 0;
+  // The last iteration stepped: -1 for a stage built from the initial state; unknown for a
+  // rebuilt one until its first Iterate (whose iteration follows it).
+  std::optional<std::int64_t> stepped_;
+  // For a standby head (StageState): the step plans the head keeps for replays, and the last
+  // step's checkpoint window and its size.
+  std::map<std::int64_t, planned_step> kept_steps_;
+  std::uint64_t last_window_ = 0;
+  int last_w_sparse_ = 0;
+  std::uint32_t last_slot_ = 0;
+  std::vector<double> last_popularity_;  // as the Step carried it (canonical order)
   float loss_scale_ = 1.0f;
   phase phase_ = phase::idle;
   std::size_t next_step_ = 0;

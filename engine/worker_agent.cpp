@@ -232,6 +232,14 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
   coordinator_ = from;
   generation_ = 0;
   add_assigned_peers(link_, system(), m.getPeers());
+  // The stage runs on: the new head asks it where it is and goes on from there when every
+  // stage agrees (engine/takeover.hpp), else its durable Restore replaces it.
+  if (auto* s = system().local_actor<stage_actor>(stage_)) {
+    s->set_coordinator(from);
+    if (checkpoint_) checkpoint_->set_coordinator(from);
+    report(stage_, "");
+    co_return;
+  }
   report({}, "");
 }
 

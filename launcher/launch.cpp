@@ -552,7 +552,7 @@ void head_session::take_over() {
   for (const auto& m : sys_.members()) alive.insert(m.node);
   say(fmt::format(
       "moevement launch (standby head, pid {}): the head was lost ({}); taking over with {} "
-      "workers from window {} on disk: training goes on at iteration {}",
+      "workers (the journal's newest window on disk: {}, iteration {})",
       ::getpid(), sys_.why_lost(sys_.config().head), alive.size(), point->window,
       point->target_iteration));
   make_callbacks();

@@ -73,6 +73,8 @@ class checkpoint_agent : public actors::actor {
 
   // Called on the actor thread (post_call) by the hooks.
   void ship(std::int64_t iteration);
+  // A standby head took over: window reports go to its coordinator (on the actor thread).
+  void set_coordinator(actors::actor_ref coordinator) { coordinator_ = coordinator; }
   void set_targets(std::vector<actors::actor_ref> replicators);
   // The durable writer finished window `window` (error empty) or failed: tell the coordinator.
   void durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,

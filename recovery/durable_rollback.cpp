@@ -90,6 +90,12 @@ awaitable<void> region_recovery::resume(const engine::resume_point& p) {
   co_return;
 }
 
+bool region_recovery::taken_over(const engine::resume_point& p, const engine::live_takeover& t) {
+  if (!windows_.durable() || !p.windows.contains(p.window)) return false;
+  windows_.take_over(p, t);
+  return true;
+}
+
 awaitable<void> region_recovery::start_durable_rollback(std::string why) {
   if (!state_ || state_->durable || job_.finished()) co_return;
   job_.notice(fmt::format("{}: falling back to the durable tier, the whole job rolls back", why));

@@ -337,6 +337,10 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
                                             std::chrono::milliseconds(job_.max_window_wait_ms));
 }
 
+void moevement_checkpoint::set_coordinator(actor_ref coordinator) {
+  if (auto* a = system_.local_actor<checkpoint_agent>(agent_)) a->set_coordinator(coordinator);
+}
+
 awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
     engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
     engine::stage_setup setup) {

@@ -47,6 +47,7 @@ class moevement_checkpoint : public engine::worker_checkpoint {
       engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
       engine::stage_setup setup) override;
   restore_timing last_restore() const override { return timing_; }
+  void set_coordinator(actors::actor_ref coordinator) override;
 
  private:
   actors::actor_system& system_;

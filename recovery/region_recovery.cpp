@@ -84,6 +84,14 @@ awaitable<void> region_recovery::recover() {
   }
   if (state_->pending.empty()) co_return;
   place_losses();
+  // No window of this head's has persisted since a standby took over: the journal's durable
+  // window is the newest whole one (the stages' copies and logs in memory are older or
+  // newer), so the job rolls back to it.
+  if (!state_->durable && windows_.persisted_on_disk_only()) {
+    co_await start_durable_rollback(
+        "a stage was lost before a window persisted under the standby head that took over");
+    co_return;
+  }
   // Nothing to restore from: no window persisted since a resume at another layout (and the
   // steps from the initial state are gone).
   const auto& steps = windows_.steps();

@@ -60,6 +60,11 @@ class region_recovery : public engine::head_recovery {
   actors::actor_ref tree_root() const override { return tree_.root(); }
   asio::awaitable<void> escalated(std::uint64_t region, std::string reason) override;
   asio::awaitable<void> resume(const engine::resume_point& p) override;
+  bool taken_over(const engine::resume_point& p, const engine::live_takeover& t) override;
+  std::int64_t steps_kept_from() const override {
+    const auto& steps = windows_.steps();
+    return steps.empty() ? -1 : steps.begin()->first;
+  }
   void stop() override {
     stop_supervisors();
     tree_.stop();

@@ -163,6 +163,23 @@ void window_book::resume_from(const engine::resume_point& p) {
   persisted_first_ = p.windows.at(p.window);
 }
 
+void window_book::take_over(const engine::resume_point& p, const engine::live_takeover& t) {
+  resume_from(p);
+  for (const auto& [id, first] : p.windows) resumed_sizes_.try_emplace(id, p.w_sparse);
+  w_sparse_ = t.w_sparse;
+  plan_ = window_plan{};
+  plan_.start(t.target, t.w_sparse, t.next_window);
+  planned_max_ = t.target - 1;
+  steps_ = t.steps;
+  durable_from_ = t.target;
+  on_disk_only_ = true;
+  for (const auto& [n, w] : job_.workers()) {
+    if (!w.checkpoint.valid()) continue;
+    (void)job_.actor().tell<engine::wire::WindowsAbandoned>(
+        w.checkpoint, [&](engine::wire::WindowsAbandoned::Builder b) { b.setBefore(t.target); });
+  }
+}
+
 void window_book::replicated(engine::wire::WindowReplicated::Reader m, bool recovering) {
   const auto& job = job_.job();
   const int s = m.getStage(), d = m.getReplica();
@@ -205,6 +222,7 @@ void window_book::maybe_persist() {
   // Every stage has this window on its replicators: it is the one a recovery starts from.
   const std::uint64_t window = *newest;
   persisted_ = window;
+  on_disk_only_ = false;
   const std::int64_t first = window_first_[window];
   persisted_first_ = first;
   replicated_.erase(replicated_.begin(), replicated_.upper_bound(window));

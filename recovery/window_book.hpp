@@ -35,6 +35,13 @@ class window_book {
   void recovered(std::int64_t target, bool layout_changed);
   // --resume: the windows, steps and W_sparse as the journal says.
   void resume_from(const engine::resume_point& p);
+  // A standby head took over from the live stages: the journal's durable windows, the steps
+  // since, and windows of t.w_sparse from t.target on, numbered from t.next_window; every
+  // stage abandons the windows it began before t.target.
+  void take_over(const engine::resume_point& p, const engine::live_takeover& t);
+  // The persisted window is only on disk (after a takeover, until one of this head's
+  // windows persists): a recovery goes to the durable tier at once.
+  bool persisted_on_disk_only() const { return on_disk_only_; }
 
   int w_sparse() const { return w_sparse_; }  // the newest window's
   int w_of(std::uint64_t window) const;       // that window's (the newest's if unknown)
@@ -73,6 +80,7 @@ class window_book {
   // window -> [stage * ep + EP rank]
   std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;
   std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
+  bool on_disk_only_ = false;               // persisted_ is the journal's (take_over)
   std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
   // The durable tier: one persisted window at a time is written by every stage; the windows
   // asked for (window -> first iteration), the newest checkpoint.keep + 2, whose step plans

@@ -1,9 +1,10 @@
 // Head failover (cluster.standby_head, docs/recovery.md "Head failover"), end to end with real
 // processes: `moevement launch` starts a standby head beside its workers; the head is killed
 // (SIGKILL) or stopped (SIGSTOP past the failure timeout) mid-run; the workers stay up, the
-// standby takes the head's place, every stage goes back to the newest durable window in place,
-// and the job ends with the uninterrupted run's state_hash. A head woken after it was replaced
-// leaves the workers to the standby.
+// standby takes the head's place and goes on from the running stages (only the iteration in
+// flight runs again), or, where a role's worker was lost too, every stage goes back to the
+// newest durable window in place; the job ends with the uninterrupted run's state_hash. A head
+// woken after it was replaced leaves the workers to the standby.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -91,16 +92,26 @@ TEST(head_failover, a_killed_head_is_replaced_by_the_standby_bit_exact) {
   EXPECT_EQ(hash, reference()) << out;
   EXPECT_NE(out.find("the head was lost"), std::string::npos) << out;
   EXPECT_NE(out.find("taking over with 4 workers"), std::string::npos) << out;
-  // The run log goes on: the standby's job_start from the journal's window, one resume, the end.
+  // The run log goes on: the standby's job_start, live from the running stages, one end.
   const auto log = lines_of(j.log);
   EXPECT_EQ(count_events(log, "job_start"), 2) << out;
   EXPECT_EQ(count_events(log, "job_end"), 1) << out;
   std::string resumed;
+  double last_logged = -1;  // the lost head's last committed iteration
   for (const auto& l : log) {
     if (l.find("\"resume_window\"") != std::string::npos) resumed = l;
+    if (resumed.empty() && l.find("\"kind\":\"iteration\"") != std::string::npos) {
+      last_logged = number_field(l, "iteration");
+    }
   }
   ASSERT_FALSE(resumed.empty()) << out;
-  EXPECT_GT(number_field(resumed, "resume_iteration"), 0) << resumed;
+  EXPECT_NE(resumed.find("\"takeover\":\"live\""), std::string::npos) << resumed;
+  EXPECT_NE(out.find("goes on from the running stages"), std::string::npos) << out;
+  // Nothing committed is lost: training goes on past the last iteration the head logged (and
+  // past one more where the stages stepped it, the head lost before it heard).
+  const double resumed_at = number_field(resumed, "resume_iteration");
+  EXPECT_GE(resumed_at, last_logged + 1) << resumed;
+  EXPECT_LE(resumed_at, last_logged + 2) << resumed;
   std::printf("head killed: the standby's hash after %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
   // Nothing is left behind: the workers (and the spare) and the standby end with the job.
@@ -132,10 +143,45 @@ TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
   EXPECT_EQ(hash, reference()) << out;
   EXPECT_NE(out.find("while the standby head took over; a spare takes its role"), std::string::npos)
       << out;
+  EXPECT_NE(out.find("cannot go on from the running stages (a role's worker was lost"),
+            std::string::npos)
+      << out;
   EXPECT_TRUE(all_gone(workers)) << out;
   const pid_t standby = standby_pid(out);
   ASSERT_GT(standby, 0) << out;
   EXPECT_TRUE(all_gone({standby})) << out;
+}
+
+// A stage's worker killed right after a live takeover, before the standby head's first window
+// persisted (windows of 50 here): the job rolls back to the journal's durable window, the
+// newest whole one (the stages' windows in memory are abandoned), and ends bit-exact.
+TEST(head_failover, a_worker_lost_right_after_a_live_takeover_rolls_back_to_the_journal) {
+  background_launch j("lost_after_takeover", job("--set checkpoint.w_sparse=50"));
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  pid_t stage1 = -1;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"event\":\"worker_up\"") != std::string::npos && number_field(l, "stage") == 1) {
+      stage1 = pid_t(number_field(l, "pid"));
+    }
+  }
+  ASSERT_GT(stage1, 0) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 1)) << j.output();
+  ::kill(j.pid, SIGKILL);
+  EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  for (int i = 0; i < 1000 && j.output().find("goes on from the running") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ::kill(stage1, SIGKILL);
+  const std::string hash = wait_for_hash(j);
+  const std::string out = j.output();
+  EXPECT_EQ(hash, reference()) << out;
+  EXPECT_NE(out.find("goes on from the running stages"), std::string::npos) << out;
+  EXPECT_NE(out.find("a stage was lost before a window persisted under the standby head"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(all_gone(workers)) << out;
 }
 
 // SIGSTOP past the failure timeout: the standby takes over; the head, woken, finds that it was
