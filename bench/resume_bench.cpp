@@ -14,9 +14,11 @@
 //           so its reload inside the job is the nearest like for like.
 //   standby the same moevement job with a standby head (cluster.standby_head): the head gets
 //           SIGKILL at the same point and the standby carries the job on (its workers stay).
-//           Measured: the time from the kill until the killed run's last iteration is trained
-//           again, against the resume's (which counts from the resume's start, so leaves out
-//           the operator's reaction and the kill's own detection: favourable to the resume).
+//           Measured: the time from the kill until the first iteration past the killed run's
+//           last is trained, less that iteration's own time (the standby goes on from the
+//           running stages; where it cannot, from the journal's window, retraining), against
+//           the resume's time lost (which counts from the resume's start, so leaves out the
+//           operator's reaction and the kill's own detection: favourable to the resume).
 // Prints
 //   reload_s: ours=<resume restore> theirs=<dense-disk load_s> ratio=<theirs/ours>
 //   head_loss_s: ours=<standby's time lost> theirs=<resume's time lost> ratio=<theirs/ours>
@@ -174,6 +176,7 @@ ours_round run_ours(const options& o, const std::string& bin) {
 struct standby_round {
   double time_lost_s = 0, restore_s = 0;
   long killed_after = -1, resumed_at = -1;
+  bool live = false;  // went on from the running stages (else back to disk)
   std::string hash;
 };
 
@@ -193,13 +196,19 @@ standby_round run_standby(const options& o, const std::string& bin) {
     const bool iteration = l.find("\"kind\":\"iteration\"") != std::string::npos;
     if (!after_kill && iteration) out.killed_after = long(number(l, "iteration"));
     if (t > r.killed_at) after_kill = true;
+    if (after_kill && is_event(l, "job_start")) {  // the standby's
+      out.resumed_at = long(number(l, "resume_iteration"));
+      out.live = text(l, "takeover") == "live";
+    }
     if (after_kill && is_event(l, "recovery_end") && text(l, "recovery") == "resume") {
       out.restore_s = number(l, "seconds");
-      out.resumed_at = long(number(l, "target_iteration"));
     }
-    if (after_kill && iteration && long(number(l, "iteration")) == out.killed_after &&
+    // Lost: from the kill until the first iteration past the killed run's last is trained,
+    // less that iteration's own time (what the job did nothing useful for, whether it went
+    // on from the running stages or went back to disk and trained iterations again).
+    if (after_kill && iteration && long(number(l, "iteration")) > out.killed_after &&
         out.time_lost_s == 0 && out.resumed_at >= 0) {
-      out.time_lost_s = t - r.killed_at;
+      out.time_lost_s = t - r.killed_at - number(l, "iteration_s");
     }
     if (is_event(l, "job_end")) out.hash = text(l, "state_hash");
   }
@@ -267,9 +276,11 @@ int main(int argc, char** argv) {
       standby_equal += c.hash == want;
       if (c.hash == want) standby_lost.push_back(c.time_lost_s);  // a round that failed: none
       std::printf(
-          "# round %d, standby: killed after iteration %ld, back at %ld in %.3f s; trained again "
-          "what was lost %.3f s after the kill\n",
-          i, c.killed_after, c.resumed_at, c.restore_s, c.time_lost_s);
+          "# round %d, standby: killed after iteration %ld, went on at %ld %s (restore %.3f s); "
+          "%.3f s lost (the kill until iteration %ld was trained, less its own time)\n",
+          i, c.killed_after, c.resumed_at,
+          c.live ? "from the running stages" : "from the journal's window on disk", c.restore_s,
+          c.time_lost_s, c.killed_after + 1);
       restore.push_back(a.restore_s);
       load.push_back(b.load_s);
       lost.push_back(a.time_lost_s);

@@ -405,6 +405,8 @@ struct Restore {
   # sending them its own; the logs of the healthy stages outside serve the region's ends.
   # Empty: it replays every stage of the region itself.
   pipeline @18 :List(Address);
+  # With windowStages: the window's expert parallelism (0: 1).
+  windowEp @19 :Int32;
 }
 
 # ---- the recovery tree (recovery/job_supervisor.hpp, recovery/region_supervisor.hpp)

@@ -29,6 +29,7 @@ struct resume_point {
   // The layout the windows were written at (a resume may run at another: operators are the
   // unit of state, so the pipeline depth changes no bit; dp changes the global batch).
   int pp = 1, dp = 1;
+  int ep = 1;  // and its expert parallelism (each replica's files hold its block of experts)
   // The durable windows the stages may still hold (id -> the first iteration it replays),
   // oldest first; `window` is the newest. A resume takes the newest every stage verifies.
   std::map<std::uint64_t, std::int64_t> windows;

@@ -67,13 +67,19 @@ awaitable<void> region_recovery::resume(const engine::resume_point& p) {
   state_->begun = true;
   state_->detected = sclock::now();
   state_->resume = true;
-  if (p.pp != job.pp || p.dp != job.dp) {
+  const int ep = std::max(job.ep, 1);
+  if (p.pp != job.pp || p.dp != job.dp || p.ep != ep) {
     state_->window_pp = p.pp;
     state_->window_dp = p.dp;
+    state_->window_ep = p.ep;
+    const auto layout = [](int pp, int dp, int ep) {
+      return ep > 1 ? fmt::format("pp={} dp={} ep={}", pp, dp, ep)
+                    : fmt::format("pp={} dp={}", pp, dp);
+    };
     job_.notice(fmt::format(
-        "resuming at another layout: the windows are of pp={} dp={}, this job runs pp={} dp={}{}",
-        p.pp, p.dp, job.pp, job.dp,
-        p.dp == job.dp ? std::string(" (the pipeline depth changes no bit)")
+        "resuming at another layout: the windows are of {}, this job runs {}{}",
+        layout(p.pp, p.dp, p.ep), layout(job.pp, job.dp, ep),
+        p.dp == job.dp ? std::string(" (the pipeline depth and the EP degree change no bit)")
                        : fmt::format("; the global batch changes from {} to {} micro-batches per "
                                      "iteration from iteration {} on",
                                      p.dp * job.train.micro_batches,

@@ -28,7 +28,7 @@ void copy_operator(const models::operator_state& from, models::operator_state& t
 std::unique_ptr<engine::stage_model> restore_across_layouts(const layout_restore& in,
                                                             const engine::stage_factory& factory,
                                                             const engine::stage_setup& setup) {
-  const int pp = in.from.stages, dp = in.from.replicas;
+  const int pp = in.from.stages, dp = in.from.replicas, ep = std::max(in.from.ep, 1);
   const int mbs = setup.train.micro_batches;
   // The window's layout, every stage replica (index s * dp + d), from its files.
   std::vector<std::unique_ptr<engine::stage_model>> old;
@@ -42,6 +42,7 @@ std::unique_ptr<engine::stage_model> restore_across_layouts(const layout_restore
       sd.replica = d;
       sd.replicas = dp;
       sd.train.data_parallel = dp;
+      sd.train.expert_parallel = ep;
       sd.initialize = false;  // the window overwrites every operator
       old.push_back(factory(sd));
       const durable_store store(durable_window_dir(in.root, s, d));
@@ -85,17 +86,21 @@ std::unique_ptr<engine::stage_model> restore_across_layouts(const layout_restore
   conv.steps = &steps;
   conv.train = setup.train;
   conv.train.data_parallel = dp;
+  conv.train.expert_parallel = ep;
   conv.initial_iteration = in.first_iteration;
   std::vector<engine::stage_model*> ptrs;
   for (auto& m : old) ptrs.push_back(m.get());
   (void)sparse_to_dense(ptrs, conv);
 
-  // This job's stage: each operator from the old stage that had it (replica 0: the replicas
-  // are equal after every step).
+  // This job's stage: each operator from the old stage that had it, from the first replica
+  // that holds it (the replicas are equal after every step; under expert parallelism each
+  // holds its EP rank's block of experts).
   std::map<std::string, const models::operator_state*> by_name;
   for (int s = 0; s < pp; ++s) {
-    for (const auto* op : old[std::size_t(s * dp)]->operators()) {
-      if (op->allocated()) by_name[op->name()] = op;
+    for (int d = 0; d < dp; ++d) {
+      for (const auto* op : old[std::size_t(s * dp + d)]->operators()) {
+        if (op->allocated()) by_name.emplace(op->name(), op);
+      }
     }
   }
   engine::stage_setup mine = setup;
@@ -104,9 +109,9 @@ std::unique_ptr<engine::stage_model> restore_across_layouts(const layout_restore
   for (auto* op : out->operators()) {
     const auto from = by_name.find(op->name());
     if (from == by_name.end()) {
-      throw std::runtime_error(
-          fmt::format("operator {} of stage {} is in no stage of the window's layout (pp={} dp={})",
-                      op->name(), setup.stage, pp, dp));
+      throw std::runtime_error(fmt::format(
+          "operator {} of stage {} is in no stage of the window's layout (pp={} dp={} ep={})",
+          op->name(), setup.stage, pp, dp, ep));
     }
     copy_operator(*from->second, *op);
   }

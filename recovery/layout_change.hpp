@@ -1,10 +1,11 @@
-// A durable window written at one layout (pp, dp) restored into a stage of another (`moevement
+// A durable window written at one layout (pp, dp, ep) restored into a stage of another (`moevement
 // launch --resume` on another placement). Operators are the unit of state: every stage replica
 // of the window's layout is loaded from its files, verified, and the whole old pipeline is
 // replayed up to the target (the sparse-to-dense conversion, at the old dp: those iterations
 // were trained so); the new stage then takes each of its operators, by name, from the old
-// stage that had it. The pipeline depth changes no bit; a new dp changes the global batch
-// from the target on.
+// stage that had it (an expert from the replica whose block held it: the old EP groups compute
+// each other's expert rows in the replay). The pipeline depth and the EP degree change no bit;
+// a new dp changes the global batch from the target on.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@ namespace moevement::recovery {
 
 struct window_layout {
   int stages = 1, replicas = 1;
+  int ep = 1;  // expert parallelism: each replica's files hold its block of experts
 };
 
 struct layout_restore {

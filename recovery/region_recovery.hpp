@@ -121,7 +121,8 @@ class region_recovery : public engine::head_recovery {
     std::string durable_why;           // what made every copy of a snapshot unusable
     bool resume = false;               // not a loss: the job resumes from its journal (--resume)
     int window_pp = 0, window_dp = 0;  // a resume's windows are of this layout (0: the job's)
-    double group_abort_s = 0.0;        // the survivors' NCCL groups' aborts, the slowest
+    int window_ep = 0;
+    double group_abort_s = 0.0;  // the survivors' NCCL groups' aborts, the slowest
   };
   // What a generation restores from: the target iteration, the window (the persisted one, or
   // the durable tier's) and the first iteration its replay runs.

@@ -58,7 +58,7 @@ struct restore_plan {
   int w = 0;
   std::uint64_t window = 0, generation = 0;
   int host_share = 1;
-  int window_pp = 0, window_dp = 0;
+  int window_pp = 0, window_dp = 0, window_ep = 0;
   std::vector<int> replicas;     // of each region stage, rebuilt here (all, or this one)
   std::vector<actor_ref> group;  // [replica] the members' exchanges (empty: no group)
   // [s - first_stage] the exchange of the member replaying (s, replica) (empty: this worker
@@ -118,6 +118,7 @@ restore_plan decode(engine::wire::Restore::Reader m, const engine::job_config& j
   p.host_share = m.getHostShare();
   p.window_pp = m.getWindowStages();
   p.window_dp = m.getWindowReplicas();
+  p.window_ep = m.getWindowEp();
   if (p.first_stage < 0 || p.last_stage >= job.pp || p.stage < p.first_stage ||
       p.stage > p.last_stage || m.getSources().size() != unsigned(p.k * p.dp) ||
       p.target < p.first || p.first < 0 || (p.has_window && (p.w <= 0 || p.w > (1 << 20)))) {
@@ -616,9 +617,9 @@ awaitable<restored_stage> restore_layout(restore_context& ctx, engine::wire::Res
                                          engine::stage_setup setup) {
   const auto started = sclock::now();
   layout_restore in;
-  in.from = {m.getWindowStages(), m.getWindowReplicas()};
+  in.from = {m.getWindowStages(), m.getWindowReplicas(), std::max(m.getWindowEp(), 1)};
   if (in.from.stages < 1 || in.from.stages > engine::max_job_workers || in.from.replicas < 1 ||
-      in.from.replicas > engine::max_job_workers) {
+      in.from.replicas > engine::max_job_workers || in.from.replicas % in.from.ep != 0) {
     throw std::runtime_error("malformed Restore from the coordinator (the window's layout)");
   }
   in.root = ctx.job.baseline.dir;
@@ -667,7 +668,8 @@ awaitable<restored_stage> restore_region(restore_context ctx, engine::wire::Rest
         "malformed Restore from the coordinator (its pipeline names another worker for this one)");
   }
   if (plan.durable && plan.window_pp != 0 &&
-      (plan.window_pp != ctx.job.pp || plan.window_dp != ctx.job.dp)) {
+      (plan.window_pp != ctx.job.pp || plan.window_dp != ctx.job.dp ||
+       std::max(plan.window_ep, 1) != std::max(ctx.job.ep, 1))) {
     co_return co_await restore_layout(ctx, m, factory, std::move(setup));
   }
   // A group replay of an older generation still waiting here ends now (superseded).

@@ -201,6 +201,7 @@ void region_recovery::send_restores(const region& r) {
       b.setHostShare(share == per_host.end() ? 1 : share->second);
       b.setWindowStages(state_->window_pp);
       b.setWindowReplicas(state_->window_dp);
+      b.setWindowEp(state_->window_ep);
       // The durable tier: everything from files; no peer is pulled from, and no survivor's
       // schedule is taken over (every replica of every stage starts a fresh one alike).
       write_sources(b, r, durable ? std::vector<actor_ref>{} : holders, !durable);

@@ -51,7 +51,9 @@ bool fixed_field(std::size_t n, const std::vector<std::string>& w, engine::resum
   static const char* const names[] = {"window", "w_sparse", "target_iteration", "loss_scaler",
                                       "layout"};
   static const std::size_t sizes[] = {2, 2, 2, 5, 3};
-  if (w.size() != sizes[n - 2] || w[0] != names[n - 2]) return false;
+  // The layout's EP degree is a fourth word (a journal of before it: 1).
+  const bool layout_with_ep = n == 6 && w.size() == 4;
+  if ((w.size() != sizes[n - 2] && !layout_with_ep) || w[0] != names[n - 2]) return false;
   const int max_workers = engine::max_job_workers;
   switch (n) {
     case 2:
@@ -65,8 +67,11 @@ bool fixed_field(std::size_t n, const std::vector<std::string>& w, engine::resum
       return (w[1] == "0" || w[1] == "1") && parse_f32(w[2], p.scaler.scale) &&
              parse_int(w[3], p.scaler.good_steps) && parse_int(w[4], p.scaler.window);
     default:
+      if (layout_with_ep && (!parse_int(w[3], p.ep) || p.ep < 1 || p.ep > max_workers)) {
+        return false;
+      }
       return parse_int(w[1], p.pp) && parse_int(w[2], p.dp) && p.pp >= 1 && p.pp <= max_workers &&
-             p.dp >= 1 && p.dp <= max_workers;
+             p.dp >= 1 && p.dp <= max_workers && p.dp % p.ep == 0;
   }
 }
 
@@ -116,10 +121,10 @@ std::string resume_text(const engine::resume_point& p,
                         const std::vector<std::pair<std::string, std::string>>& identity) {
   std::string out = fmt::format(
       "moevement-resume {}\nwindow {}\nw_sparse {}\ntarget_iteration {}\n"
-      "loss_scaler {} {} {} {}\nlayout {} {}\n",
+      "loss_scaler {} {} {} {}\nlayout {} {} {}\n",
       resume_journal::format_version, p.window, p.w_sparse, p.target_iteration,
       p.scaler.enabled ? 1 : 0, bits(p.scaler.scale), p.scaler.good_steps, p.scaler.window, p.pp,
-      p.dp);
+      p.dp, p.ep);
   for (const auto& [id, first] : p.windows) {
     const auto size = p.window_sizes.find(id);
     out += fmt::format("durable {} {} {}\n", id, first,

@@ -402,6 +402,7 @@ engine::resume_point window_book::journal_point() const {
   p.scaler = job_.scaler();
   p.pp = job.pp;
   p.dp = job.dp;
+  p.ep = std::max(job.ep, 1);
   for (const auto& [w, first] : durable_windows_) {
     if (w > p.window) continue;
     p.windows[w] = first;

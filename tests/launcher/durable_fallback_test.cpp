@@ -461,12 +461,17 @@ namespace {
 // Expert parallelism: each worker's windows hold its own block of experts; the resumed job
 // rebuilds every stage replica from them (each worker replaying its stage's group with its EP
 // groups' rows exchanged in that process) and ends with the uninterrupted run's hash.
+// Under expert parallelism each replica's files hold its block of experts. The same layout
+// resumes bit-exact; so do other EP degrees and pipeline depths (the old EP groups compute
+// each other's rows in the replay, and each new stage takes every expert from the replica
+// that held it): ep 2 -> 1 at pp 1, and a job written at ep 1 resumed at ep 2.
 TEST(resume, a_killed_expert_parallel_job_resumes_bit_exact) {
   const std::string dir = checkpoint_dir("resume_ep");
   const std::string set =
       "--set cluster.spares=0 --set train.iterations=60 --set parallel.pp=2 "
       "--set parallel.dp=2 --set parallel.ep=2";
   ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows("killed_ep", job(dir, set), 4, 2));
+  fs::copy(dir, dir + "-ep1", fs::copy_options::recursive);
   const auto o = launch("resumed_ep", job(dir, set) + " --resume");
   ASSERT_EQ(o.exit_code, 0) << o.output;
   const auto t = run_moevement("train " + tiny() +
@@ -474,6 +479,30 @@ TEST(resume, a_killed_expert_parallel_job_resumes_bit_exact) {
                                "--set parallel.dp=2");
   ASSERT_EQ(t.exit_code, 0) << t.output;
   EXPECT_EQ(o.hash, hash_of(t.output));
+  fs::remove_all(dir);
+
+  const auto ep1 = launch("resumed_ep1", job(dir + "-ep1",
+                                             "--set cluster.spares=0 --set train.iterations=60 "
+                                             "--set parallel.pp=1 --set parallel.dp=2") +
+                                             " --resume");
+  ASSERT_EQ(ep1.exit_code, 0) << ep1.output;
+  EXPECT_NE(ep1.output.find("the windows are of pp=2 dp=2 ep=2, this job runs pp=1 dp=2"),
+            std::string::npos)
+      << ep1.output;
+  EXPECT_EQ(ep1.hash, hash_of(t.output));
+  fs::remove_all(dir + "-ep1");
+
+  const std::string from_ep1 = checkpoint_dir("resume_to_ep2");
+  const std::string ep1_set =
+      "--set cluster.spares=0 --set train.iterations=60 --set parallel.pp=2 --set parallel.dp=2";
+  ASSERT_NO_FATAL_FAILURE(
+      kill_head_after_durable_windows("killed_ep1", job(from_ep1, ep1_set), 4, 2));
+  const auto ep2 =
+      launch("resumed_ep2", job(from_ep1, ep1_set + " --set parallel.ep=2") + " --resume");
+  ASSERT_EQ(ep2.exit_code, 0) << ep2.output;
+  EXPECT_NE(ep2.output.find("this job runs pp=2 dp=2 ep=2"), std::string::npos) << ep2.output;
+  EXPECT_EQ(ep2.hash, hash_of(t.output));
+  fs::remove_all(from_ep1);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ engine::resume_point point(std::uint64_t window) {
   p.scaler.window = 200;
   p.pp = 3;
   p.dp = 2;
+  p.ep = 2;
   p.windows = {{window - 1, std::int64_t(window - 1) * 3 + 1},
                {window, std::int64_t(window) * 3 + 1}};
   for (std::int64_t it = p.windows.begin()->second; it < p.target_iteration; ++it) {
@@ -70,6 +71,7 @@ void expect_same(const engine::resume_point& a, const engine::resume_point& b) {
   EXPECT_EQ(a.scaler.window, b.scaler.window);
   EXPECT_EQ(a.pp, b.pp);
   EXPECT_EQ(a.dp, b.dp);
+  EXPECT_EQ(a.ep, b.ep);
   EXPECT_EQ(a.windows, b.windows);
   EXPECT_EQ(a.steps, b.steps);
 }
@@ -156,8 +158,14 @@ TEST(resume_text, malformed_text_is_an_error_saying_what) {
   EXPECT_FALSE(parse_resume_text(replaced("loss_scaler 1 47000000", "loss_scaler 1 4700")).ok());
   EXPECT_FALSE(parse_resume_text(good + "step 999999 3f800000 1 3f800000 0000000000000000\n").ok());
   EXPECT_FALSE(parse_resume_text(replaced("w_sparse 3", "w_sparse 0")).ok());
-  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2", "layout 0 2")).ok());
-  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2", "layout 3")).ok());
+  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2 2", "layout 0 2 2")).ok());
+  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2 2", "layout 3")).ok());
+  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2 2", "layout 3 2 3")).ok());  // ep | dp
+  EXPECT_FALSE(parse_resume_text(replaced("layout 3 2 2", "layout 3 2 0")).ok());
+  // A journal of before the EP degree was written: ep 1.
+  const auto old = parse_resume_text(replaced("layout 3 2 2", "layout 3 2"));
+  ASSERT_TRUE(old.ok()) << old.err().message;
+  EXPECT_EQ(old->first.ep, 1);
   EXPECT_FALSE(parse_resume_text(std::string("\0\0\0", 3)).ok());
   // An identity line cut after its key (reading its value used to throw out_of_range).
   EXPECT_FALSE(parse_resume_text(good + "identity train.seed\n").ok());
