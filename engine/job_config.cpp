@@ -366,12 +366,12 @@ job_config resolve_job(models::config_map map) {
                        "dense-disk checkpoints are the durable tier and cannot turn it off; use "
                        "policy dense-memory for checkpoints in peers' memory only");
   }
-  if (j.standby_head &&
-      (j.backend != "local" || j.policy != policy_kind::moevement || !durable_tier(j))) {
+  if (j.standby_head && (j.policy != policy_kind::moevement || !durable_tier(j))) {
     throw config_error("cluster.standby_head",
                        "a standby head takes over from the resume journal of the durable tier: it "
-                       "needs cluster.backend = \"local\" and checkpoint.policy = \"moevement\" "
-                       "with the durable tier on (checkpoint.durable left \"auto\" or true)");
+                       "needs checkpoint.policy = \"moevement\" with the durable tier on "
+                       "(checkpoint.durable left \"auto\" or true; under Slurm with "
+                       "checkpoint.dir set to a directory every node sees)");
   }
   if (j.slurm_nodes > j.workers() + j.spares) {
     throw config_error("cluster.slurm_nodes",

@@ -212,6 +212,8 @@ class head_session {
   void arm_start_timeout();
   asio::awaitable<void> start_workers();
   void start_standby(const std::string& head);
+  // `launch CONFIG [--set ...] --standby-of HEAD --node N`: the standby head's command line.
+  std::vector<std::string> standby_args(const std::string& head) const;
   int report();
   // ---- the standby head (cluster.standby_head; launcher/standby_agent.hpp)
   static std::string standby_token() {
@@ -249,7 +251,8 @@ class head_session {
   const bool tty_ = ::isatty(STDOUT_FILENO) != 0;
   engine::job_outcome outcome_;
   bool finished_ = false, progress_open_ = false, interrupted_ = false;
-  std::unique_ptr<slurm_step> step_;  // backend slurm: srun, node 0 among the processes
+  std::unique_ptr<slurm_step> step_;          // backend slurm: srun, node 0 among the processes
+  std::unique_ptr<slurm_step> standby_step_;  // backend slurm: the standby head's srun
   asio::steady_timer linger_{io_}, start_timer_{io_};
   int extensions_running_ = 0;
   asio::steady_timer extensions_done_{io_};
@@ -363,6 +366,12 @@ void head_session::finish(const engine::job_outcome& o) {
 }
 
 void head_session::child_exited(transport::node_id n, pid_t pid, int status) {
+  if (standby_step_ && pid == standby_step_->pid()) {
+    // The standby's loss reaches the coordinator through the membership (it goes on without
+    // one); one that never joined fails the start, with its step's last lines.
+    standby_step_->exited(status);
+    return;
+  }
   if (step_ && pid == step_->pid()) {
     step_->exited(status);
     if (!finished_) {
@@ -439,8 +448,10 @@ void head_session::arm_start_timeout() {
     if (c->waits_for_standby()) {
       fail(fmt::format(
           "the standby head did not join the cluster within cluster.start_timeout_ms = {} ms "
-          "(training waits for it, so that the head can be taken over from the start)",
-          job_.start_timeout_ms));
+          "(training waits for it, so that the head can be taken over from the start){}",
+          job_.start_timeout_ms,
+          standby_step_ ? "; its Slurm step's last lines:\n" + standby_step_->output_tail()
+                        : std::string()));
       return;
     }
     fail(fmt::format(
@@ -463,6 +474,10 @@ asio::awaitable<void> head_session::start_workers() {
     try {
       step_ = start_slurm_step(job_, self_, head, token_, worker_specs_);
       processes_.adopt(step_->pid(), 0);
+      if (job_.standby_head) {
+        standby_step_ = start_slurm_standby(job_, self_, standby_args(head), token_);
+        processes_.adopt(standby_step_->pid(), transport::node_id(engine::standby_node(job_)));
+      }
     } catch (const std::exception& e) {
       fail(e.what());
     }
@@ -494,7 +509,7 @@ asio::awaitable<void> head_session::start_workers() {
   if (job_.standby_head) start_standby(head);
 }
 
-void head_session::start_standby(const std::string& head) {
+std::vector<std::string> head_session::standby_args(const std::string& head) const {
   std::vector<std::string> args{"launch", options_.config_path};
   for (const auto& o : options_.overrides) {
     args.push_back("--set");
@@ -502,8 +517,13 @@ void head_session::start_standby(const std::string& head) {
   }
   args.insert(args.end(),
               {"--standby-of", head, "--node", std::to_string(engine::standby_node(job_))});
+  return args;
+}
+
+void head_session::start_standby(const std::string& head) {
   try {
-    processes_.start(self_, args, transport::node_id(engine::standby_node(job_)), true);
+    processes_.start(self_, standby_args(head), transport::node_id(engine::standby_node(job_)),
+                     true);
   } catch (const std::exception& e) {
     fail(std::string("cannot start the standby head: ") + e.what());
   }
@@ -588,6 +608,8 @@ void head_session::replaced() {
   say("moevement launch: this head did not run for longer than cluster.failure_timeout_ms and "
       "the standby head took its place: leaving the job to it");
   processes_.forget_all();
+  if (step_) step_->release();  // the workers' step is the standby's now
+  if (standby_step_) standby_step_->release();
   injector_.stop();
   io_.stop();
 }
@@ -626,6 +648,10 @@ int head_session::report() {
   if (step_) {  // srun goes first: the workers are its tasks
     processes_.forget(step_->pid());
     step_end = step_->stop(srun_grace_ms);
+  }
+  if (standby_step_) {  // the standby ends on the coordinator's Shutdown
+    processes_.forget(standby_step_->pid());
+    (void)standby_step_->stop(srun_grace_ms);
   }
   const auto bad_exits = processes_.end_all(std::chrono::milliseconds(outcome_.ok ? 3000 : 200));
   if (outcome_.ok && !bad_exits.empty()) {
@@ -667,7 +693,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                head_extension extension) {
   auto options = parse_launch_options(argc, argv);
   if (!options) return 2;
-  const engine::job_config job = checked_job(*options);
+  engine::job_config job = checked_job(*options);
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
   registry.check_expert_parallel(job.stage_type, job.ep);
   injection_plan plan = plan_injections(options->injections, job, options->dry_run, std::cout);
@@ -680,6 +706,8 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   std::optional<recovery::resume_journal> journal;
   if (!options->standby_of.empty()) {  // the standby head: quiet until it takes over
     if (!job.standby_head) throw std::invalid_argument("--standby-of needs cluster.standby_head");
+    // In a Slurm task on another node than the head's: it listens on its own node's address.
+    if (job.backend == "slurm") job.host = slurm_task_host(job.host);
     head_session standby(*options, job, std::move(plan), journal, std::nullopt,
                          std::move(extension));
     return standby.run();

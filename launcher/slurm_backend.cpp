@@ -320,7 +320,7 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
 }
 
 slurm_step::slurm_step(std::vector<std::string> command, const std::string& token,
-                       std::string output_path, std::string step_name)
+                       std::string output_path, std::string step_name, bool outlive_head)
     : output_(std::move(output_path)), name_(std::move(step_name)) {
   const int out = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) {
@@ -338,9 +338,12 @@ slurm_step::slurm_step(std::vector<std::string> command, const std::string& toke
   }
   if (pid == 0) {
     ::setpgid(0, 0);  // Ctrl-C goes to the head only; the head ends the step
-    // If the head dies, srun ends the step (SIGTERM: srun cancels it; SIGKILL would orphan it).
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(1);
+    // If the head dies, srun ends the step (SIGTERM: srun cancels it; SIGKILL would orphan it),
+    // unless a standby head takes the step over.
+    if (!outlive_head) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);
+    }
     ::dup2(out, 1);
     ::dup2(out, 2);
     const int null = ::open("/dev/null", O_RDONLY);
@@ -463,7 +466,48 @@ std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, cons
         "of several hosts set cluster.host to this machine's address (docs/slurm.md)\n",
         job.host);
   }
-  return std::make_unique<slurm_step>(std::move(command), token, output, name);
+  return std::make_unique<slurm_step>(std::move(command), token, output, name, job.standby_head);
+}
+
+std::string slurm_standby_output_path(const std::string& run_log) {
+  return run_log_base(run_log) + ".standby.log";
+}
+
+std::unique_ptr<slurm_step> start_slurm_standby(const engine::job_config& job,
+                                                const std::string& self,
+                                                const std::vector<std::string>& standby_args,
+                                                const std::string& token) {
+  std::random_device rd;
+  const std::string name = fmt::format("moevement-{}-standby-{:06x}", ::getpid(), rd() & 0xffffff);
+  const bool in_allocation = std::getenv("SLURM_JOB_ID") != nullptr;
+  std::vector<std::string> c{"srun", "--job-name=" + name, "--ntasks=1", "--nodes=1"};
+  if (!job.slurm_partition.empty()) c.push_back("--partition=" + job.slurm_partition);
+  if (in_allocation) {
+    c.push_back("--overlap");  // beside the workers' step, on their CPUs: it idles until needed
+  } else {
+    c.push_back(
+        fmt::format("--immediate={}", std::max<std::int64_t>(1, job.start_timeout_ms / 1000)));
+  }
+  c.insert(c.end(), {"--kill-on-bad-exit=0", "--export=ALL", "--input=none", "--unbuffered", self});
+  c.insert(c.end(), standby_args.begin(), standby_args.end());
+  const std::string output = slurm_standby_output_path(job.run_log);
+  std::cout << fmt::format("Slurm step {}: the standby head; its output: {}\n", name, output)
+            << std::flush;
+  return std::make_unique<slurm_step>(std::move(c), token, output, name, true);
+}
+
+std::string slurm_task_host(const std::string& job_host) {
+  const char* node = std::getenv("SLURMD_NODENAME");
+  if (node == nullptr || is_loopback(job_host)) return job_host;
+  const auto addr = resolve(node);
+  if (!addr) {
+    throw slurm_env_error(fmt::format(
+        "cannot resolve this task's node name '{}' (SLURMD_NODENAME) to an address: make the "
+        "node names resolve (DNS or /etc/hosts), or run the whole job on one host with "
+        "cluster.host = 127.0.0.1",
+        node));
+  }
+  return *addr;
 }
 
 // Why the job cannot go on once srun has ended before it: srun's own words, and a hint.

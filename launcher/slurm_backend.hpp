@@ -96,9 +96,24 @@ class slurm_step;
 // The head's side: starts the srun step of every worker and spare (printing the step's name
 // and where its output goes), with the token in its environment.
 // injections: the phase=... specs every task carries out itself (launcher/inject.hpp).
+// With cluster.standby_head the step outlives the head (the standby takes its workers over).
 std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, const std::string& self,
                                              const std::string& head, const std::string& token,
                                              const std::vector<std::string>& injections = {});
+// The standby head (cluster.standby_head) as a step of its own, one task running `self` with
+// `standby_args` (launch CONFIG [--set ...] --standby-of HEAD --node N), outliving the head;
+// inside an allocation it overlaps the workers' step (it idles until it takes over). Its
+// output (after a takeover: the job's progress and its state_hash) goes to
+// slurm_standby_output_path(job.run_log).
+std::unique_ptr<slurm_step> start_slurm_standby(const engine::job_config& job,
+                                                const std::string& self,
+                                                const std::vector<std::string>& standby_args,
+                                                const std::string& token);
+std::string slurm_standby_output_path(const std::string& run_log);
+// The address a process in a Slurm task listens on: job_host where it is a loopback address
+// (one host) or outside a task, else this task's node name resolved (SLURMD_NODENAME).
+// Throws slurm_env_error when the node name does not resolve.
+std::string slurm_task_host(const std::string& job_host);
 // Why the job cannot go on once srun ended before it (how: "exited with status 1", ...):
 // the last lines srun and the tasks wrote, and a hint for a wrong partition or too few tasks.
 std::string slurm_step_ended_text(const engine::job_config& job, const slurm_step& step,
@@ -108,8 +123,9 @@ std::string slurm_step_ended_text(const engine::job_config& job, const slurm_ste
 class slurm_step {
  public:
   // Starts srun (own process group, output to output_path, the token in its environment).
+  // outlive_head: srun does not end with this process (a standby head takes the job over).
   slurm_step(std::vector<std::string> command, const std::string& token, std::string output_path,
-             std::string step_name);
+             std::string step_name, bool outlive_head = false);
   slurm_step(const slurm_step&) = delete;
   slurm_step& operator=(const slurm_step&) = delete;
   ~slurm_step();
@@ -121,6 +137,8 @@ class slurm_step {
   // srun ended with this wait status (reaped by the caller's waitpid).
   void exited(int status);
   bool running() const { return pid_ > 0 && !exited_; }
+  // This process no longer owns srun (a standby head took the job over): nothing is stopped.
+  void release() { pid_ = -1; }
   // Ends the step and reaps srun: waits grace_ms for it to exit, then SIGTERM (srun cancels
   // the step), then scancel of the step by name, then SIGKILL. Returns how it ended.
   std::string stop(int grace_ms);

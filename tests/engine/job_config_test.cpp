@@ -161,8 +161,8 @@ TEST(job_config, wrong_type_names_the_key) {
   EXPECT_EQ(reject({{"checkpoint.policy", std::int64_t(1)}}).key, "checkpoint.policy");
 }
 
-// A standby head takes over from the durable tier's journal: policy moevement on the local
-// backend with the durable tier on, else the key is refused by name.
+// A standby head takes over from the durable tier's journal: policy moevement with the durable
+// tier on (either backend), else the key is refused by name.
 TEST(job_config, standby_head_needs_the_durable_tier) {
   const config_map ok{{"checkpoint.policy", std::string("moevement")},
                       {"cluster.standby_head", true}};
@@ -172,10 +172,12 @@ TEST(job_config, standby_head_needs_the_durable_tier) {
   config_map no_disk = ok;
   no_disk["checkpoint.durable"] = false;
   EXPECT_EQ(reject(no_disk).key, "cluster.standby_head");
+  // Under Slurm the durable tier is on only with a checkpoint.dir every node sees.
   config_map slurm = ok;
   slurm["cluster.backend"] = std::string("slurm");
-  slurm["checkpoint.dir"] = std::string("/shared/ck");
   EXPECT_EQ(reject(slurm).key, "cluster.standby_head");
+  slurm["checkpoint.dir"] = std::string("/shared/ck");
+  EXPECT_TRUE(resolve_job(slurm).standby_head);
 }
 
 TEST(job_config, expert_parallelism_needs_a_dp_and_an_expert_count_it_divides) {

@@ -463,6 +463,40 @@ TEST_F(slurm_launch, the_head_killed_with_sigkill_leaves_no_step_behind) {
       << "killed before training began";
 }
 
+// cluster.standby_head under Slurm: the standby head is a step of its own; the head killed with
+// SIGKILL once a window is on disk leaves the workers' step running, the standby goes on from
+// the running stages, and its output (the step's file) ends with the local backend's hash.
+// TearDown checks that both steps ended.
+TEST_F(slurm_launch, a_killed_head_is_replaced_by_its_standby_step_bit_exact) {
+  const std::string dir = cluster_->dir();
+  const std::string run = "--set train.iterations=300 --set train.seq_len=16 ";
+  const auto local = cluster_->run(launch("standby_reference", run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const std::string standby_log = dir + "/standby.standby.log";
+  const auto r = cluster_->run(
+      launch("standby", run + slurm_2x2 +
+                            "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                            "--set cluster.standby_head=true --set checkpoint.dir=" +
+                            dir + "/standby.ckpt") +
+          " >" + dir +
+          "/standby.out 2>&1 &\n"
+          "lp=$!\n"
+          "for i in $(seq 900); do grep -q '\"event\":\"durable_window\"' " +
+          dir +
+          "/standby.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+          "kill -9 $lp; wait $lp; echo \"launch exit $?\"\n"
+          "for i in $(seq 900); do grep -q 'state_hash=' " +
+          standby_log + " 2>/dev/null && break; sleep 0.1; done",
+      180);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_TRUE(contains(r.output, "launch exit 137")) << r.output;
+  const std::string head = read_file(dir + "/standby.out");
+  EXPECT_TRUE(contains(head, "the standby head; its output: " + standby_log)) << head;
+  const std::string out = read_file(standby_log);
+  EXPECT_TRUE(contains(out, "goes on from the running stages")) << out;
+  EXPECT_EQ(hash_of(out), hash_of(local.output)) << out << "\nhead:\n" << head;
+}
+
 TEST_F(slurm_launch, a_wrong_partition_is_a_clear_error) {
   const auto r =
       cluster_->run(launch("partition", std::string(short_run) + slurm_2x2 +
