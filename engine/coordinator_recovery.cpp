@@ -328,15 +328,18 @@ awaitable<std::string> coordinator::go_on_live() {
   }
   if (callbacks_.on_notice) {
     callbacks_.on_notice(fmt::format(
-        "the standby head goes on from the running stages at iteration {}{} (W={}); until its "
-        "first window persists, a recovery goes back to window {} on disk",
+        "the standby head goes on from the running stages at iteration {}{} (W={}); a recovery "
+        "starts from {}",
         t->target,
         t->dropped       ? " (the iteration in flight runs again)"
         : completed >= 0 ? fmt::format(" (the step of iteration {} sent to the stages that "
                                        "lacked it)",
                                        completed)
                          : std::string(),
-        t->w_sparse, journal.window));
+        t->w_sparse,
+        t->persisted ? fmt::format("window {} in memory", t->persisted->first)
+                     : fmt::format("window {} on disk until a window of this head persists",
+                                   journal.window)));
   }
   if (t->unfinished) {
     // The stages that lack the lost head's last Step get it; once they have stepped, the

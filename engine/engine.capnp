@@ -300,6 +300,11 @@ struct StageState {
   reduced @8 :Bool;
   slot @9 :UInt32;                  # its last step's slot in `window`
   popularity @10 :List(Float64);    # and that Step's popularity, as it came
+  # The newest window the job persisted that it holds (policy moevement), and its first
+  # iteration.
+  hasPersisted @11 :Bool;
+  persistedWindow @12 :UInt64;
+  persistedFirst @13 :Int64;
 }
 
 # ---- checkpointing and recovery (policy moevement)

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <optional>
 #include <span>
+#include <utility>
 
 #include "actors/actor_ref.hpp"
 #include "models/model.hpp"
@@ -110,6 +112,11 @@ class stage_hooks {
   // coordinator): routed tokens, or gate probabilities for a soft-count ordering.
   virtual bool soft_popularity() const { return false; }
   virtual checkpoint_stats stats() const { return {}; }
+  // On the stage actor's thread: the newest window the job persisted that this stage holds
+  // (its id and first iteration), for a standby head that takes over (StageState).
+  virtual std::optional<std::pair<std::uint64_t, std::int64_t>> persisted_window() const {
+    return std::nullopt;
+  }
 };
 
 }  // namespace moevement::engine

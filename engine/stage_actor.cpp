@@ -614,6 +614,11 @@ awaitable<void> stage_actor::state(wire::StageStateQuery::Reader, wire::StageSta
   if (!reduced) co_await drop_in_flight();
   out.setReduced(reduced);
   out.setSlot(last_slot_);
+  if (const auto p = hooks_ ? hooks_->persisted_window() : std::nullopt) {
+    out.setHasPersisted(true);
+    out.setPersistedWindow(p->first);
+    out.setPersistedFirst(p->second);
+  }
   auto pop = out.initPopularity(static_cast<unsigned>(last_popularity_.size()));
   for (unsigned i = 0; i < last_popularity_.size(); ++i) pop.set(i, last_popularity_[i]);
   out.setEpoch(epoch_);

@@ -15,6 +15,7 @@ stage_state read_stage_state(wire::StageState::Reader m) {
   s.reduced = m.getReduced();
   s.wiring = m.getWiring();
   s.place = {m.getWSparse(), m.getWindow(), m.getSlot()};
+  if (m.getHasPersisted()) s.persisted = std::pair{m.getPersistedWindow(), m.getPersistedFirst()};
   for (double x : m.getPopularity()) s.popularity.push_back(x);
   std::int64_t last = -1;
   for (auto r : m.getSteps()) {
@@ -111,6 +112,9 @@ result<live_takeover> plan_live_takeover(const std::vector<stage_state>& states,
     t.next_window = std::max(t.next_window, s.place.window + 1);
     t.w_sparse = std::max(t.w_sparse, s.place.w_sparse);
     t.dropped = t.dropped || s.dropped;
+    if (s.persisted && (!t.persisted || s.persisted->first > t.persisted->first)) {
+      t.persisted = s.persisted;
+    }
   }
   if (highest - lowest > 1) {
     return error{fmt::format("the stages stepped iterations {} to {}", lowest, highest)};
@@ -143,9 +147,13 @@ result<live_takeover> plan_live_takeover(const std::vector<stage_state>& states,
       }
     }
   }
-  // A replay from the journal's oldest window needs every step up to target - 1.
-  const std::int64_t from =
+  // A persisted window older than the journal's is not the newest: the journal's is.
+  if (t.persisted && t.persisted->first < journal.window) t.persisted.reset();
+  // A replay from the journal's oldest window (or the persisted one) needs every step up to
+  // target - 1.
+  std::int64_t from =
       journal.windows.empty() ? journal.target_iteration : journal.windows.begin()->second;
+  if (t.persisted) from = std::min(from, t.persisted->second);
   for (std::int64_t it = std::max<std::int64_t>(from, 0); it < t.target; ++it) {
     if (!t.steps.contains(it)) {
       return error{fmt::format("no stage keeps the step plan of iteration {}", it)};

@@ -32,6 +32,8 @@ struct stage_state {
   std::uint64_t wiring = 0;
   checkpoint_place place;          // its last step's
   std::vector<double> popularity;  // its last Step's
+  // The newest window the job persisted that it holds: id, first iteration.
+  std::optional<std::pair<std::uint64_t, std::int64_t>> persisted;
   std::map<std::int64_t, planned_step> steps;
 };
 // Throws std::invalid_argument on a malformed answer (steps out of order or repeated).
@@ -48,6 +50,10 @@ struct live_takeover {
   std::uint64_t next_window = 0;  // the first window the new head places (past every stage's)
   int w_sparse = 0;               // the stages' window size (the journal's where none)
   bool dropped = false;           // an iteration was in flight (it runs again)
+  // The newest window the lost head persisted, as the stages hold it (id, first iteration): a
+  // window is persisted only once every stage replicated it, so the newest any stage was told
+  // of is whole on every stage's replicators. None: the journal's window on disk is the newest.
+  std::optional<std::pair<std::uint64_t, std::int64_t>> persisted;
   // Stages (index d * pp + s) holding reduced gradients no Step will come for: aborted, each
   // at its epoch.
   std::vector<std::pair<std::size_t, std::uint64_t>> drop;

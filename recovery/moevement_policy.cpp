@@ -171,6 +171,14 @@ class checkpoint_hooks : public engine::stage_hooks {
             fresh_bytes_.load(),
             windows_skipped_.load()};
   }
+  std::optional<std::pair<std::uint64_t, std::int64_t>> persisted_window() const override {
+    const std::lock_guard lock(shared_->mu);
+    const auto id = shared_->capture.persisted_id();
+    if (!id) return std::nullopt;
+    const std::int64_t first = shared_->capture.first_iteration(*id);
+    if (first < 0) return std::nullopt;  // a rebuilt stage that never held it
+    return std::pair{*id, first};
+  }
 
  private:
   std::shared_ptr<capture_shared> shared_;

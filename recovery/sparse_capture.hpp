@@ -215,6 +215,8 @@ class sparse_capture : public engine::stage_hooks {
   // Whether every slot of `window` was captured in this process.
   bool complete(std::uint64_t window) const;
   std::int64_t first_iteration(std::uint64_t window) const;
+  // The newest window the job persisted (drop_before), held here or not.
+  std::optional<std::uint64_t> persisted_id() const { return persisted_; }
   // Which operators the captured slots of `window` hold, as a digest: equal on every replica
   // of a stage, or a later conversion of the recovery group fails (0: no such window).
   std::uint64_t schedule_digest(std::uint64_t window) const;

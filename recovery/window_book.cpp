@@ -172,7 +172,24 @@ void window_book::take_over(const engine::resume_point& p, const engine::live_ta
   planned_max_ = t.target - 1;
   steps_ = t.steps;
   durable_from_ = t.target;
-  on_disk_only_ = true;
+  on_disk_only_ = !t.persisted;
+  if (t.persisted) {
+    // The lost head's newest persisted window, in memory on every stage's replicators: the
+    // stages that had not heard of it yet are told (before the abandonment, which spares it).
+    persisted_ = t.persisted->first;
+    persisted_first_ = t.persisted->second;
+    for (const auto& [n, w] : job_.workers()) {
+      for (const actor_ref& r : {w.checkpoint, w.replicator}) {
+        if (!r.valid()) continue;
+        (void)job_.actor().tell<engine::wire::WindowPersisted>(
+            r, [&](engine::wire::WindowPersisted::Builder b) {
+              b.setWindow(t.persisted->first);
+              b.setFirstIteration(t.persisted->second);
+              b.setDurable(false);
+            });
+      }
+    }
+  }
   for (const auto& [n, w] : job_.workers()) {
     if (!w.checkpoint.valid()) continue;
     (void)job_.actor().tell<engine::wire::WindowsAbandoned>(

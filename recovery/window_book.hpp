@@ -36,8 +36,9 @@ class window_book {
   // --resume: the windows, steps and W_sparse as the journal says.
   void resume_from(const engine::resume_point& p);
   // A standby head took over from the live stages: the journal's durable windows, the steps
-  // since, and windows of t.w_sparse from t.target on, numbered from t.next_window; every
-  // stage abandons the windows it began before t.target.
+  // since, the lost head's newest persisted window (t.persisted, else the journal's), and
+  // windows of t.w_sparse from t.target on, numbered from t.next_window; every stage abandons
+  // the windows it began before t.target.
   void take_over(const engine::resume_point& p, const engine::live_takeover& t);
   // The persisted window is only on disk (after a takeover, until one of this head's
   // windows persists): a recovery goes to the durable tier at once.
@@ -80,8 +81,8 @@ class window_book {
   // window -> [stage * ep + EP rank]
   std::map<std::uint64_t, std::vector<std::uint64_t>> schedule_digests_;
   std::optional<std::uint64_t> persisted_;  // the newest window every stage has replicated
-  bool on_disk_only_ = false;               // persisted_ is the journal's (take_over)
-  std::int64_t persisted_first_ = 0;        // the first iteration its conversion replays
+  bool on_disk_only_ = false;         // persisted_ is the journal's (take_over, none in memory)
+  std::int64_t persisted_first_ = 0;  // the first iteration its conversion replays
   // The durable tier: one persisted window at a time is written by every stage; the windows
   // asked for (window -> first iteration), the newest checkpoint.keep + 2, whose step plans
   // are kept for a rollback to them.

@@ -61,6 +61,23 @@ TEST(takeover, agreeing_stages_go_on_at_the_next_iteration) {
   EXPECT_EQ(t->steps.rbegin()->first, 15);
 }
 
+// The lost head's newest persisted window is the newest any stage holds (a window persists only
+// once every stage replicated it); one older than the journal's is not the newest.
+TEST(takeover, the_newest_persisted_window_any_stage_holds_is_the_jobs) {
+  std::vector<stage_state> s{stepped_to(15), stepped_to(15), stepped_to(15)};
+  s[0].persisted = std::pair<std::uint64_t, std::int64_t>{6, 12};
+  s[1].persisted = std::pair<std::uint64_t, std::int64_t>{7, 14};  // heard of 7, the others not
+  auto t = plan_live_takeover(s, journal(), 3);
+  ASSERT_TRUE(t.ok()) << t.err().message;
+  ASSERT_TRUE(t->persisted);
+  EXPECT_EQ(*t->persisted, (std::pair<std::uint64_t, std::int64_t>{7, 14}));
+  s[0].persisted = std::pair<std::uint64_t, std::int64_t>{4, 8};  // older than the journal's 5
+  s[1].persisted.reset();
+  t = plan_live_takeover(s, journal(), 3);
+  ASSERT_TRUE(t.ok()) << t.err().message;
+  EXPECT_FALSE(t->persisted);
+}
+
 TEST(takeover, reduced_gradients_of_an_iteration_nobody_stepped_are_dropped) {
   std::vector<stage_state> s{stepped_to(15), stepped_to(15)};
   s[1].reduced = true;
