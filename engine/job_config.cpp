@@ -71,6 +71,14 @@ setter_map checkpoint_setters(job_config& j) {
        [&](auto& k, auto& v) { j.w_sparse = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.max_overhead",
        [&](auto& k, auto& v) { j.max_overhead = models::config_double(k, v, 0.0, 1.0); }},
+      {"checkpoint.window_rule",
+       [&](auto& k, auto& v) {
+         const std::string rule = models::config_string(k, v);
+         if (rule != "overhead" && rule != "ettr") {
+           throw config_error(k, "'" + rule + "': expected \"overhead\" or \"ettr\"");
+         }
+         j.window_by_ettr = rule == "ettr";
+       }},
       {"checkpoint.replicas",
        [&](auto& k, auto& v) {
          j.snapshot_replicas = int(models::config_int(k, v, 1, max_job_workers));

@@ -62,6 +62,11 @@ struct job_config {
   // time capturing may cost before the head raises W (recovery/window_tuner.hpp); 0: W stays
   // Algorithm 1's.
   double max_overhead = 0.01;
+  // checkpoint.window_rule: how the head re-chooses Algorithm 1's W at window starts:
+  // "overhead" keeps capturing under max_overhead; "ettr" picks the W that maximises the
+  // predicted ETTR under checkpoint.mtbf_s (the capture's measured cost against the replay a
+  // failure costs).
+  bool window_by_ettr = false;
   int snapshot_replicas = 2;  // checkpoint.replicas: copies of every snapshot slot (r)
   // checkpoint.replay_threads: GEMM threads of a moevement recovery's replay (the stages
   // outside its region are paused meanwhile); 0 = this host's cores.

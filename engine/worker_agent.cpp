@@ -150,6 +150,9 @@ void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> m
     experts_ = system().spawn<expert_router_actor>(router, *bulk_).ref;
     router->set_actor(experts_);
   }
+  // A replacement's operators were loaded, not initialised: its stage learns where it is from
+  // its first Iterate (a standby head taking over asks it, engine/takeover.hpp).
+  if (replacement) setup.initialize = false;
   stage_actor_args args{std::move(setup), std::move(model),  bulk_.get(),      coordinator_,
                         std::move(hooks), std::move(faults), std::move(router)};
   // The stage type's own actor class (stage_registry::add_actor), or the engine's.

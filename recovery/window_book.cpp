@@ -45,30 +45,43 @@ void window_book::retune(std::int64_t step) {
   const auto d = tuner_->decide(at.w_sparse);
   if (!d) return;
   if (auto* log = job_.log()) {
-    log->write(engine::json_record{}
-                   .add("kind", "event")
-                   .add("event", "window_tuned")
-                   .add("w_sparse", d->w)
-                   .add("previous", d->previous)
-                   .add("window", std::int64_t(at.window))
-                   .add("overhead", d->overhead)
-                   .add("max_overhead", job_.job().max_overhead)
-                   .add("measured_iterations", d->iterations)
-                   .add("measured_s", d->seconds)
-                   .add("stall_s", d->stall_s)
-                   .add("log_s", d->log_s)
-                   .add("capture_cpu_s", d->capture_cpu_s)
-                   .add("cpu_share_s", d->cpu_share_s)
-                   .add("iteration", step));
+    engine::json_record r;
+    r.add("kind", "event")
+        .add("event", "window_tuned")
+        .add("w_sparse", d->w)
+        .add("previous", d->previous)
+        .add("window", std::int64_t(at.window))
+        .add("overhead", d->overhead)
+        .add("rule", d->ettr_rule ? "ettr" : "overhead")
+        .add("max_overhead", job_.job().max_overhead)
+        .add("measured_iterations", d->iterations)
+        .add("measured_s", d->seconds)
+        .add("stall_s", d->stall_s)
+        .add("log_s", d->log_s)
+        .add("capture_cpu_s", d->capture_cpu_s)
+        .add("cpu_share_s", d->cpu_share_s)
+        .add("iteration", step);
+    if (d->ettr_rule) {
+      r.add("mtbf_s", job_.job().baseline.mtbf_s)
+          .add("predicted_ettr", d->predicted_ettr)
+          .add("predicted_ettr_unchanged", d->previous_ettr);
+    }
+    log->write(r);
   }
   if (d->w == d->previous) return;
   plan_.start(step, d->w);
   w_sparse_ = d->w;
+  const std::string why =
+      d->ettr_rule
+          ? fmt::format(
+                "predicted ETTR {:.4f} against {:.4f} at W {} with checkpoint.mtbf_s "
+                "= {:g}",
+                d->predicted_ettr, d->previous_ettr, d->previous, job_.job().baseline.mtbf_s)
+          : fmt::format("checkpoint.max_overhead is {:g}%", 100 * job_.job().max_overhead);
   job_.notice(fmt::format(
       "checkpoint windows: W_sparse {} -> {} from window {} on (capturing cost {:.2f}% of the "
-      "iteration time over the last {} iterations; checkpoint.max_overhead is {:g}%)",
-      d->previous, d->w, at.window, 100 * d->overhead, d->iterations,
-      100 * job_.job().max_overhead));
+      "iteration time over the last {} iterations; {})",
+      d->previous, d->w, at.window, 100 * d->overhead, d->iterations, why));
 }
 
 int window_book::w_of(std::uint64_t window) const {
@@ -340,9 +353,11 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
 
 void window_book::make_tuner() {
   const auto& job = job_.job();
-  if (job.w_sparse > 0 || !(job.max_overhead > 0)) return;
+  if (job.w_sparse > 0 || (!(job.max_overhead > 0) && !job.window_by_ettr)) return;
   tuner_config c;
   c.max_overhead = job.max_overhead;
+  c.mtbf_s = job.window_by_ettr ? job.baseline.mtbf_s : 0.0;
+  c.restart_s = double(job.failure_timeout_ms) / 1000.0;  // detection; the rest is not known yet
   if (job.train.device == models::device::cpu) {
     std::map<std::string, double> hosts;  // the cores of each host with a stage
     const double cores = std::max(1u, std::thread::hardware_concurrency());

@@ -29,8 +29,17 @@ void window_tuner::add(const engine::iteration_cost& c) {
   m_.capture_cpu_s += std::max(0.0, c.capture_cpu_s);
 }
 
+double window_tuner::predicted_ettr(int w, double o, int w_measured, double t) const {
+  const double overhead = o * double(w_measured) / double(std::max(w, 1));
+  const double recovery_s = c_.restart_s + 1.5 * double(w) * t;
+  return 1.0 / (1.0 + overhead) / (1.0 + recovery_s / c_.mtbf_s);
+}
+
 std::optional<window_tuner::decision> window_tuner::decide(int w) {
-  if (!(c_.max_overhead > 0) || m_.iterations < std::max(w, min_iterations)) return std::nullopt;
+  const bool ettr = c_.mtbf_s > 0;
+  if ((!ettr && !(c_.max_overhead > 0)) || m_.iterations < std::max(w, min_iterations)) {
+    return std::nullopt;
+  }
   decision d;
   d.previous = w;
   d.iterations = m_.iterations;
@@ -45,6 +54,28 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
   d.overhead = std::max(0.0, cost) / std::max(seconds - cost, 1e-9);
   const int ceiling = std::max(c_.ceiling, 1);
   d.w = w;
+  if (ettr) {
+    const double t = (seconds - cost) / double(std::max(m_.iterations - 1, 1));
+    d.ettr_rule = true;
+    d.previous_ettr = predicted_ettr(w, d.overhead, w, t);
+    const int lo = std::max(1, w / 2);
+    const int hi = std::min(ceiling, std::max(w, int(std::ceil(double(w) * grow_at_most))));
+    int best = w;
+    double best_ettr = d.previous_ettr;
+    for (int c = lo; c <= hi; ++c) {
+      const double e = predicted_ettr(c, d.overhead, w, t);
+      if (e > best_ettr) {
+        best_ettr = e;
+        best = c;
+      }
+    }
+    // Near the optimum the prediction is flat and the measured cost noisy: W moves only for a
+    // gain worth a window of new slot memory.
+    if (best_ettr > d.previous_ettr * (1.0 + min_ettr_gain)) d.w = best;
+    d.predicted_ettr = predicted_ettr(d.w, d.overhead, w, t);
+    m_ = {};
+    return d;
+  }
   calm_ = d.overhead < c_.max_overhead / 4 ? calm_ + 1 : 0;
   if (d.overhead > c_.max_overhead) {
     const double grow = std::min(grow_at_most, d.overhead / c_.max_overhead);

@@ -17,6 +17,13 @@
 //     to 2 x W iterations, so W stays no larger than it must; the two decisions keep a
 //     window's one-off costs, such as the first touch of new slot memory, from see-sawing W);
 //   else the same W.
+// With checkpoint.window_rule = "ettr" the rule is the predicted ETTR under checkpoint.mtbf_s
+// instead (paper 2.4, appendix C):
+//   ETTR(W) = 1 / (1 + o(W)) x 1 / (1 + E[R](W) / MTBF), where o(W) = o_measured x W_measured / W
+//   (a step's slot holds 1/W of the state) and E[R](W) = restart_s + 1.5 W T (a failure finds
+//   the persisted window one to two windows back; the replay of an iteration taken as the
+//   capture-free iteration time T, an upper bound); the W in [W/2, 4 x W] (and the ceiling)
+//   that maximises it, where it predicts over min_ettr_gain more than the current W.
 // Each decision measures a whole window of the current W (its slots differ in size) and at
 // least min_iterations iterations, less the one that cost the most (a one-off hiccup, such as
 // a 26 ms log copy in a 9 ms iteration, once made three iterations look 84% slower and W four
@@ -38,6 +45,8 @@ namespace moevement::recovery {
 
 struct tuner_config {
   double max_overhead = 0.01;  // checkpoint.max_overhead (0: W stays Algorithm 1's)
+  double mtbf_s = 0.0;         // > 0: the ETTR rule under this MTBF (checkpoint.window_rule)
+  double restart_s = 0.0;      // a failure's cost besides the replay (its detection, at least)
   double cores = 0;            // the hosts' cores where the stages compute on the CPU; 0: GPU
   int ceiling = 1;             // the most operators any stage has (one per slot)
 };
@@ -48,6 +57,7 @@ class window_tuner {
   static constexpr double grow_at_most = 4.0;
   static constexpr int calm_decisions = 2;  // under a quarter of the bound, in a row, to halve
   static constexpr double warm_up_share = 0.05;
+  static constexpr double min_ettr_gain = 1e-3;  // the ETTR rule moves W for more than this
 
   explicit window_tuner(tuner_config c) : c_(c) {}
 
@@ -62,7 +72,12 @@ class window_tuner {
     int iterations = 0;     // how many
     double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;  // their sums
     double cpu_share_s = 0.0;  // capture_cpu_s / the cores, when it counts
+    bool ettr_rule = false;    // chosen by the predicted ETTR (checkpoint.mtbf_s)
+    double predicted_ettr = 0.0, previous_ettr = 0.0;  // at w, and at the W measured
   };
+  // The ETTR rule's prediction for window size w, from overhead o measured at w_measured and
+  // the capture-free iteration time t.
+  double predicted_ettr(int w, double o, int w_measured, double t) const;
   // At a window's start, the current W being w: the decision, or nullopt while too little of
   // this W is measured (warm-ups are not counted), or tuning is off.
   std::optional<decision> decide(int w);

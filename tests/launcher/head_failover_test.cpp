@@ -167,7 +167,7 @@ TEST(head_failover, a_worker_lost_right_after_a_live_takeover_is_rebuilt_from_me
     }
   }
   ASSERT_GT(stage1, 0) << j.output();
-  ASSERT_TRUE(wait_for_windows(j, 1)) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();  // the first is journaled by then
   ::kill(j.pid, SIGKILL);
   EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
   for (int i = 0; i < 1000 && j.output().find("goes on from the running") == std::string::npos;
