@@ -73,6 +73,18 @@ std::string wait_for_hash(background_launch& j) {
   return "";
 }
 
+// The pid of the worker that started with stage `stage` (its worker_up event), or -1.
+pid_t stage_worker_pid(background_launch& j, int stage) {
+  pid_t pid = -1;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"event\":\"worker_up\"") != std::string::npos &&
+        number_field(l, "stage") == stage) {
+      pid = pid_t(number_field(l, "pid"));
+    }
+  }
+  return pid;
+}
+
 pid_t standby_pid(const std::string& output) {
   const std::string tag = "(standby head, pid ";
   const auto at = output.find(tag);
@@ -127,12 +139,7 @@ TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
   background_launch j("head_and_worker", job());
   const auto workers = j.wait_for_workers(4);
   ASSERT_EQ(workers.size(), 4u) << j.output();
-  pid_t stage1 = -1;
-  for (const auto& l : lines_of(j.log)) {
-    if (l.find("\"event\":\"worker_up\"") != std::string::npos && number_field(l, "stage") == 1) {
-      stage1 = pid_t(number_field(l, "pid"));
-    }
-  }
+  const pid_t stage1 = stage_worker_pid(j, 1);
   ASSERT_GT(stage1, 0) << j.output();
   ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();
   ::kill(j.pid, SIGKILL);
@@ -160,12 +167,7 @@ TEST(head_failover, a_worker_lost_right_after_a_live_takeover_is_rebuilt_from_me
   background_launch j("lost_after_takeover", job("--set checkpoint.w_sparse=50"));
   const auto workers = j.wait_for_workers(4);
   ASSERT_EQ(workers.size(), 4u) << j.output();
-  pid_t stage1 = -1;
-  for (const auto& l : lines_of(j.log)) {
-    if (l.find("\"event\":\"worker_up\"") != std::string::npos && number_field(l, "stage") == 1) {
-      stage1 = pid_t(number_field(l, "pid"));
-    }
-  }
+  const pid_t stage1 = stage_worker_pid(j, 1);
   ASSERT_GT(stage1, 0) << j.output();
   ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();  // the first is journaled by then
   ::kill(j.pid, SIGKILL);

@@ -481,9 +481,10 @@ TEST_F(slurm_launch, a_killed_head_is_replaced_by_its_standby_step_bit_exact) {
           " >" + dir +
           "/standby.out 2>&1 &\n"
           "lp=$!\n"
-          "for i in $(seq 900); do grep -q '\"event\":\"durable_window\"' " +
+          // two windows on disk: the first is journaled by then (the journal follows the event)
+          "for i in $(seq 900); do [ \"$(grep -c '\"event\":\"durable_window\"' " +
           dir +
-          "/standby.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+          "/standby.jsonl 2>/dev/null)\" -ge 2 ] && break; sleep 0.1; done\n"
           "kill -9 $lp; wait $lp; echo \"launch exit $?\"\n"
           "for i in $(seq 900); do grep -q 'state_hash=' " +
           standby_log + " 2>/dev/null && break; sleep 0.1; done",
