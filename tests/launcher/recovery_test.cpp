@@ -466,15 +466,16 @@ std::vector<const std::string*> events(const outcome& o, const std::string& name
 
 TEST(recovery, two_contiguous_stages_recover_jointly) {
   // Stages 1 and 2 of four die together: the logs between them are gone, so one region
-  // 1..2 replays jointly from stage 0's and stage 3's logs, on two spares. 16 iterations:
+  // 1..2 replays jointly from stage 0's and stage 3's logs, on two spares. 24 iterations:
   // the survivors' abandoned windows are released once a window after the recovery persists
-  // (iteration 11 or so), and the memory check below is of the end.
-  const std::string longer = "--set train.iterations=16 ";
+  // (iteration 11 or so on a quiet host; under the suite's load replication lagged past 15),
+  // and the memory check below is of the end.
+  const std::string longer = "--set train.iterations=24 ";
   const auto o = launch("joint", job(4, 1, 2,
                                      longer + "--inject kill:stage=1,replica=0,iter=7 "
                                               "--inject kill:stage=2,replica=0,iter=7"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  EXPECT_EQ(o.hash, reference(1, 16));
+  EXPECT_EQ(o.hash, reference(1, 24));
   const auto ends = events(o, "recovery_end");
   ASSERT_FALSE(ends.empty()) << o.output;
   const std::string& last = *ends.back();
@@ -514,7 +515,7 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
       if (l.find("\"kind\":\"iteration\"") == std::string::npos) continue;
       series += fmt::format(" {}:{} ({})", number_field(l, "iteration"), number_field(l, field),
                             text_field(l, "snapshot_host_bytes_by_stage"));
-      if (number_field(l, "iteration") < 12) continue;
+      if (number_field(l, "iteration") < 20) continue;
       const auto bytes = std::int64_t(number_field(l, field));
       end = end < 0 ? bytes : std::min(end, bytes);
     }
@@ -525,13 +526,13 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
       }
     }
     EXPECT_GT(peak, 0) << field;
-    EXPECT_GE(end, 0) << field << ": no iteration after 12 in the log";
+    EXPECT_GE(end, 0) << field << ": no iteration after 20 in the log";
     EXPECT_LE(end, peak) << field << series;
   }
   // Slots go into memory the link allocated (replicas on this host read it with one RMA get):
   // with checkpoint.share_memory (the default) the pool makes memory files as the capture asks,
   // so every slot is lent (without it the first windows start on the heap: the pool learns
-  // each slot's size from a miss, and a reorder changes the sizes). 16 iterations at W = 2.
+  // each slot's size from a miss, and a reorder changes the sizes). 24 iterations at W = 2.
   std::int64_t iterations = 0;
   for (const auto& l : clean.log) {
     if (l.find("\"kind\":\"iteration\"") == std::string::npos) continue;
@@ -546,7 +547,7 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
       ++iterations;
     }
   }
-  EXPECT_EQ(iterations, 7);
+  EXPECT_EQ(iterations, 15);
 }
 
 TEST(recovery, two_stages_apart_recover_as_two_regions) {
