@@ -19,7 +19,8 @@
 // durable_windows, bytes, seconds), --matrix (the fault-free part, without the recovery, for
 // each of: the demo config (the small preset) at pp 2 dp 1, pp 3 dp 1 and pp 2 dp 2, and
 // pipeline_tiny at pp 3; then a `matrix` line each: W_sparse, overhead_vs_none, the iteration
-// times and the captures' share of the host's cores), --load N (N busy processes beside the
+// times, the captures' share of the host's cores and the predicted ETTR at the default MTBF
+// and failure timeout, sim::window_ettr), --load N (N busy processes beside the
 // job for the whole benchmark: a shared host).
 //
 // Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
@@ -98,7 +99,9 @@
 #include "bench/launch_job.hpp"
 #include "bench/run_log_stats.hpp"
 #include "bench/sim_validation.hpp"
+#include "engine/job_config.hpp"
 #include "sim/config.hpp"
+#include "sim/ettr.hpp"
 
 namespace {
 
@@ -749,12 +752,18 @@ void run_matrix(const options& o, const std::string& bin, const fs::path& log) {
   }
   std::printf("# matrix, %d busy processes beside the job; load after: %s\n", o.load,
               loadavg().c_str());
+  // The predicted ETTR at the defaults: checkpoint.mtbf_s (one hour), the failure timeout as
+  // the detection (sim::window_ettr, what the head's ETTR rule predicts by).
+  const engine::job_config defaults;
   for (const auto& [p, s] : rows) {
+    const double ettr =
+        sim::window_ettr(std::max(0.0, s.overhead_pct / 100), s.w_sparse, s.none_s,
+                         double(defaults.failure_timeout_ms) / 1000.0, defaults.baseline.mtbf_s);
     std::printf(
         "matrix %s pp=%d dp=%d: w_sparse=%d (Algorithm 1: %d) overhead_vs_none=%.2f%% "
-        "iteration_time: ours=%.5f theirs=%.5f capture_cpu_share=%.2f%%\n",
+        "iteration_time: ours=%.5f theirs=%.5f capture_cpu_share=%.2f%% predicted_ettr=%.4f\n",
         fs::path(p->config).stem().c_str(), p->pp, p->dp, s.w_sparse, s.w_first, s.overhead_pct,
-        s.moevement_s, s.none_s, s.capture_share_pct);
+        s.moevement_s, s.none_s, s.capture_share_pct, ettr);
   }
   for (const auto& [p, why] : failed) {
     std::printf("matrix %s pp=%d dp=%d: not measured: %s\n", fs::path(p->config).stem().c_str(),

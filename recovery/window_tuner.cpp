@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/ettr.hpp"
+
 namespace moevement::recovery {
 
 double window_tuner::cost_of(const engine::iteration_cost& c) const {
@@ -31,8 +33,7 @@ void window_tuner::add(const engine::iteration_cost& c) {
 
 double window_tuner::predicted_ettr(int w, double o, int w_measured, double t) const {
   const double overhead = o * double(w_measured) / double(std::max(w, 1));
-  const double recovery_s = c_.restart_s + 1.5 * double(w) * t;
-  return 1.0 / (1.0 + overhead) / (1.0 + recovery_s / c_.mtbf_s);
+  return sim::window_ettr(overhead, w, t, c_.restart_s, c_.mtbf_s);
 }
 
 std::optional<window_tuner::decision> window_tuner::decide(int w) {

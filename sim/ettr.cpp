@@ -638,4 +638,9 @@ monte_carlo_result monte_carlo(const policy_model& m, double mtbf_s, const failu
   return r;
 }
 
+double window_ettr(double overhead, int w, double iteration_s, double restart_s, double mtbf_s) {
+  const double recovery_s = restart_s + 1.5 * double(std::max(w, 1)) * iteration_s;
+  return 1.0 / (1.0 + overhead) / (1.0 + recovery_s / mtbf_s);
+}
+
 }  // namespace moevement::sim

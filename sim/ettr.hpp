@@ -118,6 +118,12 @@ double restart_for(const policy_model& m, int stage);
 // expectation is E[min(lag, span)] over the lag's distribution (the samples, or the one value).
 double expected_persist_penalty_s(const policy_model& m, double span_s);
 
+// Policy moevement's predicted ETTR for windows of w iterations whose capture costs `overhead`
+// of the capture-free iteration time iteration_s, a failure costing restart_s plus a replay
+// of 1.5 w iterations (the persisted window one to two windows back), each at iteration_s (an
+// upper bound), one every mtbf_s: 1 / (1 + overhead) x 1 / (1 + E[R] / mtbf_s). What the head
+// re-chooses W_sparse by under checkpoint.window_rule = "ettr" (recovery/window_tuner.hpp).
+double window_ettr(double overhead, int w, double iteration_s, double restart_s, double mtbf_s);
 // ETTR = 1 / (1 + T_ckpt / (T_iter k)) x 1 / (1 + E[R] / MTBF)  (paper 2.4 and appendix C).
 closed_form evaluate_closed_form(const policy_model& m, double mtbf_s, double duration_s);
 

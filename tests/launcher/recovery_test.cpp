@@ -496,20 +496,27 @@ TEST(recovery, two_contiguous_stages_recover_jointly) {
     EXPECT_LE(number_field(l, "attempts"), it == 7 ? 2 : 1) << l;
   }
   // Memory returns to the fault-free level: the host bytes of snapshots and logs at the end
-  // are within the fault-free run's peak (the recovery's extra windows were released). "At
-  // the end" is the least of the last four iterations: on a loaded host replication may lag a
-  // window behind at any one iteration (the next window then starts on new memory until the
-  // old one is dropped), while a window the recovery failed to release stays in every one of
-  // them. The release of abandoned windows itself is checked exactly in sparse_capture_test.
+  // are within what the capture may hold (the recovery's extra windows were released). The
+  // fault-free run's steady level (its median from iteration 4 on) is two windows; where
+  // persisting lags (a loaded host) the capture keeps a third window's buffers
+  // (sparse_capture::trim_spares, policy_limits' windows held), so the bound is 3/2 of it,
+  // and a window the recovery failed to release would make a fourth. "At the end" is the least
+  // of the last four iterations. The release of abandoned windows itself is checked exactly in
+  // sparse_capture_test.
   const auto clean = launch("joint-clean", job(4, 1, 2, longer));
   ASSERT_EQ(clean.exit_code, 0) << clean.output;
   for (const char* field : {"snapshot_host_bytes", "log_host_bytes"}) {
-    std::int64_t peak = 0, end = -1;
+    std::int64_t end = -1;
+    std::vector<std::int64_t> steady;
     for (const auto& l : clean.log) {
-      if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
-        peak = std::max(peak, std::int64_t(number_field(l, field)));
+      if (l.find("\"kind\":\"iteration\"") != std::string::npos &&
+          number_field(l, "iteration") >= 4) {
+        steady.push_back(std::int64_t(number_field(l, field)));
       }
     }
+    ASSERT_FALSE(steady.empty()) << field;
+    std::sort(steady.begin(), steady.end());
+    const std::int64_t peak = steady[steady.size() / 2] * 3 / 2;
     std::string series;  // per iteration, for the failure message: faulty / fault-free
     for (const auto& l : o.log) {
       if (l.find("\"kind\":\"iteration\"") == std::string::npos) continue;
