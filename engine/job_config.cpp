@@ -232,6 +232,10 @@ setter_map make_setters(job_config& j) {
        }},
       {"engine.abort_at",
        [&](auto& k, auto& v) { j.abort_at = models::config_int(k, v, -1, std::int64_t(1) << 40); }},
+      {"engine.head_exit_at",
+       [&](auto& k, auto& v) {
+         j.head_exit_at = models::config_int(k, v, -1, std::int64_t(1) << 40);
+       }},
 
   };
   m.merge(checkpoint_setters(j));

@@ -115,7 +115,10 @@ struct job_config {
   // page-faulting copy, a SYN retry), which must not cost a recovery; a hung peer is still
   // found within 1.6 s (a dead one at once: its connection fails).
   std::int64_t failure_timeout_ms = 1500;
-  std::int64_t abort_at = -1;             // engine.abort_at: abort this iteration once (tests)
+  std::int64_t abort_at = -1;  // engine.abort_at: abort this iteration once (tests)
+  // engine.head_exit_at: at this iteration the head sends its Step to the first half of the
+  // stages only, then kills itself (tests of a standby's takeover; never a standby's own).
+  std::int64_t head_exit_at = -1;
   std::int64_t start_timeout_ms = 30000;  // cluster.start_timeout_ms: workers must join by then
   std::string slurm_partition;            // cluster.slurm_partition: "" = Slurm's default
   int slurm_nodes = 0;                    // cluster.slurm_nodes: srun -N; 0 = Slurm chooses

@@ -118,6 +118,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"engine.run_log",
            {std::string("out/log.jsonl"), [](auto& j) { return j.run_log == "out/log.jsonl"; }}},
           {"engine.abort_at", {std::int64_t(3), [](auto& j) { return j.abort_at == 3; }}},
+          {"engine.head_exit_at", {std::int64_t(5), [](auto& j) { return j.head_exit_at == 5; }}},
       };
   std::set<std::string> covered;
   config_map all;
@@ -232,6 +233,7 @@ TEST(job_config, bad_values_name_the_key) {
       {"engine.stage", std::string("")},
       {"engine.run_log", std::string("")},
       {"engine.abort_at", std::int64_t(-2)},
+      {"engine.head_exit_at", std::int64_t(-2)},
       {"engine.abort_at", std::string("3")},
       {"checkpoint.region_restarts", std::int64_t(-1)},
       {"checkpoint.max_window_wait_ms", std::int64_t(-1)},

@@ -133,6 +133,31 @@ TEST(head_failover, a_killed_head_is_replaced_by_the_standby_bit_exact) {
   EXPECT_TRUE(all_gone({standby})) << out;
 }
 
+// The head lost while its Step messages go out (engine.head_exit_at: sent to stage 0 only, then
+// SIGKILL): stage 0 stepped iteration 150 and the others hold its reduced gradients. The
+// standby sends them the lost head's Step (its plan, place and popularity, kept by stage 0),
+// and nothing is lost: training goes on at 151, bit-exact.
+TEST(head_failover, a_step_that_reached_part_of_the_stages_is_completed_by_the_standby) {
+  background_launch j("half_step", job("--set engine.head_exit_at=150"));
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  EXPECT_EQ(j.wait(std::chrono::seconds(60)), 128 + SIGKILL);
+  const std::string hash = wait_for_hash(j);
+  const std::string out = j.output();
+  EXPECT_EQ(hash, reference()) << out;
+  EXPECT_NE(out.find("(the step of iteration 150 sent to the stages that lacked it)"),
+            std::string::npos)
+      << out;
+  std::string resumed;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"takeover\":\"live\"") != std::string::npos) resumed = l;
+  }
+  ASSERT_FALSE(resumed.empty()) << out;
+  EXPECT_EQ(number_field(resumed, "resume_iteration"), 151) << resumed;
+  EXPECT_EQ(number_field(resumed, "completed_step"), 150) << resumed;
+  EXPECT_TRUE(all_gone(workers)) << out;
+}
+
 // A worker killed with the head: lost while the standby takes over, its role goes to the spare,
 // which restores it from disk like every other stage, and the job ends bit-exact.
 TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
