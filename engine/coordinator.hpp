@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -244,6 +245,10 @@ class coordinator : public actors::actor, private head_control {
   // policy's window size (recovery_->planned).
   bool plan_iteration();
   void send_steps();
+  // One stage's Step (send_steps, and a standby completing the lost head's last one).
+  void send_step(const actors::actor_ref& to, std::uint64_t epoch, const models::step_plan& plan,
+                 const checkpoint_place& place, std::int64_t keep_from,
+                 std::span<const double> popularity);
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
   asio::awaitable<void> after_iteration();

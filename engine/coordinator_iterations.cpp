@@ -198,9 +198,6 @@ void coordinator::send_steps() {
   }
   phase_ = phase::stepping;
   steps_sent_ = sclock::now();
-  const std::uint64_t e = epoch_;
-  const bool apply = plan_.apply;
-  const float mul = plan_.grad_mul;
   // The window the stages checkpoint by (W_sparse, or the interval k), from the policy, which
   // keeps what it needs of this iteration (the step a replay applies, the loss scaler).
   checkpoint_place place;
@@ -215,7 +212,6 @@ void coordinator::send_steps() {
     place = recovery_->planned(planned);
     keep_from = recovery_->steps_kept_from();
   }
-  const double norm = plan_.grad_norm;
   // engine.head_exit_at (tests): the head lost while its Steps go out, half of them sent.
   const bool exit_now = job_.head_exit_at == iteration_ && taken_over_.empty();
   if (exit_now) {
@@ -227,21 +223,26 @@ void coordinator::send_steps() {
   for (int d = 0; d < job_.dp; ++d) {
     for (int st = 0; st < job_.pp; ++st) {
       if (exit_now && d * job_.pp + st >= job_.workers() / 2) continue;
-      const auto& pop = stage_pop[std::size_t(st)];
-      (void)tell<wire::Step>(stage_ref(st, d), [&](wire::Step::Builder b) {
-        b.setEpoch(e);
-        b.setApply(apply);
-        b.setGradMul(mul);
-        b.setWSparse(place.w_sparse);
-        b.setWindow(place.window);
-        b.setSlot(place.slot);
-        b.setGradNorm(norm);
-        b.setKeepFrom(keep_from);
-        auto l = b.initPopularity(static_cast<unsigned>(pop.size()));
-        for (unsigned k = 0; k < pop.size(); ++k) l.set(k, pop[k]);
-      });
+      send_step(stage_ref(st, d), epoch_, plan_, place, keep_from, stage_pop[std::size_t(st)]);
     }
   }
+}
+
+void coordinator::send_step(const actor_ref& to, std::uint64_t epoch, const models::step_plan& plan,
+                            const checkpoint_place& place, std::int64_t keep_from,
+                            std::span<const double> popularity) {
+  (void)tell<wire::Step>(to, [&](wire::Step::Builder b) {
+    b.setEpoch(epoch);
+    b.setApply(plan.apply);
+    b.setGradMul(plan.grad_mul);
+    b.setGradNorm(plan.grad_norm);
+    b.setWSparse(place.w_sparse);
+    b.setWindow(place.window);
+    b.setSlot(place.slot);
+    b.setKeepFrom(keep_from);
+    auto l = b.initPopularity(static_cast<unsigned>(popularity.size()));
+    for (unsigned k = 0; k < popularity.size(); ++k) l.set(k, popularity[k]);
+  });
 }
 
 int coordinator::live_stages() const {

@@ -354,19 +354,8 @@ awaitable<std::string> coordinator::go_on_live() {
     completing_takeover_ = true;
     for (std::size_t k = 0; k < u.stages.size(); ++k) {
       stepped_flags_[u.stages[k]] = false;
-      (void)tell<wire::Step>(stages_[u.stages[k]], [&](wire::Step::Builder b) {
-        b.setEpoch(u.epoch);
-        b.setApply(u.step.plan.apply);
-        b.setGradMul(u.step.plan.grad_mul);
-        b.setGradNorm(u.step.plan.grad_norm);
-        b.setWSparse(u.place.w_sparse);
-        b.setWindow(u.place.window);
-        b.setSlot(u.place.slot);
-        b.setKeepFrom(recovery_->steps_kept_from());
-        const auto& pop = u.popularity[k];
-        auto l = b.initPopularity(static_cast<unsigned>(pop.size()));
-        for (unsigned j = 0; j < pop.size(); ++j) l.set(j, pop[j]);
-      });
+      send_step(stages_[u.stages[k]], u.epoch, u.step.plan, u.place, recovery_->steps_kept_from(),
+                u.popularity[k]);
     }
     co_return "";
   }

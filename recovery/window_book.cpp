@@ -154,10 +154,28 @@ void window_book::recovered(std::int64_t target, bool layout_changed) {
     schedule_digests_.erase(it->first);
     it = replicated_.erase(it);
   }
+  tell_abandoned(target);
+}
+
+void window_book::tell_abandoned(std::int64_t before) {
   for (const auto& [n, w] : job_.workers()) {
     if (!w.checkpoint.valid()) continue;
     (void)job_.actor().tell<engine::wire::WindowsAbandoned>(
-        w.checkpoint, [&](engine::wire::WindowsAbandoned::Builder b) { b.setBefore(target); });
+        w.checkpoint, [&](engine::wire::WindowsAbandoned::Builder b) { b.setBefore(before); });
+  }
+}
+
+void window_book::tell_persisted(std::uint64_t window, std::int64_t first, bool durable) {
+  for (const auto& [n, w] : job_.workers()) {
+    for (const actor_ref& r : {w.checkpoint, w.replicator}) {
+      if (!r.valid()) continue;
+      (void)job_.actor().tell<engine::wire::WindowPersisted>(
+          r, [&](engine::wire::WindowPersisted::Builder b) {
+            b.setWindow(window);
+            b.setFirstIteration(first);
+            b.setDurable(durable && r == w.checkpoint);
+          });
+    }
   }
 }
 
@@ -191,23 +209,9 @@ void window_book::take_over(const engine::resume_point& p, const engine::live_ta
     // stages that had not heard of it yet are told (before the abandonment, which spares it).
     persisted_ = t.persisted->first;
     persisted_first_ = t.persisted->second;
-    for (const auto& [n, w] : job_.workers()) {
-      for (const actor_ref& r : {w.checkpoint, w.replicator}) {
-        if (!r.valid()) continue;
-        (void)job_.actor().tell<engine::wire::WindowPersisted>(
-            r, [&](engine::wire::WindowPersisted::Builder b) {
-              b.setWindow(t.persisted->first);
-              b.setFirstIteration(t.persisted->second);
-              b.setDurable(false);
-            });
-      }
-    }
+    tell_persisted(persisted_.value(), persisted_first_, false);
   }
-  for (const auto& [n, w] : job_.workers()) {
-    if (!w.checkpoint.valid()) continue;
-    (void)job_.actor().tell<engine::wire::WindowsAbandoned>(
-        w.checkpoint, [&](engine::wire::WindowsAbandoned::Builder b) { b.setBefore(t.target); });
-  }
+  tell_abandoned(t.target);
 }
 
 void window_book::replicated(engine::wire::WindowReplicated::Reader m, bool recovering) {
@@ -282,17 +286,7 @@ void window_book::maybe_persist() {
   steps_.erase(steps_.begin(), steps_.lower_bound(keep_from));
   plan_.forget_before(durable_windows_.empty() ? window
                                                : std::min(window, durable_windows_.begin()->first));
-  for (const auto& [n, w] : job_.workers()) {
-    for (const actor_ref& r : {w.checkpoint, w.replicator}) {
-      if (!r.valid()) continue;
-      (void)job_.actor().tell<engine::wire::WindowPersisted>(
-          r, [&](engine::wire::WindowPersisted::Builder b) {
-            b.setWindow(window);
-            b.setFirstIteration(first);
-            b.setDurable(durable && r == w.checkpoint);
-          });
-    }
-  }
+  tell_persisted(window, first, durable);
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
                    .add("kind", "event")

@@ -65,6 +65,10 @@ class window_book {
   void report_stall(std::int64_t iteration);
   // Persists the newest window every stage has replicated; asks for its durable write.
   void maybe_persist();
+  // Every stage's checkpoint agent and every replicator: `window` (from `first`) is persisted
+  // (the agents write it to disk when `durable`); windows begun before `before` are abandoned.
+  void tell_persisted(std::uint64_t window, std::int64_t first, bool durable);
+  void tell_abandoned(std::int64_t before);
   // What a resume from the durable window in flight needs (head_control::durable_window).
   engine::resume_point journal_point() const;
 
