@@ -518,7 +518,8 @@ void actor_system::on_system_member_lost(node_id from, proto::MemberLost::Reader
     return;
   }
   const std::string detail = m.getDetail();
-  if (peer == node_) {  // this node itself: fenced
+  if (peer == node_) {  // this node itself: fenced (why_lost(node()) says the head's reason)
+    lost_why_[node_] = detail.substr(0, 300);
     if (membership_fn_) membership_fn_(node_, member_event::lost);
     return;
   }

@@ -26,6 +26,7 @@
 #include "engine/engine.capnp.h"
 #include "engine/head_recovery.hpp"
 #include "engine/job_config.hpp"
+#include "engine/replica_check.hpp"
 #include "engine/resume_point.hpp"
 #include "engine/run_log.hpp"
 #include "models/model.hpp"
@@ -50,6 +51,10 @@ struct iteration_record {
   // The busiest stage's compute-thread seconds logging its boundary tensors, and in the step's
   // hooks less the stall: checkpointing's share of the critical path beside the stall.
   double log_s = 0.0, step_hooks_s = 0.0;
+  // The slowest stage's compute-thread seconds digesting its state for the silent-corruption
+  // check, and what it digested (none, weights, state).
+  double verify_s = 0.0;
+  const char* verified = "none";
   // Of `seconds`, the step phase: from the Step messages to the last Stepped (the optimizer
   // and the step's hooks on the slowest stage, and the messages' way there and back).
   double step_phase_s = 0.0;
@@ -248,7 +253,15 @@ class coordinator : public actors::actor, private head_control {
   // One stage's Step (send_steps, and a standby completing the lost head's last one).
   void send_step(const actors::actor_ref& to, std::uint64_t epoch, const models::step_plan& plan,
                  const checkpoint_place& place, std::int64_t keep_from,
-                 std::span<const double> popularity);
+                 std::span<const double> popularity, wire::Verify verify);
+  // Silent-corruption checks (coordinator_verify.cpp; docs/recovery.md "Silent data
+  // corruption"): what the stages digest after iteration it's step, and, once every stage
+  // stepped, the comparison of a stage's replicas. True when one was found corrupted: it is
+  // fenced and its loss is recovered (or the job stopped, saying why).
+  wire::Verify verify_for(std::int64_t it) const;
+  asio::awaitable<bool> verify_replicas();
+  // The operator names of stage replica (s, d) (DigestsQuery), for the notices.
+  asio::awaitable<std::vector<std::string>> operator_names(int s, int d);
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
   asio::awaitable<void> after_iteration();
@@ -314,6 +327,11 @@ class coordinator : public actors::actor, private head_control {
   std::uint64_t wirings_ = 0;                       // Wire.wiring: one per wire_all()
   int done_count_ = 0;
   std::vector<bool> stepped_flags_;
+  // This iteration's silent-corruption check: what was asked, and each stage replica's digests
+  // (index d * pp + s).
+  wire::Verify verify_ = wire::Verify::NONE;
+  std::vector<replica_report> verify_reports_;
+  std::int64_t sdc_found_ = 0;  // replicas fenced for silent corruption so far
   // Per stage replica (d * pp + s): the windows_skipped it last reported (a new worker's starts
   // again from 0), so that each new skip is a notice once.
   std::vector<std::uint64_t> windows_skipped_;

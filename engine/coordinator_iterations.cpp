@@ -198,6 +198,11 @@ void coordinator::send_steps() {
   }
   phase_ = phase::stepping;
   steps_sent_ = sclock::now();
+  verify_ = verify_for(iteration_);
+  verify_reports_.assign(stages_.size(), {});
+  last_.verified = verify_ == wire::Verify::STATE     ? "state"
+                   : verify_ == wire::Verify::WEIGHTS ? "weights"
+                                                      : "none";
   // The window the stages checkpoint by (W_sparse, or the interval k), from the policy, which
   // keeps what it needs of this iteration (the step a replay applies, the loss scaler).
   checkpoint_place place;
@@ -223,15 +228,17 @@ void coordinator::send_steps() {
   for (int d = 0; d < job_.dp; ++d) {
     for (int st = 0; st < job_.pp; ++st) {
       if (exit_now && d * job_.pp + st >= job_.workers() / 2) continue;
-      send_step(stage_ref(st, d), epoch_, plan_, place, keep_from, stage_pop[std::size_t(st)]);
+      send_step(stage_ref(st, d), epoch_, plan_, place, keep_from, stage_pop[std::size_t(st)],
+                verify_);
     }
   }
 }
 
 void coordinator::send_step(const actor_ref& to, std::uint64_t epoch, const models::step_plan& plan,
                             const checkpoint_place& place, std::int64_t keep_from,
-                            std::span<const double> popularity) {
+                            std::span<const double> popularity, wire::Verify verify) {
   (void)tell<wire::Step>(to, [&](wire::Step::Builder b) {
+    b.setVerify(verify);
     b.setEpoch(epoch);
     b.setApply(plan.apply);
     b.setGradMul(plan.grad_mul);
@@ -286,6 +293,12 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.stall_s = std::max(last_.stall_s, m.getStallSeconds());
   last_.log_s = std::max(last_.log_s, m.getLogSeconds());
   last_.step_hooks_s = std::max(last_.step_hooks_s, m.getStepHookSeconds());
+  last_.verify_s = std::max(last_.verify_s, m.getVerifySeconds());
+  if (i < verify_reports_.size() && m.getDigests().size() > 0) {
+    auto& r = verify_reports_[i];
+    for (auto x : m.getDigests()) r.digests.push_back(x);
+    if (i < expert_ops_.size()) r.experts = expert_ops_[i];
+  }
   co_await maybe_stepped_all();
 }
 
@@ -332,6 +345,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
         .add("mean_stage_compute_s", last_.mean_compute_s)
         .add("attempts", last_.attempts)
         .add("peak_worker_rss_bytes", std::int64_t(last_.peak_rss_bytes))
+        .add("verified", last_.verified)
+        .add("verify_s", last_.verify_s)
         .add("time_s", log_->seconds());
     if (job_.ep > 1) {
       rec.add("max_expert_wait_s", last_.max_expert_wait_s)
@@ -367,6 +382,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
                         last_.capture_cpu_s, last_.snapshot_bytes, last_.fresh_bytes});
   }
   ++iteration_;
+  // A replica found corrupted goes before anything reads its state again (coordinator_verify).
+  if (!recovering() && co_await verify_replicas()) co_return;
   if (recovering()) {  // a stage was lost while the others stepped: rebuild it one further
     phase_ = phase::paused;
     co_await recovery_->go_on();

@@ -355,7 +355,7 @@ awaitable<std::string> coordinator::go_on_live() {
     for (std::size_t k = 0; k < u.stages.size(); ++k) {
       stepped_flags_[u.stages[k]] = false;
       send_step(stages_[u.stages[k]], u.epoch, u.step.plan, u.place, recovery_->steps_kept_from(),
-                u.popularity[k]);
+                u.popularity[k], wire::Verify::NONE);
     }
     co_return "";
   }

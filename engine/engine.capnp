@@ -221,6 +221,14 @@ struct Step {
   # steps, so that a standby head taking over from the live stages has them.
   gradNorm @7 :Float64;
   keepFrom @8 :Int64;
+  # Silent-corruption checks (docs/recovery.md "Silent data corruption"): what the stage
+  # digests after this step for the head to compare across its replicas (Stepped.digests).
+  verify @9 :Verify;
+}
+enum Verify {
+  none @0;
+  weights @1;  # each operator's compute weights: what the next forward uses (every iteration)
+  state @2;    # each operator's master, Adam m and v, and step (checkpoint.verify_every)
 }
 struct Stepped {
   stage @0 :Int32;
@@ -242,6 +250,10 @@ struct Stepped {
   logSeconds @13 :Float64;
   stepHookSeconds @14 :Float64;
   freshBytes @15 :UInt64;  # of the last capture, bytes written into never-written memory
+  # Step.verify's digests (XXH3), per operator in this replica's order (empty: none asked, or
+  # a stage whose state lives on a GPU), and the compute thread's seconds computing them.
+  digests @16 :List(UInt64);
+  verifySeconds @17 :Float64;
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {
@@ -281,6 +293,7 @@ struct Digests {
   values @0 :List(UInt64);  # per operator, in canonical order
   # Expert parallelism: which of them are experts (the coordinator merges the EP ranks').
   experts @1 :List(Bool);
+  names @2 :List(Text);  # the operators' names, in the same order
 }
 
 # A standby head that took over asks every live stage where it is (engine/takeover.hpp):
@@ -366,6 +379,9 @@ struct RestoreSource {
   upstream @1 :Address;            # the checkpoint agent of (stage - 1, replica); invalid at 0
   downstream @2 :Address;          # the checkpoint agent of (stage + 1, replica); invalid last
   survivor @3 :Address;            # the agent of this (stage, replica) when it is not lost
+  # >= 0: take the window of this other replica of the stage (same shard) instead of this
+  # replica's own, whose copies are not trusted (it was fenced for silent data corruption).
+  slotsFrom @4 :Int32 = -1;
 }
 # To a spare: become (stage, replica), rebuilt at the start of targetIteration from window
 # `window` (hasWindow false: from the initial state, replaying from iteration 0), jointly

@@ -183,6 +183,13 @@ class head_recovery {
   virtual asio::awaitable<void> escalated(std::uint64_t /*region*/, std::string /*reason*/) {
     co_return;
   }
+  // Replica (stage, replica) holds corrupted state, found after iteration `through` (docs/
+  // recovery.md "Silent data corruption"); its loss follows. Its copies of windows begun by
+  // then are not trusted: whoever rebuilds it takes those of replica `from` (the same stage
+  // and shard; -1: there is none). False: this recovery cannot repair it.
+  virtual bool corrupted(int /*stage*/, int /*replica*/, int /*from*/, std::int64_t /*through*/) {
+    return false;
+  }
   // --resume: every stage restores from the durable tier, as the journal says (the coordinator
   // has taken its state from p already).
   virtual asio::awaitable<void> resume(const resume_point& p) = 0;

@@ -26,9 +26,18 @@ enum class boundary : std::uint8_t { activation, gradient };
 // (Stepped), with the slot's capture just handed to the policy (in flight, no copy made).
 enum class fault_point : std::uint8_t { forward, backward, step, snapshot };
 using fault_hook = std::function<void(std::int64_t iteration, fault_point point)>;
-// The worker agent asks for the hook of the stage it starts: replacement is true for a stage
+// Silent corruption (`--inject flip:...`): on the compute thread, right after the step of
+// `iteration` was applied (the compute weights derived from the master), with the stage's
+// operators in its own order; it may change their bytes.
+using corruption_hook =
+    std::function<void(std::int64_t iteration, std::span<models::operator_state* const> ops)>;
+struct fault_hooks {
+  fault_hook at;               // empty: no kill or hang of this stage
+  corruption_hook after_step;  // empty: no flip
+};
+// The worker agent asks for the hooks of the stage it starts: replacement is true for a stage
 // rebuilt on a spare (Restore), false for one given its role at the start (Assign).
-using fault_factory = std::function<fault_hook(int stage, int replica, bool replacement)>;
+using fault_factory = std::function<fault_hooks(int stage, int replica, bool replacement)>;
 
 // Where a step's checkpoint goes, as the head planned it. Under moevement the head places
 // every step's slot: windows of W_sparse steps back to back, W re-chosen at a window's start

@@ -89,6 +89,8 @@ setter_map checkpoint_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.max_window_wait_ms = int(models::config_int(k, v, 0, 3600 * 1000));
        }},
+      {"checkpoint.verify_every",
+       [&](auto& k, auto& v) { j.verify_every = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.replay_threads",
        [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
       {"checkpoint.share_memory",

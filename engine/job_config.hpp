@@ -79,6 +79,11 @@ struct job_config {
   // checkpoint.max_window_wait_ms: how long a step that would start a fourth window waits for
   // the job to persist one (memory stays at three windows); past it the window is skipped.
   int max_window_wait_ms = 10000;
+  // checkpoint.verify_every: silent-corruption checks (docs/recovery.md "Silent data
+  // corruption"). With dp > 1 every stage replica digests its compute weights after every step
+  // and its whole state (master, m, v, step) every verify_every-th; the head compares a stage's
+  // replicas before the next iteration starts. 0: no checks.
+  int verify_every = 8;
   // checkpoint.share_memory: a `moevement` replica on the owner's host maps the slot's memory
   // instead of copying it (transport/shared_memory.hpp); false: every replica pulls a copy.
   bool share_memory = true;

@@ -528,6 +528,14 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   at_fault_point(fault_point::step);
   STAGE_TRACE("step");
   std::string error;
+  // A GPU stage's state is on its device: its replicas are not compared (yet).
+  verify_kind verify = verify_kind::none;
+  if (model_->device() == nullptr) {
+    if (m.getVerify() == wire::Verify::WEIGHTS) verify = verify_kind::weights;
+    if (m.getVerify() == wire::Verify::STATE) verify = verify_kind::state;
+  }
+  std::vector<std::uint64_t> digests;
+  double verify_s = 0.0;
   co_await compute([&] {
     using sclock = std::chrono::steady_clock;
     const auto seconds = [](sclock::time_point t0) {
@@ -545,15 +553,27 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
       } else {
         apply_step(ops_, plan, setup_.train);
       }
+      if (faults_.after_step) {
+        try {
+          faults_.after_step(it, ops_);
+        } catch (const std::invalid_argument& e) {
+          error = std::string("failure injection: ") + e.what();
+          return;
+        }
+      }
       const auto h1 = sclock::now();
       hooks_->after_step(it, ops_);
       step_hook_s_ += seconds(h1);
+      // After the capture began (it reads the same bytes beside this): what the head compares.
+      const auto v0 = sclock::now();
+      digests = verify_digests(ops_, verify);
+      verify_s = seconds(v0);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = std::string("checkpointing failed: ") + e.what();
     }
   });
   if (!error.empty()) {
-    fail("checkpointing failed: " + error);
+    fail(error);
     co_return;
   }
   STAGE_TRACE("step done");
@@ -578,6 +598,9 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setWindowsSkipped(st.windows_skipped);
     b.setLogSeconds(log_s_);
     b.setStepHookSeconds(std::max(0.0, step_hook_s_ - st.stall_s));
+    auto l = b.initDigests(static_cast<unsigned>(digests.size()));
+    for (unsigned i = 0; i < digests.size(); ++i) l.set(i, digests[i]);
+    b.setVerifySeconds(verify_s);
     ::rusage u{};
     if (::getrusage(RUSAGE_SELF, &u) == 0) b.setPeakRssBytes(std::uint64_t(u.ru_maxrss) * 1024);
   });
@@ -733,6 +756,8 @@ awaitable<void> stage_actor::digests(wire::DigestsQuery::Reader, wire::Digests::
     auto x = out.initExperts(static_cast<unsigned>(ops_.size()));
     for (unsigned i = 0; i < ops_.size(); ++i) x.set(i, ops_[i]->kind() == models::op_kind::expert);
   }
+  auto names = out.initNames(static_cast<unsigned>(ops_.size()));
+  for (unsigned i = 0; i < ops_.size(); ++i) names.set(i, ops_[i]->name());
 }
 
 }  // namespace moevement::engine

@@ -142,7 +142,7 @@ class stage_actor : public actors::actor {
   }
   void fail(const std::string& what);
   void at_fault_point(fault_point p) {
-    if (faults_) faults_(iteration_, p);
+    if (faults_.at) faults_.at(iteration_, p);
   }
 
   stage_setup setup_;
@@ -150,7 +150,7 @@ class stage_actor : public actors::actor {
   bulk_io& io_;
   actors::actor_ref coordinator_;
   std::unique_ptr<stage_hooks> hooks_;
-  fault_hook faults_;
+  fault_hooks faults_;
   actors::actor_ref prev_, next_;
   std::vector<actors::actor_ref> replicas_;
   std::vector<models::operator_state*> ops_;

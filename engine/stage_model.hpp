@@ -208,6 +208,12 @@ std::vector<double> operator_popularity(std::span<models::operator_state* const>
                                         bool soft = false);
 // Every operator's digest, in operator order (state_hash's input).
 std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* const> ops);
+// Silent-corruption checks (docs/recovery.md "Silent data corruption"): per operator, XXH3 of
+// its compute weights (weights: what the next forward uses) or of its master, Adam m and v and
+// step (state). Replicas of a stage hold the same bits, so their digests must be equal.
+enum class verify_kind : std::uint8_t { none, weights, state };
+std::vector<std::uint64_t> verify_digests(std::span<models::operator_state* const> ops,
+                                          verify_kind what);
 
 // Expert parallelism: the canonical order of a stage's operators over its EP ranks.
 // kinds[k]: the kinds of EP rank k's operators() (the same non-experts on every rank, and a

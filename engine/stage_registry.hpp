@@ -34,7 +34,7 @@ struct stage_actor_args {
   bulk_io* io = nullptr;  // the worker's, outlives the actor
   actors::actor_ref coordinator;
   std::unique_ptr<stage_hooks> hooks;  // null: policy none
-  fault_hook faults;                   // empty: no failure injection
+  fault_hooks faults;                  // empty: no failure injection
   // Expert parallelism (parallel.ep > 1): the stage's router, shared with its router actor.
   std::shared_ptr<expert_router> experts;
 };

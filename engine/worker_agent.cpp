@@ -141,7 +141,7 @@ void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> m
                                bool replacement) {
   std::unique_ptr<stage_hooks> hooks;
   if (checkpoint_) hooks = checkpoint_->make_hooks(setup, *model, coordinator_);
-  fault_hook faults;
+  fault_hooks faults;
   if (faults_) faults = faults_(setup.stage, setup.replica, replacement);
   // Expert parallelism: the router's message half is an actor of its own (expert_router.hpp).
   std::shared_ptr<expert_router> router;

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -25,7 +26,9 @@ constexpr const char* inject_usage =
     "expected kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot], "
     "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M] (either with "
     "[,scope=host]), "
-    "mtbf:SECONDS[,seed=N][,max=K] or trace:FILE (docs/recovery.md)";
+    "mtbf:SECONDS[,seed=N][,max=K], trace:FILE or "
+    "flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight] "
+    "(docs/recovery.md)";
 constexpr const char* trace_usage =
     "expected `<seconds> kill|hang stage=S replica=D` (seconds of training, not decreasing; "
     "# starts a comment)";
@@ -107,6 +110,44 @@ struct splitmix64 {
   }
 };
 
+// flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight]
+void parse_flip(const std::string& where, const std::string& rest, injection& inj) {
+  inj.what = injection::kind::flip;
+  if (rest.empty()) bad(where, "no keys after ':'");
+  bool have_stage = false, have_replica = false, have_iter = false;
+  for (const auto& [k, v] : items(where, rest)) {
+    if (k == "stage") {
+      inj.stage = int(integer(where, k, v, 0, 1 << 16));
+      have_stage = true;
+    } else if (k == "replica") {
+      inj.replica = int(integer(where, k, v, 0, 1 << 16));
+      have_replica = true;
+    } else if (k == "iter") {
+      inj.iteration = integer(where, k, v, 0, std::int64_t(1) << 40);
+      have_iter = true;
+    } else if (k == "operator") {
+      if (v.empty() || v.size() > 128)
+        bad(where, "operator must name an operator (1 to 128 bytes)");
+      inj.op = v;
+    } else if (k == "word") {
+      inj.word = integer(where, k, v, 0, std::int64_t(1) << 40);
+    } else if (k == "bit") {
+      inj.bit = int(integer(where, k, v, 0, 31));
+    } else if (k == "target") {
+      if (v != "weight") {
+        bad(where, fmt::format("target must be weight (an FP32 master weight; boundary tensors "
+                               "and snapshot copies cannot be flipped yet), got '{}'",
+                               v));
+      }
+    } else {
+      bad(where, fmt::format("unknown key '{}' for flip (stage, replica, iter, operator, word, "
+                             "bit, target)",
+                             k));
+    }
+  }
+  if (!have_stage || !have_replica || !have_iter) bad(where, "flip needs stage, replica and iter");
+}
+
 std::string config_dir_of(const std::string& config_path) {
   return std::filesystem::path(config_path).parent_path().string();
 }
@@ -122,6 +163,9 @@ std::string injection::text() const {
     }
     case kind::trace:
       return "trace:" + file;
+    case kind::flip:
+      return fmt::format("flip:stage={},replica={},iter={}{},word={},bit={}", stage, replica,
+                         iteration, op.empty() ? "" : ",operator=" + op, word, bit);
     default:
       break;
   }
@@ -172,6 +216,10 @@ injection parse_injection(const std::string& spec, const std::string& source) {
         }
       }
     }
+    return inj;
+  }
+  if (head == "flip") {
+    parse_flip(where, rest, inj);
     return inj;
   }
   if (head == "kill") {
@@ -239,8 +287,8 @@ injection parse_injection(const std::string& spec, const std::string& source) {
 }
 
 std::vector<std::string> inject_table_keys() {
-  return {"kind", "stage",    "replica", "iter", "phase", "scope", "during",
-          "nth",  "delay_ms", "seconds", "seed", "max",   "file"};
+  return {"kind",    "stage", "replica", "iter", "phase",    "scope", "during", "nth",   "delay_ms",
+          "seconds", "seed",  "max",     "file", "operator", "word",  "bit",    "target"};
 }
 
 std::vector<injection> take_inject_tables(models::config_map& raw, const std::string& config_path) {
@@ -276,8 +324,9 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
     auto fail = [&](const std::string& what) -> void {
       throw std::invalid_argument(fmt::format(
           "{}: {}; expected kind = \"kill\"|\"hang\" with stage, replica and iter (phase) or "
-          "during = \"recovery\" (nth, delay_ms); kind = \"mtbf\" with seconds (seed, max); or "
-          "kind = \"trace\" with file (docs/configuration.md)",
+          "during = \"recovery\" (nth, delay_ms); kind = \"mtbf\" with seconds (seed, max); "
+          "kind = \"trace\" with file; or kind = \"flip\" with stage, replica and iter "
+          "(operator, word, bit, target) (docs/configuration.md)",
           source, what));
     };
     const auto k = t.find("kind");
@@ -292,14 +341,17 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
       allowed = {"kind", "seconds", "seed", "max"};
     } else if (kind == "trace") {
       allowed = {"kind", "file"};
+    } else if (kind == "flip") {
+      allowed = {"kind", "stage", "replica", "iter", "operator", "word", "bit", "target"};
     } else {
-      fail(fmt::format("kind must be the string \"kill\", \"hang\", \"mtbf\" or \"trace\", got {}",
-                       std::holds_alternative<std::string>(k->second)
-                           ? "\"" + kind + "\""
-                           : models::config_type_name(k->second)));
+      fail(fmt::format(
+          "kind must be the string \"kill\", \"hang\", \"mtbf\", \"trace\" or \"flip\", got {}",
+          std::holds_alternative<std::string>(k->second) ? "\"" + kind + "\""
+                                                         : models::config_type_name(k->second)));
     }
     auto text_of = [&](const std::string& key, const models::config_value& v) -> std::string {
-      const bool string_key = key == "phase" || key == "scope" || key == "during" || key == "file";
+      const bool string_key = key == "phase" || key == "scope" || key == "during" ||
+                              key == "file" || key == "operator" || key == "target";
       if (string_key) {
         if (!std::holds_alternative<std::string>(v)) {
           fail(fmt::format("{} must be a string, got {}", key, models::config_type_name(v)));
@@ -429,6 +481,34 @@ std::vector<scheduled_failure> mtbf_schedule(const injection& inj, int pp, int d
   return out;
 }
 
+namespace {
+
+// A flip the job can find: another replica of the stage to compare with, on the host.
+void check_flip(const injection& inj, const engine::job_config& job) {
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(fmt::format("{}: {}", inj.source, what));
+  };
+  if (job.dp < 2) {
+    fail(
+        fmt::format("a flip at parallel.dp = {} would go unseen: silent corruption is found by "
+                    "comparing a stage's replicas, so it needs parallel.dp >= 2 (3 to name the "
+                    "bad one by majority)",
+                    job.dp));
+  }
+  if (job.verify_every == 0) {
+    fail(
+        "checkpoint.verify_every = 0 turns the silent-corruption checks off, so a flip would "
+        "go unseen; set it to 1 or more");
+  }
+  if (job.train.device == models::device::cuda) {
+    fail(
+        "flip changes a CPU stage's host weights; GPU stages (train.device = \"cuda\") are not "
+        "checked for silent corruption yet");
+  }
+}
+
+}  // namespace
+
 std::vector<scheduled_failure> check_injection(const injection& inj,
                                                const engine::job_config& job) {
   const std::string& where = inj.source;
@@ -466,6 +546,7 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
       break;
   }
   check_role(inj.stage, inj.replica, "");
+  if (inj.what == injection::kind::flip) check_flip(inj, job);
   if (!inj.during_recovery && inj.iteration >= job.train.iterations) {
     fail(fmt::format(
         "iter={} never runs: the job runs iterations 0..{} (train.iterations = {}); "
@@ -521,6 +602,52 @@ engine::fault_hook phase_fault_hook(const std::vector<injection>& injections, in
       std::fwrite(line.data(), 1, line.size(), stdout);
       std::fflush(stdout);
       std::raise(inj.what == injection::kind::kill ? SIGKILL : SIGSTOP);
+    }
+  };
+}
+
+engine::corruption_hook flip_hook(const std::vector<injection>& injections, int stage, int replica,
+                                  bool replacement, const std::string& who) {
+  auto mine = std::make_shared<std::vector<injection>>();
+  for (const auto& inj : injections) {
+    if (inj.what == injection::kind::flip && inj.stage == stage && inj.replica == replica) {
+      mine->push_back(inj);
+    }
+  }
+  // A replacement starts past the flip's iteration (the fenced worker's), and is not the
+  // worker the flip was aimed at.
+  if (mine->empty() || replacement) return {};
+  return [mine, who](std::int64_t iteration, std::span<models::operator_state* const> ops) {
+    for (auto& inj : *mine) {
+      if (inj.done || inj.iteration != iteration) continue;
+      inj.done = true;
+      models::operator_state* op = nullptr;
+      for (auto* o : ops) {
+        if (inj.op.empty() || o->name() == inj.op) {
+          op = o;
+          break;
+        }
+      }
+      if (op == nullptr) {
+        std::string names;
+        for (const auto* o : ops) names += (names.empty() ? "" : ", ") + o->name();
+        throw std::invalid_argument(fmt::format("{}: stage {} has no operator '{}' (it has {})",
+                                                inj.text(), inj.stage, inj.op, names));
+      }
+      const auto master = op->master();
+      if (std::uint64_t(inj.word) >= master.size()) {
+        throw std::invalid_argument(
+            fmt::format("{}: operator {} has {} master weights (word 0..{})", inj.text(),
+                        op->name(), master.size(), master.size() - 1));
+      }
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &master[std::size_t(inj.word)], sizeof bits);
+      bits ^= std::uint32_t{1} << inj.bit;
+      std::memcpy(&master[std::size_t(inj.word)], &bits, sizeof bits);
+      const std::string line =
+          fmt::format("inject: {} ({}, operator {})\n", inj.text(), who, op->name());
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fflush(stdout);
     }
   };
 }

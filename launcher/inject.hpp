@@ -19,6 +19,12 @@
 //                                      from seed N (default 1); at most K (default
 //                                      cluster.spares)
 //   trace:FILE                         failure times from a file (read_trace)
+//   flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight]
+//                                      silent corruption: the worker of (S, D) flips bit K
+//                                      (default 22, kept by 2-byte compute weights) of word I
+//                                      (default 0) of operator NAME's FP32 master weights
+//                                      (default: the stage's first operator) right after the
+//                                      step of iteration T; never in a replacement
 #pragma once
 
 #include <cstdint>
@@ -35,7 +41,7 @@ namespace moevement::launcher {
 enum class failure_kind : std::uint8_t { kill, hang };
 
 struct injection {
-  enum class kind : std::uint8_t { kill, hang, mtbf, trace };
+  enum class kind : std::uint8_t { kill, hang, mtbf, trace, flip };
   kind what = kind::kill;
   // kill, hang
   int stage = 0, replica = 0;
@@ -51,6 +57,10 @@ struct injection {
   int max_failures = -1;  // -1: cluster.spares
   // trace
   std::string file;
+  // flip: the operator (empty: the stage's first), the word of its master weights, the bit
+  std::string op;
+  std::int64_t word = 0;
+  int bit = 22;
 
   std::string source;  // where it came from, for messages: "--inject SPEC" or "[[inject]] #2 ..."
   bool done = false;   // the head's bookkeeping
@@ -87,6 +97,12 @@ struct scheduled_failure {
 std::vector<scheduled_failure> read_trace(const std::string& path);
 // The failures of an mtbf injection over pp x dp roles: the same seed, the same schedule.
 std::vector<scheduled_failure> mtbf_schedule(const injection& inj, int pp, int dp, int spares);
+
+// Worker side: the corruption hook of stage (stage, replica) for the flip injections among
+// `injections` (empty when none applies, or for a replacement). It prints `inject: SPEC (who)`
+// when it flips; an operator or word the stage does not have throws std::invalid_argument.
+engine::corruption_hook flip_hook(const std::vector<injection>& injections, int stage, int replica,
+                                  bool replacement, const std::string& who);
 
 // Checks an injection against the resolved job (roles exist, iterations run, phase=snapshot
 // needs policy moevement, phases need the local backend; a trace is read and checked) and

@@ -22,7 +22,8 @@ injection_plan plan_injections(const std::vector<injection>& injections,
       out << "injection: " << inj.text() << "\n";
     }
     plan.schedule.insert(plan.schedule.end(), s.begin(), s.end());
-    if (inj.phase) plan.worker_specs.push_back(inj.text());
+    // The workers' own: phase=... kills and hangs, and flips.
+    if (inj.phase || inj.what == injection::kind::flip) plan.worker_specs.push_back(inj.text());
   }
   std::stable_sort(plan.schedule.begin(), plan.schedule.end(),
                    [](const auto& a, const auto& b) { return a.at_s < b.at_s; });

@@ -34,7 +34,7 @@ constexpr const char* worker_usage =
     "usage: moevement worker --head HOST:PORT --node N [--host H] [--domain NODE] "
     "[--heartbeat-ms X] [--failure-timeout-ms Y] [--inject SPEC ...]\n"
     "  started by `moevement launch`; the job token comes in MOEVEMENT_JOB_TOKEN; --inject: the\n"
-    "  job's phase=... injections, which the worker of that role carries out itself\n";
+    "  job's phase=... and flip injections, which the worker of that role carries out itself\n";
 
 struct worker_args {
   std::string head_host;
@@ -44,7 +44,7 @@ struct worker_args {
   std::string domain;  // failure domain (the Slurm node); empty: the host
   long heartbeat_ms = engine::job_config{}.heartbeat_ms;  // (the launcher passes both)
   long failure_timeout_ms = engine::job_config{}.failure_timeout_ms;
-  std::vector<injection> injections;  // phase=... (launcher/inject.hpp)
+  std::vector<injection> injections;  // phase=... and flip (launcher/inject.hpp)
 };
 
 worker_args parse(int argc, char** argv) {
@@ -71,8 +71,9 @@ worker_args parse(int argc, char** argv) {
       a.failure_timeout_ms = flag_number(f, v, 1, 600000);
     } else if (f == "--inject") {
       injection inj = parse_injection(v);
-      if (!inj.phase)
-        throw std::invalid_argument("--inject " + v + ": a worker takes phase=... only");
+      if (!inj.phase && inj.what != injection::kind::flip) {
+        throw std::invalid_argument("--inject " + v + ": a worker takes phase=... and flip only");
+      }
       a.injections.push_back(std::move(inj));
     } else {
       throw std::invalid_argument("unexpected argument '" + f + "'\n" + worker_usage);
@@ -167,7 +168,12 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
     // (Where a standby takes over, the lost head is no longer sys.head() here.)
     if (n == sys.head() && e != actors::member_event::up) stop(1, "lost the head: stopping");
     if (n == args.node && e == actors::member_event::lost) {
-      stop(1, "the head declared this worker lost (its peers could not reach it): stopping");
+      // The head's reason where it gave one (a fence for silent corruption), else the usual.
+      const std::string why = sys.why_lost(args.node);
+      stop(1, why.starts_with("fenced")
+                  ? fmt::format("the head {}: stopping", why)
+                  : std::string("the head declared this worker lost (its peers could not reach "
+                                "it): stopping"));
     }
   });
   // Its peers judge a silence past the failure timeout: one of this process's own is named here.
@@ -180,7 +186,9 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
       recovery::any_policy_factory(),
       [&, who = fmt::format("worker {}, pid {}", args.node, ::getpid())](int stage, int replica,
                                                                          bool replacement) {
-        return phase_fault_hook(args.injections, stage, replica, replacement, who);
+        return engine::fault_hooks{
+            phase_fault_hook(args.injections, stage, replica, replacement, who),
+            flip_hook(args.injections, stage, replica, replacement, who)};
       });
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.
   admission.expires_after(std::chrono::seconds(120));

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -61,6 +62,10 @@ class region_recovery : public engine::head_recovery {
   asio::awaitable<void> escalated(std::uint64_t region, std::string reason) override;
   asio::awaitable<void> resume(const engine::resume_point& p) override;
   bool taken_over(const engine::resume_point& p, const engine::live_takeover& t) override;
+  bool corrupted(int stage, int replica, int from, std::int64_t through) override {
+    if (from >= 0) untrusted_[{stage, replica}] = {from, through};
+    return true;
+  }
   std::int64_t steps_kept_from() const override {
     const auto& steps = windows_.steps();
     return steps.empty() ? -1 : steps.begin()->first;
@@ -168,7 +173,8 @@ class region_recovery : public engine::head_recovery {
   // (not the durable tier) the logs of the healthy stages just outside the region and the
   // survivor whose schedule a replacement takes over.
   void write_sources(engine::wire::Restore::Builder b, const region& r,
-                     const std::vector<actors::actor_ref>& holders, bool peers) const;
+                     const std::vector<actors::actor_ref>& holders, bool peers,
+                     std::int64_t first) const;
   // The checkpoint agent of stage replica (s, d) when it is outside every region (else none).
   actors::actor_ref outside_agent(int s, int d) const;
   // Whether r's members replay as a group (each its own replica of the region) and as a
@@ -197,6 +203,13 @@ class region_recovery : public engine::head_recovery {
   std::uint64_t generations_ = 0;
   std::uint64_t region_ids_ = 0;
   recovery_tree tree_;  // the job supervisor, over the regions' supervisors
+  // Replicas fenced for silent corruption (corrupted()): (stage, replica) -> the replica whose
+  // copies a restore takes instead, for windows whose first iteration is at most `through`.
+  struct untrusted {
+    int from = 0;
+    std::int64_t through = 0;
+  };
+  std::map<std::pair<int, int>, untrusted> untrusted_;
 };
 
 }  // namespace moevement::recovery

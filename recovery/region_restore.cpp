@@ -282,13 +282,18 @@ awaitable<void> region_restore::pull_slot(std::size_t i, int j) {
   const int st = p_.stage_of(i), d = p_.replica_of(i);
   const bool own = st == p_.stage && d == p_.replica;
   const auto src = m_.getSources()[unsigned(p_.source(i))];
+  const int from = src.getSlotsFrom() >= 0 ? src.getSlotsFrom() : d;
+  if (from >= p_.dp) {
+    throw std::invalid_argument(
+        fmt::format("Restore: slotsFrom {} is past the {} replicas", from, p_.dp));
+  }
   auto& timing = out_.timing;
   for (auto h : src.getSlotHolders()) {
     const actor_ref holder = read_ref(h);
     auto fill = [&](wire::FetchSlot::Builder b) {
       auto key = b.initKey();
       key.setStage(st);
-      key.setReplica(d);
+      key.setReplica(from);
       key.setWindow(p_.window);
       key.setSlot(std::uint32_t(j));
     };
@@ -364,7 +369,7 @@ awaitable<void> region_restore::pull_slot(std::size_t i, int j) {
   throw engine::snapshot_lost(fmt::format(
       "slot {} of window {} of stage {} replica {} is on no live replicator (every copy was "
       "lost)",
-      j, p_.window, st, d));
+      j, p_.window, st, from));
 }
 
 awaitable<void> region_restore::fetch_log(actor_ref agent, bool gradient, int d, std::size_t floats,
@@ -526,6 +531,9 @@ awaitable<void> region_restore::replay() {
   in.micro_batches = ctx_.job.train.micro_batches;
   in.target_iteration = p_.target;
   in.windows = std::move(slots_);
+  for (std::size_t i = 0; i < in.windows.size(); ++i) {
+    in.window_replicas.push_back(m_.getSources()[unsigned(p_.source(i))].getSlotsFrom());
+  }
   for (std::size_t r = 0; r < p_.replicas.size(); ++r) {
     in.upstream.push_back(&up_[r]);
     in.downstream.push_back(&down_[r]);

@@ -132,7 +132,8 @@ actor_ref region_recovery::outside_agent(int s, int d) const {
 }
 
 void region_recovery::write_sources(engine::wire::Restore::Builder b, const region& r,
-                                    const std::vector<actor_ref>& holders, bool peers) const {
+                                    const std::vector<actor_ref>& holders, bool peers,
+                                    std::int64_t first) const {
   const int dp = job_.job().dp, k = r.last - r.first + 1;
   auto src = b.initSources(static_cast<unsigned>(k * dp));
   for (int j = 0; j < k; ++j) {
@@ -145,6 +146,11 @@ void region_recovery::write_sources(engine::wire::Restore::Builder b, const regi
       actors::write_ref(e.initDownstream(),
                         j == k - 1 && peers ? outside_agent(r.last + 1, d) : actor_ref{});
       actors::write_ref(e.initSurvivor(), peers ? outside_agent(r.first + j, d) : actor_ref{});
+      // A replica fenced for silent corruption: its windows from before are not trusted.
+      const auto u = untrusted_.find({r.first + j, d});
+      if (peers && u != untrusted_.end() && first <= u->second.through) {
+        e.setSlotsFrom(u->second.from);
+      }
     }
   }
 }
@@ -204,7 +210,7 @@ void region_recovery::send_restores(const region& r) {
       b.setWindowEp(state_->window_ep);
       // The durable tier: everything from files; no peer is pulled from, and no survivor's
       // schedule is taken over (every replica of every stage starts a fresh one alike).
-      write_sources(b, r, durable ? std::vector<actor_ref>{} : holders, !durable);
+      write_sources(b, r, durable ? std::vector<actor_ref>{} : holders, !durable, first);
       auto l = b.initSteps(static_cast<unsigned>(steps.size()));
       for (unsigned i = 0; i < steps.size(); ++i) {
         l[i].setIteration(steps[i].first);

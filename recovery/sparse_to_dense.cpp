@@ -207,9 +207,11 @@ class conversion {
     }
     const snapshot_tag& tag = views_[i].back().tag;
     const snapshot_tag& t0 = views_[i].front().tag;
+    const bool other = i < in_.window_replicas.size() && in_.window_replicas[i] >= 0;
+    const std::int32_t holder = other ? std::int32_t(in_.window_replicas[i]) : std::int32_t(d);
     if (tag.slot != j || tag.window != t0.window ||
         tag.state_iteration != t0.state_iteration + std::int64_t(j) || tag.stage != s ||
-        tag.replica != std::int32_t(d)) {
+        tag.replica != holder) {
       throw conversion_error(
           "sparse-to-dense: slot " + std::to_string(j) + " of " + where(s, d) +
           " is tagged window " + std::to_string(tag.window) + " slot " + std::to_string(tag.slot) +

@@ -41,6 +41,10 @@ struct conversion_input {
   // [j * replicas + replica][slot]: the persisted window of stage `stage + j`'s replica
   // (serialised slots, slot order).
   std::vector<std::vector<std::span<const std::byte>>> windows;
+  // Optional [i], as windows: the replica whose window was given where it is another than i's
+  // own (a replica fenced for silent corruption is rebuilt from a trusted replica's copies of
+  // the same stage and shard; docs/recovery.md "Silent data corruption"); -1 or empty: its own.
+  std::vector<int> window_replicas;
   // [replica]: the log of the replica of the stage before the region (activations it sent
   // to the region; empty when the region starts at stage 0) and of the stage after it
   // (gradients it sent back; empty when the region ends at the last stage).

@@ -80,6 +80,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(0), [](auto& j) { return j.region_restarts == 0; }}},
           {"checkpoint.max_window_wait_ms",
            {std::int64_t(50), [](auto& j) { return j.max_window_wait_ms == 50; }}},
+          {"checkpoint.verify_every",
+           {std::int64_t(3), [](auto& j) { return j.verify_every == 3; }}},
           {"checkpoint.share_memory", {false, [](auto& j) { return !j.share_memory; }}},
           {"checkpoint.pipelined_replay", {false, [](auto& j) { return !j.pipelined_replay; }}},
           {"checkpoint.spread_replay", {false, [](auto& j) { return !j.spread_replay; }}},
@@ -237,6 +239,7 @@ TEST(job_config, bad_values_name_the_key) {
       {"engine.abort_at", std::string("3")},
       {"checkpoint.region_restarts", std::int64_t(-1)},
       {"checkpoint.max_window_wait_ms", std::int64_t(-1)},
+      {"checkpoint.verify_every", std::int64_t(-1)},
   };
   for (const auto& [key, value] : bad) EXPECT_EQ(reject({{key, value}}).key, key);
 }

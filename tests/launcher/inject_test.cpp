@@ -54,7 +54,9 @@ TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
         "kill:stage=1,replica=0,during=recovery,nth=2,delay_ms=50",
         "kill:stage=1,replica=0,iter=7,scope=host",
         "hang:stage=0,replica=1,during=recovery,nth=1,delay_ms=0,scope=host", "mtbf:2.5,seed=7",
-        "mtbf:30,seed=1,max=4", "trace:some/file.txt"}) {
+        "mtbf:30,seed=1,max=4", "trace:some/file.txt",
+        "flip:stage=1,replica=0,iter=0,word=0,bit=22",
+        "flip:stage=0,replica=2,iter=5,operator=layer0.attention,word=17,bit=3"}) {
     const injection inj = parse_injection(spec);
     EXPECT_EQ(inj.text(), spec);
     EXPECT_EQ(parse_injection(inj.text()).text(), spec);
@@ -66,6 +68,11 @@ TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
   EXPECT_EQ(d.failure(), failure_kind::hang);
   EXPECT_EQ(parse_injection("kill:stage=1,replica=0,iter=4,phase=snapshot").phase,
             engine::fault_point::snapshot);
+  const injection f = parse_injection("flip:iter=4,replica=1,stage=0,target=weight");
+  EXPECT_EQ(f.what, injection::kind::flip);
+  EXPECT_EQ(f.bit, 22) << "the default: a bit 2-byte compute weights keep";
+  EXPECT_EQ(f.word, 0);
+  EXPECT_TRUE(f.op.empty());
 }
 
 TEST(inject_spec, malformed_specs_say_what_is_expected) {
@@ -96,7 +103,17 @@ TEST(inject_spec, malformed_specs_say_what_is_expected) {
                                  "mtbf:5,max=0",
                                  "mtbf:5,every=2",
                                  "mtbf:inf",
-                                 "trace:"}) {
+                                 "trace:",
+                                 "flip:",
+                                 "flip:stage=0,replica=0",
+                                 "flip:stage=0,iter=3",
+                                 "flip:stage=0,replica=0,iter=3,bit=32",
+                                 "flip:stage=0,replica=0,iter=3,bit=-1",
+                                 "flip:stage=0,replica=0,iter=3,word=-4",
+                                 "flip:stage=0,replica=0,iter=3,operator=",
+                                 "flip:stage=0,replica=0,iter=3,target=activation",
+                                 "flip:stage=0,replica=0,iter=3,phase=step",
+                                 "flip:stage=0,replica=0,iter=3,bit=1,bit=2"}) {
     try {
       (void)parse_injection(spec);
       ADD_FAILURE() << spec << " was accepted";
@@ -123,6 +140,9 @@ TEST(inject_spec, checked_against_the_job) {
   refused("kill:stage=0,replica=0,iter=12", "iter=12 never runs");
   refused("kill:stage=0,replica=0,iter=2,scope=host", "scope=host on the local backend");
   EXPECT_NO_THROW((void)check_injection(parse_injection("kill:stage=2,replica=1,iter=11"), job));
+  EXPECT_NO_THROW((void)check_injection(parse_injection("flip:stage=2,replica=1,iter=0"), job));
+  refused("flip:stage=0,replica=0,iter=12", "iter=12 never runs");
+  refused("flip:stage=3,replica=0,iter=2", "there is no stage 3 replica 0");
   auto raw = load_config_file(temp_file("none.toml", "[train]\niterations = 12\n"));
   const auto job_none = engine::resolve_job(raw);
   EXPECT_THROW((void)check_injection(
@@ -134,6 +154,9 @@ TEST(inject_spec, checked_against_the_job) {
   EXPECT_THROW((void)check_injection(parse_injection("mtbf:5"), job_none), std::invalid_argument)
       << "no spares and no max: no failure would happen";
   EXPECT_EQ(check_injection(parse_injection("mtbf:5,max=3"), job_none).size(), 3u);
+  // dp = 1: no replica to compare with, so a flip would go unseen.
+  EXPECT_THROW((void)check_injection(parse_injection("flip:stage=0,replica=0,iter=2"), job_none),
+               std::invalid_argument);
 }
 
 TEST(inject_mtbf, the_same_seed_gives_the_same_schedule_over_every_role) {
@@ -234,13 +257,23 @@ seed = 3
 
 [[inject]]
 kind = "trace"
-file = ")" + trace.substr(trace.rfind('/') + 1) + "\"\n");
+file = ")" + trace.substr(trace.rfind('/') + 1) + R"("
+
+[[inject]]
+kind = "flip"
+stage = 0
+replica = 1
+iter = 3
+operator = "layer0.attention"
+bit = 5
+)");
   auto raw = load_config_file(cfg);
   EXPECT_TRUE(raw.contains("inject.0.kind"));
   EXPECT_TRUE(raw.contains("inject.3.file"));
   apply_override(raw, "inject.0.iter=5");  // --set edits a table
   const auto inj = take_inject_tables(raw, cfg);
-  ASSERT_EQ(inj.size(), 4u);
+  ASSERT_EQ(inj.size(), 5u);
+  EXPECT_EQ(inj[4].text(), "flip:stage=0,replica=1,iter=3,operator=layer0.attention,word=0,bit=5");
   EXPECT_EQ(inj[0].text(), "kill:stage=1,replica=0,iter=5,phase=backward");
   EXPECT_EQ(inj[1].text(), "hang:stage=2,replica=1,during=recovery,nth=1,delay_ms=20");
   EXPECT_EQ(inj[2].text(), "mtbf:2.5,seed=3");
@@ -268,6 +301,10 @@ TEST(inject_tables, bad_tables_are_refused_naming_the_table) {
       {"[[inject]]\nkind = \"kill\"\nstage = 1\nreplica = 0\niter = 2\nphase = 4\n",
        "phase must be a string"},
       {"[inject]\nkind = \"kill\"\n", "a list of tables"},
+      {"[[inject]]\nkind = \"flip\"\nstage = 1\nreplica = 0\niter = 2\nphase = \"step\"\n",
+       "unknown key 'phase' for kind = \"flip\""},
+      {"[[inject]]\nkind = \"flip\"\nstage = 1\nreplica = 0\niter = 2\nbit = \"x\"\n",
+       "bit must be an integer"},
       {"inject = \"kill:stage=0,replica=0,iter=1\"\n", "a list of tables"},
       {"[[inject]]\nkind = \"kill\"\n[inject.x]\ny = 1\n", "list of tables"},
   };

@@ -1,0 +1,143 @@
+// Silent data corruption under `moevement launch` (docs/recovery.md "Silent data corruption"),
+// end to end with real processes: a worker flips one bit of its master weights after a step
+// (--inject flip:...), the head finds its replica's digests differ from the other replicas',
+// the majority names it, its worker is fenced and the stage rebuilt on a spare from a trusted
+// replica's snapshot copies, and the job ends with the fault-free state_hash.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "tests/support/launch_job.hpp"
+#include "tests/support/run_moevement.hpp"
+
+namespace {
+
+using namespace moevement::test_support;
+
+std::string tiny() {
+  return source_path("examples/configs/tiny.toml");
+}
+
+constexpr int iterations = 16;
+
+std::string shape(int pp, int dp, int ep) {
+  return tiny() + " --set train.iterations=" + std::to_string(iterations) +
+         " --set train.seq_len=16 --set parallel.pp=" + std::to_string(pp) +
+         " --set parallel.dp=" + std::to_string(dp) + " --set parallel.ep=" + std::to_string(ep);
+}
+
+std::string job(int pp, int dp, int ep, const std::string& extra) {
+  return shape(pp, dp, ep) +
+         " --set checkpoint.policy=moevement --set checkpoint.w_sparse=2 --set cluster.spares=1 "
+         "--set cluster.failure_timeout_ms=3000 " +
+         extra;
+}
+
+// The fault-free hash (`moevement train` emulates dp in one process; placement changes no bit).
+std::string reference(int dp) {
+  static std::map<int, std::string> cache;
+  if (!cache.contains(dp)) {
+    const auto r = run_moevement("train " + shape(1, dp, 1));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    cache[dp] = hash_of(r.output);
+  }
+  return cache[dp];
+}
+
+std::string field(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return "";
+  return line.substr(at + key.size() + 4,
+                     line.find('"', at + key.size() + 4) - at - key.size() - 4);
+}
+
+// The judged replica was fenced and rebuilt, and nobody else was lost.
+void expect_replaced(const launch_outcome& o, int stage, int replica, const char* digest,
+                     double at) {
+  const std::string* suspected = o.first("sdc_suspected");
+  ASSERT_NE(suspected, nullptr) << o.output;
+  EXPECT_EQ(field(*suspected, "digest"), digest) << *suspected;
+  EXPECT_EQ(number_field(*suspected, "iteration"), at) << *suspected;
+  EXPECT_EQ(number_field(*suspected, "stage"), stage);
+  const std::string* judged = o.first("sdc_judged");
+  ASSERT_NE(judged, nullptr) << o.output;
+  EXPECT_EQ(field(*judged, "how"), "majority");
+  EXPECT_EQ(number_field(*judged, "stage"), stage);
+  EXPECT_EQ(number_field(*judged, "replica"), replica);
+  EXPECT_GE(number_field(*judged, "copies_from"), 0);
+  EXPECT_NE(number_field(*judged, "copies_from"), replica);
+  ASSERT_EQ(o.count("worker_lost"), 1) << o.output;
+  const std::string* lost = o.first("worker_lost");
+  EXPECT_EQ(number_field(*lost, "node"), number_field(*judged, "node"));
+  EXPECT_NE(lost->find("fenced for silent data corruption"), std::string::npos) << *lost;
+  EXPECT_EQ(o.count("recovery_end"), 1) << o.output;
+  EXPECT_NE(o.output.find("holds corrupted state after iteration"), std::string::npos) << o.output;
+}
+
+// A bit the 2-byte compute weights keep (the default, bit 22) differs in them after the next
+// step: found by that step's weights check, before the next forward reads them.
+TEST(silent_corruption, a_flipped_weight_is_found_at_the_next_step_and_replaced_bit_exact) {
+  const auto o = launch("flip_dp3", job(2, 3, 1, "--inject flip:stage=1,replica=2,iter=6"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(3));
+  expect_replaced(o, 1, 2, "weights", 7);
+}
+
+// A low bit the compute weights round away is found by the whole-state check
+// (checkpoint.verify_every), within verify_every iterations.
+TEST(silent_corruption, a_bit_only_the_master_holds_is_found_by_the_state_check) {
+  const auto o = launch(
+      "flip_low_bit", job(2, 3, 1,
+                          "--set checkpoint.verify_every=4 --inject "
+                          "flip:stage=0,replica=0,iter=5,operator=layer0.attention,word=3,bit=2"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(3));
+  expect_replaced(o, 0, 0, "state", 8);
+  // Every iteration checked the compute weights, every fourth the whole state.
+  int state = 0, weights = 0;
+  for (const auto& l : o.log) {
+    if (l.find("\"kind\":\"iteration\"") == std::string::npos) continue;
+    state += field(l, "verified") == "state";
+    weights += field(l, "verified") == "weights";
+  }
+  EXPECT_EQ(state, 4) << "iterations 0, 4, 8, 12";
+  EXPECT_EQ(weights, iterations - 4);
+}
+
+// Expert parallelism: an expert is compared among the replicas holding its shard (dp 6, ep 2:
+// three copies of each), and its rebuild takes a copy of the same shard.
+TEST(silent_corruption, a_flipped_expert_is_judged_within_its_shard) {
+  const auto o = launch("flip_ep", job(1, 6, 2,
+                                       "--inject flip:stage=0,replica=3,iter=6,operator=layer1."
+                                       "expert2,bit=20"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(6));
+  expect_replaced(o, 0, 3, "weights", 7);
+  const std::string* suspected = o.first("sdc_suspected");
+  EXPECT_EQ(field(*suspected, "replicas"), "1,3,5") << *suspected;
+  EXPECT_EQ(int(number_field(*o.first("sdc_judged"), "copies_from")) % 2, 1);
+}
+
+// A job that cannot rebuild the bad replica stops, saying why, rather than train on it.
+TEST(silent_corruption, a_policy_that_cannot_rebuild_stops_the_job_saying_why) {
+  const auto o = launch("flip_none", shape(2, 3, 1) + " --inject flip:stage=1,replica=0,iter=3");
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_TRUE(o.hash.empty()) << o.output;
+  EXPECT_NE(o.output.find("checkpoint.policy = none cannot rebuild it"), std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.count("sdc_judged"), 1) << o.output;
+}
+
+// Checks off: the flip is refused before anything starts (it would go unseen).
+TEST(silent_corruption, a_flip_that_would_go_unseen_is_refused) {
+  for (const std::string& extra :
+       {std::string("--set parallel.dp=1"), std::string("--set checkpoint.verify_every=0")}) {
+    const auto r =
+        run_moevement("launch " + job(2, 3, 1, extra) + " --inject flip:stage=0,replica=0,iter=3");
+    EXPECT_NE(r.exit_code, 0) << extra;
+    EXPECT_NE(r.output.find("would go unseen"), std::string::npos) << extra << "\n" << r.output;
+  }
+}
+
+}  // namespace
