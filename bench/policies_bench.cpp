@@ -21,7 +21,8 @@
 // pipeline_tiny at pp 3; then a `matrix` line each: W_sparse, overhead_vs_none, the iteration
 // times, the captures' share of the host's cores and the predicted ETTR at the default MTBF
 // and failure timeout, sim::window_ettr), --load N (N busy processes beside the
-// job for the whole benchmark: a shared host).
+// job for the whole benchmark: a shared host), --verify (the silent-corruption checks' cost
+// and detection latency instead: bench/verify.hpp; dp at least 2).
 //
 // Fault-free part: `none` and `moevement` interleaved (none, moevement, none, ...), N each.
 // Counted iterations: those past the warm-up (bench/run_log_stats.hpp counted_from: the first two
@@ -99,6 +100,7 @@
 #include "bench/launch_job.hpp"
 #include "bench/run_log_stats.hpp"
 #include "bench/sim_validation.hpp"
+#include "bench/verify.hpp"
 #include "engine/job_config.hpp"
 #include "sim/config.hpp"
 #include "sim/ettr.hpp"
@@ -119,6 +121,7 @@ struct options {
   int joint = 0;                // bench recovery --joint K: K contiguous stages killed together
   bool spread = false;          // bench recovery --spread: spread_replay true against false
   bool matrix = false;          // bench policies --matrix: the fault-free part per placement
+  bool verify = false;          // bench policies --verify: the silent-corruption checks' cost
   int load = 0;                 // --load N: N busy processes beside the job
   bool recovery = true, fault_free_compare = true, durable = false;
   double mtbf = 0;  // bench recovery: checkpoint.mtbf_s of the baselines (0: the run's wall time)
@@ -184,6 +187,8 @@ options parse_options(int argc, char** argv) {
       o.spread = true;
     else if (f == "--matrix")
       o.matrix = true;
+    else if (f == "--verify")
+      o.verify = true;
     else if (f == "--load")
       o.load = std::atoi(value().c_str());
     else if (f == "--no-recovery")
@@ -780,7 +785,11 @@ int main(int argc, char** argv) {
     const busy_load busy(o.load);
     const auto bin = moevement_binary();
     const fs::path log = bench_log("policies");
-    if (o.matrix) {
+    if (o.verify) {
+      run_verify({o.config, o.sets, o.repeats, o.iterations, o.pp, std::max(o.dp, 2), o.spares,
+                  o.w_sparse},
+                 bin, log);
+    } else if (o.matrix) {
       run_matrix(o, bin, log);
     } else {
       (void)run_bench(o, bin, log);

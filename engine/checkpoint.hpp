@@ -66,6 +66,15 @@ class worker_checkpoint {
   virtual asio::awaitable<std::unique_ptr<stage_model>> restore(wire::Restore::Reader plan,
                                                                 const stage_factory& factory,
                                                                 stage_setup setup) = 0;
+  // Failure injection: the next stage's snapshot copies to corrupt (fault_hooks::copy_flip);
+  // set before make_hooks.
+  virtual void set_copy_flip(copy_flip_hook /*flip*/) {}
+  // A judge's replay (wire::Judge): rebuilds the plan's replica like restore(), then drops it
+  // and returns its operator digests (engine::operator_digests). Nothing of it stays: the
+  // worker is still a spare. Throws with a message where there is no verdict.
+  virtual asio::awaitable<std::vector<std::uint64_t>> judge(wire::Restore::Reader plan,
+                                                            const stage_factory& factory,
+                                                            stage_setup setup);
   // What the last restore() spent (for the run log's recovery breakdown).
   struct restore_timing {
     double pull_s = 0.0, replay_s = 0.0;
@@ -73,13 +82,21 @@ class worker_checkpoint {
     // How it got the window's slots: mapped on this host, or pulled; of the pulled, those
     // whose holder offered a memory-file handle that could not be mapped here (another host).
     std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;
-    int replay_threads = 0;  // the GEMM threads the replay ran with
+    std::int64_t copies_refused = 0;  // slot copies whose checksum failed (another one used)
+    int replay_threads = 0;           // the GEMM threads the replay ran with
   };
   virtual restore_timing last_restore() const { return {}; }
   // A standby head took over (cluster.standby_head) and the stage runs on: its checkpoint
   // actors report to the new coordinator from now on.
   virtual void set_coordinator(actors::actor_ref /*coordinator*/) {}
 };
+
+inline asio::awaitable<std::vector<std::uint64_t>> worker_checkpoint::judge(wire::Restore::Reader,
+                                                                            const stage_factory&,
+                                                                            stage_setup) {
+  throw std::runtime_error("this checkpoint policy keeps no windows to replay a judge from");
+  co_return std::vector<std::uint64_t>{};
+}
 
 using checkpoint_factory = std::function<std::unique_ptr<worker_checkpoint>(
     actors::actor_system& system, bulk_io& io, const job_config& job)>;

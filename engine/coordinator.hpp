@@ -260,6 +260,13 @@ class coordinator : public actors::actor, private head_control {
   // fenced and its loss is recovered (or the job stopped, saying why).
   wire::Verify verify_for(std::int64_t it) const;
   asio::awaitable<bool> verify_replicas();
+  // No majority: a spare's replay judges (head_recovery::judge); the replicas to fence, or
+  // nullopt when the job stopped, saying why.
+  asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> judge_by_replay(
+      const std::vector<divergence>& found, std::int64_t it);
+  // Fences the bad replicas' workers and recovers them (the job stops where it cannot).
+  asio::awaitable<void> fence(const std::vector<std::pair<int, int>>& bad, const char* how,
+                              std::int64_t it);
   // The operator names of stage replica (s, d) (DigestsQuery), for the notices.
   asio::awaitable<std::vector<std::string>> operator_names(int s, int d);
   json_record job_start_record() const;  // the run log's job_start event

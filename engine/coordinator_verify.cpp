@@ -11,6 +11,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <map>
+#include <set>
+
 #include "engine/coordinator.hpp"
 
 namespace moevement::engine {
@@ -51,7 +54,6 @@ asio::awaitable<bool> coordinator::verify_replicas() {
   const auto found = compare_replicas(job_.pp, job_.dp, job_.ep, verify_reports_);
   if (found.empty()) co_return false;
   const std::int64_t it = iteration_ - 1;  // the iteration just stepped
-  const auto bad = bad_replicas(found);
   std::vector<std::string> lines;
   for (const auto& d : found) {
     const auto names = co_await operator_names(d.stage, d.replicas.front());
@@ -75,23 +77,108 @@ asio::awaitable<bool> coordinator::verify_replicas() {
       fmt::format("silent data corruption suspected after iteration {} (the {} digests of "
                   "a stage's replicas differ): {}",
                   it, verify_name(what), fmt::join(lines, "; ")));
+  const char* how = "majority";
+  auto bad = bad_replicas(found);
   if (bad.empty()) {
-    fail(fmt::format(
-        "silent data corruption after iteration {}: the copies of an operator disagree with no "
-        "majority among them ({}); telling the bad copy from the good one takes a replay, "
-        "which this version does not run, so the job stops here rather than train on either "
-        "(with parallel.dp >= 3 the majority names the bad replica and it is replaced)",
-        it, fmt::join(lines, "; ")));
-    co_return true;
+    // No majority (two copies, or a tie): a replay on a spare judges.
+    auto judged = co_await judge_by_replay(found, it);
+    if (!judged) co_return true;  // the job stopped, saying why
+    bad = std::move(*judged);
+    how = "replay";
   }
+  co_await fence(bad, how, it);
+  co_return true;
+}
+
+asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::judge_by_replay(
+    const std::vector<divergence>& found, std::int64_t it) {
+  auto stop = [&](const std::string& why) -> std::optional<std::vector<std::pair<int, int>>> {
+    fail(
+        fmt::format("silent data corruption after iteration {}: the copies of an operator "
+                    "disagree with no majority among them, and {}; the job stops here rather "
+                    "than train on either copy (with parallel.dp >= 3 a majority names the bad "
+                    "replica without a replay)",
+                    it, why));
+    return std::nullopt;
+  };
+  if (!recovery_) {
+    co_return stop(
+        fmt::format("checkpoint.policy = {} keeps no windows to replay", policy_name(job_.policy)));
+  }
+  const int ep = std::max(job_.ep, 1);
+  // One replay per stage and shard (an expert's copies are of one shard; a non-expert is at
+  // the same place in every shard's list), of the first suspect's replica.
+  std::map<std::pair<int, int>, replay_judgement> replays;
+  std::map<std::pair<int, int>, std::vector<std::uint64_t>> copies;  // (stage, replica) -> now
+  std::set<std::pair<int, int>> bad;
+  for (const auto& d : found) {
+    if (!d.bad.empty()) {
+      for (int r : d.bad) bad.emplace(d.stage, r);
+      continue;
+    }
+    const int role = d.replicas.front();
+    const std::pair<int, int> key{d.stage, role % ep};
+    if (!replays.contains(key)) {
+      notice(
+          fmt::format("judging stage {} by replay: a spare replays its group from the "
+                      "persisted window to iteration {}",
+                      d.stage, iteration_));
+      replays[key] = co_await recovery_->judge(d.stage, role, iteration_);
+      if (finished_) co_return std::nullopt;
+    }
+    const replay_judgement& j = replays[key];
+    if (!j.error.empty()) co_return stop("the judge's replay gave no verdict: " + j.error);
+    std::vector<int> good;
+    for (int r : d.replicas) {
+      if (!copies.contains({d.stage, r})) {
+        auto q = co_await ask<wire::DigestsQuery, wire::Digests>(
+            stage_ref(d.stage, r), ask_timeout, [](wire::DigestsQuery::Builder) {});
+        if (finished_) co_return std::nullopt;
+        if (!q.ok()) {
+          co_return stop(
+              fmt::format("reading stage {} replica {} failed: {}", d.stage, r, q.err().message));
+        }
+        auto& v = copies[{d.stage, r}];
+        for (const auto x : q->get().getValues()) v.push_back(x);
+      }
+      const auto& v = copies[{d.stage, r}];
+      if (d.op < v.size() && d.op < j.digests.size() && v[d.op] == j.digests[d.op]) {
+        good.push_back(r);
+      } else {
+        bad.emplace(d.stage, r);
+      }
+    }
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "sdc_replayed")
+                      .add("iteration", it)
+                      .add("stage", d.stage)
+                      .add("operator", std::int64_t(d.op))
+                      .add("spare", std::int64_t{j.spare})
+                      .add("seconds", j.seconds)
+                      .add("agrees_with", fmt::format("{}", fmt::join(good, ",")))
+                      .add("time_s", log_->seconds()));
+    }
+    if (good.empty()) {
+      co_return stop(fmt::format("the replay of stage {} on worker {} agrees with none of them",
+                                 d.stage, j.spare));
+    }
+  }
+  co_return std::vector<std::pair<int, int>>(bad.begin(), bad.end());
+}
+
+asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>& bad,
+                                         const char* how, std::int64_t it) {
   // The replicas to fence, and for each one that agreed (same stage and shard) whose copies
   // its rebuild takes.
+  const int ep = std::max(job_.ep, 1);
   std::vector<worker_info> fenced;
   for (const auto& [s, d] : bad) {
     int from = -1;
     for (int o = 0; o < job_.dp && from < 0; ++o) {
       const bool also_bad = std::find(bad.begin(), bad.end(), std::pair{s, o}) != bad.end();
-      if (o != d && !also_bad && o % std::max(job_.ep, 1) == d % std::max(job_.ep, 1)) from = o;
+      if (o != d && !also_bad && o % ep == d % ep) from = o;
     }
     const transport::node_id n = stage_ref(s, d).node;
     const auto w = workers_.find(n);
@@ -100,7 +187,7 @@ asio::awaitable<bool> coordinator::verify_replicas() {
       log_->write(json_record{}
                       .add("kind", "event")
                       .add("event", "sdc_judged")
-                      .add("how", "majority")
+                      .add("how", how)
                       .add("iteration", it)
                       .add("stage", s)
                       .add("replica", d)
@@ -115,26 +202,26 @@ asio::awaitable<bool> coordinator::verify_replicas() {
           "differs from the majority of its replicas; checkpoint.policy = {} cannot rebuild it, "
           "so the job stops (policy moevement replaces it)",
           it, s, d, n, w->second.pid, policy_name(job_.policy)));
-      co_return true;
+      co_return;
     }
     notice(fmt::format(
-        "stage {} replica {} (worker {}, pid {}) holds corrupted state after iteration {}: its "
-        "worker is fenced and the stage rebuilt on a spare{}",
-        s, d, n, w->second.pid, it,
+        "stage {} replica {} (worker {}, pid {}) holds corrupted state after iteration {} "
+        "(judged by {}): its worker is fenced and the stage rebuilt on a spare{}",
+        s, d, n, w->second.pid, it, how,
         from >= 0 ? fmt::format(" from replica {}'s snapshot copies", from) : ""));
     fenced.push_back(w->second);
   }
   sdc_found_ += std::int64_t(fenced.size());
   // Declared lost here, with the verdict to every member: nothing from it is read again, and
   // the worker stops on hearing it (the launcher ends the process).
-  for (const auto& w : fenced)
+  for (const auto& w : fenced) {
     system().lose_member(w.node, "fenced it: its state was corrupted (silent data corruption)");
+  }
   phase_ = phase::paused;
   for (const auto& w : fenced) {
     co_await worker_lost(w.node, "was fenced for silent data corruption");
     if (finished_) break;
   }
-  co_return true;
 }
 
 }  // namespace moevement::engine

@@ -92,6 +92,8 @@ struct StageReady {
   groupExchange @18 :Address;
   # Expert parallelism (parallel.ep > 1): the stage's expert router (invalid without it).
   experts @19 :Address;
+  # Copies of its window's slots refused as corrupt (their checksum), each replaced by another.
+  copiesRefused @20 :Int64;
 }
 struct OpSize {
   computeBytes @0 :UInt64;
@@ -428,6 +430,21 @@ struct Restore {
   pipeline @18 :List(Address);
   # With windowStages: the window's expert parallelism (0: 1).
   windowEp @19 :Int32;
+  # A judge's replay (Judge): every replica's copy of the window must hold the same state, or
+  # the restore fails saying which differ (a judge trusts only a window the replicas agree on).
+  judge @20 :Bool;
+}
+
+# The head -> an idle spare's worker agent, where a stage's replicas disagree with no majority
+# (docs/recovery.md "Silent data corruption"): replay `restore` (one stage, every replica of
+# its group replayed here) and answer the digests (engine::operator_digests) of the replica it
+# names; nothing of it stays on the spare, which is still a spare.
+struct Judge {
+  restore @0 :Restore;
+}
+struct Judged {
+  digests @0 :List(UInt64);
+  error @1 :Text;  # non-empty: no verdict (the window's copies differ, a pull failed, ...)
 }
 
 # ---- the recovery tree (recovery/job_supervisor.hpp, recovery/region_supervisor.hpp)

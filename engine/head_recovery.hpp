@@ -124,6 +124,14 @@ class head_control {
   virtual asio::awaitable<void> recovered(const recovery_done& done) = 0;
 };
 
+// What a judge's replay answered (head_recovery::judge).
+struct replay_judgement {
+  std::vector<std::uint64_t> digests;  // the replayed replica's operator digests
+  std::string error;                   // non-empty: no verdict, and why
+  transport::node_id spare = 0;        // the worker that replayed (0: none)
+  double seconds = 0.0;
+};
+
 class head_recovery {
  public:
   virtual ~head_recovery() = default;
@@ -189,6 +197,14 @@ class head_recovery {
   // and shard; -1: there is none). False: this recovery cannot repair it.
   virtual bool corrupted(int /*stage*/, int /*replica*/, int /*from*/, std::int64_t /*through*/) {
     return false;
+  }
+  // Silent corruption with no majority: an idle spare replays stage `stage`'s group from the
+  // persisted window (whose copies the replicas must hold alike) up to `target` and answers
+  // replica `replica`'s operator digests, against which the head judges the live copies.
+  virtual asio::awaitable<replay_judgement> judge(int /*stage*/, int /*replica*/,
+                                                  std::int64_t /*target*/) {
+    co_return replay_judgement{
+        {}, "this job's checkpoint policy keeps no windows to replay", 0, 0.0};
   }
   // --resume: every stage restores from the durable tier, as the journal says (the coordinator
   // has taken its state from p already).

@@ -31,9 +31,14 @@ using fault_hook = std::function<void(std::int64_t iteration, fault_point point)
 // operators in its own order; it may change their bytes.
 using corruption_hook =
     std::function<void(std::int64_t iteration, std::span<models::operator_state* const> ops)>;
+// Silent corruption of a snapshot copy (`--inject flip:...,target=slot`): for the slot the
+// step of `iteration` captures, the bit (0..7) to flip in the middle byte of the copy its
+// first holder (the lowest node) stores, or -1.
+using copy_flip_hook = std::function<int(std::int64_t iteration)>;
 struct fault_hooks {
   fault_hook at;               // empty: no kill or hang of this stage
-  corruption_hook after_step;  // empty: no flip
+  corruption_hook after_step;  // empty: no flip of its weights
+  copy_flip_hook copy_flip;    // empty: no flip of a snapshot copy
 };
 // The worker agent asks for the hooks of the stage it starts: replacement is true for a stage
 // rebuilt on a spare (Restore), false for one given its role at the start (Assign).

@@ -551,7 +551,11 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
         // them there
         d->step(plan, setup_.train, setup_.replicas > 1 && reduction_ == nullptr);
       } else {
-        apply_step(ops_, plan, setup_.train);
+        // The compute weights' digests as each operator is stepped (its bytes in cache).
+        step_digests weights;
+        apply_step(ops_, plan, setup_.train, verify == verify_kind::weights ? &weights : nullptr);
+        digests = std::move(weights.values);
+        verify_s = weights.seconds;
       }
       if (faults_.after_step) {
         try {
@@ -564,10 +568,13 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
       const auto h1 = sclock::now();
       hooks_->after_step(it, ops_);
       step_hook_s_ += seconds(h1);
-      // After the capture began (it reads the same bytes beside this): what the head compares.
-      const auto v0 = sclock::now();
-      digests = verify_digests(ops_, verify);
-      verify_s = seconds(v0);
+      // The whole state after the capture began (it reads the same bytes beside this), and
+      // after an injected flip: what the head compares.
+      if (verify == verify_kind::state) {
+        const auto v0 = sclock::now();
+        digests = verify_digests(ops_, verify);
+        verify_s = seconds(v0);
+      }
     } catch (const std::exception& e) {
       error = std::string("checkpointing failed: ") + e.what();
     }

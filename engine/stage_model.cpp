@@ -1,6 +1,7 @@
 #include "engine/stage_model.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -59,11 +60,16 @@ std::vector<double> gradient_sq_sums(std::span<models::operator_state* const> op
 }
 
 void apply_step(std::span<models::operator_state* const> ops, const models::step_plan& plan,
-                const models::train_config& train) {
-  if (!plan.apply) return;
+                const models::train_config& train, step_digests* weights) {
+  using sclock = std::chrono::steady_clock;
   const models::adamw_config cfg{train.lr, train.beta1, train.beta2, train.eps, train.weight_decay};
   for (auto* op : ops) {
-    if (op->mode() == models::op_mode::active) op->adamw_step(cfg, plan.grad_mul);
+    if (plan.apply && op->mode() == models::op_mode::active) op->adamw_step(cfg, plan.grad_mul);
+    if (weights != nullptr) {
+      const auto t0 = sclock::now();
+      weights->values.push_back(xxh3_64(op->compute_bytes()));
+      weights->seconds += std::chrono::duration<double>(sclock::now() - t0).count();
+    }
   }
 }
 

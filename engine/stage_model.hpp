@@ -197,9 +197,16 @@ void copy_gradients_in(std::span<models::operator_state* const> ops, std::span<c
 void accumulate(std::span<float> acc, std::span<const float> g);
 // Per-operator sum of squared gradients (models::plan_step's input), in operator order.
 std::vector<double> gradient_sq_sums(std::span<models::operator_state* const> ops);
-// AdamW on every active operator when plan.apply.
+// Compute-weight digests taken during a step (apply_step), and the seconds they took.
+struct step_digests {
+  std::vector<std::uint64_t> values;
+  double seconds = 0.0;
+};
+// AdamW on every active operator when plan.apply. weights (optional): each operator's
+// compute-weight digest (verify_digests' weights) appended right after its update, while its
+// bytes are still in cache (cheaper than a pass of its own).
 void apply_step(std::span<models::operator_state* const> ops, const models::step_plan& plan,
-                const models::train_config& train);
+                const models::train_config& train, step_digests* weights = nullptr);
 // Per operator: the tokens its layer's gate routed to it in this iteration (experts; a
 // gate's counters belong to the experts that follow it), 0 for the others. The popularity
 // the sparse schedule orders by (paper section 3.5); soft: the summed gate probabilities

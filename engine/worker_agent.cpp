@@ -49,6 +49,7 @@ worker_agent::worker_agent(transport::ucx_link& link, const stage_registry& regi
   on<wire::Assign>(&worker_agent::assign);
   on<wire::Restore>(&worker_agent::restore);
   on<wire::Shutdown>(&worker_agent::shutdown);
+  on<wire::Judge, wire::Judged>(&worker_agent::judge);
 }
 
 void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& host,
@@ -110,6 +111,7 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
       b.setSlotsMapped(t.slots_mapped);
       b.setSlotsPulled(t.slots_pulled);
       b.setHandlesRefused(t.handles_refused);
+      b.setCopiesRefused(t.copies_refused);
       b.setReplayThreads(t.replay_threads);
     }
   });
@@ -139,10 +141,13 @@ static asio::awaitable<std::unique_ptr<stage_model>> build_stage(const stage_fac
 
 void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> model,
                                bool replacement) {
-  std::unique_ptr<stage_hooks> hooks;
-  if (checkpoint_) hooks = checkpoint_->make_hooks(setup, *model, coordinator_);
   fault_hooks faults;
   if (faults_) faults = faults_(setup.stage, setup.replica, replacement);
+  std::unique_ptr<stage_hooks> hooks;
+  if (checkpoint_) {
+    checkpoint_->set_copy_flip(faults.copy_flip);
+    hooks = checkpoint_->make_hooks(setup, *model, coordinator_);
+  }
   // Expert parallelism: the router's message half is an actor of its own (expert_router.hpp).
   std::shared_ptr<expert_router> router;
   if (setup.train.expert_parallel > 1) {
@@ -284,6 +289,31 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
            true);
   } catch (const std::exception& e) {
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
+  }
+}
+
+asio::awaitable<void> worker_agent::judge(wire::Judge::Reader m, wire::Judged::Builder out) {
+  if (!job_ || !checkpoint_ || stage_index_ >= 0 || restored_) {
+    out.setError("this worker is not an idle spare");
+    co_return;
+  }
+  const auto plan = m.getRestore();
+  const int stage = plan.getStage(), replica = plan.getReplica();
+  if (stage < 0 || stage >= job_->pp || replica < 0 || replica >= job_->dp ||
+      plan.getFirstStage() != stage || plan.getLastStage() != stage || plan.getGroup().size() > 0 ||
+      plan.getPipeline().size() > 0 || plan.getDurable()) {
+    out.setError(fmt::format("a judge replays one stage of this job whole: stage {} replica {}",
+                             stage, replica));
+    co_return;
+  }
+  try {
+    const stage_factory& factory = registry_.find(job_->stage_type);
+    const auto digests =
+        co_await checkpoint_->judge(plan, factory, setup_for(*job_, stage, replica));
+    auto l = out.initDigests(static_cast<unsigned>(digests.size()));
+    for (unsigned i = 0; i < digests.size(); ++i) l.set(i, digests[i]);
+  } catch (const std::exception& e) {
+    out.setError(e.what());
   }
 }
 

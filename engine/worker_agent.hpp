@@ -27,8 +27,9 @@ void add_assigned_peers(transport::ucx_link& link, const actors::actor_system& s
 
 class worker_agent : public actors::actor {
  public:
-  using interface = actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Restore>,
-                                      actors::tell_t<wire::Shutdown>>;
+  using interface =
+      actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Restore>,
+                        actors::tell_t<wire::Shutdown>, actors::ask_t<wire::Judge, wire::Judged>>;
 
   // on_exit(status, message): the process should end (Shutdown: 0; a failure: 1).
   // checkpoints: the job's checkpoint policy in this process (empty: policy none).
@@ -50,6 +51,9 @@ class worker_agent : public actors::actor {
   asio::awaitable<void> taken_over(wire::Assign::Reader m);
   asio::awaitable<void> restore(wire::Restore::Reader m);
   asio::awaitable<void> shutdown(wire::Shutdown::Reader m);
+  // An idle spare replays a stage whose replicas disagree, for the head to judge them
+  // (docs/recovery.md "Silent data corruption"); it stays a spare.
+  asio::awaitable<void> judge(wire::Judge::Reader m, wire::Judged::Builder out);
   // Spawns the stage actor for `model` and tells the coordinator (StageReady).
   // replacement: rebuilt on this spare (Restore) rather than assigned at the start.
   void start_stage(stage_setup setup, std::unique_ptr<stage_model> model, bool replacement);

@@ -134,11 +134,12 @@ void parse_flip(const std::string& where, const std::string& rest, injection& in
     } else if (k == "bit") {
       inj.bit = int(integer(where, k, v, 0, 31));
     } else if (k == "target") {
-      if (v != "weight") {
-        bad(where, fmt::format("target must be weight (an FP32 master weight; boundary tensors "
-                               "and snapshot copies cannot be flipped yet), got '{}'",
+      if (v != "weight" && v != "slot") {
+        bad(where, fmt::format("target must be weight (an FP32 master weight) or slot (a "
+                               "snapshot copy; boundary tensors cannot be flipped yet), got '{}'",
                                v));
       }
+      inj.slot_copy = v == "slot";
     } else {
       bad(where, fmt::format("unknown key '{}' for flip (stage, replica, iter, operator, word, "
                              "bit, target)",
@@ -146,6 +147,9 @@ void parse_flip(const std::string& where, const std::string& rest, injection& in
     }
   }
   if (!have_stage || !have_replica || !have_iter) bad(where, "flip needs stage, replica and iter");
+  if (inj.slot_copy && (!inj.op.empty() || inj.word != 0)) {
+    bad(where, "operator and word go with target=weight, not target=slot");
+  }
 }
 
 std::string config_dir_of(const std::string& config_path) {
@@ -164,6 +168,10 @@ std::string injection::text() const {
     case kind::trace:
       return "trace:" + file;
     case kind::flip:
+      if (slot_copy) {
+        return fmt::format("flip:stage={},replica={},iter={},target=slot,bit={}", stage, replica,
+                           iteration, bit);
+      }
       return fmt::format("flip:stage={},replica={},iter={}{},word={},bit={}", stage, replica,
                          iteration, op.empty() ? "" : ",operator=" + op, word, bit);
     default:
@@ -488,6 +496,21 @@ void check_flip(const injection& inj, const engine::job_config& job) {
   auto fail = [&](const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", inj.source, what));
   };
+  if (inj.slot_copy) {  // another copy to use instead
+    if (job.policy != engine::policy_kind::moevement) {
+      fail("target=slot flips a snapshot copy of policy moevement's; checkpoint.policy is " +
+           engine::policy_name(job.policy));
+    }
+    if (job.share_memory && job.backend == "local") {
+      fail(
+          "target=slot needs checkpoint.share_memory = false on the local backend: with it, "
+          "replicas on the owner's host map the owner's memory (one copy, no other to use)");
+    }
+    if (job.snapshot_replicas < 2) {
+      fail("target=slot needs checkpoint.replicas >= 2 (another copy to use instead)");
+    }
+    return;
+  }
   if (job.dp < 2) {
     fail(
         fmt::format("a flip at parallel.dp = {} would go unseen: silent corruption is found by "
@@ -616,6 +639,7 @@ engine::corruption_hook flip_hook(const std::vector<injection>& injections, int 
   }
   // A replacement starts past the flip's iteration (the fenced worker's), and is not the
   // worker the flip was aimed at.
+  std::erase_if(*mine, [](const injection& i) { return i.slot_copy; });
   if (mine->empty() || replacement) return {};
   return [mine, who](std::int64_t iteration, std::span<models::operator_state* const> ops) {
     for (auto& inj : *mine) {
@@ -649,6 +673,26 @@ engine::corruption_hook flip_hook(const std::vector<injection>& injections, int 
       std::fwrite(line.data(), 1, line.size(), stdout);
       std::fflush(stdout);
     }
+  };
+}
+
+engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, int stage,
+                                      int replica, bool replacement) {
+  auto mine = std::make_shared<std::vector<injection>>();
+  for (const auto& inj : injections) {
+    if (inj.what == injection::kind::flip && inj.slot_copy && inj.stage == stage &&
+        inj.replica == replica) {
+      mine->push_back(inj);
+    }
+  }
+  if (mine->empty() || replacement) return {};
+  return [mine](std::int64_t iteration) {
+    for (auto& inj : *mine) {
+      if (inj.done || inj.iteration != iteration) continue;
+      inj.done = true;
+      return inj.bit % 8;
+    }
+    return -1;
   };
 }
 

@@ -25,6 +25,10 @@
 //                                      (default 0) of operator NAME's FP32 master weights
 //                                      (default: the stage's first operator) right after the
 //                                      step of iteration T; never in a replacement
+//   flip:stage=S,replica=D,iter=T,target=slot[,bit=K]
+//                                      the first holder of the snapshot copy of the slot
+//                                      (S, D) captures after T's step flips bit K % 8 of its
+//                                      middle byte once stored
 #pragma once
 
 #include <cstdint>
@@ -57,10 +61,12 @@ struct injection {
   int max_failures = -1;  // -1: cluster.spares
   // trace
   std::string file;
-  // flip: the operator (empty: the stage's first), the word of its master weights, the bit
+  // flip: the operator (empty: the stage's first), the word of its master weights, the bit;
+  // slot_copy: a snapshot copy's byte instead (target=slot)
   std::string op;
   std::int64_t word = 0;
   int bit = 22;
+  bool slot_copy = false;
 
   std::string source;  // where it came from, for messages: "--inject SPEC" or "[[inject]] #2 ..."
   bool done = false;   // the head's bookkeeping
@@ -103,6 +109,10 @@ std::vector<scheduled_failure> mtbf_schedule(const injection& inj, int pp, int d
 // when it flips; an operator or word the stage does not have throws std::invalid_argument.
 engine::corruption_hook flip_hook(const std::vector<injection>& injections, int stage, int replica,
                                   bool replacement, const std::string& who);
+// The same for flip ...,target=slot: the bit to flip in the first holder's copy of the slot
+// of an iteration (engine::fault_hooks::copy_flip).
+engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, int stage,
+                                      int replica, bool replacement);
 
 // Checks an injection against the resolved job (roles exist, iterations run, phase=snapshot
 // needs policy moevement, phases need the local backend; a trace is read and checked) and

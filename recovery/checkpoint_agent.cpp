@@ -125,6 +125,11 @@ void checkpoint_agent::ship(std::int64_t iteration) {
     auto& r = replicated_[window];
     if (r.size() != w) r.assign(w, false);
   }
+  if (copy_flip_) {
+    if (const int bit = copy_flip_(iteration); bit >= 0) {
+      p.flip_bit = std::int64_t(p.slot.length / 2) * 8 + bit;
+    }
+  }
   auto& slot_state = pending_[{window, slot}] = std::move(p);
   send(window, slot, slot_state);
   refill_pool(w_sparse);
@@ -144,6 +149,12 @@ void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_sl
   const auto d = p.slot;
   const auto share = p.share;
   const actor_ref me = self();
+  // A flip injected into a copy goes to the first holder (the lowest node), which a restore
+  // asks first, so that the restore meets the bad copy before the good one.
+  actor_ref flip_at;
+  for (const actor_ref& t : targets_) {
+    if (!flip_at.valid() || t.node < flip_at.node) flip_at = t;
+  }
   for (const actor_ref& t : targets_) {
     if (std::find(p.asked.begin(), p.asked.end(), t) != p.asked.end()) continue;
     p.asked.push_back(t);
@@ -152,6 +163,7 @@ void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_sl
       transport::write_descriptor(b.initTensor(), d);
       write_ref(b.initFrom(), me);
       if (share) transport::write_share(b.initShare(), *share);
+      if (p.flip_bit >= 0 && t == flip_at) b.setFlipBit(std::exchange(p.flip_bit, -1));
     });
   }
 }

@@ -75,6 +75,9 @@ class checkpoint_agent : public actors::actor {
   void ship(std::int64_t iteration);
   // A standby head took over: window reports go to its coordinator (on the actor thread).
   void set_coordinator(actors::actor_ref coordinator) { coordinator_ = coordinator; }
+  // Failure injection (engine::fault_hooks::copy_flip): slots whose first holder is asked to
+  // corrupt its copy.
+  void set_copy_flip(engine::copy_flip_hook flip) { copy_flip_ = std::move(flip); }
   void set_targets(std::vector<actors::actor_ref> replicators);
   // The durable writer finished window `window` (error empty) or failed: tell the coordinator.
   void durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,
@@ -92,6 +95,7 @@ class checkpoint_agent : public actors::actor {
     std::optional<transport::share_handle> share;  // lent memory a replica on this host maps
     std::size_t copies = 0;                        // replicators that answered stored
     std::vector<actors::actor_ref> asked;          // targets sent a StoreSlot
+    std::int64_t flip_bit = -1;  // failure injection: the bit its first holder flips
   };
   asio::awaitable<void> stored(wire::SlotStored::Reader m);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
@@ -111,6 +115,7 @@ class checkpoint_agent : public actors::actor {
   durable_target durable_;
   std::size_t last_w_ = 1;  // the W of the newest slot shipped (the pool's regions per window)
   std::vector<actors::actor_ref> targets_;
+  engine::copy_flip_hook copy_flip_;
   std::map<std::pair<std::uint64_t, std::uint32_t>, pending_slot> pending_;
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [slot]
   std::map<std::uint64_t, transport::bulk_region> leases_;

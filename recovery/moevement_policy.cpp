@@ -335,6 +335,9 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   if (agent_.valid()) system_.stop(agent_);  // an older restore's stage (never wired)
   agent_ = system_.spawn<checkpoint_agent>(shared, io_, setup.stage, setup.replica, coordinator,
                                            job_.snapshot_replicas, limits_, std::move(durable));
+  if (auto* a = system_.local_actor<checkpoint_agent>(agent_)) {
+    a->set_copy_flip(std::exchange(copy_flip_, {}));
+  }
   sparse_config config;
   config.order_by = parse_ordering(job_.ordering);
   config.decay_alpha = job_.decay_alpha;
@@ -371,6 +374,21 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_w_ = r.w;
   timing_ = r.timing;
   co_return std::move(r.model);
+}
+
+awaitable<std::vector<std::uint64_t>> moevement_checkpoint::judge(
+    engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
+    engine::stage_setup setup) {
+  // Its own context: the running restore's state (restored_*) is not touched, and nothing is
+  // written to the durable tier.
+  restore_context ctx{system_, io_, job_, limits_, nullptr, inbox_, boundaries_};
+  restored_stage r = co_await restore_region(std::move(ctx), plan, factory, std::move(setup));
+  const auto ops = r.model->operators();
+  std::vector<std::uint64_t> digests;
+  co_await off_thread([&] { digests = engine::operator_digests(ops); });
+  // The model's memory goes off the actor thread; the regions (transport handles) here.
+  system_.dispose(std::move(r.model));
+  co_return digests;
 }
 
 engine::checkpoint_factory policy_factory(policy_limits limits) {

@@ -46,10 +46,15 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   asio::awaitable<std::unique_ptr<engine::stage_model>> restore(
       engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
       engine::stage_setup setup) override;
+  asio::awaitable<std::vector<std::uint64_t>> judge(engine::wire::Restore::Reader plan,
+                                                    const engine::stage_factory& factory,
+                                                    engine::stage_setup setup) override;
   restore_timing last_restore() const override { return timing_; }
   void set_coordinator(actors::actor_ref coordinator) override;
+  void set_copy_flip(engine::copy_flip_hook flip) override { copy_flip_ = std::move(flip); }
 
  private:
+  engine::copy_flip_hook copy_flip_;  // failure injection for the next stage's agent
   actors::actor_system& system_;
   engine::bulk_io& io_;
   engine::job_config job_;

@@ -24,6 +24,9 @@ struct StoreSlot {
   tensor @1 :Bulk.BulkDescriptor;
   from @2 :Envelope.ActorAddress;
   share @3 :Bulk.ShareHandle;
+  # Failure injection (`--inject flip:...,target=slot`): once a pulled copy is stored, this bit
+  # of it is flipped (a mapped copy is the owner's memory and is left alone). -1: none.
+  flipBit @4 :Int64 = -1;
 }
 struct SlotStored {
   key @0 :SlotKey;

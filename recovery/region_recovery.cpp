@@ -370,6 +370,7 @@ awaitable<void> region_recovery::restored(transport::node_id n,
   mem->slots_mapped = m.getSlotsMapped();
   mem->slots_pulled = m.getSlotsPulled();
   mem->handles_refused = m.getHandlesRefused();
+  mem->copies_refused = m.getCopiesRefused();
   reg->ready_at = sclock::now();
   co_await maybe_finish();
 }

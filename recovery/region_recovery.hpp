@@ -35,7 +35,7 @@ class region_recovery : public engine::head_recovery {
   }
   void stepped(const engine::iteration_cost& c) override { windows_.stepped(c); }
   asio::awaitable<void> window_replicated(engine::wire::WindowReplicated::Reader m) override {
-    windows_.replicated(m, active());
+    windows_.replicated(m, active() || judging_);
     co_return;
   }
   asio::awaitable<void> durable_written(engine::wire::DurableWritten::Reader m) override {
@@ -62,6 +62,8 @@ class region_recovery : public engine::head_recovery {
   asio::awaitable<void> escalated(std::uint64_t region, std::string reason) override;
   asio::awaitable<void> resume(const engine::resume_point& p) override;
   bool taken_over(const engine::resume_point& p, const engine::live_takeover& t) override;
+  asio::awaitable<engine::replay_judgement> judge(int stage, int replica,
+                                                  std::int64_t target) override;
   bool corrupted(int stage, int replica, int from, std::int64_t through) override {
     if (from >= 0) untrusted_[{stage, replica}] = {from, through};
     return true;
@@ -87,6 +89,7 @@ class region_recovery : public engine::head_recovery {
     int replay_threads = 0;
     std::int64_t replayed = 0;
     std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;  // its restore's
+    std::int64_t copies_refused = 0;
   };
   // A supervision subtree of the recovery: contiguous lost stages, rebuilt jointly.
   struct region {
@@ -210,6 +213,7 @@ class region_recovery : public engine::head_recovery {
     std::int64_t through = 0;
   };
   std::map<std::pair<int, int>, untrusted> untrusted_;
+  bool judging_ = false;  // a judge replays the persisted window: none persists meanwhile
 };
 
 }  // namespace moevement::recovery

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <map>
@@ -170,6 +171,13 @@ class region_restore {
   // The windows of every stage replica rebuilt here: from the durable tier's files, or
   // pulled from the replicators holding each slot.
   awaitable<void> load_durable_windows();
+  // A copy of slot j of (st, d) from `holder` passes its checksum and parses; else it is
+  // counted (copies_refused), said on stderr, and false.
+  awaitable<bool> intact(std::span<const std::byte> bytes, int j, int st, int d,
+                         const actor_ref& holder);
+  // A judge's replay (Restore.judge): every replica's copy of the window holds the same state,
+  // or this throws naming the slot and replicas that differ.
+  void check_copies_agree() const;
   awaitable<void> pull_window(std::size_t i);
   awaitable<void> pull_slot(std::size_t i, int slot);
   // The upstream logs of [first, target) of the healthy stages just outside the region.
@@ -229,6 +237,7 @@ awaitable<restored_stage> region_restore::run(const engine::stage_factory& facto
     throw;
   }
   co_await off_thread([&] { building.get(); });
+  if (m_.getJudge()) co_await off_thread([&] { check_copies_agree(); });
   co_await fetch_logs(models_[0]->boundary_floats());
   if (p_.group.empty() && !p_.durable) co_await fetch_schedule();
   pulled_at_ = sclock::now();
@@ -241,6 +250,29 @@ awaitable<restored_stage> region_restore::run(const engine::stage_factory& facto
                                 p_.replicas.begin());
   out_.model = std::move(models_[std::size_t(p_.stage - p_.first_here()) * n + mine]);
   co_return std::move(out_);
+}
+
+void region_restore::check_copies_agree() const {
+  const int ep = std::max(ctx_.job.ep, 1);
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    // The first replica of the same stage and shard rebuilt here: the copy i is checked with.
+    std::size_t first = i;
+    for (std::size_t k = 0; k < i; ++k) {
+      if (p_.stage_of(k) == p_.stage_of(i) && p_.replica_of(k) % ep == p_.replica_of(i) % ep) {
+        first = k;
+        break;
+      }
+    }
+    if (first == i) continue;
+    for (std::size_t j = 0; j < slots_[i].size() && j < slots_[first].size(); ++j) {
+      if (!same_state(parse_snapshot(slots_[i][j]), parse_snapshot(slots_[first][j]))) {
+        throw std::runtime_error(fmt::format(
+            "the copies of window {} slot {} of stage {} replicas {} and {} differ, so a replay "
+            "from it could take either side",
+            p_.window, j, p_.stage_of(i), p_.replica_of(first), p_.replica_of(i)));
+      }
+    }
+  }
 }
 
 awaitable<void> region_restore::load_durable_windows() {
@@ -272,6 +304,26 @@ awaitable<void> region_restore::load_durable_windows() {
     durable_store(durable_window_dir(ctx_.job.baseline.dir, p_.stage, p_.replica))
         .drop_after(p_.window);
   });
+}
+
+awaitable<bool> region_restore::intact(std::span<const std::byte> bytes, int j, int st, int d,
+                                       const actor_ref& holder) {
+  std::string error;
+  co_await off_thread([&] {
+    try {
+      (void)parse_snapshot(bytes);
+    } catch (const snapshot_error& e) {
+      error = e.what();
+    }
+  });
+  if (error.empty()) co_return true;
+  ++out_.timing.copies_refused;
+  const std::string line = fmt::format(
+      "slot {} of window {} of stage {} replica {}: the copy on worker {} is refused ({}); "
+      "trying another\n",
+      j, p_.window, st, d, holder.node, error);
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  co_return false;
 }
 
 awaitable<void> region_restore::pull_window(std::size_t i) {
@@ -316,6 +368,8 @@ awaitable<void> region_restore::pull_slot(std::size_t i, int j) {
         }
       }
     }
+    // A copy whose checksum fails (a flipped bit where it is held) is refused: the next one.
+    if (mapped && !co_await intact(shared_bytes, j, st, from, holder)) continue;
     if (mapped && !own) {
       slots_[i].emplace_back(shared_bytes);
       kept_.push_back(std::move(mapped));
@@ -359,6 +413,7 @@ awaitable<void> region_restore::pull_slot(std::size_t i, int j) {
       if (!pulled.ok()) continue;  // the holder died meanwhile: try the next copy
       ++timing.slots_pulled;
       timing.handles_refused += r->get().hasShare() ? 1 : 0;
+      if (!co_await intact(into, j, st, from, holder)) continue;
     }
     slots_[i].emplace_back(into);
     if (region) own_regions_.push_back(std::move(region));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -127,6 +128,9 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
     co_return;
   }
   if (share_ && m.hasShare() && store_mapped(id, from, m, d->length)) co_return;
+  if (m.getFlipBit() >= 0 && std::uint64_t(m.getFlipBit()) / 8 < d->length) {
+    flips_[id] = std::uint64_t(m.getFlipBit());
+  }
   // The pull runs in an actor of its own: a peer that hangs mid-pull must not keep this
   // replicator from serving FetchSlot to a recovery (the copy it holds is what is needed).
   // As an actor (not a detached coroutine) it is cancelled with the system at shutdown.
@@ -188,8 +192,18 @@ void replicator::finish_store(const key& id, const actor_ref& from,
     stored_slot s;
     s.region = std::move(*holder);
     s.length = length;
+    if (const auto f = flips_.find(id); f != flips_.end()) {
+      s.region.memory()[f->second / 8] ^= std::byte(1u << (f->second % 8));
+      const std::string line = fmt::format(
+          "inject: flipped bit {} of the copy of stage {} replica {} window {} slot {} held by "
+          "worker {}\n",
+          f->second, stage, replica, window, slot, system().node());
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fflush(stdout);
+    }
     slots_[id] = std::move(s);
   }
+  flips_.erase(id);
   (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
     write_slot_key(b.initKey(), stage, replica, window, slot);
     b.setOk(ok);

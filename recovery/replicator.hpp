@@ -68,6 +68,8 @@ class replicator : public actors::actor {
   bool store_mapped(const key& id, const actors::actor_ref& from, wire::StoreSlot::Reader m,
                     std::uint64_t length);
   std::map<key, stored_slot> slots_;
+  // Failure injection (StoreSlot.flipBit): the bit to flip in a pulled copy once stored.
+  std::map<key, std::uint64_t> flips_;
   // The regions of the last dropped window, by length: the next window's slots have the same
   // sizes (the schedule repeats), and a fresh region costs a page fault per page on the actor
   // thread, which the stage's own messages wait behind.

@@ -333,4 +333,25 @@ void load_operator(const snapshot_entry& entry, models::operator_state& op) {
   }
 }
 
+bool same_state(const snapshot_view& a, const snapshot_view& b) {
+  const auto equal = [](std::span<const std::byte> x, std::span<const std::byte> y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end());
+  };
+  if (a.tag.window != b.tag.window || a.tag.slot != b.tag.slot ||
+      a.tag.state_iteration != b.tag.state_iteration || a.tag.stage != b.tag.stage ||
+      a.scaler.enabled != b.scaler.enabled || a.scaler.scale != b.scaler.scale ||
+      a.scaler.good_steps != b.scaler.good_steps || a.entries.size() != b.entries.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.entries.size(); ++i) {
+    const auto &x = a.entries[i], &y = b.entries[i];
+    if (x.index != y.index || x.name != y.name || x.mode != y.mode || x.numel != y.numel ||
+        x.step != y.step || !equal(x.master, y.master) || !equal(x.adam_m, y.adam_m) ||
+        !equal(x.adam_v, y.adam_v) || !equal(x.compute, y.compute)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace moevement::recovery

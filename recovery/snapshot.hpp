@@ -98,6 +98,9 @@ struct snapshot_view {
 // Validates (checksum first, then every length against the remaining bytes) and parses.
 // Throws snapshot_error saying what is wrong; never reads out of bounds.
 snapshot_view parse_snapshot(std::span<const std::byte> bytes);
+// Two replicas' copies of one slot hold the same state: the same window, slot, iteration,
+// stage and loss scaler, and every operator's entry bit for bit (the replica in the tag aside).
+bool same_state(const snapshot_view& a, const snapshot_view& b);
 // The tag alone, without the checksum (cheap: a copy checks it names what was asked for,
 // e.g. that the sender's buffer was not reused under a late pull); nullopt when the bytes do
 // not start like a snapshot of this format.

@@ -30,6 +30,8 @@ class window_book {
   // (a newer one would make the replicators drop the slots it pulls).
   void replicated(engine::wire::WindowReplicated::Reader m, bool recovering);
   void durable_written(engine::wire::DurableWritten::Reader m);
+  // Persists what was replicated while nothing could persist (a judge's replay held it).
+  void persist_held() { maybe_persist(); }
   // A recovery ended at `target` (its rebuilt stages capture from there on); layout_changed:
   // a resume at another layout, whose old windows no restore reads again.
   void recovered(std::int64_t target, bool layout_changed);

@@ -56,7 +56,8 @@ TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
         "hang:stage=0,replica=1,during=recovery,nth=1,delay_ms=0,scope=host", "mtbf:2.5,seed=7",
         "mtbf:30,seed=1,max=4", "trace:some/file.txt",
         "flip:stage=1,replica=0,iter=0,word=0,bit=22",
-        "flip:stage=0,replica=2,iter=5,operator=layer0.attention,word=17,bit=3"}) {
+        "flip:stage=0,replica=2,iter=5,operator=layer0.attention,word=17,bit=3",
+        "flip:stage=1,replica=1,iter=4,target=slot,bit=5"}) {
     const injection inj = parse_injection(spec);
     EXPECT_EQ(inj.text(), spec);
     EXPECT_EQ(parse_injection(inj.text()).text(), spec);
@@ -113,7 +114,9 @@ TEST(inject_spec, malformed_specs_say_what_is_expected) {
                                  "flip:stage=0,replica=0,iter=3,operator=",
                                  "flip:stage=0,replica=0,iter=3,target=activation",
                                  "flip:stage=0,replica=0,iter=3,phase=step",
-                                 "flip:stage=0,replica=0,iter=3,bit=1,bit=2"}) {
+                                 "flip:stage=0,replica=0,iter=3,bit=1,bit=2",
+                                 "flip:stage=0,replica=0,iter=3,target=slot,word=4",
+                                 "flip:stage=0,replica=0,iter=3,target=slot,operator=head"}) {
     try {
       (void)parse_injection(spec);
       ADD_FAILURE() << spec << " was accepted";

@@ -53,8 +53,8 @@ std::string field(const std::string& line, const std::string& key) {
 }
 
 // The judged replica was fenced and rebuilt, and nobody else was lost.
-void expect_replaced(const launch_outcome& o, int stage, int replica, const char* digest,
-                     double at) {
+void expect_replaced(const launch_outcome& o, int stage, int replica, const char* digest, double at,
+                     const char* how = "majority") {
   const std::string* suspected = o.first("sdc_suspected");
   ASSERT_NE(suspected, nullptr) << o.output;
   EXPECT_EQ(field(*suspected, "digest"), digest) << *suspected;
@@ -62,7 +62,7 @@ void expect_replaced(const launch_outcome& o, int stage, int replica, const char
   EXPECT_EQ(number_field(*suspected, "stage"), stage);
   const std::string* judged = o.first("sdc_judged");
   ASSERT_NE(judged, nullptr) << o.output;
-  EXPECT_EQ(field(*judged, "how"), "majority");
+  EXPECT_EQ(field(*judged, "how"), how);
   EXPECT_EQ(number_field(*judged, "stage"), stage);
   EXPECT_EQ(number_field(*judged, "replica"), replica);
   EXPECT_GE(number_field(*judged, "copies_from"), 0);
@@ -119,6 +119,61 @@ TEST(silent_corruption, a_flipped_expert_is_judged_within_its_shard) {
   EXPECT_EQ(int(number_field(*o.first("sdc_judged"), "copies_from")) % 2, 1);
 }
 
+// Two copies: no majority. An idle spare replays the stage's group from the persisted window
+// (whose copies agree: the flip came after it) and the copy that differs from the replay is
+// the bad one; it is fenced and rebuilt like the majority's.
+TEST(silent_corruption, two_copies_are_judged_by_a_replay_on_a_spare) {
+  const auto o = launch("flip_dp2", job(2, 2, 1, "--inject flip:stage=1,replica=1,iter=9"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  expect_replaced(o, 1, 1, "weights", 10, "replay");
+  const std::string* replayed = o.first("sdc_replayed");
+  ASSERT_NE(replayed, nullptr) << o.output;
+  EXPECT_EQ(field(*replayed, "agrees_with"), "0") << *replayed;
+  EXPECT_NE(o.output.find("judging stage 1 by replay"), std::string::npos) << o.output;
+  // The judge stayed a spare: the replacement came from the spare pool all the same.
+  EXPECT_EQ(number_field(*o.first("sdc_replayed"), "spare"),
+            number_field(*o.first("recovery_start"), "spare_node"));
+}
+
+// A judge trusts only a window whose copies agree: a low bit flipped at iteration 1 and found
+// by the state check at 8 (W 1: every window since holds the flipped operator's full state)
+// leaves no such window, and the job stops saying so rather than train on either copy.
+TEST(silent_corruption, a_judge_with_no_window_to_trust_stops_the_job_saying_why) {
+  const auto o = launch("flip_untrusted",
+                        job(2, 2, 1,
+                            "--set checkpoint.w_sparse=1 --set checkpoint.verify_every=8 --inject "
+                            "flip:stage=0,replica=1,iter=1,operator=layer0.attention,bit=3"));
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_TRUE(o.hash.empty()) << o.output;
+  EXPECT_NE(o.output.find("could take either side"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("the job stops here rather than train on either copy"), std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.count("sdc_judged"), 0) << o.output;
+}
+
+// A bit flipped in a replicator's copy of a snapshot slot: the restore that pulls it checks
+// its checksum, refuses it and takes the other copy, bit-exact. Slot 0 of two windows in a row
+// is flipped at its first holder (the one a restore asks first), so whichever of them is the
+// persisted one when the stage is killed, the restore meets a bad copy.
+TEST(silent_corruption, a_corrupt_snapshot_copy_is_refused_and_the_other_one_used) {
+  const auto o = launch("flip_slot", shape(2, 1, 1) +
+                                         " --set checkpoint.policy=moevement --set "
+                                         "checkpoint.w_sparse=2 --set cluster.spares=1 --set "
+                                         "checkpoint.share_memory=false --set "
+                                         "cluster.failure_timeout_ms=3000 "
+                                         "--inject flip:stage=1,replica=0,iter=6,target=slot "
+                                         "--inject flip:stage=1,replica=0,iter=8,target=slot "
+                                         "--inject kill:stage=1,replica=0,iter=10");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  const std::string* end = o.first("recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_EQ(number_field(*end, "copies_refused"), 1) << *end;
+  EXPECT_NE(o.output.find("is refused (snapshot checksum mismatch"), std::string::npos)
+      << o.output;
+}
+
 // A job that cannot rebuild the bad replica stops, saying why, rather than train on it.
 TEST(silent_corruption, a_policy_that_cannot_rebuild_stops_the_job_saying_why) {
   const auto o = launch("flip_none", shape(2, 3, 1) + " --inject flip:stage=1,replica=0,iter=3");
@@ -131,6 +186,12 @@ TEST(silent_corruption, a_policy_that_cannot_rebuild_stops_the_job_saying_why) {
 
 // Checks off: the flip is refused before anything starts (it would go unseen).
 TEST(silent_corruption, a_flip_that_would_go_unseen_is_refused) {
+  // A snapshot copy flipped where there is no other copy (the owner's memory, mapped).
+  const auto shared = run_moevement("launch " + job(2, 1, 1, "") +
+                                    " --inject flip:stage=0,replica=0,iter=3,target=slot");
+  EXPECT_NE(shared.exit_code, 0);
+  EXPECT_NE(shared.output.find("checkpoint.share_memory = false"), std::string::npos)
+      << shared.output;
   for (const std::string& extra :
        {std::string("--set parallel.dp=1"), std::string("--set checkpoint.verify_every=0")}) {
     const auto r =
