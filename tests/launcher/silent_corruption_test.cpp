@@ -170,8 +170,7 @@ TEST(silent_corruption, a_corrupt_snapshot_copy_is_refused_and_the_other_one_use
   const std::string* end = o.first("recovery_end");
   ASSERT_NE(end, nullptr) << o.output;
   EXPECT_EQ(number_field(*end, "copies_refused"), 1) << *end;
-  EXPECT_NE(o.output.find("is refused (snapshot checksum mismatch"), std::string::npos)
-      << o.output;
+  EXPECT_NE(o.output.find("is refused (snapshot checksum mismatch"), std::string::npos) << o.output;
 }
 
 // A job that cannot rebuild the bad replica stops, saying why, rather than train on it.
