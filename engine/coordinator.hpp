@@ -264,6 +264,9 @@ class coordinator : public actors::actor, private head_control {
   // nullopt when the job stopped, saying why.
   asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> judge_by_replay(
       const std::vector<divergence>& found, std::int64_t it);
+  // checkpoint.shadow_every: after iteration_ - 1's step, one stage (in turn) replayed on a
+  // spare and compared with the live stage. True when they differ: the job stopped, saying so.
+  asio::awaitable<bool> shadow_check();
   // Fences the bad replicas' workers and recovers them (the job stops where it cannot).
   asio::awaitable<void> fence(const std::vector<std::pair<int, int>>& bad, const char* how,
                               std::int64_t it);

@@ -384,6 +384,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
   ++iteration_;
   // A replica found corrupted goes before anything reads its state again (coordinator_verify).
   if (!recovering() && co_await verify_replicas()) co_return;
+  if (!recovering() && co_await shadow_check()) co_return;
   if (recovering()) {  // a stage was lost while the others stepped: rebuild it one further
     phase_ = phase::paused;
     co_await recovery_->go_on();

@@ -224,4 +224,73 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
   }
 }
 
+asio::awaitable<bool> coordinator::shadow_check() {
+  const int every = job_.shadow_every;
+  if (every <= 0 || !recovery_ || finished_ || iteration_ % every != 0) co_return false;
+  const std::int64_t it = iteration_ - 1;  // the iteration just stepped
+  const int s = int((iteration_ / every - 1) % std::int64_t(job_.pp));  // each stage in turn
+  const replay_judgement j = co_await recovery_->judge(s, 0, iteration_);
+  if (finished_) co_return true;
+  auto record = [&](bool agrees, const std::string& error) {
+    if (log_ == nullptr) return;
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "shadow_checked")
+                    .add("iteration", it)
+                    .add("stage", s)
+                    .add("spare", std::int64_t{j.spare})
+                    .add("seconds", j.seconds)
+                    .add("agrees", agrees)
+                    .add("error", error)
+                    .add("time_s", log_->seconds()));
+  };
+  if (!j.error.empty()) {  // no verdict this time (no idle spare, ...): training goes on
+    record(false, j.error);
+    notice(fmt::format("shadow replay of stage {} after iteration {}: no verdict ({})", s, it,
+                       j.error));
+    co_return false;
+  }
+  auto q = co_await ask<wire::DigestsQuery, wire::Digests>(stage_ref(s, 0), ask_timeout,
+                                                           [](wire::DigestsQuery::Builder) {});
+  if (finished_) co_return true;
+  if (!q.ok()) {
+    record(false, q.err().message);
+    co_return false;  // a stage that does not answer is the failure detector's to find
+  }
+  std::vector<std::string> differ;
+  const auto live = q->get().getValues();
+  const auto names = q->get().getNames();
+  for (unsigned k = 0; k < live.size(); ++k) {
+    if (k >= j.digests.size() || live[k] != j.digests[k]) {
+      differ.push_back(k < names.size() ? std::string(names[k].cStr()) : std::to_string(k));
+    }
+  }
+  if (live.size() != j.digests.size() && differ.empty()) differ.push_back("(their number)");
+  record(differ.empty(), "");
+  if (differ.empty()) co_return false;
+  const transport::node_id n = stage_ref(s, 0).node;
+  const auto w = workers_.find(n);
+  const int pid = w == workers_.end() ? 0 : w->second.pid;
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "sdc_suspected")
+                    .add("iteration", it)
+                    .add("digest", "shadow")
+                    .add("stage", s)
+                    .add("operator_name", fmt::format("{}", fmt::join(differ, ",")))
+                    .add("replicas", "0")
+                    .add("spare", std::int64_t{j.spare})
+                    .add("time_s", log_->seconds()));
+  }
+  fail(fmt::format(
+      "silent data corruption found by a shadow replay after iteration {}: stage {} replica 0 "
+      "(worker {}, pid {}) differs from its replay on spare worker {} in {}; with one copy "
+      "(parallel.dp = 1) what it sent since may have spread to every stage, so the job stops "
+      "here rather than train on (resume from a durable window older than the corruption, or "
+      "run with parallel.dp >= 2, where the replicas check each other every step)",
+      it, s, n, pid, j.spare, fmt::join(differ, ", ")));
+  co_return true;
+}
+
 }  // namespace moevement::engine

@@ -91,6 +91,8 @@ setter_map checkpoint_setters(job_config& j) {
        }},
       {"checkpoint.verify_every",
        [&](auto& k, auto& v) { j.verify_every = int(models::config_int(k, v, 0, 1 << 20)); }},
+      {"checkpoint.shadow_every",
+       [&](auto& k, auto& v) { j.shadow_every = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.replay_threads",
        [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
       {"checkpoint.share_memory",
@@ -386,6 +388,12 @@ job_config resolve_job(models::config_map map) {
                        "needs checkpoint.policy = \"moevement\" with the durable tier on "
                        "(checkpoint.durable left \"auto\" or true; under Slurm with "
                        "checkpoint.dir set to a directory every node sees)");
+  }
+  if (j.shadow_every > 0 && (j.policy != policy_kind::moevement || j.spares < 1)) {
+    throw config_error("checkpoint.shadow_every",
+                       "a shadow replay runs on an idle spare from policy moevement's persisted "
+                       "window: it needs checkpoint.policy = \"moevement\" and cluster.spares "
+                       ">= 1");
   }
   if (j.slurm_nodes > j.workers() + j.spares) {
     throw config_error("cluster.slurm_nodes",

@@ -86,6 +86,10 @@ struct job_config {
   // no checks on the demo (docs/benchmarks.md); the compute weights, which keep every bit that
   // reaches the computation, are checked every step whatever it is.
   int verify_every = 32;
+  // checkpoint.shadow_every: every shadow_every iterations an idle spare replays one stage
+  // (in turn) from the persisted window and the head compares the result with the live stage:
+  // what finds silent corruption with one copy (dp = 1). Policy moevement; 0: never.
+  int shadow_every = 0;
   // checkpoint.share_memory: a `moevement` replica on the owner's host maps the slot's memory
   // instead of copying it (transport/shared_memory.hpp); false: every replica pulls a copy.
   bool share_memory = true;

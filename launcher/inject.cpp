@@ -511,14 +511,14 @@ void check_flip(const injection& inj, const engine::job_config& job) {
     }
     return;
   }
-  if (job.dp < 2) {
+  if (job.dp < 2 && job.shadow_every == 0) {
     fail(
         fmt::format("a flip at parallel.dp = {} would go unseen: silent corruption is found by "
                     "comparing a stage's replicas, so it needs parallel.dp >= 2 (3 to name the "
-                    "bad one by majority)",
+                    "bad one by majority), or with one copy checkpoint.shadow_every > 0",
                     job.dp));
   }
-  if (job.verify_every == 0) {
+  if (job.verify_every == 0 && job.shadow_every == 0) {
     fail(
         "checkpoint.verify_every = 0 turns the silent-corruption checks off, so a flip would "
         "go unseen; set it to 1 or more");

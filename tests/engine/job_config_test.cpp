@@ -82,6 +82,9 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(50), [](auto& j) { return j.max_window_wait_ms == 50; }}},
           {"checkpoint.verify_every",
            {std::int64_t(3), [](auto& j) { return j.verify_every == 3; }}},
+          // (> 0 needs policy moevement and a spare: shadow_replays_need_... below)
+          {"checkpoint.shadow_every",
+           {std::int64_t(0), [](auto& j) { return j.shadow_every == 0; }}},
           {"checkpoint.share_memory", {false, [](auto& j) { return !j.share_memory; }}},
           {"checkpoint.pipelined_replay", {false, [](auto& j) { return !j.pipelined_replay; }}},
           {"checkpoint.spread_replay", {false, [](auto& j) { return !j.spread_replay; }}},
@@ -168,6 +171,19 @@ TEST(job_config, wrong_type_names_the_key) {
 
 // A standby head takes over from the durable tier's journal: policy moevement with the durable
 // tier on (either backend), else the key is refused by name.
+TEST(job_config, shadow_replays_need_policy_moevement_and_a_spare) {
+  const config_map ok{{"checkpoint.policy", std::string("moevement")},
+                      {"cluster.spares", std::int64_t(1)},
+                      {"checkpoint.shadow_every", std::int64_t(5)}};
+  EXPECT_EQ(resolve_job(ok).shadow_every, 5);
+  EXPECT_EQ(reject({{"checkpoint.shadow_every", std::int64_t(5)}}).key, "checkpoint.shadow_every");
+  EXPECT_EQ(reject({{"checkpoint.policy", std::string("moevement")},
+                    {"checkpoint.shadow_every", std::int64_t(5)}})
+                .key,
+            "checkpoint.shadow_every")
+      << "no spare";
+}
+
 TEST(job_config, standby_head_needs_the_durable_tier) {
   const config_map ok{{"checkpoint.policy", std::string("moevement")},
                       {"cluster.standby_head", true}};
@@ -240,6 +256,7 @@ TEST(job_config, bad_values_name_the_key) {
       {"checkpoint.region_restarts", std::int64_t(-1)},
       {"checkpoint.max_window_wait_ms", std::int64_t(-1)},
       {"checkpoint.verify_every", std::int64_t(-1)},
+      {"checkpoint.shadow_every", std::int64_t(-3)},
   };
   for (const auto& [key, value] : bad) EXPECT_EQ(reject({{key, value}}).key, key);
 }

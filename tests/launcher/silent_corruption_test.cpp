@@ -173,6 +173,34 @@ TEST(silent_corruption, a_corrupt_snapshot_copy_is_refused_and_the_other_one_use
   EXPECT_NE(o.output.find("is refused (snapshot checksum mismatch"), std::string::npos) << o.output;
 }
 
+// One copy (dp = 1): a shadow replay on a spare (checkpoint.shadow_every) compares each stage
+// in turn with its replay. Fault-free every check agrees and changes nothing; a flipped bit is
+// found at its stage's next check, and the job stops naming the stage (what the stage sent
+// since may have spread everywhere: no replica to rebuild it from).
+TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip) {
+  const std::string base = job(2, 1, 1, "--set checkpoint.shadow_every=4");
+  const auto clean = launch("shadow_clean", base);
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  EXPECT_EQ(clean.hash, reference(1));
+  const auto checks = clean.events("shadow_checked");
+  ASSERT_EQ(checks.size(), 4u) << "after iterations 3, 7, 11 and 15\n" << clean.output;
+  for (std::size_t k = 0; k < checks.size(); ++k) {
+    EXPECT_NE(checks[k]->find("\"agrees\":true"), std::string::npos) << *checks[k];
+    EXPECT_EQ(number_field(*checks[k], "stage"), double(k % 2)) << "each stage in turn";
+  }
+  const auto o = launch("shadow_flip", base + " --inject flip:stage=1,replica=0,iter=5");
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_TRUE(o.hash.empty()) << o.output;
+  EXPECT_NE(o.output.find("found by a shadow replay after iteration 7: stage 1"), std::string::npos)
+      << o.output;
+  const std::string* suspected = o.first("sdc_suspected");
+  ASSERT_NE(suspected, nullptr) << o.output;
+  EXPECT_EQ(field(*suspected, "digest"), "shadow");
+  // The flipped operator among them; by the check (two steps on) the others differ too: the
+  // flipped weights were read by a forward, and its gradients reached the whole stage.
+  EXPECT_TRUE(field(*suspected, "operator_name").starts_with("layer2.norm1,")) << *suspected;
+}
+
 // A job that cannot rebuild the bad replica stops, saying why, rather than train on it.
 TEST(silent_corruption, a_policy_that_cannot_rebuild_stops_the_job_saying_why) {
   const auto o = launch("flip_none", shape(2, 3, 1) + " --inject flip:stage=1,replica=0,iter=3");
