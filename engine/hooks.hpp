@@ -35,10 +35,16 @@ using corruption_hook =
 // step of `iteration` captures, the bit (0..7) to flip in the middle byte of the copy its
 // first holder (the lowest node) stores, or -1.
 using copy_flip_hook = std::function<int(std::int64_t iteration)>;
+// Silent corruption of a boundary tensor as it is computed (`--inject flip:...,target=
+// activation`): on the compute thread, the activation of micro-batch `mb` of `iteration`
+// before it is logged and sent; it may change its bytes.
+using send_flip_hook =
+    std::function<void(std::int64_t iteration, int mb, std::span<float> activation)>;
 struct fault_hooks {
   fault_hook at;               // empty: no kill or hang of this stage
   corruption_hook after_step;  // empty: no flip of its weights
   copy_flip_hook copy_flip;    // empty: no flip of a snapshot copy
+  send_flip_hook send_flip;    // empty: no flip of an activation
 };
 // The worker agent asks for the hooks of the stage it starts: replacement is true for a stage
 // rebuilt on a spare (Restore), false for one given its role at the start (Assign).

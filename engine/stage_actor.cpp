@@ -386,6 +386,7 @@ awaitable<void> stage_actor::advance() {
           }
           auto slot = region_floats(act_out_).subspan(mb * bf_, bf_);
           std::copy(out.activation.begin(), out.activation.end(), slot.begin());
+          if (faults_.send_flip) faults_.send_flip(it, s.micro_batch, slot);
           const auto l0 = sclock::now();
           hooks_->on_boundary_send(it, s.micro_batch, boundary::activation, slot);
           log_s_ += std::chrono::duration<double>(sclock::now() - l0).count();

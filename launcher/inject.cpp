@@ -134,12 +134,13 @@ void parse_flip(const std::string& where, const std::string& rest, injection& in
     } else if (k == "bit") {
       inj.bit = int(integer(where, k, v, 0, 31));
     } else if (k == "target") {
-      if (v != "weight" && v != "slot") {
-        bad(where, fmt::format("target must be weight (an FP32 master weight) or slot (a "
-                               "snapshot copy; boundary tensors cannot be flipped yet), got '{}'",
+      if (v != "weight" && v != "slot" && v != "activation") {
+        bad(where, fmt::format("target must be weight (an FP32 master weight), slot (a snapshot "
+                               "copy) or activation (a boundary tensor sent), got '{}'",
                                v));
       }
       inj.slot_copy = v == "slot";
+      inj.activation = v == "activation";
     } else {
       bad(where, fmt::format("unknown key '{}' for flip (stage, replica, iter, operator, word, "
                              "bit, target)",
@@ -149,6 +150,9 @@ void parse_flip(const std::string& where, const std::string& rest, injection& in
   if (!have_stage || !have_replica || !have_iter) bad(where, "flip needs stage, replica and iter");
   if (inj.slot_copy && (!inj.op.empty() || inj.word != 0)) {
     bad(where, "operator and word go with target=weight, not target=slot");
+  }
+  if (inj.activation && !inj.op.empty()) {
+    bad(where, "operator goes with target=weight, not target=activation");
   }
 }
 
@@ -168,6 +172,10 @@ std::string injection::text() const {
     case kind::trace:
       return "trace:" + file;
     case kind::flip:
+      if (activation) {
+        return fmt::format("flip:stage={},replica={},iter={},target=activation,word={},bit={}",
+                           stage, replica, iteration, word, bit);
+      }
       if (slot_copy) {
         return fmt::format("flip:stage={},replica={},iter={},target=slot,bit={}", stage, replica,
                            iteration, bit);
@@ -496,6 +504,21 @@ void check_flip(const injection& inj, const engine::job_config& job) {
   auto fail = [&](const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", inj.source, what));
   };
+  if (inj.activation) {  // found at a replay of the stage's group, which a recovery runs
+    if (inj.stage + 1 >= job.pp) {
+      fail(
+          fmt::format("stage {} is the last: it sends no activation (target=activation needs "
+                      "a stage before the last)",
+                      inj.stage));
+    }
+    if (job.policy != engine::policy_kind::moevement) {
+      fail(
+          "target=activation is found when policy moevement replays the stage; "
+          "checkpoint.policy is " +
+          engine::policy_name(job.policy));
+    }
+    return;
+  }
   if (inj.slot_copy) {  // another copy to use instead
     if (job.policy != engine::policy_kind::moevement) {
       fail("target=slot flips a snapshot copy of policy moevement's; checkpoint.policy is " +
@@ -639,7 +662,7 @@ engine::corruption_hook flip_hook(const std::vector<injection>& injections, int 
   }
   // A replacement starts past the flip's iteration (the fenced worker's), and is not the
   // worker the flip was aimed at.
-  std::erase_if(*mine, [](const injection& i) { return i.slot_copy; });
+  std::erase_if(*mine, [](const injection& i) { return i.slot_copy || i.activation; });
   if (mine->empty() || replacement) return {};
   return [mine, who](std::int64_t iteration, std::span<models::operator_state* const> ops) {
     for (auto& inj : *mine) {
@@ -693,6 +716,36 @@ engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, 
       return inj.bit % 8;
     }
     return -1;
+  };
+}
+
+engine::send_flip_hook send_flip_hook(const std::vector<injection>& injections, int stage,
+                                      int replica, bool replacement, const std::string& who) {
+  auto mine = std::make_shared<std::vector<injection>>();
+  for (const auto& inj : injections) {
+    if (inj.what == injection::kind::flip && inj.activation && inj.stage == stage &&
+        inj.replica == replica) {
+      mine->push_back(inj);
+    }
+  }
+  if (mine->empty() || replacement) return {};
+  return [mine, who](std::int64_t iteration, int mb, std::span<float> activation) {
+    for (auto& inj : *mine) {
+      if (inj.done || inj.iteration != iteration || mb != 0) continue;
+      if (std::uint64_t(inj.word) >= activation.size()) {
+        throw std::invalid_argument(fmt::format("{}: the activation has {} words (word 0..{})",
+                                                inj.text(), activation.size(),
+                                                activation.size() - 1));
+      }
+      inj.done = true;
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &activation[std::size_t(inj.word)], sizeof bits);
+      bits ^= std::uint32_t{1} << inj.bit;
+      std::memcpy(&activation[std::size_t(inj.word)], &bits, sizeof bits);
+      const std::string line = fmt::format("inject: {} ({})\n", inj.text(), who);
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fflush(stdout);
+    }
   };
 }
 

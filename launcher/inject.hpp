@@ -25,6 +25,10 @@
 //                                      (default 0) of operator NAME's FP32 master weights
 //                                      (default: the stage's first operator) right after the
 //                                      step of iteration T; never in a replacement
+//   flip:stage=S,replica=D,iter=T,target=activation[,word=I][,bit=K]
+//                                      the activation of micro-batch 0 that (S, D) computes in
+//                                      T has bit K of its word I flipped before it is logged
+//                                      and sent (a miscomputed tensor; found at a replay)
 //   flip:stage=S,replica=D,iter=T,target=slot[,bit=K]
 //                                      the first holder of the snapshot copy of the slot
 //                                      (S, D) captures after T's step flips bit K % 8 of its
@@ -67,6 +71,7 @@ struct injection {
   std::int64_t word = 0;
   int bit = 22;
   bool slot_copy = false;
+  bool activation = false;  // target=activation
 
   std::string source;  // where it came from, for messages: "--inject SPEC" or "[[inject]] #2 ..."
   bool done = false;   // the head's bookkeeping
@@ -113,6 +118,9 @@ engine::corruption_hook flip_hook(const std::vector<injection>& injections, int 
 // of an iteration (engine::fault_hooks::copy_flip).
 engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, int stage,
                                       int replica, bool replacement);
+// And for flip ...,target=activation (engine::fault_hooks::send_flip).
+engine::send_flip_hook send_flip_hook(const std::vector<injection>& injections, int stage,
+                                      int replica, bool replacement, const std::string& who);
 
 // Checks an injection against the resolved job (roles exist, iterations run, phase=snapshot
 // needs policy moevement, phases need the local backend; a trace is read and checked) and

@@ -189,7 +189,8 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
         return engine::fault_hooks{
             phase_fault_hook(args.injections, stage, replica, replacement, who),
             flip_hook(args.injections, stage, replica, replacement, who),
-            copy_flip_hook(args.injections, stage, replica, replacement)};
+            copy_flip_hook(args.injections, stage, replica, replacement),
+            send_flip_hook(args.injections, stage, replica, replacement, who)};
       });
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.
   admission.expires_after(std::chrono::seconds(120));

@@ -78,6 +78,10 @@ class checkpoint_agent : public actors::actor {
   // Failure injection (engine::fault_hooks::copy_flip): slots whose first holder is asked to
   // corrupt its copy.
   void set_copy_flip(engine::copy_flip_hook flip) { copy_flip_ = std::move(flip); }
+  // Its capture (and upstream log), for a survivor's replay that checks its sends against it.
+  std::shared_ptr<capture_shared> shared() const { return shared_; }
+  int stage() const { return stage_; }
+  int replica() const { return replica_; }
   void set_targets(std::vector<actors::actor_ref> replicators);
   // The durable writer finished window `window` (error empty) or failed: tell the coordinator.
   void durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,

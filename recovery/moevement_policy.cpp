@@ -356,6 +356,15 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
     engine::wire::Restore::Reader plan, const engine::stage_factory& factory,
     engine::stage_setup setup) {
   fresh_ = false;
+  // A survivor replaying its own role in place keeps its old upstream log for the replay to
+  // check its sends against (the old stage is stopped: nothing writes it any more).
+  std::shared_ptr<capture_shared> old;
+  if (const auto* a = system_.local_actor<checkpoint_agent>(agent_)) {
+    if (a->stage() == setup.stage && a->replica() == setup.replica && plan.getGroup().size() > 0 &&
+        !plan.getDurable() && plan.getWindowStages() == 0) {
+      old = a->shared();
+    }
+  }
   // Hooks of an older generation's stage are gone with its stage actor; its agent goes too.
   if (agent_.valid()) system_.stop(agent_);
   agent_ = {};
@@ -366,6 +375,14 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_w_ = 0;
   timing_ = {};
   restore_context ctx{system_, io_, job_, limits_, durable_.get(), inbox_, boundaries_};
+  if (old) ctx.own_log = &old->capture.log();
+  struct release_old {  // on the actor thread, also when the restore throws
+    std::shared_ptr<capture_shared>& old;
+    actors::actor_system& system;
+    ~release_old() {
+      if (old) release_capture(old, system);
+    }
+  } releasing{old, system_};
   restored_stage r = co_await restore_region(std::move(ctx), plan, factory, std::move(setup));
   restored_log_ = std::move(r.log);
   restored_schedule_ = std::move(r.schedule);

@@ -586,6 +586,10 @@ awaitable<void> region_restore::replay() {
   in.micro_batches = ctx_.job.train.micro_batches;
   in.target_iteration = p_.target;
   in.windows = std::move(slots_);
+  // A survivor's own sends, checked bit for bit (only where it replays its replica alone).
+  if (ctx_.own_log != nullptr && p_.replicas.size() == 1 && p_.k_here() == 1) {
+    in.own = {ctx_.own_log};
+  }
   for (std::size_t i = 0; i < in.windows.size(); ++i) {
     in.window_replicas.push_back(m_.getSources()[unsigned(p_.source(i))].getSlotsFrom());
   }

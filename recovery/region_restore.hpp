@@ -60,6 +60,10 @@ struct restore_context {
   durable_writer* durable = nullptr;  // null: checkpoint.durable is off
   std::shared_ptr<group_inbox> inbox;
   std::shared_ptr<group_inbox> boundaries;  // a pipelined region's tensors (boundary_exchange)
+  // A survivor replaying its own replica in place (a group replay): what it sent, from its
+  // upstream log; every tensor the replay sends is checked against it (a send that differs is
+  // silent corruption of what was sent then). Null: nothing to check against.
+  const log_store* own_log = nullptr;
 };
 
 // Runs one Restore. Throws std::runtime_error (engine::snapshot_lost when every copy of a

@@ -53,8 +53,9 @@ void check_sent(const log_store* own, std::int64_t iteration, int mb, log_direct
       std::memcmp(bytes->data(), sent.data(), sent.size_bytes()) != 0) {
     throw conversion_error("sparse-to-dense: the replay of iteration " + std::to_string(iteration) +
                            " micro-batch " + std::to_string(mb) + " replica " +
-                           std::to_string(replica) + " sent other bits than logged: " +
-                           "determinism is broken (different build, flags or inputs?)");
+                           std::to_string(replica) + " sent other bits than logged: silent " +
+                           "data corruption of what was sent then (or broken determinism: a " +
+                           "different build, flags or inputs)");
   }
   ++checked;
 }

@@ -57,7 +57,8 @@ TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
         "mtbf:30,seed=1,max=4", "trace:some/file.txt",
         "flip:stage=1,replica=0,iter=0,word=0,bit=22",
         "flip:stage=0,replica=2,iter=5,operator=layer0.attention,word=17,bit=3",
-        "flip:stage=1,replica=1,iter=4,target=slot,bit=5"}) {
+        "flip:stage=1,replica=1,iter=4,target=slot,bit=5",
+        "flip:stage=0,replica=0,iter=3,target=activation,word=9,bit=30"}) {
     const injection inj = parse_injection(spec);
     EXPECT_EQ(inj.text(), spec);
     EXPECT_EQ(parse_injection(inj.text()).text(), spec);
@@ -112,11 +113,12 @@ TEST(inject_spec, malformed_specs_say_what_is_expected) {
                                  "flip:stage=0,replica=0,iter=3,bit=-1",
                                  "flip:stage=0,replica=0,iter=3,word=-4",
                                  "flip:stage=0,replica=0,iter=3,operator=",
-                                 "flip:stage=0,replica=0,iter=3,target=activation",
                                  "flip:stage=0,replica=0,iter=3,phase=step",
                                  "flip:stage=0,replica=0,iter=3,bit=1,bit=2",
                                  "flip:stage=0,replica=0,iter=3,target=slot,word=4",
-                                 "flip:stage=0,replica=0,iter=3,target=slot,operator=head"}) {
+                                 "flip:stage=0,replica=0,iter=3,target=slot,operator=head",
+                                 "flip:stage=0,replica=0,iter=3,target=activation,operator=head",
+                                 "flip:stage=0,replica=0,iter=3,target=gradient"}) {
     try {
       (void)parse_injection(spec);
       ADD_FAILURE() << spec << " was accepted";
@@ -146,6 +148,7 @@ TEST(inject_spec, checked_against_the_job) {
   EXPECT_NO_THROW((void)check_injection(parse_injection("flip:stage=2,replica=1,iter=0"), job));
   refused("flip:stage=0,replica=0,iter=12", "iter=12 never runs");
   refused("flip:stage=3,replica=0,iter=2", "there is no stage 3 replica 0");
+  refused("flip:stage=2,replica=0,iter=2,target=activation", "stage 2 is the last");
   auto raw = load_config_file(temp_file("none.toml", "[train]\niterations = 12\n"));
   const auto job_none = engine::resolve_job(raw);
   EXPECT_THROW((void)check_injection(

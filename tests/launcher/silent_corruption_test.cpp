@@ -201,6 +201,24 @@ TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip) {
   EXPECT_TRUE(field(*suspected, "operator_name").starts_with("layer2.norm1,")) << *suspected;
 }
 
+// A miscomputed activation (flipped before it is logged and sent) leaves every replica in
+// agreement: nothing to compare. A replay finds it: here a kill of the other replica makes
+// the stage's group replay iteration 6, the survivor its own replica, each tensor it sends
+// checked against what it logged then. The job stops saying so (what was sent has spread).
+TEST(silent_corruption, a_flipped_activation_is_found_at_a_replay) {
+  const auto o =
+      launch("flip_activation", job(2, 2, 1,
+                                    "--inject flip:stage=0,replica=1,iter=6,target=activation "
+                                    "--inject kill:stage=0,replica=0,iter=7"));
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_TRUE(o.hash.empty()) << o.output;
+  EXPECT_NE(o.output.find("the replay of iteration 6 micro-batch 0 replica 1 sent other bits "
+                          "than logged: silent data corruption"),
+            std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.count("sdc_judged"), 0) << "every replica agreed";
+}
+
 // A job that cannot rebuild the bad replica stops, saying why, rather than train on it.
 TEST(silent_corruption, a_policy_that_cannot_rebuild_stops_the_job_saying_why) {
   const auto o = launch("flip_none", shape(2, 3, 1) + " --inject flip:stage=1,replica=0,iter=3");
