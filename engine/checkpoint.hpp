@@ -34,6 +34,14 @@ class snapshot_lost : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by a restore whose replay sent other bits than the stage logged sending then:
+// silent corruption of what was sent (docs/recovery.md "Silent data corruption"), which has
+// reached every stage since; the coordinator stops the job.
+class replay_mismatch : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class worker_checkpoint {
  public:
   virtual ~worker_checkpoint() = default;

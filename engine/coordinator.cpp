@@ -296,7 +296,22 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   if (m.getError().size() > 0) {
     std::string message =
         fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError()));
-    if (replacement) {
+    if (replacement && m.getReplayMismatch()) {
+      // Silent corruption of what that stage sent then: it has reached every stage since, and
+      // no replica holds the right bits (docs/recovery.md "Silent data corruption").
+      if (log_ != nullptr) {
+        log_->write(json_record{}
+                        .add("kind", "event")
+                        .add("event", "sdc_suspected")
+                        .add("iteration", iteration_)
+                        .add("digest", "replay")
+                        .add("stage", m.getStage())
+                        .add("replicas", fmt::format("{}", m.getReplica()))
+                        .add("node", std::int64_t{w.node})
+                        .add("time_s", log_->seconds()));
+      }
+      fail(message + "; the job stops rather than train on from it");
+    } else if (replacement) {
       co_await recovery_->restore_failed(message, m.getSnapshotLost());
     } else {
       fail(message);

@@ -94,6 +94,8 @@ struct StageReady {
   experts @19 :Address;
   # Copies of its window's slots refused as corrupt (their checksum), each replaced by another.
   copiesRefused @20 :Int64;
+  # The restore failed because its replay sent other bits than logged (engine::replay_mismatch).
+  replayMismatch @21 :Bool;
 }
 struct OpSize {
   computeBytes @0 :UInt64;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/checkpoint.hpp"
 #include "engine/local_group.hpp"
 #include "engine/replay.hpp"
 
@@ -51,11 +52,12 @@ void check_sent(const log_store* own, std::int64_t iteration, int mb, log_direct
   if (!bytes) return;
   if (bytes->size() != sent.size_bytes() ||
       std::memcmp(bytes->data(), sent.data(), sent.size_bytes()) != 0) {
-    throw conversion_error("sparse-to-dense: the replay of iteration " + std::to_string(iteration) +
-                           " micro-batch " + std::to_string(mb) + " replica " +
-                           std::to_string(replica) + " sent other bits than logged: silent " +
-                           "data corruption of what was sent then (or broken determinism: a " +
-                           "different build, flags or inputs)");
+    throw engine::replay_mismatch(
+        "sparse-to-dense: the replay of iteration " + std::to_string(iteration) + " micro-batch " +
+        std::to_string(mb) + " replica " + std::to_string(replica) +
+        " sent other bits than logged: silent " +
+        "data corruption of what was sent then (or broken determinism: a " +
+        "different build, flags or inputs)");
   }
   ++checked;
 }

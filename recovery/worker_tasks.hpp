@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -18,20 +19,25 @@
 namespace moevement::recovery {
 
 // Runs fn on a thread of its own and waits (the actor thread keeps heartbeating); an
-// exception in fn comes back as a std::runtime_error with its message.
+// exception in fn comes back as a std::runtime_error: itself where it is one (its type kept:
+// engine::snapshot_lost, engine::replay_mismatch), else one with its message.
 template <class F>
 asio::awaitable<void> off_thread(F&& fn) {
   std::string error;
+  std::exception_ptr failure;
   asio::thread_pool pool(1);
   auto task = [&]() -> asio::awaitable<void> {
     try {
       fn();
+    } catch (const std::runtime_error&) {
+      failure = std::current_exception();
     } catch (const std::exception& e) {
       error = e.what();
     }
     co_return;
   };
   co_await asio::co_spawn(pool.get_executor(), std::move(task), asio::use_awaitable);
+  if (failure) std::rethrow_exception(failure);
   if (!error.empty()) throw std::runtime_error(error);
 }
 

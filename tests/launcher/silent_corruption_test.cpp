@@ -217,6 +217,11 @@ TEST(silent_corruption, a_flipped_activation_is_found_at_a_replay) {
             std::string::npos)
       << o.output;
   EXPECT_EQ(o.count("sdc_judged"), 0) << "every replica agreed";
+  const std::string* suspected = o.first("sdc_suspected");
+  ASSERT_NE(suspected, nullptr) << o.output;
+  EXPECT_EQ(field(*suspected, "digest"), "replay");
+  EXPECT_EQ(number_field(*suspected, "stage"), 0);
+  EXPECT_EQ(field(*suspected, "replicas"), "1");
 }
 
 // A job that cannot rebuild the bad replica stops, saying why, rather than train on it.
