@@ -61,19 +61,7 @@ awaitable<engine::replay_judgement> region_recovery::judge(int stage, int replic
     b.setHostShare(1);
     b.setJudge(true);
     write_sources(b, r, holders, true, first);
-    std::vector<std::pair<std::int64_t, engine::planned_step>> steps;
-    for (auto it = windows_.steps().lower_bound(first);
-         it != windows_.steps().end() && it->first < target; ++it) {
-      steps.emplace_back(it->first, it->second);
-    }
-    auto l = b.initSteps(static_cast<unsigned>(steps.size()));
-    for (unsigned i = 0; i < steps.size(); ++i) {
-      l[i].setIteration(steps[i].first);
-      l[i].setLossScale(steps[i].second.loss_scale);
-      l[i].setApply(steps[i].second.plan.apply);
-      l[i].setGradMul(steps[i].second.plan.grad_mul);
-      l[i].setGradNorm(steps[i].second.plan.grad_norm);
-    }
+    write_steps(b, first, target);
     actors::write_ref(b.initCoordinator(), me);
   };
   // The persisted window stays while the spare pulls it: a newer one persisting meanwhile

@@ -178,6 +178,8 @@ class region_recovery : public engine::head_recovery {
   void write_sources(engine::wire::Restore::Builder b, const region& r,
                      const std::vector<actors::actor_ref>& holders, bool peers,
                      std::int64_t first) const;
+  // The step plans of iterations first .. target - 1, as the head keeps them.
+  void write_steps(engine::wire::Restore::Builder b, std::int64_t first, std::int64_t target) const;
   // The checkpoint agent of stage replica (s, d) when it is outside every region (else none).
   actors::actor_ref outside_agent(int s, int d) const;
   // Whether r's members replay as a group (each its own replica of the region) and as a

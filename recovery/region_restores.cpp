@@ -155,6 +155,23 @@ void region_recovery::write_sources(engine::wire::Restore::Builder b, const regi
   }
 }
 
+void region_recovery::write_steps(engine::wire::Restore::Builder b, std::int64_t first,
+                                  std::int64_t target) const {
+  std::vector<std::pair<std::int64_t, engine::planned_step>> steps;
+  for (auto it = windows_.steps().lower_bound(first);
+       it != windows_.steps().end() && it->first < target; ++it) {
+    steps.emplace_back(it->first, it->second);
+  }
+  auto l = b.initSteps(static_cast<unsigned>(steps.size()));
+  for (unsigned i = 0; i < steps.size(); ++i) {
+    l[i].setIteration(steps[i].first);
+    l[i].setLossScale(steps[i].second.loss_scale);
+    l[i].setApply(steps[i].second.plan.apply);
+    l[i].setGradMul(steps[i].second.plan.grad_mul);
+    l[i].setGradNorm(steps[i].second.plan.grad_norm);
+  }
+}
+
 void region_recovery::send_restores(const region& r) {
   const auto& workers = job_.worker_roles();
   const auto& job = job_.job();
@@ -165,11 +182,6 @@ void region_recovery::send_restores(const region& r) {
   std::vector<actor_ref> holders;
   for (const auto& [n, w] : workers) {
     if (w.replicator.valid()) holders.push_back(w.replicator);
-  }
-  std::vector<std::pair<std::int64_t, engine::planned_step>> steps;
-  for (auto it = windows_.steps().lower_bound(first);
-       it != windows_.steps().end() && it->first < target; ++it) {
-    steps.emplace_back(it->first, it->second);
   }
   // The restored window's own W (it changes at a window's start: window_plan).
   const int w_sparse = has_window ? windows_.w_of(window) : windows_.w_sparse();
@@ -211,14 +223,7 @@ void region_recovery::send_restores(const region& r) {
       // The durable tier: everything from files; no peer is pulled from, and no survivor's
       // schedule is taken over (every replica of every stage starts a fresh one alike).
       write_sources(b, r, durable ? std::vector<actor_ref>{} : holders, !durable, first);
-      auto l = b.initSteps(static_cast<unsigned>(steps.size()));
-      for (unsigned i = 0; i < steps.size(); ++i) {
-        l[i].setIteration(steps[i].first);
-        l[i].setLossScale(steps[i].second.loss_scale);
-        l[i].setApply(steps[i].second.plan.apply);
-        l[i].setGradMul(steps[i].second.plan.grad_mul);
-        l[i].setGradNorm(steps[i].second.plan.grad_norm);
-      }
+      write_steps(b, first, target);
       actors::write_ref(b.initCoordinator(), me);
       if (pipeline) {
         // The exchanges of this member's replica's region stages, by stage.
