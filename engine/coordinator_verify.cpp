@@ -212,6 +212,10 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
     fenced.push_back(w->second);
   }
   sdc_found_ += std::int64_t(fenced.size());
+  if (fenced.empty()) {  // none of them is a worker the job still counts (lost meanwhile)
+    co_await after_iteration();
+    co_return;
+  }
   // Declared lost here, with the verdict to every member: nothing from it is read again, and
   // the worker stops on hearing it (the launcher ends the process).
   for (const auto& w : fenced) {
