@@ -471,9 +471,10 @@ awaitable<bool> coordinator::wire_all() {
   if (finished_) co_return false;
   for (std::size_t i = 0; i < replies.size(); ++i) {
     if (replies[i].ok()) continue;
-    // During a recovery, a stage lost since the wiring began (its actor is gone from stages_
-    // already, or its loss is still on the way): its recovery (posted) takes over.
-    const bool lost = recovering() && co_await loss_follows();
+    // A stage lost since the wiring began (its actor is gone from stages_ already, or its loss
+    // is still on the way), during a recovery or not (a standby head's first wiring after it
+    // took over): its loss's turn (posted) recovers it, and rewires.
+    const bool lost = recovery_ && co_await loss_follows();
     if (finished_ || lost) co_return false;
     fail(fmt::format("wiring stage {} replica {} failed: {}", int(i) % job_.pp, int(i) / job_.pp,
                      replies[i].err().message));
