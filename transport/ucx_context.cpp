@@ -40,7 +40,9 @@ ucx_context::ucx_context(context_use use, bool loopback_only) {
   // this process's only io thread for Linux's 1 s retry (3 s for two), its heartbeats with it,
   // and its peers declared it lost (4 of 4 launches with 30% of SYNs dropped). Non-blocking,
   // the connection is simply late (tests/launcher/network_faults_test).
-  ::setenv("UCX_TCP_CONN_NB", "y", /*overwrite=*/0);
+  const bool tcp_possible = t.empty() || t[0] == '^' || t.find("tcp") != std::string::npos ||
+                            t.find("all") != std::string::npos;
+  if (tcp_possible) ::setenv("UCX_TCP_CONN_NB", "y", /*overwrite=*/0);
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   if (use == context_use::messages && t.empty()) {

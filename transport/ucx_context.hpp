@@ -53,10 +53,8 @@ class ucx_worker {
   int event_fd() const;
   // One progress pass; returns how many events it completed.
   unsigned progress();
-  // The worker's own address blob (for out-of-band exchange in tests and diagnostics).
+  // The worker's own address blob, which peers make endpoints from (ucx_link's admission).
   std::vector<std::byte> address() const;
-  // Never destroyed (left for the process's exit): see ucx_link's shutdown for when.
-  void abandon() { worker_ = nullptr; }
 
  private:
   ucp_worker_h worker_ = nullptr;

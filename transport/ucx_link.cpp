@@ -72,7 +72,7 @@ ucx_link::~ucx_link() {
 }
 
 std::uint16_t ucx_link::port() const {
-  return state_->port;
+  return state_->admission->port();
 }
 
 void ucx_link::add_peer(node_id peer, const std::string& host, std::uint16_t port) {
@@ -163,7 +163,7 @@ void ucx_link::fail_connections_for_tests(node_id peer) {
   auto& s = *state_;
   std::vector<std::uint64_t> doomed;
   for (auto& [serial, c] : s.conns) {
-    if (c->admitted && c->peer == peer) doomed.push_back(serial);
+    if (c->peer == peer) doomed.push_back(serial);
   }
   for (auto serial : doomed) s.fail_connection(serial, "failed by the test");
 }
@@ -184,10 +184,8 @@ void ucx_link::say_goodbye() {
   if (detail::link_tracing()) fmt::print(stderr, "[link {}] saying goodbye\n", s.opt.self);
   for (auto& [serial, c] : s.conns) {
     // Behind what the connection holds (resends), never overtaking it.
-    if (c->admitted) {
-      s.send_when_welcomed(
-          *c, [&s](detail::connection& conn) { s.send_signal(conn, detail::am_goodbye); });
-    }
+    s.send_when_welcomed(
+        *c, [&s](detail::connection& conn) { s.send_signal(conn, detail::am_goodbye); });
   }
 }
 
@@ -256,9 +254,9 @@ result<bulk_path> ucx_link::path_to(node_id peer) {
   auto& pe = s.peers[peer];
   if (s.opt.bulk != bulk_path::automatic) return s.opt.bulk;
   if (pe.path_known) return pe.path;
-  // An outgoing endpoint is wired once the acceptor welcomed us; an accepted one is wired
-  // once the hello arrived.
-  if ((*c)->outgoing && !(*c)->welcomed) {
+  // An outgoing endpoint is wired once the acceptor welcomed us; an accepted one once the
+  // hello arrived.
+  if (!(*c)->welcomed) {
     return error{fmt::format("endpoint to node {} not wired up yet", peer)};
   }
   ucp_ep_h bulk = s.bulk_ep_of(**c);

@@ -2,14 +2,14 @@
 //
 // One UCX context and worker per process, progressed from the link's asio::io_context:
 // progress until idle, spin briefly, arm the worker, wait on (a dup of) its event fd; a safety
-// timer catches any lost wakeup. Each process listens on host:port; endpoints to peers are
-// created on demand (add_peer() gives the address) with peer error handling. The first
-// message on a connection is a hello carrying the job token and the node id: a wrong token
-// is refused (counted; the connector sees its peer lost), anything before a valid hello is
-// dropped and counted; a connection refused or closed before admission is reported on stderr
-// (rate-limited) and the listener keeps listening. Envelopes travel as active messages: small
-// ones eagerly, large ones by rendezvous straight into an aligned buffer the envelope is then
-// read from in place.
+// timer catches any lost wakeup. Each process listens on host:port with a TCP socket of its own
+// (the admission socket, ucx_link_admission.hpp): a dialler presents the job token and its UCX
+// worker addresses there and gets the acceptor's back, or is refused (a wrong token is counted;
+// the dialler sees its peer lost); both sides then make their endpoints from the addresses, with
+// peer error handling. Junk, silence and floods on that socket are closed, counted and reported
+// on stderr (rate-limited); the socket keeps listening. Envelopes travel as active messages:
+// small ones eagerly, large ones by rendezvous straight into an aligned buffer the envelope is
+// then read from in place.
 // Bulk regions (bulk.hpp) are pulled with pull(). See docs/transport.md.
 #pragma once
 
@@ -31,18 +31,20 @@ namespace moevement::transport {
 struct ucx_link_options {
   node_id self = 0;
   std::string job_token;  // required; peers presenting another token are refused
-  // Where the listener binds. A loopback address also keeps UCX's network transports on the
-  // loopback interface (ucx_context's loopback_only): nothing of the link listens elsewhere.
+  // Where the admission socket binds. A loopback address also keeps UCX's network transports on
+  // the loopback interface (ucx_context's loopback_only): nothing of the link listens elsewhere.
   std::string listen_host = "127.0.0.1";
   std::uint16_t listen_port = 0;        // 0: any free port (see ucx_link::port())
   std::chrono::microseconds spin{100};  // bound of the adaptive spin window (see pump())
   bool spin_yield = true;               // sched_yield() on each idle pass of the spin (see pump())
-  std::chrono::milliseconds safety_tick{5};       // progress at least this often, armed or not
-  std::chrono::milliseconds hello_timeout{5000};  // accepted but silent connections are closed
-  // Connections from one source address accepted and not yet admitted (no valid hello yet): a
-  // request beyond this many is refused, so that one source cannot hold more endpoints open
-  // than this for hello_timeout each. Above what a job's start makes legitimately (every
-  // process of a host dialling one peer at once: at most 256 workers and their spares).
+  std::chrono::milliseconds safety_tick{5};  // progress at least this often, armed or not
+  // An admission request must arrive whole within it (a dial gives up after it too), and an
+  // admitted connection's first message too.
+  std::chrono::milliseconds hello_timeout{5000};
+  // Admission sockets open at once from one source address: one beyond this many is closed at
+  // once, so that one source cannot hold more than this for hello_timeout each. Above what a
+  // job's start makes legitimately (every process of a host dialling one peer at once: at most
+  // 256 workers and their spares).
   std::size_t max_half_open_per_source = 512;
   std::chrono::milliseconds close_timeout{1000};  // bound on the flush at destruction
   decode_limits limits;                           // applied to every received envelope
@@ -58,11 +60,11 @@ struct ucx_link_options {
 
 // What the link counts besides link_stats.
 struct ucx_link_counters {
-  std::uint64_t refused_tokens = 0;     // hellos with a wrong job token
-  std::uint64_t bad_hellos = 0;         // hellos that were malformed or came twice
-  std::uint64_t hello_timeouts = 0;     // accepted connections closed for silence
-  std::uint64_t failed_accepts = 0;     // connection requests UCX could not make an endpoint of
-  std::uint64_t half_open_refused = 0;  // requests past max_half_open_per_source
+  std::uint64_t refused_tokens = 0;     // admission requests with a wrong job token
+  std::uint64_t bad_hellos = 0;         // admission requests not ours; hellos malformed or twice
+  std::uint64_t hello_timeouts = 0;     // admission sockets closed for silence
+  std::uint64_t failed_accepts = 0;     // worker addresses UCX could not make an endpoint of
+  std::uint64_t half_open_refused = 0;  // admission sockets past max_half_open_per_source
   std::uint64_t bulk_rejected = 0;      // pull requests we refused to serve (bad descriptor)
   std::uint64_t bulk_served = 0;        // pull requests served
   std::uint64_t pulls_ok = 0;           // our pulls that completed
@@ -94,8 +96,8 @@ struct ucx_link_counters {
 
 class ucx_link final : public link {
  public:
-  // Creates the UCX context, worker and listener. Throws with a message saying what to check
-  // when UCX cannot come up or the address cannot be bound.
+  // Creates the UCX contexts and workers and the admission socket. Throws with a message saying
+  // what to check when UCX cannot come up or the address cannot be bound.
   ucx_link(asio::io_context& io, ucx_link_options options);
   // Flushes and closes every endpoint (bounded by close_timeout). Call say_goodbye() first
   // for a clean shutdown; without it peers see a crash.
@@ -103,7 +105,7 @@ class ucx_link final : public link {
   ucx_link(const ucx_link&) = delete;
   ucx_link& operator=(const ucx_link&) = delete;
 
-  // The port the listener is bound to.
+  // The port the admission socket is bound to.
   std::uint16_t port() const;
   // Where to reach a peer; the endpoint is created on the first send or pull. Re-adding a
   // lost peer (e.g. a restarted node) makes it reachable again.

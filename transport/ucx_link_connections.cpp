@@ -27,11 +27,14 @@ connection& link_state::add_connection(ucp_ep_h ep, bool outgoing, node_id peer)
   c->serial = next_serial++;
   c->ep = ep;
   c->outgoing = outgoing;
-  c->admitted = outgoing;
   c->peer = peer;
   c->created = clock::now();
+  do {
+    c->recv_key = keys();
+  } while (c->recv_key == 0 || by_key.contains(c->recv_key));
   auto& ref = *c;
-  by_ep[ep] = c->serial;
+  if (ep != nullptr) by_ep[ep] = c->serial;
+  by_key[c->recv_key] = c->serial;
   conns[c->serial] = std::move(c);
   return ref;
 }
@@ -39,6 +42,17 @@ connection& link_state::add_connection(ucp_ep_h ep, bool outgoing, node_id peer)
 connection* link_state::find_conn(std::uint64_t serial) {
   auto it = conns.find(serial);
   return it == conns.end() ? nullptr : it->second.get();
+}
+
+void link_state::drop_conn(std::uint64_t serial) {
+  auto it = conns.find(serial);
+  if (it == conns.end()) return;
+  by_key.erase(it->second->recv_key);
+  if (it->second->dial) {
+    std::error_code ignored;
+    it->second->dial->close(ignored);  // gives the admission exchange up
+  }
+  conns.erase(it);
 }
 
 ucp_ep_params_t link_state::ep_params() {
@@ -50,66 +64,105 @@ ucp_ep_params_t link_state::ep_params() {
   return p;
 }
 
-void link_state::on_conn_request(ucp_conn_request_h request, void* arg) {
-  auto* s = static_cast<link_state*>(arg);
-  // Endpoints are not created inside progress; the accept runs as a posted handler.
-  asio::post(s->io, [w = s->weak_from_this(), request, listener = s->listener] {
-    auto st = w.lock();
-    if (!st || st->dying || st->said_goodbye) {  // leaving: as for a dial, nothing new
-      if (st) ucp_listener_reject(listener, request);
-      return;
-    }
-    st->accept(request);
-  });
-}
-
-std::string link_state::source_of(const std::string& from) {
-  return from.substr(0, std::min(from.rfind(':'), from.size()));
-}
-
-std::size_t link_state::half_open_from(const std::string& source) const {
-  std::size_t n = 0;
-  for (const auto& [serial, c] : conns) {
-    n += !c->outgoing && !c->admitted && source_of(c->from) == source;
-  }
-  return n;
-}
-
-void link_state::accept(ucp_conn_request_h request) {
-  const std::string from = client_of(request);  // before ucp_ep_create, which frees it
-  if (half_open_from(source_of(from)) >= opt.max_half_open_per_source) {
-    ucp_listener_reject(listener, request);  // frees the request; the listener listens on
-    ++counters.half_open_refused;
-    report_refusal(counters.half_open_refused, from,
-                   fmt::format("{} connections from it not admitted yet (the limit)",
-                               opt.max_half_open_per_source));
-    return;
-  }
+ucp_ep_h link_state::ep_to(const std::vector<std::byte>& address) {
   ucp_ep_params_t p = ep_params();
-  p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
-  p.conn_request = request;
+  p.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  p.address = reinterpret_cast<const ucp_address_t*>(address.data());
   ucp_ep_h ep = nullptr;
-  if (const ucs_status_t st = ucp_ep_create(worker.handle(), &p, &ep); st != UCS_OK) {
-    // Not a client of ours (bytes that framed as a UCX request, another UCX). Nothing to
-    // close: UCX 1.13 has rejected and freed the request on every failing path but one (an
-    // unknown request version, which it leaks), so a reject here would free it twice. The
-    // listener is untouched and keeps listening.
-    ++counters.failed_accepts;
-    report_refusal(counters.failed_accepts, from,
-                   fmt::format("not a UCX client of this link ({})", ucs_status_string(st)));
-    return;
-  }
-  auto& c = add_connection(ep, /*outgoing=*/false, 0);
-  c.from = from;
-  LINK_TRACE("accepted conn {} from {}", c.serial, from);
-  kick();
+  if (ucp_ep_create(worker.handle(), &p, &ep) != UCS_OK) return nullptr;
+  return ep;
 }
 
-std::string link_state::client_of(ucp_conn_request_h request) {
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(request, &attr) != UCS_OK) return "?";
-  return address_text(attr.client_address);
+admission_reply link_state::admit(const admission_request& request, const std::string& from) {
+  admission_reply reply;
+  reply.node = opt.self;
+  // Leaving: a peer's dial that got here late (a dropped SYN tried again) is not let in.
+  if (dying || said_goodbye) {
+    reply.verdict = admission_verdict::leaving;
+    return reply;
+  }
+  if (!same_token(opt.job_token, request.token.data(), request.token.size())) {
+    ++counters.refused_tokens;
+    ++stats.malformed;
+    report_refusal(counters.refused_tokens, from, "wrong job token");
+    reply.verdict = admission_verdict::wrong_token;
+    return reply;
+  }
+  // Used only now that the token is right: a job member's own worker address.
+  ucp_ep_h ep = ep_to(request.message_address);
+  if (ep == nullptr) {
+    ++counters.failed_accepts;
+    report_refusal(counters.failed_accepts, from, "a worker address UCX cannot reach");
+    reply.verdict = admission_verdict::unusable;
+    return reply;
+  }
+  connection& c = add_connection(ep, /*outgoing=*/false, request.node);
+  c.send_key = request.key;
+  c.bulk_address = request.bulk_address;
+  LINK_TRACE("admitted node {} from {} on conn {}", request.node, from, c.serial);
+  auto& pe = peers[request.node];
+  if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
+  // We send on the newest connection the peer dialled: a peer that dials again has given up
+  // the one before (which may look alive from here: a shared-memory endpoint whose other
+  // end closed reports nothing). What it has not acknowledged goes first, after its hello;
+  // copies it already has are dropped there.
+  pe.send_conn = c.serial;
+  resend_unacked(c);
+  reply.message_address = message_address;
+  reply.bulk_address = bulk_address;
+  reply.key = c.recv_key;
+  kick();
+  return reply;
+}
+
+void link_state::refused_admission(admission_refusal why, const std::string& from) {
+  switch (why) {
+    case admission_refusal::malformed:
+      ++counters.bad_hellos;
+      report_refusal(counters.bad_hellos, from, "not a hello of this link");
+      return;
+    case admission_refusal::timeout:
+      ++counters.hello_timeouts;
+      report_refusal(counters.hello_timeouts, from, "no hello within hello_timeout");
+      return;
+    case admission_refusal::half_open:
+      ++counters.half_open_refused;
+      report_refusal(counters.half_open_refused, from,
+                     fmt::format("{} connections from it not admitted yet (the limit)",
+                                 opt.max_half_open_per_source));
+      return;
+  }
+}
+
+void link_state::on_admission_reply(std::uint64_t serial, result<admission_reply> reply) {
+  connection* c = find_conn(serial);
+  if (c == nullptr || dying) return;  // given up meanwhile
+  c->dial.reset();
+  const node_id peer = c->peer;
+  if (!reply.ok()) return fail_connection(serial, reply.err().message);
+  switch (reply->verdict) {
+    case admission_verdict::admitted:
+      break;
+    case admission_verdict::wrong_token:
+      return lose_peer(peer, peer_loss::refused, "refused by the peer: wrong job token");
+    case admission_verdict::leaving:
+      return fail_connection(serial, "the peer is leaving");
+    case admission_verdict::unusable:
+      return fail_connection(serial, "the peer cannot reach this node's worker address");
+  }
+  if (reply->node != peer) {
+    return fail_connection(serial, fmt::format("node {} answered at node {}'s address (is another "
+                                               "job listening there?)",
+                                               reply->node, peer));
+  }
+  ucp_ep_h ep = ep_to(reply->message_address);
+  if (ep == nullptr) return fail_connection(serial, "UCX cannot reach the peer's worker address");
+  c->ep = ep;
+  by_ep[ep] = serial;
+  c->send_key = reply->key;
+  c->bulk_address = std::move(reply->bulk_address);
+  LINK_TRACE("admitted by node {} on conn {}", peer, serial);
+  send_control(*c, am_hello, hello_header{wire_magic, wire_version, opt.self});
 }
 
 void link_state::report_refusal(std::uint64_t count, const std::string& from,
@@ -128,38 +181,24 @@ result<connection*> link_state::connection_to(node_id peer) {
   if (pe.lost) return error{fmt::format("node {} is lost; re-add it once it is back", peer)};
   if (auto* c = find_conn(pe.send_conn)) return c;
   if (!pe.addressed) return error{fmt::format("no address for node {}", peer)};
-  // Leaving: no new connection. One still being set up when the worker goes leaves UCX 1.13's
-  // connection manager a handler that its async thread then runs on freed memory.
   if (said_goodbye) return error{fmt::format("not dialling node {}: this node is leaving", peer)};
-  socklen_t len = 0;
-  sockaddr_storage ss{};
+  asio::ip::tcp::endpoint to;
   try {
-    ss = resolve(pe.host, pe.port, len);
+    socklen_t len = 0;
+    const sockaddr_storage ss = resolve(pe.host, pe.port, len);
+    std::memcpy(to.data(), &ss, len);
+    to.resize(len);
   } catch (const std::exception& e) {
     return error{e.what()};
   }
-  ucp_ep_params_t p = ep_params();
-  p.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-  p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-  p.sockaddr.addrlen = len;
-  ucp_ep_h ep = nullptr;
-  if (const ucs_status_t st = ucp_ep_create(worker.handle(), &p, &ep); st != UCS_OK) {
-    return error{fmt::format("cannot connect to node {} at {}:{}: {}", peer, pe.host, pe.port,
-                             ucs_status_string(st))};
-  }
-  connection& c = add_connection(ep, /*outgoing=*/true, peer);
+  connection& c = add_connection(nullptr, /*outgoing=*/true, peer);
   pe.send_conn = c.serial;
-  LINK_TRACE("connecting to node {} on conn {}", peer, c.serial);
-  auto token = std::make_shared<std::string>(opt.job_token);
-  token->append(reinterpret_cast<const char*>(bulk_address.data()), bulk_address.size());
-  hello_header h{wire_magic,
-                 wire_version,
-                 opt.self,
-                 static_cast<std::uint32_t>(opt.job_token.size()),
-                 static_cast<std::uint32_t>(bulk_address.size()),
-                 0};
-  send_control(c, am_hello, h, token->data(), token->size(), token);
+  LINK_TRACE("dialling node {} at {}:{} on conn {}", peer, pe.host, pe.port, c.serial);
+  admission_request request{opt.self, opt.job_token, message_address, bulk_address, c.recv_key};
+  c.dial = admission_dial(io, to, request, opt.hello_timeout,
+                          [w = weak_from_this(), serial = c.serial](result<admission_reply> r) {
+                            if (auto s = w.lock()) s->on_admission_reply(serial, std::move(r));
+                          });
   resend_unacked(c);
   return &c;
 }
@@ -189,6 +228,7 @@ ucp_ep_h link_state::bulk_ep_of(connection& c) {
 }
 
 void link_state::close_ep(ucp_ep_h ep, bool force) {
+  if (ep == nullptr) return;  // an outgoing connection still being admitted
   by_ep.erase(ep);
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -198,28 +238,32 @@ void link_state::close_ep(ucp_ep_h ep, bool force) {
   kick();
 }
 
+void link_state::close_conn(connection& c, bool force, bool tell) {
+  if (tell && c.ep != nullptr && !said_goodbye) send_signal(c, am_closed);
+  close_bulk(c, force);
+  close_ep(c.ep, force);
+  c.ep = nullptr;
+}
+
 void link_state::fail_connection(std::uint64_t serial, const std::string& detail) {
   connection* c = find_conn(serial);
   if (c == nullptr) return;
-  const bool admitted = c->admitted;
   const node_id peer = c->peer;
   const bool refused = c->outgoing && !c->welcomed;  // our dial: the peer never answered
-  LINK_TRACE("failing conn {} (node {}, admitted {}): {}", serial, peer, admitted, detail);
-  close_bulk(*c, /*force=*/true);
-  close_ep(c->ep, /*force=*/true);
-  conns.erase(serial);
+  LINK_TRACE("failing conn {} (node {}): {}", serial, peer, detail);
+  close_conn(*c, /*force=*/true);
+  drop_conn(serial);
   drop_grants(serial);
   fail_waiting_pulls(serial, detail);
-  if (!admitted) return;
   // Another connection to that peer still works (one each way, or a redial overtook this
   // failure): the peer is not lost; its messages go on there, what was unacked first.
   for (auto& [other, oc] : conns) {
-    if (!oc->admitted || oc->peer != peer) continue;
+    if (oc->peer != peer) continue;
     auto& pe = peers[peer];
     if (find_conn(pe.send_conn) == nullptr) {
       pe.send_conn = other;
       resend_unacked(*oc);
-      if (!oc->outgoing || oc->welcomed) post_release_held(other);  // else at the welcome
+      if (oc->welcomed) post_release_held(other);  // else at the welcome (or hello)
     }
     return;
   }
@@ -249,12 +293,11 @@ void link_state::lose_peer(node_id peer, peer_loss why, const std::string& detai
   }
   std::vector<std::uint64_t> doomed;
   for (auto& [serial, c] : conns) {
-    if (c->admitted && c->peer == peer) doomed.push_back(serial);
+    if (c->peer == peer) doomed.push_back(serial);
   }
   for (auto serial : doomed) {
-    close_bulk(*conns[serial], why != peer_loss::goodbye);
-    close_ep(conns[serial]->ep, why != peer_loss::goodbye);
-    conns.erase(serial);
+    close_conn(*conns[serial], why != peer_loss::goodbye, why != peer_loss::goodbye);
+    drop_conn(serial);
     drop_grants(serial);
     fail_waiting_pulls(serial, detail);
   }
@@ -271,16 +314,13 @@ void link_state::check_hello_timeouts() {
   const auto now = clock::now();
   std::vector<std::uint64_t> silent;
   for (auto& [serial, c] : conns) {
-    if (!c->outgoing && !c->admitted && now - c->created > opt.hello_timeout) {
-      silent.push_back(serial);
-    }
+    // Admitted over TCP but no first message on the endpoints: UCX could not connect them
+    // (outgoing: the admission exchange has its own deadline before).
+    const auto limit = c->outgoing ? 2 * opt.hello_timeout : opt.hello_timeout;
+    if (!c->welcomed && now - c->created > limit) silent.push_back(serial);
   }
   for (auto serial : silent) {
-    ++counters.hello_timeouts;
-    if (const connection* c = find_conn(serial)) {
-      report_refusal(counters.hello_timeouts, c->from, "no hello within hello_timeout");
-    }
-    fail_connection(serial, "no hello within the timeout");
+    fail_connection(serial, "admitted, but no first message on the endpoints in time");
   }
 }
 

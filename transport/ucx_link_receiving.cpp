@@ -13,47 +13,49 @@ ucs_status_t link_state::receive(am_id id, const void* header, std::size_t heade
                                  std::size_t len, const ucp_am_recv_param_t* param) {
   last_activity = clock::now();
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) {
-    ++stats.malformed;  // we cannot tell who sent it
+  std::uint64_t key = 0;
+  if (header_len < key_bytes) {
+    ++stats.malformed;  // we cannot tell which connection it came on
     return UCS_OK;      // drops it (a rendezvous is completed empty for the sender)
   }
-  auto it = by_ep.find(param->reply_ep);
-  if (it == by_ep.end()) {
-    LINK_TRACE("am {} on an unknown endpoint dropped", unsigned(id));
-    return UCS_OK;  // a connection being closed
+  std::memcpy(&key, header, key_bytes);
+  header = static_cast<const std::byte*>(header) + key_bytes;
+  header_len -= key_bytes;
+  auto it = by_key.find(key);
+  if (it == by_key.end()) {
+    LINK_TRACE("am {} on an unknown connection dropped", unsigned(id));
+    return UCS_OK;  // a connection closed meanwhile
   }
   connection& c = *conns.at(it->second);
-  if (id == am_hello) return on_hello(c, header, header_len, data, len, rndv);
-  if (!c.admitted) {
-    LINK_TRACE("am {} before the hello on conn {} dropped", unsigned(id), c.serial);
-    ++stats.malformed;  // nothing but a hello is accepted before admission
-    return UCS_OK;
-  }
   switch (id) {
+    case am_hello:
+      return on_hello(c, header, header_len, len, rndv);
     case am_welcome: {
-      welcome_header h{};
-      if (!c.outgoing || rndv || !read_header(header, header_len, h) || h.magic != wire_magic ||
-          h.node != c.peer || h.address_bytes != len || len > max_address_bytes) {
+      hello_header h{};
+      if (!c.outgoing || c.welcomed || rndv || !read_header(header, header_len, h) ||
+          h.magic != wire_magic || h.version != wire_version || h.node != c.peer || len != 0) {
         ++stats.malformed;
         post_fail(c.serial, "bad welcome (is another node listening at that address?)");
         return UCS_OK;
       }
       c.welcomed = true;
-      c.bulk_address.assign(static_cast<const std::byte*>(data),
-                            static_cast<const std::byte*>(data) + len);
       LINK_TRACE("welcomed by node {} on conn {}", c.peer, c.serial);
-      if (!c.held.empty()) {  // not inside progress: sends go out from a posted handler
-        asio::post(io, [w = weak_from_this(), serial = c.serial] {
-          if (auto st = w.lock()) st->release_held(serial);
-        });
-      }
+      if (!c.held.empty()) post_release_held(c.serial);  // not inside progress
       return UCS_OK;
     }
-    case am_refused:
-      if (c.outgoing) {
-        post_lose(c.peer, peer_loss::refused, "refused by the peer: wrong job token");
-      }
+    case am_closed:
+      LINK_TRACE("node {} closed conn {}", c.peer, c.serial);
+      post_fail(c.serial, "the peer closed the connection");
       return UCS_OK;
+    default:
+      break;
+  }
+  if (!c.welcomed) {
+    LINK_TRACE("am {} before the first message on conn {} dropped", unsigned(id), c.serial);
+    ++stats.malformed;  // the peer sends nothing else before it
+    return UCS_OK;
+  }
+  switch (id) {
     case am_envelope:
       return on_envelope(c, header, header_len, data, len, rndv);
     case am_ack: {
@@ -118,69 +120,28 @@ ucs_status_t link_state::receive(am_id id, const void* header, std::size_t heade
 }
 
 ucs_status_t link_state::on_hello(connection& c, const void* header, std::size_t header_len,
-                                  const void* data, std::size_t len, bool rndv) {
+                                  std::size_t len, bool rndv) {
   hello_header h{};
-  if (c.admitted) {  // a second hello (or one on our own connection): ignored, counted
+  if (c.outgoing || c.welcomed) {  // a second hello (or one on our own connection): ignored
     ++counters.bad_hellos;
     ++stats.malformed;
     return UCS_OK;
   }
-  if (c.outgoing || rndv || !read_header(header, header_len, h) || h.magic != wire_magic ||
-      h.version != wire_version || h.token_bytes > max_token_bytes ||
-      h.address_bytes > max_address_bytes || std::size_t{h.token_bytes} + h.address_bytes != len) {
+  if (rndv || len != 0 || !read_header(header, header_len, h) || h.magic != wire_magic ||
+      h.version != wire_version || h.node != c.peer) {
     ++counters.bad_hellos;
     ++stats.malformed;
-    report_refusal(counters.bad_hellos, c.from, "malformed hello");
     post_fail(c.serial, "bad hello");
     return UCS_OK;
   }
-  if (!same_token(opt.job_token, data, h.token_bytes)) {
-    ++counters.refused_tokens;
-    ++stats.malformed;
-    report_refusal(counters.refused_tokens, c.from, "wrong job token");
-    const std::uint64_t serial = c.serial;
-    asio::post(io, [w = weak_from_this(), serial] {
-      auto s = w.lock();
-      if (!s) return;
-      if (connection* conn = s->find_conn(serial)) {
-        s->send_signal(*conn, am_refused);
-        s->close_ep(conn->ep, /*force=*/false);  // flushes the refusal first
-        s->conns.erase(serial);
-      }
-    });
-    return UCS_OK;
-  }
-  if (said_goodbye) {
-    // Leaving: a peer's dial that got here late (a dropped SYN tried again) is not welcomed.
-    // A welcome queued on an endpoint still wiring up is what UCX 1.13 aborts on when the
-    // worker then goes ("pending request ... should have been flushed").
-    post_fail(c.serial, "this node is leaving");
-    return UCS_OK;
-  }
-  c.admitted = true;
-  c.peer = h.node;
-  // Used only now that the token is right: a job member's own worker address.
-  c.bulk_address.assign(static_cast<const std::byte*>(data) + h.token_bytes,
-                        static_cast<const std::byte*>(data) + len);
+  c.welcomed = true;
   LINK_TRACE("hello from node {} on conn {}", h.node, c.serial);
-  auto& pe = peers[h.node];
-  if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
   const std::uint64_t serial = c.serial;
-  // We send on the newest connection the peer dialled: a peer that dials again has given up
-  // the one before (which may look alive from here: a shared-memory endpoint whose other
-  // end closed reports nothing). What it has not acknowledged goes first, after the welcome;
-  // copies it already has are dropped there.
-  pe.send_conn = c.serial;
-  resend_unacked(c);
-  asio::post(io, [w = weak_from_this(), serial] {
+  asio::post(io, [w = weak_from_this(), serial] {  // sends go out from a posted handler
     auto s = w.lock();
     if (!s) return;
     if (connection* conn = s->find_conn(serial)) {
-      auto address = std::make_shared<std::vector<std::byte>>(s->bulk_address);
-      s->send_control(*conn, am_welcome,
-                      welcome_header{wire_magic, wire_version, s->opt.self,
-                                     static_cast<std::uint32_t>(address->size())},
-                      address->data(), address->size(), address);
+      s->send_control(*conn, am_welcome, hello_header{wire_magic, wire_version, s->opt.self});
       s->release_held(serial);
     }
   });
@@ -311,7 +272,7 @@ void link_state::deliver(std::uint64_t serial) {
     c = find_conn(serial);  // the handler may have forgotten the peer
   }
   // Nothing of ours carried the acknowledgement back for a while: an explicit one.
-  if (c != nullptr && c->admitted && book.ack_due(c->peer)) {
+  if (c != nullptr && book.ack_due(c->peer)) {
     ++counters.acks_sent;
     const auto ack = book.ack_header(c->peer);
     send_when_welcomed(*c, [this, ack](connection& conn) { send_control(conn, am_ack, ack); });

@@ -47,21 +47,6 @@ bool on_loopback(const std::string& host) {
   return ss.ss_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&a6->sin6_addr);
 }
 
-std::string address_text(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    return fmt::format("{}:{}", host, ntohs(a->sin_port));
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    return fmt::format("[{}]:{}", host, ntohs(a->sin6_port));
-  }
-  return host;
-}
-
 void link_state::start() {
   const int dup_fd = dup_cloexec(worker.event_fd());
   if (dup_fd < 0) throw std::runtime_error("dup of the UCX worker event fd failed");
@@ -86,24 +71,16 @@ void link_state::start() {
     check_status(ucp_worker_set_am_recv_handler(worker.handle(), &p),
                  "ucp_worker_set_am_recv_handler");
   }
-  socklen_t len = 0;
-  sockaddr_storage ss = resolve(opt.listen_host, opt.listen_port, len);
-  ucp_listener_params_t lp{};
-  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-  lp.sockaddr.addrlen = len;
-  lp.conn_handler.cb = &on_conn_request;
-  lp.conn_handler.arg = this;
-  check_status(ucp_listener_create(worker.handle(), &lp, &listener),
-               fmt::format("listening on {}:{}", opt.listen_host, opt.listen_port));
-  ucp_listener_attr_t attr{};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  check_status(ucp_listener_query(listener, &attr), "ucp_listener_query");
-  if (attr.sockaddr.ss_family == AF_INET) {
-    port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  } else {
-    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
-  }
+  message_address = worker.address();
+  admission = admission_listener::start(
+      io, opt.listen_host, opt.listen_port, {opt.hello_timeout, opt.max_half_open_per_source},
+      [w = weak_from_this(), self = opt.self](const admission_request& r, const std::string& from) {
+        if (auto s = w.lock()) return s->admit(r, from);
+        return admission_reply{self, admission_verdict::leaving, {}, {}, 0};
+      },
+      [w = weak_from_this()](admission_refusal why, const std::string& from) {
+        if (auto s = w.lock()) s->refused_admission(why, from);
+      });
   schedule_tick();
   kick();
 }
@@ -331,17 +308,26 @@ result<void> link_state::send_am(connection& c, am_id id, const void* header,
                                  std::size_t header_len, const void* data, std::size_t len,
                                  std::shared_ptr<void> keep, std::function<void(ucs_status_t)> done,
                                  ucp_mem_h memh) {
+  if (c.ep == nullptr || header_len > max_header_bytes - key_bytes) {
+    ++stats.send_errors;
+    return error{fmt::format("sending to node {} failed: no endpoint yet, or a header of {} bytes",
+                             c.peer, header_len)};
+  }
   auto p = std::make_unique<pending_request>();
   p->keep = std::move(keep);
   p->done = std::move(done);
+  // The receiver tells its connections apart by the key (not by the endpoint: ours to it is
+  // one of two, each made from a worker address).
+  std::memcpy(p->header.data(), &c.send_key, key_bytes);
+  if (header_len > 0) std::memcpy(p->header.data() + key_bytes, header, header_len);
+  const void* full_header = p->header.data();
   ucp_request_param_t param = request_params(p.get());
-  param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver learns which endpoint it came on
   if (memh != nullptr) {
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     param.memh = memh;
   }
-  ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, id, header, header_len, data, len, &param);
+  ucs_status_ptr_t r =
+      ucp_am_send_nbx(c.ep, id, full_header, key_bytes + header_len, data, len, &param);
   last_activity = clock::now();  // an answer may follow soon: worth a spin
   if (UCS_PTR_IS_ERR(r)) {
     ++stats.send_errors;
@@ -453,7 +439,7 @@ void link_state::release_held(std::uint64_t serial) {
 }
 
 void link_state::send_when_welcomed(connection& c, std::function<void(connection&)> send) {
-  if ((c.outgoing && !c.welcomed) || !c.held.empty()) {
+  if (!c.welcomed || !c.held.empty()) {
     ++counters.held_sends;
     c.held.push_back(std::move(send));
     return;
@@ -489,17 +475,17 @@ void link_state::shutdown() {
   // falls back to a local disconnect, after a send error, with a request still listed on
   // the endpoint. Seen at the end of a job whose peers were exiting at the same time.
   drain(opt.close_timeout);
-  // A connection still being set up (no welcome yet: a dial whose SYN was dropped, to a peer
-  // that may be gone) has nothing to flush but its hello; it is closed by force, which fails
-  // what waits on it. Flushing it left the hello pending on a wireup endpoint, and
+  // A connection still being set up (no first message from the other end yet, to a peer that
+  // may be gone) has nothing to flush but its hello or welcome; it is closed by force, which
+  // fails what waits on it. Flushing it left the message pending on a wireup endpoint, and
   // ucp_worker_destroy then aborts ("pending request ... should have been flushed").
-  bool dialling = false;
+  if (admission) admission->close();
   for (auto& [serial, c] : conns) {
-    dialling = dialling || (c->outgoing && !c->welcomed);
-    close_bulk(*c, /*force=*/false);
-    close_ep(c->ep, /*force=*/c->outgoing && !c->welcomed);
+    if (c->dial) c->dial->close(ignored);
+    close_conn(*c, /*force=*/!c->welcomed);
   }
   conns.clear();
+  by_key.clear();
   drain(opt.close_timeout);
   // What the flush did not finish in time (a peer that vanished) is cancelled: UCX must see
   // every request released before the worker goes.
@@ -516,7 +502,6 @@ void link_state::shutdown() {
     }
   }
   pulls.clear();
-  if (listener != nullptr) ucp_listener_destroy(listener);
   // Memory the link allocated that a bulk_region still holds stays mapped (its handle is
   // let go, not unmapped) until the process exits: a thread still writing it (a capture
   // finishing while the worker shuts down) must not fault. Other registrations are only
@@ -538,14 +523,6 @@ void link_state::shutdown() {
   // A handle let go still holds UCX's registration cache entry of that memory, and
   // ucp_cleanup asserts on it: the bulk context is then left for the process's exit.
   if (let_go) bulk_context.abandon();
-  // A dial still unanswered (its SYN dropped): UCX 1.13's TCP connection manager keeps the
-  // endpoint's socket handlers registered past its forced close, and its async thread then
-  // ran them on the destroyed worker (a segfault at the exit of 1 in 6 workers under 30%
-  // SYN loss). Such a worker and its context are left for the process's exit.
-  if (dialling) {
-    worker.abandon();
-    context.abandon();
-  }
 }
 
 }  // namespace moevement::transport::detail

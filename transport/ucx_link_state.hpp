@@ -32,6 +32,7 @@
 #include "transport/delivery_book.hpp"
 #include "transport/shared_memory.hpp"
 #include "transport/ucx_context.hpp"
+#include "transport/ucx_link_admission.hpp"
 
 #include "transport/ucx_link.hpp"
 
@@ -47,40 +48,39 @@ inline bool link_tracing() {
   return on;
 }
 
-// Active message ids of the link's own protocol.
+// Active message ids of the link's own protocol. Each message's UCX header starts with the
+// receiver's key for the connection (connection::send_key), then the header named here.
 enum am_id : unsigned {
-  am_hello = 1,     // header hello_header, data: the job token, then the bulk worker address
-  am_welcome,       // header welcome_header, data: the acceptor's bulk worker address
-  am_refused,       // no payload: the acceptor refused our token
-  am_envelope,      // header delivery_book::header, data: one serialized envelope
-  am_goodbye,       // no payload: the sender is shutting down cleanly
-  am_bulk_request,  // header bulk_request_header
-  am_bulk_data,     // header bulk_reply_header, data: the bytes (rendezvous when large)
-  am_bulk_rkey,     // header bulk_reply_header, data: the packed rkey
-  am_bulk_error,    // header bulk_reply_header (code says why)
-  am_bulk_lease,    // header bulk_lease_header, data: the packed rkey (a lease on the region)
-  am_bulk_revoke,   // header region_header: the exporter withdrew a region we hold a lease on
-  am_bulk_release,  // header region_header: the importer gives one lease back
-  am_ack,           // header delivery_book::header: envelopes handed on (delivery_book.hpp)
+  am_hello = 1,          // header hello_header: the dialler's first message on its endpoint
+  am_welcome = 2,        // header hello_header: the acceptor's first, answering the hello
+  am_closed = 3,         // no payload: the sender closed its end (the receiver fails its own)
+  am_envelope = 4,       // header delivery_book::header, data: one serialized envelope
+  am_goodbye = 5,        // no payload: the sender is shutting down cleanly
+  am_bulk_request = 6,   // header bulk_request_header
+  am_bulk_data = 7,      // header bulk_reply_header, data: the bytes (rendezvous when large)
+  am_bulk_rkey = 8,      // header bulk_reply_header, data: the packed rkey
+  am_bulk_error = 9,     // header bulk_reply_header (code says why)
+  am_bulk_lease = 10,    // header bulk_lease_header, data: the packed rkey (a lease on the region)
+  am_bulk_revoke = 11,   // header region_header: the exporter withdrew a region we hold a lease on
+  am_bulk_release = 12,  // header region_header: the importer gives one lease back
+  am_ack = 13,           // header delivery_book::header: envelopes handed on (delivery_book.hpp)
 };
-constexpr am_id all_am_ids[] = {am_hello,      am_welcome,      am_refused,     am_envelope,
+constexpr am_id all_am_ids[] = {am_hello,      am_welcome,      am_closed,      am_envelope,
                                 am_goodbye,    am_bulk_request, am_bulk_data,   am_bulk_rkey,
                                 am_bulk_error, am_bulk_lease,   am_bulk_revoke, am_bulk_release,
                                 am_ack};
 
 constexpr std::uint32_t wire_magic = 0x56454f4d;  // "MOEV"
-constexpr std::uint32_t wire_version = 5;
-constexpr std::size_t max_token_bytes = 256;
-constexpr std::size_t max_address_bytes = 8192;  // a UCX worker address is a few hundred
-constexpr std::size_t host_tag_bytes = 8;        // leads the bulk address, see bulk_ep_of
+constexpr std::uint32_t wire_version = 6;
+constexpr std::size_t max_token_bytes = admission_max_token;
+constexpr std::size_t host_tag_bytes = 8;  // leads the bulk address, see bulk_ep_of
+constexpr std::size_t key_bytes = sizeof(std::uint64_t);
+constexpr std::size_t max_header_bytes = 64;  // a key and the largest header of the protocol
 
 constexpr std::size_t max_rkey_bytes = 4096;
 
 struct hello_header {
-  std::uint32_t magic, version, node, token_bytes, address_bytes, reserved;
-};
-struct welcome_header {
-  std::uint32_t magic, version, node, address_bytes;
+  std::uint32_t magic, version, node;
 };
 struct bulk_request_header {
   std::uint64_t request, region, offset, length;
@@ -135,9 +135,6 @@ sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t&
 
 // Whether the listener's address is a loopback one (then every peer is on this host).
 bool on_loopback(const std::string& host);
-
-// "host:port" of a connecting client, for the refusal reports.
-std::string address_text(const sockaddr_storage& ss);
 
 // A dup of `fd` that is closed on exec: our copies of UCX's event fds are not a child's.
 inline int dup_cloexec(int fd) {
@@ -212,25 +209,31 @@ struct lease {
 
 struct connection {
   std::uint64_t serial = 0;
-  ucp_ep_h ep = nullptr;  // messages (on the link's message worker)
+  // Messages (on the link's message worker), made from the peer's worker address once the
+  // admission exchange is done; nullptr while an outgoing one is still being admitted.
+  ucp_ep_h ep = nullptr;
+  std::uint64_t recv_key = 0;  // ours: the peer's messages on this connection start with it
+  std::uint64_t send_key = 0;  // the peer's: ours start with it
+  std::shared_ptr<asio::ip::tcp::socket> dial;  // outgoing: the admission exchange under way
   // RMA reads from the peer's bulk worker, created on first use from the address the peer
   // sent in its hello or welcome (known only once it is admitted).
   ucp_ep_h bulk_ep = nullptr;
   std::vector<std::byte> bulk_address;
   bool outgoing = false;
-  bool admitted = false;  // outgoing: from the start; incoming: after a valid hello
-  bool welcomed = false;  // outgoing: the acceptor admitted us (the endpoint is wired)
+  // The first message arrived from the other end (outgoing: the welcome; incoming: the
+  // hello): both endpoints work, and what was held goes out.
+  bool welcomed = false;
   node_id peer = 0;
-  std::string from;  // incoming: the client's address, for the refusal reports
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;
   bool deliver_posted = false;  // one deliver() handler at a time, however many arrive
-  // Outgoing: everything but the hello (envelopes, pull requests) issued before the welcome,
-  // sent in order once it arrives. UCX 1.13 on shared memory fails sends queued while the
-  // endpoint is wiring up (measured: "Invalid am_short_iov length: 168 (expected: <= 100)",
-  // the message lost) when several go out back to back on a fresh endpoint, and it may deliver
-  // a message sent after the hello before it (seen: a pull request overtook the hello, the
-  // acceptor dropped it as unadmitted and the pull never completed: a silent job stall).
+  // Everything (envelopes, pull requests) issued before the welcome (incoming: the hello), sent
+  // in order once it arrives; a connection's first message goes out alone. UCX 1.13 on shared
+  // memory fails sends queued while the endpoint is wiring up (measured: "Invalid am_short_iov
+  // length: 168 (expected: <= 100)", the message lost) when several go out back to back on a fresh
+  // endpoint, and it may deliver a message sent after the hello before it (seen: a pull request
+  // overtook the hello, the acceptor dropped it as unadmitted and the pull never completed: a
+  // silent job stall).
   std::deque<std::function<void(connection&)>> held;
   // Unpacked rkeys by region id: unpacking (and, on shared memory, mapping the segment and
   // faulting its pages in) costs more than a pull of megabytes.
@@ -276,6 +279,8 @@ struct pull_op {
 struct pending_request {
   std::function<void(ucs_status_t)> done;
   std::shared_ptr<void> keep;  // whatever the request reads from or writes to
+  // A send's UCX header (the receiver's key, then the message's own), valid until completion.
+  std::array<std::byte, max_header_bytes> header;
   // UCX may run the callback inside the call that starts the request (seen with
   // ucp_am_recv_data_nbx on a failed endpoint); track() then finishes it.
   bool issued = false;
@@ -319,8 +324,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   ucx_worker bulk_worker;
   ucx_context context;
   ucx_worker worker;
-  std::vector<std::byte> bulk_address;  // bulk_worker's, sent to every peer we admit or join
-  ucp_listener_h listener = nullptr;
+  std::vector<std::byte> bulk_address;     // bulk_worker's, sent to every peer we admit or join
+  std::vector<std::byte> message_address;  // worker's, likewise
+  std::shared_ptr<admission_listener> admission;
   std::uint16_t port = 0;
   asio::posix::stream_descriptor fd;
   asio::posix::stream_descriptor bulk_fd;
@@ -345,6 +351,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::uint64_t next_serial = 1;
   std::map<std::uint64_t, std::unique_ptr<connection>> conns;
   std::unordered_map<ucp_ep_h, std::uint64_t> by_ep;
+  std::unordered_map<std::uint64_t, std::uint64_t> by_key;  // recv_key -> serial
+  std::mt19937_64 keys{std::random_device{}()};
   std::unordered_map<ucp_ep_h, std::uint64_t> by_bulk_ep;
   std::map<node_id, peer_entry> peers;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
@@ -478,18 +486,20 @@ struct link_state : std::enable_shared_from_this<link_state> {
 
   ucp_ep_params_t ep_params();
 
-  static void on_conn_request(ucp_conn_request_h request, void* arg);
+  // An endpoint (with peer error handling) to a worker address a peer sent; nullptr if UCX
+  // cannot make one of it.
+  ucp_ep_h ep_to(const std::vector<std::byte>& address);
 
-  // The address part of "host:port" (or "[v6]:port").
-  static std::string source_of(const std::string& from);
+  // The acceptor's side of an admission: a new incoming connection, or why not.
+  admission_reply admit(const admission_request& request, const std::string& from);
+  void refused_admission(admission_refusal why, const std::string& from);
+  // The dialler's side: the acceptor's answer (or the dial's failure) for connection `serial`.
+  void on_admission_reply(std::uint64_t serial, result<admission_reply> reply);
 
-  std::size_t half_open_from(const std::string& source) const;
+  // Forgets a connection whose endpoints are closed already.
+  void drop_conn(std::uint64_t serial);
 
-  void accept(ucp_conn_request_h request);
-
-  static std::string client_of(ucp_conn_request_h request);
-
-  // Connections refused or closed before admission are not the job's own traffic (another
+  // Connections refused by the admission socket are not the job's own traffic (another
   // job, a stale token, a port scanner): said on stderr for the 1st, 2nd, 4th, 8th... of each
   // kind, with the count so far, so that a flood of them cannot flood the log.
   void report_refusal(std::uint64_t count, const std::string& from, const std::string& why);
@@ -518,6 +528,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   }
 
   void close_ep(ucp_ep_h ep, bool force);
+  // Closes c's endpoints. Unless it is leaving or told us it is, its peer is told first
+  // (am_closed): each side sends on an endpoint of its own, so closing ours alone would leave
+  // the peer sending into a connection we dropped.
+  void close_conn(connection& c, bool force, bool tell = true);
 
   // Drops a connection; if it carried an admitted peer, that peer is lost.
   void fail_connection(std::uint64_t serial, const std::string& detail);
@@ -536,8 +550,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   ucs_status_t receive(am_id id, const void* header, std::size_t header_len, void* data,
                        std::size_t len, const ucp_am_recv_param_t* param);
 
-  ucs_status_t on_hello(connection& c, const void* header, std::size_t header_len, const void* data,
-                        std::size_t len, bool rndv);
+  ucs_status_t on_hello(connection& c, const void* header, std::size_t header_len, std::size_t len,
+                        bool rndv);
 
   ucs_status_t on_envelope(connection& c, const void* header, std::size_t header_len, void* data,
                            std::size_t len, bool rndv);

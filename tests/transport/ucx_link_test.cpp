@@ -70,6 +70,7 @@ class ucx_link_test : public ::testing::TestWithParam<std::string> {
     ASSERT_FALSE(helper_.empty()) << "run through meson test (MOEVEMENT_LINK_PEER names the "
                                      "link_peer helper)";
     if (tcp()) ::setenv("UCX_TLS", "tcp", 1);
+    if (GetParam() == "sm") ::setenv("UCX_TLS", "sm,self", 1);
   }
   void TearDown() override {
     for (pid_t pid : children_) {
@@ -570,31 +571,46 @@ TEST_P(ucx_link_test, malformed_corpus_and_bad_descriptors_are_rejected_and_coun
   part(5, pid);
 }
 
-// Junk on the listener's port (a scanner, a stray client) costs the job nothing: four 64-byte
-// junk connections in a row and one left half-open, then a real peer still gets in.
+// A TCP connection of our own to the link's port (127.0.0.1), or -1.
+int connect_to(std::uint16_t port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    return -1;
+  }
+  return s;
+}
+
+// Junk on the listener's port (a scanner, a stray client) costs the job nothing: junk
+// connections in a row (the 64 zero bytes that used to abort the process inside UCX's
+// connection manager among them, and a head announcing more than any address holds), and one
+// left open, then a real peer still gets in.
 TEST_P(ucx_link_test, junk_connections_leave_the_listener_listening) {
   make_link();
+  std::vector<std::vector<unsigned char>> junk(4, std::vector<unsigned char>(64, 0));
+  std::fill(junk[1].begin(), junk[1].end(), 0xa5);
+  const std::uint32_t head[8] = {0x4d44414d, 1, 9, 16, 0xffffffffu, 0, 0, 0};  // "MADM", v1
+  std::memcpy(junk[2].data(), head, sizeof head);
+  junk[3].resize(5);  // a fragment, then the connection closes
   std::vector<int> open_junk;
-  for (int i = 0; i < 5; ++i) {
-    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  for (std::size_t i = 0; i <= junk.size(); ++i) {
+    const int s = connect_to(link_->port());
     ASSERT_GE(s, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(link_->port());
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
-    // Not zeros: UCX 1.13 with assertions (Debian's build) aborts on a frame whose length
-    // field is shorter than the bytes that came with it. That is UCX's, not the link's.
-    std::array<unsigned char, 64> junk;
-    junk.fill(0xa5);
-    ASSERT_EQ(::send(s, junk.data(), junk.size(), MSG_NOSIGNAL), 64);
+    const auto& bytes = junk[std::min(i, junk.size() - 1)];
+    ASSERT_EQ(::send(s, bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size()));
     run_until([] { return false; }, 50ms);  // the link's loop sees it
-    if (i < 4) {
+    if (i < junk.size()) {
       ::close(s);
     } else {
       open_junk.push_back(s);
     }
   }
+  EXPECT_TRUE(run_until([&] { return link_->counters().bad_hellos >= junk.size(); }));
   const pid_t pid = spawn(peer_args("echo", 7));
   ASSERT_TRUE(wait_message("ready")) << "the listener stopped accepting after junk";
   ASSERT_TRUE(link_->send(7, encode(0, 7, testing::make("echo", 1))).ok());
@@ -603,89 +619,34 @@ TEST_P(ucx_link_test, junk_connections_leave_the_listener_listening) {
   for (int s : open_junk) ::close(s);
 }
 
-// A UCX client of our own that connects to the link's port and never says hello: the link
-// accepts it and holds it unadmitted (until hello_timeout).
-struct silent_client {
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  std::vector<ucp_ep_h> eps;
-  silent_client() {
-    ucp_params_t p{};
-    p.field_mask = UCP_PARAM_FIELD_FEATURES;
-    p.features = UCP_FEATURE_AM;
-    EXPECT_EQ(ucp_init(&p, nullptr, &context), UCS_OK);
-    ucp_worker_params_t w{};
-    w.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    w.thread_mode = UCS_THREAD_MODE_SINGLE;
-    EXPECT_EQ(ucp_worker_create(context, &w, &worker), UCS_OK);
-  }
-  void connect(std::uint16_t port) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ucp_ep_params_t e{};
-    e.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    e.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    e.sockaddr.addr = reinterpret_cast<const sockaddr*>(&a);
-    e.sockaddr.addrlen = sizeof a;
-    e.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ucp_ep_h ep = nullptr;
-    EXPECT_EQ(ucp_ep_create(worker, &e, &ep), UCS_OK);
-    eps.push_back(ep);
-  }
-  void progress() { ucp_worker_progress(worker); }
-  ~silent_client() {
-    for (ucp_ep_h ep : eps) {
-      ucp_request_param_t r{};
-      r.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      r.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* req = ucp_ep_close_nbx(ep, &r);
-      while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS) progress();
-      if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
-    }
-    if (worker != nullptr) ucp_worker_destroy(worker);
-    if (context != nullptr) ucp_cleanup(context);
-  }
-};
-
-// One source may hold only so many accepted connections that never said hello: the next
-// request from it is refused (counted, reported) and the listener goes on listening.
+// One source may hold only so many connections that have not said hello: the next one from it
+// is refused (counted, reported) and the listener goes on listening; the silent ones are closed
+// after hello_timeout.
 TEST_P(ucx_link_test, half_open_connections_from_one_source_are_limited) {
   ucx_link_options o;
   o.max_half_open_per_source = 2;
   o.hello_timeout = 1s;
   make_link(o);
-  silent_client client;
+  std::vector<int> silent;
   for (int i = 0; i < 3; ++i) {
-    client.connect(link_->port());
-    // each request reaches the listener before the next is made (the order is the test's)
-    run_until(
-        [&] {
-          client.progress();
-          return false;
-        },
-        300ms);
+    silent.push_back(connect_to(link_->port()));
+    ASSERT_GE(silent.back(), 0);
+    // each connection reaches the listener before the next is made (the order is the test's)
+    run_until([] { return false; }, 100ms);
   }
-  EXPECT_TRUE(run_until([&] {
-    client.progress();
-    return link_->counters().half_open_refused == 1;
-  }));
+  EXPECT_TRUE(run_until([&] { return link_->counters().half_open_refused == 1; }));
   EXPECT_EQ(link_->counters().half_open_refused, 1u);
-  // Once the silent ones are closed (hello_timeout), a real peer from the same source gets in.
-  EXPECT_TRUE(run_until([&] {
-    client.progress();
-    return link_->counters().hello_timeouts >= 2;
-  }));
+  EXPECT_TRUE(run_until([&] { return link_->counters().hello_timeouts >= 2; }));
+  // Once the silent ones are closed, a real peer from the same source gets in.
   const pid_t pid = spawn(peer_args("echo", 7));
   ASSERT_TRUE(wait_message("ready")) << "the listener stopped accepting";
   part(7, pid);
+  for (int s : silent) ::close(s);
 }
 
-// The inodes of this process's listening TCP sockets, with their local addresses as
+// This process's TCP sockets (listening only, or all), by their local addresses as
 // /proc/net/tcp{,6} write them (hex, network order).
-std::vector<std::string> listening_addresses() {
+std::vector<std::string> tcp_sockets(bool listening_only = true) {
   std::set<std::string> ours;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
     std::error_code ec;
@@ -701,7 +662,8 @@ std::vector<std::string> listening_addresses() {
       std::istringstream f(line);
       std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
       f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
-      if (state == "0A" && ours.contains(inode)) out.push_back(local);  // 0A: LISTEN
+      const bool listening = state == "0A";  // LISTEN
+      if ((listening || !listening_only) && ours.contains(inode)) out.push_back(local);
     }
   }
   return out;
@@ -711,7 +673,7 @@ std::vector<std::string> listening_addresses() {
 // listened on every interface's address, per worker).
 TEST_P(ucx_link_test, a_loopback_link_listens_on_loopback_only) {
   make_link();
-  const auto listening = listening_addresses();
+  const auto listening = tcp_sockets();
   EXPECT_FALSE(listening.empty());
   for (const auto& local : listening) {
     const std::string host = local.substr(0, local.find(':'));
@@ -768,6 +730,42 @@ TEST_P(ucx_link_test, pull_on_a_fresh_connection_waits_for_the_welcome) {
 }
 
 INSTANTIATE_TEST_SUITE_P(transports, ucx_link_test, ::testing::Values("shm", "tcp"));
+
+// With shared memory only (UCX_TLS=sm,self) UCX opens no TCP socket, and its own listener
+// could not connect such processes at all ("Destination is unreachable"). The admission socket
+// is then the link's one TCP socket: messages, a pull and junk on that socket, as above.
+class ucx_link_sm_test : public ucx_link_test {};
+
+TEST_P(ucx_link_sm_test, shared_memory_only_links_connect_with_one_tcp_socket_their_own) {
+  make_link();
+  auto args = peer_args("export", 8);
+  args.insert(args.end(), {std::to_string(4 << 20), "alloc"});
+  const pid_t pid = spawn(args);
+  const auto region = wait_message("region");
+  ASSERT_TRUE(region) << "a peer using shared memory only could not connect";
+  std::vector<std::byte> into(region->descriptor.length);
+  std::optional<result<void>> done;
+  link_->pull(region->descriptor, into, [&](result<void> r) { done = std::move(r); });
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_TRUE(done->ok()) << done->err().message;
+  EXPECT_EQ(xxhash64(into), region->checksum);
+  EXPECT_EQ(tcp_sockets(/*listening_only=*/false).size(), 1u)
+      << "a TCP socket besides the admission socket";
+  const int junk = connect_to(link_->port());
+  ASSERT_GE(junk, 0);
+  const std::array<unsigned char, 64> zeros{};
+  ASSERT_EQ(::send(junk, zeros.data(), zeros.size(), MSG_NOSIGNAL), 64);
+  ::close(junk);
+  EXPECT_TRUE(run_until([&] { return link_->counters().bad_hellos == 1; }));
+  ASSERT_TRUE(link_->send(8, encode(0, 8, testing::make("bye"))).ok());
+  EXPECT_TRUE(run_until([&] {
+    return std::any_of(losses_.begin(), losses_.end(),
+                       [](const loss& l) { return l.why == peer_loss::goodbye; });
+  }));
+  EXPECT_EQ(wait_exit(pid), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(transports, ucx_link_sm_test, ::testing::Values("sm"));
 
 // ---- leases: RMA pulls of allocated regions without a round trip ----------------------------
 

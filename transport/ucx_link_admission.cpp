@@ -1,0 +1,312 @@
+#include "transport/ucx_link_admission.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+
+#include <asio/buffer.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/read.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+
+namespace moevement::transport::detail {
+namespace {
+
+using asio::ip::tcp;
+using clock = std::chrono::steady_clock;
+
+void append(std::vector<std::byte>& out, const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  out.insert(out.end(), b, b + n);
+}
+
+// Our sockets are not a child's (the launcher's workers are started from the head).
+void close_on_exec(int fd) {
+  ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+}
+
+result<void> check_common(const admission_head& h) {
+  if (h.magic != admission_magic) return error{"not a moevement link (bad magic)"};
+  if (h.version != admission_version) {
+    return error{fmt::format("admission protocol {} where this build speaks {} (mixed builds?)",
+                             h.version, admission_version)};
+  }
+  if (h.message_bytes > admission_max_address || h.bulk_bytes > admission_max_address) {
+    return error{"a worker address longer than any UCX makes"};
+  }
+  return {};
+}
+
+std::vector<std::byte> slice(std::span<const std::byte> body, std::size_t& at, std::size_t n) {
+  std::vector<std::byte> out(body.begin() + static_cast<std::ptrdiff_t>(at),
+                             body.begin() + static_cast<std::ptrdiff_t>(at + n));
+  at += n;
+  return out;
+}
+
+asio::awaitable<void> dial_exchange(std::shared_ptr<tcp::socket> s, tcp::endpoint to,
+                                    std::vector<std::byte> request,
+                                    std::chrono::milliseconds deadline,
+                                    std::function<void(result<admission_reply>)> done) {
+  const auto expires = clock::now() + deadline;
+  asio::steady_timer timer(s->get_executor(), deadline);
+  timer.async_wait([s](std::error_code ec) {
+    std::error_code ignored;
+    if (!ec) s->close(ignored);
+  });
+  auto fail = [&](const char* step, std::error_code ec) {
+    const std::string why = clock::now() >= expires
+                                ? fmt::format("no answer within {} ms", deadline.count())
+                                : ec.message();
+    return error{fmt::format("admission at {} failed ({}): {}", endpoint_text(to), step, why)};
+  };
+  std::error_code ec;
+  s->open(to.protocol(), ec);
+  if (ec) {
+    done(fail("socket", ec));
+    co_return;
+  }
+  close_on_exec(s->native_handle());
+  co_await s->async_connect(to, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) {
+    done(fail("connect", ec));
+    co_return;
+  }
+  co_await asio::async_write(*s, asio::buffer(request),
+                             asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) {
+    done(fail("send", ec));
+    co_return;
+  }
+  admission_head h{};
+  co_await asio::async_read(*s, asio::buffer(&h, sizeof h),
+                            asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) {
+    done(fail("reply", ec));
+    co_return;
+  }
+  const auto body_bytes = reply_body_bytes(h);
+  if (!body_bytes.ok()) {
+    done(error{fmt::format("admission at {}: {}", endpoint_text(to), body_bytes.err().message)});
+    co_return;
+  }
+  std::vector<std::byte> body(*body_bytes);
+  co_await asio::async_read(*s, asio::buffer(body), asio::redirect_error(asio::use_awaitable, ec));
+  timer.cancel();
+  if (ec) {
+    done(fail("reply", ec));
+    co_return;
+  }
+  s->close(ec);
+  done(decode_reply(h, body));
+}
+
+}  // namespace
+
+std::string endpoint_text(const tcp::endpoint& e) {
+  const auto a = e.address();
+  return a.is_v6() ? fmt::format("[{}]:{}", a.to_string(), e.port())
+                   : fmt::format("{}:{}", a.to_string(), e.port());
+}
+
+std::vector<std::byte> encode(const admission_request& r) {
+  admission_head h;
+  h.node = r.node;
+  h.token_or_verdict = static_cast<std::uint32_t>(r.token.size());
+  h.message_bytes = static_cast<std::uint32_t>(r.message_address.size());
+  h.bulk_bytes = static_cast<std::uint32_t>(r.bulk_address.size());
+  h.key = r.key;
+  std::vector<std::byte> out;
+  append(out, &h, sizeof h);
+  append(out, r.token.data(), r.token.size());
+  append(out, r.message_address.data(), r.message_address.size());
+  append(out, r.bulk_address.data(), r.bulk_address.size());
+  return out;
+}
+
+std::vector<std::byte> encode(const admission_reply& r) {
+  admission_head h;
+  h.node = r.node;
+  h.token_or_verdict = static_cast<std::uint32_t>(r.verdict);
+  h.message_bytes = static_cast<std::uint32_t>(r.message_address.size());
+  h.bulk_bytes = static_cast<std::uint32_t>(r.bulk_address.size());
+  h.key = r.key;
+  std::vector<std::byte> out;
+  append(out, &h, sizeof h);
+  append(out, r.message_address.data(), r.message_address.size());
+  append(out, r.bulk_address.data(), r.bulk_address.size());
+  return out;
+}
+
+result<std::size_t> request_body_bytes(const admission_head& h) {
+  if (auto ok = check_common(h); !ok.ok()) return ok.err();
+  if (h.token_or_verdict == 0 || h.token_or_verdict > admission_max_token) {
+    return error{"a job token of no bytes or over 256"};
+  }
+  if (h.message_bytes == 0) return error{"no worker address"};
+  return std::size_t{h.token_or_verdict} + h.message_bytes + h.bulk_bytes;
+}
+
+result<std::size_t> reply_body_bytes(const admission_head& h) {
+  if (auto ok = check_common(h); !ok.ok()) return ok.err();
+  if (h.token_or_verdict > static_cast<std::uint32_t>(admission_verdict::unusable)) {
+    return error{fmt::format("unknown verdict {}", h.token_or_verdict)};
+  }
+  const bool admitted = h.token_or_verdict == 0;
+  if (admitted != (h.message_bytes != 0)) return error{"a verdict that does not fit its addresses"};
+  return std::size_t{h.message_bytes} + h.bulk_bytes;
+}
+
+admission_request decode_request(const admission_head& h, std::span<const std::byte> body) {
+  admission_request r;
+  r.node = h.node;
+  r.key = h.key;
+  std::size_t at = 0;
+  const auto token = slice(body, at, h.token_or_verdict);
+  r.token.assign(reinterpret_cast<const char*>(token.data()), token.size());
+  r.message_address = slice(body, at, h.message_bytes);
+  r.bulk_address = slice(body, at, h.bulk_bytes);
+  return r;
+}
+
+admission_reply decode_reply(const admission_head& h, std::span<const std::byte> body) {
+  admission_reply r;
+  r.node = h.node;
+  r.verdict = static_cast<admission_verdict>(h.token_or_verdict);
+  r.key = h.key;
+  std::size_t at = 0;
+  r.message_address = slice(body, at, h.message_bytes);
+  r.bulk_address = slice(body, at, h.bulk_bytes);
+  return r;
+}
+
+// ---- the listener ---------------------------------------------------------------------------
+
+admission_listener::admission_listener(asio::io_context& io, settings s, decide_fn decide,
+                                       refuse_fn refuse)
+    : io_(io),
+      settings_(s),
+      decide_(std::move(decide)),
+      refuse_(std::move(refuse)),
+      acceptor_(io),
+      retry_(io) {}
+
+std::shared_ptr<admission_listener> admission_listener::start(asio::io_context& io,
+                                                              const std::string& host,
+                                                              std::uint16_t port, settings s,
+                                                              decide_fn decide, refuse_fn refuse) {
+  auto l = std::make_shared<admission_listener>(io, s, std::move(decide), std::move(refuse));
+  try {
+    tcp::resolver resolver(io);
+    const tcp::endpoint at =
+        *resolver.resolve(host, std::to_string(port), tcp::resolver::passive).begin();
+    l->acceptor_.open(at.protocol());
+    close_on_exec(l->acceptor_.native_handle());
+    l->acceptor_.set_option(tcp::acceptor::reuse_address(true));
+    l->acceptor_.bind(at);
+    l->acceptor_.listen();
+    l->port_ = l->acceptor_.local_endpoint().port();
+  } catch (const std::system_error& e) {
+    throw std::runtime_error(fmt::format(
+        "cannot listen on {}:{}: {} (cluster.host must be an address of this machine, and "
+        "the port free)",
+        host, port, e.what()));
+  }
+  l->accept_next();
+  return l;
+}
+
+void admission_listener::close() {
+  closed_ = true;
+  std::error_code ignored;
+  acceptor_.close(ignored);
+  retry_.cancel();
+  for (const auto& s : open_) s->close(ignored);
+}
+
+void admission_listener::accept_next() {
+  if (closed_) return;
+  acceptor_.async_accept([self = shared_from_this()](std::error_code ec, tcp::socket s) {
+    if (self->closed_) return;
+    if (ec) {
+      // Out of descriptors, or a connection reset before we took it: never a reason to stop
+      // listening. A pause, so that a persistent error does not spin.
+      self->retry_.expires_after(std::chrono::milliseconds(10));
+      self->retry_.async_wait([self](std::error_code e) {
+        if (!e) self->accept_next();
+      });
+      return;
+    }
+    close_on_exec(s.native_handle());
+    std::error_code e;
+    const tcp::endpoint remote = s.remote_endpoint(e);
+    const std::string from = e ? std::string("?") : endpoint_text(remote);
+    const std::string source = e ? std::string("?") : remote.address().to_string();
+    if (self->open_by_source_[source] >= self->settings_.max_per_source) {
+      self->refuse_(admission_refusal::half_open, from);
+      s.close(e);
+    } else {
+      ++self->open_by_source_[source];
+      auto socket = std::make_shared<tcp::socket>(std::move(s));
+      self->open_.insert(socket);
+      asio::co_spawn(self->io_, self->serve(socket, from, source), asio::detached);
+    }
+    self->accept_next();
+  });
+}
+
+asio::awaitable<void> admission_listener::serve(std::shared_ptr<tcp::socket> s, std::string from,
+                                                std::string source) {
+  auto self = shared_from_this();
+  const auto expires = clock::now() + settings_.deadline;
+  asio::steady_timer timer(io_, settings_.deadline);
+  timer.async_wait([s](std::error_code ec) {
+    std::error_code ignored;
+    if (!ec) s->close(ignored);
+  });
+  std::optional<admission_refusal> refusal;
+  std::error_code ec;
+  admission_head h{};
+  co_await asio::async_read(*s, asio::buffer(&h, sizeof h),
+                            asio::redirect_error(asio::use_awaitable, ec));
+  const auto body_bytes = ec ? result<std::size_t>(error{""}) : request_body_bytes(h);
+  std::vector<std::byte> body;
+  if (!ec && body_bytes.ok()) {
+    body.resize(*body_bytes);
+    co_await asio::async_read(*s, asio::buffer(body),
+                              asio::redirect_error(asio::use_awaitable, ec));
+  }
+  if (ec) {
+    refusal = clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
+  } else if (!body_bytes.ok()) {
+    refusal = admission_refusal::malformed;
+  } else if (!closed_) {
+    const auto reply = encode(decide_(decode_request(h, body), from));
+    co_await asio::async_write(*s, asio::buffer(reply),
+                               asio::redirect_error(asio::use_awaitable, ec));
+  }
+  timer.cancel();
+  s->close(ec);
+  open_.erase(s);
+  if (--open_by_source_[source] == 0) open_by_source_.erase(source);
+  if (refusal && !closed_) refuse_(*refusal, from);
+}
+
+// ---- dialling -------------------------------------------------------------------------------
+
+std::shared_ptr<tcp::socket> admission_dial(asio::io_context& io, const tcp::endpoint& to,
+                                            const admission_request& request,
+                                            std::chrono::milliseconds deadline,
+                                            std::function<void(result<admission_reply>)> done) {
+  auto s = std::make_shared<tcp::socket>(io);
+  asio::co_spawn(io, dial_exchange(s, to, encode(request), deadline, std::move(done)),
+                 asio::detached);
+  return s;
+}
+
+}  // namespace moevement::transport::detail

@@ -1,0 +1,136 @@
+// Admission: who may open a connection to a link, decided on a TCP socket of the link's own
+// before any UCX endpoint exists.
+//
+// A dialler connects to the link's port and sends one request: its node, the job token, the
+// UCX addresses of its two workers, and the key the acceptor puts in front of every active
+// message it sends on the connection. The acceptor answers once (admitted, with its own
+// addresses and key; or why not) and closes the socket. Both sides then make their endpoints
+// from the worker addresses, one each way. UCX's own listener (ucp_listener_create) is not
+// used: its connection manager aborts the process on a malformed frame (docs/transport.md),
+// and it cannot connect processes that share memory only (UCX_TLS=sm,self).
+//
+// Everything read here is untrusted: sizes are bounded before anything is allocated, a
+// socket silent past its deadline is closed, one source holds at most so many sockets at
+// once, and no input closes the listener.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/result.hpp"
+
+namespace moevement::transport::detail {
+
+constexpr std::uint32_t admission_magic = 0x4d44414d;  // "MADM"
+constexpr std::uint32_t admission_version = 1;
+constexpr std::size_t admission_max_token = 256;
+constexpr std::size_t admission_max_address = 8192;  // a UCX worker address is a few hundred
+
+// The fixed part of a request and of a reply, in the sender's byte order (one host, or hosts
+// of one job: all little-endian in practice; a mismatch reads as a bad magic).
+struct admission_head {
+  std::uint32_t magic = admission_magic;
+  std::uint32_t version = admission_version;
+  std::uint32_t node = 0;
+  std::uint32_t token_or_verdict = 0;  // request: the token's bytes; reply: the verdict
+  std::uint32_t message_bytes = 0;     // the message worker's address
+  std::uint32_t bulk_bytes = 0;        // the bulk worker's address (with its host tag)
+  std::uint64_t key = 0;               // put in front of every active message to the sender
+};
+static_assert(sizeof(admission_head) == 32);
+
+enum class admission_verdict : std::uint32_t {
+  admitted = 0,
+  wrong_token = 1,
+  leaving = 2,  // the acceptor is shutting down
+  unusable = 3  // the acceptor could not make an endpoint of the dialler's address
+};
+
+struct admission_request {
+  std::uint32_t node = 0;
+  std::string token;
+  std::vector<std::byte> message_address;
+  std::vector<std::byte> bulk_address;
+  std::uint64_t key = 0;
+};
+
+struct admission_reply {
+  std::uint32_t node = 0;
+  admission_verdict verdict = admission_verdict::admitted;
+  std::vector<std::byte> message_address;  // empty unless admitted
+  std::vector<std::byte> bulk_address;
+  std::uint64_t key = 0;
+};
+
+std::vector<std::byte> encode(const admission_request& r);
+std::vector<std::byte> encode(const admission_reply& r);
+// The bytes that follow a head, or why the head is not one of ours.
+result<std::size_t> request_body_bytes(const admission_head& h);
+result<std::size_t> reply_body_bytes(const admission_head& h);
+admission_request decode_request(const admission_head& h, std::span<const std::byte> body);
+admission_reply decode_reply(const admission_head& h, std::span<const std::byte> body);
+
+// Why the listener closed a socket without an answer (the link counts and reports these).
+enum class admission_refusal { malformed, timeout, half_open };
+
+// The link's listening socket. Answers every well-formed request with decide()'s reply.
+class admission_listener : public std::enable_shared_from_this<admission_listener> {
+ public:
+  struct settings {
+    std::chrono::milliseconds deadline;  // a socket's whole request must arrive within it
+    std::size_t max_per_source;          // sockets open at once from one address
+  };
+  using decide_fn = std::function<admission_reply(const admission_request&, const std::string&)>;
+  using refuse_fn = std::function<void(admission_refusal, const std::string& from)>;
+
+  // Binds host:port (0: any free port) and starts accepting. Throws saying what to check.
+  static std::shared_ptr<admission_listener> start(asio::io_context& io, const std::string& host,
+                                                   std::uint16_t port, settings s, decide_fn decide,
+                                                   refuse_fn refuse);
+  std::uint16_t port() const { return port_; }
+  // Stops accepting and closes every socket still open.
+  void close();
+
+  admission_listener(asio::io_context& io, settings s, decide_fn decide, refuse_fn refuse);
+
+ private:
+  void accept_next();
+  asio::awaitable<void> serve(std::shared_ptr<asio::ip::tcp::socket> s, std::string from,
+                              std::string source);
+
+  asio::io_context& io_;
+  settings settings_;
+  decide_fn decide_;
+  refuse_fn refuse_;
+  asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer retry_;  // after an accept error (out of descriptors): try again soon
+  std::uint16_t port_ = 0;
+  std::map<std::string, std::size_t> open_by_source_;
+  std::set<std::shared_ptr<asio::ip::tcp::socket>> open_;
+  bool closed_ = false;
+};
+
+// One dial: connect to `to`, send the request, read the reply, all within `deadline`. `done`
+// runs once, from `io`. The returned socket may be closed to give up early (the dial then
+// ends with an error).
+std::shared_ptr<asio::ip::tcp::socket> admission_dial(
+    asio::io_context& io, const asio::ip::tcp::endpoint& to, const admission_request& request,
+    std::chrono::milliseconds deadline, std::function<void(result<admission_reply>)> done);
+
+// "host:port" (or "[v6]:port") of an endpoint, for reports.
+std::string endpoint_text(const asio::ip::tcp::endpoint& e);
+
+}  // namespace moevement::transport::detail
