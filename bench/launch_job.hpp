@@ -39,6 +39,50 @@ inline std::filesystem::path bench_log(const std::string& name) {
          ("bench_" + name + "_" + std::to_string(::getpid()) + ".jsonl");
 }
 
+// The host's load averages (1, 5, 15 minutes), printed beside every figure.
+inline std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+// The shape of a benchmark's `moevement launch` run.
+struct launch_shape {
+  std::string config;
+  int iterations = 40, pp = 2, dp = 1, spares = 0;
+};
+
+// `launch CONFIG` with the shape, no validation and a quiet console, then `sets` in order (a
+// later one wins), the run log, and `injects` (each an --inject spec).
+inline std::vector<std::string> launch_args(const launch_shape& shape,
+                                            const std::vector<std::string>& sets,
+                                            const std::filesystem::path& log,
+                                            const std::vector<std::string>& injects = {}) {
+  std::vector<std::string> a{"launch", shape.config};
+  auto set = [&](const std::string& kv) {
+    a.push_back("--set");
+    a.push_back(kv);
+  };
+  set("train.iterations=" + std::to_string(shape.iterations));
+  set("train.val_batches=0");
+  set("train.log_every=1000000");
+  set("parallel.pp=" + std::to_string(shape.pp));
+  set("parallel.dp=" + std::to_string(shape.dp));
+  set("cluster.spares=" + std::to_string(shape.spares));
+  // On a loaded 2-core machine the default heartbeat silence was taken for a lost worker (a
+  // false failure ends a `none` run); an injected kill is detected by the process's exit, not
+  // by this timeout. A later --set overrides it.
+  set("cluster.failure_timeout_ms=10000");
+  for (const auto& s : sets) set(s);
+  set("engine.run_log=" + log.string());
+  for (const auto& inject : injects) {
+    a.push_back("--inject");
+    a.push_back(inject);
+  }
+  return a;
+}
+
 struct job_outcome {
   bool ok = false;
   bool killed = false;         // kill_when said so, and the process got SIGKILL

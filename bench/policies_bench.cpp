@@ -128,13 +128,6 @@ struct options {
   std::string profile_out;
 };
 
-std::string loadavg() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 // "1,2,4": positive integers, comma-separated; anything else throws `what`.
 std::vector<int> positive_list(const std::string& list, const char* what) {
   std::vector<int> out;
@@ -525,37 +518,19 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
   {
     auto args = [&](const std::string& policy, const std::vector<std::string>& injects,
                     const std::vector<std::string>& extra = {}) {
-      std::vector<std::string> a{"launch", o.config};
-      auto set = [&](const std::string& kv) {
-        a.push_back("--set");
-        a.push_back(kv);
-      };
-      set(fmt::format("train.iterations={}", o.iterations));
-      set("train.val_batches=0");
-      set("train.log_every=1000000");
-      set(fmt::format("parallel.pp={}", o.pp));
-      set(fmt::format("parallel.dp={}", o.dp));
-      set(fmt::format("cluster.spares={}", o.spares));
-      set("checkpoint.policy=" + policy);
-      if (policy == "moevement") set(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
+      std::vector<std::string> sets{"checkpoint.policy=" + policy};
       if (policy == "moevement") {
+        sets.push_back(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
         // The in-memory tier alone unless --durable (its own comparison): what the design's
         // overhead and recovery figures are of. The job's default also writes to disk.
-        set(fmt::format("checkpoint.durable={}", o.durable));
-        if (o.durable) set("checkpoint.dir=" + (fs::path(log).replace_extension(".ckpt")).string());
+        sets.push_back(fmt::format("checkpoint.durable={}", o.durable));
+        if (o.durable) {
+          sets.push_back("checkpoint.dir=" + fs::path(log).replace_extension(".ckpt").string());
+        }
       }
-      // On a loaded 2-core machine the 1 s default heartbeat silence was taken for a lost
-      // worker (a false failure ends a `none` run); the injected kill is detected by the
-      // process's exit, not by this timeout. --set overrides it.
-      set("cluster.failure_timeout_ms=10000");
-      for (const auto& s : extra) set(s);
-      for (const auto& s : o.sets) set(s);
-      set("engine.run_log=" + log.string());
-      for (const auto& inject : injects) {
-        a.push_back("--inject");
-        a.push_back(inject);
-      }
-      return a;
+      sets.insert(sets.end(), extra.begin(), extra.end());
+      sets.insert(sets.end(), o.sets.begin(), o.sets.end());
+      return launch_args({o.config, o.iterations, o.pp, o.dp, o.spares}, sets, log, injects);
     };
     std::printf("# config %s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load before: %s\n",
                 o.config.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats, loadavg().c_str());

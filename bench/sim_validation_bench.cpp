@@ -187,13 +187,6 @@ options parse_options(int argc, char** argv) {
   return o;
 }
 
-std::string loadavg() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 std::string run_name(const std::vector<kill_at>& spec) {
   std::string s = fmt::format("{}fail", spec.size());
   for (const auto& k : spec) s += fmt::format("_s{}i{}", k.stage, k.iteration);

@@ -52,42 +52,24 @@ inline void run_verify(const verify_options& o, const std::string& bin,
   for (const auto& s : o.sets) {
     if (s.starts_with("checkpoint.verify_every=")) every = std::atoi(s.c_str() + 24);
   }
-  auto args = [&](const std::vector<std::string>& extra) {
-    std::vector<std::string> a{"launch", o.config};
-    auto set = [&](const std::string& kv) {
-      a.push_back("--set");
-      a.push_back(kv);
-    };
-    set(fmt::format("train.iterations={}", o.iterations));
-    set("train.val_batches=0");
-    set("train.log_every=1000000");
-    set(fmt::format("parallel.pp={}", o.pp));
-    set(fmt::format("parallel.dp={}", o.dp));
-    set(fmt::format("cluster.spares={}", o.spares));
-    set("checkpoint.policy=moevement");
-    set(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
-    set("checkpoint.durable=false");
-    set("cluster.failure_timeout_ms=10000");
-    for (const auto& s : o.sets) set(s);
-    set("engine.run_log=" + log.string());
-    for (const auto& e : extra) a.push_back(e);
-    return a;
+  // extra: --set values after the options' own; injects: --inject specs.
+  auto args = [&](const std::vector<std::string>& extra,
+                  const std::vector<std::string>& injects = {}) {
+    std::vector<std::string> sets{"checkpoint.policy=moevement",
+                                  fmt::format("checkpoint.w_sparse={}", o.w_sparse),
+                                  "checkpoint.durable=false"};
+    sets.insert(sets.end(), o.sets.begin(), o.sets.end());
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    return launch_args({o.config, o.iterations, o.pp, o.dp, o.spares}, sets, log, injects);
   };
   std::printf(
       "# config %s pp=%d dp=%d iterations=%d repeats=%d verify_every=%d; "
       "load before: %s\n",
-      o.config.c_str(), o.pp, o.dp, o.iterations, o.repeats, every,
-      [] {
-        std::ifstream in("/proc/loadavg");
-        std::string a;
-        std::getline(in, a);
-        return a;
-      }()
-          .c_str());
+      o.config.c_str(), o.pp, o.dp, o.iterations, o.repeats, every, loadavg().c_str());
   std::vector<run_result> off, on;
   std::vector<std::vector<stamped>> on_logs;
   for (int r = 0; r < o.repeats; ++r) {
-    off.push_back(parse(launch_or_throw(bin, args({"--set", "checkpoint.verify_every=0"}), log)));
+    off.push_back(parse(launch_or_throw(bin, args({"checkpoint.verify_every=0"}), log)));
     auto lines = launch_or_throw(bin, args({}), log);
     on.push_back(parse(lines));
     on_logs.push_back(std::move(lines));
@@ -130,7 +112,7 @@ inline void run_verify(const verify_options& o, const std::string& bin,
     for (const int bit : {22, 2}) {
       const std::string spec = fmt::format("flip:stage={},replica={},iter={},word={},bit={}",
                                            k % o.pp, k % o.dp, at, 7 * k, bit);
-      const job_outcome j = launch_job(bin, args({"--inject", spec}), log);
+      const job_outcome j = launch_job(bin, args({}, {spec}), log);
       long found = -1;
       for (const auto& [t, l] : j.lines) {
         if (l.find("\"event\":\"sdc_suspected\"") != std::string::npos) {

@@ -145,7 +145,8 @@ void coordinator::finish_with(job_outcome outcome) {
     const auto& st = system().stats();
     r.add("reconnects", std::int64_t(st.reconnects))
         .add("verdicts", std::int64_t(st.verdicts))
-        .add("fenced", std::int64_t(st.fenced));
+        .add("fenced", std::int64_t(st.fenced))
+        .add("sdc_fenced", sdc_found_);
     if (st.reconnects > 0) r.add("last_reconnect", system().last_reconnect());
     if (outcome.ok) {
       r.add("state_hash", hex16(outcome.state_hash))

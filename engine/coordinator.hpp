@@ -341,7 +341,7 @@ class coordinator : public actors::actor, private head_control {
   // (index d * pp + s).
   wire::Verify verify_ = wire::Verify::NONE;
   std::vector<replica_report> verify_reports_;
-  std::int64_t sdc_found_ = 0;  // replicas fenced for silent corruption so far
+  std::int64_t sdc_found_ = 0;  // replicas fenced for silent corruption (job_end's sdc_fenced)
   // Per stage replica (d * pp + s): the windows_skipped it last reported (a new worker's starts
   // again from 0), so that each new skip is a notice once.
   std::vector<std::uint64_t> windows_skipped_;

@@ -384,7 +384,8 @@ struct RestoreSource {
   downstream @2 :Address;          # the checkpoint agent of (stage + 1, replica); invalid last
   survivor @3 :Address;            # the agent of this (stage, replica) when it is not lost
   # >= 0: take the window of this other replica of the stage (same shard) instead of this
-  # replica's own, whose copies are not trusted (it was fenced for silent data corruption).
+  # replica's own: its copies are not trusted (it was fenced for silent data corruption), or,
+  # from disk (durable), its files are gone or fail their checks.
   slotsFrom @4 :Int32 = -1;
 }
 # To a spare: become (stage, replica), rebuilt at the start of targetIteration from window

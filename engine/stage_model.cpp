@@ -80,22 +80,16 @@ std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* co
   return d;
 }
 
-std::vector<std::uint64_t> verify_digests(std::span<models::operator_state* const> ops,
-                                          verify_kind what) {
+std::vector<std::uint64_t> state_digests(std::span<models::operator_state* const> ops) {
   std::vector<std::uint64_t> d;
-  if (what == verify_kind::none) return d;
   d.reserve(ops.size());
   for (const auto* op : ops) {
     xxh3_hasher h;
-    if (what == verify_kind::weights) {
-      h.update(op->compute_bytes());
-    } else {
-      h.update(std::as_bytes(op->master()));
-      h.update(std::as_bytes(op->adam_m()));
-      h.update(std::as_bytes(op->adam_v()));
-      const std::int64_t step = op->step();
-      h.update(std::as_bytes(std::span<const std::int64_t>(&step, 1)));
-    }
+    h.update(std::as_bytes(op->master()));
+    h.update(std::as_bytes(op->adam_m()));
+    h.update(std::as_bytes(op->adam_v()));
+    const std::int64_t step = op->step();
+    h.update(std::as_bytes(std::span<const std::int64_t>(&step, 1)));
     d.push_back(h.digest());
   }
   return d;

@@ -203,8 +203,8 @@ struct step_digests {
   double seconds = 0.0;
 };
 // AdamW on every active operator when plan.apply. weights (optional): each operator's
-// compute-weight digest (verify_digests' weights) appended right after its update, while its
-// bytes are still in cache (cheaper than a pass of its own).
+// compute-weight digest (XXH3 of what the next forward uses) appended right after its update,
+// while its bytes are still in cache (cheaper than a pass of its own).
 void apply_step(std::span<models::operator_state* const> ops, const models::step_plan& plan,
                 const models::train_config& train, step_digests* weights = nullptr);
 // Per operator: the tokens its layer's gate routed to it in this iteration (experts; a
@@ -216,11 +216,10 @@ std::vector<double> operator_popularity(std::span<models::operator_state* const>
 // Every operator's digest, in operator order (state_hash's input).
 std::vector<std::uint64_t> operator_digests(std::span<models::operator_state* const> ops);
 // Silent-corruption checks (docs/recovery.md "Silent data corruption"): per operator, XXH3 of
-// its compute weights (weights: what the next forward uses) or of its master, Adam m and v and
+// its compute weights (weights, taken inside apply_step) or of its master, Adam m and v and
 // step (state). Replicas of a stage hold the same bits, so their digests must be equal.
 enum class verify_kind : std::uint8_t { none, weights, state };
-std::vector<std::uint64_t> verify_digests(std::span<models::operator_state* const> ops,
-                                          verify_kind what);
+std::vector<std::uint64_t> state_digests(std::span<models::operator_state* const> ops);
 
 // Expert parallelism: the canonical order of a stage's operators over its EP ranks.
 // kinds[k]: the kinds of EP rank k's operators() (the same non-experts on every rank, and a

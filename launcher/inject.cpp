@@ -110,22 +110,36 @@ struct splitmix64 {
   }
 };
 
+// The keys every injection names its target by: stage=S, replica=D, iter=T (T >= first_iter).
+// False for any other key (the caller's own).
+struct target_keys {
+  bool stage = false, replica = false, iter = false;
+};
+bool read_target_key(const std::string& where, const std::string& k, const std::string& v,
+                     std::int64_t first_iter, injection& inj, target_keys& seen) {
+  if (k == "stage") {
+    inj.stage = int(integer(where, k, v, 0, 1 << 16));
+    seen.stage = true;
+  } else if (k == "replica") {
+    inj.replica = int(integer(where, k, v, 0, 1 << 16));
+    seen.replica = true;
+  } else if (k == "iter") {
+    inj.iteration = integer(where, k, v, first_iter, std::int64_t(1) << 40);
+    seen.iter = true;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight]
 void parse_flip(const std::string& where, const std::string& rest, injection& inj) {
   inj.what = injection::kind::flip;
   if (rest.empty()) bad(where, "no keys after ':'");
-  bool have_stage = false, have_replica = false, have_iter = false;
+  target_keys seen;
   for (const auto& [k, v] : items(where, rest)) {
-    if (k == "stage") {
-      inj.stage = int(integer(where, k, v, 0, 1 << 16));
-      have_stage = true;
-    } else if (k == "replica") {
-      inj.replica = int(integer(where, k, v, 0, 1 << 16));
-      have_replica = true;
-    } else if (k == "iter") {
-      inj.iteration = integer(where, k, v, 0, std::int64_t(1) << 40);
-      have_iter = true;
-    } else if (k == "operator") {
+    if (read_target_key(where, k, v, 0, inj, seen)) continue;
+    if (k == "operator") {
       if (v.empty() || v.size() > 128)
         bad(where, "operator must name an operator (1 to 128 bytes)");
       inj.op = v;
@@ -147,7 +161,7 @@ void parse_flip(const std::string& where, const std::string& rest, injection& in
                              k));
     }
   }
-  if (!have_stage || !have_replica || !have_iter) bad(where, "flip needs stage, replica and iter");
+  if (!seen.stage || !seen.replica || !seen.iter) bad(where, "flip needs stage, replica and iter");
   if (inj.slot_copy && (!inj.op.empty() || inj.word != 0)) {
     bad(where, "operator and word go with target=weight, not target=slot");
   }
@@ -246,19 +260,11 @@ injection parse_injection(const std::string& spec, const std::string& source) {
     bad(where, fmt::format("unknown failure '{}'", head));
   }
   if (rest.empty()) bad(where, "no keys after ':'");
-  bool have_stage = false, have_replica = false, have_iter = false, have_nth = false,
-       have_delay = false;
+  target_keys seen;
+  bool have_nth = false, have_delay = false;
   for (const auto& [k, v] : items(where, rest)) {
-    if (k == "stage") {
-      inj.stage = int(integer(where, k, v, 0, 1 << 16));
-      have_stage = true;
-    } else if (k == "replica") {
-      inj.replica = int(integer(where, k, v, 0, 1 << 16));
-      have_replica = true;
-    } else if (k == "iter") {
-      inj.iteration = integer(where, k, v, 1, std::int64_t(1) << 40);
-      have_iter = true;
-    } else if (k == "phase") {
+    if (read_target_key(where, k, v, 1, inj, seen)) continue;
+    if (k == "phase") {
       if (v == "forward") {
         inj.phase = engine::fault_point::forward;
       } else if (v == "backward") {
@@ -288,11 +294,11 @@ injection parse_injection(const std::string& spec, const std::string& source) {
       bad(where, fmt::format("unknown key '{}'", k));
     }
   }
-  if (!have_stage || !have_replica) bad(where, "stage and replica are both needed");
-  if (have_iter == inj.during_recovery) {
+  if (!seen.stage || !seen.replica) bad(where, "stage and replica are both needed");
+  if (seen.iter == inj.during_recovery) {
     bad(where, "give either iter=T or during=recovery (one of them)");
   }
-  if (inj.phase && !have_iter) bad(where, "phase goes with iter=T, not during=recovery");
+  if (inj.phase && !seen.iter) bad(where, "phase goes with iter=T, not during=recovery");
   if (inj.phase && inj.whole_host) {
     bad(where, "scope=host is the head's: it does not go with phase (a worker's own failure)");
   }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -156,7 +157,7 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
       if (m.spare != 0 && !workers.contains(m.spare)) m.spare = 0;
     }
     if (!assign_spares(*reg)) co_return false;
-    std::map<std::uint64_t, int> offered;
+    std::vector<std::set<std::uint64_t>> offers;
     rejected.clear();
     const std::vector<member> members = reg->members;
     const auto roles = durable_roles(members, state_->window_pp, state_->window_dp);
@@ -185,18 +186,17 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
                               roles[i].first, roles[i].second, res.err().message));
         co_return false;
       }
-      std::set<std::uint64_t> mine;
+      auto& mine = offers.emplace_back();
       for (auto w : res->get().getWindows()) mine.insert(w);
-      for (auto w : mine) ++offered[w];
       for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
     }
     if (ask_again) continue;
-    for (const auto& [w, n] : offered) {
-      const auto known = windows_.durable_windows().find(w);
-      if (n == int(roles.size()) && known != windows_.durable_windows().end() &&
-          known->second <= target && (windows_.persisted() && w <= *windows_.persisted())) {
+    for (const auto& [w, first] : windows_.durable_windows()) {  // ascending: the newest wins
+      if (first > target || !windows_.persisted() || w > *windows_.persisted()) continue;
+      if (auto from = serving_files(roles, offers, w, first)) {
         window = w;
         found = true;
+        state_->durable_from = std::move(*from);
       }
     }
   }
@@ -217,8 +217,39 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   }
   state_->durable_window = window;
   state_->durable_first = windows_.durable_windows().at(window);
+  for (const auto& [role, from] : state_->durable_from) {
+    job_.notice(fmt::format(
+        "stage {} replica {} restores from replica {}'s files of durable window {} (its own "
+        "are missing, fail their checks, or are not trusted)",
+        role.first, role.second, from, window));
+  }
   note_durable_window(rejected.size());
   co_return true;
+}
+
+std::optional<std::map<std::pair<int, int>, int>> region_recovery::serving_files(
+    const std::vector<std::pair<int, int>>& roles,
+    const std::vector<std::set<std::uint64_t>>& offers, std::uint64_t window,
+    std::int64_t first) const {
+  const int ep = std::max(state_->window_pp != 0 ? state_->window_ep : job_.job().ep, 1);
+  auto usable = [&](std::size_t k, int stage, int replica) {
+    const auto u = untrusted_.find({stage, replica});
+    return offers[k].contains(window) && (u == untrusted_.end() || first > u->second.through);
+  };
+  std::map<std::pair<int, int>, int> from;
+  for (std::size_t i = 0; i < roles.size(); ++i) {
+    const auto [s, d] = roles[i];
+    if (usable(i, s, d)) continue;
+    bool served = false;
+    for (std::size_t k = 0; k < roles.size() && !served; ++k) {
+      const auto [s2, o] = roles[k];
+      if (s2 != s || o == d || o % ep != d % ep || !usable(k, s2, o)) continue;
+      from[{s, d}] = o;
+      served = true;
+    }
+    if (!served) return std::nullopt;
+  }
+  return from;
 }
 
 void region_recovery::note_durable_window(std::size_t rejected) const {

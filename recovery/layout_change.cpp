@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,8 +46,23 @@ std::unique_ptr<engine::stage_model> restore_across_layouts(const layout_restore
       sd.train.expert_parallel = ep;
       sd.initialize = false;  // the window overwrites every operator
       old.push_back(factory(sd));
-      const durable_store store(durable_window_dir(in.root, s, d));
-      auto loaded = load_durable_window(store, in.window, s, d);
+      auto loaded =
+          load_durable_window(durable_store(durable_window_dir(in.root, s, d)), in.window, s, d);
+      // Replicas of a stage hold the same bits (those of one EP shard): where this one's files
+      // are gone or fail their checks (a replica fenced for silent corruption leaves none),
+      // another's serve.
+      for (int o = 0; o < dp && !loaded.ok(); ++o) {
+        if (o == d || o % ep != d % ep) continue;
+        auto other =
+            load_durable_window(durable_store(durable_window_dir(in.root, s, o)), in.window, s, o);
+        if (!other.ok()) continue;
+        std::fprintf(stderr,
+                     "stage %d replica %d of the windows: durable window %llu from replica %d's "
+                     "files (its own: %s)\n",
+                     s, d, static_cast<unsigned long long>(in.window), o,
+                     loaded.err().message.c_str());
+        loaded = std::move(other);
+      }
       if (!loaded.ok()) {
         throw std::runtime_error(
             fmt::format("durable window of stage {} replica {} (pp={} dp={}): {}", s, d, pp, dp,
@@ -61,6 +77,8 @@ std::unique_ptr<engine::stage_model> restore_across_layouts(const layout_restore
             in.first_iteration, in.w_sparse));
       }
       files.push_back(std::move(loaded->slots));
+      // Whose copies these are: their tags name that replica.
+      conv.window_replicas.push_back(loaded->meta.replica != d ? loaded->meta.replica : -1);
     }
   }
   for (const auto& f : files) {

@@ -126,7 +126,11 @@ class region_recovery : public engine::head_recovery {
     bool durable = false;
     std::uint64_t durable_window = 0;
     std::int64_t durable_first = 0;
-    std::string durable_why;           // what made every copy of a snapshot unusable
+    std::string durable_why;  // what made every copy of a snapshot unusable
+    // Roles whose own files of the durable window are missing, fail their checks or are
+    // untrusted (a replica fenced for silent corruption): the replica of the same stage (and
+    // EP shard, the same bits) whose files stand for theirs.
+    std::map<std::pair<int, int>, int> durable_from;
     bool resume = false;               // not a loss: the job resumes from its journal (--resume)
     int window_pp = 0, window_dp = 0;  // a resume's windows are of this layout (0: the job's)
     int window_ep = 0;
@@ -197,6 +201,14 @@ class region_recovery : public engine::head_recovery {
   // false when none (the job failed, saying why). A role whose worker was lost meanwhile gets
   // a spare and everyone is asked again.
   asio::awaitable<bool> choose_durable_window(region& r);
+  // Whether durable window `window` (replaying from `first`) serves every role, each by its
+  // own files (offers[i]: the windows role i's files hold, verified) or another replica's of
+  // the same stage and EP shard; then the roles served by another, with whose. A fenced
+  // replica's files of windows begun before its detection serve nobody.
+  std::optional<std::map<std::pair<int, int>, int>> serving_files(
+      const std::vector<std::pair<int, int>>& roles,
+      const std::vector<std::set<std::uint64_t>>& offers, std::uint64_t window,
+      std::int64_t first) const;
   // The run log's durable_rollback event for the window chosen.
   void note_durable_window(std::size_t rejected) const;
   // One region of every stage worker's role (a resume, or the durable rollback's).

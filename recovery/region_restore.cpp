@@ -178,6 +178,16 @@ class region_restore {
   // A judge's replay (Restore.judge): every replica's copy of the window holds the same state,
   // or this throws naming the slot and replicas that differ.
   void check_copies_agree() const;
+  // The replica whose copies (and files) stand for stage replica i's: its own, or the one
+  // its source names (slotsFrom: its own are untrusted, or gone from disk).
+  int copies_of(std::size_t i) const {
+    const int from = m_.getSources()[unsigned(p_.source(i))].getSlotsFrom();
+    if (from >= p_.dp) {
+      throw std::invalid_argument(
+          fmt::format("Restore: slotsFrom {} is past the {} replicas", from, p_.dp));
+    }
+    return from >= 0 ? from : p_.replica_of(i);
+  }
   awaitable<void> pull_window(std::size_t i);
   awaitable<void> pull_slot(std::size_t i, int slot);
   // The upstream logs of [first, target) of the healthy stages just outside the region.
@@ -248,7 +258,21 @@ awaitable<restored_stage> region_restore::run(const engine::stage_factory& facto
   const std::size_t n = p_.replicas.size();
   const auto mine = std::size_t(std::find(p_.replicas.begin(), p_.replicas.end(), p_.replica) -
                                 p_.replicas.begin());
-  out_.model = std::move(models_[std::size_t(p_.stage - p_.first_here()) * n + mine]);
+  const std::size_t own = std::size_t(p_.stage - p_.first_here()) * n + mine;
+  // Restored from another replica's copies: this role's own windows on disk are not used
+  // again (a predecessor fenced for silent corruption wrote them, or they are gone or corrupt);
+  // a later restore from disk takes that replica's, until this role persists windows of its
+  // own. Dropped on the writer thread, before anything this role writes.
+  if (ctx_.durable != nullptr && !m_.getJudge() && copies_of(own) != p_.replica) {
+    ctx_.durable->post([dir = durable_window_dir(ctx_.job.baseline.dir, p_.stage, p_.replica)] {
+      try {
+        durable_store(dir).clear();
+      } catch (const std::exception&) {
+        // Left as they are: a restore from disk then loads and checks them as it would.
+      }
+    });
+  }
+  out_.model = std::move(models_[own]);
   co_return std::move(out_);
 }
 
@@ -281,7 +305,7 @@ awaitable<void> region_restore::load_durable_windows() {
   co_await off_thread([&] {
     ctx_.durable->drain();
     for (std::size_t i = 0; i < slots_.size(); ++i) {
-      const int st = p_.stage_of(i), d = p_.replica_of(i);
+      const int st = p_.stage_of(i), d = copies_of(i);
       const durable_store store(durable_window_dir(ctx_.job.baseline.dir, st, d));
       auto loaded = load_durable_window(store, p_.window, st, d);
       if (!loaded.ok()) {
@@ -334,11 +358,7 @@ awaitable<void> region_restore::pull_slot(std::size_t i, int j) {
   const int st = p_.stage_of(i), d = p_.replica_of(i);
   const bool own = st == p_.stage && d == p_.replica;
   const auto src = m_.getSources()[unsigned(p_.source(i))];
-  const int from = src.getSlotsFrom() >= 0 ? src.getSlotsFrom() : d;
-  if (from >= p_.dp) {
-    throw std::invalid_argument(
-        fmt::format("Restore: slotsFrom {} is past the {} replicas", from, p_.dp));
-  }
+  const int from = copies_of(i);
   auto& timing = out_.timing;
   for (auto h : src.getSlotHolders()) {
     const actor_ref holder = read_ref(h);

@@ -151,6 +151,11 @@ void region_recovery::write_sources(engine::wire::Restore::Builder b, const regi
       if (peers && u != untrusted_.end() && first <= u->second.through) {
         e.setSlotsFrom(u->second.from);
       }
+      // From disk: another replica's files where the role's own do not serve.
+      if (!peers && state_ && state_->window_pp == 0) {  // (another layout: its workers')
+        const auto f = state_->durable_from.find({r.first + j, d});
+        if (f != state_->durable_from.end()) e.setSlotsFrom(f->second);
+      }
     }
   }
 }

@@ -416,6 +416,36 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   fs::remove_all(dir + "-pp2");
 }
 
+// Replicas of a stage hold the same bits: where one replica's files are gone (what a replica
+// fenced for silent corruption leaves behind), a resume restores that role from another
+// replica's files, at the job's layout and at another (pp 2 -> 1), and ends with the
+// uninterrupted run's hash. Before, it found no window every role verifies and stopped.
+TEST(resume, a_replica_whose_files_are_gone_resumes_from_another_replicas) {
+  const std::string shape = fmt::format(
+      " --set parallel.pp=2 --set parallel.dp=2 --set cluster.spares=0 "
+      "--set train.iterations={}",
+      resume_iterations);
+  const auto train = run_moevement("train " + tiny() + " --set train.seq_len=16 " + shape);
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string dir = checkpoint_dir("replica_gone");
+  ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows("killed-dp2", job(dir, shape), 4, 3));
+  fs::copy(dir, dir + "-pp1", fs::copy_options::recursive);
+  for (const auto& d : {dir, dir + "-pp1"}) fs::remove_all(fs::path(d) / "stage-1-replica-1");
+  const auto same = launch("resumed-dp2", job(dir, shape) + " --resume");
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_EQ(same.hash, hash_of(train.output));
+  EXPECT_NE(same.output.find("stage 1 replica 1 restores from replica 0's files"),
+            std::string::npos)
+      << same.output;
+  const auto other =
+      launch("resumed-pp1", job(dir + "-pp1", shape + " --set parallel.pp=1") + " --resume");
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_EQ(other.hash, hash_of(train.output));
+  EXPECT_NE(other.output.find("from replica 0's files"), std::string::npos) << other.output;
+  fs::remove_all(dir);
+  fs::remove_all(dir + "-pp1");
+}
+
 // SIGUSR1 (what Slurm sends before a time limit, `sbatch --signal`) stops the job once its next
 // durable window is journaled, with status 75 and the command that goes on; --resume then
 // ends with the uninterrupted run's hash.

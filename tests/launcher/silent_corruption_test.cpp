@@ -5,6 +5,8 @@
 // replica's snapshot copies, and the job ends with the fault-free state_hash.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -73,15 +75,38 @@ void expect_replaced(const launch_outcome& o, int stage, int replica, const char
   EXPECT_NE(lost->find("fenced for silent data corruption"), std::string::npos) << *lost;
   EXPECT_EQ(o.count("recovery_end"), 1) << o.output;
   EXPECT_NE(o.output.find("holds corrupted state after iteration"), std::string::npos) << o.output;
+  const std::string* end = o.first("job_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  EXPECT_EQ(number_field(*end, "sdc_fenced"), 1) << *end;
 }
 
 // A bit the 2-byte compute weights keep (the default, bit 22) differs in them after the next
 // step: found by that step's weights check, before the next forward reads them.
+// The fenced replica's windows on disk go with it: a later restore from disk (a resume) takes
+// another replica's files for any window it wrote.
 TEST(silent_corruption, a_flipped_weight_is_found_at_the_next_step_and_replaced_bit_exact) {
-  const auto o = launch("flip_dp3", job(2, 3, 1, "--inject flip:stage=1,replica=2,iter=6"));
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("sdc_" + std::to_string(::getpid()) + "_flip_dp3");
+  std::filesystem::remove_all(dir);
+  const auto o =
+      launch("flip_dp3", job(2, 3, 1,
+                             "--set checkpoint.w_sparse=4 --set checkpoint.dir=" + dir.string() +
+                                 " --inject flip:stage=1,replica=2,iter=6"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference(3));
   expect_replaced(o, 1, 2, "weights", 7);
+  int windows = 0;
+  for (const auto& w : std::filesystem::directory_iterator(dir / "stage-1-replica-2")) {
+    std::ifstream meta(w.path() / "window.meta");
+    std::string line;
+    while (std::getline(meta, line)) {
+      if (!line.starts_with("first_iteration ")) continue;
+      ++windows;
+      EXPECT_GT(std::stoll(line.substr(16)), 7) << "a window the fenced replica wrote is kept";
+    }
+  }
+  EXPECT_GT(windows, 0) << "the replacement wrote no window of its own";
+  std::filesystem::remove_all(dir);
 }
 
 // A low bit the compute weights round away is found by the whole-state check
