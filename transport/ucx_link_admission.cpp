@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 
 namespace moevement::transport::detail {
 namespace {
@@ -114,33 +115,36 @@ std::string endpoint_text(const tcp::endpoint& e) {
                    : fmt::format("{}:{}", a.to_string(), e.port());
 }
 
-std::vector<std::byte> encode(const admission_request& r) {
+namespace {
+
+// A head (its sizes from the addresses), then `token` (empty in a reply) and the addresses.
+std::vector<std::byte> frame(std::uint32_t node, std::uint32_t token_or_verdict,
+                             std::string_view token, const std::vector<std::byte>& message,
+                             const std::vector<std::byte>& bulk, std::uint64_t key) {
   admission_head h;
-  h.node = r.node;
-  h.token_or_verdict = static_cast<std::uint32_t>(r.token.size());
-  h.message_bytes = static_cast<std::uint32_t>(r.message_address.size());
-  h.bulk_bytes = static_cast<std::uint32_t>(r.bulk_address.size());
-  h.key = r.key;
+  h.node = node;
+  h.token_or_verdict = token_or_verdict;
+  h.message_bytes = static_cast<std::uint32_t>(message.size());
+  h.bulk_bytes = static_cast<std::uint32_t>(bulk.size());
+  h.key = key;
   std::vector<std::byte> out;
   append(out, &h, sizeof h);
-  append(out, r.token.data(), r.token.size());
-  append(out, r.message_address.data(), r.message_address.size());
-  append(out, r.bulk_address.data(), r.bulk_address.size());
+  append(out, token.data(), token.size());
+  append(out, message.data(), message.size());
+  append(out, bulk.data(), bulk.size());
   return out;
 }
 
+}  // namespace
+
+std::vector<std::byte> encode(const admission_request& r) {
+  return frame(r.node, static_cast<std::uint32_t>(r.token.size()), r.token, r.message_address,
+               r.bulk_address, r.key);
+}
+
 std::vector<std::byte> encode(const admission_reply& r) {
-  admission_head h;
-  h.node = r.node;
-  h.token_or_verdict = static_cast<std::uint32_t>(r.verdict);
-  h.message_bytes = static_cast<std::uint32_t>(r.message_address.size());
-  h.bulk_bytes = static_cast<std::uint32_t>(r.bulk_address.size());
-  h.key = r.key;
-  std::vector<std::byte> out;
-  append(out, &h, sizeof h);
-  append(out, r.message_address.data(), r.message_address.size());
-  append(out, r.bulk_address.data(), r.bulk_address.size());
-  return out;
+  return frame(r.node, static_cast<std::uint32_t>(r.verdict), {}, r.message_address, r.bulk_address,
+               r.key);
 }
 
 result<std::size_t> request_body_bytes(const admission_head& h) {
