@@ -278,6 +278,42 @@ result<std::string> ucx_link::endpoint_info(node_id peer) {
 }
 
 void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_handler done) {
+  const std::size_t piece = state_->opt.pull_piece_bytes;
+  if (d.node == state_->opt.self || piece == 0 || d.length <= piece || into.size() != d.length) {
+    return pull_piece(d, into, std::move(done));
+  }
+  // In pieces, one after another: a connection that fails mid-transfer costs the piece in
+  // flight (asked again on the next one), not what arrived before it. Under a lease, pieces
+  // after the first are read without asking.
+  struct chain {
+    bulk_descriptor whole;
+    std::span<std::byte> into;
+    pull_handler done;
+    std::uint64_t at = 0;
+  };
+  auto c = std::make_shared<chain>(chain{d, into, std::move(done)});
+  auto next = std::make_shared<std::function<void()>>();
+  *next = [this, c, next, w = std::weak_ptr<detail::link_state>(state_), piece] {
+    const std::uint64_t n = std::min<std::uint64_t>(piece, c->whole.length - c->at);
+    bulk_descriptor part = c->whole;
+    part.offset += c->at;
+    part.length = n;
+    pull_piece(part, c->into.subspan(c->at, n), [c, next, w, n](result<void> r) {
+      const auto s = w.lock();
+      if (r.ok() && (s == nullptr || s->dying)) r = error{"the link was destroyed"};
+      if (!r.ok() || (c->at += n) == c->whole.length) {
+        auto done = std::move(c->done);
+        *next = nullptr;  // the chain ends: no cycle left
+        return done(std::move(r));
+      }
+      ++s->counters.pull_pieces;
+      (*next)();  // from a posted handler: outside UCX's progress; the link lives (not dying)
+    });
+  };
+  (*next)();
+}
+
+void ucx_link::pull_piece(const bulk_descriptor& d, std::span<std::byte> into, pull_handler done) {
   auto& s = *state_;
   auto fail = [&](std::string why) {
     ++s.counters.pulls_failed;
@@ -301,10 +337,11 @@ void ucx_link::pull(const bulk_descriptor& d, std::span<std::byte> into, pull_ha
   }
   auto c = s.connection_to(d.node);
   if (!c.ok()) {
-    // A peer the link lost but still keeps (a failed connection, no verdict yet) gets the pull
-    // parked, as its messages are: asked on its next connection, failed once it is forgotten.
+    // A peer the link still keeps (a failed connection, no verdict yet; or revived, with no
+    // address to dial: its own redial is awaited) gets the pull parked, as its messages are:
+    // asked on its next connection, failed once it is forgotten.
     const auto pe = s.peers.find(d.node);
-    if (pe == s.peers.end() || !pe->second.lost || !pe->second.kept || s.said_goodbye) {
+    if (pe == s.peers.end() || !pe->second.kept || s.said_goodbye) {
       return fail("pull: " + c.err().message);
     }
     ++s.counters.pulls_parked;

@@ -56,6 +56,11 @@ struct ucx_link_options {
   // every holder has released it (or its connection is gone).
   bool lease_regions = true;
   std::size_t max_leases = 64;  // per connection; the oldest is released beyond it
+  // A pull longer than this goes in pieces of it, one after another: a connection that fails
+  // mid-transfer (an endpoint timeout on a slow, lossy link) costs the piece in flight, not what
+  // arrived before. Large enough that a piece's round trip is lost in its transfer time (64 MiB
+  // takes 3 ms at 25 GB/s). 0: whole.
+  std::size_t pull_piece_bytes = std::size_t{64} << 20;
 };
 
 // What the link counts besides link_stats.
@@ -71,6 +76,7 @@ struct ucx_link_counters {
   std::uint64_t pulls_failed = 0;       // our pulls that completed with an error
   std::uint64_t pulls_retried = 0;      // our pulls asked again on a new connection
   std::uint64_t pulls_parked = 0;       // our pulls made while the peer had no connection
+  std::uint64_t pull_pieces = 0;        // pieces of long pulls asked after the first
   std::uint64_t pulls_by_rma = 0;       // our pulls the exporter answered with an rkey
   std::uint64_t pulls_by_lease = 0;     // our pulls read under a cached lease (no round trip)
   std::uint64_t get_pieces = 0;      // gets issued under leases (a big one from this host: several)
@@ -134,6 +140,7 @@ class ucx_link final : public link {
   // Pulls the bytes a descriptor names from its node into `into` (which must be exactly
   // descriptor.length bytes and stay valid until `done` runs). `done` is posted exactly once:
   // ok, or an error (bad descriptor, peer refused, peer lost mid-transfer).
+  // Pulls longer than pull_piece_bytes go in pieces, one after another.
   void pull(const bulk_descriptor& descriptor, std::span<std::byte> into, pull_handler done);
   // The path automatic pulls from this peer take for regions from allocate_region(); for
   // export_region() memory it is RMA only where the RMA lanes register any memory
@@ -155,6 +162,8 @@ class ucx_link final : public link {
                           std::span<const std::byte> data);
 
  private:
+  void pull_piece(const bulk_descriptor& descriptor, std::span<std::byte> into, pull_handler done);
+
   std::shared_ptr<detail::link_state> state_;
 };
 

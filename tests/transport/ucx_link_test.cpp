@@ -278,6 +278,44 @@ TEST_P(ucx_link_test, a_pull_whose_connection_fails_is_asked_again_on_the_next_o
   EXPECT_EQ(wait_exit(pid), 0);
 }
 
+// A long pull goes in pieces (ucx_link_options::pull_piece_bytes): a connection that fails
+// mid-transfer costs the piece in flight, asked again on the next connection, not the pieces
+// already in. Whole, every byte went again.
+TEST_P(ucx_link_test, a_long_pull_whose_connection_fails_keeps_the_pieces_already_in) {
+  ucx_link_options o;
+  o.pull_piece_bytes = 4u << 20;
+  make_link(o);
+  link_->set_handlers(link_handlers{
+      [this](node_id from, incoming_envelope env) { inbox_.emplace_back(from, decode(env)); },
+      [this](node_id peer, peer_loss why, const std::string& detail) {
+        losses_.push_back({peer, why, detail});
+        if (why == peer_loss::crash) link_->revive(peer);
+      }});
+  constexpr std::size_t bytes = std::size_t{128} << 20;
+  auto args = peer_args("export", 8);
+  args.insert(args.end(), {std::to_string(bytes), "alloc", "redial"});
+  const pid_t pid = spawn(args);
+  const auto region = wait_message("region");
+  ASSERT_TRUE(region);
+  std::vector<std::byte> into(region->descriptor.length);
+  std::optional<result<void>> done;
+  link_->pull(region->descriptor, into, [&](result<void> r) { done = std::move(r); });
+  ASSERT_TRUE(run_until([&] { return done.has_value() || link_->counters().pull_pieces >= 2; }));
+  ASSERT_FALSE(done.has_value()) << "the pull ended before the test could fail its connection";
+  link_->fail_connections_for_tests(8);
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_TRUE(done->ok()) << done->err().message;
+  EXPECT_EQ(xxhash64(into), region->checksum);
+  EXPECT_EQ(link_->counters().pull_pieces, bytes / o.pull_piece_bytes - 1);
+  EXPECT_EQ(link_->counters().pulls_retried, 1u) << "more than the piece in flight went again";
+  ASSERT_TRUE(link_->send(8, encode(0, 8, testing::make("bye"))).ok());
+  EXPECT_TRUE(run_until([&] {
+    return std::any_of(losses_.begin(), losses_.end(),
+                       [](const loss& l) { return l.why == peer_loss::goodbye; });
+  }));
+  EXPECT_EQ(wait_exit(pid), 0);
+}
+
 // A pull made after the link lost a live peer but before the caller's verdict (a job's head
 // decides who is lost) is parked like a message: asked on the peer's next connection, or failed
 // once the peer is forgotten. It used to fail at once ("node 8 is lost"), and a stage that
@@ -1003,7 +1041,17 @@ TEST_P(ucx_tensor_test, big_tensor_pulled_with_matching_checksum) {
   const bool rma_expected =
       c.path == bulk_path::rma ||
       (c.path == bulk_path::automatic && c.transport == "shm" && c.memory != "user");
-  EXPECT_EQ(link.counters().pulls_by_rma, rma_expected ? 1u : 0u);
+  // In pieces of pull_piece_bytes: each read by RMA (the first asks the exporter, the next
+  // ones read under its lease where it grants one), or none.
+  const std::uint64_t pieces = (bytes + o.pull_piece_bytes - 1) / o.pull_piece_bytes;
+  const auto by_rma = link.counters().pulls_by_rma, by_lease = link.counters().pulls_by_lease;
+  if (rma_expected) {
+    EXPECT_GE(by_rma, 1u);
+    EXPECT_EQ(by_rma + by_lease, pieces);
+  } else {
+    EXPECT_EQ(by_rma + by_lease, 0u);
+  }
+  EXPECT_EQ(link.counters().pull_pieces, pieces - 1);
   std::printf("pulled %zu MiB over %s by %s from %s memory in %.3f s (%.2f GB/s)\n",
               into.size() >> 20, c.transport.c_str(),
               link.counters().pulls_by_rma ? "RMA get" : "AM rendezvous", c.memory.c_str(), s,
@@ -1095,7 +1143,9 @@ TEST_P(ucx_kill_test, pull_fails_in_bounded_time_when_the_exporter_dies) {
   link.pull(region->descriptor, into, [&](result<void> r) { done = std::move(r); });
   if (c.delay_ms > 0) run_until([] { return false; }, std::chrono::milliseconds(c.delay_ms));
   if (c.leased) {
-    ASSERT_EQ(link.counters().pulls_by_lease, 1u) << "the second pull asked the exporter";
+    // (the first pull's pieces after its first read under the lease too)
+    ASSERT_EQ(link.counters().pulls_by_lease, link.counters().pull_pieces + 1)
+        << "the second pull asked the exporter";
   } else {
     ASSERT_FALSE(done.has_value()) << "the pull finished before the kill; the test needs a "
                                       "bigger tensor (capped_tensor_bytes)";
