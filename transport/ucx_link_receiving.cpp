@@ -224,12 +224,6 @@ void link_state::post_fail(std::uint64_t serial, std::string detail) {
   });
 }
 
-void link_state::post_lose(node_id peer, peer_loss why, std::string detail) {
-  asio::post(io, [w = weak_from_this(), peer, why, detail = std::move(detail)] {
-    if (auto s = w.lock()) s->lose_peer(peer, why, detail);
-  });
-}
-
 void link_state::deliver(std::uint64_t serial) {
   connection* c = find_conn(serial);
   if (c != nullptr) c->deliver_posted = false;

@@ -327,7 +327,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::vector<std::byte> bulk_address;     // bulk_worker's, sent to every peer we admit or join
   std::vector<std::byte> message_address;  // worker's, likewise
   std::shared_ptr<admission_listener> admission;
-  std::uint16_t port = 0;
   asio::posix::stream_descriptor fd;
   asio::posix::stream_descriptor bulk_fd;
   bool bulk_fd_waiting = false;
@@ -562,7 +561,6 @@ struct link_state : std::enable_shared_from_this<link_state> {
 
   void post_deliver(std::uint64_t serial);
   void post_fail(std::uint64_t serial, std::string detail);
-  void post_lose(node_id peer, peer_loss why, std::string detail);
 
   // Hands ready envelopes to the handler in arrival order.
   void deliver(std::uint64_t serial);
