@@ -36,10 +36,15 @@ class snapshot_lost : public std::runtime_error {
 
 // Thrown by a restore whose replay sent other bits than the stage logged sending then:
 // silent corruption of what was sent (docs/recovery.md "Silent data corruption"), which has
-// reached every stage since; the coordinator stops the job.
+// reached every stage since; the coordinator rolls the job back to before `iteration`.
 class replay_mismatch : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  replay_mismatch(const std::string& what, std::int64_t iteration)
+      : std::runtime_error(what), iteration_(iteration) {}
+  std::int64_t iteration() const { return iteration_; }  // whose sends differ
+
+ private:
+  std::int64_t iteration_;
 };
 
 class worker_checkpoint {

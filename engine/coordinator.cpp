@@ -309,9 +309,11 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
                         .add("stage", m.getStage())
                         .add("replicas", fmt::format("{}", m.getReplica()))
                         .add("node", std::int64_t{w.node})
+                        .add("sent_in", m.getMismatchIteration())
                         .add("time_s", log_->seconds()));
       }
-      fail(message + "; the job stops rather than train on from it");
+      co_await replay_mismatch_found(w, m.getStage(), m.getReplica(), m.getMismatchIteration(),
+                                     message);
     } else if (replacement) {
       co_await recovery_->restore_failed(message, m.getSnapshotLost());
     } else {

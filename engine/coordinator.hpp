@@ -261,15 +261,26 @@ class coordinator : public actors::actor, private head_control {
   wire::Verify verify_for(std::int64_t it) const;
   asio::awaitable<bool> verify_replicas();
   // No majority: a spare's replay judges (head_recovery::judge); the replicas to fence, or
-  // nullopt when the job stopped, saying why.
+  // nullopt with why the replay gave no verdict (empty: the job ended).
   asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> judge_by_replay(
-      const std::vector<divergence>& found, std::int64_t it);
+      const std::vector<divergence>& found, std::int64_t it, std::string& no_verdict);
+  // No replica is known bad: the whole job rolls back to before the last state check that
+  // agreed (head_recovery::roll_back_before), or stops saying why.
+  asio::awaitable<void> no_verdict(std::int64_t it, const std::string& why);
   // checkpoint.shadow_every: after iteration_ - 1's step, one stage (in turn) replayed on a
-  // spare and compared with the live stage. True when they differ: the job stopped, saying so.
+  // spare and compared with the live stage. True when they differ: the stage's worker is
+  // fenced and the job rolled back to before the corruption (or stopped, saying why).
   asio::awaitable<bool> shadow_check();
   // Fences the bad replicas' workers and recovers them (the job stops where it cannot).
+  // rolling_back: the recovery is a rollback past the corruption (roll_back_before), which
+  // trusts every replica's copies of the windows it restores.
   asio::awaitable<void> fence(const std::vector<std::pair<int, int>>& bad, const char* how,
-                              std::int64_t it);
+                              std::int64_t it, bool rolling_back = false);
+  // A recovery's replay sent other bits than replica (stage, replica) logged sending in
+  // iteration `at` (worker w's StageReady): the whole job rolls back to before it and w is
+  // fenced, or the job stops.
+  asio::awaitable<void> replay_mismatch_found(worker_info w, int stage, int replica,
+                                              std::int64_t at, const std::string& message);
   // The operator names of stage replica (s, d) (DigestsQuery), for the notices.
   asio::awaitable<std::vector<std::string>> operator_names(int s, int d);
   json_record job_start_record() const;  // the run log's job_start event
@@ -342,6 +353,9 @@ class coordinator : public actors::actor, private head_control {
   wire::Verify verify_ = wire::Verify::NONE;
   std::vector<replica_report> verify_reports_;
   std::int64_t sdc_found_ = 0;  // replicas fenced for silent corruption (job_end's sdc_fenced)
+  // The newest iteration whose whole-state check found every replica alike (-1: none yet):
+  // the states before its step are clean (a rollback past corruption goes back before it).
+  std::int64_t state_agreed_ = -1;
   // Per stage replica (d * pp + s): the windows_skipped it last reported (a new worker's starts
   // again from 0), so that each new skip is a notice once.
   std::vector<std::uint64_t> windows_skipped_;

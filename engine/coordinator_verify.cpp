@@ -52,8 +52,11 @@ asio::awaitable<bool> coordinator::verify_replicas() {
   const wire::Verify what = std::exchange(verify_, wire::Verify::NONE);
   if (what == wire::Verify::NONE || finished_) co_return false;
   const auto found = compare_replicas(job_.pp, job_.dp, job_.ep, verify_reports_);
-  if (found.empty()) co_return false;
   const std::int64_t it = iteration_ - 1;  // the iteration just stepped
+  if (found.empty()) {
+    if (what == wire::Verify::STATE) state_agreed_ = it;
+    co_return false;
+  }
   std::vector<std::string> lines;
   for (const auto& d : found) {
     const auto names = co_await operator_names(d.stage, d.replicas.front());
@@ -81,8 +84,12 @@ asio::awaitable<bool> coordinator::verify_replicas() {
   auto bad = bad_replicas(found);
   if (bad.empty()) {
     // No majority (two copies, or a tie): a replay on a spare judges.
-    auto judged = co_await judge_by_replay(found, it);
-    if (!judged) co_return true;  // the job stopped, saying why
+    std::string why;
+    auto judged = co_await judge_by_replay(found, it, why);
+    if (!judged) {
+      if (!why.empty()) co_await no_verdict(it, why);
+      co_return true;
+    }
     bad = std::move(*judged);
     how = "replay";
   }
@@ -90,15 +97,43 @@ asio::awaitable<bool> coordinator::verify_replicas() {
   co_return true;
 }
 
+asio::awaitable<void> coordinator::no_verdict(std::int64_t it, const std::string& why) {
+  const std::string message = fmt::format(
+      "silent data corruption after iteration {}: the copies of an operator disagree with no "
+      "majority among them, and {}",
+      it, why);
+  // Every state before the last whole-state check that agreed is clean: the job goes back to
+  // a window captured before it, every replica restored from its files, and trains on.
+  if (recovery_ && state_agreed_ >= 0 && recovery_->can_roll_back_before(state_agreed_)) {
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "sdc_judged")
+                      .add("how", "none")
+                      .add("iteration", it)
+                      .add("clean_before", state_agreed_)
+                      .add("time_s", log_->seconds()));
+    }
+    phase_ = phase::paused;
+    // (The result bound first: g++ 12 miscompiles a co_await inside a condition.)
+    const bool rolling = co_await recovery_->roll_back_before(state_agreed_, message);
+    if (rolling) {
+      if (!finished_) co_await recovery_->roll_back_now();
+      co_return;
+    }
+  }
+  if (finished_) co_return;
+  fail(fmt::format(
+      "{}; the job stops here rather than train on either copy (with parallel.dp >= 3 a "
+      "majority names the bad replica without a replay; a durable window captured before "
+      "the last whole-state check that agreed{} would have been rolled back to)",
+      message, state_agreed_ >= 0 ? fmt::format(", after iteration {},", state_agreed_) : ""));
+}
+
 asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::judge_by_replay(
-    const std::vector<divergence>& found, std::int64_t it) {
+    const std::vector<divergence>& found, std::int64_t it, std::string& why_none) {
   auto stop = [&](const std::string& why) -> std::optional<std::vector<std::pair<int, int>>> {
-    fail(
-        fmt::format("silent data corruption after iteration {}: the copies of an operator "
-                    "disagree with no majority among them, and {}; the job stops here rather "
-                    "than train on either copy (with parallel.dp >= 3 a majority names the bad "
-                    "replica without a replay)",
-                    it, why));
+    why_none = why;
     return std::nullopt;
   };
   if (!recovery_) {
@@ -169,7 +204,7 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
 }
 
 asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>& bad,
-                                         const char* how, std::int64_t it) {
+                                         const char* how, std::int64_t it, bool rolling_back) {
   // The replicas to fence, and for each one that agreed (same stage and shard) whose copies
   // its rebuild takes.
   const int ep = std::max(job_.ep, 1);
@@ -196,7 +231,8 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
                       .add("copies_from", from)
                       .add("time_s", log_->seconds()));
     }
-    if (!recovery_ || !recovery_->corrupted(s, d, from, it)) {
+    if (rolling_back) from = -1;  // the rollback's windows precede the corruption
+    if (!recovery_ || (!rolling_back && !recovery_->corrupted(s, d, from, it))) {
       fail(fmt::format(
           "silent data corruption after iteration {}: stage {} replica {} (worker {}, pid {}) "
           "differs from the majority of its replicas; checkpoint.policy = {} cannot rebuild it, "
@@ -285,16 +321,70 @@ asio::awaitable<bool> coordinator::shadow_check() {
                     .add("operator_name", fmt::format("{}", fmt::join(differ, ",")))
                     .add("replicas", "0")
                     .add("spare", std::int64_t{j.spare})
+                    .add("clean_before", j.first_iteration)
                     .add("time_s", log_->seconds()));
   }
-  fail(fmt::format(
+  const std::string found = fmt::format(
       "silent data corruption found by a shadow replay after iteration {}: stage {} replica 0 "
       "(worker {}, pid {}) differs from its replay on spare worker {} in {}; with one copy "
-      "(parallel.dp = 1) what it sent since may have spread to every stage, so the job stops "
-      "here rather than train on (resume from a durable window older than the corruption, or "
-      "run with parallel.dp >= 2, where the replicas check each other every step)",
-      it, s, n, pid, j.spare, fmt::join(differ, ", ")));
+      "(parallel.dp = 1) what it sent since may have spread to every stage",
+      it, s, n, pid, j.spare, fmt::join(differ, ", "));
+  // The replay from the window agreed with nothing the stage computed since the window's
+  // first capture that the corruption came after: every state before the window's first
+  // iteration is clean. The stage's worker is fenced and the whole job goes back there.
+  const std::string why = fmt::format(
+      "silent data corruption of stage {} (found by a shadow replay after iteration {})", s, it);
+  const bool rolling = co_await recovery_->roll_back_before(j.first_iteration, why);
+  if (rolling) {
+    notice(found);
+    const std::vector<std::pair<int, int>> bad{{s, 0}};
+    if (!finished_) co_await fence(bad, "shadow", it, true);
+    co_return true;
+  }
+  if (finished_) co_return true;
+  fail(fmt::format(
+      "{}, so the job stops here rather than train on: no durable window captured before "
+      "iteration {} is known to roll back to (the durable tier keeps checkpoint.keep windows; "
+      "with parallel.dp >= 2 the replicas check each other every step)",
+      found, j.first_iteration));
   co_return true;
+}
+
+asio::awaitable<void> coordinator::replay_mismatch_found(worker_info w, int stage, int replica,
+                                                         std::int64_t at,
+                                                         const std::string& message) {
+  // What that replica sent in iteration `at` reached every stage since: every state before
+  // that iteration's step is clean. Its worker computed it: fenced, the job rolled back.
+  bool rolling = false;
+  if (recovery_ && at >= 0) rolling = co_await recovery_->roll_back_before(at, message);
+  if (rolling) {
+    if (finished_) co_return;
+    if (log_ != nullptr) {
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "sdc_judged")
+                      .add("how", "replay_log")
+                      .add("iteration", at)
+                      .add("stage", stage)
+                      .add("replica", replica)
+                      .add("node", std::int64_t{w.node})
+                      .add("pid", w.pid)
+                      .add("copies_from", -1)
+                      .add("time_s", log_->seconds()));
+    }
+    notice(fmt::format(
+        "stage {} replica {} (worker {}, pid {}) sent corrupted bits in iteration {}: its worker "
+        "is fenced",
+        stage, replica, w.node, w.pid, at));
+    ++sdc_found_;
+    system().lose_member(w.node, "fenced it: it sent corrupted bits (silent data corruption)");
+    co_await worker_lost(w.node, "was fenced for silent data corruption");
+    co_return;
+  }
+  if (finished_) co_return;
+  fail(message +
+       "; the job stops rather than train on from it (no durable window captured before it is "
+       "known to roll back to)");
 }
 
 }  // namespace moevement::engine

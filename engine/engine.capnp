@@ -96,6 +96,8 @@ struct StageReady {
   copiesRefused @20 :Int64;
   # The restore failed because its replay sent other bits than logged (engine::replay_mismatch).
   replayMismatch @21 :Bool;
+  # Of a replay mismatch: the iteration whose sends differ.
+  mismatchIteration @22 :Int64 = -1;
 }
 struct OpSize {
   computeBytes @0 :UInt64;

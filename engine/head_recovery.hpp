@@ -130,6 +130,7 @@ struct replay_judgement {
   std::string error;                   // non-empty: no verdict, and why
   transport::node_id spare = 0;        // the worker that replayed (0: none)
   double seconds = 0.0;
+  std::int64_t first_iteration = 0;  // where its replay began (the window's first)
 };
 
 class head_recovery {
@@ -206,6 +207,21 @@ class head_recovery {
     co_return replay_judgement{
         {}, "this job's checkpoint policy keeps no windows to replay", 0, 0.0};
   }
+  // Silent corruption no region can repair: what it computed may have spread to every stage
+  // (one copy), or no window holds a copy to trust (docs/recovery.md "Rolling back past the
+  // corruption"). The whole job rolls back to the newest durable window every capture of
+  // which precedes step `clean_before` (the states after the steps before it are known
+  // clean), replays to `clean_before` and trains on from there. can_roll_back_before: the
+  // durable tier knows such a window (its files are checked when the rollback chooses).
+  // roll_back_before marks the recovery that follows (the bad worker's fence, or
+  // roll_back_now() where none is known) as this rollback; in a recovery already under way
+  // (a replay found it) the rollback starts at once. False: this recovery cannot.
+  virtual bool can_roll_back_before(std::int64_t /*clean_before*/) const { return false; }
+  virtual asio::awaitable<bool> roll_back_before(std::int64_t /*clean_before*/,
+                                                 std::string /*why*/) {
+    co_return false;
+  }
+  virtual asio::awaitable<void> roll_back_now() { co_return; }
   // --resume: every stage restores from the durable tier, as the journal says (the coordinator
   // has taken its state from p already).
   virtual asio::awaitable<void> resume(const resume_point& p) = 0;

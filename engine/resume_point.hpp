@@ -37,6 +37,9 @@ struct resume_point {
   std::map<std::uint64_t, int> window_sizes;
   // Every step from the oldest window's first iteration to target_iteration - 1.
   std::map<std::int64_t, planned_step> steps;
+  // Not journaled: the journal drops its entries of windows newer than `window` as it writes
+  // this one (a rollback past silent corruption left the timeline they belong to).
+  bool drop_newer = false;
 };
 
 }  // namespace moevement::engine

@@ -71,7 +71,7 @@ void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& h
 }
 
 void worker_agent::report(const actors::actor_ref& stage, const std::string& err,
-                          bool snapshot_lost, bool replay_mismatch) {
+                          bool snapshot_lost, std::int64_t mismatch_at) {
   const transport::node_id me = system().node();
   const actors::actor_ref ckpt =
       checkpoint_ && stage.valid() ? checkpoint_->agent() : actors::actor_ref{};
@@ -103,7 +103,8 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
     b.setSnapshotBandwidth(bandwidth);
     b.setGeneration(generation_);
     b.setSnapshotLost(snapshot_lost);
-    b.setReplayMismatch(replay_mismatch);
+    b.setReplayMismatch(mismatch_at >= 0);
+    b.setMismatchIteration(mismatch_at);
     if (restored_ && checkpoint_) {
       const auto t = checkpoint_->last_restore();
       b.setPullSeconds(t.pull_s);
@@ -290,7 +291,7 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
            true);
   } catch (const replay_mismatch& e) {
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()),
-           false, true);
+           false, e.iteration());
   } catch (const std::exception& e) {
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
   }

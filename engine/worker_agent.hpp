@@ -58,9 +58,10 @@ class worker_agent : public actors::actor {
   // replacement: rebuilt on this spare (Restore) rather than assigned at the start.
   void start_stage(stage_setup setup, std::unique_ptr<stage_model> model, bool replacement);
   // snapshot_lost: a restore failed for want of a snapshot copy (engine::snapshot_lost).
-  // replay_mismatch: it failed for a send its replay computed otherwise (replay_mismatch).
+  // mismatch_at >= 0: it failed for a send of that iteration its replay computed otherwise
+  // (replay_mismatch).
   void report(const actors::actor_ref& stage, const std::string& error, bool snapshot_lost = false,
-              bool replay_mismatch = false);
+              std::int64_t mismatch_at = -1);
 
   transport::ucx_link& link_;
   const stage_registry& registry_;

@@ -103,9 +103,35 @@ bool region_recovery::taken_over(const engine::resume_point& p, const engine::li
   return true;
 }
 
+awaitable<bool> region_recovery::roll_back_before(std::int64_t clean_before, std::string why) {
+  if (!can_roll_back_before(clean_before)) co_return false;
+  clean_ = clean_rollback{clean_before, why};
+  // Found by a recovery's replay: that recovery becomes the rollback. Otherwise the next one
+  // (the fence's loss, or roll_back_now) starts it (recover()).
+  if (state_ && state_->begun) co_await start_durable_rollback(std::move(why));
+  co_return true;
+}
+
+awaitable<void> region_recovery::roll_back_now() {
+  if (!state_) {
+    state_.emplace();
+    state_->detected = sclock::now();
+  }
+  co_await recover();
+}
+
 awaitable<void> region_recovery::start_durable_rollback(std::string why) {
   if (!state_ || state_->durable || job_.finished()) co_return;
-  job_.notice(fmt::format("{}: falling back to the durable tier, the whole job rolls back", why));
+  if (clean_) {
+    // Past silent corruption: back to before it, training goes on from there.
+    state_->target = std::min(state_->target, clean_->before);
+    job_.notice(
+        fmt::format("{}: the whole job rolls back to the newest durable window captured before "
+                    "iteration {}, replays to it and trains on from there",
+                    why, clean_->before));
+  } else {
+    job_.notice(fmt::format("{}: falling back to the durable tier, the whole job rolls back", why));
+  }
   // One region: the whole pipeline, every role, under a supervisor of its own (the regions'
   // go). Lost roles keep the spare they have; every other role is restored by the worker that
   // holds it (survivors, and spares that rebuilt another region).
@@ -193,6 +219,7 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
     if (ask_again) continue;
     for (const auto& [w, first] : windows_.durable_windows()) {  // ascending: the newest wins
       if (first > target || !windows_.persisted() || w > *windows_.persisted()) continue;
+      if (clean_ && !windows_.clean(w, first, clean_->before)) continue;
       if (auto from = serving_files(roles, offers, w, first)) {
         window = w;
         found = true;
@@ -206,6 +233,14 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
         "nothing to resume: no durable window the journal knows is complete and verified on "
         "every stage ({} rejected)",
         rejected.size()));
+    co_return false;
+  }
+  if (!found && clean_) {
+    job_.fail(fmt::format(
+        "{}; no durable window captured before iteration {} is complete and verified on every "
+        "stage ({} rejected), so the job stops rather than train on (checkpoint.keep windows "
+        "are kept on disk: more reach further back)",
+        why, clean_->before, rejected.size()));
     co_return false;
   }
   if (!found) {
@@ -265,6 +300,7 @@ void region_recovery::note_durable_window(std::size_t rejected) const {
                    .add("target_iteration", target)
                    .add("rejected", std::int64_t(rejected))
                    .add("reason", why.substr(0, 1024))
+                   .add("clean_before", clean_ ? clean_->before : std::int64_t{-1})
                    .add("time_s", log->seconds()));
   }
 }

@@ -44,6 +44,7 @@ awaitable<engine::replay_judgement> region_recovery::judge(int stage, int replic
   const bool has_window = windows_.persisted().has_value();
   const std::uint64_t window = windows_.persisted().value_or(0);
   const std::int64_t first = has_window ? windows_.persisted_first() : 0;
+  out.first_iteration = first;
   region r;
   r.first = r.last = stage;
   const actor_ref me = job_.actor().self();

@@ -82,6 +82,11 @@ awaitable<void> region_recovery::recover() {
     // (false: the job ended, or stages lost meanwhile, whose turns place every loss at once)
     if (!co_await job_.hold_training(state_->group_abort_s)) co_return;
   }
+  // Past silent corruption (roll_back_before): the whole job goes back to before it.
+  if (clean_ && !state_->durable) {
+    co_await start_durable_rollback(clean_->why);
+    co_return;
+  }
   if (state_->pending.empty()) co_return;
   place_losses();
   // No window of this head's has persisted since a standby took over: the journal's durable
@@ -392,8 +397,15 @@ awaitable<void> region_recovery::maybe_finish() {
   const state rec = std::move(*state_);
   state_.reset();
   report_end(rec);
-  windows_.recovered(rec.target, rec.window_pp != 0);
   engine::recovery_done done;
+  if (clean_ && rec.durable) {
+    // Rolled back past silent corruption: the job goes on at the target, under its scaler.
+    done.rolled_back = windows_.scaler_before(rec.target);
+    windows_.rolled_back(rec.durable_window, rec.target);
+  } else {
+    windows_.recovered(rec.target, rec.window_pp != 0);
+  }
+  clean_.reset();
   done.target = rec.target;
   done.validation = rec.resume_validation;
   done.counts = !rec.resume;

@@ -68,6 +68,12 @@ class region_recovery : public engine::head_recovery {
     if (from >= 0) untrusted_[{stage, replica}] = {from, through};
     return true;
   }
+  bool can_roll_back_before(std::int64_t clean_before) const override {
+    return windows_.durable() && windows_.clean_window_before(clean_before) &&
+           !(state_ && state_->durable);
+  }
+  asio::awaitable<bool> roll_back_before(std::int64_t clean_before, std::string why) override;
+  asio::awaitable<void> roll_back_now() override;
   std::int64_t steps_kept_from() const override {
     const auto& steps = windows_.steps();
     return steps.empty() ? -1 : steps.begin()->first;
@@ -228,6 +234,13 @@ class region_recovery : public engine::head_recovery {
   };
   std::map<std::pair<int, int>, untrusted> untrusted_;
   bool judging_ = false;  // a judge replays the persisted window: none persists meanwhile
+  // A rollback past silent corruption (roll_back_before): the durable window it restores must
+  // have been captured before step `before`, and the job goes on at `before`.
+  struct clean_rollback {
+    std::int64_t before = 0;
+    std::string why;
+  };
+  std::optional<clean_rollback> clean_;
 };
 
 }  // namespace moevement::recovery

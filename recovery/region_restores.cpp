@@ -325,14 +325,21 @@ void region_recovery::report_end(const state& rec) const {
           rec.durable_window, secs, replay, replayed, rec.target));
     } else {
       const bool group = replacements != spares;
-      job_.notice(fmt::format(
-          "{} recovered on worker{} {}{} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} "
-          "iteration{} replayed); training resumes at iteration {}",
-          r.first == r.last ? fmt::format("stage {}", r.first)
-                            : fmt::format("stages {}..{}", r.first, r.last),
-          replacements.find(',') != std::string::npos ? "s" : "", replacements,
-          group ? fmt::format(" (its group replayed on workers {})", spares) : std::string(), secs,
-          pull, replay, replayed, replayed == 1 ? "" : "s", rec.target));
+      // A rollback past silent corruption with no worker replaced restores every stage in
+      // place.
+      const std::string where =
+          replacements.empty()
+              ? fmt::format("in place on workers {}", spares)
+              : fmt::format("on worker{} {}{}",
+                            replacements.find(',') != std::string::npos ? "s" : "", replacements,
+                            group ? fmt::format(" (its group replayed on workers {})", spares)
+                                  : std::string());
+      job_.notice(
+          fmt::format("{} recovered {} in {:.2f} s (pull {:.3f} s, replay {:.3f} s, {} iteration{} "
+                      "replayed); training resumes at iteration {}",
+                      r.first == r.last ? fmt::format("stage {}", r.first)
+                                        : fmt::format("stages {}..{}", r.first, r.last),
+                      where, secs, pull, replay, replayed, replayed == 1 ? "" : "s", rec.target));
     }
   }
 }

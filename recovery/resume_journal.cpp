@@ -229,6 +229,7 @@ resume_journal::resume_journal(const engine::job_config& job)
 void resume_journal::write(const engine::resume_point& point) const {
   const std::string text = resume_text(point, identity_);
   durable_store store(dir_);
+  if (point.drop_newer) store.drop_after(point.window);
   const blob_view blob{blob_name, std::as_bytes(std::span(text.data(), text.size()))};
   store.write_window(point.window, std::span(&blob, 1));
   store.prune(keep_);

@@ -54,10 +54,11 @@ void check_sent(const log_store* own, std::int64_t iteration, int mb, log_direct
       std::memcmp(bytes->data(), sent.data(), sent.size_bytes()) != 0) {
     throw engine::replay_mismatch(
         "sparse-to-dense: the replay of iteration " + std::to_string(iteration) + " micro-batch " +
-        std::to_string(mb) + " replica " + std::to_string(replica) +
-        " sent other bits than logged: silent " +
-        "data corruption of what was sent then (or broken determinism: a " +
-        "different build, flags or inputs)");
+            std::to_string(mb) + " replica " + std::to_string(replica) +
+            " sent other bits than logged: silent " +
+            "data corruption of what was sent then (or broken determinism: a " +
+            "different build, flags or inputs)",
+        iteration);
   }
   ++checked;
 }

@@ -31,6 +31,7 @@ engine::checkpoint_place window_book::planned(const engine::planned_iteration& i
   if (it.iteration > planned_max_ && plan_.at(it.iteration).slot == 0) retune(it.iteration);
   planned_max_ = std::max(planned_max_, it.iteration);
   steps_[it.iteration] = it.step;
+  scalers_[it.iteration + 1] = it.scaler;  // it.scaler: after this step
   report_stall(it.iteration);
   return plan_.at(it.iteration);
 }
@@ -219,7 +220,7 @@ void window_book::replicated(engine::wire::WindowReplicated::Reader m, bool reco
   const int s = m.getStage(), d = m.getReplica();
   if (s < 0 || s >= job.pp || d < 0 || d >= job.dp) return;
   const std::uint64_t window = m.getWindow();
-  if (persisted_ && window <= *persisted_) return;
+  if ((persisted_ && window <= *persisted_) || window < first_live_window_) return;
   auto& done = replicated_[window];
   done.resize(std::size_t(job.pp * job.dp), false);
   done[std::size_t(d * job.pp + s)] = true;
@@ -284,6 +285,7 @@ void window_book::maybe_persist() {
   const std::int64_t keep_from =
       durable_windows_.empty() ? first : std::min(first, durable_windows_.begin()->second);
   steps_.erase(steps_.begin(), steps_.lower_bound(keep_from));
+  scalers_.erase(scalers_.begin(), scalers_.lower_bound(keep_from));
   plan_.forget_before(durable_windows_.empty() ? window
                                                : std::min(window, durable_windows_.begin()->first));
   tell_persisted(window, first, durable);
@@ -331,7 +333,12 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
   // Every stage replica answered: one persisted durable window, its bytes in all and the
   // slowest stage's seconds (they write in parallel). Written everywhere: a resume may start
   // from it, once the journal has what the windows do not.
-  if (durable_errors_ == 0) job_.durable_window(journal_point());
+  if (durable_errors_ == 0) {
+    // The scaler is the one after the last planned step: training goes on right after it.
+    job_.durable_window(journal_point(
+        *durable_inflight_, steps_.empty() ? job_.iteration() : steps_.rbegin()->first + 1,
+        job_.scaler()));
+  }
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
                    .add("kind", "event")
@@ -418,14 +425,14 @@ void window_book::choose_window_size(const engine::planned_iteration& it) {
   }
 }
 
-engine::resume_point window_book::journal_point() const {
+engine::resume_point window_book::journal_point(std::uint64_t window, std::int64_t target,
+                                                const models::loss_scaler& scaler) const {
   const auto& job = job_.job();
   engine::resume_point p;
-  p.window = durable_inflight_.value_or(0);
+  p.window = window;
   p.w_sparse = w_of(p.window);
-  // The scaler is the one after the last planned step: training goes on right after it.
-  p.target_iteration = steps_.empty() ? job_.iteration() : steps_.rbegin()->first + 1;
-  p.scaler = job_.scaler();
+  p.target_iteration = target;
+  p.scaler = scaler;
   p.pp = job.pp;
   p.dp = job.dp;
   p.ep = std::max(job.ep, 1);
@@ -435,8 +442,50 @@ engine::resume_point window_book::journal_point() const {
     p.window_sizes[w] = w_of(w);
   }
   const std::int64_t from = p.windows.empty() ? p.target_iteration : p.windows.begin()->second;
-  for (auto it = steps_.lower_bound(from); it != steps_.end(); ++it) p.steps.insert(*it);
+  for (auto it = steps_.lower_bound(from); it != steps_.end() && it->first < target; ++it) {
+    p.steps.insert(*it);
+  }
   return p;
+}
+
+bool window_book::clean_window_before(std::int64_t clean_before) const {
+  return std::any_of(durable_windows_.begin(), durable_windows_.end(), [&](const auto& w) {
+    return (!persisted_ || w.first <= *persisted_) && clean(w.first, w.second, clean_before);
+  });
+}
+
+std::optional<models::loss_scaler> window_book::scaler_before(std::int64_t target) const {
+  const auto it = scalers_.find(target);
+  if (it == scalers_.end()) return std::nullopt;
+  return it->second;
+}
+
+void window_book::rolled_back(std::uint64_t window, std::int64_t target) {
+  // The sizes of the windows kept, before the plan that knew them goes.
+  for (const auto& [w, first] : durable_windows_) resumed_sizes_[w] = w_of(w);
+  const std::uint64_t next = plan_.at(planned_max_).window + 1;
+  durable_windows_.erase(durable_windows_.upper_bound(window), durable_windows_.end());
+  steps_.erase(steps_.lower_bound(target), steps_.end());
+  scalers_.erase(scalers_.upper_bound(target), scalers_.end());
+  replicated_.clear();
+  window_first_.clear();
+  schedule_digests_.clear();
+  // The window restored from is on disk only: a loss before the next one persists rolls the
+  // job back to the durable tier again (its replicas' copies in memory are gone).
+  persisted_ = window;
+  persisted_first_ = durable_windows_.at(window);
+  on_disk_only_ = true;
+  durable_inflight_.reset();
+  durable_from_ = target;
+  stall_reported_.reset();
+  if (tuner_) tuner_->clear();
+  plan_ = window_plan{};
+  plan_.start(target, w_sparse_, next);
+  first_live_window_ = next;
+  planned_max_ = target - 1;
+  engine::resume_point p = journal_point(window, target, scalers_.at(target));
+  p.drop_newer = true;
+  job_.durable_window(p);
 }
 
 }  // namespace moevement::recovery

@@ -35,6 +35,19 @@ class window_book {
   // A recovery ended at `target` (its rebuilt stages capture from there on); layout_changed:
   // a resume at another layout, whose old windows no restore reads again.
   void recovered(std::int64_t target, bool layout_changed);
+  // Silent corruption rolled the job back (region_recovery::roll_back_before): whether a
+  // durable window every capture of which precedes step `clean_before` is known, with the
+  // step plans and loss scaler a replay to it needs; the loss scaler before iteration
+  // `target`; and once every stage is back at `target` from durable window `window`: the
+  // windows, steps and plans of the timeline left are forgotten (the windows from here on
+  // are numbered past every window it began, so that no copy of one is taken for a new one),
+  // and the journal says `window` with `target`, its newer entries dropped.
+  bool clean_window_before(std::int64_t clean_before) const;
+  bool clean(std::uint64_t window, std::int64_t first, std::int64_t clean_before) const {
+    return first + w_of(window) - 2 < clean_before && scalers_.contains(clean_before);
+  }
+  std::optional<models::loss_scaler> scaler_before(std::int64_t target) const;
+  void rolled_back(std::uint64_t window, std::int64_t target);
   // --resume: the windows, steps and W_sparse as the journal says.
   void resume_from(const engine::resume_point& p);
   // A standby head took over from the live stages: the journal's durable windows, the steps
@@ -71,8 +84,10 @@ class window_book {
   // (the agents write it to disk when `durable`); windows begun before `before` are abandoned.
   void tell_persisted(std::uint64_t window, std::int64_t first, bool durable);
   void tell_abandoned(std::int64_t before);
-  // What a resume from the durable window in flight needs (head_control::durable_window).
-  engine::resume_point journal_point() const;
+  // What a resume from durable window `window` needs to go on at `target` with `scaler`
+  // (head_control::durable_window).
+  engine::resume_point journal_point(std::uint64_t window, std::int64_t target,
+                                     const models::loss_scaler& scaler) const;
 
   engine::head_control& job_;
   bool durable_ = false;
@@ -82,6 +97,7 @@ class window_book {
   std::int64_t planned_max_ = -1;                          // the newest step planned
   std::map<std::uint64_t, int> resumed_sizes_;             // --resume: the journal's windows' W
   std::map<std::int64_t, engine::planned_step> steps_;     // from the oldest window kept
+  std::map<std::int64_t, models::loss_scaler> scalers_;    // before each iteration, as steps_
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [d * pp + s] done
   std::map<std::uint64_t, std::int64_t> window_first_;
   // window -> [stage * ep + EP rank]
@@ -100,6 +116,7 @@ class window_book {
   std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
   std::optional<std::uint64_t> stall_reported_;  // the newest window reported as stalled
+  std::uint64_t first_live_window_ = 0;          // older ones are of a timeline a rollback left
 };
 
 }  // namespace moevement::recovery

@@ -198,11 +198,29 @@ TEST(silent_corruption, a_corrupt_snapshot_copy_is_refused_and_the_other_one_use
   EXPECT_NE(o.output.find("is refused (snapshot checksum mismatch"), std::string::npos) << o.output;
 }
 
+// A rollback past the corruption: the run log's durable_rollback went back to a window every
+// capture of which came before iteration `before` and trained on from `before`.
+void expect_rolled_back_before(const launch_outcome& o, double before) {
+  const std::string* back = o.first("durable_rollback");
+  ASSERT_NE(back, nullptr) << o.output;
+  EXPECT_EQ(number_field(*back, "clean_before"), before) << *back;
+  EXPECT_EQ(number_field(*back, "target_iteration"), before) << *back;
+  // W 2: the window's captures are after the steps of first - 1 and first.
+  EXPECT_LT(number_field(*back, "first_iteration"), before) << *back;
+  EXPECT_NE(o.output.find("the whole job rolls back to the newest durable window captured "
+                          "before iteration " +
+                          std::to_string(int(before))),
+            std::string::npos)
+      << o.output;
+}
+
 // One copy (dp = 1): a shadow replay on a spare (checkpoint.shadow_every) compares each stage
-// in turn with its replay. Fault-free every check agrees and changes nothing; a flipped bit is
-// found at its stage's next check, and the job stops naming the stage (what the stage sent
-// since may have spread everywhere: no replica to rebuild it from).
-TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip) {
+// in turn with its replay. Fault-free every check agrees and changes nothing. A flipped bit is
+// found at its stage's next check; what the stage sent since may have spread everywhere, so
+// its worker is fenced and the whole job rolls back to a durable window captured before the
+// replayed window's first iteration (the flip came after it), and trains on from there:
+// the fault-free hash. Without the durable tier the job stops, naming the stage.
+TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip_and_the_job_rolls_back) {
   const std::string base = job(2, 1, 1, "--set checkpoint.shadow_every=4");
   const auto clean = launch("shadow_clean", base);
   ASSERT_EQ(clean.exit_code, 0) << clean.output;
@@ -213,9 +231,10 @@ TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip) {
     EXPECT_NE(checks[k]->find("\"agrees\":true"), std::string::npos) << *checks[k];
     EXPECT_EQ(number_field(*checks[k], "stage"), double(k % 2)) << "each stage in turn";
   }
-  const auto o = launch("shadow_flip", base + " --inject flip:stage=1,replica=0,iter=5");
-  EXPECT_NE(o.exit_code, 0);
-  EXPECT_TRUE(o.hash.empty()) << o.output;
+  const std::string flip = " --inject flip:stage=1,replica=0,iter=5";
+  const auto o = launch("shadow_flip", base + flip);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
   EXPECT_NE(o.output.find("found by a shadow replay after iteration 7: stage 1"), std::string::npos)
       << o.output;
   const std::string* suspected = o.first("sdc_suspected");
@@ -224,29 +243,77 @@ TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip) {
   // The flipped operator among them; by the check (two steps on) the others differ too: the
   // flipped weights were read by a forward, and its gradients reached the whole stage.
   EXPECT_TRUE(field(*suspected, "operator_name").starts_with("layer2.norm1,")) << *suspected;
+  // Found from the window of iterations 5..6 (W 2): the flip came after its first capture.
+  expect_rolled_back_before(o, number_field(*suspected, "clean_before"));
+  EXPECT_EQ(number_field(*suspected, "clean_before"), 5) << *suspected;
+  const std::string* judged = o.first("sdc_judged");
+  ASSERT_NE(judged, nullptr) << o.output;
+  EXPECT_EQ(field(*judged, "how"), "shadow");
+  ASSERT_EQ(o.count("worker_lost"), 1) << o.output;
+  EXPECT_NE(o.first("worker_lost")->find("fenced for silent data corruption"), std::string::npos);
+  EXPECT_EQ(number_field(*o.first("job_end"), "sdc_fenced"), 1);
+
+  const auto stopped =
+      launch("shadow_flip_no_disk", base + flip + " --set checkpoint.durable=false");
+  EXPECT_NE(stopped.exit_code, 0);
+  EXPECT_TRUE(stopped.hash.empty()) << stopped.output;
+  EXPECT_NE(stopped.output.find("so the job stops here rather than train on: no durable window "
+                                "captured before iteration 5"),
+            std::string::npos)
+      << stopped.output;
 }
 
 // A miscomputed activation (flipped before it is logged and sent) leaves every replica in
 // agreement: nothing to compare. A replay finds it: here a kill of the other replica makes
 // the stage's group replay iteration 6, the survivor its own replica, each tensor it sends
-// checked against what it logged then. The job stops saying so (what was sent has spread).
-TEST(silent_corruption, a_flipped_activation_is_found_at_a_replay) {
+// checked against what it logged then. What was sent has spread: the sender's worker is
+// fenced and the whole job rolls back to a window captured before iteration 6.
+TEST(silent_corruption, a_flipped_activation_is_found_at_a_replay_and_the_job_rolls_back) {
   const auto o =
       launch("flip_activation", job(2, 2, 1,
+                                    "--set cluster.spares=2 "
                                     "--inject flip:stage=0,replica=1,iter=6,target=activation "
                                     "--inject kill:stage=0,replica=0,iter=7"));
-  EXPECT_NE(o.exit_code, 0);
-  EXPECT_TRUE(o.hash.empty()) << o.output;
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
   EXPECT_NE(o.output.find("the replay of iteration 6 micro-batch 0 replica 1 sent other bits "
                           "than logged: silent data corruption"),
             std::string::npos)
       << o.output;
-  EXPECT_EQ(o.count("sdc_judged"), 0) << "every replica agreed";
   const std::string* suspected = o.first("sdc_suspected");
   ASSERT_NE(suspected, nullptr) << o.output;
   EXPECT_EQ(field(*suspected, "digest"), "replay");
   EXPECT_EQ(number_field(*suspected, "stage"), 0);
   EXPECT_EQ(field(*suspected, "replicas"), "1");
+  EXPECT_EQ(number_field(*suspected, "sent_in"), 6);
+  const std::string* judged = o.first("sdc_judged");
+  ASSERT_NE(judged, nullptr) << o.output;
+  EXPECT_EQ(field(*judged, "how"), "replay_log");
+  EXPECT_EQ(number_field(*judged, "stage"), 0);
+  EXPECT_EQ(number_field(*judged, "replica"), 1);
+  expect_rolled_back_before(o, 6);
+  EXPECT_EQ(o.count("worker_lost"), 2) << "the kill and the fence\n" << o.output;
+}
+
+// Two copies that disagree where the judge trusts no window (the flip came before the
+// persisted window's capture of that operator): every state before the last whole-state check
+// that agreed (iteration 4) is clean, so the whole job rolls back to a window captured before
+// it, every replica from its own files, no worker replaced.
+TEST(silent_corruption, two_copies_no_verdict_roll_back_to_before_the_last_state_check) {
+  const auto o = launch("flip_no_verdict",
+                        job(2, 2, 1,
+                            "--set checkpoint.verify_every=4 --inject "
+                            "flip:stage=0,replica=1,iter=5,operator=layer0.attention,bit=3"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  EXPECT_NE(o.output.find("could take either side"), std::string::npos) << o.output;
+  const std::string* judged = o.first("sdc_judged");
+  ASSERT_NE(judged, nullptr) << o.output;
+  EXPECT_EQ(field(*judged, "how"), "none");
+  EXPECT_EQ(number_field(*judged, "clean_before"), 4);
+  expect_rolled_back_before(o, 4);
+  EXPECT_EQ(o.count("worker_lost"), 0) << o.output;
+  EXPECT_NE(o.output.find("recovered in place on workers"), std::string::npos) << o.output;
 }
 
 // A job that cannot rebuild the bad replica stops, saying why, rather than train on it.

@@ -85,6 +85,24 @@ TEST_F(resume_journal_test, a_point_reads_back_bit_for_bit_and_the_newest_wins) 
   expect_same(*r, point(5));
 }
 
+// A rollback past silent corruption journals the window it went back to again, with the
+// iteration it goes on at: the newer journals (of the timeline it left) are dropped.
+TEST_F(resume_journal_test, a_rollback_drops_the_journals_of_the_timeline_it_left) {
+  const resume_journal j(job_in(dir_));
+  j.write(point(4));
+  j.write(point(5));
+  j.write(point(6));
+  engine::resume_point back = point(4);
+  back.target_iteration = 14;
+  back.steps.erase(back.steps.lower_bound(14), back.steps.end());
+  back.drop_newer = true;
+  j.write(back);
+  auto r = j.load();
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  expect_same(*r, back);
+  EXPECT_EQ(durable_store(resume_journal_dir(dir_)).windows(), std::vector<std::uint64_t>{4});
+}
+
 TEST_F(resume_journal_test, a_corrupt_newest_journal_is_skipped_with_its_reason) {
   const resume_journal j(job_in(dir_));
   j.write(point(4));
