@@ -190,6 +190,7 @@ void window_book::resume_from(const engine::resume_point& p) {
   planned_max_ = p.target_iteration - 1;
   make_tuner();
   steps_ = p.steps;
+  scalers_ = {{p.target_iteration, p.scaler}};
   durable_windows_ = p.windows;
   persisted_ = p.window;
   persisted_first_ = p.windows.at(p.window);

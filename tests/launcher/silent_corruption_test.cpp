@@ -263,6 +263,44 @@ TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip_and_the_job_r
       << stopped.output;
 }
 
+// The rollback wrote the resume journal again for the window it went back to and dropped the
+// journal's entries of the windows begun since (the timeline it left: a resume from one
+// would go back to a window captured after the flip). The windows from then on are numbered
+// past them. A job that ends soon after and is resumed ends with the fault-free hash.
+TEST(silent_corruption, a_job_resumed_after_a_rollback_goes_on_from_before_the_flip) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("sdc_resume_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::string base =
+      job(2, 1, 1, "--set checkpoint.shadow_every=4 --set checkpoint.dir=" + dir.string());
+  const auto cut = launch(
+      "shadow_cut", base + " --set train.iterations=9 --inject flip:stage=1,replica=0,iter=5");
+  ASSERT_EQ(cut.exit_code, 0) << cut.output;
+  // The windows persisted before the rollback, and the one it went back to.
+  double left = -1, back = -1;
+  for (const auto& line : cut.log) {
+    if (line.find("\"event\":\"durable_rollback\"") != std::string::npos) {
+      back = number_field(line, "window");
+      break;
+    }
+    if (line.find("\"event\":\"window_persisted\"") != std::string::npos) {
+      left = std::max(left, number_field(line, "window"));
+    }
+  }
+  ASSERT_GE(back, 0) << cut.output;
+  ASSERT_GT(left, back) << cut.output;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "head")) {
+    const double id = std::stod(e.path().filename().string().substr(std::string("window-").size()));
+    EXPECT_FALSE(id > back && id <= left)
+        << e.path() << ": a journal of the timeline the rollback left (windows " << back + 1 << ".."
+        << left << ")";
+  }
+  const auto resumed = launch("shadow_resumed", base + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(resumed.hash, reference(1));
+  std::filesystem::remove_all(dir);
+}
+
 // A miscomputed activation (flipped before it is logged and sent) leaves every replica in
 // agreement: nothing to compare. A replay finds it: here a kill of the other replica makes
 // the stage's group replay iteration 6, the survivor its own replica, each tensor it sends
