@@ -198,6 +198,8 @@ awaitable<void> coordinator::recovered(const recovery_done& done) {
   if (done.rolled_back) {  // every stage went back to a checkpoint: so does the job
     iteration_ = done.target;
     scaler_ = *done.rolled_back;
+    // A state check after the target was of the timeline left: the iterations since run again.
+    state_agreed_ = std::min(state_agreed_, done.target);
   }
   phase_ = phase::running;
   recovery_event("recovery_end", done.target);
