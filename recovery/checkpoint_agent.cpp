@@ -48,6 +48,7 @@ checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engin
       limits_(limits),
       durable_(std::move(durable)) {
   on<wire::SlotStored>(&checkpoint_agent::stored);
+  on<wire::SlotsStored>(&checkpoint_agent::stored_all);
   on<engine::wire::WindowPersisted>(&checkpoint_agent::persisted);
   on<engine::wire::WindowsAbandoned>(&checkpoint_agent::abandoned);
   on<wire::FetchLog, wire::LogData>(&checkpoint_agent::fetch_log);
@@ -130,9 +131,64 @@ void checkpoint_agent::ship(std::int64_t iteration) {
       p.flip_bit = std::int64_t(p.slot.length / 2) * 8 + bit;
     }
   }
-  auto& slot_state = pending_[{window, slot}] = std::move(p);
-  send(window, slot, slot_state);
+  unsent_bytes_ += p.slot.length;
+  pending_[{window, slot}] = std::move(p);
+  unsent_.emplace_back(window, slot);
+  if (slot + 1 >= w_sparse || unsent_bytes_ >= limits_.store_batch_bytes) flush();
   refill_pool(w_sparse);
+}
+
+actor_ref checkpoint_agent::flip_holder() const {
+  // A flip injected into a copy goes to the first holder (the lowest node), which a restore
+  // asks first, so that the restore meets the bad copy before the good one.
+  actor_ref flip_at;
+  for (const actor_ref& t : targets_) {
+    if (!flip_at.valid() || t.node < flip_at.node) flip_at = t;
+  }
+  return flip_at;
+}
+
+void checkpoint_agent::write_offer(wire::StoreSlot::Builder b, std::uint64_t window,
+                                   std::uint32_t slot, pending_slot& p, const actor_ref& to,
+                                   const actor_ref& flip_at) {
+  write_slot_key(b.initKey(), stage_, replica_, window, slot);
+  transport::write_descriptor(b.initTensor(), p.slot);
+  write_ref(b.initFrom(), self());
+  if (p.share) transport::write_share(b.initShare(), *p.share);
+  if (p.flip_bit >= 0 && to == flip_at) b.setFlipBit(std::exchange(p.flip_bit, -1));
+  p.asked.push_back(to);
+}
+
+void checkpoint_agent::flush() {
+  const auto shipped = std::exchange(unsent_, {});
+  unsent_bytes_ = 0;
+  const actor_ref flip_at = flip_holder();
+  for (const actor_ref& t : targets_) {
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> offer;
+    for (const auto& k : shipped) {
+      const auto it = pending_.find(k);  // gone: its window was dropped meanwhile
+      if (it == pending_.end()) continue;
+      const auto& asked = it->second.asked;
+      if (std::find(asked.begin(), asked.end(), t) == asked.end()) offer.push_back(k);
+    }
+    for (std::size_t at = 0; at < offer.size(); at += limits_.max_store_batch) {
+      const std::size_t n = std::min(limits_.max_store_batch, offer.size() - at);
+      if (n == 1) {
+        auto& p = pending_.at(offer[at]);
+        (void)tell<wire::StoreSlot>(t, [&](wire::StoreSlot::Builder b) {
+          write_offer(b, offer[at].first, offer[at].second, p, t, flip_at);
+        });
+        continue;
+      }
+      (void)tell<wire::StoreSlots>(t, [&](wire::StoreSlots::Builder b) {
+        auto l = b.initSlots(static_cast<unsigned>(n));
+        for (unsigned i = 0; i < n; ++i) {
+          const auto& k = offer[at + i];
+          write_offer(l[i], k.first, k.second, pending_.at(k), t, flip_at);
+        }
+      });
+    }
+  }
 }
 
 void checkpoint_agent::refill_pool(std::size_t w_sparse) {
@@ -146,25 +202,11 @@ void checkpoint_agent::refill_pool(std::size_t w_sparse) {
 }
 
 void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_slot& p) {
-  const auto d = p.slot;
-  const auto share = p.share;
-  const actor_ref me = self();
-  // A flip injected into a copy goes to the first holder (the lowest node), which a restore
-  // asks first, so that the restore meets the bad copy before the good one.
-  actor_ref flip_at;
-  for (const actor_ref& t : targets_) {
-    if (!flip_at.valid() || t.node < flip_at.node) flip_at = t;
-  }
+  const actor_ref flip_at = flip_holder();
   for (const actor_ref& t : targets_) {
     if (std::find(p.asked.begin(), p.asked.end(), t) != p.asked.end()) continue;
-    p.asked.push_back(t);
-    (void)tell<wire::StoreSlot>(t, [&](wire::StoreSlot::Builder b) {
-      write_slot_key(b.initKey(), stage_, replica_, window, slot);
-      transport::write_descriptor(b.initTensor(), d);
-      write_ref(b.initFrom(), me);
-      if (share) transport::write_share(b.initShare(), *share);
-      if (p.flip_bit >= 0 && t == flip_at) b.setFlipBit(std::exchange(p.flip_bit, -1));
-    });
+    (void)tell<wire::StoreSlot>(
+        t, [&](wire::StoreSlot::Builder b) { write_offer(b, window, slot, p, t, flip_at); });
   }
 }
 
@@ -178,16 +220,26 @@ void checkpoint_agent::set_targets(std::vector<actor_ref> replicators) {
 }
 
 awaitable<void> checkpoint_agent::stored(wire::SlotStored::Reader m) {
+  note_stored(m);
+  co_return;
+}
+
+awaitable<void> checkpoint_agent::stored_all(wire::SlotsStored::Reader m) {
+  for (const auto a : m.getAnswers()) note_stored(a);
+  co_return;
+}
+
+void checkpoint_agent::note_stored(wire::SlotStored::Reader m) {
   const auto key = m.getKey();
-  if (key.getStage() != stage_ || key.getReplica() != replica_) co_return;
+  if (key.getStage() != stage_ || key.getReplica() != replica_) return;
   const auto it = pending_.find({key.getWindow(), key.getSlot()});
-  if (it == pending_.end() || !m.getOk()) co_return;
+  if (it == pending_.end() || !m.getOk()) return;
   // The answer names no sender we could trust more than the count: one more copy.
   ++it->second.copies;
   ++(m.getMapped() ? shared_->replica_maps : shared_->replica_pulls);
   const std::size_t need = std::min<std::size_t>(std::size_t(std::max(copies_, 1)),
                                                  std::max<std::size_t>(targets_.size(), 1));
-  if (it->second.copies < need) co_return;
+  if (it->second.copies < need) return;
   const std::uint64_t window = key.getWindow();
   auto& r = replicated_[window];
   if (key.getSlot() < r.size()) r[key.getSlot()] = true;

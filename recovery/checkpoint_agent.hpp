@@ -62,9 +62,10 @@ struct durable_target {
 class checkpoint_agent : public actors::actor {
  public:
   using interface = actors::interface<
-      actors::tell_t<wire::SlotStored>, actors::tell_t<engine::wire::WindowPersisted>,
-      actors::tell_t<engine::wire::WindowsAbandoned>, actors::ask_t<wire::FetchLog, wire::LogData>,
-      actors::tell_t<wire::ReleaseLog>, actors::ask_t<wire::FetchSchedule, wire::ScheduleState>>;
+      actors::tell_t<wire::SlotStored>, actors::tell_t<wire::SlotsStored>,
+      actors::tell_t<engine::wire::WindowPersisted>, actors::tell_t<engine::wire::WindowsAbandoned>,
+      actors::ask_t<wire::FetchLog, wire::LogData>, actors::tell_t<wire::ReleaseLog>,
+      actors::ask_t<wire::FetchSchedule, wire::ScheduleState>>;
 
   checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io, int stage,
                    int replica, actors::actor_ref coordinator, int copies, policy_limits limits,
@@ -102,12 +103,19 @@ class checkpoint_agent : public actors::actor {
     std::int64_t flip_bit = -1;  // failure injection: the bit its first holder flips
   };
   asio::awaitable<void> stored(wire::SlotStored::Reader m);
+  asio::awaitable<void> stored_all(wire::SlotsStored::Reader m);
+  void note_stored(wire::SlotStored::Reader m);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
   asio::awaitable<void> abandoned(engine::wire::WindowsAbandoned::Reader m);
   asio::awaitable<void> fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out);
   asio::awaitable<void> release(wire::ReleaseLog::Reader m);
   asio::awaitable<void> schedule(wire::FetchSchedule::Reader m, wire::ScheduleState::Builder out);
   void send(std::uint64_t window, std::uint32_t slot, pending_slot& p);
+  // Offers the slots shipped since the last flush to every replicator, one StoreSlots each.
+  void flush();
+  void write_offer(wire::StoreSlot::Builder b, std::uint64_t window, std::uint32_t slot,
+                   pending_slot& p, const actors::actor_ref& to, const actors::actor_ref& flip_at);
+  actors::actor_ref flip_holder() const;  // the first holder: where an injected flip goes
   void check_window(std::uint64_t window);
 
   std::shared_ptr<capture_shared> shared_;
@@ -121,6 +129,9 @@ class checkpoint_agent : public actors::actor {
   std::vector<actors::actor_ref> targets_;
   engine::copy_flip_hook copy_flip_;
   std::map<std::pair<std::uint64_t, std::uint32_t>, pending_slot> pending_;
+  // Shipped, not offered yet (small slots wait for their window's last one: flush()).
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> unsent_;
+  std::uint64_t unsent_bytes_ = 0;
   std::map<std::uint64_t, std::vector<bool>> replicated_;  // window -> [slot]
   std::map<std::uint64_t, transport::bulk_region> leases_;
   std::uint64_t next_lease_ = 1;

@@ -18,6 +18,12 @@ struct policy_limits {
   // Large pulls go in pieces of this size, one after the other, so that the processes' event
   // loops (heartbeats) are never held by one huge transfer.
   std::uint64_t pull_chunk_bytes = 8u << 20;
+  // A stage offers its captured slots to the replicators together (one StoreSlots each) once
+  // this many bytes wait or its window's last slot is captured: on a small model a slot's
+  // messages, not its bytes, are the cost (docs/benchmark-notes.md, "Where the tiny job's
+  // overhead goes"); a large slot still goes at once. At most max_store_batch slots a message.
+  std::uint64_t store_batch_bytes = 4u << 20;
+  std::size_t max_store_batch = 1024;
   // Windows a stage holds at most (the persisted one, one complete and being replicated, the
   // one being captured): a step that would start another waits (a stall) until the job
   // persisted one more, at most checkpoint.max_window_wait_ms, so that host memory stays

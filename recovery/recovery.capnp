@@ -34,6 +34,15 @@ struct SlotStored {
   error @2 :Text;
   mapped @3 :Bool;  # stored by mapping the offered memory (no copy)
 }
+# Agent -> replicator: several slots at once (small ones, one message per window: their
+# messages, not their bytes, were their cost); each answered as a StoreSlot is, the answers
+# given at once together in one SlotsStored.
+struct StoreSlots {
+  slots @0 :List(StoreSlot);
+}
+struct SlotsStored {
+  answers @0 :List(SlotStored);
+}
 # Replacement -> replicator: where is this slot (found false: not here).
 struct FetchSlot {
   key @0 :SlotKey;

@@ -34,6 +34,7 @@ replicator::replicator(engine::bulk_io& io, policy_limits limits,
       root_(std::move(root)),
       share_(share) {
   on<wire::StoreSlot>(&replicator::store);
+  on<wire::StoreSlots>(&replicator::store_all);
   on<wire::FetchSlot, wire::SlotData>(&replicator::fetch);
   on<engine::wire::WindowPersisted>(&replicator::persisted);
   on<engine::wire::DurableQuery, engine::wire::DurableOffer>(&replicator::durable_query);
@@ -66,37 +67,49 @@ awaitable<void> replicator::durable_query(engine::wire::DurableQuery::Reader m,
   }
 }
 
-bool replicator::store_mapped(const key& id, const actor_ref& from, wire::StoreSlot::Reader m,
-                              std::uint64_t length) {
+std::optional<replicator::store_answer> replicator::store_mapped(const key& id,
+                                                                 const actor_ref& from,
+                                                                 wire::StoreSlot::Reader m,
+                                                                 std::uint64_t length) {
   // The owner's pages, mapped: no copy, and they outlive the owner (a second mapping keeps
   // them). It writes them again only for a window after the next persisted one, when this
   // replicator has dropped this one too. Anything wrong (another host, a handle that names
   // other memory): pull a copy instead.
   const auto h = transport::read_share(m.getShare());
-  if (!h.ok() || h->length != length) return false;
-  auto mapped = transport::shared_memory::open(*h);
-  if (!mapped.ok()) return false;
+  if (!h.ok() || h->length != length || h->offset > h->size || h->length > h->size - h->offset) {
+    return std::nullopt;
+  }
+  const std::tuple<std::int32_t, std::uint64_t, std::uint64_t> file{h->pid, h->device, h->inode};
+  std::shared_ptr<transport::shared_memory> mapped;
+  if (const auto f = files_.find(file); f != files_.end() &&
+                                        f->second->memory().size() == h->size &&
+                                        h->host == transport::host_tag()) {
+    mapped = f->second;
+  } else {
+    auto opened = transport::shared_memory::open(*h);
+    if (!opened.ok()) return std::nullopt;
+    mapped = std::make_shared<transport::shared_memory>(std::move(*opened));
+    files_[file] = mapped;
+  }
   const auto bytes = mapped->memory().subspan(h->offset, h->length);
   const auto& [stage, replica, window, slot] = id;
   const auto tag = read_snapshot_tag(bytes);
-  std::string error;
+  store_answer a;
+  a.from = from;
+  a.id = id;
   if (!tag || tag->stage != stage || tag->replica != replica || tag->window != window ||
       tag->slot != slot) {
-    error = "the mapped bytes are not the slot offered";
+    a.error = "the mapped bytes are not the slot offered";
   } else {
     stored_slot s;
     s.length = length;
     s.offset = h->offset;
-    s.mapped = std::make_shared<transport::shared_memory>(std::move(*mapped));
+    s.mapped = std::move(mapped);
+    s.file = file;
     slots_[id] = std::move(s);
+    a.ok = a.mapped = true;
   }
-  (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
-    write_slot_key(b.initKey(), stage, replica, window, slot);
-    b.setOk(error.empty());
-    b.setError(error);
-    b.setMapped(error.empty());
-  });
-  return true;
+  return a;
 }
 
 std::size_t replicator::bytes_held() const {
@@ -108,26 +121,71 @@ std::size_t replicator::bytes_held() const {
 }
 
 awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
+  if (auto a = offer(m)) answer({std::move(*a)});
+  co_return;
+}
+
+awaitable<void> replicator::store_all(wire::StoreSlots::Reader m) {
+  const auto slots = m.getSlots();
+  if (slots.size() > limits_.max_store_batch) co_return;  // malformed: nothing is taken
+  std::vector<store_answer> now;
+  for (const auto s : slots) {
+    if (auto a = offer(s)) now.push_back(std::move(*a));
+  }
+  answer(now);
+  co_return;
+}
+
+void replicator::answer(const std::vector<store_answer>& answers) {
+  std::vector<bool> sent(answers.size(), false);
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    if (sent[i]) continue;
+    std::vector<const store_answer*> to;  // every answer for this agent
+    for (std::size_t j = i; j < answers.size(); ++j) {
+      if (!sent[j] && answers[j].from == answers[i].from) {
+        to.push_back(&answers[j]);
+        sent[j] = true;
+      }
+    }
+    auto write = [](wire::SlotStored::Builder b, const store_answer& a) {
+      const auto& [stage, replica, window, slot] = a.id;
+      write_slot_key(b.initKey(), stage, replica, window, slot);
+      b.setOk(a.ok);
+      b.setError(a.error);
+      b.setMapped(a.mapped);
+    };
+    if (to.size() == 1) {
+      (void)tell<wire::SlotStored>(to[0]->from,
+                                   [&](wire::SlotStored::Builder b) { write(b, *to[0]); });
+      continue;
+    }
+    (void)tell<wire::SlotsStored>(to[0]->from, [&](wire::SlotsStored::Builder b) {
+      auto l = b.initAnswers(static_cast<unsigned>(to.size()));
+      for (unsigned k = 0; k < l.size(); ++k) write(l[k], *to[k]);
+    });
+  }
+}
+
+std::optional<replicator::store_answer> replicator::offer(wire::StoreSlot::Reader m) {
   const auto k = m.getKey();
   const actor_ref from = read_ref(m.getFrom());
   const key id{k.getStage(), k.getReplica(), k.getWindow(), k.getSlot()};
-  auto answer = [&](bool ok, const std::string& error) {
-    (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
-      write_slot_key(b.initKey(), k.getStage(), k.getReplica(), k.getWindow(), k.getSlot());
-      b.setOk(ok);
-      b.setError(error);
-    });
+  auto refused = [&](const char* why) -> std::optional<store_answer> {
+    store_answer a;
+    a.from = from;
+    a.id = id;
+    a.error = why;
+    return a;
   };
   auto d = transport::read_descriptor(m.getTensor());
-  if (!from.valid() || !d.ok() || d->node != from.node || d->length > limits_.max_slot_bytes) {
-    if (from.valid()) answer(false, "malformed StoreSlot");
-    co_return;
+  if (!from.valid()) return std::nullopt;
+  if (!d.ok() || d->node != from.node || d->length > limits_.max_slot_bytes) {
+    return refused("malformed StoreSlot");
   }
-  if (k.getWindow() < persisted_) {
-    answer(false, "window older than the persisted one");
-    co_return;
+  if (k.getWindow() < persisted_) return refused("window older than the persisted one");
+  if (share_ && m.hasShare()) {
+    if (auto a = store_mapped(id, from, m, d->length)) return a;
   }
-  if (share_ && m.hasShare() && store_mapped(id, from, m, d->length)) co_return;
   if (m.getFlipBit() >= 0 && std::uint64_t(m.getFlipBit()) / 8 < d->length) {
     flips_[id] = std::uint64_t(m.getFlipBit());
   }
@@ -145,7 +203,7 @@ awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
   }
   auto holder = std::make_shared<transport::bulk_region>(std::move(region));
   (void)system().spawn<slot_puller>(io_, *d, holder, limits_.pull_chunk_bytes, self(), id, from);
-  co_return;
+  return std::nullopt;
 }
 
 slot_puller::slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
@@ -237,7 +295,11 @@ awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
   // it during a recovery's pulls), so its regions may take the next window's slots. Spares the
   // window before left unused are freed.
   std::multimap<std::uint64_t, transport::bulk_region> dropped;
+  std::map<std::tuple<std::int32_t, std::uint64_t, std::uint64_t>,
+           std::shared_ptr<transport::shared_memory>>
+      files;  // those of the slots kept and of the ones dropped now
   for (auto it = slots_.begin(); it != slots_.end();) {
+    if (it->second.mapped) files.emplace(it->second.file, it->second.mapped);
     if (std::get<2>(it->first) < persisted_) {
       if (!it->second.region.memory().empty()) {
         dropped.emplace(it->second.region.memory().size(), std::move(it->second.region));
@@ -248,6 +310,7 @@ awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
     }
   }
   if (!dropped.empty()) spare_ = std::move(dropped);
+  files_ = std::move(files);
   co_return;
 }
 

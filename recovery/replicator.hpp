@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -26,7 +27,7 @@ void write_slot_key(wire::SlotKey::Builder b, int stage, int replica, std::uint6
 class replicator : public actors::actor {
  public:
   using interface =
-      actors::interface<actors::tell_t<wire::StoreSlot>,
+      actors::interface<actors::tell_t<wire::StoreSlot>, actors::tell_t<wire::StoreSlots>,
                         actors::ask_t<wire::FetchSlot, wire::SlotData>,
                         actors::tell_t<engine::wire::WindowPersisted>,
                         actors::ask_t<engine::wire::DurableQuery, engine::wire::DurableOffer>>;
@@ -44,7 +45,20 @@ class replicator : public actors::actor {
                     const std::string& error);
 
  private:
+  // What a replicator answers for one offered slot (SlotStored), to the agent `from`.
+  struct store_answer {
+    actors::actor_ref from;
+    key id;
+    bool ok = false, mapped = false;
+    std::string error;
+  };
   asio::awaitable<void> store(wire::StoreSlot::Reader m);
+  asio::awaitable<void> store_all(wire::StoreSlots::Reader m);
+  // Takes one offered slot: the answer when it is known at once (refused, or mapped); none
+  // when a slot_puller answers once it pulled, or the offer names no one to answer.
+  std::optional<store_answer> offer(wire::StoreSlot::Reader m);
+  // The answers, one message per agent (a SlotsStored where it has several).
+  void answer(const std::vector<store_answer>& answers);
   asio::awaitable<void> fetch(wire::FetchSlot::Reader m, wire::SlotData::Builder out);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
   // Which durable windows of a stage replica verify (the writer drained first).
@@ -61,13 +75,22 @@ class replicator : public actors::actor {
     std::uint64_t length = 0;
     // Or the owner's memory, mapped (checkpoint.share_memory): [offset, offset + length).
     std::shared_ptr<transport::shared_memory> mapped;
+    std::tuple<std::int32_t, std::uint64_t, std::uint64_t> file{};  // its files_ key
     std::uint64_t offset = 0;
     transport::bulk_region exported;  // of the mapped bytes, made for the first pull of them
   };
-  // Maps a slot an agent on this host offers; false: pull it instead.
-  bool store_mapped(const key& id, const actors::actor_ref& from, wire::StoreSlot::Reader m,
-                    std::uint64_t length);
+  // Maps a slot an agent on this host offers; none: pull it instead.
+  std::optional<store_answer> store_mapped(const key& id, const actors::actor_ref& from,
+                                           wire::StoreSlot::Reader m, std::uint64_t length);
   std::map<key, stored_slot> slots_;
+  // The owners' memory files mapped (owner pid, device, inode): those of the slots held and of
+  // the window dropped last. An owner reuses its slots' files window after window, so a slot
+  // offered again in one is taken with no open, map and unmap (on a small model those system
+  // calls were a slot's cost); a file stays mapped at most one window after its last slot
+  // went. While mapped, its inode cannot name another file.
+  std::map<std::tuple<std::int32_t, std::uint64_t, std::uint64_t>,
+           std::shared_ptr<transport::shared_memory>>
+      files_;
   // Failure injection (StoreSlot.flipBit): the bit to flip in a pulled copy once stored.
   std::map<key, std::uint64_t> flips_;
   // The regions of the last dropped window, by length: the next window's slots have the same
