@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -54,7 +55,11 @@ asio::awaitable<bool> coordinator::verify_replicas() {
   const auto found = compare_replicas(job_.pp, job_.dp, job_.ep, verify_reports_);
   const std::int64_t it = iteration_ - 1;  // the iteration just stepped
   if (found.empty()) {
-    if (what == wire::Verify::STATE) state_agreed_ = it;
+    // Every copy alike: a rollback past corruption found later may go back to here (only
+    // where every stage replica reported its digests: none left out of the comparison).
+    const bool every = std::all_of(verify_reports_.begin(), verify_reports_.end(),
+                                   [](const replica_report& r) { return !r.digests.empty(); });
+    if (what == wire::Verify::STATE && every) state_agreed_ = it;
     co_return false;
   }
   std::vector<std::string> lines;
@@ -339,6 +344,8 @@ asio::awaitable<bool> coordinator::shadow_check() {
     notice(found);
     const std::vector<std::pair<int, int>> bad{{s, 0}};
     if (!finished_) co_await fence(bad, "shadow", it, true);
+    // Its worker was gone already (its loss is queued): the rollback starts with no fence.
+    if (!finished_ && !recovery_->active()) co_await recovery_->roll_back_now();
     co_return true;
   }
   if (finished_) co_return true;
@@ -356,7 +363,10 @@ asio::awaitable<void> coordinator::replay_mismatch_found(worker_info w, int stag
   // What that replica sent in iteration `at` reached every stage since: every state before
   // that iteration's step is clean. Its worker computed it: fenced, the job rolled back.
   bool rolling = false;
-  if (recovery_ && at >= 0) rolling = co_await recovery_->roll_back_before(at, message);
+  // (`at` is the wire's: a recovery replays iterations before the one training stopped at.)
+  if (recovery_ && at >= 0 && at < iteration_) {
+    rolling = co_await recovery_->roll_back_before(at, message);
+  }
   if (rolling) {
     if (finished_) co_return;
     if (log_ != nullptr) {

@@ -398,10 +398,10 @@ awaitable<void> region_recovery::maybe_finish() {
   state_.reset();
   report_end(rec);
   engine::recovery_done done;
-  if (clean_ && rec.durable) {
+  if (clean_ && rec.durable && windows_.scaler_before(rec.target)) {
     // Rolled back past silent corruption: the job goes on at the target, under its scaler.
     done.rolled_back = windows_.scaler_before(rec.target);
-    windows_.rolled_back(rec.durable_window, rec.target);
+    windows_.rolled_back(rec.durable_window, rec.target, *done.rolled_back);
   } else {
     windows_.recovered(rec.target, rec.window_pp != 0);
   }

@@ -39,7 +39,9 @@ class region_recovery : public engine::head_recovery {
     co_return;
   }
   asio::awaitable<void> durable_written(engine::wire::DurableWritten::Reader m) override {
-    windows_.durable_written(m);
+    // Not while rolling back past silent corruption: a window written now is of the timeline
+    // left, and must never be journaled for a resume.
+    if (!clean_) windows_.durable_written(m);
     co_return;
   }
   int w_sparse() const override { return windows_.w_sparse(); }

@@ -83,13 +83,12 @@ std::optional<replicator::store_answer> replicator::store_mapped(const key& id,
   std::shared_ptr<transport::shared_memory> mapped;
   if (const auto f = files_.find(file); f != files_.end() &&
                                         f->second->memory().size() == h->size &&
-                                        h->host == transport::host_tag()) {
+                                        h->host == transport::host_tag() && f->second->whole()) {
     mapped = f->second;
   } else {
     auto opened = transport::shared_memory::open(*h);
     if (!opened.ok()) return std::nullopt;
     mapped = std::make_shared<transport::shared_memory>(std::move(*opened));
-    files_[file] = mapped;
   }
   const auto bytes = mapped->memory().subspan(h->offset, h->length);
   const auto& [stage, replica, window, slot] = id;
@@ -104,6 +103,7 @@ std::optional<replicator::store_answer> replicator::store_mapped(const key& id,
     stored_slot s;
     s.length = length;
     s.offset = h->offset;
+    files_[file] = mapped;  // only a file that held the slot offered is kept
     s.mapped = std::move(mapped);
     s.file = file;
     slots_[id] = std::move(s);

@@ -461,10 +461,23 @@ std::optional<models::loss_scaler> window_book::scaler_before(std::int64_t targe
   return it->second;
 }
 
-void window_book::rolled_back(std::uint64_t window, std::int64_t target) {
+std::uint64_t window_book::next_window_number() const {
+  std::uint64_t next = first_live_window_;
+  for (const auto& seg : plan_.segments()) next = std::max(next, seg.window + 1);
+  if (!plan_.empty() && planned_max_ >= 0) {
+    next = std::max(next, plan_.at(planned_max_).window + 1);
+  }
+  if (persisted_) next = std::max(next, *persisted_ + 1);
+  if (!durable_windows_.empty()) next = std::max(next, durable_windows_.rbegin()->first + 1);
+  if (!replicated_.empty()) next = std::max(next, replicated_.rbegin()->first + 1);
+  return next;
+}
+
+void window_book::rolled_back(std::uint64_t window, std::int64_t target,
+                              const models::loss_scaler& scaler) {
   // The sizes of the windows kept, before the plan that knew them goes.
   for (const auto& [w, first] : durable_windows_) resumed_sizes_[w] = w_of(w);
-  const std::uint64_t next = plan_.at(planned_max_).window + 1;
+  const std::uint64_t next = next_window_number();
   durable_windows_.erase(durable_windows_.upper_bound(window), durable_windows_.end());
   steps_.erase(steps_.lower_bound(target), steps_.end());
   scalers_.erase(scalers_.upper_bound(target), scalers_.end());
@@ -484,7 +497,7 @@ void window_book::rolled_back(std::uint64_t window, std::int64_t target) {
   plan_.start(target, w_sparse_, next);
   first_live_window_ = next;
   planned_max_ = target - 1;
-  engine::resume_point p = journal_point(window, target, scalers_.at(target));
+  engine::resume_point p = journal_point(window, target, scaler);
   p.drop_newer = true;
   job_.durable_window(p);
 }

@@ -47,7 +47,7 @@ class window_book {
     return first + w_of(window) - 2 < clean_before && scalers_.contains(clean_before);
   }
   std::optional<models::loss_scaler> scaler_before(std::int64_t target) const;
-  void rolled_back(std::uint64_t window, std::int64_t target);
+  void rolled_back(std::uint64_t window, std::int64_t target, const models::loss_scaler& scaler);
   // --resume: the windows, steps and W_sparse as the journal says.
   void resume_from(const engine::resume_point& p);
   // A standby head took over from the live stages: the journal's durable windows, the steps
@@ -72,6 +72,8 @@ class window_book {
 
  private:
   void choose_window_size(const engine::planned_iteration& it);
+  // One past every window number this head has planned, heard of or persisted.
+  std::uint64_t next_window_number() const;
   // At a window's first step, planned for the first time: W for it from the tuner.
   void retune(std::int64_t step);
   void make_tuner();  // with Algorithm 1's W and checkpoint.max_overhead > 0

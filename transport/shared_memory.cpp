@@ -158,6 +158,11 @@ result<shared_memory> shared_memory::open(const share_handle& h) {
   return m;
 }
 
+bool shared_memory::whole() const {
+  struct stat st {};
+  return fd_ >= 0 && ::fstat(fd_, &st) == 0 && std::uint64_t(st.st_size) == size_;
+}
+
 share_handle shared_memory::share(std::uint64_t offset, std::uint64_t length) const {
   if (offset + length < offset || offset + length > size_) {
     throw std::out_of_range("shared_memory::share: range outside the memory");

@@ -55,6 +55,9 @@ class shared_memory {
 
   bool empty() const { return base_ == nullptr; }
   std::span<std::byte> memory() const { return {static_cast<std::byte*>(base_), size_}; }
+  // Whether the file is still as long as the mapping (its owner may have cut it since: a read
+  // past its end would be a SIGBUS).
+  bool whole() const;
   // A handle to [offset, offset + length) of this memory for another process of this host.
   share_handle share(std::uint64_t offset, std::uint64_t length) const;
 
