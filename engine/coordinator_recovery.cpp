@@ -361,6 +361,9 @@ awaitable<std::string> coordinator::go_on_live() {
     }
     co_return "";
   }
+  // Training runs from here: a worker lost while the stages are wired is a loss the recovery
+  // takes (from the window the stages named), not the end of a job that had not started.
+  phase_ = phase::running;
   if (co_await wire_all()) co_await after_iteration();
   co_return "";
 }

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
     if (command == "train") return moevement::launcher::run_train(argc, argv);
     if (command == "report") return moevement::launcher::run_report(argc, argv);
     if (command == "launch" || command == "worker") {
+      // Line by line into a file or pipe too: what a killed or hung job printed last is there.
+      std::setvbuf(stdout, nullptr, _IOLBF, 0);
       const auto registry = moevement::engine::stage_registry::with_builtins();
       return command == "launch" ? moevement::launcher::run_launch(argc, argv, registry)
                                  : moevement::launcher::run_worker(argc, argv, registry);
