@@ -263,7 +263,7 @@ class coordinator : public actors::actor, private head_control {
   // No majority: a spare's replay judges (head_recovery::judge); the replicas to fence, or
   // nullopt with why the replay gave no verdict (empty: the job ended).
   asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> judge_by_replay(
-      const std::vector<divergence>& found, std::int64_t it, std::string& no_verdict);
+      const std::vector<divergence>& found, std::int64_t it, std::string& why_none);
   // No replica is known bad: the whole job rolls back to before the last state check that
   // agreed (head_recovery::roll_back_before), or stops saying why.
   asio::awaitable<void> no_verdict(std::int64_t it, const std::string& why);

@@ -220,6 +220,7 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
       const bool also_bad = std::find(bad.begin(), bad.end(), std::pair{s, o}) != bad.end();
       if (o != d && !also_bad && o % ep == d % ep) from = o;
     }
+    if (rolling_back) from = -1;  // the rollback's windows precede the corruption
     const transport::node_id n = stage_ref(s, d).node;
     const auto w = workers_.find(n);
     if (w == workers_.end()) continue;
@@ -236,7 +237,6 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
                       .add("copies_from", from)
                       .add("time_s", log_->seconds()));
     }
-    if (rolling_back) from = -1;  // the rollback's windows precede the corruption
     if (!recovery_ || (!rolling_back && !recovery_->corrupted(s, d, from, it))) {
       fail(fmt::format(
           "silent data corruption after iteration {}: stage {} replica {} (worker {}, pid {}) "
