@@ -117,9 +117,13 @@ class stage_hooks {
   virtual void after_step(std::int64_t /*iteration*/,
                           std::span<models::operator_state* const> /*ops*/) {}
   // Every tensor this stage sends across a stage boundary: activations downstream, gradients
-  // upstream (the upstream log). `tensor` is valid only during the call.
+  // upstream (the upstream log). `tensor` stays unchanged until the next settle_sends() or
+  // before_step() returns: the engine settles before it writes or frees those bytes, so the
+  // hooks may copy them later, off the compute thread.
   virtual void on_boundary_send(std::int64_t /*iteration*/, int /*micro_batch*/, boundary /*kind*/,
                                 std::span<const float> /*tensor*/) {}
+  // Whatever on_boundary_send left to do with the sent bytes, done before this returns.
+  virtual void settle_sends() {}
 
   // On the stage actor's thread (not the compute thread), after the step's after_step
   // returned: where a policy ships what it captured (never blocking).

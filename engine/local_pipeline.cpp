@@ -86,6 +86,7 @@ void local_pipeline::run_replica(int replica, std::vector<double>& losses,
             if (sl.hooks) {
               sl.hooks->on_boundary_send(iteration_, st.micro_batch, boundary::activation,
                                          out.activation);
+              sl.hooks->settle_sends();  // the model's output buffer: the next forward's
             }
           } else {
             losses[mb] = out.loss;
@@ -102,6 +103,7 @@ void local_pipeline::run_replica(int replica, std::vector<double>& losses,
             grad[si][mb].emplace(g_in.begin(), g_in.end());
             if (sl.hooks) {
               sl.hooks->on_boundary_send(iteration_, st.micro_batch, boundary::gradient, g_in);
+              sl.hooks->settle_sends();
             }
           }
         }

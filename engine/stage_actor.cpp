@@ -152,6 +152,9 @@ stage_actor::~stage_actor() {
     router_->set_wake({});
     router_->set_on_complete({});
   }
+  // Log copies still queued read the send slots, which go with this actor (at most one
+  // iteration's sends, and a recovery may still read them from the log).
+  if (hooks_) hooks_->settle_sends();
   // The model's memory goes back off the actor thread (actors/disposer.hpp), after the hooks:
   // a capture in flight reads the operators (the hooks' destructor waits for it). Freeing a
   // demo-scale stage, or waiting out its capture, held the heartbeats past the failure timeout
@@ -340,6 +343,9 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
   log_s_ = 0.0;
   const std::int64_t it = iteration_;
   co_await compute([&] {
+    // The send slots are written again from here (a recovery may restart an iteration with no
+    // step between): the log copies of the last sends are made first.
+    hooks_->settle_sends();
     // Gradients that stay on the device leave the host's unused: zeroing them would be a pass
     // over 4 bytes per parameter for nothing (55 MiB per stage of the small preset).
     const device_state* d = model_->device();

@@ -384,6 +384,7 @@ awaitable<void> checkpoint_agent::fetch_log(wire::FetchLog::Reader m, wire::LogD
     co_return;
   }
   transport::bulk_region region = io_.allocate(count * each);
+  shared_->copier.settle();  // the sends whose copies are still queued (none waits here long)
   {
     std::lock_guard lock(shared_->log_mu);
     const log_store& log = shared_->capture.log();

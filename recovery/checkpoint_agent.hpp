@@ -18,6 +18,7 @@
 
 #include "engine/checkpoint.hpp"
 #include "recovery/durable_window.hpp"
+#include "recovery/log_copier.hpp"
 #include "recovery/policy_limits.hpp"
 #include "recovery/recovery.capnp.h"
 #include "recovery/slot_pool.hpp"
@@ -30,7 +31,13 @@ namespace moevement::recovery {
 // it copies a slot), `log_mu` for the upstream log (taken on every boundary send, so a send
 // never waits for a capture). Taking both: mu first.
 struct capture_shared {
-  capture_shared(int stage, int replica) : capture(stage, replica) {}
+  capture_shared(int stage, int replica)
+      : capture(stage, replica),
+        copier([this](const log_copier::sent& s, std::vector<std::byte> bytes) {
+          const std::lock_guard lock(log_mu);
+          capture.log_sent(s.iteration, s.micro_batch, s.kind, std::move(bytes));
+          log_bytes = capture.log().bytes();
+        }) {}
   // Lends the capture link-allocated slot memory (set by make_hooks). Declared first: it
   // outlives the capture's buffers. The last owner of capture_shared must release it on the
   // actor thread (the pool's regions are the link's).
@@ -40,6 +47,10 @@ struct capture_shared {
   std::atomic<std::uint64_t> replica_maps{0}, replica_pulls{0};
   std::condition_variable dropped;  // notified (under mu) when the agent dropped windows
   sparse_capture capture;
+  // The upstream log's copies, made off the compute thread into `capture` (under log_mu). A
+  // reader of the log settles it first (outside log_mu).
+  log_copier copier;
+  std::atomic<std::size_t> log_bytes{0};
   std::optional<stage_schedule> schedule;
   // A replacement's: the schedule state of a surviving replica, loaded once W is known.
   std::optional<stage_schedule::state> taken_over;

@@ -15,6 +15,14 @@ bool log_store::append(const log_key& key, std::span<const std::byte> bytes) {
   return true;
 }
 
+bool log_store::append(const log_key& key, std::vector<std::byte>&& bytes) {
+  auto it = entries_.find(key);
+  if (it != entries_.end()) return it->second == bytes;
+  bytes_ += bytes.size();
+  entries_.emplace(key, std::move(bytes));
+  return true;
+}
+
 std::optional<std::span<const std::byte>> log_store::find(const log_key& key) const {
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;

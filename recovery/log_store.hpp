@@ -35,6 +35,8 @@ class log_store {
   // if the bytes are identical (a replayed iteration resends the same bits); different
   // bytes mean determinism was broken, which is reported as false.
   bool append(const log_key& key, std::span<const std::byte> bytes);
+  // The same, keeping `bytes` itself (a copy already made off the lock: log_copier).
+  bool append(const log_key& key, std::vector<std::byte>&& bytes);
 
   // The bytes of one entry, or nothing if absent.
   std::optional<std::span<const std::byte>> find(const log_key& key) const;

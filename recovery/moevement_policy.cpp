@@ -73,6 +73,11 @@ class checkpoint_hooks : public engine::stage_hooks {
       pending_.wait();
       pending_.get();  // rethrows what the capture threw
     }
+    // The iteration's log copies the capture thread has not made: made here (the sent bytes are
+    // written again by the next iteration). Their CPU on the capture thread counts as the
+    // capture's (the copies made here count in the stall).
+    shared_->copier.settle();
+    log_cpu_last_s_ = log_cpu_s_.exchange(0.0);
     std::unique_lock lock(shared_->mu);
     // A new window while replication is behind: wait for the job to persist one (bounded).
     // Past the wait the window is skipped, not captured (memory stays bounded however long
@@ -145,12 +150,21 @@ class checkpoint_hooks : public engine::stage_hooks {
       }
     });
   }
+  // The log's copy is queued here and made on the capture thread (log_copier), or by the next
+  // settle: before_step, settle_sends, a log read.
   void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
                         std::span<const float> tensor) override {
-    std::lock_guard lock(shared_->log_mu);
-    shared_->capture.on_boundary_send(iteration, micro_batch, kind, tensor);
-    log_bytes_ = shared_->capture.log().bytes();
+    shared_->copier.queue({iteration, micro_batch, kind, tensor});
+    asio::post(pool_, [this] {
+      const double cpu0 = engine::thread_cpu_seconds();
+      if (shared_->copier.copy_queued() == 0) return;  // settled before it came to this
+      const double used = engine::thread_cpu_seconds() - cpu0;
+      double was = log_cpu_s_.load();
+      while (!log_cpu_s_.compare_exchange_weak(was, was + used)) {
+      }
+    });
   }
+  void settle_sends() override { shared_->copier.settle(); }
   void on_wired(std::span<const actor_ref> replicators) override {
     std::vector<actor_ref> targets(replicators.begin(), replicators.end());
     (void)system_.post_call(agent_, [targets](actors::actor& a) -> awaitable<void> {
@@ -163,11 +177,11 @@ class checkpoint_hooks : public engine::stage_hooks {
     return {slot_bytes_.load(),
             stall_s_,
             host_bytes_.load(),
-            log_bytes_.load(),
+            shared_->log_bytes.load(),
             lent_bytes_.load(),
             shared_->replica_maps.load(),
             shared_->replica_pulls.load(),
-            capture_cpu_s_.load(),
+            capture_cpu_s_.load() + log_cpu_last_s_.load(),
             fresh_bytes_.load(),
             windows_skipped_.load()};
   }
@@ -193,9 +207,11 @@ class checkpoint_hooks : public engine::stage_hooks {
   engine::checkpoint_place place_;  // where this step captures, as the head placed it
   bool paused_ = false;             // the last window was skipped (before_step)
   std::atomic<std::uint64_t> windows_skipped_{0};
-  std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, log_bytes_{0}, lent_bytes_{0};
+  std::atomic<std::uint64_t> slot_bytes_{0}, host_bytes_{0}, lent_bytes_{0};
   std::atomic<std::uint64_t> fresh_bytes_{0};
   std::atomic<double> capture_cpu_s_{0.0};
+  // The log copies' CPU on the capture thread: summed since the last step, and the last step's.
+  std::atomic<double> log_cpu_s_{0.0}, log_cpu_last_s_{0.0};
   std::atomic<pid_t> capture_tid_{0};  // the capture thread's (its priority)
   asio::thread_pool pool_{1};          // last: joined first
 };

@@ -238,13 +238,27 @@ void sparse_capture::on_step(std::int64_t iteration, float loss_grad,
   steps_[iteration] = {loss_grad, plan};
 }
 
-void sparse_capture::on_boundary_send(std::int64_t iteration, int micro_batch,
-                                      engine::boundary kind, std::span<const float> tensor) {
-  const log_key key{
+namespace {
+log_key key_of(std::int64_t iteration, int micro_batch, engine::boundary kind, int replica) {
+  return {
       std::uint64_t(iteration), std::uint32_t(micro_batch),
       kind == engine::boundary::activation ? log_direction::activation : log_direction::gradient,
-      std::uint32_t(replica_)};
-  if (!log_.append(key, std::as_bytes(tensor))) ++log_conflicts_;
+      std::uint32_t(replica)};
+}
+}  // namespace
+
+void sparse_capture::on_boundary_send(std::int64_t iteration, int micro_batch,
+                                      engine::boundary kind, std::span<const float> tensor) {
+  if (!log_.append(key_of(iteration, micro_batch, kind, replica_), std::as_bytes(tensor))) {
+    ++log_conflicts_;
+  }
+}
+
+void sparse_capture::log_sent(std::int64_t iteration, int micro_batch, engine::boundary kind,
+                              std::vector<std::byte> bytes) {
+  if (!log_.append(key_of(iteration, micro_batch, kind, replica_), std::move(bytes))) {
+    ++log_conflicts_;
+  }
 }
 
 void sparse_capture::after_step(std::int64_t iteration,

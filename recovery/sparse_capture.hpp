@@ -252,6 +252,9 @@ class sparse_capture : public engine::stage_hooks {
   void end_capture(const slot_write& job);
   void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
                         std::span<const float> tensor) override;
+  // The same send, its bytes already copied (log_copier).
+  void log_sent(std::int64_t iteration, int micro_batch, engine::boundary kind,
+                std::vector<std::byte> bytes);
 
   // The newest complete window, if any.
   std::optional<window_view> persisted() const;
