@@ -2,9 +2,15 @@
 
 namespace moevement::recovery {
 
-void log_copier::queue(const sent& s) {
+bool log_copier::queue(const sent& s) {
   const std::lock_guard lock(mu_);
   queued_.push_back(s);
+  return queued_.size() == 1;
+}
+
+void log_copier::copy_now(const sent& s) {
+  const auto bytes = std::as_bytes(s.tensor);
+  sink_(s, std::vector<std::byte>(bytes.begin(), bytes.end()));
 }
 
 std::size_t log_copier::copy_queued() {
@@ -25,8 +31,7 @@ std::size_t log_copier::copy_queued() {
         if (--c.copying_ == 0) c.idle_.notify_all();
       }
     } counted{*this};
-    const auto bytes = std::as_bytes(s.tensor);
-    sink_(s, std::vector<std::byte>(bytes.begin(), bytes.end()));
+    copy_now(s);
     ++made;
   }
   return made;

@@ -36,8 +36,11 @@ class log_copier {
 
   explicit log_copier(sink s) : sink_(std::move(s)) {}
 
-  // Compute thread.
-  void queue(const sent& s);
+  // Compute thread. True when nothing else was queued: whoever copies must be told (one drain
+  // makes every copy queued before it ends, so later sends need no wake-up of their own).
+  bool queue(const sent& s);
+  // Copies s into the log now, on the calling thread.
+  void copy_now(const sent& s);
   // Makes every queued copy on the calling thread; returns how many it made.
   std::size_t copy_queued();
   // copy_queued(), then waits until no other thread is making one.

@@ -150,11 +150,15 @@ class checkpoint_hooks : public engine::stage_hooks {
       }
     });
   }
-  // The log's copy is queued here and made on the capture thread (log_copier), or by the next
-  // settle: before_step, settle_sends, a log read.
+  // The log's copy of a large send is queued here and made on the capture thread (log_copier),
+  // or by the next settle: before_step, settle_sends, a log read. A small one is made here.
   void on_boundary_send(std::int64_t iteration, int micro_batch, engine::boundary kind,
                         std::span<const float> tensor) override {
-    shared_->copier.queue({iteration, micro_batch, kind, tensor});
+    if (tensor.size_bytes() < limits_.log_copy_async_bytes) {
+      shared_->copier.copy_now({iteration, micro_batch, kind, tensor});
+      return;
+    }
+    if (!shared_->copier.queue({iteration, micro_batch, kind, tensor})) return;
     asio::post(pool_, [this] {
       const double cpu0 = engine::thread_cpu_seconds();
       if (shared_->copier.copy_queued() == 0) return;  // settled before it came to this

@@ -29,8 +29,8 @@ TEST(log_copier, queued_sends_are_in_the_log_after_a_settle) {
     ASSERT_TRUE(log.append(key_of(s), std::move(b)));
   });
   std::vector<float> act{1, 2, 3}, grad{4, 5};
-  copier.queue({7, 0, engine::boundary::activation, act});
-  copier.queue({7, 1, engine::boundary::gradient, grad});
+  EXPECT_TRUE(copier.queue({7, 0, engine::boundary::activation, act}));  // the copier is told
+  EXPECT_FALSE(copier.queue({7, 1, engine::boundary::gradient, grad}));  // the same drain
   EXPECT_EQ(copier.queued(), 2u);
   EXPECT_EQ(log.entries(), 0u);  // nothing copied on the sender's thread
   copier.settle();
@@ -41,6 +41,8 @@ TEST(log_copier, queued_sends_are_in_the_log_after_a_settle) {
   EXPECT_EQ(std::memcmp(a->data(), act.data(), a->size()), 0);
   EXPECT_EQ(log.bytes(), 5 * sizeof(float));
   EXPECT_EQ(copier.copy_queued(), 0u);  // the capture thread's turn comes after: nothing left
+  copier.copy_now({8, 0, engine::boundary::activation, act});  // a small send: copied at once
+  EXPECT_TRUE(log.find({8, 0, log_direction::activation, 0}));
 }
 
 TEST(log_copier, a_settle_waits_for_the_copy_another_thread_is_making) {
