@@ -4,8 +4,9 @@
 //
 // Algorithm 1's W is the start. The head then measures, over each window, what the stages'
 // checkpoints cost the iterations: the time each step waited for the capture before it (the
-// stall), the copies of the upstream log on the compute thread, and, where the stages compute
-// on the CPU, the captures' CPU time as a share of the hosts' cores. The capture thread runs
+// stall), the upstream log's time on the compute thread, and, where the stages compute on the
+// CPU, the capture threads' CPU time (the slots' copies and the log copies made there) as a
+// share of the hosts' cores. The capture thread runs
 // at the lowest priority, yet on CPU stages it still slows the compute by about its share of
 // the cores (measured: a capture using 6.6% of two cores, the stages' compute 6% slower;
 // docs/benchmarks.md), through the caches and memory it shares with them. The iteration time
