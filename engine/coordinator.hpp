@@ -155,6 +155,10 @@ class coordinator : public actors::actor, private head_control {
   // else the job fails naming the worker.
   // Posts the loss to this actor (never changes anything in the caller's call).
   void lose_worker(transport::node_id node, const std::string& how);
+  // The next persisted window goes to the durable tier at once (a stop on SIGUSR1 waits for it).
+  void durable_soon() {
+    if (recovery_) recovery_->durable_soon();
+  }
   // The window every stage snapshots into (0 before it is chosen or under other policies).
   int w_sparse() const { return recovery_ ? recovery_->w_sparse() : 0; }
   std::int64_t recoveries() const { return recoveries_; }

@@ -360,6 +360,7 @@ struct DurableWritten {
   bytes @3 :UInt64;
   seconds @4 :Float64;
   error @5 :Text;
+  cpuSeconds @6 :Float64;  # the writer thread's CPU time (the head paces the writes by it)
 }
 # Coordinator -> a worker's replicator, before a rollback to the durable tier: which windows
 # of (stage, replica) are on disk, complete and verified (written windows drained first).

@@ -148,6 +148,9 @@ class head_recovery {
   virtual void stepped(const iteration_cost& /*c*/) {}
   virtual asio::awaitable<void> window_replicated(wire::WindowReplicated::Reader) { co_return; }
   virtual asio::awaitable<void> durable_written(wire::DurableWritten::Reader) { co_return; }
+  // The next persisted window goes to the durable tier whatever its pace
+  // (checkpoint.durable_share): a stop waits for it (SIGUSR1).
+  virtual void durable_soon() {}
   virtual int w_sparse() const { return 0; }  // 0: no window chosen (yet)
   // The first iteration whose step plan it keeps for a replay (-1: none): the stages keep the
   // same (Step.keepFrom), for a standby head that takes over from them.

@@ -71,6 +71,8 @@ setter_map checkpoint_setters(job_config& j) {
        [&](auto& k, auto& v) { j.w_sparse = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.max_overhead",
        [&](auto& k, auto& v) { j.max_overhead = models::config_double(k, v, 0.0, 1.0); }},
+      {"checkpoint.durable_share",
+       [&](auto& k, auto& v) { j.durable_share = models::config_double(k, v, 0.0, 1.0); }},
       {"checkpoint.window_rule",
        [&](auto& k, auto& v) {
          const std::string rule = models::config_string(k, v);

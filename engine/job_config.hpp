@@ -62,6 +62,11 @@ struct job_config {
   // time capturing may cost before the head raises W (recovery/window_tuner.hpp); 0: W stays
   // Algorithm 1's.
   double max_overhead = 0.01;
+  // checkpoint.durable_share: on CPU stages, the share of the hosts' cores the durable tier's
+  // writes may take: after a window is written, the next is written only once the writers'
+  // CPU time is this share of the cores' time since the last write began (persisted windows
+  // in between are not written). 0: every window it can (one at a time). GPU stages: unpaced.
+  double durable_share = 0.01;
   // checkpoint.window_rule: how the head re-chooses Algorithm 1's W at window starts:
   // "overhead" keeps capturing under max_overhead; "ettr" picks the W that maximises the
   // predicted ETTR under checkpoint.mtbf_s (the capture's measured cost against the replay a

@@ -425,6 +425,7 @@ void head_session::request_stop() {
     return;
   }
   stop_requested_ = true;
+  if (auto* c = coordinator()) c->durable_soon();  // unpaced: the stop waits for it
   say(
       fmt::format("moevement launch: SIGUSR1: stopping once the next durable window is on disk "
                   "(checkpoint.dir = {})",

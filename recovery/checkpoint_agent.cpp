@@ -312,12 +312,12 @@ awaitable<void> checkpoint_agent::abandoned(engine::wire::WindowsAbandoned::Read
 void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
                                      std::vector<std::span<const std::byte>> slots) {
   if (!durable_.writer) {
-    durable_done(window, 0, 0.0, "checkpoint.durable is off in this worker");
+    durable_done(window, {.error = "checkpoint.durable is off in this worker"});
     return;
   }
   if (slots.empty()) {
-    durable_done(window, 0, 0.0,
-                 "this stage does not hold the whole window (it was rebuilt after it began)");
+    durable_done(window, {.error = "this stage does not hold the whole window (it was rebuilt "
+                                   "after it began)"});
     return;
   }
   const durable_window_meta meta{stage_, replica_, window, first, int(slots.size())};
@@ -326,17 +326,17 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
                          slots = std::move(slots), dir = durable_.dir,
                          keep = durable_.keep]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
-    std::uint64_t bytes = 0;
-    std::string error;
+    const double cpu0 = engine::thread_cpu_seconds();
+    durable_result r;
     try {
       durable_store store(dir);
-      bytes = write_durable_window(store, meta, slots);
+      r.bytes = write_durable_window(store, meta, slots);
       store.prune(keep);
     } catch (const std::exception& e) {
-      error = fmt::format("{} (check the disk and checkpoint.dir)", e.what());
+      r.error = fmt::format("{} (check the disk and checkpoint.dir)", e.what());
     }
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.cpu_s = engine::thread_cpu_seconds() - cpu0;
     {
       std::lock_guard lock(shared->mu);
       shared->capture.unpin(meta.window);
@@ -344,10 +344,10 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
     }
     // `shared` is let go on the actor thread: if it is the last owner, its slot pool
     // withdraws regions from the link, which only that thread may do.
-    asio::post(sys->io(), [sys, me, window = meta.window, bytes, secs, error,
+    asio::post(sys->io(), [sys, me, window = meta.window, r = std::move(r),
                            shared = std::move(shared)]() mutable {
       (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
-        static_cast<checkpoint_agent&>(a).durable_done(window, bytes, secs, error);
+        static_cast<checkpoint_agent&>(a).durable_done(window, r);
         co_return;
       });
       release_capture(shared, *sys);
@@ -355,16 +355,16 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
   });
 }
 
-void checkpoint_agent::durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,
-                                    const std::string& error) {
+void checkpoint_agent::durable_done(std::uint64_t window, const durable_result& r) {
   (void)tell<engine::wire::DurableWritten>(coordinator_,
                                            [&](engine::wire::DurableWritten::Builder b) {
                                              b.setStage(stage_);
                                              b.setReplica(replica_);
                                              b.setWindow(window);
-                                             b.setBytes(bytes);
-                                             b.setSeconds(seconds);
-                                             b.setError(error);
+                                             b.setBytes(r.bytes);
+                                             b.setSeconds(r.seconds);
+                                             b.setCpuSeconds(r.cpu_s);
+                                             b.setError(r.error);
                                            });
 }
 

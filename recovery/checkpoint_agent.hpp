@@ -95,9 +95,15 @@ class checkpoint_agent : public actors::actor {
   int stage() const { return stage_; }
   int replica() const { return replica_; }
   void set_targets(std::vector<actors::actor_ref> replicators);
+  // What writing one window to the durable tier took: its bytes, wall seconds, the writer
+  // thread's CPU seconds (what the head paces the writes by), or why it failed.
+  struct durable_result {
+    std::uint64_t bytes = 0;
+    double seconds = 0.0, cpu_s = 0.0;
+    std::string error;
+  };
   // The durable writer finished window `window` (error empty) or failed: tell the coordinator.
-  void durable_done(std::uint64_t window, std::uint64_t bytes, double seconds,
-                    const std::string& error);
+  void durable_done(std::uint64_t window, const durable_result& r);
 
  private:
   void refill_pool(std::size_t w_sparse);

@@ -38,6 +38,7 @@ class region_recovery : public engine::head_recovery {
     windows_.replicated(m, active() || judging_);
     co_return;
   }
+  void durable_soon() override { windows_.durable_soon(); }
   asio::awaitable<void> durable_written(engine::wire::DurableWritten::Reader m) override {
     // Not while rolling back past silent corruption: a window written now is of the timeline
     // left, and must never be journaled for a resume.

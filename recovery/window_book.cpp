@@ -132,8 +132,9 @@ std::int64_t window_book::replication_lag(std::int64_t iteration) const {
 
 void window_book::recovered(std::int64_t target, bool layout_changed) {
   // A durable write in flight may never be answered by a lost stage: the next persisted
-  // window is written instead.
+  // window is written instead, unpaced (the rebuilt stages' state on disk soon).
   durable_inflight_.reset();
+  durable_next_ = {};
   if (tuner_) tuner_->clear();  // what was measured before the loss is not the steady state
   if (layout_changed) {
     // Resumed at another layout: the windows on disk are of the old one, which no restore of
@@ -268,13 +269,20 @@ void window_book::maybe_persist() {
   // everywhere (a disk slower than the windows skips windows, never stalls a step).
   // Not a window begun before the last recovery's target: a stage rebuilt there never held
   // all of it (its copies on the replicators serve a recovery; its writer has nothing).
-  const bool durable = durable_ && !durable_inflight_ && first >= durable_from_;
+  // On CPU stages, not before the last write's CPU time is checkpoint.durable_share of the
+  // cores' time since it began (windows persisted meanwhile are not written).
+  const auto now = std::chrono::steady_clock::now();
+  const bool durable = durable_ && !durable_inflight_ && first >= durable_from_ &&
+                       (durable_soon_ || now >= durable_next_);
   if (durable) {
     durable_inflight_ = window;
     durable_reported_.assign(std::size_t(job.pp * job.dp), false);
     durable_bytes_ = 0;
     durable_seconds_ = 0.0;
     durable_errors_ = 0;
+    durable_cpu_s_ = 0.0;
+    durable_started_ = now;
+    durable_soon_ = false;
     durable_windows_[window] = first;
     // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
     while (durable_windows_.size() > std::size_t(job.baseline.keep) + 2) {
@@ -328,6 +336,9 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
   durable_bytes_ += m.getBytes();
   durable_seconds_ = std::max(durable_seconds_, m.getSeconds());
   durable_errors_ += !error.empty();
+  // From the wire: a CPU time no writer could have taken counts as none.
+  const double cpu = m.getCpuSeconds();
+  if (cpu > 0 && cpu < 1e6) durable_cpu_s_ += cpu;
   if (!std::all_of(durable_reported_.begin(), durable_reported_.end(), [](bool b) { return b; })) {
     return;
   }
@@ -340,6 +351,10 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
         *durable_inflight_, steps_.empty() ? job_.iteration() : steps_.rbegin()->first + 1,
         job_.scaler()));
   }
+  const double gap = durable_gap_s(durable_cpu_s_, cpu_cores(), job.durable_share);
+  durable_next_ =
+      durable_started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(gap));
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
                    .add("kind", "event")
@@ -347,10 +362,29 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
                    .add("window", std::int64_t(*durable_inflight_))
                    .add("bytes", std::int64_t(durable_bytes_))
                    .add("seconds", durable_seconds_)
+                   .add("cpu_s", durable_cpu_s_)
+                   .add("next_after_s", gap)
                    .add("failed", durable_errors_)
                    .add("iteration", job_.iteration()));
   }
   durable_inflight_.reset();
+}
+
+double durable_gap_s(double cpu_s, double cores, double share) {
+  if (!(share > 0) || !(cores > 0) || !(cpu_s > 0)) return 0.0;
+  return cpu_s / (cores * share);
+}
+
+double window_book::cpu_cores() const {
+  if (job_.job().train.device != models::device::cpu) return 0.0;
+  std::map<std::string, double> hosts;  // the cores of each host with a stage
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  for (const auto& [n, w] : job_.workers()) {
+    if (w.stage >= 0) hosts[w.host] = cores;
+  }
+  double sum = 0.0;
+  for (const auto& [h, k] : hosts) sum += k;
+  return sum;
 }
 
 void window_book::make_tuner() {
@@ -360,14 +394,7 @@ void window_book::make_tuner() {
   c.max_overhead = job.max_overhead;
   c.mtbf_s = job.window_by_ettr ? job.baseline.mtbf_s : 0.0;
   c.restart_s = double(job.failure_timeout_ms) / 1000.0;  // detection; the rest is not known yet
-  if (job.train.device == models::device::cpu) {
-    std::map<std::string, double> hosts;  // the cores of each host with a stage
-    const double cores = std::max(1u, std::thread::hardware_concurrency());
-    for (const auto& [n, w] : job_.workers()) {
-      if (w.stage >= 0) hosts[w.host] = cores;
-    }
-    for (const auto& [h, k] : hosts) c.cores += k;
-  }
+  c.cores = cpu_cores();
   for (const auto& [n, w] : job_.workers()) c.ceiling = std::max(c.ceiling, int(w.op_sizes.size()));
   tuner_.emplace(c);
 }
@@ -490,6 +517,7 @@ void window_book::rolled_back(std::uint64_t window, std::int64_t target,
   persisted_first_ = durable_windows_.at(window);
   on_disk_only_ = true;
   durable_inflight_.reset();
+  durable_next_ = {};  // the new timeline's first window on disk soon
   durable_from_ = target;
   stall_reported_.reset();
   if (tuner_) tuner_->clear();

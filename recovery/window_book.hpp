@@ -6,6 +6,7 @@
 // needs beside them (the journal point). Part of region_recovery; through engine::head_control.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -16,6 +17,11 @@
 #include "recovery/window_tuner.hpp"
 
 namespace moevement::recovery {
+
+// The durable tier's pace (checkpoint.durable_share): the seconds from one durable write's
+// start to the next's, its writers' CPU seconds taking `share` of `cores` (the hosts' cores
+// where the stages compute on the CPU; 0, GPU stages, or share 0: not paced).
+double durable_gap_s(double cpu_s, double cores, double share);
 
 class window_book {
  public:
@@ -30,6 +36,8 @@ class window_book {
   // (a newer one would make the replicators drop the slots it pulls).
   void replicated(engine::wire::WindowReplicated::Reader m, bool recovering);
   void durable_written(engine::wire::DurableWritten::Reader m);
+  // The next persisted window is written whatever the pace (head_recovery::durable_soon).
+  void durable_soon() { durable_soon_ = true; }
   // Persists what was replicated while nothing could persist (a judge's replay held it).
   void persist_held() { maybe_persist(); }
   // A recovery ended at `target` (its rebuilt stages capture from there on); layout_changed:
@@ -77,6 +85,8 @@ class window_book {
   // At a window's first step, planned for the first time: W for it from the tuner.
   void retune(std::int64_t step);
   void make_tuner();  // with Algorithm 1's W and checkpoint.max_overhead > 0
+  // The cores of the hosts with a stage where the stages compute on the CPU (0 on GPUs).
+  double cpu_cores() const;
   // A window not on every stage's replicators long after it began: a notice and a run log
   // `window_stalled` event naming the stage replicas it waits for (once per window).
   void report_stall(std::int64_t iteration);
@@ -115,6 +125,10 @@ class window_book {
   std::uint64_t durable_bytes_ = 0;
   double durable_seconds_ = 0.0;
   std::int64_t durable_errors_ = 0;
+  double durable_cpu_s_ = 0.0;  // the writers' CPU seconds, summed
+  // When the window in flight began to be written, and when the next may (durable_gap_s).
+  std::chrono::steady_clock::time_point durable_started_{}, durable_next_{};
+  bool durable_soon_ = false;  // the next persisted window unpaced (durable_soon)
   std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
   std::optional<std::uint64_t> stall_reported_;  // the newest window reported as stalled

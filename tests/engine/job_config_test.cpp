@@ -70,6 +70,7 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::string("moevement"), [](auto& j) { return j.policy == policy_kind::moevement; }}},
           {"checkpoint.w_sparse", {std::int64_t(4), [](auto& j) { return j.w_sparse == 4; }}},
           {"checkpoint.max_overhead", {0.05, [](auto& j) { return j.max_overhead == 0.05; }}},
+          {"checkpoint.durable_share", {0.2, [](auto& j) { return j.durable_share == 0.2; }}},
           {"checkpoint.window_rule",
            {std::string("ettr"), [](auto& j) { return j.window_by_ettr; }}},
           {"checkpoint.replicas",
@@ -344,6 +345,7 @@ TEST(job_config, baseline_knobs) {
   EXPECT_EQ(reject({{"checkpoint.mtbf_s", 0.0}}).key, "checkpoint.mtbf_s");
   EXPECT_EQ(reject({{"checkpoint.max_overhead", 1.5}}).key, "checkpoint.max_overhead");
   EXPECT_EQ(reject({{"checkpoint.max_overhead", -0.01}}).key, "checkpoint.max_overhead");
+  EXPECT_EQ(reject({{"checkpoint.durable_share", 2.0}}).key, "checkpoint.durable_share");
   EXPECT_EQ(reject({{"checkpoint.window_rule", std::string("fast")}}).key,
             "checkpoint.window_rule");
   EXPECT_EQ(reject({{"checkpoint.pec_order", std::string("random")}}).key, "checkpoint.pec_order");

@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -45,14 +46,16 @@ constexpr const char* iterations = "40";
 
 // tiny, pp=3, a window of 2, one copy of every slot (stage 0's on stage 1's worker, see
 // recovery_test), the durable tier on (its default on the local backend) in `dir` (empty: its
-// default, beside the run log).
-std::string job(const std::string& dir, const std::string& extra = "") {
+// default, beside the run log), every window written (unpaced: these tests wait for windows
+// on disk; `pace` is the share the durable writes may take).
+std::string job(const std::string& dir, const std::string& extra = "",
+                const std::string& pace = "0") {
   return tiny() + " --set train.iterations=" + iterations +
          " --set train.seq_len=16 --set parallel.pp=3 "
          "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
          "--set checkpoint.replicas=1 --set cluster.spares=2 "
-         "--set cluster.failure_timeout_ms=3000 " +
-         (dir.empty() ? "" : "--set checkpoint.dir=" + dir + " ") + extra;
+         "--set cluster.failure_timeout_ms=3000 --set checkpoint.durable_share=" +
+         pace + " " + (dir.empty() ? "" : "--set checkpoint.dir=" + dir + " ") + extra;
 }
 
 // The uninterrupted run's hash, by `moevement train`.
@@ -448,12 +451,13 @@ TEST(resume, a_replica_whose_files_are_gone_resumes_from_another_replicas) {
 
 // SIGUSR1 (what Slurm sends before a time limit, `sbatch --signal`) stops the job once its next
 // durable window is journaled, with status 75 and the command that goes on; --resume then
-// ends with the uninterrupted run's hash.
+// ends with the uninterrupted run's hash. The durable writes are paced to one window a run
+// here: the stop's window is written whatever the pace.
 TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exact) {
   const std::string longer = fmt::format(" --set train.iterations={}", resume_iterations);
   const std::string dir = checkpoint_dir("usr1");
   {
-    background_launch j("usr1", job(dir, "--set cluster.spares=0" + longer));
+    background_launch j("usr1", job(dir, "--set cluster.spares=0" + longer, "0.000001"));
     ASSERT_EQ(j.wait_for_workers(3).size(), 3u) << j.output();
     ASSERT_TRUE(wait_for_event(j, "durable_window")) << j.output();
     ::kill(j.pid, SIGUSR1);
@@ -471,6 +475,24 @@ TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exac
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference(resume_iterations));
   EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
+  fs::remove_all(dir);
+}
+
+// checkpoint.durable_share: after the first window on disk, the next waits until the writes'
+// CPU is that share of the cores' time since; a share no tiny run reaches writes one window
+// while every window persists in memory.
+TEST(durable_fallback, durable_writes_are_paced_by_their_share_of_the_cores) {
+  const std::string dir = checkpoint_dir("paced");
+  const auto o = launch("paced", job(dir, "", "0.000001"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  const auto written = events(o, "durable_window");
+  ASSERT_EQ(written.size(), 1u) << o.output;
+  const std::size_t at = written[0]->find("\"next_after_s\":");
+  ASSERT_NE(at, std::string::npos) << *written[0];
+  // the writers' CPU over a millionth of the cores: far past the run's end
+  EXPECT_GT(std::strtod(written[0]->c_str() + at + 15, nullptr), 10.0) << *written[0];
+  EXPECT_GE(events(o, "window_persisted").size(), 5u) << o.output;
   fs::remove_all(dir);
 }
 

@@ -31,7 +31,7 @@ std::string job(const std::string& extra = "") {
   return source_path("examples/configs/tiny.toml") + " --set train.iterations=" + iterations +
          " --set train.seq_len=16 --set parallel.pp=3 --set checkpoint.policy=moevement "
          "--set checkpoint.w_sparse=2 --set checkpoint.replicas=1 --set cluster.spares=1 "
-         "--set cluster.standby_head=true " +
+         "--set cluster.standby_head=true --set checkpoint.durable_share=0 " +
          extra;
 }
 

@@ -32,7 +32,7 @@ std::string shape(int pp, int dp, int ep) {
 std::string job(int pp, int dp, int ep, const std::string& extra) {
   return shape(pp, dp, ep) +
          " --set checkpoint.policy=moevement --set checkpoint.w_sparse=2 --set cluster.spares=1 "
-         "--set cluster.failure_timeout_ms=3000 " +
+         "--set cluster.failure_timeout_ms=3000 --set checkpoint.durable_share=0 " +
          extra;
 }
 
