@@ -154,7 +154,10 @@ stage_actor::~stage_actor() {
   }
   // Log copies still queued read the send slots, which go with this actor (at most one
   // iteration's sends, and a recovery may still read them from the log).
-  if (hooks_) hooks_->settle_sends();
+  try {
+    if (hooks_) hooks_->settle_sends();
+  } catch (const std::exception&) {  // (out of memory) the log lacks them: a replay says so
+  }
   // The model's memory goes back off the actor thread (actors/disposer.hpp), after the hooks:
   // a capture in flight reads the operators (the hooks' destructor waits for it). Freeing a
   // demo-scale stage, or waiting out its capture, held the heartbeats past the failure timeout
@@ -342,16 +345,26 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
   compute_s_ = 0.0;
   log_s_ = 0.0;
   const std::int64_t it = iteration_;
+  std::string error;
   co_await compute([&] {
     // The send slots are written again from here (a recovery may restart an iteration with no
     // step between): the log copies of the last sends are made first.
-    hooks_->settle_sends();
+    try {
+      hooks_->settle_sends();
+    } catch (const std::exception& e) {
+      error = std::string("logging the last sends failed: ") + e.what();
+      return;
+    }
     // Gradients that stay on the device leave the host's unused: zeroing them would be a pass
     // over 4 bytes per parameter for nothing (55 MiB per stage of the small preset).
     const device_state* d = model_->device();
     begin_operators(ops_, /*zero_grads=*/d == nullptr || !d->grads_on_device());
     model_->begin_iteration(it);
   });
+  if (!error.empty()) {
+    fail(error);
+    co_return;
+  }
   if (router_) {
     const std::uint64_t e = epoch_;
     co_await compute([&] { router_->begin_epoch(e); });  // serves rows that came early

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <future>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -78,6 +80,10 @@ class checkpoint_hooks : public engine::stage_hooks {
     // capture's (the copies made here count in the stall).
     shared_->copier.settle();
     log_cpu_last_s_ = log_cpu_s_.exchange(0.0);
+    {
+      const std::lock_guard lock(log_error_mu_);
+      if (log_error_) std::rethrow_exception(std::exchange(log_error_, nullptr));
+    }
     std::unique_lock lock(shared_->mu);
     // A new window while replication is behind: wait for the job to persist one (bounded).
     // Past the wait the window is skipped, not captured (memory stays bounded however long
@@ -161,7 +167,13 @@ class checkpoint_hooks : public engine::stage_hooks {
     if (!shared_->copier.queue({iteration, micro_batch, kind, tensor})) return;
     asio::post(pool_, [this] {
       const double cpu0 = engine::thread_cpu_seconds();
-      if (shared_->copier.copy_queued() == 0) return;  // settled before it came to this
+      try {
+        if (shared_->copier.copy_queued() == 0) return;  // settled before it came to this
+      } catch (...) {  // (out of memory) the next step fails with it, as a capture's would
+        const std::lock_guard lock(log_error_mu_);
+        if (!log_error_) log_error_ = std::current_exception();
+        return;
+      }
       const double used = engine::thread_cpu_seconds() - cpu0;
       double was = log_cpu_s_.load();
       while (!log_cpu_s_.compare_exchange_weak(was, was + used)) {
@@ -216,6 +228,8 @@ class checkpoint_hooks : public engine::stage_hooks {
   std::atomic<double> capture_cpu_s_{0.0};
   // The log copies' CPU on the capture thread: summed since the last step, and the last step's.
   std::atomic<double> log_cpu_s_{0.0}, log_cpu_last_s_{0.0};
+  std::mutex log_error_mu_;
+  std::exception_ptr log_error_;       // a log copy the capture thread failed to make
   std::atomic<pid_t> capture_tid_{0};  // the capture thread's (its priority)
   asio::thread_pool pool_{1};          // last: joined first
 };
@@ -395,7 +409,10 @@ awaitable<std::unique_ptr<engine::stage_model>> moevement_checkpoint::restore(
   restored_w_ = 0;
   timing_ = {};
   restore_context ctx{system_, io_, job_, limits_, durable_.get(), inbox_, boundaries_};
-  if (old) ctx.own_log = &old->capture.log();
+  if (old) {
+    old->copier.settle();  // its last sends' copies still queued (the stage is stopped)
+    ctx.own_log = &old->capture.log();
+  }
   struct release_old {  // on the actor thread, also when the restore throws
     std::shared_ptr<capture_shared>& old;
     actors::actor_system& system;

@@ -52,12 +52,19 @@ int count_events(const std::vector<std::string>& log, const std::string& name) {
   return n;
 }
 
-// Waits until `windows` durable windows are journaled (the run log says so).
+// Waits until `windows` durable windows are on disk (the run log says so) and the head's
+// journal holds one: the journal is written on a thread of its own, which on a loaded machine
+// can trail the run log by more than a window (a standby then finds nothing to take over).
 bool wait_for_windows(background_launch& j, int windows) {
+  const auto journal = std::filesystem::path(j.log).replace_extension(".checkpoints") / "head";
   for (int i = 0; i < 6000; ++i) {
     const auto log = lines_of(j.log);
     if (count_events(log, "job_end") > 0) return false;
-    if (count_events(log, "durable_window") >= windows) return true;
+    std::error_code ec;
+    if (count_events(log, "durable_window") >= windows && !std::filesystem::is_empty(journal, ec) &&
+        !ec) {
+      return true;
+    }
     std::this_thread::sleep_for(5ms);
   }
   return false;

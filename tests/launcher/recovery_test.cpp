@@ -197,6 +197,22 @@ TEST(recovery, a_killed_stage_is_rebuilt_bit_exact_wherever_it_sits) {
   }
 }
 
+// Sends of 128 KiB (16 sequences of 64 tokens), past policy_limits::log_copy_async_bytes: the
+// upstream logs the replay reads were copied off the compute thread (recovery/log_copier.hpp).
+TEST(recovery, neighbours_logs_copied_off_the_compute_thread_rebuild_a_stage_bit_exact) {
+  const std::string shape =
+      " --set train.seq_len=64 --set train.micro_batch_size=16 --set train.iterations=10";
+  const auto o =
+      launch("async_log", job(3, 1, 1, "--inject kill:stage=1,replica=0,iter=7" + shape) + shape);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const auto r = run_moevement("train " + tiny() + shape);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(o.hash, hash_of(r.output)) << o.output;
+  const std::string* start = event(o, "recovery_start");
+  ASSERT_NE(start, nullptr) << o.output;
+  EXPECT_EQ(number_field(*start, "target_iteration"), 7);
+}
+
 TEST(recovery, a_failure_before_any_window_replays_from_the_initial_state) {
   const auto o = launch("early", job(2, 1, 1, "--inject kill:stage=1,replica=0,iter=1"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
