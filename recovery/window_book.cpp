@@ -282,7 +282,6 @@ void window_book::maybe_persist() {
     durable_errors_ = 0;
     durable_cpu_s_ = 0.0;
     durable_started_ = now;
-    durable_soon_ = false;
     durable_windows_[window] = first;
     // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
     while (durable_windows_.size() > std::size_t(job.baseline.keep) + 2) {
@@ -336,9 +335,12 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
   durable_bytes_ += m.getBytes();
   durable_seconds_ = std::max(durable_seconds_, m.getSeconds());
   durable_errors_ += !error.empty();
-  // From the wire: a CPU time no writer could have taken counts as none.
+  // From the wire: one writer thread uses no more CPU than the time since the write began
+  // (more, or not a number, counts as that).
+  const double since =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - durable_started_).count();
   const double cpu = m.getCpuSeconds();
-  if (cpu > 0 && cpu < 1e6) durable_cpu_s_ += cpu;
+  durable_cpu_s_ += cpu >= 0 ? std::min(cpu, since) : cpu < 0 ? 0.0 : since;
   if (!std::all_of(durable_reported_.begin(), durable_reported_.end(), [](bool b) { return b; })) {
     return;
   }
@@ -351,6 +353,8 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
         *durable_inflight_, steps_.empty() ? job_.iteration() : steps_.rbegin()->first + 1,
         job_.scaler()));
   }
+  // A stop waiting for a window on disk (durable_soon) waits no gap after a write that failed.
+  if (durable_errors_ == 0) durable_soon_ = false;
   const double gap = durable_gap_s(durable_cpu_s_, cpu_cores(), job.durable_share);
   durable_next_ =
       durable_started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -372,7 +376,8 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
 
 double durable_gap_s(double cpu_s, double cores, double share) {
   if (!(share > 0) || !(cores > 0) || !(cpu_s > 0)) return 0.0;
-  return cpu_s / (cores * share);
+  // At most a week: the wait is added to a clock of nanoseconds.
+  return std::min(cpu_s / (cores * share), 7 * 24 * 3600.0);
 }
 
 double window_book::cpu_cores() const {

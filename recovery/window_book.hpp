@@ -20,7 +20,7 @@ namespace moevement::recovery {
 
 // The durable tier's pace (checkpoint.durable_share): the seconds from one durable write's
 // start to the next's, its writers' CPU seconds taking `share` of `cores` (the hosts' cores
-// where the stages compute on the CPU; 0, GPU stages, or share 0: not paced).
+// where the stages compute on the CPU; 0, GPU stages, or share 0: not paced), at most a week.
 double durable_gap_s(double cpu_s, double cores, double share);
 
 class window_book {
@@ -128,7 +128,7 @@ class window_book {
   double durable_cpu_s_ = 0.0;  // the writers' CPU seconds, summed
   // When the window in flight began to be written, and when the next may (durable_gap_s).
   std::chrono::steady_clock::time_point durable_started_{}, durable_next_{};
-  bool durable_soon_ = false;  // the next persisted window unpaced (durable_soon)
+  bool durable_soon_ = false;  // unpaced until a window is journaled (durable_soon)
   std::map<std::uint64_t, std::int64_t> durable_windows_;
   std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
   std::optional<std::uint64_t> stall_reported_;  // the newest window reported as stalled

@@ -457,7 +457,7 @@ TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exac
   const std::string longer = fmt::format(" --set train.iterations={}", resume_iterations);
   const std::string dir = checkpoint_dir("usr1");
   {
-    background_launch j("usr1", job(dir, "--set cluster.spares=0" + longer, "0.000001"));
+    background_launch j("usr1", job(dir, "--set cluster.spares=0" + longer, "0.000000001"));
     ASSERT_EQ(j.wait_for_workers(3).size(), 3u) << j.output();
     ASSERT_TRUE(wait_for_event(j, "durable_window")) << j.output();
     ::kill(j.pid, SIGUSR1);
@@ -483,14 +483,14 @@ TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exac
 // while every window persists in memory.
 TEST(durable_fallback, durable_writes_are_paced_by_their_share_of_the_cores) {
   const std::string dir = checkpoint_dir("paced");
-  const auto o = launch("paced", job(dir, "", "0.000001"));
+  const auto o = launch("paced", job(dir, "", "0.000000001"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference());
   const auto written = events(o, "durable_window");
   ASSERT_EQ(written.size(), 1u) << o.output;
   const std::size_t at = written[0]->find("\"next_after_s\":");
   ASSERT_NE(at, std::string::npos) << *written[0];
-  // the writers' CPU over a millionth of the cores: far past the run's end
+  // the writers' CPU over a billionth of the cores: far past the run's end
   EXPECT_GT(std::strtod(written[0]->c_str() + at + 15, nullptr), 10.0) << *written[0];
   EXPECT_GE(events(o, "window_persisted").size(), 5u) << o.output;
   fs::remove_all(dir);

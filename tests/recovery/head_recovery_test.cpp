@@ -616,10 +616,11 @@ engine::iteration_cost cost(double seconds, double stall, std::uint64_t fresh = 
 TEST(window_book, durable_writes_take_their_share_of_the_cores) {
   // 2 s of writers' CPU on 2 cores at 1%: the next write 100 s after this one began.
   EXPECT_DOUBLE_EQ(durable_gap_s(2.0, 2.0, 0.01), 100.0);
-  EXPECT_DOUBLE_EQ(durable_gap_s(2.0, 4.0, 0.01), 50.0);  // twice the cores, half the wait
-  EXPECT_EQ(durable_gap_s(2.0, 0.0, 0.01), 0.0);          // GPU stages: not paced
-  EXPECT_EQ(durable_gap_s(2.0, 2.0, 0.0), 0.0);           // durable_share 0: every window
-  EXPECT_EQ(durable_gap_s(0.0, 2.0, 0.01), 0.0);          // nothing measured
+  EXPECT_DOUBLE_EQ(durable_gap_s(2.0, 4.0, 0.01), 50.0);      // twice the cores, half the wait
+  EXPECT_EQ(durable_gap_s(2.0, 0.0, 0.01), 0.0);              // GPU stages: not paced
+  EXPECT_EQ(durable_gap_s(2.0, 2.0, 0.0), 0.0);               // durable_share 0: every window
+  EXPECT_EQ(durable_gap_s(0.0, 2.0, 0.01), 0.0);              // nothing measured
+  EXPECT_EQ(durable_gap_s(1e6, 1.0, 1e-9), 7 * 24 * 3600.0);  // at most a week
 }
 
 TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_when_cheap) {
