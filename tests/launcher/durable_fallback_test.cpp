@@ -496,6 +496,19 @@ TEST(durable_fallback, durable_writes_are_paced_by_their_share_of_the_cores) {
   fs::remove_all(dir);
 }
 
+// After a recovery the next window goes to disk unpaced: the rebuilt stage's state is on
+// disk soon, whatever the pace.
+TEST(durable_fallback, the_first_window_after_a_recovery_is_written_whatever_the_pace) {
+  const std::string dir = checkpoint_dir("paced_recovery");
+  const auto o =
+      launch("paced_recovery", job(dir, "--inject kill:stage=1,replica=0,iter=20", "0.000000001"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  ASSERT_NE(o.first("recovery_end"), nullptr) << o.output;
+  EXPECT_EQ(events(o, "durable_window").size(), 2u) << o.output;  // the first, the one after
+  fs::remove_all(dir);
+}
+
 // What cannot be resumed says why, before any worker starts.
 TEST(resume, nothing_to_resume_is_refused_saying_why) {
   const std::string dir = checkpoint_dir("nothing");
