@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <thread>
 
@@ -340,7 +341,7 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
   const double since =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - durable_started_).count();
   const double cpu = m.getCpuSeconds();
-  durable_cpu_s_ += cpu >= 0 ? std::min(cpu, since) : cpu < 0 ? 0.0 : since;
+  durable_cpu_s_ += std::isnan(cpu) ? since : std::clamp(cpu, 0.0, since);
   if (!std::all_of(durable_reported_.begin(), durable_reported_.end(), [](bool b) { return b; })) {
     return;
   }
