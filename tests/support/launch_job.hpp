@@ -6,10 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -49,6 +52,67 @@ inline double number_field(const std::string& line, const std::string& key) {
   return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
 }
 
+// Every process of the tree under `root` (its children through /proc/PID/task/TID/children).
+inline std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<pid_t> out{root};
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::error_code ec;
+    const std::string tasks = "/proc/" + std::to_string(out[i]) + "/task";
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(t.path() / "children");
+      for (pid_t c; in >> c;) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// What a hung job's processes were doing, for the failure message; then they are killed. For
+// each: its command line, its threads' kernel wait channels, and their stacks through gdb where
+// it is installed. Every process is stopped first: one held by the debugger would otherwise be
+// lost to its peers' heartbeats, and the others would move on.
+inline std::string stacks_of(pid_t root) {
+  std::string out = "---- the job hung; its processes:\n";
+  const auto tree = process_tree(root);
+  std::vector<std::string> wchans;
+  for (pid_t p : tree) {
+    std::string w;
+    std::error_code ec;
+    const std::string tasks = "/proc/" + std::to_string(p) + "/task";
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::string one;
+      std::ifstream(t.path() / "wchan") >> one;
+      w += " " + t.path().filename().string() + ":" + (one.empty() ? "running" : one);
+    }
+    wchans.push_back(w);
+  }
+  for (pid_t p : tree) ::kill(p, SIGSTOP);
+  for (std::size_t i = 0; i < tree.size(); ++i) {
+    const std::string pid = std::to_string(tree[i]);
+    std::ifstream cmd("/proc/" + pid + "/cmdline");
+    std::string args, arg;
+    while (std::getline(cmd, arg, '\0')) args += " " + arg;
+    out += "pid " + pid + ":" + args + "\n  threads waiting in:" + wchans[i] + "\n";
+    const std::string gdb =
+        "timeout 30 gdb -p " + pid + " -batch -ex 'thread apply all bt 12' 2>&1";
+    if (std::FILE* f = ::popen(gdb.c_str(), "r")) {
+      std::array<char, 1024> buf;
+      while (std::fgets(buf.data(), int(buf.size()), f) != nullptr) {
+        std::string l = buf.data();
+        if (l.starts_with("Thread ")) out += l.substr(0, l.find(" (")) + "\n";
+        if (!l.starts_with("#")) continue;
+        // "#3  0x... in name (arguments) at file:line": the frame's number and name only
+        const auto in = l.find(" in ");
+        const auto name = in != std::string::npos ? in + 4 : l.find_first_not_of(' ', 2);
+        out += "  " + l.substr(0, l.find(' ')) + " " + l.substr(name, l.find(" (", name) - name) +
+               "\n";
+      }
+      ::pclose(f);
+    }
+  }
+  for (pid_t p : tree) ::kill(p, SIGKILL);
+  return out;
+}
+
 struct background_launch {
   pid_t pid = -1;
   std::string out_path, log;
@@ -68,8 +132,10 @@ struct background_launch {
     }
   }
   // Worker pids from the run log's worker_up events, once all `n` are up and training runs.
+  // It waits past cluster.start_timeout_ms (30 s), so that a job that cannot start says why.
   std::vector<pid_t> wait_for_workers(std::size_t n) {
-    for (int i = 0; i < 600; ++i) {
+    const auto until = std::chrono::steady_clock::now() + 40s;
+    while (std::chrono::steady_clock::now() < until) {
       std::vector<pid_t> pids;
       bool training = false;
       for (const auto& l : lines_of(log)) {
@@ -85,6 +151,7 @@ struct background_launch {
       }
       std::this_thread::sleep_for(50ms);
     }
+    std::cerr << stacks_of(pid);
     return {};
   }
   // Exit status, or -1 if it had to be killed after `limit` (a hang: the test fails).
@@ -98,6 +165,7 @@ struct background_launch {
       }
       std::this_thread::sleep_for(20ms);
     }
+    std::cerr << stacks_of(pid);
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
     pid = -1;
