@@ -3,7 +3,34 @@
 
 #include <unistd.h>
 
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
 namespace moevement::launcher {
+
+// The environment a child execs with: ours, with `name` set to `value`. Made before the fork:
+// between fork and exec of a threaded process only async-signal-safe calls are safe, and
+// setenv takes a lock and allocates (another thread may have held either at the fork).
+class child_environment {
+ public:
+  child_environment(const std::string& name, const std::string& value) {
+    const std::string prefix = name + "=";
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      if (std::strncmp(*e, prefix.c_str(), prefix.size()) != 0) strings_.emplace_back(*e);
+    }
+    strings_.push_back(prefix + value);
+    for (auto& s : strings_) pointers_.push_back(s.data());
+    pointers_.push_back(nullptr);
+  }
+  char** get() { return pointers_.data(); }
+
+ private:
+  std::vector<std::string> strings_;
+  std::vector<char*> pointers_;
+};
 
 // Closes every descriptor above stderr, in a forked child about to exec. The parent's are not
 // the child's to hold: UCX opens its sockets (the link's listener, its TCP transport's

@@ -276,7 +276,7 @@ void head_session::make_callbacks() {
     // A standby that took over started no worker: the process (on this host) goes by its pid,
     // once its command line shows it is that worker.
     if (took_over_) {
-      worker_processes::kill_worker(n, pid);
+      worker_processes::kill_worker(n, pid, options_.standby_of);
     } else {
       processes_.kill_node(n, pid);
     }

@@ -330,6 +330,7 @@ slurm_step::slurm_step(std::vector<std::string> command, const std::string& toke
   std::vector<char*> argv;
   for (auto& a : command) argv.push_back(a.data());
   argv.push_back(nullptr);
+  child_environment env("MOEVEMENT_JOB_TOKEN", token);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -349,9 +350,10 @@ slurm_step::slurm_step(std::vector<std::string> command, const std::string& toke
     const int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
     close_inherited_fds();  // srun may outlive the head: it must not keep the head's port
-    ::setenv("MOEVEMENT_JOB_TOKEN", token.c_str(), 1);
-    ::execvp("srun", argv.data());
-    std::fprintf(stderr, "moevement launch: cannot run srun: %s\n", std::strerror(errno));
+    ::execvpe("srun", argv.data(), env.get());
+    // (a write(2) of a fixed text: fprintf may take a lock another thread held at the fork)
+    const char why[] = "moevement launch: cannot run srun (not on PATH, or not executable)\n";
+    (void)!::write(2, why, sizeof why - 1);
     ::_exit(127);
   }
   ::close(out);

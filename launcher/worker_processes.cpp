@@ -32,6 +32,7 @@ void worker_processes::start(const std::string& self, const std::vector<std::str
   argv.push_back(const_cast<char*>(self.c_str()));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  child_environment env("MOEVEMENT_JOB_TOKEN", token_);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
@@ -41,9 +42,8 @@ void worker_processes::start(const std::string& self, const std::vector<std::str
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
     }
-    ::setenv("MOEVEMENT_JOB_TOKEN", token_.c_str(), 1);
     close_inherited_fds();  // not the head's listeners (UCX opens them without close-on-exec)
-    ::execv(self.c_str(), argv.data());
+    ::execve(self.c_str(), argv.data(), env.get());
     ::_exit(127);
   }
   children_[pid] = node;
@@ -68,14 +68,15 @@ void worker_processes::kill_node(transport::node_id node, int pid) {
   }
 }
 
-void worker_processes::kill_worker(transport::node_id node, int pid) {
+void worker_processes::kill_worker(transport::node_id node, int pid, const std::string& head) {
   if (pid <= 1) return;
   std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
   const std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // argv is NUL-separated: "...\0worker\0...\0--node\0N\0..."
   const std::string node_arg = std::string("\0--node\0", 8) + std::to_string(node) + '\0';
+  const std::string head_arg = std::string("\0--head\0", 8) + head + '\0';
   if (cmd.find(std::string("\0worker\0", 8)) == std::string::npos ||
-      cmd.find(node_arg) == std::string::npos) {
+      cmd.find(node_arg) == std::string::npos || cmd.find(head_arg) == std::string::npos) {
     return;
   }
   ::kill(pid, SIGKILL);

@@ -39,8 +39,9 @@ class worker_processes {
   // talk as if nothing happened).
   void kill_node(transport::node_id node, int pid);
   // The same for a process this one did not start (a standby head that took over): only if
-  // `pid` runs `moevement worker ... --node NODE` (the pid came over the wire).
-  static void kill_worker(transport::node_id node, int pid);
+  // `pid` runs `moevement worker --head HEAD ... --node NODE` (the pid came over the wire, and
+  // another job's worker of that node may have been given it since).
+  static void kill_worker(transport::node_id node, int pid, const std::string& head);
   // Ends every child: waits up to `grace` for them to exit on their own (after Shutdown), then
   // SIGTERM, then SIGKILL. Returns the workers (not node 0) that ended badly within the grace:
   // a crash while shutting down.

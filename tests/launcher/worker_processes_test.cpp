@@ -1,5 +1,6 @@
 // worker_processes::kill_worker: a standby head that took over kills a lost worker by the pid
-// its hello carried (untrusted), only if that process's command line is the worker's own.
+// its hello carried (untrusted), only if that process's command line is that worker's own (its
+// node, and this job's head).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,12 +15,13 @@ namespace {
 
 using moevement::launcher::worker_processes;
 
-// `sh -c 'sleep 30; true' ARGS...`: a live process whose argv ends with ARGS (the `; true`
-// keeps the shell from exec'ing sleep, which would replace the command line).
-pid_t start(const char* a, const char* b, const char* c) {
+// `sh -c 'sleep 30; true' worker --head HEAD --node NODE` (or `what` for worker): a live process
+// with that argv (the `; true` keeps the shell from exec'ing sleep, which would replace the
+// command line).
+pid_t start(const char* what, const char* head, const char* node) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", "sleep 30; true", a, b, c, nullptr);
+    ::execl("/bin/sh", "sh", "-c", "sleep 30; true", what, "--head", head, "--node", node, nullptr);
     ::_exit(127);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its argv is in place
@@ -41,18 +43,23 @@ bool killed(pid_t pid) {
 }
 
 TEST(worker_processes, kill_worker_kills_only_that_nodes_worker) {
-  const pid_t other_node = start("worker", "--node", "2");
-  worker_processes::kill_worker(1, other_node);
+  const char* head = "127.0.0.1:4000";
+  const pid_t other_node = start("worker", head, "2");
+  worker_processes::kill_worker(1, other_node, head);
   EXPECT_FALSE(killed(other_node)) << "node 2's worker, asked as node 1";
-  const pid_t not_a_worker = start("launch", "--node", "1");
-  worker_processes::kill_worker(1, not_a_worker);
+  const pid_t not_a_worker = start("launch", head, "1");
+  worker_processes::kill_worker(1, not_a_worker, head);
   EXPECT_FALSE(killed(not_a_worker)) << "not a worker";
-  const pid_t worker = start("worker", "--node", "1");
-  worker_processes::kill_worker(1, worker);
+  // The lost worker's pid given since to node 1 of another job on this host.
+  const pid_t other_job = start("worker", "127.0.0.1:4001", "1");
+  worker_processes::kill_worker(1, other_job, head);
+  EXPECT_FALSE(killed(other_job)) << "another job's worker";
+  const pid_t worker = start("worker", head, "1");
+  worker_processes::kill_worker(1, worker, head);
   EXPECT_TRUE(killed(worker));
-  worker_processes::kill_worker(1, 1);  // init, or a pid that came over the wire as 1: never
-  worker_processes::kill_worker(1, 0);
-  worker_processes::kill_worker(1, -1);
+  worker_processes::kill_worker(1, 1, head);  // init, or a pid that came over the wire as 1: never
+  worker_processes::kill_worker(1, 0, head);
+  worker_processes::kill_worker(1, -1, head);
 }
 
 }  // namespace
