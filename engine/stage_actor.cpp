@@ -651,7 +651,11 @@ void stage_actor::keep_step(std::int64_t it, const models::step_plan& plan, wire
 
 awaitable<void> stage_actor::abort(wire::Abort::Reader m, wire::AbortAck::Builder ack) {
   STAGE_TRACE("abort epoch={}", m.getEpoch());
-  if (m.getEpoch() != epoch_) co_return;
+  if (m.getEpoch() < epoch_) co_return;  // an attempt this stage is past
+  // A later epoch than this stage began is aborted too: its Iterate was dropped because the
+  // stage had failed before it (an input of that epoch, come before its Iterate, pulled from a
+  // peer that died). What failed is cleared all the same, or this stage would drop every
+  // later Iterate and the job wait for it for ever.
   ack.setGroupAbortSeconds(co_await drop_in_flight());
 }
 
