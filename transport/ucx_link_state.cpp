@@ -104,9 +104,17 @@ void link_state::kick() {
 void link_state::pump(wake why) {
   if (dying) return;
   bool found = false;
-  while ((worker.progress() + bulk_worker.progress()) != 0) found = true;
+  // Bounded: a peer that keeps the workers busy (a long pull's stream of pieces) must not keep
+  // this thread from its timers and actors (heartbeats among them); the rest is a pump later.
+  constexpr int max_rounds = 256;
+  int rounds = 0;
+  while (rounds < max_rounds && (worker.progress() + bulk_worker.progress()) != 0) {
+    found = true;
+    ++rounds;
+  }
   deliver_ready();
   if (dying) return;  // a handler destroyed the link
+  if (rounds == max_rounds) kick();
   if (found) {
     if (why == wake::tick) ++counters.tick_progress;
     if (why == wake::poll) ++counters.poll_progress;
