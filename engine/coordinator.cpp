@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "actors/gather.hpp"
 #include "base/hash.hpp"
@@ -106,6 +107,7 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
 }
 
 void coordinator::on_stop(const actors::exit_reason&) {
+  if (overdue_timer_ != 0) system().time().cancel(std::exchange(overdue_timer_, 0));
   system().on_membership({});
 }
 

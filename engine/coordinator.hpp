@@ -289,6 +289,11 @@ class coordinator : public actors::actor, private head_control {
   asio::awaitable<std::vector<std::string>> operator_names(int s, int d);
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
+  // cluster.iteration_timeout_ms: armed at each iteration's start (an attempt re-run after a
+  // recovery starts it again); at the limit, the stages that have not finished it are named and
+  // the job ends.
+  void arm_iteration_timeout();
+  void iteration_overdue(std::uint64_t epoch);
   asio::awaitable<void> after_iteration();
   // After a step (and its validation round, if any): the end, a pause, or the next iteration.
   asio::awaitable<void> go_on();
@@ -352,6 +357,7 @@ class coordinator : public actors::actor, private head_control {
   std::uint64_t wirings_ = 0;                       // Wire.wiring: one per wire_all()
   int done_count_ = 0;
   std::vector<bool> stepped_flags_;
+  actors::time_source::timer_id overdue_timer_ = 0;  // 0: none armed
   // This iteration's silent-corruption check: what was asked, and each stage replica's digests
   // (index d * pp + s).
   wire::Verify verify_ = wire::Verify::NONE;

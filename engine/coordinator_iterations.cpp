@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "actors/gather.hpp"
 #include "base/hash.hpp"
@@ -41,6 +42,7 @@ void coordinator::start_iteration() {
   done_count_ = 0;
   stepped_flags_.assign(n, false);
   iteration_start_ = sclock::now();
+  arm_iteration_timeout();
   const std::int64_t it = iteration_;
   const std::uint64_t e = epoch_;
   const float scale = scaler_.scale;
@@ -51,6 +53,42 @@ void coordinator::start_iteration() {
       b.setLossScale(scale);
     });
   }
+}
+
+void coordinator::arm_iteration_timeout() {
+  auto& time = system().time();
+  if (overdue_timer_ != 0) time.cancel(std::exchange(overdue_timer_, 0));
+  if (job_.iteration_timeout_ms <= 0) return;
+  actors::actor_system* sys = &system();  // the timer is the system's: it lives while it can run
+  overdue_timer_ =
+      time.call_at(time.now() + std::chrono::milliseconds(job_.iteration_timeout_ms),
+                   [sys, me = self(), e = epoch_] {
+                     (void)sys->post_call(me, [e](actors::actor& a) -> awaitable<void> {
+                       static_cast<coordinator&>(a).iteration_overdue(e);
+                       co_return;
+                     });
+                   });
+}
+
+void coordinator::iteration_overdue(std::uint64_t e) {
+  overdue_timer_ = 0;
+  // A recovery under way re-runs the iteration under a new epoch, armed again then.
+  if (finished_ || e != epoch_ || recovering() || loss_pending() ||
+      (phase_ != phase::running && phase_ != phase::stepping)) {
+    return;
+  }
+  std::string waiting;
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    const bool finished = phase_ == phase::running ? sq_[i].has_value() : bool(stepped_flags_[i]);
+    if (finished || !stages_[i].valid()) continue;
+    waiting += fmt::format("{}stage {} replica {} (node {})", waiting.empty() ? "" : ", ",
+                           int(i) % job_.pp, int(i) / job_.pp, stages_[i].node);
+  }
+  fail(fmt::format(
+      "iteration {} did not end within cluster.iteration_timeout_ms = {} ms: {} did not {} it, "
+      "their workers alive (a hung kernel or collective, or a deadlock); the job stops",
+      iteration_, job_.iteration_timeout_ms, waiting.empty() ? "no stage" : waiting,
+      phase_ == phase::running ? "finish" : "step"));
 }
 
 awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {

@@ -20,12 +20,14 @@ enum class boundary : std::uint8_t { activation, gradient };
 
 // Failure injection (`moevement launch --inject kill:...,phase=P`): the points of an iteration
 // at which a stage actor calls its fault hook, on the actor thread. The hook may end the
-// process there (raise(SIGKILL)) or stop it (SIGSTOP). forward / backward: as the stage starts
-// its first forward / backward micro-batch of the iteration (its input is there); step: on the
-// coordinator's Step, before applying it; snapshot: after the step was applied and reported
-// (Stepped), with the slot's capture just handed to the policy (in flight, no copy made).
+// process there (raise(SIGKILL)) or stop it (SIGSTOP), or return true: the stage's compute
+// thread then blocks for ever, its process and heartbeats going on (a hung kernel). forward /
+// backward: as the stage starts its first forward / backward micro-batch of the iteration (its
+// input is there); step: on the coordinator's Step, before applying it; snapshot: after the step
+// was applied and reported (Stepped), with the slot's capture just handed to the policy (in flight,
+// no copy made).
 enum class fault_point : std::uint8_t { forward, backward, step, snapshot };
-using fault_hook = std::function<void(std::int64_t iteration, fault_point point)>;
+using fault_hook = std::function<bool(std::int64_t iteration, fault_point point)>;
 // Silent corruption (`--inject flip:...`): on the compute thread, right after the step of
 // `iteration` was applied (the compute weights derived from the master), with the stage's
 // operators in its own order; it may change their bytes.
@@ -41,7 +43,7 @@ using copy_flip_hook = std::function<int(std::int64_t iteration)>;
 using send_flip_hook =
     std::function<void(std::int64_t iteration, int mb, std::span<float> activation)>;
 struct fault_hooks {
-  fault_hook at;               // empty: no kill or hang of this stage
+  fault_hook at;               // empty: no kill, hang or stall of this stage
   corruption_hook after_step;  // empty: no flip of its weights
   copy_flip_hook copy_flip;    // empty: no flip of a snapshot copy
   send_flip_hook send_flip;    // empty: no flip of an activation

@@ -190,6 +190,10 @@ setter_map cluster_setters(job_config& j) {
        [&](auto& k, auto& v) { j.failure_timeout_ms = models::config_int(k, v, 1, hour_ms); }},
       {"cluster.start_timeout_ms",
        [&](auto& k, auto& v) { j.start_timeout_ms = models::config_int(k, v, 1, 24 * hour_ms); }},
+      {"cluster.iteration_timeout_ms",
+       [&](auto& k, auto& v) {
+         j.iteration_timeout_ms = models::config_int(k, v, 0, 24 * hour_ms);
+       }},
       {"cluster.slurm_partition",
        [&](auto& k, auto& v) {
          std::string p = models::config_string(k, v);
@@ -371,6 +375,13 @@ job_config resolve_job(models::config_map map) {
                        fmt::format("{} ms is less than two heartbeats (cluster.heartbeat_ms = {}); "
                                    "a late heartbeat would look like a failure",
                                    j.failure_timeout_ms, j.heartbeat_ms));
+  }
+  if (j.iteration_timeout_ms != 0 && j.iteration_timeout_ms < j.failure_timeout_ms) {
+    throw config_error("cluster.iteration_timeout_ms",
+                       fmt::format("{} ms is less than cluster.failure_timeout_ms = {}: a lost "
+                                   "worker would end the job before its loss is found (use 0 "
+                                   "for no limit)",
+                                   j.iteration_timeout_ms, j.failure_timeout_ms));
   }
   if (j.durable == true && j.policy != policy_kind::moevement &&
       j.policy != policy_kind::dense_disk) {

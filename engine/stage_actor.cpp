@@ -381,7 +381,7 @@ awaitable<void> stage_actor::advance() {
     const std::int64_t it = iteration_;
     if (s.what == pass::forward) {
       if (!setup_.first() && act_epoch_[mb] != epoch_) co_return;  // wait for the activation
-      if (next_step_ == 0) at_fault_point(fault_point::forward);
+      if (next_step_ == 0) co_await at_fault_point(fault_point::forward);
       bool bad = false;
       std::string error;
       STAGE_TRACE("forward mb={}", mb);
@@ -432,7 +432,7 @@ awaitable<void> stage_actor::advance() {
       }
     } else {
       if (!setup_.last() && grad_epoch_[mb] != epoch_) co_return;  // wait for the gradient
-      if (next_step_ == first_backward_) at_fault_point(fault_point::backward);
+      if (next_step_ == first_backward_) co_await at_fault_point(fault_point::backward);
       bool bad = false;
       std::string error;
       STAGE_TRACE("backward mb={}", mb);
@@ -545,7 +545,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   }
   const checkpoint_step decided{{std::max(m.getWSparse(), 0), m.getWindow(), m.getSlot()},
                                 popularity};
-  at_fault_point(fault_point::step);
+  co_await at_fault_point(fault_point::step);
   STAGE_TRACE("step");
   std::string error;
   // A GPU stage's state is on its device: its replicas are not compared (yet).
@@ -631,7 +631,8 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     ::rusage u{};
     if (::getrusage(RUSAGE_SELF, &u) == 0) b.setPeakRssBytes(std::uint64_t(u.ru_maxrss) * 1024);
   });
-  at_fault_point(fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
+  co_await at_fault_point(
+      fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
 }
 
 void stage_actor::keep_step(std::int64_t it, const models::step_plan& plan, wire::Step::Reader m) {

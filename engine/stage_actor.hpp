@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "actors/system.hpp"
@@ -141,8 +142,13 @@ class stage_actor : public actors::actor {
     co_await asio::co_spawn(pool_.get_executor(), std::move(task), asio::use_awaitable);
   }
   void fail(const std::string& what);
-  void at_fault_point(fault_point p) {
-    if (faults_.at) faults_.at(iteration_, p);
+  asio::awaitable<void> at_fault_point(fault_point p) {
+    if (faults_.at && faults_.at(iteration_, p)) {
+      // A stall: the compute thread hangs (a kernel that never returns); the actor waits on it.
+      co_await compute([] {
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      });
+    }
   }
 
   stage_setup setup_;

@@ -25,7 +25,7 @@ namespace {
 constexpr const char* inject_usage =
     "expected kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot], "
     "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M] (either with "
-    "[,scope=host]), "
+    "[,scope=host]), stall:stage=S,replica=D,iter=T,phase=P, "
     "mtbf:SECONDS[,seed=N][,max=K], trace:FILE or "
     "flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight] "
     "(docs/recovery.md)";
@@ -199,8 +199,8 @@ std::string injection::text() const {
     default:
       break;
   }
-  std::string s =
-      fmt::format("{}:stage={},replica={}", what == kind::kill ? "kill" : "hang", stage, replica);
+  const char* name = what == kind::kill ? "kill" : what == kind::hang ? "hang" : "stall";
+  std::string s = fmt::format("{}:stage={},replica={}", name, stage, replica);
   if (during_recovery) {
     s += fmt::format(",during=recovery,nth={},delay_ms={}", nth, delay_ms);
   } else {
@@ -256,6 +256,8 @@ injection parse_injection(const std::string& spec, const std::string& source) {
     inj.what = injection::kind::kill;
   } else if (head == "hang") {
     inj.what = injection::kind::hang;
+  } else if (head == "stall") {
+    inj.what = injection::kind::stall;
   } else {
     bad(where, fmt::format("unknown failure '{}'", head));
   }
@@ -299,6 +301,9 @@ injection parse_injection(const std::string& spec, const std::string& source) {
     bad(where, "give either iter=T or during=recovery (one of them)");
   }
   if (inj.phase && !seen.iter) bad(where, "phase goes with iter=T, not during=recovery");
+  if (inj.what == injection::kind::stall && !inj.phase) {
+    bad(where, "stall needs iter=T and phase=P: the worker's own compute thread stalls there");
+  }
   if (inj.phase && inj.whole_host) {
     bad(where, "scope=host is the head's: it does not go with phase (a worker's own failure)");
   }
@@ -346,7 +351,8 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
     auto fail = [&](const std::string& what) -> void {
       throw std::invalid_argument(fmt::format(
           "{}: {}; expected kind = \"kill\"|\"hang\" with stage, replica and iter (phase) or "
-          "during = \"recovery\" (nth, delay_ms); kind = \"mtbf\" with seconds (seed, max); "
+          "during = \"recovery\" (nth, delay_ms); kind = \"stall\" with stage, replica, iter "
+          "and phase; kind = \"mtbf\" with seconds (seed, max); "
           "kind = \"trace\" with file; or kind = \"flip\" with stage, replica and iter "
           "(operator, word, bit, target) (docs/configuration.md)",
           source, what));
@@ -359,6 +365,8 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
     std::set<std::string> allowed;
     if (kind == "kill" || kind == "hang") {
       allowed = {"kind", "stage", "replica", "iter", "phase", "scope", "during", "nth", "delay_ms"};
+    } else if (kind == "stall") {
+      allowed = {"kind", "stage", "replica", "iter", "phase"};
     } else if (kind == "mtbf") {
       allowed = {"kind", "seconds", "seed", "max"};
     } else if (kind == "trace") {
@@ -367,7 +375,8 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
       allowed = {"kind", "stage", "replica", "iter", "operator", "word", "bit", "target"};
     } else {
       fail(fmt::format(
-          "kind must be the string \"kill\", \"hang\", \"mtbf\", \"trace\" or \"flip\", got {}",
+          "kind must be the string \"kill\", \"hang\", \"stall\", \"mtbf\", \"trace\" or "
+          "\"flip\", got {}",
           std::holds_alternative<std::string>(k->second) ? "\"" + kind + "\""
                                                          : models::config_type_name(k->second)));
     }
@@ -611,6 +620,11 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
                     "snapshots)",
                     engine::policy_name(job.policy)));
   }
+  if (inj.what == injection::kind::stall && job.iteration_timeout_ms == 0) {
+    fail(
+        "a stall with cluster.iteration_timeout_ms = 0 would never end the job (its worker stays "
+        "alive, so no loss is found); give the iteration a time limit");
+  }
   if (inj.whole_host && job.backend != "slurm") {
     fail(
         "scope=host on the local backend would end every worker (they all run on this host): "
@@ -636,14 +650,15 @@ engine::fault_hook phase_fault_hook(const std::vector<injection>& injections, in
   auto s = std::make_shared<state>();
   for (const auto& inj : injections) {
     if (inj.phase && inj.stage == stage && inj.replica == replica &&
-        (inj.what == injection::kind::kill || inj.what == injection::kind::hang)) {
+        (inj.what == injection::kind::kill || inj.what == injection::kind::hang ||
+         inj.what == injection::kind::stall)) {
       s->mine.push_back(inj);
     }
   }
   if (s->mine.empty()) return {};
   s->replacement = replacement;
   s->who = who;
-  return [s](std::int64_t iteration, engine::fault_point point) {
+  return [s](std::int64_t iteration, engine::fault_point point) -> bool {
     if (s->replacement && s->first < 0) s->first = iteration;
     for (auto& inj : s->mine) {
       if (inj.done || inj.iteration != iteration || *inj.phase != point) continue;
@@ -653,8 +668,10 @@ engine::fault_hook phase_fault_hook(const std::vector<injection>& injections, in
       const std::string line = fmt::format("inject: {} ({})\n", inj.text(), s->who);
       std::fwrite(line.data(), 1, line.size(), stdout);
       std::fflush(stdout);
+      if (inj.what == injection::kind::stall) return true;  // the stage's compute thread hangs
       std::raise(inj.what == injection::kind::kill ? SIGKILL : SIGSTOP);
     }
+    return false;
   };
 }
 

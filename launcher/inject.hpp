@@ -49,9 +49,11 @@ namespace moevement::launcher {
 enum class failure_kind : std::uint8_t { kill, hang };
 
 struct injection {
-  enum class kind : std::uint8_t { kill, hang, mtbf, trace, flip };
+  // stall: with phase only; the worker's compute thread blocks there for ever, its process and
+  // heartbeats going on (a hung kernel or collective: cluster.iteration_timeout_ms finds it)
+  enum class kind : std::uint8_t { kill, hang, mtbf, trace, flip, stall };
   kind what = kind::kill;
-  // kill, hang
+  // kill, hang, stall
   int stage = 0, replica = 0;
   std::int64_t iteration = 0;  // iter=T (>= 1); 0 with during=recovery
   std::optional<engine::fault_point> phase;

@@ -55,6 +55,7 @@ TEST(job_config, defaults) {
   EXPECT_EQ(j.heartbeat_ms, 100);
   EXPECT_EQ(j.failure_timeout_ms, 1500);
   EXPECT_EQ(j.start_timeout_ms, 30000);
+  EXPECT_EQ(j.iteration_timeout_ms, 600000);
   EXPECT_EQ(j.model, models::preset("tiny"));
   EXPECT_EQ(j.train, models::train_config{});
 }
@@ -116,6 +117,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(700), [](auto& j) { return j.failure_timeout_ms == 700; }}},
           {"cluster.start_timeout_ms",
            {std::int64_t(5000), [](auto& j) { return j.start_timeout_ms == 5000; }}},
+          {"cluster.iteration_timeout_ms",
+           {std::int64_t(0), [](auto& j) { return j.iteration_timeout_ms == 0; }}},
           {"cluster.slurm_partition",
            {std::string("gpu-a100"), [](auto& j) { return j.slurm_partition == "gpu-a100"; }}},
           {"cluster.slurm_nodes", {std::int64_t(1), [](auto& j) { return j.slurm_nodes == 1; }}},
@@ -248,6 +251,8 @@ TEST(job_config, bad_values_name_the_key) {
       {"cluster.heartbeat_ms", std::int64_t(0)},
       {"cluster.failure_timeout_ms", std::int64_t(-5)},
       {"cluster.start_timeout_ms", std::int64_t(0)},
+      {"cluster.iteration_timeout_ms", std::int64_t(-1)},
+      {"cluster.iteration_timeout_ms", std::int64_t(1000)},  // under failure_timeout_ms
       {"engine.stage", std::string("Bad-Name")},
       {"engine.stage", std::string("")},
       {"engine.run_log", std::string("")},

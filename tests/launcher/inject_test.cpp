@@ -51,6 +51,7 @@ TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
         "kill:stage=1,replica=0,iter=7,phase=forward",
         "kill:stage=1,replica=0,iter=7,phase=backward", "hang:stage=2,replica=0,iter=2,phase=step",
         "kill:stage=2,replica=1,iter=9,phase=snapshot",
+        "stall:stage=1,replica=0,iter=4,phase=backward",
         "kill:stage=1,replica=0,during=recovery,nth=2,delay_ms=50",
         "kill:stage=1,replica=0,iter=7,scope=host",
         "hang:stage=0,replica=1,during=recovery,nth=1,delay_ms=0,scope=host", "mtbf:2.5,seed=7",
@@ -118,7 +119,9 @@ TEST(inject_spec, malformed_specs_say_what_is_expected) {
                                  "flip:stage=0,replica=0,iter=3,target=slot,word=4",
                                  "flip:stage=0,replica=0,iter=3,target=slot,operator=head",
                                  "flip:stage=0,replica=0,iter=3,target=activation,operator=head",
-                                 "flip:stage=0,replica=0,iter=3,target=gradient"}) {
+                                 "flip:stage=0,replica=0,iter=3,target=gradient",
+                                 "stall:stage=0,replica=0,iter=3",
+                                 "stall:stage=0,replica=0,during=recovery,phase=step"}) {
     try {
       (void)parse_injection(spec);
       ADD_FAILURE() << spec << " was accepted";
@@ -149,6 +152,14 @@ TEST(inject_spec, checked_against_the_job) {
   refused("flip:stage=0,replica=0,iter=12", "iter=12 never runs");
   refused("flip:stage=3,replica=0,iter=2", "there is no stage 3 replica 0");
   refused("flip:stage=2,replica=0,iter=2,target=activation", "stage 2 is the last");
+  EXPECT_NO_THROW(
+      (void)check_injection(parse_injection("stall:stage=1,replica=0,iter=2,phase=forward"), job));
+  auto no_limit = job;
+  no_limit.iteration_timeout_ms = 0;
+  EXPECT_THROW((void)check_injection(
+                   parse_injection("stall:stage=1,replica=0,iter=2,phase=forward"), no_limit),
+               std::invalid_argument)
+      << "nothing would end the job";
   auto raw = load_config_file(temp_file("none.toml", "[train]\niterations = 12\n"));
   const auto job_none = engine::resolve_job(raw);
   EXPECT_THROW((void)check_injection(

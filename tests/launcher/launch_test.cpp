@@ -209,6 +209,25 @@ TEST(launch, hung_worker_is_detected_by_heartbeats) {
   EXPECT_TRUE(all_gone(pids)) << "the stopped worker outlived the job";
 }
 
+// A stage whose compute hangs while its worker lives (heartbeats go on: no loss is found): the
+// iteration's time limit ends the job, naming the stages that did not finish it.
+TEST(launch, a_stage_stalled_with_its_worker_alive_ends_the_job_at_the_iteration_time_limit) {
+  const auto o = launch("stall", tiny() +
+                                     " --set train.iterations=20 --set parallel.pp=2 "
+                                     "--set cluster.iteration_timeout_ms=2000 "
+                                     "--inject stall:stage=1,replica=0,iter=5,phase=backward");
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("inject: stall:stage=1,replica=0,iter=5,phase=backward"),
+            std::string::npos)
+      << o.output;
+  EXPECT_NE(o.output.find("iteration 5 did not end within cluster.iteration_timeout_ms = 2000 ms"),
+            std::string::npos)
+      << o.output;
+  EXPECT_NE(o.output.find("stage 1 replica 0"), std::string::npos) << o.output;
+  EXPECT_EQ(o.count("worker_lost"), 0) << o.output;
+  EXPECT_EQ(o.hash, "");
+}
+
 TEST(launch, interrupt_stops_every_worker) {
   endless_launch job("sigint", "");
   const auto pids = job.wait_for_workers(4);
