@@ -290,10 +290,11 @@ class coordinator : public actors::actor, private head_control {
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
   // cluster.iteration_timeout_ms: armed at each iteration's start (an attempt re-run after a
-  // recovery starts it again); at the limit, the stages that have not finished it are named and
-  // the job ends.
+  // recovery starts it again). At the limit the stages that have not finished it are probed:
+  // those whose actor does not answer (stuck in their compute, their workers alive) are fenced
+  // and rebuilt like lost workers where the policy recovers; otherwise the job ends naming them.
   void arm_iteration_timeout();
-  void iteration_overdue(std::uint64_t epoch);
+  asio::awaitable<void> iteration_overdue(std::uint64_t epoch);
   asio::awaitable<void> after_iteration();
   // After a step (and its validation round, if any): the end, a pause, or the next iteration.
   asio::awaitable<void> go_on();

@@ -64,31 +64,71 @@ void coordinator::arm_iteration_timeout() {
       time.call_at(time.now() + std::chrono::milliseconds(job_.iteration_timeout_ms),
                    [sys, me = self(), e = epoch_] {
                      (void)sys->post_call(me, [e](actors::actor& a) -> awaitable<void> {
-                       static_cast<coordinator&>(a).iteration_overdue(e);
-                       co_return;
+                       co_await static_cast<coordinator&>(a).iteration_overdue(e);
                      });
                    });
 }
 
-void coordinator::iteration_overdue(std::uint64_t e) {
+awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
   overdue_timer_ = 0;
   // A recovery under way re-runs the iteration under a new epoch, armed again then.
-  if (finished_ || e != epoch_ || recovering() || loss_pending() ||
-      (phase_ != phase::running && phase_ != phase::stepping)) {
-    return;
-  }
-  std::string waiting;
+  const auto overdue = [&] {
+    return !finished_ && e == epoch_ && !recovering() && !loss_pending() &&
+           (phase_ == phase::running || phase_ == phase::stepping);
+  };
+  if (!overdue()) co_return;
+  const std::int64_t it = iteration_;
+  std::vector<actor_ref> waiting;
+  std::string names;
   for (std::size_t i = 0; i < stages_.size(); ++i) {
     const bool finished = phase_ == phase::running ? sq_[i].has_value() : bool(stepped_flags_[i]);
     if (finished || !stages_[i].valid()) continue;
-    waiting += fmt::format("{}stage {} replica {} (node {})", waiting.empty() ? "" : ", ",
-                           int(i) % job_.pp, int(i) / job_.pp, stages_[i].node);
+    waiting.push_back(stages_[i]);
+    names += fmt::format("{}stage {} replica {} (node {})", names.empty() ? "" : ", ",
+                         int(i) % job_.pp, int(i) / job_.pp, stages_[i].node);
   }
-  fail(fmt::format(
+  const std::string late = fmt::format(
       "iteration {} did not end within cluster.iteration_timeout_ms = {} ms: {} did not {} it, "
-      "their workers alive (a hung kernel or collective, or a deadlock); the job stops",
-      iteration_, job_.iteration_timeout_ms, waiting.empty() ? "no stage" : waiting,
-      phase_ == phase::running ? "finish" : "step"));
+      "their workers alive",
+      it, job_.iteration_timeout_ms, names.empty() ? "no stage" : names,
+      phase_ == phase::running ? "finish" : "step");
+  if (!recovery_ || waiting.empty()) {
+    fail(late + " (a hung kernel or collective, or a deadlock); the job stops");
+    co_return;
+  }
+  // A stage whose actor answers is waiting for another; one stuck in its compute cannot.
+  const auto probe_timeout =
+      std::max(std::chrono::milliseconds(5000), std::chrono::milliseconds(job_.failure_timeout_ms));
+  auto fill = [](std::size_t, wire::StageProbe::Builder) {};
+  auto probed = co_await actors::ask_all<wire::StageProbe, wire::StageProbed>(*this, waiting,
+                                                                              probe_timeout, fill);
+  if (!overdue()) co_return;  // it ended meanwhile, or a loss came first
+  std::vector<actor_ref> stuck;
+  for (std::size_t k = 0; k < waiting.size(); ++k) {
+    if (!probed[k].ok() && system().last_heard(waiting[k].node)) stuck.push_back(waiting[k]);
+  }
+  if (stuck.empty()) {
+    fail(late +
+         ", and each of them answers (waiting for another: a lost message or a "
+         "deadlock); the job stops");
+    co_return;
+  }
+  // Fenced: declared lost with the verdict to every member (nothing from it is read again),
+  // ended by the launcher, and its stage rebuilt on a spare like any lost worker's.
+  for (const actor_ref& r : stuck) {
+    const auto w = workers_.find(r.node);
+    notice(
+        fmt::format("{}; stage {} replica {} (worker {}) is stuck in its compute (its actor "
+                    "does not answer): its worker is fenced and the stage rebuilt on a spare",
+                    late, w != workers_.end() ? w->second.stage : -1,
+                    w != workers_.end() ? w->second.replica : -1, r.node));
+    system().lose_member(r.node, "fenced it: its stage was stuck in its compute");
+  }
+  for (const actor_ref& r : stuck) {
+    co_await worker_lost(r.node,
+                         fmt::format("was fenced: its stage was stuck in iteration {}", it));
+    if (finished_) break;
+  }
 }
 
 awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {

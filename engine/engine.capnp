@@ -302,6 +302,14 @@ struct Digests {
   names @2 :List(Text);  # the operators' names, in the same order
 }
 
+# The head, an iteration past cluster.iteration_timeout_ms, asks each stage that has not
+# finished it: one whose actor does not answer is stuck in its compute (a hung kernel), its
+# worker alive; one that answers is waiting for another.
+struct StageProbe {}
+struct StageProbed {
+  epoch @0 :UInt64;  # the newest epoch the stage has seen
+}
+
 # A standby head that took over asks every live stage where it is (engine/takeover.hpp):
 # the iteration in flight, if any, is dropped first (as Abort drops it, whatever its epoch).
 struct StageStateQuery {}

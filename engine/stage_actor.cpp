@@ -94,6 +94,7 @@ stage_actor::stage_actor(stage_actor_args args)
   on<wire::ValActivation>(&stage_actor::val_activation);
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
   on<wire::StageStateQuery, wire::StageState>(&stage_actor::state);
+  on<wire::StageProbe, wire::StageProbed>(&stage_actor::probe);
   if (setup_.initialize) stepped_ = -1;
   if (router_) {
     if (model_->experts() == nullptr) {

@@ -50,7 +50,8 @@ class stage_actor : public actors::actor {
                         actors::ask_t<wire::Abort, wire::AbortAck>, actors::tell_t<wire::Validate>,
                         actors::tell_t<wire::ValActivation>,
                         actors::ask_t<wire::DigestsQuery, wire::Digests>,
-                        actors::ask_t<wire::StageStateQuery, wire::StageState>>;
+                        actors::ask_t<wire::StageStateQuery, wire::StageState>,
+                        actors::ask_t<wire::StageProbe, wire::StageProbed>>;
 
   // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
   // args.hooks may be null (policy none); args.faults may be empty (no failure injection).
@@ -105,6 +106,10 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> digests(wire::DigestsQuery::Reader, wire::Digests::Builder out);
   // A standby head that took over: the iteration in flight dropped, where this stage is.
   asio::awaitable<void> state(wire::StageStateQuery::Reader, wire::StageState::Builder out);
+  asio::awaitable<void> probe(wire::StageProbe::Reader, wire::StageProbed::Builder out) {
+    out.setEpoch(epoch_);
+    co_return;
+  }
   // Drops the iteration in flight, if any (Abort and a takeover); the NCCL group's abort
   // seconds.
   asio::awaitable<double> drop_in_flight();

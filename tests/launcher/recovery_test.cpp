@@ -398,6 +398,27 @@ TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
   EXPECT_NE(event(o, "recovery_end"), nullptr);
 }
 
+// A stage stuck in its compute while its worker lives (a hung kernel: heartbeats go on, no loss
+// is found): once the iteration is past cluster.iteration_timeout_ms, the head probes the stages
+// that have not finished it; the one whose actor does not answer is fenced and rebuilt on the
+// spare like a lost worker's, the one waiting for it is left alone, and the job ends with
+// `moevement train`'s state_hash.
+TEST(recovery, a_stage_stuck_in_its_compute_is_fenced_and_rebuilt_bit_exact) {
+  const auto o = launch("stuck", job(2, 1, 1,
+                                     "--set cluster.iteration_timeout_ms=3000 "
+                                     "--inject stall:stage=1,replica=0,iter=5,phase=backward"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(1));
+  EXPECT_NE(o.output.find("stage 1 replica 0 (worker 2) is stuck in its compute"),
+            std::string::npos)
+      << o.output;
+  ASSERT_EQ(o.count("worker_lost"), 1) << o.output;
+  const std::string& lost = *event(o, "worker_lost");
+  EXPECT_EQ(number_field(lost, "stage"), 1) << lost;
+  EXPECT_NE(lost.find("stuck in iteration 5"), std::string::npos) << lost;
+  EXPECT_EQ(o.count("recovery_end"), 1) << o.output;
+}
+
 // Replication stalled by a real fault that is no loss: the spare, which holds copies of both
 // stages' slots, is stopped (SIGSTOP) for less than the failure timeout. Meanwhile no window
 // can persist; past checkpoint.max_window_wait_ms the stages skip windows (their memory stays
