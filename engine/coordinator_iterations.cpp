@@ -70,6 +70,7 @@ void coordinator::arm_iteration_timeout() {
 }
 
 awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
+  if (e != epoch_) co_return;  // an older attempt's (the timer now is another's)
   overdue_timer_ = 0;
   // A recovery under way re-runs the iteration under a new epoch, armed again then.
   const auto overdue = [&] {
@@ -87,12 +88,16 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
     names += fmt::format("{}stage {} replica {} (node {})", names.empty() ? "" : ", ",
                          int(i) % job_.pp, int(i) / job_.pp, stages_[i].node);
   }
+  // Every stage stepped: the iteration is done (its checks and the job's end have deadlines).
+  if (waiting.empty()) co_return;
   const std::string late = fmt::format(
       "iteration {} did not end within cluster.iteration_timeout_ms = {} ms: {} did not {} it, "
       "their workers alive",
-      it, job_.iteration_timeout_ms, names.empty() ? "no stage" : names,
-      phase_ == phase::running ? "finish" : "step");
-  if (!recovery_ || waiting.empty()) {
+      it, job_.iteration_timeout_ms, names, phase_ == phase::running ? "finish" : "step");
+  // Only CPU stages without expert parallelism wait for their peers between messages; a GPU
+  // stage's collective or an EP exchange waits on the compute thread, so a stage waiting for a
+  // stuck peer would look stuck too.
+  if (!recovery_ || job_.train.device != models::device::cpu || job_.ep > 1) {
     fail(late + " (a hung kernel or collective, or a deadlock); the job stops");
     co_return;
   }
@@ -104,13 +109,23 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
                                                                               probe_timeout, fill);
   if (!overdue()) co_return;  // it ended meanwhile, or a loss came first
   std::vector<actor_ref> stuck;
+  std::string behind;  // stages that never began this attempt (they dropped its Iterate)
   for (std::size_t k = 0; k < waiting.size(); ++k) {
-    if (!probed[k].ok() && system().last_heard(waiting[k].node)) stuck.push_back(waiting[k]);
+    if (!probed[k].ok()) {
+      if (system().last_heard(waiting[k].node)) stuck.push_back(waiting[k]);
+    } else if ((**probed[k]).getEpoch() < e) {
+      behind += fmt::format(" node {}'s stage is still at an earlier attempt;", waiting[k].node);
+    }
   }
-  if (stuck.empty()) {
-    fail(late +
-         ", and each of them answers (waiting for another: a lost message or a "
-         "deadlock); the job stops");
+  const auto spares = std::count_if(workers_.begin(), workers_.end(),
+                                    [](const auto& kv) { return kv.second.stage < 0; });
+  if (stuck.empty() || spares < std::ssize(stuck)) {
+    fail(late + (stuck.empty() ? ", and each of them answers (waiting for another:" + behind +
+                                     " a lost message or a deadlock); the job stops"
+                               : fmt::format(", {} of them stuck in its compute, and {} spare "
+                                             "worker(s) left to rebuild them (raise "
+                                             "cluster.spares); the job stops",
+                                             stuck.size(), spares)));
     co_return;
   }
   // Fenced: declared lost with the verdict to every member (nothing from it is read again),

@@ -137,9 +137,10 @@ struct job_config {
   std::int64_t head_exit_at = -1;
   std::int64_t start_timeout_ms = 30000;  // cluster.start_timeout_ms: workers must join by then
   // cluster.iteration_timeout_ms: an iteration some stage has not finished by then, its worker
-  // alive (a hung kernel or collective, a deadlock: heartbeats flow, nothing moves), ends the
-  // job naming it; 0 never. Ten minutes, as a collective library's own watchdog: far above any
-  // iteration a job means to run, and a recovery's time does not count.
+  // alive (a hung kernel or collective, a deadlock: heartbeats flow, nothing moves): a stage
+  // stuck in its compute is fenced and rebuilt, else the job ends naming the stages; 0 never.
+  // Ten minutes, as a collective library's own watchdog: far above any iteration a job means to
+  // run, and a recovery's time does not count.
   std::int64_t iteration_timeout_ms = 600000;
   std::string slurm_partition;  // cluster.slurm_partition: "" = Slurm's default
   int slurm_nodes = 0;          // cluster.slurm_nodes: srun -N; 0 = Slurm chooses

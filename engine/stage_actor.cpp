@@ -632,8 +632,8 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     ::rusage u{};
     if (::getrusage(RUSAGE_SELF, &u) == 0) b.setPeakRssBytes(std::uint64_t(u.ru_maxrss) * 1024);
   });
-  co_await at_fault_point(
-      fault_point::snapshot);  // the slot of `it` is being captured, not yet copied
+  // The slot of `it` is being captured, not yet copied.
+  co_await at_fault_point(fault_point::snapshot);
 }
 
 void stage_actor::keep_step(std::int64_t it, const models::step_plan& plan, wire::Step::Reader m) {

@@ -620,6 +620,13 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
                     "snapshots)",
                     engine::policy_name(job.policy)));
   }
+  if (inj.what == injection::kind::stall &&
+      engine::recovery_of(job.policy) == engine::recovery_kind::rollback) {
+    fail(fmt::format(
+        "a stall under policy {} would stall again: the rollback re-runs iteration {} on the "
+        "replacement too; use policy moevement (the stage is rebuilt past it) or none",
+        engine::policy_name(job.policy), inj.iteration));
+  }
   if (inj.what == injection::kind::stall && job.iteration_timeout_ms == 0) {
     fail(
         "a stall with cluster.iteration_timeout_ms = 0 would never end the job (its worker stays "

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/system.hpp"
@@ -200,6 +201,13 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   });
   asio::co_spawn(io, hello(std::chrono::seconds(30), std::chrono::seconds(0)), asio::detached);
   io.run();
+  // Tearing down waits for the stage's compute thread: one stuck in a kernel (a stalled stage,
+  // fenced) never returns, and under Slurm no head is there to kill the process.
+  std::thread([status] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::fflush(stdout);
+    ::_exit(status);
+  }).detach();
   return status;
 }
 

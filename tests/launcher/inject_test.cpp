@@ -160,6 +160,12 @@ TEST(inject_spec, checked_against_the_job) {
                    parse_injection("stall:stage=1,replica=0,iter=2,phase=forward"), no_limit),
                std::invalid_argument)
       << "nothing would end the job";
+  auto rollback = job;
+  rollback.policy = engine::policy_kind::dense_memory;
+  EXPECT_THROW((void)check_injection(
+                   parse_injection("stall:stage=1,replica=0,iter=2,phase=forward"), rollback),
+               std::invalid_argument)
+      << "the rollback re-runs the stalled iteration on the replacement";
   auto raw = load_config_file(temp_file("none.toml", "[train]\niterations = 12\n"));
   const auto job_none = engine::resolve_job(raw);
   EXPECT_THROW((void)check_injection(

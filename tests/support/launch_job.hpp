@@ -66,13 +66,13 @@ inline std::vector<pid_t> process_tree(pid_t root) {
   return out;
 }
 
-// What a hung job's processes were doing, for the failure message; then they are killed. For
+// What a hung job's processes were doing, on stderr (the test's log); then they are killed. For
 // each: its command line, its threads' kernel wait channels, and their stacks through gdb where
 // it is installed. Every process is stopped first: one held by the debugger would otherwise be
 // lost to its peers' heartbeats, and the others would move on.
 inline std::string stacks_of(pid_t root) {
-  std::string out = "---- the job hung; its processes:\n";
-  const auto tree = process_tree(root);
+  std::cerr << "---- the job hung; its processes:\n";
+  auto tree = process_tree(root);
   std::vector<std::string> wchans;
   for (pid_t p : tree) {
     std::string w;
@@ -86,10 +86,12 @@ inline std::string stacks_of(pid_t root) {
     wchans.push_back(w);
   }
   for (pid_t p : tree) ::kill(p, SIGSTOP);
-  for (std::size_t i = 0; i < tree.size(); ++i) {
+  // Workers first, the head last; each printed as it is read (a test's time limit may come
+  // first), and stopped again after gdb (which may let it run on when it detaches).
+  for (std::size_t i = tree.size(); i-- > 0;) {
     const std::string pid = std::to_string(tree[i]);
     std::ifstream cmd("/proc/" + pid + "/cmdline");
-    std::string args, arg;
+    std::string out, args, arg;
     while (std::getline(cmd, arg, '\0')) args += " " + arg;
     out += "pid " + pid + ":" + args + "\n  threads waiting in:" + wchans[i] + "\n";
     const std::string gdb =
@@ -108,9 +110,11 @@ inline std::string stacks_of(pid_t root) {
       }
       ::pclose(f);
     }
+    ::kill(tree[i], SIGSTOP);
+    std::cerr << out << std::flush;
   }
   for (pid_t p : tree) ::kill(p, SIGKILL);
-  return out;
+  return "(the stacks are above)\n";
 }
 
 struct background_launch {
