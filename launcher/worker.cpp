@@ -202,12 +202,15 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   asio::co_spawn(io, hello(std::chrono::seconds(30), std::chrono::seconds(0)), asio::detached);
   io.run();
   // Tearing down waits for the stage's compute thread: one stuck in a kernel (a stalled stage,
-  // fenced) never returns, and under Slurm no head is there to kill the process.
-  std::thread([status] {
-    std::this_thread::sleep_for(std::chrono::seconds(10));
-    std::fflush(stdout);
-    ::_exit(status);
-  }).detach();
+  // fenced) never returns, and under Slurm no head is there to kill the process. (Not after a
+  // good run: its teardown has nothing stuck, and a disk write may be finishing.)
+  if (status != 0) {
+    std::thread([status] {
+      std::this_thread::sleep_for(std::chrono::seconds(30));
+      std::fflush(stdout);
+      ::_exit(status);
+    }).detach();
+  }
   return status;
 }
 
