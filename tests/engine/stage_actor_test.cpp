@@ -24,12 +24,12 @@ namespace {
 using namespace std::chrono_literals;
 using actors::awaitable;
 
-// The coordinator's side: the failures the stage reports.
-class coordinator_stub : public actors::actor {
+// Stands in for the coordinator: records the failures the stage reports.
+class failure_recorder : public actors::actor {
  public:
   using interface = actors::interface<actors::tell_t<wire::StageFailed>>;
-  explicit coordinator_stub(std::vector<std::string>& failures) : failures_(failures) {
-    on<wire::StageFailed>(&coordinator_stub::failed);
+  explicit failure_recorder(std::vector<std::string>& failures) : failures_(failures) {
+    on<wire::StageFailed>(&failure_recorder::failed);
   }
 
  private:
@@ -64,7 +64,7 @@ TEST(stage_actor, an_abort_of_an_epoch_the_stage_never_began_clears_its_failure)
   bulk_io bulk(bulk_link);
 
   std::vector<std::string> failures;
-  auto coord = sys.spawn<coordinator_stub>(failures);
+  auto coord = sys.spawn<failure_recorder>(failures);
   const auto setup = last_of_two();
   auto model = make_moe_stage(setup);
   const std::size_t boundary = model->boundary_floats() * sizeof(float);
