@@ -59,6 +59,7 @@ struct iteration_record {
   // and the step's hooks on the slowest stage, and the messages' way there and back).
   double step_phase_s = 0.0;
   double capture_cpu_s = 0.0;         // CPU time of the stages' last captures, summed
+  double replication_cpu_s = 0.0;     // the workers' actor-thread CPU on replication, summed
   std::uint64_t fresh_bytes = 0;      // of their bytes, written into never-written memory
   std::uint64_t windows_skipped = 0;  // windows the stages captured nothing of so far, summed
   std::int64_t replication_lag = -1;  // iterations stepped since the persisted window's last

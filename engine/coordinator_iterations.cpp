@@ -368,6 +368,7 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.replica_maps += m.getReplicaMaps();
   last_.replica_pulls += m.getReplicaPulls();
   last_.capture_cpu_s += m.getCaptureCpuSeconds();
+  last_.replication_cpu_s += std::max(0.0, m.getReplicationCpuSeconds());
   last_.fresh_bytes += m.getFreshBytes();
   last_.peak_rss_bytes = std::max<std::uint64_t>(last_.peak_rss_bytes, m.getPeakRssBytes());
   windows_skipped_.resize(stages_.size(), 0);
@@ -456,6 +457,7 @@ awaitable<void> coordinator::maybe_stepped_all() {
           .add("log_s", last_.log_s)
           .add("step_hooks_s", last_.step_hooks_s)
           .add("capture_cpu_s", last_.capture_cpu_s)
+          .add("replication_cpu_s", last_.replication_cpu_s)
           .add("snapshot_fresh_bytes", std::int64_t(last_.fresh_bytes))
           .add("windows_skipped", std::int64_t(last_.windows_skipped))
           .add("snapshot_host_bytes", std::int64_t(last_.snapshot_host_bytes))
@@ -472,7 +474,8 @@ awaitable<void> coordinator::maybe_stepped_all() {
   if (callbacks_.on_iteration) callbacks_.on_iteration(last_);
   if (recovery_ && !recovering()) {
     recovery_->stepped({last_.iteration, last_.seconds, last_.stall_s, last_.log_s,
-                        last_.capture_cpu_s, last_.snapshot_bytes, last_.fresh_bytes});
+                        last_.capture_cpu_s, last_.replication_cpu_s, last_.snapshot_bytes,
+                        last_.fresh_bytes});
   }
   ++iteration_;
   // A replica found corrupted goes before anything reads its state again (coordinator_verify).

@@ -260,6 +260,9 @@ struct Stepped {
   # a stage whose state lives on a GPU), and the compute thread's seconds computing them.
   digests @16 :List(UInt64);
   verifySeconds @17 :Float64;
+  # The worker's actor-thread CPU time on snapshot replication since the last step (its agent's
+  # and replicator's handlers; recovery/replication_cpu.hpp).
+  replicationCpuSeconds @18 :Float64;
 }
 # Drop the iteration in progress (nothing was stepped); answered once dropped.
 struct Abort {

@@ -63,6 +63,7 @@ struct iteration_cost {
   double stall_s = 0.0;              // the longest a step waited for the capture before it
   double log_s = 0.0;                // the longest a stage spent logging its boundary sends
   double capture_cpu_s = 0.0;        // the captures' CPU time, summed over the stages
+  double replication_cpu_s = 0.0;    // the workers' actor-thread CPU on replication, summed
   std::uint64_t snapshot_bytes = 0;  // the bytes the stages' last captures wrote
   std::uint64_t fresh_bytes = 0;     // of those, written into never-written memory
 };

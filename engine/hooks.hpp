@@ -84,6 +84,9 @@ struct checkpoint_stats {
   // CPU time (of the thread that made it) of the last capture: what checkpointing costs the
   // host's cores, whatever the wall clock shows on a busy host.
   double capture_cpu_s = 0.0;
+  // CPU time the process's actor thread spent replicating snapshots (offers, answers, maps)
+  // between the last two steps: it shares the cores as the capture does, per offer, not per byte.
+  double replication_cpu_s = 0.0;
   // Of the last capture's bytes, those written into memory no capture had written before
   // (first touches: the kernel makes each page then, and that, not the copy, is most of a
   // fresh slot's CPU time; a one-off the window tuner does not count as the steady cost).

@@ -622,6 +622,7 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     b.setReplicaMaps(st.replica_maps);
     b.setReplicaPulls(st.replica_pulls);
     b.setCaptureCpuSeconds(st.capture_cpu_s);
+    b.setReplicationCpuSeconds(st.replication_cpu_s);
     b.setFreshBytes(st.fresh_bytes);
     b.setWindowsSkipped(st.windows_skipped);
     b.setLogSeconds(log_s_);

@@ -98,6 +98,7 @@ awaitable<void> checkpoint_agent::schedule(wire::FetchSchedule::Reader,
 }
 
 void checkpoint_agent::ship(std::int64_t iteration) {
+  const replication_cpu::scope measured(shared_->replication.get());
   std::uint64_t window = 0;
   std::uint32_t slot = 0;
   std::size_t w_sparse = 1;
@@ -220,11 +221,13 @@ void checkpoint_agent::set_targets(std::vector<actor_ref> replicators) {
 }
 
 awaitable<void> checkpoint_agent::stored(wire::SlotStored::Reader m) {
+  const replication_cpu::scope measured(shared_->replication.get());
   note_stored(m);
   co_return;
 }
 
 awaitable<void> checkpoint_agent::stored_all(wire::SlotsStored::Reader m) {
+  const replication_cpu::scope measured(shared_->replication.get());
   for (const auto a : m.getAnswers()) note_stored(a);
   co_return;
 }
@@ -269,6 +272,7 @@ void checkpoint_agent::check_window(std::uint64_t window) {
 }
 
 awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reader m) {
+  const replication_cpu::scope measured(shared_->replication.get());
   const std::uint64_t window = m.getWindow();
   const bool durable = m.getDurable();
   std::vector<std::span<const std::byte>> slots;

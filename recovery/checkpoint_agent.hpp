@@ -21,6 +21,7 @@
 #include "recovery/log_copier.hpp"
 #include "recovery/policy_limits.hpp"
 #include "recovery/recovery.capnp.h"
+#include "recovery/replication_cpu.hpp"
 #include "recovery/slot_pool.hpp"
 #include "recovery/sparse_capture.hpp"
 
@@ -45,6 +46,9 @@ struct capture_shared {
   std::mutex mu, log_mu;
   // Replicas of its slots made so far (the agent counts, the hooks report).
   std::atomic<std::uint64_t> replica_maps{0}, replica_pulls{0};
+  // The process's actor-thread CPU on replication (the agent adds, the hooks take; null: not
+  // measured).
+  std::shared_ptr<replication_cpu> replication;
   std::condition_variable dropped;  // notified (under mu) when the agent dropped windows
   sparse_capture capture;
   // The upstream log's copies, made off the compute thread into `capture` (under log_mu). A

@@ -80,6 +80,7 @@ class checkpoint_hooks : public engine::stage_hooks {
     // capture's (the copies made here count in the stall).
     shared_->copier.settle();
     log_cpu_last_s_ = log_cpu_s_.exchange(0.0);
+    replication_cpu_last_s_ = shared_->replication ? shared_->replication->take() : 0.0;
     {
       const std::lock_guard lock(log_error_mu_);
       if (log_error_) std::rethrow_exception(std::exchange(log_error_, nullptr));
@@ -198,6 +199,7 @@ class checkpoint_hooks : public engine::stage_hooks {
             shared_->replica_maps.load(),
             shared_->replica_pulls.load(),
             capture_cpu_s_.load() + log_cpu_last_s_.load(),
+            replication_cpu_last_s_.load(),
             fresh_bytes_.load(),
             windows_skipped_.load()};
   }
@@ -228,6 +230,8 @@ class checkpoint_hooks : public engine::stage_hooks {
   std::atomic<double> capture_cpu_s_{0.0};
   // The log copies' CPU on the capture thread: summed since the last step, and the last step's.
   std::atomic<double> log_cpu_s_{0.0}, log_cpu_last_s_{0.0};
+  // The process's actor-thread CPU on replication taken at the last step (replication_cpu).
+  std::atomic<double> replication_cpu_last_s_{0.0};
   std::mutex log_error_mu_;
   std::exception_ptr log_error_;       // a log copy the capture thread failed to make
   std::atomic<pid_t> capture_tid_{0};  // the capture thread's (its priority)
@@ -307,7 +311,7 @@ moevement_checkpoint::moevement_checkpoint(actors::actor_system& system, engine:
     : system_(system), io_(io), job_(job), limits_(limits) {
   if (engine::durable_tier(job_)) durable_ = std::make_shared<durable_writer>();
   replicator_ = system_.spawn<recovery::replicator>(io_, limits_, durable_, job_.baseline.dir,
-                                                    job_.share_memory);
+                                                    job_.share_memory, replication_cpu_);
   inbox_ = std::make_shared<group_inbox>(system_.io());
   boundaries_ = std::make_shared<group_inbox>(system_.io());
   exchange_ = system_.spawn<recovery::group_exchange>(inbox_, boundaries_);
@@ -327,6 +331,7 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   bandwidth_ = measure_bandwidth(ops, model, limits_);
   auto shared = std::make_shared<capture_shared>(setup.stage, setup.replica);
   shared->pool = std::make_unique<slot_pool>(io_, job_.share_memory);
+  shared->replication = replication_cpu_;
   // Kept through the first window's refills (one per captured slot), so that each of its
   // slots can take its restored file instead of a new one.
   const std::size_t refills = std::max(restored_w_, restored_files_.size());

@@ -60,7 +60,9 @@ class moevement_checkpoint : public engine::worker_checkpoint {
   engine::job_config job_;
   policy_limits limits_;
   std::shared_ptr<durable_writer> durable_;  // null: checkpoint.durable is off
-  bool fresh_ = true;                        // no restore yet: the role given at the start
+  // The actor thread's CPU on replication: its replicator and agent add, the stage's hooks take.
+  std::shared_ptr<replication_cpu> replication_cpu_ = std::make_shared<replication_cpu>();
+  bool fresh_ = true;  // no restore yet: the role given at the start
   actors::actor_ref replicator_, agent_, exchange_;
   std::shared_ptr<group_inbox> inbox_;       // what exchange_ received, for a group replay here
   std::shared_ptr<group_inbox> boundaries_;  // and for a pipelined region's replay here

@@ -27,12 +27,13 @@ void write_slot_key(wire::SlotKey::Builder b, int stage, int replica, std::uint6
 
 replicator::replicator(engine::bulk_io& io, policy_limits limits,
                        std::shared_ptr<durable_writer> durable, std::filesystem::path root,
-                       bool share)
+                       bool share, std::shared_ptr<replication_cpu> cpu)
     : io_(io),
       limits_(limits),
       durable_(std::move(durable)),
       root_(std::move(root)),
-      share_(share) {
+      share_(share),
+      cpu_(std::move(cpu)) {
   on<wire::StoreSlot>(&replicator::store);
   on<wire::StoreSlots>(&replicator::store_all);
   on<wire::FetchSlot, wire::SlotData>(&replicator::fetch);
@@ -121,11 +122,13 @@ std::size_t replicator::bytes_held() const {
 }
 
 awaitable<void> replicator::store(wire::StoreSlot::Reader m) {
+  const replication_cpu::scope measured(cpu_.get());
   if (auto a = offer(m)) answer({std::move(*a)});
   co_return;
 }
 
 awaitable<void> replicator::store_all(wire::StoreSlots::Reader m) {
+  const replication_cpu::scope measured(cpu_.get());
   const auto slots = m.getSlots();
   if (slots.size() > limits_.max_store_batch) co_return;  // malformed: nothing is taken
   std::vector<store_answer> now;
@@ -244,6 +247,7 @@ awaitable<void> slot_puller::on_start() {
 void replicator::finish_store(const key& id, const actor_ref& from,
                               const std::shared_ptr<transport::bulk_region>& holder,
                               std::uint64_t length, const std::string& error) {
+  const replication_cpu::scope measured(cpu_.get());
   const auto& [stage, replica, window, slot] = id;
   const bool ok = error.empty() && window >= persisted_;
   if (ok) {
@@ -290,6 +294,7 @@ awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Bui
 }
 
 awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
+  const replication_cpu::scope measured(cpu_.get());
   persisted_ = std::max(persisted_, m.getWindow());
   // No recovery pulls a window older than the persisted one (the coordinator does not advance
   // it during a recovery's pulls), so its regions may take the next window's slots. Spares the

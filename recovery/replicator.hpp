@@ -16,6 +16,7 @@
 #include "recovery/durable_window.hpp"
 #include "recovery/policy_limits.hpp"
 #include "recovery/recovery.capnp.h"
+#include "recovery/replication_cpu.hpp"
 #include "transport/shared_memory.hpp"
 
 namespace moevement::recovery {
@@ -34,9 +35,10 @@ class replicator : public actors::actor {
 
   // durable: the process's durable writer (null: the tier is off), root: checkpoint.dir.
   // share: map a slot offered by an agent on this host instead of pulling a copy.
+  // cpu: where its handlers' CPU time is added (null: not measured).
   replicator(engine::bulk_io& io, policy_limits limits,
              std::shared_ptr<durable_writer> durable = nullptr, std::filesystem::path root = {},
-             bool share = false);
+             bool share = false, std::shared_ptr<replication_cpu> cpu = nullptr);
   std::size_t bytes_held() const;
   using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
   // A slot_puller's result: keep the slot (unless the window went meanwhile) and answer.
@@ -70,6 +72,7 @@ class replicator : public actors::actor {
   std::shared_ptr<durable_writer> durable_;
   std::filesystem::path root_;
   bool share_ = false;
+  std::shared_ptr<replication_cpu> cpu_;
   struct stored_slot {
     transport::bulk_region region;  // a spare region may be larger than the slot
     std::uint64_t length = 0;

@@ -61,6 +61,7 @@ void window_book::retune(std::int64_t step) {
         .add("stall_s", d->stall_s)
         .add("log_s", d->log_s)
         .add("capture_cpu_s", d->capture_cpu_s)
+        .add("replication_cpu_s", d->replication_cpu_s)
         .add("cpu_share_s", d->cpu_share_s)
         .add("iteration", step);
     if (d->ettr_rule) {

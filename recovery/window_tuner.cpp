@@ -8,7 +8,10 @@
 namespace moevement::recovery {
 
 double window_tuner::cost_of(const engine::iteration_cost& c) const {
-  const double cpu = c_.cores > 0 ? std::max(0.0, c.capture_cpu_s) / c_.cores : 0.0;
+  const double cpu =
+      c_.cores > 0
+          ? (std::max(0.0, c.capture_cpu_s) + std::max(0.0, c.replication_cpu_s)) / c_.cores
+          : 0.0;
   return std::max(0.0, c.stall_s) + std::max(0.0, c.log_s) + cpu;
 }
 
@@ -29,6 +32,7 @@ void window_tuner::add(const engine::iteration_cost& c) {
   m_.stall_s += std::max(0.0, c.stall_s);
   m_.log_s += std::max(0.0, c.log_s);
   m_.capture_cpu_s += std::max(0.0, c.capture_cpu_s);
+  m_.replication_cpu_s += std::max(0.0, c.replication_cpu_s);
 }
 
 double window_tuner::predicted_ettr(int w, double o, int w_measured, double t) const {
@@ -48,7 +52,8 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
   d.stall_s = m_.stall_s;
   d.log_s = m_.log_s;
   d.capture_cpu_s = m_.capture_cpu_s;
-  d.cpu_share_s = c_.cores > 0 ? m_.capture_cpu_s / c_.cores : 0.0;
+  d.replication_cpu_s = m_.replication_cpu_s;
+  d.cpu_share_s = c_.cores > 0 ? (m_.capture_cpu_s + m_.replication_cpu_s) / c_.cores : 0.0;
   // Less the costliest iteration: the steady cost, not a one-off.
   const double cost = m_.cost - std::max(0.0, m_.worst_cost);
   const double seconds = m_.seconds - m_.worst_seconds;

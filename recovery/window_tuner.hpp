@@ -5,8 +5,10 @@
 // Algorithm 1's W is the start. The head then measures, over each window, what the stages'
 // checkpoints cost the iterations: the time each step waited for the capture before it (the
 // stall), the upstream log's time on the compute thread, and, where the stages compute on the
-// CPU, the capture threads' CPU time (the slots' copies and the log copies made there) as a
-// share of the hosts' cores. The capture thread runs
+// CPU, the capture threads' CPU time (the slots' copies and the log copies made there) and the
+// actor threads' CPU time replicating the slots (offers and answers, maps: per offer, not per
+// byte, and on a small model more than the copies) as a share of the hosts' cores. The
+// capture thread runs
 // at the lowest priority, yet on CPU stages it still slows the compute by about its share of
 // the cores (measured: a capture using 6.6% of two cores, the stages' compute 6% slower;
 // docs/benchmarks.md), through the caches and memory it shares with them. The iteration time
@@ -72,7 +74,8 @@ class window_tuner {
     double overhead = 0.0;  // cost / (wall - cost) over what was measured
     int iterations = 0;     // how many
     double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;  // their sums
-    double cpu_share_s = 0.0;  // capture_cpu_s / the cores, when it counts
+    double replication_cpu_s = 0.0;                                         // and this one's
+    double cpu_share_s = 0.0;  // (capture_cpu_s + replication_cpu_s) / the cores, when it counts
     bool ettr_rule = false;    // chosen by the predicted ETTR (checkpoint.mtbf_s)
     double predicted_ettr = 0.0, previous_ettr = 0.0;  // at w, and at the W measured
   };
@@ -88,6 +91,7 @@ class window_tuner {
   struct measured {
     int iterations = 0;
     double seconds = 0.0, stall_s = 0.0, log_s = 0.0, capture_cpu_s = 0.0;
+    double replication_cpu_s = 0.0;
     double cost = 0.0;                          // cost_of summed
     double worst_cost = -1, worst_seconds = 0;  // the iteration that cost the most
   };

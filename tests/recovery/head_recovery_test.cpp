@@ -602,9 +602,10 @@ TEST(window_plan, places_every_step_and_changes_w_only_at_a_window_start) {
   EXPECT_EQ(resumed.at(100).slot, 0u);
 }
 
-engine::iteration_cost cost(double seconds, double stall, std::uint64_t fresh = 0,
-                            double cpu = 0.0) {
+engine::iteration_cost cost(double seconds, double stall, std::uint64_t fresh = 0, double cpu = 0.0,
+                            double replication_cpu = 0.0) {
   engine::iteration_cost c;
+  c.replication_cpu_s = replication_cpu;
   c.snapshot_bytes = 100 << 20;
   c.seconds = seconds;
   c.stall_s = stall;
@@ -715,6 +716,27 @@ TEST(window_tuner, warm_up_iterations_are_no_samples_and_cpu_counts_on_cpu_stage
   r.clear();
   r.add(cost(1.0, 0.9));
   EXPECT_FALSE(r.decide(1)) << "one iteration since the recovery";
+}
+
+TEST(window_tuner, the_replications_cpu_counts_beside_the_captures_on_cpu_stages) {
+  // Copies that cost nothing, offers and answers that cost 4% of a core of two (2%): a larger
+  // W, as if the capture itself cost that.
+  window_tuner t({.max_overhead = 0.01, .cores = 2, .ceiling = 64});
+  for (int i = 0; i < 8; ++i) t.add(cost(1.0, 0.0, 0, 0.0, 0.04));
+  const auto d = t.decide(4);
+  ASSERT_TRUE(d);
+  EXPECT_NEAR(d->replication_cpu_s, 0.32, 1e-12) << "summed over the eight";
+  EXPECT_DOUBLE_EQ(d->capture_cpu_s, 0.0);
+  EXPECT_NEAR(d->cpu_share_s, 0.16, 1e-12);
+  EXPECT_EQ(d->w, 9);  // ceil(4 x 2.04)
+  // Both together are summed.
+  window_tuner both({.max_overhead = 0.01, .cores = 2, .ceiling = 64});
+  for (int i = 0; i < 8; ++i) both.add(cost(1.0, 0.0, 0, 0.01, 0.01));
+  EXPECT_EQ(both.decide(4)->w, 5) << "1% of the time: over the bound by a hair";
+  // GPU stages: their host's cores are not the compute's.
+  window_tuner gpu({.max_overhead = 0.01, .ceiling = 64});
+  for (int i = 0; i < 8; ++i) gpu.add(cost(1.0, 0.0, 0, 0.0, 0.05));
+  EXPECT_EQ(gpu.decide(4)->w, 4);
 }
 
 }  // namespace
