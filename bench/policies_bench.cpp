@@ -31,8 +31,9 @@
 //                   theirs = none's; ratio = theirs / ours (1 = no overhead)
 //   plus W_sparse, snapshot bytes per iteration (mean over counted iterations), mean stall,
 //   the captures' CPU time per iteration (capture_cpu_s, mean; and its share of the host's
-//   core time in a median iteration), and the peak of snapshot_host_bytes + log_host_bytes
-//   over all iterations.
+//   core time in a median iteration), the same for the actor threads' replication
+//   (replication_cpu_s), and the peak of snapshot_host_bytes + log_host_bytes over all
+//   iterations.
 // Recovery part: the same job under moevement with --inject kill:stage=S,replica=0,iter=T.
 //   recovery_s (recovery_end's seconds), iterations_replayed (target_iteration -
 //   replay_from), state_hash_equal (the job's final hash against the fault-free moevement
@@ -570,8 +571,8 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
       w_first = std::max(w_first, r.w_first);
       changes += r.w_changed_at >= 0;
     }
-    std::vector<double> moe_s, stall, bytes, host, capture_cpu, log_s, hooks_s, moe_compute,
-        moe_step;
+    std::vector<double> moe_s, stall, bytes, host, capture_cpu, replication_cpu, log_s, hooks_s,
+        moe_compute, moe_step;
     for (const auto& r : moe) {
       for (const auto& it : r.iterations) {
         host.push_back(it.host_bytes);
@@ -580,6 +581,7 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
         stall.push_back(it.stall_s);
         bytes.push_back(it.snapshot_bytes);
         capture_cpu.push_back(it.capture_cpu_s);
+        replication_cpu.push_back(it.replication_cpu_s);
         log_s.push_back(it.log_s);
         hooks_s.push_back(it.step_hooks_s);
         moe_compute.push_back(it.mean_stage_compute_s);
@@ -630,6 +632,9 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
         "capture_cpu_s_per_iteration: %.5f (%.2f%% of the host's %.0f cores x the "
         "median iteration)\n",
         mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
+    // The actor threads' offers, maps and answers (the window tuner counts them too).
+    std::printf("replication_cpu_s_per_iteration: %.5f (%.2f%% of the cores x the iteration)\n",
+                mean(replication_cpu), 100.0 * mean(replication_cpu) / (cores * moe_median));
     summary.w_sparse = w;
     summary.w_first = w_first;
     summary.capture_share_pct = 100.0 * mean(capture_cpu) / (cores * moe_median);

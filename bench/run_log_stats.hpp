@@ -25,6 +25,7 @@ struct iteration_rec {
   long iteration = 0;
   double seconds = 0, stall_s = 0;
   double capture_cpu_s = 0;            // the stages' captures' CPU time, summed
+  double replication_cpu_s = 0;        // the workers' actor-thread CPU on replication, summed
   double log_s = 0, step_hooks_s = 0;  // the busiest stage's compute-thread seconds in the hooks
   double step_phase_s = 0;             // of `seconds`, Step sent .. the last Stepped
   double t = 0;                        // when the bench saw the record
@@ -122,6 +123,7 @@ inline run_result parse(const std::vector<stamped>& log) {
       it.seconds = number(l, "iteration_s");
       it.stall_s = number(l, "stall_s");
       it.capture_cpu_s = number(l, "capture_cpu_s");
+      it.replication_cpu_s = std::max(0.0, number(l, "replication_cpu_s"));
       it.log_s = number(l, "log_s");
       it.step_phase_s = number(l, "step_phase_s");
       it.step_hooks_s = number(l, "step_hooks_s");

@@ -291,11 +291,24 @@ class coordinator : public actors::actor, private head_control {
   json_record job_start_record() const;  // the run log's job_start event
   void start_iteration();
   // cluster.iteration_timeout_ms: armed at each iteration's start (an attempt re-run after a
-  // recovery starts it again). At the limit the stages that have not finished it are probed:
-  // those whose actor does not answer (stuck in their compute, their workers alive) are fenced
-  // and rebuilt like lost workers where the policy recovers; otherwise the job ends naming them.
-  void arm_iteration_timeout();
+  // recovery starts it again). At the limit the workers of the stages that have not finished
+  // it are probed (engine/compute_watch.hpp): a stage whose compute has run one task for
+  // longer than the limit, not waiting for a peer (a hung kernel; or whose worker's actor
+  // thread does not answer), is stuck; one computing for less is looked at again when it
+  // reaches the limit. Stuck stages are fenced and rebuilt like lost workers where the policy
+  // recovers; otherwise, or with none stuck, the job ends naming the late stages.
+  // after: when it fires (0: cluster.iteration_timeout_ms from now).
+  void arm_iteration_timeout(std::chrono::milliseconds after = std::chrono::milliseconds(0));
   asio::awaitable<void> iteration_overdue(std::uint64_t epoch);
+  // What the probe found of the late stages of attempt `epoch`.
+  struct probed_stages {
+    std::vector<actors::actor_ref> stuck;
+    std::vector<double> stuck_s;  // how long each has computed (-1: its worker did not answer)
+    double recheck_s = 0.0;       // the longest a computing stage has to go to the limit
+    std::string behind;           // stages that never began the attempt (dropped its Iterate)
+  };
+  asio::awaitable<probed_stages> probe_late(const std::vector<actors::actor_ref>& late,
+                                            std::uint64_t epoch);
   asio::awaitable<void> after_iteration();
   // After a step (and its validation round, if any): the end, a pause, or the next iteration.
   asio::awaitable<void> go_on();

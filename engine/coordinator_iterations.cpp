@@ -55,18 +55,17 @@ void coordinator::start_iteration() {
   }
 }
 
-void coordinator::arm_iteration_timeout() {
+void coordinator::arm_iteration_timeout(std::chrono::milliseconds after) {
   auto& time = system().time();
   if (overdue_timer_ != 0) time.cancel(std::exchange(overdue_timer_, 0));
   if (job_.iteration_timeout_ms <= 0) return;
+  if (after.count() <= 0) after = std::chrono::milliseconds(job_.iteration_timeout_ms);
   actors::actor_system* sys = &system();  // the timer is the system's: it lives while it can run
-  overdue_timer_ =
-      time.call_at(time.now() + std::chrono::milliseconds(job_.iteration_timeout_ms),
-                   [sys, me = self(), e = epoch_] {
-                     (void)sys->post_call(me, [e](actors::actor& a) -> awaitable<void> {
-                       co_await static_cast<coordinator&>(a).iteration_overdue(e);
-                     });
-                   });
+  overdue_timer_ = time.call_at(time.now() + after, [sys, me = self(), e = epoch_] {
+    (void)sys->post_call(me, [e](actors::actor& a) -> awaitable<void> {
+      co_await static_cast<coordinator&>(a).iteration_overdue(e);
+    });
+  });
 }
 
 awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
@@ -94,34 +93,24 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
       "iteration {} did not end within cluster.iteration_timeout_ms = {} ms: {} did not {} it, "
       "their workers alive",
       it, job_.iteration_timeout_ms, names, phase_ == phase::running ? "finish" : "step");
-  // Only CPU stages without expert parallelism wait for their peers between messages; a GPU
-  // stage's collective or an EP exchange waits on the compute thread, so a stage waiting for a
-  // stuck peer would look stuck too.
-  if (!recovery_ || job_.train.device != models::device::cpu || job_.ep > 1) {
+  if (!recovery_) {
     fail(late + " (a hung kernel or collective, or a deadlock); the job stops");
     co_return;
   }
-  // A stage whose actor answers is waiting for another; one stuck in its compute cannot.
-  const auto probe_timeout =
-      std::max(std::chrono::milliseconds(5000), std::chrono::milliseconds(job_.failure_timeout_ms));
-  auto fill = [](std::size_t, wire::StageProbe::Builder) {};
-  auto probed = co_await actors::ask_all<wire::StageProbe, wire::StageProbed>(*this, waiting,
-                                                                              probe_timeout, fill);
+  const probed_stages found = co_await probe_late(waiting, e);
   if (!overdue()) co_return;  // it ended meanwhile, or a loss came first
-  std::vector<actor_ref> stuck;
-  std::string behind;  // stages that never began this attempt (they dropped its Iterate)
-  for (std::size_t k = 0; k < waiting.size(); ++k) {
-    if (!probed[k].ok()) {
-      if (system().last_heard(waiting[k].node)) stuck.push_back(waiting[k]);
-    } else if ((**probed[k]).getEpoch() < e) {
-      behind += fmt::format(" node {}'s stage is still at an earlier attempt;", waiting[k].node);
-    }
+  const auto& [stuck, stuck_s, recheck_s, behind] = found;
+  if (stuck.empty() && recheck_s > 0) {
+    // A task of its own under way: looked at again once it has run as long as the limit.
+    arm_iteration_timeout(std::chrono::milliseconds(std::int64_t(recheck_s * 1000.0) + 100));
+    co_return;
   }
   const auto spares = std::count_if(workers_.begin(), workers_.end(),
                                     [](const auto& kv) { return kv.second.stage < 0; });
   if (stuck.empty() || spares < std::ssize(stuck)) {
-    fail(late + (stuck.empty() ? ", and each of them answers (waiting for another:" + behind +
-                                     " a lost message or a deadlock); the job stops"
+    fail(late + (stuck.empty() ? ", and none of them is stuck in its compute (each waits for "
+                                 "another:" +
+                                     behind + " a lost message or a deadlock); the job stops"
                                : fmt::format(", {} of them stuck in its compute, and {} spare "
                                              "worker(s) left to rebuild them (raise "
                                              "cluster.spares); the job stops",
@@ -130,13 +119,18 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
   }
   // Fenced: declared lost with the verdict to every member (nothing from it is read again),
   // ended by the launcher, and its stage rebuilt on a spare like any lost worker's.
-  for (const actor_ref& r : stuck) {
+  for (std::size_t k = 0; k < stuck.size(); ++k) {
+    const actor_ref& r = stuck[k];
     const auto w = workers_.find(r.node);
-    notice(
-        fmt::format("{}; stage {} replica {} (worker {}) is stuck in its compute (its actor "
-                    "does not answer): its worker is fenced and the stage rebuilt on a spare",
-                    late, w != workers_.end() ? w->second.stage : -1,
-                    w != workers_.end() ? w->second.replica : -1, r.node));
+    const std::string how =
+        stuck_s[k] < 0 ? std::string("its worker's actor thread does not answer")
+                       : fmt::format("one task of its own has run {:.1f} s, not waiting for a peer",
+                                     stuck_s[k]);
+    notice(fmt::format(
+        "{}; stage {} replica {} (worker {}) is stuck in its compute ({}): its worker is fenced "
+        "and the stage rebuilt on a spare",
+        late, w != workers_.end() ? w->second.stage : -1,
+        w != workers_.end() ? w->second.replica : -1, r.node, how));
     system().lose_member(r.node, "fenced it: its stage was stuck in its compute");
   }
   for (const actor_ref& r : stuck) {
@@ -144,6 +138,46 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
                          fmt::format("was fenced: its stage was stuck in iteration {}", it));
     if (finished_) break;
   }
+}
+
+awaitable<coordinator::probed_stages> coordinator::probe_late(const std::vector<actor_ref>& late,
+                                                              std::uint64_t e) {
+  // Where each late stage's compute thread is, as its worker's agent reads it (the stage actor
+  // itself is busy while it computes).
+  std::vector<actor_ref> agents;
+  for (const actor_ref& r : late) {
+    const auto w = workers_.find(r.node);
+    agents.push_back(w != workers_.end() ? w->second.agent : actor_ref{});
+  }
+  const auto probe_timeout =
+      std::max(std::chrono::milliseconds(5000), std::chrono::milliseconds(job_.failure_timeout_ms));
+  auto fill = [](std::size_t, wire::StageProbe::Builder) {};
+  auto probed = co_await actors::ask_all<wire::StageProbe, wire::StageProbed>(*this, agents,
+                                                                              probe_timeout, fill);
+  const double limit_s = double(job_.iteration_timeout_ms) / 1000.0;
+  probed_stages out;
+  for (std::size_t k = 0; k < late.size(); ++k) {
+    if (!probed[k].ok()) {  // its worker's actor thread is held too, its heartbeats going on
+      if (system().last_heard(late[k].node)) {
+        out.stuck.push_back(late[k]);
+        out.stuck_s.push_back(-1.0);
+      }
+      continue;
+    }
+    const auto p = **probed[k];
+    if (!p.getHasStage()) continue;
+    if (p.getEpoch() < e) {
+      out.behind += fmt::format(" node {}'s stage is still at an earlier attempt;", late[k].node);
+    }
+    if (p.getState() != wire::ComputeState::COMPUTING) continue;  // waiting for another
+    if (p.getSeconds() >= limit_s) {
+      out.stuck.push_back(late[k]);
+      out.stuck_s.push_back(p.getSeconds());
+    } else {
+      out.recheck_s = std::max(out.recheck_s, limit_s - p.getSeconds());
+    }
+  }
+  co_return out;
 }
 
 awaitable<void> coordinator::stage_done(wire::StageDone::Reader m) {

@@ -305,12 +305,21 @@ struct Digests {
   names @2 :List(Text);  # the operators' names, in the same order
 }
 
-# The head, an iteration past cluster.iteration_timeout_ms, asks each stage that has not
-# finished it: one whose actor does not answer is stuck in its compute (a hung kernel), its
-# worker alive; one that answers is waiting for another.
+# The head, an iteration past cluster.iteration_timeout_ms, asks the worker of each stage that
+# has not finished it where its compute thread is (engine/compute_watch.hpp): its agent answers,
+# the stage actor being busy while its compute runs. One computing, not waiting for a peer, for
+# longer than the limit is stuck (a hung kernel); one idle or waiting is waiting for another.
 struct StageProbe {}
 struct StageProbed {
-  epoch @0 :UInt64;  # the newest epoch the stage has seen
+  epoch @0 :UInt64;  # the newest epoch the stage began
+  hasStage @1 :Bool;  # false: this worker runs no stage (now)
+  state @2 :ComputeState;
+  seconds @3 :Float64;  # how long it has been in that state
+}
+enum ComputeState {
+  idle @0;       # between tasks: waiting for a message (its inputs, the head's)
+  computing @1;  # running a task of its own
+  waiting @2;    # within a task, waiting for its peers (an EP exchange, the device sum)
 }
 
 # A standby head that took over asks every live stage where it is (engine/takeover.hpp):

@@ -53,6 +53,7 @@ void expert_router::drain() {
     std::vector<request> todo;
     {
       std::unique_lock lk(mu_);
+      const compute_watch::peer_wait waiting(watch_.get());
       cv_.wait(lk, [&] {
         return stopped_ || complete_held() ||
                std::any_of(requests_.begin(), requests_.end(),
@@ -153,7 +154,10 @@ void expert_router::exchange(int layer, int mb, bool backward, bool training,
                            [&](const request& q) { return q.mb < 0 || q.epoch <= epoch_; });
       };
       const auto t0 = std::chrono::steady_clock::now();
-      cv_.wait(lk, ready);
+      {
+        const compute_watch::peer_wait waiting(watch_.get());
+        cv_.wait(lk, ready);
+      }
       wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (stopped_) throw exchange_stopped(why_);
       for (int k = 0; k < ep_; ++k) {

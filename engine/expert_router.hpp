@@ -32,6 +32,7 @@
 
 #include "actors/system.hpp"
 #include "engine/bulk_io.hpp"
+#include "engine/compute_watch.hpp"
 #include "engine/engine.capnp.h"
 #include "engine/stage_model.hpp"
 
@@ -78,6 +79,8 @@ class expert_router final : public models::expert_exchange,
   void attach(models::expert_shard* shard);
   // How serve_pending() gets run on the stage's compute thread when rows arrive.
   void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
+  // Where the compute thread's waits for its peers' rows are marked (the stuck-stage probe).
+  void set_watch(std::shared_ptr<compute_watch> watch) { watch_ = std::move(watch); }
   // Called (on the compute thread) once every source's backwards of the epoch were computed
   // here: the expert block's gradient is complete, its fold may start.
   void set_on_complete(std::function<void()> f) { on_complete_ = std::move(f); }
@@ -175,7 +178,8 @@ class expert_router final : public models::expert_exchange,
   // outgoing, exported: [ep][max_floats] rows sent to each owner, answers to each source
   transport::bulk_region rows_out_, answers_out_;
   std::vector<std::vector<float>> rows_in_, answers_in_;  // [ep][max_floats] pull targets
-  double wait_s_ = 0.0;                                   // the compute thread's
+  std::shared_ptr<compute_watch> watch_;
+  double wait_s_ = 0.0;  // the compute thread's
   std::atomic<std::uint64_t> refused_{0};
 
   mutable std::mutex mu_;  // what follows: shared by the compute thread and the actor thread

@@ -94,13 +94,13 @@ stage_actor::stage_actor(stage_actor_args args)
   on<wire::ValActivation>(&stage_actor::val_activation);
   on<wire::DigestsQuery, wire::Digests>(&stage_actor::digests);
   on<wire::StageStateQuery, wire::StageState>(&stage_actor::state);
-  on<wire::StageProbe, wire::StageProbed>(&stage_actor::probe);
   if (setup_.initialize) stepped_ = -1;
   if (router_) {
     if (model_->experts() == nullptr) {
       throw std::invalid_argument("stage_actor: expert parallelism with a stage without experts");
     }
     router_->attach(model_->experts());
+    router_->set_watch(watch_);
     model_->set_expert_exchange(router_.get());
     for (auto* op : ops_) {
       if (op->kind() != models::op_kind::expert) dense_ops_.push_back(op);
@@ -335,6 +335,7 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
   STAGE_TRACE("iterate it={} epoch={} failed={}", m.getIteration(), m.getEpoch(), failed_);
   if (failed_ || m.getEpoch() <= epoch_) co_return;
   epoch_ = m.getEpoch();
+  watch_->set_epoch(epoch_);
   iteration_ = m.getIteration();
   if (!stepped_) stepped_ = iteration_ - 1;  // a rebuilt stage is told where it goes on
   loss_scale_ = m.getLossScale();

@@ -30,6 +30,7 @@
 
 #include "actors/system.hpp"
 #include "engine/bulk_io.hpp"
+#include "engine/compute_watch.hpp"
 #include "engine/engine.capnp.h"
 #include "engine/expert_router.hpp"
 #include "engine/hooks.hpp"
@@ -50,8 +51,7 @@ class stage_actor : public actors::actor {
                         actors::ask_t<wire::Abort, wire::AbortAck>, actors::tell_t<wire::Validate>,
                         actors::tell_t<wire::ValActivation>,
                         actors::ask_t<wire::DigestsQuery, wire::Digests>,
-                        actors::ask_t<wire::StageStateQuery, wire::StageState>,
-                        actors::ask_t<wire::StageProbe, wire::StageProbed>>;
+                        actors::ask_t<wire::StageStateQuery, wire::StageState>>;
 
   // Allocates and exports the boundary and reduction buffers (throws if the link cannot).
   // args.hooks may be null (policy none); args.faults may be empty (no failure injection).
@@ -63,6 +63,9 @@ class stage_actor : public actors::actor {
   // A standby head took over and this stage runs on: its reports go to the new coordinator
   // (called by its worker's agent, on the actor thread).
   void set_coordinator(actors::actor_ref coordinator) { coordinator_ = coordinator; }
+  // Where its compute thread is: its worker's agent answers the head's stuck-stage probe from
+  // it (this actor is busy while its compute runs).
+  std::shared_ptr<const compute_watch> watch() const { return watch_; }
 
  protected:
   // For a subclass's own handlers. The model is the compute thread's: read or change it only
@@ -106,10 +109,6 @@ class stage_actor : public actors::actor {
   asio::awaitable<void> digests(wire::DigestsQuery::Reader, wire::Digests::Builder out);
   // A standby head that took over: the iteration in flight dropped, where this stage is.
   asio::awaitable<void> state(wire::StageStateQuery::Reader, wire::StageState::Builder out);
-  asio::awaitable<void> probe(wire::StageProbe::Reader, wire::StageProbed::Builder out) {
-    out.setEpoch(epoch_);
-    co_return;
-  }
   // Drops the iteration in flight, if any (Abort and a takeover); the NCCL group's abort
   // seconds.
   asio::awaitable<double> drop_in_flight();
@@ -140,7 +139,8 @@ class stage_actor : public actors::actor {
   // Runs fn on the compute thread and waits for it.
   template <class F>
   asio::awaitable<void> compute(F&& fn) {
-    auto task = [&fn]() -> asio::awaitable<void> {
+    auto task = [&fn, watch = watch_]() -> asio::awaitable<void> {
+      const compute_watch::task busy(watch.get());
       fn();
       co_return;
     };
@@ -156,6 +156,7 @@ class stage_actor : public actors::actor {
     }
   }
 
+  std::shared_ptr<compute_watch> watch_ = std::make_shared<compute_watch>();
   stage_setup setup_;
   std::unique_ptr<stage_model> model_;
   bulk_io& io_;

@@ -22,7 +22,10 @@ awaitable<void> stage_actor::device_reduce() {
   phase_ = phase::wait_total;                            // the sum is out
   const auto deadline = joined_at_ + std::chrono::seconds(setup_.train.nccl_timeout_s);
   device_reduction::result r;
-  co_await compute([&] { r = reduction_->sum(deadline, stop_sum_); });
+  co_await compute([&] {
+    const compute_watch::peer_wait waiting(watch_.get());  // for its replicas' parts
+    r = reduction_->sum(deadline, stop_sum_);
+  });
   if (r.stopped || phase_ != phase::wait_total) co_return;  // aborted meanwhile
   if (!r.ok) {
     joined_ = false;

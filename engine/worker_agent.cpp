@@ -50,6 +50,7 @@ worker_agent::worker_agent(transport::ucx_link& link, const stage_registry& regi
   on<wire::Restore>(&worker_agent::restore);
   on<wire::Shutdown>(&worker_agent::shutdown);
   on<wire::Judge, wire::Judged>(&worker_agent::judge);
+  on<wire::StageProbe, wire::StageProbed>(&worker_agent::probe);
 }
 
 void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& host,
@@ -295,6 +296,28 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   } catch (const std::exception& e) {
     report({}, fmt::format("restoring stage {} replica {} failed: {}", stage, replica, e.what()));
   }
+}
+
+asio::awaitable<void> worker_agent::probe(wire::StageProbe::Reader,
+                                          wire::StageProbed::Builder out) {
+  const auto* stage = stage_.valid() ? system().local_actor<stage_actor>(stage_) : nullptr;
+  out.setHasStage(stage != nullptr);
+  if (stage == nullptr) co_return;
+  const compute_watch::view v = stage->watch()->read();
+  out.setEpoch(v.epoch);
+  out.setSeconds(v.for_s);
+  switch (v.now) {
+    case compute_watch::state::idle:
+      out.setState(wire::ComputeState::IDLE);
+      break;
+    case compute_watch::state::computing:
+      out.setState(wire::ComputeState::COMPUTING);
+      break;
+    case compute_watch::state::waiting:
+      out.setState(wire::ComputeState::WAITING);
+      break;
+  }
+  co_return;
 }
 
 asio::awaitable<void> worker_agent::judge(wire::Judge::Reader m, wire::Judged::Builder out) {

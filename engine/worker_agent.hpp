@@ -29,7 +29,8 @@ class worker_agent : public actors::actor {
  public:
   using interface =
       actors::interface<actors::tell_t<wire::Assign>, actors::tell_t<wire::Restore>,
-                        actors::tell_t<wire::Shutdown>, actors::ask_t<wire::Judge, wire::Judged>>;
+                        actors::tell_t<wire::Shutdown>, actors::ask_t<wire::Judge, wire::Judged>,
+                        actors::ask_t<wire::StageProbe, wire::StageProbed>>;
 
   // on_exit(status, message): the process should end (Shutdown: 0; a failure: 1).
   // checkpoints: the job's checkpoint policy in this process (empty: policy none).
@@ -54,6 +55,9 @@ class worker_agent : public actors::actor {
   // An idle spare replays a stage whose replicas disagree, for the head to judge them
   // (docs/recovery.md "Silent data corruption"); it stays a spare.
   asio::awaitable<void> judge(wire::Judge::Reader m, wire::Judged::Builder out);
+  // The head's stuck-stage probe (cluster.iteration_timeout_ms): where this worker's stage's
+  // compute thread is, read from its compute_watch.
+  asio::awaitable<void> probe(wire::StageProbe::Reader m, wire::StageProbed::Builder out);
   // Spawns the stage actor for `model` and tells the coordinator (StageReady).
   // replacement: rebuilt on this spare (Restore) rather than assigned at the start.
   void start_stage(stage_setup setup, std::unique_ptr<stage_model> model, bool replacement);

@@ -419,6 +419,26 @@ TEST(recovery, a_stage_stuck_in_its_compute_is_fenced_and_rebuilt_bit_exact) {
   EXPECT_EQ(o.count("recovery_end"), 1) << o.output;
 }
 
+// Expert parallelism: the stalled EP rank's peer waits for its rows on its own compute thread
+// (not between messages), marked as a wait for a peer: only the stalled rank is fenced.
+TEST(recovery, a_stuck_ep_rank_is_fenced_while_its_peer_waiting_for_its_rows_is_left_alone) {
+  const auto o =
+      launch("stuck_ep", job(2, 2, 1,
+                             "--set parallel.ep=2 --set cluster.iteration_timeout_ms=3000 "
+                             "--inject stall:stage=1,replica=1,iter=5,phase=forward"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  EXPECT_NE(o.output.find("stage 1 replica 1 (worker 4) is stuck in its compute (one task of its "
+                          "own has run"),
+            std::string::npos)
+      << o.output;
+  ASSERT_EQ(o.count("worker_lost"), 1) << o.output;
+  const std::string& lost = *event(o, "worker_lost");
+  EXPECT_EQ(number_field(lost, "stage"), 1) << lost;
+  EXPECT_EQ(number_field(lost, "replica"), 1) << lost;
+  EXPECT_EQ(o.count("recovery_end"), 1) << o.output;
+}
+
 // Replication stalled by a real fault that is no loss: the spare, which holds copies of both
 // stages' slots, is stopped (SIGSTOP) for less than the failure timeout. Meanwhile no window
 // can persist; past checkpoint.max_window_wait_ms the stages skip windows (their memory stays
