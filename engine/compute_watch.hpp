@@ -22,36 +22,26 @@ class compute_watch {
     std::uint64_t epoch = 0;  // the newest epoch the stage began
   };
 
-  // The compute thread runs one task of the stage (a scope around it).
-  class task {
+  // A state for the length of a scope, and the one it goes back to after.
+  template <state Enter, state Leave>
+  class scope {
    public:
-    explicit task(compute_watch* w) : w_(w) {
-      if (w_) w_->set(state::computing);
+    explicit scope(compute_watch* w) : w_(w) {
+      if (w_) w_->set(Enter);
     }
-    ~task() {
-      if (w_) w_->set(state::idle);
+    ~scope() {
+      if (w_) w_->set(Leave);
     }
-    task(const task&) = delete;
-    task& operator=(const task&) = delete;
+    scope(const scope&) = delete;
+    scope& operator=(const scope&) = delete;
 
    private:
     compute_watch* w_;
   };
-  // Within a task, the compute thread waits for its peers (a scope around the wait).
-  class peer_wait {
-   public:
-    explicit peer_wait(compute_watch* w) : w_(w) {
-      if (w_) w_->set(state::waiting);
-    }
-    ~peer_wait() {
-      if (w_) w_->set(state::computing);
-    }
-    peer_wait(const peer_wait&) = delete;
-    peer_wait& operator=(const peer_wait&) = delete;
-
-   private:
-    compute_watch* w_;
-  };
+  // The compute thread runs one task of the stage.
+  using task = scope<state::computing, state::idle>;
+  // Within a task, the compute thread waits for its peers.
+  using peer_wait = scope<state::waiting, state::computing>;
 
   void set_epoch(std::uint64_t e) { epoch_.store(e, std::memory_order_relaxed); }
   view read() const {
