@@ -331,6 +331,9 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   bandwidth_ = measure_bandwidth(ops, model, limits_);
   auto shared = std::make_shared<capture_shared>(setup.stage, setup.replica);
   shared->pool = std::make_unique<slot_pool>(io_, job_.share_memory);
+  // What its replicator spent before this stage (a spare's, holding others' copies) is no
+  // step's: the first step's take starts from here.
+  (void)replication_cpu_->take();
   shared->replication = replication_cpu_;
   // Kept through the first window's refills (one per captured slot), so that each of its
   // slots can take its restored file instead of a new one.
