@@ -373,6 +373,7 @@ class coordinator : public actors::actor, private head_control {
   int done_count_ = 0;
   std::vector<bool> stepped_flags_;
   actors::time_source::timer_id overdue_timer_ = 0;  // 0: none armed
+  std::uint64_t rechecked_epoch_ = 0;  // the attempt whose late stages were looked at twice
   // This iteration's silent-corruption check: what was asked, and each stage replica's digests
   // (index d * pp + s).
   wire::Verify verify_ = wire::Verify::NONE;

@@ -76,7 +76,17 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
     return !finished_ && e == epoch_ && !recovering() && !loss_pending() &&
            (phase_ == phase::running || phase_ == phase::stepping);
   };
-  if (!overdue()) co_return;
+  // Held off (a loss pending, say a spare's, which changes no epoch): looked at again soon, or
+  // this attempt would never be watched again.
+  const auto look_later = [&] {
+    if (!finished_ && e == epoch_ && (phase_ == phase::running || phase_ == phase::stepping)) {
+      arm_iteration_timeout(std::chrono::milliseconds(1000));
+    }
+  };
+  if (!overdue()) {
+    look_later();
+    co_return;
+  }
   const std::int64_t it = iteration_;
   std::vector<actor_ref> waiting;
   std::string names;
@@ -98,10 +108,15 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
     co_return;
   }
   const probed_stages found = co_await probe_late(waiting, e);
-  if (!overdue()) co_return;  // it ended meanwhile, or a loss came first
+  if (!overdue()) {  // it ended meanwhile, or a loss came first
+    look_later();
+    co_return;
+  }
   const auto& [stuck, stuck_s, recheck_s, behind] = found;
-  if (stuck.empty() && recheck_s > 0) {
-    // A task of its own under way: looked at again once it has run as long as the limit.
+  if (stuck.empty() && recheck_s > 0 && rechecked_epoch_ != e) {
+    // A task of its own under way: looked at again, once, when it has run as long as the limit
+    // (so an attempt ends by twice the limit at most).
+    rechecked_epoch_ = e;
     arm_iteration_timeout(std::chrono::milliseconds(std::int64_t(recheck_s * 1000.0) + 100));
     co_return;
   }

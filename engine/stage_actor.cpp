@@ -565,7 +565,12 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     };
     try {
       const auto h0 = sclock::now();
-      hooks_->before_step(it, decided);
+      {
+        // It may wait for other workers (the job persisting a window, up to
+        // checkpoint.max_window_wait_ms): not a compute of its own for the stuck-stage probe.
+        const compute_watch::peer_wait waiting(watch_.get());
+        hooks_->before_step(it, decided);
+      }
       hooks_->on_step(it, loss_scale_ / float(m_ * setup_.replicas), plan);
       step_hook_s_ = seconds(h0);
       if (device_state* d = model_->device()) {

@@ -35,7 +35,7 @@ TEST(compute_watch, a_task_computes_and_a_wait_for_peers_within_it_is_told_apart
   const compute_watch::peer_wait none_waiting(nullptr);
 }
 
-TEST(compute_watch, a_task_that_never_returns_keeps_computing_from_its_start) {
+TEST(compute_watch, a_task_that_never_returns_keeps_computing_from_its_last_wait) {
   compute_watch w;
   {
     const compute_watch::task busy(&w);

@@ -400,8 +400,8 @@ TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
 
 // A stage stuck in its compute while its worker lives (a hung kernel: heartbeats go on, no loss
 // is found): once the iteration is past cluster.iteration_timeout_ms, the head probes the stages
-// that have not finished it; the one whose actor does not answer is fenced and rebuilt on the
-// spare like a lost worker's, the one waiting for it is left alone, and the job ends with
+// that have not finished it; the one computing a task of its own that long is fenced and rebuilt on
+// the spare like a lost worker's, the one waiting for it is left alone, and the job ends with
 // `moevement train`'s state_hash.
 TEST(recovery, a_stage_stuck_in_its_compute_is_fenced_and_rebuilt_bit_exact) {
   const auto o = launch("stuck", job(2, 1, 1,
