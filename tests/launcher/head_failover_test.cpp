@@ -55,16 +55,22 @@ int count_events(const std::vector<std::string>& log, const std::string& name) {
 // Waits until `windows` durable windows are on disk (the run log says so) and the head's
 // journal holds one: the journal is written on a thread of its own, which on a loaded machine
 // can trail the run log by more than a window (a standby then finds nothing to take over).
+// Whether the head's journal holds a whole window: its manifest is written last (renamed into
+// place), so a window directory without one is still being written.
+bool has_journal(const std::filesystem::path& journal) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(journal, ec)) {
+    if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) return true;
+  }
+  return false;
+}
+
 bool wait_for_windows(background_launch& j, int windows) {
   const auto journal = std::filesystem::path(j.log).replace_extension(".checkpoints") / "head";
   for (int i = 0; i < 6000; ++i) {
     const auto log = lines_of(j.log);
     if (count_events(log, "job_end") > 0) return false;
-    std::error_code ec;
-    if (count_events(log, "durable_window") >= windows && !std::filesystem::is_empty(journal, ec) &&
-        !ec) {
-      return true;
-    }
+    if (count_events(log, "durable_window") >= windows && has_journal(journal)) return true;
     std::this_thread::sleep_for(5ms);
   }
   return false;
