@@ -172,15 +172,23 @@ awaitable<coordinator::probed_stages> coordinator::probe_late(const std::vector<
   const double limit_s = double(job_.iteration_timeout_ms) / 1000.0;
   probed_stages out;
   for (std::size_t k = 0; k < late.size(); ++k) {
-    if (!probed[k].ok()) {  // its worker's actor thread is held too, its heartbeats going on
-      if (system().last_heard(late[k].node)) {
+    if (!probed[k].ok()) {
+      // Its worker's actor thread is held too, its heartbeats going on (heard within the
+      // failure timeout); one not heard is the failure detector's to declare lost.
+      const auto heard = system().last_heard(late[k].node);
+      if (heard && system().now() - *heard <= std::chrono::milliseconds(job_.failure_timeout_ms)) {
         out.stuck.push_back(late[k]);
         out.stuck_s.push_back(-1.0);
+      } else {
+        out.behind += fmt::format(" node {} neither answers nor is heard;", late[k].node);
       }
       continue;
     }
     const auto p = **probed[k];
-    if (!p.getHasStage()) continue;
+    if (!p.getHasStage()) {
+      out.behind += fmt::format(" node {}'s worker holds no stage;", late[k].node);
+      continue;
+    }
     if (p.getEpoch() < e) {
       out.behind += fmt::format(" node {}'s stage is still at an earlier attempt;", late[k].node);
     }
