@@ -5,6 +5,7 @@
 #include <asio/redirect_error.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <optional>
@@ -16,6 +17,12 @@
 namespace moevement::recovery {
 
 using asio::awaitable;
+
+namespace {
+// A replay's wait that goes on this long says on the worker's stderr what it waits for (a
+// peer's message that never came, a pull that never ended), and again as often after.
+constexpr std::chrono::seconds report_after{30};
+}  // namespace
 
 void group_inbox::wake_all() {
   for (asio::steady_timer* t : waiters_) t->cancel();
@@ -45,7 +52,10 @@ void group_inbox::when_superseded(std::uint64_t generation, std::function<void()
 
 bool group_inbox::put_router(std::uint64_t generation, std::uint32_t replica,
                              actors::actor_ref router) {
-  if (generation < generation_ || size() >= max_entries_ || !router.valid()) return false;
+  if (generation < generation_ || size() >= max_entries_ || !router.valid()) {
+    ++refused_;
+    return false;
+  }
   routers_[{generation, replica}] = router;
   wake_all();
   return true;
@@ -70,17 +80,37 @@ bool group_inbox::put(std::uint64_t generation, std::int64_t iteration, std::uin
                       const transport::bulk_descriptor& d) {
   // A newer generation than begun here is kept: the coordinator's word of it (or this
   // worker's Restore) may still be on its way.
-  if (generation < generation_ || got_.size() >= max_entries_) return false;
+  if (generation < generation_ || got_.size() >= max_entries_) {
+    ++refused_;
+    return false;
+  }
   got_[{generation, iteration, replica}] = d;
   wake_all();
   return true;
+}
+
+std::string group_inbox::describe() const {
+  std::string held;
+  int n = 0;
+  for (const auto& [key, d] : got_) {
+    if (n++ == 8) {
+      held += fmt::format(" and {} more", got_.size() - 8);
+      break;
+    }
+    held += fmt::format(" (generation {}, iteration {}, from {})", std::get<0>(key),
+                        std::get<1>(key), std::get<2>(key));
+  }
+  return fmt::format("the inbox is at generation {}, has refused {}, holds{}", generation_,
+                     refused_, held.empty() ? " nothing" : held);
 }
 
 template <class T, class Ready>
 awaitable<T> group_inbox::wait_for(std::uint64_t generation,
                                    std::chrono::steady_clock::duration timeout, Ready ready,
                                    const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto began = std::chrono::steady_clock::now();
+  const auto deadline = began + timeout;
+  auto report = began + report_after;
   asio::steady_timer timer(io_);
   for (;;) {
     if (generation < generation_) {
@@ -89,8 +119,14 @@ awaitable<T> group_inbox::wait_for(std::uint64_t generation,
                       generation, generation_));
     }
     if (std::optional<T> got = ready()) co_return *got;
-    if (std::chrono::steady_clock::now() >= deadline) throw std::runtime_error(what);
-    timer.expires_at(deadline);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) throw std::runtime_error(what);
+    if (now >= report) {
+      fmt::print(stderr, "group replay (generation {}): waited {:.0f} s so far: {}; {}\n",
+                 generation, std::chrono::duration<double>(now - began).count(), what, describe());
+      report = now + report_after;
+    }
+    timer.expires_at(std::min(deadline, report));
     waiters_.insert(&timer);
     // Out of the set however this frame ends (also destroyed while it waits).
     struct unlist {
@@ -188,7 +224,8 @@ namespace {
 // runs there every millisecond meanwhile.
 template <class Task>
 void wait_on_actor_thread(actors::actor_system& system, Task task,
-                          const std::function<void()>& idle = {}) {
+                          const std::function<void()>& idle = {},
+                          const std::function<std::string()>& what = {}) {
   if (system.io().get_executor().running_in_this_thread()) {
     throw std::logic_error("a group replay waits on the actor thread (it would wait for itself)");
   }
@@ -203,8 +240,18 @@ void wait_on_actor_thread(actors::actor_system& system, Task task,
       done->set_value();
     }
   });
-  if (idle) {
-    while (finished.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) idle();
+  // The inbox reports a message that does not come; this, a wait that does not end at all
+  // (a pull whose answer never comes).
+  const auto began = std::chrono::steady_clock::now();
+  auto report = began + report_after;
+  const auto step = idle ? std::chrono::milliseconds(1) : std::chrono::milliseconds(100);
+  while (finished.wait_for(step) != std::future_status::ready) {
+    if (idle) idle();
+    if (const auto now = std::chrono::steady_clock::now(); what && now >= report) {
+      fmt::print(stderr, "group replay: waited {:.0f} s so far for {}\n",
+                 std::chrono::duration<double>(now - began).count(), what());
+      report = now + report_after;
+    }
   }
   finished.get();
 }
@@ -212,8 +259,8 @@ void wait_on_actor_thread(actors::actor_system& system, Task task,
 }  // namespace
 
 template <class Task>
-void group_reducer::on_actor_thread(Task task) {
-  wait_on_actor_thread(system_, std::move(task));
+void group_reducer::on_actor_thread(Task task, std::function<std::string()> what) {
+  wait_on_actor_thread(system_, std::move(task), {}, what);
 }
 
 awaitable<void> group_reducer::announce(std::int64_t iteration,
@@ -238,8 +285,10 @@ awaitable<void> group_reducer::pull(std::int64_t iteration, std::uint32_t d) {
         "({} bytes on node {}, expected {} on node {})",
         d, desc.length, desc.node, floats_ * sizeof(float), peers_[d].node));
   }
+  pulling_ = true;
   auto pulled = co_await pull_chunked(io_, desc, std::as_writable_bytes(std::span(*incoming_)),
                                       incoming_, chunk_);
+  pulling_ = false;
   if (!pulled.ok()) {
     throw std::runtime_error(
         fmt::format("pulling replica {}'s replay gradients failed: {}", d, pulled.err().message));
@@ -262,13 +311,19 @@ void group_reducer::reduce(std::int64_t iteration, std::span<float> grads) {
   const std::span<float> mine(reinterpret_cast<float*>(buf.memory().data()), floats_);
   std::memcpy(mine.data(), grads.data(), grads.size_bytes());
   const transport::bulk_descriptor desc = buf.describe(0, floats_ * sizeof(float));
-  on_actor_thread(announce(iteration, desc));
+  on_actor_thread(announce(iteration, desc), [&] {
+    return fmt::format("generation {}: announcing iteration {} to the group", generation_,
+                       iteration);
+  });
   // The fold as training does it: g_0, then + g_1, + g_2, ... (engine::accumulate); under
   // expert parallelism each expert block only over its copies' sources (fold_group).
   for (std::uint32_t d = 0; d < peers_.size(); ++d) {
     std::span<const float> g = mine;
     if (d != replica_) {
-      on_actor_thread(pull(iteration, d));
+      on_actor_thread(pull(iteration, d), [&] {
+        return fmt::format("generation {}: replica {}'s gradients of iteration {} (announced: {})",
+                           generation_, d, iteration, pulling_.load() ? "yes, pulling" : "no");
+      });
       g = *incoming_;
     }
     fold_group(layout_, replica_, d, g, grads.first(layout_.dense + layout_.block));
@@ -335,7 +390,11 @@ std::vector<float> boundary_exchange::take(std::int64_t iteration, int mb, bool 
   if (!(gradient ? after_ : before_).valid() || mb < 0 || mb >= micro_batches_) {
     throw std::invalid_argument("boundary_exchange::take: no such neighbour or micro-batch");
   }
-  wait_on_actor_thread(system_, pull(iteration, mb, gradient), idle_);
+  wait_on_actor_thread(system_, pull(iteration, mb, gradient), idle_, [&] {
+    return fmt::format("generation {}: the stage {}'s {} of iteration {}, micro-batch {}",
+                       generation_, gradient ? "after" : "before",
+                       gradient ? "gradient" : "activation", iteration, mb);
+  });
   return *incoming_;
 }
 

@@ -23,6 +23,7 @@
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -66,6 +67,12 @@ class group_inbox {
                                                    std::uint32_t replica,
                                                    std::chrono::steady_clock::duration timeout);
   std::size_t size() const { return got_.size() + routers_.size(); }
+  // Announcements refused (an older generation, or the inbox full), for the reports of a
+  // long wait.
+  std::uint64_t refused() const { return refused_; }
+  // What the inbox holds, for the report of a wait that goes on long: its generation and the
+  // first announcements kept.
+  std::string describe() const;
 
   // Under expert parallelism: a peer's replay router (ReplayExperts), kept and taken as an
   // announcement is.
@@ -86,6 +93,7 @@ class group_inbox {
   asio::io_context& io_;
   std::size_t max_entries_;
   std::uint64_t generation_ = 0;  // the newest restore begun here
+  std::uint64_t refused_ = 0;
   std::map<std::tuple<std::uint64_t, std::int64_t, std::uint32_t>, transport::bulk_descriptor> got_;
   std::map<std::pair<std::uint64_t, std::uint32_t>, actors::actor_ref> routers_;
   std::multimap<std::uint64_t, std::function<void()>> on_superseded_;
@@ -144,7 +152,7 @@ class group_reducer {
   asio::awaitable<void> pull(std::int64_t iteration, std::uint32_t d);
   // Runs `task` on the actor thread and waits for it (from the replay's thread).
   template <class Task>
-  void on_actor_thread(Task task);
+  void on_actor_thread(Task task, std::function<std::string()> what);
 
   actors::actor_system& system_;
   engine::bulk_io& io_;
@@ -158,6 +166,7 @@ class group_reducer {
   std::chrono::steady_clock::duration wait_;
   transport::bulk_region buffers_[2];
   std::shared_ptr<std::vector<float>> incoming_;  // made by the first reduce()
+  std::atomic<bool> pulling_{false};  // set on the actor thread, read by a long wait's report
 };
 
 // One member's side of a joint region replayed as a pipeline (docs/recovery.md "The group

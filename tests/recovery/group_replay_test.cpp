@@ -120,6 +120,11 @@ TEST(group_inbox, is_bounded) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(inbox.put(1, i, 0, desc(8)));
   EXPECT_FALSE(inbox.put(1, 9, 0, desc(8)));
   EXPECT_EQ(inbox.size(), 4u);
+  // A long wait's report says what was refused and what is held.
+  EXPECT_EQ(inbox.refused(), 1u);
+  const std::string said = inbox.describe();
+  EXPECT_NE(said.find("at generation 0, has refused 1"), std::string::npos) << said;
+  EXPECT_NE(said.find("(generation 1, iteration 3, from 0)"), std::string::npos) << said;
 }
 
 }  // namespace
