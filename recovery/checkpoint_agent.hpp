@@ -34,16 +34,23 @@ namespace moevement::recovery {
 struct capture_shared {
   capture_shared(int stage, int replica)
       : capture(stage, replica),
-        copier([this](const log_copier::sent& s, std::vector<std::byte> bytes) {
-          const std::lock_guard lock(log_mu);
-          capture.log_sent(s.iteration, s.micro_batch, s.kind, std::move(bytes));
-          log_bytes = capture.log().bytes();
-        }) {}
+        copier(
+            [this](const log_copier::sent& s, std::vector<std::byte> bytes) {
+              const std::lock_guard lock(log_mu);
+              capture.log_sent(s.iteration, s.micro_batch, s.kind, std::move(bytes));
+              log_bytes = capture.log().bytes();
+            },
+            log_recycled) {
+    capture.mutable_log().recycle_into(log_recycled);
+  }
   // Lends the capture link-allocated slot memory (set by make_hooks). Declared first: it
   // outlives the capture's buffers. The last owner of capture_shared must release it on the
   // actor thread (the pool's regions are the link's).
   std::unique_ptr<slot_pool> pool;
   std::mutex mu, log_mu;
+  // The log's dropped entries' buffers, which its next copies reuse. Before `capture`, whose
+  // log gives to it, and `copier`, which takes from it.
+  std::shared_ptr<log_buffers> log_recycled = std::make_shared<log_buffers>();
   // Replicas of its slots made so far (the agent counts, the hooks report).
   std::atomic<std::uint64_t> replica_maps{0}, replica_pulls{0};
   // The process's actor-thread CPU on replication (the agent adds, the hooks take; null: not

@@ -10,7 +10,7 @@ bool log_copier::queue(const sent& s) {
 
 void log_copier::copy_now(const sent& s) {
   const auto bytes = std::as_bytes(s.tensor);
-  sink_(s, std::vector<std::byte>(bytes.begin(), bytes.end()));
+  sink_(s, buffers_ ? buffers_->copy(bytes) : std::vector<std::byte>(bytes.begin(), bytes.end()));
 }
 
 std::size_t log_copier::copy_queued() {

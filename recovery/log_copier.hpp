@@ -13,11 +13,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
 
 #include "engine/hooks.hpp"
+#include "recovery/log_store.hpp"
 
 namespace moevement::recovery {
 
@@ -34,7 +36,10 @@ class log_copier {
   // Takes one copy into the log (called with none of the copier's locks held).
   using sink = std::function<void(const sent&, std::vector<std::byte>)>;
 
-  explicit log_copier(sink s) : sink_(std::move(s)) {}
+  // buffers: where the copies are made (recycled buffers of the log's dropped entries; null:
+  // allocated each).
+  explicit log_copier(sink s, std::shared_ptr<log_buffers> buffers = nullptr)
+      : sink_(std::move(s)), buffers_(std::move(buffers)) {}
 
   // Compute thread. True when nothing else was queued: whoever copies must be told (one drain
   // makes every copy queued before it ends, so later sends need no wake-up of their own).
@@ -49,6 +54,7 @@ class log_copier {
 
  private:
   sink sink_;
+  std::shared_ptr<log_buffers> buffers_;
   mutable std::mutex mu_;
   std::condition_variable idle_;
   std::deque<sent> queued_;

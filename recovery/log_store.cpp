@@ -45,10 +45,57 @@ std::vector<log_key> log_store::keys_of(std::uint64_t iteration, log_direction d
 std::size_t log_store::drop_before(std::uint64_t first_kept) {
   std::size_t freed = 0;
   auto end = entries_.lower_bound(log_key{first_kept, 0, log_direction::activation, 0});
-  for (auto it = entries_.begin(); it != end; ++it) freed += it->second.size();
+  std::vector<std::vector<std::byte>> buffers;
+  for (auto it = entries_.begin(); it != end; ++it) {
+    freed += it->second.size();
+    if (recycled_) buffers.push_back(std::move(it->second));
+  }
   entries_.erase(entries_.begin(), end);
   bytes_ -= freed;
+  if (recycled_ && !buffers.empty()) recycled_->keep(std::move(buffers));
   return freed;
+}
+
+std::vector<std::byte> log_buffers::copy(std::span<const std::byte> bytes) {
+  std::vector<std::byte> out;
+  {
+    const std::lock_guard lock(mu_);
+    // The sends of a stage come in a few sizes: the newest kept buffers are tried, not all.
+    const std::size_t tries = std::min<std::size_t>(free_.size(), 4);
+    for (std::size_t k = 0; k < tries; ++k) {
+      auto& b = free_[free_.size() - 1 - k];
+      if (b.capacity() < bytes.size() || b.capacity() > 2 * bytes.size()) continue;
+      out = std::move(b);
+      bytes_ -= out.capacity();
+      free_.erase(free_.end() - 1 - std::ptrdiff_t(k));
+      break;
+    }
+  }
+  out.assign(bytes.begin(), bytes.end());  // no allocation where the buffer is large enough
+  return out;
+}
+
+void log_buffers::keep(std::vector<std::vector<std::byte>> freed) {
+  std::size_t limit = 0;
+  for (const auto& b : freed) limit += b.capacity();
+  std::vector<std::vector<std::byte>> let_go;  // freed outside the lock
+  {
+    const std::lock_guard lock(mu_);
+    for (auto& b : freed) {
+      bytes_ += b.capacity();
+      free_.push_back(std::move(b));
+    }
+    while (bytes_ > limit && !free_.empty()) {
+      bytes_ -= free_.front().capacity();
+      let_go.push_back(std::move(free_.front()));
+      free_.pop_front();
+    }
+  }
+}
+
+std::size_t log_buffers::bytes() const {
+  const std::lock_guard lock(mu_);
+  return bytes_;
 }
 
 std::optional<std::pair<std::uint64_t, std::uint64_t>> log_store::span_held() const {

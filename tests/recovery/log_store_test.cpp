@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+
 namespace moevement::recovery {
 namespace {
 
@@ -51,6 +54,38 @@ TEST(log_store, stale_entries_dropped_and_memory_returns) {
   EXPECT_EQ(log.drop_before(1000), 8u * 8 * 1000);
   EXPECT_EQ(log.bytes(), 0u);
   EXPECT_FALSE(log.span_held().has_value());
+}
+
+// A dropped entry's buffer holds a later send's copy (no allocation), with the later bytes;
+// what is kept is bounded by what the last drop freed.
+TEST(log_buffers, a_dropped_entrys_buffer_holds_a_later_copy) {
+  auto buffers = std::make_shared<log_buffers>();
+  log_store log;
+  log.recycle_into(buffers);
+  for (std::uint32_t mb = 0; mb < 4; ++mb) {
+    ASSERT_TRUE(log.append({0, mb, log_direction::activation}, buffers->copy(tensor(1000, 1))));
+  }
+  std::vector<const std::byte*> dropped;
+  for (std::uint32_t mb = 0; mb < 4; ++mb) {
+    dropped.push_back(log.find({0, mb, log_direction::activation})->data());
+  }
+  EXPECT_EQ(log.drop_before(1), 4000u);
+  EXPECT_GE(buffers->bytes(), 4000u);
+  EXPECT_LE(buffers->bytes(), 4 * 2000u);
+  const auto later = tensor(1000, 9);
+  ASSERT_TRUE(log.append({1, 0, log_direction::activation}, buffers->copy(later)));
+  const auto got = log.find({1, 0, log_direction::activation});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_NE(std::find(dropped.begin(), dropped.end(), got->data()), dropped.end());
+  EXPECT_TRUE(std::equal(got->begin(), got->end(), later.begin(), later.end()));
+  // A much smaller send takes no large buffer; nor does a larger one a small buffer.
+  EXPECT_EQ(std::find(dropped.begin(), dropped.end(), buffers->copy(tensor(10, 2)).data()),
+            dropped.end());
+  EXPECT_EQ(buffers->copy(tensor(5000, 3)).size(), 5000u);
+  // A later, smaller drop bounds what is kept to what it freed.
+  ASSERT_TRUE(log.append({2, 0, log_direction::gradient}, tensor(100, 4)));
+  log.drop_before(3);
+  EXPECT_LE(buffers->bytes(), 1100u);
 }
 
 }  // namespace
