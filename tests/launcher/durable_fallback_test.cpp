@@ -307,6 +307,30 @@ long newest_window(const std::string& dir) {
   return newest;
 }
 
+// Whether the head's journal (under the checkpoint.dir that `args` sets) holds the window of
+// the newest durable_window event in `log`, whole (its manifest is written last); waits 30 s.
+bool wait_for_journal(const std::string& args, const std::vector<std::string>& log) {
+  const std::string key = "--set checkpoint.dir=";
+  const auto at = args.find(key);
+  if (at == std::string::npos) return false;
+  const auto from = at + key.size();
+  const fs::path dir = args.substr(from, args.find(' ', from) - from);
+  double window = -1;
+  for (const auto& l : log) {
+    if (l.find("\"event\":\"durable_window\"") != std::string::npos) {
+      window = number_field(l, "window");
+    }
+  }
+  if (window < 0) return false;
+  const fs::path manifest =
+      dir / "head" / fmt::format("window-{:020}", std::uint64_t(window)) / "MANIFEST";
+  for (int i = 0; i < 6000; ++i) {
+    if (fs::exists(manifest)) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
 // Launches `args` with its `workers` workers, waits until `windows` durable windows are on
 // disk, then SIGKILLs the head: its workers must stop on their own.
 void kill_head_after_durable_windows(const std::string& name, const std::string& args,
@@ -319,6 +343,9 @@ void kill_head_after_durable_windows(const std::string& name, const std::string&
     const auto log = wait_for_durable_windows(j, windows);
     ASSERT_GE(count_events(log, "durable_window"), windows) << j.output();
     ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
+    // The head journals a window on a thread of its own after the run log's event: the kill
+    // waits for the newest one's manifest, so that the resume starts where the test expects.
+    ASSERT_TRUE(wait_for_journal(args, log)) << j.output();
     ::kill(j.pid, SIGKILL);
     EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
   }
