@@ -7,11 +7,7 @@
 namespace moevement::transport {
 namespace {
 
-using namespace link_tests;
-using namespace std::chrono_literals;
-using testing::decode;
-using testing::encode;
-using testing::test_message;
+using namespace link_tests;  // the fixture, its helpers and names
 
 // ---- leases: RMA pulls of allocated regions without a round trip ----------------------------
 
@@ -206,17 +202,23 @@ struct tensor_case {
 
 class ucx_tensor_test : public ::testing::TestWithParam<tensor_case> {};
 
-TEST_P(ucx_tensor_test, big_tensor_pulled_with_matching_checksum) {
-  const auto& c = GetParam();
-  if (c.transport == "tcp") ::setenv("UCX_TLS", "tcp", 1);
-  const char* helper = std::getenv("MOEVEMENT_LINK_PEER");
-  ASSERT_NE(helper, nullptr);
-  asio::io_context io;
+// Node 0's link of a path test: over `transport` (UCX_TLS for the test's processes), pulling
+// by `path`.
+ucx_link_options node0_options(const std::string& transport, bulk_path path) {
+  if (transport == "tcp") ::setenv("UCX_TLS", "tcp", 1);
   ucx_link_options o;
   o.self = 0;
   o.job_token = token;
-  o.bulk = c.path;
-  ucx_link link(io, o);
+  o.bulk = path;
+  return o;
+}
+
+TEST_P(ucx_tensor_test, big_tensor_pulled_with_matching_checksum) {
+  const auto& c = GetParam();
+  const char* helper = std::getenv("MOEVEMENT_LINK_PEER");
+  ASSERT_NE(helper, nullptr);
+  asio::io_context io;
+  ucx_link link(io, node0_options(c.transport, c.path));
   std::optional<test_message> region;
   std::optional<peer_loss> lost;
   link.set_handlers({[&](node_id, incoming_envelope env) { region = decode(env); },
@@ -251,7 +253,8 @@ TEST_P(ucx_tensor_test, big_tensor_pulled_with_matching_checksum) {
       (c.path == bulk_path::automatic && c.transport == "shm" && c.memory != "user");
   // In pieces of pull_piece_bytes: each read by RMA (the first asks the exporter, the next
   // ones read under its lease where it grants one), or none.
-  const std::uint64_t pieces = (bytes + o.pull_piece_bytes - 1) / o.pull_piece_bytes;
+  const std::uint64_t piece = ucx_link_options{}.pull_piece_bytes;
+  const std::uint64_t pieces = (bytes + piece - 1) / piece;
   const auto by_rma = link.counters().pulls_by_rma, by_lease = link.counters().pulls_by_lease;
   if (rma_expected) {
     EXPECT_GE(by_rma, 1u);
@@ -305,15 +308,10 @@ class ucx_kill_test : public ::testing::TestWithParam<kill_case> {};
 
 TEST_P(ucx_kill_test, pull_fails_in_bounded_time_when_the_exporter_dies) {
   const auto& c = GetParam();
-  if (c.transport == "tcp") ::setenv("UCX_TLS", "tcp", 1);
   const char* helper = std::getenv("MOEVEMENT_LINK_PEER");
   ASSERT_NE(helper, nullptr);
   asio::io_context io;
-  ucx_link_options o;
-  o.self = 0;
-  o.job_token = token;
-  o.bulk = c.path;
-  ucx_link link(io, o);
+  ucx_link link(io, node0_options(c.transport, c.path));
   std::optional<test_message> region;
   std::optional<peer_loss> lost;
   link.set_handlers({[&](node_id, incoming_envelope env) { region = decode(env); },

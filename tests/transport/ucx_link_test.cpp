@@ -7,11 +7,7 @@
 namespace moevement::transport {
 namespace {
 
-using namespace link_tests;
-using namespace std::chrono_literals;
-using testing::decode;
-using testing::encode;
-using testing::test_message;
+using namespace link_tests;  // the fixture, its helpers and names
 
 TEST_P(ucx_link_test, messages_round_trip_in_order_then_goodbye) {
   make_link();
