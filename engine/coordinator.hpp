@@ -304,7 +304,8 @@ class coordinator : public actors::actor, private head_control {
   struct probed_stages {
     std::vector<actors::actor_ref> stuck;
     std::vector<double> stuck_s;  // how long each has computed (-1: its worker did not answer)
-    double recheck_s = 0.0;       // the longest a computing stage has to go to the limit
+    double recheck_s = 0.0;       // until a computing stage reaches the limit, or an unheard worker
+                                  // the failure timeout
     std::string behind;           // stages that never began the attempt (dropped its Iterate)
   };
   asio::awaitable<probed_stages> probe_late(const std::vector<actors::actor_ref>& late,

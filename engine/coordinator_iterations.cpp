@@ -115,7 +115,8 @@ awaitable<void> coordinator::iteration_overdue(std::uint64_t e) {
   const auto& [stuck, stuck_s, recheck_s, behind] = found;
   if (stuck.empty() && recheck_s > 0 && rechecked_epoch_ != e) {
     // A task of its own under way: looked at again, once, when it has run as long as the limit
-    // (so an attempt ends by twice the limit at most).
+    // (so an attempt ends by twice the limit at most); or a worker unheard, once the failure
+    // detector has had the time to declare it lost.
     rechecked_epoch_ = e;
     arm_iteration_timeout(std::chrono::milliseconds(std::int64_t(recheck_s * 1000.0) + 100));
     co_return;
@@ -180,7 +181,9 @@ awaitable<coordinator::probed_stages> coordinator::probe_late(const std::vector<
         out.stuck.push_back(late[k]);
         out.stuck_s.push_back(-1.0);
       } else {
+        // Looked at again once the detector has had its time: a loss (recovered) by then.
         out.behind += fmt::format(" node {} neither answers nor is heard;", late[k].node);
+        out.recheck_s = std::max(out.recheck_s, double(job_.failure_timeout_ms) / 1000.0);
       }
       continue;
     }

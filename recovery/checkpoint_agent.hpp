@@ -38,7 +38,8 @@ struct capture_shared {
             [this](const log_copier::sent& s, std::vector<std::byte> bytes) {
               const std::lock_guard lock(log_mu);
               capture.log_sent(s.iteration, s.micro_batch, s.kind, std::move(bytes));
-              log_bytes = capture.log().bytes();
+              // With the buffers kept for the next copies: what the log holds in memory.
+              log_bytes = capture.log().bytes() + log_recycled->bytes();
             },
             log_recycled) {
     capture.mutable_log().recycle_into(log_recycled);
@@ -61,7 +62,7 @@ struct capture_shared {
   // The upstream log's copies, made off the compute thread into `capture` (under log_mu). A
   // reader of the log settles it first (outside log_mu).
   log_copier copier;
-  std::atomic<std::size_t> log_bytes{0};
+  std::atomic<std::size_t> log_bytes{0};  // the log's entries and its kept buffers
   std::optional<stage_schedule> schedule;
   // A replacement's: the schedule state of a surviving replica, loaded once W is known.
   std::optional<stage_schedule::state> taken_over;

@@ -286,9 +286,12 @@ awaitable<void> group_reducer::pull(std::int64_t iteration, std::uint32_t d) {
         d, desc.length, desc.node, floats_ * sizeof(float), peers_[d].node));
   }
   pulling_ = true;
+  struct not_pulling {  // however the pull ends (it throws, or the replay is dropped)
+    std::atomic<bool>& flag;
+    ~not_pulling() { flag = false; }
+  } pulled_or_not{pulling_};
   auto pulled = co_await pull_chunked(io_, desc, std::as_writable_bytes(std::span(*incoming_)),
                                       incoming_, chunk_);
-  pulling_ = false;
   if (!pulled.ok()) {
     throw std::runtime_error(
         fmt::format("pulling replica {}'s replay gradients failed: {}", d, pulled.err().message));

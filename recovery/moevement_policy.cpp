@@ -350,6 +350,7 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
   shared->capture.set_device(model.device());
   if (restored_log_) {
     shared->capture.mutable_log() = std::move(*restored_log_);
+    shared->capture.mutable_log().recycle_into(shared->log_recycled);  // the move took its own
     restored_log_.reset();
   }
   if (restored_schedule_) {
