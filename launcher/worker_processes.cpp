@@ -58,13 +58,17 @@ void worker_processes::reap_exited(
     if (it == children_.end()) continue;
     const transport::node_id n = it->second;
     children_.erase(it);
+    killed_.erase(pid);  // a pid the system may give another child later
     on_exit(n, pid, status);
   }
 }
 
 void worker_processes::kill_node(transport::node_id node, int pid) {
   for (const auto& [p, n] : children_) {
-    if (n == node && p == pid) ::kill(pid, SIGKILL);
+    if (n == node && p == pid) {
+      ::kill(pid, SIGKILL);
+      killed_.insert(pid);
+    }
   }
 }
 
@@ -89,12 +93,13 @@ void worker_processes::reap(std::chrono::milliseconds within, std::vector<std::s
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       const auto it = children_.find(pid);
-      if (bad != nullptr && it != children_.end() && it->second != 0 &&
+      if (bad != nullptr && it != children_.end() && it->second != 0 && !killed_.contains(pid) &&
           !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         bad->push_back(fmt::format("worker {} (pid {}) {} while shutting down", it->second, pid,
                                    exit_text(status)));
       }
       children_.erase(pid);
+      killed_.erase(pid);
     } else if (pid < 0 && errno == ECHILD) {
       children_.clear();
     } else {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ class worker_processes {
 
   std::string token_;
   std::map<pid_t, transport::node_id> children_;
+  // Children this one killed (kill_node: a lost or fenced worker): their SIGKILL is no crash
+  // while shutting down, however late it is reaped.
+  std::set<pid_t> killed_;
 };
 
 }  // namespace moevement::launcher

@@ -303,18 +303,20 @@ TEST(silent_corruption, a_job_resumed_after_a_rollback_goes_on_from_before_the_f
 
 // A miscomputed activation (flipped before it is logged and sent) leaves every replica in
 // agreement: nothing to compare. A replay finds it: here a kill of the other replica makes
-// the stage's group replay iteration 6, the survivor its own replica, each tensor it sends
+// the stage's group replay iteration 10, the survivor its own replica, each tensor it sends
 // checked against what it logged then. What was sent has spread: the sender's worker is
-// fenced and the whole job rolls back to a window captured before iteration 6.
+// fenced and the whole job rolls back to a window captured before iteration 10. (Late in the
+// run: a durable window before it must be whole on disk at the kill, and a loaded host writes
+// the first ones slowly.)
 TEST(silent_corruption, a_flipped_activation_is_found_at_a_replay_and_the_job_rolls_back) {
   const auto o =
       launch("flip_activation", job(2, 2, 1,
                                     "--set cluster.spares=2 "
-                                    "--inject flip:stage=0,replica=1,iter=6,target=activation "
-                                    "--inject kill:stage=0,replica=0,iter=7"));
+                                    "--inject flip:stage=0,replica=1,iter=10,target=activation "
+                                    "--inject kill:stage=0,replica=0,iter=11"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference(2));
-  EXPECT_NE(o.output.find("the replay of iteration 6 micro-batch 0 replica 1 sent other bits "
+  EXPECT_NE(o.output.find("the replay of iteration 10 micro-batch 0 replica 1 sent other bits "
                           "than logged: silent data corruption"),
             std::string::npos)
       << o.output;
@@ -323,13 +325,13 @@ TEST(silent_corruption, a_flipped_activation_is_found_at_a_replay_and_the_job_ro
   EXPECT_EQ(field(*suspected, "digest"), "replay");
   EXPECT_EQ(number_field(*suspected, "stage"), 0);
   EXPECT_EQ(field(*suspected, "replicas"), "1");
-  EXPECT_EQ(number_field(*suspected, "sent_in"), 6);
+  EXPECT_EQ(number_field(*suspected, "sent_in"), 10);
   const std::string* judged = o.first("sdc_judged");
   ASSERT_NE(judged, nullptr) << o.output;
   EXPECT_EQ(field(*judged, "how"), "replay_log");
   EXPECT_EQ(number_field(*judged, "stage"), 0);
   EXPECT_EQ(number_field(*judged, "replica"), 1);
-  expect_rolled_back_before(o, 6);
+  expect_rolled_back_before(o, 10);
   EXPECT_EQ(o.count("worker_lost"), 2) << "the kill and the fence\n" << o.output;
 }
 

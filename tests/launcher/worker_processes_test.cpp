@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "launcher/worker_processes.hpp"
@@ -60,6 +61,24 @@ TEST(worker_processes, kill_worker_kills_only_that_nodes_worker) {
   worker_processes::kill_worker(1, 1, head);  // init, or a pid that came over the wire as 1: never
   worker_processes::kill_worker(1, 0, head);
   worker_processes::kill_worker(1, -1, head);
+}
+
+// A worker the launcher itself killed (lost or fenced) and reaped only at the job's end is no
+// crash while shutting down; one killed by anything else is.
+TEST(worker_processes, a_worker_it_killed_is_no_crash_at_the_end) {
+  const char* head = "127.0.0.1:4000";
+  worker_processes processes("token");
+  const pid_t fenced = start("worker", head, "1");
+  const pid_t crashed = start("worker", head, "2");
+  processes.adopt(fenced, 1);
+  processes.adopt(crashed, 2);
+  processes.kill_node(1, fenced);
+  ::kill(crashed, SIGKILL);
+  const auto bad = processes.end_all(std::chrono::milliseconds(2000));
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_NE(bad[0].find("worker 2 (pid " + std::to_string(crashed) + ") was killed by signal 9"),
+            std::string::npos)
+      << bad[0];
 }
 
 }  // namespace
