@@ -43,6 +43,7 @@ void window_book::stepped(const engine::iteration_cost& c) {
 
 void window_book::retune(std::int64_t step) {
   if (!tuner_) return;
+  for (const auto& [n, w] : job_.workers()) tuner_->raise_ceiling(int(w.op_sizes.size()));
   const engine::checkpoint_place at = plan_.at(step);
   const auto d = tuner_->decide(at.w_sparse);
   if (!d) return;

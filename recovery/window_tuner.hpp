@@ -39,6 +39,7 @@
 // fresh slot in every few made every window a warm-up and W was never re-chosen.)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -67,6 +68,9 @@ class window_tuner {
   // One stepped iteration (not one of a recovery).
   void add(const engine::iteration_cost& c);
   void clear() { m_ = {}; }
+  // The most operators any stage has, as the workers report them: a resumed job's stages
+  // report theirs only once restored, after the tuner was made. It only rises.
+  void raise_ceiling(int ops) { c_.ceiling = std::max(c_.ceiling, ops); }
 
   struct decision {
     int w = 1;              // the W for the window that starts

@@ -653,6 +653,27 @@ TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_w
   EXPECT_EQ(t.decide(36)->w, 40) << "never past the ceiling (one operator per slot)";
 }
 
+// A resumed job's tuner is made before its stages report their operators (they come with the
+// restore): a ceiling not known yet holds W where the journal left it, where it fell to 1
+// before; once the stages report theirs, W grows up to it.
+TEST(window_tuner, a_ceiling_not_reported_yet_holds_w_and_a_reported_one_lets_it_grow) {
+  window_tuner t({.max_overhead = 0.01});  // ceiling 1: nothing reported
+  for (int i = 0; i < 10; ++i) t.add(cost(1.0, 0.0));
+  auto d = t.decide(10);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->w, 10) << "cheap once: held";
+  for (int i = 0; i < 10; ++i) t.add(cost(1.0, 0.5));
+  d = t.decide(10);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->w, 10) << "over the bound, but no ceiling known to grow to";
+  t.raise_ceiling(64);
+  t.raise_ceiling(0);  // a worker that reported none yet lowers nothing
+  for (int i = 0; i < 10; ++i) t.add(cost(1.0, 0.5));
+  d = t.decide(10);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->w, 40) << "four times at once";
+}
+
 // checkpoint.mtbf_s: the W in [W/2, 4 x W] that maximises the predicted ETTR. Capturing costs
 // 11% at W 1 over 0.9 s of compute (one iteration of the nine, the costliest, left out): with a
 // failure an hour the optimum is near W 16 (the capture's o / W against a replay's 1.5 W
