@@ -384,8 +384,11 @@ class coordinator : public actors::actor, private head_control {
   // the states before its step are clean (a rollback past corruption goes back before it).
   std::int64_t state_agreed_ = -1;
   // Per stage replica (d * pp + s): the windows_skipped it last reported (a new worker's starts
-  // again from 0), so that each new skip is a notice once.
+  // again from 0), so that new skips are noticed.
   std::vector<std::uint64_t> windows_skipped_;
+  // When each stage replica's skips were last noticed on the console (at most once a minute:
+  // a stuck replication skips window after window).
+  std::vector<std::chrono::steady_clock::time_point> skips_noticed_;
   models::step_plan plan_;
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
   std::chrono::steady_clock::time_point steps_sent_;  // this iteration's Step messages

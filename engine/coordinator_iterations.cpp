@@ -432,13 +432,17 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   last_.fresh_bytes += m.getFreshBytes();
   last_.peak_rss_bytes = std::max<std::uint64_t>(last_.peak_rss_bytes, m.getPeakRssBytes());
   windows_skipped_.resize(stages_.size(), 0);
+  skips_noticed_.resize(stages_.size());
   if (const auto skipped = m.getWindowsSkipped(); skipped != windows_skipped_[i]) {
-    if (skipped > windows_skipped_[i]) {
+    const auto now = sclock::now();
+    if (skipped > windows_skipped_[i] && (skips_noticed_[i] == sclock::time_point{} ||
+                                          now - skips_noticed_[i] >= std::chrono::minutes(1))) {
+      skips_noticed_[i] = now;
       notice(fmt::format(
-          "stage {} replica {} captured nothing of a window: it holds as many windows as it "
-          "may and none persisted within the wait (snapshot replication is stuck; memory "
-          "stays bounded, and a recovery replays from the last persisted window)",
-          s, d));
+          "stage {} replica {} captured nothing of a window ({} skipped so far): it holds as "
+          "many windows as it may and none persisted within the wait (snapshot replication is "
+          "stuck; memory stays bounded, and a recovery replays from the last persisted window)",
+          s, d, skipped));
     }
     windows_skipped_[i] = skipped;
   }
