@@ -393,6 +393,9 @@ class coordinator : public actors::actor, private head_control {
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
   std::chrono::steady_clock::time_point steps_sent_;  // this iteration's Step messages
   double train_seconds_ = 0.0;
+  // The iteration this head's training began at (a resume's or a takeover's target): its
+  // tokens per second count the iterations from there.
+  std::int64_t first_iteration_ = 0;
   std::map<std::int64_t, double> committed_s_;  // iteration -> its committed attempt (s)
   double validation_s_ = 0.0;                   // completed validation passes (s)
   std::chrono::steady_clock::time_point validation_start_;

@@ -682,7 +682,8 @@ awaitable<void> coordinator::finish() {
   o.seconds = train_seconds_;
   o.tokens_per_s = train_seconds_ > 0
                        ? double(job_.train.micro_batches) * job_.train.micro_batch_size *
-                             job_.train.seq_len * job_.dp * double(iteration_) / train_seconds_
+                             job_.train.seq_len * job_.dp * double(iteration_ - first_iteration_) /
+                             train_seconds_
                        : 0.0;
   finish_with(std::move(o));
 }

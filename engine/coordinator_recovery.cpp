@@ -245,6 +245,7 @@ asio::awaitable<void> coordinator::start_resume() {
   // The coordinator's state as it was at the journal's point: where training goes on and the
   // loss scaler (the windows are the recovery's).
   iteration_ = p.target_iteration;
+  first_iteration_ = iteration_;
   scaler_ = p.scaler;
   job_start_ = sclock::now();
   if (log_ != nullptr) {
@@ -315,6 +316,7 @@ awaitable<std::string> coordinator::go_on_live() {
   // The coordinator's state where the stages are: the next iteration, the loss scaler
   // before it, epochs and wirings past every stage's.
   iteration_ = t->target;
+  first_iteration_ = iteration_;
   scaler_ = t->scaler;
   epoch_ = t->epoch;
   wirings_ = t->wiring;

@@ -95,6 +95,16 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
         "journal are under checkpoint.dir)");
   }
   if (!journaled) return std::nullopt;
+  // Every window and the journal go there: a directory that cannot be made fails every write
+  // of the job, so it is refused before anything starts.
+  std::error_code made;
+  std::filesystem::create_directories(job.baseline.dir, made);
+  if (made || !std::filesystem::is_directory(job.baseline.dir)) {
+    throw std::invalid_argument(fmt::format(
+        "checkpoint.dir = {} cannot be made ({}): the durable tier writes its windows there; "
+        "set checkpoint.dir to a writable directory, or checkpoint.durable = false",
+        job.baseline.dir, made ? made.message() : "not a directory"));
+  }
   journal.emplace(job);
   if (!o.resume && !o.requeued) {
     journal->clear();
@@ -112,6 +122,14 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
     return std::nullopt;
   }
   if (!point.ok()) throw std::runtime_error(std::string(what) + ": " + point.err().message);
+  if (point->target_iteration > job.train.iterations) {
+    throw std::runtime_error(fmt::format(
+        "{}: the checkpoint in {} goes on at iteration {}, past train.iterations = {}: resume "
+        "with train.iterations of at least {} (the job's own, say), or run the job anew in "
+        "another checkpoint.dir",
+        what, job.baseline.dir, point->target_iteration, job.train.iterations,
+        point->target_iteration));
+  }
   if (o.requeued) {
     std::cout << fmt::format("moevement launch: requeued by Slurm: resuming from window {}\n",
                              point->window);

@@ -558,6 +558,14 @@ int run_report(int argc, char** argv) {
     if (base.ends_with(".jsonl")) base.resize(base.size() - 6);
     out = base + ".html";
   }
+  for (const auto& log : logs) {  // the page would replace the run log it is made from
+    std::error_code ec;
+    if (log == out || std::filesystem::equivalent(log, out, ec)) {
+      std::cerr << "moevement report: the report would overwrite its run log " << log
+                << "; name another output with -o\n";
+      return 2;
+    }
+  }
   write_report(logs, out);
   std::cout << "report: " << out << "\n";
   return 0;

@@ -174,6 +174,13 @@ int run_train(int argc, char** argv) {
       throw;
     }
     for (const auto& r : rejected) std::cout << "skipped " << r << "\n";
+    if (first > train.iterations) {
+      throw std::runtime_error(fmt::format(
+          "the checkpoint in {} is of iteration {}, past train.iterations = {}: resume with "
+          "train.iterations of at least {} (the run's own, say), or train anew in another "
+          "--checkpoint-dir",
+          o.checkpoint_dir, first, train.iterations, first));
+    }
     std::cout << fmt::format("resumed from the checkpoint of iteration {} in {}\n", first,
                              o.checkpoint_dir);
   }

@@ -366,7 +366,8 @@ bool loss_scaler::update(bool finite) {
     return false;
   }
   if (++good_steps >= window) {
-    scale *= 2.0f;
+    // Never to infinity: half of it is infinity too, and every later step would be skipped.
+    if (const float grown = scale * 2.0f; std::isfinite(grown)) scale = grown;
     good_steps = 0;
   }
   return true;

@@ -328,8 +328,17 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
     log->write(r);
   }
   if (!error.empty()) {
-    job_.notice(fmt::format("durable tier: stage {} replica {} did not write window {}: {}", s, d,
-                            m.getWindow(), error.substr(0, 512)));
+    auto& f = durable_failed_[{s, d}];
+    ++f.count;
+    const auto now = std::chrono::steady_clock::now();
+    const std::string why = error.substr(0, 512);
+    if (why != f.noticed || now - f.noticed_at >= std::chrono::minutes(1)) {
+      job_.notice(fmt::format(
+          "durable tier: stage {} replica {} did not write window {} ({} failed so far): {}", s, d,
+          m.getWindow(), f.count, why));
+      f.noticed = why;
+      f.noticed_at = now;
+    }
   }
   if (!durable_inflight_ || m.getWindow() != *durable_inflight_) return;
   const std::size_t i = std::size_t(d * job.pp + s);

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/head_recovery.hpp"
@@ -125,6 +127,15 @@ class window_book {
   std::uint64_t durable_bytes_ = 0;
   double durable_seconds_ = 0.0;
   std::int64_t durable_errors_ = 0;
+  // Per stage replica: its failed durable writes, and what the console was last told of them
+  // (a new error at once, the same one at most once a minute: a directory that cannot be
+  // written fails every window).
+  struct durable_failures {
+    std::int64_t count = 0;
+    std::string noticed;
+    std::chrono::steady_clock::time_point noticed_at;
+  };
+  std::map<std::pair<int, int>, durable_failures> durable_failed_;
   double durable_cpu_s_ = 0.0;  // the writers' CPU seconds, summed
   // When the window in flight began to be written, and when the next may (durable_gap_s).
   std::chrono::steady_clock::time_point durable_started_{}, durable_next_{};

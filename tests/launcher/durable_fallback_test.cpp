@@ -406,6 +406,19 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(again.hash, reference(resume_iterations));
 
+  // Nor does one with fewer iterations than the journal's point: refused, saying which.
+  const auto fewer =
+      launch("fewer", job(dir, "--set cluster.spares=0 --set train.iterations=3") + " --resume");
+  EXPECT_NE(fewer.exit_code, 0);
+  EXPECT_NE(fewer.output.find("past train.iterations = 3"), std::string::npos) << fewer.output;
+  // A checkpoint.dir that cannot be made is refused before anything starts (every window's
+  // write failed, each with a notice, and the job ended well).
+  const auto unwritable = launch("unwritable", job("/proc/moevement-nope"));
+  EXPECT_NE(unwritable.exit_code, 0);
+  EXPECT_NE(unwritable.output.find("checkpoint.dir = /proc/moevement-nope cannot be made"),
+            std::string::npos)
+      << unwritable.output;
+
   // The journal is this job's: a job with another seed may not resume from it.
   const auto other =
       run_moevement("launch " + job(dir, "--set train.seed=7" + longer) + " --resume");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -190,6 +191,17 @@ TEST(report, what_is_not_a_run_log_is_refused) {
                     temp_path("x.html"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--report draws the job's run log"), std::string::npos) << r.output;
+  // -o naming the run log itself (here also through "./"): refused, the log left as it was.
+  const std::string log = write("self.jsonl", "{\"kind\":\"event\",\"event\":\"job_start\"}\n");
+  const auto self = std::filesystem::path(log);
+  r = run_moevement("report " + log + " -o " +
+                    (self.parent_path() / "." / self.filename()).string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("would overwrite its run log"), std::string::npos) << r.output;
+  std::ifstream kept(log);
+  std::string first;
+  std::getline(kept, first);
+  EXPECT_EQ(first, "{\"kind\":\"event\",\"event\":\"job_start\"}");
   r = run_moevement("report " + temp_path("missing.jsonl"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("cannot open"), std::string::npos) << r.output;

@@ -175,6 +175,12 @@ TEST(train, a_resume_refuses_another_jobs_checkpoint_and_bad_flags) {
   EXPECT_EQ(other.exit_code, 1);
   EXPECT_NE(other.output.find("train.seed = 1; this config has 9"), std::string::npos)
       << other.output;
+  // A checkpoint past train.iterations: refused, saying which (it trained backwards before).
+  const std::string fewer = tiny() + " --set train.iterations=1 --set train.seq_len=16";
+  const auto past = run("train " + fewer + ckpt + " --resume");
+  EXPECT_EQ(past.exit_code, 1);
+  EXPECT_NE(past.output.find("is of iteration 2, past train.iterations = 1"), std::string::npos)
+      << past.output;
   fs::remove_all(dir);
   fs::create_directories(dir);
   const auto empty = run("train " + config + ckpt + " --resume");

@@ -506,6 +506,12 @@ TEST(trainer, loss_scaler_halves_on_overflow_grows_after_a_window_and_skips_the_
   plan_step(sq, s, 1.0f);
   EXPECT_EQ(s.scale, 1024.0f) << "three good steps double it";
   EXPECT_EQ(s.good_steps, 0);
+  // It never grows to infinity (whose half is infinity: every later step would be skipped).
+  loss_scaler top{true, 0x1p127f, 0, 1};
+  plan_step(std::vector<double>{1.0}, top, 1.0f);
+  EXPECT_EQ(top.scale, 0x1p127f);
+  EXPECT_FALSE(plan_step(std::vector<double>{inf}, top, 1.0f).apply);
+  EXPECT_EQ(top.scale, 0x1p126f) << "and halves from there on an overflow";
   loss_scaler off;  // bf16/f32: no scaling, but an overflow still skips the step
   EXPECT_FALSE(plan_step(std::vector<double>{inf}, off, 1.0f).apply);
   EXPECT_EQ(off.scale, 1.0f);
