@@ -92,6 +92,7 @@ struct run_story {
   std::optional<double> w_last;  // W_sparse as the head re-chose it (window_tuned), if it did
   std::string hash, failed;
   long iterations = 0;
+  int starts = 0;  // job_start records: more than one where a resumed job appended to the log
 };
 
 double num(const engine::run_record& r, const char* key, double fallback = 0) {
@@ -173,9 +174,12 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     row.rejoin = num(r, "rejoin_s");
     row.target = static_cast<long>(drawable(r, "target_iteration").value_or(-1));
     row.replayed = static_cast<long>(drawable(r, "iterations_replayed").value_or(0));
+  } else if (ev == "job_start") {
+    ++s.starts;
   } else if (ev == "job_end") {
-    s.ettr = r.number("ettr");
-    s.wall_s = r.number("wall_s");
+    s.ettr = r.number("ettr");  // of the last run (a resumed job's: since its resume)
+    // A resumed job's wall time is every run's in the log, on the clock that joins them.
+    s.wall_s = s.starts > 1 ? std::optional<double>(t) : r.number("wall_s");
     s.hash = r.text("state_hash").value_or("");
   } else if (ev == "job_failed") {
     s.failed = r.text("message").value_or("the job failed");
@@ -422,7 +426,9 @@ std::string summary_table(const std::vector<run_story>& runs) {
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         palette[i % std::size(palette)], escape(r.name), r.iterations,
         r.wall_s ? fmt::format("{:.2f}", *r.wall_s) : "-",
-        r.ettr ? fmt::format("{:.3f}", *r.ettr) : "-",
+        !r.ettr        ? std::string("-")
+        : r.starts > 1 ? fmt::format("{:.3f} (the last of {} runs: resumed)", *r.ettr, r.starts)
+                       : fmt::format("{:.3f}", *r.ettr),
         !r.w_sparse ? std::string("-")
         : r.w_last  ? fmt::format("{:g} &rarr; {:g}", *r.w_sparse, *r.w_last)
                     : fmt::format("{:g}", *r.w_sparse),

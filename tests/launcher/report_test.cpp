@@ -115,6 +115,22 @@ TEST(report, several_runs_overlay_and_a_truncated_one_says_where_it_stopped) {
   EXPECT_NE(html.find("no job_end record"), std::string::npos);
 }
 
+// A resumed job appends to its log: the wall time is every run's (on the clock that joins
+// them), and the ETTR says it is the last run's.
+TEST(report, a_resumed_jobs_log_counts_every_runs_wall_time) {
+  std::string killed = run_log_text(1000);
+  killed.resize(killed.find("{\"kind\":\"validation\""));  // killed before its end
+  const std::string log = write("resumed.jsonl", killed + run_log_text(1000));
+  const std::string out = temp_path("resumed.html");
+  const auto r = run_moevement("report " + log + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = read(out);
+  // 1.1 s to the killed run's last iteration, then the resumed run's 1.1 s.
+  EXPECT_NE(html.find("<td>2.20</td><td>0.620 (the last of 2 runs: resumed)</td>"),
+            std::string::npos)
+      << html;
+}
+
 // Values a hostile or broken log may hold: huge, null (a diverged loss), missing. The report
 // is still written (no hang, nothing drawn at infinity), and a diverged loss is not drawn as 0.
 // A region that restarted, grew and escalated to the durable tier's rollback: each is a row of
