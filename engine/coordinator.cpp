@@ -458,6 +458,17 @@ awaitable<bool> coordinator::wire_all() {
       }
     }
   }
+  if (replicates() && !fewer_copies_noticed_) {
+    std::size_t fewest = std::size_t(job_.snapshot_replicas);
+    for (const auto& w : plan) fewest = std::min(fewest, w.replicators.size());
+    if (fewest < std::size_t(job_.snapshot_replicas)) {
+      fewer_copies_noticed_ = true;
+      notice(fmt::format(
+          "checkpoint.replicas = {}, but a snapshot can have only {} cop{} here (one per other "
+          "worker with a replicator); the run log's snapshot_holders events say which",
+          job_.snapshot_replicas, fewest, fewest == 1 ? "y" : "ies"));
+    }
+  }
   const std::uint64_t wiring_count = ++wirings_;
   auto fill = [&](std::size_t i, wire::Wire::Builder b) {
     const wiring& w = plan[i];

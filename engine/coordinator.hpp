@@ -393,6 +393,7 @@ class coordinator : public actors::actor, private head_control {
   std::chrono::steady_clock::time_point iteration_start_, job_start_;
   std::chrono::steady_clock::time_point steps_sent_;  // this iteration's Step messages
   double train_seconds_ = 0.0;
+  bool fewer_copies_noticed_ = false;  // checkpoint.replicas more than the workers allow
   // The iteration this head's training began at (a resume's or a takeover's target): its
   // tokens per second count the iterations from there.
   std::int64_t first_iteration_ = 0;

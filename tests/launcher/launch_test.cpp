@@ -56,6 +56,21 @@ TEST(launch, pipeline_depth_changes_no_bit) {
   }
 }
 
+// checkpoint.replicas beyond what the workers allow (one copy per other worker): the job says
+// how many it keeps, once, and trains.
+TEST(launch, more_snapshot_copies_than_workers_says_how_many_it_keeps) {
+  const auto r = run_moevement(
+      "launch " + tiny() + " " +
+      short_run("--set parallel.pp=2 --set cluster.spares=0 --set checkpoint.policy=moevement "
+                "--set checkpoint.replicas=3 --set checkpoint.durable=false",
+                log_path("copies")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string said = "checkpoint.replicas = 3, but a snapshot can have only 1 copy here";
+  const auto at = r.output.find(said);
+  EXPECT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(said, at + 1), std::string::npos) << "once";
+}
+
 TEST(launch, data_parallel_reduction_is_the_reference_left_fold) {
   // dp=3: a reduction in any other order than g0 + g1 + g2 changes bits.
   const auto [train, launch] = train_and_launch(2, 3);
