@@ -10,7 +10,7 @@ enum class exit_kind : std::uint8_t {
   normal = 0,     // the actor finished its work (quit()); links do not propagate it
   shutdown = 1,   // stopped by its supervisor or the system; not a failure
   error = 2,      // a handler threw, or a linked actor failed
-  killed = 3,     // stopped by force (restart intensity escalation, kill())
+  killed = 3,     // reserved: nothing stops an actor so (a value of the wire format kept)
   noproc = 4,     // the target did not exist when it was monitored or linked
   node_lost = 5,  // the actor's node crashed or hung (heartbeat timeout)
 };

@@ -117,25 +117,30 @@ awaitable<void> supervisor::on_exit(actor_ref who, exit_reason why) {
   }
   std::size_t from = i;
   switch (strategy_) {
-    case strategy::one_for_one: {
-      auto prepared = co_await before_start();
-      if (!prepared.ok()) {
-        auto why_up = exit_reason::failure("preparing the children's start failed: " +
-                                           prepared.err().message);
-        co_await give_up(std::move(why_up));
-        co_return;
+    case strategy::one_for_one:
+      for (;;) {
+        auto prepared = co_await before_start();
+        if (!prepared.ok()) {
+          auto why_up = exit_reason::failure("preparing the children's start failed: " +
+                                             prepared.err().message);
+          co_await give_up(std::move(why_up));
+          co_return;
+        }
+        auto r = co_await children_[i].spec.start(system());
+        if (r.ok()) {
+          children_[i].ref = *r;
+          link(*r);
+          co_return;
+        }
+        // A failed restart is one more failed attempt where the subclass asks for it (as in
+        // start_range), else the supervisor gives up at once.
+        if (!retry_failed_starts_ || !note_restart()) {
+          auto why_up = exit_reason::failure(fmt::format("child '{}' failed to restart: {}",
+                                                         children_[i].spec.id, r.err().message));
+          co_await give_up(std::move(why_up));
+          co_return;
+        }
       }
-      auto r = co_await children_[i].spec.start(system());
-      if (!r.ok()) {
-        auto why_up = exit_reason::failure(
-            fmt::format("child '{}' failed to restart: {}", children_[i].spec.id, r.err().message));
-        co_await give_up(std::move(why_up));
-        co_return;
-      }
-      children_[i].ref = *r;
-      link(*r);
-      co_return;
-    }
     case strategy::one_for_all:
       from = 0;
       break;

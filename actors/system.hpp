@@ -220,7 +220,8 @@ class actor {
   // reason, unless it traps exits (then on_exit gets a message instead).
   void link(actor_ref other);
   void trap_exit(bool on) { trap_exit_ = on; }
-  // Stops this actor once the current handler returns; awaits after this are cancelled.
+  // Stops this actor at once, as sys.stop(self) does: on_stop runs, asks in its mailbox fail,
+  // monitors and links fire, and the running handler is cancelled at its next await.
   void quit(exit_reason why = exit_reason::normal());
 
  protected:

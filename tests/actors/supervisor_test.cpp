@@ -158,6 +158,74 @@ TEST(supervisor, intensity_exceeded_escalates_to_the_parent) {
   });
 }
 
+// A supervisor whose children's failed starts are failed attempts (retry_failed_starts), as
+// the recovery's region supervisors are.
+class retrying_supervisor : public supervisor {
+ public:
+  retrying_supervisor(strategy how, restart_intensity intensity, std::vector<child_spec> children)
+      : supervisor(how, intensity, std::move(children)) {
+    retry_failed_starts(true);
+  }
+};
+
+awaitable<result<actor_ref>> started(result<actor_ref> r) {
+  co_return r;
+}
+
+// A child whose starts fail while *failures is above 0 (each failed start counts one down).
+child_spec flaky_child(std::shared_ptr<int> failures) {
+  child_spec s;
+  s.id = "flaky";
+  s.start = [failures](actor_system& sys) -> awaitable<result<actor_ref>> {
+    if (*failures > 0) {
+      --*failures;
+      return started(error{"not yet"});
+    }
+    return started(sys.spawn<echo>().ref);
+  };
+  return s;
+}
+
+// one_for_one: a restart that fails is tried again where the subclass asks for it (within
+// the intensity), and gives the supervisor up at once where it does not.
+TEST(supervisor, a_failed_one_for_one_restart_is_retried_only_where_asked) {
+  cluster c;
+  auto& sys = c.add(1);
+  c.run([&]() -> awaitable<void> {
+    auto failures = std::make_shared<int>(0);
+    auto w = sys.spawn<watcher>();
+    auto retrying = sys.spawn<retrying_supervisor>(strategy::one_for_one, restart_intensity{5, 5s},
+                                                   std::vector{flaky_child(failures)});
+    sys.monitor(w, retrying);
+    auto before = co_await children_of(sys, retrying);
+    CO_ASSERT(before.size() == 1);
+    *failures = 2;  // the next two starts fail
+    crash(sys, before[0].second);
+    co_await sleep_for(5ms);
+    EXPECT_TRUE(sys.alive(retrying));
+    auto after = co_await children_of(sys, retrying);
+    CO_ASSERT(after.size() == 1);
+    EXPECT_NE(after[0].second, before[0].second);
+    EXPECT_TRUE(sys.alive(after[0].second)) << "the third start";
+    EXPECT_EQ(*failures, 0);
+
+    auto plain = sys.spawn<supervisor>(strategy::one_for_one, restart_intensity{5, 5s},
+                                       std::vector{flaky_child(failures)});
+    sys.monitor(w, plain);
+    auto child = co_await children_of(sys, plain);
+    CO_ASSERT(child.size() == 1);
+    *failures = 1;
+    crash(sys, child[0].second);
+    co_await sleep_for(5ms);
+    EXPECT_FALSE(sys.alive(plain));
+    auto* wa = sys.local_actor<watcher>(w);
+    CO_ASSERT(wa->events.size() == 1);
+    EXPECT_EQ(wa->events[0].who, plain);
+    EXPECT_NE(wa->events[0].why.detail.find("failed to restart: not yet"), std::string::npos)
+        << wa->events[0].why.detail;
+  });
+}
+
 // Records the order in which actors stopped.
 class stop_recorder : public actor {
  public:
