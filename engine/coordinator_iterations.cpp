@@ -434,6 +434,7 @@ awaitable<void> coordinator::stepped(wire::Stepped::Reader m) {
   windows_skipped_.resize(stages_.size(), 0);
   skips_noticed_.resize(stages_.size());
   if (const auto skipped = m.getWindowsSkipped(); skipped != windows_skipped_[i]) {
+    if (skipped < windows_skipped_[i]) skips_noticed_[i] = {};  // a new worker: its own first
     const auto now = sclock::now();
     if (skipped > windows_skipped_[i] && (skips_noticed_[i] == sclock::time_point{} ||
                                           now - skips_noticed_[i] >= std::chrono::minutes(1))) {

@@ -17,6 +17,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,7 @@
 #include "launcher/slurm_backend.hpp"
 #include "launcher/standby_agent.hpp"
 #include "launcher/worker_processes.hpp"
+#include "recovery/atomic_file.hpp"
 #include "recovery/durable_window.hpp"
 #include "recovery/resume_journal.hpp"
 #include "recovery/rollback_recovery.hpp"
@@ -95,15 +97,20 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
         "journal are under checkpoint.dir)");
   }
   if (!journaled) return std::nullopt;
-  // Every window and the journal go there: a directory that cannot be made fails every write
-  // of the job, so it is refused before anything starts.
-  std::error_code made;
-  std::filesystem::create_directories(job.baseline.dir, made);
-  if (made || !std::filesystem::is_directory(job.baseline.dir)) {
+  // Every window and the journal go there: a directory that cannot be written fails every
+  // write of the job, so it is refused before anything starts.
+  std::string why;
+  try {
+    recovery::create_private_directories(job.baseline.dir);  // 0700, as the writers make it
+    if (::access(job.baseline.dir.c_str(), W_OK | X_OK) != 0) why = std::strerror(errno);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!why.empty()) {
     throw std::invalid_argument(fmt::format(
-        "checkpoint.dir = {} cannot be made ({}): the durable tier writes its windows there; "
-        "set checkpoint.dir to a writable directory, or checkpoint.durable = false",
-        job.baseline.dir, made ? made.message() : "not a directory"));
+        "checkpoint.dir = {} cannot be written ({}): the durable tier writes its windows "
+        "there; set checkpoint.dir to a writable directory, or checkpoint.durable = false",
+        job.baseline.dir, why));
   }
   journal.emplace(job);
   if (!o.resume && !o.requeued) {

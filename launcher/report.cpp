@@ -92,7 +92,9 @@ struct run_story {
   std::optional<double> w_last;  // W_sparse as the head re-chose it (window_tuned), if it did
   std::string hash, failed;
   long iterations = 0;
-  int starts = 0;  // job_start records: more than one where a resumed job appended to the log
+  // job_start records: more than one where a resumed job, or a standby head taking over,
+  // appended to the log; the takeovers among them.
+  int starts = 0, takeovers = 0;
 };
 
 double num(const engine::run_record& r, const char* key, double fallback = 0) {
@@ -176,6 +178,7 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     row.replayed = static_cast<long>(drawable(r, "iterations_replayed").value_or(0));
   } else if (ev == "job_start") {
     ++s.starts;
+    if (r.has("takeover")) ++s.takeovers;
   } else if (ev == "job_end") {
     s.ettr = r.number("ettr");  // of the last run (a resumed job's: since its resume)
     // A resumed job's wall time is every run's in the log, on the clock that joins them.
@@ -426,9 +429,13 @@ std::string summary_table(const std::vector<run_story>& runs) {
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         palette[i % std::size(palette)], escape(r.name), r.iterations,
         r.wall_s ? fmt::format("{:.2f}", *r.wall_s) : "-",
-        !r.ettr        ? std::string("-")
-        : r.starts > 1 ? fmt::format("{:.3f} (the last of {} runs: resumed)", *r.ettr, r.starts)
-                       : fmt::format("{:.3f}", *r.ettr),
+        !r.ettr ? std::string("-")
+        : r.starts > 1
+            ? fmt::format("{:.3f} (the last of {} runs: {})", *r.ettr, r.starts,
+                          r.takeovers == 0              ? "resumed"
+                          : r.takeovers == r.starts - 1 ? "a standby head took over"
+                                                        : "resumed, and a standby head took over")
+            : fmt::format("{:.3f}", *r.ettr),
         !r.w_sparse ? std::string("-")
         : r.w_last  ? fmt::format("{:g} &rarr; {:g}", *r.w_sparse, *r.w_last)
                     : fmt::format("{:g}", *r.w_sparse),
@@ -518,6 +525,13 @@ std::string page(const std::vector<run_story>& runs) {
 }  // namespace
 
 void write_report(const std::vector<std::string>& run_logs, const std::string& out_path) {
+  for (const auto& log : run_logs) {  // the page would replace the run log it is made from
+    std::error_code ec;
+    if (log == out_path || std::filesystem::equivalent(log, out_path, ec)) {
+      throw std::invalid_argument("the report would overwrite its run log " + log +
+                                  "; name another output (-o, or --report)");
+    }
+  }
   std::vector<run_story> runs;
   for (const auto& path : run_logs) {
     auto log = engine::read_run_log(path);
@@ -564,15 +578,12 @@ int run_report(int argc, char** argv) {
     if (base.ends_with(".jsonl")) base.resize(base.size() - 6);
     out = base + ".html";
   }
-  for (const auto& log : logs) {  // the page would replace the run log it is made from
-    std::error_code ec;
-    if (log == out || std::filesystem::equivalent(log, out, ec)) {
-      std::cerr << "moevement report: the report would overwrite its run log " << log
-                << "; name another output with -o\n";
-      return 2;
-    }
+  try {
+    write_report(logs, out);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "moevement report: " << e.what() << "\n";
+    return 2;
   }
-  write_report(logs, out);
   std::cout << "report: " << out << "\n";
   return 0;
 }

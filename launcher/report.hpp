@@ -12,7 +12,8 @@
 namespace moevement::launcher {
 
 // Writes the report of `run_logs` to `out_path`. Throws std::runtime_error naming the file
-// that is not a run log or cannot be written.
+// that is not a run log or cannot be written, std::invalid_argument when `out_path` is one of
+// the run logs.
 void write_report(const std::vector<std::string>& run_logs, const std::string& out_path);
 
 int run_report(int argc, char** argv);

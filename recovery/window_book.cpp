@@ -332,11 +332,10 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
     ++f.count;
     const auto now = std::chrono::steady_clock::now();
     const std::string why = error.substr(0, 512);
-    if (why != f.noticed || now - f.noticed_at >= std::chrono::minutes(1)) {
+    if (f.count == 1 || now - f.noticed_at >= std::chrono::minutes(1)) {
       job_.notice(fmt::format(
           "durable tier: stage {} replica {} did not write window {} ({} failed so far): {}", s, d,
           m.getWindow(), f.count, why));
-      f.noticed = why;
       f.noticed_at = now;
     }
   }

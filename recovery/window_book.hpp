@@ -127,12 +127,11 @@ class window_book {
   std::uint64_t durable_bytes_ = 0;
   double durable_seconds_ = 0.0;
   std::int64_t durable_errors_ = 0;
-  // Per stage replica: its failed durable writes, and what the console was last told of them
-  // (a new error at once, the same one at most once a minute: a directory that cannot be
-  // written fails every window).
+  // Per stage replica: its failed durable writes, and when the console was last told of them
+  // (the first at once, then at most once a minute: a full disk fails every window, each
+  // error naming its own file).
   struct durable_failures {
     std::int64_t count = 0;
-    std::string noticed;
     std::chrono::steady_clock::time_point noticed_at;
   };
   std::map<std::pair<int, int>, durable_failures> durable_failed_;

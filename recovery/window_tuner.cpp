@@ -58,9 +58,8 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
   const double cost = m_.cost - std::max(0.0, m_.worst_cost);
   const double seconds = m_.seconds - m_.worst_seconds;
   d.overhead = std::max(0.0, cost) / std::max(seconds - cost, 1e-9);
-  // Never below the W measured: a ceiling not known yet (no stage reported its operators)
-  // holds W where it is.
-  const int ceiling = std::max({c_.ceiling, w, 1});
+  // A ceiling not known yet (no stage reported its operators) holds W where it is.
+  const int ceiling = c_.ceiling > 0 ? c_.ceiling : std::max(w, 1);
   d.w = w;
   if (ettr) {
     const double t = (seconds - cost) / double(std::max(m_.iterations - 1, 1));

@@ -52,7 +52,7 @@ struct tuner_config {
   double mtbf_s = 0.0;         // > 0: the ETTR rule under this MTBF (checkpoint.window_rule)
   double restart_s = 0.0;      // a failure's cost besides the replay (its detection, at least)
   double cores = 0;            // the hosts' cores where the stages compute on the CPU; 0: GPU
-  int ceiling = 1;             // the most operators any stage has (one per slot)
+  int ceiling = 0;             // the most operators any stage has (one per slot); 0: unknown
 };
 
 class window_tuner {

@@ -415,7 +415,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   // write failed, each with a notice, and the job ended well).
   const auto unwritable = launch("unwritable", job("/proc/moevement-nope"));
   EXPECT_NE(unwritable.exit_code, 0);
-  EXPECT_NE(unwritable.output.find("checkpoint.dir = /proc/moevement-nope cannot be made"),
+  EXPECT_NE(unwritable.output.find("checkpoint.dir = /proc/moevement-nope cannot be written"),
             std::string::npos)
       << unwritable.output;
 

@@ -129,6 +129,13 @@ TEST(report, a_resumed_jobs_log_counts_every_runs_wall_time) {
   EXPECT_NE(html.find("<td>2.20</td><td>0.620 (the last of 2 runs: resumed)</td>"),
             std::string::npos)
       << html;
+  // A standby head's takeover appends a job_start that says so.
+  std::string taken = run_log_text(1000);
+  taken.replace(taken.find("\"event\":\"job_start\","), 20,
+                "\"event\":\"job_start\",\"takeover\":\"live\",");
+  const std::string log2 = write("taken.jsonl", killed + taken);
+  ASSERT_EQ(run_moevement("report " + log2 + " -o " + out).exit_code, 0);
+  EXPECT_NE(read(out).find("(the last of 2 runs: a standby head took over)"), std::string::npos);
 }
 
 // Values a hostile or broken log may hold: huge, null (a diverged loss), missing. The report

@@ -657,7 +657,7 @@ TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_w
 // restore): a ceiling not known yet holds W where the journal left it, where it fell to 1
 // before; once the stages report theirs, W grows up to it.
 TEST(window_tuner, a_ceiling_not_reported_yet_holds_w_and_a_reported_one_lets_it_grow) {
-  window_tuner t({.max_overhead = 0.01});  // ceiling 1: nothing reported
+  window_tuner t({.max_overhead = 0.01});  // ceiling 0: nothing reported
   for (int i = 0; i < 10; ++i) t.add(cost(1.0, 0.0));
   auto d = t.decide(10);
   ASSERT_TRUE(d);
