@@ -139,14 +139,26 @@ awaitable<T> group_inbox::wait_for(std::uint64_t generation,
   }
 }
 
-awaitable<transport::bulk_descriptor> group_inbox::take(
-    std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
-    std::chrono::steady_clock::duration timeout) {
+awaitable<transport::bulk_descriptor> group_inbox::take(std::uint64_t generation,
+                                                        std::int64_t iteration,
+                                                        std::uint32_t replica,
+                                                        std::chrono::steady_clock::duration timeout,
+                                                        std::optional<std::int64_t> ended) {
   co_return co_await wait_for<transport::bulk_descriptor>(
       generation, timeout,
       [&]() -> std::optional<transport::bulk_descriptor> {
         const auto it = got_.find({generation, iteration, replica});
-        if (it == got_.end()) return std::nullopt;
+        if (it == got_.end()) {
+          // A peer's announcements come in order: its end before this one is a replay that
+          // stopped short of it.
+          if (ended && got_.contains({generation, *ended, replica})) {
+            throw std::runtime_error(
+                fmt::format("replica {} of the recovery group ended its replay without sending its "
+                            "gradients of iteration {} (the members replayed different iterations)",
+                            replica, iteration));
+          }
+          return std::nullopt;
+        }
         const transport::bulk_descriptor d = it->second;
         got_.erase(it);
         return d;
@@ -278,7 +290,8 @@ awaitable<void> group_reducer::announce(std::int64_t iteration,
 }
 
 awaitable<void> group_reducer::pull(std::int64_t iteration, std::uint32_t d) {
-  const transport::bulk_descriptor desc = co_await inbox_->take(generation_, iteration, d, wait_);
+  const transport::bulk_descriptor desc =
+      co_await inbox_->take(generation_, iteration, d, wait_, done_);
   if (desc.node != peers_[d].node || desc.length != floats_ * sizeof(float)) {
     throw std::runtime_error(fmt::format(
         "replica {} of the recovery group announced gradients that do not match the replay "

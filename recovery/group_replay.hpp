@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -62,10 +63,13 @@ class group_inbox {
   bool put(std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
            const transport::bulk_descriptor& d);
   // Waits until `replica` announced `iteration` of `generation` and takes its descriptor.
-  // Throws std::runtime_error when superseded or after `timeout`.
-  asio::awaitable<transport::bulk_descriptor> take(std::uint64_t generation, std::int64_t iteration,
-                                                   std::uint32_t replica,
-                                                   std::chrono::steady_clock::duration timeout);
+  // Throws std::runtime_error when superseded, after `timeout`, or at once when `replica`
+  // announced `ended` instead (the marker of a replay that is over: the members disagree on
+  // what to replay, and the wait would last its whole timeout).
+  asio::awaitable<transport::bulk_descriptor> take(
+      std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
+      std::chrono::steady_clock::duration timeout,
+      std::optional<std::int64_t> ended = std::nullopt);
   std::size_t size() const { return got_.size() + routers_.size(); }
   // Announcements refused (an older generation, or the inbox full), for the reports of a
   // long wait.

@@ -79,6 +79,41 @@ TEST(group_inbox, a_take_waits_for_its_announcement_only) {
       << again->error;
 }
 
+// A peer whose replay is over (its end marker) while this member waits for one of its
+// iterations: the members replayed different iterations, said at once, not after the wait's
+// whole timeout. Its earlier announcements still come first (they arrive in order).
+TEST(group_inbox, a_peer_that_ended_its_replay_fails_a_wait_for_more_at_once) {
+  asio::io_context io;
+  group_inbox inbox(io);
+  inbox.begin(1);
+  auto out = std::make_shared<taken>();
+  const auto take = [&](std::int64_t it) {
+    out = std::make_shared<taken>();
+    asio::co_spawn(
+        io,
+        [&inbox, o = out, it]() -> asio::awaitable<void> {
+          try {
+            o->got = co_await inbox.take(1, it, 1, 10s, INT64_MAX);
+          } catch (const std::exception& e) {
+            o->error = e.what();
+          }
+          o->done = true;
+        },
+        asio::detached);
+    pump(io);
+  };
+  EXPECT_TRUE(inbox.put(1, 6, 1, desc(8)));
+  EXPECT_TRUE(inbox.put(1, INT64_MAX, 1, desc(8)));  // group_reducer's end marker
+  take(6);
+  ASSERT_TRUE(out->done);
+  EXPECT_TRUE(out->got.has_value()) << out->error;
+  take(7);
+  ASSERT_TRUE(out->done);
+  EXPECT_NE(out->error.find("ended its replay without sending its gradients of iteration 7"),
+            std::string::npos)
+      << out->error;
+}
+
 TEST(group_inbox, a_newer_restore_supersedes_an_older_wait_and_its_announcements) {
   asio::io_context io;
   group_inbox inbox(io);
