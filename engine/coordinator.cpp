@@ -414,6 +414,33 @@ std::map<transport::node_id, std::vector<actor_ref>> coordinator::snapshot_holde
   return out;
 }
 
+void coordinator::retarget_snapshots(
+    const std::map<transport::node_id, std::vector<actor_ref>>& before, actor_ref lost) {
+  if (!replicates() || job_.policy != policy_kind::moevement || !lost.valid()) return;
+  const auto now = snapshot_holders();
+  for (const auto& [owner, holders] : before) {
+    if (std::find(holders.begin(), holders.end(), lost) == holders.end()) continue;
+    const auto w = workers_.find(owner);
+    const auto to = now.find(owner);
+    if (w == workers_.end() || !w->second.checkpoint.valid() || to == now.end()) continue;
+    (void)tell<wire::SnapshotTargets>(w->second.checkpoint, [&](wire::SnapshotTargets::Builder b) {
+      auto l = b.initReplicators(static_cast<unsigned>(to->second.size()));
+      for (unsigned j = 0; j < to->second.size(); ++j) write_ref(l[j], to->second[j]);
+    });
+    if (log_ != nullptr) {
+      std::string names;
+      for (const auto& r : to->second) names += (names.empty() ? "" : ",") + std::to_string(r.node);
+      log_->write(json_record{}
+                      .add("kind", "event")
+                      .add("event", "snapshot_holders")
+                      .add("stage", w->second.stage)
+                      .add("replica", w->second.replica)
+                      .add("node", std::int64_t{owner})
+                      .add("holders", names));
+    }
+  }
+}
+
 awaitable<bool> coordinator::wire_all() {
   std::map<int, transport::node_id> node_of;  // stage index -> node
   for (const auto& [n, w] : workers_) {
@@ -426,8 +453,12 @@ awaitable<bool> coordinator::wire_all() {
     std::vector<actor_ref> replicas, replicators, experts;
   };
   std::vector<wiring> plan(std::size_t(job_.workers()));
+  // Whether the policy's workers hold copies for each other (dense-disk's do not).
+  const bool copies =
+      replicates() && std::any_of(workers_.begin(), workers_.end(),
+                                  [](const auto& kv) { return kv.second.replicator.valid(); });
   const auto holders_of =
-      replicates() ? snapshot_holders() : std::map<transport::node_id, std::vector<actor_ref>>{};
+      copies ? snapshot_holders() : std::map<transport::node_id, std::vector<actor_ref>>{};
   for (int d = 0; d < job_.dp; ++d) {
     for (int s = 0; s < job_.pp; ++s) {
       wiring& w = plan[std::size_t(d * job_.pp + s)];
@@ -443,7 +474,7 @@ awaitable<bool> coordinator::wire_all() {
       if (const auto h = holders_of.find(node_of[d * job_.pp + s]); h != holders_of.end()) {
         w.replicators = h->second;
       }
-      if (replicates() && log_ != nullptr) {
+      if (copies && log_ != nullptr) {
         std::string holders;
         for (const auto& r : w.replicators) {
           holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
@@ -458,7 +489,7 @@ awaitable<bool> coordinator::wire_all() {
       }
     }
   }
-  if (replicates() && !fewer_copies_noticed_) {
+  if (copies && !fewer_copies_noticed_) {
     std::size_t fewest = std::size_t(job_.snapshot_replicas);
     for (const auto& w : plan) fewest = std::min(fewest, w.replicators.size());
     if (fewest < std::size_t(job_.snapshot_replicas)) {

@@ -244,6 +244,11 @@ class coordinator : public actors::actor, private head_control {
   int live_stages() const;
   // Owner node -> the replicators holding its snapshot copies (engine/snapshot_placement).
   std::map<transport::node_id, std::vector<actors::actor_ref>> snapshot_holders() const;
+  // A spare's replicator `lost` is gone between recoveries: every stage worker whose copies it
+  // held (in `before`, the placement with it) is told where they go now (policy moevement).
+  void retarget_snapshots(
+      const std::map<transport::node_id, std::vector<actors::actor_ref>>& before,
+      actors::actor_ref lost);
 
   asio::awaitable<void> wire_and_start();
   // Every stage is ready (and the standby, if any, joined): wire and train, or resume.

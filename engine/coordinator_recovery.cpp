@@ -86,7 +86,10 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
     co_return;
   }
   if (w.stage < 0 && started()) {  // a spare: one fewer, training goes on
+    const auto holders =
+        replicates() ? snapshot_holders() : std::map<transport::node_id, std::vector<actor_ref>>{};
     workers_.erase(it);
+    retarget_snapshots(holders, w.replicator);
     co_return;
   }
   const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {

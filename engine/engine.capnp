@@ -118,6 +118,12 @@ struct Wire {
   experts @5 :List(Address);
 }
 struct WireAck {}
+# Policy moevement, between recoveries: a snapshot holder (a spare's replicator) was lost, and
+# these are where the stage's slots are copied from now on (its checkpoint agent offers the
+# slots still waiting for copies to them).
+struct SnapshotTargets {
+  replicators @0 :List(Address);
+}
 struct Shutdown {}
 
 # ---- one iteration

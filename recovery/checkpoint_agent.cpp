@@ -51,6 +51,7 @@ checkpoint_agent::checkpoint_agent(std::shared_ptr<capture_shared> shared, engin
   on<wire::SlotsStored>(&checkpoint_agent::stored_all);
   on<engine::wire::WindowPersisted>(&checkpoint_agent::persisted);
   on<engine::wire::WindowsAbandoned>(&checkpoint_agent::abandoned);
+  on<engine::wire::SnapshotTargets>(&checkpoint_agent::retarget);
   on<wire::FetchLog, wire::LogData>(&checkpoint_agent::fetch_log);
   on<wire::ReleaseLog>(&checkpoint_agent::release);
   on<wire::FetchSchedule, wire::ScheduleState>(&checkpoint_agent::schedule);
@@ -218,6 +219,13 @@ void checkpoint_agent::set_targets(std::vector<actor_ref> replicators) {
     p.asked.clear();
     send(k.first, k.second, p);
   }
+}
+
+awaitable<void> checkpoint_agent::retarget(engine::wire::SnapshotTargets::Reader m) {
+  if (m.getReplicators().size() > limits_.max_snapshot_targets) co_return;  // not the head's
+  std::vector<actor_ref> targets;
+  for (auto a : m.getReplicators()) targets.push_back(read_ref(a));
+  set_targets(std::move(targets));
 }
 
 awaitable<void> checkpoint_agent::stored(wire::SlotStored::Reader m) {

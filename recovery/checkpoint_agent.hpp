@@ -87,8 +87,8 @@ class checkpoint_agent : public actors::actor {
   using interface = actors::interface<
       actors::tell_t<wire::SlotStored>, actors::tell_t<wire::SlotsStored>,
       actors::tell_t<engine::wire::WindowPersisted>, actors::tell_t<engine::wire::WindowsAbandoned>,
-      actors::ask_t<wire::FetchLog, wire::LogData>, actors::tell_t<wire::ReleaseLog>,
-      actors::ask_t<wire::FetchSchedule, wire::ScheduleState>>;
+      actors::tell_t<engine::wire::SnapshotTargets>, actors::ask_t<wire::FetchLog, wire::LogData>,
+      actors::tell_t<wire::ReleaseLog>, actors::ask_t<wire::FetchSchedule, wire::ScheduleState>>;
 
   checkpoint_agent(std::shared_ptr<capture_shared> shared, engine::bulk_io& io, int stage,
                    int replica, actors::actor_ref coordinator, int copies, policy_limits limits,
@@ -136,6 +136,7 @@ class checkpoint_agent : public actors::actor {
   void note_stored(wire::SlotStored::Reader m);
   asio::awaitable<void> persisted(engine::wire::WindowPersisted::Reader m);
   asio::awaitable<void> abandoned(engine::wire::WindowsAbandoned::Reader m);
+  asio::awaitable<void> retarget(engine::wire::SnapshotTargets::Reader m);
   asio::awaitable<void> fetch_log(wire::FetchLog::Reader m, wire::LogData::Builder out);
   asio::awaitable<void> release(wire::ReleaseLog::Reader m);
   asio::awaitable<void> schedule(wire::FetchSchedule::Reader m, wire::ScheduleState::Builder out);

@@ -28,6 +28,7 @@ struct policy_limits {
   // capture thread: tiny's 32 KiB sends took 39 us each handed over, 22 us copied).
   std::size_t log_copy_async_bytes = 64u << 10;
   std::size_t max_store_batch = 1024;
+  std::size_t max_snapshot_targets = 256;  // replicators one SnapshotTargets may name
   // Windows a stage holds at most (the persisted one, one complete and being replicated, the
   // one being captured): a step that would start another waits (a stall) until the job
   // persisted one more, at most checkpoint.max_window_wait_ms, so that host memory stays

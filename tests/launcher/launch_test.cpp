@@ -193,23 +193,53 @@ TEST(launch, a_killed_ep_rank_ends_the_job_and_no_peer_waits_for_ever) {
   EXPECT_TRUE(all_gone(pids)) << "a worker outlived the job";
 }
 
+// Policy moevement: the spare holds snapshot copies (spares are run-safe holders). Its loss
+// moves them to the other workers, and windows go on persisting (before, replication stayed
+// stuck: every window was skipped after a 10 s stall).
 TEST(launch, a_lost_spare_does_not_stop_training) {
-  const std::string set = " --set train.iterations=40 --set train.seq_len=16";
-  endless_launch job("spare", "--set cluster.spares=1" + set);
+  const std::string set = " --set train.iterations=120 --set train.seq_len=16";
+  endless_launch job("spare",
+                     "--set cluster.spares=1 --set checkpoint.policy=moevement "
+                     "--set checkpoint.w_sparse=2 --set checkpoint.durable=false" +
+                         set);
   const auto pids = job.wait_for_workers(5);
   ASSERT_EQ(pids.size(), 5u) << job.output();
   pid_t spare = 0;
+  double node = -1;
   for (const auto& l : lines_of(job.log)) {
     if (l.find("\"worker_up\"") != std::string::npos && number_field(l, "stage") == -1) {
       spare = pid_t(number_field(l, "pid"));
+      node = number_field(l, "node");
     }
   }
   ASSERT_GT(spare, 0);
+  // Once the holders are placed: the spare is among them ("holders":"3,5").
+  std::string holders;
+  for (int i = 0; i < 3000 && holders.empty(); ++i) {
+    for (const auto& l : lines_of(job.log)) {
+      if (l.find("\"snapshot_holders\"") == std::string::npos) continue;
+      const auto at = l.find("\"holders\":\"");
+      if (at != std::string::npos)
+        holders += "," + l.substr(at + 11, l.find('"', at + 11) - at - 11);
+    }
+    if (holders.empty()) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_NE((holders + ",").find("," + std::to_string(int(node)) + ","), std::string::npos)
+      << holders;
   ::kill(spare, SIGKILL);
   ASSERT_EQ(job.wait(120s), 0) << job.output();
   const auto reference = run_moevement("train " + tiny() + " --set parallel.dp=2" + set);
   EXPECT_EQ(hash_of(job.output()), hash_of(reference.output)) << job.output();
   EXPECT_TRUE(all_gone(pids));
+  int persisted_after = -1;
+  for (const auto& l : lines_of(job.log)) {
+    if (l.find("\"worker_lost\"") != std::string::npos) persisted_after = 0;
+    if (persisted_after >= 0 && l.find("\"window_persisted\"") != std::string::npos) {
+      ++persisted_after;
+    }
+  }
+  EXPECT_GE(persisted_after, 2) << job.output();
+  EXPECT_EQ(job.output().find("captured nothing of a window"), std::string::npos) << job.output();
 }
 
 TEST(launch, hung_worker_is_detected_by_heartbeats) {
