@@ -65,6 +65,14 @@ models::config_map load_config_file(const std::string& path) {
     throw std::runtime_error(
         fmt::format("{} line {}: {}", path, e.source().begin.line, e.description()));
   }
+  // The simulator's configs and profiles are not jobs: said before a key of theirs is
+  // refused for what it is.
+  if ((t.contains("plan") && t.contains("failures")) || t.contains("profile")) {
+    throw std::runtime_error(fmt::format(
+        "{}: an ETTR simulation's config or measured profile ([plan] and [failures], or "
+        "[profile]), not a job's: `moevement simulate` reads it (docs/simulator.md)",
+        path));
+  }
   models::config_map out;
   flatten(t, "", out, path);
   return out;

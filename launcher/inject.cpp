@@ -27,8 +27,9 @@ constexpr const char* inject_usage =
     "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M] (either with "
     "[,scope=host]), stall:stage=S,replica=D,iter=T,phase=P, "
     "mtbf:SECONDS[,seed=N][,max=K], trace:FILE or "
-    "flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight] "
-    "(docs/recovery.md)";
+    "flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight], "
+    "flip:stage=S,replica=D,iter=T,target=slot[,bit=K], "
+    "flip:stage=S,replica=D,iter=T,target=activation[,word=I][,bit=K] (docs/recovery.md)";
 constexpr const char* trace_usage =
     "expected `<seconds> kill|hang stage=S replica=D` (seconds of training, not decreasing; "
     "# starts a comment)";

@@ -273,7 +273,9 @@ class head_session {
   engine::run_log log_;
   const std::vector<std::string> worker_specs_;  // phase=... injections: the workers'
   failure_injector injector_;
-  const bool tty_ = ::isatty(STDOUT_FILENO) != 0;
+  // Progress redrawn in place on a terminal; not by a standby head, whose output is a log
+  // (under Slurm, srun --unbuffered gives its task a pseudo-terminal).
+  const bool tty_ = ::isatty(STDOUT_FILENO) != 0 && !standby_;
   engine::job_outcome outcome_;
   bool finished_ = false, progress_open_ = false, interrupted_ = false;
   std::unique_ptr<slurm_step> step_;          // backend slurm: srun, node 0 among the processes

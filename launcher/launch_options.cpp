@@ -1,6 +1,9 @@
 #include "launcher/launch_options.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <stdexcept>
 
@@ -80,6 +83,12 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
     throw std::invalid_argument(
         "--report draws the job's run log when the job ends here: it does not go with --sbatch "
         "or --dry-run (run `moevement report RUN.jsonl` once the batch job ended)");
+  }
+  if (const auto dir = std::filesystem::path(o.report).parent_path();
+      !o.report.empty() && !dir.empty() && !std::filesystem::is_directory(dir)) {
+    throw std::invalid_argument(fmt::format(
+        "--report {}: there is no directory {} to write it in (checked before the job runs)",
+        o.report, dir.string()));
   }
   if (o.sbatch && !o.injections.empty()) {
     throw std::invalid_argument(

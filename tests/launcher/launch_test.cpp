@@ -380,6 +380,19 @@ TEST(launch, bad_configs_name_the_key) {
     EXPECT_NE(dir.output.find("not a config file"), std::string::npos) << dir.output;
     EXPECT_EQ(dir.output.find("state_hash="), std::string::npos) << dir.output;
   }
+  // The simulator's configs and profiles say what reads them.
+  for (const char* file : {"simulate_gpt_moe.toml", "profile_tiny_measured.toml"}) {
+    const auto sim = run_moevement(
+        "launch " + source_path(std::string("examples/configs/") + file) + " --dry-run");
+    EXPECT_NE(sim.exit_code, 0) << sim.output;
+    EXPECT_NE(sim.output.find("`moevement simulate` reads it"), std::string::npos) << sim.output;
+  }
+  // A report with nowhere to go is refused before the job runs.
+  const auto report = run_moevement("launch " + tiny() + " --report /nonexistent-dir/r.html");
+  EXPECT_NE(report.exit_code, 0);
+  EXPECT_NE(report.output.find("there is no directory /nonexistent-dir"), std::string::npos)
+      << report.output;
+  EXPECT_EQ(report.output.find("state_hash="), std::string::npos) << report.output;
 }
 
 }  // namespace
