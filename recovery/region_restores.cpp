@@ -293,7 +293,11 @@ void region_recovery::report_end(const state& rec) const {
                      .add("recovery", rec.resume    ? "resume"
                                       : rec.durable ? "durable"
                                                     : "region")
-                     .add("window", rec.durable ? std::int64_t(rec.durable_window) : -1)
+                     // The window restored from, as recovery_start said (no window persists
+                     // while a recovery pulls one).
+                     .add("window", rec.durable            ? std::int64_t(rec.durable_window)
+                                    : windows_.persisted() ? std::int64_t(*windows_.persisted())
+                                                           : std::int64_t{-1})
                      .add("stage", m0.lost.stage)
                      .add("replica", m0.lost.replica)
                      .add("spare_node", std::int64_t{m0.spare})

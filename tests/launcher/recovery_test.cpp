@@ -181,7 +181,9 @@ TEST(recovery, a_killed_stage_is_rebuilt_bit_exact_wherever_it_sits) {
     EXPECT_GE(number_field(*start, "window"), 0) << "a persisted window was there to start from";
     // Localized: at most 2 x W_sparse iterations replayed.
     EXPECT_LE(number_field(*start, "target_iteration") - number_field(*start, "replay_from"), 4);
-    EXPECT_NE(event(o, "recovery_end"), nullptr);
+    const std::string* end = event(o, "recovery_end");
+    ASSERT_NE(end, nullptr) << o.output;
+    EXPECT_EQ(number_field(*end, "window"), number_field(*start, "window")) << *end;
     EXPECT_NE(o.output.find("recovered on worker"), std::string::npos) << o.output;
     expect_ettr_accounts_for_the_recovery(o);
     if (stage == 1) {  // the report of the real run log: the recovery in its table
