@@ -427,18 +427,22 @@ void coordinator::retarget_snapshots(
       auto l = b.initReplicators(static_cast<unsigned>(to->second.size()));
       for (unsigned j = 0; j < to->second.size(); ++j) write_ref(l[j], to->second[j]);
     });
-    if (log_ != nullptr) {
-      std::string names;
-      for (const auto& r : to->second) names += (names.empty() ? "" : ",") + std::to_string(r.node);
-      log_->write(json_record{}
-                      .add("kind", "event")
-                      .add("event", "snapshot_holders")
-                      .add("stage", w->second.stage)
-                      .add("replica", w->second.replica)
-                      .add("node", std::int64_t{owner})
-                      .add("holders", names));
-    }
+    log_holders(w->second.stage, w->second.replica, owner, to->second);
   }
+}
+
+void coordinator::log_holders(int stage, int replica, transport::node_id owner,
+                              const std::vector<actor_ref>& holders) const {
+  if (log_ == nullptr) return;
+  std::string names;
+  for (const auto& r : holders) names += (names.empty() ? "" : ",") + std::to_string(r.node);
+  log_->write(json_record{}
+                  .add("kind", "event")
+                  .add("event", "snapshot_holders")
+                  .add("stage", stage)
+                  .add("replica", replica)
+                  .add("node", std::int64_t{owner})
+                  .add("holders", names));
 }
 
 awaitable<bool> coordinator::wire_all() {
@@ -474,19 +478,7 @@ awaitable<bool> coordinator::wire_all() {
       if (const auto h = holders_of.find(node_of[d * job_.pp + s]); h != holders_of.end()) {
         w.replicators = h->second;
       }
-      if (copies && log_ != nullptr) {
-        std::string holders;
-        for (const auto& r : w.replicators) {
-          holders += (holders.empty() ? "" : ",") + std::to_string(r.node);
-        }
-        log_->write(json_record{}
-                        .add("kind", "event")
-                        .add("event", "snapshot_holders")
-                        .add("stage", s)
-                        .add("replica", d)
-                        .add("node", std::int64_t{node_of[d * job_.pp + s]})
-                        .add("holders", holders));
-      }
+      if (copies) log_holders(s, d, node_of[d * job_.pp + s], w.replicators);
     }
   }
   if (copies && !fewer_copies_noticed_) {

@@ -249,6 +249,9 @@ class coordinator : public actors::actor, private head_control {
   void retarget_snapshots(
       const std::map<transport::node_id, std::vector<actors::actor_ref>>& before,
       actors::actor_ref lost);
+  // The run log's snapshot_holders event of one stage replica (on `owner`).
+  void log_holders(int stage, int replica, transport::node_id owner,
+                   const std::vector<actors::actor_ref>& holders) const;
 
   asio::awaitable<void> wire_and_start();
   // Every stage is ready (and the standby, if any, joined): wire and train, or resume.
