@@ -444,7 +444,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
     const auto o2 = launch(std::string("dp2-") + pp,
                            job(where, std::string("--set cluster.spares=0 --set parallel.dp=2 "
                                                   "--set parallel.pp=") +
-                                          pp) +
+                                          pp + longer) +
                                " --resume");
     ASSERT_EQ(o2.exit_code, 0) << o2.output;
     EXPECT_NE(o2.output.find("the global batch changes from 2 to 4 micro-batches"),
