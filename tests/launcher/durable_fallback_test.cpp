@@ -41,8 +41,8 @@ std::string checkpoint_dir(const std::string& name) {
 }
 
 // Iterations of the jobs: enough that a busy machine's disk (fsync) has written windows well
-// before the end.
-constexpr const char* iterations = "40";
+// before the end (40 were not always: a whole tiny job takes under a second).
+constexpr const char* iterations = "100";
 
 // tiny, pp=3, a window of 2, one copy of every slot (stage 0's on stage 1's worker, see
 // recovery_test), the durable tier on (its default on the local backend) in `dir` (empty: its
@@ -70,6 +70,7 @@ std::string reference(const std::string& its = iterations) {
   return hashes[its];
 }
 
+// The least a resumed job runs.
 constexpr const char* resume_iterations = "100";
 
 int count_events(const std::vector<std::string>& log, const std::string& name) {
@@ -178,10 +179,7 @@ TEST(durable_fallback, every_copy_gone_rolls_the_job_back_to_disk_bit_exact) {
 // window, still bit-exact.
 TEST(durable_fallback, a_corrupt_newest_window_falls_back_to_the_previous_one) {
   const std::string dir = checkpoint_dir("corrupt");
-  // Longer than the others: two windows must reach the disk before the kill, and under the
-  // suite's load the fsyncs of the second fell behind 40 iterations.
-  const std::string longer = fmt::format("--set train.iterations={}", resume_iterations);
-  background_launch j("corrupt", job(dir, longer));
+  background_launch j("corrupt", job(dir));
   kill_after_durable_windows(j, 2);
   ASSERT_TRUE(wait_for_event(j, "recovery_start")) << j.output();  // the kills are seen
   fs::path newest;
@@ -195,7 +193,7 @@ TEST(durable_fallback, a_corrupt_newest_window_falls_back_to_the_previous_one) {
   ASSERT_TRUE(flip_byte(newest / "slot-000000.snap", 64));
   const auto o = finish(j);
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  EXPECT_EQ(o.hash, reference(resume_iterations));
+  EXPECT_EQ(o.hash, reference());
   const auto rollbacks = events(o, "durable_rollback");
   ASSERT_EQ(rollbacks.size(), 1u) << o.output;
   EXPECT_LT(number_field(*rollbacks[0], "window"), damaged) << *rollbacks[0];
@@ -331,23 +329,32 @@ bool wait_for_journal(const std::string& args, const std::vector<std::string>& l
   return false;
 }
 
-// Launches `args` with its `workers` workers, waits until `windows` durable windows are on
-// disk, then SIGKILLs the head: its workers must stop on their own.
+// Launches `args` with its `workers` workers and no end in sight, waits until `windows`
+// durable windows are on disk, then SIGKILLs the head: its workers must stop on their own.
+// `iterations` (in: the least a resume runs) becomes what a resume of it runs: a little past
+// where the killed job was, if that is more (a loaded machine's job goes further before its
+// windows reach the disk; tiny has no schedule that train.iterations would change).
 void kill_head_after_durable_windows(const std::string& name, const std::string& args,
-                                     std::size_t workers, int windows) {
+                                     std::size_t workers, int windows, std::string& iterations) {
   std::vector<pid_t> pids;
   {
-    background_launch j(name, args);
+    background_launch j(name, args + " --set train.iterations=100000000");
     pids = j.wait_for_workers(workers);
     ASSERT_EQ(pids.size(), workers) << j.output();
     const auto log = wait_for_durable_windows(j, windows);
     ASSERT_GE(count_events(log, "durable_window"), windows) << j.output();
-    ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the kill";
     // The head journals a window on a thread of its own after the run log's event: the kill
     // waits for the newest one's manifest, so that the resume starts where the test expects.
     ASSERT_TRUE(wait_for_journal(args, log)) << j.output();
     ::kill(j.pid, SIGKILL);
     EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+    long last = 0;
+    for (const auto& l : lines_of(j.log)) {
+      if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+        last = std::max(last, long(number_field(l, "iteration")));
+      }
+    }
+    iterations = std::to_string(std::max(std::stol(iterations), last + 20));
   }
   EXPECT_TRUE(all_gone(pids)) << "the workers outlived their head";
 }
@@ -362,10 +369,11 @@ void kill_head_after_durable_windows(const std::string& name, const std::string&
 TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   // Longer than the other jobs: three durable windows must be on disk before the kill, and a
   // loaded machine's fsyncs fell behind 40 iterations.
-  const std::string longer = fmt::format(" --set train.iterations={}", resume_iterations);
+  std::string its = resume_iterations;
   const std::string dir = checkpoint_dir("resume");
   ASSERT_NO_FATAL_FAILURE(
-      kill_head_after_durable_windows("killed", job(dir, "--set cluster.spares=0" + longer), 3, 3));
+      kill_head_after_durable_windows("killed", job(dir, "--set cluster.spares=0"), 3, 3, its));
+  const std::string longer = " --set train.iterations=" + its;
   // Copies for the resumes at other layouts below.
   for (const char* copy : {"-pp2", "-pp2dp2", "-pp4dp2"}) {
     fs::copy(dir, dir + copy, fs::copy_options::recursive);
@@ -378,7 +386,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
                         64));
   const auto o = launch("resumed", job(dir, "--set cluster.spares=0" + longer) + " --resume");
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  EXPECT_EQ(o.hash, reference(resume_iterations));
+  EXPECT_EQ(o.hash, reference(its));
   const auto* start = o.first("job_start");
   ASSERT_NE(start, nullptr) << o.output;
   const double target = number_field(*start, "resume_iteration");
@@ -404,7 +412,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   // A resume of the job, now finished, trains nothing more: the same hash.
   const auto again = launch("again", job(dir, "--set cluster.spares=0" + longer) + " --resume");
   ASSERT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_EQ(again.hash, reference(resume_iterations));
+  EXPECT_EQ(again.hash, reference(its));
 
   // Nor does one with fewer iterations than the journal's point: refused, saying which.
   const auto fewer =
@@ -434,7 +442,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
       launch("pp2", job(dir + "-pp2", "--set cluster.spares=0 --set parallel.pp=2" + longer) +
                         " --resume");
   ASSERT_EQ(pp2.exit_code, 0) << pp2.output;
-  EXPECT_EQ(pp2.hash, reference(resume_iterations));
+  EXPECT_EQ(pp2.hash, reference(its));
   EXPECT_NE(pp2.output.find("the windows are of pp=3 dp=1, this job runs pp=2 dp=1"),
             std::string::npos)
       << pp2.output;
@@ -453,7 +461,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
     ASSERT_FALSE(o2.hash.empty()) << o2.output;
     if (dp2_hash.empty()) dp2_hash = o2.hash;
     EXPECT_EQ(o2.hash, dp2_hash) << "pp " << pp;
-    EXPECT_NE(o2.hash, reference(resume_iterations));
+    EXPECT_NE(o2.hash, reference(its));
     fs::remove_all(where);
   }
   fs::remove_all(dir + "-pp2");
@@ -464,14 +472,14 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
 // replica's files, at the job's layout and at another (pp 2 -> 1), and ends with the
 // uninterrupted run's hash. Before, it found no window every role verifies and stopped.
 TEST(resume, a_replica_whose_files_are_gone_resumes_from_another_replicas) {
-  const std::string shape = fmt::format(
-      " --set parallel.pp=2 --set parallel.dp=2 --set cluster.spares=0 "
-      "--set train.iterations={}",
-      resume_iterations);
+  std::string shape = " --set parallel.pp=2 --set parallel.dp=2 --set cluster.spares=0";
+  const std::string dir = checkpoint_dir("replica_gone");
+  std::string its = resume_iterations;
+  ASSERT_NO_FATAL_FAILURE(
+      kill_head_after_durable_windows("killed-dp2", job(dir, shape), 4, 3, its));
+  shape += " --set train.iterations=" + its;
   const auto train = run_moevement("train " + tiny() + " --set train.seq_len=16 " + shape);
   ASSERT_EQ(train.exit_code, 0) << train.output;
-  const std::string dir = checkpoint_dir("replica_gone");
-  ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows("killed-dp2", job(dir, shape), 4, 3));
   fs::copy(dir, dir + "-pp1", fs::copy_options::recursive);
   for (const auto& d : {dir, dir + "-pp1"}) fs::remove_all(fs::path(d) / "stage-1-replica-1");
   const auto same = launch("resumed-dp2", job(dir, shape) + " --resume");
@@ -494,10 +502,12 @@ TEST(resume, a_replica_whose_files_are_gone_resumes_from_another_replicas) {
 // ends with the uninterrupted run's hash. The durable writes are paced to one window a run
 // here: the stop's window is written whatever the pace.
 TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exact) {
-  const std::string longer = fmt::format(" --set train.iterations={}", resume_iterations);
   const std::string dir = checkpoint_dir("usr1");
+  std::string its = resume_iterations;
   {
-    background_launch j("usr1", job(dir, "--set cluster.spares=0" + longer, "0.000000001"));
+    // No end in sight: the stop's window must come before the job's end however slow the disk.
+    background_launch j(
+        "usr1", job(dir, "--set cluster.spares=0 --set train.iterations=100000000", "0.000000001"));
     ASSERT_EQ(j.wait_for_workers(3).size(), 3u) << j.output();
     ASSERT_TRUE(wait_for_event(j, "durable_window")) << j.output();
     ::kill(j.pid, SIGUSR1);
@@ -506,14 +516,18 @@ TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exac
     EXPECT_NE(out.find("SIGUSR1: stopping once the next durable window is on disk"),
               std::string::npos)
         << out;
-    EXPECT_NE(out.find("`moevement launch CONFIG --resume` goes on from iteration"),
-              std::string::npos)
-        << out;
+    const std::string goes_on = "`moevement launch CONFIG --resume` goes on from iteration ";
+    const auto at = out.find(goes_on);
+    ASSERT_NE(at, std::string::npos) << out;
+    its =
+        std::to_string(std::max(std::stol(its), std::atol(out.c_str() + at + goes_on.size()) + 20));
     EXPECT_EQ(count_events(lines_of(j.log), "durable_rollback"), 0) << out;
   }
-  const auto o = launch("usr1-resumed", job(dir, "--set cluster.spares=0" + longer) + " --resume");
+  const auto o =
+      launch("usr1-resumed",
+             job(dir, "--set cluster.spares=0 --set train.iterations=" + its) + " --resume");
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  EXPECT_EQ(o.hash, reference(resume_iterations));
+  EXPECT_EQ(o.hash, reference(its));
   EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
   fs::remove_all(dir);
 }
@@ -584,24 +598,28 @@ namespace {
 // that held it): ep 2 -> 1 at pp 1, and a job written at ep 1 resumed at ep 2.
 TEST(resume, a_killed_expert_parallel_job_resumes_bit_exact) {
   const std::string dir = checkpoint_dir("resume_ep");
-  const std::string set =
-      "--set cluster.spares=0 --set train.iterations=60 --set parallel.pp=2 "
-      "--set parallel.dp=2 --set parallel.ep=2";
-  ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows("killed_ep", job(dir, set), 4, 2));
+  const std::string layout = "--set cluster.spares=0 --set parallel.pp=2 --set parallel.dp=2";
+  // Both killed jobs' resumes run as many iterations: the more either needs.
+  std::string its = "60";
+  ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows(
+      "killed_ep", job(dir, layout + " --set parallel.ep=2"), 4, 2, its));
+  const std::string from_ep1 = checkpoint_dir("resume_to_ep2");
+  ASSERT_NO_FATAL_FAILURE(
+      kill_head_after_durable_windows("killed_ep1", job(from_ep1, layout), 4, 2, its));
+  const std::string set = layout + " --set train.iterations=" + its;
   fs::copy(dir, dir + "-ep1", fs::copy_options::recursive);
-  const auto o = launch("resumed_ep", job(dir, set) + " --resume");
+  const auto o = launch("resumed_ep", job(dir, set + " --set parallel.ep=2") + " --resume");
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  const auto t = run_moevement("train " + tiny() +
-                               " --set train.iterations=60 --set train.seq_len=16 "
-                               "--set parallel.dp=2");
+  const auto t = run_moevement("train " + tiny() + " --set train.iterations=" + its +
+                               " --set train.seq_len=16 --set parallel.dp=2");
   ASSERT_EQ(t.exit_code, 0) << t.output;
   EXPECT_EQ(o.hash, hash_of(t.output));
   fs::remove_all(dir);
 
-  const auto ep1 = launch("resumed_ep1", job(dir + "-ep1",
-                                             "--set cluster.spares=0 --set train.iterations=60 "
-                                             "--set parallel.pp=1 --set parallel.dp=2") +
-                                             " --resume");
+  const auto ep1 = launch("resumed_ep1",
+                          job(dir + "-ep1", "--set cluster.spares=0 --set train.iterations=" + its +
+                                                " --set parallel.pp=1 --set parallel.dp=2") +
+                              " --resume");
   ASSERT_EQ(ep1.exit_code, 0) << ep1.output;
   EXPECT_NE(ep1.output.find("the windows are of pp=2 dp=2 ep=2, this job runs pp=1 dp=2"),
             std::string::npos)
@@ -609,13 +627,7 @@ TEST(resume, a_killed_expert_parallel_job_resumes_bit_exact) {
   EXPECT_EQ(ep1.hash, hash_of(t.output));
   fs::remove_all(dir + "-ep1");
 
-  const std::string from_ep1 = checkpoint_dir("resume_to_ep2");
-  const std::string ep1_set =
-      "--set cluster.spares=0 --set train.iterations=60 --set parallel.pp=2 --set parallel.dp=2";
-  ASSERT_NO_FATAL_FAILURE(
-      kill_head_after_durable_windows("killed_ep1", job(from_ep1, ep1_set), 4, 2));
-  const auto ep2 =
-      launch("resumed_ep2", job(from_ep1, ep1_set + " --set parallel.ep=2") + " --resume");
+  const auto ep2 = launch("resumed_ep2", job(from_ep1, set + " --set parallel.ep=2") + " --resume");
   ASSERT_EQ(ep2.exit_code, 0) << ep2.output;
   EXPECT_NE(ep2.output.find("this job runs pp=2 dp=2 ep=2"), std::string::npos) << ep2.output;
   EXPECT_EQ(ep2.hash, hash_of(t.output));

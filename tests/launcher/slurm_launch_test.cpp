@@ -218,7 +218,9 @@ TEST_F(slurm_launch, launch_sbatch_submits_a_batch_job_that_gives_the_same_state
 // does) stops it at its next durable window and requeues it; started again, the job resumes on
 // its own and ends with the uninterrupted run's hash.
 TEST_F(slurm_launch, a_signalled_batch_job_is_requeued_and_resumes_bit_exact) {
-  const std::string its = "--set train.iterations=60 --set train.seq_len=16 ";
+  // Long enough that the signal's window comes before the end on a loaded machine (the
+  // requeued job runs the same command, so it cannot be endless).
+  const std::string its = "--set train.iterations=200 --set train.seq_len=16 ";
   const auto ref = cluster_->run(bin() + " train " + config() + " " + its, 120);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string durable = its +

@@ -203,7 +203,9 @@ inline bool process_gone(pid_t pid) {
 }
 
 inline bool all_gone(const std::vector<pid_t>& pids) {
-  for (int i = 0; i < 200; ++i) {
+  // 30 s: a check that nothing hangs, not of speed (a worker notices its head's loss after
+  // cluster.failure_timeout_ms, then shuts down, on a machine that may be loaded).
+  for (int i = 0; i < 1500; ++i) {
     bool gone = true;
     for (pid_t p : pids) gone = gone && process_gone(p);
     if (gone) return true;
