@@ -457,7 +457,7 @@ TEST(inject_launch, a_trace_file_and_an_inject_table_combine_with_the_command_li
                            "--set parallel.pp=3 --set checkpoint.policy=moevement "
                            "--set checkpoint.w_sparse=2 --set cluster.spares=3 "
                            "--inject hang:stage=0,replica=0,iter=5 "
-                           "--set cluster.failure_timeout_ms=1000";
+                           "--set cluster.failure_timeout_ms=2000";
   const auto dry = run_moevement("launch " + args + " --dry-run");
   ASSERT_EQ(dry.exit_code, 0) << dry.output;
   const auto t = dry.output.find("injection: trace:" + trace);

@@ -390,7 +390,7 @@ TEST(recovery, an_ep_rank_lost_while_another_stages_region_recovers) {
 
 TEST(recovery, a_hung_worker_is_detected_and_rebuilt) {
   const auto o = launch("hang", job(2, 1, 1,
-                                    "--set cluster.failure_timeout_ms=400 "
+                                    "--set cluster.failure_timeout_ms=1500 "
                                     "--inject hang:stage=0,replica=0,iter=6"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference(1));
@@ -751,7 +751,7 @@ TEST(recovery, a_kill_and_a_hang_next_to_it_recover_as_one_region) {
   // aborting the survivors waits on the silent stage 2 until the heartbeats give up on it;
   // both losses then form one region 1..2.
   const auto o = launch("killhang", job(4, 1, 2,
-                                        "--set cluster.failure_timeout_ms=1000 "
+                                        "--set cluster.failure_timeout_ms=2000 "
                                         "--inject kill:stage=1,replica=0,iter=7 "
                                         "--inject hang:stage=2,replica=0,iter=7"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
@@ -770,7 +770,7 @@ TEST(recovery, a_failure_next_to_a_recovering_region_grows_and_restarts_it) {
   // of 3 (a replay of several iterations is under way when the loss comes).
   const auto o = launch("cascade", job(4, 1, 2,
                                        "--set checkpoint.w_sparse=3 "
-                                       "--set cluster.failure_timeout_ms=1000 "
+                                       "--set cluster.failure_timeout_ms=2000 "
                                        "--inject kill:stage=1,replica=0,iter=7 "
                                        "--inject hang:stage=2,replica=0,during=recovery"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
@@ -799,7 +799,7 @@ TEST(recovery, a_failure_next_to_a_recovering_region_grows_and_restarts_it) {
 // escalates to the job, which stops, naming the key and what would have saved it.
 TEST(recovery, a_region_restarting_past_its_intensity_stops_the_job_saying_so) {
   const auto o = launch("escalate", job(4, 1, 2,
-                                        "--set cluster.failure_timeout_ms=1000 "
+                                        "--set cluster.failure_timeout_ms=2000 "
                                         "--set checkpoint.durable=false "
                                         "--set checkpoint.region_restarts=0 "
                                         "--inject kill:stage=1,replica=0,iter=7 "
