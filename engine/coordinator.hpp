@@ -79,9 +79,13 @@ struct job_outcome {
   bool ok = false;
   std::string message;           // what went wrong (empty when ok)
   std::uint64_t state_hash = 0;  // when ok
-  double final_loss = 0.0, val_loss = 0.0;
+  // The last iteration's loss (none when this run trained none) and the last validation's
+  // (none when none ran: train.val_batches = 0, or no iteration).
+  std::optional<double> final_loss, val_loss;
   double seconds = 0.0;  // from the first iteration to the last step
   std::int64_t iterations = 0;
+  // Where this run began: 0, or a resume's or a standby head's takeover's iteration.
+  std::int64_t first_iteration = 0;
   double tokens_per_s = 0.0;
   // ETTR of the run: useful_s over wall_s. wall_s runs from job_start to the end, less
   // completed validation passes; useful_s sums, for every iteration index committed, the
@@ -411,7 +415,7 @@ class coordinator : public actors::actor, private head_control {
   iteration_record last_;
   std::uint64_t val_round_ = 0;
   std::vector<std::optional<double>> val_losses_;
-  double last_val_ = 0.0;
+  std::optional<double> last_val_;  // the last validation's loss
   bool finished_ = false;
   double head_stall_s_ = 0.0;  // the longest this process did not run (actor system's on_stall)
 

@@ -602,15 +602,16 @@ awaitable<void> coordinator::val_loss(wire::ValLoss::Reader m) {
   }
   double sum = 0.0;  // in index order, as the reference sums
   for (const auto& v : val_losses_) sum += *v;
-  last_val_ = sum / double(val_losses_.size());
+  const double val = sum / double(val_losses_.size());
+  last_val_ = val;
   validation_s_ += std::chrono::duration<double>(sclock::now() - validation_start_).count();
   if (log_ != nullptr) {
     log_->write(json_record{}
                     .add("kind", "validation")
                     .add("iteration", iteration_ - 1)
-                    .add("val_loss", last_val_));
+                    .add("val_loss", val));
   }
-  if (callbacks_.on_validation) callbacks_.on_validation(iteration_ - 1, last_val_);
+  if (callbacks_.on_validation) callbacks_.on_validation(iteration_ - 1, val);
   phase_ = phase::running;  // leaves validating
   co_await go_on();
 }
@@ -677,9 +678,10 @@ awaitable<void> coordinator::finish() {
   job_outcome o;
   o.ok = true;
   o.state_hash = models::state_hash(digests, scaler_);
-  o.final_loss = last_.loss;
+  if (iteration_ > first_iteration_) o.final_loss = last_.loss;
   o.val_loss = last_val_;
   o.iterations = iteration_;
+  o.first_iteration = first_iteration_;
   o.seconds = train_seconds_;
   o.tokens_per_s = train_seconds_ > 0
                        ? double(job_.train.micro_batches) * job_.train.micro_batch_size *

@@ -64,6 +64,22 @@ std::string duration_text(double s) {
   return fmt::format("{}:{:02d}", total / 60, static_cast<int>(total % 60));
 }
 
+// "final: loss L  val_loss V  tokens/s T  (N iterations, S s)  ETTR E", a run that began
+// past iteration 0 (a resume, a standby head's takeover) saying which of it is this run's;
+// "-" for a loss nothing measured (no iteration in this run, no validation).
+std::string final_line(const engine::job_outcome& o) {
+  const auto loss = [](const std::optional<double>& v) {
+    return v ? fmt::format("{:.4f}", *v) : std::string("-");
+  };
+  const std::string run =
+      o.first_iteration > 0 ? fmt::format("{} iterations, {} of them in this run's {:.2f} s",
+                                          o.iterations, o.iterations - o.first_iteration, o.seconds)
+                            : fmt::format("{} iterations, {:.2f} s", o.iterations, o.seconds);
+  return fmt::format("final: loss {}  val_loss {}  tokens/s {:.0f}  ({})  ETTR {:.3f}{}",
+                     loss(o.final_loss), loss(o.val_loss), o.tokens_per_s, run, o.ettr,
+                     o.first_iteration > 0 ? " (this run's)" : "");
+}
+
 // Connections to the head's port that were refused or dropped before they were admitted: not
 // the job's own traffic (another job, a scanner, a stale token). The link warns on stderr as
 // they come; the run log keeps the totals.
@@ -701,11 +717,7 @@ int head_session::report() {
     }
     return interrupted_ ? 130 : 1;
   }
-  std::cout << fmt::format(
-      "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, {:.2f} s)  "
-      "ETTR {:.3f}\n",
-      outcome_.final_loss, outcome_.val_loss, outcome_.tokens_per_s, outcome_.iterations,
-      outcome_.seconds, outcome_.ettr);
+  std::cout << final_line(outcome_) << "\n";
   std::cout << "run log: " << job_.run_log << "\n";
   if (step_) {
     std::cout << "Slurm step output (each task's stdout and stderr): " << step_->output_path()

@@ -108,11 +108,13 @@ int train_loop(Trainer& tr, const models::model_config& model, const models::tra
     }
   }
   const double secs = std::chrono::duration<double>(clock::now() - start).count();
-  const double val = tr.validation_loss();
+  // "-": nothing measured (no iteration in this run, train.val_batches = 0).
+  const std::string loss = train.iterations > first ? fmt::format("{:.4f}", st.loss) : "-";
+  const std::string val = train.val_batches > 0 ? fmt::format("{:.4f}", tr.validation_loss()) : "-";
   std::cout << fmt::format(
-      "final: loss {:.4f}  val_loss {:.4f}  tokens/s {:.0f}  ({} iterations, "
+      "final: loss {}  val_loss {}  tokens/s {:.0f}  ({} iterations, "
       "{:.2f} s)\n",
-      st.loss, val,
+      loss, val,
       secs > 0 ? double(tr.tokens_per_iteration()) * double(train.iterations - first) / secs : 0.0,
       train.iterations - first, secs);
   std::cout << "state_hash=" << hex16(tr.state_hash()) << "\n";

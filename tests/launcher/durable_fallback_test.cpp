@@ -408,11 +408,17 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   ASSERT_NE(first, o.log.end()) << o.output;
   EXPECT_EQ(number_field(*first, "iteration"), target);
   EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find(fmt::format("({} iterations, {} of them in this run's ", its,
+                                      std::stol(its) - long(target))),
+            std::string::npos)
+      << o.output;
+  EXPECT_NE(o.output.find(" (this run's)\n"), std::string::npos) << o.output;
 
   // A resume of the job, now finished, trains nothing more: the same hash.
   const auto again = launch("again", job(dir, "--set cluster.spares=0" + longer) + " --resume");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(again.hash, reference(its));
+  EXPECT_NE(again.output.find("final: loss -  "), std::string::npos) << again.output;
 
   // Nor does one with fewer iterations than the journal's point: refused, saying which.
   const auto fewer =

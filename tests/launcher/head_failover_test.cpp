@@ -138,6 +138,11 @@ TEST(head_failover, a_killed_head_is_replaced_by_the_standby_bit_exact) {
   const double resumed_at = number_field(resumed, "resume_iteration");
   EXPECT_GE(resumed_at, last_logged + 1) << resumed;
   EXPECT_LE(resumed_at, last_logged + 2) << resumed;
+  // The standby's final line says which iterations and seconds were its own.
+  EXPECT_NE(out.find(fmt::format("({} iterations, {} of them in this run's ", iterations,
+                                 std::stol(iterations) - long(resumed_at))),
+            std::string::npos)
+      << out;
   std::printf("head killed: the standby's hash after %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
   // Nothing is left behind: the workers (and the spare) and the standby end with the job.

@@ -71,6 +71,20 @@ TEST(launch, more_snapshot_copies_than_workers_says_how_many_it_keeps) {
   EXPECT_EQ(r.output.find(said, at + 1), std::string::npos) << "once";
 }
 
+// No iteration to train: the job ends at once, its hash the initial state's (train's), and the
+// final line shows no loss it did not measure (it said 0 for both).
+TEST(launch, no_iterations_ends_at_once_with_no_loss_shown) {
+  const auto l = run_moevement("launch " + tiny() + " --set train.iterations=0 " +
+                               "--set engine.run_log=" + log_path("none"));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  EXPECT_NE(l.output.find("final: loss -  val_loss -  "), std::string::npos) << l.output;
+  const auto t = run_moevement("train " + tiny() + " --set train.iterations=0");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("final: loss -  val_loss 5."), std::string::npos) << t.output;
+  EXPECT_EQ(hash_of(l.output), hash_of(t.output));
+  EXPECT_FALSE(hash_of(l.output).empty()) << l.output;
+}
+
 TEST(launch, data_parallel_reduction_is_the_reference_left_fold) {
   // dp=3: a reduction in any other order than g0 + g1 + g2 changes bits.
   const auto [train, launch] = train_and_launch(2, 3);
