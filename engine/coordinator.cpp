@@ -416,7 +416,7 @@ std::map<transport::node_id, std::vector<actor_ref>> coordinator::snapshot_holde
 
 void coordinator::retarget_snapshots(
     const std::map<transport::node_id, std::vector<actor_ref>>& before, actor_ref lost) {
-  if (!replicates() || job_.policy != policy_kind::moevement || !lost.valid()) return;
+  if (!replicates() || !lost.valid()) return;
   const auto now = snapshot_holders();
   for (const auto& [owner, holders] : before) {
     if (std::find(holders.begin(), holders.end(), lost) == holders.end()) continue;

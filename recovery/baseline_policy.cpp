@@ -381,6 +381,7 @@ baseline_agent::baseline_agent(std::shared_ptr<baseline_shared> shared, engine::
       limits_(limits) {
   on<engine::wire::RollbackQuery, engine::wire::RollbackOffer>(&baseline_agent::query);
   on<engine::wire::RollbackLoad, engine::wire::RollbackLoaded>(&baseline_agent::load);
+  on<engine::wire::SnapshotTargets>(&baseline_agent::retarget);
 }
 
 void baseline_agent::ship() {
@@ -399,31 +400,58 @@ void baseline_agent::ship() {
   for (auto& [it, c] : fresh) {
     // Lent memory is a region already; heap memory is exported for this checkpoint.
     transport::bulk_region region;
-    transport::bulk_descriptor desc;
-    if (const auto* lent = shared_->pool ? shared_->pool->lent_region(c.bytes.data()) : nullptr) {
-      desc = lent->describe(0, c.bytes.size());
-    } else {
+    if (!(shared_->pool && shared_->pool->lent_region(c.bytes.data()))) {
       region = io_.export_memory(c.bytes);
-      desc = region.describe_all();
     }
-    for (const actor_ref& t : targets_) {
-      (void)tell<wire::StoreCheckpoint>(t, [&](wire::StoreCheckpoint::Builder b) {
-        b.setStage(setup_.stage);
-        b.setReplica(setup_.replica);
-        b.setIteration(it);
-        transport::write_descriptor(b.initTensor(), desc);
-        b.setSnapshotBytes(c.snapshot_size);
-        auto l = b.initKeep(static_cast<unsigned>(keep.size()));
-        for (unsigned i = 0; i < keep.size(); ++i) l.set(i, keep[i]);
-      });
-    }
-    exported_.insert_or_assign(it, std::make_pair(std::move(region), c));
+    const auto& [r, held] =
+        exported_.insert_or_assign(it, std::make_pair(std::move(region), c)).first->second;
+    offer(targets_, it, r, held, keep);
   }
   // Regions for a capture that missed, on this thread as the link requires: a batch of as
   // many as checkpoints are kept, and as many free ones kept (one is given back per
   // checkpoint, after its holders moved on: a smaller bound frees a region the next capture
   // then misses).
   if (shared_->pool) shared_->pool->refill(memory_checkpoints_kept, memory_checkpoints_kept);
+}
+
+void baseline_agent::offer(const std::vector<actor_ref>& to, std::int64_t it,
+                           const transport::bulk_region& region, const held_checkpoint& c,
+                           const std::vector<std::int64_t>& keep) {
+  const auto* lent = shared_->pool ? shared_->pool->lent_region(c.bytes.data()) : nullptr;
+  const transport::bulk_descriptor desc =
+      lent != nullptr ? lent->describe(0, c.bytes.size()) : region.describe_all();
+  for (const actor_ref& t : to) {
+    (void)tell<wire::StoreCheckpoint>(t, [&](wire::StoreCheckpoint::Builder b) {
+      b.setStage(setup_.stage);
+      b.setReplica(setup_.replica);
+      b.setIteration(it);
+      transport::write_descriptor(b.initTensor(), desc);
+      b.setSnapshotBytes(c.snapshot_size);
+      auto l = b.initKeep(static_cast<unsigned>(keep.size()));
+      for (unsigned i = 0; i < keep.size(); ++i) l.set(i, keep[i]);
+    });
+  }
+}
+
+awaitable<void> baseline_agent::retarget(engine::wire::SnapshotTargets::Reader m) {
+  if (m.getReplicators().size() > limits_.max_targets) co_return;  // not the head's
+  std::vector<actor_ref> targets;
+  for (auto a : m.getReplicators()) targets.push_back(read_ref(a));
+  set_targets(std::move(targets));
+}
+
+void baseline_agent::set_targets(std::vector<actor_ref> holders) {
+  std::vector<actor_ref> added;
+  for (const actor_ref& h : holders) {
+    if (std::find(targets_.begin(), targets_.end(), h) == targets_.end()) added.push_back(h);
+  }
+  targets_ = std::move(holders);
+  // A holder that replaces a lost one gets every checkpoint kept now, oldest first (a pec
+  // rollback needs each save of its chain), not only the next: else a failure before the
+  // next would roll back further than the kept ones reach.
+  std::vector<std::int64_t> keep;
+  for (const auto& [it, e] : exported_) keep.push_back(it);
+  for (const auto& [it, e] : exported_) offer(added, it, e.first, e.second, keep);
 }
 
 std::string baseline_agent::unfit(std::int64_t iteration, const held_checkpoint& c) const {

@@ -47,6 +47,7 @@ struct baseline_limits {
   std::size_t max_held_per_replica = 64;      // checkpoints a holder keeps of one stage replica
   std::uint64_t pull_chunk_bytes = 8u << 20;  // pulls in pieces (heartbeats go on between)
   std::chrono::seconds fetch_timeout{30};
+  std::size_t max_targets = 256;  // holders one SnapshotTargets may name
 };
 
 enum class baseline_kind : std::uint8_t { dense_memory, dense_disk, pec };
@@ -112,7 +113,8 @@ class baseline_agent : public actors::actor {
  public:
   using interface =
       actors::interface<actors::ask_t<engine::wire::RollbackQuery, engine::wire::RollbackOffer>,
-                        actors::ask_t<engine::wire::RollbackLoad, engine::wire::RollbackLoaded>>;
+                        actors::ask_t<engine::wire::RollbackLoad, engine::wire::RollbackLoaded>,
+                        actors::tell_t<engine::wire::SnapshotTargets>>;
 
   // model: the stage's (outlives the agent; touched only while the stage is paused).
   // replacement: this stage was rebuilt on a spare (its checkpoints are on the holders).
@@ -122,13 +124,20 @@ class baseline_agent : public actors::actor {
                  baseline_limits limits);
 
   void ship();  // on the actor thread (posted by the hooks)
-  void set_targets(std::vector<actors::actor_ref> holders) { targets_ = std::move(holders); }
+  // The stage's holders (at a wiring, or after one was lost): the new ones get what is kept.
+  void set_targets(std::vector<actors::actor_ref> holders);
 
  private:
   asio::awaitable<void> query(engine::wire::RollbackQuery::Reader m,
                               engine::wire::RollbackOffer::Builder out);
   asio::awaitable<void> load(engine::wire::RollbackLoad::Reader m,
                              engine::wire::RollbackLoaded::Builder out);
+  // The holders after a spare holding copies was lost (the head's placement).
+  asio::awaitable<void> retarget(engine::wire::SnapshotTargets::Reader m);
+  // Offers checkpoint `it` (exported as `region`, or lent memory) to the holders `to`.
+  void offer(const std::vector<actors::actor_ref>& to, std::int64_t it,
+             const transport::bulk_region& region, const held_checkpoint& c,
+             const std::vector<std::int64_t>& keep);
   // Why `c` cannot restore this stage ("" when it can): a verified full snapshot (dense) or
   // a pec checkpoint whose every save is at hand.
   std::string unfit(std::int64_t iteration, const held_checkpoint& c) const;

@@ -11,9 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -254,6 +257,82 @@ TEST(launch, a_lost_spare_does_not_stop_training) {
   }
   EXPECT_GE(persisted_after, 2) << job.output();
   EXPECT_EQ(job.output().find("captured nothing of a window"), std::string::npos) << job.output();
+}
+
+// The newest iteration the run log shows (-1: none yet).
+double newest_iteration(const std::string& log) {
+  double n = -1;
+  for (const auto& l : lines_of(log)) {
+    if (l.find("\"kind\":\"iteration\"") != std::string::npos) {
+      n = std::max(n, number_field(l, "iteration"));
+    }
+  }
+  return n;
+}
+
+// Waits (a minute at most) until the run log shows iteration `it`.
+bool wait_for_iteration(const std::string& log, double it) {
+  for (int i = 0; i < 6000 && newest_iteration(log) < it; ++i) std::this_thread::sleep_for(10ms);
+  return newest_iteration(log) >= it;
+}
+
+// The same under dense-memory: the stage whose checkpoints a lost spare held gets a new
+// holder, and that holder gets the checkpoint kept now. The stage's worker then killed rolls
+// the job back to it, not to iteration 0 (before, its checkpoints went to the lost spare for
+// the rest of the job, and nothing newer than the start was left to roll back to).
+TEST(launch, a_lost_spare_holding_dense_checkpoints_is_replaced_as_their_holder) {
+  const std::string set = " --set train.iterations=200 --set train.seq_len=16";
+  endless_launch job("dense_spare",
+                     "--set cluster.spares=2 --set checkpoint.policy=dense-memory "
+                     "--set checkpoint.interval=10 --set checkpoint.replicas=1" +
+                         set);
+  ASSERT_EQ(job.wait_for_workers(6).size(), 6u) << job.output();
+  // A spare that holds a stage's checkpoints, and that stage's worker.
+  std::map<double, pid_t> pid_of;
+  std::set<double> spares;
+  for (const auto& l : lines_of(job.log)) {
+    if (l.find("\"worker_up\"") == std::string::npos) continue;
+    pid_of[number_field(l, "node")] = pid_t(number_field(l, "pid"));
+    if (number_field(l, "stage") == -1) spares.insert(number_field(l, "node"));
+  }
+  double owner = -1, holder = -1;
+  for (const auto& l : lines_of(job.log)) {
+    if (l.find("\"snapshot_holders\"") == std::string::npos) continue;
+    const auto at = l.find("\"holders\":\"");
+    if (at == std::string::npos) continue;
+    if (const double h = std::atof(l.c_str() + at + 11); spares.contains(h)) {
+      owner = number_field(l, "node");
+      holder = h;
+    }
+  }
+  ASSERT_GE(holder, 0) << "no spare holds a checkpoint\n" << job.output();
+  // The checkpoint of iteration 10 is shipped; the next is at 20.
+  ASSERT_TRUE(wait_for_iteration(job.log, 12)) << job.output();
+  ::kill(pid_of[holder], SIGKILL);
+  // Once the head has placed the owner's copies again (after the spare's loss), and the new
+  // holder had a few iterations to pull the kept checkpoint: the owner's worker is lost.
+  bool placed = false;
+  for (int i = 0; i < 6000 && !placed; ++i) {
+    bool lost = false;
+    for (const auto& l : lines_of(job.log)) {
+      lost = lost || l.find("\"worker_lost\"") != std::string::npos;
+      placed = placed || (lost && l.find("\"snapshot_holders\"") != std::string::npos &&
+                          number_field(l, "node") == owner);
+    }
+    if (!placed) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(placed) << job.output();
+  ASSERT_TRUE(wait_for_iteration(job.log, newest_iteration(job.log) + 3)) << job.output();
+  ::kill(pid_of[owner], SIGKILL);
+  ASSERT_EQ(job.wait(120s), 0) << job.output();
+  const auto reference = run_moevement("train " + tiny() + " --set parallel.dp=2" + set);
+  EXPECT_EQ(hash_of(job.output()), hash_of(reference.output)) << job.output();
+  std::string end;
+  for (const auto& l : lines_of(job.log)) {
+    if (l.find("\"recovery_end\"") != std::string::npos) end = l;
+  }
+  ASSERT_FALSE(end.empty()) << job.output();
+  EXPECT_GE(number_field(end, "rollback_to"), 10) << end;
 }
 
 TEST(launch, hung_worker_is_detected_by_heartbeats) {
