@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -91,9 +92,11 @@ std::vector<std::string> wait_for_durable_windows(background_launch& j, int wind
 
 // Once `windows` durable windows are on disk everywhere (the run log says so), SIGKILLs the
 // workers of `stages` together; by default stages 0 and 1: stage 0's only snapshot copy dies
-// with stage 1's worker.
+// with stage 1's worker. `meanwhile` runs with them stopped (SIGSTOP) just before: their
+// files change no more.
 void kill_after_durable_windows(background_launch& j, int windows,
-                                const std::set<int>& stages = {0, 1}) {
+                                const std::set<int>& stages = {0, 1},
+                                const std::function<void()>& meanwhile = {}) {
   const auto log = wait_for_durable_windows(j, windows);
   ASSERT_GE(count_events(log, "durable_window"), windows) << j.output();
   ASSERT_EQ(count_events(log, "job_end"), 0) << "the job ended before the failure";
@@ -104,6 +107,10 @@ void kill_after_durable_windows(background_launch& j, int windows,
     if (stages.contains(stage)) victims.push_back(pid_t(number_field(l, "pid")));
   }
   ASSERT_EQ(victims.size(), stages.size());
+  if (meanwhile) {
+    for (const pid_t p : victims) ::kill(p, SIGSTOP);
+    meanwhile();
+  }
   for (const pid_t p : victims) ::kill(p, SIGKILL);
 }
 
@@ -173,24 +180,26 @@ TEST(durable_fallback, every_copy_gone_rolls_the_job_back_to_disk_bit_exact) {
   fs::remove_all(dir);
 }
 
-// The newest window on disk of a lost stage (its directory can change no more) is corrupted
-// while the recovery runs (the regional restore fails, then waits out the failure timeout
-// before falling back): it is rejected with its reason and the job rolls back to an older
-// window, still bit-exact.
+// The newest window on disk of a stage is corrupted just before its worker is lost (stopped
+// meanwhile: its directory changes no more): it is rejected with its reason and the job
+// rolls back to an older window, still bit-exact.
 TEST(durable_fallback, a_corrupt_newest_window_falls_back_to_the_previous_one) {
   const std::string dir = checkpoint_dir("corrupt");
   background_launch j("corrupt", job(dir));
-  kill_after_durable_windows(j, 2);
-  ASSERT_TRUE(wait_for_event(j, "recovery_start")) << j.output();  // the kills are seen
-  fs::path newest;
-  for (const auto& e : fs::directory_iterator(fs::path(dir) / "stage-0-replica-0")) {
-    if (fs::exists(e.path() / "MANIFEST") && e.path().filename() > newest.filename()) {
-      newest = e.path();
+  // Stage 0's newest window on disk, corrupted while its worker is stopped, then killed.
+  long damaged = -1;
+  kill_after_durable_windows(j, 2, {0, 1}, [&] {
+    fs::path newest;
+    for (const auto& e : fs::directory_iterator(fs::path(dir) / "stage-0-replica-0")) {
+      if (fs::exists(e.path() / "MANIFEST") && e.path().filename() > newest.filename()) {
+        newest = e.path();
+      }
     }
-  }
-  ASSERT_FALSE(newest.empty()) << "stage 0 wrote no window";
-  const long damaged = std::stol(newest.filename().string().substr(7));
-  ASSERT_TRUE(flip_byte(newest / "slot-000000.snap", 64));
+    ASSERT_FALSE(newest.empty()) << "stage 0 wrote no window";
+    damaged = std::stol(newest.filename().string().substr(7));
+    ASSERT_TRUE(flip_byte(newest / "slot-000000.snap", 64));
+  });
+  ASSERT_GE(damaged, 0);
   const auto o = finish(j);
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference());
