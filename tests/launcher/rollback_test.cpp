@@ -275,8 +275,17 @@ TEST(rollback, corrupt_and_truncated_files_fall_back_to_the_previous_checkpoint)
     if (!hung) std::this_thread::sleep_for(20ms);
   }
   ASSERT_TRUE(hung) << j.output();
-  // Let the running stage's persist in flight land (the hung one's is stopped with it).
+  // Let the running stage's persist in flight land (the hung one's is stopped with it): a
+  // window is being written while its directory has no MANIFEST yet (written last).
+  auto writing = [&](int stage) {
+    for (const auto& e : fs::directory_iterator(
+             fs::path(dir) / ("stage-" + std::to_string(stage) + "-replica-0"))) {
+      if (!fs::exists(e.path() / "MANIFEST")) return true;
+    }
+    return false;
+  };
   std::this_thread::sleep_for(500ms);
+  for (int i = 0; i < 3000 && writing(0); ++i) std::this_thread::sleep_for(10ms);
   auto newest = [&](int stage) {
     fs::path best;
     for (const auto& e : fs::directory_iterator(
