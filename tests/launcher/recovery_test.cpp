@@ -445,11 +445,13 @@ TEST(recovery, a_stuck_ep_rank_is_fenced_while_its_peer_waiting_for_its_rows_is_
 // stages' slots, is stopped (SIGSTOP) for less than the failure timeout. Meanwhile no window
 // can persist; past checkpoint.max_window_wait_ms the stages skip windows (their memory stays
 // at three windows) instead of stalling, windows persist again once the spare runs, and the
-// job ends with no worker lost and `moevement train`'s state_hash.
+// job ends with no worker lost and `moevement train`'s state_hash. (A failure timeout of a
+// minute: the stop lasts until the stages skip, however slow the machine.)
 TEST(recovery, a_stalled_replication_skips_windows_and_costs_no_bit) {
   background_launch j("skip", job(2, 1, 1,
                                   "--set train.iterations=300 --set checkpoint.w_sparse=1 "
-                                  "--set checkpoint.max_window_wait_ms=20"));
+                                  "--set checkpoint.max_window_wait_ms=20 "
+                                  "--set cluster.failure_timeout_ms=60000"));
   ASSERT_EQ(j.wait_for_workers(3).size(), 3u) << j.output();
   pid_t spare = -1;
   for (const auto& l : lines_of(j.log)) {
@@ -476,11 +478,12 @@ TEST(recovery, a_stalled_replication_skips_windows_and_costs_no_bit) {
     }
     return false;
   };
-  for (int i = 0; i < 1000 && !reached(10); ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 3000 && !reached(10); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(reached(10)) << j.output();
   ASSERT_EQ(::kill(spare, SIGSTOP), 0);
-  // Until the stages skip windows, at most 0.8 s: under the 3 s failure timeout, no loss.
-  // (Not a fixed time: a fast machine's job would end before the spare runs again.)
-  for (int i = 0; i < 80 && !skipping(); ++i) std::this_thread::sleep_for(10ms);
+  // Until the stages skip windows (not a fixed time: a fast machine's job would end before
+  // the spare runs again), 30 s at most: under the failure timeout, no loss.
+  for (int i = 0; i < 3000 && !skipping(); ++i) std::this_thread::sleep_for(10ms);
   ASSERT_EQ(::kill(spare, SIGCONT), 0);
   const auto o = finish(j);
   ASSERT_EQ(o.exit_code, 0) << o.output;
