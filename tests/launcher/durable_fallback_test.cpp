@@ -423,11 +423,11 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
       << o.output;
   EXPECT_NE(o.output.find(" (this run's)\n"), std::string::npos) << o.output;
 
-  // A resume of the job, now finished, trains nothing more: the same hash.
+  // A resume of the job, now finished, goes on from its last window on disk to its end again:
+  // the same hash.
   const auto again = launch("again", job(dir, "--set cluster.spares=0" + longer) + " --resume");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(again.hash, reference(its));
-  EXPECT_NE(again.output.find("final: loss -  "), std::string::npos) << again.output;
 
   // Nor does one with fewer iterations than the journal's point: refused, saying which.
   const auto fewer =
