@@ -36,7 +36,11 @@ const char* verify_name(wire::Verify v) {
 
 wire::Verify coordinator::verify_for(std::int64_t it) const {
   if (job_.verify_every <= 0 || job_.dp < 2) return wire::Verify::NONE;
-  return it % job_.verify_every == 0 ? wire::Verify::STATE : wire::Verify::WEIGHTS;
+  // The last step too checks the whole state (taken after it, where the weights' digests are
+  // taken during it): no later check would find what it left, and the final state_hash is
+  // read from one replica.
+  const bool last = it + 1 == job_.train.iterations;
+  return it % job_.verify_every == 0 || last ? wire::Verify::STATE : wire::Verify::WEIGHTS;
 }
 
 asio::awaitable<std::vector<std::string>> coordinator::operator_names(int s, int d) {

@@ -126,8 +126,20 @@ TEST(silent_corruption, a_bit_only_the_master_holds_is_found_by_the_state_check)
     state += field(l, "verified") == "state";
     weights += field(l, "verified") == "weights";
   }
-  EXPECT_EQ(state, 4) << "iterations 0, 4, 8, 12";
-  EXPECT_EQ(weights, iterations - 4);
+  EXPECT_EQ(state, 5) << "iterations 0, 4, 8, 12 and the last";
+  EXPECT_EQ(weights, iterations - 5);
+}
+
+// A flip after the last step: that step's whole-state check finds it (no later step would),
+// the replica is replaced and the job ends with the fault-free hash (before, it ended with
+// the flipped replica's).
+TEST(silent_corruption, a_flip_after_the_last_step_is_found_before_the_job_ends) {
+  const auto o = launch(
+      "flip_last",
+      job(2, 3, 1, "--inject flip:stage=1,replica=0,iter=" + std::to_string(iterations - 1)));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(3));
+  expect_replaced(o, 1, 0, "state", iterations - 1);
 }
 
 // Expert parallelism: an expert is compared among the replicas holding its shard (dp 6, ep 2:
