@@ -564,13 +564,17 @@ awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
   if (finished_) co_return;
   // A node that died takes its actors with it: lose_worker handles that (and decides).
   if (why.kind == actors::exit_kind::node_lost || !workers_.contains(who.node)) co_return;
-  for (const auto& [n, w] : workers_) {
-    if (w.stage_actor == who) {
-      fail(fmt::format("the actor of stage {} replica {} (worker {}) stopped: {}", w.stage,
-                       w.replica, n, why.to_string()));
-      co_return;
-    }
-  }
+  const auto it = std::find_if(workers_.begin(), workers_.end(),
+                               [&](const auto& kv) { return kv.second.stage_actor == who; });
+  if (it == workers_.end()) co_return;
+  const transport::node_id n = it->first;
+  const int stage = it->second.stage, replica = it->second.replica;
+  // A worker stopping (SIGTERM, a Slurm step's end) stops its actors before its goodbye: that
+  // goodbye is a loss like any other (a spare takes the stage), not the end of the job.
+  if (why.kind == actors::exit_kind::shutdown && co_await loss_follows()) co_return;
+  if (finished_) co_return;
+  fail(fmt::format("the actor of stage {} replica {} (worker {}) stopped: {}", stage, replica, n,
+                   why.to_string()));
 }
 
 awaitable<void> coordinator::stage_failed(wire::StageFailed::Reader m) {

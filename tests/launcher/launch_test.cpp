@@ -335,6 +335,32 @@ TEST(launch, a_lost_spare_holding_dense_checkpoints_is_replaced_as_their_holder)
   EXPECT_GE(number_field(end, "rollback_to"), 10) << end;
 }
 
+// SIGTERM to a stage's worker (what an admin or Slurm sends): it says goodbye, and that loss
+// is recovered like any other, on the spare, bit-exact (before, its actor's stop ended the
+// job).
+TEST(launch, a_worker_stopped_with_sigterm_is_rebuilt_on_a_spare) {
+  const std::string set = " --set train.iterations=100 --set train.seq_len=16";
+  endless_launch job("term",
+                     "--set cluster.spares=1 --set checkpoint.policy=moevement "
+                     "--set checkpoint.durable=false" +
+                         set);
+  ASSERT_EQ(job.wait_for_workers(5).size(), 5u) << job.output();
+  pid_t stage1 = 0;
+  for (const auto& l : lines_of(job.log)) {
+    if (l.find("\"worker_up\"") != std::string::npos && number_field(l, "stage") == 1 &&
+        number_field(l, "replica") == 0) {
+      stage1 = pid_t(number_field(l, "pid"));
+    }
+  }
+  ASSERT_GT(stage1, 0) << job.output();
+  ::kill(stage1, SIGTERM);
+  ASSERT_EQ(job.wait(120s), 0) << job.output();
+  const auto reference = run_moevement("train " + tiny() + " --set parallel.dp=2" + set);
+  EXPECT_EQ(hash_of(job.output()), hash_of(reference.output)) << job.output();
+  EXPECT_NE(job.output().find("stopped by signal 15"), std::string::npos) << job.output();
+  EXPECT_NE(job.output().find("stage 1 recovered on worker"), std::string::npos) << job.output();
+}
+
 TEST(launch, hung_worker_is_detected_by_heartbeats) {
   endless_launch job("hang", "--set cluster.failure_timeout_ms=500");
   const auto pids = job.wait_for_workers(4);
