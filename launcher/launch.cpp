@@ -35,6 +35,7 @@
 #include "engine/coordinator.hpp"
 #include "engine/job_config.hpp"
 #include "engine/run_log.hpp"
+#include "launcher/config.hpp"
 #include "launcher/injector.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/launch_options.hpp"
@@ -734,6 +735,18 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   auto options = parse_launch_options(argc, argv);
   if (!options) return 2;
   engine::job_config job = checked_job(*options);
+  if (const int spares = spares_filling_nodes(job);
+      job.backend == "slurm" && spares != job.spares) {
+    // Every process of the job reads the same (the workers the config sent to them).
+    if (options->standby_of.empty()) {
+      std::cout << fmt::format(
+          "moevement launch: cluster.spares = {} raised to {}: {} workers + spares spread evenly "
+          "over cluster.slurm_nodes = {} (Slurm fills the first node otherwise)\n",
+          job.spares, spares, job.workers() + spares, job.slurm_nodes);
+    }
+    apply_override(options->raw, fmt::format("cluster.spares={}", spares));
+    job = checked_job(*options);
+  }
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
   registry.check_expert_parallel(job.stage_type, job.ep);
   injection_plan plan = plan_injections(options->injections, job, options->dry_run, std::cout);

@@ -142,6 +142,13 @@ std::string spread_tasks(const engine::job_config& job) {
 
 }  // namespace
 
+int spares_filling_nodes(const engine::job_config& job) {
+  if (job.slurm_nodes <= 0) return job.spares;
+  const int ntasks = job.workers() + job.spares;
+  const int per_node = (ntasks + job.slurm_nodes - 1) / job.slurm_nodes;
+  return per_node * job.slurm_nodes - job.workers();
+}
+
 std::string slurm_output_path(const std::string& run_log) {
   return run_log_base(run_log) + ".slurm.log";
 }

@@ -72,6 +72,12 @@ slurm_role slurm_role_of(const slurm_env& env, int pp, int dp, int spares);
 // PATH; inside an allocation, enough tasks). Returns an error message, or nullopt.
 std::optional<std::string> slurm_precheck(const engine::job_config& job);
 
+// cluster.spares raised so that workers + spares divide by cluster.slurm_nodes: srun spreads
+// a step's tasks evenly (--ntasks-per-node) only then, and otherwise fills the first node,
+// where a stage's replicas and every spare could share one node's fate. The extra tasks are
+// spares in slots --ntasks-per-node reserves anyway. job.spares where nothing is to round.
+int spares_filling_nodes(const engine::job_config& job);
+
 // `moevement worker --slurm --head HOST:PORT --pp P --dp D --spares S [--host H]
 // [--heartbeat-ms X] [--failure-timeout-ms Y]`: a task of the step. Computes its role and
 // runs run_worker() as that node.

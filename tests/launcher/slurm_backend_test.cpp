@@ -65,6 +65,19 @@ TEST(slurm_backend, srun_command_keeps_the_step_alive_and_carries_no_token) {
   EXPECT_EQ(inside.back(), "127.0.0.1");
 }
 
+// srun spreads the tasks evenly only where they divide by the nodes (it ignores
+// --ntasks-per-node otherwise and fills the first node): the spares fill the last node.
+TEST(slurm_backend, spares_are_raised_until_the_tasks_fill_the_nodes) {
+  auto job = slurm_job(2, 2, 1);
+  EXPECT_EQ(spares_filling_nodes(job), 1) << "no cluster.slurm_nodes: nothing to spread";
+  job.slurm_nodes = 3;
+  EXPECT_EQ(spares_filling_nodes(job), 2) << "4 workers + 2 spares: 2 on each of 3 nodes";
+  job.slurm_nodes = 5;
+  EXPECT_EQ(spares_filling_nodes(job), 1) << "5 tasks divide by 5 nodes already";
+  job.slurm_nodes = 4;
+  EXPECT_EQ(spares_filling_nodes(job), 4) << "8 tasks, 2 on each of 4 nodes";
+}
+
 TEST(slurm_backend, output_path_follows_the_run_log) {
   EXPECT_EQ(slurm_output_path("run.jsonl"), "run.slurm.log");
   EXPECT_EQ(slurm_output_path("out/job"), "out/job.slurm.log");

@@ -155,17 +155,24 @@ TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
                        "Slurm step output (each task's stdout and stderr): " + slurm_log("slurm")))
       << slurm.output;
   EXPECT_TRUE(contains(slurm.output, "iter      4/4")) << "no progress display:\n" << slurm.output;
+  // 4 workers + 1 spare do not divide by 3 nodes: a second spare fills the last node (srun
+  // would put 3 tasks on the first one).
+  EXPECT_TRUE(contains(slurm.output, "cluster.spares = 1 raised to 2")) << slurm.output;
+  EXPECT_FALSE(contains(read_file(slurm_log("slurm")), "can't honor --ntasks-per-node"))
+      << read_file(slurm_log("slurm"));
   const std::string run_log = read_file(cluster_->dir() + "/slurm.jsonl");
   EXPECT_TRUE(contains(run_log, "\"state_hash\":\"" + hash_of(local.output) + "\"")) << run_log;
 
-  // Each task said which role it took: 5 distinct nodes ids, one spare, and the two replicas
-  // of each stage on different Slurm nodes (placement).
+  // Each task said which role it took: 6 distinct nodes ids, two spares, two tasks on each
+  // node, and the two replicas of each stage on different Slurm nodes (placement).
   const std::string step = read_file(slurm_log("slurm"));
   std::set<int> ids, tasks;
   std::map<std::string, std::set<std::string>> nodes_of_stage;
+  std::map<std::string, int> tasks_on;
   int spares = 0;
   for (const auto& t : task_lines(step)) {
-    EXPECT_EQ(t.ntasks, 5) << step;
+    EXPECT_EQ(t.ntasks, 6) << step;
+    ++tasks_on[t.node_name];
     ids.insert(t.node);
     tasks.insert(t.task);
     if (t.role == "spare") {
@@ -174,9 +181,10 @@ TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
       nodes_of_stage[t.role.substr(0, t.role.find(" replica"))].insert(t.node_name);
     }
   }
-  EXPECT_EQ(ids, (std::set<int>{1, 2, 3, 4, 5})) << step;
-  EXPECT_EQ(tasks.size(), 5u) << step;
-  EXPECT_EQ(spares, 1) << step;
+  EXPECT_EQ(ids, (std::set<int>{1, 2, 3, 4, 5, 6})) << step;
+  EXPECT_EQ(tasks.size(), 6u) << step;
+  EXPECT_EQ(spares, 2) << step;
+  for (const auto& [node, n] : tasks_on) EXPECT_EQ(n, 2) << node << ":\n" << step;
   ASSERT_EQ(nodes_of_stage.size(), 2u) << step;
   for (const auto& [stage, nodes] : nodes_of_stage) {
     EXPECT_EQ(nodes.size(), 2u) << "replicas of stage " << stage << " share a node:\n" << step;
@@ -186,7 +194,7 @@ TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
 }
 
 TEST_F(slurm_launch, launch_sbatch_submits_a_batch_job_that_gives_the_same_state_hash) {
-  // The head inside its own allocation (-n 5 -N 3): srun without --immediate, on the
+  // The head inside its own allocation (-n 6 -N 3): srun without --immediate, on the
   // allocation's nodes.
   const auto local = cluster_->run(launch("local_b", short_run), 120);
   ASSERT_EQ(local.exit_code, 0) << local.output;
@@ -400,10 +408,11 @@ TEST_F(slurm_launch, losing_a_whole_node_is_recovered_bit_exact) {
   EXPECT_EQ(hash_of(slurm.output), hash_of(local.output)) << slurm.output;
 }
 
-// Two nodes for three tasks: the stages share a node, so each stage's second copy is on its
-// own node, where the replicator maps it, and the spare is on the other node. The replacement
-// is offered the mapping's handle, refuses it (another host) and pulls the slot from the
-// replicator's export of its mapping, bit-exact.
+// Two nodes for three tasks (an allocation of -N 2 -n 3: cluster.slurm_nodes would add a
+// spare to fill the second node): the stages share a node, so each stage's second copy is on
+// its own node, where the replicator maps it, and the spare is on the other node. The
+// replacement is offered the mapping's handle, refuses it (another host) and pulls the slot
+// from the replicator's export of its mapping, bit-exact.
 TEST_F(slurm_launch, a_replacement_on_another_host_pulls_a_mapped_copy_through_its_export) {
   if (!read_file(cluster_->dir() + "/run/hosts").starts_with("distinct")) {
     GTEST_SKIP() << "the Slurm nodes share this host's name (no UTS namespaces here): every "
@@ -419,9 +428,10 @@ TEST_F(slurm_launch, a_replacement_on_another_host_pulls_a_mapped_copy_through_i
   const auto local = cluster_->run(launch("export_fault_free", run), 120);
   ASSERT_EQ(local.exit_code, 0) << local.output;
   const auto slurm = cluster_->run(
-      launch("export", run + "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
-                             "--set cluster.backend=slurm --set cluster.spares=1 "
-                             "--set cluster.slurm_nodes=2 --inject kill:stage=1,replica=0,iter=10"),
+      "salloc -N 2 -n 3 " +
+          launch("export", run + "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                                 "--set cluster.backend=slurm --set cluster.spares=1 "
+                                 "--inject kill:stage=1,replica=0,iter=10"),
       120);
   ASSERT_FALSE(slurm.timed_out) << slurm.output;
   ASSERT_EQ(slurm.exit_code, 0) << slurm.output << "\nstep output:\n"
@@ -516,7 +526,8 @@ TEST_F(slurm_launch, a_wrong_partition_is_a_clear_error) {
 }
 
 TEST_F(slurm_launch, too_few_tasks_in_the_allocation_is_a_clear_error) {
-  // `moevement launch` inside `sbatch -n 2` for a job of 5 tasks.
+  // `moevement launch` inside `sbatch -n 2` for a job of 6 tasks (5, the spares raised to fill
+  // the 3 nodes).
   const std::string out = cluster_->dir() + "/few.out";
   const auto r = cluster_->run(
       "id=$(sbatch --parsable -n 2 -o " + out + " --wrap '" +
@@ -533,7 +544,7 @@ TEST_F(slurm_launch, too_few_tasks_in_the_allocation_is_a_clear_error) {
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_TRUE(contains(r.output,
                        "too few Slurm tasks: this allocation has 2 (SLURM_NTASKS) but pp=2 x "
-                       "dp=2 workers + 1 spare(s) need 5; ask sbatch/salloc for -n 5"))
+                       "dp=2 workers + 2 spare(s) need 6; ask sbatch/salloc for -n 6"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "launch exit 1")) << r.output;
 }
