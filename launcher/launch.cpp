@@ -67,7 +67,7 @@ std::string duration_text(double s) {
 
 // "final: loss L  val_loss V  tokens/s T  (N iterations, S s)  ETTR E", a run that began
 // past iteration 0 (a resume, a standby head's takeover) saying which of it is this run's;
-// "-" for a loss nothing measured (no iteration in this run, no validation).
+// "-" for what nothing measured (no iteration in this run, no validation).
 std::string final_line(const engine::job_outcome& o) {
   const auto loss = [](const std::optional<double>& v) {
     return v ? fmt::format("{:.4f}", *v) : std::string("-");
@@ -76,9 +76,29 @@ std::string final_line(const engine::job_outcome& o) {
       o.first_iteration > 0 ? fmt::format("{} iterations, {} of them in this run's {:.2f} s",
                                           o.iterations, o.iterations - o.first_iteration, o.seconds)
                             : fmt::format("{} iterations, {:.2f} s", o.iterations, o.seconds);
-  return fmt::format("final: loss {}  val_loss {}  tokens/s {:.0f}  ({})  ETTR {:.3f}{}",
-                     loss(o.final_loss), loss(o.val_loss), o.tokens_per_s, run, o.ettr,
-                     o.first_iteration > 0 ? " (this run's)" : "");
+  const bool trained = o.iterations > o.first_iteration;
+  return fmt::format("final: loss {}  val_loss {}  tokens/s {:.0f}  ({})  ETTR {}{}",
+                     loss(o.final_loss), loss(o.val_loss), o.tokens_per_s, run,
+                     trained ? fmt::format("{:.3f}", o.ettr) : std::string("-"),
+                     trained && o.first_iteration > 0 ? " (this run's)" : "");
+}
+
+// Where the run log goes, checked before anything is made beside it (its checkpoint.dir by
+// default): a bad engine.run_log is named as such, not as the directory made from it.
+void check_run_log_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    throw std::invalid_argument(
+        fmt::format("engine.run_log = {} is a directory: name a file (a .jsonl)", path));
+  }
+  const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : ".";
+  if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw std::invalid_argument(fmt::format(
+        "engine.run_log = {}: its directory {} does not exist or cannot be written: name a file "
+        "in a writable directory",
+        path, dir.string()));
+  }
 }
 
 // Connections to the head's port that were refused or dropped before they were admitted: not
@@ -732,6 +752,10 @@ int head_session::report() {
 
 int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                head_extension extension) {
+  if (argc == 3 && (std::string_view(argv[2]) == "--help" || std::string_view(argv[2]) == "-h")) {
+    std::cout << launch_usage;
+    return 0;
+  }
   auto options = parse_launch_options(argc, argv);
   if (!options) return 2;
   engine::job_config job = checked_job(*options);
@@ -765,6 +789,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                          std::move(extension));
     return standby.run();
   }
+  check_run_log_path(job.run_log);
   auto resume_from = open_journal(*options, job, journal);
   options->resume = resume_from.has_value();  // the run log goes on where it was
   if (options->sbatch) {

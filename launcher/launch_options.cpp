@@ -18,6 +18,7 @@ const char* const launch_usage =
     "  CONFIG: a TOML file (examples/configs/demo.toml); keys in docs/configuration.md\n"
     "  SPEC: kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot],\n"
     "        kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M],\n"
+    "        stall:stage=S,replica=D,iter=T[,phase=...], flip:stage=S,replica=D,iter=T[,...],\n"
     "        mtbf:SECONDS[,seed=N][,max=K] or trace:FILE (docs/recovery.md); they add to the\n"
     "        config's [[inject]] tables\n"
     "  --dry-run: check the config and the injections, print the failure schedules, start "
@@ -34,6 +35,11 @@ const char* const launch_usage =
 std::optional<launch_options> parse_launch_options(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << launch_usage;
+    return std::nullopt;
+  }
+  if (const std::string first = argv[2]; first.starts_with("--")) {
+    std::cerr << "moevement launch: the config file comes first, then " << first << "\n"
+              << launch_usage;
     return std::nullopt;
   }
   launch_options o;

@@ -469,8 +469,9 @@ void rollback_recovery::report_end(const state& rec, std::int64_t c, std::int64_
         .add("moe_layers", std::int64_t(got.lost_per_layer.size()))
         .add("plt", plt)
         .add("run_plt", run_plt);
-    pec_line =
-        fmt::format("; {} stale expert(s), {} token(s) lost, PLT {:.6f}", got.stale, lost, plt);
+    pec_line = fmt::format(
+        "; {} stale expert(s), {} token routings lost (over every MoE layer), PLT {:.6f}",
+        got.stale, lost, plt);
   }
   if (auto* log = job_.log()) log->write(end);
   job_.notice(fmt::format(

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -81,11 +82,32 @@ TEST(launch, no_iterations_ends_at_once_with_no_loss_shown) {
                                "--set engine.run_log=" + log_path("none"));
   ASSERT_EQ(l.exit_code, 0) << l.output;
   EXPECT_NE(l.output.find("final: loss -  val_loss -  "), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("ETTR -\n"), std::string::npos) << l.output;
   const auto t = run_moevement("train " + tiny() + " --set train.iterations=0");
   ASSERT_EQ(t.exit_code, 0) << t.output;
   EXPECT_NE(t.output.find("final: loss -  val_loss 5."), std::string::npos) << t.output;
   EXPECT_EQ(hash_of(l.output), hash_of(t.output));
   EXPECT_FALSE(hash_of(l.output).empty()) << l.output;
+}
+
+// A run log that cannot be written is refused before anything starts or is made, naming
+// engine.run_log (it was named as the checkpoint.dir made beside it, or a directory got a
+// .checkpoints sibling first).
+TEST(launch, a_run_log_that_cannot_be_written_is_refused_naming_the_key) {
+  const auto missing =
+      run_moevement("launch " + tiny() + " --set engine.run_log=/proc/moevement-nope/x.jsonl");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("engine.run_log = /proc/moevement-nope/x.jsonl: its directory"),
+            std::string::npos)
+      << missing.output;
+  const std::string dir = log_path("run_log_dir") + ".d";
+  std::filesystem::create_directories(dir);
+  const auto directory = run_moevement("launch " + tiny() + " --set engine.run_log=" + dir);
+  EXPECT_NE(directory.exit_code, 0);
+  EXPECT_NE(directory.output.find("is a directory: name a file"), std::string::npos)
+      << directory.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + ".checkpoints"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(launch, data_parallel_reduction_is_the_reference_left_fold) {
