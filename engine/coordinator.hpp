@@ -205,7 +205,10 @@ class coordinator : public actors::actor, private head_control {
   asio::awaitable<bool> loss_follows() override;
   void drop_stage(int stage, int replica) override;
   asio::awaitable<void> finish_stepping() override { return maybe_stepped_all(); }
-  void enter_recovery() override { phase_ = phase::recovering; }
+  void enter_recovery() override {
+    phase_ = phase::recovering;
+    attempt_spanned_recovery_ = true;
+  }
   asio::awaitable<bool> hold_training(double& group_abort_s) override;
   // Drops the iteration in progress on every surviving stage, at once (false: the job ended).
   asio::awaitable<bool> abort_survivors(double& group_abort_s);
@@ -409,6 +412,12 @@ class coordinator : public actors::actor, private head_control {
   // The iteration this head's training began at (a resume's or a takeover's target): its
   // tokens per second count the iterations from there.
   std::int64_t first_iteration_ = 0;
+  // The iteration's attempt went on across a loss (a stage lost after it stepped is rebuilt
+  // one step further; the others' steps commit the iteration): its time is mostly detection
+  // and recovery, not training, so the useful time it counts is that of the last attempt that
+  // did not (useful_s, ETTR).
+  bool attempt_spanned_recovery_ = false;
+  double last_clean_s_ = 0.0;
   std::map<std::int64_t, double> committed_s_;  // iteration -> its committed attempt (s)
   double validation_s_ = 0.0;                   // completed validation passes (s)
   std::chrono::steady_clock::time_point validation_start_;

@@ -42,6 +42,7 @@ void coordinator::start_iteration() {
   done_count_ = 0;
   stepped_flags_.assign(n, false);
   iteration_start_ = sclock::now();
+  attempt_spanned_recovery_ = false;
   arm_iteration_timeout();
   const std::int64_t it = iteration_;
   const std::uint64_t e = epoch_;
@@ -480,7 +481,13 @@ awaitable<void> coordinator::maybe_stepped_all() {
   }
   const double secs = std::chrono::duration<double>(sclock::now() - iteration_start_).count();
   train_seconds_ += secs;
-  committed_s_[last_.iteration] = secs;
+  // A stage lost after it stepped: the others' steps commit the iteration now, its time
+  // spent mostly waiting for that loss to be found.
+  if (std::any_of(stages_.begin(), stages_.end(), [](const actor_ref& r) { return !r.valid(); })) {
+    attempt_spanned_recovery_ = true;
+  }
+  if (!attempt_spanned_recovery_) last_clean_s_ = secs;
+  committed_s_[last_.iteration] = attempt_spanned_recovery_ ? std::min(secs, last_clean_s_) : secs;
   last_.seconds = secs;
   last_.step_phase_s = std::chrono::duration<double>(sclock::now() - steps_sent_).count();
   const double tokens =

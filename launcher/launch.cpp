@@ -65,17 +65,22 @@ std::string duration_text(double s) {
   return fmt::format("{}:{:02d}", total / 60, static_cast<int>(total % 60));
 }
 
-// "final: loss L  val_loss V  tokens/s T  (N iterations, S s)  ETTR E", a run that began
-// past iteration 0 (a resume, a standby head's takeover) saying which of it is this run's;
+// "final: loss L  val_loss V  tokens/s T  (N iterations, S s in iterations, W s wall)  ETTR E",
+// a run that began past iteration 0 (a resume, a standby head's takeover) saying which of it is
+// this run's;
 // "-" for what nothing measured (no iteration in this run, no validation).
 std::string final_line(const engine::job_outcome& o) {
   const auto loss = [](const std::optional<double>& v) {
     return v ? fmt::format("{:.4f}", *v) : std::string("-");
   };
-  const std::string run =
-      o.first_iteration > 0 ? fmt::format("{} iterations, {} of them in this run's {:.2f} s",
-                                          o.iterations, o.iterations - o.first_iteration, o.seconds)
-                            : fmt::format("{} iterations, {:.2f} s", o.iterations, o.seconds);
+  // The seconds the committed iterations took (what tokens/s divides), then the run's wall
+  // time: their difference is what failures cost beyond re-run iterations (engine.md).
+  const std::string secs =
+      fmt::format("{:.2f} s in iterations, {:.2f} s wall", o.seconds, o.wall_s);
+  const std::string run = o.first_iteration > 0
+                              ? fmt::format("{} iterations, {} of them in this run: {}",
+                                            o.iterations, o.iterations - o.first_iteration, secs)
+                              : fmt::format("{} iterations, {}", o.iterations, secs);
   const bool trained = o.iterations > o.first_iteration;
   return fmt::format("final: loss {}  val_loss {}  tokens/s {:.0f}  ({})  ETTR {}{}",
                      loss(o.final_loss), loss(o.val_loss), o.tokens_per_s, run,

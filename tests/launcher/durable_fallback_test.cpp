@@ -417,7 +417,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   ASSERT_NE(first, o.log.end()) << o.output;
   EXPECT_EQ(number_field(*first, "iteration"), target);
   EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
-  EXPECT_NE(o.output.find(fmt::format("({} iterations, {} of them in this run's ", its,
+  EXPECT_NE(o.output.find(fmt::format("({} iterations, {} of them in this run: ", its,
                                       std::stol(its) - long(target))),
             std::string::npos)
       << o.output;

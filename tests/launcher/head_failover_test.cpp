@@ -139,7 +139,7 @@ TEST(head_failover, a_killed_head_is_replaced_by_the_standby_bit_exact) {
   EXPECT_GE(resumed_at, last_logged + 1) << resumed;
   EXPECT_LE(resumed_at, last_logged + 2) << resumed;
   // The standby's final line says which iterations and seconds were its own.
-  EXPECT_NE(out.find(fmt::format("({} iterations, {} of them in this run's ", iterations,
+  EXPECT_NE(out.find(fmt::format("({} iterations, {} of them in this run: ", iterations,
                                  std::stol(iterations) - long(resumed_at))),
             std::string::npos)
       << out;

@@ -408,6 +408,21 @@ TEST(inject_launch, a_worker_fails_itself_at_a_phase_and_is_rebuilt_bit_exact) {
   }
 }
 
+// A worker hung in its step (the others stepped, so the iteration commits without it and it
+// is rebuilt one step further): the time spent finding the hang counts against the ETTR, as
+// for a hang at any other phase (before, the committed iteration's time held it as useful).
+TEST(inject_launch, a_hang_in_the_step_costs_its_detection_in_the_ettr) {
+  const auto o = launch("hang_step", job(1,
+                                         "--set cluster.failure_timeout_ms=1500 "
+                                         "--inject hang:stage=1,replica=0,iter=5,phase=step"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  const std::string* end = o.first("job_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  // Finding the hang takes the failure timeout at least: wall_s holds it, useful_s does not.
+  EXPECT_GE(number_field(*end, "wall_s") - number_field(*end, "useful_s"), 1.5) << *end;
+}
+
 TEST(inject_launch, mtbf_schedules_repeat_and_the_job_recovers_bit_exact) {
   const std::string inj = "--inject mtbf:0.1,seed=13,max=2";
   const auto a = run_moevement("launch " + job(2, inj) + " --dry-run");
