@@ -348,7 +348,9 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
   int number = 0;
   for (const auto& [i, t] : tables) {
     ++number;
-    const std::string source = fmt::format("[[inject]] table {} of {}", number, config_path);
+    // The n-th table of the file (1-based), and the index its flattened keys carry (--set).
+    const std::string source =
+        fmt::format("[[inject]] table {} of {} (keys inject.{}.*)", number, config_path, i);
     auto fail = [&](const std::string& what) -> void {
       throw std::invalid_argument(fmt::format(
           "{}: {}; expected kind = \"kill\"|\"hang\" with stage, replica and iter (phase) or "

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 
 namespace moevement::launcher {
 
@@ -62,6 +63,15 @@ void failure_injector::log_injection(const std::string& spec, transport::node_id
 // A head-side injection signals pids, which mean something only on the head's host: a worker on
 // another host has a pid that here may be any other process's. So only processes of this very
 // program are signalled.
+// Gone, or a zombie its parent (the launcher) has not reaped yet.
+bool failure_injector::ended(int pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string text;
+  if (!std::getline(stat, text)) return true;
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
+}
+
 bool failure_injector::ours(int pid) const {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink(fmt::format("/proc/{}/exe", pid), ec);
@@ -87,6 +97,9 @@ bool failure_injector::strike(failure_kind what, int stage, int replica, const s
     if (n != held->first && !(whole_host && w.domain == held->second.domain)) continue;
     if (ours(w.pid)) {
       victims.push_back(&w);
+    } else if (ended(w.pid)) {  // struck already (two injections at once), its loss not seen yet
+      say_(fmt::format("inject: {}: worker {} (pid {}) has ended already; skipped", label, w.node,
+                       w.pid));
     } else {
       say_(fmt::format(
           "inject: {}: worker {} (pid {}) is not a process of this program on the head's host "

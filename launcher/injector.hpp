@@ -61,6 +61,7 @@ class failure_injector {
   void inject_due(std::int64_t next_iteration);
   void schedule_due();
   void log_injection(const std::string& spec, transport::node_id n, int stage, int replica);
+  static bool ended(int pid);
   bool ours(int pid) const;
   std::chrono::steady_clock::time_point due(std::size_t i) const;
 

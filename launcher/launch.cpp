@@ -811,11 +811,18 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                    "checkpoint.dir to a directory every node sees\n";
     }
   }
+  // The built-in model's size; a custom stage type builds its own operators from the config's
+  // shapes, which only its stages know.
+  const std::string model =
+      job.stage_type == "moe"
+          ? fmt::format("model {} ({} layers, {:.3f} M parameters)", job.model.preset,
+                        job.model.layers, double(job.model.parameter_count()) / 1e6)
+          : fmt::format("model {} shapes, {} layers", job.model.preset, job.model.layers);
   std::cout << fmt::format(
-      "moevement launch: model {} ({} layers, {:.3f} M parameters), pp={} dp={}, {} workers + "
-      "{} spare(s), stage type {}, checkpoint policy {}\n",
-      job.model.preset, job.model.layers, double(job.model.parameter_count()) / 1e6, job.pp, job.dp,
-      job.workers(), job.spares, job.stage_type, engine::policy_name(job.policy));
+      "moevement launch: {}, pp={} dp={}, {} workers + {} spare(s), stage type {}, checkpoint "
+      "policy {}\n",
+      model, job.pp, job.dp, job.workers(), job.spares, job.stage_type,
+      engine::policy_name(job.policy));
   head_session session(*options, job, std::move(plan), journal, std::move(resume_from),
                        std::move(extension));
   return session.run();

@@ -107,7 +107,10 @@ int main(int argc, char** argv) {
     if (command == "slurm-env") return moevement::launcher::run_slurm_env(std::cout);
     if (command == "simulate")
       return moevement::launcher::run_simulate(argc, argv, std::cout, std::cerr);
-    if (command == "train") return moevement::launcher::run_train(argc, argv);
+    if (command == "train") {
+      std::setvbuf(stdout, nullptr, _IOLBF, 0);  // as launch's: a killed run's lines are there
+      return moevement::launcher::run_train(argc, argv);
+    }
     if (command == "report") return moevement::launcher::run_report(argc, argv);
     if (command == "launch" || command == "worker") {
       // Line by line into a file or pipe too: what a killed or hung job printed last is there.

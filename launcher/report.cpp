@@ -161,7 +161,10 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     recovery_row row;
     row.start = t;
     row.kind = r.text("recovery").value_or("?");
-    row.lost = fmt::format("stage {} replica {}", num(r, "stage", -1), num(r, "replica", -1));
+    // A resume (and a standby's takeover) lost nothing: every stage restores from disk.
+    row.lost = row.kind == "resume" || row.kind == "takeover"
+                   ? "none (every stage from disk)"
+                   : fmt::format("stage {} replica {}", num(r, "stage", -1), num(r, "replica", -1));
     s.recoveries.push_back(row);
     add_supervision(s, r, t, ev);
   } else if (ev == "region_escalated") {

@@ -525,10 +525,14 @@ std::string slurm_step_ended_text(const engine::job_config& job, const slurm_ste
   const std::string tail = step.output_tail();
   std::string hint;
   if (tail.find("Invalid partition") != std::string::npos) {
-    hint = fmt::format(
-        "cluster.slurm_partition = '{}' is not a partition of this cluster "
-        "(`sinfo -s` lists them)\n",
-        job.slurm_partition);
+    hint = job.slurm_partition.empty()
+               ? std::string(
+                     "the partition srun was given (SLURM_PARTITION, or the cluster's "
+                     "default) is not one of this cluster (`sinfo -s` lists them)\n")
+               : fmt::format(
+                     "cluster.slurm_partition = '{}' is not a partition of this cluster "
+                     "(`sinfo -s` lists them)\n",
+                     job.slurm_partition);
   } else if (tail.find("More processors requested than permitted") != std::string::npos ||
              tail.find("Requested node configuration is not available") != std::string::npos ||
              tail.find("Unable to allocate resources") != std::string::npos) {
@@ -623,10 +627,13 @@ int submit_with_sbatch(const engine::job_config& job, const std::string& config_
               << "):\n"
               << said;
     if (said.find("Invalid partition") != std::string::npos) {
-      std::cerr << fmt::format(
-          "cluster.slurm_partition = '{}' is not a partition of this "
-          "cluster (`sinfo -s` lists them)\n",
-          job.slurm_partition);
+      // The partition is the key's, or one given to sbatch after `--`.
+      std::cerr << (job.slurm_partition.empty()
+                        ? std::string("a partition given to sbatch is not one of this cluster")
+                        : fmt::format("cluster.slurm_partition = '{}' is not a partition of this "
+                                      "cluster",
+                                      job.slurm_partition))
+                << " (`sinfo -s` lists them)\n";
     }
     return 1;
   }

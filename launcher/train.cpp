@@ -140,6 +140,17 @@ int run_train(int argc, char** argv) {
   // `train` reads model.*, train.* and parallel.dp (it emulates the data-parallel replicas in
   // this process, so it is the bit-exact reference of `launch`); the engine's other keys are
   // accepted and ignored so that one file serves both. Anything else is an unknown key.
+  // A custom stage type builds other operators than the MoE this trains: its hash would not
+  // be that job's reference.
+  if (const auto stage = map.find("engine.stage"); stage != map.end()) {
+    if (const std::string type = models::config_string(stage->first, stage->second);
+        type != "moe") {
+      throw std::invalid_argument(fmt::format(
+          "engine.stage = {}: `moevement train` trains the built-in MoE stage only; a custom "
+          "stage type runs under `launch` (docs/custom-stages.md)",
+          type));
+    }
+  }
   models::config_map own;
   for (auto& [key, value] : map) {
     if (!is_engine_section(key) || key == "parallel.dp") own.emplace(key, std::move(value));

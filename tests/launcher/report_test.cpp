@@ -136,6 +136,16 @@ TEST(report, a_resumed_jobs_log_counts_every_runs_wall_time) {
   const std::string log2 = write("taken.jsonl", killed + taken);
   ASSERT_EQ(run_moevement("report " + log2 + " -o " + out).exit_code, 0);
   EXPECT_NE(read(out).find("(the last of 2 runs: a standby head took over)"), std::string::npos);
+  // A resume's recovery lost no stage (its event names the first role it restores).
+  std::string resumed = run_log_text(1000);
+  resumed.insert(resumed.find('\n') + 1,
+                 "{\"kind\":\"event\",\"event\":\"recovery_start\",\"recovery\":\"resume\","
+                 "\"stage\":0,\"replica\":0,\"time_s\":0.01}\n");
+  const std::string log3 = write("resumed3.jsonl", killed + resumed);
+  ASSERT_EQ(run_moevement("report " + log3 + " -o " + out).exit_code, 0);
+  EXPECT_NE(read(out).find("<td>resume</td><td>none (every stage from disk)</td>"),
+            std::string::npos)
+      << read(out);
 }
 
 // Values a hostile or broken log may hold: huge, null (a diverged loss), missing. The report

@@ -66,7 +66,9 @@ TEST(train, bad_configs_exit_1_naming_the_key) {
            {"train.device=tpu", "train.device"},
            // 10^9 x 64 x (256 + 32) x 4 bytes: refused before any allocation (was an OOM kill)
            {"train.micro_batch_size=1000000000", "train.micro_batch_size"},
-           {"cluster.spares=1 --set bogus.key=1", "bogus.key"}}) {
+           {"cluster.spares=1 --set bogus.key=1", "bogus.key"},
+           // a custom stage type's hash would not be that job's reference
+           {"engine.stage=residual_mlp", "engine.stage"}}) {
     const auto r = run("train " + tiny() + " --set " + set);
     EXPECT_EQ(r.exit_code, 1) << set << "\n" << r.output;
     EXPECT_NE(r.output.find(key + ":"), std::string::npos) << set << "\n" << r.output;
