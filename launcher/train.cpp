@@ -146,8 +146,8 @@ int run_train(int argc, char** argv) {
     if (const std::string type = models::config_string(stage->first, stage->second);
         type != "moe") {
       throw std::invalid_argument(fmt::format(
-          "engine.stage = {}: `moevement train` trains the built-in MoE stage only; a custom "
-          "stage type runs under `launch` (docs/custom-stages.md)",
+          "engine.stage: `moevement train` trains the built-in MoE stage only, not {}; a "
+          "custom stage type runs under `launch` (docs/custom-stages.md)",
           type));
     }
   }
