@@ -105,8 +105,14 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
     } else {
       why = "no spare worker is left (raise cluster.spares)";
     }
-    fail(fmt::format("worker {} ({}, pid {}) {} at iteration {}; {}, so the job stops", n, role,
-                     w.pid, how, iteration_, why));
+    // "was lost at iteration 2 (admission ... refused)": the iteration next to the verb, the
+    // transport's words after it.
+    const auto colon = how.find(": ");
+    const std::string what = colon == std::string::npos
+                                 ? fmt::format("{} at iteration {}", how, iteration_)
+                                 : fmt::format("{} at iteration {} ({})", how.substr(0, colon),
+                                               iteration_, how.substr(colon + 2));
+    fail(fmt::format("worker {} ({}, pid {}) {}; {}, so the job stops", n, role, w.pid, what, why));
     co_return;
   }
   workers_.erase(it);

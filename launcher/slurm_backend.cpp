@@ -163,8 +163,10 @@ std::vector<std::string> srun_command(const engine::job_config& job, const std::
   if (job.slurm_nodes > 0 && !in_allocation) c.push_back(spread_tasks(job));
   if (!in_allocation) {
     // Outside an allocation srun would queue for ever when the cluster cannot run the step.
+    // It gives up a little before the head's start timeout, so that its reason (too few
+    // nodes, say) and the hint that names the key come out rather than "0 of N said hello".
     c.push_back(
-        fmt::format("--immediate={}", std::max<std::int64_t>(1, job.start_timeout_ms / 1000)));
+        fmt::format("--immediate={}", std::max<std::int64_t>(1, job.start_timeout_ms * 3 / 4000)));
   }
   // One task dying must not end the step (recovery moves its stage to a spare): never -K1,
   // and say so explicitly in case the cluster's slurm.conf sets KillOnBadExit. --no-kill:
@@ -538,7 +540,8 @@ std::string slurm_step_ended_text(const engine::job_config& job, const slurm_ste
              tail.find("Unable to allocate resources") != std::string::npos) {
     hint = fmt::format(
         "too few Slurm tasks or nodes for pp={} x dp={} workers + {} spare(s) = {} "
-        "tasks{}: ask sbatch/salloc for more (-n, -N) or lower cluster.spares\n",
+        "tasks{}: ask sbatch/salloc for more (-n, -N), or lower cluster.spares or "
+        "cluster.slurm_nodes\n",
         job.pp, job.dp, job.spares, job.workers() + job.spares,
         job.slurm_nodes > 0 ? fmt::format(" on {} nodes", job.slurm_nodes) : "");
   }

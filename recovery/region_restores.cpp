@@ -61,20 +61,23 @@ void region_recovery::announce_restart(const region& r) {
                             m.lost.stage, m.lost.replica, m.lost.node);
       }
     }
+    // "iterations 5..7", or nothing when the window holds the target's state already.
+    const std::string replaying =
+        first <= target - 1 ? fmt::format("replaying iterations {}..{}", first, target - 1)
+                            : std::string("nothing to replay");
     job_.notice(
-        durable ? fmt::format("{} durable window {} on workers {} (replaying iterations {}..{})",
+        durable ? fmt::format("{} durable window {} on workers {} ({})",
                               state_->resume ? "resuming from" : "rolling the whole job back to",
-                              window, spares, first, target - 1)
-                : fmt::format("{} lost; {}rebuilding {} on spare worker{} {}{} from {} (replaying "
-                              "iterations {}..{})",
-                              lost, r.restarts > 0 ? "the recovery grew: " : "", stages,
+                              window, spares, replaying)
+                : fmt::format("{} lost; {}rebuilding {} on spare worker{} {}{} from {} ({})", lost,
+                              r.restarts > 0 ? "the recovery grew: " : "", stages,
                               rebuilt > 1 ? "s" : "", replacements,
                               replacements == spares
                                   ? std::string()
                                   : fmt::format(", the group replaying on workers {}", spares),
                               has_window ? fmt::format("window {}", window)
                                          : std::string("the initial state"),
-                              first, target - 1));
+                              replaying));
   }
   if (log != nullptr) {
     const member& m0 = r.members.front();

@@ -45,7 +45,8 @@ TEST(slurm_backend, srun_command_keeps_the_step_alive_and_carries_no_token) {
   EXPECT_TRUE(has(c, "--job-name=moevement-1-abc"));
   EXPECT_TRUE(has(c, "--kill-on-bad-exit=0"));
   EXPECT_TRUE(has(c, "--distribution=block"));
-  EXPECT_TRUE(has(c, "--immediate=30")) << "outside an allocation srun must not queue for ever";
+  EXPECT_TRUE(has(c, "--immediate=22"))
+      << "outside an allocation srun must not queue for ever, and gives up before the head";
   EXPECT_FALSE(has(c, "-K1"));
   EXPECT_FALSE(has(c, "--kill-on-bad-exit=1"));
   EXPECT_FALSE(has(c, "--host")) << "not loopback: each task resolves its own node name";
