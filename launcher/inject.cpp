@@ -18,6 +18,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "models/model.hpp"
+
 namespace moevement::launcher {
 
 namespace {
@@ -568,6 +570,19 @@ void check_flip(const injection& inj, const engine::job_config& job) {
     fail(
         "flip changes a CPU stage's host weights; GPU stages (train.device = \"cuda\") are not "
         "checked for silent corruption yet");
+  }
+  if (!inj.op.empty() && job.stage_type == "moe") {
+    // The built-in stage's operators, by name (nothing is allocated): a name it lacks is
+    // refused here, not by the worker once the job runs.
+    const models::moe_model model(job.model, 0, 0, 0, false);
+    const auto range = models::partition(job.model, job.pp).at(std::size_t(inj.stage));
+    std::string names;
+    for (std::size_t i = range.first_op; i < range.last_op; ++i) {
+      if (model.ops()[i].name() == inj.op) return;
+      if (names.size() < 400) names += (names.empty() ? "" : ", ") + model.ops()[i].name();
+    }
+    fail(fmt::format("stage {} has no operator '{}' (it has {}{})", inj.stage, inj.op, names,
+                     names.size() >= 400 ? ", ..." : ""));
   }
 }
 
