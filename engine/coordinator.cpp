@@ -570,8 +570,16 @@ awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
   const transport::node_id n = it->first;
   const int stage = it->second.stage, replica = it->second.replica;
   // A worker stopping (SIGTERM, a Slurm step's end) stops its actors before its goodbye: that
-  // goodbye is a loss like any other (a spare takes the stage), not the end of the job.
-  if (why.kind == actors::exit_kind::shutdown && co_await loss_follows()) co_return;
+  // goodbye is a loss like any other (a spare takes the stage), not the end of the job. Its
+  // node leaving the membership (within the failure timeout) says it was; its loss, queued
+  // behind this turn, decides.
+  if (why.kind == actors::exit_kind::shutdown && started()) {
+    const auto until = sclock::now() + std::chrono::milliseconds(job_.failure_timeout_ms + 200);
+    while (!finished_ && system().last_heard(n).has_value() && sclock::now() < until) {
+      co_await system().sleep_for(std::chrono::milliseconds(20));
+    }
+    if (finished_ || !system().last_heard(n).has_value()) co_return;
+  }
   if (finished_) co_return;
   fail(fmt::format("the actor of stage {} replica {} (worker {}) stopped: {}", stage, replica, n,
                    why.to_string()));

@@ -576,13 +576,23 @@ void check_flip(const injection& inj, const engine::job_config& job) {
     // refused here, not by the worker once the job runs.
     const models::moe_model model(job.model, 0, 0, 0, false);
     const auto range = models::partition(job.model, job.pp).at(std::size_t(inj.stage));
+    // Under expert parallelism the replica holds its EP rank's block of experts only.
+    const models::expert_split split =
+        job.ep > 1 ? models::expert_split{inj.replica % job.ep, job.ep} : models::expert_split{};
     std::string names;
     for (std::size_t i = range.first_op; i < range.last_op; ++i) {
-      if (model.ops()[i].name() == inj.op) return;
-      if (names.size() < 400) names += (names.empty() ? "" : ", ") + model.ops()[i].name();
+      const auto& op = model.ops()[i];
+      const std::string& name = op.name();
+      const auto at = name.rfind(".expert");
+      if (at != std::string::npos &&
+          !split.holds(std::atoi(name.c_str() + at + 7), job.model.experts)) {
+        continue;
+      }
+      if (name == inj.op) return;
+      if (names.size() < 400) names += (names.empty() ? "" : ", ") + name;
     }
-    fail(fmt::format("stage {} has no operator '{}' (it has {}{})", inj.stage, inj.op, names,
-                     names.size() >= 400 ? ", ..." : ""));
+    fail(fmt::format("stage {} replica {} has no operator '{}' (it has {}{})", inj.stage,
+                     inj.replica, inj.op, names, names.size() >= 400 ? ", ..." : ""));
   }
 }
 

@@ -63,11 +63,12 @@ void failure_injector::log_injection(const std::string& spec, transport::node_id
 // A head-side injection signals pids, which mean something only on the head's host: a worker on
 // another host has a pid that here may be any other process's. So only processes of this very
 // program are signalled.
-// Gone, or a zombie its parent (the launcher) has not reaped yet.
+// A zombie its parent (the launcher) has not reaped yet: struck already. (A pid with no
+// process here may be on another host: not known to have ended.)
 bool failure_injector::ended(int pid) {
   std::ifstream stat(fmt::format("/proc/{}/stat", pid));
   std::string text;
-  if (!std::getline(stat, text)) return true;
+  if (!std::getline(stat, text)) return false;
   const auto close = text.rfind(')');
   return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
 }
@@ -103,7 +104,8 @@ bool failure_injector::strike(failure_kind what, int stage, int replica, const s
     } else {
       say_(fmt::format(
           "inject: {}: worker {} (pid {}) is not a process of this program on the head's host "
-          "(another host?): a head-side injection cannot reach it; skipped (phase=... "
+          "(ended already, or on another host?): a head-side injection cannot reach it; skipped "
+          "(phase=... "
           "injections are carried out by the worker itself, on any host)",
           label, w.node, w.pid));
     }

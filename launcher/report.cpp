@@ -161,8 +161,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     recovery_row row;
     row.start = t;
     row.kind = r.text("recovery").value_or("?");
-    // A resume (and a standby's takeover) lost nothing: every stage restores from disk.
-    row.lost = row.kind == "resume" || row.kind == "takeover"
+    // A resume lost nothing: every stage restores from disk.
+    row.lost = row.kind == "resume"
                    ? "none (every stage from disk)"
                    : fmt::format("stage {} replica {}", num(r, "stage", -1), num(r, "replica", -1));
     s.recoveries.push_back(row);

@@ -245,8 +245,12 @@ std::optional<std::string> slurm_precheck(const engine::job_config& job) {
         return fmt::format(
             "too few Slurm tasks: this allocation has {} (SLURM_NTASKS) but pp={} x dp={} "
             "workers + {} spare(s) need {}; ask sbatch/salloc for -n {} (or lower "
-            "cluster.spares)",
-            have, job.pp, job.dp, job.spares, needed, needed);
+            "cluster.spares{})",
+            have, job.pp, job.dp, job.spares, needed, needed,
+            job.slurm_nodes > 0 ? "; cluster.slurm_nodes raises the spares to fill its nodes: "
+                                  "inside an allocation leave it at 0, the step uses the "
+                                  "allocation's nodes"
+                                : "");
       }
     }
   }

@@ -446,12 +446,34 @@ void baseline_agent::set_targets(std::vector<actor_ref> holders) {
     if (std::find(targets_.begin(), targets_.end(), h) == targets_.end()) added.push_back(h);
   }
   targets_ = std::move(holders);
+  if (added.empty()) return;
   // A holder that replaces a lost one gets every checkpoint kept now, oldest first (a pec
   // rollback needs each save of its chain), not only the next: else a failure before the
-  // next would roll back further than the kept ones reach.
+  // next would roll back further than the kept ones reach. What is kept is `held`: a
+  // rollback dropped the abandoned run's newer ones, and a rebuilt stage holds what it
+  // restored, not exported yet.
+  std::vector<std::pair<std::int64_t, held_checkpoint>> held;
+  {
+    std::lock_guard lock(shared_->mu);
+    for (const auto& [it, c] : shared_->held) held.emplace_back(it, c);
+  }
+  std::erase_if(exported_, [&](const auto& kv) {
+    return std::none_of(held.begin(), held.end(),
+                        [&](const auto& h) { return h.first == kv.first; });
+  });
   std::vector<std::int64_t> keep;
-  for (const auto& [it, e] : exported_) keep.push_back(it);
-  for (const auto& [it, e] : exported_) offer(added, it, e.first, e.second, keep);
+  for (const auto& [it, c] : held) keep.push_back(it);
+  for (auto& [it, c] : held) {
+    auto e = exported_.find(it);
+    if (e == exported_.end()) {
+      transport::bulk_region region;
+      if (!(shared_->pool && shared_->pool->lent_region(c.bytes.data()))) {
+        region = io_.export_memory(c.bytes);
+      }
+      e = exported_.insert_or_assign(it, std::make_pair(std::move(region), c)).first;
+    }
+    offer(added, it, e->second.first, e->second.second, keep);
+  }
 }
 
 std::string baseline_agent::unfit(std::int64_t iteration, const held_checkpoint& c) const {
