@@ -252,7 +252,8 @@ class coordinator : public actors::actor, private head_control {
   // Owner node -> the replicators holding its snapshot copies (engine/snapshot_placement).
   std::map<transport::node_id, std::vector<actors::actor_ref>> snapshot_holders() const;
   // A spare's replicator `lost` is gone between recoveries: every stage worker whose copies it
-  // held (in `before`, the placement with it) is told where they go now (policy moevement).
+  // held (in `before`, the placement with it) is told where they go now (every policy whose
+  // workers hold copies for each other).
   void retarget_snapshots(
       const std::map<transport::node_id, std::vector<actors::actor_ref>>& before,
       actors::actor_ref lost);

@@ -137,9 +137,6 @@ int run_train(int argc, char** argv) {
   }
   models::config_map map = load_config_file(o.config);
   for (const auto& kv : o.overrides) apply_override(map, kv);
-  // `train` reads model.*, train.* and parallel.dp (it emulates the data-parallel replicas in
-  // this process, so it is the bit-exact reference of `launch`); the engine's other keys are
-  // accepted and ignored so that one file serves both. Anything else is an unknown key.
   // A custom stage type builds other operators than the MoE this trains: its hash would not
   // be that job's reference.
   if (const auto stage = map.find("engine.stage"); stage != map.end()) {
@@ -151,6 +148,9 @@ int run_train(int argc, char** argv) {
           type));
     }
   }
+  // `train` reads model.*, train.* and parallel.dp (it emulates the data-parallel replicas in
+  // this process, so it is the bit-exact reference of `launch`); the engine's other keys are
+  // accepted and ignored so that one file serves both. Anything else is an unknown key.
   models::config_map own;
   for (auto& [key, value] : map) {
     if (!is_engine_section(key) || key == "parallel.dp") own.emplace(key, std::move(value));

@@ -398,13 +398,7 @@ void baseline_agent::ship() {
     std::erase_if(exported_, [&](const auto& kv) { return !shared_->held.contains(kv.first); });
   }
   for (auto& [it, c] : fresh) {
-    // Lent memory is a region already; heap memory is exported for this checkpoint.
-    transport::bulk_region region;
-    if (!(shared_->pool && shared_->pool->lent_region(c.bytes.data()))) {
-      region = io_.export_memory(c.bytes);
-    }
-    const auto& [r, held] =
-        exported_.insert_or_assign(it, std::make_pair(std::move(region), c)).first->second;
+    const auto& [r, held] = export_checkpoint(it, c);
     offer(targets_, it, r, held, keep);
   }
   // Regions for a capture that missed, on this thread as the link requires: a batch of as
@@ -412,6 +406,16 @@ void baseline_agent::ship() {
   // checkpoint, after its holders moved on: a smaller bound frees a region the next capture
   // then misses).
   if (shared_->pool) shared_->pool->refill(memory_checkpoints_kept, memory_checkpoints_kept);
+}
+
+const std::pair<transport::bulk_region, held_checkpoint>& baseline_agent::export_checkpoint(
+    std::int64_t it, const held_checkpoint& c) {
+  // Lent memory is a region already; heap memory is exported for this checkpoint.
+  transport::bulk_region region;
+  if (!(shared_->pool && shared_->pool->lent_region(c.bytes.data()))) {
+    region = io_.export_memory(c.bytes);
+  }
+  return exported_.insert_or_assign(it, std::make_pair(std::move(region), c)).first->second;
 }
 
 void baseline_agent::offer(const std::vector<actor_ref>& to, std::int64_t it,
@@ -463,16 +467,10 @@ void baseline_agent::set_targets(std::vector<actor_ref> holders) {
   });
   std::vector<std::int64_t> keep;
   for (const auto& [it, c] : held) keep.push_back(it);
-  for (auto& [it, c] : held) {
-    auto e = exported_.find(it);
-    if (e == exported_.end()) {
-      transport::bulk_region region;
-      if (!(shared_->pool && shared_->pool->lent_region(c.bytes.data()))) {
-        region = io_.export_memory(c.bytes);
-      }
-      e = exported_.insert_or_assign(it, std::make_pair(std::move(region), c)).first;
-    }
-    offer(added, it, e->second.first, e->second.second, keep);
+  for (const auto& [it, c] : held) {
+    const auto e = exported_.find(it);
+    const auto& [r, kept] = e != exported_.end() ? e->second : export_checkpoint(it, c);
+    offer(added, it, r, kept, keep);
   }
 }
 

@@ -134,6 +134,9 @@ class baseline_agent : public actors::actor {
                              engine::wire::RollbackLoaded::Builder out);
   // The holders after a spare holding copies was lost (the head's placement).
   asio::awaitable<void> retarget(engine::wire::SnapshotTargets::Reader m);
+  // Keeps checkpoint `it` offerable (exported_): heap memory exported, lent memory as it is.
+  const std::pair<transport::bulk_region, held_checkpoint>& export_checkpoint(
+      std::int64_t it, const held_checkpoint& c);
   // Offers checkpoint `it` (exported as `region`, or lent memory) to the holders `to`.
   void offer(const std::vector<actors::actor_ref>& to, std::int64_t it,
              const transport::bulk_region& region, const held_checkpoint& c,
