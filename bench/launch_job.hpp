@@ -95,8 +95,8 @@ struct job_outcome {
 // (engine.run_log). `on_poll` (optional) is called after each poll with its time stamp, to watch
 // something else on the same clock; `kill_when` (optional), with the run log so far, says when to
 // kill the process (SIGKILL, once); outlived: after that kill, the run log is read on until it
-// ends (job_end or job_failed: another process, a standby head, carried the job on; at most
-// 10 minutes). Throws only when the process cannot be started.
+// ends (job_end, job_stopped or job_failed: another process, a standby head, carried the job on; at
+// most 10 minutes). Throws only when the process cannot be started.
 inline job_outcome launch_job(
     const std::string& bin, const std::vector<std::string>& args, const std::filesystem::path& log,
     const std::function<void(double)>& on_poll = {},
@@ -145,7 +145,8 @@ inline job_outcome launch_job(
   auto ended = [&] {
     for (const auto& [t, l] : o.lines) {
       if (l.find("\"event\":\"job_end\"") != std::string::npos ||
-          l.find("\"event\":\"job_failed\"") != std::string::npos) {
+          l.find("\"event\":\"job_failed\"") != std::string::npos ||
+          l.find("\"event\":\"job_stopped\"") != std::string::npos) {
         return true;
       }
     }

@@ -127,6 +127,15 @@ void coordinator::fail(const std::string& message) {
   finish_with(std::move(o));
 }
 
+void coordinator::stop_for_resume(const std::string& message) {
+  if (finished_) return;
+  job_outcome o;
+  o.stopped = true;
+  o.message = message;
+  o.iterations = iteration_;
+  finish_with(std::move(o));
+}
+
 void coordinator::finish_with(job_outcome outcome) {
   if (finished_) return;
   finished_ = true;
@@ -140,7 +149,10 @@ void coordinator::finish_with(job_outcome outcome) {
   }
   if (log_ != nullptr) {
     json_record r;
-    r.add("kind", "event").add("event", outcome.ok ? "job_end" : "job_failed");
+    r.add("kind", "event")
+        .add("event", outcome.ok        ? "job_end"
+                      : outcome.stopped ? "job_stopped"
+                                        : "job_failed");
     r.add("iterations", outcome.iterations);
     // The head's view of its members over the job: connections redialled, silences reported
     // to it, and its verdicts on those reports (docs/actors.md).

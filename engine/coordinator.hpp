@@ -77,7 +77,9 @@ struct iteration_record {
 
 struct job_outcome {
   bool ok = false;
-  std::string message;           // what went wrong (empty when ok)
+  // Not ok, but on purpose: stopped with a window on disk to resume from (run log: job_stopped).
+  bool stopped = false;
+  std::string message;           // what went wrong, or where a stop goes on (empty when ok)
   std::uint64_t state_hash = 0;  // when ok
   // The last iteration's loss (none when this run trained none) and the last validation's
   // (none when none ran: train.val_batches = 0, or no iteration).
@@ -155,6 +157,9 @@ class coordinator : public actors::actor, private head_control {
   const std::map<transport::node_id, worker_info>& workers() const override { return workers_; }
   // The job has failed (a worker lost, a stage failed): stop with this message.
   void fail(const std::string& message) override;
+  // The job stops on purpose (SIGUSR1 once a window is on disk): like fail, but the run log
+  // says job_stopped, so a report or a tool reading it does not take it for a failure.
+  void stop_for_resume(const std::string& message);
   // Worker `node` is gone (heartbeats stopped, it said goodbye, or its process exited; `how`
   // says which). A spare is dropped; a stage is recovered on a spare when the policy can,
   // else the job fails naming the worker.

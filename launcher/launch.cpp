@@ -504,10 +504,12 @@ void head_session::request_stop() {
 void head_session::window_on_disk(const engine::resume_point& p) {
   if (!stop_requested_ || finished_ || stopped_at_) return;
   stopped_at_ = p;
-  fail(fmt::format(
-      "stopped on SIGUSR1 with window {} on disk: {} from iteration {}", p.window,
-      options_.requeue ? "the requeued job goes on" : "`moevement launch CONFIG --resume` goes on",
-      p.target_iteration));
+  if (auto* c = coordinator())
+    c->stop_for_resume(
+        fmt::format("stopped on SIGUSR1 with window {} on disk: {} from iteration {}", p.window,
+                    options_.requeue ? "the requeued job goes on"
+                                     : "`moevement launch CONFIG --resume` goes on",
+                    p.target_iteration));
 }
 
 void head_session::arm_start_timeout() {
@@ -699,7 +701,8 @@ int head_session::run() {
   end_line();
   log_link_refusals(log_, link_.counters());
   injector_.report_unfired(std::cout);
-  // The run log is complete here (job_end or job_failed); state_hash= stays the last line.
+  // The run log is complete here (job_end, job_stopped or job_failed); state_hash= stays the last
+  // line.
   if (!options_.report.empty()) {
     try {
       write_report({job_.run_log}, options_.report);
@@ -763,6 +766,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   }
   auto options = parse_launch_options(argc, argv);
   if (!options) return 2;
+  if (const auto why = launched_by_many_tasks()) {
+    std::cerr << "moevement launch: " << *why << "\n";
+    return 2;
+  }
   engine::job_config job = checked_job(*options);
   if (const int spares = spares_filling_nodes(job);
       job.backend == "slurm" && spares != job.spares) {

@@ -89,8 +89,8 @@ struct run_story {
   std::vector<recovery_row> recoveries;
   std::vector<supervision_row> supervision;
   std::optional<double> ettr, wall_s, w_sparse;
-  std::optional<double> w_last;  // W_sparse as the head re-chose it (window_tuned), if it did
-  std::string hash, failed;
+  std::optional<double> w_last;    // W_sparse as the head re-chose it (window_tuned), if it did
+  std::string hash, failed, stop;  // stop: SIGUSR1's job_stopped
   long iterations = 0;
   // job_start records: more than one where a resumed job, or a standby head taking over,
   // appended to the log; the takeovers among them.
@@ -181,6 +181,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     row.replayed = static_cast<long>(drawable(r, "iterations_replayed").value_or(0));
   } else if (ev == "job_start") {
     ++s.starts;
+    s.failed.clear();  // a resume or a takeover goes on: the end is this run's
+    s.stop.clear();
     if (r.has("takeover")) ++s.takeovers;
   } else if (ev == "job_end") {
     s.ettr = r.number("ettr");  // of the last run (a resumed job's: since its resume)
@@ -189,6 +191,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     s.hash = r.text("state_hash").value_or("");
   } else if (ev == "job_failed") {
     s.failed = r.text("message").value_or("the job failed");
+  } else if (ev == "job_stopped") {
+    s.stop = r.text("message").value_or("stopped with a window on disk");
   }
 }
 
@@ -425,6 +429,7 @@ std::string summary_table(const std::vector<run_story>& runs) {
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
     std::string end = !r.failed.empty() ? "failed: " + r.failed
+                      : !r.stop.empty() ? r.stop
                       : r.hash.empty()  ? "no job_end record (still running, or killed)"
                                         : "state_hash " + r.hash;
     out += fmt::format(

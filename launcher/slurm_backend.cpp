@@ -231,6 +231,18 @@ slurm_role slurm_role_of(const slurm_env& env, int pp, int dp, int spares) {
   return r;
 }
 
+std::optional<std::string> launched_by_many_tasks() {
+  const char* n = std::getenv("SLURM_STEP_NUM_TASKS");  // set by srun only, not in a batch script
+  if (n == nullptr || std::strtol(n, nullptr, 10) <= 1) return std::nullopt;
+  const char* id = std::getenv("SLURM_PROCID");
+  return fmt::format(
+      "this is task {} of {} of a Slurm step (SLURM_STEP_NUM_TASKS = {}), but `moevement launch` "
+      "is the job's head and runs once: it starts its workers itself (with srun, under "
+      "cluster.backend = \"slurm\"). Run it once, in the batch script or the salloc shell, not "
+      "under `srun -n N`",
+      id != nullptr ? id : "?", n, n);
+}
+
 std::optional<std::string> slurm_precheck(const engine::job_config& job) {
   if (!on_path("srun")) {
     return "cluster.backend = \"slurm\" but srun is not on PATH: run this on a Slurm login node "

@@ -68,6 +68,10 @@ struct slurm_role {
 // message saying what to change when the step does not match the job (task count, ...).
 slurm_role slurm_role_of(const slurm_env& env, int pp, int dp, int spares);
 
+// `moevement launch` run as one of several tasks of a Slurm step (`srun -n N moevement launch`):
+// each would be a head of its own job. Says so, or nothing (one task, or not in a step).
+std::optional<std::string> launched_by_many_tasks();
+
 // Before starting srun: checks what can be checked in this process's environment (srun on
 // PATH; inside an allocation, enough tasks). Returns an error message, or nullopt.
 std::optional<std::string> slurm_precheck(const engine::job_config& job);

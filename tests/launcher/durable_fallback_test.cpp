@@ -537,6 +537,9 @@ TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exac
     its =
         std::to_string(std::max(std::stol(its), std::atol(out.c_str() + at + goes_on.size()) + 20));
     EXPECT_EQ(count_events(lines_of(j.log), "durable_rollback"), 0) << out;
+    // A stop on purpose, not a failure (a report or a tool reading the log tells them apart).
+    EXPECT_EQ(count_events(lines_of(j.log), "job_stopped"), 1) << out;
+    EXPECT_EQ(count_events(lines_of(j.log), "job_failed"), 0) << out;
   }
   const auto o =
       launch("usr1-resumed",

@@ -148,6 +148,30 @@ TEST(report, a_resumed_jobs_log_counts_every_runs_wall_time) {
       << read(out);
 }
 
+// SIGUSR1's stop is shown as the stop it is, and once resumed (or after a failure the resume
+// carried on) the end is the resumed run's hash, not the earlier run's stop or failure.
+TEST(report, a_stop_is_not_a_failure_and_a_resume_ends_with_its_hash) {
+  std::string stopped = run_log_text(1000);
+  stopped.resize(stopped.find("{\"kind\":\"validation\""));
+  stopped +=
+      "{\"kind\":\"event\",\"event\":\"job_stopped\",\"message\":\"stopped on SIGUSR1 with "
+      "window 1 on disk\",\"time_s\":0.9}\n";
+  const std::string log = write("stopped.jsonl", stopped);
+  const std::string out = temp_path("stopped.html");
+  ASSERT_EQ(run_moevement("report " + log + " -o " + out).exit_code, 0);
+  EXPECT_NE(read(out).find("<td>stopped on SIGUSR1 with window 1 on disk</td>"), std::string::npos)
+      << read(out);
+  EXPECT_EQ(read(out).find("failed:"), std::string::npos);
+  for (const char* end : {"job_stopped", "job_failed"}) {
+    std::string first = stopped;
+    first.replace(first.find("job_stopped"), 11, end);
+    const std::string both = write("both.jsonl", first + run_log_text(1000));
+    ASSERT_EQ(run_moevement("report " + both + " -o " + out).exit_code, 0);
+    EXPECT_NE(read(out).find("state_hash 0123456789abcdef"), std::string::npos) << end;
+    EXPECT_EQ(read(out).find("failed:"), std::string::npos) << end;
+  }
+}
+
 // Values a hostile or broken log may hold: huge, null (a diverged loss), missing. The report
 // is still written (no hang, nothing drawn at infinity), and a diverged loss is not drawn as 0.
 // A region that restarted, grew and escalated to the durable tier's rollback: each is a row of

@@ -549,5 +549,19 @@ TEST_F(slurm_launch, too_few_tasks_in_the_allocation_is_a_clear_error) {
   EXPECT_TRUE(contains(r.output, "launch exit 1")) << r.output;
 }
 
+// `srun -n 2 moevement launch` would start two heads of two jobs: each task refuses, saying
+// how to run it, before reading the config or starting anything.
+TEST_F(slurm_launch, launch_under_srun_with_several_tasks_is_refused) {
+  const auto r = cluster_->run(
+      "srun -n 2 " + launch("many", std::string(short_run) + slurm_2x2) + "; echo srun exit $?",
+      60);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_TRUE(contains(r.output, "this is task 0 of 2 of a Slurm step")) << r.output;
+  EXPECT_TRUE(contains(r.output, "this is task 1 of 2 of a Slurm step")) << r.output;
+  EXPECT_TRUE(contains(r.output, "not under `srun -n N`")) << r.output;
+  EXPECT_TRUE(contains(r.output, "srun exit 2")) << r.output;
+  EXPECT_FALSE(contains(r.output, "Slurm step moevement-")) << "nothing started: " << r.output;
+}
+
 }  // namespace
 }  // namespace moevement::testing
