@@ -357,7 +357,7 @@ void head_session::make_callbacks() {
     extend(r);
   };
   cb_.on_validation = [this](std::int64_t it, double v) {
-    say(fmt::format("iter {:>6}  val_loss {:.4f}", it + 1, v));
+    say(fmt::format("iter {:>6}  val_loss {:.4f}", it, v));
   };
   cb_.on_finished = [this](const engine::job_outcome& o) { finish(o); };
   cb_.before_finish = [this] { return extensions_ended(); };
@@ -381,9 +381,10 @@ void head_session::progress(const engine::iteration_record& r) {
   injector_.iteration_ended(r.iteration);
   const std::int64_t done = r.iteration + 1;
   const double eta = r.seconds * double(job_.train.iterations - done);
-  const std::string line =
-      fmt::format("iter {:>6}/{}  loss {:.4f}  {:>8.0f} tok/s  {:.3f} s/iter  ETA {}", done,
-                  job_.train.iterations, r.loss, r.tokens_per_s, r.seconds, duration_text(eta));
+  // Iterations by index, as in the run log, `train` and --inject's iter=; then how many are done.
+  const std::string line = fmt::format(
+      "iter {:>6} ({} of {})  loss {:.4f}  {:>8.0f} tok/s  {:.3f} s/iter  ETA {}", r.iteration,
+      done, job_.train.iterations, r.loss, r.tokens_per_s, r.seconds, duration_text(eta));
   if (tty_) {
     std::cout << "\r" << line << std::flush;
     progress_open_ = true;

@@ -28,7 +28,7 @@ asio::awaitable<void> print_stats(actors::actor_system& system, std::int64_t ite
                                   std::vector<actors::actor_ref> stages) {
   auto replies = co_await actors::ask_all<wire::StatsQuery, wire::Stats>(
       system, stages, std::chrono::seconds(10), [](std::size_t, wire::StatsQuery::Builder) {});
-  std::string line = fmt::format("stats  iter {:>5}:", iteration + 1);
+  std::string line = fmt::format("stats  iter {:>5}:", iteration);
   for (auto& r : replies) {
     if (!r.ok()) {
       line += "  (no answer: " + r.err().message + ")";

@@ -154,7 +154,8 @@ TEST_F(slurm_launch, pp2_dp2_gives_the_local_backends_state_hash) {
   EXPECT_TRUE(contains(slurm.output,
                        "Slurm step output (each task's stdout and stderr): " + slurm_log("slurm")))
       << slurm.output;
-  EXPECT_TRUE(contains(slurm.output, "iter      4/4")) << "no progress display:\n" << slurm.output;
+  EXPECT_TRUE(contains(slurm.output, "iter      3 (4 of 4)")) << "no progress display:\n"
+                                                              << slurm.output;
   // 4 workers + 1 spare do not divide by 3 nodes: a second spare fills the last node (srun
   // would put 3 tasks on the first one).
   EXPECT_TRUE(contains(slurm.output, "cluster.spares = 1 raised to 2")) << slurm.output;
