@@ -111,29 +111,9 @@ std::vector<scheduled_failure> read_trace(const std::string& path);
 // The failures of an mtbf injection over pp x dp roles: the same seed, the same schedule.
 std::vector<scheduled_failure> mtbf_schedule(const injection& inj, int pp, int dp, int spares);
 
-// Worker side: the corruption hook of stage (stage, replica) for the flip injections among
-// `injections` (empty when none applies, or for a replacement). It prints `inject: SPEC (who)`
-// when it flips; an operator or word the stage does not have throws std::invalid_argument.
-engine::corruption_hook flip_hook(const std::vector<injection>& injections, int stage, int replica,
-                                  bool replacement, const std::string& who);
-// The same for flip ...,target=slot: the bit to flip in the first holder's copy of the slot
-// of an iteration (engine::fault_hooks::copy_flip).
-engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, int stage,
-                                      int replica, bool replacement);
-// And for flip ...,target=activation (engine::fault_hooks::send_flip).
-engine::send_flip_hook send_flip_hook(const std::vector<injection>& injections, int stage,
-                                      int replica, bool replacement, const std::string& who);
-
 // Checks an injection against the resolved job (roles exist, iterations run, phase=snapshot
 // needs policy moevement, phases need the local backend; a trace is read and checked) and
 // returns its schedule (empty for kill and hang). Throws std::invalid_argument.
 std::vector<scheduled_failure> check_injection(const injection& inj, const engine::job_config& job);
-
-// Worker side: the fault hook of the stage (stage, replica) for the phase injections among
-// `injections`. It prints `inject: SPEC (who)` and raises SIGKILL or SIGSTOP in this process at
-// the point. A replacement (rebuilt on a spare) skips every injection of an iteration up to the
-// first one it runs, which its predecessor already failed in. Empty when none applies.
-engine::fault_hook phase_fault_hook(const std::vector<injection>& injections, int stage,
-                                    int replica, bool replacement, const std::string& who);
 
 }  // namespace moevement::launcher

@@ -21,6 +21,7 @@
 #include "engine/coordinator.hpp"
 #include "engine/worker_agent.hpp"
 #include "launcher/config.hpp"
+#include "launcher/fault_hooks.hpp"
 #include "launcher/inject.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/slurm_backend.hpp"

@@ -56,8 +56,6 @@ baseline_kind kind_of(engine::policy_kind policy) {
   }
 }
 
-constexpr char pec_meta_magic[8] = {'M', 'V', 'P', 'E', 'C', 'M', '0', '1'};
-
 }  // namespace
 
 held_checkpoint held_on_heap(std::shared_ptr<std::vector<std::byte>> bytes,
@@ -266,53 +264,6 @@ std::string unfit_view(const snapshot_view& view, int s, std::int64_t iteration,
 }
 
 }  // namespace
-
-// ---- pec trailer
-
-std::vector<std::byte> encode_pec_meta(const pec_meta& meta) {
-  if (meta.saved_at.size() != meta.unsaved.size()) {
-    throw std::invalid_argument("pec meta: saved_at and unsaved differ in length");
-  }
-  const std::uint32_t n = static_cast<std::uint32_t>(meta.saved_at.size());
-  std::vector<std::byte> out(sizeof(pec_meta_magic) + 4 + 16 * std::size_t(n) + 8);
-  std::byte* p = out.data();
-  std::memcpy(p, pec_meta_magic, sizeof(pec_meta_magic));
-  p += sizeof(pec_meta_magic);
-  std::memcpy(p, &n, 4);
-  p += 4;
-  std::memcpy(p, meta.saved_at.data(), 8 * std::size_t(n));
-  p += 8 * std::size_t(n);
-  std::memcpy(p, meta.unsaved.data(), 8 * std::size_t(n));
-  p += 8 * std::size_t(n);
-  const std::uint64_t h =
-      xxhash64(std::span<const std::byte>(out.data(), std::size_t(p - out.data())));
-  std::memcpy(p, &h, 8);
-  return out;
-}
-
-pec_meta decode_pec_meta(std::span<const std::byte> bytes, std::size_t ops) {
-  const std::size_t want = sizeof(pec_meta_magic) + 4 + 16 * ops + 8;
-  if (bytes.size() != want) {
-    throw snapshot_error(fmt::format("pec trailer of {} bytes, {} expected for {} operators",
-                                     bytes.size(), want, ops));
-  }
-  if (std::memcmp(bytes.data(), pec_meta_magic, sizeof(pec_meta_magic)) != 0) {
-    throw snapshot_error("pec trailer: bad magic");
-  }
-  std::uint64_t h = 0;
-  std::memcpy(&h, bytes.data() + want - 8, 8);
-  if (h != xxhash64(bytes.first(want - 8))) throw snapshot_error("pec trailer: checksum mismatch");
-  std::uint32_t n = 0;
-  std::memcpy(&n, bytes.data() + sizeof(pec_meta_magic), 4);
-  if (n != ops) throw snapshot_error("pec trailer: operator count mismatch");
-  pec_meta m;
-  m.saved_at.resize(ops);
-  m.unsaved.resize(ops);
-  const std::byte* p = bytes.data() + sizeof(pec_meta_magic) + 4;
-  std::memcpy(m.saved_at.data(), p, 8 * ops);
-  std::memcpy(m.unsaved.data(), p + 8 * ops, 8 * ops);
-  return m;
-}
 
 // ---- holder
 

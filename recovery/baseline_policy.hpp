@@ -52,16 +52,6 @@ struct baseline_limits {
 
 enum class baseline_kind : std::uint8_t { dense_memory, dense_disk, pec };
 
-// pec's trailer after each checkpoint's snapshot bytes: per operator, the state iteration of
-// its newest save at this checkpoint (0: never saved) and the tokens routed to it since
-// (summed over the stage's replicas). What a rollback to this checkpoint restores and loses.
-struct pec_meta {
-  std::vector<std::int64_t> saved_at, unsaved;
-};
-std::vector<std::byte> encode_pec_meta(const pec_meta& meta);
-// Throws snapshot_error when the bytes are not a trailer of `ops` operators.
-pec_meta decode_pec_meta(std::span<const std::byte> bytes, std::size_t ops);
-
 // One checkpoint in host memory: snapshot bytes (snapshot_size of them) and a trailer.
 struct held_checkpoint {
   std::span<std::byte> bytes;
