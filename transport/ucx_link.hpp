@@ -47,7 +47,13 @@ struct ucx_link_options {
   // 256 workers and their spares).
   std::size_t max_half_open_per_source = 512;
   std::chrono::milliseconds close_timeout{1000};  // bound on the flush at destruction
-  decode_limits limits;                           // applied to every received envelope
+  // A connection its peer closed (it said so first) keeps its endpoints this long before they
+  // are closed by force, so that UCX sees the peer's end go first: UCX 1.13's TCP transport
+  // may touch a force-closed endpoint's socket after freeing it when the peer's close
+  // arrives in the same progress pass (a crash in ucs_socket_send_nb, or its tcp_cm.c
+  // assertion).
+  std::chrono::milliseconds closed_linger{100};
+  decode_limits limits;  // applied to every received envelope
   bulk_path bulk = bulk_path::automatic;
   // RMA pulls of regions the link allocated are served from a lease (docs/transport.md):
   // the exporter validates the first pull of a region and hands out its rkey and bounds; the

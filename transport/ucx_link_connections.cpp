@@ -238,6 +238,27 @@ void link_state::close_ep(ucp_ep_h ep, bool force) {
   kick();
 }
 
+void link_state::linger_conn(connection& c) {
+  std::vector<ucp_ep_h> eps;
+  for (ucp_ep_h* ep : {&c.ep, &c.bulk_ep}) {
+    if (*ep == nullptr) continue;
+    by_ep.erase(*ep);
+    by_bulk_ep.erase(*ep);
+    eps.push_back(*ep);
+    lingering.push_back(*ep);
+    *ep = nullptr;
+  }
+  if (eps.empty()) return;
+  auto timer = std::make_shared<asio::steady_timer>(io, opt.closed_linger);
+  timer->async_wait([w = weak_from_this(), timer, eps](const std::error_code&) {
+    auto s = w.lock();
+    if (!s || s->dying) return;  // shutdown closes what is left
+    for (ucp_ep_h ep : eps) {
+      if (std::erase(s->lingering, ep) > 0) s->close_ep(ep, /*force=*/true);
+    }
+  });
+}
+
 void link_state::close_conn(connection& c, bool force, bool tell) {
   if (tell && c.ep != nullptr && !said_goodbye) send_signal(c, am_closed);
   close_bulk(c, force);
@@ -245,13 +266,17 @@ void link_state::close_conn(connection& c, bool force, bool tell) {
   c.ep = nullptr;
 }
 
-void link_state::fail_connection(std::uint64_t serial, const std::string& detail) {
+void link_state::fail_connection(std::uint64_t serial, const std::string& detail, bool linger) {
   connection* c = find_conn(serial);
   if (c == nullptr) return;
   const node_id peer = c->peer;
   const bool refused = c->outgoing && !c->welcomed;  // our dial: the peer never answered
   LINK_TRACE("failing conn {} (node {}): {}", serial, peer, detail);
-  close_conn(*c, /*force=*/true);
+  if (linger) {
+    linger_conn(*c);
+  } else {
+    close_conn(*c, /*force=*/true);
+  }
   drop_conn(serial);
   drop_grants(serial);
   fail_waiting_pulls(serial, detail);

@@ -45,7 +45,7 @@ ucs_status_t link_state::receive(am_id id, const void* header, std::size_t heade
     }
     case am_closed:
       LINK_TRACE("node {} closed conn {}", c.peer, c.serial);
-      post_fail(c.serial, "the peer closed the connection");
+      post_fail(c.serial, "the peer closed the connection", /*linger=*/true);
       return UCS_OK;
     default:
       break;
@@ -218,9 +218,9 @@ void link_state::post_deliver(std::uint64_t serial) {
   });
 }
 
-void link_state::post_fail(std::uint64_t serial, std::string detail) {
-  asio::post(io, [w = weak_from_this(), serial, detail = std::move(detail)] {
-    if (auto s = w.lock()) s->fail_connection(serial, detail);
+void link_state::post_fail(std::uint64_t serial, std::string detail, bool linger) {
+  asio::post(io, [w = weak_from_this(), serial, detail = std::move(detail), linger] {
+    if (auto s = w.lock()) s->fail_connection(serial, detail, linger);
   });
 }
 

@@ -488,6 +488,8 @@ void link_state::shutdown() {
   // fails what waits on it. Flushing it left the message pending on a wireup endpoint, and
   // ucp_worker_destroy then aborts ("pending request ... should have been flushed").
   if (admission) admission->close();
+  for (ucp_ep_h ep : lingering) close_ep(ep, /*force=*/true);  // their peers closed them
+  lingering.clear();
   for (auto& [serial, c] : conns) {
     if (c->dial) c->dial->close(ignored);
     close_conn(*c, /*force=*/!c->welcomed);

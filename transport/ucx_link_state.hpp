@@ -355,6 +355,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::unordered_map<ucp_ep_h, std::uint64_t> by_bulk_ep;
   std::map<node_id, peer_entry> peers;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
+  // Endpoints of connections their peer closed, waiting out opt.closed_linger (linger_conn).
+  std::vector<ucp_ep_h> lingering;
   std::map<std::uint64_t, std::shared_ptr<region_record>> regions;
   // Withdrawn regions some connection still holds a lease on: mapped until released.
   std::map<std::uint64_t, std::shared_ptr<region_record>> withdrawn;
@@ -532,8 +534,13 @@ struct link_state : std::enable_shared_from_this<link_state> {
   // the peer sending into a connection we dropped.
   void close_conn(connection& c, bool force, bool tell = true);
 
-  // Drops a connection; if it carried an admitted peer, that peer is lost.
-  void fail_connection(std::uint64_t serial, const std::string& detail);
+  // Drops a connection; if it carried an admitted peer, that peer is lost. `linger`: the
+  // peer closed it (am_closed), so its endpoints wait out opt.closed_linger before their
+  // forced close (linger_conn).
+  void fail_connection(std::uint64_t serial, const std::string& detail, bool linger = false);
+  // Takes c's endpoints out of the link (their errors are no longer ours) and closes them by
+  // force after opt.closed_linger, or at shutdown.
+  void linger_conn(connection& c);
   void post_release_held(std::uint64_t serial);
 
   // Marks a peer lost (once), closes all its connections, reports it.
@@ -560,7 +567,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void deliver_ready();
 
   void post_deliver(std::uint64_t serial);
-  void post_fail(std::uint64_t serial, std::string detail);
+  void post_fail(std::uint64_t serial, std::string detail, bool linger = false);
 
   // Hands ready envelopes to the handler in arrival order.
   void deliver(std::uint64_t serial);
