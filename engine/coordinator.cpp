@@ -498,10 +498,20 @@ awaitable<bool> coordinator::wire_all() {
     for (const auto& w : plan) fewest = std::min(fewest, w.replicators.size());
     if (fewest < std::size_t(job_.snapshot_replicas)) {
       fewer_copies_noticed_ = true;
-      notice(fmt::format(
-          "checkpoint.replicas = {}, but a snapshot can have only {} cop{} here (one per other "
-          "worker with a replicator); the run log's snapshot_holders events say which",
-          job_.snapshot_replicas, fewest, fewest == 1 ? "y" : "ies"));
+      notice(
+          fewest == 0
+              ? fmt::format("checkpoint.replicas = {}, but a snapshot has no copy here (no other "
+                            "worker to hold one): each window is whole with its stage's own "
+                            "capture{}",
+                            job_.snapshot_replicas,
+                            durable_tier(job_)
+                                ? " and goes to the durable tier: a lost stage goes back to disk"
+                                : ": a lost stage cannot be rebuilt (nor the job resumed) "
+                                  "without the durable tier")
+              : fmt::format("checkpoint.replicas = {}, but a snapshot can have only {} "
+                            "cop{} here (one per other worker with a replicator); the run "
+                            "log's snapshot_holders events say which",
+                            job_.snapshot_replicas, fewest, fewest == 1 ? "y" : "ies"));
     }
   }
   const std::uint64_t wiring_count = ++wirings_;

@@ -133,6 +133,11 @@ void checkpoint_agent::ship(std::int64_t iteration) {
       p.flip_bit = std::int64_t(p.slot.length / 2) * 8 + bit;
     }
   }
+  if (placed_ && targets_.empty()) {  // no other worker to hold a copy
+    slot_replicated(window, slot);
+    refill_pool(w_sparse);
+    return;
+  }
   unsent_bytes_ += p.slot.length;
   pending_[{window, slot}] = std::move(p);
   unsent_.emplace_back(window, slot);
@@ -214,6 +219,16 @@ void checkpoint_agent::send(std::uint64_t window, std::uint32_t slot, pending_sl
 
 void checkpoint_agent::set_targets(std::vector<actor_ref> replicators) {
   targets_ = std::move(replicators);
+  placed_ = true;
+  if (targets_.empty()) {  // nobody left to copy to: what waits for copies has all it gets
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> waiting;
+    for (const auto& [k, p] : pending_) waiting.push_back(k);
+    for (const auto& [window, slot] : waiting) {
+      pending_.erase({window, slot});
+      slot_replicated(window, slot);
+    }
+    return;
+  }
   // Slots still waiting for copies go to the new targets (a lost replicator never answers).
   for (auto& [k, p] : pending_) {
     p.asked.clear();
@@ -251,10 +266,13 @@ void checkpoint_agent::note_stored(wire::SlotStored::Reader m) {
   const std::size_t need = std::min<std::size_t>(std::size_t(std::max(copies_, 1)),
                                                  std::max<std::size_t>(targets_.size(), 1));
   if (it->second.copies < need) return;
-  const std::uint64_t window = key.getWindow();
-  auto& r = replicated_[window];
-  if (key.getSlot() < r.size()) r[key.getSlot()] = true;
   pending_.erase(it);
+  slot_replicated(key.getWindow(), key.getSlot());
+}
+
+void checkpoint_agent::slot_replicated(std::uint64_t window, std::uint32_t slot) {
+  auto& r = replicated_[window];
+  if (slot < r.size()) r[slot] = true;
   check_window(window);
 }
 

@@ -147,6 +147,9 @@ class checkpoint_agent : public actors::actor {
                    pending_slot& p, const actors::actor_ref& to, const actors::actor_ref& flip_at);
   actors::actor_ref flip_holder() const;  // the first holder: where an injected flip goes
   void check_window(std::uint64_t window);
+  // A slot whose copies are all made (or that has no holder to make one): its window may be
+  // whole.
+  void slot_replicated(std::uint64_t window, std::uint32_t slot);
 
   std::shared_ptr<capture_shared> shared_;
   engine::bulk_io& io_;
@@ -157,6 +160,11 @@ class checkpoint_agent : public actors::actor {
   durable_target durable_;
   std::size_t last_w_ = 1;  // the W of the newest slot shipped (the pool's regions per window)
   std::vector<actors::actor_ref> targets_;
+  // The head placed this stage's copies (set_targets called): an empty targets_ then means no
+  // other worker can hold one (a job of one worker and no spare), not "not yet placed". Its
+  // windows are whole with its own copy alone: the durable tier writes them, and a loss of
+  // this worker goes back to disk.
+  bool placed_ = false;
   engine::copy_flip_hook copy_flip_;
   std::map<std::pair<std::uint64_t, std::uint32_t>, pending_slot> pending_;
   // Shipped, not offered yet (small slots wait for their window's last one: flush()).

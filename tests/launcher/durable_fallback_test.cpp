@@ -512,6 +512,25 @@ TEST(resume, a_replica_whose_files_are_gone_resumes_from_another_replicas) {
   fs::remove_all(dir + "-pp1");
 }
 
+// A job of one worker and no spare: no other worker can hold a copy of its snapshots, so its
+// windows are whole with its own (they used to wait for copies that never came: a 10 s stall,
+// no window ever on disk, and nothing to resume from). They reach the disk, and a kill of the
+// whole job resumes bit-exact.
+TEST(resume, a_job_of_one_worker_checkpoints_to_disk_and_resumes) {
+  std::string its = resume_iterations;
+  const std::string dir = checkpoint_dir("one_worker");
+  const std::string one = "--set parallel.pp=1 --set cluster.spares=0";
+  ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows("one", job(dir, one), 1, 2, its));
+  const auto o =
+      launch("one-resumed", job(dir, one + " --set train.iterations=" + its) + " --resume");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(its));
+  EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("a snapshot has no copy here"), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("captured nothing of a window"), std::string::npos) << o.output;
+  fs::remove_all(dir);
+}
+
 // SIGUSR1 (what Slurm sends before a time limit, `sbatch --signal`) stops the job once its next
 // durable window is journaled, with status 75 and the command that goes on; --resume then
 // ends with the uninterrupted run's hash. The durable writes are paced to one window a run
