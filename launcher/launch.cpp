@@ -233,13 +233,15 @@ class head_session {
   transport::ucx_link link_;
   actors::actor_system sys_;
   engine::run_log log_;
+  job_lock lock_;  // a standby's, once it took over (the head's is run_launch's)
   const std::vector<std::string> worker_specs_;  // phase=... injections: the workers'
   failure_injector injector_;
   // Progress redrawn in place on a terminal; not by a standby head, whose output is a log
   // (under Slurm, srun --unbuffered gives its task a pseudo-terminal).
   const bool tty_ = ::isatty(STDOUT_FILENO) != 0 && !standby_;
   engine::job_outcome outcome_;
-  bool finished_ = false, progress_open_ = false, interrupted_ = false;
+  bool finished_ = false, progress_open_ = false;
+  int interrupted_ = 0;  // the signal that stopped the job (SIGINT, SIGTERM), or 0
   std::unique_ptr<slurm_step> step_;          // backend slurm: srun, node 0 among the processes
   std::unique_ptr<slurm_step> standby_step_;  // backend slurm: the standby head's srun
   asio::steady_timer linger_{io_}, start_timer_{io_};
@@ -400,7 +402,7 @@ void head_session::on_signal(const std::error_code& ec, int sig) {
     request_stop();
   } else if (!finished_) {
     end_line();
-    interrupted_ = true;
+    interrupted_ = sig;
     fail(fmt::format("interrupted by signal {} ({}): stopped every worker", sig, ::strsignal(sig)));
   }
   signals_.async_wait([this](const std::error_code& e, int s) { on_signal(e, s); });
@@ -556,11 +558,22 @@ void head_session::take_over() {
   auto point = journal_->load(&rejected);
   for (const auto& r : rejected) say("moevement launch (standby head): " + r);
   if (!point.ok()) {
-    end_standby(1, "the head was lost and this standby cannot take over: " + point.err().message +
-                       " (no durable window on disk yet: run the job again)");
+    const std::string why =
+        rejected.empty() && journal_->empty()
+            ? "the head was lost before the job's first durable window reached the disk: "
+              "nothing to take over from; run the job again"
+            : "the head was lost and this standby cannot take over: " + point.err().message;
+    log_.write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "job_failed")
+                   .add("message", why)
+                   .add("time_s", log_.seconds()));
+    end_standby(1, why);
     return;
   }
   took_over_ = true;
+  lock_ = job_lock::try_take(job_, true);  // the lost head's, once it is gone (a hung one
+                                           // keeps them: this head goes on without)
   std::set<transport::node_id> alive;
   for (const auto& m : sys_.members()) alive.insert(m.node);
   say(fmt::format(
@@ -665,7 +678,7 @@ int head_session::report() {
       if (options_.requeue) requeue_slurm_job(stopped_at_->window);
       return launch_stopped_status;
     }
-    return interrupted_ ? 130 : 1;
+    return interrupted_ != 0 ? 128 + interrupted_ : 1;  // as a shell reports the signal
   }
   std::cout << final_line(outcome_) << "\n";
   std::cout << "run log: " << job_.run_log << "\n";
@@ -723,6 +736,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
     return standby.run();
   }
   check_run_log_path(job.run_log);
+  // Held until this head ends, before the journal is read or started afresh.
+  const job_lock lock =
+      options->sbatch ? job_lock{} : job_lock::take(job, journaled_job(*options, job));
   auto resume_from = open_journal(*options, job, journal);
   options->resume = resume_from.has_value();  // the run log goes on where it was
   if (options->sbatch) {

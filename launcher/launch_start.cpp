@@ -1,6 +1,8 @@
 #include "launcher/launch_start.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "recovery/atomic_file.hpp"
@@ -33,8 +36,7 @@ void check_run_log_path(const std::string& path) {
 std::optional<engine::resume_point> open_journal(const launch_options& o,
                                                  const engine::job_config& job,
                                                  std::optional<recovery::resume_journal>& journal) {
-  const bool journaled =
-      job.policy == engine::policy_kind::moevement && engine::durable_tier(job) && !o.sbatch;
+  const bool journaled = journaled_job(o, job);
   if (o.resume && !journaled) {
     throw std::invalid_argument(
         "--resume needs the durable tier of policy moevement: the job must run with "
@@ -59,6 +61,12 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
   }
   journal.emplace(job);
   if (!o.resume && !o.requeued) {
+    if (!journal->empty()) {
+      std::cout << fmt::format(
+          "moevement launch: checkpoint.dir = {} held an earlier run's durable windows: this "
+          "launch starts the job anew and removes them (`--resume` goes on from them instead)\n",
+          job.baseline.dir);
+    }
     journal->clear();
     return std::nullopt;
   }
@@ -87,6 +95,62 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
                              point->window);
   }
   return std::move(*point);
+}
+
+bool journaled_job(const launch_options& o, const engine::job_config& job) {
+  return job.policy == engine::policy_kind::moevement && engine::durable_tier(job) && !o.sbatch;
+}
+
+job_lock::job_lock(job_lock&& o) noexcept : fds_(std::exchange(o.fds_, {})) {}
+
+job_lock& job_lock::operator=(job_lock&& o) noexcept {
+  if (this != &o) {
+    for (int fd : fds_) ::close(fd);
+    fds_ = std::exchange(o.fds_, {});
+  }
+  return *this;
+}
+
+job_lock::~job_lock() {
+  for (int fd : fds_) ::close(fd);
+}
+
+job_lock job_lock::take(const engine::job_config& job, bool journaled) {
+  return lock(job, journaled, true);
+}
+
+job_lock job_lock::try_take(const engine::job_config& job, bool journaled) {
+  return lock(job, journaled, false);
+}
+
+job_lock job_lock::lock(const engine::job_config& job, bool journaled, bool must) {
+  job_lock held;
+  auto hold = [&](const std::string& path, int flags, const std::string& what) {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+    if (fd < 0) return;  // made or refused later, with its own message
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      held.fds_.push_back(fd);
+      return;
+    }
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK && must) {
+      throw std::runtime_error(fmt::format(
+          "{} is in use by another running `moevement launch` (it holds its lock): wait "
+          "for that job to end or stop it, or give this one another {}",
+          what, what.substr(0, what.find(' '))));
+    }
+  };
+  hold(job.run_log, O_RDWR | O_CREAT, "engine.run_log = " + job.run_log);
+  if (journaled) {
+    try {
+      recovery::create_private_directories(job.baseline.dir);
+    } catch (const std::exception&) {  // refused by open_journal, naming the key
+      return held;
+    }
+    hold(job.baseline.dir, O_RDONLY | O_DIRECTORY, "checkpoint.dir = " + job.baseline.dir);
+  }
+  return held;
 }
 
 }  // namespace moevement::launcher

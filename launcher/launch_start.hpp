@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/job_config.hpp"
 #include "launcher/launch_options.hpp"
@@ -16,6 +17,34 @@ namespace moevement::launcher {
 // default): a bad engine.run_log is named as such, not as the directory made from it. Throws
 // std::invalid_argument.
 void check_run_log_path(const std::string& path);
+
+// Whether this launch journals its durable windows (policy moevement with the durable tier,
+// not a --sbatch submission): what --resume needs.
+bool journaled_job(const launch_options& o, const engine::job_config& job);
+
+// An exclusive lock (flock) on a running job's run log and, under the durable tier, its
+// checkpoint.dir: a second head on the same files (a --resume started while the job still
+// runs, the same config launched twice) is refused instead of both writing them. Released
+// when this process ends (never inherited by the workers it starts). On a file system
+// without locks, none is held.
+class job_lock {
+ public:
+  // Throws std::runtime_error naming the key another process holds.
+  static job_lock take(const engine::job_config& job, bool journaled);
+  // The same, but holds what it can and throws nothing (a standby head taking over from a
+  // hung head, which holds the locks until it is gone).
+  static job_lock try_take(const engine::job_config& job, bool journaled);
+  job_lock() = default;
+  job_lock(job_lock&& o) noexcept;
+  job_lock& operator=(job_lock&& o) noexcept;
+  job_lock(const job_lock&) = delete;
+  job_lock& operator=(const job_lock&) = delete;
+  ~job_lock();
+
+ private:
+  static job_lock lock(const engine::job_config& job, bool journaled, bool must);
+  std::vector<int> fds_;
+};
 
 // The head's journal of durable windows (policy moevement with the durable tier): read by a
 // resume (the point it starts from), started afresh by a new job. Throws what to change.

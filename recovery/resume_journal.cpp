@@ -235,6 +235,10 @@ void resume_journal::write(const engine::resume_point& point) const {
   store.prune(keep_);
 }
 
+bool resume_journal::empty() const {
+  return !std::filesystem::is_directory(dir_) || durable_store(dir_).windows().empty();
+}
+
 result<engine::resume_point> resume_journal::load(std::vector<std::string>* rejected) const {
   if (!std::filesystem::is_directory(dir_)) {
     return error{fmt::format(

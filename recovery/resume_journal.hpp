@@ -68,6 +68,8 @@ class resume_journal {
 
   // Deletes every journal (a new job must never resume an older job's).
   void clear() const;
+  // No journal on disk at all (none written yet, or the directory does not exist).
+  bool empty() const;
 
  private:
   std::filesystem::path dir_;

@@ -528,6 +528,13 @@ TEST(resume, a_job_of_one_worker_checkpoints_to_disk_and_resumes) {
   EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("a snapshot has no copy here"), std::string::npos) << o.output;
   EXPECT_EQ(o.output.find("captured nothing of a window"), std::string::npos) << o.output;
+  // The same job launched without --resume starts anew, saying what it removes.
+  const auto anew = launch("one-anew", job(dir, one + " --set train.iterations=4"));
+  ASSERT_EQ(anew.exit_code, 0) << anew.output;
+  EXPECT_NE(anew.output.find("held an earlier run's durable windows: this launch starts the job "
+                             "anew and removes them"),
+            std::string::npos)
+      << anew.output;
   fs::remove_all(dir);
 }
 

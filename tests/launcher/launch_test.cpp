@@ -200,6 +200,32 @@ struct endless_launch : background_launch {
                                     extra) {}
 };
 
+// Two heads on one job's files would overwrite each other's windows and run log: a second
+// launch with the same run log (a --resume started while the job still runs) is refused, and
+// so is one with another run log but the same checkpoint.dir. The running job goes on.
+TEST(launch, a_second_head_on_a_running_jobs_files_is_refused) {
+  const std::string policy = " --set checkpoint.policy=moevement";
+  endless_launch job("locked", policy);
+  ASSERT_EQ(job.wait_for_workers(4).size(), 4u) << job.output();
+  const auto again =
+      run_moevement("launch " + tiny() + policy + " --set engine.run_log=" + job.log + " --resume");
+  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_NE(again.output.find("engine.run_log = " + job.log +
+                              " is in use by another running `moevement launch`"),
+            std::string::npos)
+      << again.output;
+  const std::string dir = job.log.substr(0, job.log.rfind('.')) + ".checkpoints";
+  const auto beside =
+      run_moevement("launch " + tiny() + policy + " --set engine.run_log=" + job.log +
+                    ".other.jsonl --set checkpoint.dir=" + dir);
+  EXPECT_EQ(beside.exit_code, 1) << beside.output;
+  EXPECT_NE(beside.output.find("checkpoint.dir = " + dir + " is in use"), std::string::npos)
+      << beside.output;
+  ::kill(job.pid, SIGTERM);  // 128 + its number, as a shell reports it (Ctrl-C's is 130)
+  EXPECT_EQ(job.wait(60s), 128 + SIGTERM) << job.output();
+  EXPECT_EQ(job.output().find("error"), std::string::npos) << job.output();
+}
+
 TEST(launch, killed_worker_under_policy_none_ends_the_job_with_a_clear_error) {
   endless_launch job("kill", "");
   const auto pids = job.wait_for_workers(4);
