@@ -131,7 +131,8 @@ setter_map checkpoint_setters(job_config& j) {
            j.durable.reset();
          } else {
            throw config_error(k, fmt::format("expected true, false or \"auto\" (on for "
-                                             "dense-disk only), got {}",
+                                             "dense-disk, and for moevement on the local "
+                                             "backend), got {}",
                                              models::config_type_name(v)));
          }
        }},

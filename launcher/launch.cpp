@@ -43,6 +43,7 @@
 #include "launcher/slurm_backend.hpp"
 #include "launcher/standby_agent.hpp"
 #include "launcher/worker_processes.hpp"
+#include "models/data.hpp"
 #include "recovery/durable_window.hpp"
 #include "recovery/resume_journal.hpp"
 #include "recovery/rollback_recovery.hpp"
@@ -241,8 +242,8 @@ class head_session {
   const bool tty_ = ::isatty(STDOUT_FILENO) != 0 && !standby_;
   engine::job_outcome outcome_;
   bool finished_ = false, progress_open_ = false;
-  int interrupted_ = 0;  // the signal that stopped the job (SIGINT, SIGTERM), or 0
-  std::unique_ptr<slurm_step> step_;          // backend slurm: srun, node 0 among the processes
+  int interrupted_ = 0;               // the signal that stopped the job (SIGINT, SIGTERM), or 0
+  std::unique_ptr<slurm_step> step_;  // backend slurm: srun, node 0 among the processes
   std::unique_ptr<slurm_step> standby_step_;  // backend slurm: the standby head's srun
   asio::steady_timer linger_{io_}, start_timer_{io_};
   int extensions_running_ = 0;
@@ -721,6 +722,11 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   registry.check_expert_parallel(job.stage_type, job.ep);
   injection_plan plan = plan_injections(options->injections, job, options->dry_run, std::cout);
   if (options->dry_run) {
+    // What the built-in stage reads first: a corpus it cannot read is a config error here, as
+    // it is to `moevement train`, not each worker's at its start.
+    if (job.stage_type == "moe") {
+      (void)models::corpus::load(job.train.corpus, job.train.val_fraction, job.train.seq_len);
+    }
     std::cout << fmt::format(
         "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",
         options->injections.size());

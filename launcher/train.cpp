@@ -33,6 +33,7 @@ struct train_options {
   std::vector<std::string> overrides;
   std::string checkpoint_dir;
   int checkpoint_every = train_checkpoint_every;
+  bool every_given = false;  // --checkpoint-every on the command line
   bool resume = false;
 };
 
@@ -60,6 +61,7 @@ train_options parse_train_options(int argc, char** argv) {
       } catch (const std::exception&) {
         used = 0;
       }
+      o.every_given = true;
       if (used != v.size() || o.checkpoint_every < 1) {
         throw std::invalid_argument("--checkpoint-every needs a whole number >= 1, not '" + v +
                                     "'");
@@ -72,6 +74,10 @@ train_options parse_train_options(int argc, char** argv) {
   }
   if (o.resume && o.checkpoint_dir.empty()) {
     throw std::invalid_argument("--resume needs --checkpoint-dir DIR (where the run wrote them)");
+  }
+  if (o.every_given && o.checkpoint_dir.empty()) {
+    throw std::invalid_argument(
+        "--checkpoint-every needs --checkpoint-dir DIR (where the checkpoints go)");
   }
   return o;
 }

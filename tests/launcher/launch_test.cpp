@@ -554,6 +554,13 @@ TEST(launch, bad_configs_name_the_key) {
     EXPECT_NE(sim.exit_code, 0) << sim.output;
     EXPECT_NE(sim.output.find("`moevement simulate` reads it"), std::string::npos) << sim.output;
   }
+  // --dry-run reads the corpus, as every worker would at its start.
+  const auto corpus =
+      run_moevement("launch " + tiny() + " --dry-run --set train.corpus=/nonexistent-corpus");
+  EXPECT_EQ(corpus.exit_code, 1) << corpus.output;
+  EXPECT_NE(corpus.output.find("train.corpus: '/nonexistent-corpus' does not exist"),
+            std::string::npos)
+      << corpus.output;
   // A report with nowhere to go is refused before the job runs.
   const auto report = run_moevement("launch " + tiny() + " --report /nonexistent-dir/r.html");
   EXPECT_NE(report.exit_code, 0);

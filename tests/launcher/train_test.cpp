@@ -193,9 +193,9 @@ TEST(train, a_resume_refuses_another_jobs_checkpoint_and_bad_flags) {
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("is not a directory"), std::string::npos) << missing.output;
   EXPECT_FALSE(fs::exists(dir)) << "a failed resume creates nothing";
-  for (const std::string& bad :
-       std::vector<std::string>{" --resume", ckpt + " --checkpoint-every 0",
-                                ckpt + " --checkpoint-every x", " --checkpoint-dir"}) {
+  for (const std::string& bad : std::vector<std::string>{
+           " --resume", ckpt + " --checkpoint-every 0", ckpt + " --checkpoint-every x",
+           " --checkpoint-dir", " --checkpoint-every 10"}) {  // no directory: nowhere to go
     const auto r = run("train " + config + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
     EXPECT_NE(r.output.find("usage:"), std::string::npos) << bad << "\n" << r.output;
