@@ -727,6 +727,12 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
     if (job.stage_type == "moe") {
       (void)models::corpus::load(job.train.corpus, job.train.val_fraction, job.train.seq_len);
     }
+    std::optional<recovery::resume_journal> journal;
+    if (const auto from = open_journal(*options, job, journal)) {  // --resume: read, checked
+      std::cout << fmt::format(
+          "moevement launch: dry run: --resume would go on from window {} (iteration {})\n",
+          from->window, from->target_iteration);
+    }
     std::cout << fmt::format(
         "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",
         options->injections.size());

@@ -44,6 +44,11 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
         "journal are under checkpoint.dir)");
   }
   if (!journaled) return std::nullopt;
+  if (o.dry_run) {  // reads what a resume would, writes nothing
+    if (!o.resume) return std::nullopt;
+    journal.emplace(job);
+    return resume_point_of(*journal, job, "--resume");
+  }
   // Every window and the journal go there: a directory that cannot be written fails every
   // write of the job, so it is refused before anything starts.
   std::string why;
@@ -70,18 +75,27 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
     journal->clear();
     return std::nullopt;
   }
-  std::vector<std::string> rejected;
-  auto point = journal->load(&rejected);
-  const char* what = o.resume ? "--resume" : "requeued job's resume";
-  for (const auto& r : rejected) std::cerr << "moevement launch: " << what << ": " << r << "\n";
-  if (!point.ok() && o.requeued && !o.resume && rejected.empty()) {
+  if (o.requeued && !o.resume && journal->empty()) {
     // Requeued before its first window reached the disk: nothing was kept, so from the start.
     std::cout << "moevement launch: requeued by Slurm with no window on disk yet: starting "
                  "from the beginning\n";
     journal->clear();
     return std::nullopt;
   }
-  if (!point.ok()) throw std::runtime_error(std::string(what) + ": " + point.err().message);
+  auto point = resume_point_of(*journal, job, o.resume ? "--resume" : "requeued job's resume");
+  if (o.requeued) {
+    std::cout << fmt::format("moevement launch: requeued by Slurm: resuming from window {}\n",
+                             point.window);
+  }
+  return point;
+}
+
+engine::resume_point resume_point_of(const recovery::resume_journal& journal,
+                                     const engine::job_config& job, const std::string& what) {
+  std::vector<std::string> rejected;
+  auto point = journal.load(&rejected);
+  for (const auto& r : rejected) std::cerr << "moevement launch: " << what << ": " << r << "\n";
+  if (!point.ok()) throw std::runtime_error(what + ": " + point.err().message);
   if (point->target_iteration > job.train.iterations) {
     throw std::runtime_error(fmt::format(
         "{}: the checkpoint in {} goes on at iteration {}, past train.iterations = {}: resume "
@@ -89,10 +103,6 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
         "another checkpoint.dir",
         what, job.baseline.dir, point->target_iteration, job.train.iterations,
         point->target_iteration));
-  }
-  if (o.requeued) {
-    std::cout << fmt::format("moevement launch: requeued by Slurm: resuming from window {}\n",
-                             point->window);
   }
   return std::move(*point);
 }

@@ -22,6 +22,12 @@ void check_run_log_path(const std::string& path);
 // not a --sbatch submission): what --resume needs.
 bool journaled_job(const launch_options& o, const engine::job_config& job);
 
+// The point a resume goes on from, read from `journal` (the windows it rejects said on
+// stderr, each prefixed with `what`). Throws what is wrong: no usable journal, another job's,
+// or one past train.iterations.
+engine::resume_point resume_point_of(const recovery::resume_journal& journal,
+                                     const engine::job_config& job, const std::string& what);
+
 // An exclusive lock (flock) on a running job's run log and, under the durable tier, its
 // checkpoint.dir: a second head on the same files (a --resume started while the job still
 // runs, the same config launched twice) is refused instead of both writing them. Released
@@ -47,7 +53,8 @@ class job_lock {
 };
 
 // The head's journal of durable windows (policy moevement with the durable tier): read by a
-// resume (the point it starts from), started afresh by a new job. Throws what to change.
+// resume (the point it starts from), started afresh by a new job; under --dry-run only read
+// (a --resume's point checked, nothing written). Throws what to change.
 std::optional<engine::resume_point> open_journal(const launch_options& o,
                                                  const engine::job_config& job,
                                                  std::optional<recovery::resume_journal>& journal);

@@ -448,6 +448,17 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   EXPECT_NE(other.exit_code, 0);
   EXPECT_NE(other.output.find("train.seed = 1; this config has 7"), std::string::npos)
       << other.output;
+  // --dry-run reads the journal as the resume would: the same refusal, and the same job's
+  // point named.
+  const auto dry_other =
+      run_moevement("launch " + job(dir, "--set train.seed=7" + longer) + " --resume --dry-run");
+  EXPECT_NE(dry_other.exit_code, 0);
+  EXPECT_NE(dry_other.output.find("train.seed = 1; this config has 7"), std::string::npos)
+      << dry_other.output;
+  const auto dry = run_moevement("launch " + job(dir, longer) + " --resume --dry-run");
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("dry run: --resume would go on from window"), std::string::npos)
+      << dry.output;
   fs::remove_all(dir);
 
   // Another layout: operators are the unit of state. At pp = 2 the hash is the uninterrupted
