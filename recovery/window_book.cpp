@@ -192,6 +192,20 @@ void window_book::resume_from(const engine::resume_point& p) {
   plan_ = window_plan{};
   plan_.start(p.windows.at(p.window) - 1, p.w_sparse, p.window);
   planned_max_ = p.target_iteration - 1;
+  // A W fixed by the resume's config (checkpoint.w_sparse) holds from the first window that
+  // begins at or after where training goes on; the windows before it are the journal's.
+  if (const int w = job_.job().w_sparse; w > 0 && w != p.w_sparse) {
+    const std::int64_t first_step = p.windows.at(p.window) - 1;
+    const std::int64_t behind = p.target_iteration - first_step;
+    const std::int64_t step =
+        first_step + (behind + p.w_sparse - 1) / p.w_sparse * std::int64_t(p.w_sparse);
+    plan_.start(step, w);
+    w_sparse_ = w;
+    job_.notice(fmt::format(
+        "checkpoint windows: W_sparse {} -> {} from window {} on (checkpoint.w_sparse; the "
+        "journal's windows were of {})",
+        p.w_sparse, w, plan_.at(step).window, p.w_sparse));
+  }
   make_tuner();
   steps_ = p.steps;
   scalers_ = {{p.target_iteration, p.scaler}};

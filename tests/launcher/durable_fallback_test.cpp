@@ -464,14 +464,25 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   // Another layout: operators are the unit of state. At pp = 2 the hash is the uninterrupted
   // run's; at dp = 2 the global batch changes from the resume on, and the same hash comes out
   // at pp = 2 and pp = 4.
-  const auto pp2 =
-      launch("pp2", job(dir + "-pp2", "--set cluster.spares=0 --set parallel.pp=2" + longer) +
-                        " --resume");
+  const auto pp2 = launch(
+      "pp2",
+      job(dir + "-pp2",
+          "--set cluster.spares=0 --set parallel.pp=2 --set checkpoint.w_sparse=3" + longer) +
+          " --resume");
   ASSERT_EQ(pp2.exit_code, 0) << pp2.output;
   EXPECT_EQ(pp2.hash, reference(its));
   EXPECT_NE(pp2.output.find("the windows are of pp=3 dp=1, this job runs pp=2 dp=1"),
             std::string::npos)
       << pp2.output;
+  // The resume's own W (checkpoint.w_sparse = 3, the journal's windows were of 2) from the
+  // first window after where training went on.
+  EXPECT_NE(pp2.output.find("W_sparse 2 -> 3 from window"), std::string::npos) << pp2.output;
+  std::vector<double> firsts;
+  for (const auto* l : events(pp2, "window_persisted")) {
+    firsts.push_back(number_field(*l, "first_iteration"));
+  }
+  ASSERT_GE(firsts.size(), 3u) << pp2.output;
+  EXPECT_EQ(firsts[firsts.size() - 1] - firsts[firsts.size() - 2], 3) << pp2.output;
   std::string dp2_hash;
   for (const char* pp : {"2", "4"}) {
     const std::string where = dir + "-pp" + pp + "dp2";
