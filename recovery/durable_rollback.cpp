@@ -21,6 +21,27 @@ using asio::awaitable;
 
 namespace {
 
+// Which roles lack the newest window the journal knows (for a resume that found none whole):
+// "; window W is missing at stage S replica D, ..." (their files offer no such verified
+// window), or nothing.
+std::string lacking_newest(const std::vector<std::pair<int, int>>& roles,
+                           const std::vector<std::set<std::uint64_t>>& offers,
+                           const std::map<std::uint64_t, std::int64_t>& journal) {
+  if (journal.empty()) return "";
+  const std::uint64_t newest = journal.rbegin()->first;
+  std::string missing;
+  for (std::size_t i = 0; i < roles.size() && i < offers.size(); ++i) {
+    if (offers[i].contains(newest)) continue;
+    missing += fmt::format("{}stage {} replica {}", missing.empty() ? "" : ", ", roles[i].first,
+                           roles[i].second);
+  }
+  if (missing.empty()) return "";
+  return fmt::format(
+      "; the newest, window {}, is missing or unverified at {} (checkpoint.dir's "
+      "stage-S-replica-D directories)",
+      newest, missing);
+}
+
 // The roles whose durable windows a rollback asks for, each of a member's replicator: every
 // member's own, or, for a resume at another layout (pp, dp of the windows), the windows'
 // roles spread over the members (the directory is shared).
@@ -175,6 +196,8 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   std::uint64_t window = 0;
   bool found = false;
   std::vector<std::string> rejected;
+  std::vector<std::set<std::uint64_t>> offers;  // each role's verified windows
+  std::vector<std::pair<int, int>> roles;
   for (bool ask_again = true; ask_again;) {
     ask_again = false;
     region* reg = region_by_id(id);
@@ -183,10 +206,10 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
       if (m.spare != 0 && !workers.contains(m.spare)) m.spare = 0;
     }
     if (!assign_spares(*reg)) co_return false;
-    std::vector<std::set<std::uint64_t>> offers;
+    offers.clear();
     rejected.clear();
     const std::vector<member> members = reg->members;
-    const auto roles = durable_roles(members, state_->window_pp, state_->window_dp);
+    roles = durable_roles(members, state_->window_pp, state_->window_dp);
     std::vector<actor_ref> holders;
     for (std::size_t i = 0; i < roles.size(); ++i) {
       const auto it = workers.find(members[i % members.size()].spare);
@@ -231,8 +254,9 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   if (!found && state_->resume) {
     job_.fail(fmt::format(
         "nothing to resume: no durable window the journal knows is complete and verified on "
-        "every stage ({} rejected)",
-        rejected.size()));
+        "every stage ({} rejected{}){}",
+        rejected.size(), rejected.empty() ? "" : ", above",
+        lacking_newest(roles, offers, windows_.durable_windows())));
     co_return false;
   }
   if (!found && clean_) {

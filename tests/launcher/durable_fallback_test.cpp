@@ -384,7 +384,7 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
       kill_head_after_durable_windows("killed", job(dir, "--set cluster.spares=0"), 3, 3, its));
   const std::string longer = " --set train.iterations=" + its;
   // Copies for the resumes at other layouts below.
-  for (const char* copy : {"-pp2", "-pp2dp2", "-pp4dp2"}) {
+  for (const char* copy : {"-pp2", "-pp2dp2", "-pp4dp2", "-lost"}) {
     fs::copy(dir, dir + copy, fs::copy_options::recursive);
   }
   const long damaged = newest_window(dir);
@@ -441,6 +441,16 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   EXPECT_NE(unwritable.output.find("checkpoint.dir = /proc/moevement-nope cannot be written"),
             std::string::npos)
       << unwritable.output;
+
+  // A stage's files gone altogether: nothing to resume, and the roles that lack the window
+  // are named.
+  fs::remove_all(fs::path(dir + "-lost") / "stage-1-replica-0");
+  const auto lost = run_moevement(
+      "launch " + job(dir + "-lost", "--set cluster.spares=0" + longer) + " --resume");
+  EXPECT_EQ(lost.exit_code, 1) << lost.output;
+  EXPECT_NE(lost.output.find("is missing or unverified at stage 1 replica 0 ("), std::string::npos)
+      << lost.output;
+  fs::remove_all(dir + "-lost");
 
   // The journal is this job's: a job with another seed may not resume from it.
   const auto other =
