@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 namespace moevement::engine {
@@ -82,6 +83,16 @@ json_record& json_record::add(std::string_view k, bool value) {
 }
 
 run_log::run_log(const std::filesystem::path& path, bool append) : path_(path) {
+  // A log whose last line a killed head left torn: what is appended starts on a line of its
+  // own (the reader then skips the torn one, not everything after it).
+  bool torn = false;
+  if (append) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (in && in.tellg() > 0) {
+      in.seekg(-1, std::ios::end);
+      torn = in.get() != '\n';
+    }
+  }
   // Private whatever the umask: the log names hosts, pids and the job's progress.
   const int fd =
       ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0600);
@@ -92,6 +103,10 @@ run_log::run_log(const std::filesystem::path& path, bool append) : path_(path) {
         fmt::format("cannot open run log {}: {} (check that the directory "
                     "exists and is writable)",
                     path.string(), std::strerror(errno)));
+  }
+  if (torn) {
+    std::fputc('\n', file_);
+    std::fflush(file_);
   }
 }
 

@@ -5,10 +5,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 namespace moevement::engine {
 namespace {
+
+constexpr std::size_t max_skipped_said = 5;  // the skipped lines' reasons kept
 
 // A strict reader of one flat JSON object: string keys; string, number, bool or null values.
 class line_parser {
@@ -211,10 +214,19 @@ result<run_record> run_record::parse(std::string_view line) {
 }
 
 result<run_log_contents> read_run_log(const std::string& path, std::size_t max_line_bytes) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return error{
+        fmt::format("{} is a directory, not a run log (name the .jsonl file in it)", path)};
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return error{fmt::format("cannot open {}", path)};
   run_log_contents out;
   std::string line;
+  // The first of the lines since the last record that did not parse, and how many there are:
+  // skipped once a record follows them, where reading stopped otherwise.
+  std::string bad;
+  std::size_t bad_lines = 0;
   while (in.peek() != std::char_traits<char>::eof()) {
     ++out.lines;
     // Read up to the newline, but never hold more than max_line_bytes of one line.
@@ -234,11 +246,17 @@ result<run_log_contents> read_run_log(const std::string& path, std::size_t max_l
     if (line.empty()) continue;
     auto r = run_record::parse(line);
     if (!r.ok()) {
-      out.stopped = fmt::format("line {}: {}", out.lines, r.err().message);
-      break;
+      if (bad_lines++ == 0) bad = fmt::format("line {}: {}", out.lines, r.err().message);
+      continue;
+    }
+    if (bad_lines > 0) {  // a record after them: they were torn, not the end
+      out.skipped_lines += bad_lines;
+      if (out.skipped.size() < max_skipped_said) out.skipped.push_back(bad);
+      bad_lines = 0;
     }
     out.records.push_back(std::move(*r));
   }
+  if (bad_lines > 0 && out.stopped.empty()) out.stopped = bad;  // a torn end, or garbage
   if (out.records.empty()) {
     return error{fmt::format("{} is not a run log ({})", path,
                              out.stopped.empty() ? "it is empty" : out.stopped)};

@@ -1,7 +1,8 @@
 // Reading a run log (engine.run_log, JSONL) back: every line one flat JSON object, as run_log
 // writes them. A run log is a file from disk, so it is untrusted: each line is parsed strictly;
-// reading stops at the first line that is not such an object (a run killed mid-write leaves a
-// truncated last line) and says where and why.
+// a line that is not such an object is skipped when records follow it (a run killed mid-write,
+// then resumed into the same log), and otherwise ends the reading (a truncated last line),
+// saying where and why.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +40,10 @@ struct run_log_contents {
   std::size_t lines = 0;  // lines read, the bad one included
   // Where reading stopped early ("line 812: expected ',' or '}' at byte 40"), or empty.
   std::string stopped;
+  // Lines that did not parse but had records after them (a line torn by a killed head, then a
+  // resume's records appended): skipped, the first few said ("line 908: ..."), all counted.
+  std::vector<std::string> skipped;
+  std::size_t skipped_lines = 0;
 };
 
 // Reads the run log at `path`. Fails (a clear error) when it cannot be opened, or when not one

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <stdexcept>
 
@@ -82,6 +83,8 @@ struct supervision_row {
 
 struct run_story {
   std::string name, stopped;
+  std::string skipped;  // the first unreadable line records followed (a torn write), if any
+  std::size_t skipped_lines = 0;
   std::vector<point> throughput;  // (seconds since the start, tokens/s)
   std::vector<point> loss, val_loss, stall_ms, snapshot_mb, capture_ms;  // by iteration
   std::vector<marker> losses, injections;
@@ -226,6 +229,8 @@ run_story story_of(const std::string& path, const engine::run_log_contents& log)
   run_story s;
   s.name = std::filesystem::path(path).filename().string();
   s.stopped = log.stopped;
+  s.skipped = log.skipped.empty() ? "" : log.skipped.front();
+  s.skipped_lines = log.skipped_lines;
   run_clock clock;
   for (const auto& r : log.records) {
     if (r.is("kind", "iteration")) {
@@ -515,6 +520,12 @@ std::string page(const std::vector<run_story>& runs) {
       out += fmt::format("<p class=\"warn\">{}: read up to {}; the rest is not shown.</p>\n",
                          escape(r.name), escape(r.stopped));
     }
+    if (r.skipped_lines > 0) {
+      out += fmt::format(
+          "<p class=\"warn\">{}: {} unreadable line(s) skipped, records after them (a write torn "
+          "by a kill, the resume's records appended); the first: {}.</p>\n",
+          escape(r.name), r.skipped_lines, escape(r.skipped));
+    }
   }
   out += summary_table(runs);
   out +=
@@ -545,6 +556,12 @@ void write_report(const std::vector<std::string>& run_logs, const std::string& o
     auto log = engine::read_run_log(path);
     if (!log.ok()) throw std::runtime_error(log.err().message);
     runs.push_back(story_of(path, *log));
+  }
+  // Logs of one name (each job's run.jsonl) are told apart by the path given.
+  std::map<std::string, int> named;
+  for (const auto& r : runs) ++named[r.name];
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (named[runs[i].name] > 1) runs[i].name = run_logs[i];
   }
   // Private as the run log is (it names hosts and failures): 0600 whatever the umask.
   const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

@@ -88,6 +88,29 @@ TEST(run_log_reader, a_truncated_log_keeps_what_it_holds_and_says_where_it_stopp
   EXPECT_EQ(r->stopped.rfind("line 4: ", 0), 0u) << r->stopped;
 }
 
+// A head killed mid-write, then resumed into the same log: the torn line is skipped (said),
+// the resume's records are read; garbage at the end still ends the reading at its first line.
+// run_log opened to append after a torn line starts its first record on a line of its own.
+TEST(run_log_reader, a_torn_line_with_records_after_it_is_skipped) {
+  const std::string path = temp_file("torn.jsonl",
+                                     "{\"kind\":\"event\",\"event\":\"job_start\"}\n"
+                                     "{\"kind\":\"iteration\",\"itera");
+  {
+    run_log appended(path, /*append=*/true);
+    appended.write(json_record{}.add("kind", "event").add("event", "job_start"));
+    appended.write(json_record{}.add("kind", "iteration").add("iteration", std::int64_t{5}));
+  }
+  std::ofstream(path, std::ios::app) << "garbage\nmore garbage\n";
+  auto r = read_run_log(path);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->records.size(), 3u);
+  EXPECT_EQ(r->skipped_lines, 1u);
+  ASSERT_EQ(r->skipped.size(), 1u);
+  EXPECT_EQ(r->skipped[0].rfind("line 2: ", 0), 0u) << r->skipped[0];
+  EXPECT_EQ(r->stopped.rfind("line 5: ", 0), 0u) << r->stopped;
+  EXPECT_EQ(r->records.back().number("iteration"), 5.0);
+}
+
 TEST(run_log_reader, what_is_not_a_run_log_is_an_error) {
   auto missing = read_run_log(::testing::TempDir() + "no_such_run_log.jsonl");
   ASSERT_FALSE(missing.ok());
@@ -100,6 +123,10 @@ TEST(run_log_reader, what_is_not_a_run_log_is_an_error) {
   EXPECT_NE(text.err().message.find("is not a run log (line 1: expected '{' at byte 0)"),
             std::string::npos)
       << text.err().message;
+  auto dir = read_run_log(::testing::TempDir());
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.err().message.find("is a directory, not a run log"), std::string::npos)
+      << dir.err().message;
   auto huge = read_run_log(temp_file("huge.jsonl", std::string(100, 'x') + "\n"), 50);
   ASSERT_FALSE(huge.ok());
   EXPECT_NE(huge.err().message.find("longer than 50 bytes"), std::string::npos);

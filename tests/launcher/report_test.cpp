@@ -148,6 +148,29 @@ TEST(report, a_resumed_jobs_log_counts_every_runs_wall_time) {
       << read(out);
 }
 
+// A killed run's torn last line, then its resume's records: the torn line is skipped (said)
+// and the resumed run's end shown. Two logs of one name are told apart by their paths.
+TEST(report, a_torn_line_is_skipped_and_logs_of_one_name_are_told_apart) {
+  std::string killed = run_log_text(1000);
+  killed.resize(killed.find("{\"kind\":\"validation\"") - 30);  // torn mid-record
+  const std::string log = write("torn.jsonl", killed + "\n" + run_log_text(1000));
+  const std::string out = temp_path("torn.html");
+  ASSERT_EQ(run_moevement("report " + log + " -o " + out).exit_code, 0);
+  const std::string html = read(out);
+  EXPECT_NE(html.find("1 unreadable line(s) skipped"), std::string::npos) << html;
+  EXPECT_NE(html.find("state_hash 0123456789abcdef"), std::string::npos) << html;
+  const std::string a = temp_path("a_dir"), b = temp_path("b_dir");
+  std::filesystem::create_directories(a);
+  std::filesystem::create_directories(b);
+  std::ofstream(a + "/run.jsonl") << run_log_text(1000);
+  std::ofstream(b + "/run.jsonl") << run_log_text(2000);
+  ASSERT_EQ(run_moevement("report " + a + "/run.jsonl " + b + "/run.jsonl -o " + out).exit_code, 0);
+  EXPECT_NE(read(out).find(">" + a + "/run.jsonl</td>"), std::string::npos) << read(out);
+  EXPECT_NE(read(out).find(">" + b + "/run.jsonl</td>"), std::string::npos);
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+}
+
 // SIGUSR1's stop is shown as the stop it is, and once resumed (or after a failure the resume
 // carried on) the end is the resumed run's hash, not the earlier run's stop or failure.
 TEST(report, a_stop_is_not_a_failure_and_a_resume_ends_with_its_hash) {
