@@ -551,8 +551,12 @@ std::uint64_t sparse_capture::schedule_digest(std::uint64_t window) const {
 }
 
 std::optional<engine::checkpoint_place> sparse_capture::place_of(std::int64_t iteration) const {
-  // Slot j of a window is captured by the step of its first iteration - 1 + j.
-  for (const auto& [id, b] : windows_) {
+  // Slot j of a window is captured by the step of its first iteration - 1 + j. Windows may
+  // overlap in steps: a standby head's windows start where it took over, part-way through one
+  // its lost head began (and a rollback's where it went back to). The head numbers new windows
+  // past every older one, so the newest that holds a step is where the step was captured.
+  for (auto w = windows_.rbegin(); w != windows_.rend(); ++w) {
+    const auto& [id, b] = *w;
     const std::int64_t j = iteration - (b.first_iteration - 1);
     if (j >= 0 && j < std::int64_t(b.slots.size())) {
       return engine::checkpoint_place{int(b.slots.size()), id, std::uint32_t(j)};

@@ -174,6 +174,18 @@ TEST(head_failover, a_step_that_reached_part_of_the_stages_is_completed_by_the_s
   ASSERT_FALSE(resumed.empty()) << out;
   EXPECT_EQ(number_field(resumed, "resume_iteration"), 151) << resumed;
   EXPECT_EQ(number_field(resumed, "completed_step"), 150) << resumed;
+  // Step 150 began the lost head's window 75 (W 2): the standby's windows begin at 151, part
+  // of the way through it. Its windows still persist: each stage ships the slot of its step
+  // from the window it captured it into (it took the older, empty one for it, and no window
+  // ever persisted again: a 10 s stall, then every window skipped).
+  int persisted = 0;
+  bool after = false;
+  for (const auto& l : lines_of(j.log)) {
+    after |= l.find("\"takeover\":\"live\"") != std::string::npos;
+    persisted += after && l.find("\"event\":\"window_persisted\"") != std::string::npos;
+  }
+  EXPECT_GE(persisted, 3) << out;
+  EXPECT_EQ(out.find("captured nothing of a window"), std::string::npos) << out;
   EXPECT_TRUE(all_gone(workers)) << out;
 }
 
