@@ -209,7 +209,13 @@ void durable_store::prune(std::size_t keep) {
   const auto ids = windows();
   if (ids.empty()) return;
   const std::size_t drop = ids.size() > keep ? ids.size() - keep : 0;
-  for (std::size_t i = 0; i < drop; ++i) std::filesystem::remove_all(window_dir(ids[i]));
+  for (std::size_t i = 0; i < drop; ++i) {
+    // The manifest first: a removal cut short (a kill) leaves an unfinished write, which a
+    // later scan skips, not a window with files missing, which it would report as rejected.
+    std::error_code ec;
+    std::filesystem::remove(window_dir(ids[i]) / manifest_name, ec);
+    std::filesystem::remove_all(window_dir(ids[i]));
+  }
   const std::uint64_t newest = ids.back();
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
