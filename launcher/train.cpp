@@ -156,7 +156,16 @@ int run_train(int argc, char** argv) {
   }
   // `train` reads model.*, train.* and parallel.dp (it emulates the data-parallel replicas in
   // this process, so it is the bit-exact reference of `launch`); the engine's other keys are
-  // accepted and ignored so that one file serves both. Anything else is an unknown key.
+  // ignored so that one file serves both. Anything else is an unknown key.
+  // They are checked as `launch` checks them, though: a typo or a bad value there would
+  // otherwise pass here and fail only under `launch`.
+  {
+    models::config_map whole;
+    for (const auto& [key, value] : map) {
+      if (!key.starts_with("inject.")) whole.emplace(key, value);
+    }
+    (void)engine::resolve_job(std::move(whole));
+  }
   models::config_map own;
   for (auto& [key, value] : map) {
     if (!is_engine_section(key) || key == "parallel.dp") own.emplace(key, std::move(value));

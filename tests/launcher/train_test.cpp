@@ -67,6 +67,9 @@ TEST(train, bad_configs_exit_1_naming_the_key) {
            // 10^9 x 64 x (256 + 32) x 4 bytes: refused before any allocation (was an OOM kill)
            {"train.micro_batch_size=1000000000", "train.micro_batch_size"},
            {"cluster.spares=1 --set bogus.key=1", "bogus.key"},
+           // the engine's keys are checked as launch checks them (then ignored)
+           {"parallel.ppp=2", "parallel.ppp"},
+           {"cluster.spares=-1", "cluster.spares"},
            // a custom stage type's hash would not be that job's reference
            {"engine.stage=residual_mlp", "engine.stage"}}) {
     const auto r = run("train " + tiny() + " --set " + set);
