@@ -100,7 +100,9 @@ double config_double(const std::string& key, const config_value& v, double lo, d
 
 std::string config_string(const std::string& key, const config_value& v) {
   if (!std::holds_alternative<std::string>(v)) {
-    throw config_error(key, "expected a string, got " + config_type_name(v));
+    throw config_error(key, "expected a string, got " + config_type_name(v) +
+                                " (quote it: " + key + " = \"...\", or --set " + key +
+                                "='\"...\"' on a command line)");
   }
   return std::get<std::string>(v);
 }
@@ -278,7 +280,13 @@ void validate(const model_config& m, const train_config& t) {
                                                   "experts / ep of them",
                                                   t.expert_parallel, m.experts));
   }
-  if (m.vocab != 256) throw config_error("model.preset", "the byte-level trainer needs vocab 256");
+  if (m.vocab != 256) {
+    throw config_error("model.preset",
+                       fmt::format("the byte-level trainer needs vocab 256, and preset '{}' has {} "
+                                   "(a preset of the simulator's, `moevement simulate`); train "
+                                   "tiny or small, or set model.vocab = 256",
+                                   m.preset, m.vocab));
+  }
   if (t.collectives == collectives::nccl && t.device != device::cuda) {
     throw config_error("train.collectives",
                        "\"nccl\" sums GPU stages' gradients; with train.device = \"cpu\" use "
