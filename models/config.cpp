@@ -100,9 +100,8 @@ double config_double(const std::string& key, const config_value& v, double lo, d
 
 std::string config_string(const std::string& key, const config_value& v) {
   if (!std::holds_alternative<std::string>(v)) {
-    throw config_error(key, "expected a string, got " + config_type_name(v) +
-                                " (quote it: " + key + " = \"...\", or --set " + key +
-                                "='\"...\"' on a command line)");
+    throw config_error(key, "expected a string, got " + config_type_name(v) + " (quote it: " + key +
+                                " = \"...\", or --set " + key + "='\"...\"' on a command line)");
   }
   return std::get<std::string>(v);
 }
