@@ -344,6 +344,40 @@ TEST(sparse_capture, a_recovery_mid_window_abandons_the_window_it_splits) {
   pipe.set_hooks(0, 0, nullptr);
 }
 
+// A standby head's windows begin where it took over, part of the way through a window its lost
+// head began (W 2: window 100 of steps 200-201 got step 200, then window 101 begins at step
+// 201). A step's slot is where it was captured: the newest window holding the step, not the
+// older, abandoned one (whose slot 1 stays empty: no window would ever be offered again).
+TEST(sparse_capture, a_step_in_two_overlapping_windows_is_in_the_newer) {
+  engine::local_pipeline pipe{models::preset("tiny"), test_train(), 2};
+  const auto ops = pipe.stage(0, 0).operators();
+  stage_schedule sched(sparse_config{2}, ops);
+  sparse_capture cap(0, 0);
+  cap.set_schedule(sched);
+  auto capture = [&](std::int64_t step, engine::checkpoint_place place) {
+    auto job = cap.begin_capture(step, ops, place);
+    ASSERT_TRUE(job.has_value()) << step;
+    job->write();
+    cap.end_capture(*job);
+  };
+  pipe.train_iteration();
+  capture(198, {2, 99, 0});
+  capture(199, {2, 99, 1});
+  cap.drop_before(99, 199);   // window 99 persisted
+  capture(200, {2, 100, 0});  // the lost head's last Step
+  EXPECT_EQ(cap.abandon_ended_before(201), 1u) << "window 100, which the takeover splits";
+  capture(201, {2, 101, 0});  // the standby's first window
+  const auto at = cap.place_of(201);
+  ASSERT_TRUE(at.has_value());
+  EXPECT_EQ(at->window, 101u);
+  EXPECT_EQ(at->slot, 0u);
+  EXPECT_TRUE(cap.slot_of(201).has_value()) << "the slot captured, to ship";
+  EXPECT_EQ(cap.place_of(200)->window, 100u);
+  capture(202, {2, 101, 1});
+  EXPECT_TRUE(cap.complete(101));
+  EXPECT_FALSE(cap.complete(100));
+}
+
 // A lender of slot memory (what slot_pool is for a distributed stage), from blocks the test
 // owns: it misses its first asks (the capture then uses the heap), lends afterwards, and
 // counts what comes back.
