@@ -132,7 +132,7 @@ setter_map checkpoint_setters(job_config& j) {
          } else {
            throw config_error(k, fmt::format("expected true, false or \"auto\" (on for "
                                              "dense-disk, and for moevement on the local "
-                                             "backend), got {}",
+                                             "backend or with checkpoint.dir set), got {}",
                                              models::config_type_name(v)));
          }
        }},

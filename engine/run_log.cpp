@@ -83,16 +83,6 @@ json_record& json_record::add(std::string_view k, bool value) {
 }
 
 run_log::run_log(const std::filesystem::path& path, bool append) : path_(path) {
-  // A log whose last line a killed head left torn: what is appended starts on a line of its
-  // own (the reader then skips the torn one, not everything after it).
-  bool torn = false;
-  if (append) {
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    if (in && in.tellg() > 0) {
-      in.seekg(-1, std::ios::end);
-      torn = in.get() != '\n';
-    }
-  }
   // Private whatever the umask: the log names hosts, pids and the job's progress.
   const int fd =
       ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0600);
@@ -104,10 +94,18 @@ run_log::run_log(const std::filesystem::path& path, bool append) : path_(path) {
                     "exists and is writable)",
                     path.string(), std::strerror(errno)));
   }
-  if (torn) {
-    std::fputc('\n', file_);
-    std::fflush(file_);
-  }
+  // A log whose last line a killed head left torn: what is appended starts on a line of its
+  // own (the reader then skips the torn one, not everything after it).
+  if (append) start_on_new_line();
+}
+
+void run_log::start_on_new_line() {
+  std::ifstream in(path_, std::ios::binary | std::ios::ate);
+  if (!in || in.tellg() <= 0) return;
+  in.seekg(-1, std::ios::end);
+  if (in.get() == '\n') return;
+  std::fputc('\n', file_);
+  std::fflush(file_);
 }
 
 run_log::~run_log() {

@@ -45,6 +45,9 @@ class run_log {
 
   // Writes one line and flushes, so a killed run keeps every record written before.
   void write(const json_record& record);
+  // Ends a line another process left torn (a head killed mid-write into the log this one
+  // appends to), so that the next record starts a line of its own.
+  void start_on_new_line();
   // Seconds since the log was opened (the `time_s` of events, to line them up).
   double seconds() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count();

@@ -217,6 +217,8 @@ class head_session {
   // journal's newest window, with the workers that are alive.
   void take_over();
   void end_standby(int status, const std::string& why);
+  // A standby that took over: the job's locks (job_lock), tried until held.
+  void take_locks();
   // The old head, fenced: the standby took its place while this one was stopped.
   void replaced();
 
@@ -246,6 +248,7 @@ class head_session {
   std::unique_ptr<slurm_step> step_;  // backend slurm: srun, node 0 among the processes
   std::unique_ptr<slurm_step> standby_step_;  // backend slurm: the standby head's srun
   asio::steady_timer linger_{io_}, start_timer_{io_};
+  asio::steady_timer relock_{io_};  // a standby that took over: its next try at the locks
   int extensions_running_ = 0;
   asio::steady_timer extensions_done_{io_};
   asio::signal_set signals_{io_, SIGINT, SIGTERM, SIGCHLD};  // and SIGUSR1 (run)
@@ -573,8 +576,8 @@ void head_session::take_over() {
     return;
   }
   took_over_ = true;
-  lock_ = job_lock::try_take(job_, true);  // the lost head's, once it is gone (a hung one
-                                           // keeps them: this head goes on without)
+  take_locks();
+  log_.start_on_new_line();  // the lost head may have died mid-record
   std::set<transport::node_id> alive;
   for (const auto& m : sys_.members()) alive.insert(m.node);
   say(fmt::format(
@@ -595,6 +598,17 @@ void head_session::take_over() {
         if (!r.ok()) fail("cannot register the coordinator: " + r.err().message);
       },
       asio::detached);
+}
+
+void head_session::take_locks() {
+  // The lost head's: a hung one holds them until it wakes up and leaves (replaced()), so they
+  // are tried again every second until this head holds them all.
+  lock_ = job_lock::try_take(job_, true);
+  if (lock_.holds_all() || finished_) return;
+  relock_.expires_after(std::chrono::seconds(1));
+  relock_.async_wait([this](const std::error_code& ec) {
+    if (!ec) take_locks();
+  });
 }
 
 void head_session::end_standby(int status, const std::string& why) {
@@ -749,8 +763,12 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   }
   check_run_log_path(job.run_log);
   // Held until this head ends, before the journal is read or started afresh.
-  const job_lock lock =
-      options->sbatch ? job_lock{} : job_lock::take(job, journaled_job(*options, job));
+  // A requeued job waits out its dead predecessor's locks on a network file system (they
+  // outlive it until its lease ends, some 90 s on NFSv4).
+  const job_lock lock = options->sbatch
+                            ? job_lock{}
+                            : job_lock::take(job, journaled_job(*options, job),
+                                             std::chrono::seconds(options->requeued ? 180 : 0));
   auto resume_from = open_journal(*options, job, journal);
   options->resume = resume_from.has_value();  // the run log goes on where it was
   if (options->sbatch) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -111,12 +112,14 @@ bool journaled_job(const launch_options& o, const engine::job_config& job) {
   return job.policy == engine::policy_kind::moevement && engine::durable_tier(job) && !o.sbatch;
 }
 
-job_lock::job_lock(job_lock&& o) noexcept : fds_(std::exchange(o.fds_, {})) {}
+job_lock::job_lock(job_lock&& o) noexcept
+    : fds_(std::exchange(o.fds_, {})), wanted_(std::exchange(o.wanted_, 0)) {}
 
 job_lock& job_lock::operator=(job_lock&& o) noexcept {
   if (this != &o) {
     for (int fd : fds_) ::close(fd);
     fds_ = std::exchange(o.fds_, {});
+    wanted_ = std::exchange(o.wanted_, 0);
   }
   return *this;
 }
@@ -125,7 +128,14 @@ job_lock::~job_lock() {
   for (int fd : fds_) ::close(fd);
 }
 
-job_lock job_lock::take(const engine::job_config& job, bool journaled) {
+job_lock job_lock::take(const engine::job_config& job, bool journaled,
+                        std::chrono::seconds patience) {
+  const auto until = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    auto held = lock(job, journaled, false);
+    if (held.holds_all() || std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   return lock(job, journaled, true);
 }
 
@@ -135,6 +145,7 @@ job_lock job_lock::try_take(const engine::job_config& job, bool journaled) {
 
 job_lock job_lock::lock(const engine::job_config& job, bool journaled, bool must) {
   job_lock held;
+  held.wanted_ = journaled ? 2 : 1;
   auto hold = [&](const std::string& path, int flags, const std::string& what) {
     const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
     if (fd < 0) return;  // made or refused later, with its own message

@@ -3,6 +3,7 @@
 // the option to change.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,18 +29,23 @@ bool journaled_job(const launch_options& o, const engine::job_config& job);
 engine::resume_point resume_point_of(const recovery::resume_journal& journal,
                                      const engine::job_config& job, const std::string& what);
 
-// An exclusive lock (flock) on a running job's run log and, under the durable tier, its
-// checkpoint.dir: a second head on the same files (a --resume started while the job still
-// runs, the same config launched twice) is refused instead of both writing them. Released
-// when this process ends (never inherited by the workers it starts). On a file system
-// without locks, none is held.
+// An exclusive lock (flock) on a running job's run log and, when it journals its durable
+// windows (journaled_job), its checkpoint.dir: a second head on the same files (a --resume started
+// while the job still runs, the same config launched twice) is refused instead of both writing
+// them. Released when this process ends (never inherited by the workers it starts). On a file
+// system without locks, none is held.
 class job_lock {
  public:
-  // Throws std::runtime_error naming the key another process holds.
-  static job_lock take(const engine::job_config& job, bool journaled);
+  // Throws std::runtime_error naming the key another process holds. `patience`: how long to
+  // wait for a holder to let go first (a requeued job's dead predecessor on a network file
+  // system, whose locks outlive it until its lease ends).
+  static job_lock take(const engine::job_config& job, bool journaled,
+                       std::chrono::seconds patience = std::chrono::seconds(0));
   // The same, but holds what it can and throws nothing (a standby head taking over from a
   // hung head, which holds the locks until it is gone).
   static job_lock try_take(const engine::job_config& job, bool journaled);
+  // Every lock it was to take is held (try_take may hold fewer).
+  bool holds_all() const { return fds_.size() == wanted_; }
   job_lock() = default;
   job_lock(job_lock&& o) noexcept;
   job_lock& operator=(job_lock&& o) noexcept;
@@ -50,6 +56,7 @@ class job_lock {
  private:
   static job_lock lock(const engine::job_config& job, bool journaled, bool must);
   std::vector<int> fds_;
+  std::size_t wanted_ = 0;
 };
 
 // The head's journal of durable windows (policy moevement with the durable tier): read by a

@@ -186,6 +186,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     ++s.starts;
     s.failed.clear();  // a resume or a takeover goes on: the end is this run's
     s.stop.clear();
+    s.hash.clear();
+    s.ettr.reset();
     if (r.has("takeover")) ++s.takeovers;
   } else if (ev == "job_end") {
     s.ettr = r.number("ettr");  // of the last run (a resumed job's: since its resume)

@@ -114,29 +114,31 @@ void checkpoint_agent::ship(std::int64_t iteration) {
     last_w_ = w;
     window = place->window;
     slot = place->slot;
-    // The capture's own buffer, as it is: it stays unchanged until its window is dropped,
-    // which happens only after every copy of it was made (no copy here). Lent memory is a
-    // region already (a replica on this host reads it with one RMA get); heap memory (the
-    // pool had none free yet) is exported for this slot.
-    if (const auto* lent = shared_->pool ? shared_->pool->lent_region(bytes->data()) : nullptr) {
-      p.slot = lent->describe(0, bytes->size());
-      p.share = shared_->pool->lent_share(bytes->data(), bytes->size());
-    } else {
-      p.region = io_.export_memory({const_cast<std::byte*>(bytes->data()), bytes->size()});
-      p.slot = p.region.describe_all();
-    }
     auto& r = replicated_[window];
     if (r.size() != w) r.assign(w, false);
+    if (!(placed_ && targets_.empty())) {  // else no other worker to hold a copy: none to offer
+      // The capture's own buffer, as it is: it stays unchanged until its window is dropped,
+      // which happens only after every copy of it was made (no copy here). Lent memory is a
+      // region already (a replica on this host reads it with one RMA get); heap memory (the
+      // pool had none free yet) is exported for this slot.
+      if (const auto* lent = shared_->pool ? shared_->pool->lent_region(bytes->data()) : nullptr) {
+        p.slot = lent->describe(0, bytes->size());
+        p.share = shared_->pool->lent_share(bytes->data(), bytes->size());
+      } else {
+        p.region = io_.export_memory({const_cast<std::byte*>(bytes->data()), bytes->size()});
+        p.slot = p.region.describe_all();
+      }
+    }
+  }
+  if (placed_ && targets_.empty()) {  // its own capture is the window's only copy
+    slot_replicated(window, slot);
+    refill_pool(w_sparse);
+    return;
   }
   if (copy_flip_) {
     if (const int bit = copy_flip_(iteration); bit >= 0) {
       p.flip_bit = std::int64_t(p.slot.length / 2) * 8 + bit;
     }
-  }
-  if (placed_ && targets_.empty()) {  // no other worker to hold a copy
-    slot_replicated(window, slot);
-    refill_pool(w_sparse);
-    return;
   }
   unsent_bytes_ += p.slot.length;
   pending_[{window, slot}] = std::move(p);

@@ -184,7 +184,7 @@ void window_book::tell_persisted(std::uint64_t window, std::int64_t first, bool 
   }
 }
 
-void window_book::resume_from(const engine::resume_point& p) {
+void window_book::go_on_from(const engine::resume_point& p) {
   w_sparse_ = p.w_sparse;
   resumed_sizes_ = p.window_sizes;
   // Windows go on from the journal's, W as it was there (its first step is first - 1); the
@@ -192,6 +192,16 @@ void window_book::resume_from(const engine::resume_point& p) {
   plan_ = window_plan{};
   plan_.start(p.windows.at(p.window) - 1, p.w_sparse, p.window);
   planned_max_ = p.target_iteration - 1;
+  make_tuner();
+  steps_ = p.steps;
+  scalers_ = {{p.target_iteration, p.scaler}};
+  durable_windows_ = p.windows;
+  persisted_ = p.window;
+  persisted_first_ = p.windows.at(p.window);
+}
+
+void window_book::resume_from(const engine::resume_point& p) {
+  go_on_from(p);
   // A W fixed by the resume's config (checkpoint.w_sparse) holds from the first window that
   // begins at or after where training goes on; the windows before it are the journal's.
   if (const int w = job_.job().w_sparse; w > 0 && w != p.w_sparse) {
@@ -206,16 +216,10 @@ void window_book::resume_from(const engine::resume_point& p) {
         "journal's windows were of {})",
         p.w_sparse, w, plan_.at(step).window, p.w_sparse));
   }
-  make_tuner();
-  steps_ = p.steps;
-  scalers_ = {{p.target_iteration, p.scaler}};
-  durable_windows_ = p.windows;
-  persisted_ = p.window;
-  persisted_first_ = p.windows.at(p.window);
 }
 
 void window_book::take_over(const engine::resume_point& p, const engine::live_takeover& t) {
-  resume_from(p);
+  go_on_from(p);  // then the live stages' plan (the journal's W, or the fixed one, is theirs)
   for (const auto& [id, first] : p.windows) resumed_sizes_.try_emplace(id, p.w_sparse);
   w_sparse_ = t.w_sparse;
   plan_ = window_plan{};

@@ -58,7 +58,8 @@ class window_book {
   }
   std::optional<models::loss_scaler> scaler_before(std::int64_t target) const;
   void rolled_back(std::uint64_t window, std::int64_t target, const models::loss_scaler& scaler);
-  // --resume: the windows, steps and W_sparse as the journal says.
+  // --resume: the windows, steps and W_sparse as the journal says (a W fixed by the config
+  // from the first window after where training goes on).
   void resume_from(const engine::resume_point& p);
   // A standby head took over from the live stages: the journal's durable windows, the steps
   // since, the lost head's newest persisted window (t.persisted, else the journal's), and
@@ -81,6 +82,8 @@ class window_book {
   std::int64_t replication_lag(std::int64_t iteration) const;
 
  private:
+  // The journal's windows, steps and W_sparse, where training goes on (resume and takeover).
+  void go_on_from(const engine::resume_point& p);
   void choose_window_size(const engine::planned_iteration& it);
   // One past every window number this head has planned, heard of or persisted.
   std::uint64_t next_window_number() const;
