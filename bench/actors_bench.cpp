@@ -328,8 +328,27 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "--peer") {
     return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])));
   }
-  const std::uint64_t round_trips = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1'000'000;
-  const std::uint64_t messages = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 4'000'000;
+  // Positive whole numbers, or the usage (a count of 0 would report a ratio of nothing).
+  auto count = [&](int i, std::uint64_t fallback) -> std::uint64_t {
+    if (argc <= i) return fallback;
+    char* end = nullptr;
+    const std::uint64_t n = std::strtoull(argv[i], &end, 10);
+    if (*argv[i] == '\0' || *end != '\0' || n == 0 || *argv[i] == '-') {
+      fmt::print(stderr,
+                 "bench actors: '{}' is not a positive count (usage: bench actors [round_trips] "
+                 "[messages] [pings])\n",
+                 argv[i]);
+      std::exit(2);
+    }
+    return n;
+  };
+  if (argc > 4) {
+    fmt::print(stderr, "bench actors: at most three counts (round_trips messages pings)\n");
+    return 2;
+  }
+  const std::uint64_t round_trips = count(1, 1'000'000);
+  const std::uint64_t messages = count(2, 4'000'000);
+  const int pings = int(std::min<std::uint64_t>(count(3, 20000), 1u << 30));
   constexpr int repeats = 3;  // best of three, each side
   const bool verbose = std::getenv("BENCH_VERBOSE") != nullptr;
   double ours_rt = 0, caf_rt = 0, ours_ow = 0, caf_ow = 0;
@@ -349,7 +368,6 @@ int main(int argc, char** argv) {
   }
   report("local_request_response_rt_per_s", ours_rt, caf_rt);
   report("local_one_way_msgs_per_s", ours_ow, caf_ow);
-  const int pings = argc > 3 ? std::atoi(argv[3]) : 20000;
   int port = 20000 + ::getpid() % 20000;
   for (const std::string tls : {"shm", "tcp"}) {
     if (tls == "tcp") {

@@ -65,6 +65,10 @@ models::train_config bench_train() {
 
 int main(int argc, char** argv) try {
   options opt;
+  if (argc % 2 == 0) {  // an option without its value (or a stray word) at the end
+    throw std::invalid_argument(std::string("no value for ") + argv[argc - 1] +
+                                " (--preset, --iterations, --repeats, --mtbf)");
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--preset") {

@@ -149,12 +149,24 @@ int main(int argc, char** argv) {
       ep = true;
       continue;
     }
-    if (i + 1 >= argc) break;
+    const bool known = f == "--config" || f == "--iterations" || f == "--repeats" || f == "--dp";
+    if (!known || i + 1 >= argc) {
+      std::fprintf(stderr,
+                   "bench engine: %s %s (options: --config FILE --iterations N --repeats R --ep "
+                   "--dp D)\n",
+                   known ? "no value for" : "unknown option", f.c_str());
+      return 2;
+    }
     if (f == "--config") config = argv[i + 1];
     if (f == "--iterations") iterations = std::atoi(argv[i + 1]);
     if (f == "--repeats") repeats = std::atoi(argv[i + 1]);
     if (f == "--dp") dp = std::atoi(argv[i + 1]);
     ++i;
+  }
+  if (iterations < 1 || repeats < 1 || dp < 1) {
+    std::fprintf(stderr,
+                 "bench engine: --iterations, --repeats and --dp take whole numbers >= 1\n");
+    return 2;
   }
   try {
     const auto self = std::filesystem::read_symlink("/proc/self/exe");

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_usage.hpp"
 #include "build_config.hpp"
 #include "engine/stage_registry.hpp"
 #include "launcher/check.hpp"
@@ -64,6 +65,23 @@ void list_benchmarks(std::ostream& out) {
   for (const auto& b : benchmarks) out << fmt::format("  {:<12} {}\n", b.name, b.compares);
 }
 
+// `moevement bench NAME --help`: the opening comment of its source (what it compares, its
+// options), nothing run.
+int bench_help(const std::string& name) {
+  // Benchmarks that share a source with another: their text is that source's.
+  const std::string_view source = name == "simvalidate" ? "sim_validation"
+                                  : name == "recovery"  ? "policies"
+                                                        : std::string_view(name);
+  for (const auto& [n, text] : bench_usages) {
+    if (n == source) {
+      std::cout << text;
+      return 0;
+    }
+  }
+  std::cout << "moevement bench " << name << ": see docs/benchmarks.md\n";
+  return 0;
+}
+
 // Benchmarks are separate executables (bench/bench_NAME) so that their competitors' libraries
 // (CAF, ...) never link into the runtime; `moevement bench NAME` runs the one beside us.
 int run_bench(int argc, char** argv) {
@@ -89,6 +107,11 @@ int run_bench(int argc, char** argv) {
         name, bench.string());
     return 2;
   }
+  for (int i = 3; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      return bench_help(name);
+    }
+  }
   std::vector<char*> args{const_cast<char*>(bench.c_str())};
   for (int i = 3; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
@@ -102,7 +125,14 @@ int run_bench(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     const std::string_view command = argc > 1 ? argv[1] : "help";
-    if (command == "check") return moevement::launcher::run_check(std::cout);
+    if (command == "check") {
+      if (argc > 2) {
+        std::cerr << fmt::format("moevement check: unexpected argument '{}' (it takes none)\n",
+                                 argv[2]);
+        return 2;
+      }
+      return moevement::launcher::run_check(std::cout);
+    }
     if (command == "bench") return run_bench(argc, argv);
     if (command == "slurm-env") return moevement::launcher::run_slurm_env(std::cout);
     if (command == "simulate")
@@ -119,7 +149,7 @@ int main(int argc, char** argv) {
       return command == "launch" ? moevement::launcher::run_launch(argc, argv, registry)
                                  : moevement::launcher::run_worker(argc, argv, registry);
     }
-    if (command == "version") {
+    if (command == "version" || command == "--version") {
       std::cout << "moevement " << MOEVEMENT_VERSION << "\n";
       return 0;
     }

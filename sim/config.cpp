@@ -337,15 +337,22 @@ profile_data parse_profile(std::string_view text) {
   p.producer = r.string("profile.producer", "");
   const auto opt = [&](const std::string& k) { return r.has(k) ? r.positive(k, 1) : -1.0; };
   p.iteration_s = opt("profile.iteration_s");
-  p.update_s = r.has("profile.update_s") ? r.number("profile.update_s", 0) : -1;
-  p.sync_s = r.has("profile.sync_s") ? r.number("profile.sync_s", 0) : -1;
+  // Times the profile gives must be >= 0 (-1 below means "not given": the model's own).
+  const auto time_s = [&](const std::string& k) {
+    if (!r.has(k)) return -1.0;
+    const double v = r.number(k, 0);
+    if (!(v >= 0)) fail(k, "must be >= 0");
+    return v;
+  };
+  p.update_s = time_s("profile.update_s");
+  p.sync_s = time_s("profile.sync_s");
   p.stage_microbatch_s = r.numbers("profile.stage_microbatch_s", {});
   for (double v : p.stage_microbatch_s) {
     if (!(v > 0)) fail("profile.stage_microbatch_s", "times must be positive");
   }
   if (r.has("profile.snapshot_gb_per_s_per_gpu"))
     p.snapshot_bytes_per_s_per_gpu = r.positive("profile.snapshot_gb_per_s_per_gpu", 1) * 1e9;
-  p.restart_s = r.has("profile.restart_s") ? r.number("profile.restart_s", 0) : -1;
+  p.restart_s = time_s("profile.restart_s");
   p.dispatch_s = r.has("profile.dispatch_s") ? r.number("profile.dispatch_s", 0) : -1;
   if (r.has("profile.dispatch_s") && p.dispatch_s < 0) fail("profile.dispatch_s", "must be >= 0");
   p.persist_lag_s = r.has("profile.persist_lag_s") ? r.number("profile.persist_lag_s", 0) : -1;
@@ -356,7 +363,7 @@ profile_data parse_profile(std::string_view text) {
   if (r.has("profile.alltoall_s") && p.alltoall_s < 0) fail("profile.alltoall_s", "must be >= 0");
   for (const char* pol : {"dense-memory", "dense-disk", "pec", "moevement"}) {
     const std::string k = std::string("profile.snapshot_s.") + pol;
-    if (r.has(k)) p.snapshot_s[pol] = r.number(k, 0);
+    if (r.has(k)) p.snapshot_s[pol] = time_s(k);
     const std::string l = std::string("profile.load_s.") + pol;
     if (r.has(l)) {
       p.load_s[pol] = r.number(l, 0);
@@ -491,11 +498,18 @@ void read_constants(const reader& r, model_constants& k) {
 
 void read_failures(const reader& r, sim_config& cfg, const std::filesystem::path& base_dir) {
   auto& f = cfg.failures;
+  // Bounds that keep a run finite: an MTBF under a second or a run of over ten years is no
+  // cluster's, and the simulation's events grow with their ratio.
   for (double m : r.numbers("failures.mtbf_minutes", {120, 60, 30, 20, 10})) {
-    if (!(m > 0)) fail("failures.mtbf_minutes", "every MTBF must be positive");
+    if (!(m >= 1.0 / 60) || !(m <= 1e9)) {
+      fail("failures.mtbf_minutes", "every MTBF must be between 1/60 (a second) and 1e9 minutes");
+    }
     cfg.mtbf_s.push_back(m * 60);
   }
   f.duration_s = r.positive("failures.duration_hours", f.duration_s / 3600) * 3600;
+  if (!(f.duration_s <= 87600.0 * 3600)) {
+    fail("failures.duration_hours", "must be at most 87600 (ten years)");
+  }
   f.restart_s = r.number("failures.restart_s", f.restart_s);
   if (f.restart_s < 0) fail("failures.restart_s", "must be >= 0");
   f.trials = r.count("failures.trials", f.trials);
@@ -509,12 +523,22 @@ void read_failures(const reader& r, sim_config& cfg, const std::filesystem::path
       fail("failures.trace", e.what());
     }
     if (cfg.trace.empty()) fail("failures.trace", "the trace has no failures");
+    for (const auto& e : cfg.trace) {
+      if (e.stage >= cfg.inputs.plan.pp) {
+        fail("failures.trace", "stage " + std::to_string(e.stage) + " at " +
+                                   std::to_string(e.time_s) + " s: plan.pp is " +
+                                   std::to_string(cfg.inputs.plan.pp) + " (stages 0.." +
+                                   std::to_string(cfg.inputs.plan.pp - 1) + ")");
+      }
+    }
   }
 }
 
 std::vector<policy_settings> read_policies(const reader& r) {
   std::vector<policy_settings> out;
-  const int replicas = r.count("policies.replicas", 2, 0);
+  // At least one peer copy: dense-memory and moevement restore from them (0 would model an
+  // in-memory restore from nowhere).
+  const int replicas = r.count("policies.replicas", 2, 1);
   for (const auto& name :
        r.strings("policies.list", {"dense-disk", "dense-memory", "pec", "moevement"})) {
     policy_settings ps;
@@ -601,6 +625,11 @@ void read_sweep(const reader& r, sweep_settings& s) {
   s.stages = r.counts("sweep.stages", s.stages);
   s.pipelines = r.counts("sweep.pipelines", s.pipelines);
   s.mtbf_minutes = r.numbers("sweep.mtbf_minutes", s.mtbf_minutes);
+  for (double m : s.mtbf_minutes) {
+    if (!(m >= 1.0 / 60) || !(m <= 1e9)) {
+      fail("sweep.mtbf_minutes", "every MTBF must be between 1/60 (a second) and 1e9 minutes");
+    }
+  }
   s.policies = r.strings("sweep.policies", s.policies);
   s.microbatches_per_stage = r.count("sweep.microbatches_per_stage", s.microbatches_per_stage);
   if (s.models.size() != s.gpus.size() || s.gpus.size() != s.stages.size() ||

@@ -419,7 +419,25 @@ std::vector<failure_event> parse_failure_trace(std::string_view text) {
       throw std::invalid_argument("failure trace line " + std::to_string(line_no) +
                                   ": expected 'TIME_SECONDS [STAGE]', got '" + line + "'");
     }
-    if (!(fields >> e.stage)) e.stage = -1;
+    e.stage = -1;
+    if (std::string stage; fields >> stage) {  // a whole number >= 0, and nothing after it
+      std::size_t used = 0;
+      long v = -1;
+      try {
+        v = std::stol(stage, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != stage.size() || v < 0 || v > 1'000'000) {
+        throw std::invalid_argument("failure trace line " + std::to_string(line_no) +
+                                    ": the stage must be a whole number >= 0, got '" + stage + "'");
+      }
+      e.stage = int(v);
+      if (std::string extra; fields >> extra) {
+        throw std::invalid_argument("failure trace line " + std::to_string(line_no) +
+                                    ": expected 'TIME_SECONDS [STAGE]', got more: '" + extra + "'");
+      }
+    }
     if (e.time_s < 0 || !std::isfinite(e.time_s) ||
         (!out.empty() && e.time_s < out.back().time_s)) {
       throw std::invalid_argument("failure trace line " + std::to_string(line_no) +

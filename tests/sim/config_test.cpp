@@ -95,6 +95,13 @@ TEST(config, bad_configs_name_the_key) {
   EXPECT_NE(error_of("[plan]\npp = 1\n").find("'model.preset'"), std::string::npos);
   EXPECT_NE(error_of(minimal, {"failures.trace=no-such-file"}).find("'failures.trace'"),
             std::string::npos);
+  // Bounds that keep a run finite (an MTBF of a nanominute hung), and a peer copy to restore
+  // from.
+  for (const char* bad : {"failures.mtbf_minutes=[1e-9]", "failures.duration_hours=1e6",
+                          "sweep.mtbf_minutes=[0.001]", "policies.replicas=0"}) {
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(error_of(minimal, {bad}).find("'" + key + "'"), std::string::npos) << bad;
+  }
   EXPECT_NE(error_of("[model\n").find("not valid TOML"), std::string::npos);
   EXPECT_NE(error_of(minimal, {"novalue"}).find("expected key=value"), std::string::npos);
 }

@@ -243,6 +243,9 @@ TEST(ettr, a_trace_is_replayed_as_given) {
   EXPECT_NEAR(r.ettr_std, 0, 1e-12);  // dense recovery does not depend on the drawn stage
   EXPECT_THROW(parse_failure_trace("10\nfive\n"), std::invalid_argument);
   EXPECT_THROW(parse_failure_trace("10\n5\n"), std::invalid_argument);  // not sorted
+  for (const char* bad : {"10 -1\n", "10 1.5\n", "10 1 extra\n", "10 x\n"}) {
+    EXPECT_THROW(parse_failure_trace(bad), std::invalid_argument) << bad;  // the stage field
+  }
 }
 
 TEST(ettr, unknown_names_are_errors) {
