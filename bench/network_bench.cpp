@@ -266,6 +266,11 @@ int main(int argc, char** argv) {
       if (c == "clean") continue;
       auto line = [&](const char* metric, const std::vector<double>& ours,
                       const std::vector<double>& theirs) {
+        if (ours.empty() || theirs.empty()) {  // no run measured it (its event never came)
+          std::printf("%s[%s]: n/a (%zu and %zu samples)\n", metric, c.c_str(), ours.size(),
+                      theirs.size());
+          return;
+        }
         const double a = median(ours), b = median(theirs);
         std::printf("%s[%s]: ours=%.4f theirs=%.4f ratio=%.3f\n", metric, c.c_str(), a, b,
                     a > 0 ? b / a : 0.0);

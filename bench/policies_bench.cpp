@@ -533,8 +533,11 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
       sets.insert(sets.end(), o.sets.begin(), o.sets.end());
       return launch_args({o.config, o.iterations, o.pp, o.dp, o.spares}, sets, log, injects);
     };
-    std::printf("# config %s pp=%d dp=%d spares=%d iterations=%d repeats=%d; load before: %s\n",
-                o.config.c_str(), o.pp, o.dp, o.spares, o.iterations, o.repeats, loadavg().c_str());
+    std::string dp = std::to_string(o.dp);  // each of --dp's list where it has several
+    for (std::size_t i = 1; i < o.dps.size(); ++i) dp += "," + std::to_string(o.dps[i]);
+    std::printf("# config %s pp=%d dp=%s spares=%d iterations=%d repeats=%d; load before: %s\n",
+                o.config.c_str(), o.pp, dp.c_str(), o.spares, o.iterations, o.repeats,
+                loadavg().c_str());
     if (!o.fault_free_compare) {
       auto run = [&](const std::string& policy, const std::vector<std::string>& inject,
                      const std::vector<std::string>& extra) {

@@ -47,7 +47,7 @@
 // per-SPEC medians are printed as ettr_<policy>_<spec>_median), --preset NAME (tiny),
 // --micro-batches N (4), --micro-batch-size N (4), --seq-len N (32), --failures SPEC (repeatable;
 // one faulty run per SPEC, a comma list of STAGE@ITERATION; default "1@2N/3", "1@N/3,2@2N/3" and
-// "0@N/2"), --policies LIST (default moevement,dense-memory,dense-disk,pec), --interval K (5),
+// "0@N/2"), --policies LIST (default moevement,dense-memory,dense-disk,pec), --interval K (10),
 // --profile-out FILE, --trace-out PREFIX (writes PREFIX<policy>_<run>.txt trace files), --keep-logs
 // DIR (every run log, each line with the time the bench saw it). Run from the source root.
 #include <fmt/format.h>
@@ -274,6 +274,8 @@ int main(int argc, char** argv) {
         watch = [&](double t) { watch_disk_windows(disk_dir, t, *seen); };
       job_outcome j = launch_job(bin, args(policy, kills), log, watch);
       fs::remove_all(disk_dir);
+      // moevement's durable tier, beside the run log by default (checkpoint.dir)
+      fs::remove_all(fs::path(log).replace_extension(".checkpoints"));
       return j;
     };
     auto run = [&](const std::string& policy, const std::vector<kill_at>& kills,

@@ -341,8 +341,17 @@ int main(int argc, char** argv) {
       } else if (a == "--ours-only") {
         ours_only = true;
       } else if (a == "--repeat" && i + 1 < argc) {
-        repeat = std::max(1, std::stoi(argv[++i]));
-      } else if (a == "--transport" && i + 1 < argc) {
+        const std::string v = argv[++i];
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 6 ||
+            std::stoi(v) < 1) {
+          std::fprintf(stderr, "bench_transport: --repeat takes a whole number >= 1, not '%s'\n",
+                       v.c_str());
+          return 2;
+        }
+        repeat = std::stoi(v);
+      } else if (a == "--transport" && i + 1 < argc &&
+                 (std::string_view(argv[i + 1]) == "shm" ||
+                  std::string_view(argv[i + 1]) == "tcp")) {
         transports = {argv[++i]};
       } else {
         std::fprintf(stderr,
