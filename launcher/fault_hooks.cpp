@@ -11,6 +11,25 @@
 
 namespace moevement::launcher {
 
+namespace {
+
+// The flip injections aimed at (stage, replica) that `which` takes: the hook's own copies
+// (each marks its `done`).
+template <class Which>
+std::shared_ptr<std::vector<injection>> flips_at(const std::vector<injection>& injections,
+                                                 int stage, int replica, Which which) {
+  auto mine = std::make_shared<std::vector<injection>>();
+  for (const auto& inj : injections) {
+    if (inj.what == injection::kind::flip && inj.stage == stage && inj.replica == replica &&
+        which(inj)) {
+      mine->push_back(inj);
+    }
+  }
+  return mine;
+}
+
+}  // namespace
+
 engine::fault_hook phase_fault_hook(const std::vector<injection>& injections, int stage,
                                     int replica, bool replacement, const std::string& who) {
   struct state {
@@ -96,13 +115,7 @@ engine::corruption_hook flip_hook(const std::vector<injection>& injections, int 
 
 engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, int stage,
                                       int replica, bool replacement) {
-  auto mine = std::make_shared<std::vector<injection>>();
-  for (const auto& inj : injections) {
-    if (inj.what == injection::kind::flip && inj.slot_copy && inj.stage == stage &&
-        inj.replica == replica) {
-      mine->push_back(inj);
-    }
-  }
+  auto mine = flips_at(injections, stage, replica, [](const injection& i) { return i.slot_copy; });
   if (mine->empty() || replacement) return {};
   return [mine](std::int64_t iteration) {
     for (auto& inj : *mine) {
@@ -116,13 +129,7 @@ engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, 
 
 engine::send_flip_hook send_flip_hook(const std::vector<injection>& injections, int stage,
                                       int replica, bool replacement, const std::string& who) {
-  auto mine = std::make_shared<std::vector<injection>>();
-  for (const auto& inj : injections) {
-    if (inj.what == injection::kind::flip && inj.activation && inj.stage == stage &&
-        inj.replica == replica) {
-      mine->push_back(inj);
-    }
-  }
+  auto mine = flips_at(injections, stage, replica, [](const injection& i) { return i.activation; });
   if (mine->empty() || replacement) return {};
   return [mine, who](std::int64_t iteration, int mb, std::span<float> activation) {
     for (auto& inj : *mine) {
