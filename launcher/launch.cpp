@@ -762,6 +762,16 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
     return standby.run();
   }
   check_run_log_path(job.run_log);
+  if (options->resume) {
+    if (const auto hash = ended_job_hash(job)) {  // nothing to run again
+      std::cout << fmt::format(
+          "moevement launch: --resume: the job already ended (train.iterations = {}; its run "
+          "log {} ends with job_end): nothing to resume; raise train.iterations to train on\n"
+          "state_hash={}\n",
+          job.train.iterations, job.run_log, *hash);
+      return 0;
+    }
+  }
   // Held until this head ends, before the journal is read or started afresh.
   // A requeued job waits out its dead predecessor's locks on a network file system (they
   // outlive it until its lease ends, some 90 s on NFSv4).

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/run_log_reader.hpp"
 #include "recovery/atomic_file.hpp"
 
 namespace moevement::launcher {
@@ -106,6 +107,24 @@ engine::resume_point resume_point_of(const recovery::resume_journal& journal,
         point->target_iteration));
   }
   return std::move(*point);
+}
+
+std::optional<std::string> ended_job_hash(const engine::job_config& job) {
+  const auto log = engine::read_run_log(job.run_log);
+  if (!log.ok() || !log->stopped.empty()) return std::nullopt;  // torn at the end: killed
+  for (auto r = log->records.rbegin(); r != log->records.rend(); ++r) {
+    if (r->is("event", "job_end")) {
+      const auto hash = r->text("state_hash");
+      const auto its = r->number("iterations");
+      if (!hash || !its || *its < double(job.train.iterations)) return std::nullopt;
+      return hash;
+    }
+    if (r->is("event", "job_start") || r->is("event", "job_failed") ||
+        r->is("event", "job_stopped")) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
 }
 
 bool journaled_job(const launch_options& o, const engine::job_config& job) {

@@ -29,6 +29,11 @@ bool journaled_job(const launch_options& o, const engine::job_config& job);
 engine::resume_point resume_point_of(const recovery::resume_journal& journal,
                                      const engine::job_config& job, const std::string& what);
 
+// For --resume: the state_hash of a job its run log says ended (its last run's job_end, at
+// train.iterations or past them), nothing to go on with; nullopt otherwise (killed, stopped,
+// failed, or asked to train further).
+std::optional<std::string> ended_job_hash(const engine::job_config& job);
+
 // An exclusive lock (flock) on a running job's run log and, when it journals its durable
 // windows (journaled_job), its checkpoint.dir: a second head on the same files (a --resume started
 // while the job still runs, the same config launched twice) is refused instead of both writing

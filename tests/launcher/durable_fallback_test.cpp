@@ -569,6 +569,13 @@ TEST(resume, a_job_of_one_worker_checkpoints_to_disk_and_resumes) {
   EXPECT_NE(o.output.find("resumed from window"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("a snapshot has no copy here"), std::string::npos) << o.output;
   EXPECT_EQ(o.output.find("captured nothing of a window"), std::string::npos) << o.output;
+  // Resumed again once it ended: nothing to run, the end's hash said (it ran the last
+  // iterations again before).
+  const auto again = run_moevement("launch " + job(dir, one + " --set train.iterations=" + its) +
+                                   " --resume --set engine.run_log=" + log_path("one-resumed"));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("the job already ended"), std::string::npos) << again.output;
+  EXPECT_EQ(hash_of(again.output), o.hash) << again.output;
   // The same job launched without --resume starts anew, saying what it removes.
   const auto anew = launch("one-anew", job(dir, one + " --set train.iterations=4"));
   ASSERT_EQ(anew.exit_code, 0) << anew.output;
