@@ -127,12 +127,12 @@ void coordinator::fail(const std::string& message) {
   finish_with(std::move(o));
 }
 
-void coordinator::stop_for_resume(const std::string& message) {
+void coordinator::stop_for_resume(const std::string& message, std::int64_t goes_on_at) {
   if (finished_) return;
   job_outcome o;
   o.stopped = true;
   o.message = message;
-  o.iterations = iteration_;
+  o.iterations = goes_on_at;  // what is kept: the iterations after the window are trained again
   finish_with(std::move(o));
 }
 
@@ -140,8 +140,8 @@ void coordinator::finish_with(job_outcome outcome) {
   if (finished_) return;
   finished_ = true;
   phase_ = phase::done;
-  if (recovery_) recovery_->stop();  // its supervisors' members' workers shut down below
-  if (outcome.ok) {
+  if (recovery_) recovery_->stop();     // its supervisors' members' workers shut down below
+  if (outcome.ok || outcome.stopped) {  // a stop is a clean end too: its ETTR is measured
     outcome.wall_s =
         std::chrono::duration<double>(sclock::now() - job_start_).count() - validation_s_;
     for (const auto& [i, secs] : committed_s_) outcome.useful_s += secs;
@@ -170,6 +170,9 @@ void coordinator::finish_with(job_outcome outcome) {
           .add("ettr", outcome.ettr);
     } else {
       r.add("message", outcome.message);
+      if (outcome.stopped) {
+        r.add("wall_s", outcome.wall_s).add("useful_s", outcome.useful_s).add("ettr", outcome.ettr);
+      }
     }
     log_->write(r);
   }

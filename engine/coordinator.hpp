@@ -158,8 +158,9 @@ class coordinator : public actors::actor, private head_control {
   // The job has failed (a worker lost, a stage failed): stop with this message.
   void fail(const std::string& message) override;
   // The job stops on purpose (SIGUSR1 once a window is on disk): like fail, but the run log
-  // says job_stopped, so a report or a tool reading it does not take it for a failure.
-  void stop_for_resume(const std::string& message);
+  // says job_stopped, so a report or a tool reading it does not take it for a failure; its
+  // iterations are `goes_on_at` (where the resume goes on), its ETTR measured.
+  void stop_for_resume(const std::string& message, std::int64_t goes_on_at);
   // Worker `node` is gone (heartbeats stopped, it said goodbye, or its process exited; `how`
   // says which). A spare is dropped; a stage is recovered on a spare when the policy can,
   // else the job fails naming the worker.

@@ -436,7 +436,8 @@ void head_session::window_on_disk(const engine::resume_point& p) {
         fmt::format("stopped on SIGUSR1 with window {} on disk: {} from iteration {}", p.window,
                     options_.requeue ? "the requeued job goes on"
                                      : "`moevement launch CONFIG --resume` goes on",
-                    p.target_iteration));
+                    p.target_iteration),
+        p.target_iteration);
 }
 
 void head_session::arm_start_timeout() {

@@ -150,9 +150,9 @@ job_lock::~job_lock() {
 job_lock job_lock::take(const engine::job_config& job, bool journaled,
                         std::chrono::seconds patience) {
   const auto until = std::chrono::steady_clock::now() + patience;
-  for (;;) {
+  while (std::chrono::steady_clock::now() < until) {
     auto held = lock(job, journaled, false);
-    if (held.holds_all() || std::chrono::steady_clock::now() >= until) break;
+    if (held.holds_all()) return held;
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   return lock(job, journaled, true);
@@ -164,31 +164,49 @@ job_lock job_lock::try_take(const engine::job_config& job, bool journaled) {
 
 job_lock job_lock::lock(const engine::job_config& job, bool journaled, bool must) {
   job_lock held;
-  held.wanted_ = journaled ? 2 : 1;
-  auto hold = [&](const std::string& path, int flags, const std::string& what) {
-    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
-    if (fd < 0) return;  // made or refused later, with its own message
+  struct target {
+    std::string path, what;
+    bool dir = false;
+  };
+  std::vector<target> targets{{job.run_log, "engine.run_log = " + job.run_log}};
+  if (journaled)
+    targets.push_back({job.baseline.dir, "checkpoint.dir = " + job.baseline.dir, true});
+  held.wanted_ = targets.size();
+  // Ok, or refused (a must throws naming the key); a missing one is made only once every
+  // existing one is held, so that a refused launch makes nothing.
+  auto hold = [&](const target& t) {
+    const int fd = ::open(t.path.c_str(), (t.dir ? O_RDONLY | O_DIRECTORY : O_RDWR) | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT;
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
       held.fds_.push_back(fd);
-      return;
+      return false;
     }
     const int err = errno;
     ::close(fd);
     if (err == EWOULDBLOCK && must) {
       throw std::runtime_error(fmt::format(
-          "{} is in use by another running `moevement launch` (it holds its lock): wait "
-          "for that job to end or stop it, or give this one another {}",
-          what, what.substr(0, what.find(' '))));
+          "{} is in use by another running `moevement launch` (it holds its lock): wait for "
+          "that job to end or stop it, or give this one another {}",
+          t.what, t.what.substr(0, t.what.find(' '))));
     }
+    return false;
   };
-  hold(job.run_log, O_RDWR | O_CREAT, "engine.run_log = " + job.run_log);
-  if (journaled) {
-    try {
-      recovery::create_private_directories(job.baseline.dir);
-    } catch (const std::exception&) {  // refused by open_journal, naming the key
-      return held;
+  std::vector<const target*> missing;
+  for (const auto& t : targets) {
+    if (hold(t)) missing.push_back(&t);
+  }
+  for (const target* t : missing) {
+    try {  // what cannot be made is refused later, naming its key (open_journal, run_log)
+      if (t->dir) {
+        recovery::create_private_directories(t->path);
+      } else if (const int fd = ::open(t->path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+                 fd >= 0) {
+        ::close(fd);
+      }
+    } catch (const std::exception&) {
+      continue;
     }
-    hold(job.baseline.dir, O_RDONLY | O_DIRECTORY, "checkpoint.dir = " + job.baseline.dir);
+    (void)hold(*t);
   }
   return held;
 }

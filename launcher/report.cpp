@@ -198,6 +198,8 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     s.failed = r.text("message").value_or("the job failed");
   } else if (ev == "job_stopped") {
     s.stop = r.text("message").value_or("stopped with a window on disk");
+    s.ettr = r.number("ettr");  // a clean end: measured as job_end's
+    s.wall_s = s.starts > 1 ? std::optional<double>(t) : r.number("wall_s");
   }
 }
 

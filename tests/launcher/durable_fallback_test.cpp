@@ -611,8 +611,14 @@ TEST(resume, sigusr1_stops_at_the_next_window_on_disk_and_the_resume_is_bit_exac
     its =
         std::to_string(std::max(std::stol(its), std::atol(out.c_str() + at + goes_on.size()) + 20));
     EXPECT_EQ(count_events(lines_of(j.log), "durable_rollback"), 0) << out;
-    // A stop on purpose, not a failure (a report or a tool reading the log tells them apart).
+    // A stop on purpose, not a failure (a report or a tool reading the log tells them apart),
+    // its iterations where the resume goes on, its ETTR measured.
     EXPECT_EQ(count_events(lines_of(j.log), "job_stopped"), 1) << out;
+    for (const auto& l : lines_of(j.log)) {
+      if (l.find("\"event\":\"job_stopped\"") == std::string::npos) continue;
+      EXPECT_EQ(number_field(l, "iterations"), std::atof(out.c_str() + at + goes_on.size())) << l;
+      EXPECT_GT(number_field(l, "ettr"), 0) << l;
+    }
     EXPECT_EQ(count_events(lines_of(j.log), "job_failed"), 0) << out;
   }
   const auto o =

@@ -221,6 +221,7 @@ TEST(launch, a_second_head_on_a_running_jobs_files_is_refused) {
   EXPECT_EQ(beside.exit_code, 1) << beside.output;
   EXPECT_NE(beside.output.find("checkpoint.dir = " + dir + " is in use"), std::string::npos)
       << beside.output;
+  EXPECT_FALSE(std::filesystem::exists(job.log + ".other.jsonl")) << "a refused launch made it";
   ::kill(job.pid, SIGTERM);  // 128 + its number, as a shell reports it (Ctrl-C's is 130)
   EXPECT_EQ(job.wait(60s), 128 + SIGTERM) << job.output();
   EXPECT_EQ(job.output().find("error"), std::string::npos) << job.output();
