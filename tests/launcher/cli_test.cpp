@@ -60,4 +60,43 @@ TEST(cli, bench_lists_every_benchmark_and_its_competitor) {
   EXPECT_EQ(listed, built) << help.output;
 }
 
+// `moevement bench NAME --help` prints that benchmark's own opening text and runs nothing (no
+// ratio line: it used to run `actors` with counts of 0 and `engine` in full); a bad count is
+// refused; `check` takes no arguments; --version says the version.
+TEST(cli, bench_help_runs_nothing_and_bad_arguments_are_refused) {
+  std::istringstream lines(run("bench --help").output);
+  int asked = 0;
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind("  ", 0) != 0) continue;
+    const std::string name = l.substr(2, l.find(' ', 2) - 2);
+    const auto r = run("bench " + name + " --help");
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    // Exactly its source's opening comment: the text, not a run's output.
+    const std::string source = name == "simvalidate" ? "sim_validation"
+                               : name == "recovery"  ? "policies"
+                                                     : name;
+    std::ifstream in(std::string(std::getenv("MOEVEMENT_SOURCE_ROOT")) + "/bench/" + source +
+                     "_bench.cpp");
+    std::string expected;
+    for (std::string c; std::getline(in, c) && c.rfind("//", 0) == 0;) {
+      expected += c.substr(c.rfind("// ", 0) == 0 ? 3 : 2) + "\n";
+    }
+    EXPECT_FALSE(expected.empty()) << name;
+    EXPECT_EQ(r.output, expected) << name;
+    ++asked;
+  }
+  EXPECT_GE(asked, 8);
+  const auto zero = run("bench actors 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("is not a positive count"), std::string::npos) << zero.output;
+  const auto engine = run("bench engine --bogus");
+  EXPECT_EQ(engine.exit_code, 2) << engine.output;
+  EXPECT_NE(engine.output.find("unknown option --bogus"), std::string::npos) << engine.output;
+  const auto check = run("check --bogus");
+  EXPECT_EQ(check.exit_code, 2) << check.output;
+  const auto version = run("--version");
+  EXPECT_EQ(version.exit_code, 0) << version.output;
+  EXPECT_EQ(version.output.rfind("moevement ", 0), 0u) << version.output;
+}
+
 }  // namespace
