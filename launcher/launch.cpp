@@ -43,7 +43,6 @@
 #include "launcher/slurm_backend.hpp"
 #include "launcher/standby_agent.hpp"
 #include "launcher/worker_processes.hpp"
-#include "models/data.hpp"
 #include "recovery/durable_window.hpp"
 #include "recovery/resume_journal.hpp"
 #include "recovery/rollback_recovery.hpp"
@@ -736,23 +735,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   (void)registry.find(job.stage_type);  // an unknown stage type is a config error, here
   registry.check_expert_parallel(job.stage_type, job.ep);
   injection_plan plan = plan_injections(options->injections, job, options->dry_run, std::cout);
-  if (options->dry_run) {
-    // What the built-in stage reads first: a corpus it cannot read is a config error here, as
-    // it is to `moevement train`, not each worker's at its start.
-    if (job.stage_type == "moe") {
-      (void)models::corpus::load(job.train.corpus, job.train.val_fraction, job.train.seq_len);
-    }
-    std::optional<recovery::resume_journal> journal;
-    if (const auto from = open_journal(*options, job, journal)) {  // --resume: read, checked
-      std::cout << fmt::format(
-          "moevement launch: dry run: --resume would go on from window {} (iteration {})\n",
-          from->window, from->target_iteration);
-    }
-    std::cout << fmt::format(
-        "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",
-        options->injections.size());
-    return 0;
-  }
+  if (options->dry_run) return dry_run(*options, job);
   std::optional<recovery::resume_journal> journal;
   if (!options->standby_of.empty()) {  // the standby head: quiet until it takes over
     if (!job.standby_head) throw std::invalid_argument("--standby-of needs cluster.standby_head");
@@ -763,16 +746,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
     return standby.run();
   }
   check_run_log_path(job.run_log);
-  if (options->resume) {
-    if (const auto hash = ended_job_hash(job)) {  // nothing to run again
-      std::cout << fmt::format(
-          "moevement launch: --resume: the job already ended (train.iterations = {}; its run "
-          "log {} ends with job_end): nothing to resume; raise train.iterations to train on\n"
-          "state_hash={}\n",
-          job.train.iterations, job.run_log, *hash);
-      return 0;
-    }
-  }
+  if (options->resume && said_job_ended(job)) return 0;  // nothing to run again
   // Held until this head ends, before the journal is read or started afresh.
   // A requeued job waits out its dead predecessor's locks on a network file system (they
   // outlive it until its lease ends, some 90 s on NFSv4).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/run_log_reader.hpp"
+#include "models/data.hpp"
 #include "recovery/atomic_file.hpp"
 
 namespace moevement::launcher {
@@ -109,6 +110,8 @@ engine::resume_point resume_point_of(const recovery::resume_journal& journal,
   return std::move(*point);
 }
 
+namespace {
+
 std::optional<std::string> ended_job_hash(const engine::job_config& job) {
   const auto log = engine::read_run_log(job.run_log);
   if (!log.ok() || !log->stopped.empty()) return std::nullopt;  // torn at the end: killed
@@ -125,6 +128,37 @@ std::optional<std::string> ended_job_hash(const engine::job_config& job) {
     }
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+bool said_job_ended(const engine::job_config& job) {
+  const auto hash = ended_job_hash(job);
+  if (!hash) return false;
+  std::cout << fmt::format(
+      "moevement launch: --resume: the job already ended (train.iterations = {}; its run log {} "
+      "ends with job_end): nothing to resume; raise train.iterations to train on\n"
+      "state_hash={}\n",
+      job.train.iterations, job.run_log, *hash);
+  return true;
+}
+
+int dry_run(const launch_options& o, const engine::job_config& job) {
+  // What the built-in stage reads first: a corpus it cannot read is a config error here, as it
+  // is to `moevement train`, not each worker's at its start.
+  if (job.stage_type == "moe") {
+    (void)models::corpus::load(job.train.corpus, job.train.val_fraction, job.train.seq_len);
+  }
+  std::optional<recovery::resume_journal> journal;
+  if (const auto from = open_journal(o, job, journal)) {  // --resume: read, checked
+    std::cout << fmt::format(
+        "moevement launch: dry run: --resume would go on from window {} (iteration {})\n",
+        from->window, from->target_iteration);
+  }
+  std::cout << fmt::format(
+      "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",
+      o.injections.size());
+  return 0;
 }
 
 bool journaled_job(const launch_options& o, const engine::job_config& job) {

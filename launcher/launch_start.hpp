@@ -1,6 +1,6 @@
-// What `moevement launch` checks and opens before its head starts: the run log's path, and
-// under the durable tier its directory and the resume journal. Each refusal names the key or
-// the option to change.
+// What `moevement launch` checks and opens before its head starts: the run log's path, the
+// job's locks, under the durable tier its directory and the resume journal, a --resume of a job
+// that ended, and --dry-run. Each refusal names the key or the option to change.
 #pragma once
 
 #include <chrono>
@@ -29,10 +29,14 @@ bool journaled_job(const launch_options& o, const engine::job_config& job);
 engine::resume_point resume_point_of(const recovery::resume_journal& journal,
                                      const engine::job_config& job, const std::string& what);
 
-// For --resume: the state_hash of a job its run log says ended (its last run's job_end, at
-// train.iterations or past them), nothing to go on with; nullopt otherwise (killed, stopped,
-// failed, or asked to train further).
-std::optional<std::string> ended_job_hash(const engine::job_config& job);
+// For --resume: whether the job's run log says it ended (its last run's job_end, at
+// train.iterations or past them): then it says so with that end's state_hash, and there is
+// nothing to go on with. False when it was killed, stopped, failed, or is asked to train on.
+bool said_job_ended(const engine::job_config& job);
+
+// `launch --dry-run`: what the start would check (the built-in stage's corpus; a --resume's
+// journal, read, not written), said; exit status 0, or throws what is wrong.
+int dry_run(const launch_options& o, const engine::job_config& job);
 
 // An exclusive lock (flock) on a running job's run log and, when it journals its durable
 // windows (journaled_job), its checkpoint.dir: a second head on the same files (a --resume started
