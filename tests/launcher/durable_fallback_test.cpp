@@ -6,7 +6,7 @@
 // replica has complete and verified on disk, replays to the failed iteration and ends with the
 // fault-free state_hash. A corrupt newest window is rejected with its reason and the one before
 // it is used. (Without the durable tier the same failure ends the job saying which slot is
-// gone: tests/launcher/recovery_test.cpp.)
+// gone: tests/launcher/joint_recovery_test.cpp.)
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
