@@ -375,118 +375,133 @@ awaitable<void> stage_actor::iterate(wire::Iterate::Reader m) {
 }
 
 awaitable<void> stage_actor::advance() {
-  using sclock = std::chrono::steady_clock;
   const float loss_grad = loss_scale_ / float(m_ * setup_.replicas);
   while (!failed_ && phase_ == phase::running && next_step_ < plan_.size()) {
     const pipeline_step s = plan_[next_step_];
-    const auto mb = std::size_t(s.micro_batch);
-    const std::int64_t it = iteration_;
+    bool done = false;
     if (s.what == pass::forward) {
-      if (!setup_.first() && act_epoch_[mb] != epoch_) co_return;  // wait for the activation
-      if (next_step_ == 0) co_await at_fault_point(fault_point::forward);
-      bool bad = false;
-      std::string error;
-      STAGE_TRACE("forward mb={}", mb);
-      co_await compute([&] {
-        const auto t0 = sclock::now();
-        std::span<const float> x;
-        if (!setup_.first()) x = std::span<const float>(in_->act).subspan(mb * bf_, bf_);
-        stage_output out;
-        try {
-          out = model_->forward(s.micro_batch, x);
-        } catch (const std::exception& e) {  // an expert exchange stopped (a peer lost)
-          error = e.what();
-          return;
-        }
-        losses_[mb] = out.loss;
-        aux_[mb] = out.aux_loss;
-        if (!setup_.last()) {
-          if (out.activation.size() != bf_) {
-            bad = true;
-            return;
-          }
-          auto slot = region_floats(act_out_).subspan(mb * bf_, bf_);
-          std::copy(out.activation.begin(), out.activation.end(), slot.begin());
-          if (faults_.send_flip) faults_.send_flip(it, s.micro_batch, slot);
-          const auto l0 = sclock::now();
-          hooks_->on_boundary_send(it, s.micro_batch, boundary::activation, slot);
-          log_s_ += std::chrono::duration<double>(sclock::now() - l0).count();
-        }
-        compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
-      });
-      STAGE_TRACE("forward done mb={}", mb);
-      if (!error.empty()) {
-        fail("forward: " + error);
-        co_return;
-      }
-      if (bad) {
-        fail("the stage's forward returned an activation of the wrong size");
-        co_return;
-      }
-      if (!setup_.last()) {
-        const auto d = act_out_.describe(mb * bf_ * sizeof(float), bf_ * sizeof(float));
-        const std::uint64_t e = epoch_;
-        (void)tell<wire::Activation>(next_, [&](wire::Activation::Builder b) {
-          b.setEpoch(e);
-          b.setMicroBatch(s.micro_batch);
-          transport::write_descriptor(b.initTensor(), d);
-        });
-      }
+      done = co_await forward_pass(s);
     } else {
-      if (!setup_.last() && grad_epoch_[mb] != epoch_) co_return;  // wait for the gradient
-      if (next_step_ == first_backward_) co_await at_fault_point(fault_point::backward);
-      bool bad = false;
-      std::string error;
-      STAGE_TRACE("backward mb={}", mb);
-      co_await compute([&] {
-        const auto t0 = sclock::now();
-        std::span<const float> g;
-        if (!setup_.last()) g = std::span<const float>(in_->grad).subspan(mb * bf_, bf_);
-        std::span<const float> dx;
-        try {
-          dx = model_->backward(s.micro_batch, g, loss_grad);
-        } catch (const std::exception& e) {
-          error = e.what();
-          return;
-        }
-        if (!setup_.first()) {
-          if (dx.size() != bf_) {
-            bad = true;
-            return;
-          }
-          auto slot = region_floats(grad_out_).subspan(mb * bf_, bf_);
-          std::copy(dx.begin(), dx.end(), slot.begin());
-          const auto l0 = sclock::now();
-          hooks_->on_boundary_send(it, s.micro_batch, boundary::gradient, slot);
-          log_s_ += std::chrono::duration<double>(sclock::now() - l0).count();
-        }
-        compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
-      });
-      STAGE_TRACE("backward done mb={}", mb);
-      if (!error.empty()) {
-        fail("backward: " + error);
-        co_return;
-      }
-      if (bad) {
-        fail("the stage's backward returned an input gradient of the wrong size");
-        co_return;
-      }
-      if (!setup_.first()) {
-        const auto d = grad_out_.describe(mb * bf_ * sizeof(float), bf_ * sizeof(float));
-        const std::uint64_t e = epoch_;
-        (void)tell<wire::Gradient>(prev_, [&](wire::Gradient::Builder b) {
-          b.setEpoch(e);
-          b.setMicroBatch(s.micro_batch);
-          transport::write_descriptor(b.initTensor(), d);
-        });
-      }
+      done = co_await backward_pass(s, loss_grad);
     }
+    if (!done) co_return;  // it waits for its input, or the stage failed
     ++next_step_;
   }
   if (!failed_ && phase_ == phase::running && next_step_ == plan_.size()) {
     phase_ = phase::reducing;
     co_await reduce();
   }
+}
+
+awaitable<bool> stage_actor::forward_pass(pipeline_step s) {
+  using sclock = std::chrono::steady_clock;
+  const auto mb = std::size_t(s.micro_batch);
+  const std::int64_t it = iteration_;
+  if (!setup_.first() && act_epoch_[mb] != epoch_) co_return false;  // wait for the activation
+  if (next_step_ == 0) co_await at_fault_point(fault_point::forward);
+  bool bad = false;
+  std::string error;
+  STAGE_TRACE("forward mb={}", mb);
+  co_await compute([&] {
+    const auto t0 = sclock::now();
+    std::span<const float> x;
+    if (!setup_.first()) x = std::span<const float>(in_->act).subspan(mb * bf_, bf_);
+    stage_output out;
+    try {
+      out = model_->forward(s.micro_batch, x);
+    } catch (const std::exception& e) {  // an expert exchange stopped (a peer lost)
+      error = e.what();
+      return;
+    }
+    losses_[mb] = out.loss;
+    aux_[mb] = out.aux_loss;
+    if (!setup_.last()) {
+      if (out.activation.size() != bf_) {
+        bad = true;
+        return;
+      }
+      auto slot = region_floats(act_out_).subspan(mb * bf_, bf_);
+      std::copy(out.activation.begin(), out.activation.end(), slot.begin());
+      if (faults_.send_flip) faults_.send_flip(it, s.micro_batch, slot);
+      const auto l0 = sclock::now();
+      hooks_->on_boundary_send(it, s.micro_batch, boundary::activation, slot);
+      log_s_ += std::chrono::duration<double>(sclock::now() - l0).count();
+    }
+    compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
+  });
+  STAGE_TRACE("forward done mb={}", mb);
+  if (!error.empty()) {
+    fail("forward: " + error);
+    co_return false;
+  }
+  if (bad) {
+    fail("the stage's forward returned an activation of the wrong size");
+    co_return false;
+  }
+  if (!setup_.last()) {
+    const auto d = act_out_.describe(mb * bf_ * sizeof(float), bf_ * sizeof(float));
+    const std::uint64_t e = epoch_;
+    (void)tell<wire::Activation>(next_, [&](wire::Activation::Builder b) {
+      b.setEpoch(e);
+      b.setMicroBatch(s.micro_batch);
+      transport::write_descriptor(b.initTensor(), d);
+    });
+  }
+  co_return true;
+}
+
+awaitable<bool> stage_actor::backward_pass(pipeline_step s, float loss_grad) {
+  using sclock = std::chrono::steady_clock;
+  const auto mb = std::size_t(s.micro_batch);
+  const std::int64_t it = iteration_;
+  if (!setup_.last() && grad_epoch_[mb] != epoch_) co_return false;  // wait for the gradient
+  if (next_step_ == first_backward_) co_await at_fault_point(fault_point::backward);
+  bool bad = false;
+  std::string error;
+  STAGE_TRACE("backward mb={}", mb);
+  co_await compute([&] {
+    const auto t0 = sclock::now();
+    std::span<const float> g;
+    if (!setup_.last()) g = std::span<const float>(in_->grad).subspan(mb * bf_, bf_);
+    std::span<const float> dx;
+    try {
+      dx = model_->backward(s.micro_batch, g, loss_grad);
+    } catch (const std::exception& e) {
+      error = e.what();
+      return;
+    }
+    if (!setup_.first()) {
+      if (dx.size() != bf_) {
+        bad = true;
+        return;
+      }
+      auto slot = region_floats(grad_out_).subspan(mb * bf_, bf_);
+      std::copy(dx.begin(), dx.end(), slot.begin());
+      const auto l0 = sclock::now();
+      hooks_->on_boundary_send(it, s.micro_batch, boundary::gradient, slot);
+      log_s_ += std::chrono::duration<double>(sclock::now() - l0).count();
+    }
+    compute_s_ += std::chrono::duration<double>(sclock::now() - t0).count();
+  });
+  STAGE_TRACE("backward done mb={}", mb);
+  if (!error.empty()) {
+    fail("backward: " + error);
+    co_return false;
+  }
+  if (bad) {
+    fail("the stage's backward returned an input gradient of the wrong size");
+    co_return false;
+  }
+  if (!setup_.first()) {
+    const auto d = grad_out_.describe(mb * bf_ * sizeof(float), bf_ * sizeof(float));
+    const std::uint64_t e = epoch_;
+    (void)tell<wire::Gradient>(prev_, [&](wire::Gradient::Builder b) {
+      b.setEpoch(e);
+      b.setMicroBatch(s.micro_batch);
+      transport::write_descriptor(b.initTensor(), d);
+    });
+  }
+  co_return true;
 }
 
 awaitable<void> stage_actor::activation(wire::Activation::Reader m) {
@@ -613,8 +628,14 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
   STAGE_TRACE("step done");
   keep_step(it, plan, m);
   hooks_->after_step_shipped(it);
-  const checkpoint_stats st = hooks_->stats();
   phase_ = phase::stepped;
+  tell_stepped(digests, verify_s);
+  // The slot of `it` is being captured, not yet copied.
+  co_await at_fault_point(fault_point::snapshot);
+}
+
+void stage_actor::tell_stepped(const std::vector<std::uint64_t>& digests, double verify_s) {
+  const checkpoint_stats st = hooks_->stats();
   const std::uint64_t e = epoch_;
   (void)tell<wire::Stepped>(coordinator_, [&](wire::Stepped::Builder b) {
     b.setStage(setup_.stage);
@@ -639,8 +660,6 @@ awaitable<void> stage_actor::step(wire::Step::Reader m) {
     ::rusage u{};
     if (::getrusage(RUSAGE_SELF, &u) == 0) b.setPeakRssBytes(std::uint64_t(u.ru_maxrss) * 1024);
   });
-  // The slot of `it` is being captured, not yet copied.
-  co_await at_fault_point(fault_point::snapshot);
 }
 
 void stage_actor::keep_step(std::int64_t it, const models::step_plan& plan, wire::Step::Reader m) {

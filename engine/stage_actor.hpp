@@ -115,9 +115,14 @@ class stage_actor : public actors::actor {
   // What a step leaves for a standby head: the step plans from Step.keepFrom on, and where
   // the step checkpointed.
   void keep_step(std::int64_t it, const models::step_plan& plan, wire::Step::Reader m);
+  // What the step cost and the state's digests (verify), to the coordinator.
+  void tell_stepped(const std::vector<std::uint64_t>& digests, double verify_s);
 
   // Runs the 1F1B steps whose inputs are here, then the reduction when all are done.
   asio::awaitable<void> advance();
+  // One forward or backward pass of the plan; false: it waits for its input, or the stage failed.
+  asio::awaitable<bool> forward_pass(pipeline_step s);
+  asio::awaitable<bool> backward_pass(pipeline_step s, float loss_grad);
   asio::awaitable<void> reduce();
   asio::awaitable<void> finish_reduce();
   // Expert parallelism's reduction: the two folds below, each as far as its inputs allow.

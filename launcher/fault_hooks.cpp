@@ -151,4 +151,14 @@ engine::send_flip_hook send_flip_hook(const std::vector<injection>& injections, 
   };
 }
 
+engine::fault_factory worker_fault_factory(std::vector<injection> injections, std::string who) {
+  return [injections = std::move(injections), who = std::move(who)](int stage, int replica,
+                                                                    bool replacement) {
+    return engine::fault_hooks{phase_fault_hook(injections, stage, replica, replacement, who),
+                               flip_hook(injections, stage, replica, replacement, who),
+                               copy_flip_hook(injections, stage, replica, replacement),
+                               send_flip_hook(injections, stage, replica, replacement, who)};
+  };
+}
+
 }  // namespace moevement::launcher

@@ -31,4 +31,8 @@ engine::copy_flip_hook copy_flip_hook(const std::vector<injection>& injections, 
 engine::send_flip_hook send_flip_hook(const std::vector<injection>& injections, int stage,
                                       int replica, bool replacement, const std::string& who);
 
+// All four for whichever stage a worker is given (engine::worker_agent's fault factory);
+// `who` names the worker in the lines they print.
+engine::fault_factory worker_fault_factory(std::vector<injection> injections, std::string who);
+
 }  // namespace moevement::launcher

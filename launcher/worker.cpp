@@ -87,6 +87,17 @@ worker_args parse(int argc, char** argv) {
   return a;
 }
 
+// Tearing down waits for the stage's compute thread: one stuck in a kernel (a stalled stage,
+// fenced) never returns, and under Slurm no head is there to kill the process. (Not after a
+// good run: its teardown has nothing stuck, and a disk write may be finishing.)
+void exit_if_stuck(int status) {
+  std::thread([status] {
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::fflush(stdout);
+    ::_exit(status);
+  }).detach();
+}
+
 }  // namespace
 
 int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
@@ -186,14 +197,8 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   agent = sys.spawn<engine::worker_agent>(
       link, registry, [&](int s, const std::string& why) { stop(s, why); },
       recovery::any_policy_factory(),
-      [&, who = fmt::format("worker {}, pid {}", args.node, ::getpid())](int stage, int replica,
-                                                                         bool replacement) {
-        return engine::fault_hooks{
-            phase_fault_hook(args.injections, stage, replica, replacement, who),
-            flip_hook(args.injections, stage, replica, replacement, who),
-            copy_flip_hook(args.injections, stage, replica, replacement),
-            send_flip_hook(args.injections, stage, replica, replacement, who)};
-      });
+      worker_fault_factory(args.injections,
+                           fmt::format("worker {}, pid {}", args.node, ::getpid())));
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.
   admission.expires_after(std::chrono::seconds(120));
   admission.async_wait([&](const std::error_code& ec) {
@@ -202,16 +207,7 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   });
   asio::co_spawn(io, hello(std::chrono::seconds(30), std::chrono::seconds(0)), asio::detached);
   io.run();
-  // Tearing down waits for the stage's compute thread: one stuck in a kernel (a stalled stage,
-  // fenced) never returns, and under Slurm no head is there to kill the process. (Not after a
-  // good run: its teardown has nothing stuck, and a disk write may be finishing.)
-  if (status != 0) {
-    std::thread([status] {
-      std::this_thread::sleep_for(std::chrono::seconds(30));
-      std::fflush(stdout);
-      ::_exit(status);
-    }).detach();
-  }
+  if (status != 0) exit_if_stuck(status);
   return status;
 }
 
