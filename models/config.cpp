@@ -42,7 +42,7 @@ model_config preset(std::string_view name) {
     set(8, 256, 8, 8, 2, 768, 128, 256, 0);  // ~27 M parameters
   // The paper's Table 2 models: layer, expert and top-k counts as published; widths chosen so
   // that this architecture (GELU experts of two matrices) has about the published totals.
-  // For the simulator only (shapes and counts); far too large to train here.
+  // Shapes and counts only (the simulator has its own, sim/paper_models); far too large to train.
   else if (name == "moe-llava")
     set(32, 2048, 32, 4, 2, 3712, 2048, 100352, 0);
   else if (name == "gpt-moe")
@@ -282,8 +282,8 @@ void validate(const model_config& m, const train_config& t) {
   if (m.vocab != 256) {
     throw config_error("model.preset",
                        fmt::format("the byte-level trainer needs vocab 256, and preset '{}' has {} "
-                                   "(a preset of the simulator's, `moevement simulate`); train "
-                                   "tiny or small, or set model.vocab = 256",
+                                   "(one of the paper's models, far too large to train here; "
+                                   "`moevement simulate` models them); train tiny or small",
                                    m.preset, m.vocab));
   }
   if (t.collectives == collectives::nccl && t.device != device::cuda) {

@@ -76,7 +76,8 @@ void window_book::retune(std::int64_t step) {
   plan_.start(step, d->w);
   w_sparse_ = d->w;
   const std::string why =
-      d->ettr_rule
+      d->capped ? fmt::format("no stage has more than {} operators, one per slot", d->w)
+      : d->ettr_rule
           ? fmt::format(
                 "predicted ETTR {:.4f} against {:.4f} at W {} with checkpoint.mtbf_s "
                 "= {:g}",

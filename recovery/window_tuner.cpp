@@ -79,6 +79,8 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
     // Near the optimum the prediction is flat and the measured cost noisy: W moves only for a
     // gain worth a window of new slot memory.
     if (best_ettr > d.previous_ettr * (1.0 + min_ettr_gain)) d.w = best;
+    d.capped = d.w > ceiling;  // (a resume at a deeper pipeline: fewer operators per stage)
+    d.w = std::clamp(d.w, 1, ceiling);
     d.predicted_ettr = predicted_ettr(d.w, d.overhead, w, t);
     m_ = {};
     return d;
@@ -91,6 +93,7 @@ std::optional<window_tuner::decision> window_tuner::decide(int w) {
     d.w = w / 2;
     calm_ = 0;
   }
+  d.capped = d.w > ceiling;
   d.w = std::clamp(d.w, 1, ceiling);
   m_ = {};
   return d;

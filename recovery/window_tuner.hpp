@@ -82,6 +82,7 @@ class window_tuner {
     double cpu_share_s = 0.0;  // (capture_cpu_s + replication_cpu_s) / the cores, when it counts
     bool ettr_rule = false;    // chosen by the predicted ETTR (checkpoint.mtbf_s)
     double predicted_ettr = 0.0, previous_ettr = 0.0;  // at w, and at the W measured
+    bool capped = false;  // w is the ceiling, below what the rule chose (or the W measured)
   };
   // The ETTR rule's prediction for window size w, from overhead o measured at w_measured and
   // the capture-free iteration time t.

@@ -1,8 +1,10 @@
 // Shapes of the MoE models the paper evaluates (Table 2) and of its scale study (Figure 11).
 //
-// TEMPORARY COPY: these belong to the models/ presets (DESIGN.md: "MoE transformer presets").
-// They do not exist yet; when they do, switch sim/ to them and delete this file. Shapes are the
-// public configurations closest to Table 2's totals; docs/simulator.md lists how each was chosen.
+// The models as published (SwiGLU or GELU experts, shared experts, leading dense layers, tied
+// embeddings, a vision encoder), which the trainer's operators cannot all express: models/'s
+// presets of the same names are these models in those operators (their parameter counts). Shapes
+// are the public configurations closest to Table 2's totals; docs/simulator.md lists how each
+// was chosen.
 #pragma once
 
 #include <cstdint>

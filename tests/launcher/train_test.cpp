@@ -59,6 +59,7 @@ TEST(train, prints_losses_and_ends_with_the_same_state_hash_twice) {
 TEST(train, bad_configs_exit_1_naming_the_key) {
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
            {"model.preset=gigantic", "model.preset"},
+           {"model.preset=moe-llava", "model.preset"},  // the paper's: shapes, not trainable
            {"model.experts=0", "model.experts"},
            {"model.top_k=9", "model.top_k"},
            {"train.corpus=/no/such/corpus", "train.corpus"},

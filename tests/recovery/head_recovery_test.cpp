@@ -634,6 +634,7 @@ TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_w
   ASSERT_TRUE(d);
   EXPECT_NEAR(d->overhead, 0.7 / 6.3, 1e-12);
   EXPECT_EQ(d->w, 16) << "at most four times at once";
+  EXPECT_FALSE(d->capped);
   for (int i = 0; i < 16; ++i) t.add(cost(1.0, i == 0 ? 0.024 : (i == 1 ? 0.003 : 0.0)));
   d = t.decide(16);
   ASSERT_TRUE(d);
@@ -650,7 +651,25 @@ TEST(window_tuner, raises_w_while_capturing_costs_over_the_bound_and_halves_it_w
   for (int i = 0; i < 9; ++i) t.add(cost(1.0, 0.5));
   EXPECT_EQ(t.decide(9)->w, 36);
   for (int i = 0; i < 36; ++i) t.add(cost(1.0, 0.5));
-  EXPECT_EQ(t.decide(36)->w, 40) << "never past the ceiling (one operator per slot)";
+  d = t.decide(36);
+  EXPECT_EQ(d->w, 40) << "never past the ceiling (one operator per slot)";
+  EXPECT_TRUE(d->capped) << "the console says the ceiling chose it, not the bound";
+}
+
+// A resume at a deeper pipeline: the journal's W is past the most operators a stage has now;
+// either rule brings it down to that ceiling and says so (also when the W was cheap; the ETTR
+// rule looks no lower than W / 2, past the ceiling here).
+TEST(window_tuner, a_w_past_the_ceiling_comes_down_to_it_under_either_rule) {
+  for (const auto& [mtbf, w] : {std::pair{0.0, 18}, std::pair{3600.0, 40}}) {
+    window_tuner t({.max_overhead = 0.01, .mtbf_s = mtbf, .restart_s = 1, .ceiling = 10});
+    for (int i = 0; i < w; ++i) t.add(cost(1.0, 0.0));
+    const auto d = t.decide(w);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->w, 10) << mtbf;
+    EXPECT_TRUE(d->capped) << mtbf;
+    for (int i = 0; i < 10; ++i) t.add(cost(1.0, 0.0));
+    EXPECT_FALSE(t.decide(10)->capped) << mtbf << ": at the ceiling, not past it";
+  }
 }
 
 // A resumed job's tuner is made before its stages report their operators (they come with the
