@@ -103,7 +103,8 @@ result<live_takeover> plan_live_takeover(const std::vector<stage_state>& states,
   for (std::size_t i = 0; i < states.size(); ++i) {
     const stage_state& s = states[i];
     if (!s.stepped) {
-      return error{fmt::format("stage replica {} was rebuilt and has not iterated since", i)};
+      return error{fmt::format("stage {} replica {} was rebuilt and has not iterated since",
+                               i % std::size_t(pp), i / std::size_t(pp))};
     }
     lowest = i == 0 ? *s.stepped : std::min(lowest, *s.stepped);
     highest = i == 0 ? *s.stepped : std::max(highest, *s.stepped);

@@ -456,7 +456,11 @@ std::string summary_table(const std::vector<run_story>& runs) {
         !r.w_sparse ? std::string("-")
         : r.w_last  ? fmt::format("{:g} &rarr; {:g}", *r.w_sparse, *r.w_last)
                     : fmt::format("{:g}", *r.w_sparse),
-        r.losses.size(), r.recoveries.size(), escape(end));
+        r.takeovers == 0
+            ? std::to_string(r.losses.size())
+            : fmt::format("{} (and the head: a standby took over{})", r.losses.size(),
+                          r.takeovers > 1 ? fmt::format(", {} times", r.takeovers) : std::string()),
+        r.recoveries.size(), escape(end));
   }
   return out + "</table>\n";
 }

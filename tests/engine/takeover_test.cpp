@@ -127,7 +127,13 @@ TEST(takeover, what_the_stages_cannot_agree_on_is_refused_saying_why) {
   };
   stage_state rebuilt = stepped_to(15);
   rebuilt.stepped.reset();
-  EXPECT_NE(why({stepped_to(15), rebuilt}).find("rebuilt"), std::string::npos);
+  EXPECT_NE(why({stepped_to(15), rebuilt}).find("stage 1 replica 0 was rebuilt"),
+            std::string::npos);
+  // Index d * pp + s: at pp 1 the second is replica 1 (the message said "stage replica 1").
+  const auto one_stage = plan_live_takeover({stepped_to(15), rebuilt}, journal(), 1);
+  ASSERT_FALSE(one_stage.ok());
+  EXPECT_NE(one_stage.err().message.find("stage 0 replica 1 was rebuilt"), std::string::npos)
+      << one_stage.err().message;
   EXPECT_NE(why({stepped_to(15), stepped_to(17)}).find("iterations 15 to 17"), std::string::npos);
   // Iterations 12..13 kept nowhere (the stages keep from 14).
   EXPECT_NE(why({stepped_to(15, 14), stepped_to(15, 14)}).find("iteration 12"), std::string::npos);

@@ -136,6 +136,9 @@ TEST(report, a_resumed_jobs_log_counts_every_runs_wall_time) {
   const std::string log2 = write("taken.jsonl", killed + taken);
   ASSERT_EQ(run_moevement("report " + log2 + " -o " + out).exit_code, 0);
   EXPECT_NE(read(out).find("(the last of 2 runs: a standby head took over)"), std::string::npos);
+  // The head's loss counts among the failures (the two workers' losses alone said 2).
+  EXPECT_NE(read(out).find("<td>2 (and the head: a standby took over)</td>"), std::string::npos)
+      << read(out);
   // A resume's recovery lost no stage (its event names the first role it restores).
   std::string resumed = run_log_text(1000);
   resumed.insert(resumed.find('\n') + 1,
