@@ -106,6 +106,54 @@ TEST(config, bad_configs_name_the_key) {
   EXPECT_NE(error_of(minimal, {"novalue"}).find("expected key=value"), std::string::npos);
 }
 
+// A measured micro-batch of a CPU job, on a "cluster" that keeps a GPU's peak: the links'
+// share stays what the configured bandwidths give and the rest is compute, so a replay's frozen
+// operators save their share (before, the whole micro-batch was booked as communication and a
+// replay of frozen operators cost as much as a full one). Links slower than the measurement:
+// the model's split, scaled to it.
+TEST(config, a_measured_micro_batch_is_compute_beyond_the_links_share) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sim_split_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "p.toml") << "[profile]\nformat_version = 1\n"
+                                   "stage_microbatch_s = [0.002, 0.002, 0.002]\n";
+  const std::string config =
+      "[model]\nlayers = 4\nhidden = 32\nvocab = 256\nseq_len = 32\nexperts = 4\ntop_k = 2\n"
+      "expert_ffn = 64\ngated_ffn = false\n[cluster]\ngpu = \"cpu-process\"\n"
+      "gpus_per_node = 3\nintra_node_gb_per_s = 1.45\n[plan]\npp = 3\ndp = 1\nep = 1\n"
+      "global_batch = 16\nmicro_batch = 4\n[profile]\nfile = \"p.toml\"\n";
+  const auto cfg = parse_config(config, {"failures.trials=1"}, dir);
+  const auto modelled = estimate_iteration(cfg.inputs.model, cfg.inputs.cluster, cfg.inputs.plan,
+                                           cfg.inputs.constants, 2);
+  const auto costs = apply_profile(modelled, *cfg.profile);
+  for (std::size_t s = 0; s < costs.stages.size(); ++s) {
+    const auto& st = costs.stages[s];
+    EXPECT_EQ(st.comm_s, modelled.stages[s].comm_s);
+    EXPECT_GT(st.comm_s, 0.0);
+    EXPECT_NEAR(st.compute_s + st.comm_s, 0.002, 1e-15);
+    EXPECT_GT(st.compute_s, 0.9 * 0.002) << "the micro-batch is mostly compute";
+    const std::vector<bool> all(st.ops.size(), true), none(st.ops.size(), false);
+    const double full = local_replay_iteration_s(st, all, 4, cfg.inputs.constants);
+    const double frozen = local_replay_iteration_s(st, none, 4, cfg.inputs.constants);
+    EXPECT_NEAR(frozen,
+                4 * (st.compute_s * cfg.inputs.constants.frozen_compute_fraction + st.comm_s),
+                1e-12);
+    EXPECT_LT(frozen, 0.75 * full);
+  }
+  // Links of 1 kB/s: they alone would take longer than the measured micro-batch.
+  const auto slow =
+      parse_config(config, {"failures.trials=1", "cluster.intra_node_gb_per_s=1e-6"}, dir);
+  const auto slow_model = estimate_iteration(slow.inputs.model, slow.inputs.cluster,
+                                             slow.inputs.plan, slow.inputs.constants, 2);
+  ASSERT_GT(slow_model.stages[1].comm_s, 0.002);
+  const auto scaled = apply_profile(slow_model, *slow.profile);
+  const auto& st = scaled.stages[1];
+  EXPECT_NEAR(st.comm_s / 0.002, slow_model.stages[1].comm_s / slow_model.stages[1].microbatch_s,
+              1e-12);
+  EXPECT_NEAR(st.compute_s + st.comm_s, 0.002, 1e-15);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(config, profile_replaces_modelled_costs) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("sim_profile_" + std::to_string(::getpid()));
