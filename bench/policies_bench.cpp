@@ -513,50 +513,64 @@ struct policies_summary {
   double overhead_pct = 0, capture_share_pct = 0, none_s = 0, moevement_s = 0;
 };
 
-// One run of the benchmark as `o` says (see the header).
-policies_summary run_bench(const options& o, const std::string& bin, const fs::path& log) {
-  policies_summary summary;
-  {
-    auto args = [&](const std::string& policy, const std::vector<std::string>& injects,
-                    const std::vector<std::string>& extra = {}) {
-      std::vector<std::string> sets{"checkpoint.policy=" + policy};
-      if (policy == "moevement") {
-        sets.push_back(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
-        // The in-memory tier alone unless --durable (its own comparison): what the design's
-        // overhead and recovery figures are of. The job's default also writes to disk.
-        sets.push_back(fmt::format("checkpoint.durable={}", o.durable));
-        if (o.durable) {
-          sets.push_back("checkpoint.dir=" + fs::path(log).replace_extension(".ckpt").string());
-        }
+// The fault-free runs: policy none's, moevement's and (--durable) moevement's without the durable
+// tier (`plain`).
+struct fault_free_runs {
+  std::vector<run_result> none, moe, plain;
+};
+
+// One run of the benchmark's jobs as `o` says: their arguments, the fault-free runs, the durable
+// tier's and the recovery part's figures, and the profile.
+struct policies_bench {
+  const options& o;
+  const std::string& bin;
+  const fs::path& log;
+
+  std::vector<std::string> args(const std::string& policy, const std::vector<std::string>& injects,
+                                const std::vector<std::string>& extra = {}) const {
+    std::vector<std::string> sets{"checkpoint.policy=" + policy};
+    if (policy == "moevement") {
+      sets.push_back(fmt::format("checkpoint.w_sparse={}", o.w_sparse));
+      // The in-memory tier alone unless --durable (its own comparison): what the design's
+      // overhead and recovery figures are of. The job's default also writes to disk.
+      sets.push_back(fmt::format("checkpoint.durable={}", o.durable));
+      if (o.durable) {
+        sets.push_back("checkpoint.dir=" + fs::path(log).replace_extension(".ckpt").string());
       }
-      sets.insert(sets.end(), extra.begin(), extra.end());
-      sets.insert(sets.end(), o.sets.begin(), o.sets.end());
-      return launch_args({o.config, o.iterations, o.pp, o.dp, o.spares}, sets, log, injects);
-    };
+    }
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    sets.insert(sets.end(), o.sets.begin(), o.sets.end());
+    return launch_args({o.config, o.iterations, o.pp, o.dp, o.spares}, sets, log, injects);
+  }
+
+  void print_config() const {
     std::string dp = std::to_string(o.dp);  // each of --dp's list where it has several
     for (std::size_t i = 1; i < o.dps.size(); ++i) dp += "," + std::to_string(o.dps[i]);
     std::printf("# config %s pp=%d dp=%s spares=%d iterations=%d repeats=%d; load before: %s\n",
                 o.config.c_str(), o.pp, dp.c_str(), o.spares, o.iterations, o.repeats,
                 loadavg().c_str());
-    if (!o.fault_free_compare) {
-      auto run = [&](const std::string& policy, const std::vector<std::string>& inject,
-                     const std::vector<std::string>& extra) {
-        return parse(launch_or_throw(bin, args(policy, inject, extra), log));
-      };
-      if (o.joint > 0) {
-        compare_joint(o, run);
-      } else if (o.spread) {
-        compare_spread(o, run);
-      } else if (o.dps.size() > 1) {
-        compare_dp(o, run);
-      } else if (o.kill_iters.empty()) {
-        compare_recoveries(o, run);
-      } else {
-        compare_trace(o, run);
-      }
-      fs::remove(log);
-      return summary;
+  }
+
+  // bench recovery: the comparison of recoveries the options choose.
+  void compare_recoveries_only() const {
+    auto run = [&](const std::string& policy, const std::vector<std::string>& inject,
+                   const std::vector<std::string>& extra) {
+      return parse(launch_or_throw(bin, args(policy, inject, extra), log));
+    };
+    if (o.joint > 0) {
+      compare_joint(o, run);
+    } else if (o.spread) {
+      compare_spread(o, run);
+    } else if (o.dps.size() > 1) {
+      compare_dp(o, run);
+    } else if (o.kill_iters.empty()) {
+      compare_recoveries(o, run);
+    } else {
+      compare_trace(o, run);
     }
+  }
+
+  fault_free_runs run_fault_free() const {
     std::vector<run_result> none, moe, plain;  // plain: moevement without the durable tier
     for (int r = 0; r < o.repeats; ++r) {
       if (o.fault_free_compare) none.push_back(parse(launch_or_throw(bin, args("none", {}), log)));
@@ -566,108 +580,39 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
             parse(launch_or_throw(bin, args("moevement", {}, {"checkpoint.durable=false"}), log)));
       }
     }
-    // Counted: past the warm-up windows and the last change of W, in every moevement run.
-    const long skip = counted_from(moe);
-    int w = 0, w_first = 0, changes = 0;
-    for (const auto& r : moe) {
-      w = std::max(w, r.w_sparse);
-      w_first = std::max(w_first, r.w_first);
-      changes += r.w_changed_at >= 0;
-    }
-    std::vector<double> moe_s, stall, bytes, host, capture_cpu, replication_cpu, log_s, hooks_s,
-        moe_compute, moe_step;
-    for (const auto& r : moe) {
-      for (const auto& it : r.iterations) {
-        host.push_back(it.host_bytes);
-        if (it.iteration < skip) continue;
-        moe_s.push_back(it.seconds);
-        stall.push_back(it.stall_s);
-        bytes.push_back(it.snapshot_bytes);
-        capture_cpu.push_back(it.capture_cpu_s);
-        replication_cpu.push_back(it.replication_cpu_s);
-        log_s.push_back(it.log_s);
-        hooks_s.push_back(it.step_hooks_s);
-        moe_compute.push_back(it.mean_stage_compute_s);
-        moe_step.push_back(it.step_phase_s);
-      }
-    }
-    if (moe_s.empty()) {
-      throw std::runtime_error(fmt::format(
-          "no iteration after the warm-up windows and the last change of W (counted from {}): "
-          "raise --iterations",
-          skip));
-    }
-    const double moe_median = median(moe_s);
-    std::printf("# counted iterations: %ld..%d of each run\n", skip, o.iterations - 1);
-    // Algorithm 1's W, and the W the head tuned it to (checkpoint.max_overhead).
-    std::printf("w_sparse: %d (Algorithm 1: %d; runs where it changed: %d)\n", w, w_first, changes);
-    if (o.fault_free_compare) {
-      std::vector<double> none_s, none_compute, none_step;
-      for (const auto& r : none) {
-        for (const auto& it : r.iterations) {
-          if (it.iteration < skip) continue;
-          none_s.push_back(it.seconds);
-          none_compute.push_back(it.mean_stage_compute_s);
-          none_step.push_back(it.step_phase_s);
-        }
-      }
-      const double none_median = median(none_s);
-      std::printf("iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median, none_median,
-                  none_median / moe_median);
-      std::printf("overhead_vs_none: %.2f%%\n", 100.0 * (moe_median / none_median - 1.0));
-      summary.overhead_pct = 100.0 * (moe_median / none_median - 1.0);
-      summary.none_s = none_median;
-      summary.moevement_s = moe_median;
-      // Forward + backward per stage (the boundary logging counts in it), median.
-      std::printf("mean_stage_compute_s: ours=%.5f theirs=%.5f\n", median(moe_compute),
-                  median(none_compute));
-      std::printf("step_phase_s: ours=%.5f theirs=%.5f\n", median(moe_step), median(none_step));
-    } else {
-      std::printf("iteration_time_moevement: %.5f\n", moe_median);
-    }
-    std::printf("snapshot_bytes_per_iteration: %.0f\n", mean(bytes));
-    std::printf("stall_s_mean: %.6f\n", mean(stall));
-    // The compute thread's time in the hooks besides the stall (the busiest stage's).
-    std::printf("log_s_mean: %.6f\nstep_hooks_s_mean: %.6f\n", mean(log_s), mean(hooks_s));
-    // What the captures cost the host's cores, which the wall clock of a shared host hides.
-    const double cores = std::max(1u, std::thread::hardware_concurrency());
-    std::printf(
-        "capture_cpu_s_per_iteration: %.5f (%.2f%% of the host's %.0f cores x the "
-        "median iteration)\n",
-        mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
-    // The actor threads' offers, maps and answers (the window tuner counts them too).
-    std::printf("replication_cpu_s_per_iteration: %.5f (%.2f%% of the cores x the iteration)\n",
-                mean(replication_cpu), 100.0 * mean(replication_cpu) / (cores * moe_median));
-    summary.w_sparse = w;
-    summary.w_first = w_first;
-    summary.capture_share_pct = 100.0 * mean(capture_cpu) / (cores * moe_median);
-    std::printf("peak_snapshot_log_host_bytes: %.0f\n",
-                *std::max_element(host.begin(), host.end()));
-    if (o.durable) {
-      std::vector<double> dbytes, dsecs;
-      for (const auto& r : moe) {
-        for (const auto& d : r.durable) {
-          dbytes.push_back(d.bytes);
-          dsecs.push_back(d.seconds);
-        }
-      }
-      std::vector<double> plain_s;
-      for (const auto& r : plain) {
-        for (const auto& it : r.iterations) {
-          if (it.iteration >= skip) plain_s.push_back(it.seconds);
-        }
-      }
-      // ours: moevement with the durable tier; theirs: without (interleaved runs).
-      std::printf("durable_iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median,
-                  median(plain_s), median(plain_s) / moe_median);
-      std::printf("durable_windows_per_run: %.1f\n", double(dbytes.size()) / double(moe.size()));
-      if (!dbytes.empty()) {
-        std::printf("durable_window_bytes_mean: %.0f\ndurable_window_seconds_median: %.4f\n",
-                    mean(dbytes), median(dsecs));
-      }
-      fs::remove_all(fs::path(log).replace_extension(".ckpt"));
-    }
+    return {std::move(none), std::move(moe), std::move(plain)};
+  }
 
+  // --durable: the durable tier's cost, moevement with it against moevement without.
+  void report_durable(const std::vector<run_result>& moe, const std::vector<run_result>& plain,
+                      long skip, double moe_median) const {
+    std::vector<double> dbytes, dsecs;
+    for (const auto& r : moe) {
+      for (const auto& d : r.durable) {
+        dbytes.push_back(d.bytes);
+        dsecs.push_back(d.seconds);
+      }
+    }
+    std::vector<double> plain_s;
+    for (const auto& r : plain) {
+      for (const auto& it : r.iterations) {
+        if (it.iteration >= skip) plain_s.push_back(it.seconds);
+      }
+    }
+    // ours: moevement with the durable tier; theirs: without (interleaved runs).
+    std::printf("durable_iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median,
+                median(plain_s), median(plain_s) / moe_median);
+    std::printf("durable_windows_per_run: %.1f\n", double(dbytes.size()) / double(moe.size()));
+    if (!dbytes.empty()) {
+      std::printf("durable_window_bytes_mean: %.0f\ndurable_window_seconds_median: %.4f\n",
+                  mean(dbytes), median(dsecs));
+    }
+    fs::remove_all(fs::path(log).replace_extension(".ckpt"));
+  }
+
+  // The recovery part (unless --no-recovery): one moevement run with the injected kill against
+  // the fault-free runs. Returns that run, for the profile.
+  std::vector<run_result> run_recovery(const std::vector<run_result>& moe) const {
     const auto fault_free = per_index(moe);
     std::vector<double> ff_ettr;
     for (const auto& r : moe) ff_ettr.push_back(ettr(r, fault_free));
@@ -697,19 +642,143 @@ policies_summary run_bench(const options& o, const std::string& bin, const fs::p
       const double wall = f.t_end - f.t_start, wall_ff = median(walls);
       std::printf("wall_s_job: ours=%.3f theirs=%.3f ratio=%.4f\n", wall, wall_ff, wall_ff / wall);
     }
-    std::printf("# load after: %s\n", loadavg().c_str());
+    return faulty;
+  }
+
+  void write_profile(const fault_free_runs& runs, const std::vector<run_result>& faulty,
+                     long skip) const {
     if (!o.profile_out.empty()) {
       // The simulator's profile (format 1, docs/simulator.md): `moevement simulate` reads it
       // through profile.file.
-      const std::string text = profile_toml(policies_profile(none, moe, faulty, skip, o.pp));
+      const std::string text =
+          profile_toml(policies_profile(runs.none, runs.moe, faulty, skip, o.pp));
       (void)sim::parse_profile(text);  // the simulator must read what we write
       std::ofstream p(o.profile_out);
       p << text;
       if (!p) throw std::runtime_error("cannot write " + o.profile_out);
       std::printf("# profile (simulator format 1) written to %s\n", o.profile_out.c_str());
     }
-    fs::remove(log);
   }
+};
+
+// Algorithm 1's W, and the W the head tuned it to (checkpoint.max_overhead).
+void print_w_sparse(const std::vector<run_result>& moe, policies_summary& summary) {
+  int w = 0, w_first = 0, changes = 0;
+  for (const auto& r : moe) {
+    w = std::max(w, r.w_sparse);
+    w_first = std::max(w_first, r.w_first);
+    changes += r.w_changed_at >= 0;
+  }
+  std::printf("w_sparse: %d (Algorithm 1: %d; runs where it changed: %d)\n", w, w_first, changes);
+  summary.w_sparse = w;
+  summary.w_first = w_first;
+}
+
+// The moevement runs' per-iteration figures: the counted iterations' (from `skip`), and the host
+// bytes of every iteration.
+struct moevement_samples {
+  std::vector<double> moe_s, stall, bytes, host, capture_cpu, replication_cpu, log_s, hooks_s,
+      moe_compute, moe_step;
+
+  moevement_samples(const std::vector<run_result>& moe, long skip) {
+    for (const auto& r : moe) {
+      for (const auto& it : r.iterations) {
+        host.push_back(it.host_bytes);
+        if (it.iteration < skip) continue;
+        moe_s.push_back(it.seconds);
+        stall.push_back(it.stall_s);
+        bytes.push_back(it.snapshot_bytes);
+        capture_cpu.push_back(it.capture_cpu_s);
+        replication_cpu.push_back(it.replication_cpu_s);
+        log_s.push_back(it.log_s);
+        hooks_s.push_back(it.step_hooks_s);
+        moe_compute.push_back(it.mean_stage_compute_s);
+        moe_step.push_back(it.step_phase_s);
+      }
+    }
+    if (moe_s.empty()) {
+      throw std::runtime_error(fmt::format(
+          "no iteration after the warm-up windows and the last change of W (counted from {}): "
+          "raise --iterations",
+          skip));
+    }
+  }
+
+  // Against policy none's runs, the same iterations counted.
+  void compare_with_none(const std::vector<run_result>& none, long skip, double moe_median,
+                         policies_summary& summary) const {
+    std::vector<double> none_s, none_compute, none_step;
+    for (const auto& r : none) {
+      for (const auto& it : r.iterations) {
+        if (it.iteration < skip) continue;
+        none_s.push_back(it.seconds);
+        none_compute.push_back(it.mean_stage_compute_s);
+        none_step.push_back(it.step_phase_s);
+      }
+    }
+    const double none_median = median(none_s);
+    std::printf("iteration_time: ours=%.5f theirs=%.5f ratio=%.4f\n", moe_median, none_median,
+                none_median / moe_median);
+    std::printf("overhead_vs_none: %.2f%%\n", 100.0 * (moe_median / none_median - 1.0));
+    summary.overhead_pct = 100.0 * (moe_median / none_median - 1.0);
+    summary.none_s = none_median;
+    summary.moevement_s = moe_median;
+    // Forward + backward per stage (the boundary logging counts in it), median.
+    std::printf("mean_stage_compute_s: ours=%.5f theirs=%.5f\n", median(moe_compute),
+                median(none_compute));
+    std::printf("step_phase_s: ours=%.5f theirs=%.5f\n", median(moe_step), median(none_step));
+  }
+
+  // The checkpoint's costs: snapshot bytes, stall, the hooks, the host's CPU and memory.
+  void print_costs(double moe_median, policies_summary& summary) const {
+    std::printf("snapshot_bytes_per_iteration: %.0f\n", mean(bytes));
+    std::printf("stall_s_mean: %.6f\n", mean(stall));
+    // The compute thread's time in the hooks besides the stall (the busiest stage's).
+    std::printf("log_s_mean: %.6f\nstep_hooks_s_mean: %.6f\n", mean(log_s), mean(hooks_s));
+    // What the captures cost the host's cores, which the wall clock of a shared host hides.
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    std::printf(
+        "capture_cpu_s_per_iteration: %.5f (%.2f%% of the host's %.0f cores x the "
+        "median iteration)\n",
+        mean(capture_cpu), 100.0 * mean(capture_cpu) / (cores * moe_median), cores);
+    // The actor threads' offers, maps and answers (the window tuner counts them too).
+    std::printf("replication_cpu_s_per_iteration: %.5f (%.2f%% of the cores x the iteration)\n",
+                mean(replication_cpu), 100.0 * mean(replication_cpu) / (cores * moe_median));
+    summary.capture_share_pct = 100.0 * mean(capture_cpu) / (cores * moe_median);
+    std::printf("peak_snapshot_log_host_bytes: %.0f\n",
+                *std::max_element(host.begin(), host.end()));
+  }
+};
+
+// One run of the benchmark as `o` says (see the header).
+policies_summary run_bench(const options& o, const std::string& bin, const fs::path& log) {
+  policies_summary summary;
+  const policies_bench bench{o, bin, log};
+  bench.print_config();
+  if (!o.fault_free_compare) {
+    bench.compare_recoveries_only();
+    fs::remove(log);
+    return summary;
+  }
+  const fault_free_runs runs = bench.run_fault_free();
+  // Counted: past the warm-up windows and the last change of W, in every moevement run.
+  const long skip = counted_from(runs.moe);
+  const moevement_samples samples(runs.moe, skip);
+  const double moe_median = median(samples.moe_s);
+  std::printf("# counted iterations: %ld..%d of each run\n", skip, o.iterations - 1);
+  print_w_sparse(runs.moe, summary);
+  if (o.fault_free_compare) {
+    samples.compare_with_none(runs.none, skip, moe_median, summary);
+  } else {
+    std::printf("iteration_time_moevement: %.5f\n", moe_median);
+  }
+  samples.print_costs(moe_median, summary);
+  if (o.durable) bench.report_durable(runs.moe, runs.plain, skip, moe_median);
+
+  const std::vector<run_result> faulty = bench.run_recovery(runs.moe);
+  std::printf("# load after: %s\n", loadavg().c_str());
+  bench.write_profile(runs, faulty, skip);
+  fs::remove(log);
   return summary;
 }
 
