@@ -419,10 +419,12 @@ inline sim::model_inputs sim_inputs(const job_shape& j, double copy_bytes_per_s,
 // stage times, snapshot bandwidth; snapshot and load times per policy where measured; moevement's
 // persist lag), the engine's checkpoint interval `interval` for the baselines (global rollback to
 // the newest checkpoint every stage holds: dense-memory, dense-disk and pec alike in our engine),
-// restart from `f`. `copy_bytes_per_s`: the plain copy bandwidth (sim_inputs).
+// restart from `f`, and moevement's W_sparse `w_sparse` where the engine's window tuner chose
+// one (0: Algorithm 1's, as the simulator chooses it). `copy_bytes_per_s`: the plain copy
+// bandwidth (sim_inputs).
 inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data& prof,
                                     const std::string& policy, int interval,
-                                    const sim::failure_settings& f) {
+                                    const sim::failure_settings& f, int w_sparse = 0) {
   if (!(prof.snapshot_bytes_per_s_per_gpu > 0))
     throw std::invalid_argument("sim_policy: the profile needs a snapshot bandwidth");
   // The engine's bandwidth is its plain copy divided by 1 + r (engine/coordinator.cpp).
@@ -435,6 +437,7 @@ inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data&
   ps.replicas = j.replicas;
   if (ps.kind == sim::policy_kind::moevement) {
     ps.persist_lag_s = prof.persist_lag_s;  // measured on moevement's windows
+    ps.w_sparse = w_sparse;
   } else {
     if (interval < 1) throw std::invalid_argument("sim_policy: a baseline needs its interval");
     // The engine's interval, whatever rule chose it (checkpoint.interval or Young's).

@@ -483,7 +483,9 @@ struct sim_context {
   const std::map<long, double>& none_ff;
 
   // The simulator's policy for one reference speed (iteration time and stage times), at the
-  // baselines' interval in run `r` (the one the engine logged: checkpoint.interval or Young's).
+  // baselines' interval in run `r` (the one the engine logged: checkpoint.interval or Young's)
+  // and moevement's W_sparse in it (the W the window tuner ended with: a failure replays from a
+  // window of that W, not of Algorithm 1's).
   sim::policy_model sim_policy_at(const std::string& name, double iteration_s, double stage_s,
                                   const run_result& r) const {
     sim::profile_data p = prof;
@@ -493,7 +495,7 @@ struct sim_context {
       throw std::runtime_error(
           fmt::format("{}: the engine logged interval {}, not {}", name, r.interval, o.interval));
     }
-    return sim_policy(shape, p, name, r.interval, fs_settings);
+    return sim_policy(shape, p, name, r.interval, fs_settings, r.w_sparse);
   }
 };
 

@@ -73,6 +73,7 @@ const std::set<std::string>& known_keys() {
       "policies.pec.plt_budget",
       "policies.pec.persist_interval",
       "policies.pec.interval",
+      "policies.moevement.w_sparse",
       "profile.file",
       "sweep.models",
       "sweep.gpus",
@@ -590,6 +591,9 @@ std::vector<policy_settings> read_policies(const reader& r) {
       ps.pec_plt_budget = r.positive("policies.pec.plt_budget", ps.pec_plt_budget);
       ps.pec_persist_interval = r.count("policies.pec.persist_interval", ps.pec_persist_interval);
       ps.pec_interval = r.count("policies.pec.interval", ps.pec_interval);
+    }
+    if (ps.kind == policy_kind::moevement && r.has("policies.moevement.w_sparse")) {
+      ps.w_sparse = r.count("policies.moevement.w_sparse", ps.w_sparse);
     }
     out.push_back(ps);
   }

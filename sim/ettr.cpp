@@ -263,6 +263,14 @@ policy_model build_moevement(policy_model m, const model_inputs& in, const itera
       m.o_active = w.o_active;
     }
   }
+  if (p.w_sparse > 0) {
+    m.w_sparse = p.w_sparse;
+    m.o_active = 0;
+    for (const auto& s : costs.stages) {
+      m.o_active = std::max(
+          m.o_active, int((s.ops.size() + std::size_t(m.w_sparse) - 1) / std::size_t(m.w_sparse)));
+    }
+  }
   double slot_s = 0, load = 0;
   for (std::size_t si = 0; si < costs.stages.size(); ++si) {
     const auto& s = costs.stages[si];

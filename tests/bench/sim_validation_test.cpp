@@ -370,6 +370,12 @@ TEST(sim_validation, a_baseline_rolls_every_stage_back_to_its_newest_checkpoint)
   // moevement replays the failed stage alone instead: less lost than a rollback.
   const auto moe = without_stall(sim_policy(tiny_job(), tiny_profile(), "moevement", 0, f));
   EXPECT_LT(predict_fixed_work(moe, 20, f, {{1.23, 1}}).wall_s, 2.48);
+  // At the W the engine's tuner chose: a failure replays from a window of that W, longer.
+  const auto tuned = without_stall(sim_policy(tiny_job(), tiny_profile(), "moevement", 0, f, 9));
+  EXPECT_EQ(tuned.w_sparse, 9);
+  EXPECT_NE(moe.w_sparse, 9);
+  EXPECT_GT(predict_fixed_work(tuned, 20, f, {{1.23, 1}}).wall_s,
+            predict_fixed_work(moe, 20, f, {{1.23, 1}}).wall_s);
 }
 
 std::vector<stamped> none_log() {

@@ -97,8 +97,9 @@ TEST(config, bad_configs_name_the_key) {
             std::string::npos);
   // Bounds that keep a run finite (an MTBF of a nanominute hung), and a peer copy to restore
   // from.
-  for (const char* bad : {"failures.mtbf_minutes=[1e-9]", "failures.duration_hours=1e6",
-                          "sweep.mtbf_minutes=[0.001]", "policies.replicas=0"}) {
+  for (const char* bad :
+       {"failures.mtbf_minutes=[1e-9]", "failures.duration_hours=1e6", "sweep.mtbf_minutes=[0.001]",
+        "policies.replicas=0", "policies.moevement.w_sparse=0"}) {
     const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
     EXPECT_NE(error_of(minimal, {bad}).find("'" + key + "'"), std::string::npos) << bad;
   }
@@ -152,6 +153,26 @@ TEST(config, a_measured_micro_batch_is_compute_beyond_the_links_share) {
               1e-12);
   EXPECT_NEAR(st.compute_s + st.comm_s, 0.002, 1e-15);
   std::filesystem::remove_all(dir);
+}
+
+// A fixed W_sparse (the engine's tuned one) replaces Algorithm 1's in moevement's model.
+TEST(config, a_fixed_w_sparse_replaces_algorithm_1s) {
+  const auto chosen = run_simulation(parse_config(minimal, {"failures.trials=1"}, "."));
+  const auto fixed = run_simulation(
+      parse_config(minimal, {"failures.trials=1", "policies.moevement.w_sparse=37"}, "."));
+  for (const auto& row : chosen.rows) {
+    if (row.policy == policy_kind::moevement) {
+      EXPECT_NE(row.model.w_sparse, 37);
+    }
+  }
+  bool seen = false;
+  for (const auto& row : fixed.rows) {
+    if (row.policy != policy_kind::moevement) continue;
+    seen = true;
+    EXPECT_EQ(row.model.w_sparse, 37);
+    EXPECT_GT(row.model.o_active, 0);
+  }
+  EXPECT_TRUE(seen);
 }
 
 TEST(config, profile_replaces_modelled_costs) {
