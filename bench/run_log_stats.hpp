@@ -73,6 +73,7 @@ struct run_result {
   int w_first = 0;   // Algorithm 1's (window_chosen)
   long window_chosen_at = -1;
   long w_changed_at = -1;           // the last window_tuned that changed W (-1: none)
+  std::map<long, int> w_from;       // every W the tuner chose, by the iteration it took effect
   double t_start = -1, t_end = -1;  // job_start, job_end seen
   std::string state_hash;
   bool recovered = false;
@@ -143,6 +144,7 @@ inline run_result parse(const std::vector<stamped>& log) {
       if (w != int(number(l, "previous"))) {
         r.w_sparse = w;
         r.w_changed_at = long(number(l, "iteration"));
+        r.w_from[r.w_changed_at] = w;
       }
     } else if (is_event(l, "interval_chosen")) {
       r.interval = int(number(l, "interval"));

@@ -56,6 +56,8 @@ inline std::string profile_toml(const sim::profile_data& p) {
   if (p.dispatch_s >= 0) out += "dispatch_s = " + toml_float(p.dispatch_s) + "\n";
   if (p.ep > 0) out += fmt::format("ep = {}\n", p.ep);
   if (p.alltoall_s >= 0) out += "alltoall_s = " + toml_float(p.alltoall_s) + "\n";
+  if (p.replay_iteration_s > 0)
+    out += "replay_iteration_s = " + toml_float(p.replay_iteration_s) + "\n";
   if (!p.snapshot_s.empty()) {
     out += "[profile.snapshot_s]\n";
     for (const auto& [policy, s] : p.snapshot_s) out += policy + " = " + toml_float(s) + "\n";
@@ -118,6 +120,15 @@ inline double ettr_training_window(const run_result& r, const std::map<long, dou
 // ettr() this is the simulator's definition (committed iterations x T_iter over the wall time)
 // with the run's own speed, so that run-to-run speed differences of a shared machine do not
 // count as failure cost.
+// moevement's W_sparse as the simulator should take it for run `r`: the tuner's W at the run's
+// first failure (a recovery replays from windows of that W; the tuner may choose another after
+// it), else the W the run ended with (0: none logged).
+inline int w_at_failure(const run_result& r) {
+  if (r.recoveries.empty() || r.recoveries.front().target < 0) return r.w_sparse;
+  const auto after = r.w_from.upper_bound(r.recoveries.front().target);
+  return after == r.w_from.begin() ? r.w_first : std::prev(after)->second;
+}
+
 inline std::map<long, double> own_times(const run_result& r) {
   std::map<long, double> m;
   for (const auto& it : r.iterations) m[it.iteration] = it.seconds;
@@ -438,6 +449,7 @@ inline sim::policy_model sim_policy(const job_shape& j, const sim::profile_data&
   if (ps.kind == sim::policy_kind::moevement) {
     ps.persist_lag_s = prof.persist_lag_s;  // measured on moevement's windows
     ps.w_sparse = w_sparse;
+    ps.replay_iteration_s = prof.replay_iteration_s;
   } else {
     if (interval < 1) throw std::invalid_argument("sim_policy: a baseline needs its interval");
     // The engine's interval, whatever rule chose it (checkpoint.interval or Young's).

@@ -367,7 +367,7 @@ measured_profile measure_profile(const options& o, const std::vector<run_result>
         for (double l : persist_lags(r)) lags.push_back(l);
       }
     }
-    std::vector<double> loads, policy_restarts;
+    std::vector<double> loads, policy_restarts, replay_rates;
     for (const auto& [name, r] : p.faulty) {
       for (const auto& rec : r.recoveries) {
         const auto split = split_recovery(rec);
@@ -375,8 +375,11 @@ measured_profile measure_profile(const options& o, const std::vector<run_result>
         policy_restarts.push_back(split.restart_s);
         loads.push_back(split.load_s);
         replays.push_back(rec.replay_s);
+        if (p.name == "moevement" && rec.replayed > 0)
+          replay_rates.push_back(rec.replay_s / double(rec.replayed));
       }
     }
+    if (!replay_rates.empty()) prof.replay_iteration_s = median(replay_rates);
     if (!loads.empty()) prof.load_s[p.name] = median(loads);
     if (!policy_restarts.empty()) prof.policy_restart_s[p.name] = median(policy_restarts);
     if (!p.disk_lags.empty()) {
@@ -439,10 +442,11 @@ void print_profile(const measured_profile& m) {
       "# profile: iteration_s %.6f (policy none), stage_microbatch_s %.6f, snapshot "
       "bandwidth %.3f GB/s per process, restart_s %.5f (median of %zu recoveries, replay "
       "%.5f s left out), persist_lag_s %.5f (median of %zu windows of moevement's fault-free "
-      "runs), dispatch_s %.6f (policy none, between iterations);%s\n",
+      "runs), dispatch_s %.6f (policy none, between iterations), replay_iteration_s %.6f "
+      "(moevement's replay per replayed iteration, median of its recoveries);%s\n",
       prof.iteration_s, prof.stage_microbatch_s.front(), prof.snapshot_bytes_per_s_per_gpu / 1e9,
       prof.restart_s, m.restarts.size(), mean(m.replays), prof.persist_lag_s, m.lags.size(),
-      prof.dispatch_s, per_policy.c_str());
+      prof.dispatch_s, prof.replay_iteration_s, per_policy.c_str());
   std::printf(
       "# not measured (absent from the profile): sync_s and update_s (the run log has "
       "no per-phase times), moevement's snapshot_s (its slots overlap the next iteration)\n");
@@ -484,8 +488,8 @@ struct sim_context {
 
   // The simulator's policy for one reference speed (iteration time and stage times), at the
   // baselines' interval in run `r` (the one the engine logged: checkpoint.interval or Young's)
-  // and moevement's W_sparse in it (the W the window tuner ended with: a failure replays from a
-  // window of that W, not of Algorithm 1's).
+  // and moevement's W_sparse in it (the window tuner's at its first failure, w_at_failure: a
+  // failure replays from windows of that W, not of Algorithm 1's).
   sim::policy_model sim_policy_at(const std::string& name, double iteration_s, double stage_s,
                                   const run_result& r) const {
     sim::profile_data p = prof;
@@ -495,7 +499,7 @@ struct sim_context {
       throw std::runtime_error(
           fmt::format("{}: the engine logged interval {}, not {}", name, r.interval, o.interval));
     }
-    return sim_policy(shape, p, name, r.interval, fs_settings, r.w_sparse);
+    return sim_policy(shape, p, name, r.interval, fs_settings, w_at_failure(r));
   }
 };
 
@@ -573,15 +577,21 @@ void policy_check::compare_fault_free() const {
                 predict_fixed_work(m_none, o.iterations, fs_settings, {}).ettr);
 }
 
-// The restart and load a faulty run is predicted with, held out from it (faulty_run_check).
+// The restart and load a faulty run is predicted with, held out from it (faulty_run_check), and
+// moevement's replay speed: the profile's, scaled by `replay_scale` to the other runs' median.
 struct held_out_recovery {
   double restart = 0, load = 0, restart_mean = 0, load_mean = 0;
   std::vector<double> stage_restart, stage_restart_mean;  // per failed stage, -1: none
+  double replay_scale = 1.0;
 
   sim::policy_model held_out(sim::policy_model m) const {
     m.restart_s = restart;
     m.stage_restart_s = stage_restart;
     m.load_s = load;
+    for (auto& stage : m.conversion_s) {
+      for (double& s : stage) s *= replay_scale;
+    }
+    for (double& s : m.catch_up_s) s *= replay_scale;
     return m;
   }
 };
@@ -659,14 +669,19 @@ held_out_recovery faulty_run_check::held_out_for() const {
   // moevement recovery only the replacement (5-8 ms); pooling them under-predicted the
   // baselines' restart (docs/simulator.md). Median (`_median` lines) and mean
   // (`_mean_recovery`, `_mean`): restart has a heavy tail on this machine.
-  std::vector<double> other_restarts, other_loads;
+  std::vector<double> other_restarts, other_loads, other_replay_rates;
   for (const auto& [n2, r2] : p.faulty) {
     if (&r2 == &r && p.faulty.size() > 1) continue;
     for (const auto& rec : r2.recoveries) {
       other_restarts.push_back(split_recovery(rec).restart_s);
       other_loads.push_back(split_recovery(rec).load_s);
+      if (rec.replayed > 0) other_replay_rates.push_back(rec.replay_s / double(rec.replayed));
     }
   }
+  const double replay_scale =
+      p.name == "moevement" && c.prof.replay_iteration_s > 0 && !other_replay_rates.empty()
+          ? median(other_replay_rates) / c.prof.replay_iteration_s
+          : 1.0;
   const double restart = median(other_restarts), load = median(other_loads);
   const double restart_mean = mean(other_restarts), load_mean = mean(other_loads);
   // Per failed stage as well: the replacement of stage 0 or the last stage (embedding,
@@ -692,7 +707,7 @@ held_out_recovery faulty_run_check::held_out_for() const {
       stage_restart_mean[std::size_t(st)] = mean(v);
     }
   }
-  return {restart, load, restart_mean, load_mean, stage_restart, stage_restart_mean};
+  return {restart, load, restart_mean, load_mean, stage_restart, stage_restart_mean, replay_scale};
 }
 
 // The engine's rollbacks (failed -> to); dense-disk's also the newest window on disk at each loss.

@@ -307,6 +307,7 @@ profile_data parse_profile(std::string_view text) {
                                              "profile.dispatch_s",
                                              "profile.ep",
                                              "profile.alltoall_s",
+                                             "profile.replay_iteration_s",
                                              "profile.snapshot_s.dense-memory",
                                              "profile.snapshot_s.dense-disk",
                                              "profile.snapshot_s.pec",
@@ -362,6 +363,8 @@ profile_data parse_profile(std::string_view text) {
   if (r.has("profile.ep")) p.ep = r.count("profile.ep", 1, 1);
   p.alltoall_s = r.has("profile.alltoall_s") ? r.number("profile.alltoall_s", 0) : -1;
   if (r.has("profile.alltoall_s") && p.alltoall_s < 0) fail("profile.alltoall_s", "must be >= 0");
+  if (r.has("profile.replay_iteration_s"))
+    p.replay_iteration_s = r.positive("profile.replay_iteration_s", 1);
   for (const char* pol : {"dense-memory", "dense-disk", "pec", "moevement"}) {
     const std::string k = std::string("profile.snapshot_s.") + pol;
     if (r.has(k)) p.snapshot_s[pol] = time_s(k);
@@ -622,6 +625,7 @@ void read_profile(const reader& r, sim_config& cfg, const std::filesystem::path&
       const auto load = cfg.profile->load_s.find(std::string(policy_name(ps.kind)));
       if (load != cfg.profile->load_s.end()) ps.load_s = load->second;
       ps.persist_lag_s = cfg.profile->persist_lag_s;
+      ps.replay_iteration_s = cfg.profile->replay_iteration_s;
       const auto lag = cfg.profile->policy_persist_lag_s.find(std::string(policy_name(ps.kind)));
       if (lag != cfg.profile->policy_persist_lag_s.end()) ps.persist_lag_s = lag->second;
       const auto restart = cfg.profile->policy_restart_s.find(std::string(policy_name(ps.kind)));

@@ -49,6 +49,9 @@ struct profile_data {
   // micro-batch's forward + backward (the engine's expert wait per micro-batch); < 0: modelled.
   int ep = 0;
   double alltoall_s = -1;
+  // moevement: a lost stage's replay per replayed iteration, as the engine measured it
+  // (recovery_end's replay_s / iterations_replayed); < 0: modelled from the stage times.
+  double replay_iteration_s = -1;
 };
 
 struct sweep_settings {

@@ -286,9 +286,20 @@ policy_model build_moevement(policy_model m, const model_inputs& in, const itera
       conv.push_back(local_replay_iteration_s(s, active_after_slot(schedule, n, j),
                                               costs.microbatches, in.constants));
     }
+    double catch_up =
+        local_replay_iteration_s(s, std::vector<bool>(n, true), costs.microbatches, in.constants);
+    if (p.replay_iteration_s > 0) {
+      // A failure replays one to two windows: a window's conversion and half a window of
+      // catch-up on average. Their mean iteration is scaled to the measured one (on a host
+      // whose cores the stages share, a stage replaying alone computes faster than in training).
+      double sum = 0.5 * m.w_sparse * catch_up;
+      for (double c : conv) sum += c;
+      const double scale = p.replay_iteration_s / (sum / (1.5 * m.w_sparse));
+      for (double& c : conv) c *= scale;
+      catch_up *= scale;
+    }
     m.conversion_s.push_back(std::move(conv));
-    m.catch_up_s.push_back(
-        local_replay_iteration_s(s, std::vector<bool>(n, true), costs.microbatches, in.constants));
+    m.catch_up_s.push_back(catch_up);
     // The replacement GPUs pull the stage's persisted window from peers' host memory.
     load = std::max(load, window_bytes / (s.gpus * c.inter_node_bytes_per_s_per_gpu()));
   }

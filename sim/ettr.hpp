@@ -31,8 +31,11 @@ struct policy_settings {
   double pec_plt_budget = 0.0375;             // MoC's lost-token threshold (3.75%)
   int pec_persist_interval = 50;              // iterations between persisted PEC checkpoints
   int pec_interval = 1;                       // iterations between PEC checkpoints (MoC: 1)
-  int w_sparse = 0;        // moevement: > 0 fixes W_sparse (our engine tunes it); 0: Algorithm 1's
-  double snapshot_s = -1;  // measured snapshot time (profile); < 0: model
+  int w_sparse = 0;  // moevement: > 0 fixes W_sparse (our engine tunes it); 0: Algorithm 1's
+  // moevement: the measured replay per iteration (profile); > 0 scales the modelled replay so
+  // that its expected replayed iteration costs this; <= 0: modelled.
+  double replay_iteration_s = -1;
+  double snapshot_s = -1;     // measured snapshot time (profile); < 0: model
   double persist_lag_s = -1;  // measured persist lag (profile; dense and moevement); < 0: model
   // Measured persist lags, one per checkpoint (profile); non-empty: the lag is this empirical
   // distribution (its median replaces persist_lag_s where that is not given).

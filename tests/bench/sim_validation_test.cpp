@@ -34,6 +34,7 @@ TEST(sim_validation, profile_round_trips_through_the_simulators_parser) {
   p.snapshot_bytes_per_s_per_gpu = 1.234567891e9;
   p.restart_s = 0.0123;
   p.persist_lag_s = 0.004;
+  p.replay_iteration_s = 0.0029;
   p.snapshot_s = {{"dense-memory", 0.5}, {"pec", 0.0625}};
   p.load_s = {{"dense-disk", 0.125}, {"moevement", 0.003}};
   const std::string text = profile_toml(p);
@@ -48,6 +49,7 @@ TEST(sim_validation, profile_round_trips_through_the_simulators_parser) {
   EXPECT_DOUBLE_EQ(q.snapshot_bytes_per_s_per_gpu, p.snapshot_bytes_per_s_per_gpu);
   EXPECT_EQ(q.restart_s, p.restart_s);
   EXPECT_EQ(q.persist_lag_s, p.persist_lag_s);
+  EXPECT_EQ(q.replay_iteration_s, p.replay_iteration_s);
   EXPECT_EQ(q.snapshot_s, p.snapshot_s);
   EXPECT_EQ(q.load_s, p.load_s);
 }
@@ -125,6 +127,27 @@ TEST(sim_validation, run_log_gives_losses_recoveries_and_the_training_window) {
   const std::map<long, double> ff{{0, 0.1}, {1, 0.1}, {2, 0.1}, {3, 0.1}};
   EXPECT_DOUBLE_EQ(ettr_training_window(r, ff), 0.4 / 3.1);
   EXPECT_DOUBLE_EQ(ettr(r, ff), 0.4 / 3.4);
+}
+
+// The simulator takes the W a failure replayed from: the tuner's at the first failure, not the
+// one it chose after the recovery (a run killed at W 6 ended with W 10).
+TEST(sim_validation, the_w_of_a_run_is_the_tuners_at_its_first_failure) {
+  auto log = two_failure_log();  // Algorithm 1's W 1; failures at iterations 1 and 3
+  EXPECT_EQ(w_at_failure(parse(log)), 1);
+  const auto tuned = [](int w, int previous, long iteration) {
+    return fmt::format(
+        R"({{"kind":"event","event":"window_tuned","w_sparse":{},"previous":{},"iteration":{}}})",
+        w, previous, iteration);
+  };
+  log.insert(log.begin() + 4, {0.61, tuned(6, 1, 1)});  // takes effect at iteration 1
+  log.insert(log.begin() + 5, {0.62, tuned(6, 6, 1)});  // measured again, unchanged
+  log.push_back({3.7, tuned(10, 6, 4)});                // after the recovery
+  const run_result r = parse(log);
+  EXPECT_EQ(r.w_sparse, 10);
+  EXPECT_EQ(w_at_failure(r), 6);
+  run_result fault_free = r;
+  fault_free.recoveries.clear();
+  EXPECT_EQ(w_at_failure(fault_free), 10);
 }
 
 TEST(sim_validation, own_times_persist_lags_and_stage_times) {

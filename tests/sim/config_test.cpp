@@ -175,6 +175,41 @@ TEST(config, a_fixed_w_sparse_replaces_algorithm_1s) {
   EXPECT_TRUE(seen);
 }
 
+// The engine's measured replay per iteration calibrates moevement's replay: the expected replay
+// (a window's conversion and half a window of catch-up) costs that per iteration, the shape of
+// the modelled replay kept.
+TEST(config, a_measured_replay_speed_scales_moevements_replay) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sim_replay_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "p.toml") << "[profile]\nformat_version = 1\nreplay_iteration_s = 0.5\n";
+  const auto modelled = run_simulation(parse_config(minimal, {"failures.trials=1"}, "."));
+  const auto measured = run_simulation(parse_config(
+      std::string(minimal) + "[profile]\nfile = \"p.toml\"\n", {"failures.trials=1"}, dir));
+  const auto moevement = [](const simulation_result& r) {
+    for (const auto& row : r.rows) {
+      if (row.policy == policy_kind::moevement) return row.model;
+    }
+    throw std::logic_error("no moevement row");
+  };
+  const auto a = moevement(modelled), b = moevement(measured);
+  ASSERT_EQ(a.w_sparse, b.w_sparse);
+  const double w = b.w_sparse;
+  for (std::size_t s = 0; s < b.conversion_s.size(); ++s) {
+    double sum = 0.5 * w * b.catch_up_s[s];
+    for (double c : b.conversion_s[s]) sum += c;
+    EXPECT_NEAR(sum / (1.5 * w), 0.5, 1e-9) << s;
+    const double scale = b.catch_up_s[s] / a.catch_up_s[s];
+    for (std::size_t j = 0; j < b.conversion_s[s].size(); ++j)
+      EXPECT_NEAR(b.conversion_s[s][j], a.conversion_s[s][j] * scale, 1e-9 * scale);
+  }
+  std::ofstream(dir / "bad.toml") << "[profile]\nformat_version = 1\nreplay_iteration_s = 0\n";
+  EXPECT_THROW(parse_config(std::string(minimal) + "[profile]\nfile = \"bad.toml\"\n",
+                            {"failures.trials=1"}, dir),
+               std::invalid_argument);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(config, profile_replaces_modelled_costs) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("sim_profile_" + std::to_string(::getpid()));
