@@ -745,7 +745,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                          std::move(extension));
     return standby.run();
   }
-  check_run_log_path(job.run_log);
+  check_run_log_path(job.run_log, options->report);
   if (options->resume && said_job_ended(job)) return 0;  // nothing to run again
   // Held until this head ends, before the journal is read or started afresh.
   // A requeued job waits out its dead predecessor's locks on a network file system (they

@@ -20,9 +20,15 @@
 
 namespace moevement::launcher {
 
-void check_run_log_path(const std::string& path) {
+void check_run_log_path(const std::string& path, const std::string& report) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (!report.empty() && fs::weakly_canonical(report, ec) == fs::weakly_canonical(path, ec)) {
+    throw std::invalid_argument(fmt::format(
+        "--report {}: that is the job's run log (engine.run_log); name another file, e.g. "
+        "{}.html",
+        report, fs::path(path).replace_extension().string()));
+  }
   if (fs::is_directory(path, ec)) {
     throw std::invalid_argument(
         fmt::format("engine.run_log = {} is a directory: name a file (a .jsonl)", path));
@@ -143,6 +149,30 @@ bool said_job_ended(const engine::job_config& job) {
   return true;
 }
 
+std::string injected_beyond_recovery(const std::vector<injection>& injections,
+                                     const engine::job_config& job) {
+  // Each kill, hang or stall loses a worker (scope=host maybe more), which a spare replaces;
+  // an mtbf spec loses up to its max= (cluster.spares where not given).
+  int losses = 0;
+  for (const injection& i : injections) {
+    using k = injection::kind;
+    if (i.what == k::kill || i.what == k::hang || i.what == k::stall) ++losses;
+    if (i.what == k::mtbf && i.max_failures >= 0) losses += i.max_failures;
+  }
+  if (losses == 0) return "";
+  if (job.policy == engine::policy_kind::none) {
+    return "checkpoint.policy = \"none\" recovers from nothing: the first injected failure "
+           "ends the job";
+  }
+  if (losses > job.spares) {
+    return fmt::format(
+        "{} worker losses injected and cluster.spares = {}: the job stops when no spare is left "
+        "(raise cluster.spares)",
+        losses, job.spares);
+  }
+  return "";
+}
+
 int dry_run(const launch_options& o, const engine::job_config& job) {
   // What the built-in stage reads first: a corpus it cannot read is a config error here, as it
   // is to `moevement train`, not each worker's at its start.
@@ -154,6 +184,9 @@ int dry_run(const launch_options& o, const engine::job_config& job) {
     std::cout << fmt::format(
         "moevement launch: dry run: --resume would go on from window {} (iteration {})\n",
         from->window, from->target_iteration);
+  }
+  if (const auto warning = injected_beyond_recovery(o.injections, job); !warning.empty()) {
+    std::cout << "moevement launch: dry run: warning: " << warning << "\n";
   }
   std::cout << fmt::format(
       "moevement launch: dry run: the config and {} injection(s) are valid; nothing started\n",

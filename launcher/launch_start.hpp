@@ -15,9 +15,10 @@
 namespace moevement::launcher {
 
 // Where the run log goes, checked before anything is made beside it (its checkpoint.dir by
-// default): a bad engine.run_log is named as such, not as the directory made from it. Throws
+// default): a bad engine.run_log is named as such, not as the directory made from it, and a
+// --report `report` that would overwrite it is refused before the job runs. Throws
 // std::invalid_argument.
-void check_run_log_path(const std::string& path);
+void check_run_log_path(const std::string& path, const std::string& report = "");
 
 // Whether this launch journals its durable windows (policy moevement with the durable tier,
 // not a --sbatch submission): what --resume needs.
@@ -33,6 +34,11 @@ engine::resume_point resume_point_of(const recovery::resume_journal& journal,
 // train.iterations or past them): then it says so with that end's state_hash, and there is
 // nothing to go on with. False when it was killed, stopped, failed, or is asked to train on.
 bool said_job_ended(const engine::job_config& job);
+
+// What the injections lose that the job cannot recover from, said as a warning ("" when none):
+// more worker losses than cluster.spares, or any loss under checkpoint.policy = "none".
+std::string injected_beyond_recovery(const std::vector<injection>& injections,
+                                     const engine::job_config& job);
 
 // `launch --dry-run`: what the start would check (the built-in stage's corpus; a --resume's
 // journal, read, not written), said; exit status 0, or throws what is wrong.

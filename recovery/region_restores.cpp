@@ -70,8 +70,10 @@ void region_recovery::announce_restart(const region& r) {
                               state_->resume ? "resuming from" : "rolling the whole job back to",
                               window, spares, replaying)
                 : fmt::format("{} lost; {}rebuilding {} on spare worker{} {}{} from {} ({})", lost,
-                              r.restarts > 0 ? "the recovery grew: " : "", stages,
-                              rebuilt > 1 ? "s" : "", replacements,
+                              r.restarts == 0                       ? ""
+                              : std::string_view(r.cause) == "grew" ? "the recovery grew: "
+                                                                    : "the recovery restarts: ",
+                              stages, rebuilt > 1 ? "s" : "", replacements,
                               replacements == spares
                                   ? std::string()
                                   : fmt::format(", the group replaying on workers {}", spares),

@@ -568,6 +568,17 @@ TEST(launch, bad_configs_name_the_key) {
   EXPECT_NE(report.output.find("there is no directory /nonexistent-dir"), std::string::npos)
       << report.output;
   EXPECT_EQ(report.output.find("state_hash="), std::string::npos) << report.output;
+  // So is one that would overwrite the run log (named another way): it ran the job before,
+  // then wrote no report and exited 0.
+  const std::string own_log = ::testing::TempDir() + "report_is_log_" + std::to_string(::getpid());
+  const auto same = run_moevement("launch " + tiny() + " --set engine.run_log=" + own_log +
+                                  ".jsonl --report " + ::testing::TempDir() + "./" +
+                                  std::filesystem::path(own_log).filename().string() + ".jsonl");
+  EXPECT_EQ(same.exit_code, 1) << same.output;
+  EXPECT_NE(same.output.find("that is the job's run log (engine.run_log)"), std::string::npos)
+      << same.output;
+  EXPECT_EQ(same.output.find("state_hash="), std::string::npos) << same.output;
+  EXPECT_FALSE(std::filesystem::exists(own_log + ".jsonl"));
 }
 
 }  // namespace

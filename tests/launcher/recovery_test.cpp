@@ -276,6 +276,10 @@ TEST(recovery, a_replacement_lost_while_its_group_replays_restarts_the_group) {
   const auto starts = o.events("recovery_start");
   ASSERT_EQ(starts.size(), 2u) << o.output;
   EXPECT_EQ(number_field(*starts[1], "restarts"), 1);
+  // The same region again (it did not grow): the console says so as the run log does.
+  EXPECT_NE(o.output.find("; the recovery restarts: rebuilding stage 1"), std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.output.find("the recovery grew"), std::string::npos) << o.output;
   const auto ends = o.events("recovery_end");
   ASSERT_EQ(ends.size(), 1u) << o.output;
   EXPECT_EQ(replayed_by(*ends[0]).size(), 2u) << *ends[0];
