@@ -19,6 +19,11 @@ namespace moevement::launcher {
 namespace {
 
 std::string check_ucx() {
+  // UCX itself only warns of a transport it lacks; a node without the fabric the job asks for
+  // must not pass.
+  if (const auto problem = transport::ucx_tls_problem(); !problem.empty()) {
+    throw std::runtime_error(problem);
+  }
   transport::ucx_context context;
   transport::ucx_worker worker(context);
   const auto address = worker.address();

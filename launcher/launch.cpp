@@ -46,6 +46,7 @@
 #include "recovery/durable_window.hpp"
 #include "recovery/resume_journal.hpp"
 #include "recovery/rollback_recovery.hpp"
+#include "transport/ucx_context.hpp"
 #include "transport/ucx_link.hpp"
 
 namespace moevement::launcher {
@@ -782,6 +783,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
       "policy {}\n",
       model, job.pp, job.dp, job.workers(), job.spares, job.stage_type,
       engine::policy_name(job.policy));
+  // A worker that needs the missing transport to reach a peer cannot connect (UCX only warns).
+  if (const auto problem = transport::ucx_tls_problem(); !problem.empty()) {
+    std::cerr << "moevement launch: warning: " << problem << "\n";
+  }
   head_session session(*options, job, std::move(plan), journal, std::move(resume_from),
                        std::move(extension));
   return session.run();

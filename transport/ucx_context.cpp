@@ -1,10 +1,15 @@
 #include "transport/ucx_context.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <stdexcept>
+#include <string_view>
 
 namespace moevement::transport {
 namespace {
@@ -18,7 +23,100 @@ void check(ucs_status_t status, const char* what) {
   }
 }
 
+// UCX_TLS's aliases (ucp_context.c), each with the transports it stands for.
+const std::map<std::string_view, std::vector<std::string_view>>& tls_aliases() {
+  static const std::map<std::string_view, std::vector<std::string_view>> a{
+      {"sm", {"posix", "sysv", "xpmem", "knem", "cma"}},
+      {"shm", {"posix", "sysv", "xpmem", "knem", "cma"}},
+      {"mm", {"posix", "sysv", "xpmem"}},
+      {"ib", {"rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "dc_mlx5"}},
+      {"rc", {"rc_verbs", "rc_mlx5"}},
+      {"rc_v", {"rc_verbs"}},
+      {"rc_x", {"rc_mlx5"}},
+      {"ud", {"ud_verbs", "ud_mlx5"}},
+      {"ud_v", {"ud_verbs"}},
+      {"ud_x", {"ud_mlx5"}},
+      {"dc", {"dc_mlx5"}},
+      {"dc_x", {"dc_mlx5"}},
+      {"cuda", {"cuda_copy", "cuda_ipc", "gdr_copy"}},
+  };
+  return a;
+}
+
 }  // namespace
+
+std::vector<std::string> unavailable_transports(std::string_view ucx_tls,
+                                                const std::vector<std::string>& available) {
+  std::vector<std::string> missing;
+  if (ucx_tls.empty() || ucx_tls.front() == '^') return missing;
+  const auto has = [&](std::string_view tl) {
+    return std::find(available.begin(), available.end(), tl) != available.end();
+  };
+  std::size_t from = 0;
+  while (from <= ucx_tls.size()) {
+    const std::size_t comma = std::min(ucx_tls.find(',', from), ucx_tls.size());
+    std::string_view name = ucx_tls.substr(from, comma - from);
+    name = name.substr(0, name.find(':'));  // "ud:aux": a transport UCX uses for a side job
+    from = comma + 1;
+    if (name.empty() || name == "all") continue;
+    const auto alias = tls_aliases().find(name);
+    const bool served = alias == tls_aliases().end()
+                            ? has(name)
+                            : std::any_of(alias->second.begin(), alias->second.end(), has);
+    if (!served) missing.emplace_back(name);
+  }
+  return missing;
+}
+
+std::vector<std::string> ucx_transports() {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  const ucs_status_t modified = ucp_config_modify(config, "TLS", "all");
+  if (modified != UCS_OK) ucp_config_release(config);
+  check(modified, "ucp_config_modify(TLS)");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+  ucp_context_h context = nullptr;
+  const ucs_status_t status = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  check(status, "ucp_init");
+  // Its resources, one line each: "#      resource 1  :  md 1  dev 1  flags -- tcp/lo".
+  char* text = nullptr;
+  std::size_t length = 0;
+  FILE* out = ::open_memstream(&text, &length);
+  if (out != nullptr) {
+    ucp_context_print_info(context, out);
+    std::fclose(out);
+  }
+  ucp_cleanup(context);
+  std::vector<std::string> names;
+  const std::string info = text != nullptr ? std::string(text, length) : std::string();
+  std::free(text);
+  for (std::size_t at = info.find("resource"); at != std::string::npos;
+       at = info.find("resource", at + 1)) {
+    const std::size_t dashes = info.find("-- ", at), end = info.find('\n', at);
+    if (dashes == std::string::npos || dashes > end) continue;
+    const std::string entry = info.substr(dashes + 3, end - dashes - 3);
+    const std::string tl = entry.substr(0, entry.find('/'));
+    if (!tl.empty() && std::find(names.begin(), names.end(), tl) == names.end()) {
+      names.push_back(tl);
+    }
+  }
+  return names;
+}
+
+std::string ucx_tls_problem() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0') return "";
+  const auto available = ucx_transports();
+  const auto missing = unavailable_transports(tls, available);
+  if (missing.empty()) return "";
+  return fmt::format(
+      "UCX_TLS={} names {}, which UCX has no transport for on this host (it has {}; `ucx_info "
+      "-d` lists them)",
+      tls, fmt::join(missing, ", "), fmt::join(available, ", "));
+}
 
 ucx_context::ucx_context(context_use use, bool loopback_only) {
   // UCX 1.13 drops its shared-memory transports from endpoints with peer error handling

@@ -5,6 +5,7 @@
 #include <ucp/api/ucp.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace moevement::transport {
@@ -62,5 +63,18 @@ class ucx_worker {
 
 // The UCX library version the process runs with, e.g. "1.13.1".
 std::string ucx_version();
+
+// The transports UCX has on this host whatever UCX_TLS says, e.g. {"cma", "posix", "self",
+// "sysv", "tcp"} (a context of every transport, as `ucx_info -d` lists them).
+std::vector<std::string> ucx_transports();
+// The names in a UCX_TLS value that none of `available` serves ("rc" with no rc_verbs or
+// rc_mlx5): UCX only warns of them, and a job whose peers need them cannot connect. Aliases
+// as UCX reads them (sm, shm, mm, ib, rc, ud, dc, rc_v, rc_x, ud_v, ud_x, dc_x, cuda); a
+// value that excludes (^...) or says all names none.
+std::vector<std::string> unavailable_transports(std::string_view ucx_tls,
+                                                const std::vector<std::string>& available);
+// This process's UCX_TLS, where it names a transport this host lacks: what it names and what
+// the host has, said ("" when UCX_TLS is unset or every name is served).
+std::string ucx_tls_problem();
 
 }  // namespace moevement::transport

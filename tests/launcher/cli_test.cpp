@@ -28,6 +28,22 @@ TEST(cli, check_passes_on_this_machine) {
   EXPECT_NE(r.output.find("ok    blis"), std::string::npos) << r.output;
 }
 
+// A node without the transport UCX_TLS asks for fails the check (UCX itself only warns, and a
+// job there could not connect); what it names but has is fine.
+TEST(cli, check_fails_where_ucx_tls_names_a_transport_this_host_lacks) {
+  ::setenv("UCX_TLS", "rc,self", 1);
+  const auto missing = run("check");
+  ::setenv("UCX_TLS", "tcp,sm,self", 1);
+  const auto present = run("check");
+  ::unsetenv("UCX_TLS");
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_NE(missing.output.find("FAIL  ucx   UCX_TLS=rc,self names rc, which UCX has no transport "
+                                "for on this host (it has "),
+            std::string::npos)
+      << missing.output;
+  EXPECT_EQ(present.exit_code, 0) << present.output;
+}
+
 TEST(cli, unknown_command_exits_2_with_usage) {
   const auto r = run("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
