@@ -31,6 +31,12 @@ constexpr const char* inject_usage =
     "flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight], "
     "flip:stage=S,replica=D,iter=T,target=slot[,bit=K], "
     "flip:stage=S,replica=D,iter=T,target=activation[,word=I][,bit=K] (docs/recovery.md)";
+constexpr const char* table_usage =
+    "expected kind = \"kill\"|\"hang\" with stage, replica and iter (phase) or "
+    "during = \"recovery\" (nth, delay_ms); kind = \"stall\" with stage, replica, iter "
+    "and phase; kind = \"mtbf\" with seconds (seed, max); "
+    "kind = \"trace\" with file; or kind = \"flip\" with stage, replica and iter "
+    "(operator, word, bit, target) (docs/configuration.md)";
 constexpr const char* trace_usage =
     "expected `<seconds> kill|hang stage=S replica=D` (seconds of training, not decreasing; "
     "# starts a comment)";
@@ -353,13 +359,7 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
     const std::string source =
         fmt::format("[[inject]] table {} of {} (keys inject.{}.*)", number, config_path, i);
     auto fail = [&](const std::string& what) -> void {
-      throw std::invalid_argument(fmt::format(
-          "{}: {}; expected kind = \"kill\"|\"hang\" with stage, replica and iter (phase) or "
-          "during = \"recovery\" (nth, delay_ms); kind = \"stall\" with stage, replica, iter "
-          "and phase; kind = \"mtbf\" with seconds (seed, max); "
-          "kind = \"trace\" with file; or kind = \"flip\" with stage, replica and iter "
-          "(operator, word, bit, target) (docs/configuration.md)",
-          source, what));
+      throw std::invalid_argument(fmt::format("{}: {}; {}", source, what, table_usage));
     };
     const auto k = t.find("kind");
     if (k == t.end()) fail("no kind");
@@ -425,7 +425,14 @@ std::vector<injection> take_inject_tables(models::config_map& raw, const std::st
     } else {
       spec += tail;
     }
-    out.push_back(parse_injection(spec, source));
+    try {
+      out.push_back(parse_injection(spec, source));
+    } catch (const std::invalid_argument& e) {
+      // The table's form of what to write, not the command line's.
+      std::string what = e.what();
+      what = what.substr(0, what.find(std::string("; ") + inject_usage));
+      throw std::invalid_argument(fmt::format("{}; {}", what, table_usage));
+    }
   }
   return out;
 }

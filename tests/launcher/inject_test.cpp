@@ -318,6 +318,8 @@ TEST(inject_tables, bad_tables_are_refused_naming_the_table) {
       {"[[inject]]\nkind = \"kill\"\nstage = 1\nreplica = 0\niter = 2\nseconds = 3\n",
        "unknown key 'seconds' for kind = \"kill\""},
       {"[[inject]]\nkind = \"kill\"\nstage = 1\nreplica = 0\n", "give either iter=T or during"},
+      {"[[inject]]\nkind = \"stall\"\nstage = 1\nreplica = 0\niter = 2\n",
+       "stall needs iter=T and phase=P"},
       {"[[inject]]\nkind = \"mtbf\"\nseed = 1\n", "needs seconds"},
       {"[[inject]]\nkind = \"mtbf\"\nseconds = \"x\"\n", "seconds must be a number"},
       {"[[inject]]\nkind = \"trace\"\n", "needs file"},
@@ -339,6 +341,8 @@ TEST(inject_tables, bad_tables_are_refused_naming_the_table) {
       ADD_FAILURE() << text << " was accepted";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << text << "\n" << e.what();
+      // What to write is said in the table's form, never the command line's.
+      EXPECT_EQ(std::string(e.what()).find("kill|hang:stage=S"), std::string::npos) << e.what();
     }
   }
   // Other arrays are still not config values.
