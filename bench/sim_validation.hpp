@@ -115,11 +115,6 @@ inline double ettr_training_window(const run_result& r, const std::map<long, dou
   return ettr(r, fault_free) * whole / (r.t_last_iteration - r.t_start);
 }
 
-// The run's own iteration times: each committed index's `iteration_s` in this run (its last
-// record: after a failure the re-attempt, which is what committed it). As the useful time of
-// ettr() this is the simulator's definition (committed iterations x T_iter over the wall time)
-// with the run's own speed, so that run-to-run speed differences of a shared machine do not
-// count as failure cost.
 // moevement's W_sparse as the simulator should take it for run `r`: the tuner's W at the run's
 // first failure (a recovery replays from windows of that W; the tuner may choose another after
 // it), else the W the run ended with (0: none logged).
@@ -129,6 +124,11 @@ inline int w_at_failure(const run_result& r) {
   return after == r.w_from.begin() ? r.w_first : std::prev(after)->second;
 }
 
+// The run's own iteration times: each committed index's `iteration_s` in this run (its last
+// record: after a failure the re-attempt, which is what committed it). As the useful time of
+// ettr() this is the simulator's definition (committed iterations x T_iter over the wall time)
+// with the run's own speed, so that run-to-run speed differences of a shared machine do not
+// count as failure cost.
 inline std::map<long, double> own_times(const run_result& r) {
   std::map<long, double> m;
   for (const auto& it : r.iterations) m[it.iteration] = it.seconds;

@@ -23,7 +23,10 @@ namespace moevement::launcher {
 void check_run_log_path(const std::string& path, const std::string& report) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!report.empty() && fs::weakly_canonical(report, ec) == fs::weakly_canonical(path, ec)) {
+  std::error_code ec_report, ec_log;
+  const fs::path report_at = fs::weakly_canonical(report, ec_report);
+  const fs::path log_at = fs::weakly_canonical(path, ec_log);
+  if (!report.empty() && !ec_report && !ec_log && report_at == log_at) {
     throw std::invalid_argument(fmt::format(
         "--report {}: that is the job's run log (engine.run_log); name another file, e.g. "
         "{}.html",
@@ -152,19 +155,20 @@ bool said_job_ended(const engine::job_config& job) {
 std::string injected_beyond_recovery(const std::vector<injection>& injections,
                                      const engine::job_config& job) {
   // Each kill, hang or stall loses a worker (scope=host maybe more), which a spare replaces;
-  // an mtbf spec loses up to its max= (cluster.spares where not given).
-  int losses = 0;
+  // an mtbf spec loses up to its max= (cluster.spares where not given), a trace its lines.
+  std::size_t losses = 0;
   for (const injection& i : injections) {
     using k = injection::kind;
     if (i.what == k::kill || i.what == k::hang || i.what == k::stall) ++losses;
-    if (i.what == k::mtbf && i.max_failures >= 0) losses += i.max_failures;
+    if (i.what == k::mtbf) losses += std::size_t(i.max_failures >= 0 ? i.max_failures : job.spares);
+    if (i.what == k::trace) losses += read_trace(i.file).size();
   }
   if (losses == 0) return "";
   if (job.policy == engine::policy_kind::none) {
     return "checkpoint.policy = \"none\" recovers from nothing: the first injected failure "
            "ends the job";
   }
-  if (losses > job.spares) {
+  if (losses > std::size_t(job.spares)) {
     return fmt::format(
         "{} worker losses injected and cluster.spares = {}: the job stops when no spare is left "
         "(raise cluster.spares)",
@@ -174,6 +178,7 @@ std::string injected_beyond_recovery(const std::vector<injection>& injections,
 }
 
 int dry_run(const launch_options& o, const engine::job_config& job) {
+  check_run_log_path(job.run_log, o.report);
   // What the built-in stage reads first: a corpus it cannot read is a config error here, as it
   // is to `moevement train`, not each worker's at its start.
   if (job.stage_type == "moe") {

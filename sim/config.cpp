@@ -406,16 +406,17 @@ iteration_costs apply_profile(iteration_costs costs, const profile_data& p) {
     for (std::size_t s = 0; s < costs.stages.size(); ++s) {
       auto& st = costs.stages[s];
       const double measured = p.stage_microbatch_s[s];
-      if (st.comm_s < measured) {
+      if (st.comm_s < measured && st.compute_s > 0) {
         // The communication stays what the configured links give; the rest is compute, at the
         // rate that takes. The rate (peak x efficiency) is what the model knows least: a CPU
         // "cluster" keeps a GPU's peak, which booked a whole CPU micro-batch as communication,
         // and a replay's frozen operators (costs.frozen_compute_fraction) then saved nothing.
         const double compute = measured - st.comm_s;
-        if (st.compute_s > 0) st.flops_per_s *= st.compute_s / compute;
+        st.flops_per_s *= st.compute_s / compute;
         st.compute_s = compute;
       } else {
-        // The links alone take longer than the measurement: the model's split, scaled to it.
+        // The links alone take longer than the measurement (or the model computes nothing):
+        // the model's split, scaled to it.
         const double ratio = measured / st.microbatch_s;
         st.flops_per_s /= ratio;
         st.compute_s *= ratio;

@@ -264,7 +264,11 @@ policy_model build_moevement(policy_model m, const model_inputs& in, const itera
     }
   }
   if (p.w_sparse > 0) {
-    m.w_sparse = p.w_sparse;
+    // At most one operator per slot, as the engine's window tuner holds it (a larger W would
+    // only add empty slots, and memory for each).
+    std::size_t most = 1;
+    for (const auto& s : costs.stages) most = std::max(most, s.ops.size());
+    m.w_sparse = int(std::min<std::size_t>(std::size_t(p.w_sparse), most));
     m.o_active = 0;
     for (const auto& s : costs.stages) {
       m.o_active = std::max(
@@ -288,13 +292,18 @@ policy_model build_moevement(policy_model m, const model_inputs& in, const itera
     }
     double catch_up =
         local_replay_iteration_s(s, std::vector<bool>(n, true), costs.microbatches, in.constants);
-    if (p.replay_iteration_s > 0) {
-      // A failure replays one to two windows: a window's conversion and half a window of
-      // catch-up on average. Their mean iteration is scaled to the measured one (on a host
+    if (p.replay_iteration_s > 0 && catch_up > 0) {
+      // A failure replays W - 1 conversion iterations and (W - 1) / 2 all-active ones on average
+      // (evaluate_closed_form): their mean iteration is scaled to the measured one (on a host
       // whose cores the stages share, a stage replaying alone computes faster than in training).
-      double sum = 0.5 * m.w_sparse * catch_up;
-      for (double c : conv) sum += c;
-      const double scale = p.replay_iteration_s / (sum / (1.5 * m.w_sparse));
+      const int w = m.w_sparse;
+      double mean = catch_up;
+      if (w > 1) {
+        double sum = 0.5 * (w - 1) * catch_up;
+        for (int j = 0; j + 1 < w; ++j) sum += conv[std::size_t(j)];
+        mean = sum / (1.5 * (w - 1));
+      }
+      const double scale = p.replay_iteration_s / mean;
       for (double& c : conv) c *= scale;
       catch_up *= scale;
     }

@@ -74,7 +74,8 @@ std::vector<std::string> ucx_transports();
 std::vector<std::string> unavailable_transports(std::string_view ucx_tls,
                                                 const std::vector<std::string>& available);
 // This process's UCX_TLS, where it names a transport this host lacks: what it names and what
-// the host has, said ("" when UCX_TLS is unset or every name is served).
+// the host has, said ("" when UCX_TLS is unset, every name is served, or the host's transports
+// could not be read: never an error of its own).
 std::string ucx_tls_problem();
 
 }  // namespace moevement::transport

@@ -489,14 +489,15 @@ TEST(inject_launch, a_trace_file_and_an_inject_table_combine_with_the_command_li
   ASSERT_NE(h, std::string::npos) << dry.output;
   EXPECT_LT(t, k);
   EXPECT_LT(k, h);
-  EXPECT_EQ(dry.output.find("warning"), std::string::npos) << "2 losses, 3 spares";
-  // More losses than spares (the table's kill and --inject's hang, one spare), and any under
-  // policy none: said before anything starts (the real run stops when no spare is left).
+  EXPECT_EQ(dry.output.find("warning"), std::string::npos) << "3 losses, 3 spares";
+  // More losses than spares (the trace's kill, the table's kill and --inject's hang; one
+  // spare), and any under policy none: said before anything starts (the real run stops when no
+  // spare is left).
   const auto short_of_spares =
       run_moevement("launch " + args + " --set cluster.spares=1 --dry-run");
   EXPECT_EQ(short_of_spares.exit_code, 0) << short_of_spares.output;
   EXPECT_NE(short_of_spares.output.find(
-                "warning: 2 worker losses injected and cluster.spares = 1: the job stops when no "
+                "warning: 3 worker losses injected and cluster.spares = 1: the job stops when no "
                 "spare is left"),
             std::string::npos)
       << short_of_spares.output;

@@ -173,6 +173,16 @@ TEST(config, a_fixed_w_sparse_replaces_algorithm_1s) {
     EXPECT_GT(row.model.o_active, 0);
   }
   EXPECT_TRUE(seen);
+  // Past one operator per slot: held to the largest stage's operator count, as the engine does
+  // (a W of 10^8 reserved memory for every slot).
+  const auto huge = run_simulation(
+      parse_config(minimal, {"failures.trials=1", "policies.moevement.w_sparse=100000000"}, "."));
+  for (const auto& row : huge.rows) {
+    if (row.policy == policy_kind::moevement) {
+      EXPECT_LT(row.model.w_sparse, 10000);
+      EXPECT_EQ(row.model.o_active, 1);
+    }
+  }
 }
 
 // The engine's measured replay per iteration calibrates moevement's replay: the expected replay
@@ -183,9 +193,11 @@ TEST(config, a_measured_replay_speed_scales_moevements_replay) {
       std::filesystem::temp_directory_path() / ("sim_replay_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "p.toml") << "[profile]\nformat_version = 1\nreplay_iteration_s = 0.5\n";
-  const auto modelled = run_simulation(parse_config(minimal, {"failures.trials=1"}, "."));
-  const auto measured = run_simulation(parse_config(
-      std::string(minimal) + "[profile]\nfile = \"p.toml\"\n", {"failures.trials=1"}, dir));
+  const auto modelled = run_simulation(
+      parse_config(minimal, {"failures.trials=1", "policies.moevement.w_sparse=4"}, "."));
+  const auto measured =
+      run_simulation(parse_config(std::string(minimal) + "[profile]\nfile = \"p.toml\"\n",
+                                  {"failures.trials=1", "policies.moevement.w_sparse=4"}, dir));
   const auto moevement = [](const simulation_result& r) {
     for (const auto& row : r.rows) {
       if (row.policy == policy_kind::moevement) return row.model;
@@ -194,11 +206,14 @@ TEST(config, a_measured_replay_speed_scales_moevements_replay) {
   };
   const auto a = moevement(modelled), b = moevement(measured);
   ASSERT_EQ(a.w_sparse, b.w_sparse);
-  const double w = b.w_sparse;
+  const int w = b.w_sparse;
+  ASSERT_GT(w, 1);
   for (std::size_t s = 0; s < b.conversion_s.size(); ++s) {
-    double sum = 0.5 * w * b.catch_up_s[s];
-    for (double c : b.conversion_s[s]) sum += c;
-    EXPECT_NEAR(sum / (1.5 * w), 0.5, 1e-9) << s;
+    // As a failure replays on average (evaluate_closed_form): W - 1 conversion iterations and
+    // (W - 1) / 2 all-active ones.
+    double sum = 0.5 * (w - 1) * b.catch_up_s[s];
+    for (int j = 0; j + 1 < w; ++j) sum += b.conversion_s[s][std::size_t(j)];
+    EXPECT_NEAR(sum / (1.5 * (w - 1)), 0.5, 1e-9) << s;
     const double scale = b.catch_up_s[s] / a.catch_up_s[s];
     for (std::size_t j = 0; j < b.conversion_s[s].size(); ++j)
       EXPECT_NEAR(b.conversion_s[s][j], a.conversion_s[s][j] * scale, 1e-9 * scale);
