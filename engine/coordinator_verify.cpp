@@ -133,10 +133,15 @@ asio::awaitable<void> coordinator::no_verdict(std::int64_t it, const std::string
   }
   if (finished_) co_return;
   fail(fmt::format(
-      "{}; the job stops here rather than train on either copy (with parallel.dp >= 3 a "
-      "majority names the bad replica without a replay; a durable window captured before "
-      "the last whole-state check that agreed{} would have been rolled back to)",
-      message, state_agreed_ >= 0 ? fmt::format(", after iteration {},", state_agreed_) : ""));
+      "{}; the job stops here rather than train on either copy: no durable window captured "
+      "before the last whole-state check that agreed ({}) is on disk to roll back to. A whole-"
+      "state check every checkpoint.verify_every = {} iterations marks how far back is clean "
+      "(a smaller one finds it sooner), and with parallel.dp >= 3 a majority names the bad "
+      "replica without a replay",
+      message,
+      state_agreed_ >= 0 ? fmt::format("after iteration {}", state_agreed_)
+                         : std::string("none has run yet"),
+      job_.verify_every));
 }
 
 asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::judge_by_replay(
@@ -155,6 +160,7 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
   std::map<std::pair<int, int>, replay_judgement> replays;
   std::map<std::pair<int, int>, std::vector<std::uint64_t>> copies;  // (stage, replica) -> now
   std::set<std::pair<int, int>> bad;
+  std::set<std::pair<int, int>> lost_replicas;  // their workers died while they were judged
   for (const auto& d : found) {
     if (!d.bad.empty()) {
       for (int r : d.bad) bad.emplace(d.stage, r);
@@ -172,13 +178,25 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
     }
     const replay_judgement& j = replays[key];
     if (!j.error.empty()) co_return stop("the judge's replay gave no verdict: " + j.error);
-    std::vector<int> good;
+    std::vector<int> good, lost;
     for (int r : d.replicas) {
+      if (lost_replicas.contains({d.stage, r})) {
+        lost.push_back(r);
+        continue;
+      }
       if (!copies.contains({d.stage, r})) {
         auto q = co_await ask<wire::DigestsQuery, wire::Digests>(
             stage_ref(d.stage, r), ask_timeout, [](wire::DigestsQuery::Builder) {});
         if (finished_) co_return std::nullopt;
         if (!q.ok()) {
+          // Its worker died meanwhile (its loss follows): the others are judged without it.
+          const bool dying = co_await loss_follows();
+          if (finished_) co_return std::nullopt;
+          if (dying) {
+            lost_replicas.emplace(d.stage, r);
+            lost.push_back(r);
+            continue;
+          }
           co_return stop(
               fmt::format("reading stage {} replica {} failed: {}", d.stage, r, q.err().message));
         }
@@ -204,9 +222,18 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
                       .add("agrees_with", fmt::format("{}", fmt::join(good, ",")))
                       .add("time_s", log_->seconds()));
     }
-    if (good.empty()) {
+    // (With a replica lost meanwhile, those still here that differ from the replay are the bad
+    // ones: the lost one's rebuild takes its own copies, which the replay read and agreed with.)
+    if (good.empty() && lost.empty()) {
       co_return stop(fmt::format("the replay of stage {} on worker {} agrees with none of them",
                                  d.stage, j.spare));
+    }
+    // Every replica still here agrees with the replay: the one that differed is among the
+    // lost, whose rebuild must not take its own copies.
+    if (std::none_of(d.replicas.begin(), d.replicas.end(), [&](int r) {
+          return bad.contains({d.stage, r});
+        })) {
+      for (int r : lost) bad.emplace(d.stage, r);
     }
   }
   co_return std::vector<std::pair<int, int>>(bad.begin(), bad.end());
@@ -227,7 +254,11 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
     if (rolling_back) from = -1;  // the rollback's windows precede the corruption
     const transport::node_id n = stage_ref(s, d).node;
     const auto w = workers_.find(n);
-    if (w == workers_.end()) continue;
+    if (w == workers_.end()) {
+      // Lost meanwhile (its loss is being recovered): its rebuild takes another replica's copies.
+      if (recovery_ && !rolling_back && from >= 0) (void)recovery_->corrupted(s, d, from, it);
+      continue;
+    }
     if (log_ != nullptr) {
       log_->write(json_record{}
                       .add("kind", "event")
@@ -280,6 +311,8 @@ asio::awaitable<bool> coordinator::shadow_check() {
   const int s = int((iteration_ / every - 1) % std::int64_t(job_.pp));  // each stage in turn
   const replay_judgement j = co_await recovery_->judge(s, 0, iteration_);
   if (finished_) co_return true;
+  // `skipped`: no verdict this time (no idle spare, a stage that did not answer); `agrees` is
+  // then false without any difference found.
   auto record = [&](bool agrees, const std::string& error) {
     if (log_ == nullptr) return;
     log_->write(json_record{}
@@ -290,6 +323,7 @@ asio::awaitable<bool> coordinator::shadow_check() {
                     .add("spare", std::int64_t{j.spare})
                     .add("seconds", j.seconds)
                     .add("agrees", agrees)
+                    .add("skipped", !error.empty())
                     .add("error", error)
                     .add("time_s", log_->seconds()));
   };

@@ -577,9 +577,9 @@ void check_flip(const injection& inj, const engine::job_config& job) {
         "flip changes a CPU stage's host weights; GPU stages (train.device = \"cuda\") are not "
         "checked for silent corruption yet");
   }
-  if (!inj.op.empty() && job.stage_type == "moe") {
-    // The built-in stage's operators, by name (nothing is allocated): a name it lacks is
-    // refused here, not by the worker once the job runs.
+  if (job.stage_type == "moe") {
+    // The built-in stage's operators, by name (nothing is allocated): a name it lacks, or a
+    // word past its master weights, is refused here, not by the worker once the job runs.
     const models::moe_model model(job.model, 0, 0, 0, false);
     const auto range = models::partition(job.model, job.pp).at(std::size_t(inj.stage));
     // Under expert parallelism the replica holds its EP rank's block of experts only.
@@ -594,7 +594,21 @@ void check_flip(const injection& inj, const engine::job_config& job) {
           !split.holds(std::atoi(name.c_str() + at + 7), job.model.experts)) {
         continue;
       }
-      if (name == inj.op) return;
+      if (inj.op.empty() || name == inj.op) {
+        if (inj.word >= op.numel()) {
+          fail(fmt::format("operator {} has {} master weights: word must be 0..{}", name,
+                           op.numel(), op.numel() - 1));
+        }
+        // Each expert's copies are the replicas of its EP rank: dp / ep of them.
+        if (at != std::string::npos && job.dp / std::max(job.ep, 1) < 2 && job.shadow_every == 0) {
+          fail(fmt::format(
+              "a flip in expert operator {} would go unseen: at parallel.dp = {} and "
+              "parallel.ep = {} each expert has {} copy, and silent corruption is found by "
+              "comparing copies (dp / ep >= 2 needed), or checkpoint.shadow_every > 0",
+              name, job.dp, job.ep, job.dp / std::max(job.ep, 1)));
+        }
+        return;
+      }
       if (names.size() < 400) names += (names.empty() ? "" : ", ") + name;
     }
     fail(fmt::format("stage {} replica {} has no operator '{}' (it has {}{})", inj.stage,

@@ -152,6 +152,18 @@ TEST(inject_spec, checked_against_the_job) {
   refused("flip:stage=0,replica=0,iter=12", "iter=12 never runs");
   refused("flip:stage=3,replica=0,iter=2", "there is no stage 3 replica 0");
   refused("flip:stage=2,replica=0,iter=2,target=activation", "stage 2 is the last");
+  // Past the operator's master weights: refused here, not once the flip's iteration comes.
+  refused("flip:stage=0,replica=0,iter=2,word=99999999", "master weights: word must be 0..");
+  refused("flip:stage=1,replica=0,iter=2,operator=layer2.gate,word=99999999",
+          "operator layer2.gate has");
+  // dp 2 at ep 2: each expert has one copy, so nothing compares it (a non-expert has two).
+  auto ep = job;
+  ep.ep = 2;
+  EXPECT_THROW((void)check_injection(
+                   parse_injection("flip:stage=1,replica=0,iter=2,operator=layer2.expert0"), ep),
+               std::invalid_argument);
+  EXPECT_NO_THROW((void)check_injection(
+      parse_injection("flip:stage=1,replica=0,iter=2,operator=layer2.attention"), ep));
   EXPECT_NO_THROW(
       (void)check_injection(parse_injection("stall:stage=1,replica=0,iter=2,phase=forward"), job));
   auto no_limit = job;

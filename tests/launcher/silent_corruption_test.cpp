@@ -173,6 +173,22 @@ TEST(silent_corruption, two_copies_are_judged_by_a_replay_on_a_spare) {
             number_field(*o.first("recovery_start"), "spare_node"));
 }
 
+// A replica whose worker dies while the judge runs (here the healthy one): the copy still
+// there is judged against the replay, fenced, and both are rebuilt, bit-exact. Before, the
+// judge's read of the dead replica ended the job.
+TEST(silent_corruption, a_replica_lost_while_its_stage_is_judged_leaves_the_other_judged) {
+  const auto o = launch("flip_dp2_lost", job(2, 2, 1,
+                                             "--set cluster.spares=2 --set checkpoint.w_sparse=5 "
+                                             "--inject flip:stage=1,replica=0,iter=10 "
+                                             "--inject kill:stage=1,replica=1,iter=12"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(2));
+  const std::string* judged = o.first("sdc_judged");
+  ASSERT_NE(judged, nullptr) << o.output;
+  EXPECT_EQ(number_field(*judged, "replica"), 0) << *judged;
+  EXPECT_EQ(field(*judged, "how"), "replay") << *judged;
+}
+
 // A judge trusts only a window whose copies agree: a low bit flipped at iteration 1 and found
 // by the state check at 8 (W 1: every window since holds the flipped operator's full state)
 // leaves no such window, and the job stops saying so rather than train on either copy.
@@ -281,13 +297,18 @@ TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip_and_the_job_r
 // past them. A job that ends soon after and is resumed ends with the fault-free hash. (The
 // flip comes 40 iterations in, found by stage 0's shadow check after iteration 43: the
 // rollback needs a durable window from before it whole on disk, and a loaded machine wrote
-// the first ones too late for a flip at iteration 5.)
+// the first ones too late for a flip at iteration 5. Windows of 8 iterations: the check
+// replays from the persisted one, which must predate the flip to see it (docs/recovery.md:
+// with W 2 the window of iterations 42..43, persisted in time on a quiet machine, held the
+// flipped bit too).)
 TEST(silent_corruption, a_job_resumed_after_a_rollback_goes_on_from_before_the_flip) {
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("sdc_resume_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  const std::string base =
-      job(2, 1, 1, "--set checkpoint.shadow_every=4 --set checkpoint.dir=" + dir.string());
+  const std::string base = job(2, 1, 1,
+                               "--set checkpoint.shadow_every=4 --set checkpoint.w_sparse=8 "
+                               "--set checkpoint.dir=" +
+                                   dir.string());
   const auto cut = launch(
       "shadow_cut", base + " --set train.iterations=45 --inject flip:stage=0,replica=0,iter=41");
   ASSERT_EQ(cut.exit_code, 0) << cut.output;
