@@ -178,7 +178,7 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
     }
     const replay_judgement& j = replays[key];
     if (!j.error.empty()) co_return stop("the judge's replay gave no verdict: " + j.error);
-    std::vector<int> good, lost;
+    std::vector<int> good, lost, differ;  // this suspect's
     for (int r : d.replicas) {
       if (lost_replicas.contains({d.stage, r})) {
         lost.push_back(r);
@@ -190,9 +190,10 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
         if (finished_) co_return std::nullopt;
         if (!q.ok()) {
           // Its worker died meanwhile (its loss follows): the others are judged without it.
-          const bool dying = co_await loss_follows();
+          const bool loss = co_await loss_follows();
           if (finished_) co_return std::nullopt;
-          if (dying) {
+          const transport::node_id node = stage_ref(d.stage, r).node;
+          if (loss && !system().last_heard(node).has_value()) {
             lost_replicas.emplace(d.stage, r);
             lost.push_back(r);
             continue;
@@ -207,7 +208,7 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
       if (d.op < v.size() && d.op < j.digests.size() && v[d.op] == j.digests[d.op]) {
         good.push_back(r);
       } else {
-        bad.emplace(d.stage, r);
+        differ.push_back(r);
       }
     }
     if (log_ != nullptr) {
@@ -222,17 +223,22 @@ asio::awaitable<std::optional<std::vector<std::pair<int, int>>>> coordinator::ju
                       .add("agrees_with", fmt::format("{}", fmt::join(good, ",")))
                       .add("time_s", log_->seconds()));
     }
+    if (good.empty() && differ.empty()) {  // every replica's worker died meanwhile
+      co_return stop(
+          fmt::format("every replica of stage {} was lost while it was judged", d.stage));
+    }
     // (With a replica lost meanwhile, those still here that differ from the replay are the bad
-    // ones: the lost one's rebuild takes its own copies, which the replay read and agreed with.)
+    // ones: the lost one's rebuild takes copies of the window, which the replay read and found
+    // alike on every replica.)
     if (good.empty() && lost.empty()) {
       co_return stop(fmt::format("the replay of stage {} on worker {} agrees with none of them",
                                  d.stage, j.spare));
     }
+    for (int r : differ) bad.emplace(d.stage, r);
     // Every replica still here agrees with the replay: the one that differed is among the
-    // lost, whose rebuild must not take its own copies.
-    if (std::none_of(d.replicas.begin(), d.replicas.end(), [&](int r) {
-          return bad.contains({d.stage, r});
-        })) {
+    // lost, whose rebuild takes a good one's copies (a window persisted since may hold its bad
+    // bits).
+    if (differ.empty()) {
       for (int r : lost) bad.emplace(d.stage, r);
     }
   }
@@ -254,11 +260,7 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
     if (rolling_back) from = -1;  // the rollback's windows precede the corruption
     const transport::node_id n = stage_ref(s, d).node;
     const auto w = workers_.find(n);
-    if (w == workers_.end()) {
-      // Lost meanwhile (its loss is being recovered): its rebuild takes another replica's copies.
-      if (recovery_ && !rolling_back && from >= 0) (void)recovery_->corrupted(s, d, from, it);
-      continue;
-    }
+    if (w == workers_.end()) continue;
     if (log_ != nullptr) {
       log_->write(json_record{}
                       .add("kind", "event")

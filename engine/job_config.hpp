@@ -135,6 +135,9 @@ struct job_config {
   // engine.head_exit_at: at this iteration the head sends its Step to the first half of the
   // stages only, then kills itself (tests of a standby's takeover; never a standby's own).
   std::int64_t head_exit_at = -1;
+  // engine.durable_write_delay_ms: every durable window write waits this long first (tests of
+  // a rollback that must wait for a write in flight, as on a loaded host); 0: none.
+  std::int64_t durable_write_delay_ms = 0;
   std::int64_t start_timeout_ms = 30000;  // cluster.start_timeout_ms: workers must join by then
   // cluster.iteration_timeout_ms: an iteration some stage has not finished by then, its worker
   // alive (a hung kernel or collective, a deadlock: heartbeats flow, nothing moves): a stage

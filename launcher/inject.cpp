@@ -599,8 +599,10 @@ void check_flip(const injection& inj, const engine::job_config& job) {
           fail(fmt::format("operator {} has {} master weights: word must be 0..{}", name,
                            op.numel(), op.numel() - 1));
         }
-        // Each expert's copies are the replicas of its EP rank: dp / ep of them.
-        if (at != std::string::npos && job.dp / std::max(job.ep, 1) < 2 && job.shadow_every == 0) {
+        // Each expert's copies are the replicas of its EP rank: dp / ep of them. (A shadow check
+        // replays replica 0 only.)
+        if (at != std::string::npos && job.dp / std::max(job.ep, 1) < 2 &&
+            (job.shadow_every == 0 || inj.replica != 0)) {
           fail(fmt::format(
               "a flip in expert operator {} would go unseen: at parallel.dp = {} and "
               "parallel.ep = {} each expert has {} copy, and silent corruption is found by "
@@ -657,10 +659,13 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
   check_role(inj.stage, inj.replica, "");
   if (inj.what == injection::kind::flip) check_flip(inj, job);
   if (!inj.during_recovery && inj.iteration >= job.train.iterations) {
-    fail(fmt::format(
-        "iter={} never runs: the job runs iterations 0..{} (train.iterations = {}); "
-        "use 1..{}",
-        inj.iteration, job.train.iterations - 1, job.train.iterations, job.train.iterations - 1));
+    // (A flip may strike after iteration 0's step; a failure from 1 on.)
+    const int first = inj.what == injection::kind::flip ? 0 : 1;
+    fail(
+        fmt::format("iter={} never runs: the job runs iterations 0..{} (train.iterations = {}); "
+                    "use {}..{}",
+                    inj.iteration, job.train.iterations - 1, job.train.iterations, first,
+                    job.train.iterations - 1));
   }
   if (inj.phase == engine::fault_point::snapshot && job.policy != engine::policy_kind::moevement) {
     fail(

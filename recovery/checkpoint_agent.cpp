@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "recovery/replicator.hpp"
 #include "recovery/snapshot.hpp"
@@ -355,8 +356,9 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
   const durable_window_meta meta{stage_, replica_, window, first, int(slots.size())};
   // The job holds the capture (its pinned buffers) until it unpinned them.
   durable_.writer->post([shared = shared_, sys = &system(), me = self(), meta,
-                         slots = std::move(slots), dir = durable_.dir,
-                         keep = durable_.keep]() mutable {
+                         slots = std::move(slots), dir = durable_.dir, keep = durable_.keep,
+                         delay = durable_.delay]() mutable {
+    std::this_thread::sleep_for(delay);
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = engine::thread_cpu_seconds();
     durable_result r;

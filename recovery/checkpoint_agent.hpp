@@ -80,6 +80,7 @@ struct durable_target {
   std::shared_ptr<durable_writer> writer;
   std::filesystem::path dir;
   std::size_t keep = 2;
+  std::chrono::milliseconds delay{0};  // engine.durable_write_delay_ms (tests)
 };
 
 class checkpoint_agent : public actors::actor {

@@ -6,6 +6,7 @@
 // journal knows, replays to where training was, and the job goes on.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -20,6 +21,9 @@ using actors::actor_ref;
 using asio::awaitable;
 
 namespace {
+
+// How long a rollback waits for a durable write in flight that it would roll back to.
+constexpr auto durable_write_wait = std::chrono::seconds(120);
 
 // Which roles lack the newest window the journal knows (for a resume that found none whole):
 // "; window W is missing at stage S replica D, ..." (their files offer no such verified
@@ -124,8 +128,31 @@ bool region_recovery::taken_over(const engine::resume_point& p, const engine::li
   return true;
 }
 
+awaitable<void> region_recovery::settle_durable_writes() {
+  if (!windows_.durable() || !windows_.durable_in_flight()) co_return;
+  // A DurableQuery drains its worker's writes in flight first (replicator::durable_query).
+  std::vector<actor_ref> holders;
+  std::vector<std::pair<int, int>> roles;
+  for (const auto& [n, w] : job_.workers()) {
+    if (w.stage < 0 || !w.replicator.valid()) continue;
+    holders.push_back(w.replicator);
+    roles.emplace_back(w.stage, w.replica);
+  }
+  auto fill = [&](std::size_t i, engine::wire::DurableQuery::Builder b) {
+    b.setStage(roles[i].first);
+    b.setReplica(roles[i].second);
+  };
+  (void)co_await actors::ask_all<engine::wire::DurableQuery, engine::wire::DurableOffer>(
+      job_.actor(), holders, durable_write_wait, fill);
+}
+
 awaitable<bool> region_recovery::roll_back_before(std::int64_t clean_before, std::string why) {
   if (!can_roll_back_before(clean_before)) co_return false;
+  // The window this goes back to may still be being written, by the worker about to be fenced
+  // among others (a loaded host starves the writers): every live worker finishes its writes
+  // first, or a fenced one's would die with it.
+  co_await settle_durable_writes();
+  if (job_.finished()) co_return false;
   clean_ = clean_rollback{clean_before, why};
   // Found by a recovery's replay: that recovery becomes the rollback. Otherwise the next one
   // (the fence's loss, or roll_back_now) starts it (recover()).
@@ -198,6 +225,10 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   std::vector<std::string> rejected;
   std::vector<std::set<std::uint64_t>> offers;  // each role's verified windows
   std::vector<std::pair<int, int>> roles;
+  // A window that would do whose write is still in flight (a loaded host starves the writers):
+  // asked again until it is whole on every stage, up to durable_write_wait.
+  const auto wait_until = std::chrono::steady_clock::now() + durable_write_wait;
+  bool waiting = false;
   for (bool ask_again = true; ask_again;) {
     ask_again = false;
     region* reg = region_by_id(id);
@@ -240,6 +271,7 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
       for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
     }
     if (ask_again) continue;
+    std::optional<std::uint64_t> unwritten;  // a window that would do, its write in flight
     for (const auto& [w, first] : windows_.durable_windows()) {  // ascending: the newest wins
       if (first > target || !windows_.persisted() || w > *windows_.persisted()) continue;
       if (clean_ && !windows_.clean(w, first, clean_->before)) continue;
@@ -247,7 +279,25 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
         window = w;
         found = true;
         state_->durable_from = std::move(*from);
+      } else if (windows_.durable_in_flight() == w) {
+        unwritten = w;
       }
+    }
+    // (Only while every role's own worker lives: a lost one's write never ends.)
+    const bool writers_live = std::all_of(members.begin(), members.end(),
+                                          [](const member& m) { return m.spare == m.lost.node; });
+    if (unwritten && writers_live && (!found || *unwritten > window) &&
+        std::chrono::steady_clock::now() < wait_until) {
+      if (!std::exchange(waiting, true)) {
+        job_.notice(
+            fmt::format("durable window {} is still being written: the rollback waits "
+                        "for it",
+                        *unwritten));
+      }
+      co_await job_.actor().system().sleep_for(std::chrono::milliseconds(250));
+      if (job_.finished() || !state_) co_return false;
+      found = false;
+      ask_again = true;
     }
   }
   job_.report_rejected("durable_rejected", "durable window", rejected);

@@ -76,6 +76,8 @@ class region_recovery : public engine::head_recovery {
            !(state_ && state_->durable);
   }
   asio::awaitable<bool> roll_back_before(std::int64_t clean_before, std::string why) override;
+  // Every live worker's durable writes in flight finished (or durable_write_wait passed).
+  asio::awaitable<void> settle_durable_writes();
   asio::awaitable<void> roll_back_now() override;
   std::int64_t steps_kept_from() const override {
     const auto& steps = windows_.steps();

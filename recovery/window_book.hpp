@@ -74,6 +74,8 @@ class window_book {
   int w_of(std::uint64_t window) const;       // that window's (the newest's if unknown)
   bool durable() const { return durable_; }   // checkpoint.durable
   const std::optional<std::uint64_t>& persisted() const { return persisted_; }
+  // The durable window being written (asked of every stage, not yet reported whole).
+  const std::optional<std::uint64_t>& durable_in_flight() const { return durable_inflight_; }
   std::int64_t persisted_first() const { return persisted_first_; }
   // The durable windows the stages may still hold (window -> first iteration), oldest first.
   const std::map<std::uint64_t, std::int64_t>& durable_windows() const { return durable_windows_; }

@@ -417,10 +417,14 @@ iteration_costs apply_profile(iteration_costs costs, const profile_data& p) {
       } else {
         // The links alone take longer than the measurement (or the model computes nothing):
         // the model's split, scaled to it.
-        const double ratio = measured / st.microbatch_s;
-        st.flops_per_s /= ratio;
-        st.compute_s *= ratio;
-        st.comm_s *= ratio;
+        if (st.microbatch_s > 0) {
+          const double ratio = measured / st.microbatch_s;
+          st.flops_per_s /= ratio;
+          st.compute_s *= ratio;
+          st.comm_s *= ratio;
+        } else {
+          st.compute_s = measured;  // nothing modelled to split
+        }
       }
       st.microbatch_s = measured;
       worst = std::max(worst, st.microbatch_s);

@@ -145,11 +145,12 @@ TEST(inject_spec, checked_against_the_job) {
   };
   refused("kill:stage=3,replica=0,iter=2", "there is no stage 3 replica 0");
   refused("kill:stage=0,replica=2,iter=2", "there is no stage 0 replica 2");
-  refused("kill:stage=0,replica=0,iter=12", "iter=12 never runs");
+  refused("kill:stage=0,replica=0,iter=12",
+          "iter=12 never runs: the job runs iterations 0..11 (train.iterations = 12); use 1..11");
   refused("kill:stage=0,replica=0,iter=2,scope=host", "scope=host on the local backend");
   EXPECT_NO_THROW((void)check_injection(parse_injection("kill:stage=2,replica=1,iter=11"), job));
   EXPECT_NO_THROW((void)check_injection(parse_injection("flip:stage=2,replica=1,iter=0"), job));
-  refused("flip:stage=0,replica=0,iter=12", "iter=12 never runs");
+  refused("flip:stage=0,replica=0,iter=12", "use 0..11");
   refused("flip:stage=3,replica=0,iter=2", "there is no stage 3 replica 0");
   refused("flip:stage=2,replica=0,iter=2,target=activation", "stage 2 is the last");
   // Past the operator's master weights: refused here, not once the flip's iteration comes.

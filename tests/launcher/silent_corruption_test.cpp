@@ -339,6 +339,31 @@ TEST(silent_corruption, a_job_resumed_after_a_rollback_goes_on_from_before_the_f
   std::filesystem::remove_all(dir);
 }
 
+// The rollback's window still being written when the corruption is found (every write held
+// 1.5 s, as a loaded host starved the writers and this failed under load): every live worker
+// finishes its durable writes before the bad one is fenced, which would take its own with it,
+// and the job goes back to that window, bit-exact. Before, it stopped: "no durable window
+// captured before iteration 33 is complete".
+TEST(silent_corruption, a_rollback_waits_for_the_window_still_being_written) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("sdc_slow_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto o = launch("shadow_slow_disk",
+                        job(2, 1, 1,
+                            "--set checkpoint.shadow_every=4 --set checkpoint.w_sparse=8 "
+                            "--set engine.durable_write_delay_ms=1500 --set train.iterations=45 "
+                            "--set checkpoint.dir=" +
+                                dir.string() + " --inject flip:stage=0,replica=0,iter=41"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const std::string* back = o.first("durable_rollback");
+  ASSERT_NE(back, nullptr) << o.output;
+  EXPECT_EQ(number_field(*back, "window"), 0) << "the only window written when it was found";
+  const auto fault_free = run_moevement("train " + shape(1, 1, 1) + " --set train.iterations=45");
+  ASSERT_EQ(fault_free.exit_code, 0) << fault_free.output;
+  EXPECT_EQ(o.hash, hash_of(fault_free.output));
+  std::filesystem::remove_all(dir);
+}
+
 // A miscomputed activation (flipped before it is logged and sent) leaves every replica in
 // agreement: nothing to compare. A replay finds it: here a kill of the other replica makes
 // the stage's group replay iteration 10, the survivor its own replica, each tensor it sends
