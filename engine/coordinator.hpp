@@ -295,9 +295,15 @@ class coordinator : public actors::actor, private head_control {
   // agreed (head_recovery::roll_back_before), or stops saying why.
   asio::awaitable<void> no_verdict(std::int64_t it, const std::string& why);
   // checkpoint.shadow_every: after iteration_ - 1's step, one stage (in turn) replayed on a
-  // spare and compared with the live stage. True when they differ: the stage's worker is
-  // fenced and the job rolled back to before the corruption (or stopped, saying why).
+  // spare from a window earlier checks vouched for and compared with the live stage. True when they
+  // differ: the stage's worker is fenced and the job rolled back to before the corruption (or
+  // stopped, saying why).
   asio::awaitable<bool> shadow_check();
+  // A shadow check of stage s found operators `differ` corrupted, every state before
+  // `clean_before` clean: its worker fenced and the job rolled back, or the job stops.
+  asio::awaitable<bool> shadow_found(int s, std::int64_t it, transport::node_id spare,
+                                     const std::vector<std::string>& differ,
+                                     std::int64_t clean_before);
   // Fences the bad replicas' workers and recovers them (the job stops where it cannot).
   // rolling_back: the recovery is a rollback past the corruption (roll_back_before), which
   // trusts every replica's copies of the windows it restores.

@@ -306,15 +306,34 @@ asio::awaitable<void> coordinator::fence(const std::vector<std::pair<int, int>>&
   }
 }
 
+namespace {
+
+// The operators whose digests differ from a replay's (empty: it agrees).
+std::vector<std::string> differing(const capnp::List<std::uint64_t>::Reader& live,
+                                   const capnp::List<capnp::Text>::Reader& names,
+                                   const std::vector<std::uint64_t>& replayed) {
+  std::vector<std::string> differ;
+  for (unsigned k = 0; k < live.size(); ++k) {
+    if (k >= replayed.size() || live[k] != replayed[k]) {
+      differ.push_back(k < names.size() ? std::string(names[k].cStr()) : std::to_string(k));
+    }
+  }
+  if (live.size() != replayed.size() && differ.empty()) differ.push_back("(their number)");
+  return differ;
+}
+
+}  // namespace
+
 asio::awaitable<bool> coordinator::shadow_check() {
   const int every = job_.shadow_every;
   if (every <= 0 || !recovery_ || finished_ || iteration_ % every != 0) co_return false;
   const std::int64_t it = iteration_ - 1;  // the iteration just stepped
   const int s = int((iteration_ / every - 1) % std::int64_t(job_.pp));  // each stage in turn
-  const replay_judgement j = co_await recovery_->judge(s, 0, iteration_);
+  const replay_judgement j = co_await recovery_->shadow_judge(s, iteration_);
   if (finished_) co_return true;
   // `skipped`: no verdict this time (no idle spare, a stage that did not answer); `agrees` is
-  // then false without any difference found.
+  // then false without any difference found. `from`: the replay's first iteration, `vouched`
+  // false where it began from a window taken on trust (after a recovery).
   auto record = [&](bool agrees, const std::string& error) {
     if (log_ == nullptr) return;
     log_->write(json_record{}
@@ -324,12 +343,15 @@ asio::awaitable<bool> coordinator::shadow_check() {
                     .add("stage", s)
                     .add("spare", std::int64_t{j.spare})
                     .add("seconds", j.seconds)
+                    .add("from", j.first_iteration)
+                    .add("vouched", j.vouched)
                     .add("agrees", agrees)
                     .add("skipped", !error.empty())
                     .add("error", error)
                     .add("time_s", log_->seconds()));
   };
   if (!j.error.empty()) {  // no verdict this time (no idle spare, ...): training goes on
+    recovery_->shadow_skipped();
     record(false, j.error);
     notice(fmt::format("shadow replay of stage {} after iteration {}: no verdict ({})", s, it,
                        j.error));
@@ -339,20 +361,32 @@ asio::awaitable<bool> coordinator::shadow_check() {
                                                            [](wire::DigestsQuery::Builder) {});
   if (finished_) co_return true;
   if (!q.ok()) {
+    recovery_->shadow_skipped();
     record(false, q.err().message);
     co_return false;  // a stage that does not answer is the failure detector's to find
   }
-  std::vector<std::string> differ;
-  const auto live = q->get().getValues();
-  const auto names = q->get().getNames();
-  for (unsigned k = 0; k < live.size(); ++k) {
-    if (k >= j.digests.size() || live[k] != j.digests[k]) {
-      differ.push_back(k < names.size() ? std::string(names[k].cStr()) : std::to_string(k));
-    }
-  }
-  if (live.size() != j.digests.size() && differ.empty()) differ.push_back("(their number)");
+  const auto differ = differing(q->get().getValues(), q->get().getNames(), j.digests);
   record(differ.empty(), "");
-  if (differ.empty()) co_return false;
+  if (differ.empty()) {
+    recovery_->shadow_agreed(s, it);
+    co_return false;
+  }
+  // Every state before the replay's window (its captures held no flip) or the stage's last
+  // check that agreed is clean. A replay from the persisted window that differs too narrows
+  // it: the flip came after that window's capture of the operator.
+  std::int64_t clean_before = recovery_->shadow_clean_before(s);
+  const replay_judgement newest = co_await recovery_->judge(s, 0, iteration_);
+  if (finished_) co_return true;
+  if (newest.error.empty() && newest.first_iteration > clean_before &&
+      !differing(q->get().getValues(), q->get().getNames(), newest.digests).empty()) {
+    clean_before = newest.first_iteration;
+  }
+  co_return co_await shadow_found(s, it, j.spare, differ, clean_before);
+}
+
+asio::awaitable<bool> coordinator::shadow_found(int s, std::int64_t it, transport::node_id spare,
+                                                const std::vector<std::string>& differ,
+                                                std::int64_t clean_before) {
   const transport::node_id n = stage_ref(s, 0).node;
   const auto w = workers_.find(n);
   const int pid = w == workers_.end() ? 0 : w->second.pid;
@@ -365,21 +399,19 @@ asio::awaitable<bool> coordinator::shadow_check() {
                     .add("stage", s)
                     .add("operator_name", fmt::format("{}", fmt::join(differ, ",")))
                     .add("replicas", "0")
-                    .add("spare", std::int64_t{j.spare})
-                    .add("clean_before", j.first_iteration)
+                    .add("spare", std::int64_t{spare})
+                    .add("clean_before", clean_before)
                     .add("time_s", log_->seconds()));
   }
   const std::string found = fmt::format(
       "silent data corruption found by a shadow replay after iteration {}: stage {} replica 0 "
       "(worker {}, pid {}) differs from its replay on spare worker {} in {}; with one copy "
       "(parallel.dp = 1) what it sent since may have spread to every stage",
-      it, s, n, pid, j.spare, fmt::join(differ, ", "));
-  // The replay from the window agreed with nothing the stage computed since the window's
-  // first capture that the corruption came after: every state before the window's first
-  // iteration is clean. The stage's worker is fenced and the whole job goes back there.
+      it, s, n, pid, spare, fmt::join(differ, ", "));
+  // The stage's worker is fenced and the whole job goes back to before the corruption.
   const std::string why = fmt::format(
       "silent data corruption of stage {} (found by a shadow replay after iteration {})", s, it);
-  const bool rolling = co_await recovery_->roll_back_before(j.first_iteration, why);
+  const bool rolling = co_await recovery_->roll_back_before(clean_before, why);
   if (rolling) {
     notice(found);
     const std::vector<std::pair<int, int>> bad{{s, 0}};
@@ -393,7 +425,7 @@ asio::awaitable<bool> coordinator::shadow_check() {
       "{}, so the job stops here rather than train on: no durable window captured before "
       "iteration {} is known to roll back to (the durable tier keeps checkpoint.keep windows; "
       "with parallel.dp >= 2 the replicas check each other every step)",
-      found, j.first_iteration));
+      found, clean_before));
   co_return true;
 }
 

@@ -370,6 +370,13 @@ struct WindowPersisted {
   # The durable tier: every stage writes this window to disk (in the background) and answers
   # DurableWritten. Set for one window at a time (the previous one written everywhere).
   durable @2 :Bool;
+  # Older windows kept too, and logs and plans from retainedFirst on where it is >= 0 (dp = 1's
+  # shadow checks replay from a window an earlier round of checks vouched for).
+  retained @3 :List(UInt64);
+  retainedFirst @4 :Int64 = -1;
+  # Durable windows the stages keep on disk beside checkpoint.keep's newest: for a rollback
+  # past a corruption a shadow check finds, the newest captured before each retained window.
+  durableKept @5 :List(UInt64);
 }
 # The coordinator, when a recovery resumes the job at iteration `before`: windows begun before
 # it and not persisted never will be (the lost stages' slots of them are gone, and

@@ -132,6 +132,9 @@ struct replay_judgement {
   transport::node_id spare = 0;        // the worker that replayed (0: none)
   double seconds = 0.0;
   std::int64_t first_iteration = 0;  // where its replay began (the window's first)
+  // A shadow check's: it replayed from the job's start or a window vouched for (else one
+  // taken on trust after a recovery: shadow_windows).
+  bool vouched = true;
 };
 
 class head_recovery {
@@ -211,6 +214,16 @@ class head_recovery {
     co_return replay_judgement{
         {}, "this job's checkpoint policy keeps no windows to replay", 0, 0.0};
   }
+  // dp = 1's shadow check (checkpoint.shadow_every) of stage `stage`'s replica 0: as judge(),
+  // from a window earlier checks vouched for (recovery/shadow_windows.hpp). Its verdict:
+  // shadow_agreed, shadow_skipped (no verdict), or corruption, whose earlier states are
+  // clean before shadow_clean_before(stage).
+  virtual asio::awaitable<replay_judgement> shadow_judge(int stage, std::int64_t target) {
+    co_return co_await judge(stage, 0, target);
+  }
+  virtual void shadow_agreed(int /*stage*/, std::int64_t /*iteration*/) {}
+  virtual void shadow_skipped() {}
+  virtual std::int64_t shadow_clean_before(int /*stage*/) const { return 0; }
   // Silent corruption no region can repair: what it computed may have spread to every stage
   // (one copy), or no window holds a copy to trust (docs/recovery.md "Rolling back past the
   // corruption"). The whole job rolls back to the newest durable window every capture of

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -304,6 +305,8 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
   const replication_cpu::scope measured(shared_->replication.get());
   const std::uint64_t window = m.getWindow();
   const bool durable = m.getDurable();
+  durable_kept_.clear();
+  for (const auto w : m.getDurableKept()) durable_kept_.insert(w);
   std::vector<std::span<const std::byte>> slots;
   std::int64_t first = -1;
   {
@@ -316,7 +319,9 @@ awaitable<void> checkpoint_agent::persisted(engine::wire::WindowPersisted::Reade
         first = shared_->capture.first_iteration(window);
       }
     }
-    shared_->capture.drop_before(window, m.getFirstIteration());
+    std::set<std::uint64_t> keep;
+    for (const auto w : m.getRetained()) keep.insert(w);
+    shared_->capture.drop_before(window, m.getFirstIteration(), keep, m.getRetainedFirst());
     shared_->dropped.notify_all();
   }
   // The dropped windows' memory the capture did not keep goes back now, not at the next ship.
@@ -357,7 +362,7 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
   // The job holds the capture (its pinned buffers) until it unpinned them.
   durable_.writer->post([shared = shared_, sys = &system(), me = self(), meta,
                          slots = std::move(slots), dir = durable_.dir, keep = durable_.keep,
-                         delay = durable_.delay]() mutable {
+                         also = durable_kept_, delay = durable_.delay]() mutable {
     std::this_thread::sleep_for(delay);
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = engine::thread_cpu_seconds();
@@ -365,7 +370,7 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
     try {
       durable_store store(dir);
       r.bytes = write_durable_window(store, meta, slots);
-      store.prune(keep);
+      store.prune(keep, also);
     } catch (const std::exception& e) {
       r.error = fmt::format("{} (check the disk and checkpoint.dir)", e.what());
     }

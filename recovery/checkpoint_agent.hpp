@@ -160,6 +160,8 @@ class checkpoint_agent : public actors::actor {
   policy_limits limits_;
   durable_target durable_;
   std::size_t last_w_ = 1;  // the W of the newest slot shipped (the pool's regions per window)
+  // Durable windows kept beside checkpoint.keep's (WindowPersisted.durableKept).
+  std::set<std::uint64_t> durable_kept_;
   std::vector<actors::actor_ref> targets_;
   // The head placed this stage's copies (set_targets called): an empty targets_ then means no
   // other worker can hold one (a job of one worker and no spare), not "not yet placed". Its

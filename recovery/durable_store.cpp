@@ -205,11 +205,12 @@ result<loaded_window> durable_store::load_latest(std::vector<std::string>* rejec
                   dir_.string(), ids.size())};
 }
 
-void durable_store::prune(std::size_t keep) {
+void durable_store::prune(std::size_t keep, const std::set<std::uint64_t>& also) {
   const auto ids = windows();
   if (ids.empty()) return;
   const std::size_t drop = ids.size() > keep ? ids.size() - keep : 0;
   for (std::size_t i = 0; i < drop; ++i) {
+    if (also.contains(ids[i])) continue;
     // The manifest first: a removal cut short (a kill) leaves an unfinished write, which a
     // later scan skips, not a window with files missing, which it would report as rejected.
     std::error_code ec;

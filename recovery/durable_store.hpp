@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,9 +57,9 @@ class durable_store {
   // Window ids present on disk with a manifest, ascending (not verified).
   std::vector<std::uint64_t> windows() const;
 
-  // Deletes all but the newest `keep` windows that have a manifest, and any window
-  // directory without a manifest older than the newest complete one (a torn write).
-  void prune(std::size_t keep);
+  // Deletes all but the newest `keep` windows that have a manifest (and those in `also`), and
+  // any window directory without a manifest older than the newest complete one (a torn write).
+  void prune(std::size_t keep, const std::set<std::uint64_t>& also = {});
 
   // Deletes every window newer than `id`, complete or not (a global rollback to `id`
   // abandons them: they must not outrank the windows written after it).

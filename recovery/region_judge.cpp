@@ -3,7 +3,8 @@
 // window, with the logs of the healthy neighbours, up to the iteration the replicas disagreed
 // after, and answers the replayed replica's operator digests. Nothing the bad replica computed
 // left it (the checks run before the next forward), so the replay gives the state every copy
-// should hold; the head keeps the copy that equals it.
+// should hold; the head keeps the copy that equals it. dp = 1's shadow checks replay the same
+// way from the window shadow_windows names.
 #include <fmt/format.h>
 
 #include "recovery/region_recovery.hpp"
@@ -21,8 +22,26 @@ constexpr auto judge_timeout = std::chrono::minutes(30);
 
 }  // namespace
 
+std::optional<shadow_windows::window_at> region_recovery::persisted_at() const {
+  if (!windows_.persisted()) return std::nullopt;
+  return shadow_windows::window_at{*windows_.persisted(), windows_.persisted_first()};
+}
+
 awaitable<engine::replay_judgement> region_recovery::judge(int stage, int replica,
                                                            std::int64_t target) {
+  co_return co_await replay_on_spare(stage, replica, target, persisted_at());
+}
+
+awaitable<engine::replay_judgement> region_recovery::shadow_judge(int stage, std::int64_t target) {
+  auto& shadow = windows_.shadow();
+  const auto from = shadow.base(persisted_at());
+  auto out = co_await replay_on_spare(stage, 0, target, from);
+  out.vouched = shadow.vouched();
+  co_return out;
+}
+
+awaitable<engine::replay_judgement> region_recovery::replay_on_spare(
+    int stage, int replica, std::int64_t target, std::optional<shadow_windows::window_at> from) {
   engine::replay_judgement out;
   const auto& workers = job_.workers();
   actor_ref agent;
@@ -41,9 +60,9 @@ awaitable<engine::replay_judgement> region_recovery::judge(int stage, int replic
   for (const auto& [n, w] : workers) {
     if (w.replicator.valid()) holders.push_back(w.replicator);
   }
-  const bool has_window = windows_.persisted().has_value();
-  const std::uint64_t window = windows_.persisted().value_or(0);
-  const std::int64_t first = has_window ? windows_.persisted_first() : 0;
+  const bool has_window = from.has_value();
+  const std::uint64_t window = has_window ? from->window : 0;
+  const std::int64_t first = has_window ? from->first : 0;
   out.first_iteration = first;
   region r;
   r.first = r.last = stage;

@@ -67,6 +67,14 @@ class region_recovery : public engine::head_recovery {
   bool taken_over(const engine::resume_point& p, const engine::live_takeover& t) override;
   asio::awaitable<engine::replay_judgement> judge(int stage, int replica,
                                                   std::int64_t target) override;
+  asio::awaitable<engine::replay_judgement> shadow_judge(int stage, std::int64_t target) override;
+  void shadow_agreed(int stage, std::int64_t iteration) override {
+    windows_.shadow().agreed(stage, iteration, persisted_at());
+  }
+  void shadow_skipped() override { windows_.shadow().restart(); }
+  std::int64_t shadow_clean_before(int stage) const override {
+    return windows_.shadow().clean_before(stage);
+  }
   bool corrupted(int stage, int replica, int from, std::int64_t through) override {
     if (from >= 0) untrusted_[{stage, replica}] = {from, through};
     return true;
@@ -182,6 +190,11 @@ class region_recovery : public engine::head_recovery {
   // Once every member of every region reported: rewire and go on at the target.
   asio::awaitable<void> maybe_finish();
 
+  // region_judge.cpp: the persisted window, if any; an idle spare's replay of replica
+  // `replica` of stage `stage` from window `from` (none: the job's start) to `target`.
+  std::optional<shadow_windows::window_at> persisted_at() const;
+  asio::awaitable<engine::replay_judgement> replay_on_spare(
+      int stage, int replica, std::int64_t target, std::optional<shadow_windows::window_at> from);
   // region_restores.cpp: the Restores of a generation, and what the run log says of it.
   restore_from restore_point() const;
   std::map<std::string, int> restores_per_host() const;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 #include "recovery/snapshot.hpp"
@@ -299,13 +300,17 @@ awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
   // No recovery pulls a window older than the persisted one (the coordinator does not advance
   // it during a recovery's pulls), so its regions may take the next window's slots. Spares the
   // window before left unused are freed.
+  // Older windows the head retains (a shadow check replays from one) stay too.
+  std::set<std::uint64_t> kept;
+  for (const auto w : m.getRetained()) kept.insert(w);
   std::multimap<std::uint64_t, transport::bulk_region> dropped;
   std::map<std::tuple<std::int32_t, std::uint64_t, std::uint64_t>,
            std::shared_ptr<transport::shared_memory>>
       files;  // those of the slots kept and of the ones dropped now
   for (auto it = slots_.begin(); it != slots_.end();) {
     if (it->second.mapped) files.emplace(it->second.file, it->second.mapped);
-    if (std::get<2>(it->first) < persisted_) {
+    const std::uint64_t window = std::get<2>(it->first);
+    if (window < persisted_ && !kept.contains(window)) {
       if (!it->second.region.memory().empty()) {
         dropped.emplace(it->second.region.memory().size(), std::move(it->second.region));
       }

@@ -449,12 +449,15 @@ void sparse_capture::skip_window(std::uint64_t window) {
   ++windows_skipped_;
 }
 
-void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iteration) {
+void sparse_capture::drop_before(std::uint64_t window, std::int64_t first_iteration,
+                                 const std::set<std::uint64_t>& keep, std::int64_t keep_from) {
   persisted_ = window;
   abandoned_.erase(window);  // persisted after all: it counts again
+  kept_ = keep;
   recycle_before(window);
-  log_.drop_before(std::uint64_t(std::max<std::int64_t>(first_iteration, 0)));
-  steps_.erase(steps_.begin(), steps_.lower_bound(first_iteration));
+  const std::int64_t from = keep_from >= 0 ? std::min(first_iteration, keep_from) : first_iteration;
+  log_.drop_before(std::uint64_t(std::max<std::int64_t>(from, 0)));
+  steps_.erase(steps_.begin(), steps_.lower_bound(from));
 }
 
 std::size_t sparse_capture::abandon_ended_before(std::int64_t iteration) {
@@ -474,7 +477,9 @@ std::size_t sparse_capture::abandon_ended_before(std::int64_t iteration) {
 void sparse_capture::unpin(std::uint64_t window) {
   pinned_.erase(window);
   const auto it = windows_.find(window);
-  if (it == windows_.end() || !persisted_ || window >= *persisted_) return;
+  if (it == windows_.end() || !persisted_ || window >= *persisted_ || kept_.contains(window)) {
+    return;
+  }
   auto slots = std::move(it->second.slots);
   abandoned_.erase(it->first);
   windows_.erase(it);
@@ -484,7 +489,7 @@ void sparse_capture::unpin(std::uint64_t window) {
 
 void sparse_capture::recycle_before(std::uint64_t window) {
   for (auto it = windows_.begin(); it != windows_.end() && it->first < window;) {
-    if (pinned_.contains(it->first)) {
+    if (pinned_.contains(it->first) || kept_.contains(it->first)) {
       ++it;
       continue;
     }
@@ -517,7 +522,8 @@ void sparse_capture::recycle(std::vector<slot_buffer> slots) {
 std::size_t sparse_capture::windows_held() const {
   std::size_t n = 0;
   for (const auto& [id, b] : windows_) {
-    n += !(pinned_.contains(id) && persisted_ && id < *persisted_) && !abandoned_.contains(id);
+    const bool old = persisted_ && id < *persisted_;
+    n += !(old && (pinned_.contains(id) || kept_.contains(id))) && !abandoned_.contains(id);
   }
   return n;
 }

@@ -193,8 +193,11 @@ class sparse_capture : public engine::stage_hooks {
   // next window is captured as usual. Counted in windows_skipped().
   void skip_window(std::uint64_t window);
   std::uint64_t windows_skipped() const { return windows_skipped_; }
-  // Drops windows older than `window`, and logs and step plans before first_iteration.
-  void drop_before(std::uint64_t window, std::int64_t first_iteration);
+  // Drops windows older than `window` but those in `keep`, and logs and step plans before
+  // first_iteration (before keep_from where that is >= 0 and earlier: a shadow check replays
+  // from a kept window).
+  void drop_before(std::uint64_t window, std::int64_t first_iteration,
+                   const std::set<std::uint64_t>& keep = {}, std::int64_t keep_from = -1);
   // Marks the windows newer than the persisted one whose first slot was captured by a step
   // before `iteration` (a recovery resumed there: they can no longer be persisted): they stop
   // counting in windows_held(). Their buffers stay until the next persisted window drops
@@ -264,7 +267,8 @@ class sparse_capture : public engine::stage_hooks {
   const std::map<std::int64_t, step_record>& steps() const { return steps_; }
 
   // Windows held for the capture's own bounds: a pinned window older than the persisted one is
-  // only waiting for the durable writer and does not count (at most one extra window).
+  // only waiting for the durable writer and does not count (at most one extra window), nor
+  // does a kept one (drop_before's `keep`, at most two).
   std::size_t windows_held() const;
   std::size_t snapshot_bytes_held() const;
   std::size_t last_slot_bytes() const { return last_slot_bytes_; }
@@ -308,6 +312,7 @@ class sparse_capture : public engine::stage_hooks {
   const models::loss_scaler* scaler_;
   std::map<std::uint64_t, window_buffers> windows_;
   std::set<std::uint64_t> pinned_;
+  std::set<std::uint64_t> kept_;          // drop_before's `keep`: held past the persisted window
   std::set<std::uint64_t> abandoned_;     // abandon_ended_before: held, not counted
   std::optional<std::uint64_t> skipped_;  // skip_window: the newest window not captured
   std::uint64_t windows_skipped_ = 0;

@@ -23,7 +23,9 @@ constexpr std::int64_t stall_windows = 3;
 }  // namespace
 
 window_book::window_book(engine::head_control& job)
-    : job_(job), durable_(engine::durable_tier(job.job())) {}
+    : job_(job),
+      durable_(engine::durable_tier(job.job())),
+      shadow_(job.job().pp, job.job().shadow_every > 0) {}
 
 engine::checkpoint_place window_book::planned(const engine::planned_iteration& it) {
   if (w_sparse_ == 0) choose_window_size(it);
@@ -139,6 +141,7 @@ void window_book::recovered(std::int64_t target, bool layout_changed) {
   // window is written instead, unpaced (the rebuilt stages' state on disk soon).
   durable_inflight_.reset();
   durable_next_ = {};
+  shadow_.restart();            // a rebuilt stage holds no window or log from before `target`
   if (tuner_) tuner_->clear();  // what was measured before the loss is not the steady state
   if (layout_changed) {
     // Resumed at another layout: the windows on disk are of the old one, which no restore of
@@ -163,6 +166,18 @@ void window_book::recovered(std::int64_t target, bool layout_changed) {
   tell_abandoned(target);
 }
 
+std::set<std::uint64_t> window_book::durable_kept() const {
+  std::set<std::uint64_t> kept;
+  for (const std::int64_t from : shadow_.retained_firsts()) {
+    std::optional<std::uint64_t> newest;
+    for (const auto& [w, first] : durable_windows_) {
+      if (first + w_of(w) - 2 < from) newest = w;  // (window_book::clean's test)
+    }
+    if (newest) kept.insert(*newest);
+  }
+  return kept;
+}
+
 void window_book::tell_abandoned(std::int64_t before) {
   for (const auto& [n, w] : job_.workers()) {
     if (!w.checkpoint.valid()) continue;
@@ -172,6 +187,9 @@ void window_book::tell_abandoned(std::int64_t before) {
 }
 
 void window_book::tell_persisted(std::uint64_t window, std::int64_t first, bool durable) {
+  // (What the shadow checks retain: shadow_windows.)
+  const std::vector<std::uint64_t> retained = shadow_.retained();
+  const std::set<std::uint64_t> on_disk = durable_kept();
   for (const auto& [n, w] : job_.workers()) {
     for (const actor_ref& r : {w.checkpoint, w.replicator}) {
       if (!r.valid()) continue;
@@ -180,6 +198,12 @@ void window_book::tell_persisted(std::uint64_t window, std::int64_t first, bool 
             b.setWindow(window);
             b.setFirstIteration(first);
             b.setDurable(durable && r == w.checkpoint);
+            auto l = b.initRetained(unsigned(retained.size()));
+            for (unsigned i = 0; i < retained.size(); ++i) l.set(i, retained[i]);
+            b.setRetainedFirst(shadow_.retained_from());
+            auto d = b.initDurableKept(unsigned(on_disk.size()));
+            unsigned i = 0;
+            for (const std::uint64_t k : on_disk) d.set(i++, k);
           });
     }
   }
@@ -203,6 +227,7 @@ void window_book::go_on_from(const engine::resume_point& p) {
 
 void window_book::resume_from(const engine::resume_point& p) {
   go_on_from(p);
+  shadow_.restart();
   // A W fixed by the resume's config (checkpoint.w_sparse) holds from the first window that
   // begins at or after where training goes on; the windows before it are the journal's.
   if (const int w = job_.job().w_sparse; w > 0 && w != p.w_sparse) {
@@ -221,6 +246,7 @@ void window_book::resume_from(const engine::resume_point& p) {
 
 void window_book::take_over(const engine::resume_point& p, const engine::live_takeover& t) {
   go_on_from(p);  // then the live stages' plan (the journal's W, or the fixed one, is theirs)
+  shadow_.restart();
   for (const auto& [id, first] : p.windows) resumed_sizes_.try_emplace(id, p.w_sparse);
   w_sparse_ = t.w_sparse;
   plan_ = window_plan{};
@@ -305,19 +331,26 @@ void window_book::maybe_persist() {
     durable_cpu_s_ = 0.0;
     durable_started_ = now;
     durable_windows_[window] = first;
-    // What the stages keep on disk (checkpoint.keep + 1) and the one being written.
-    while (durable_windows_.size() > std::size_t(job.baseline.keep) + 2) {
-      durable_windows_.erase(durable_windows_.begin());
+    // What the stages keep on disk (checkpoint.keep + 1) and the one being written, and the
+    // one kept for the shadow checks.
+    const auto kept = durable_kept();
+    for (auto it = durable_windows_.begin();
+         durable_windows_.size() > std::size_t(job.baseline.keep) + 2 + kept.size() &&
+         it != durable_windows_.end();) {
+      it = kept.contains(it->first) ? std::next(it) : durable_windows_.erase(it);
     }
   }
   // Step plans stay from the oldest window a recovery may start from: this one, or a durable
-  // one still on disk.
-  const std::int64_t keep_from =
+  // one still on disk (or one a shadow check replays from: shadow_windows).
+  std::int64_t keep_from =
       durable_windows_.empty() ? first : std::min(first, durable_windows_.begin()->second);
+  if (const std::int64_t f = shadow_.retained_from(); f >= 0) keep_from = std::min(keep_from, f);
   steps_.erase(steps_.begin(), steps_.lower_bound(keep_from));
   scalers_.erase(scalers_.begin(), scalers_.lower_bound(keep_from));
-  plan_.forget_before(durable_windows_.empty() ? window
-                                               : std::min(window, durable_windows_.begin()->first));
+  std::uint64_t oldest =
+      durable_windows_.empty() ? window : std::min(window, durable_windows_.begin()->first);
+  for (const std::uint64_t w : shadow_.retained()) oldest = std::min(oldest, w);
+  plan_.forget_before(oldest);
   tell_persisted(window, first, durable);
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}
@@ -537,6 +570,7 @@ std::uint64_t window_book::next_window_number() const {
 
 void window_book::rolled_back(std::uint64_t window, std::int64_t target,
                               const models::loss_scaler& scaler) {
+  shadow_.restart();  // a timeline left: no window of it is replayed from again
   // The sizes of the windows kept, before the plan that knew them goes.
   for (const auto& [w, first] : durable_windows_) resumed_sizes_[w] = w_of(w);
   const std::uint64_t next = next_window_number();

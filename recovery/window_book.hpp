@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/head_recovery.hpp"
+#include "recovery/shadow_windows.hpp"
 #include "recovery/window_plan.hpp"
 #include "recovery/window_tuner.hpp"
 
@@ -77,6 +79,15 @@ class window_book {
   // The durable window being written (asked of every stage, not yet reported whole).
   const std::optional<std::uint64_t>& durable_in_flight() const { return durable_inflight_; }
   std::int64_t persisted_first() const { return persisted_first_; }
+  // Which window dp = 1's shadow checks replay from; every recovery, rollback, resume and
+  // takeover starts their vouching again. The windows it retains are kept on every stage
+  // and replicator, with logs and step plans from the oldest one's first iteration.
+  shadow_windows& shadow() { return shadow_; }
+  const shadow_windows& shadow() const { return shadow_; }
+  // For each window the shadow checks retain, the newest durable window every capture of
+  // which precedes it (a rollback past what they find goes back at most that far): kept on
+  // disk beside checkpoint.keep's newest.
+  std::set<std::uint64_t> durable_kept() const;
   // The durable windows the stages may still hold (window -> first iteration), oldest first.
   const std::map<std::uint64_t, std::int64_t>& durable_windows() const { return durable_windows_; }
   const std::map<std::int64_t, engine::planned_step>& steps() const { return steps_; }
@@ -148,6 +159,7 @@ class window_book {
   std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
   std::optional<std::uint64_t> stall_reported_;  // the newest window reported as stalled
   std::uint64_t first_live_window_ = 0;          // older ones are of a timeline a rollback left
+  shadow_windows shadow_;
 };
 
 }  // namespace moevement::recovery

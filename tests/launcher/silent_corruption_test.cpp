@@ -291,16 +291,50 @@ TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip_and_the_job_r
       << stopped.output;
 }
 
+// A flip the persisted window already captured: a replay from that window would carry it and
+// agree. Each check replays from a window the previous round of checks vouched for (the first
+// round from the job's start), so stage 1's check after iteration 23 replays from before the
+// flip at 16 and finds it; a replay from the persisted window agrees, so every state before
+// stage 1's last check that agreed (after 15) is clean, and the job rolls back before 16
+// (the durable window kept for it: the tier's newest were all captured after it). Before,
+// this job ended with a wrong hash and no warning.
+TEST(silent_corruption, a_flip_the_persisted_window_captured_is_found_from_a_vouched_one) {
+  const auto o = launch("shadow_vouched", job(2, 1, 1,
+                                              "--set checkpoint.shadow_every=4 "
+                                              "--set train.iterations=24 "
+                                              "--inject flip:stage=1,replica=0,iter=16"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const auto fault_free = run_moevement("train " + shape(1, 1, 1) + " --set train.iterations=24");
+  ASSERT_EQ(fault_free.exit_code, 0) << fault_free.output;
+  EXPECT_EQ(o.hash, hash_of(fault_free.output));
+  const auto checks = o.events("shadow_checked");
+  ASSERT_GE(checks.size(), 6u) << o.output;
+  // The first round from the job's start; each later one from a window before its checks.
+  EXPECT_EQ(number_field(*checks[0], "from"), 0) << *checks[0];
+  EXPECT_EQ(number_field(*checks[1], "from"), 0) << *checks[1];
+  for (std::size_t k = 0; k < 6; ++k) {
+    EXPECT_NE(checks[k]->find("\"vouched\":true"), std::string::npos) << *checks[k];
+    if (k >= 2) {  // (a window every capture of which precedes the round before)
+      EXPECT_LE(number_field(*checks[k], "from"), number_field(*checks[k], "iteration") - 4);
+    }
+  }
+  EXPECT_NE(checks[5]->find("\"agrees\":false"), std::string::npos) << *checks[5];
+  EXPECT_LT(number_field(*checks[5], "from"), 16) << *checks[5];
+  const std::string* suspected = o.first("sdc_suspected");
+  ASSERT_NE(suspected, nullptr) << o.output;
+  EXPECT_EQ(number_field(*suspected, "iteration"), 23) << *suspected;
+  EXPECT_EQ(number_field(*suspected, "stage"), 1) << *suspected;
+  EXPECT_EQ(number_field(*suspected, "clean_before"), 16) << *suspected;
+  expect_rolled_back_before(o, 16);
+}
+
 // The rollback wrote the resume journal again for the window it went back to and dropped the
 // journal's entries of the windows begun since (the timeline it left: a resume from one
 // would go back to a window captured after the flip). The windows from then on are numbered
 // past them. A job that ends soon after and is resumed ends with the fault-free hash. (The
 // flip comes 40 iterations in, found by stage 0's shadow check after iteration 43: the
 // rollback needs a durable window from before it whole on disk, and a loaded machine wrote
-// the first ones too late for a flip at iteration 5. Windows of 8 iterations: the check
-// replays from the persisted one, which must predate the flip to see it (docs/recovery.md:
-// with W 2 the window of iterations 42..43, persisted in time on a quiet machine, held the
-// flipped bit too).)
+// the first ones too late for a flip at iteration 5.)
 TEST(silent_corruption, a_job_resumed_after_a_rollback_goes_on_from_before_the_flip) {
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("sdc_resume_" + std::to_string(::getpid()));

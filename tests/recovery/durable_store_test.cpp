@@ -180,6 +180,16 @@ TEST_F(durable_store_test, prune_keeps_the_newest) {
   EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{7, 8}));
 }
 
+// A window kept for a rollback past corruption a shadow check finds stays beside the newest.
+TEST_F(durable_store_test, prune_keeps_a_window_asked_for_besides) {
+  durable_store s(dir_);
+  for (std::uint64_t id : {5, 6, 7, 8}) write(s, id);
+  s.prune(2, {6});
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{6, 7, 8}));
+  s.prune(2);
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{7, 8}));
+}
+
 TEST_F(durable_store_test, files_are_private_whatever_the_umask) {
   const mode_t old = ::umask(0);
   {

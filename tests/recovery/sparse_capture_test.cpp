@@ -322,6 +322,32 @@ TEST(sparse_capture, a_recovery_abandons_the_windows_that_can_no_longer_persist)
   pipe.set_hooks(0, 0, nullptr);
 }
 
+// A window the head retains (a shadow check replays from it) stays past newer persisted ones,
+// with the logs and step plans from the first iteration it names, and counts in no bound on
+// windows held; once no longer retained the next persisted window drops it.
+TEST(sparse_capture, a_retained_window_stays_with_its_logs_until_released) {
+  const auto t = test_train();
+  engine::local_pipeline pipe{models::preset("tiny"), t, 2};  // stage 0 sends: its log
+  stage_schedule sched(sparse_config{1}, pipe.stage(0, 0).operators());
+  sparse_capture cap(0, 0);
+  cap.set_schedule(sched);
+  pipe.set_hooks(0, 0, &cap);
+  for (int i = 0; i < 6; ++i) pipe.train_iteration();  // windows 0..5, first iterations 1..6
+  const std::size_t sends = cap.log().entries();
+  ASSERT_GT(sends, 0u);
+  cap.drop_before(4, 5, {1}, 2);
+  EXPECT_TRUE(cap.complete(1));
+  EXPECT_FALSE(cap.complete(2));
+  EXPECT_EQ(cap.windows_held(), 2u) << "windows 4 and 5: the retained one is not counted";
+  EXPECT_FALSE(cap.steps().empty());
+  EXPECT_EQ(cap.steps().begin()->first, 2) << "plans from the retained first iteration";
+  const std::size_t kept = cap.log().entries();
+  cap.drop_before(5, 6);
+  EXPECT_FALSE(cap.complete(1)) << "released";
+  EXPECT_LT(cap.log().entries(), kept);
+  pipe.set_hooks(0, 0, nullptr);
+}
+
 // W = 2, resumed mid-window: the window spanning the resume point is lost whole (the
 // replacement joins no window mid-way); a marked window that is persisted after all (its
 // slots were all replicated before the loss) counts again.
