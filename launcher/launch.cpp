@@ -1,11 +1,10 @@
 // `moevement launch CONFIG [--set key=value ...]`: the head process of a job on the local
 // backend. It listens (node 0), registers the coordinator, starts one `moevement worker`
 // process per (stage, replica) plus cluster.spares spares, shows progress, writes the run log,
-// and prints `state_hash=<16 hex>` at the end. Ctrl-C (or SIGTERM) stops every worker; the
-// workers are in their own process group and die with the head (PR_SET_PDEATHSIG), so no
-// process is left behind either way.
-// With cluster.backend = "slurm" the workers are the tasks of one srun step instead
-// (launcher/slurm_backend.hpp); the rest is the same.
+// and prints `state_hash=<16 hex>` at the end. Ctrl-C (or SIGTERM, or a closed stdout) stops every
+// worker; the workers are in their own process group and die with the head (PR_SET_PDEATHSIG), so
+// no process is left behind either way. With cluster.backend = "slurm" the workers are the tasks of
+// one srun step instead (launcher/slurm_backend.hpp); the rest is the same.
 #include <fmt/format.h>
 #include <unistd.h>
 #include <asio/co_spawn.hpp>
@@ -134,7 +133,10 @@ class head_session {
             [this](const std::string& line) { say(line); }) {
     outcome_.message = "the job did not finish";
     signals_.add(SIGUSR1);  // the signal set's constructor takes three
-    if (standby_) {         // the coordinator comes when this standby takes over (take_over)
+    // A closed standard output (`launch ... | head`) stops the job as an interrupt does, saying
+    // so on stderr and in the run log, not by killing the head where it printed.
+    signals_.add(SIGPIPE);
+    if (standby_) {  // the coordinator comes when this standby takes over (take_over)
       const auto colon = o.standby_of.rfind(':');
       const long port = colon == std::string::npos
                             ? 0
@@ -407,7 +409,15 @@ void head_session::on_signal(const std::error_code& ec, int sig) {
   } else if (!finished_) {
     end_line();
     interrupted_ = sig;
-    fail(fmt::format("interrupted by signal {} ({}): stopped every worker", sig, ::strsignal(sig)));
+    const std::string resume =
+        journal_ ? "; `moevement launch CONFIG --resume` goes on from the newest window on disk"
+                 : "";
+    fail(sig == SIGPIPE
+             ? "standard output was closed (SIGPIPE): stopped every worker (the run log has the "
+               "progress; redirect the output to a file to keep it)" +
+                   resume
+             : fmt::format("interrupted by signal {} ({}): stopped every worker{}", sig,
+                           ::strsignal(sig), resume));
   }
   signals_.async_wait([this](const std::error_code& e, int s) { on_signal(e, s); });
 }
@@ -747,7 +757,6 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
     return standby.run();
   }
   check_run_log_path(job.run_log, options->report);
-  if (options->resume && said_job_ended(job)) return 0;  // nothing to run again
   // Held until this head ends, before the journal is read or started afresh.
   // A requeued job waits out its dead predecessor's locks on a network file system (they
   // outlive it until its lease ends, some 90 s on NFSv4).
@@ -756,6 +765,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                             : job_lock::take(job, journaled_job(*options, job),
                                              std::chrono::seconds(options->requeued ? 180 : 0));
   auto resume_from = open_journal(*options, job, journal);
+  // Nothing to run again, once the journal found this config the job's (a changed one is
+  // refused as by any resume, not answered with the old job's hash).
+  if (options->resume && said_job_ended(job)) return 0;
   options->resume = resume_from.has_value();  // the run log goes on where it was
   if (options->sbatch) {
     return submit_with_sbatch(job, options->config_path, options->overrides, options->sbatch_args);

@@ -576,6 +576,14 @@ TEST(resume, a_job_of_one_worker_checkpoints_to_disk_and_resumes) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("the job already ended"), std::string::npos) << again.output;
   EXPECT_EQ(hash_of(again.output), o.hash) << again.output;
+  // Another job's config is refused as by any resume, not answered with this job's hash.
+  const auto other =
+      run_moevement("launch " + job(dir, one + " --set train.iterations=" + its) +
+                    " --resume --set train.seed=5 --set engine.run_log=" + log_path("one-resumed"));
+  EXPECT_NE(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find("train.seed = 1; this config has 5"), std::string::npos)
+      << other.output;
+  EXPECT_TRUE(hash_of(other.output).empty()) << other.output;
   // The same job launched without --resume starts anew, saying what it removes.
   const auto anew = launch("one-anew", job(dir, one + " --set train.iterations=4"));
   ASSERT_EQ(anew.exit_code, 0) << anew.output;

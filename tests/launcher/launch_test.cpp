@@ -452,6 +452,27 @@ TEST(launch, interrupt_stops_every_worker) {
   EXPECT_TRUE(all_gone(pids)) << "a worker outlived Ctrl-C";
 }
 
+// `moevement launch ... | head`: a closed standard output stops the job as an interrupt does,
+// saying so on stderr and in the run log (the head died of SIGPIPE where it printed, silently).
+TEST(launch, a_closed_standard_output_stops_the_job_saying_so) {
+  const std::string log = log_path("sigpipe");
+  const std::string err = log + ".stderr";
+  std::filesystem::remove(log);
+  const auto r =
+      run_moevement("launch " + tiny() + " " + short_run("--set train.iterations=400", log) +
+                    " 2>" + err + " | head -n 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;  // head's
+  std::ifstream e(err);
+  const std::string said((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  EXPECT_NE(said.find("standard output was closed (SIGPIPE): stopped every worker"),
+            std::string::npos)
+      << said;
+  std::ifstream l(log);
+  const std::string logged((std::istreambuf_iterator<char>(l)), std::istreambuf_iterator<char>());
+  EXPECT_NE(logged.find("\"event\":\"job_failed\""), std::string::npos) << logged;
+  std::filesystem::remove(err);
+}
+
 TEST(launch, head_killed_takes_its_workers_with_it) {
   endless_launch job("headkill", "");
   const auto pids = job.wait_for_workers(4);
