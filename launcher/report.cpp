@@ -85,6 +85,7 @@ struct run_story {
   std::string name, stopped;
   std::string skipped;  // the first unreadable line records followed (a torn write), if any
   std::size_t skipped_lines = 0;
+  std::size_t left_out = 0;       // iteration and validation records without a usable iteration
   std::vector<point> throughput;  // (seconds since the start, tokens/s)
   std::vector<point> loss, val_loss, stall_ms, snapshot_mb, capture_ms;  // by iteration
   std::vector<marker> losses, injections;
@@ -240,7 +241,10 @@ run_story story_of(const std::string& path, const engine::run_log_contents& log)
     if (r.is("kind", "iteration")) {
       const double t = r.has("time_s") ? clock.at(r) : clock.advance(num(r, "iteration_s"));
       const auto it = drawable(r, "iteration");
-      if (!it) continue;
+      if (!it) {
+        ++s.left_out;
+        continue;
+      }
       auto add = [&](std::vector<point>& to, std::optional<double> v) {
         if (v) to.push_back({*it, *v});
       };
@@ -254,6 +258,7 @@ run_story story_of(const std::string& path, const engine::run_log_contents& log)
       const auto it = drawable(r, "iteration");
       const auto v = drawable(r, "val_loss");
       if (it && v) s.val_loss.push_back({*it, *v});
+      if (!it) ++s.left_out;
     } else if (r.is("kind", "event")) {
       add_event(s, r, clock.at(r));
     }
@@ -534,6 +539,12 @@ std::string page(const std::vector<run_story>& runs) {
           "by a kill, the resume's records appended); the first: {}.</p>\n",
           escape(r.name), r.skipped_lines, escape(r.skipped));
     }
+    if (r.left_out > 0) {
+      out += fmt::format(
+          "<p class=\"warn\">{}: {} iteration or validation record(s) left out: their "
+          "\"iteration\" is missing or not a number.</p>\n",
+          escape(r.name), r.left_out);
+    }
   }
   out += summary_table(runs);
   out +=
@@ -595,6 +606,9 @@ int run_report(int argc, char** argv) {
         return 2;
       }
       out = argv[++i];
+    } else if (a == "--help" || a == "-h") {
+      std::cout << report_usage;
+      return 0;
     } else if (a.starts_with("-")) {
       std::cerr << "moevement report: unexpected argument '" << a << "'\n" << report_usage;
       return 2;

@@ -1,7 +1,11 @@
 #include "launcher/simulate.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -18,6 +22,27 @@ constexpr const char* usage =
     "  --set k=v    override one key, e.g. --set failures.mtbf_minutes=[60,10]\n"
     "  --csv FILE   also write every row as CSV\n"
     "  --sweep      run the scale study (paper Figure 11) instead of the table\n";
+
+// A --csv path that would overwrite what the simulation reads, or cannot be written: refused
+// before the simulation runs (it may take minutes), not after.
+void check_csv_path(const std::string& csv, const std::vector<std::filesystem::path>& inputs) {
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(csv, ec);
+  for (const auto& in : inputs) {
+    if (exists && std::filesystem::equivalent(csv, in, ec)) {
+      throw std::runtime_error(fmt::format(
+          "--csv {} is {}, which this simulation reads: it would be overwritten; write the CSV "
+          "to another file",
+          csv, in.string()));
+    }
+  }
+  const std::filesystem::path parent = std::filesystem::path(csv).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  if (::access(exists ? csv.c_str() : dir.c_str(), W_OK) != 0) {
+    throw std::runtime_error(fmt::format("cannot write --csv file '{}' ({}: {})", csv,
+                                         exists ? csv : dir, std::strerror(errno)));
+  }
+}
 
 }  // namespace
 
@@ -55,6 +80,7 @@ int run_simulate(int argc, char** argv, std::ostream& out, std::ostream& err) {
   }
   try {
     const auto cfg = sim::load_config(config, overrides);
+    if (!csv.empty()) check_csv_path(csv, cfg.files);
     std::vector<sim::simulation_result> results;
     if (sweep) {
       results = sim::run_sweep(cfg);

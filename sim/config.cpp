@@ -331,6 +331,11 @@ profile_data parse_profile(std::string_view text) {
   check_keys(root, keys, "profile");
   const reader r(root);
   profile_data p;
+  if (!r.has("profile.format_version")) {
+    fail("profile.format_version",
+         "is missing: a profile says which format it is in (format_version = 1, as "
+         "`moevement bench policies --profile-out` writes it)");
+  }
   p.format_version = r.count("profile.format_version", 0, 0);
   if (p.format_version != 1) {
     fail("profile.format_version",
@@ -533,8 +538,11 @@ void read_failures(const reader& r, sim_config& cfg, const std::filesystem::path
   f.restart_s = r.number("failures.restart_s", f.restart_s);
   if (f.restart_s < 0) fail("failures.restart_s", "must be >= 0");
   f.trials = r.count("failures.trials", f.trials);
-  f.seed =
-      static_cast<std::uint64_t>(r.integer("failures.seed", static_cast<std::int64_t>(f.seed)));
+  // Each trial simulates the whole run: a million is far past any useful precision.
+  if (f.trials > 1'000'000) fail("failures.trials", "must be at most 1000000");
+  const std::int64_t seed = r.integer("failures.seed", static_cast<std::int64_t>(f.seed));
+  if (seed < 0) fail("failures.seed", "must be >= 0");
+  f.seed = static_cast<std::uint64_t>(seed);
   if (r.has("failures.trace")) {
     const auto path = base_dir / r.string("failures.trace", "");
     try {
@@ -542,6 +550,7 @@ void read_failures(const reader& r, sim_config& cfg, const std::filesystem::path
     } catch (const std::invalid_argument& e) {
       fail("failures.trace", e.what());
     }
+    cfg.files.push_back(path);
     if (cfg.trace.empty()) fail("failures.trace", "the trace has no failures");
     for (const auto& e : cfg.trace) {
       if (e.stage >= cfg.inputs.plan.pp) {
@@ -559,6 +568,7 @@ std::vector<policy_settings> read_policies(const reader& r) {
   // At least one peer copy: dense-memory and moevement restore from them (0 would model an
   // in-memory restore from nowhere).
   const int replicas = r.count("policies.replicas", 2, 1);
+  std::set<std::string> listed;
   for (const auto& name :
        r.strings("policies.list", {"dense-disk", "dense-memory", "pec", "moevement"})) {
     policy_settings ps;
@@ -567,6 +577,7 @@ std::vector<policy_settings> read_policies(const reader& r) {
     } catch (const std::invalid_argument& e) {
       fail("policies.list", e.what());
     }
+    if (!listed.insert(name).second) fail("policies.list", "lists " + name + " twice");
     ps.replicas = replicas;
     if (ps.kind == policy_kind::dense_memory || ps.kind == policy_kind::dense_disk) {
       const std::string base = "policies." + name;
@@ -616,8 +627,10 @@ void read_profile(const reader& r, sim_config& cfg, const std::filesystem::path&
     try {
       cfg.profile = parse_profile(read_text(path, "profile"));
     } catch (const std::invalid_argument& e) {
-      fail("profile.file", e.what());
+      // (The profile's own key is named in e.what().)
+      throw std::invalid_argument("profile.file " + path.string() + ": " + e.what());
     }
+    cfg.files.push_back(path);
     if (cfg.profile->ep > 0 && cfg.profile->ep != cfg.inputs.plan.ep) {
       fail("profile.file", "the profile was measured at ep " + std::to_string(cfg.profile->ep) +
                                " but plan.ep is " + std::to_string(cfg.inputs.plan.ep) +
@@ -688,7 +701,9 @@ sim_config parse_config(std::string_view toml_text, const std::vector<std::strin
 
 sim_config load_config(const std::filesystem::path& file,
                        const std::vector<std::string>& overrides) {
-  return parse_config(read_text(file, "config"), overrides, file.parent_path());
+  auto cfg = parse_config(read_text(file, "config"), overrides, file.parent_path());
+  cfg.files.push_back(file);
+  return cfg;
 }
 
 }  // namespace moevement::sim

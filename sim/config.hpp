@@ -73,6 +73,7 @@ struct sim_config {
   std::vector<failure_event> trace;  // empty: Poisson failures
   std::optional<profile_data> profile;
   sweep_settings sweep;
+  std::vector<std::filesystem::path> files;  // what it read: the config, a trace, a profile
 };
 
 // `base_dir` resolves relative paths (failures.trace, profile.file). Overrides are "key=value"

@@ -34,6 +34,12 @@ simulation_result run_simulation(const sim_config& cfg) {
   r.costs = estimate_iteration(cfg.inputs.model, cfg.inputs.cluster, cfg.inputs.plan,
                                cfg.inputs.constants, replicas);
   if (cfg.profile) r.costs = apply_profile(r.costs, *cfg.profile);
+  if (cfg.failures.duration_s < r.costs.iteration_s) {
+    throw std::invalid_argument(fmt::format(
+        "config key 'failures.duration_hours': the run ({:.4g} s) is shorter than one iteration "
+        "({:.4g} s): nothing to estimate; make it at least one iteration long",
+        cfg.failures.duration_s, r.costs.iteration_s));
+  }
   std::vector<double> mtbfs = cfg.mtbf_s;
   if (r.from_trace) {
     // A trace has its own failure rate: report it as the MTBF of the run.

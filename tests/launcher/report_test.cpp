@@ -253,6 +253,25 @@ TEST(report, hostile_values_are_left_out_not_drawn) {
   const std::string html = read(out);
   EXPECT_EQ(html.find("inf"), std::string::npos) << html;
   EXPECT_EQ(html.find("nan"), std::string::npos) << html;
+  // The record whose iteration is too large to draw is left out, and the page says so.
+  EXPECT_NE(html.find("1 iteration or validation record(s) left out"), std::string::npos);
+}
+
+// Records of a known kind with a badly typed iteration are left out, and the page says so
+// (they went silently).
+TEST(report, records_with_a_badly_typed_iteration_are_counted_as_left_out) {
+  std::string text = run_log_text(100);
+  text +=
+      "{\"kind\":\"iteration\",\"iteration\":\"abc\",\"loss\":5}\n"
+      "{\"kind\":\"validation\",\"val_loss\":5}\n";
+  const std::string log = write("typed.jsonl", text);
+  const std::string out = temp_path("typed.html");
+  const auto r = run_moevement("report " + log + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(read(out).find("2 iteration or validation record(s) left out"), std::string::npos);
+  const auto help = run_moevement("report --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("moevement report"), std::string::npos) << help.output;
 }
 
 TEST(report, what_is_not_a_run_log_is_refused) {

@@ -222,6 +222,22 @@ TEST(config, a_measured_replay_speed_scales_moevements_replay) {
   EXPECT_THROW(parse_config(std::string(minimal) + "[profile]\nfile = \"bad.toml\"\n",
                             {"failures.trials=1"}, dir),
                std::invalid_argument);
+  // The error names the profile's key once, with the file (not "config key" twice), and a
+  // profile with no format_version says it is missing.
+  std::ofstream(dir / "unversioned.toml") << "[profile]\nreplay_iteration_s = 0.5\n";
+  for (const char* f : {"bad.toml", "unversioned.toml"}) {
+    try {
+      (void)parse_config(std::string(minimal) + "[profile]\nfile = \"" + f + "\"\n",
+                         {"failures.trials=1"}, dir);
+      ADD_FAILURE() << f;
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.starts_with("profile.file " + (dir / f).string() + ": config key")) << what;
+      if (std::string(f) == "unversioned.toml") {
+        EXPECT_NE(what.find("'profile.format_version': is missing"), std::string::npos) << what;
+      }
+    }
+  }
   std::filesystem::remove_all(dir);
 }
 
