@@ -81,7 +81,7 @@ std::vector<std::pair<std::string, std::string>> state_identity(const engine::jo
   const models::model_config& m = job.model;
   const models::train_config& t = job.train;
   auto f = [](auto v) { return fmt::format("{}", v); };
-  return {
+  std::vector<std::pair<std::string, std::string>> identity{
       {"model.preset", m.preset},
       {"model.layers", f(m.layers)},
       {"model.d_model", f(m.d_model)},
@@ -107,10 +107,14 @@ std::vector<std::pair<std::string, std::string>> state_identity(const engine::jo
       {"train.grad_clip", f(t.grad_clip)},
       {"train.corpus", t.corpus},
       {"train.val_fraction", f(t.val_fraction)},
-      {"train.loss_scale", f(t.loss_scale)},
-      {"train.loss_scale_window", f(t.loss_scale_window)},
       {"checkpoint.policy", engine::policy_name(job.policy)},
   };
+  // Loss scaling runs only with f16 compute: elsewhere its keys change no bit.
+  if (m.compute_dtype == models::dtype::f16) {
+    identity.emplace_back("train.loss_scale", f(t.loss_scale));
+    identity.emplace_back("train.loss_scale_window", f(t.loss_scale_window));
+  }
+  return identity;
 }
 
 std::filesystem::path resume_journal_dir(const std::filesystem::path& checkpoint_dir) {
@@ -241,11 +245,14 @@ bool resume_journal::empty() const {
 
 result<engine::resume_point> resume_journal::load(std::vector<std::string>* rejected) const {
   if (!std::filesystem::is_directory(dir_)) {
+    // (No job journaled here, or the one that ran was killed before its first durable window
+    // reached the disk: the journal's directory is made with that window's entry.)
     return error{fmt::format(
-        "nothing to resume: {} does not exist (a job writes it when it runs with "
-        "checkpoint.policy = \"moevement\" and checkpoint.durable = true, under the same "
-        "checkpoint.dir)",
-        dir_.string())};
+        "nothing to resume: {} {} (a job writes it when its first durable window is on disk, "
+        "running with checkpoint.policy = \"moevement\" and checkpoint.durable = true under "
+        "the same checkpoint.dir: a job killed before that has nothing to go on from; run it "
+        "anew)",
+        dir_.string(), std::filesystem::exists(dir_) ? "is not a directory" : "does not exist")};
   }
   const durable_store store(dir_);
   const auto ids = store.windows();

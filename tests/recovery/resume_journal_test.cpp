@@ -138,7 +138,18 @@ TEST_F(resume_journal_test, another_jobs_journal_is_refused_naming_the_setting) 
   longer.train.val_every = 5;
   longer.pp = 4;
   longer.dp = 2;
+  // Loss scaling runs only with f16 compute.
+  longer.train.loss_scale = 1024;
   EXPECT_TRUE(resume_journal(longer).load().ok());
+  auto f16 = job_in(dir_);
+  f16.model.compute_dtype = moevement::models::dtype::f16;
+  resume_journal(f16).write(point(4));
+  f16.train.loss_scale = 1024;
+  r = resume_journal(f16).load();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("train.loss_scale = 65536; this config has 1024"),
+            std::string::npos)
+      << r.err().message;
 }
 
 TEST_F(resume_journal_test, nothing_to_resume_says_where_it_looked) {
@@ -146,6 +157,10 @@ TEST_F(resume_journal_test, nothing_to_resume_says_where_it_looked) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.err().message.find("nothing to resume"), std::string::npos) << r.err().message;
   EXPECT_NE(r.err().message.find("checkpoint.durable = true"), std::string::npos);
+  EXPECT_NE(r.err().message.find("does not exist"), std::string::npos) << r.err().message;
+  EXPECT_NE(r.err().message.find("a job killed before that has nothing to go on from"),
+            std::string::npos)
+      << r.err().message;
   // A cleared journal directory is as empty.
   const resume_journal j(job_in(dir_));
   j.write(point(4));
