@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -44,6 +45,24 @@ void check_run_log_path(const std::string& path, const std::string& report) {
         path, dir.string()));
   }
 }
+
+namespace {
+
+// A new job: every stage replica's windows an earlier job left, of any layout (each worker
+// clears its own too; those of roles this layout lacks would stay for good).
+void remove_stage_directories(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int s = 0, d = 0, end = 0;
+    if (std::sscanf(name.c_str(), "stage-%d-replica-%d%n", &s, &d, &end) == 2 &&
+        std::size_t(end) == name.size() && e.is_directory(ec)) {
+      std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+}
+
+}  // namespace
 
 std::optional<engine::resume_point> open_journal(const launch_options& o,
                                                  const engine::job_config& job,
@@ -85,6 +104,7 @@ std::optional<engine::resume_point> open_journal(const launch_options& o,
           job.baseline.dir);
     }
     journal->clear();
+    remove_stage_directories(job.baseline.dir);
     return std::nullopt;
   }
   if (o.requeued && !o.resume && journal->empty()) {

@@ -584,13 +584,16 @@ TEST(resume, a_job_of_one_worker_checkpoints_to_disk_and_resumes) {
   EXPECT_NE(other.output.find("train.seed = 1; this config has 5"), std::string::npos)
       << other.output;
   EXPECT_TRUE(hash_of(other.output).empty()) << other.output;
-  // The same job launched without --resume starts anew, saying what it removes.
+  // The same job launched without --resume starts anew, saying what it removes: every stage
+  // replica's windows, of roles this layout has or not.
+  fs::create_directories(dir + "/stage-3-replica-1/window-00000000000000000001");
   const auto anew = launch("one-anew", job(dir, one + " --set train.iterations=4"));
   ASSERT_EQ(anew.exit_code, 0) << anew.output;
   EXPECT_NE(anew.output.find("held an earlier run's durable windows: this launch starts the job "
                              "anew and removes them"),
             std::string::npos)
       << anew.output;
+  EXPECT_FALSE(fs::exists(dir + "/stage-3-replica-1")) << "another layout's windows stayed";
   fs::remove_all(dir);
 }
 
