@@ -295,7 +295,8 @@ class coordinator : public actors::actor, private head_control {
   // agreed (head_recovery::roll_back_before), or stops saying why.
   asio::awaitable<void> no_verdict(std::int64_t it, const std::string& why);
   // checkpoint.shadow_every: after iteration_ - 1's step, one stage (in turn) replayed on a
-  // spare from a window earlier checks vouched for and compared with the live stage. True when they
+  // spare (from the persisted window, or with checkpoint.shadow_coverage "full" from one
+  // earlier checks vouched for) and compared with the live stage. True when they
   // differ: the stage's worker is fenced and the job rolled back to before the corruption (or
   // stopped, saying why).
   asio::awaitable<bool> shadow_check();

@@ -371,15 +371,18 @@ asio::awaitable<bool> coordinator::shadow_check() {
     recovery_->shadow_agreed(s, it);
     co_return false;
   }
-  // Every state before the replay's window (its captures held no flip) or the stage's last
-  // check that agreed is clean. A replay from the persisted window that differs too narrows
-  // it: the flip came after that window's capture of the operator.
-  std::int64_t clean_before = recovery_->shadow_clean_before(s);
-  const replay_judgement newest = co_await recovery_->judge(s, 0, iteration_);
-  if (finished_) co_return true;
-  if (newest.error.empty() && newest.first_iteration > clean_before &&
-      !differing(q->get().getValues(), q->get().getNames(), newest.digests).empty()) {
-    clean_before = newest.first_iteration;
+  // The corruption came after the replayed window's capture of the operator (one before it
+  // would be in the replay too): every state before that window's first iteration is clean,
+  // and with full coverage every state up to the stage's last check that agreed. There, a
+  // replay from the persisted window that differs too narrows it the same way.
+  std::int64_t clean_before = std::max(j.first_iteration, recovery_->shadow_clean_before(s));
+  if (job_.shadow_full) {
+    const replay_judgement newest = co_await recovery_->judge(s, 0, iteration_);
+    if (finished_) co_return true;
+    if (newest.error.empty() && newest.first_iteration > clean_before &&
+        !differing(q->get().getValues(), q->get().getNames(), newest.digests).empty()) {
+      clean_before = newest.first_iteration;
+    }
   }
   co_return co_await shadow_found(s, it, j.spare, differ, clean_before);
 }

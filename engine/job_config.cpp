@@ -95,6 +95,14 @@ setter_map checkpoint_setters(job_config& j) {
        [&](auto& k, auto& v) { j.verify_every = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.shadow_every",
        [&](auto& k, auto& v) { j.shadow_every = int(models::config_int(k, v, 0, 1 << 20)); }},
+      {"checkpoint.shadow_coverage",
+       [&](auto& k, auto& v) {
+         const std::string c = models::config_string(k, v);
+         if (c != "recent" && c != "full") {
+           throw config_error(k, "'" + c + "': expected \"recent\" or \"full\"");
+         }
+         j.shadow_full = c == "full";
+       }},
       {"checkpoint.replay_threads",
        [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
       {"checkpoint.share_memory",
@@ -407,8 +415,8 @@ job_config resolve_job(models::config_map map) {
   }
   if (j.shadow_every > 0 && (j.policy != policy_kind::moevement || j.spares < 1)) {
     throw config_error("checkpoint.shadow_every",
-                       "a shadow replay runs on an idle spare from policy moevement's persisted "
-                       "window: it needs checkpoint.policy = \"moevement\" and cluster.spares "
+                       "a shadow replay runs on an idle spare from policy moevement's windows: "
+                       "it needs checkpoint.policy = \"moevement\" and cluster.spares "
                        ">= 1");
   }
   if (j.slurm_nodes > j.workers() + j.spares) {

@@ -92,9 +92,14 @@ struct job_config {
   // reaches the computation, are checked every step whatever it is.
   int verify_every = 32;
   // checkpoint.shadow_every: every shadow_every iterations an idle spare replays one stage
-  // (in turn) from the persisted window and the head compares the result with the live stage:
-  // what finds silent corruption with one copy (dp = 1). Policy moevement; 0: never.
+  // (in turn) and the head compares the result with the live stage: what finds silent
+  // corruption with one copy (dp = 1). Policy moevement; 0: never.
   int shadow_every = 0;
+  // checkpoint.shadow_coverage: "recent" (false), each check replays from the persisted window
+  // (W_sparse to about 2 W iterations: cheap, blind to a corruption that window captured);
+  // "full" (true), from a window earlier checks vouched for (recovery/shadow_windows.hpp):
+  // every iteration is replayed once or more, at about the cost of training that stage again.
+  bool shadow_full = false;
   // checkpoint.share_memory: a `moevement` replica on the owner's host maps the slot's memory
   // instead of copying it (transport/shared_memory.hpp); false: every replica pulls a copy.
   bool share_memory = true;

@@ -33,6 +33,11 @@ awaitable<engine::replay_judgement> region_recovery::judge(int stage, int replic
 }
 
 awaitable<engine::replay_judgement> region_recovery::shadow_judge(int stage, std::int64_t target) {
+  if (!job_.job().shadow_full) {  // checkpoint.shadow_coverage "recent"
+    auto out = co_await judge(stage, 0, target);
+    out.vouched = false;
+    co_return out;
+  }
   auto& shadow = windows_.shadow();
   const auto from = shadow.base(persisted_at());
   auto out = co_await replay_on_spare(stage, 0, target, from);

@@ -316,7 +316,9 @@ std::optional<sparse_capture::slot_write> sparse_capture::begin_capture(
     // How many windows this one is held beside (abandoned ones left aside: a recovery's, they
     // go at the next persist): the steady state trim_spares keeps memory for.
     std::size_t held = 1;
-    for (const auto& [id, held_window] : windows_) held += !abandoned_.contains(id);
+    for (const auto& [id, held_window] : windows_) {
+      held += !abandoned_.contains(id) && !kept_before_persisted(id);
+    }
     held_at_starts_[starts_++ % held_at_starts_.size()] = held;
     window_buffers b;
     b.first_iteration = iteration + 1;
@@ -522,8 +524,8 @@ void sparse_capture::recycle(std::vector<slot_buffer> slots) {
 std::size_t sparse_capture::windows_held() const {
   std::size_t n = 0;
   for (const auto& [id, b] : windows_) {
-    const bool old = persisted_ && id < *persisted_;
-    n += !(old && (pinned_.contains(id) || kept_.contains(id))) && !abandoned_.contains(id);
+    const bool pinned_old = persisted_ && id < *persisted_ && pinned_.contains(id);
+    n += !pinned_old && !kept_before_persisted(id) && !abandoned_.contains(id);
   }
   return n;
 }
@@ -548,7 +550,12 @@ void sparse_capture::trim_spares() {
     steady_windows =
         std::max(steady_windows, std::min(held_at_starts_[i], policy_limits{}.max_windows_held));
   }
-  while (!spare_.empty() && windows_.size() + spare_.size() > steady_windows) spare_.pop_back();
+  // (Windows retained for the shadow checks are not of the steady state's.)
+  std::size_t kept = 0;
+  for (const auto& [id, b] : windows_) kept += kept_before_persisted(id);
+  while (!spare_.empty() && windows_.size() - kept + spare_.size() > steady_windows) {
+    spare_.pop_back();
+  }
 }
 
 std::uint64_t sparse_capture::schedule_digest(std::uint64_t window) const {

@@ -294,6 +294,10 @@ class sparse_capture : public engine::stage_hooks {
   };
   void persist(std::uint64_t window);
   void trim_spares();
+  // A window held only because drop_before's `keep` named it (older than the persisted one).
+  bool kept_before_persisted(std::uint64_t id) const {
+    return persisted_ && id < *persisted_ && kept_.contains(id);
+  }
   // Drops the windows before `window` (not the pinned ones), recycling their buffers.
   void recycle_before(std::uint64_t window);
   // A dropped window's buffers: to a newer window's slots that have none yet, else a spare.

@@ -25,7 +25,7 @@ constexpr std::int64_t stall_windows = 3;
 window_book::window_book(engine::head_control& job)
     : job_(job),
       durable_(engine::durable_tier(job.job())),
-      shadow_(job.job().pp, job.job().shadow_every > 0) {}
+      shadow_(job.job().pp, job.job().shadow_every > 0 && job.job().shadow_full) {}
 
 engine::checkpoint_place window_book::planned(const engine::planned_iteration& it) {
   if (w_sparse_ == 0) choose_window_size(it);

@@ -87,6 +87,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           // (> 0 needs policy moevement and a spare: shadow_replays_need_... below)
           {"checkpoint.shadow_every",
            {std::int64_t(0), [](auto& j) { return j.shadow_every == 0; }}},
+          {"checkpoint.shadow_coverage",
+           {std::string("full"), [](auto& j) { return j.shadow_full; }}},
           {"checkpoint.share_memory", {false, [](auto& j) { return !j.share_memory; }}},
           {"checkpoint.pipelined_replay", {false, [](auto& j) { return !j.pipelined_replay; }}},
           {"checkpoint.spread_replay", {false, [](auto& j) { return !j.spread_replay; }}},
@@ -188,6 +190,11 @@ TEST(job_config, shadow_replays_need_policy_moevement_and_a_spare) {
                 .key,
             "checkpoint.shadow_every")
       << "no spare";
+  auto full = ok;
+  full["checkpoint.shadow_coverage"] = std::string("full");
+  EXPECT_TRUE(resolve_job(full).shadow_full);
+  EXPECT_EQ(reject({{"checkpoint.shadow_coverage", std::string("all")}}).key,
+            "checkpoint.shadow_coverage");
 }
 
 TEST(job_config, standby_head_needs_the_durable_tier) {

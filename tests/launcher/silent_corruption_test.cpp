@@ -292,15 +292,16 @@ TEST(silent_corruption, with_one_copy_a_shadow_replay_finds_a_flip_and_the_job_r
 }
 
 // A flip the persisted window already captured: a replay from that window would carry it and
-// agree. Each check replays from a window the previous round of checks vouched for (the first
-// round from the job's start), so stage 1's check after iteration 23 replays from before the
-// flip at 16 and finds it; a replay from the persisted window agrees, so every state before
-// stage 1's last check that agreed (after 15) is clean, and the job rolls back before 16
-// (the durable window kept for it: the tier's newest were all captured after it). Before,
-// this job ended with a wrong hash and no warning.
+// agree (checkpoint.shadow_coverage "recent": this job ended with a wrong hash and no
+// warning). With "full" each check replays from a window the previous round of checks vouched
+// for (the first round from the job's start), so stage 1's check after iteration 23 replays
+// from before the flip at 16 and finds it; a replay from the persisted window agrees, so every
+// state before stage 1's last check that agreed (after 15) is clean, and the job rolls back
+// before 16 (to a durable window kept on disk for it).
 TEST(silent_corruption, a_flip_the_persisted_window_captured_is_found_from_a_vouched_one) {
   const auto o = launch("shadow_vouched", job(2, 1, 1,
                                               "--set checkpoint.shadow_every=4 "
+                                              "--set checkpoint.shadow_coverage=full "
                                               "--set train.iterations=24 "
                                               "--inject flip:stage=1,replica=0,iter=16"));
   ASSERT_EQ(o.exit_code, 0) << o.output;
