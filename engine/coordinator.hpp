@@ -199,6 +199,7 @@ class coordinator : public actors::actor, private head_control {
   void notice(const std::string& line) override;
   void recovery_event(const std::string& event, std::int64_t target) override;
   void durable_window(const resume_point& p) override;
+  void resume_instead(const resume_point& p) override;
   // Each checkpoint or window a recovery could not use, and why: a notice and a run log event
   // `event` per reason (`what` names the kind in the notice).
   void report_rejected(const char* event, const char* what,

@@ -128,6 +128,12 @@ void coordinator::recovery_event(const std::string& event, std::int64_t target) 
   if (callbacks_.on_recovery) callbacks_.on_recovery(event, target);
 }
 
+void coordinator::resume_instead(const resume_point& p) {
+  iteration_ = p.target_iteration;
+  first_iteration_ = iteration_;
+  scaler_ = p.scaler;
+}
+
 void coordinator::durable_window(const resume_point& p) {
   if (callbacks_.on_durable_window) callbacks_.on_durable_window(p);
 }

@@ -101,6 +101,9 @@ class head_control {
   // A durable window is on disk on every stage replica: what a resume from it needs beside
   // the windows (the launcher journals it).
   virtual void durable_window(const resume_point& p) = 0;
+  // A resume goes on from `p` instead (an older journal: none of the newer one's windows was
+  // whole): training goes on at its iteration, with its loss scaler.
+  virtual void resume_instead(const resume_point& /*p*/) {}
   // Each checkpoint or window a recovery could not use: a notice and a run log `event` each.
   virtual void report_rejected(const char* event, const char* what,
                                const std::vector<std::string>& reasons) = 0;

@@ -14,6 +14,7 @@
 
 #include "actors/gather.hpp"
 #include "recovery/region_recovery.hpp"
+#include "recovery/resume_journal.hpp"
 
 namespace moevement::recovery {
 
@@ -80,19 +81,34 @@ region_recovery::region region_recovery::whole_pipeline() {
 }
 
 awaitable<void> region_recovery::resume(const engine::resume_point& p) {
-  const auto& job = job_.job();
   if (!windows_.durable() || !p.windows.contains(p.window)) {
     job_.fail("--resume needs checkpoint.policy = \"moevement\" with checkpoint.durable = true");
     co_return;
   }
-  // The windows as they were at the journal's point: the window size, the steps a replay
-  // applies and the windows on disk.
-  windows_.resume_from(p);
   state_.emplace();
-  state_->target = p.target_iteration;
   state_->begun = true;
   state_->detected = sclock::now();
   state_->resume = true;
+  resume_at(p);
+  job_.enter_recovery();
+  // One region, the whole pipeline; every role is restored by the worker given it.
+  state_->regions.push_back(whole_pipeline());
+  state_->durable = true;
+  state_->durable_why = "resuming the job";
+  // Its supervisor asks for the region's first generation (region_restart: the durable
+  // window chosen, the Restores sent).
+  supervise(state_->regions.front());
+  co_return;
+}
+
+void region_recovery::resume_at(const engine::resume_point& p) {
+  const auto& job = job_.job();
+  // The windows as they were at the journal's point: the window size, the steps a replay
+  // applies and the windows on disk.
+  windows_.resume_from(p);
+  state_->target = p.target_iteration;
+  state_->resume_window = p.window;
+  state_->window_pp = state_->window_dp = state_->window_ep = 0;
   const int ep = std::max(job.ep, 1);
   if (p.pp != job.pp || p.dp != job.dp || p.ep != ep) {
     state_->window_pp = p.pp;
@@ -111,15 +127,6 @@ awaitable<void> region_recovery::resume(const engine::resume_point& p) {
                                      p.dp * job.train.micro_batches,
                                      job.dp * job.train.micro_batches, p.target_iteration)));
   }
-  job_.enter_recovery();
-  // One region, the whole pipeline; every role is restored by the worker given it.
-  state_->regions.push_back(whole_pipeline());
-  state_->durable = true;
-  state_->durable_why = "resuming the job";
-  // Its supervisor asks for the region's first generation (region_restart: the durable
-  // window chosen, the Restores sent).
-  supervise(state_->regions.front());
-  co_return;
 }
 
 bool region_recovery::taken_over(const engine::resume_point& p, const engine::live_takeover& t) {
@@ -302,6 +309,18 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   }
   job_.report_rejected("durable_rejected", "durable window", rejected);
   if (!found && state_->resume) {
+    // The journal before it has windows of its own (after a resume at another layout the
+    // newest lists only the first window written at the new one).
+    auto older = resume_journal(job_.job()).load(nullptr, state_->resume_window);
+    if (older.ok() && older->target_iteration <= job_.job().train.iterations) {
+      job_.notice(fmt::format(
+          "no window journal {} lists is complete and verified on every stage: going back to "
+          "the journal before it, window {} (training goes on at iteration {})",
+          state_->resume_window, older->window, older->target_iteration));
+      resume_at(*older);
+      job_.resume_instead(*older);
+      co_return co_await choose_durable_window(r);
+    }
     job_.fail(fmt::format(
         "nothing to resume: no durable window the journal knows is complete and verified on "
         "every stage ({} rejected{}){}",

@@ -152,6 +152,7 @@ class region_recovery : public engine::head_recovery {
     std::map<std::pair<int, int>, int> durable_from;
     bool resume = false;               // not a loss: the job resumes from its journal (--resume)
     int window_pp = 0, window_dp = 0;  // a resume's windows are of this layout (0: the job's)
+    std::uint64_t resume_window = 0;   // the journal a resume goes on from (its window)
     int window_ep = 0;
     double group_abort_s = 0.0;  // the survivors' NCCL groups' aborts, the slowest
   };
@@ -237,6 +238,8 @@ class region_recovery : public engine::head_recovery {
   void note_durable_window(std::size_t rejected) const;
   // One region of every stage worker's role (a resume, or the durable rollback's).
   region whole_pipeline();
+  // A resume's windows, target and layout as journal point p says.
+  void resume_at(const engine::resume_point& p);
 
   engine::head_control& job_;
   window_book windows_;

@@ -243,7 +243,8 @@ bool resume_journal::empty() const {
   return !std::filesystem::is_directory(dir_) || durable_store(dir_).windows().empty();
 }
 
-result<engine::resume_point> resume_journal::load(std::vector<std::string>* rejected) const {
+result<engine::resume_point> resume_journal::load(std::vector<std::string>* rejected,
+                                                  std::optional<std::uint64_t> before) const {
   if (!std::filesystem::is_directory(dir_)) {
     // (No job journaled here, or the one that ran was killed before its first durable window
     // reached the disk: the journal's directory is made with that window's entry.)
@@ -257,6 +258,7 @@ result<engine::resume_point> resume_journal::load(std::vector<std::string>* reje
   const durable_store store(dir_);
   const auto ids = store.windows();
   for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    if (before && *it >= *before) continue;
     auto loaded = store.load(*it);
     std::string why;
     if (!loaded.ok()) {

@@ -64,7 +64,10 @@ class resume_journal {
   // A journal of another job is an error naming the first setting that differs; corrupt
   // ones are skipped, each reason appended to *rejected. No journal at all: an error saying
   // what the directory holds.
-  result<engine::resume_point> load(std::vector<std::string>* rejected = nullptr) const;
+  // `before`: only journals of older windows (a resume none of whose windows is whole goes
+  // back to the journal before it).
+  result<engine::resume_point> load(std::vector<std::string>* rejected = nullptr,
+                                    std::optional<std::uint64_t> before = std::nullopt) const;
 
   // Deletes every journal (a new job must never resume an older job's).
   void clear() const;

@@ -597,6 +597,53 @@ TEST(resume, a_job_of_one_worker_checkpoints_to_disk_and_resumes) {
   fs::remove_all(dir);
 }
 
+// A resume at another layout journals its windows from its first on, its journals listing
+// only them. Stopped (SIGUSR1) soon after, with every window of the new layout then damaged on
+// disk, the next resume finds none of the newest journal's windows whole and goes back to the
+// journals before it, down to the old layout's, and ends bit-exact. Before, "nothing to
+// resume". (checkpoint.keep 8: a stage directory keeps keep + 1 windows of any layout, so
+// that the new layout's writes do not prune the old one's before the resume.)
+TEST(resume, damaged_windows_at_a_new_layout_go_back_to_the_journal_before) {
+  std::string its = resume_iterations;
+  const std::string dir = checkpoint_dir("relayout");
+  ASSERT_NO_FATAL_FAILURE(kill_head_after_durable_windows(
+      "relayout_killed", job(dir, "--set cluster.spares=0 --set checkpoint.keep=8"), 3, 2, its));
+  const std::string pp2 = "--set cluster.spares=0 --set checkpoint.keep=8 --set parallel.pp=2";
+  long old_newest = -1;
+  {
+    background_launch j("relayout_usr1",
+                        job(dir, pp2 + " --set train.iterations=100000000") + " --resume");
+    ASSERT_EQ(j.wait_for_workers(2).size(), 2u) << j.output();
+    ::kill(j.pid, SIGUSR1);
+    ASSERT_EQ(j.wait(std::chrono::seconds(60)), 75) << j.output();
+    const std::string out = j.output();
+    const std::string newest = "the journal's newest window is ";
+    const auto at = out.find(newest);
+    ASSERT_NE(at, std::string::npos) << out;
+    old_newest = std::atol(out.c_str() + at + newest.size());
+    const std::string goes_on = "goes on from iteration ";
+    const auto from = out.find(goes_on, at);
+    ASSERT_NE(from, std::string::npos) << out;
+    its = std::to_string(
+        std::max(std::stol(its), std::atol(out.c_str() + from + goes_on.size()) + 20));
+  }
+  int damaged = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "stage-1-replica-0")) {
+    const std::string name = e.path().filename().string();
+    if (std::stol(name.substr(7)) <= old_newest) continue;  // the old layout's
+    ASSERT_TRUE(flip_byte(e.path() / "slot-000000.snap", 64)) << e.path();
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0);
+  const auto o =
+      launch("relayout_resumed", job(dir, pp2 + " --set train.iterations=" + its) + " --resume");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference(its));
+  EXPECT_NE(o.output.find("going back to the journal before it"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("resuming at another layout"), std::string::npos) << o.output;
+  fs::remove_all(dir);
+}
+
 // SIGUSR1 (what Slurm sends before a time limit, `sbatch --signal`) stops the job once its next
 // durable window is journaled, with status 75 and the command that goes on; --resume then
 // ends with the uninterrupted run's hash. The durable writes are paced to one window a run
