@@ -132,6 +132,14 @@ void coordinator::resume_instead(const resume_point& p) {
   iteration_ = p.target_iteration;
   first_iteration_ = iteration_;
   scaler_ = p.scaler;
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "resume_instead")
+                    .add("resume_window", std::int64_t(p.window))
+                    .add("resume_iteration", p.target_iteration)
+                    .add("time_s", log_->seconds()));
+  }
 }
 
 void coordinator::durable_window(const resume_point& p) {

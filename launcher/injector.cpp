@@ -192,11 +192,13 @@ void failure_injector::recovery_event(const std::string& event) {
   if (event != "recovery_start") return;
   recovering_ = true;
   const int k = ++recoveries_started_;
-  for (auto& inj : injections_) {
+  for (std::size_t i = 0; i < injections_.size(); ++i) {
+    auto& inj = injections_[i];
     if (inj.done || !inj.during_recovery || inj.nth != k) continue;
     inj.done = true;
-    auto fire = [this, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica, k,
-                 host = inj.whole_host] {
+    auto fire = [this, i, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica,
+                 k, host = inj.whole_host] {
+      armed_.erase(i);
       strike(what, s, d, text,
              fmt::format("recovery {} {}", k,
                          recovering_ && recoveries_started_ == k ? "in progress" : "ended"),
@@ -206,6 +208,7 @@ void failure_injector::recovery_event(const std::string& event) {
       fire();
       continue;
     }
+    armed_.insert(i);
     delayed_.push_back(std::make_unique<asio::steady_timer>(io_));
     delayed_.back()->expires_after(std::chrono::milliseconds(inj.delay_ms));
     delayed_.back()->async_wait([fire](const std::error_code& ec) {
@@ -228,9 +231,13 @@ void failure_injector::report_unfired(std::ostream& out) const {
       out << "inject: " << inj.text() << " did not fire before the job ended\n";
     }
   }
+  for (const std::size_t i : armed_) {
+    out << "inject: " << injections_[i].text() << " did not fire before the job ended (its "
+        << "recovery started, and the job ended within its delay_ms)\n";
+  }
   if (schedule_next_ < schedule_.size()) {
     out << fmt::format(
-        "inject: {} of {} scheduled failure(s) did not fall due before training ended\n",
+        "inject: {} of {} scheduled failure(s) did not fall due before the job ended\n",
         schedule_.size() - schedule_next_, schedule_.size());
   }
 }

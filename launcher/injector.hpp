@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,7 @@ class failure_injector {
   std::optional<std::chrono::steady_clock::time_point> train_start_;
   asio::steady_timer schedule_timer_;
   std::vector<std::unique_ptr<asio::steady_timer>> delayed_;
+  std::set<std::size_t> armed_;  // during=recovery injections waiting out their delay_ms
 };
 
 }  // namespace moevement::launcher

@@ -413,7 +413,7 @@ void head_session::on_signal(const std::error_code& ec, int sig) {
         journal_ ? "; `moevement launch CONFIG --resume` goes on from the newest window on disk"
                  : "";
     fail(sig == SIGPIPE
-             ? "standard output was closed (SIGPIPE): stopped every worker (the run log has the "
+             ? "the output was closed (SIGPIPE): stopped every worker (the run log has the "
                "progress; redirect the output to a file to keep it)" +
                    resume
              : fmt::format("interrupted by signal {} ({}): stopped every worker{}", sig,

@@ -70,6 +70,10 @@ struct recovery_row {
   double start = 0, end = -1, seconds = 0, spawn = 0, pull = 0, replay = 0, rejoin = 0;
   std::string kind, lost;
   long target = -1, replayed = 0;
+  // Which recovery_end is its (regions recover side by side); a later generation of its
+  // region restarted it.
+  std::optional<double> generation, region;
+  bool restarted = false;
 };
 
 // One event of the recovery tree (docs/recovery.md "The recovery tree"): a region's
@@ -169,12 +173,22 @@ void add_event(run_story& s, const engine::run_record& r, double t) {
     row.lost = row.kind == "resume"
                    ? "none (every stage from disk)"
                    : fmt::format("stage {} replica {}", num(r, "stage", -1), num(r, "replica", -1));
+    row.generation = drawable(r, "generation");
+    row.region = drawable(r, "region");
+    for (auto& earlier : s.recoveries) {
+      if (earlier.end < 0 && row.region && earlier.region == row.region) earlier.restarted = true;
+    }
     s.recoveries.push_back(row);
     add_supervision(s, r, t, ev);
   } else if (ev == "region_escalated") {
     add_supervision(s, r, t, ev);
   } else if (ev == "recovery_end" && !s.recoveries.empty()) {
-    recovery_row& row = s.recoveries.back();
+    // The row of the same generation (regions recover side by side), else the newest.
+    const auto generation = drawable(r, "generation");
+    auto it = std::find_if(s.recoveries.rbegin(), s.recoveries.rend(), [&](const recovery_row& x) {
+      return generation && x.generation == generation && x.end < 0;
+    });
+    recovery_row& row = it != s.recoveries.rend() ? *it : s.recoveries.back();
     row.end = t;
     row.seconds = num(r, "seconds");
     row.spawn = num(r, "spawn_s");
@@ -483,8 +497,10 @@ std::string recovery_table(const std::vector<run_story>& runs) {
           "<tr><td>{}</td><td>{:.2f}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
           "<td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td></tr>\n",
           escape(r.name), rec.start, escape(rec.kind), escape(rec.lost),
-          rec.end >= 0 ? std::to_string(rec.target) : "(did not end)", rec.replayed, rec.seconds,
-          rec.spawn, rec.pull, rec.replay, rec.rejoin);
+          rec.end >= 0    ? std::to_string(rec.target)
+          : rec.restarted ? "(restarted)"
+                          : "(did not end)",
+          rec.replayed, rec.seconds, rec.spawn, rec.pull, rec.replay, rec.rejoin);
     }
   }
   if (rows == 0) return "<p>No recovery in these runs.</p>\n";

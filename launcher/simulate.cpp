@@ -36,6 +36,9 @@ void check_csv_path(const std::string& csv, const std::vector<std::filesystem::p
           csv, in.string()));
     }
   }
+  if (std::filesystem::is_directory(csv, ec)) {
+    throw std::runtime_error(fmt::format("--csv {} is a directory: name a file", csv));
+  }
   const std::filesystem::path parent = std::filesystem::path(csv).parent_path();
   const std::string dir = parent.empty() ? "." : parent.string();
   if (::access(exists ? csv.c_str() : dir.c_str(), W_OK) != 0) {

@@ -101,6 +101,9 @@ void exit_if_stuck(int status) {
 }  // namespace
 
 int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
+  // The head's output is this worker's (the local backend): closed (`launch ... | head`), a
+  // line printed here must not end the worker as a lost one; the head stops the job.
+  std::signal(SIGPIPE, SIG_IGN);
   if (argc > 2 && std::string(argv[2]) == "--slurm") return run_slurm_worker(argc, argv, registry);
   const worker_args args = parse(argc, argv);
   const char* token = std::getenv("MOEVEMENT_JOB_TOKEN");

@@ -311,12 +311,22 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   if (!found && state_->resume) {
     // The journal before it has windows of its own (after a resume at another layout the
     // newest lists only the first window written at the new one).
-    auto older = resume_journal(job_.job()).load(nullptr, state_->resume_window);
+    const resume_journal journal(job_.job());
+    auto older = journal.load(nullptr, state_->resume_window);
     if (older.ok() && older->target_iteration <= job_.job().train.iterations) {
       job_.notice(fmt::format(
           "no window journal {} lists is complete and verified on every stage: going back to "
           "the journal before it, window {} (training goes on at iteration {})",
           state_->resume_window, older->window, older->target_iteration));
+      // The windows from here on are numbered after it again: the newer journals would name
+      // windows of the timeline left (the stages drop their files of those as they restore).
+      try {
+        journal.drop_after(older->window);
+      } catch (const std::exception& e) {
+        job_.fail(fmt::format("{}: the journals after window {} cannot be removed ({})",
+                              state_->durable_why, older->window, e.what()));
+        co_return false;
+      }
       resume_at(*older);
       job_.resume_instead(*older);
       co_return co_await choose_durable_window(r);

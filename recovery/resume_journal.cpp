@@ -301,6 +301,10 @@ std::optional<std::string> identity_difference(
   return std::nullopt;
 }
 
+void resume_journal::drop_after(std::uint64_t window) const {
+  if (std::filesystem::is_directory(dir_)) durable_store(dir_).drop_after(window);
+}
+
 void resume_journal::clear() const {
   if (std::filesystem::is_directory(dir_)) durable_store(dir_).clear();
 }

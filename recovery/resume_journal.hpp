@@ -71,6 +71,9 @@ class resume_journal {
 
   // Deletes every journal (a new job must never resume an older job's).
   void clear() const;
+  // Deletes the journals of windows after `window` (a resume went back past them: the windows
+  // from then on take their numbers again).
+  void drop_after(std::uint64_t window) const;
   // No journal on disk at all (none written yet, or the directory does not exist).
   bool empty() const;
 

@@ -641,6 +641,7 @@ TEST(resume, damaged_windows_at_a_new_layout_go_back_to_the_journal_before) {
   EXPECT_EQ(o.hash, reference(its));
   EXPECT_NE(o.output.find("going back to the journal before it"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("resuming at another layout"), std::string::npos) << o.output;
+  EXPECT_GE(count_events(o.log, "resume_instead"), 1) << o.output;
   fs::remove_all(dir);
 }
 

@@ -570,6 +570,20 @@ TEST(inject_launch, a_failure_during_a_recovery_fires_after_recovery_start) {
   }
 }
 
+// A during=recovery injection armed by its recovery whose delay_ms outlasts the job is said
+// not to have fired (it went silently: armed counted as struck).
+TEST(inject_launch, a_delayed_failure_the_job_outlives_is_said_not_to_have_fired) {
+  const auto o = launch("armed", job(2,
+                                     "--inject kill:stage=1,replica=0,iter=5 --inject "
+                                     "kill:stage=2,replica=0,during=recovery,delay_ms=600000"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  EXPECT_NE(o.output.find("inject: kill:stage=2,replica=0,during=recovery,nth=1,delay_ms=600000 "
+                          "did not fire before the job ended (its recovery started"),
+            std::string::npos)
+      << o.output;
+}
+
 TEST(inject_launch, bad_injections_are_refused_before_anything_starts) {
   const std::string trace = temp_file("bad_run.trace", "1 kill stage=0 replica=0\nsoon kill\n");
   const std::string table = temp_file("bad_run.toml", "[[inject]]\nkind = \"kill\"\n");

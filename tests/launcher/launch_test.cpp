@@ -464,8 +464,7 @@ TEST(launch, a_closed_standard_output_stops_the_job_saying_so) {
   EXPECT_EQ(r.exit_code, 0) << r.output;  // head's
   std::ifstream e(err);
   const std::string said((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-  EXPECT_NE(said.find("standard output was closed (SIGPIPE): stopped every worker"),
-            std::string::npos)
+  EXPECT_NE(said.find("the output was closed (SIGPIPE): stopped every worker"), std::string::npos)
       << said;
   std::ifstream l(log);
   const std::string logged((std::istreambuf_iterator<char>(l)), std::istreambuf_iterator<char>());

@@ -2,6 +2,7 @@
 // failures and recoveries on the throughput chart and in a table; a truncated log renders what
 // it holds; a file that is not a run log is a clear error. (A real job's run log is reported in
 // tests/launcher/recovery_test.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -255,6 +256,35 @@ TEST(report, hostile_values_are_left_out_not_drawn) {
   EXPECT_EQ(html.find("nan"), std::string::npos) << html;
   // The record whose iteration is too large to draw is left out, and the page says so.
   EXPECT_NE(html.find("1 iteration or validation record(s) left out"), std::string::npos);
+}
+
+// Regions recovering side by side: each recovery_end goes to its own row (by generation; all
+// went to the newest, the other row said "did not end"), and a generation its region's next
+// one restarted says so.
+TEST(report, side_by_side_recoveries_each_end_in_their_own_row) {
+  std::string text = "{\"kind\":\"event\",\"event\":\"job_start\",\"time_s\":0}\n";
+  auto start = [](int region, int generation, int stage) {
+    return fmt::format(
+        "{{\"kind\":\"event\",\"event\":\"recovery_start\",\"recovery\":\"region\","
+        "\"stage\":{},\"replica\":0,\"region\":{},\"generation\":{},\"time_s\":1}}\n",
+        stage, region, generation);
+  };
+  auto end = [](int generation, int target) {
+    return fmt::format(
+        "{{\"kind\":\"event\",\"event\":\"recovery_end\",\"recovery\":\"region\","
+        "\"generation\":{},\"target_iteration\":{},\"seconds\":0.5,\"time_s\":2}}\n",
+        generation, target);
+  };
+  text += start(1, 1, 0) + start(2, 2, 2) + start(2, 3, 2) + end(1, 10) + end(3, 11);
+  const std::string log = write("side_by_side.jsonl", text);
+  const std::string out = temp_path("side_by_side.html");
+  const auto r = run_moevement("report " + log + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = read(out);
+  EXPECT_EQ(html.find("(did not end)"), std::string::npos) << html;
+  EXPECT_NE(html.find("(restarted)"), std::string::npos) << html;
+  EXPECT_NE(html.find(">10<"), std::string::npos) << html;
+  EXPECT_NE(html.find(">11<"), std::string::npos) << html;
 }
 
 // Records of a known kind with a badly typed iteration are left out, and the page says so

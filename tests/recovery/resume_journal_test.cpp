@@ -152,6 +152,18 @@ TEST_F(resume_journal_test, another_jobs_journal_is_refused_naming_the_setting) 
       << r.err().message;
 }
 
+// A resume that went back past newer journals drops them: the windows from then on take their
+// numbers again.
+TEST_F(resume_journal_test, journals_after_a_window_are_dropped) {
+  const resume_journal j(job_in(dir_));
+  for (int w : {3, 4, 5}) j.write(point(w));
+  j.drop_after(3);
+  auto r = j.load();
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->window, 3u);
+  EXPECT_FALSE(j.load(nullptr, 3).ok()) << "nothing before window 3";
+}
+
 TEST_F(resume_journal_test, nothing_to_resume_says_where_it_looked) {
   auto r = resume_journal(job_in(dir_)).load();
   ASSERT_FALSE(r.ok());

@@ -106,6 +106,9 @@ TEST(simulate_cli, a_csv_path_that_would_overwrite_an_input_or_cannot_be_written
   EXPECT_EQ(nowhere.exit_code, 1) << nowhere.output;
   EXPECT_NE(nowhere.output.find("cannot write --csv file"), std::string::npos) << nowhere.output;
   EXPECT_EQ(nowhere.output.find("ETTR"), std::string::npos) << "refused before the table";
+  const auto folder = run("simulate " + config.string() + " --csv " + dir.string());
+  EXPECT_EQ(folder.exit_code, 1) << folder.output;
+  EXPECT_NE(folder.output.find("is a directory"), std::string::npos) << folder.output;
   std::filesystem::remove_all(dir);
 }
 
