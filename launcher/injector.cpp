@@ -6,13 +6,22 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace moevement::launcher {
 
 injection_plan plan_injections(const std::vector<injection>& injections,
                                const engine::job_config& job, bool dry_run, std::ostream& out) {
   injection_plan plan;
+  std::set<std::string> given;
   for (const auto& inj : injections) {
+    // The same failure twice strikes once (or the second finds its worker gone): a mistake.
+    if (!given.insert(inj.text()).second) {
+      throw std::invalid_argument(fmt::format(
+          "--inject {} is given twice: each injection strikes once (a second failure needs "
+          "another iter=, stage= or replica=)",
+          inj.text()));
+    }
     const auto s = check_injection(inj, job);
     if (!s.empty()) {
       std::string line = "injection: " + inj.text() + " schedule:";

@@ -791,10 +791,10 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                         job.model.layers, double(job.model.parameter_count()) / 1e6)
           : fmt::format("model {} shapes, {} layers", job.model.preset, job.model.layers);
   std::cout << fmt::format(
-      "moevement launch: {}, pp={} dp={}, {} workers + {} spare(s), stage type {}, checkpoint "
+      "moevement launch: {}, pp={} dp={}{}, {} workers + {} spare(s), stage type {}, checkpoint "
       "policy {}\n",
-      model, job.pp, job.dp, job.workers(), job.spares, job.stage_type,
-      engine::policy_name(job.policy));
+      model, job.pp, job.dp, job.ep > 1 ? fmt::format(" ep={}", job.ep) : std::string(),
+      job.workers(), job.spares, job.stage_type, engine::policy_name(job.policy));
   // A worker that needs the missing transport to reach a peer cannot connect (UCX only warns).
   if (const auto problem = transport::ucx_tls_problem(); !problem.empty()) {
     std::cerr << "moevement launch: warning: " << problem << "\n";

@@ -309,34 +309,41 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   }
   job_.report_rejected("durable_rejected", "durable window", rejected);
   if (!found && state_->resume) {
+    // What the newest journal lacks is what the job says if no journal before it serves.
+    if (state_->resume_failure.empty()) {
+      state_->resume_failure = fmt::format(
+          "nothing to resume: no durable window the journal knows is complete and verified on "
+          "every stage ({} rejected{}){}",
+          rejected.size(), rejected.empty() ? "" : ", above",
+          lacking_newest(roles, offers, windows_.durable_windows()));
+    }
     // The journal before it has windows of its own (after a resume at another layout the
-    // newest lists only the first window written at the new one).
-    const resume_journal journal(job_.job());
-    auto older = journal.load(nullptr, state_->resume_window);
+    // newest lists only the windows written at the new one).
+    auto older = resume_journal(job_.job()).load(nullptr, state_->resume_window);
     if (older.ok() && older->target_iteration <= job_.job().train.iterations) {
       job_.notice(fmt::format(
           "no window journal {} lists is complete and verified on every stage: going back to "
           "the journal before it, window {} (training goes on at iteration {})",
           state_->resume_window, older->window, older->target_iteration));
-      // The windows from here on are numbered after it again: the newer journals would name
-      // windows of the timeline left (the stages drop their files of those as they restore).
-      try {
-        journal.drop_after(older->window);
-      } catch (const std::exception& e) {
-        job_.fail(fmt::format("{}: the journals after window {} cannot be removed ({})",
-                              state_->durable_why, older->window, e.what()));
-        co_return false;
-      }
+      state_->went_back = true;
       resume_at(*older);
       job_.resume_instead(*older);
       co_return co_await choose_durable_window(r);
     }
-    job_.fail(fmt::format(
-        "nothing to resume: no durable window the journal knows is complete and verified on "
-        "every stage ({} rejected{}){}",
-        rejected.size(), rejected.empty() ? "" : ", above",
-        lacking_newest(roles, offers, windows_.durable_windows())));
+    job_.fail(state_->resume_failure);
     co_return false;
+  }
+  if (state_->went_back) {
+    // The windows from here on are numbered after this journal's again: the newer journals
+    // would name windows of the timeline left (the stages drop their files of those as they
+    // restore). Deleted only now: a resume that found nothing leaves every journal as it was.
+    try {
+      resume_journal(job_.job()).drop_after(state_->resume_window);
+    } catch (const std::exception& e) {
+      job_.fail(fmt::format("{}: the journals after window {} cannot be removed ({})",
+                            state_->durable_why, state_->resume_window, e.what()));
+      co_return false;
+    }
   }
   if (!found && clean_) {
     job_.fail(fmt::format(

@@ -14,6 +14,16 @@ namespace {
 using actors::actor_ref;
 using asio::awaitable;
 
+std::string ordinal(int n) {
+  const int tens = n % 100, ones = n % 10;
+  const char* suffix = tens >= 11 && tens <= 13 ? "th"
+                       : ones == 1              ? "st"
+                       : ones == 2              ? "nd"
+                       : ones == 3              ? "rd"
+                                                : "th";
+  return fmt::format("{}{}", n, suffix);
+}
+
 }  // namespace
 
 std::pair<const region_recovery::region*, const region_recovery::member*>
@@ -314,9 +324,10 @@ awaitable<void> region_recovery::escalate(const region& r, const std::string& re
     job_.fail(fmt::format("the rollback of the whole job to the durable tier gave up: {}", reason));
     co_return;
   }
-  const std::string why =
-      fmt::format("the recovery of {} restarted {} times, past checkpoint.region_restarts = {}",
-                  stages, r.restarts, job.region_restarts);
+  const std::string why = fmt::format(
+      "the recovery of {} would restart a {} time (after {} restart{}), past "
+      "checkpoint.region_restarts = {}",
+      stages, ordinal(r.restarts), r.restarts - 1, r.restarts == 2 ? "" : "s", job.region_restarts);
   const bool durable = windows_.durable();
   if (auto* log = job_.log()) {
     log->write(engine::json_record{}

@@ -153,6 +153,8 @@ class region_recovery : public engine::head_recovery {
     bool resume = false;               // not a loss: the job resumes from its journal (--resume)
     int window_pp = 0, window_dp = 0;  // a resume's windows are of this layout (0: the job's)
     std::uint64_t resume_window = 0;   // the journal a resume goes on from (its window)
+    bool went_back = false;            // to an older journal (none of the newest's was whole)
+    std::string resume_failure;        // why the newest journal could not be resumed
     int window_ep = 0;
     double group_abort_s = 0.0;  // the survivors' NCCL groups' aborts, the slowest
   };

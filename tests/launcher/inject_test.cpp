@@ -597,6 +597,8 @@ TEST(inject_launch, bad_injections_are_refused_before_anything_starts) {
         job(1,
             "--set checkpoint.policy=none --inject kill:stage=0,replica=0,iter=2,phase=snapshot"),
         job(1, "--inject kill:stage=0,replica=0,iter=2 --sbatch"),
+        // the same failure twice
+        job(1, "--inject kill:stage=0,replica=0,iter=2 --inject kill:stage=0,replica=0,iter=2"),
         // an operator stage 1 does not have (it was found only once the job ran)
         job(1, "--set parallel.dp=3 --inject flip:stage=1,replica=0,iter=3,operator=layer0.gate"),
         table + " --set train.iterations=12"}) {
