@@ -445,11 +445,21 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   // A stage's files gone altogether: nothing to resume, and the roles that lack the window
   // are named.
   fs::remove_all(fs::path(dir + "-lost") / "stage-1-replica-0");
+  auto journals = [&] {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(fs::path(dir + "-lost") / "head")) {
+      names.insert(e.path().filename().string());
+    }
+    return names;
+  };
+  const auto before = journals();
   const auto lost = run_moevement(
       "launch " + job(dir + "-lost", "--set cluster.spares=0" + longer) + " --resume");
   EXPECT_EQ(lost.exit_code, 1) << lost.output;
   EXPECT_NE(lost.output.find("is missing or unverified at stage 1 replica 0 ("), std::string::npos)
       << lost.output;
+  // It went back through the older journals, found none whole, and left every one.
+  EXPECT_EQ(journals(), before) << lost.output;
   fs::remove_all(dir + "-lost");
 
   // The journal is this job's: a job with another seed may not resume from it.
