@@ -244,39 +244,11 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
       if (m.spare != 0 && !workers.contains(m.spare)) m.spare = 0;
     }
     if (!assign_spares(*reg)) co_return false;
-    offers.clear();
-    rejected.clear();
     const std::vector<member> members = reg->members;
     roles = durable_roles(members, state_->window_pp, state_->window_dp);
-    std::vector<actor_ref> holders;
-    for (std::size_t i = 0; i < roles.size(); ++i) {
-      const auto it = workers.find(members[i % members.size()].spare);
-      holders.push_back(it == workers.end() ? actor_ref{} : it->second.replicator);
-    }
-    auto fill = [&](std::size_t i, engine::wire::DurableQuery::Builder b) {
-      b.setStage(roles[i].first);
-      b.setReplica(roles[i].second);
-    };
-    auto replies = co_await actors::ask_all<engine::wire::DurableQuery, engine::wire::DurableOffer>(
-        job_.actor(), holders, std::chrono::seconds(300), fill);
-    if (job_.finished() || !state_) co_return false;
-    for (std::size_t i = 0; i < replies.size() && !ask_again; ++i) {
-      const auto& res = replies[i];
-      if (!res.ok()) {
-        // Usually its worker died: its loss comes within the failure timeout.
-        if (co_await job_.loss_follows()) {
-          ask_again = true;
-          break;
-        }
-        if (job_.finished() || !state_) co_return false;
-        job_.fail(fmt::format("asking for the durable windows of stage {} replica {} failed: {}",
-                              roles[i].first, roles[i].second, res.err().message));
-        co_return false;
-      }
-      auto& mine = offers.emplace_back();
-      for (auto w : res->get().getWindows()) mine.insert(w);
-      for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
-    }
+    const offers_asked asked = co_await durable_offers(members, roles, offers, rejected);
+    if (asked == offers_asked::failed) co_return false;
+    ask_again = asked == offers_asked::again;
     if (ask_again) continue;
     std::optional<std::uint64_t> unwritten;  // a window that would do, its write in flight
     for (const auto& [w, first] : windows_.durable_windows()) {  // ascending: the newest wins
@@ -319,7 +291,9 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
     }
     // The journal before it has windows of its own (after a resume at another layout the
     // newest lists only the windows written at the new one).
-    auto older = resume_journal(job_.job()).load(nullptr, state_->resume_window);
+    std::vector<std::string> skipped;  // older journals that do not verify
+    auto older = resume_journal(job_.job()).load(&skipped, state_->resume_window);
+    for (const auto& why : skipped) job_.notice("--resume: " + why);
     if (older.ok() && older->target_iteration <= job_.job().train.iterations) {
       job_.notice(fmt::format(
           "no window journal {} lists is complete and verified on every stage: going back to "
@@ -370,6 +344,52 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
   }
   note_durable_window(rejected.size());
   co_return true;
+}
+
+awaitable<region_recovery::offers_asked> region_recovery::durable_offers(
+    const std::vector<member>& members, const std::vector<std::pair<int, int>>& roles,
+    std::vector<std::set<std::uint64_t>>& offers, std::vector<std::string>& rejected) {
+  // A resume going back to an older journal of the same roles asks nobody again: every
+  // window on disk was offered or rejected the first time, and the disk has not changed.
+  if (state_->resume && !state_->offered.empty() && state_->offered_roles == roles) {
+    offers = state_->offered;
+    rejected.clear();  // (reported the first time)
+    co_return offers_asked::ok;
+  }
+  offers.clear();
+  rejected.clear();
+  const auto& workers = job_.worker_roles();
+  std::vector<actor_ref> holders;
+  for (std::size_t i = 0; i < roles.size(); ++i) {
+    const auto it = workers.find(members[i % members.size()].spare);
+    holders.push_back(it == workers.end() ? actor_ref{} : it->second.replicator);
+  }
+  auto fill = [&](std::size_t i, engine::wire::DurableQuery::Builder b) {
+    b.setStage(roles[i].first);
+    b.setReplica(roles[i].second);
+  };
+  auto replies = co_await actors::ask_all<engine::wire::DurableQuery, engine::wire::DurableOffer>(
+      job_.actor(), holders, std::chrono::seconds(300), fill);
+  if (job_.finished() || !state_) co_return offers_asked::failed;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    const auto& res = replies[i];
+    if (!res.ok()) {
+      // Usually its worker died: its loss comes within the failure timeout.
+      if (co_await job_.loss_follows()) co_return offers_asked::again;
+      if (job_.finished() || !state_) co_return offers_asked::failed;
+      job_.fail(fmt::format("asking for the durable windows of stage {} replica {} failed: {}",
+                            roles[i].first, roles[i].second, res.err().message));
+      co_return offers_asked::failed;
+    }
+    auto& mine = offers.emplace_back();
+    for (auto w : res->get().getWindows()) mine.insert(w);
+    for (auto t : res->get().getRejected()) rejected.push_back(std::string(t).substr(0, 1024));
+  }
+  if (state_->resume) {
+    state_->offered_roles = roles;
+    state_->offered = offers;
+  }
+  co_return offers_asked::ok;
 }
 
 std::optional<std::map<std::pair<int, int>, int>> region_recovery::serving_files(

@@ -155,6 +155,9 @@ class region_recovery : public engine::head_recovery {
     std::uint64_t resume_window = 0;   // the journal a resume goes on from (its window)
     bool went_back = false;            // to an older journal (none of the newest's was whole)
     std::string resume_failure;        // why the newest journal could not be resumed
+    // A resume's first answers (durable_offers), for the older journals it goes back to.
+    std::vector<std::pair<int, int>> offered_roles;
+    std::vector<std::set<std::uint64_t>> offered;
     int window_ep = 0;
     double group_abort_s = 0.0;  // the survivors' NCCL groups' aborts, the slowest
   };
@@ -236,6 +239,14 @@ class region_recovery : public engine::head_recovery {
       const std::vector<std::pair<int, int>>& roles,
       const std::vector<std::set<std::uint64_t>>& offers, std::uint64_t window,
       std::int64_t first) const;
+  // Each role's verified durable windows (and the reasons for those rejected), asked of the
+  // region members' replicators: ok, `again` (a worker was lost: its loss follows), or
+  // `failed` (the job ended, or was failed saying why).
+  enum class offers_asked { ok, again, failed };
+  asio::awaitable<offers_asked> durable_offers(const std::vector<member>& members,
+                                               const std::vector<std::pair<int, int>>& roles,
+                                               std::vector<std::set<std::uint64_t>>& offers,
+                                               std::vector<std::string>& rejected);
   // The run log's durable_rollback event for the window chosen.
   void note_durable_window(std::size_t rejected) const;
   // One region of every stage worker's role (a resume, or the durable rollback's).
