@@ -97,11 +97,7 @@ setter_map checkpoint_setters(job_config& j) {
        [&](auto& k, auto& v) { j.shadow_every = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.shadow_coverage",
        [&](auto& k, auto& v) {
-         const std::string c = models::config_string(k, v);
-         if (c != "recent" && c != "full") {
-           throw config_error(k, "'" + c + "': expected \"recent\" or \"full\"");
-         }
-         j.shadow_full = c == "full";
+         j.shadow_full = get_choice(k, v, {"recent", "full"}) == "full";
        }},
       {"checkpoint.replay_threads",
        [&](auto& k, auto& v) { j.replay_threads = int(models::config_int(k, v, 0, 1024)); }},
