@@ -49,6 +49,9 @@ class shadow_windows {
   std::int64_t retained_from() const;
 
  private:
+  // start: no base yet, replays from the job's start; vouched / assumed: from base_ (vouched
+  // for, or taken on trust after a restart); none: off, or restarted and waiting for the next
+  // check to take the persisted window on trust.
   enum class kind { start, vouched, assumed, none };
   int stages_;
   kind kind_;
