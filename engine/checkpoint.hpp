@@ -96,6 +96,7 @@ class worker_checkpoint {
     // whose holder offered a memory-file handle that could not be mapped here (another host).
     std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;
     std::int64_t copies_refused = 0;  // slot copies whose checksum failed (another one used)
+    std::int64_t log_pieces = 0;      // FetchLog answers pulled (checkpoint.log_fetch_bytes)
     int replay_threads = 0;           // the GEMM threads the replay ran with
   };
   virtual restore_timing last_restore() const { return {}; }

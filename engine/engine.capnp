@@ -98,6 +98,8 @@ struct StageReady {
   replayMismatch @21 :Bool;
   # Of a replay mismatch: the iteration whose sends differ.
   mismatchIteration @22 :Int64 = -1;
+  # Answers its neighbours' upstream logs came in (checkpoint.log_fetch_bytes each at most).
+  logPieces @23 :Int64;
 }
 struct OpSize {
   computeBytes @0 :UInt64;

@@ -91,6 +91,10 @@ setter_map checkpoint_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.max_window_wait_ms = int(models::config_int(k, v, 0, 3600 * 1000));
        }},
+      {"checkpoint.log_fetch_bytes",
+       [&](auto& k, auto& v) {
+         j.log_fetch_bytes = std::uint64_t(models::config_int(k, v, 4096, std::int64_t(8) << 30));
+       }},
       {"checkpoint.verify_every",
        [&](auto& k, auto& v) { j.verify_every = int(models::config_int(k, v, 0, 1 << 20)); }},
       {"checkpoint.shadow_every",

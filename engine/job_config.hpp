@@ -84,6 +84,11 @@ struct job_config {
   // checkpoint.max_window_wait_ms: how long a step that would start a fourth window waits for
   // the job to persist one (memory stays at three windows); past it the window is skipped.
   int max_window_wait_ms = 10000;
+  // checkpoint.log_fetch_bytes: a recovery fetches a neighbour's upstream log in answers of at
+  // most this many bytes (whole iterations, at least one each): each is a region the neighbour
+  // allocates and registers for it, and a large model's 2 x W iterations of log can exceed
+  // what one answer may hold (policy_limits::max_log_bytes, 8 GiB).
+  std::uint64_t log_fetch_bytes = std::uint64_t(256) << 20;
   // checkpoint.verify_every: silent-corruption checks (docs/recovery.md "Silent data
   // corruption"). With dp > 1 every stage replica digests its compute weights after every step
   // and its whole state (master, m, v, step) every verify_every-th; the head compares a stage's

@@ -115,6 +115,7 @@ void worker_agent::report(const actors::actor_ref& stage, const std::string& err
       b.setSlotsPulled(t.slots_pulled);
       b.setHandlesRefused(t.handles_refused);
       b.setCopiesRefused(t.copies_refused);
+      b.setLogPieces(t.log_pieces);
       b.setReplayThreads(t.replay_threads);
     }
   });

@@ -103,4 +103,20 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> log_store::span_held() co
   return std::make_pair(entries_.begin()->first.iteration, entries_.rbegin()->first.iteration);
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> log_fetch_pieces(std::int64_t first,
+                                                                    std::int64_t end,
+                                                                    std::uint64_t iteration_bytes,
+                                                                    std::uint64_t piece_bytes) {
+  // At most 2^20 iterations a piece: what a neighbour serves in one answer.
+  constexpr std::uint64_t most = std::uint64_t(1) << 20;
+  const auto per = std::int64_t(
+      iteration_bytes == 0 ? most
+                           : std::clamp<std::uint64_t>(piece_bytes / iteration_bytes, 1, most));
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t it = first; it < end; it += per) {
+    out.emplace_back(it, std::min(it + per, end) - 1);
+  }
+  return out;
+}
+
 }  // namespace moevement::recovery

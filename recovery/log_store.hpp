@@ -82,4 +82,13 @@ class log_store {
   std::shared_ptr<log_buffers> recycled_;
 };
 
+// A recovery fetches a neighbour's log of iterations [first, end) in pieces of whole
+// iterations, each at most `piece_bytes` (at least one iteration each): every answer is a
+// region the neighbour allocates and registers, and the whole log of a large model's 2 x W
+// iterations may not fit one. Each piece is [first, last] (inclusive, as FetchLog asks).
+std::vector<std::pair<std::int64_t, std::int64_t>> log_fetch_pieces(std::int64_t first,
+                                                                    std::int64_t end,
+                                                                    std::uint64_t iteration_bytes,
+                                                                    std::uint64_t piece_bytes);
+
 }  // namespace moevement::recovery

@@ -387,6 +387,7 @@ awaitable<void> region_recovery::restored(transport::node_id n,
   mem->slots_pulled = m.getSlotsPulled();
   mem->handles_refused = m.getHandlesRefused();
   mem->copies_refused = m.getCopiesRefused();
+  mem->log_pieces = m.getLogPieces();
   reg->ready_at = sclock::now();
   co_await maybe_finish();
 }

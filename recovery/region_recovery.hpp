@@ -109,6 +109,7 @@ class region_recovery : public engine::head_recovery {
     std::int64_t replayed = 0;
     std::int64_t slots_mapped = 0, slots_pulled = 0, handles_refused = 0;  // its restore's
     std::int64_t copies_refused = 0;
+    std::int64_t log_pieces = 0;  // answers its neighbours' logs came in
   };
   // A supervision subtree of the recovery: contiguous lost stages, rebuilt jointly.
   struct region {

@@ -194,6 +194,9 @@ class region_restore {
   awaitable<void> fetch_logs(std::size_t floats);
   awaitable<void> fetch_log(actor_ref agent, bool gradient, int replica, std::size_t floats,
                             log_store& into);
+  // One answer of it: iterations [from, to].
+  awaitable<void> fetch_log_piece(actor_ref agent, bool gradient, int replica, std::size_t floats,
+                                  std::int64_t from, std::int64_t to, log_store& into);
   // The schedule state of a surviving replica of this stage (none when the whole group is
   // rebuilt: the fresh ones agree with each other).
   awaitable<void> fetch_schedule();
@@ -451,10 +454,27 @@ awaitable<void> region_restore::fetch_log(actor_ref agent, bool gradient, int d,
                                           log_store& into) {
   const std::int64_t t = p_.target, w0 = p_.first;
   const int mbs = ctx_.job.train.micro_batches;
-  if (t == w0) co_return;
+  const std::uint64_t each = floats * sizeof(float);
+  const std::uint64_t per_iteration = std::uint64_t(mbs) * each;
+  if (per_iteration > ctx_.limits.max_log_bytes) {
+    throw std::runtime_error(fmt::format(
+        "one iteration's upstream log ({} bytes) exceeds what a neighbour serves in one answer "
+        "({} bytes)",
+        per_iteration, ctx_.limits.max_log_bytes));
+  }
+  const auto piece_bytes = std::min(ctx_.job.log_fetch_bytes, ctx_.limits.max_log_bytes);
+  for (const auto& [from, to] : log_fetch_pieces(w0, t, per_iteration, piece_bytes)) {
+    co_await fetch_log_piece(agent, gradient, d, floats, from, to, into);
+  }
+}
+
+awaitable<void> region_restore::fetch_log_piece(actor_ref agent, bool gradient, int d,
+                                                std::size_t floats, std::int64_t from,
+                                                std::int64_t to, log_store& into) {
+  const int mbs = ctx_.job.train.micro_batches;
   auto fill = [&](wire::FetchLog::Builder b) {
-    b.setFromIteration(w0);
-    b.setToIteration(t - 1);
+    b.setFromIteration(from);
+    b.setToIteration(to);
     b.setGradient(gradient);
     b.setReplica(std::uint32_t(d));
     b.setMicroBatches(std::uint32_t(mbs));
@@ -468,7 +488,7 @@ awaitable<void> region_restore::fetch_log(actor_ref agent, bool gradient, int d,
   }
   const std::uint64_t lease = r->get().getLease();
   const std::uint64_t each = floats * sizeof(float);
-  const std::uint64_t expect = std::uint64_t(t - w0) * std::uint64_t(mbs) * each;
+  const std::uint64_t expect = std::uint64_t(to - from + 1) * std::uint64_t(mbs) * each;
   auto desc = transport::read_descriptor(r->get().getTensor());
   if (!desc.ok() || desc->node != agent.node || desc->length != expect) {
     throw std::runtime_error("a neighbour's log answer does not match the request");
@@ -480,9 +500,10 @@ awaitable<void> region_restore::fetch_log(actor_ref agent, bool gradient, int d,
   if (!pulled.ok()) {
     throw std::runtime_error("pulling a neighbour's log failed: " + pulled.err().message);
   }
+  ++out_.timing.log_pieces;
   const auto dir = gradient ? log_direction::gradient : log_direction::activation;
   std::size_t off = 0;
-  for (std::int64_t it = w0; it < t; ++it) {
+  for (std::int64_t it = from; it <= to; ++it) {
     for (int mb = 0; mb < mbs; ++mb, off += each) {
       into.append({std::uint64_t(it), std::uint32_t(mb), dir, std::uint32_t(d)},
                   std::span<const std::byte>(buf->data() + off, each));

@@ -269,7 +269,7 @@ void region_recovery::report_end(const state& rec) const {
   };
   for (const region& r : rec.regions) {
     double pull = 0.0, replay = 0.0;
-    std::int64_t replayed = 0, mapped = 0, pulled = 0, refused = 0, corrupt = 0;
+    std::int64_t replayed = 0, mapped = 0, pulled = 0, refused = 0, corrupt = 0, pieces = 0;
     std::string spares, replays, replacements;
     for (const member& m : r.members) {
       if (m.spare != m.lost.node) {
@@ -282,6 +282,7 @@ void region_recovery::report_end(const state& rec) const {
       pulled += m.slots_pulled;
       refused += m.handles_refused;
       corrupt += m.copies_refused;
+      pieces += m.log_pieces;
       pull = std::max(pull, m.pull_s);
       replay = std::max(replay, m.replay_s);
       replayed = std::max(replayed, m.replayed);
@@ -324,6 +325,7 @@ void region_recovery::report_end(const state& rec) const {
                      .add("slots_pulled", pulled)
                      .add("handles_refused", refused)
                      .add("copies_refused", corrupt)
+                     .add("log_pieces", pieces)
                      .add("group_abort_s", rec.group_abort_s)
                      .add("time_s", log->seconds()));
     }

@@ -82,6 +82,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
            {std::int64_t(0), [](auto& j) { return j.region_restarts == 0; }}},
           {"checkpoint.max_window_wait_ms",
            {std::int64_t(50), [](auto& j) { return j.max_window_wait_ms == 50; }}},
+          {"checkpoint.log_fetch_bytes",
+           {std::int64_t(65536), [](auto& j) { return j.log_fetch_bytes == 65536; }}},
           {"checkpoint.verify_every",
            {std::int64_t(3), [](auto& j) { return j.verify_every == 3; }}},
           // (> 0 needs policy moevement and a spare: shadow_replays_need_... below)
@@ -273,6 +275,8 @@ TEST(job_config, bad_values_name_the_key) {
       {"checkpoint.region_restarts", std::int64_t(-1)},
       {"checkpoint.max_window_wait_ms", std::int64_t(-1)},
       {"checkpoint.verify_every", std::int64_t(-1)},
+      {"checkpoint.log_fetch_bytes", std::int64_t(4095)},
+      {"checkpoint.log_fetch_bytes", (std::int64_t(8) << 30) + 1},
       {"checkpoint.shadow_every", std::int64_t(-3)},
   };
   for (const auto& [key, value] : bad) EXPECT_EQ(reject({{key, value}}).key, key);

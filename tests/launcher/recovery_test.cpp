@@ -158,11 +158,16 @@ TEST(recovery, a_killed_stage_is_rebuilt_bit_exact_wherever_it_sits) {
 
 // Sends of 128 KiB (16 sequences of 64 tokens), past policy_limits::log_copy_async_bytes: the
 // upstream logs the replay reads were copied off the compute thread (recovery/log_copier.hpp).
+// With answers of at most 64 KiB (checkpoint.log_fetch_bytes) each iteration of each
+// neighbour's log comes in an answer of its own.
 TEST(recovery, neighbours_logs_copied_off_the_compute_thread_rebuild_a_stage_bit_exact) {
   const std::string shape =
       " --set train.seq_len=64 --set train.micro_batch_size=16 --set train.iterations=10";
-  const auto o =
-      launch("async_log", job(3, 1, 1, "--inject kill:stage=1,replica=0,iter=7" + shape) + shape);
+  const auto o = launch("async_log", job(3, 1, 1,
+                                         "--set checkpoint.log_fetch_bytes=65536 "
+                                         "--inject kill:stage=1,replica=0,iter=7" +
+                                             shape) +
+                                         shape);
   ASSERT_EQ(o.exit_code, 0) << o.output;
   const auto r = run_moevement("train " + tiny() + shape);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -170,6 +175,11 @@ TEST(recovery, neighbours_logs_copied_off_the_compute_thread_rebuild_a_stage_bit
   const std::string* start = event(o, "recovery_start");
   ASSERT_NE(start, nullptr) << o.output;
   EXPECT_EQ(number_field(*start, "target_iteration"), 7);
+  const std::string* end = event(o, "recovery_end");
+  ASSERT_NE(end, nullptr) << o.output;
+  const auto replayed = number_field(*end, "iterations_replayed");
+  EXPECT_GT(replayed, 1);
+  EXPECT_EQ(number_field(*end, "log_pieces"), 2 * replayed) << "both neighbours, by iteration";
 }
 
 TEST(recovery, a_failure_before_any_window_replays_from_the_initial_state) {

@@ -88,5 +88,20 @@ TEST(log_buffers, a_dropped_entrys_buffer_holds_a_later_copy) {
   EXPECT_LE(buffers->bytes(), 1100u);
 }
 
+TEST(log_fetch_pieces, whole_iterations_each_under_the_piece_size_covering_the_range) {
+  using pieces = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  // 3 iterations of 100 bytes fit a piece of 350: [4, 6], [7, 9], [10, 10].
+  EXPECT_EQ(log_fetch_pieces(4, 11, 100, 350), (pieces{{4, 6}, {7, 9}, {10, 10}}));
+  // One iteration larger than a piece still goes, alone.
+  EXPECT_EQ(log_fetch_pieces(0, 3, 500, 100), (pieces{{0, 0}, {1, 1}, {2, 2}}));
+  // All in one where it fits; nothing for an empty range.
+  EXPECT_EQ(log_fetch_pieces(2, 5, 10, 1 << 20), (pieces{{2, 4}}));
+  EXPECT_TRUE(log_fetch_pieces(5, 5, 10, 100).empty());
+  // Never more iterations a piece than a neighbour serves in one answer (2^20).
+  const auto big = log_fetch_pieces(0, (std::int64_t(1) << 20) + 5, 1, std::uint64_t(1) << 40);
+  ASSERT_EQ(big.size(), 2u);
+  EXPECT_EQ(big[0], std::make_pair(std::int64_t(0), (std::int64_t(1) << 20) - 1));
+}
+
 }  // namespace
 }  // namespace moevement::recovery
