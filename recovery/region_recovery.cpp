@@ -300,9 +300,18 @@ bool region_recovery::assign_spares(region& r) {
       }
     }
     if (m.spare == 0) {
+      // Every role of the region left without one (losses of the same iteration read as if
+      // only the last happened), and what the job had.
+      std::string roles;
+      for (const member& o : r.members) {
+        if (o.spare != 0) continue;
+        roles += fmt::format("{}stage {} replica {} (worker {})", roles.empty() ? "" : ", ",
+                             o.lost.stage, o.lost.replica, o.lost.node);
+      }
       job_.fail(fmt::format(
-          "stage {} replica {} was lost and no spare worker is left (raise cluster.spares)",
-          m.lost.stage, m.lost.replica));
+          "{} lost and no spare worker is left for it (cluster.spares = {}, each in use or lost; "
+          "raise cluster.spares)",
+          roles, job_.job().spares));
       return false;
     }
     m.ready = false;

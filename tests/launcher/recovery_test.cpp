@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -479,6 +480,22 @@ TEST(recovery, without_a_spare_the_job_ends_saying_so) {
   EXPECT_EQ(o.exit_code, 1) << o.output;
   EXPECT_NE(o.output.find("no spare worker is left"), std::string::npos) << o.output;
   EXPECT_EQ(o.hash, "");
+}
+
+// Two losses in one iteration and one spare: the stop names the role left without one (it
+// read as the only loss, its worker unnamed).
+TEST(recovery, a_second_loss_without_a_spare_is_named_with_its_worker) {
+  const auto o = launch("second_nospare", job(3, 1, 1,
+                                              "--inject kill:stage=0,replica=0,iter=5 "
+                                              "--inject kill:stage=2,replica=0,iter=5"));
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  // Whichever loss the head saw second (stage s runs on worker s + 1), stopped by the region
+  // that found no spare or, once the spare was taken, by the head at its detection.
+  const std::regex named(
+      "(stage ([02]) replica 0 \\(worker [13]\\) lost|worker [13] \\(stage [02], replica 0, "
+      "pid [0-9]+\\) was killed)[^\n]*no spare worker is left");
+  const bool found = std::regex_search(o.output, named);
+  EXPECT_TRUE(found) << o.output;
 }
 
 TEST(recovery, bad_injections_are_refused_before_anything_starts) {
