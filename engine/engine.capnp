@@ -379,6 +379,9 @@ struct WindowPersisted {
   # Durable windows the stages keep on disk beside checkpoint.keep's newest: for a rollback
   # past a corruption a shadow check finds, the newest captured before each retained window.
   durableKept @5 :List(UInt64);
+  # To replicators only: the job restarted from durable window `window` (a standby head went
+  # back to disk, a resume): drop every copy held, and take windows after `window` again.
+  restart @6 :Bool;
 }
 # The coordinator, when a recovery resumes the job at iteration `before`: windows begun before
 # it and not persisted never will be (the lost stages' slots of them are gone, and

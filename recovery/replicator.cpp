@@ -206,20 +206,23 @@ std::optional<replicator::store_answer> replicator::offer(wire::StoreSlot::Reade
     region = io_.allocate(d->length);
   }
   auto holder = std::make_shared<transport::bulk_region>(std::move(region));
-  (void)system().spawn<slot_puller>(io_, *d, holder, limits_.pull_chunk_bytes, self(), id, from);
+  (void)system().spawn<slot_puller>(io_, *d, holder, limits_.pull_chunk_bytes, self(), id, from,
+                                    timeline_);
   return std::nullopt;
 }
 
 slot_puller::slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
                          std::shared_ptr<transport::bulk_region> holder, std::uint64_t chunk,
-                         actor_ref replicator, replicator::key id, actor_ref from)
+                         actor_ref replicator, replicator::key id, actor_ref from,
+                         std::uint64_t timeline)
     : io_(io),
       desc_(desc),
       holder_(std::move(holder)),
       chunk_(chunk),
       replicator_(replicator),
       id_(id),
-      from_(from) {}
+      from_(from),
+      timeline_(timeline) {}
 
 awaitable<void> slot_puller::on_start() {
   auto r =
@@ -236,10 +239,10 @@ awaitable<void> slot_puller::on_start() {
     }
   }
   (void)system().post_call(replicator_,
-                           [holder = holder_, id = id_, from = from_, length = desc_.length,
-                            error](actors::actor& a) -> awaitable<void> {
+                           [holder = holder_, id = id_, from = from_, length = desc_.length, error,
+                            timeline = timeline_](actors::actor& a) -> awaitable<void> {
                              static_cast<replicator&>(a).finish_store(id, from, holder, length,
-                                                                      error);
+                                                                      error, timeline);
                              co_return;
                            });
   quit();
@@ -247,10 +250,11 @@ awaitable<void> slot_puller::on_start() {
 
 void replicator::finish_store(const key& id, const actor_ref& from,
                               const std::shared_ptr<transport::bulk_region>& holder,
-                              std::uint64_t length, const std::string& error) {
+                              std::uint64_t length, const std::string& error,
+                              std::uint64_t timeline) {
   const replication_cpu::scope measured(cpu_.get());
   const auto& [stage, replica, window, slot] = id;
-  const bool ok = error.empty() && window >= persisted_;
+  const bool ok = error.empty() && window >= persisted_ && timeline == timeline_;
   if (ok) {
     stored_slot s;
     s.region = std::move(*holder);
@@ -270,7 +274,10 @@ void replicator::finish_store(const key& id, const actor_ref& from,
   (void)tell<wire::SlotStored>(from, [&](wire::SlotStored::Builder b) {
     write_slot_key(b.initKey(), stage, replica, window, slot);
     b.setOk(ok);
-    b.setError(ok ? std::string() : error.empty() ? "window older than the persisted one" : error);
+    b.setError(ok                      ? std::string()
+               : !error.empty()        ? error
+               : timeline != timeline_ ? "of a timeline the job left (it restarted from disk)"
+                                       : "window older than the persisted one");
   });
 }
 
@@ -296,6 +303,21 @@ awaitable<void> replicator::fetch(wire::FetchSlot::Reader m, wire::SlotData::Bui
 
 awaitable<void> replicator::persisted(engine::wire::WindowPersisted::Reader m) {
   const replication_cpu::scope measured(cpu_.get());
+  if (m.getRestart()) {
+    // The job went back to a durable window (a standby head's restore from disk, a resume):
+    // every copy held is of a timeline left, and the windows after this one are numbered anew
+    // (taken again, not refused as older than the last timeline's persisted one).
+    ++timeline_;
+    persisted_ = m.getWindow();
+    for (auto& [id, s] : slots_) {
+      if (!s.region.memory().empty()) {
+        spare_.emplace(s.region.memory().size(), std::move(s.region));
+      }
+    }
+    slots_.clear();
+    flips_.clear();
+    co_return;
+  }
   persisted_ = std::max(persisted_, m.getWindow());
   // No recovery pulls a window older than the persisted one (the coordinator does not advance
   // it during a recovery's pulls), so its regions may take the next window's slots. Spares the

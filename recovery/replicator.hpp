@@ -41,10 +41,11 @@ class replicator : public actors::actor {
              bool share = false, std::shared_ptr<replication_cpu> cpu = nullptr);
   std::size_t bytes_held() const;
   using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
-  // A slot_puller's result: keep the slot (unless the window went meanwhile) and answer.
+  // A slot_puller's result: keep the slot (unless the window went meanwhile, or the job
+  // restarted from disk since the pull began: `timeline` is the one it began in) and answer.
   void finish_store(const key& id, const actors::actor_ref& from,
                     const std::shared_ptr<transport::bulk_region>& holder, std::uint64_t length,
-                    const std::string& error);
+                    const std::string& error, std::uint64_t timeline);
 
  private:
   // What a replicator answers for one offered slot (SlotStored), to the agent `from`.
@@ -101,6 +102,9 @@ class replicator : public actors::actor {
   // thread, which the stage's own messages wait behind.
   std::multimap<std::uint64_t, transport::bulk_region> spare_;
   std::uint64_t persisted_ = 0;
+  // Restarts from disk seen (WindowPersisted.restart): a pull begun before one is of a
+  // timeline the job left.
+  std::uint64_t timeline_ = 0;
 };
 
 // Pulls one slot for a replicator and hands it over, then stops (one per StoreSlot).
@@ -109,7 +113,8 @@ class slot_puller : public actors::actor {
   using interface = actors::interface<>;
   slot_puller(engine::bulk_io& io, transport::bulk_descriptor desc,
               std::shared_ptr<transport::bulk_region> holder, std::uint64_t chunk,
-              actors::actor_ref replicator, replicator::key id, actors::actor_ref from);
+              actors::actor_ref replicator, replicator::key id, actors::actor_ref from,
+              std::uint64_t timeline);
 
  protected:
   asio::awaitable<void> on_start() override;
@@ -122,6 +127,7 @@ class slot_puller : public actors::actor {
   actors::actor_ref replicator_;
   replicator::key id_;
   actors::actor_ref from_;
+  std::uint64_t timeline_;
 };
 
 }  // namespace moevement::recovery

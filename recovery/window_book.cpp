@@ -209,6 +209,17 @@ void window_book::tell_persisted(std::uint64_t window, std::int64_t first, bool 
   }
 }
 
+void window_book::tell_restarted(std::uint64_t window) {
+  for (const auto& [n, w] : job_.workers()) {
+    if (!w.replicator.valid()) continue;
+    (void)job_.actor().tell<engine::wire::WindowPersisted>(
+        w.replicator, [&](engine::wire::WindowPersisted::Builder b) {
+          b.setWindow(window);
+          b.setRestart(true);
+        });
+  }
+}
+
 void window_book::go_on_from(const engine::resume_point& p) {
   w_sparse_ = p.w_sparse;
   resumed_sizes_ = p.window_sizes;
@@ -228,6 +239,9 @@ void window_book::go_on_from(const engine::resume_point& p) {
 void window_book::resume_from(const engine::resume_point& p) {
   go_on_from(p);
   shadow_.restart();
+  // Windows are numbered on from the journal's: a standby head going back to disk finds the
+  // workers' replicators past it (the lost head's windows), which would refuse them all.
+  tell_restarted(p.window);
   // A W fixed by the resume's config (checkpoint.w_sparse) holds from the first window that
   // begins at or after where training goes on; the windows before it are the journal's.
   if (const int w = job_.job().w_sparse; w > 0 && w != p.w_sparse) {

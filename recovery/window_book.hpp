@@ -114,6 +114,8 @@ class window_book {
   // (the agents write it to disk when `durable`); windows begun before `before` are abandoned.
   void tell_persisted(std::uint64_t window, std::int64_t first, bool durable);
   void tell_abandoned(std::int64_t before);
+  // Every replicator: the job restarted from durable window `window` (WindowPersisted.restart).
+  void tell_restarted(std::uint64_t window);
   // What a resume from durable window `window` needs to go on at `target` with `scaler`
   // (head_control::durable_window).
   engine::resume_point journal_point(std::uint64_t window, std::int64_t target,

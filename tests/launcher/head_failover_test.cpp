@@ -77,6 +77,20 @@ bool wait_for_windows(background_launch& j, int windows) {
   return false;
 }
 
+// Waits until the run log has the record of iteration `it`.
+bool wait_for_iteration(background_launch& j, int it) {
+  const std::string tag = "\"iteration\":" + std::to_string(it) + ",";
+  for (int i = 0; i < 6000; ++i) {
+    const auto log = lines_of(j.log);
+    if (count_events(log, "job_end") > 0) return false;
+    for (const auto& l : log) {
+      if (l.find(tag) != std::string::npos) return true;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
 // The standby's end: its state_hash line in the shared output (the head's process is gone).
 std::string wait_for_hash(background_launch& j) {
   for (int i = 0; i < 1200; ++i) {
@@ -192,12 +206,15 @@ TEST(head_failover, a_step_that_reached_part_of_the_stages_is_completed_by_the_s
 // A worker killed with the head: lost while the standby takes over, its role goes to the spare,
 // which restores it from disk like every other stage, and the job ends bit-exact.
 TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
-  background_launch j("head_and_worker", job());
+  // Durable writes paced (seconds apart here): the journal trails the stages by many windows,
+  // whose numbers the workers' replicators had seen persist.
+  background_launch j("head_and_worker", job("--set checkpoint.durable_share=0.0001"));
   const auto workers = j.wait_for_workers(4);
   ASSERT_EQ(workers.size(), 4u) << j.output();
   const pid_t stage1 = stage_worker_pid(j, 1);
   ASSERT_GT(stage1, 0) << j.output();
-  ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 1)) << j.output();
+  ASSERT_TRUE(wait_for_iteration(j, 60)) << j.output();
   // Stopped before the head dies, so that it answers nothing of the standby's: the standby
   // finds the head's port closed at once (its admission socket refuses), and a worker killed
   // a moment after the head could still answer its first ask.
@@ -213,6 +230,15 @@ TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
   EXPECT_NE(out.find("cannot go on from the running stages (a role's worker was lost"),
             std::string::npos)
       << out;
+  // Windows persist again from the journal's on (the replicators, told of the restart, took
+  // them; they refused every one as older than the lost head's, and none persisted again).
+  int after = -1;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"event\":\"recovery_end\"") != std::string::npos) after = 0;
+    if (after >= 0) after += l.find("\"event\":\"window_persisted\"") != std::string::npos;
+  }
+  EXPECT_GE(after, 2) << out;
+  EXPECT_EQ(out.find("captured nothing of a window"), std::string::npos) << out;
   EXPECT_TRUE(all_gone(workers)) << out;
   const pid_t standby = standby_pid(out);
   ASSERT_GT(standby, 0) << out;
