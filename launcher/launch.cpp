@@ -136,6 +136,16 @@ class head_session {
     // A closed standard output (`launch ... | head`) stops the job as an interrupt does, saying
     // so on stderr and in the run log, not by killing the head where it printed.
     signals_.add(SIGPIPE);
+    // A hang-up (the terminal closed) stops the job as an interrupt does; not under nohup (its
+    // SIG_IGN kept), nor a standby's: the kernel sends one to the launch's process group when
+    // the head dies while a member is stopped, and the standby is the one that goes on then.
+    transport::release_hangup_signal();
+    struct sigaction before {};
+    if (standby_) {
+      std::signal(SIGHUP, SIG_IGN);
+    } else if (::sigaction(SIGHUP, nullptr, &before) == 0 && before.sa_handler != SIG_IGN) {
+      signals_.add(SIGHUP);
+    }
     if (standby_) {  // the coordinator comes when this standby takes over (take_over)
       const auto colon = o.standby_of.rfind(':');
       const long port = colon == std::string::npos

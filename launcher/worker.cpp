@@ -104,6 +104,10 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   // The head's output is this worker's (the local backend): closed (`launch ... | head`), a
   // line printed here must not end the worker as a lost one; the head stops the job.
   std::signal(SIGPIPE, SIG_IGN);
+  // Nor a hang-up: the terminal's goes to the head, which stops the job; the kernel's, sent to
+  // a process group left orphaned with a stopped member (the head died), must not end the
+  // workers a standby head goes on with (UCX's own handler turned its log to debug level).
+  std::signal(SIGHUP, SIG_IGN);
   if (argc > 2 && std::string(argv[2]) == "--slurm") return run_slurm_worker(argc, argv, registry);
   const worker_args args = parse(argc, argv);
   const char* token = std::getenv("MOEVEMENT_JOB_TOKEN");

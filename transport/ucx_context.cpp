@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <ucs/debug/debug.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -172,6 +174,10 @@ ucx_context::ucx_context(context_use use, bool loopback_only) {
   const ucs_status_t status = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   check(status, "ucp_init");
+}
+
+void release_hangup_signal() {
+  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr) ucs_debug_disable_signal(SIGHUP);
 }
 
 ucx_context::~ucx_context() {

@@ -21,6 +21,13 @@ namespace moevement::transport {
 // endpoint (see detect_rma_level in ucx_link.cpp).
 enum class context_use { messages, bulk };
 
+// UCX turns its log to debug level on SIGHUP (UCX_DEBUG_SIGNO's default), the handler set as
+// the library loads: a terminal's hang-up, or the kernel's to a process group left orphaned
+// with a stopped member, flooded the console with UCX's debug lines. Gives SIGHUP back its
+// disposition from before UCX (SIG_DFL, or SIG_IGN under nohup), unless UCX_DEBUG_SIGNO is set
+// (then the user asked for UCX's). Call before setting a handler of one's own.
+void release_hangup_signal();
+
 class ucx_context {
  public:
   // Features: active messages (actor messages), RMA (bulk pulls), wakeup (event fd).

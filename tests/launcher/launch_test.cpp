@@ -452,6 +452,24 @@ TEST(launch, interrupt_stops_every_worker) {
   EXPECT_TRUE(all_gone(pids)) << "a worker outlived Ctrl-C";
 }
 
+// A hang-up (the terminal closed): a worker's is ignored (UCX's own handler turned its log to
+// debug level, flooding the console), the head's stops the job as an interrupt does.
+TEST(launch, a_hang_up_stops_the_job_from_the_head_only) {
+  endless_launch job("sighup", "");
+  const auto pids = job.wait_for_workers(4);
+  ASSERT_EQ(pids.size(), 4u) << job.output();
+  ::kill(pids[1], SIGHUP);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(::kill(pids[1], 0), 0) << "a worker ended on SIGHUP";
+  ::kill(job.pid, SIGHUP);
+  EXPECT_EQ(job.wait(60s), 128 + SIGHUP) << job.output();
+  const std::string out = job.output();
+  EXPECT_NE(out.find("interrupted by signal 1 (Hangup): stopped every worker"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("UCX  DEBUG"), std::string::npos) << out;
+  EXPECT_TRUE(all_gone(pids)) << "a worker outlived the hang-up";
+}
+
 // `moevement launch ... | head`: a closed standard output stops the job as an interrupt does,
 // saying so on stderr and in the run log (the head died of SIGPIPE where it printed, silently).
 TEST(launch, a_closed_standard_output_stops_the_job_saying_so) {
