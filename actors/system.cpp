@@ -669,7 +669,9 @@ void actor_system::shutdown() {
   time_->cancel(std::exchange(deadline_timer_, 0));
   time_->cancel(std::exchange(heartbeat_timer_, 0));
   time_->cancel(std::exchange(verdict_timer_, 0));
-  if (!members_.empty()) link_.say_goodbye();
+  // A head that yielded leaves without a goodbye: to a standby that has not taken its place
+  // yet, a goodbye reads as the job's end, and it would leave too.
+  if (!members_.empty() && !yielded_) link_.say_goodbye();
   members_.clear();
 }
 

@@ -543,6 +543,16 @@ class actor_system {
   // stopped): the standby may have taken its place, so it judges nobody from now on and
   // reports itself lost (fenced). True once it has.
   bool yield_to_standby();
+  // A quorum for the head's place (actors/system_standby.cpp), so that a cut link does not
+  // leave two heads: the head with a standby yields when it hears under half its members (it
+  // is the one cut off); a member tells the standby that it no longer hears the head, and
+  // the standby takes over only once every member it hears says so.
+  bool head_cut_off(std::size_t newly_silent);
+  void head_silent();        // on a member: the head's silence passed the timeout
+  void head_still_silent();  // and on each tick after, while it lasts
+  void report_head(bool unreachable);
+  void maybe_take_over();
+  bool is_standby() const { return standby_ && *standby_ == node_; }
 
   asio::io_context& io_;
   transport::link& link_;
@@ -581,10 +591,11 @@ class actor_system {
   std::map<node_id, member> members_;
   std::map<node_id, std::uint32_t> lost_;  // node -> the incarnation that was lost
   std::map<node_id, std::string> lost_why_;
-  std::set<node_id> fenced_;     // lost, not by goodbye: nothing from it is read
-  std::set<node_id> redialled_;  // members redialled after a failed connection, not heard since
-  bool winding_down_ = false;    // wind_down(): failed connections are not redialled
-  bool yielded_ = false;         // a head that stalled with a standby waiting (yield_to_standby)
+  std::set<node_id> fenced_;        // lost, not by goodbye: nothing from it is read
+  std::set<node_id> redialled_;     // members redialled after a failed connection, not heard since
+  bool winding_down_ = false;       // wind_down(): failed connections are not redialled
+  bool yielded_ = false;            // a head that stalled with a standby waiting (yield_to_standby)
+  std::set<node_id> head_unheard_;  // the standby: members that report the head silent
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;

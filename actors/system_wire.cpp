@@ -329,6 +329,10 @@ bool actor_system::yield_to_standby() {
     return false;
   }
   yielded_ = true;
+  lost_why_[node_] = fmt::format(
+      "this head did not run for longer than the failure timeout ({} ms) while a standby "
+      "waited: the standby may have taken its place, so it leaves the job to it",
+      config_.heartbeat_timeout.count());
   if (membership_fn_) membership_fn_(node_, member_event::lost);
   return true;
 }
@@ -345,6 +349,7 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
   if (head_changes) {
     head_ = *standby_;
     standby_.reset();
+    head_unheard_.clear();
     suspicions_ = {};
   } else if (standby_ && peer == *standby_) {
     standby_.reset();
@@ -460,9 +465,13 @@ void actor_system::heard(node_id from) {
   it->second.last_heard = now();
   it->second.heard = true;
   redialled_.erase(from);                        // a redial (if any) reached it
-  if (it->second.suspected && node_ != head_) {  // back: the head withdraws the report
+  if (it->second.suspected && node_ != head_) {  // back: the report is withdrawn
     it->second.suspected = false;
-    report_to_head(from, false, {});
+    if (from == head_) {
+      report_head(false);  // (to the standby, which judges the head)
+    } else {
+      report_to_head(from, false, {});
+    }
   }
 }
 
@@ -490,6 +499,11 @@ void actor_system::report_to_head(node_id peer, bool unreachable, const std::str
 void actor_system::on_system_unreachable(node_id from, proto::Unreachable::Reader u) {
   const node_id suspect = u.getMember().getNode();
   const auto m = members_.find(suspect);
+  if (is_standby() && suspect == head_ && members_.contains(from) && m != members_.end()) {
+    head_unheard_.insert(from);  // (system_standby.cpp)
+    maybe_take_over();
+    return;
+  }
   if (node_ != head_ || !members_.contains(from) || m == members_.end() ||
       m->second.incarnation != u.getMember().getIncarnation()) {
     return;  // not ours to judge, or about a member that is gone already
@@ -506,6 +520,7 @@ void actor_system::on_system_unreachable(node_id from, proto::Unreachable::Reade
 }
 
 void actor_system::on_system_reachable(node_id from, proto::Reachable::Reader r) {
+  if (is_standby() && r.getMember().getNode() == head_) head_unheard_.erase(from);
   if (node_ == head_) suspicions_.withdraw(from, r.getMember().getNode());
 }
 
@@ -590,14 +605,27 @@ void actor_system::heartbeat_tick() {
     out.init_payload<proto::Heartbeat>().setIncarnation(config_.incarnation);
     (void)send_envelope(n, out);
   }
+  if (head_cut_off(node_ == head_ ? silent.size() : 0)) {
+    heartbeat_running_ = false;
+    return;
+  }
   for (node_id n : silent) {
-    if (node_ == head_ || n == head_) {
+    if (node_ == head_) {
       declare_lost(n, false,
                    fmt::format("no heartbeat for {} ms", config_.heartbeat_timeout.count()));
+    } else if (n == head_) {
+      head_silent();
     } else {
       report_to_head(n, true,
                      fmt::format("not heard for {} ms", config_.heartbeat_timeout.count()));
     }
+  }
+  // The head still unheard since an earlier tick: the standby decides again (members it heard
+  // may have gone silent), and a member whose standby went silent too decides itself.
+  if (const auto h = members_.find(head_);
+      node_ != head_ && h != members_.end() && h->second.suspected &&
+      std::find(silent.begin(), silent.end(), head_) == silent.end()) {
+    head_still_silent();
   }
   heartbeat_timer_ = time_->call_at(now + config_.heartbeat_interval, [this, alive = alive_] {
     if (!*alive) return;

@@ -68,8 +68,20 @@ awaitable<void> coordinator::on_start() {
       return;
     }
     if (standby_.node == n) {
+      const int pid = standby_.pid;
       standby_ = {};
       release_start();  // training goes on without one (the notice says what that means)
+      const bool lost = e == actors::member_event::lost;
+      // A lost standby is ended like a lost worker: one only cut off must not act on later.
+      if (lost && callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, pid);
+      if (log_ != nullptr && !finished_) {
+        log_->write(json_record{}
+                        .add("kind", "event")
+                        .add("event", "standby_lost")
+                        .add("node", std::int64_t{n})
+                        .add("how", lost ? system().why_lost(n) : std::string("left the job"))
+                        .add("time_s", log_->seconds()));
+      }
       if (callbacks_.on_notice && !finished_) {
         callbacks_.on_notice(
             fmt::format("the standby head (node {}) was lost: a loss of this "

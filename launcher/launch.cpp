@@ -572,12 +572,19 @@ void head_session::standby_membership(transport::node_id n, actors::member_event
   } else if (e == actors::member_event::lost && n == sys_.head() && !took_over_) {
     end_standby(1, "the head was lost before this standby joined its cluster");
   } else if (n == sys_.node() && e == actors::member_event::lost) {
-    end_standby(1, "the head declared this standby lost");
+    const std::string why = sys_.why_lost(n);  // its own verdict (cut off), or the head's
+    end_standby(1, why.starts_with("this standby") ? why : "the head declared this standby lost");
   }
 }
 
 void head_session::take_over() {
   if (took_over_ || standby_status_) return;
+  // Every worker left before the head went (the job ended under it, its Shutdown never came
+  // here): nothing to take over, and nothing to write in the run log.
+  if (sys_.members().empty()) {
+    end_standby(0, "the head was lost after every worker had left: nothing to take over");
+    return;
+  }
   journal_.emplace(job_);
   std::vector<std::string> rejected;
   auto point = journal_->load(&rejected);
@@ -647,8 +654,13 @@ void head_session::replaced() {
   if (replaced_) return;
   replaced_ = true;
   finished_ = true;
-  say("moevement launch: this head did not run for longer than cluster.failure_timeout_ms and "
-      "the standby head took its place: leaving the job to it");
+  // Its own reason (it stalled, or it is the one cut off), or the standby's verdict on it.
+  const std::string why = sys_.why_lost(sys_.node());
+  say("moevement launch: " +
+      (why.starts_with("this head")
+           ? why
+           : fmt::format("the standby head took this head's place ({}): leaving the job to it",
+                         why.empty() ? "fenced" : why)));
   processes_.forget_all();
   if (step_) step_->release();  // the workers' step is the standby's now
   if (standby_step_) standby_step_->release();

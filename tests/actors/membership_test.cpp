@@ -315,6 +315,119 @@ TEST(membership, a_head_that_stalled_past_the_timeout_yields_to_its_standby) {
   }
 }
 
+// A cut link between the head and the standby only: the members still hear the head, so the
+// standby does not take its place (two heads would drive one job), and the head, which hears
+// every member but the standby, declares the standby lost and goes on.
+TEST(membership, a_standby_cut_off_from_the_head_alone_does_not_take_over) {
+  cluster c;
+  auto& head = c.add(0, with_standby(3));
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  auto& standby = c.add(3, with_standby(3));
+  events ev0, ev3;
+  record(head, ev0);
+  record(standby, ev3);
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    CO_ASSERT((co_await standby.join(1s)).ok());
+    co_await sleep_for(20ms);
+    c.hub().cut(0, 3);
+    co_await sleep_for(400ms);
+    EXPECT_EQ(standby.head(), 0u);
+    EXPECT_EQ(n1.head(), 0u);
+    EXPECT_EQ(n2.head(), 0u);
+    EXPECT_TRUE(saw(ev0, 3, member_event::lost)) << "the head judged the standby";
+    EXPECT_FALSE(saw(ev0, 0, member_event::lost)) << "the head did not yield";
+    EXPECT_FALSE(saw(ev0, 1, member_event::lost));
+    EXPECT_EQ(head.members().size(), 2u);
+    EXPECT_FALSE(saw(ev3, 3, member_event::head_changed));
+  });
+}
+
+// The head cut off from everyone: it yields (reports itself lost, judges nobody: its
+// launcher ends no worker), and the standby, which every member tells that the head is
+// silent, takes its place.
+TEST(membership, a_head_cut_off_from_everyone_yields_and_the_standby_takes_over) {
+  cluster c;
+  auto& head = c.add(0, with_standby(3));
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  auto& standby = c.add(3, with_standby(3));
+  events ev0, ev1;
+  record(head, ev0);
+  record(n1, ev1);
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    CO_ASSERT((co_await standby.join(1s)).ok());
+    co_await sleep_for(20ms);
+    for (node_id n : {1u, 2u, 3u}) c.hub().cut(0, n);
+    co_await sleep_for(400ms);
+    EXPECT_TRUE(saw(ev0, 0, member_event::lost)) << "the head yielded";
+    EXPECT_NE(head.why_lost(0).find("the one cut off"), std::string::npos) << head.why_lost(0);
+    EXPECT_FALSE(saw(ev0, 1, member_event::lost)) << "it judged nobody";
+    EXPECT_FALSE(saw(ev0, 3, member_event::lost));
+    EXPECT_EQ(standby.head(), 3u);
+    EXPECT_EQ(n1.head(), 3u);
+    EXPECT_EQ(n2.head(), 3u);
+    EXPECT_TRUE(saw(ev1, 3, member_event::head_changed));
+  });
+}
+
+// The head cut off from the members but not from the standby: the standby hears the head and
+// does not take over on the members' word alone; the head, hearing under half its members,
+// yields and falls silent, and then the standby takes its place.
+TEST(membership, a_head_cut_off_from_its_members_yields_to_the_standby_that_hears_it) {
+  cluster c;
+  auto& head = c.add(0, with_standby(3));
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  auto& standby = c.add(3, with_standby(3));
+  events ev0;
+  record(head, ev0);
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    CO_ASSERT((co_await standby.join(1s)).ok());
+    co_await sleep_for(20ms);
+    c.hub().cut(0, 1);
+    c.hub().cut(0, 2);
+    co_await sleep_for(500ms);
+    EXPECT_TRUE(saw(ev0, 0, member_event::lost)) << "the head yielded";
+    EXPECT_FALSE(saw(ev0, 1, member_event::lost)) << "it judged nobody";
+    EXPECT_EQ(standby.head(), 3u);
+    EXPECT_EQ(n1.head(), 3u);
+    EXPECT_EQ(n2.head(), 3u);
+  });
+}
+
+// A standby that hears neither the head nor any member is the one cut off: it leaves, and
+// the head goes on.
+TEST(membership, a_standby_cut_off_from_everyone_leaves) {
+  cluster c;
+  auto& head = c.add(0, with_standby(3));
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  auto& standby = c.add(3, with_standby(3));
+  events ev3;
+  record(standby, ev3);
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n1.join(1s)).ok());
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    CO_ASSERT((co_await standby.join(1s)).ok());
+    co_await sleep_for(20ms);
+    for (node_id n : {0u, 1u, 2u}) c.hub().cut(3, n);
+    co_await sleep_for(400ms);
+    EXPECT_TRUE(saw(ev3, 3, member_event::lost));
+    EXPECT_NE(standby.why_lost(3).find("standby hears neither"), std::string::npos)
+        << standby.why_lost(3);
+    EXPECT_EQ(standby.head(), 0u);
+    EXPECT_EQ(n1.head(), 0u);
+    EXPECT_EQ(head.members().size(), 2u);
+  });
+}
+
 // Without a standby, a lost head stays lost: nobody takes its place.
 TEST(membership, without_a_standby_the_head_is_not_replaced) {
   cluster c;

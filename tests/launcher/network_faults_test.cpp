@@ -86,16 +86,19 @@ TEST(network_faults, dropped_syns_cost_no_worker_and_no_bit) {
   EXPECT_GE(dropped, 2 * 5);
 }
 
+// Whose connections fail: the workers of stages 0 and 1 (replica 0), the head and the worker
+// of stage 1, or the head and the standby head.
+enum class between { stages, head_and_stage, head_and_standby };
+
 // `moevement launch ARGS` in a fresh network namespace where, once iteration `at` is in the
-// run log, every TCP connection between the workers of stages 0 and 1 (replica 0) fails (with
-// `head`, between the head and the worker of stage 1), the processes living on (new
+// run log, every TCP connection between `who` fails, the processes living on (new
 // connections get through):
 //   cut    blackholed both ways for good: two live processes that cannot hear each other,
 //          while both still hear the head;
 //   reset  closed under them (`ss -K`: an endpoint error on each side).
 // The output says how many connections, and ends with the blackhole's packet counter.
 run_result launch_failing_stage_link(const std::string& mode, int at, const std::string& args,
-                                     const std::string& log, bool head = false) {
+                                     const std::string& log, between who = between::stages) {
   const std::string dir = ::testing::TempDir() + "netcut_" + std::to_string(::getpid());
   {
     std::ofstream rules(dir + ".nft");
@@ -127,8 +130,12 @@ run_result launch_failing_stage_link(const std::string& mode, int at, const std:
            << " 2>/dev/null; do sleep 0.02; i=$((i+1)); [ $i -gt 3000 ] && break; done\n"
            << "pid() { grep \"\\\"stage\\\":$1,\\\"replica\\\":0\" " << log
            << " | head -1 | sed 's/.*\"pid\":\\([0-9]*\\).*/\\1/'; }\n"
-           << "ss -tnpH state established | awk -v A=\"pid=" << (head ? "$job" : "$(pid 0)")
-           << ",\" -v B=\"pid=$(pid 1),\" -f " << dir << ".awk > " << dir << ".pairs\n"
+           << "standby() { grep '\"standby_up\"' " << log
+           << " | head -1 | sed 's/.*\"pid\":\\([0-9]*\\).*/\\1/'; }\n"
+           << "ss -tnpH state established | awk -v A=\"pid="
+           << (who == between::stages ? "$(pid 0)" : "$job")
+           << ",\" -v B=\"pid=" << (who == between::head_and_standby ? "$(standby)" : "$(pid 1)")
+           << ",\" -f " << dir << ".awk > " << dir << ".pairs\n"
            << "echo \"failed $(wc -l < " << dir << ".pairs) connections\"\n"
            << "[ -s " << dir << ".pairs ] && " << fail << "wait $job\nrc=$?\n"
            << "nft list chain inet fault in | grep -o 'packets [0-9]*'\nexit $rc\n";
@@ -216,8 +223,34 @@ TEST(network_faults, connections_reset_between_the_head_and_a_live_worker_cost_n
   const std::string log = log_path("netheadreset");
   expect_reset_costs_nothing(
       launch_failing_stage_link("reset", 10, stage_job + " --set engine.run_log=" + log, log,
-                                /*head=*/true),
+                                between::head_and_stage),
       ref, log);
+}
+
+// The link between the head and its standby blackholed for good, both alive, every worker
+// hearing both: the standby must not take the head's place (it took it, and two heads drove
+// the job: each wrote the run log, each declared the other's workers lost, and the job
+// failed). The workers still hear the head, so the standby waits; the head declares the
+// standby lost, ends it, and the job ends with `moevement train`'s state_hash.
+TEST(network_faults, a_link_cut_between_the_head_and_its_standby_leaves_one_head) {
+  if (const auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  // Long enough to run on past the failure timeout after the cut.
+  const std::string longer = stage_job + " --set train.iterations=700";
+  const auto ref = run_moevement("train " + longer);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string log = log_path("netstandbycut");
+  const auto r = launch_failing_stage_link(
+      "cut", 10, longer + " --set cluster.standby_head=true --set engine.run_log=" + log, log,
+      between::head_and_standby);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(hash_of(r.output.substr(0, r.output.rfind("packets "))), hash_of(ref.output))
+      << r.output;
+  EXPECT_EQ(r.output.find("failed 0 connections"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the standby head (node 4) was lost"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("taking over"), std::string::npos) << r.output;
+  const std::string text = read_file(log);
+  EXPECT_NE(text.find("\"event\":\"standby_lost\""), std::string::npos);
+  EXPECT_EQ(text.find("job_failed"), std::string::npos) << text.substr(0, 2000);
 }
 
 }  // namespace
