@@ -90,6 +90,10 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
         replicates() ? snapshot_holders() : std::map<transport::node_id, std::vector<actor_ref>>{};
     workers_.erase(it);
     retarget_snapshots(holders, w.replicator);
+    const auto left = std::count_if(workers_.begin(), workers_.end(),
+                                    [](const auto& kv) { return kv.second.stage < 0; });
+    notice(fmt::format("spare worker {} (pid {}) {}; training goes on with {} spare(s)", n, w.pid,
+                       how, left));
     co_return;
   }
   const bool spare_left = std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {

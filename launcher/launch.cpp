@@ -389,16 +389,9 @@ void head_session::child_exited(transport::node_id n, pid_t pid, int status) {
     return;
   }
   auto* c = coordinator();
-  bool spare = false, known = false;
-  if (c != nullptr) {
-    const auto w = c->workers().find(n);
-    known = w != c->workers().end();
-    spare = c->started() && (!known || w->second.stage < 0);
-  }
-  if (!finished_ && spare && known) {
-    say(fmt::format("spare worker {} (pid {}) {}; training goes on", n, pid, exit_text(status)));
-  }
-  // The coordinator decides: recover the stage on a spare, or end the job saying so.
+  const bool known = c != nullptr && c->workers().contains(n);
+  // The coordinator decides (a lost spare: it says so): recover the stage on a spare, or end the
+  // job saying so.
   if (!finished_ && c != nullptr && known) {
     c->lose_worker(n, exit_text(status));
     // One truth about who is alive: the exit reaches the membership at once (asks to the

@@ -155,8 +155,14 @@ void add_supervision(run_story& s, const engine::run_record& r, double t, const 
 void add_event(run_story& s, const engine::run_record& r, double t) {
   const std::string ev = r.text("event").value_or("");
   if (ev == "worker_lost") {
+    // A spare has no stage (-1), nor a loss during a standby's takeover (no key): named by
+    // their worker.
+    const auto stage = r.number("stage");
+    const auto node = num(r, "node", -1);
     s.losses.push_back(
-        {t, fmt::format("stage {} replica {} lost", num(r, "stage", -1), num(r, "replica", -1))});
+        {t, !stage       ? fmt::format("worker {} lost", node)
+            : *stage < 0 ? fmt::format("spare worker {} lost", node)
+                         : fmt::format("stage {} replica {} lost", *stage, num(r, "replica", -1))});
   } else if (ev == "inject") {
     s.injections.push_back({t, r.text("spec").value_or("inject")});
   } else if (ev == "window_persisted") {

@@ -1,6 +1,7 @@
 // `moevement launch` end to end: real worker processes over loopback UCX. Pipelining, data and
 // expert parallelism change no bit (the same state_hash as `moevement train`), a worker killed or
 // hung under policy `none` ends the job with a clear error, Ctrl-C leaves no process behind.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -306,6 +307,13 @@ TEST(launch, a_lost_spare_does_not_stop_training) {
   }
   EXPECT_GE(persisted_after, 2) << job.output();
   EXPECT_EQ(job.output().find("captured nothing of a window"), std::string::npos) << job.output();
+  // Said once, by the coordinator (a hung spare, declared by the heartbeats, was not said).
+  const std::string said =
+      fmt::format("spare worker {} (pid {}) was killed by signal 9", int(node), spare);
+  const std::string out = job.output();
+  ASSERT_NE(out.find(said), std::string::npos) << out;
+  EXPECT_EQ(out.find(said, out.find(said) + 1), std::string::npos) << out;
+  EXPECT_NE(out.find("training goes on with 0 spare(s)"), std::string::npos) << out;
 }
 
 // The newest iteration the run log shows (-1: none yet).

@@ -66,7 +66,14 @@ std::string run_log_text(double tokens_per_s) {
 }
 
 TEST(report, a_run_log_becomes_one_self_contained_html_file) {
-  const std::string log = write("run.jsonl", run_log_text(1000));
+  // Besides, an idle spare lost, and a worker lost while a standby took over.
+  std::string text = run_log_text(1000);
+  text.insert(text.find("{\"kind\":\"validation\""),
+              "{\"kind\":\"event\",\"event\":\"worker_lost\",\"node\":5,\"stage\":-1,"
+              "\"replica\":-1,\"time_s\":0.95}\n"
+              "{\"kind\":\"event\",\"event\":\"worker_lost\",\"node\":6,\"during\":"
+              "\"takeover\",\"time_s\":0.97}\n");
+  const std::string log = write("run.jsonl", text);
   const std::string out = temp_path("run.html");
   const auto r = run_moevement("report " + log + " -o " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -76,6 +83,9 @@ TEST(report, a_run_log_becomes_one_self_contained_html_file) {
   EXPECT_NE(html.find("Throughput over wall time"), std::string::npos);
   EXPECT_NE(html.find("seconds since the job started"), std::string::npos) << "axes labelled";
   EXPECT_NE(html.find("stage 1 replica 0 lost"), std::string::npos) << "the failure marked";
+  EXPECT_NE(html.find("spare worker 5 lost"), std::string::npos) << "a spare by its worker";
+  EXPECT_NE(html.find("worker 6 lost"), std::string::npos) << "no role: by its worker";
+  EXPECT_EQ(html.find("stage -1"), std::string::npos);
   EXPECT_NE(html.find("kill:stage=1,replica=0,iter=3"), std::string::npos) << "the injection";
   EXPECT_NE(html.find("<td>region</td><td>stage 1 replica 0</td><td>3</td><td>2</td>"
                       "<td>0.470</td><td>0.100</td><td>0.050</td><td>0.200</td><td>0.120</td>"),
