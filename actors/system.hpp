@@ -596,6 +596,7 @@ class actor_system {
   bool winding_down_ = false;       // wind_down(): failed connections are not redialled
   bool yielded_ = false;            // a head that stalled with a standby waiting (yield_to_standby)
   std::set<node_id> head_unheard_;  // the standby: members that report the head silent
+  std::string head_loss_;           // the standby: how it lost the head itself (the first way)
   time_source::timer_id heartbeat_timer_ = 0;
   bool heartbeat_running_ = false;
   std::function<void(node_id, member_event)> membership_fn_;

@@ -1,16 +1,18 @@
 // Who holds the head's place when a link, not a process, fails (config.standby set). Each side
 // of a cut sees the other go silent; without a quorum both would go on as the head (two run
-// logs interleaved, each ending the other's workers). So:
-//   - the head yields (judges nobody, reports itself lost, falls silent) once it hears under
-//     half of its members at once: it is the one cut off;
-//   - a member that no longer hears the head tells the standby (Unreachable of the head), and
-//     takes it back when it hears the head again (Reachable); it does not follow the standby
-//     on its own verdict;
-//   - the standby takes the head's place once it no longer hears the head itself and every
-//     member it still hears has said so. A standby that hears no member either is the one
-//     cut off and leaves.
-// A head's process that ended is seen by the transport (a refused redial), as before: that is
-// a verdict on its own everywhere.
+// logs interleaved, each ending the other's workers). The nodes other than the head (the
+// standby and the workers) vote, and each side needs a strict majority of them:
+//   - the head yields (judges nobody, reports itself lost, falls silent, says no goodbye) once
+//     a majority of them, two at least, have been silent past half the timeout: it is the one
+//     cut off;
+//   - a member that no longer hears the head (silence, or a refused redial: its process gone)
+//     tells the standby (Unreachable of the head), and takes it back when it hears the head
+//     again (Reachable); on silence it does not follow the standby on its own;
+//   - the standby takes the head's place once it does not hear the head itself, every member
+//     it still hears has said so, and those members and the standby are a majority. A standby
+//     that hears no member either is the one cut off and leaves.
+// The price: where over half of them fail silently at once (a rack with the standby in it),
+// no side holds a majority and the job ends (`--resume` goes on).
 #include <fmt/format.h>
 
 #include "actors/system.hpp"
@@ -24,16 +26,22 @@ bool actor_system::head_cut_off(std::size_t newly_silent) {
   }
   // Those past half the timeout count too: a cut silences every member at once, but their
   // last heartbeats came up to an interval apart, and one declared lost a tick before the
-  // others would be ended by its launcher.
+  // others would be ended by its launcher. Members never heard yet (in their join grace: a
+  // dropped SYN costs a second) count neither way.
   const auto now = this->now();
-  std::size_t quiet = 0;
-  for (const auto& [n, m] : members_) quiet += now - m.last_heard > config_.heartbeat_timeout / 2;
-  if (2 * quiet <= members_.size()) return false;
+  std::size_t quiet = 0, heard = 0;
+  for (const auto& [n, m] : members_) {
+    if (!m.heard) continue;
+    ++heard;
+    quiet += now - m.last_heard > config_.heartbeat_timeout / 2;
+  }
+  // (Two at least: the standby alone hung, before the workers joined, is no cut.)
+  if (quiet < 2 || 2 * quiet <= heard) return false;
   yielded_ = true;
   lost_why_[node_] = fmt::format(
       "this head has not heard {} of its {} members for over {} ms: it is the one cut off, and "
       "leaves the job to the standby head",
-      quiet, members_.size(), config_.heartbeat_timeout.count() / 2);
+      quiet, heard, config_.heartbeat_timeout.count() / 2);
   if (membership_fn_) membership_fn_(node_, member_event::lost);
   return true;
 }
@@ -45,6 +53,7 @@ void actor_system::head_silent() {
     return;
   }
   if (is_standby()) {
+    if (head_loss_.empty()) head_loss_ = why;
     maybe_take_over();
     return;
   }
@@ -63,7 +72,18 @@ void actor_system::head_still_silent() {
     maybe_take_over();
     return;
   }
-  if (!standby_) return;
+  if (!standby_) {  // the standby left meanwhile (its goodbye): nobody takes over
+    head_silent();
+    return;
+  }
+  // No takeover came within three timeouts (the standby's side is no majority, or this member
+  // is cut off from the rest): the head is lost here, and this member stops.
+  if (const auto h = members_.find(head_);
+      h != members_.end() && now() - h->second.last_heard > 3 * config_.heartbeat_timeout) {
+    standby_.reset();
+    head_silent();
+    return;
+  }
   const auto s = members_.find(*standby_);
   if (s == members_.end() || s->second.suspected) head_silent();
 }
@@ -91,26 +111,32 @@ void actor_system::maybe_take_over() {
   if (!is_standby() || shut_down_) return;
   const auto h = members_.find(head_);
   if (h == members_.end() || !h->second.suspected) return;
-  std::size_t heard = 0, others = 0;
-  bool all_say_so = true;
+  std::size_t heard = 0, others = 0, say_so = 0;
   for (const auto& [n, m] : members_) {
     if (n == head_) continue;
     ++others;
     if (m.suspected) continue;
     ++heard;
-    all_say_so = all_say_so && head_unheard_.contains(n);
+    say_so += head_unheard_.contains(n);
   }
-  if (others > 0 && heard == 0) {  // this standby is the one cut off
+  const bool alone = others > 0 && heard == 0;  // this standby is the one cut off
+  if (alone || now() - h->second.last_heard > 3 * config_.heartbeat_timeout) {
     lost_why_[node_] =
-        "this standby hears neither the head nor any member: it is the one cut off, and leaves";
+        alone ? "this standby hears neither the head nor any member: it is the one cut off, and "
+                "leaves"
+              : "this standby found no majority to take the head's place within three failure "
+                "timeouts (the head goes on where it holds one): it leaves";
     standby_.reset();
     if (membership_fn_) membership_fn_(node_, member_event::lost);
     return;
   }
-  if (!all_say_so) return;  // a member still hears the head: it lives, only this link is cut
-  declare_lost(
-      head_, false,
-      fmt::format("no heartbeat for {} ms, nor to any member", config_.heartbeat_timeout.count()));
+  // A member still hears the head: it lives, only this link is cut. And the side that takes
+  // over must be a majority of the voters (the members but the head, and this standby): the
+  // head's side, where it holds one, goes on.
+  if (say_so < heard || 2 * (say_so + 1) <= others + 1) return;
+  declare_lost(head_, false,
+               (head_loss_.empty() ? std::string("not heard") : head_loss_) +
+                   "; nor does any member hear it");
 }
 
 }  // namespace moevement::actors

@@ -262,7 +262,9 @@ void actor_system::on_system_join(node_id from, const transport::envelope_header
 void actor_system::on_system_register(node_id from, const transport::envelope_header& h,
                                       proto::Register::Reader r) {
   const actor_ref ref = read_ref(r.getActor());
-  if (node_ != head_ || ref.node != from) {
+  // The standby takes them too: a member whose redial of a dead head was refused follows it
+  // at once, and registers its names there before the standby's takeover (the quorum).
+  if ((node_ != head_ && !is_standby()) || ref.node != from) {
     reply_error(h, "register_global: not the head, or an actor of another node");
     return;
   }
@@ -294,6 +296,17 @@ void actor_system::on_peer_lost(node_id peer, transport::peer_loss why, const st
       ++stats_.reconnects;
       last_reconnect_ = fmt::format("node {}: {}", peer, detail.substr(0, 200));
       link_.revive(peer);
+      return;
+    }
+    // On the standby a failed dial of the head is no verdict by itself (a dial into a cut link
+    // fails too): it counts as the head's silence, and the members decide with it
+    // (system_standby.cpp). Dialled again meanwhile.
+    if (is_standby() && peer == head_) {
+      m->second.suspected = true;
+      head_loss_ = detail.substr(0, 200);
+      redialled_.insert(peer);
+      link_.revive(peer);
+      maybe_take_over();
       return;
     }
   }
@@ -347,16 +360,27 @@ void actor_system::declare_lost(node_id peer, bool clean, const std::string& det
   const bool head_changes =
       !clean && peer == head_ && standby_ && *standby_ != peer && m != members_.end();
   if (head_changes) {
+    report_head(true);  // a member's own verdict (a refused redial) counts at the standby too
     head_ = *standby_;
     standby_.reset();
     head_unheard_.clear();
+    head_loss_.clear();
     suspicions_ = {};
+    // Silences noted under the old head are judged again by the new one: on the new head, a
+    // member silent past the timeout is declared at its next tick; a member that suspected
+    // the new head gives it a full timeout from now.
+    for (auto& [n, mem] : members_) {
+      if (!mem.suspected) continue;
+      mem.suspected = false;
+      if (n == head_) mem.last_heard = now();
+    }
   } else if (standby_ && peer == *standby_) {
     standby_.reset();
   }
   const std::uint32_t incarnation = m != members_.end() ? m->second.incarnation : 0;
   lost_[peer] = incarnation;
   lost_why_[peer] = detail.substr(0, 300);
+  head_unheard_.erase(peer);
   if (!clean) fenced_.insert(peer);
   if (m != members_.end()) members_.erase(m);
   const exit_reason reason =
@@ -451,6 +475,7 @@ void actor_system::add_member(node_id n, std::uint32_t incarnation) {
   lost_.erase(n);
   fenced_.erase(n);
   lost_why_.erase(n);
+  head_unheard_.erase(n);
   members_[n] = member{incarnation, now(), false};
   if (membership_fn_) membership_fn_(n, member_event::up);
   if (!heartbeat_running_) {
@@ -469,6 +494,7 @@ void actor_system::heard(node_id from) {
     it->second.suspected = false;
     if (from == head_) {
       report_head(false);  // (to the standby, which judges the head)
+      head_loss_.clear();
     } else {
       report_to_head(from, false, {});
     }
@@ -499,7 +525,8 @@ void actor_system::report_to_head(node_id peer, bool unreachable, const std::str
 void actor_system::on_system_unreachable(node_id from, proto::Unreachable::Reader u) {
   const node_id suspect = u.getMember().getNode();
   const auto m = members_.find(suspect);
-  if (is_standby() && suspect == head_ && members_.contains(from) && m != members_.end()) {
+  if (is_standby() && suspect == head_ && members_.contains(from) && m != members_.end() &&
+      m->second.incarnation == u.getMember().getIncarnation()) {
     head_unheard_.insert(from);  // (system_standby.cpp)
     maybe_take_over();
     return;
@@ -520,7 +547,9 @@ void actor_system::on_system_unreachable(node_id from, proto::Unreachable::Reade
 }
 
 void actor_system::on_system_reachable(node_id from, proto::Reachable::Reader r) {
-  if (is_standby() && r.getMember().getNode() == head_) head_unheard_.erase(from);
+  if (is_standby() && r.getMember().getNode() == head_ && members_.contains(from)) {
+    head_unheard_.erase(from);
+  }
   if (node_ == head_) suspicions_.withdraw(from, r.getMember().getNode());
 }
 

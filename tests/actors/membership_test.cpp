@@ -428,6 +428,66 @@ TEST(membership, a_standby_cut_off_from_everyone_leaves) {
   });
 }
 
+// A split with the standby on the smaller side: {head, n1, n2} | {standby, n3}. The head
+// hears a majority of the others (n1, n2 of n1, n2, n3, standby: not under half) and goes on;
+// the standby hears n3 alone, who reports the head silent, but the two of them are no
+// majority: no takeover (two heads), and it leaves after three timeouts.
+TEST(membership, a_standby_on_the_smaller_side_of_a_split_does_not_take_over) {
+  cluster c;
+  auto& head = c.add(0, with_standby(4));
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  auto& n3 = c.add(3, fast());
+  auto& standby = c.add(4, with_standby(4));
+  events ev0, ev4;
+  record(head, ev0);
+  record(standby, ev4);
+  c.run([&]() -> awaitable<void> {
+    for (auto* n : {&n1, &n2, &n3, &standby}) CO_ASSERT((co_await n->join(1s)).ok());
+    co_await sleep_for(20ms);
+    for (node_id a : {0u, 1u, 2u}) {
+      for (node_id b : {3u, 4u}) c.hub().cut(a, b);
+    }
+    co_await sleep_for(250ms);
+    EXPECT_FALSE(saw(ev0, 0, member_event::lost)) << "the head did not yield";
+    EXPECT_TRUE(saw(ev0, 3, member_event::lost));
+    EXPECT_TRUE(saw(ev0, 4, member_event::lost));
+    EXPECT_EQ(standby.head(), 0u) << "no takeover on the smaller side";
+    EXPECT_EQ(n1.head(), 0u);
+    co_await sleep_for(200ms);  // past three timeouts: the standby leaves
+    EXPECT_TRUE(saw(ev4, 4, member_event::lost));
+    EXPECT_NE(standby.why_lost(4).find("no majority"), std::string::npos) << standby.why_lost(4);
+    EXPECT_FALSE(saw(ev4, 4, member_event::head_changed));
+  });
+}
+
+// The head cut off from everyone and one member cut off from the standby too: the standby
+// takes over on the others' word (the silent one counts as not hearing it), and as the new
+// head it judges that member, whose silence it had noted before (it once stayed suspected,
+// never declared).
+TEST(membership, a_member_the_standby_suspected_is_judged_once_it_is_the_head) {
+  cluster c;
+  auto& head = c.add(0, with_standby(3));
+  auto& n1 = c.add(1, fast());
+  auto& n2 = c.add(2, fast());
+  auto& standby = c.add(3, with_standby(3));
+  events ev3;
+  record(standby, ev3);
+  c.run([&]() -> awaitable<void> {
+    for (auto* n : {&n1, &n2, &standby}) CO_ASSERT((co_await n->join(1s)).ok());
+    co_await sleep_for(20ms);
+    for (node_id n : {1u, 2u, 3u}) c.hub().cut(0, n);
+    c.hub().cut(2, 3);
+    c.hub().cut(2, 1);
+    co_await sleep_for(400ms);
+    EXPECT_EQ(standby.head(), 3u);
+    EXPECT_EQ(n1.head(), 3u);
+    EXPECT_TRUE(saw(ev3, 2, member_event::lost)) << "the new head judged the silent member";
+    EXPECT_EQ(standby.members().size(), 1u);
+    (void)head;
+  });
+}
+
 // Without a standby, a lost head stays lost: nobody takes its place.
 TEST(membership, without_a_standby_the_head_is_not_replaced) {
   cluster c;
