@@ -16,6 +16,9 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <sys/wait.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +41,7 @@
 #include "launcher/launch.hpp"
 #include "launcher/launch_options.hpp"
 #include "launcher/launch_start.hpp"
+#include "launcher/launch_text.hpp"
 #include "launcher/report.hpp"
 #include "launcher/slurm_backend.hpp"
 #include "launcher/standby_agent.hpp"
@@ -57,34 +61,6 @@ std::string new_token() {
   std::string t;
   for (int i = 0; i < 4; ++i) t += fmt::format("{:08x}", rd());
   return t;
-}
-
-std::string duration_text(double s) {
-  const auto total = static_cast<long>(s + 0.5);
-  return fmt::format("{}:{:02d}", total / 60, static_cast<int>(total % 60));
-}
-
-// "final: loss L  val_loss V  tokens/s T  (N iterations, S s in iterations, W s wall)  ETTR E",
-// a run that began past iteration 0 (a resume, a standby head's takeover) saying which of it is
-// this run's;
-// "-" for what nothing measured (no iteration in this run, no validation).
-std::string final_line(const engine::job_outcome& o) {
-  const auto loss = [](const std::optional<double>& v) {
-    return v ? fmt::format("{:.4f}", *v) : std::string("-");
-  };
-  // The seconds the committed iterations took (what tokens/s divides), then the run's wall
-  // time: their difference is what failures cost beyond re-run iterations (engine.md).
-  const std::string secs =
-      fmt::format("{:.2f} s in iterations, {:.2f} s wall", o.seconds, o.wall_s);
-  const std::string run = o.first_iteration > 0
-                              ? fmt::format("{} iterations, {} of them in this run: {}",
-                                            o.iterations, o.iterations - o.first_iteration, secs)
-                              : fmt::format("{} iterations, {}", o.iterations, secs);
-  const bool trained = o.iterations > o.first_iteration;
-  return fmt::format("final: loss {}  val_loss {}  tokens/s {:.0f}  ({})  ETTR {}{}",
-                     loss(o.final_loss), loss(o.val_loss), o.tokens_per_s, run,
-                     trained ? fmt::format("{:.3f}", o.ettr) : std::string("-"),
-                     trained && o.first_iteration > 0 ? " (this run's)" : "");
 }
 
 // Connections to the head's port that were refused or dropped before they were admitted: not
@@ -233,6 +209,7 @@ class head_session {
   void take_locks();
   // The old head, fenced: the standby took its place while this one was stopped.
   void replaced();
+  int wait_for_standby();
 
   const launch_options& options_;
   const engine::job_config& job_;
@@ -240,7 +217,8 @@ class head_session {
   std::optional<recovery::resume_journal>& journal_;
   const bool standby_;  // this process is the standby head (until it takes over)
   bool took_over_ = false, replaced_ = false;
-  std::optional<int> standby_status_;  // the standby ended without taking over
+  std::optional<pid_t> standby_child_;  // a replaced head waits for it (wait_for_standby)
+  std::optional<int> standby_status_;   // the standby ended without taking over
   const std::string token_;
   const std::string self_ = std::filesystem::read_symlink("/proc/self/exe").string();
   worker_processes processes_;
@@ -654,11 +632,28 @@ void head_session::replaced() {
            ? why
            : fmt::format("the standby head took this head's place ({}): leaving the job to it",
                          why.empty() ? "fenced" : why)));
+  // The standby, where it is this process's child, is waited for (run()): the launch ends with
+  // the job's status, not this head's.
+  standby_child_ = processes_.pid_of(transport::node_id(engine::standby_node(job_)));
   processes_.forget_all();
   if (step_) step_->release();  // the workers' step is the standby's now
   if (standby_step_) standby_step_->release();
   injector_.stop();
   io_.stop();
+}
+
+int head_session::wait_for_standby() {
+  if (!standby_child_) return 1;
+  say(fmt::format("moevement launch: waiting for the standby head (pid {}) to end the job",
+                  *standby_child_));
+  // Ctrl-C or SIGTERM now end this process alone (the standby goes on, as its own launch).
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  int status = 0;
+  while (::waitpid(*standby_child_, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
 }
 
 int head_session::run() {
@@ -672,7 +667,7 @@ int head_session::run() {
     asio::co_spawn(io_, start_workers(), asio::detached);
     io_.run();
   }
-  if (replaced_) return 1;
+  if (replaced_) return wait_for_standby();
   end_line();
   log_link_refusals(log_, link_.counters());
   injector_.report_unfired(std::cout);
@@ -798,18 +793,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                    "checkpoint.dir to a directory every node sees\n";
     }
   }
-  // The built-in model's size; a custom stage type builds its own operators from the config's
-  // shapes, which only its stages know.
-  const std::string model =
-      job.stage_type == "moe"
-          ? fmt::format("model {} ({} layers, {:.3f} M parameters)", job.model.preset,
-                        job.model.layers, double(job.model.parameter_count()) / 1e6)
-          : fmt::format("model {} shapes, {} layers", job.model.preset, job.model.layers);
-  std::cout << fmt::format(
-      "moevement launch: {}, pp={} dp={}{}, {} workers + {} spare(s), stage type {}, checkpoint "
-      "policy {}\n",
-      model, job.pp, job.dp, job.ep > 1 ? fmt::format(" ep={}", job.ep) : std::string(),
-      job.workers(), job.spares, job.stage_type, engine::policy_name(job.policy));
+  std::cout << launch_line(job) << "\n";
   // A worker that needs the missing transport to reach a peer cannot connect (UCX only warns).
   if (const auto problem = transport::ucx_tls_problem(); !problem.empty()) {
     std::cerr << "moevement launch: warning: " << problem << "\n";

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,6 +33,13 @@ class worker_processes {
   // A process started elsewhere that counts as node `node` (srun: 0).
   void adopt(pid_t pid, transport::node_id node) { children_[pid] = node; }
   void forget(pid_t pid) { children_.erase(pid); }
+  // The pid of node's process, if it is a child of this one still running.
+  std::optional<pid_t> pid_of(transport::node_id node) const {
+    for (const auto& [p, n] : children_) {
+      if (n == node) return p;
+    }
+    return std::nullopt;
+  }
   // Leaves every child alone from now on (a standby head took them over).
   void forget_all() { children_.clear(); }
   // Reaps every child that exited: on_exit(node, pid, wait status) for each of ours.

@@ -295,7 +295,9 @@ TEST(head_failover, a_stopped_head_yields_to_the_standby_when_it_wakes) {
   }
   ::kill(j.pid, SIGCONT);
   ASSERT_NE(j.output().find("taking over"), std::string::npos) << j.output();
-  EXPECT_EQ(j.wait(std::chrono::seconds(30)), 1);
+  // It waits for the standby, its child, and ends with the job's status.
+  EXPECT_EQ(j.wait(std::chrono::seconds(60)), 0) << j.output();
+  EXPECT_NE(j.output().find("waiting for the standby head (pid"), std::string::npos) << j.output();
   const std::string hash = wait_for_hash(j);
   const std::string out = j.output();
   EXPECT_EQ(hash, reference()) << out;
