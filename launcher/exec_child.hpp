@@ -38,11 +38,11 @@ class child_environment {
 // (or srun) would otherwise keep the head's listening sockets open, and its port taken and
 // answering connects, for as long as it runs. Between fork and exec of a threaded process:
 // close_range and close are async-signal-safe (sysconf, on old kernels only, is a getrlimit).
-inline void close_inherited_fds() {
-  if (::close_range(3, ~0U, 0) == 0) return;
+inline void close_inherited_fds(int first = 3) {
+  if (::close_range(unsigned(first), ~0U, 0) == 0) return;
   // Kernels before 5.9 have no close_range: close up to the descriptor limit.
   const long limit = ::sysconf(_SC_OPEN_MAX);
-  for (long fd = 3; fd < (limit > 0 ? limit : 1024); ++fd) ::close(static_cast<int>(fd));
+  for (long fd = first; fd < (limit > 0 ? limit : 1024); ++fd) ::close(static_cast<int>(fd));
 }
 
 }  // namespace moevement::launcher

@@ -141,6 +141,10 @@ class head_session {
 
   // Runs the job to its end; the exit status of `moevement launch`.
   int run();
+  // The head's job locks, which the standby it starts holds too (job_lock::fds); on the
+  // standby, those it was started holding (--locks).
+  void share_locks(std::vector<int> fds) { lock_fds_ = std::move(fds); }
+  void adopt_locks(job_lock held) { lock_ = std::move(held); }
 
  private:
   static transport::ucx_link_options link_options(const engine::job_config& job,
@@ -226,7 +230,8 @@ class head_session {
   transport::ucx_link link_;
   actors::actor_system sys_;
   engine::run_log log_;
-  job_lock lock_;  // a standby's, once it took over (the head's is run_launch's)
+  job_lock lock_;              // a standby's, once it took over (the head's is run_launch's)
+  std::vector<int> lock_fds_;  // the head's, which its standby shares
   const std::vector<std::string> worker_specs_;  // phase=... injections: the workers'
   failure_injector injector_;
   // Progress redrawn in place on a terminal; not by a standby head, whose output is a log
@@ -513,8 +518,9 @@ std::vector<std::string> head_session::standby_args(const std::string& head) con
 
 void head_session::start_standby(const std::string& head) {
   try {
-    processes_.start(self_, standby_args(head), transport::node_id(engine::standby_node(job_)),
-                     true);
+    auto args = standby_args(head);
+    if (!lock_fds_.empty()) args.insert(args.end(), {"--locks", std::to_string(lock_fds_.size())});
+    processes_.start(self_, args, transport::node_id(engine::standby_node(job_)), true, lock_fds_);
   } catch (const std::exception& e) {
     fail(std::string("cannot start the standby head: ") + e.what());
   }
@@ -602,7 +608,8 @@ void head_session::take_over() {
 void head_session::take_locks() {
   // The lost head's: a hung one holds them until it wakes up and leaves (replaced()), so they
   // are tried again every second until this head holds them all.
-  lock_ = job_lock::try_take(job_, true);
+  // (Unless it was started holding them: job_lock::fds.)
+  if (lock_.fds().empty() || !lock_.holds_all()) lock_ = job_lock::try_take(job_, true);
   if (lock_.holds_all() || finished_) return;
   relock_.expires_after(std::chrono::seconds(1));
   relock_.async_wait([this](const std::error_code& ec) {
@@ -764,6 +771,9 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
     if (job.backend == "slurm") job.host = slurm_task_host(job.host);
     head_session standby(*options, job, std::move(plan), journal, std::nullopt,
                          std::move(extension));
+    std::vector<int> held;
+    for (int i = 0; i < options->standby_locks; ++i) held.push_back(3 + i);
+    if (!held.empty()) standby.adopt_locks(job_lock::adopt(std::move(held)));
     return standby.run();
   }
   check_run_log_path(job.run_log, options->report);
@@ -800,6 +810,7 @@ int run_launch(int argc, char** argv, const engine::stage_registry& registry,
   }
   head_session session(*options, job, std::move(plan), journal, std::move(resume_from),
                        std::move(extension));
+  session.share_locks(lock.fds());
   return session.run();
 }
 

@@ -68,6 +68,8 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
       o.report = argv[++i];
     } else if (a == "--standby-of" && i + 1 < argc) {
       o.standby_of = argv[++i];
+    } else if (a == "--locks" && i + 1 < argc) {
+      o.standby_locks = int(std::strtol(argv[++i], nullptr, 10));
     } else if (a == "--node" && i + 1 < argc) {
       o.standby_node = std::uint32_t(std::strtoul(argv[++i], nullptr, 10));
     } else if (a == "--sbatch") {
@@ -102,6 +104,9 @@ std::optional<launch_options> parse_launch_options(int argc, char** argv) {
         "--inject does not go with --sbatch (the batch job runs the launch from CONFIG and "
         "--set only): write the injections as [[inject]] tables in CONFIG "
         "(docs/configuration.md)");
+  }
+  if (o.standby_locks < 0 || o.standby_locks > 2 || (o.standby_locks > 0 && o.standby_of.empty())) {
+    throw std::invalid_argument("--locks N (0 to 2) goes with --standby-of only");
   }
   if (!o.standby_of.empty() && (o.standby_node == 0 || o.resume || o.sbatch || o.dry_run)) {
     throw std::invalid_argument(

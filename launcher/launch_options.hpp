@@ -30,6 +30,8 @@ struct launch_options {
   // head's place when the head is lost.
   std::string standby_of;
   std::uint32_t standby_node = 0;
+  // --locks N: the standby was started holding the head's N job locks as descriptors 3, ...
+  int standby_locks = 0;
 };
 
 // Parses argv (argv[2] is CONFIG). nullopt: a usage error, already printed with the usage.

@@ -250,6 +250,14 @@ job_lock job_lock::take(const engine::job_config& job, bool journaled,
   return lock(job, journaled, true);
 }
 
+job_lock job_lock::adopt(std::vector<int> fds) {
+  job_lock held;
+  held.wanted_ = fds.size();
+  held.fds_ = std::move(fds);
+  for (int fd : held.fds_) ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // never the workers'
+  return held;
+}
+
 job_lock job_lock::try_take(const engine::job_config& job, bool journaled) {
   return lock(job, journaled, false);
 }

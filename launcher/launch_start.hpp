@@ -61,6 +61,12 @@ class job_lock {
   static job_lock try_take(const engine::job_config& job, bool journaled);
   // Every lock it was to take is held (try_take may hold fewer).
   bool holds_all() const { return fds_.size() == wanted_; }
+  // Its descriptors: the local backend's standby head is started holding them too (the same
+  // locks, released when both processes are gone), so that no `--resume` starts between the
+  // head's death and the standby's takeover.
+  const std::vector<int>& fds() const { return fds_; }
+  // The locks a standby was started holding, as descriptors `fds`.
+  static job_lock adopt(std::vector<int> fds);
   job_lock() = default;
   job_lock(job_lock&& o) noexcept;
   job_lock& operator=(job_lock&& o) noexcept;

@@ -27,7 +27,8 @@ std::string exit_text(int status) {
 
 // Starts `self worker ...` in its own process group, dying with us.
 void worker_processes::start(const std::string& self, const std::vector<std::string>& args,
-                             transport::node_id node, bool outlive_head) {
+                             transport::node_id node, bool outlive_head,
+                             const std::vector<int>& keep) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(self.c_str()));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -42,7 +43,14 @@ void worker_processes::start(const std::string& self, const std::vector<std::str
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);  // the head died before prctl took effect
     }
-    close_inherited_fds();  // not the head's listeners (UCX opens them without close-on-exec)
+    // The kept ones to 3, 4, ... (through copies above any of them: one may be where another
+    // goes), open across exec; every other one closed.
+    for (std::size_t i = 0; i < keep.size(); ++i) {
+      if (::dup2(keep[i], 1000 + int(i)) < 0) ::_exit(126);
+    }
+    for (std::size_t i = 0; i < keep.size(); ++i) ::dup2(1000 + int(i), 3 + int(i));
+    close_inherited_fds(3 + int(keep.size()));  // not the head's listeners (UCX opens them
+                                                // without close-on-exec)
     ::execve(self.c_str(), argv.data(), env.get());
     ::_exit(127);
   }

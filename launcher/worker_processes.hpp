@@ -28,8 +28,10 @@ class worker_processes {
 
   // Starts `self args...` as node `node`, with the job's token in its environment. Throws.
   // outlive_head: it does not die with this process (a standby head takes over).
+  // keep: descriptors the child holds too, as 3, 4, ... (the job's locks, which a standby head
+  // shares: launch_start.hpp job_lock).
   void start(const std::string& self, const std::vector<std::string>& args, transport::node_id node,
-             bool outlive_head = false);
+             bool outlive_head = false, const std::vector<int>& keep = {});
   // A process started elsewhere that counts as node `node` (srun: 0).
   void adopt(pid_t pid, transport::node_id node) { children_[pid] = node; }
   void forget(pid_t pid) { children_.erase(pid); }

@@ -127,6 +127,13 @@ TEST(head_failover, a_killed_head_is_replaced_by_the_standby_bit_exact) {
   const auto killed_at = std::chrono::steady_clock::now();
   ::kill(j.pid, SIGKILL);
   EXPECT_EQ(j.wait(std::chrono::seconds(30)), 128 + SIGKILL);
+  // A --resume at once (a wrapper retrying the killed launch) is refused: the standby holds the
+  // job's locks from its start (it ran beside the standby's takeover, two heads on one job).
+  const auto again =
+      run_moevement("launch " + job() + " --set engine.run_log=" + j.log + " --resume");
+  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_NE(again.output.find("is in use by another running `moevement launch`"), std::string::npos)
+      << again.output;
   const std::string hash = wait_for_hash(j);
   const std::string out = j.output();
   EXPECT_EQ(hash, reference()) << out;
