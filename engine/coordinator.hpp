@@ -451,7 +451,7 @@ class coordinator : public actors::actor, private head_control {
   // --resume (engine/coordinator_recovery.cpp): the journal's point, until every worker is up;
   // then every stage restores from the newest durable window all of them verify.
   std::optional<resume_point> resume_;
-  asio::awaitable<void> start_resume();
+  asio::awaitable<void> start_resume(bool takeover = false);  // takeover: a standby went to disk
   // A standby that took over: training goes on from the live stages where they agree
   // (engine/takeover.hpp), else every stage goes back to the journal's window (start_resume).
   asio::awaitable<void> start_takeover();

@@ -7,6 +7,7 @@
 
 #include "actors/gather.hpp"
 #include "engine/coordinator.hpp"
+#include "engine/run_log_reader.hpp"
 #include "engine/takeover.hpp"
 
 namespace moevement::engine {
@@ -262,7 +263,7 @@ awaitable<void> coordinator::region_restart(wire::RegionRestart::Reader m,
 // --resume (docs/recovery.md "Resuming a killed job"): the coordinator's state as the journal
 // says, then its recovery restores every stage from the newest durable window all of them
 // verify (recovery/durable_rollback.cpp).
-asio::awaitable<void> coordinator::start_resume() {
+asio::awaitable<void> coordinator::start_resume(bool takeover) {
   const resume_point p = std::move(*resume_);
   resume_.reset();
   if (!recovery_) {
@@ -276,9 +277,12 @@ asio::awaitable<void> coordinator::start_resume() {
   scaler_ = p.scaler;
   job_start_ = sclock::now();
   if (log_ != nullptr) {
-    log_->write(job_start_record()
-                    .add("resume_window", std::int64_t(p.window))
-                    .add("resume_iteration", p.target_iteration));
+    auto r = job_start_record()
+                 .add("resume_window", std::int64_t(p.window))
+                 .add("resume_iteration", p.target_iteration);
+    // A standby head that went back to disk: a takeover, not a --resume.
+    if (takeover) r.add("takeover", "disk");
+    log_->write(r);
   }
   if (callbacks_.on_notice) {
     callbacks_.on_notice(fmt::format(
@@ -302,7 +306,7 @@ awaitable<void> coordinator::start_takeover() {
     if (w.stage >= 0) drop_stage(w.stage, w.replica);
     w.stage_actor = actor_ref{};
   }
-  co_await start_resume();
+  co_await start_resume(/*takeover=*/true);
 }
 
 awaitable<std::string> coordinator::go_on_live() {
@@ -349,13 +353,29 @@ awaitable<std::string> coordinator::go_on_live() {
   wirings_ = t->wiring;
   job_start_ = sclock::now();
   const std::int64_t completed = t->unfinished ? t->unfinished->iteration : -1;
+  // Iterations every stage stepped that the lost head died before logging: their records
+  // (loss, times) are gone; the gap is said, not left for a reader to find.
+  const auto logged = last_logged_iteration(job_.run_log);
+  const std::int64_t unlogged = logged ? *logged + 1 : 0;
   if (log_ != nullptr) {
-    log_->write(job_start_record()
-                    .add("resume_window", std::int64_t(journal.window))
-                    .add("resume_iteration", t->target)
-                    .add("takeover", "live")
-                    .add("dropped_iteration", t->dropped)
-                    .add("completed_step", completed));
+    auto r = job_start_record()
+                 .add("resume_window", std::int64_t(journal.window))
+                 .add("resume_iteration", t->target)
+                 .add("takeover", "live")
+                 .add("dropped_iteration", t->dropped)
+                 .add("completed_step", completed);
+    if (unlogged < t->target) {
+      r.add("unlogged_from", unlogged).add("unlogged_to", t->target - 1);
+    }
+    log_->write(r);
+  }
+  if (unlogged < t->target && callbacks_.on_notice) {
+    callbacks_.on_notice(fmt::format(
+        "the lost head logged no record of iteration{} {}: stepped by every stage, so not run "
+        "again (the run log says unlogged_from/unlogged_to)",
+        unlogged < t->target - 1 ? "s" : "",
+        unlogged < t->target - 1 ? fmt::format("{}..{}", unlogged, t->target - 1)
+                                 : std::to_string(unlogged)));
   }
   if (callbacks_.on_notice) {
     callbacks_.on_notice(fmt::format(

@@ -264,4 +264,22 @@ result<run_log_contents> read_run_log(const std::string& path, std::size_t max_l
   return out;
 }
 
+std::optional<std::int64_t> last_logged_iteration(const std::string& path, std::size_t tail) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return std::nullopt;
+  const auto size = std::size_t(in.tellg());
+  in.seekg(std::streamoff(size > tail ? size - tail : 0));
+  std::string line;
+  if (size > tail) std::getline(in, line);  // a part of a line
+  std::optional<std::int64_t> newest;
+  while (std::getline(in, line)) {
+    auto r = run_record::parse(line);
+    if (!r.ok() || !r->is("kind", "iteration")) continue;  // (a torn last line: not counted)
+    if (const auto it = r->number("iteration"); it && *it >= 0 && *it < 9.0e15) {
+      newest = std::max(newest.value_or(0), std::int64_t(*it));
+    }
+  }
+  return newest;
+}
+
 }  // namespace moevement::engine

@@ -51,4 +51,9 @@ struct run_log_contents {
 result<run_log_contents> read_run_log(const std::string& path,
                                       std::size_t max_line_bytes = std::size_t(1) << 20);
 
+// The newest iteration whose record the run log at `path` holds, read from its last `tail`
+// bytes (a standby head that took over: what the lost head logged); none when there is none.
+std::optional<std::int64_t> last_logged_iteration(const std::string& path,
+                                                  std::size_t tail = std::size_t(1) << 20);
+
 }  // namespace moevement::engine

@@ -111,6 +111,22 @@ TEST(run_log_reader, a_torn_line_with_records_after_it_is_skipped) {
   EXPECT_EQ(r->records.back().number("iteration"), 5.0);
 }
 
+// A standby head that took over: the newest iteration the lost head logged, from the log's
+// tail (a part line at its start and a torn last line not counted).
+TEST(run_log_reader, the_last_logged_iteration_is_read_from_the_tail) {
+  std::string text = "{\"kind\":\"event\",\"event\":\"job_start\"}\n";
+  for (int i = 0; i < 40; ++i) {
+    text += "{\"kind\":\"iteration\",\"iteration\":" + std::to_string(i) + ",\"loss\":1}\n";
+  }
+  text += "{\"kind\":\"event\",\"event\":\"window_persisted\",\"iteration\":77}\n";
+  text += "{\"kind\":\"iteration\",\"iteration\":40,\"lo";  // torn
+  const std::string path = temp_file("tail.jsonl", text);
+  EXPECT_EQ(last_logged_iteration(path), std::optional<std::int64_t>(39));
+  EXPECT_EQ(last_logged_iteration(path, 200), std::optional<std::int64_t>(39));  // a tail
+  EXPECT_EQ(last_logged_iteration(temp_file("none.jsonl", "{\"kind\":\"event\"}\n")), std::nullopt);
+  EXPECT_EQ(last_logged_iteration(path + ".missing"), std::nullopt);
+}
+
 TEST(run_log_reader, what_is_not_a_run_log_is_an_error) {
   auto missing = read_run_log(::testing::TempDir() + "no_such_run_log.jsonl");
   ASSERT_FALSE(missing.ok());
