@@ -282,4 +282,21 @@ std::optional<std::int64_t> last_logged_iteration(const std::string& path, std::
   return newest;
 }
 
+bool run_log_ended(const std::string& path, std::size_t tail) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return false;
+  const auto size = std::size_t(in.tellg());
+  in.seekg(std::streamoff(size > tail ? size - tail : 0));
+  std::string line;
+  if (size > tail) std::getline(in, line);  // a part of a line
+  bool ended = false;
+  while (std::getline(in, line)) {
+    auto r = run_record::parse(line);
+    if (!r.ok()) continue;  // a torn line
+    ended =
+        r->is("event", "job_end") || r->is("event", "job_failed") || r->is("event", "job_stopped");
+  }
+  return ended;
+}
+
 }  // namespace moevement::engine

@@ -36,6 +36,7 @@
 #include "engine/coordinator.hpp"
 #include "engine/job_config.hpp"
 #include "engine/run_log.hpp"
+#include "engine/run_log_reader.hpp"
 #include "launcher/config.hpp"
 #include "launcher/injector.hpp"
 #include "launcher/launch.hpp"
@@ -659,8 +660,28 @@ int head_session::wait_for_standby() {
   int status = 0;
   while (::waitpid(*standby_child_, &status, 0) < 0 && errno == EINTR) {
   }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+  const int code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                   : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                         : 1;
+  // A standby that ended without ending the job (it was cut off too, or found no majority):
+  // the run log would end with neither, and nothing would say how to go on.
+  if (!engine::run_log_ended(job_.run_log)) {
+    const std::string why = fmt::format(
+        "the head left the job to its standby head, which ended (status {}) without taking it "
+        "over{}",
+        code,
+        journal_ ? ": `moevement launch CONFIG --resume` goes on from the newest window on disk"
+                 : "");
+    log_.start_on_new_line();
+    log_.write(engine::json_record{}
+                   .add("kind", "event")
+                   .add("event", "job_failed")
+                   .add("message", why)
+                   .add("time_s", log_.seconds()));
+    std::cerr << "moevement launch: " << why << "\n";
+    return code == 0 ? 1 : code;
+  }
+  return code;
 }
 
 int head_session::run() {

@@ -127,6 +127,21 @@ TEST(run_log_reader, the_last_logged_iteration_is_read_from_the_tail) {
   EXPECT_EQ(last_logged_iteration(path + ".missing"), std::nullopt);
 }
 
+TEST(run_log_reader, a_log_ends_its_run_with_job_end_failed_or_stopped) {
+  const std::string start = "{\"kind\":\"event\",\"event\":\"job_start\"}\n";
+  const std::string it = "{\"kind\":\"iteration\",\"iteration\":3}\n";
+  for (const char* end : {"job_end", "job_failed", "job_stopped"}) {
+    const std::string text =
+        start + it + "{\"kind\":\"event\",\"event\":\"" + end + "\"}\n" + "{\"kind\":\"ite";
+    EXPECT_TRUE(run_log_ended(temp_file(std::string(end) + ".jsonl", text))) << end;
+  }
+  EXPECT_FALSE(run_log_ended(temp_file("running.jsonl", start + it)));
+  // A resume after an end: running again.
+  EXPECT_FALSE(run_log_ended(
+      temp_file("again.jsonl", start + "{\"kind\":\"event\",\"event\":\"job_failed\"}\n" + start)));
+  EXPECT_FALSE(run_log_ended("/nonexistent/run.jsonl"));
+}
+
 TEST(run_log_reader, what_is_not_a_run_log_is_an_error) {
   auto missing = read_run_log(::testing::TempDir() + "no_such_run_log.jsonl");
   ASSERT_FALSE(missing.ok());
