@@ -190,6 +190,23 @@ bool saw(const events& ev, node_id n, member_event e) {
   return std::find(ev.seen.begin(), ev.seen.end(), std::make_pair(n, e)) != ev.seen.end();
 }
 
+// The cut tests' cluster: a head (0) with a standby (3) and two members (1, 2).
+struct head_with_standby {
+  cluster c;
+  actor_system& head = c.add(0, with_standby(3));
+  actor_system& n1 = c.add(1, fast());
+  actor_system& n2 = c.add(2, fast());
+  actor_system& standby = c.add(3, with_standby(3));
+  // Every one joined, and heard for a few heartbeats.
+  awaitable<bool> joined() {
+    for (auto* n : {&n1, &n2, &standby}) {
+      if (!(co_await n->join(1s)).ok()) co_return false;
+    }
+    co_await sleep_for(20ms);
+    co_return true;
+  }
+};
+
 // The head crashes; the standby (node 2) takes its place at once: every member follows it,
 // names registered cluster-wide are found there, and its verdicts count from then on.
 TEST(membership, a_standby_takes_the_place_of_a_crashed_head) {
@@ -319,19 +336,13 @@ TEST(membership, a_head_that_stalled_past_the_timeout_yields_to_its_standby) {
 // standby does not take its place (two heads would drive one job), and the head, which hears
 // every member but the standby, declares the standby lost and goes on.
 TEST(membership, a_standby_cut_off_from_the_head_alone_does_not_take_over) {
-  cluster c;
-  auto& head = c.add(0, with_standby(3));
-  auto& n1 = c.add(1, fast());
-  auto& n2 = c.add(2, fast());
-  auto& standby = c.add(3, with_standby(3));
+  head_with_standby s;
+  auto& [c, head, n1, n2, standby] = s;
   events ev0, ev3;
   record(head, ev0);
   record(standby, ev3);
   c.run([&]() -> awaitable<void> {
-    CO_ASSERT((co_await n1.join(1s)).ok());
-    CO_ASSERT((co_await n2.join(1s)).ok());
-    CO_ASSERT((co_await standby.join(1s)).ok());
-    co_await sleep_for(20ms);
+    CO_ASSERT(co_await s.joined());
     c.hub().cut(0, 3);
     co_await sleep_for(400ms);
     EXPECT_EQ(standby.head(), 0u);
@@ -349,19 +360,13 @@ TEST(membership, a_standby_cut_off_from_the_head_alone_does_not_take_over) {
 // launcher ends no worker), and the standby, which every member tells that the head is
 // silent, takes its place.
 TEST(membership, a_head_cut_off_from_everyone_yields_and_the_standby_takes_over) {
-  cluster c;
-  auto& head = c.add(0, with_standby(3));
-  auto& n1 = c.add(1, fast());
-  auto& n2 = c.add(2, fast());
-  auto& standby = c.add(3, with_standby(3));
+  head_with_standby s;
+  auto& [c, head, n1, n2, standby] = s;
   events ev0, ev1;
   record(head, ev0);
   record(n1, ev1);
   c.run([&]() -> awaitable<void> {
-    CO_ASSERT((co_await n1.join(1s)).ok());
-    CO_ASSERT((co_await n2.join(1s)).ok());
-    CO_ASSERT((co_await standby.join(1s)).ok());
-    co_await sleep_for(20ms);
+    CO_ASSERT(co_await s.joined());
     for (node_id n : {1u, 2u, 3u}) c.hub().cut(0, n);
     co_await sleep_for(400ms);
     EXPECT_TRUE(saw(ev0, 0, member_event::lost)) << "the head yielded";
@@ -379,18 +384,12 @@ TEST(membership, a_head_cut_off_from_everyone_yields_and_the_standby_takes_over)
 // does not take over on the members' word alone; the head, hearing under half its members,
 // yields and falls silent, and then the standby takes its place.
 TEST(membership, a_head_cut_off_from_its_members_yields_to_the_standby_that_hears_it) {
-  cluster c;
-  auto& head = c.add(0, with_standby(3));
-  auto& n1 = c.add(1, fast());
-  auto& n2 = c.add(2, fast());
-  auto& standby = c.add(3, with_standby(3));
+  head_with_standby s;
+  auto& [c, head, n1, n2, standby] = s;
   events ev0;
   record(head, ev0);
   c.run([&]() -> awaitable<void> {
-    CO_ASSERT((co_await n1.join(1s)).ok());
-    CO_ASSERT((co_await n2.join(1s)).ok());
-    CO_ASSERT((co_await standby.join(1s)).ok());
-    co_await sleep_for(20ms);
+    CO_ASSERT(co_await s.joined());
     c.hub().cut(0, 1);
     c.hub().cut(0, 2);
     co_await sleep_for(500ms);
@@ -405,18 +404,12 @@ TEST(membership, a_head_cut_off_from_its_members_yields_to_the_standby_that_hear
 // A standby that hears neither the head nor any member is the one cut off: it leaves, and
 // the head goes on.
 TEST(membership, a_standby_cut_off_from_everyone_leaves) {
-  cluster c;
-  auto& head = c.add(0, with_standby(3));
-  auto& n1 = c.add(1, fast());
-  auto& n2 = c.add(2, fast());
-  auto& standby = c.add(3, with_standby(3));
+  head_with_standby s;
+  auto& [c, head, n1, n2, standby] = s;
   events ev3;
   record(standby, ev3);
   c.run([&]() -> awaitable<void> {
-    CO_ASSERT((co_await n1.join(1s)).ok());
-    CO_ASSERT((co_await n2.join(1s)).ok());
-    CO_ASSERT((co_await standby.join(1s)).ok());
-    co_await sleep_for(20ms);
+    CO_ASSERT(co_await s.joined());
     for (node_id n : {0u, 1u, 2u}) c.hub().cut(3, n);
     co_await sleep_for(400ms);
     EXPECT_TRUE(saw(ev3, 3, member_event::lost));
@@ -466,16 +459,12 @@ TEST(membership, a_standby_on_the_smaller_side_of_a_split_does_not_take_over) {
 // head it judges that member, whose silence it had noted before (it once stayed suspected,
 // never declared).
 TEST(membership, a_member_the_standby_suspected_is_judged_once_it_is_the_head) {
-  cluster c;
-  auto& head = c.add(0, with_standby(3));
-  auto& n1 = c.add(1, fast());
-  auto& n2 = c.add(2, fast());
-  auto& standby = c.add(3, with_standby(3));
+  head_with_standby s;
+  auto& [c, head, n1, n2, standby] = s;
   events ev3;
   record(standby, ev3);
   c.run([&]() -> awaitable<void> {
-    for (auto* n : {&n1, &n2, &standby}) CO_ASSERT((co_await n->join(1s)).ok());
-    co_await sleep_for(20ms);
+    CO_ASSERT(co_await s.joined());
     for (node_id n : {1u, 2u, 3u}) c.hub().cut(0, n);
     c.hub().cut(2, 3);
     c.hub().cut(2, 1);
