@@ -38,6 +38,7 @@
 #include "engine/run_log.hpp"
 #include "engine/run_log_reader.hpp"
 #include "launcher/config.hpp"
+#include "launcher/head_session.hpp"
 #include "launcher/injector.hpp"
 #include "launcher/launch.hpp"
 #include "launcher/launch_options.hpp"
@@ -55,14 +56,14 @@
 
 namespace moevement::launcher {
 
-namespace {
-
 std::string new_token() {
   std::random_device rd;
   std::string t;
   for (int i = 0; i < 4; ++i) t += fmt::format("{:08x}", rd());
   return t;
 }
+
+namespace {
 
 // Connections to the head's port that were refused or dropped before they were admitted: not
 // the job's own traffic (another job, a scanner, a stale token). The link warns on stderr as
@@ -83,181 +84,7 @@ void log_link_refusals(engine::run_log& log, const transport::ucx_link_counters&
                 .add("time_s", log.seconds()));
 }
 
-// One job's head: the link and actor system of node 0, the coordinator, the worker processes,
-// the failure injector, the progress lines and the run log.
-class head_session {
- public:
-  head_session(const launch_options& o, const engine::job_config& job, injection_plan plan,
-               std::optional<recovery::resume_journal>& journal,
-               std::optional<engine::resume_point> resume_from, head_extension extension)
-      : options_(o),
-        job_(job),
-        extension_(std::move(extension)),
-        journal_(journal),
-        standby_(!o.standby_of.empty()),
-        token_(standby_ ? standby_token() : new_token()),
-        processes_(token_),
-        link_(io_, link_options(job, token_, standby_ ? o.standby_node : 0)),
-        sys_(io_, link_, system_config(job)),
-        log_(job.run_log, o.resume || standby_),
-        worker_specs_(plan.worker_specs),
-        injector_(
-            io_, log_, o.injections, std::move(plan), job.train.iterations,
-            [this]() -> const failure_injector::worker_table* {
-              auto* c = coordinator();
-              return c != nullptr ? &c->workers() : nullptr;
-            },
-            [this](const std::string& line) { say(line); }) {
-    outcome_.message = "the job did not finish";
-    signals_.add(SIGUSR1);  // the signal set's constructor takes three
-    // A closed standard output (`launch ... | head`) stops the job as an interrupt does, saying
-    // so on stderr and in the run log, not by killing the head where it printed.
-    signals_.add(SIGPIPE);
-    // A hang-up (the terminal closed) stops the job as an interrupt does; not under nohup (its
-    // SIG_IGN kept), nor a standby's: the kernel sends one to the launch's process group when
-    // the head dies while a member is stopped, and the standby is the one that goes on then.
-    transport::release_hangup_signal();
-    struct sigaction before {};
-    if (standby_) {
-      std::signal(SIGHUP, SIG_IGN);
-    } else if (::sigaction(SIGHUP, nullptr, &before) == 0 && before.sa_handler != SIG_IGN) {
-      signals_.add(SIGHUP);
-    }
-    if (standby_) {  // the coordinator comes when this standby takes over (take_over)
-      const auto colon = o.standby_of.rfind(':');
-      const long port = colon == std::string::npos
-                            ? 0
-                            : std::strtol(o.standby_of.c_str() + colon + 1, nullptr, 10);
-      if (port < 1 || port > 65535) {
-        throw std::invalid_argument("--standby-of: expected HOST:PORT, got '" + o.standby_of + "'");
-      }
-      link_.add_peer(0, o.standby_of.substr(0, colon), std::uint16_t(port));
-      return;
-    }
-    make_callbacks();
-    coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
-                                             recovery::any_head_recovery(job_.policy),
-                                             std::move(resume_from));
-  }
-
-  // Runs the job to its end; the exit status of `moevement launch`.
-  int run();
-  // The head's job locks, which the standby it starts holds too (job_lock::fds); on the
-  // standby, those it was started holding (--locks).
-  void share_locks(std::vector<int> fds) { lock_fds_ = std::move(fds); }
-  void adopt_locks(job_lock held) { lock_ = std::move(held); }
-
- private:
-  static transport::ucx_link_options link_options(const engine::job_config& job,
-                                                  const std::string& token,
-                                                  transport::node_id self) {
-    transport::ucx_link_options opt;
-    opt.self = self;
-    opt.job_token = token;
-    opt.listen_host = job.host;
-    return opt;
-  }
-  static actors::system_config system_config(const engine::job_config& job) {
-    actors::system_config cfg;
-    cfg.head = 0;
-    if (job.standby_head) cfg.standby = engine::standby_node(job);
-    cfg.heartbeat_interval = std::chrono::milliseconds(job.heartbeat_ms);
-    cfg.heartbeat_timeout = std::chrono::milliseconds(job.failure_timeout_ms);
-    return cfg;
-  }
-
-  engine::coordinator* coordinator() { return sys_.local_actor<engine::coordinator>(coord_); }
-  void fail(const std::string& why) {
-    if (auto* c = coordinator()) c->fail(why);
-  }
-  // Ends an open progress line (a tty redraws one line in place).
-  void end_line() {
-    if (progress_open_) std::cout << "\n";
-    progress_open_ = false;
-  }
-  void say(const std::string& line) {
-    end_line();
-    std::cout << line << "\n" << std::flush;
-  }
-  void make_callbacks();
-  void progress(const engine::iteration_record& r);
-  // The program's head_extension after iteration r (every log_every).
-  void extend(const engine::iteration_record& r);
-  // Returns once no extension runs (the job's end waits for the last iteration's).
-  asio::awaitable<void> extensions_ended();
-  void finish(const engine::job_outcome& o);
-  void on_signal(const std::error_code& ec, int sig);
-  void request_stop();
-  void window_on_disk(const engine::resume_point& p);
-  void child_exited(transport::node_id n, pid_t pid, int status);
-  void arm_start_timeout();
-  asio::awaitable<void> start_workers();
-  void start_standby(const std::string& head);
-  // `launch CONFIG [--set ...] --standby-of HEAD --node N`: the standby head's command line.
-  std::vector<std::string> standby_args(const std::string& head) const;
-  int report();
-  // ---- the standby head (cluster.standby_head; launcher/standby_agent.hpp)
-  static std::string standby_token() {
-    const char* t = std::getenv("MOEVEMENT_JOB_TOKEN");
-    if (t == nullptr || *t == '\0') {
-      throw std::invalid_argument("--standby-of: MOEVEMENT_JOB_TOKEN is not set (launch sets it)");
-    }
-    return t;
-  }
-  asio::awaitable<void> wait_as_standby();
-  void standby_membership(transport::node_id n, actors::member_event e);
-  // The head is lost and this standby is the head now: the coordinator again, from the
-  // journal's newest window, with the workers that are alive.
-  void take_over();
-  void end_standby(int status, const std::string& why);
-  // A standby that took over: the job's locks (job_lock), tried until held.
-  void take_locks();
-  // The old head, fenced: the standby took its place while this one was stopped.
-  void replaced();
-  int wait_for_standby();
-
-  const launch_options& options_;
-  const engine::job_config& job_;
-  const head_extension extension_;
-  std::optional<recovery::resume_journal>& journal_;
-  const bool standby_;  // this process is the standby head (until it takes over)
-  bool took_over_ = false, replaced_ = false;
-  std::optional<pid_t> standby_child_;  // a replaced head waits for it (wait_for_standby)
-  std::optional<int> standby_status_;   // the standby ended without taking over
-  const std::string token_;
-  const std::string self_ = std::filesystem::read_symlink("/proc/self/exe").string();
-  worker_processes processes_;
-  asio::io_context io_{1};
-  transport::ucx_link link_;
-  actors::actor_system sys_;
-  engine::run_log log_;
-  job_lock lock_;              // a standby's, once it took over (the head's is run_launch's)
-  std::vector<int> lock_fds_;  // the head's, which its standby shares
-  const std::vector<std::string> worker_specs_;  // phase=... injections: the workers'
-  failure_injector injector_;
-  // Progress redrawn in place on a terminal; not by a standby head, whose output is a log
-  // (under Slurm, srun --unbuffered gives its task a pseudo-terminal).
-  const bool tty_ = ::isatty(STDOUT_FILENO) != 0 && !standby_;
-  engine::job_outcome outcome_;
-  bool finished_ = false, progress_open_ = false;
-  int interrupted_ = 0;               // the signal that stopped the job (SIGINT, SIGTERM), or 0
-  std::unique_ptr<slurm_step> step_;  // backend slurm: srun, node 0 among the processes
-  std::unique_ptr<slurm_step> standby_step_;  // backend slurm: the standby head's srun
-  asio::steady_timer linger_{io_}, start_timer_{io_};
-  asio::steady_timer relock_{io_};  // a standby that took over: its next try at the locks
-  int extensions_running_ = 0;
-  asio::steady_timer extensions_done_{io_};
-  asio::signal_set signals_{io_, SIGINT, SIGTERM, SIGCHLD};  // and SIGUSR1 (run)
-  engine::coordinator_callbacks cb_;
-  actors::actor_ref coord_;
-  // SIGUSR1 (a Slurm --signal before a time limit or preemption, or a user): stop once the
-  // next durable window is journaled; stopped_at_ is that window.
-  bool stop_requested_ = false;
-  std::optional<engine::resume_point> stopped_at_;
-  // The journal is written on a thread of its own, in order (its fsyncs must not hold the
-  // head's actor thread and its heartbeats); a failure comes back as a notice.
-  std::optional<recovery::durable_writer> journal_writer_;
-};
+}  // namespace
 
 void head_session::make_callbacks() {
   cb_.on_recovery = [this](const std::string& event, std::int64_t) {
@@ -517,173 +344,6 @@ std::vector<std::string> head_session::standby_args(const std::string& head) con
   return args;
 }
 
-void head_session::start_standby(const std::string& head) {
-  try {
-    auto args = standby_args(head);
-    if (!lock_fds_.empty()) args.insert(args.end(), {"--locks", std::to_string(lock_fds_.size())});
-    processes_.start(self_, args, transport::node_id(engine::standby_node(job_)), true, lock_fds_);
-  } catch (const std::exception& e) {
-    fail(std::string("cannot start the standby head: ") + e.what());
-  }
-}
-
-asio::awaitable<void> head_session::wait_as_standby() {
-  sys_.on_membership(
-      [this](transport::node_id n, actors::member_event e) { standby_membership(n, e); });
-  auto agent = sys_.spawn<standby_agent>(
-      link_, [this](int status, const std::string& why) { end_standby(status, why); });
-  auto coord =
-      co_await sys_.whereis_global(engine::coordinator::registered_name, std::chrono::seconds(30));
-  if (!coord.ok() || !coord->valid()) {
-    end_standby(1, "cannot find the coordinator at the head: " +
-                       (coord.ok() ? std::string("not registered") : coord.err().message));
-    co_return;
-  }
-  if (auto* a = sys_.local_actor<standby_agent>(agent)) a->say_hello(*coord, job_.host);
-}
-
-void head_session::standby_membership(transport::node_id n, actors::member_event e) {
-  if (e == actors::member_event::head_changed && n == sys_.node()) {
-    take_over();
-  } else if (e == actors::member_event::goodbye && n == sys_.head()) {
-    end_standby(0, "the head left (the job ended)");
-  } else if (e == actors::member_event::lost && n == sys_.head() && !took_over_) {
-    end_standby(1, "the head was lost before this standby joined its cluster");
-  } else if (n == sys_.node() && e == actors::member_event::lost) {
-    const std::string why = sys_.why_lost(n);  // its own verdict (cut off), or the head's
-    end_standby(1, why.starts_with("this standby") ? why : "the head declared this standby lost");
-  }
-}
-
-void head_session::take_over() {
-  if (took_over_ || standby_status_) return;
-  // Every worker left before the head went (the job ended under it, its Shutdown never came
-  // here): nothing to take over, and nothing to write in the run log.
-  if (sys_.members().empty()) {
-    end_standby(0, "the head was lost after every worker had left: nothing to take over");
-    return;
-  }
-  journal_.emplace(job_);
-  std::vector<std::string> rejected;
-  auto point = journal_->load(&rejected);
-  for (const auto& r : rejected) say("moevement launch (standby head): " + r);
-  if (!point.ok()) {
-    const std::string why =
-        rejected.empty() && journal_->empty()
-            ? "the head was lost before the job's first durable window reached the disk: "
-              "nothing to take over from; run the job again"
-            : "the head was lost and this standby cannot take over: " + point.err().message;
-    log_.write(engine::json_record{}
-                   .add("kind", "event")
-                   .add("event", "job_failed")
-                   .add("message", why)
-                   .add("time_s", log_.seconds()));
-    end_standby(1, why);
-    return;
-  }
-  took_over_ = true;
-  take_locks();
-  log_.start_on_new_line();  // the lost head may have died mid-record
-  std::set<transport::node_id> alive;
-  for (const auto& m : sys_.members()) alive.insert(m.node);
-  say(fmt::format(
-      "moevement launch (standby head, pid {}): the head was lost ({}); taking over with {} "
-      "workers (the journal's newest window on disk: {}, iteration {})",
-      ::getpid(), sys_.why_lost(sys_.config().head), alive.size(), point->window,
-      point->target_iteration));
-  make_callbacks();
-  coord_ = sys_.spawn<engine::coordinator>(job_, options_.raw, cb_, &log_,
-                                           recovery::any_head_recovery(job_.policy),
-                                           std::move(*point), std::move(alive));
-  arm_start_timeout();  // every worker says hello again within cluster.start_timeout_ms
-  asio::co_spawn(
-      io_,
-      [this]() -> asio::awaitable<void> {
-        auto r = co_await sys_.register_global(engine::coordinator::registered_name, coord_,
-                                               std::chrono::seconds(5));
-        if (!r.ok()) fail("cannot register the coordinator: " + r.err().message);
-      },
-      asio::detached);
-}
-
-void head_session::take_locks() {
-  // The lost head's: a hung one holds them until it wakes up and leaves (replaced()), so they
-  // are tried again every second until this head holds them all.
-  // (Unless it was started holding them: job_lock::fds.)
-  if (lock_.fds().empty() || !lock_.holds_all()) lock_ = job_lock::try_take(job_, true);
-  if (lock_.holds_all() || finished_) return;
-  relock_.expires_after(std::chrono::seconds(1));
-  relock_.async_wait([this](const std::error_code& ec) {
-    if (!ec) take_locks();
-  });
-}
-
-void head_session::end_standby(int status, const std::string& why) {
-  if (standby_status_ || took_over_) return;
-  standby_status_ = status;
-  if (status != 0) {
-    std::cerr << fmt::format("moevement launch (standby head, pid {}): {}\n", ::getpid(), why);
-  }
-  sys_.shutdown();
-  linger_.expires_after(std::chrono::milliseconds(100));
-  linger_.async_wait([this](const std::error_code&) { io_.stop(); });
-}
-
-void head_session::replaced() {
-  if (replaced_) return;
-  replaced_ = true;
-  finished_ = true;
-  // Its own reason (it stalled, or it is the one cut off), or the standby's verdict on it.
-  const std::string why = sys_.why_lost(sys_.node());
-  say("moevement launch: " +
-      (why.starts_with("this head")
-           ? why
-           : fmt::format("the standby head took this head's place ({}): leaving the job to it",
-                         why.empty() ? "fenced" : why)));
-  // The standby, where it is this process's child, is waited for (run()): the launch ends with
-  // the job's status, not this head's.
-  standby_child_ = processes_.pid_of(transport::node_id(engine::standby_node(job_)));
-  processes_.forget_all();
-  if (step_) step_->release();  // the workers' step is the standby's now
-  if (standby_step_) standby_step_->release();
-  injector_.stop();
-  io_.stop();
-}
-
-int head_session::wait_for_standby() {
-  if (!standby_child_) return 1;
-  say(fmt::format("moevement launch: waiting for the standby head (pid {}) to end the job",
-                  *standby_child_));
-  // Ctrl-C or SIGTERM now end this process alone (the standby goes on, as its own launch).
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  int status = 0;
-  while (::waitpid(*standby_child_, &status, 0) < 0 && errno == EINTR) {
-  }
-  const int code = WIFEXITED(status)     ? WEXITSTATUS(status)
-                   : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                         : 1;
-  // A standby that ended without ending the job (it was cut off too, or found no majority):
-  // the run log would end with neither, and nothing would say how to go on.
-  if (!engine::run_log_ended(job_.run_log)) {
-    const std::string why = fmt::format(
-        "the head left the job to its standby head, which ended (status {}) without taking it "
-        "over{}",
-        code,
-        journal_ ? ": `moevement launch CONFIG --resume` goes on from the newest window on disk"
-                 : "");
-    log_.start_on_new_line();
-    log_.write(engine::json_record{}
-                   .add("kind", "event")
-                   .add("event", "job_failed")
-                   .add("message", why)
-                   .add("time_s", log_.seconds()));
-    std::cerr << "moevement launch: " << why << "\n";
-    return code == 0 ? 1 : code;
-  }
-  return code;
-}
-
 int head_session::run() {
   signals_.async_wait([this](const std::error_code& e, int s) { on_signal(e, s); });
   if (standby_) {
@@ -753,8 +413,6 @@ int head_session::report() {
   std::cout << "state_hash=" << hex16(outcome_.state_hash) << "\n";
   return 0;
 }
-
-}  // namespace
 
 int run_launch(int argc, char** argv, const engine::stage_registry& registry,
                head_extension extension) {
