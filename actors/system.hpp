@@ -544,9 +544,10 @@ class actor_system {
   // reports itself lost (fenced). True once it has.
   bool yield_to_standby();
   // A quorum for the head's place (actors/system_standby.cpp), so that a cut link does not
-  // leave two heads: the head with a standby yields when it hears under half its members (it
-  // is the one cut off); a member tells the standby that it no longer hears the head, and
-  // the standby takes over only once every member it hears says so.
+  // leave two heads: the nodes but the head vote. The head with a standby yields when a
+  // majority of them fell silent at once (it is the one cut off); a member tells the standby
+  // that it no longer hears the head; the standby takes over only once every member it hears
+  // says so and they and it are a majority.
   bool head_cut_off(std::size_t newly_silent);
   void head_silent();        // on a member: the head's silence passed the timeout
   void head_still_silent();  // and on each tick after, while it lasts

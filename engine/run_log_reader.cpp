@@ -264,18 +264,31 @@ result<run_log_contents> read_run_log(const std::string& path, std::size_t max_l
   return out;
 }
 
-std::optional<std::int64_t> last_logged_iteration(const std::string& path, std::size_t tail) {
+namespace {
+
+// The records of the last `tail` bytes of the run log at `path`, oldest first (a part line at
+// their start and lines that do not parse, such as a torn last one, left out).
+std::vector<run_record> tail_records(const std::string& path, std::size_t tail) {
+  std::vector<run_record> out;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return std::nullopt;
+  if (!in) return out;
   const auto size = std::size_t(in.tellg());
   in.seekg(std::streamoff(size > tail ? size - tail : 0));
   std::string line;
   if (size > tail) std::getline(in, line);  // a part of a line
-  std::optional<std::int64_t> newest;
   while (std::getline(in, line)) {
-    auto r = run_record::parse(line);
-    if (!r.ok() || !r->is("kind", "iteration")) continue;  // (a torn last line: not counted)
-    if (const auto it = r->number("iteration"); it && *it >= 0 && *it < 9.0e15) {
+    if (auto r = run_record::parse(line); r.ok()) out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::int64_t> last_logged_iteration(const std::string& path, std::size_t tail) {
+  std::optional<std::int64_t> newest;
+  for (const run_record& r : tail_records(path, tail)) {
+    if (!r.is("kind", "iteration")) continue;
+    if (const auto it = r.number("iteration"); it && *it >= 0 && *it < 9.0e15) {
       newest = std::max(newest.value_or(0), std::int64_t(*it));
     }
   }
@@ -283,20 +296,11 @@ std::optional<std::int64_t> last_logged_iteration(const std::string& path, std::
 }
 
 bool run_log_ended(const std::string& path, std::size_t tail) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return false;
-  const auto size = std::size_t(in.tellg());
-  in.seekg(std::streamoff(size > tail ? size - tail : 0));
-  std::string line;
-  if (size > tail) std::getline(in, line);  // a part of a line
-  bool ended = false;
-  while (std::getline(in, line)) {
-    auto r = run_record::parse(line);
-    if (!r.ok()) continue;  // a torn line
-    ended =
-        r->is("event", "job_end") || r->is("event", "job_failed") || r->is("event", "job_stopped");
-  }
-  return ended;
+  const auto records = tail_records(path, tail);
+  if (records.empty()) return false;
+  const run_record& last = records.back();
+  return last.is("event", "job_end") || last.is("event", "job_failed") ||
+         last.is("event", "job_stopped");
 }
 
 }  // namespace moevement::engine

@@ -151,9 +151,11 @@ int head_session::wait_for_standby() {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   int status = 0;
-  while (::waitpid(*standby_child_, &status, 0) < 0 && errno == EINTR) {
+  pid_t waited = -1;
+  while ((waited = ::waitpid(*standby_child_, &status, 0)) < 0 && errno == EINTR) {
   }
-  const int code = WIFEXITED(status)     ? WEXITSTATUS(status)
+  const int code = waited < 0            ? 1  // (reaped already: its status is gone)
+                   : WIFEXITED(status)   ? WEXITSTATUS(status)
                    : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
                                          : 1;
   // A standby that ended without ending the job (it was cut off too, or found no majority):
