@@ -155,7 +155,7 @@ struct background_launch {
       }
       std::this_thread::sleep_for(50ms);
     }
-    std::cerr << stacks_of(pid);
+    std::cerr << stacks_of(pid) << last_words();
     return {};
   }
   // Exit status, or -1 if it had to be killed after `limit` (a hang: the test fails).
@@ -169,11 +169,24 @@ struct background_launch {
       }
       std::this_thread::sleep_for(20ms);
     }
-    std::cerr << stacks_of(pid);
+    std::cerr << stacks_of(pid) << last_words();
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
     pid = -1;
     return -1;
+  }
+  // A hung job's last output and run-log lines, printed after its stacks: meson shows only a
+  // failed test's last 100 lines, and the test's own report of the output came before them.
+  std::string last_words() const {
+    const auto tail = [](const std::vector<std::string>& lines, std::size_t n) {
+      std::string out;
+      for (auto i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) {
+        out += "  " + lines[i].substr(0, 300) + "\n";
+      }
+      return out;
+    };
+    return "---- the job hung; the last of its output:\n" + tail(lines_of(out_path), 30) +
+           "---- and of its run log:\n" + tail(lines_of(log), 15);
   }
   std::string output() const {
     std::ifstream in(out_path);
