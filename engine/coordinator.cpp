@@ -118,9 +118,20 @@ void coordinator::lose_worker(transport::node_id n, const std::string& how) {
       self(), [this, n, how](actors::actor&) -> awaitable<void> { co_await worker_lost(n, how); });
 }
 
-void coordinator::on_stop(const actors::exit_reason&) {
+void coordinator::on_stop(const actors::exit_reason& why) {
   if (overdue_timer_ != 0) system().time().cancel(std::exchange(overdue_timer_, 0));
   system().on_membership({});
+  // A handler that threw stops this actor (actor_system's rule): the job ends saying why,
+  // rather than idle for ever with its workers waiting for a head that no longer drives them.
+  if (why.abnormal() && !finished_) {
+    fail(
+        fmt::format("the head's coordinator failed ({}): this is a bug, please report it with "
+                    "the run log{}",
+                    why.to_string(),
+                    job_.policy == policy_kind::moevement && durable_tier(job_)
+                        ? "; `moevement launch CONFIG --resume` goes on from disk"
+                        : ""));
+  }
 }
 
 void coordinator::fail(const std::string& message) {

@@ -122,8 +122,9 @@ awaitable<T> group_inbox::wait_for(std::uint64_t generation,
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) throw std::runtime_error(what);
     if (now >= report) {
-      fmt::print(stderr, "group replay (generation {}): waited {:.0f} s so far: {}; {}\n",
-                 generation, std::chrono::duration<double>(now - began).count(), what, describe());
+      fmt::print(stderr, "group replay{} (generation {}): waited {:.0f} s so far: {}; {}\n",
+                 label_.empty() ? "" : " of " + label_, generation,
+                 std::chrono::duration<double>(now - began).count(), what, describe());
       report = now + report_after;
     }
     timer.expires_at(std::min(deadline, report));
@@ -237,7 +238,8 @@ namespace {
 template <class Task>
 void wait_on_actor_thread(actors::actor_system& system, Task task,
                           const std::function<void()>& idle = {},
-                          const std::function<std::string()>& what = {}) {
+                          const std::function<std::string()>& what = {},
+                          const std::string& label = {}) {
   if (system.io().get_executor().running_in_this_thread()) {
     throw std::logic_error("a group replay waits on the actor thread (it would wait for itself)");
   }
@@ -260,7 +262,8 @@ void wait_on_actor_thread(actors::actor_system& system, Task task,
   while (finished.wait_for(step) != std::future_status::ready) {
     if (idle) idle();
     if (const auto now = std::chrono::steady_clock::now(); what && now >= report) {
-      fmt::print(stderr, "group replay: waited {:.0f} s so far for {}\n",
+      fmt::print(stderr, "group replay{}: waited {:.0f} s so far for {}\n",
+                 label.empty() ? "" : " of " + label,
                  std::chrono::duration<double>(now - began).count(), what());
       report = now + report_after;
     }
@@ -272,7 +275,7 @@ void wait_on_actor_thread(actors::actor_system& system, Task task,
 
 template <class Task>
 void group_reducer::on_actor_thread(Task task, std::function<std::string()> what) {
-  wait_on_actor_thread(system_, std::move(task), {}, what);
+  wait_on_actor_thread(system_, std::move(task), {}, what, inbox_->label());
 }
 
 awaitable<void> group_reducer::announce(std::int64_t iteration,
@@ -406,11 +409,14 @@ std::vector<float> boundary_exchange::take(std::int64_t iteration, int mb, bool 
   if (!(gradient ? after_ : before_).valid() || mb < 0 || mb >= micro_batches_) {
     throw std::invalid_argument("boundary_exchange::take: no such neighbour or micro-batch");
   }
-  wait_on_actor_thread(system_, pull(iteration, mb, gradient), idle_, [&] {
-    return fmt::format("generation {}: the stage {}'s {} of iteration {}, micro-batch {}",
-                       generation_, gradient ? "after" : "before",
-                       gradient ? "gradient" : "activation", iteration, mb);
-  });
+  wait_on_actor_thread(
+      system_, pull(iteration, mb, gradient), idle_,
+      [&] {
+        return fmt::format("generation {}: the stage {}'s {} of iteration {}, micro-batch {}",
+                           generation_, gradient ? "after" : "before",
+                           gradient ? "gradient" : "activation", iteration, mb);
+      },
+      inbox_->label());
   return *incoming_;
 }
 

@@ -77,6 +77,9 @@ class group_inbox {
   // What the inbox holds, for the report of a wait that goes on long: its generation and the
   // first announcements kept.
   std::string describe() const;
+  // Whose replay waits here ("stage 1 replica 0"), named in its reports of a long wait.
+  void set_label(std::string label) { label_ = std::move(label); }
+  const std::string& label() const { return label_; }
 
   // Under expert parallelism: a peer's replay router (ReplayExperts), kept and taken as an
   // announcement is.
@@ -102,6 +105,7 @@ class group_inbox {
   std::map<std::pair<std::uint64_t, std::uint32_t>, actors::actor_ref> routers_;
   std::multimap<std::uint64_t, std::function<void()>> on_superseded_;
   std::set<asio::steady_timer*> waiters_;  // cancelled (woken) on every put and begin
+  std::string label_;
 };
 
 // One per worker (policy moevement): peers' ReplayGradients into the gradients' inbox, and

@@ -781,8 +781,15 @@ awaitable<restored_stage> restore_region(restore_context ctx, engine::wire::Rest
     co_return co_await restore_layout(ctx, m, factory, std::move(setup));
   }
   // A group replay of an older generation still waiting here ends now (superseded).
-  if (ctx.inbox) ctx.inbox->begin(plan.generation);
-  if (ctx.boundaries) ctx.boundaries->begin(plan.generation);
+  const std::string label = fmt::format("stage {} replica {}", plan.stage, plan.replica);
+  if (ctx.inbox) {
+    ctx.inbox->begin(plan.generation);
+    ctx.inbox->set_label(label);
+  }
+  if (ctx.boundaries) {
+    ctx.boundaries->begin(plan.generation);
+    ctx.boundaries->set_label(label);
+  }
   region_restore run(std::move(ctx), m, std::move(plan), std::move(setup));
   co_return co_await run.run(factory);
 }
