@@ -144,7 +144,15 @@ awaitable<transport::bulk_descriptor> group_inbox::take(std::uint64_t generation
                                                         std::int64_t iteration,
                                                         std::uint32_t replica,
                                                         std::chrono::steady_clock::duration timeout,
-                                                        std::optional<std::int64_t> ended) {
+                                                        std::optional<std::int64_t> ended,
+                                                        std::string_view what) {
+  // (Named, not a temporary in the co_await: g++ 12 may destroy those twice; `what` is copied
+  // before the first wait, its caller's string may be gone after.)
+  const std::string never =
+      what.empty()
+          ? fmt::format("replica {} of the recovery group never sent its gradients of iteration {}",
+                        replica, iteration)
+          : std::string(what);
   co_return co_await wait_for<transport::bulk_descriptor>(
       generation, timeout,
       [&]() -> std::optional<transport::bulk_descriptor> {
@@ -164,8 +172,7 @@ awaitable<transport::bulk_descriptor> group_inbox::take(std::uint64_t generation
         got_.erase(it);
         return d;
       },
-      fmt::format("replica {} of the recovery group never sent its gradients of iteration {}",
-                  replica, iteration));
+      never);
 }
 
 group_exchange::group_exchange(std::shared_ptr<group_inbox> gradients,
@@ -387,8 +394,11 @@ awaitable<void> boundary_exchange::announce(std::int64_t iteration, int mb, bool
 
 awaitable<void> boundary_exchange::pull(std::int64_t iteration, int mb, bool gradient) {
   const actors::actor_ref from = gradient ? after_ : before_;
+  const std::string never = fmt::format(
+      "the stage {} never sent its {} of iteration {}, micro-batch {}",
+      gradient ? "after" : "before", gradient ? "gradient" : "activation", iteration, mb);
   const transport::bulk_descriptor desc =
-      co_await inbox_->take(generation_, iteration, tag(mb, gradient), wait_);
+      co_await inbox_->take(generation_, iteration, tag(mb, gradient), wait_, std::nullopt, never);
   if (desc.node != from.node || desc.length != floats_ * sizeof(float)) {
     throw std::runtime_error(fmt::format(
         "the region member of the stage {} announced a {} that does not match the replay ({} "

@@ -34,6 +34,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -65,11 +66,13 @@ class group_inbox {
   // Waits until `replica` announced `iteration` of `generation` and takes its descriptor.
   // Throws std::runtime_error when superseded, after `timeout`, or at once when `replica`
   // announced `ended` instead (the marker of a replay that is over: the members disagree on
-  // what to replay, and the wait would last its whole timeout).
-  asio::awaitable<transport::bulk_descriptor> take(
-      std::uint64_t generation, std::int64_t iteration, std::uint32_t replica,
-      std::chrono::steady_clock::duration timeout,
-      std::optional<std::int64_t> ended = std::nullopt);
+  // what to replay, and the wait would last its whole timeout). `what`: what a long wait's
+  // report says never came (by default, a group member's gradients).
+  asio::awaitable<transport::bulk_descriptor> take(std::uint64_t generation, std::int64_t iteration,
+                                                   std::uint32_t replica,
+                                                   std::chrono::steady_clock::duration timeout,
+                                                   std::optional<std::int64_t> ended = std::nullopt,
+                                                   std::string_view what = {});
   std::size_t size() const { return got_.size() + routers_.size(); }
   // Announcements refused (an older generation, or the inbox full), for the reports of a
   // long wait.

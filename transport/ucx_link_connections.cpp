@@ -342,7 +342,7 @@ void link_state::check_hello_timeouts() {
     // Admitted over TCP but no first message on the endpoints: UCX could not connect them
     // (outgoing: the admission exchange has its own deadline before).
     const auto limit = c->outgoing ? 2 * opt.hello_timeout : opt.hello_timeout;
-    if (!c->welcomed && now - c->created > limit) silent.push_back(serial);
+    if (!c->welcomed && !c->hello_seen && now - c->created > limit) silent.push_back(serial);
   }
   for (auto serial : silent) {
     fail_connection(serial, "admitted, but no first message on the endpoints in time");

@@ -122,7 +122,7 @@ ucs_status_t link_state::receive(am_id id, const void* header, std::size_t heade
 ucs_status_t link_state::on_hello(connection& c, const void* header, std::size_t header_len,
                                   std::size_t len, bool rndv) {
   hello_header h{};
-  if (c.outgoing || c.welcomed) {  // a second hello (or one on our own connection): ignored
+  if (c.outgoing || c.hello_seen) {  // a second hello (or one on our own connection): ignored
     ++counters.bad_hellos;
     ++stats.malformed;
     return UCS_OK;
@@ -134,14 +134,16 @@ ucs_status_t link_state::on_hello(connection& c, const void* header, std::size_t
     post_fail(c.serial, "bad hello");
     return UCS_OK;
   }
-  c.welcomed = true;
+  c.hello_seen = true;
   LINK_TRACE("hello from node {} on conn {}", h.node, c.serial);
   const std::uint64_t serial = c.serial;
   asio::post(io, [w = weak_from_this(), serial] {  // sends go out from a posted handler
     auto s = w.lock();
     if (!s) return;
     if (connection* conn = s->find_conn(serial)) {
+      // The welcome first: until it is sent, every send waits in `held` (send_when_welcomed).
       s->send_control(*conn, am_welcome, hello_header{wire_magic, wire_version, s->opt.self});
+      conn->welcomed = true;
       s->release_held(serial);
     }
   });

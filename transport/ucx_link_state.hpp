@@ -221,8 +221,13 @@ struct connection {
   std::vector<std::byte> bulk_address;
   bool outgoing = false;
   // The first message arrived from the other end (outgoing: the welcome; incoming: the
-  // hello): both endpoints work, and what was held goes out.
+  // hello, and our welcome has gone out): both endpoints work, and what was held goes out.
   bool welcomed = false;
+  // Incoming: the hello arrived; `welcomed` only once our welcome is sent (a posted handler).
+  // A send between the two went out ahead of the welcome, the dialler dropped it as
+  // unadmitted, and the next message's number made the receiver count it as handed on: lost
+  // for good, a group replay waiting ten minutes for it.
+  bool hello_seen = false;
   node_id peer = 0;
   clock::time_point created;
   std::deque<std::shared_ptr<inbound>> inbox;

@@ -610,6 +610,43 @@ TEST_P(ucx_link_test, pull_on_a_fresh_connection_waits_for_the_welcome) {
   EXPECT_EQ(losses_.back().why, peer_loss::goodbye);
 }
 
+// The acceptor's side of a fresh connection: from the dialler's hello to the welcome it sends
+// (from a posted handler), whatever it sends waits behind the welcome. A send in that gap went
+// out first, the dialler dropped it as unadmitted, and the next one's number made the dialler
+// count it as handed on: lost for good (a group replay's first message between two workers,
+// and the replay waited ten minutes for it). A handler that re-posts itself looks at every turn
+// of the loop and sends its first message as soon as the connection says it is wired up (once
+// the hello arrived, before the fix: in that gap).
+TEST_P(ucx_link_test, the_acceptors_first_sends_wait_for_its_welcome) {
+  make_link();
+  ucx_link_options o;
+  o.self = 1;
+  o.job_token = token;
+  ucx_link dialler(io_, o);
+  std::vector<std::uint64_t> got;
+  dialler.set_handlers(
+      link_handlers{[&](node_id, incoming_envelope env) { got.push_back(decode(env).seq); }, {}});
+  dialler.add_peer(0, "127.0.0.1", link_->port());
+  ASSERT_TRUE(dialler.send(0, encode(1, 0, testing::make("hello", 1))).ok());
+  constexpr std::uint64_t count = 20;
+  std::uint64_t sent = 0;
+  std::function<void()> turn = [&] {
+    // Node 0 knows node 1 only once it admitted it; wired up once its hello came.
+    if (sent > 0 || link_->path_to(1).ok()) {
+      ASSERT_TRUE(link_->send(1, encode(0, 1, testing::make("n", sent + 1))).ok());
+      ++sent;
+    }
+    if (sent < count) asio::post(io_, turn);
+  };
+  asio::post(io_, turn);
+  ASSERT_TRUE(run_until([&] { return got.size() == count; }, 5s))
+      << got.size() << " of " << count << " arrived";
+  for (std::uint64_t i = 0; i < count; ++i) ASSERT_EQ(got[i], i + 1);
+  EXPECT_EQ(dialler.stats().malformed, 0u) << "the dialler dropped something before the welcome";
+  dialler.say_goodbye();
+  ASSERT_TRUE(run_until([&] { return !losses_.empty(); }));
+}
+
 INSTANTIATE_TEST_SUITE_P(transports, ucx_link_test, ::testing::Values("shm", "tcp"));
 
 // With shared memory only (UCX_TLS=sm,self) UCX opens no TCP socket, and its own listener
