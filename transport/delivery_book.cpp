@@ -1,9 +1,12 @@
 #include "transport/delivery_book.hpp"
 
+#include <algorithm>
+
 namespace moevement::transport {
 
 delivery_book::header delivery_book::stamp(node_id peer, words message) {
   stream& s = streams_[peer];
+  if (s.unacked.empty()) s.progress_at = {};  // its wait for an ack starts now
   const std::uint64_t seq = s.next_seq++;
   s.unacked.push_back({seq, std::move(message)});
   if (s.unacked.size() > max_unacked) {
@@ -16,7 +19,10 @@ delivery_book::header delivery_book::stamp(node_id peer, words message) {
 delivery_book::header delivery_book::restamp(node_id peer, std::uint64_t seq) {
   stream& s = streams_[peer];
   s.acked_back = s.delivered;  // carried by this message
-  return {session_, seq, s.peer_session, s.delivered};
+  s.owe_ack = false;
+  s.owed_since = {};
+  const std::uint64_t oldest = s.unacked.empty() ? seq : std::min(seq, s.unacked.front().seq);
+  return {session_, seq, s.peer_session, s.delivered, oldest};
 }
 
 std::vector<delivery_book::stamped> delivery_book::unacked(node_id peer) const {
@@ -25,24 +31,93 @@ std::vector<delivery_book::stamped> delivery_book::unacked(node_id peer) const {
   return {it->second.unacked.begin(), it->second.unacked.end()};
 }
 
-bool delivery_book::accept(node_id peer, const header& h) {
+bool delivery_book::resend_requested(node_id peer, const header& h, clock::time_point now) {
+  auto it = streams_.find(peer);
+  if (it == streams_.end() || h.ack_session != session_) return false;  // another life's
+  stream& s = it->second;
+  drop_acked(s, h.ack_session, h.ack_seq);
+  s.progress_at = now;
+  return !s.unacked.empty();
+}
+
+std::vector<std::pair<node_id, delivery_book::stamped>> delivery_book::probes_due(
+    clock::time_point now) {
+  std::vector<std::pair<node_id, stamped>> due;
+  for (auto& [peer, s] : streams_) {
+    if (s.unacked.empty()) continue;
+    if (s.progress_at == clock::time_point{}) {
+      s.progress_at = now;
+    } else if (now - s.progress_at >= timing_.resend_after) {
+      s.progress_at = now;
+      due.emplace_back(peer, s.unacked.front());
+    }
+  }
+  return due;
+}
+
+void delivery_book::owe(stream& s, clock::time_point now) {
+  if (s.owed_since == clock::time_point{}) s.owed_since = now;
+}
+
+delivery_book::verdict delivery_book::accept(node_id peer, const header& h, clock::time_point now) {
   stream& s = streams_[peer];
+  const std::uint64_t oldest =
+      std::clamp<std::uint64_t>(h.oldest, 1, std::max<std::uint64_t>(h.seq, 1));
   if (h.session != s.peer_session) {
-    // A new process on that node (or the first message): its stream starts here, and what we
-    // kept for the one before is for nobody now.
+    // A new process on that node (or the first message): its stream starts at the oldest
+    // message it keeps, and what we kept for the one before is for nobody now.
     if (s.peer_session != 0) s.unacked.clear();
     s.peer_session = h.session;
-    s.delivered = h.seq - 1;
+    s.delivered = oldest - 1;
     s.acked_back = s.delivered;
+    s.owe_ack = false;
+    s.owed_since = {};
+    s.asked_from = 0;
+    s.seen = 0;
   }
   drop_acked(s, h.ack_session, h.ack_seq);
+  s.seen = std::max(s.seen, h.seq);
   if (h.seq <= s.delivered) {
     ++duplicates_;
-    return false;
+    s.owe_ack = true;  // a probe, or a resend overtaken: say where we are
+    owe(s, now);
+    return verdict::duplicate;
   }
-  if (h.seq != s.delivered + 1) ++gaps_;  // only past max_unacked or after a forget
+  if (oldest > s.delivered + 1) {
+    // The sender no longer keeps the ones between (past max_unacked, or it forgot us): they
+    // are lost for good, counted; the stream goes on from what it keeps.
+    gaps_ += oldest - s.delivered - 1;
+    s.delivered = oldest - 1;
+  }
+  if (h.seq != s.delivered + 1) {
+    ++early_;
+    return verdict::early;
+  }
   s.delivered = h.seq;
-  return true;
+  s.asked_from = 0;
+  owe(s, now);
+  return verdict::deliver;
+}
+
+std::optional<delivery_book::header> delivery_book::resend_request(node_id peer,
+                                                                   clock::time_point now) {
+  stream& s = streams_[peer];
+  const std::uint64_t from = s.delivered + 1;
+  if (s.seen < from) return std::nullopt;  // nothing missing that we know of
+  if (s.asked_from == from && now - s.asked_at < timing_.resend_after) return std::nullopt;
+  s.asked_from = from;
+  s.asked_at = now;
+  return ack_header(peer);
+}
+
+std::vector<std::pair<node_id, delivery_book::header>> delivery_book::resend_requests_due(
+    clock::time_point now) {
+  std::vector<std::pair<node_id, header>> due;
+  for (auto& [peer, s] : streams_) {
+    if (s.seen <= s.delivered) continue;
+    if (auto h = resend_request(peer, now)) due.emplace_back(peer, *h);
+  }
+  return due;
 }
 
 void delivery_book::acked(node_id peer, std::uint64_t session, std::uint64_t seq) {
@@ -52,18 +127,37 @@ void delivery_book::acked(node_id peer, std::uint64_t session, std::uint64_t seq
 
 void delivery_book::drop_acked(stream& s, std::uint64_t session, std::uint64_t seq) {
   if (session != session_) return;  // an ack of another life of this link
-  while (!s.unacked.empty() && s.unacked.front().seq <= seq) s.unacked.pop_front();
+  bool progress = false;
+  while (!s.unacked.empty() && s.unacked.front().seq <= seq) {
+    s.unacked.pop_front();
+    progress = true;
+  }
+  if (progress) s.progress_at = {};
 }
 
-bool delivery_book::ack_due(node_id peer) const {
+bool delivery_book::ack_due(node_id peer, clock::time_point now) const {
   auto it = streams_.find(peer);
-  return it != streams_.end() && it->second.delivered - it->second.acked_back >= ack_every;
+  if (it == streams_.end()) return false;
+  const stream& s = it->second;
+  if (s.delivered - s.acked_back >= ack_every) return true;
+  return (s.delivered > s.acked_back || s.owe_ack) && s.owed_since != clock::time_point{} &&
+         now - s.owed_since >= timing_.ack_delay;
+}
+
+std::vector<node_id> delivery_book::acks_due(clock::time_point now) const {
+  std::vector<node_id> due;
+  for (const auto& [peer, s] : streams_) {
+    if (ack_due(peer, now)) due.push_back(peer);
+  }
+  return due;
 }
 
 delivery_book::header delivery_book::ack_header(node_id peer) {
   stream& s = streams_[peer];
   s.acked_back = s.delivered;
-  return {session_, 0, s.peer_session, s.delivered};
+  s.owe_ack = false;
+  s.owed_since = {};
+  return {session_, 0, s.peer_session, s.delivered, 0};
 }
 
 void delivery_book::forget(node_id peer) {

@@ -100,6 +100,7 @@ link_stats ucx_link::stats() const {
 ucx_link_counters ucx_link::counters() const {
   auto c = state_->counters;
   c.withdrawn_held = state_->withdrawn.size();
+  c.skipped = state_->book.gaps();
   return c;
 }
 

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "transport/bulk.hpp"
+#include "transport/delivery_book.hpp"
 #include "transport/link.hpp"
 
 namespace moevement::transport {
@@ -67,6 +68,11 @@ struct ucx_link_options {
   // arrived before. Large enough that a piece's round trip is lost in its transfer time (64 MiB
   // takes 3 ms at 25 GB/s). 0: whole.
   std::size_t pull_piece_bytes = std::size_t{64} << 20;
+  // When envelopes are acknowledged and sent again on a live connection (delivery_book.hpp).
+  delivery_book::timing delivery;
+  // Tests only: an envelope send (first or again) it returns true for is not sent, as if lost
+  // on the wire; null in production.
+  std::function<bool(node_id peer, std::uint64_t seq)> lose_envelope;
 };
 
 // What the link counts besides link_stats.
@@ -91,19 +97,25 @@ struct ucx_link_counters {
   std::uint64_t leases_released = 0;  // exporter: releases received from holders
   std::uint64_t withdrawn_held = 0;   // exporter, now: withdrawn regions kept for lease holders
   std::uint64_t revived = 0;          // lost peers made dialable again (revive)
-  std::uint64_t resent = 0;           // envelopes sent again on a new connection (unacked)
+  std::uint64_t resent = 0;           // envelopes sent again (a new connection's unacked, asked)
   std::uint64_t duplicates = 0;       // envelopes received again, dropped (handed on already)
   std::uint64_t acks_sent = 0;        // explicit acks (none of our envelopes carried one back)
-  std::uint64_t held_sends = 0;       // envelopes and pull requests held until the peer's welcome
-  std::uint64_t arms = 0;             // ucp_worker_arm calls
-  std::uint64_t arm_busy = 0;         // ... that returned UCS_ERR_BUSY (progress again)
-  std::uint64_t arm_errors = 0;       // ... that failed otherwise (no fd wait: tick only)
-  std::uint64_t arm_stuck = 0;        // busy arms after a run of idle ones: polled, not spun
-  std::uint64_t tick_progress = 0;    // safety-tick wakeups whose progress found events
-  std::uint64_t poll_progress = 0;    // poll-timer wakeups whose progress found events
-  std::uint64_t fd_progress = 0;      // event-fd wakeups whose progress found events
-  std::uint64_t spin_progress = 0;    // spin passes whose progress found events (no wakeup paid)
-  std::uint64_t spin_backoffs = 0;    // spins stopped: their yield gave the core to another process
+  // A message lost on a live connection (delivery_book.hpp): found, asked for and sent again.
+  std::uint64_t early = 0;             // envelopes after a missing one, dropped (it comes again)
+  std::uint64_t resend_requests = 0;   // ... for which we asked the sender to send again
+  std::uint64_t resends_answered = 0;  // requests from a peer answered (what went: `resent`)
+  std::uint64_t probes = 0;            // our oldest unacknowledged sent again, unacked too long
+  std::uint64_t skipped = 0;           // envelopes the sender no longer kept: lost for good
+  std::uint64_t held_sends = 0;        // envelopes and pull requests held until the peer's welcome
+  std::uint64_t arms = 0;              // ucp_worker_arm calls
+  std::uint64_t arm_busy = 0;          // ... that returned UCS_ERR_BUSY (progress again)
+  std::uint64_t arm_errors = 0;        // ... that failed otherwise (no fd wait: tick only)
+  std::uint64_t arm_stuck = 0;         // busy arms after a run of idle ones: polled, not spun
+  std::uint64_t tick_progress = 0;     // safety-tick wakeups whose progress found events
+  std::uint64_t poll_progress = 0;     // poll-timer wakeups whose progress found events
+  std::uint64_t fd_progress = 0;       // event-fd wakeups whose progress found events
+  std::uint64_t spin_progress = 0;     // spin passes whose progress found events (no wakeup paid)
+  std::uint64_t spin_backoffs = 0;  // spins stopped: their yield gave the core to another process
 };
 
 class ucx_link final : public link {

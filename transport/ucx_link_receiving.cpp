@@ -67,6 +67,17 @@ ucs_status_t link_state::receive(am_id id, const void* header, std::size_t heade
       book.acked(c.peer, h.ack_session, h.ack_seq);
       return UCS_OK;
     }
+    case am_resend: {
+      delivery_book::header h{};
+      if (!read_header(header, header_len, h) || len != 0 || h.seq != 0) {
+        ++stats.malformed;
+        return UCS_OK;
+      }
+      asio::post(io, [w = weak_from_this(), peer = c.peer, h] {  // sends: not inside progress
+        if (auto s = w.lock()) s->answer_resend(peer, h);
+      });
+      return UCS_OK;
+    }
     case am_goodbye: {
       LINK_TRACE("goodbye from node {} on conn {} (header {} B, data {} B)", c.peer, c.serial,
                  header_len, len);
@@ -154,7 +165,8 @@ ucs_status_t link_state::on_envelope(connection& c, const void* header, std::siz
                                      void* data, std::size_t len, bool rndv) {
   delivery_book::header stream{};
   if (len > opt.limits.max_bytes || len < sizeof(capnp::word) || len % sizeof(capnp::word) ||
-      !read_header(header, header_len, stream) || stream.seq == 0 || stream.session == 0) {
+      !read_header(header, header_len, stream) || stream.seq == 0 || stream.session == 0 ||
+      stream.oldest == 0 || stream.oldest > stream.seq) {
     ++stats.malformed;
     return UCS_OK;  // a rendezvous is dropped without moving its bytes
   }
@@ -246,8 +258,15 @@ void link_state::deliver(std::uint64_t serial) {
       lose_peer(from, peer_loss::goodbye, "the peer said goodbye");
       return;
     }
-    if (!book.accept(from, in->stream)) {
-      ++counters.duplicates;  // sent again after a failed connection, handed on already
+    const auto verdict = book.accept(from, in->stream, clock::now());
+    if (verdict == delivery_book::verdict::duplicate) {
+      ++counters.duplicates;  // sent again (a failed connection, a probe), handed on already
+      continue;
+    }
+    if (verdict == delivery_book::verdict::early) {
+      // One before it went missing on a live connection: this one comes again with it.
+      ++counters.early;
+      LINK_TRACE("envelope {} from node {} ahead of a missing one, dropped", in->stream.seq, from);
       continue;
     }
     auto env = incoming_envelope::decode(
@@ -267,12 +286,66 @@ void link_state::deliver(std::uint64_t serial) {
     }
     c = find_conn(serial);  // the handler may have forgotten the peer
   }
+  // One went missing (a later one came): the stream again from it, once per gap.
+  if (c != nullptr) {
+    if (auto ask = book.resend_request(c->peer, clock::now())) {
+      ++counters.resend_requests;
+      send_when_welcomed(*c,
+                         [this, h = *ask](connection& conn) { send_control(conn, am_resend, h); });
+    }
+  }
   // Nothing of ours carried the acknowledgement back for a while: an explicit one.
-  if (c != nullptr && book.ack_due(c->peer)) {
+  if (c != nullptr && book.ack_due(c->peer, clock::now())) {
     ++counters.acks_sent;
     const auto ack = book.ack_header(c->peer);
     send_when_welcomed(*c, [this, ack](connection& conn) { send_control(conn, am_ack, ack); });
   }
+}
+
+void link_state::answer_resend(node_id peer, const delivery_book::header& h) {
+  if (!book.resend_requested(peer, h, clock::now())) return;
+  connection* c = sendable_conn(peer);
+  if (c == nullptr) return;  // the next connection sends them all anyway
+  ++counters.resends_answered;
+  auto kept = book.unacked(peer);
+  counters.resent += kept.size();
+  LINK_TRACE("node {} asked for {} envelopes again from {}", peer, kept.size(), h.ack_seq + 1);
+  for (auto& k : kept) (void)send_envelope(*c, book.restamp(peer, k.seq), k.message);
+}
+
+void link_state::check_delivery() {
+  const auto now = clock::now();
+  for (node_id peer : book.acks_due(now)) {
+    if (connection* c = sendable_conn(peer)) {
+      ++counters.acks_sent;
+      send_control(*c, am_ack, book.ack_header(peer));
+    }
+  }
+  for (auto& [peer, h] : book.resend_requests_due(now)) {
+    if (connection* c = sendable_conn(peer)) {
+      ++counters.resend_requests;
+      send_control(*c, am_resend, h);
+    }
+  }
+  for (auto& [peer, k] : book.probes_due(now)) {
+    if (connection* c = sendable_conn(peer)) {
+      ++counters.probes;
+      LINK_TRACE("envelope {} to node {} unacknowledged too long: sent again", k.seq, peer);
+      (void)send_envelope(*c, book.restamp(peer, k.seq), k.message);
+    }
+  }
+}
+
+connection* link_state::sendable_conn(node_id peer) {
+  auto pe = peers.find(peer);
+  if (pe == peers.end() || pe->second.lost) return nullptr;
+  connection* c = find_conn(pe->second.send_conn);
+  if (c != nullptr && c->welcomed && c->held.empty()) return c;
+  if (c != nullptr) return nullptr;  // what it holds goes first
+  for (auto& [serial, other] : conns) {
+    if (other->peer == peer && other->welcomed && other->held.empty()) return other.get();
+  }
+  return nullptr;
 }
 
 }  // namespace moevement::transport::detail

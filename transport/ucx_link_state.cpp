@@ -239,6 +239,7 @@ void link_state::schedule_tick() {
     auto s = w.lock();
     if (!s || ec || s->dying) return;
     s->check_hello_timeouts();
+    s->check_delivery();
     s->pump(wake::tick);
     s->schedule_tick();
   });
@@ -349,6 +350,7 @@ result<void> link_state::send_am(connection& c, am_id id, const void* header,
 
 result<void> link_state::send_envelope(connection& c, const delivery_book::header& h,
                                        std::shared_ptr<kj::Array<capnp::word>> owned) {
+  if (opt.lose_envelope && opt.lose_envelope(c.peer, h.seq)) return {};  // tests: lost
   struct holder {
     delivery_book::header header;
     std::shared_ptr<kj::Array<capnp::word>> words;

@@ -64,14 +64,15 @@ enum am_id : unsigned {
   am_bulk_revoke = 11,   // header region_header: the exporter withdrew a region we hold a lease on
   am_bulk_release = 12,  // header region_header: the importer gives one lease back
   am_ack = 13,           // header delivery_book::header: envelopes handed on (delivery_book.hpp)
+  am_resend = 14,        // header delivery_book::header: an ack, and "send again what follows"
 };
 constexpr am_id all_am_ids[] = {am_hello,      am_welcome,      am_closed,      am_envelope,
                                 am_goodbye,    am_bulk_request, am_bulk_data,   am_bulk_rkey,
                                 am_bulk_error, am_bulk_lease,   am_bulk_revoke, am_bulk_release,
-                                am_ack};
+                                am_ack,        am_resend};
 
 constexpr std::uint32_t wire_magic = 0x56454f4d;  // "MOEV"
-constexpr std::uint32_t wire_version = 6;
+constexpr std::uint32_t wire_version = 7;
 constexpr std::size_t max_token_bytes = admission_max_token;
 constexpr std::size_t host_tag_bytes = 8;  // leads the bulk address, see bulk_ep_of
 constexpr std::size_t key_bytes = sizeof(std::uint64_t);
@@ -350,7 +351,7 @@ struct link_state : std::enable_shared_from_this<link_state> {
   link_handlers handlers;
   link_stats stats;
   ucx_link_counters counters;
-  delivery_book book{new_session()};
+  delivery_book book{new_session(), opt.delivery};
 
   std::uint64_t next_serial = 1;
   std::map<std::uint64_t, std::unique_ptr<connection>> conns;
@@ -552,6 +553,12 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void lose_peer(node_id peer, peer_loss why, const std::string& detail);
 
   void check_hello_timeouts();
+  // Explicit acks due, and probes of envelopes unacknowledged too long (delivery_book.hpp).
+  void check_delivery();
+  // A peer asked for what followed its ack again (a message went missing): it is resent.
+  void answer_resend(node_id peer, const delivery_book::header& h);
+  // A connection to `peer` that sends now (welcomed, nothing held), or nullptr.
+  connection* sendable_conn(node_id peer);
 
   // ---- receiving ---------------------------------------------------------------------------
 

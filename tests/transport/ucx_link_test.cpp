@@ -647,6 +647,59 @@ TEST_P(ucx_link_test, the_acceptors_first_sends_wait_for_its_welcome) {
   ASSERT_TRUE(run_until([&] { return !losses_.empty(); }));
 }
 
+// A message lost on a connection that stays up (UCX completing a send with an error, a message
+// the other end dropped) was skipped for good: the next one's number made the receiver take
+// it as handed on. Now the receiver finds the gap and asks for the stream again from it, and a
+// lost last message (no gap behind it to show) goes again once unacknowledged for
+// resend_after. The dialler loses, on the wire, the first envelope of its stream, one in the
+// middle, two in a row, one twice (its resend too) and the last.
+TEST_P(ucx_link_test, envelopes_lost_on_a_live_connection_are_sent_again_in_order) {
+  make_link();
+  ucx_link_options o;
+  o.self = 1;
+  o.job_token = token;
+  o.delivery.resend_after = 100ms;
+  std::map<std::uint64_t, int> to_lose{{1, 1}, {5, 1}, {9, 1}, {10, 1}, {14, 2}, {20, 1}};
+  std::uint64_t lost = 0;
+  o.lose_envelope = [&](node_id peer, std::uint64_t seq) {
+    auto it = to_lose.find(seq);
+    if (peer != 0 || it == to_lose.end() || it->second == 0) return false;
+    --it->second;
+    ++lost;
+    return true;
+  };
+  ucx_link dialler(io_, o);
+  dialler.set_handlers(link_handlers{[](node_id, incoming_envelope) {}, {}});
+  dialler.add_peer(0, "127.0.0.1", link_->port());
+  constexpr std::uint64_t count = 20;
+  auto send = [&](std::uint64_t i) {
+    ASSERT_TRUE(dialler.send(0, encode(1, 0, testing::make("n", i))).ok());
+  };
+  for (std::uint64_t i = 1; i < count; ++i) send(i);
+  ASSERT_TRUE(run_until([&] { return inbox_.size() == count - 1; }, 10s))
+      << inbox_.size() << " of " << count - 1 << " arrived";
+  const auto probes_before = dialler.counters().probes;
+  send(count);  // lost, with everything before acknowledged: only its sender can tell
+  ASSERT_TRUE(run_until([&] { return inbox_.size() == count; }, 10s)) << "the last one is lost";
+  run_until([] { return false; }, 300ms);  // late copies would show up here
+  ASSERT_EQ(inbox_.size(), count);
+  for (std::uint64_t i = 0; i < count; ++i) EXPECT_EQ(inbox_[i].second.seq, i + 1);
+  EXPECT_EQ(lost, 7u) << "the test lost fewer envelopes than it meant to";
+  const auto got = link_->counters();
+  const auto sent = dialler.counters();
+  EXPECT_GE(got.early, 1u);
+  EXPECT_GE(got.resend_requests, 2u) << "the lost resend was never asked for again";
+  EXPECT_GE(sent.resends_answered, 2u);
+  EXPECT_GT(sent.probes, probes_before) << "the last message came without a probe?";
+  EXPECT_EQ(got.skipped, 0u);
+  EXPECT_EQ(link_->stats().malformed, 0u);
+  // Everything acknowledged: nothing is probed again.
+  run_until([] { return false; }, 4 * o.delivery.resend_after);
+  EXPECT_EQ(dialler.counters().probes, sent.probes) << "probed after everything was acked";
+  dialler.say_goodbye();
+  ASSERT_TRUE(run_until([&] { return !losses_.empty(); }));
+}
+
 INSTANTIATE_TEST_SUITE_P(transports, ucx_link_test, ::testing::Values("shm", "tcp"));
 
 // With shared memory only (UCX_TLS=sm,self) UCX opens no TCP socket, and its own listener
