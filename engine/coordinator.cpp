@@ -94,7 +94,10 @@ awaitable<void> coordinator::on_start() {
       lose_worker(n, "left the job");
     } else {
       const std::string why = system().why_lost(n);
-      lose_worker(n, why.empty() ? std::string("was lost") : "was lost: " + why);
+      const std::string how = why.empty() ? std::string("was lost") : "was lost: " + why;
+      (void)system().post_call(self(), [this, n, how](actors::actor&) -> awaitable<void> {
+        co_await member_lost(n, how);
+      });
     }
   });
   system().on_stall([this](actors::clock::duration gap) {
@@ -108,6 +111,21 @@ awaitable<void> coordinator::on_start() {
     }
   });
   co_return;
+}
+
+awaitable<void> coordinator::member_lost(transport::node_id n, std::string how) {
+  const auto until = sclock::now() + exit_wait;
+  while (callbacks_.exit_of && !finished_) {
+    const worker_exit e = callbacks_.exit_of(n);
+    if (!e.watched) break;
+    if (!e.how.empty()) {
+      how = e.how;
+      break;
+    }
+    if (sclock::now() >= until) break;  // running (hung, or cut off): the verdict stands
+    co_await system().sleep_for(std::chrono::milliseconds(5));
+  }
+  co_await worker_lost(n, how);
 }
 
 void coordinator::lose_worker(transport::node_id n, const std::string& how) {

@@ -98,11 +98,22 @@ struct job_outcome {
   double wall_s = 0.0, useful_s = 0.0, ettr = 0.0;
 };
 
+// What the launcher knows of a worker's process.
+struct worker_exit {
+  bool watched = false;  // the launcher started it and hears of its exit
+  std::string how;       // how it ended ("was killed by signal 9 (Killed)"); empty: running
+};
+
 struct coordinator_callbacks {
   std::function<void(const iteration_record&)> on_iteration;
   // A worker was declared lost (the launcher makes sure the process is gone: a hung one
   // would otherwise wake up later).
   std::function<void(transport::node_id node, int pid)> on_worker_lost;
+  // How a worker's process ended, where the launcher started it (see worker_exit): a loss the
+  // membership declared says that ("was killed by signal 9 (Killed)") rather than the link's
+  // view of it (a redial refused: the process's sockets close just before its parent hears
+  // of its exit).
+  std::function<worker_exit(transport::node_id node)> exit_of;
   // One line for the operator about a failure or a recovery.
   std::function<void(const std::string&)> on_notice;
   // A recovery began ("recovery_start") or every region of it ended ("recovery_end"); the
@@ -253,6 +264,10 @@ class coordinator : public actors::actor, private head_control {
   // A worker's loss, as a turn of this actor (lose_worker posts it): a spare is dropped, a
   // stage's worker goes to the recovery (or the job stops, saying why).
   asio::awaitable<void> worker_lost(transport::node_id node, std::string how);
+  // The membership declared the worker lost (`how`: its verdict): how its process ended, where
+  // the launcher watches it and hears of it within exit_wait, is said instead.
+  asio::awaitable<void> member_lost(transport::node_id node, std::string how);
+  static constexpr std::chrono::milliseconds exit_wait{50};
   // Ends the stepping phase once every live stage has stepped.
   asio::awaitable<void> maybe_stepped_all();
   int live_stages() const;

@@ -100,6 +100,10 @@ void head_session::make_callbacks() {
     }
   };
   cb_.on_replaced = [this] { replaced(); };
+  cb_.exit_of = [this](transport::node_id n) {
+    const auto end = processes_.end_of(n);
+    return engine::worker_exit{end.started, end.status ? exit_text(*end.status) : ""};
+  };
   cb_.on_notice = [this](const std::string& line) { say(line); };
   cb_.on_iteration = [this](const engine::iteration_record& r) {
     progress(r);

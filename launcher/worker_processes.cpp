@@ -55,6 +55,7 @@ void worker_processes::start(const std::string& self, const std::vector<std::str
     ::_exit(127);
   }
   children_[pid] = node;
+  ended_.erase(node);
 }
 
 void worker_processes::reap_exited(
@@ -67,8 +68,23 @@ void worker_processes::reap_exited(
     const transport::node_id n = it->second;
     children_.erase(it);
     killed_.erase(pid);  // a pid the system may give another child later
+    ended_[n] = status;
     on_exit(n, pid, status);
   }
+}
+
+worker_processes::child_end worker_processes::end_of(transport::node_id node) {
+  if (auto e = ended_.find(node); e != ended_.end()) return {true, e->second};
+  for (auto it = children_.begin(); it != children_.end(); ++it) {
+    if (it->second != node) continue;
+    int status = 0;
+    if (::waitpid(it->first, &status, WNOHANG) != it->first) return {true, std::nullopt};
+    killed_.erase(it->first);
+    children_.erase(it);
+    ended_[node] = status;
+    return {true, status};
+  }
+  return {};
 }
 
 void worker_processes::kill_node(transport::node_id node, int pid) {

@@ -33,7 +33,10 @@ class worker_processes {
   void start(const std::string& self, const std::vector<std::string>& args, transport::node_id node,
              bool outlive_head = false, const std::vector<int>& keep = {});
   // A process started elsewhere that counts as node `node` (srun: 0).
-  void adopt(pid_t pid, transport::node_id node) { children_[pid] = node; }
+  void adopt(pid_t pid, transport::node_id node) {
+    children_[pid] = node;
+    ended_.erase(node);
+  }
   void forget(pid_t pid) { children_.erase(pid); }
   // The pid of node's process, if it is a child of this one still running.
   std::optional<pid_t> pid_of(transport::node_id node) const {
@@ -46,6 +49,13 @@ class worker_processes {
   void forget_all() { children_.clear(); }
   // Reaps every child that exited: on_exit(node, pid, wait status) for each of ours.
   void reap_exited(const std::function<void(transport::node_id, pid_t, int)>& on_exit);
+  // How node's process ended, if this launcher started it: `started` false when it did not;
+  // `status` (a wait status) once it exited (reaped now if need be: reap_exited skips it).
+  struct child_end {
+    bool started = false;
+    std::optional<int> status;
+  };
+  child_end end_of(transport::node_id node);
   // SIGKILL to node's process if it is still `pid` (a hung worker must not wake up later and
   // talk as if nothing happened).
   void kill_node(transport::node_id node, int pid);
@@ -67,6 +77,7 @@ class worker_processes {
   // Children this one killed (kill_node: a lost or fenced worker): their SIGKILL is no crash
   // while shutting down, however late it is reaped.
   std::set<pid_t> killed_;
+  std::map<transport::node_id, int> ended_;  // wait statuses of the children reaped
 };
 
 }  // namespace moevement::launcher
