@@ -47,8 +47,10 @@ std::vector<std::pair<node_id, delivery_book::stamped>> delivery_book::probes_du
     if (s.unacked.empty()) continue;
     if (s.progress_at == clock::time_point{}) {
       s.progress_at = now;
-    } else if (now - s.progress_at >= timing_.resend_after) {
+    } else if (now - s.progress_at >=
+               timing_.resend_after * (1u << std::min(s.probes, max_backoff))) {
       s.progress_at = now;
+      ++s.probes;
       due.emplace_back(peer, s.unacked.front());
     }
   }
@@ -65,8 +67,8 @@ delivery_book::verdict delivery_book::accept(node_id peer, const header& h, cloc
       std::clamp<std::uint64_t>(h.oldest, 1, std::max<std::uint64_t>(h.seq, 1));
   if (h.session != s.peer_session) {
     // A new process on that node (or the first message): its stream starts at the oldest
-    // message it keeps, and what we kept for the one before is for nobody now.
-    if (s.peer_session != 0) s.unacked.clear();
+    // message it keeps. (What we kept for the one before stays: some of it went to this one,
+    // and a process's acks drain it; the actor layer drops what was for another incarnation.)
     s.peer_session = h.session;
     s.delivered = oldest - 1;
     s.acked_back = s.delivered;
@@ -74,6 +76,7 @@ delivery_book::verdict delivery_book::accept(node_id peer, const header& h, cloc
     s.owed_since = {};
     s.asked_from = 0;
     s.seen = 0;
+    s.new_hole = false;
   }
   drop_acked(s, h.ack_session, h.ack_seq);
   s.seen = std::max(s.seen, h.seq);
@@ -91,10 +94,12 @@ delivery_book::verdict delivery_book::accept(node_id peer, const header& h, cloc
   }
   if (h.seq != s.delivered + 1) {
     ++early_;
+    if (s.asked_from != 0 && s.delivered + 1 > s.asked_from) s.new_hole = true;
     return verdict::early;
   }
   s.delivered = h.seq;
-  s.asked_from = 0;
+  s.delivered_at = now;
+  if (s.delivered >= s.seen) s.asked_from = 0;  // whole again
   owe(s, now);
   return verdict::deliver;
 }
@@ -104,9 +109,11 @@ std::optional<delivery_book::header> delivery_book::resend_request(node_id peer,
   stream& s = streams_[peer];
   const std::uint64_t from = s.delivered + 1;
   if (s.seen < from) return std::nullopt;  // nothing missing that we know of
-  if (s.asked_from == from && now - s.asked_at < timing_.resend_after) return std::nullopt;
+  const bool stalled = now - std::max(s.asked_at, s.delivered_at) >= timing_.resend_after;
+  if (s.asked_from != 0 && !s.new_hole && !stalled) return std::nullopt;
   s.asked_from = from;
   s.asked_at = now;
+  s.new_hole = false;
   return ack_header(peer);
 }
 
@@ -132,7 +139,10 @@ void delivery_book::drop_acked(stream& s, std::uint64_t session, std::uint64_t s
     s.unacked.pop_front();
     progress = true;
   }
-  if (progress) s.progress_at = {};
+  if (progress) {
+    s.progress_at = {};
+    s.probes = 0;
+  }
 }
 
 bool delivery_book::ack_due(node_id peer, clock::time_point now) const {
@@ -158,6 +168,26 @@ delivery_book::header delivery_book::ack_header(node_id peer) {
   s.owe_ack = false;
   s.owed_since = {};
   return {session_, 0, s.peer_session, s.delivered, 0};
+}
+
+delivery_book::header delivery_book::goodbye_header(node_id peer) {
+  stream& s = streams_[peer];
+  header h = ack_header(peer);
+  h.seq = s.next_seq - 1;  // 0: nothing was ever numbered for it
+  return h;
+}
+
+std::uint64_t delivery_book::missing_before_goodbye(node_id peer, const header& h) {
+  stream& s = streams_[peer];
+  if (h.session != s.peer_session || h.seq <= s.delivered) return 0;
+  s.seen = std::max(s.seen, h.seq);
+  return h.seq - s.delivered;
+}
+
+std::size_t delivery_book::kept() const {
+  std::size_t n = 0;
+  for (const auto& [peer, s] : streams_) n += s.unacked.size();
+  return n;
 }
 
 void delivery_book::forget(node_id peer) {

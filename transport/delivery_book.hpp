@@ -65,6 +65,9 @@ class delivery_book {
   static constexpr std::size_t max_unacked = 65536;
   // Handed-on messages after which an explicit ack goes out at once.
   static constexpr std::uint64_t ack_every = 64;
+  // Probes of an unanswered peer (stopped, say) wait resend_after, then twice that, ... up to
+  // 2^max_backoff times it.
+  static constexpr unsigned max_backoff = 4;
 
   explicit delivery_book(std::uint64_t session, timing t = {}) : session_(session), timing_(t) {}
   std::uint64_t session() const { return session_; }
@@ -86,7 +89,9 @@ class delivery_book {
   // An envelope from `peer` with header `h`: its ack is applied, and what to do with it.
   verdict accept(node_id peer, const header& h, clock::time_point now);
   // The resend request to send `peer` now: when one of its messages is missing (a later one
-  // came), and none was sent for this gap less than `resend_after` ago.
+  // came) and either none was asked for yet, or a new gap showed behind the one asked for, or
+  // nothing was handed on for `resend_after` since the last request (it, or its answer, was
+  // lost too). An answer that arrives in pieces asks for nothing more.
   std::optional<header> resend_request(node_id peer, clock::time_point now);
   // Every peer's resend request due now (a request or its answer lost too is asked again).
   std::vector<std::pair<node_id, header>> resend_requests_due(clock::time_point now);
@@ -98,11 +103,22 @@ class delivery_book {
   // Peers owed an explicit ack now (see ack_due).
   std::vector<node_id> acks_due(clock::time_point now) const;
 
+  // The goodbye to send `peer`: its seq is the last one numbered for it.
+  header goodbye_header(node_id peer);
+  // A goodbye from `peer` (header `h`): how many of its messages before it are still to come
+  // (0: the goodbye can be acted on). The missing ones are then known, and asked for.
+  std::uint64_t missing_before_goodbye(node_id peer, const header& h);
+  // Messages never handed on at a goodbye that came without them: counted as skipped.
+  void give_up_before_goodbye(std::uint64_t missing) { gaps_ += missing; }
+
   // `peer` is gone for good (declared lost, or said goodbye): everything about it dropped.
   void forget(node_id peer);
 
+  // Messages kept for every peer, not yet acknowledged.
+  std::size_t kept() const;
   std::uint64_t duplicates() const { return duplicates_; }
-  // Messages skipped for good: the sender no longer kept them (past max_unacked, a forget).
+  // Messages skipped for good: the sender no longer kept them (past max_unacked, a forget), or
+  // said goodbye without them.
   std::uint64_t gaps() const { return gaps_; }
   std::uint64_t early() const { return early_; }
   std::uint64_t overflowed() const { return overflowed_; }
@@ -121,7 +137,11 @@ class delivery_book {
     clock::time_point owed_since{};  // the first handed-on message (or copy) not acknowledged
     std::uint64_t seen = 0;          // the highest seq that came (early ones too)
     std::uint64_t asked_from = 0;    // our last resend request: from this seq, at asked_at
-    clock::time_point asked_at{};
+    clock::time_point asked_at{};    // (0: none since the stream was last whole)
+    clock::time_point delivered_at{};
+    bool new_hole = false;  // an early one came after the gap asked for was filled
+    // Sending: probes sent since the last ack (each waits twice as long, up to max_backoff).
+    unsigned probes = 0;
   };
   void drop_acked(stream& s, std::uint64_t session, std::uint64_t seq);
   static void owe(stream& s, clock::time_point now);

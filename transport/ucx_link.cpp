@@ -101,6 +101,7 @@ ucx_link_counters ucx_link::counters() const {
   auto c = state_->counters;
   c.withdrawn_held = state_->withdrawn.size();
   c.skipped = state_->book.gaps();
+  c.unacked = state_->book.kept();
   return c;
 }
 
@@ -174,7 +175,7 @@ void ucx_link::revive(node_id peer) {
   auto it = s.peers.find(peer);
   if (it == s.peers.end() || !it->second.lost) return;
   const detail::peer_entry was = it->second;
-  it->second = detail::peer_entry{was.host, was.port, was.addressed};
+  it->second = detail::peer_entry::again(was);
   it->second.kept = true;  // still kept while it has no connection (and no address to dial)
   ++s.counters.revived;
 }
@@ -185,8 +186,10 @@ void ucx_link::say_goodbye() {
   if (detail::link_tracing()) fmt::print(stderr, "[link {}] saying goodbye\n", s.opt.self);
   for (auto& [serial, c] : s.conns) {
     // Behind what the connection holds (resends), never overtaking it.
-    s.send_when_welcomed(
-        *c, [&s](detail::connection& conn) { s.send_signal(conn, detail::am_goodbye); });
+    // It says the last message numbered for the peer: the peer waits for all of them.
+    s.send_when_welcomed(*c, [&s](detail::connection& conn) {
+      s.send_control(conn, detail::am_goodbye, s.book.goodbye_header(conn.peer));
+    });
   }
 }
 

@@ -105,16 +105,17 @@ struct ucx_link_counters {
   std::uint64_t resend_requests = 0;   // ... for which we asked the sender to send again
   std::uint64_t resends_answered = 0;  // requests from a peer answered (what went: `resent`)
   std::uint64_t probes = 0;            // our oldest unacknowledged sent again, unacked too long
-  std::uint64_t skipped = 0;           // envelopes the sender no longer kept: lost for good
-  std::uint64_t held_sends = 0;        // envelopes and pull requests held until the peer's welcome
-  std::uint64_t arms = 0;              // ucp_worker_arm calls
-  std::uint64_t arm_busy = 0;          // ... that returned UCS_ERR_BUSY (progress again)
-  std::uint64_t arm_errors = 0;        // ... that failed otherwise (no fd wait: tick only)
-  std::uint64_t arm_stuck = 0;         // busy arms after a run of idle ones: polled, not spun
-  std::uint64_t tick_progress = 0;     // safety-tick wakeups whose progress found events
-  std::uint64_t poll_progress = 0;     // poll-timer wakeups whose progress found events
-  std::uint64_t fd_progress = 0;       // event-fd wakeups whose progress found events
-  std::uint64_t spin_progress = 0;     // spin passes whose progress found events (no wakeup paid)
+  std::uint64_t skipped = 0;        // envelopes the sender no longer kept, or said goodbye without
+  std::uint64_t unacked = 0;        // now: envelopes kept for peers, not yet acknowledged
+  std::uint64_t held_sends = 0;     // envelopes and pull requests held until the peer's welcome
+  std::uint64_t arms = 0;           // ucp_worker_arm calls
+  std::uint64_t arm_busy = 0;       // ... that returned UCS_ERR_BUSY (progress again)
+  std::uint64_t arm_errors = 0;     // ... that failed otherwise (no fd wait: tick only)
+  std::uint64_t arm_stuck = 0;      // busy arms after a run of idle ones: polled, not spun
+  std::uint64_t tick_progress = 0;  // safety-tick wakeups whose progress found events
+  std::uint64_t poll_progress = 0;  // poll-timer wakeups whose progress found events
+  std::uint64_t fd_progress = 0;    // event-fd wakeups whose progress found events
+  std::uint64_t spin_progress = 0;  // spin passes whose progress found events (no wakeup paid)
   std::uint64_t spin_backoffs = 0;  // spins stopped: their yield gave the core to another process
 };
 

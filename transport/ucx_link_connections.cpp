@@ -101,7 +101,7 @@ admission_reply link_state::admit(const admission_request& request, const std::s
   c.bulk_address = request.bulk_address;
   LINK_TRACE("admitted node {} from {} on conn {}", request.node, from, c.serial);
   auto& pe = peers[request.node];
-  if (pe.lost) pe = peer_entry{pe.host, pe.port, pe.addressed};  // a restarted node is back
+  if (pe.lost) pe = peer_entry::again(pe);  // a restarted node is back
   // We send on the newest connection the peer dialled: a peer that dials again has given up
   // the one before (which may look alive from here: a shared-memory endpoint whose other
   // end closed reports nothing). What it has not acknowledged goes first, after its hello;

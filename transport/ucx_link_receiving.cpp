@@ -82,6 +82,10 @@ ucs_status_t link_state::receive(am_id id, const void* header, std::size_t heade
       LINK_TRACE("goodbye from node {} on conn {} (header {} B, data {} B)", c.peer, c.serial,
                  header_len, len);
       auto in = std::make_shared<inbound>();
+      if (!read_header(header, header_len, in->stream) || len != 0) {
+        ++stats.malformed;
+        return UCS_OK;
+      }
       in->what = inbound::kind::goodbye;
       in->ready = true;
       c.inbox.push_back(in);
@@ -254,9 +258,14 @@ void link_state::deliver(std::uint64_t serial) {
       return;
     }
     if (in->what == inbound::kind::goodbye) {
-      book.forget(from);
-      lose_peer(from, peer_loss::goodbye, "the peer said goodbye");
-      return;
+      auto& pe = peers[from];
+      if (!pe.goodbye) {
+        pe.goodbye = in;
+        pe.goodbye_until = clock::now() + 4 * opt.delivery.resend_after;
+      }
+      settle_goodbye(from);
+      c = find_conn(serial);  // gone if the goodbye was acted on
+      continue;
     }
     const auto verdict = book.accept(from, in->stream, clock::now());
     if (verdict == delivery_book::verdict::duplicate) {
@@ -300,6 +309,25 @@ void link_state::deliver(std::uint64_t serial) {
     const auto ack = book.ack_header(c->peer);
     send_when_welcomed(*c, [this, ack](connection& conn) { send_control(conn, am_ack, ack); });
   }
+  if (c != nullptr) settle_goodbye(c->peer);  // last: it may drop the connection
+}
+
+void link_state::settle_goodbye(node_id peer) {
+  auto pe = peers.find(peer);
+  if (pe == peers.end() || !pe->second.goodbye) return;
+  if (pe->second.lost) {
+    pe->second.goodbye.reset();
+    return;
+  }
+  const std::uint64_t missing = book.missing_before_goodbye(peer, pe->second.goodbye->stream);
+  if (missing > 0 && clock::now() < pe->second.goodbye_until) {
+    LINK_TRACE("goodbye from node {} held: {} of its messages still to come", peer, missing);
+    return;
+  }
+  if (missing > 0) book.give_up_before_goodbye(missing);
+  pe->second.goodbye.reset();
+  book.forget(peer);
+  lose_peer(peer, peer_loss::goodbye, "the peer said goodbye");
 }
 
 void link_state::answer_resend(node_id peer, const delivery_book::header& h) {
@@ -321,6 +349,11 @@ void link_state::check_delivery() {
       send_control(*c, am_ack, book.ack_header(peer));
     }
   }
+  std::vector<node_id> leaving;
+  for (const auto& [peer, pe] : peers) {
+    if (pe.goodbye) leaving.push_back(peer);
+  }
+  for (node_id peer : leaving) settle_goodbye(peer);
   for (auto& [peer, h] : book.resend_requests_due(now)) {
     if (connection* c = sendable_conn(peer)) {
       ++counters.resend_requests;

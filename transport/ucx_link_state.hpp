@@ -55,7 +55,8 @@ enum am_id : unsigned {
   am_welcome = 2,        // header hello_header: the acceptor's first, answering the hello
   am_closed = 3,         // no payload: the sender closed its end (the receiver fails its own)
   am_envelope = 4,       // header delivery_book::header, data: one serialized envelope
-  am_goodbye = 5,        // no payload: the sender is shutting down cleanly
+  am_goodbye = 5,        // header delivery_book::header (seq: the last one numbered for us):
+                         // the sender is shutting down cleanly
   am_bulk_request = 6,   // header bulk_request_header
   am_bulk_data = 7,      // header bulk_reply_header, data: the bytes (rendezvous when large)
   am_bulk_rkey = 8,      // header bulk_reply_header, data: the packed rkey
@@ -264,6 +265,18 @@ struct peer_entry {
   // Its connection failed but nobody gave it up (forget, goodbye): sends to it are numbered and
   // kept (delivery_book) for its next connection, dialled after revive() or by the peer.
   bool kept = false;
+  // Its goodbye, held until every message it numbered before it was handed on (asked for
+  // again if one went missing; on another connection, still in flight), or goodbye_until.
+  std::shared_ptr<inbound> goodbye;
+  clock::time_point goodbye_until;
+  // The same address, everything else afresh (a lost peer back).
+  static peer_entry again(const peer_entry& was) {
+    peer_entry p;
+    p.host = was.host;
+    p.port = was.port;
+    p.addressed = was.addressed;
+    return p;
+  }
 };
 
 struct pull_op {
@@ -559,6 +572,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void answer_resend(node_id peer, const delivery_book::header& h);
   // A connection to `peer` that sends now (welcomed, nothing held), or nullptr.
   connection* sendable_conn(node_id peer);
+  // Acts on the peer's held goodbye once nothing before it is missing, or its time is up (what
+  // is still missing then is counted as skipped). May lose the peer: connections go.
+  void settle_goodbye(node_id peer);
 
   // ---- receiving ---------------------------------------------------------------------------
 

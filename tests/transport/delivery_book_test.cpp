@@ -96,10 +96,13 @@ TEST(delivery_book, one_request_per_gap_until_resend_after_has_passed) {
   const auto due = b.receiver.resend_requests_due(b.now);
   ASSERT_EQ(due.size(), 1u) << "a request lost too was never asked again";
   EXPECT_EQ(due[0].second.ack_seq, 0u);
-  // Once the gap is filled (by a probe of the oldest), the rest is asked for at once.
+  // The gap filled by a probe of the oldest, the rest dropped behind it is asked for once
+  // nothing more came for resend_after.
   EXPECT_EQ(b.arrive(b.sender.restamp(receiver_node, 1)), verdict::deliver);
+  EXPECT_FALSE(b.receiver.resend_request(sender_node, b.now).has_value());
+  b.now += delivery_timing{}.resend_after;
   const auto next = b.receiver.resend_request(sender_node, b.now);
-  ASSERT_TRUE(next.has_value()) << "the rest dropped after the gap waited for another interval";
+  ASSERT_TRUE(next.has_value()) << "the rest dropped after the gap was never asked for";
   EXPECT_EQ(next->ack_seq, 1u);
   ASSERT_TRUE(b.sender.resend_requested(receiver_node, *next, b.now));
   for (const auto& k : b.sender.unacked(receiver_node)) {
@@ -184,7 +187,78 @@ TEST(delivery_book, a_new_session_starts_a_new_stream) {
   delivery_book restarted{0x5f, {}};
   const auto first = restarted.stamp(receiver_node, message());
   EXPECT_EQ(b.arrive(first), verdict::deliver);
-  EXPECT_TRUE(b.receiver.unacked(sender_node).empty());
+  EXPECT_EQ(b.handed_on, (std::vector<std::uint64_t>{1, 1}));
+  // What the receiver kept stays until acked: some of it may have gone to the new process.
+  EXPECT_EQ(b.receiver.unacked(sender_node).size(), 1u);
+}
+
+// A go-back-N answer that arrives in pieces (each rendezvous envelope is handed on alone)
+// asks for nothing more: an ask per piece sent the whole stream again each time.
+TEST(delivery_book, an_answer_handed_on_in_pieces_asks_for_nothing_more) {
+  pair_of_books b;
+  std::vector<delivery_book::header> sent;
+  for (int i = 0; i < 10; ++i) sent.push_back(b.send());
+  for (int i = 1; i < 10; ++i) EXPECT_EQ(b.arrive(sent[i]), verdict::early);  // 1 lost
+  auto ask = b.receiver.resend_request(sender_node, b.now);
+  ASSERT_TRUE(ask.has_value());
+  ASSERT_TRUE(b.sender.resend_requested(receiver_node, *ask, b.now));
+  int asks = 0;
+  for (const auto& k : b.sender.unacked(receiver_node)) {
+    EXPECT_EQ(b.arrive(b.sender.restamp(receiver_node, k.seq)), verdict::deliver);
+    if (b.receiver.resend_request(sender_node, b.now)) ++asks;
+  }
+  EXPECT_EQ(asks, 0) << "pieces of an answer asked for the stream again";
+  EXPECT_EQ(b.handed_on.size(), 10u);
+  // A hole inside the answer (one of it lost too) is asked for at once.
+  std::vector<delivery_book::header> more;
+  for (int i = 0; i < 4; ++i) more.push_back(b.send());
+  EXPECT_EQ(b.arrive(more[1]), verdict::early);  // 11 lost
+  ask = b.receiver.resend_request(sender_node, b.now);
+  ASSERT_TRUE(ask.has_value());
+  EXPECT_EQ(ask->ack_seq, 10u);
+  EXPECT_EQ(b.arrive(b.sender.restamp(receiver_node, 11)), verdict::deliver);
+  EXPECT_EQ(b.arrive(b.sender.restamp(receiver_node, 12)), verdict::deliver);
+  EXPECT_EQ(b.arrive(more[3]), verdict::early);  // 13 lost again
+  ask = b.receiver.resend_request(sender_node, b.now);
+  ASSERT_TRUE(ask.has_value()) << "a hole in the answer waited for resend_after";
+  EXPECT_EQ(ask->ack_seq, 12u);
+}
+
+// Probes of a peer that answers nothing (stopped) back off: resend_after, twice that, ...
+TEST(delivery_book, probes_of_a_silent_peer_back_off) {
+  pair_of_books b;
+  (void)b.send();
+  (void)b.sender.probes_due(b.now);  // the first look
+  const auto step = delivery_timing{}.resend_after;
+  std::vector<int> gaps;
+  int since = 0;
+  for (int t = 0; t < 40; ++t) {
+    b.now += step;
+    ++since;
+    if (!b.sender.probes_due(b.now).empty()) {
+      gaps.push_back(since);
+      since = 0;
+    }
+  }
+  EXPECT_EQ(gaps, (std::vector<int>{1, 2, 4, 8, 16})) << "probes did not back off";
+}
+
+// A goodbye says the last message numbered for the receiver: it is acted on only once every
+// one before it was handed on (those missing are asked for); after its time they are counted.
+TEST(delivery_book, a_goodbye_waits_for_the_messages_numbered_before_it) {
+  pair_of_books b;
+  const auto one = b.send(), two = b.send();
+  EXPECT_EQ(b.arrive(one), verdict::deliver);
+  const auto bye = b.sender.goodbye_header(receiver_node);
+  EXPECT_EQ(bye.seq, 2u);
+  EXPECT_EQ(b.receiver.missing_before_goodbye(sender_node, bye), 1u);
+  auto ask = b.receiver.resend_request(sender_node, b.now);
+  ASSERT_TRUE(ask.has_value()) << "the message missing at the goodbye was never asked for";
+  EXPECT_EQ(ask->ack_seq, 1u);
+  EXPECT_EQ(b.arrive(two), verdict::deliver);
+  EXPECT_EQ(b.receiver.missing_before_goodbye(sender_node, bye), 0u);
+  EXPECT_EQ(b.receiver.missing_before_goodbye(sender_node, b.receiver.goodbye_header(99)), 0u)
+      << "a goodbye of another session";
 }
 
 }  // namespace
