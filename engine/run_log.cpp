@@ -83,10 +83,12 @@ json_record& json_record::add(std::string_view k, bool value) {
 }
 
 run_log::run_log(const std::filesystem::path& path, bool append) : path_(path) {
-  // Private whatever the umask: the log names hosts, pids and the job's progress.
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0600);
-  if (fd >= 0 && ::fchmod(fd, 0600) == 0) file_ = ::fdopen(fd, append ? "a" : "w");
+  // Private whatever the umask: the log names hosts, pids and the job's progress. Appending
+  // always: processes write it in turn (a head, its standby that took over, the head's last
+  // word once the standby ended), and a write at a stale offset overwrote the standby's records.
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC) | O_CLOEXEC, 0600);
+  if (fd >= 0 && ::fchmod(fd, 0600) == 0) file_ = ::fdopen(fd, "a");
   if (file_ == nullptr && fd >= 0) ::close(fd);
   if (file_ == nullptr) {
     throw std::runtime_error(

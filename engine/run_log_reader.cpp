@@ -298,9 +298,16 @@ std::optional<std::int64_t> last_logged_iteration(const std::string& path, std::
 bool run_log_ended(const std::string& path, std::size_t tail) {
   const auto records = tail_records(path, tail);
   if (records.empty()) return false;
-  const run_record& last = records.back();
-  return last.is("event", "job_end") || last.is("event", "job_failed") ||
-         last.is("event", "job_stopped");
+  // The last run's end, with what its stages still logged after it (their last durable
+  // writes) behind it.
+  for (auto r = records.rbegin(); r != records.rend(); ++r) {
+    if (r->is("event", "job_end") || r->is("event", "job_failed") ||
+        r->is("event", "job_stopped")) {
+      return true;
+    }
+    if (r->is("event", "job_start")) return false;
+  }
+  return false;
 }
 
 }  // namespace moevement::engine

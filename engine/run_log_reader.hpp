@@ -55,8 +55,9 @@ result<run_log_contents> read_run_log(const std::string& path,
 // bytes (a standby head that took over: what the lost head logged); none when there is none.
 std::optional<std::int64_t> last_logged_iteration(const std::string& path,
                                                   std::size_t tail = std::size_t(1) << 20);
-// Whether the run log at `path` ends its last run (job_end, job_failed or job_stopped is its
-// last record, read from its last `tail` bytes).
+// Whether the run log at `path` ends its last run (job_end, job_failed or job_stopped after
+// its last job_start; records may follow, such as the last durable writes; read from its last
+// `tail` bytes).
 bool run_log_ended(const std::string& path, std::size_t tail = std::size_t(1) << 20);
 
 }  // namespace moevement::engine

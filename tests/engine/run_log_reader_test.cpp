@@ -136,6 +136,10 @@ TEST(run_log_reader, a_log_ends_its_run_with_job_end_failed_or_stopped) {
     EXPECT_TRUE(run_log_ended(temp_file(std::string(end) + ".jsonl", text))) << end;
   }
   EXPECT_FALSE(run_log_ended(temp_file("running.jsonl", start + it)));
+  // The stages' last durable writes logged after the end: ended still.
+  EXPECT_TRUE(run_log_ended(temp_file("written_after.jsonl",
+                                      start + it + "{\"kind\":\"event\",\"event\":\"job_end\"}\n" +
+                                          "{\"kind\":\"event\",\"event\":\"durable_written\"}\n")));
   // A resume after an end: running again.
   EXPECT_FALSE(run_log_ended(
       temp_file("again.jsonl", start + "{\"kind\":\"event\",\"event\":\"job_failed\"}\n" + start)));

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <vector>
 
 namespace moevement::engine {
 namespace {
@@ -52,6 +53,29 @@ TEST(run_log, the_file_is_private_whatever_the_umask) {
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
+  std::filesystem::remove(path);
+}
+
+// A head writes the log, its standby takes over and appends, and the head, once the standby
+// ended, writes its last word: each record lands at the end. (The head's writes went to its
+// own stale offset, over the standby's records.)
+TEST(run_log, writers_taking_turns_append_and_overwrite_nothing) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("run_log_turns_" + std::to_string(::getpid()) + ".jsonl");
+  run_log head(path);
+  head.write(json_record().add("by", "head"));
+  {
+    run_log standby(path, /*append=*/true);
+    standby.write(json_record().add("by", "standby"));
+    standby.write(json_record().add("by", "standby, again"));
+  }
+  head.write(json_record().add("by", "head, last"));
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  EXPECT_EQ(lines,
+            (std::vector<std::string>{R"({"by":"head"})", R"({"by":"standby"})",
+                                      R"({"by":"standby, again"})", R"({"by":"head, last"})"}));
   std::filesystem::remove(path);
 }
 
