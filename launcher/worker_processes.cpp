@@ -75,13 +75,17 @@ void worker_processes::reap_exited(
 
 worker_processes::child_end worker_processes::end_of(transport::node_id node) {
   if (auto e = ended_.find(node); e != ended_.end()) return {true, e->second};
-  for (auto it = children_.begin(); it != children_.end(); ++it) {
-    if (it->second != node) continue;
-    int status = 0;
-    if (::waitpid(it->first, &status, WNOHANG) != it->first) return {true, std::nullopt};
-    killed_.erase(it->first);
-    children_.erase(it);
-    ended_[node] = status;
+  for (const auto& [pid, n] : children_) {
+    if (n != node) continue;
+    // Looked at, not reaped (WNOWAIT): reap_exited still hears of it, and says so.
+    siginfo_t info{};
+    if (::waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != pid) {
+      return {true, std::nullopt};
+    }
+    const int code = info.si_status & 0xff;
+    const int status = info.si_code == CLD_EXITED   ? code << 8
+                       : info.si_code == CLD_DUMPED ? code | 0x80
+                                                    : code;
     return {true, status};
   }
   return {};

@@ -50,7 +50,7 @@ class worker_processes {
   // Reaps every child that exited: on_exit(node, pid, wait status) for each of ours.
   void reap_exited(const std::function<void(transport::node_id, pid_t, int)>& on_exit);
   // How node's process ended, if this launcher started it: `started` false when it did not;
-  // `status` (a wait status) once it exited (reaped now if need be: reap_exited skips it).
+  // `status` (a wait status) once it exited (reaped or not: reap_exited still reports it).
   struct child_end {
     bool started = false;
     std::optional<int> status;

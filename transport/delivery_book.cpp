@@ -174,14 +174,25 @@ delivery_book::header delivery_book::goodbye_header(node_id peer) {
   stream& s = streams_[peer];
   header h = ack_header(peer);
   h.seq = s.next_seq - 1;  // 0: nothing was ever numbered for it
+  h.oldest = s.unacked.empty() ? s.next_seq : s.unacked.front().seq;
   return h;
 }
 
 std::uint64_t delivery_book::missing_before_goodbye(node_id peer, const header& h) {
   stream& s = streams_[peer];
-  if (h.session != s.peer_session || h.seq <= s.delivered) return 0;
+  if (h.oldest == 0 || h.seq < h.oldest) return 0;  // it keeps nothing for us
+  // Not heard from that session yet (its first messages may be on another connection, or the
+  // goodbye came first): all it keeps is still to come.
+  if (h.session != s.peer_session) return h.seq - h.oldest + 1;
+  const std::uint64_t from = std::max(s.delivered + 1, h.oldest);
+  if (h.seq < from) return 0;
   s.seen = std::max(s.seen, h.seq);
-  return h.seq - s.delivered;
+  return h.seq - from + 1;
+}
+
+std::uint64_t delivery_book::peer_session(node_id peer) const {
+  auto it = streams_.find(peer);
+  return it == streams_.end() ? 0 : it->second.peer_session;
 }
 
 std::size_t delivery_book::kept() const {

@@ -103,11 +103,14 @@ class delivery_book {
   // Peers owed an explicit ack now (see ack_due).
   std::vector<node_id> acks_due(clock::time_point now) const;
 
-  // The goodbye to send `peer`: its seq is the last one numbered for it.
+  // The goodbye to send `peer`: its seq is the last one numbered for it, `oldest` the oldest
+  // it still keeps (above seq: none).
   header goodbye_header(node_id peer);
   // A goodbye from `peer` (header `h`): how many of its messages before it are still to come
   // (0: the goodbye can be acted on). The missing ones are then known, and asked for.
   std::uint64_t missing_before_goodbye(node_id peer, const header& h);
+  // The session `peer`'s stream to us is in (0: not heard from).
+  std::uint64_t peer_session(node_id peer) const;
   // Messages never handed on at a goodbye that came without them: counted as skipped.
   void give_up_before_goodbye(std::uint64_t missing) { gaps_ += missing; }
 

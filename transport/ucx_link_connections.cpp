@@ -306,6 +306,15 @@ void link_state::lose_peer(node_id peer, peer_loss why, const std::string& detai
   if (it == peers.end() || it->second.lost) return;
   // After our own goodbye, peers closing on us is expected, not news.
   if (said_goodbye) why = peer_loss::goodbye;
+  if (auto& bye = it->second.goodbye) {
+    // It said goodbye, and went before all it sent before that arrived: it left, cleanly;
+    // what is missing is counted.
+    if (book.peer_session(peer) == bye->stream.session) {
+      book.give_up_before_goodbye(book.missing_before_goodbye(peer, bye->stream));
+    }
+    bye.reset();
+    why = peer_loss::goodbye;
+  }
   LINK_TRACE("node {} lost ({}): {}", peer, why == peer_loss::goodbye ? "goodbye" : "failure",
              detail);
   it->second.lost = true;

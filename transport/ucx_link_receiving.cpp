@@ -262,6 +262,7 @@ void link_state::deliver(std::uint64_t serial) {
       if (!pe.goodbye) {
         pe.goodbye = in;
         pe.goodbye_until = clock::now() + 4 * opt.delivery.resend_after;
+        pe.goodbye_heard = book.peer_session(from);
       }
       settle_goodbye(from);
       c = find_conn(serial);  // gone if the goodbye was acted on
@@ -315,7 +316,11 @@ void link_state::deliver(std::uint64_t serial) {
 void link_state::settle_goodbye(node_id peer) {
   auto pe = peers.find(peer);
   if (pe == peers.end() || !pe->second.goodbye) return;
-  if (pe->second.lost) {
+  const std::uint64_t said_by = pe->second.goodbye->stream.session;
+  const std::uint64_t heard = book.peer_session(peer);
+  if (pe->second.lost || (heard != said_by && heard != pe->second.goodbye_heard)) {
+    // Lost meanwhile (lose_peer settled it), or a new process on that node spoke since: the
+    // old one's goodbye is nothing to it.
     pe->second.goodbye.reset();
     return;
   }

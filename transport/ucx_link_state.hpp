@@ -269,6 +269,7 @@ struct peer_entry {
   // again if one went missing; on another connection, still in flight), or goodbye_until.
   std::shared_ptr<inbound> goodbye;
   clock::time_point goodbye_until;
+  std::uint64_t goodbye_heard = 0;  // the session we had heard from it when the goodbye came
   // The same address, everything else afresh (a lost peer back).
   static peer_entry again(const peer_entry& was) {
     peer_entry p;

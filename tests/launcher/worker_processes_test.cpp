@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "launcher/worker_processes.hpp"
 
@@ -79,6 +81,35 @@ TEST(worker_processes, a_worker_it_killed_is_no_crash_at_the_end) {
   EXPECT_NE(bad[0].find("worker 2 (pid " + std::to_string(crashed) + ") was killed by signal 9"),
             std::string::npos)
       << bad[0];
+}
+
+// How a worker ended, looked at before the launcher's SIGCHLD reaps it (the head's verdict on
+// a lost worker says that, not the link's view), without taking the exit from reap_exited.
+TEST(worker_processes, end_of_says_how_a_child_ended_and_leaves_it_to_reap) {
+  const char* head = "127.0.0.1:4000";
+  worker_processes processes("token");
+  const pid_t worker = start("worker", head, "1");
+  processes.adopt(worker, 1);
+  EXPECT_FALSE(processes.end_of(7).started) << "not a child of this launcher";
+  auto running = processes.end_of(1);
+  EXPECT_TRUE(running.started);
+  EXPECT_FALSE(running.status.has_value()) << "a running worker has ended?";
+  ::kill(worker, SIGKILL);
+  std::optional<int> status;
+  for (int i = 0; i < 200 && !status; ++i) {
+    status = processes.end_of(1).status;
+    if (!status) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(moevement::launcher::exit_text(*status), "was killed by signal 9 (Killed)");
+  std::vector<std::string> reaped;
+  processes.reap_exited([&](moevement::transport::node_id n, pid_t pid, int st) {
+    reaped.push_back(std::to_string(n) + " " + std::to_string(pid) + " " +
+                     moevement::launcher::exit_text(st));
+  });
+  ASSERT_EQ(reaped.size(), 1u) << "end_of took the exit from reap_exited";
+  EXPECT_EQ(reaped[0], "1 " + std::to_string(worker) + " was killed by signal 9 (Killed)");
+  EXPECT_EQ(processes.end_of(1).status, status) << "forgotten once reaped";
 }
 
 }  // namespace

@@ -257,8 +257,25 @@ TEST(delivery_book, a_goodbye_waits_for_the_messages_numbered_before_it) {
   EXPECT_EQ(ask->ack_seq, 1u);
   EXPECT_EQ(b.arrive(two), verdict::deliver);
   EXPECT_EQ(b.receiver.missing_before_goodbye(sender_node, bye), 0u);
-  EXPECT_EQ(b.receiver.missing_before_goodbye(sender_node, b.receiver.goodbye_header(99)), 0u)
-      << "a goodbye of another session";
+  // A goodbye that comes before anything of its session (its first messages on another
+  // connection): all the sender keeps is still to come.
+  pair_of_books c;
+  const auto first = c.send(), second = c.send();
+  const auto early_bye = c.sender.goodbye_header(receiver_node);
+  EXPECT_EQ(c.receiver.missing_before_goodbye(sender_node, early_bye), 2u);
+  EXPECT_EQ(c.arrive(first), verdict::deliver);
+  EXPECT_EQ(c.arrive(second), verdict::deliver);
+  EXPECT_EQ(c.receiver.missing_before_goodbye(sender_node, early_bye), 0u);
+  // A sender that keeps nothing for us (all acked, or forgotten) leaves nothing to wait for.
+  c.sender.acked(receiver_node, c.sender.session(), 2);
+  EXPECT_EQ(c.receiver.missing_before_goodbye(sender_node, c.sender.goodbye_header(receiver_node)),
+            0u);
+  pair_of_books d;
+  (void)d.send();
+  d.sender.forget(receiver_node);
+  EXPECT_EQ(d.receiver.missing_before_goodbye(sender_node, d.sender.goodbye_header(receiver_node)),
+            0u)
+      << "a goodbye waited for messages its sender forgot";
 }
 
 }  // namespace
