@@ -1,4 +1,5 @@
-// link_state: receiving active messages: the hello, envelopes and their in-order delivery.
+// link_state: receiving active messages: the hello, envelopes and their in-order delivery, and
+// keeping the streams whole (acks, resend requests and their answers, probes, held goodbyes).
 #include "transport/ucx_link_state.hpp"
 
 namespace moevement::transport::detail {
@@ -296,8 +297,9 @@ void link_state::deliver(std::uint64_t serial) {
     }
     c = find_conn(serial);  // the handler may have forgotten the peer
   }
-  // One went missing (a later one came): the stream again from it, once per gap.
-  if (c != nullptr) {
+  // One went missing (a later one came): the stream again from it, once per gap. (Not once
+  // this link is leaving: see check_delivery.)
+  if (c != nullptr && !said_goodbye) {
     if (auto ask = book.resend_request(c->peer, clock::now())) {
       ++counters.resend_requests;
       send_when_welcomed(*c,
@@ -305,7 +307,7 @@ void link_state::deliver(std::uint64_t serial) {
     }
   }
   // Nothing of ours carried the acknowledgement back for a while: an explicit one.
-  if (c != nullptr && book.ack_due(c->peer, clock::now())) {
+  if (c != nullptr && !said_goodbye && book.ack_due(c->peer, clock::now())) {
     ++counters.acks_sent;
     const auto ack = book.ack_header(c->peer);
     send_when_welcomed(*c, [this, ack](connection& conn) { send_control(conn, am_ack, ack); });
@@ -347,6 +349,10 @@ void link_state::answer_resend(node_id peer, const delivery_book::header& h) {
 }
 
 void link_state::check_delivery() {
+  // Leaving: nothing more is asked or acknowledged (peers may be leaving too, and UCX 1.13's
+  // TCP transport has asserted in the error path of a send to one that just went: the fewer
+  // sends to leaving peers, the better). Resends asked of us are still answered.
+  if (said_goodbye) return;
   const auto now = clock::now();
   for (node_id peer : book.acks_due(now)) {
     if (connection* c = sendable_conn(peer)) {
@@ -360,7 +366,7 @@ void link_state::check_delivery() {
   }
   for (node_id peer : leaving) settle_goodbye(peer);
   for (auto& [peer, h] : book.resend_requests_due(now)) {
-    if (connection* c = sendable_conn(peer)) {
+    if (connection* c = sendable_conn(peer, /*even_leaving=*/true)) {  // what it said before
       ++counters.resend_requests;
       send_control(*c, am_resend, h);
     }
@@ -374,9 +380,13 @@ void link_state::check_delivery() {
   }
 }
 
-connection* link_state::sendable_conn(node_id peer) {
+connection* link_state::sendable_conn(node_id peer, bool even_leaving) {
   auto pe = peers.find(peer);
   if (pe == peers.end() || pe->second.lost) return nullptr;
+  if (!even_leaving && pe->second.goodbye &&
+      book.peer_session(peer) == pe->second.goodbye->stream.session) {
+    return nullptr;  // leaving: it needs no ack, and answers no probe
+  }
   connection* c = find_conn(pe->second.send_conn);
   if (c != nullptr && c->welcomed && c->held.empty()) return c;
   if (c != nullptr) return nullptr;  // what it holds goes first

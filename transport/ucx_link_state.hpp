@@ -1,7 +1,7 @@
 // The state behind ucx_link (private to transport/): its wire headers, its connections, peers,
 // pulls and leases, and link_state, whose methods live by concern in ucx_link_state.cpp (the
 // worker driven from Asio, UCX requests, shutdown), ucx_link_connections.cpp (dialling,
-// admission, failures), ucx_link_receiving.cpp (active messages, hello, delivery) and
+// admission, failures), ucx_link_receiving.cpp (active messages, hello, delivery, repair) and
 // ucx_link_bulk.cpp (pulls, RMA, leases). ucx_link.cpp is the public class over it.
 #pragma once
 
@@ -571,8 +571,9 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void check_delivery();
   // A peer asked for what followed its ack again (a message went missing): it is resent.
   void answer_resend(node_id peer, const delivery_book::header& h);
-  // A connection to `peer` that sends now (welcomed, nothing held), or nullptr.
-  connection* sendable_conn(node_id peer);
+  // A connection to `peer` that sends now (welcomed, nothing held), or nullptr; nullptr too
+  // for a peer whose goodbye we hold, unless `even_leaving`.
+  connection* sendable_conn(node_id peer, bool even_leaving = false);
   // Acts on the peer's held goodbye once nothing before it is missing, or its time is up (what
   // is still missing then is counted as skipped). May lose the peer: connections go.
   void settle_goodbye(node_id peer);
