@@ -567,7 +567,8 @@ struct link_state : std::enable_shared_from_this<link_state> {
   void lose_peer(node_id peer, peer_loss why, const std::string& detail);
 
   void check_hello_timeouts();
-  // Explicit acks due, and probes of envelopes unacknowledged too long (delivery_book.hpp).
+  // On the tick (delivery_book.hpp): explicit acks due, held goodbyes past their time, resend
+  // requests asked again, and probes of envelopes unacknowledged too long.
   void check_delivery();
   // A peer asked for what followed its ack again (a message went missing): it is resent.
   void answer_resend(node_id peer, const delivery_book::header& h);
