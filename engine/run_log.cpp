@@ -88,9 +88,9 @@ run_log::run_log(const std::filesystem::path& path, bool append) : path_(path) {
   // word once the standby ended), and a write at a stale offset overwrote the standby's records.
   const int fd = ::open(path.c_str(),
                         O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC) | O_CLOEXEC, 0600);
-  if (fd >= 0 && ::fchmod(fd, 0600) == 0) file_ = ::fdopen(fd, "a");
-  if (file_ == nullptr && fd >= 0) ::close(fd);
-  if (file_ == nullptr) {
+  if (fd >= 0 && ::fchmod(fd, 0600) == 0) fd_ = fd;
+  if (fd_ < 0 && fd >= 0) ::close(fd);
+  if (fd_ < 0) {
     throw std::runtime_error(
         fmt::format("cannot open run log {}: {} (check that the directory "
                     "exists and is writable)",
@@ -106,19 +106,32 @@ void run_log::start_on_new_line() {
   if (!in || in.tellg() <= 0) return;
   in.seekg(-1, std::ios::end);
   if (in.get() == '\n') return;
-  std::fputc('\n', file_);
-  std::fflush(file_);
+  append_line("\n");
 }
 
 run_log::~run_log() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void run_log::write(const json_record& record) {
-  const std::string line = record.str() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
-    throw std::runtime_error(
-        fmt::format("writing run log {} failed: {}", path_.string(), std::strerror(errno)));
+  append_line(record.str() + "\n");
+}
+
+void run_log::append_line(const std::string& line) {
+  // One write() per record, with no stdio buffer between: an O_APPEND write lands whole at the
+  // end of the file, so a record of another process appending to the same log (a head and its
+  // standby) never falls inside this one, however long it is.
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw std::runtime_error(
+          fmt::format("writing run log {} failed: {} (check the disk's free "
+                      "space)",
+                      path_.string(), std::strerror(errno)));
+    }
+    done += static_cast<std::size_t>(n);
   }
 }
 

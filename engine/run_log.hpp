@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -43,7 +42,8 @@ class run_log {
   run_log(const run_log&) = delete;
   run_log& operator=(const run_log&) = delete;
 
-  // Writes one line and flushes, so a killed run keeps every record written before.
+  // Writes one line in one write() (no buffer), so a killed run keeps every record written
+  // before and records of processes appending to the same log never interleave.
   void write(const json_record& record);
   // Ends a line another process left torn (a head killed mid-write into the log this one
   // appends to), so that the next record starts a line of its own.
@@ -55,7 +55,8 @@ class run_log {
 
  private:
   std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
-  std::FILE* file_ = nullptr;
+  void append_line(const std::string& line);
+  int fd_ = -1;
   std::filesystem::path path_;
 };
 

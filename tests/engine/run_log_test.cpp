@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -76,6 +77,47 @@ TEST(run_log, writers_taking_turns_append_and_overwrite_nothing) {
   EXPECT_EQ(lines,
             (std::vector<std::string>{R"({"by":"head"})", R"({"by":"standby"})",
                                       R"({"by":"standby, again"})", R"({"by":"head, last"})"}));
+  std::filesystem::remove(path);
+}
+
+// Two processes appending long records (far past stdio's buffer) at once: each record lands
+// whole on a line of its own. (Through stdio, one record was several write() calls, and the
+// other process's record could fall between them.)
+TEST(run_log, long_records_of_processes_appending_at_once_never_interleave) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("run_log_at_once_" + std::to_string(::getpid()) + ".jsonl");
+  run_log(path).write(json_record().add("kind", "job_start"));
+  constexpr int records = 40;
+  const auto record_of = [](char by) {
+    return json_record().add("by", std::string(1, by)).add("pad", std::string(96 * 1024, by));
+  };
+  std::vector<pid_t> children;
+  for (const char by : {'a', 'b'}) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      run_log log(path, /*append=*/true);
+      for (int i = 0; i < records; ++i) log.write(record_of(by));
+      ::_exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (const pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const std::string a = record_of('a').str(), b = record_of('b').str();
+  int as = 0, bs = 0;
+  while (std::getline(in, line)) {
+    ASSERT_TRUE(line == a || line == b) << "a torn record of " << line.size() << " bytes";
+    ++(line == a ? as : bs);
+  }
+  EXPECT_EQ(as, records);
+  EXPECT_EQ(bs, records);
   std::filesystem::remove(path);
 }
 
