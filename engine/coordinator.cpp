@@ -125,7 +125,32 @@ awaitable<void> coordinator::member_lost(transport::node_id n, std::string how) 
     if (sclock::now() >= until) break;  // running (hung, or cut off): the verdict stands
     co_await system().sleep_for(std::chrono::milliseconds(5));
   }
+  if (how.find("no heartbeat") != std::string::npos) silent_losses_[n] = sclock::now();
   co_await worker_lost(n, how);
+}
+
+std::string coordinator::cut_off_hint() const {
+  // The most workers that fell silent within one failure timeout of each other.
+  std::vector<sclock::time_point> at;
+  for (const auto& [n, t] : silent_losses_) at.push_back(t);
+  std::sort(at.begin(), at.end());
+  const auto window = std::chrono::milliseconds(job_.failure_timeout_ms);
+  std::size_t most = 0;
+  for (std::size_t first = 0, last = 0; last < at.size(); ++last) {
+    while (at[last] - at[first] > window) ++first;
+    most = std::max(most, last - first + 1);
+  }
+  std::set<transport::node_id> all;
+  for (const auto& [n, w] : workers_) all.insert(n);
+  for (const auto& [n, t] : silent_losses_) all.insert(n);
+  // (Two at least, and a strict majority: the head's own rule for a cut with a standby.)
+  if (most < 2 || 2 * most <= all.size()) return {};
+  return fmt::format(
+      "; {} of the {} workers fell silent at once, none seen to end: either they hung together "
+      "(a host or a switch), or this head is the one cut off from them (a standby head, "
+      "cluster.standby_head, takes over there; with the durable tier, `moevement launch CONFIG "
+      "--resume` goes on from disk)",
+      most, all.size());
 }
 
 void coordinator::lose_worker(transport::node_id n, const std::string& how) {
@@ -164,6 +189,7 @@ void coordinator::fail(const std::string& message) {
         "with the durable tier, `moevement launch CONFIG --resume` goes on from disk)",
         head_stall_s_);
   }
+  o.message += cut_off_hint();
   o.iterations = iteration_;
   finish_with(std::move(o));
 }

@@ -457,6 +457,10 @@ class coordinator : public actors::actor, private head_control {
   std::optional<double> last_val_;  // the last validation's loss
   bool finished_ = false;
   double head_stall_s_ = 0.0;  // the longest this process did not run (actor system's on_stall)
+  // Workers declared lost on silence (no heartbeat, their processes not seen to end), and when:
+  // a majority of them at once says the head itself may be the one cut off (cut_off_hint()).
+  std::map<transport::node_id, std::chrono::steady_clock::time_point> silent_losses_;
+  std::string cut_off_hint() const;
 
   // The policy on the head (recovery/; null: policy none): what its checkpoints are, and how a
   // lost worker is recovered (the job stops at a loss without one).

@@ -496,6 +496,19 @@ TEST(recovery, a_second_loss_without_a_spare_is_named_with_its_worker) {
       "pid [0-9]+\\) was killed)[^\n]*no spare worker is left");
   const bool found = std::regex_search(o.output, named);
   EXPECT_TRUE(found) << o.output;
+  EXPECT_EQ(o.output.find("fell silent at once"), std::string::npos) << "killed, not silent";
+}
+
+// Two of the three workers hung at once, and one spare: the stop says that they fell silent
+// together, and that the head may be the one cut off (a cut looks the same from the head).
+TEST(recovery, a_majority_silent_at_once_says_the_head_may_be_the_one_cut_off) {
+  const auto o = launch("silent_majority", job(2, 1, 1,
+                                               "--inject hang:stage=0,replica=0,iter=4 "
+                                               "--inject hang:stage=1,replica=0,iter=4"));
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("no spare worker is left"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("2 of the 3 workers fell silent at once"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("this head is the one cut off"), std::string::npos) << o.output;
 }
 
 TEST(recovery, bad_injections_are_refused_before_anything_starts) {
