@@ -179,14 +179,22 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
       co_await sys.sleep_for(std::chrono::milliseconds(100));
     }
   };
+  bool followed_standby = false;  // (its loss is then named as the standby's, not the head's)
   sys.on_membership([&](transport::node_id n, actors::member_event e) {
     if (e == actors::member_event::head_changed) {  // a standby took the lost head's place
+      followed_standby = true;
       say(fmt::format("the head was lost; the standby head (node {}) takes over", n));
       asio::co_spawn(io, hello(std::chrono::seconds(5), std::chrono::seconds(60)), asio::detached);
       return;
     }
     // (Where a standby takes over, the lost head is no longer sys.head() here.)
-    if (n == sys.head() && e != actors::member_event::up) stop(1, "lost the head: stopping");
+    if (n == sys.head() && e != actors::member_event::up) {
+      const std::string why = sys.why_lost(n);
+      stop(1, fmt::format("lost the {}{}: stopping",
+                          followed_standby ? fmt::format("standby head (node {}) that took over", n)
+                                           : std::string("head"),
+                          why.empty() ? "" : " (" + why + ")"));
+    }
     if (n == args.node && e == actors::member_event::lost) {
       // The head's reason where it gave one (a fence for silent corruption), else the usual.
       const std::string why = sys.why_lost(args.node);
