@@ -399,7 +399,7 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
       co_await replay_mismatch_found(w, m.getStage(), m.getReplica(), m.getMismatchIteration(),
                                      message);
     } else if (replacement) {
-      co_await recovery_->restore_failed(message, m.getSnapshotLost());
+      co_await recovery_->restore_failed(w.node, message, m.getSnapshotLost());
     } else {
       fail(message);
     }

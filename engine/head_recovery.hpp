@@ -185,8 +185,9 @@ class head_recovery {
   // takes it as a worker starting with the job).
   virtual bool rebuilding(transport::node_id n) const = 0;
   virtual bool current(transport::node_id n, std::uint64_t generation) const = 0;
-  // Its restore failed (snapshot_lost: every copy of a snapshot it needed is gone).
-  virtual asio::awaitable<void> restore_failed(const std::string& message, bool snapshot_lost) = 0;
+  // Worker n's restore failed (snapshot_lost: every copy of a snapshot it needed is gone).
+  virtual asio::awaitable<void> restore_failed(transport::node_id n, const std::string& message,
+                                               bool snapshot_lost) = 0;
   // Its stage is back (the coordinator has recorded its actors).
   virtual asio::awaitable<void> restored(transport::node_id n, wire::StageReady::Reader m) = 0;
   // A region supervisor's ask for its region's next generation.

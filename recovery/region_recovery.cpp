@@ -370,12 +370,37 @@ bool region_recovery::current(transport::node_id n, std::uint64_t generation) co
   return m != nullptr && generation == reg->generation && !reg->restarting;
 }
 
-awaitable<void> region_recovery::restore_failed(const std::string& message, bool snapshot_lost) {
+awaitable<void> region_recovery::restore_failed(transport::node_id n, const std::string& message,
+                                                bool snapshot_lost) {
+  const auto [reg, m] = member_of(n);
+  if (reg == nullptr) co_return;  // (the coordinator passes on current reports only)
+  const std::uint64_t id = reg->id, generation = reg->generation;
   // A restore usually fails because a worker it pulled from died: the head learns of that
   // within the failure timeout, and the region then grows (cascading) and restarts.
   co_await job_.actor().system().sleep_for(
       std::chrono::milliseconds(job_.job().failure_timeout_ms + 200));
-  if (job_.finished() || job_.loss_pending() || !state_) co_return;
+  co_await restore_failed_after_losses(id, generation, message, snapshot_lost);
+}
+
+awaitable<void> region_recovery::restore_failed_after_losses(std::uint64_t region,
+                                                             std::uint64_t generation,
+                                                             std::string message,
+                                                             bool snapshot_lost) {
+  if (job_.finished() || !state_) co_return;
+  if (job_.loss_pending()) {
+    // Declared, its turn queued behind this one: look again after it. (Returning here left the
+    // region waiting for ever where that loss was elsewhere: a disjoint region.)
+    auto& sys = job_.actor().system();
+    (void)sys.post_call(
+        job_.actor().self(),
+        [this, region, generation, message, snapshot_lost](actors::actor&) -> awaitable<void> {
+          co_await restore_failed_after_losses(region, generation, message, snapshot_lost);
+        });
+    co_return;
+  }
+  // Merged into another, restarted or grown since: its new generation is what counts now.
+  const struct region* r = region_by_id(region);
+  if (r == nullptr || r->generation != generation || r->restarting) co_return;
   if (snapshot_lost && windows_.durable()) {
     co_await start_durable_rollback(message + "; every copy of a needed snapshot is gone");
     co_return;

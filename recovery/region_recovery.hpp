@@ -57,7 +57,8 @@ class region_recovery : public engine::head_recovery {
   asio::awaitable<void> go_on() override { return recover(); }
   bool rebuilding(transport::node_id n) const override;
   bool current(transport::node_id n, std::uint64_t generation) const override;
-  asio::awaitable<void> restore_failed(const std::string& message, bool snapshot_lost) override;
+  asio::awaitable<void> restore_failed(transport::node_id n, const std::string& message,
+                                       bool snapshot_lost) override;
   asio::awaitable<void> restored(transport::node_id n, engine::wire::StageReady::Reader m) override;
   asio::awaitable<void> region_restart(engine::wire::RegionRestart::Reader m,
                                        engine::wire::RegionMembers::Builder out) override;
@@ -228,6 +229,11 @@ class region_recovery : public engine::head_recovery {
   // (survivors too) restores it from the newest window all of them have on disk, verified,
   // and replays up to the target (docs/recovery.md "Fallback to the durable tier").
   asio::awaitable<void> start_durable_rollback(std::string why);
+  // A failed restore of region `region`'s generation `generation`, once the losses queued
+  // before this turn were placed: the job stops (or falls back to the durable tier) unless one
+  // of them restarted, grew or merged that region.
+  asio::awaitable<void> restore_failed_after_losses(std::uint64_t region, std::uint64_t generation,
+                                                    std::string message, bool snapshot_lost);
   // Asks every role of r for its verified durable windows and takes the newest common one;
   // false when none (the job failed, saying why). A role whose worker was lost meanwhile gets
   // a spare and everyone is asked again.

@@ -133,9 +133,10 @@ awaitable<void> rollback_recovery::resume(const engine::resume_point&) {
   co_return;
 }
 
-awaitable<void> rollback_recovery::restore_failed(const std::string& message, bool) {
+awaitable<void> rollback_recovery::restore_failed(transport::node_id, const std::string& message,
+                                                  bool) {
   // Its stage could not be built, usually because a peer died meanwhile: that loss, within
-  // the failure timeout, restarts the region.
+  // the failure timeout, restarts the rollback (any loss does: it spans the pipeline).
   co_await job_.actor().system().sleep_for(
       std::chrono::milliseconds(job_.job().failure_timeout_ms + 200));
   if (job_.finished() || job_.loss_pending() || !state_) co_return;

@@ -37,7 +37,8 @@ class rollback_recovery : public engine::head_recovery {
   asio::awaitable<void> go_on() override { return start(); }
   bool rebuilding(transport::node_id n) const override;
   bool current(transport::node_id n, std::uint64_t generation) const override;
-  asio::awaitable<void> restore_failed(const std::string& message, bool snapshot_lost) override;
+  asio::awaitable<void> restore_failed(transport::node_id n, const std::string& message,
+                                       bool snapshot_lost) override;
   asio::awaitable<void> restored(transport::node_id n, engine::wire::StageReady::Reader m) override;
   asio::awaitable<void> region_restart(engine::wire::RegionRestart::Reader m,
                                        engine::wire::RegionMembers::Builder out) override;

@@ -105,6 +105,14 @@ class fake_head : public actors::actor, public engine::head_control {
     }
   }
 
+  // Worker n's restore fails (as the coordinator passes its report on): a turn of this actor,
+  // which waits out the failure timeout in it.
+  void fail_restore(node_id n, std::string message) {
+    (void)system().post_call(self(), [this, n, message](actors::actor&) -> awaitable<void> {
+      co_await recovery->restore_failed(n, message, false);
+    });
+  }
+
   // head_control
   actors::actor& actor() override { return *this; }
   const engine::job_config& job() const override { return job_; }
@@ -349,6 +357,63 @@ TEST(region_recovery, a_disjoint_loss_is_a_region_of_its_own_and_a_neighbours_lo
     co_await h->report(5, c.restores(5)[1].generation);
     co_await h->report(7, c.restores(7)[0].generation);
     EXPECT_EQ(h->rewirings, 1);
+    EXPECT_EQ(h->done.size(), 1u);
+    EXPECT_TRUE(h->failures.empty()) << h->failures.front();
+  });
+}
+
+// Spare 5's restore of stage 1 fails while stage 3, not next to it, is lost: that loss is a
+// region of its own, and stage 1's region stays failed, so the job stops saying why. (The loss
+// pending after the failure timeout was taken for one that restarts the region: it waited for
+// ever.)
+TEST(region_recovery, a_failed_restore_stops_the_job_though_a_disjoint_loss_came_meanwhile) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3);
+    c.d.hub().crash(2);  // stage 1: rebuilt on spare 5
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(5).size() != 1) {
+      ADD_FAILURE() << c.restores(5).size() << " Restores on spare 5";
+      co_return;
+    }
+    h->fail_restore(5, "worker 5 could not start its stage: a peer's log answer was malformed");
+    co_await c.head.sleep_for(10ms);  // in the failure timeout
+    c.d.hub().crash(4);               // stage 3: a region of its own, on spare 6
+    co_await c.head.sleep_for(5s);
+    EXPECT_EQ(c.restores(5).size(), 1u) << "stage 1's region is not restarted";
+    if (h->failures.size() != 1) {
+      ADD_FAILURE() << h->failures.size() << " failures: the recovery waits for ever";
+      co_return;
+    }
+    EXPECT_NE(h->failures[0].find("malformed"), std::string::npos) << h->failures[0];
+  });
+}
+
+// The same with the loss next to it: the region grows to stages 1..2 and restarts, and the
+// failure of its old generation stops nothing.
+TEST(region_recovery, a_failed_restore_is_left_to_the_restart_a_neighbours_loss_causes) {
+  cluster c;
+  c.d.run_body([&]() -> awaitable<void> {
+    fake_head* h = co_await c.start(3);
+    c.d.hub().crash(2);
+    co_await c.head.sleep_for(100ms);
+    if (c.restores(5).size() != 1) {
+      ADD_FAILURE() << c.restores(5).size() << " Restores on spare 5";
+      co_return;
+    }
+    h->fail_restore(5, "worker 5 could not start its stage: its peer went");
+    co_await c.head.sleep_for(10ms);
+    c.d.hub().crash(3);  // stage 2
+    co_await c.head.sleep_for(5s);
+    EXPECT_TRUE(h->failures.empty()) << h->failures.front();
+    if (c.restores(5).size() != 2 || c.restores(6).size() != 1) {
+      ADD_FAILURE() << c.restores(5).size() << " and " << c.restores(6).size() << " Restores";
+      co_return;
+    }
+    const std::uint64_t g = c.restores(6)[0].generation;
+    EXPECT_EQ(c.restores(5)[1].generation, g);
+    co_await h->report(5, g);
+    co_await h->report(6, g);
     EXPECT_EQ(h->done.size(), 1u);
     EXPECT_TRUE(h->failures.empty()) << h->failures.front();
   });
