@@ -103,6 +103,9 @@ class worker_checkpoint {
   // A standby head took over (cluster.standby_head) and the stage runs on: its checkpoint
   // actors report to the new coordinator from now on.
   virtual void set_coordinator(actors::actor_ref /*coordinator*/) {}
+  // The newest recovery generation this worker's exchanges have begun (0: none), which a new
+  // head numbers past (WorkerHello.generation).
+  virtual std::uint64_t newest_generation() const { return 0; }
 };
 
 inline asio::awaitable<std::vector<std::uint64_t>> worker_checkpoint::judge(wire::Restore::Reader,

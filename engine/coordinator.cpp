@@ -284,6 +284,11 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
     }
     w.stage = m.getStage() >= 0 ? m.getStage() : -1;
     w.replica = m.getStage() >= 0 ? m.getReplica() : -1;
+    // Its replays' generations go on past what the lost head numbered. (Bounded: from the
+    // wire; no job makes a trillion generations.)
+    if (recovery_ && m.getGeneration() < (std::uint64_t{1} << 40)) {
+      recovery_->generations_past(m.getGeneration());
+    }
   } else if (idx < job_.workers()) {
     w.stage = idx % job_.pp;
     w.replica = idx / job_.pp;

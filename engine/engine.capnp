@@ -45,6 +45,10 @@ struct WorkerHello {
   taken @7 :Bool;
   stage @8 :Int32;
   replica @9 :Int32;
+  # With taken: the newest recovery generation this worker has seen (its Restores', its group
+  # exchange's). The new head numbers its generations past every one: from 1 again, a group
+  # replay's members refused its announcements as superseded.
+  generation @10 :UInt64;
 }
 # The coordinator's answer once every worker said hello: every peer's address (so that all
 # can heartbeat all), the job's config, and this worker's role (stage -1: a spare).

@@ -171,6 +171,9 @@ class head_recovery {
   // The generation the worker-side replays of the job have reached: at the job's end every
   // group exchange hears one past it, so that no worker waits in a replay.
   virtual std::uint64_t generations() const { return 0; }
+  // A worker saw generation `seen` under the head this one took over from: the next one
+  // numbered is past it.
+  virtual void generations_past(std::uint64_t /*seen*/) {}
   // Worker w, holding a stage (w.stage >= 0), was lost while training ran: recover it.
   virtual asio::awaitable<void> lost(worker_info w) = 0;
   // Worker n works for this recovery (it rebuilds or replays a stage for it, or did before a

@@ -67,6 +67,7 @@ void worker_agent::say_hello(actors::actor_ref coordinator, const std::string& h
       b.setTaken(true);
       b.setStage(stage_index_);
       b.setReplica(stage_index_ >= 0 ? replica_ : -1);
+      b.setGeneration(std::max(generation_, checkpoint_ ? checkpoint_->newest_generation() : 0));
     }
   });
 }

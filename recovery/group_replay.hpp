@@ -74,6 +74,8 @@ class group_inbox {
                                                    std::optional<std::int64_t> ended = std::nullopt,
                                                    std::string_view what = {});
   std::size_t size() const { return got_.size() + routers_.size(); }
+  // The newest generation begun here.
+  std::uint64_t generation() const { return generation_; }
   // Announcements refused (an older generation, or the inbox full), for the reports of a
   // long wait.
   std::uint64_t refused() const { return refused_; }

@@ -51,6 +51,9 @@ class moevement_checkpoint : public engine::worker_checkpoint {
                                                     engine::stage_setup setup) override;
   restore_timing last_restore() const override { return timing_; }
   void set_coordinator(actors::actor_ref coordinator) override;
+  std::uint64_t newest_generation() const override {
+    return std::max(inbox_->generation(), boundaries_->generation());
+  }
   void set_copy_flip(engine::copy_flip_hook flip) override { copy_flip_ = std::move(flip); }
 
  private:

@@ -51,6 +51,9 @@ class region_recovery : public engine::head_recovery {
   }
   bool active() const override { return state_.has_value(); }
   std::uint64_t generations() const override { return generations_; }
+  void generations_past(std::uint64_t seen) override {
+    generations_ = std::max(generations_, seen);
+  }
   asio::awaitable<void> lost(worker_info w) override;
   bool involves(transport::node_id n) const override;
   asio::awaitable<void> lost_member(transport::node_id n) override;

@@ -210,6 +210,43 @@ TEST(head_failover, a_step_that_reached_part_of_the_stages_is_completed_by_the_s
   EXPECT_TRUE(all_gone(workers)) << out;
 }
 
+// Group replays before and after a takeover (dp 2: stage 1's group replays on its spare and
+// the survivor replica): the standby numbers its recovery generations past the lost head's,
+// which every worker's hello carries. (From 1 again, the survivor's group exchange, at the
+// lost head's generation 2, took the next replay for an old one: "superseded", the job lost.)
+TEST(head_failover, group_replays_after_a_takeover_go_on_past_the_lost_heads_generations) {
+  const std::string config =
+      source_path("examples/configs/tiny.toml") +
+      " --set train.iterations=60 --set train.seq_len=16 --set parallel.pp=2 --set parallel.dp=2";
+  const auto fault_free = run_moevement("train " + config);
+  ASSERT_EQ(fault_free.exit_code, 0) << fault_free.output;
+  background_launch j("generations",
+                      config +
+                          " --set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                          "--set cluster.spares=3 --set cluster.standby_head=true "
+                          "--set checkpoint.durable_share=0 --set engine.head_exit_at=30 "
+                          "--inject kill:stage=1,replica=0,iter=5,phase=forward "
+                          "--inject kill:stage=1,replica=0,iter=15,phase=forward "
+                          "--inject kill:stage=1,replica=0,iter=45,phase=forward");
+  EXPECT_EQ(j.wait(std::chrono::seconds(60)), 128 + SIGKILL);
+  const std::string hash = wait_for_hash(j);
+  const std::string out = j.output();
+  EXPECT_EQ(hash, hash_of(fault_free.output)) << out;
+  EXPECT_EQ(out.find("superseded"), std::string::npos) << out;
+  std::vector<double> generations;  // of every recovery, the lost head's then the standby's
+  bool taken_over = false;
+  for (const auto& l : lines_of(j.log)) {
+    if (l.find("\"takeover\"") != std::string::npos) taken_over = true;
+    if (l.find("\"event\":\"recovery_start\"") != std::string::npos) {
+      generations.push_back(number_field(l, "generation"));
+    }
+  }
+  EXPECT_TRUE(taken_over) << out;
+  ASSERT_EQ(generations.size(), 3u) << out;
+  EXPECT_LT(generations[0], generations[1]);
+  EXPECT_LT(generations[1], generations[2]) << "the standby numbers past the lost head";
+}
+
 // A worker killed with the head: lost while the standby takes over, its role goes to the spare,
 // which restores it from disk like every other stage, and the job ends bit-exact.
 TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
