@@ -194,9 +194,11 @@ setter_map cluster_setters(job_config& j) {
          j.host = std::move(h);
        }},
       {"cluster.heartbeat_ms",
-       [&](auto& k, auto& v) { j.heartbeat_ms = models::config_int(k, v, 1, 60'000); }},
+       [&](auto& k, auto& v) { j.heartbeat_ms = models::config_int(k, v, 1, max_heartbeat_ms); }},
       {"cluster.failure_timeout_ms",
-       [&](auto& k, auto& v) { j.failure_timeout_ms = models::config_int(k, v, 1, hour_ms); }},
+       [&](auto& k, auto& v) {
+         j.failure_timeout_ms = models::config_int(k, v, 1, max_failure_timeout_ms);
+       }},
       {"cluster.start_timeout_ms",
        [&](auto& k, auto& v) { j.start_timeout_ms = models::config_int(k, v, 1, 24 * hour_ms); }},
       {"cluster.iteration_timeout_ms",

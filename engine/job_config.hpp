@@ -181,6 +181,10 @@ int replay_threads_for(int configured, int host_share, int cores);
 
 // Upper bound on pp*dp + cluster.spares (processes of one job).
 inline constexpr int max_job_workers = 256;
+// The largest cluster.heartbeat_ms and cluster.failure_timeout_ms, which the workers' flags
+// take as well (one bound: a config the head took must not stop every worker at its start).
+inline constexpr std::int64_t max_heartbeat_ms = 60'000;
+inline constexpr std::int64_t max_failure_timeout_ms = 3'600'000;
 
 // Consumes every key of the map: model.* and train.* (models::apply_config) and the engine's
 // sections. An unknown key, a wrong type or a bad value throws models::config_error naming the

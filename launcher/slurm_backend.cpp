@@ -290,9 +290,9 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
     } else if (f == "--spares") {
       spares = int(flag_number(f, v, 0, engine::max_job_workers));
     } else if (f == "--heartbeat-ms") {
-      heartbeat_ms = flag_number(f, v, 1, 60000);
+      heartbeat_ms = flag_number(f, v, 1, engine::max_heartbeat_ms);
     } else if (f == "--failure-timeout-ms") {
-      failure_timeout_ms = flag_number(f, v, 1, 600000);
+      failure_timeout_ms = flag_number(f, v, 1, engine::max_failure_timeout_ms);
     } else if (f == "--inject") {
       injections.push_back(v);  // run_worker checks it
     } else {

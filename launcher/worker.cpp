@@ -68,9 +68,9 @@ worker_args parse(int argc, char** argv) {
       if (v.empty() || v.size() > 255) throw std::invalid_argument("--domain: 1 to 255 bytes");
       a.domain = v;
     } else if (f == "--heartbeat-ms") {
-      a.heartbeat_ms = flag_number(f, v, 1, 60000);
+      a.heartbeat_ms = flag_number(f, v, 1, engine::max_heartbeat_ms);
     } else if (f == "--failure-timeout-ms") {
-      a.failure_timeout_ms = flag_number(f, v, 1, 600000);
+      a.failure_timeout_ms = flag_number(f, v, 1, engine::max_failure_timeout_ms);
     } else if (f == "--inject") {
       injection inj = parse_injection(v);
       if (!inj.phase && inj.what != injection::kind::flip) {

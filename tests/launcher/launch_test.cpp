@@ -61,6 +61,18 @@ TEST(launch, pipeline_depth_changes_no_bit) {
   }
 }
 
+// The largest heartbeat and failure timeout the config takes, passed on to every worker's
+// flags: the workers take them too. (Theirs stopped at 600 s: every worker exited at its start.)
+TEST(launch, the_largest_timeouts_the_config_takes_start_every_worker) {
+  const auto l = run_moevement(
+      "launch " + tiny() + " " +
+      short_run("--set parallel.pp=2 --set cluster.heartbeat_ms=60000 "
+                "--set cluster.failure_timeout_ms=3600000 --set cluster.iteration_timeout_ms=0",
+                log_path("timeouts")));
+  EXPECT_EQ(l.exit_code, 0) << l.output;
+  EXPECT_EQ(hash_of(l.output).size(), 16u) << l.output;
+}
+
 // checkpoint.replicas beyond what the workers allow (one copy per other worker): the job says
 // how many it keeps, once, and trains.
 TEST(launch, more_snapshot_copies_than_workers_says_how_many_it_keeps) {
