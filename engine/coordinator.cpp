@@ -147,10 +147,11 @@ std::string coordinator::cut_off_hint() const {
   if (most < 2 || 2 * most <= all.size()) return {};
   return fmt::format(
       "; {} of the {} workers fell silent at once, none seen to end: either they hung together "
-      "(a host or a switch), or this head is the one cut off from them (a standby head, "
-      "cluster.standby_head, takes over there; with the durable tier, `moevement launch CONFIG "
-      "--resume` goes on from disk)",
-      most, all.size());
+      "(a host or a switch), or this head is the one cut off from them ({}with the durable tier, "
+      "`moevement launch CONFIG --resume` goes on from disk)",
+      most, all.size(),
+      // (A standby that took over is one already.)
+      taken_over_.empty() ? "a standby head, cluster.standby_head, takes over there; " : "");
 }
 
 void coordinator::lose_worker(transport::node_id n, const std::string& how) {

@@ -105,6 +105,11 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
     if (!recovery_) {
       why = fmt::format("checkpoint.policy = {} cannot recover a lost worker",
                         policy_name(job_.policy));
+    } else if (!started() && !taken_over_.empty()) {
+      // (Its role's spare would restore from disk as every stage: a resume does just that.)
+      why =
+          "it was lost while the standby head took over, before every stage reported; "
+          "`moevement launch CONFIG --resume` goes on from the newest window on disk";
     } else if (!started()) {
       why = "the job had not started training yet";
     } else {

@@ -310,4 +310,12 @@ bool run_log_ended(const std::string& path, std::size_t tail) {
   return false;
 }
 
+bool run_log_taken_over(const std::string& path, std::size_t tail) {
+  const auto records = tail_records(path, tail);
+  for (auto r = records.rbegin(); r != records.rend(); ++r) {
+    if (r->is("event", "job_start")) return r->has("takeover");
+  }
+  return false;
+}
+
 }  // namespace moevement::engine

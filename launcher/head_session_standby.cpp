@@ -161,10 +161,12 @@ int head_session::wait_for_standby() {
   // A standby that ended without ending the job (it was cut off too, or found no majority):
   // the run log would end with neither, and nothing would say how to go on.
   if (!engine::run_log_ended(job_.run_log)) {
+    // (It may have taken the job over and died before its end: killed, or out of memory.)
     const std::string why = fmt::format(
-        "the head left the job to its standby head, which ended (status {}) without taking it "
-        "over{}",
-        code,
+        "the head left the job to its standby head, which ended (status {}) {}{}", code,
+        engine::run_log_taken_over(job_.run_log)
+            ? "after it took the job over, before the job's end"
+            : "without taking it over",
         journal_ ? ": `moevement launch CONFIG --resume` goes on from the newest window on disk"
                  : "");
     log_.start_on_new_line();

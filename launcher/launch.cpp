@@ -345,6 +345,8 @@ std::vector<std::string> head_session::standby_args(const std::string& head) con
   }
   args.insert(args.end(),
               {"--standby-of", head, "--node", std::to_string(engine::standby_node(job_))});
+  // The report is drawn by whichever head ends the job.
+  if (!options_.report.empty()) args.insert(args.end(), {"--report", options_.report});
   return args;
 }
 

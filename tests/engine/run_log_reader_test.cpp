@@ -146,6 +146,19 @@ TEST(run_log_reader, a_log_ends_its_run_with_job_end_failed_or_stopped) {
   EXPECT_FALSE(run_log_ended("/nonexistent/run.jsonl"));
 }
 
+// A standby head that took the job over and died before its end: its job_start says so (the
+// head that left the job to it then says the standby took it over, not that it never did).
+TEST(run_log_reader, the_last_run_is_a_takeover_where_its_job_start_says_so) {
+  const std::string start = "{\"kind\":\"event\",\"event\":\"job_start\"}\n";
+  const std::string takeover =
+      "{\"kind\":\"event\",\"event\":\"job_start\",\"takeover\":\"live\"}\n";
+  const std::string it = "{\"kind\":\"iteration\",\"iteration\":3}\n";
+  EXPECT_TRUE(run_log_taken_over(temp_file("taken.jsonl", start + it + takeover + it)));
+  EXPECT_FALSE(run_log_taken_over(temp_file("head_only.jsonl", start + it)));
+  EXPECT_FALSE(run_log_taken_over(temp_file("resumed.jsonl", takeover + it + start)));
+  EXPECT_FALSE(run_log_taken_over("/nonexistent/run.jsonl"));
+}
+
 TEST(run_log_reader, what_is_not_a_run_log_is_an_error) {
   auto missing = read_run_log(::testing::TempDir() + "no_such_run_log.jsonl");
   ASSERT_FALSE(missing.ok());

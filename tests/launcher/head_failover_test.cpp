@@ -354,6 +354,42 @@ TEST(head_failover, a_stopped_head_yields_to_the_standby_when_it_wakes) {
   EXPECT_TRUE(all_gone(workers)) << out;
 }
 
+// The standby takes over from a stopped head and is then killed itself: the workers say they
+// lost the standby that took over, and the head, woken, says the standby took the job over and
+// ended before the job's end (it said the standby never took it over), with how to go on.
+TEST(head_failover, a_standby_killed_after_it_took_over_is_reported_as_such) {
+  background_launch j("standby_killed", job("--set cluster.failure_timeout_ms=3000"));
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();
+  ::kill(j.pid, SIGSTOP);
+  bool started = false;  // the standby's job_start (a takeover)
+  for (int i = 0; i < 3000 && !started; ++i) {
+    for (const auto& l : lines_of(j.log)) {
+      started |= l.find("\"event\":\"job_start\"") != std::string::npos &&
+                 l.find("\"takeover\"") != std::string::npos;
+    }
+    if (!started) std::this_thread::sleep_for(20ms);
+  }
+  const pid_t standby = standby_pid(j.output());
+  ASSERT_TRUE(started && standby > 0) << j.output();
+  ::kill(standby, SIGKILL);
+  ::kill(j.pid, SIGCONT);
+  EXPECT_EQ(j.wait(std::chrono::seconds(60)), 128 + SIGKILL) << j.output();
+  const std::string out = j.output();
+  EXPECT_NE(out.find("which ended (status 137) after it took the job over, before the job's end: "
+                     "`moevement launch CONFIG --resume` goes on"),
+            std::string::npos)
+      << out;
+  const auto log = lines_of(j.log);
+  EXPECT_EQ(count_events(log, "job_failed"), 1) << out;
+  EXPECT_EQ(count_events(log, "job_end"), 0) << out;
+  EXPECT_TRUE(all_gone(workers)) << out;
+  // (Their last words, once they are gone.)
+  EXPECT_NE(j.output().find("lost the standby head (node 5) that took over"), std::string::npos)
+      << j.output();
+}
+
 // The head killed before the first durable window is journaled: the standby has nothing to
 // take over from; it says so and ends, and the workers end with it (nothing left behind).
 TEST(head_failover, a_head_lost_before_the_first_window_ends_the_job_saying_why) {
