@@ -175,7 +175,7 @@ bool durable_tier(const job_config& job);
 std::string checkpoint_dir_beside(const std::string& run_log);
 
 // The GEMM threads of a recovery's replay: checkpoint.replay_threads when set (> 0), else
-// this host's cores divided among the `host_share` replays running on it at once (at least
+// the cores this process may run on divided among the `host_share` replays on its host (at least
 // one each): replays that each take every core collapse when they share a host.
 int replay_threads_for(int configured, int host_share, int cores);
 

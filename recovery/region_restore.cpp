@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "base/cores.hpp"
 #include "engine/expert_router.hpp"
 #include "models/cpu/gemm.hpp"
 #include "recovery/durable_store.hpp"
@@ -31,10 +32,10 @@ using sclock = std::chrono::steady_clock;
 
 constexpr auto fetch_timeout = std::chrono::seconds(30);
 
-// The GEMM threads of a replay: its share of this host's cores (checkpoint.replay_threads).
+// The GEMM threads of a replay: its share of the cores this process may run on
+// (checkpoint.replay_threads).
 int replay_threads(const engine::job_config& job, int host_share) {
-  return engine::replay_threads_for(job.replay_threads, host_share,
-                                    int(std::max(1u, std::thread::hardware_concurrency())));
+  return engine::replay_threads_for(job.replay_threads, host_share, base::usable_cores());
 }
 
 // Runs `replay` on the calling thread with `threads` GEMM threads, then back to `usual`
