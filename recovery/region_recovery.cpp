@@ -291,7 +291,9 @@ bool region_recovery::assign_spares(region& r) {
   for (member& m : r.members) {
     if (m.spare == 0) {
       for (auto& [n, w] : workers) {
-        if (w.stage < 0) {
+        // (Not one declared lost whose turn is still queued: its Restore would fail, a
+        // restart spent on nothing.)
+        if (w.stage < 0 && job_.actor().system().last_heard(n).has_value()) {
           m.spare = n;
           w.stage = m.lost.stage;
           w.replica = m.lost.replica;

@@ -130,8 +130,10 @@ class fake_head : public actors::actor, public engine::head_control {
   void durable_window(const engine::resume_point&) override {}
   void report_rejected(const char*, const char*, const std::vector<std::string>&) override {}
   bool loss_pending() const override {
+    // As the coordinator's: a lost spare no recovery counts on holds nothing up.
     for (const auto& [n, w] : workers_) {
-      if (!system().last_heard(n)) return true;
+      const bool counts = w.stage >= 0 || (recovery && recovery->involves(n));
+      if (counts && !system().last_heard(n)) return true;
     }
     return false;
   }
