@@ -189,6 +189,14 @@ class coordinator : public actors::actor, private head_control {
   bool started() const { return phase_ != phase::admitting && phase_ != phase::starting; }
   // Every stage is ready and training waits for the standby head to join (StandbyJoined).
   bool waits_for_standby() const { return held_start_; }
+  // Every worker said hello and admission waits for the standby head's hello.
+  bool waits_for_standby_hello() const {
+    return phase_ == phase::admitting && job_.standby_head && taken_over_.empty() &&
+           !standby_.agent.valid() && int(workers_.size()) >= expected_workers_;
+  }
+  // The workers whose hello admission waits for (a standby that took over: those it kept).
+  int expected_workers() const { return expected_workers_; }
+  bool took_over() const { return !taken_over_.empty(); }
 
  protected:
   asio::awaitable<void> on_start() override;

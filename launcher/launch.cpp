@@ -273,19 +273,20 @@ void head_session::arm_start_timeout() {
   start_timer_.async_wait([this](const std::error_code& ec) {
     auto* c = coordinator();
     if (ec || finished_ || c == nullptr || c->started()) return;
-    if (c->waits_for_standby()) {
+    if (c->waits_for_standby() || c->waits_for_standby_hello()) {
       fail(fmt::format(
-          "the standby head did not join the cluster within cluster.start_timeout_ms = {} ms "
-          "(training waits for it, so that the head can be taken over from the start){}",
-          job_.start_timeout_ms,
+          "the standby head did not {} within cluster.start_timeout_ms = {} ms (training waits "
+          "for it, so that the head can be taken over from the start; every worker started){}",
+          c->waits_for_standby() ? "join the cluster" : "say hello", job_.start_timeout_ms,
           standby_step_ ? "; its Slurm step's last lines:\n" + standby_step_->output_tail()
                         : std::string()));
       return;
     }
     fail(fmt::format(
-        "the workers did not all start within cluster.start_timeout_ms = {} ms ({} of {} said "
+        "the workers did not all {} within cluster.start_timeout_ms = {} ms ({} of {} said "
         "hello){}",
-        job_.start_timeout_ms, c->workers().size(), job_.workers() + job_.spares,
+        c->took_over() ? "come back to the standby head that took over" : "start",
+        job_.start_timeout_ms, c->workers().size(), c->expected_workers(),
         step_ ? "; the Slurm step's last lines:\n" + step_->output_tail() : ""));
   });
 }
