@@ -184,7 +184,10 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
     if (e == actors::member_event::head_changed) {  // a standby took the lost head's place
       followed_standby = true;
       say(fmt::format("the head was lost; the standby head (node {}) takes over", n));
-      asio::co_spawn(io, hello(std::chrono::seconds(5), std::chrono::seconds(60)), asio::detached);
+      // A worker that followed the standby at once (its redial to the head refused) may wait
+      // out a hung member's failure timeout before the standby takes over and registers.
+      const auto within = std::chrono::seconds(60 + 2 * args.failure_timeout_ms / 1000);
+      asio::co_spawn(io, hello(std::chrono::seconds(5), within), asio::detached);
       return;
     }
     // (Where a standby takes over, the lost head is no longer sys.head() here.)
