@@ -103,7 +103,12 @@ void head_session::take_locks() {
   // The lost head's: a hung one holds them until it wakes up and leaves (replaced()), so they
   // are tried again every second until this head holds them all.
   // (Unless it was started holding them: job_lock::fds.)
-  if (lock_.fds().empty() || !lock_.holds_all()) lock_ = job_lock::try_take(job_, true);
+  if (lock_.fds().empty() || !lock_.holds_all()) {
+    // Let go of what it holds first: flock refuses a second descriptor of this same process
+    // the lock it holds, so a retry holding one lock took only the other, and swapped them.
+    lock_ = job_lock{};
+    lock_ = job_lock::try_take(job_, true);
+  }
   if (lock_.holds_all() || finished_) return;
   relock_.expires_after(std::chrono::seconds(1));
   relock_.async_wait([this](const std::error_code& ec) {
