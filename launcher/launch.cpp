@@ -222,6 +222,15 @@ void head_session::on_signal(const std::error_code& ec, int sig) {
   if (sig == SIGCHLD) {
     processes_.reap_exited(
         [this](transport::node_id n, pid_t pid, int status) { child_exited(n, pid, status); });
+  } else if (standby_ && !took_over_) {
+    // A standby that has not taken over: the job is the head's. SIGUSR1 (Slurm's warning sent
+    // to every step) is the head's to act on; any other signal ends the standby alone, and the
+    // head goes on without one.
+    if (sig != SIGUSR1) {
+      end_standby(128 + sig, fmt::format("stopped by signal {} ({}) before it took over: the job "
+                                         "goes on without a standby head",
+                                         sig, ::strsignal(sig)));
+    }
   } else if (sig == SIGUSR1) {
     request_stop();
   } else if (!finished_) {

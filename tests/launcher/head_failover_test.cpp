@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -388,6 +389,37 @@ TEST(head_failover, a_standby_killed_after_it_took_over_is_reported_as_such) {
   // (Their last words, once they are gone.)
   EXPECT_NE(j.output().find("lost the standby head (node 5) that took over"), std::string::npos)
       << j.output();
+}
+
+// SIGTERM to a standby that has not taken over ends it alone: it leaves the cluster, the head
+// says the job goes on without one, and the job ends bit-exact. (It was ignored, and a later
+// takeover ran the job anyway.)
+TEST(head_failover, a_standby_stopped_by_sigterm_leaves_and_the_job_goes_on) {
+  background_launch j("standby_term", job("--set train.iterations=120"));
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  ASSERT_TRUE(wait_for_iteration(j, 5)) << j.output();
+  pid_t standby = -1;  // the launch's child with --standby-of on its command line
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    std::ifstream cmd(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmd)), {});
+    std::ifstream stat(entry.path() / "stat");
+    std::string pid, name, state, ppid;
+    stat >> pid >> name >> state >> ppid;
+    if (args.find("--standby-of") != std::string::npos && ppid == std::to_string(j.pid)) {
+      standby = std::atoi(pid.c_str());
+    }
+  }
+  ASSERT_GT(standby, 0) << j.output();
+  ::kill(standby, SIGTERM);
+  EXPECT_EQ(j.wait(std::chrono::seconds(60)), 0) << j.output();
+  const std::string out = j.output();
+  EXPECT_EQ(hash_of(out), reference("120")) << out;
+  EXPECT_NE(out.find("stopped by signal 15 (Terminated) before it took over"), std::string::npos)
+      << out;
+  EXPECT_EQ(count_events(lines_of(j.log), "standby_lost"), 1) << out;
+  EXPECT_TRUE(all_gone(workers)) << out;
+  EXPECT_TRUE(all_gone({standby})) << out;
 }
 
 // The head killed before the first durable window is journaled: the standby has nothing to
