@@ -43,11 +43,22 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
   if (phase_ == phase::admitting && taken_over_.size() > 1 && taken_over_.contains(n)) {
     // Lost while the standby takes over: every stage restores from disk then, so a spare
     // takes the role it held (roles_complete), as a rollback's would.
+    // Its role is known once it said hello (else the others' hellos leave it without one).
+    const auto said = workers_.find(n);
+    const std::string then = said == workers_.end() ? std::string("a spare takes its role")
+                             : said->second.stage >= 0
+                                 ? fmt::format("a spare takes its role (stage {}, replica {})",
+                                               said->second.stage, said->second.replica)
+                                 : std::string("one spare fewer");
+    // Ended by the pid its hello carried, as any loss under this head: a worker cut off, not
+    // dead, must not run on beside the spare that takes its role.
+    if (said != workers_.end() && callbacks_.on_worker_lost) {
+      callbacks_.on_worker_lost(n, said->second.pid);
+    }
     taken_over_.erase(n);
     workers_.erase(n);
     --expected_workers_;
-    notice(fmt::format("worker {} {} while the standby head took over; a spare takes its role", n,
-                       how));
+    notice(fmt::format("worker {} {} while the standby head took over; {}", n, how, then));
     if (log_ != nullptr) {
       log_->write(json_record{}
                       .add("kind", "event")
