@@ -496,6 +496,29 @@ std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, cons
   return std::make_unique<slurm_step>(std::move(command), token, output, name, job.standby_head);
 }
 
+std::string batch_script_with_standby(const std::string& head, const std::string& run_log) {
+  // The end of the batch script ends the job and every step in it (Slurm kills them within
+  // seconds), the standby head's too: with the head exec'd as the script, a killed head took the
+  // standby that was to take its place with it. So the head runs as a child; the script passes
+  // Slurm's signals on to it, then waits while the standby's step runs (a standby that took the
+  // job over ends it), and ends as the job did: 0 where the run log's last end is a job_end.
+  return head +
+         " &\n"
+         "head=$!\n"
+         "trap 'kill -USR1 $head 2>/dev/null' USR1\n"
+         "trap 'kill -TERM $head 2>/dev/null' TERM\n"
+         "trap 'kill -INT $head 2>/dev/null' INT\n"
+         "while :; do wait $head; status=$?; kill -0 $head 2>/dev/null || break; done\n"
+         "while squeue -h -s -j \"$SLURM_JOB_ID\" -o %j 2>/dev/null | grep -q -- '-standby-'; do\n"
+         "  sleep 1\n"
+         "done\n"
+         "last=$(grep -o '\"event\":\"job_[a-z]*\"' " +
+         shell_quote(run_log) +
+         " 2>/dev/null | tail -n 1)\n"
+         "[ \"$last\" = '\"event\":\"job_end\"' ] && status=0\n"
+         "exit $status\n";
+}
+
 std::string slurm_standby_output_path(const std::string& run_log) {
   return run_log_base(run_log) + ".standby.log";
 }
@@ -609,14 +632,15 @@ int submit_with_sbatch(const engine::job_config& job, const std::string& config_
       job.policy == engine::policy_kind::moevement && engine::durable_tier(job);
   const std::string script = base + ".sbatch.sh", output = base + ".sbatch.out";
   {
+    std::string head = shell_quote(self) + " launch " + shell_quote(fs::absolute(config_path));
+    for (const auto& o : overrides) head += " --set " + shell_quote(o);
+    if (requeueable) head += " --requeue";
     std::ofstream out(script, std::ios::trunc);
     out << "#!/bin/bash\n"
            "# Written by `moevement launch --sbatch` (docs/slurm.md): the head of the job, inside "
            "its\n# allocation; it starts the workers as one srun step.\n"
-        << "exec " << shell_quote(self) << " launch " << shell_quote(fs::absolute(config_path));
-    for (const auto& o : overrides) out << " --set " << shell_quote(o);
-    if (requeueable) out << " --requeue";
-    out << "\n";
+        << (job.standby_head ? batch_script_with_standby(head, fs::absolute(job.run_log).string())
+                             : "exec " + head + "\n");
     if (!out) {
       std::cerr << "moevement launch: cannot write the batch script " << script << "\n";
       return 1;

@@ -120,6 +120,10 @@ std::unique_ptr<slurm_step> start_slurm_standby(const engine::job_config& job,
                                                 const std::vector<std::string>& standby_args,
                                                 const std::string& token);
 std::string slurm_standby_output_path(const std::string& run_log);
+// The batch script's body after its comment, for a job with a standby head: the head `head`
+// (a quoted command line) as a child, whose signals it passes on, then a wait for the standby's
+// step, which outlives a lost head; ends 0 where `run_log`'s last end is a job_end.
+std::string batch_script_with_standby(const std::string& head, const std::string& run_log);
 // The address a process in a Slurm task listens on: job_host where it is a loopback address
 // (one host) or outside a task, else this task's node name resolved (SLURMD_NODENAME).
 // Throws slurm_env_error when the node name does not resolve.

@@ -511,6 +511,50 @@ TEST_F(slurm_launch, a_killed_head_is_replaced_by_its_standby_step_bit_exact) {
   EXPECT_EQ(hash_of(out), hash_of(local.output)) << out << "\nhead:\n" << head;
 }
 
+// The same inside `--sbatch`: the head killed inside its batch job. The batch script's end
+// ends every step of the job, the standby's too (it exec'd the head: the standby that was to
+// take over died with it); the script now waits for the standby's step, and the batch job ends
+// COMPLETED with the uninterrupted run's hash in the standby's output.
+TEST_F(slurm_launch, a_head_killed_inside_its_batch_job_is_replaced_by_its_standby_step) {
+  const std::string dir = cluster_->dir();
+  const std::string run = "--set train.iterations=300 --set train.seq_len=16 ";
+  const auto local = cluster_->run(launch("sb_reference", run), 120);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const std::string log = dir + "/sb.jsonl", standby_log = dir + "/sb.standby.log";
+  const auto r = cluster_->run(
+      "out=$(" +
+          launch("sb", run + slurm_2x2 +
+                           "--set checkpoint.policy=moevement --set checkpoint.w_sparse=2 "
+                           "--set cluster.standby_head=true --set checkpoint.dir=" +
+                           dir + "/sb.ckpt") +
+          " --sbatch -- --time=5) || { echo \"$out\"; exit 1; }\n"
+          "id=$(echo \"$out\" | sed -n 's/^submitted Slurm job \\([0-9]*\\) .*/\\1/p')\n"
+          "for i in $(seq 900); do [ \"$(grep -c '\"event\":\"durable_window\"' " +
+          log +
+          " 2>/dev/null)\" -ge 2 ] && break; sleep 0.1; done\n"
+          // the head: the launch with this run log that is neither the standby nor a worker
+          "for p in $(pgrep -f -- 'engine.run_log=" +
+          log +
+          "'); do tr '\\0' ' ' </proc/$p/cmdline | grep -q -- '--standby-of\\|--sbatch' || "
+          "{ [ \"$(cut -d' ' -f2 /proc/$p/stat 2>/dev/null)\" = '(moevement)' ] && "
+          "tr '\\0' ' ' </proc/$p/cmdline | grep -q ' launch ' && kill -9 $p && "
+          "echo killed the head $p; }; done\n"
+          "for i in $(seq 1200); do\n"
+          "  st=$(scontrol show job $id -o | grep -o 'JobState=[A-Z_]*')\n"
+          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING) ;; *) break ;; esac\n"
+          "  sleep 0.1\n"
+          "done\n"
+          "echo $st",
+      240);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_TRUE(contains(r.output, "killed the head")) << r.output;
+  EXPECT_TRUE(contains(r.output, "JobState=COMPLETED")) << r.output << read_file(standby_log);
+  const std::string out = read_file(standby_log);
+  EXPECT_TRUE(contains(out, "taking over")) << out;
+  EXPECT_EQ(hash_of(out), hash_of(local.output)) << out << "\nhead:\n"
+                                                 << read_file(dir + "/sb.sbatch.out");
+}
+
 TEST_F(slurm_launch, a_wrong_partition_is_a_clear_error) {
   const auto r =
       cluster_->run(launch("partition", std::string(short_run) + slurm_2x2 +
