@@ -9,6 +9,16 @@
 #include "launcher/head_session.hpp"
 
 namespace moevement::launcher {
+namespace {
+
+// A SIGUSR1 that reached a head waiting for its standby (wait_for_standby), to pass on. (A
+// signal handler's flag: the one state a handler may touch.)
+volatile std::sig_atomic_t usr1_to_pass_on = 0;
+extern "C" void note_usr1(int) {
+  usr1_to_pass_on = 1;
+}
+
+}  // namespace
 
 void head_session::start_standby(const std::string& head) {
   try {
@@ -152,12 +162,22 @@ int head_session::wait_for_standby() {
   if (!standby_child_) return 1;
   say(fmt::format("moevement launch: waiting for the standby head (pid {}) to end the job",
                   *standby_child_));
-  // Ctrl-C or SIGTERM now end this process alone (the standby goes on, as its own launch).
+  // Ctrl-C or SIGTERM now end this process alone (the standby goes on, as its own launch);
+  // SIGUSR1, a stop at the next window on disk, is the standby's to act on now: passed on.
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGUSR1, note_usr1);
   int status = 0;
   pid_t waited = -1;
-  while ((waited = ::waitpid(*standby_child_, &status, 0)) < 0 && errno == EINTR) {
+  while ((waited = ::waitpid(*standby_child_, &status, WNOHANG)) == 0 ||
+         (waited < 0 && errno == EINTR)) {
+    if (usr1_to_pass_on != 0) {
+      usr1_to_pass_on = 0;
+      ::kill(*standby_child_, SIGUSR1);
+      say(fmt::format("moevement launch: SIGUSR1 passed on to the standby head (pid {})",
+                      *standby_child_));
+    }
+    ::usleep(50'000);
   }
   const int code = waited < 0            ? 1  // (reaped already: its status is gone)
                    : WIFEXITED(status)   ? WEXITSTATUS(status)

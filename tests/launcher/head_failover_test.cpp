@@ -355,6 +355,35 @@ TEST(head_failover, a_stopped_head_yields_to_the_standby_when_it_wakes) {
   EXPECT_TRUE(all_gone(workers)) << out;
 }
 
+// SIGUSR1 (stop at the next window on disk) to a head that yielded to its standby and waits
+// for it: passed on to the standby, which stops the job there (status 75, `--resume` goes on).
+// (It was dropped: the job ran to its end.)
+TEST(head_failover, sigusr1_to_a_replaced_head_stops_the_job_under_the_standby) {
+  background_launch j("usr1_replaced", job("--set cluster.failure_timeout_ms=3000"));
+  const auto workers = j.wait_for_workers(4);
+  ASSERT_EQ(workers.size(), 4u) << j.output();
+  ASSERT_TRUE(wait_for_windows(j, 2)) << j.output();
+  ::kill(j.pid, SIGSTOP);
+  for (int i = 0; i < 3000 && j.output().find("taking over") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ::kill(j.pid, SIGCONT);
+  for (int i = 0; i < 3000 && j.output().find("waiting for the standby head") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_NE(j.output().find("waiting for the standby head"), std::string::npos) << j.output();
+  ::kill(j.pid, SIGUSR1);
+  EXPECT_EQ(j.wait(std::chrono::seconds(60)), 75) << j.output();
+  const std::string out = j.output();
+  EXPECT_NE(out.find("SIGUSR1 passed on to the standby head"), std::string::npos) << out;
+  EXPECT_NE(out.find("SIGUSR1: stopping once the next durable window is on disk"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(count_events(lines_of(j.log), "job_stopped"), 1) << out;
+  EXPECT_TRUE(all_gone(workers)) << out;
+}
+
 // The standby takes over from a stopped head and is then killed itself: the workers say they
 // lost the standby that took over, and the head, woken, says the standby took the job over and
 // ended before the job's end (it said the standby never took it over), with how to go on.
