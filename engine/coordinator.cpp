@@ -296,6 +296,7 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
   }
   if (standby) {
     standby_ = w;
+    standby_heard_ = true;
   } else {
     workers_[n] = w;
   }
@@ -316,10 +317,32 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
 
 void coordinator::admitted() {
   if (phase_ != phase::admitting || int(workers_.size()) < expected_workers_) return;
-  if (job_.standby_head && taken_over_.empty() && !standby_.agent.valid()) return;
+  if (job_.standby_head && taken_over_.empty() && !standby_.agent.valid() && !standby_gone_) {
+    return;
+  }
   if (!taken_over_.empty() && !roles_complete()) return;
   phase_ = phase::starting;
   send_assigns();
+}
+
+void coordinator::standby_ended(const std::string& how) {
+  if (finished_ || !job_.standby_head || !taken_over_.empty() || standby_heard_ ||
+      std::exchange(standby_gone_, true)) {
+    return;
+  }
+  if (log_ != nullptr) {
+    log_->write(json_record{}
+                    .add("kind", "event")
+                    .add("event", "standby_lost")
+                    .add("node", std::int64_t(standby_node(job_)))
+                    .add("how", how + " before it joined")
+                    .add("time_s", log_->seconds()));
+  }
+  notice(
+      fmt::format("the standby head {} before it joined: a loss of this head now ends the job "
+                  "(`--resume` brings it back)",
+                  how));
+  admitted();  // (no longer waiting for its hello)
 }
 
 void coordinator::send_assigns() {

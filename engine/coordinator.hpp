@@ -192,8 +192,11 @@ class coordinator : public actors::actor, private head_control {
   // Every worker said hello and admission waits for the standby head's hello.
   bool waits_for_standby_hello() const {
     return phase_ == phase::admitting && job_.standby_head && taken_over_.empty() &&
-           !standby_.agent.valid() && int(workers_.size()) >= expected_workers_;
+           !standby_.agent.valid() && !standby_gone_ && int(workers_.size()) >= expected_workers_;
   }
+  // The standby head's process ended (`how`, e.g. "exited with status 143"): before its hello,
+  // the job goes on without one (after it, the membership says so).
+  void standby_ended(const std::string& how);
   // The workers whose hello admission waits for (a standby that took over: those it kept).
   int expected_workers() const { return expected_workers_; }
   bool took_over() const { return !taken_over_.empty(); }
@@ -382,6 +385,8 @@ class coordinator : public actors::actor, private head_control {
   // Training starts once the standby joined the cluster (it watches this head from then on:
   // a head lost before that could not be taken over); held_start_: every stage was ready first.
   bool standby_joined_ = false, held_start_ = false;
+  bool standby_gone_ = false;   // it ended before its hello: admission no longer waits for it
+  bool standby_heard_ = false;  // its hello came (its loss is then the membership's to report)
   // A standby that took over sent the lost head's last Step to the stages that lacked it:
   // once they stepped, training goes on (nothing of that iteration is logged again).
   bool completing_takeover_ = false;

@@ -204,6 +204,11 @@ void head_session::child_exited(transport::node_id n, pid_t pid, int status) {
     return;
   }
   auto* c = coordinator();
+  if (job_.standby_head && n == transport::node_id(engine::standby_node(job_))) {
+    // The standby, this process's child: the job goes on without one.
+    if (c != nullptr && !finished_) c->standby_ended(exit_text(status));
+    return;
+  }
   const bool known = c != nullptr && c->workers().contains(n);
   // The coordinator decides (a lost spare: it says so): recover the stage on a spare, or end the
   // job saying so.
@@ -224,9 +229,9 @@ void head_session::on_signal(const std::error_code& ec, int sig) {
         [this](transport::node_id n, pid_t pid, int status) { child_exited(n, pid, status); });
   } else if (standby_ && !took_over_) {
     // A standby that has not taken over: the job is the head's. SIGUSR1 (Slurm's warning sent
-    // to every step) is the head's to act on; any other signal ends the standby alone, and the
-    // head goes on without one.
-    if (sig != SIGUSR1) {
+    // to every step) is the head's to act on, and a closed output (SIGPIPE) changes nothing
+    // here; SIGINT or SIGTERM end the standby alone, and the head goes on without one.
+    if (sig == SIGINT || sig == SIGTERM) {
       end_standby(128 + sig, fmt::format("stopped by signal {} ({}) before it took over: the job "
                                          "goes on without a standby head",
                                          sig, ::strsignal(sig)));

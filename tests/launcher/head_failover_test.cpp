@@ -423,22 +423,26 @@ TEST(head_failover, a_standby_killed_after_it_took_over_is_reported_as_such) {
 // SIGTERM to a standby that has not taken over ends it alone: it leaves the cluster, the head
 // says the job goes on without one, and the job ends bit-exact. (It was ignored, and a later
 // takeover ran the job anyway.)
+// The launch's child with --standby-of on its command line, or -1.
+pid_t standby_child(pid_t launch) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string pid, name, state, ppid;
+    if (!(stat >> pid >> name >> state >> ppid) || ppid != std::to_string(launch)) continue;
+    std::ifstream cmd(entry.path() / "cmdline");
+    const std::string args((std::istreambuf_iterator<char>(cmd)), {});
+    if (args.find("--standby-of") != std::string::npos) return std::atoi(pid.c_str());
+  }
+  return -1;
+}
+
 TEST(head_failover, a_standby_stopped_by_sigterm_leaves_and_the_job_goes_on) {
   background_launch j("standby_term", job("--set train.iterations=120"));
   const auto workers = j.wait_for_workers(4);
   ASSERT_EQ(workers.size(), 4u) << j.output();
   ASSERT_TRUE(wait_for_iteration(j, 5)) << j.output();
-  pid_t standby = -1;  // the launch's child with --standby-of on its command line
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    std::ifstream cmd(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmd)), {});
-    std::ifstream stat(entry.path() / "stat");
-    std::string pid, name, state, ppid;
-    stat >> pid >> name >> state >> ppid;
-    if (args.find("--standby-of") != std::string::npos && ppid == std::to_string(j.pid)) {
-      standby = std::atoi(pid.c_str());
-    }
-  }
+  const pid_t standby = standby_child(j.pid);
   ASSERT_GT(standby, 0) << j.output();
   ::kill(standby, SIGTERM);
   EXPECT_EQ(j.wait(std::chrono::seconds(60)), 0) << j.output();
@@ -449,6 +453,29 @@ TEST(head_failover, a_standby_stopped_by_sigterm_leaves_and_the_job_goes_on) {
   EXPECT_EQ(count_events(lines_of(j.log), "standby_lost"), 1) << out;
   EXPECT_TRUE(all_gone(workers)) << out;
   EXPECT_TRUE(all_gone({standby})) << out;
+}
+
+// The same before the standby said hello (stopped as it starts, then SIGTERM): the head,
+// whose admission waits for that hello, hears of its end and starts without one. (It failed
+// the job: "worker 5 (pid ...) was killed by signal 15".)
+TEST(head_failover, a_standby_ended_before_it_joined_leaves_the_job_to_the_head) {
+  background_launch j("standby_early", job("--set train.iterations=60"));
+  pid_t standby = -1;
+  for (int i = 0; i < 20000 && standby < 0; ++i) {
+    standby = standby_child(j.pid);
+    if (standby < 0) std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GT(standby, 0) << j.output();
+  ::kill(standby, SIGSTOP);
+  ::kill(standby, SIGTERM);
+  ::kill(standby, SIGCONT);
+  EXPECT_EQ(j.wait(std::chrono::seconds(60)), 0) << j.output();
+  const std::string out = j.output();
+  EXPECT_EQ(hash_of(out), reference("60")) << out;
+  EXPECT_EQ(count_events(lines_of(j.log), "standby_lost"), 1) << out;
+  // (Killed by the signal, or exited on it: as far as it got in its start.)
+  EXPECT_NE(out.find(" before it joined: a loss of this head now ends the job"), std::string::npos)
+      << out;
 }
 
 // The head killed before the first durable window is journaled: the standby has nothing to
