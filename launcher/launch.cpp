@@ -360,8 +360,10 @@ std::vector<std::string> head_session::standby_args(const std::string& head) con
   }
   args.insert(args.end(),
               {"--standby-of", head, "--node", std::to_string(engine::standby_node(job_))});
-  // The report is drawn by whichever head ends the job.
+  // The report is drawn by whichever head ends the job, and a stop on SIGUSR1 under it requeues
+  // the batch job as the head's would.
   if (!options_.report.empty()) args.insert(args.end(), {"--report", options_.report});
+  if (options_.requeue) args.push_back("--requeue");
   return args;
 }
 

@@ -500,16 +500,29 @@ std::string batch_script_with_standby(const std::string& head, const std::string
   // The end of the batch script ends the job and every step in it (Slurm kills them within
   // seconds), the standby head's too: with the head exec'd as the script, a killed head took the
   // standby that was to take its place with it. So the head runs as a child; the script passes
-  // Slurm's signals on to it, then waits while the standby's step runs (a standby that took the
-  // job over ends it), and ends as the job did: 0 where the run log's last end is a job_end.
-  return head +
+  // Slurm's signals on to it (once it is gone, to the standby's step: SIGUSR1 before a time
+  // limit is the standby's to act on then), waits while the standby's step runs (a standby that
+  // took the job over ends it; a failed squeue is asked again, never taken for "no step"), and
+  // ends as the job did: 0 where the run log's last end is a job_end.
+  return "standby_step() { squeue -h -s -j \"$SLURM_JOB_ID\" -o '%i %j' | awk "
+         "'/-standby-/ { print $1; exit }'; }\n"
+         "pass_on() {\n"
+         "  if kill -0 \"$head\" 2>/dev/null; then kill -\"$1\" \"$head\"\n"
+         "  else s=$(standby_step) && [ -n \"$s\" ] && scancel --signal=\"$1\" \"$s\"; fi\n"
+         "}\n"
+         "head=\n"
+         "trap 'pass_on USR1' USR1\n"
+         "trap 'pass_on TERM' TERM\n"
+         "trap 'pass_on INT' INT\n" +
+         head +
          " &\n"
          "head=$!\n"
-         "trap 'kill -USR1 $head 2>/dev/null' USR1\n"
-         "trap 'kill -TERM $head 2>/dev/null' TERM\n"
-         "trap 'kill -INT $head 2>/dev/null' INT\n"
-         "while :; do wait $head; status=$?; kill -0 $head 2>/dev/null || break; done\n"
-         "while squeue -h -s -j \"$SLURM_JOB_ID\" -o %j 2>/dev/null | grep -q -- '-standby-'; do\n"
+         "while kill -0 \"$head\" 2>/dev/null; do wait \"$head\"; done\n"
+         "wait \"$head\"; status=$?\n"
+         "while :; do\n"
+         "  steps=$(squeue -h -s -j \"$SLURM_JOB_ID\" -o %j 2>/dev/null) || { sleep 5; continue; "
+         "}\n"
+         "  grep -q -- '-standby-' <<<\"$steps\" || break\n"
          "  sleep 1\n"
          "done\n"
          "last=$(grep -o '\"event\":\"job_[a-z]*\"' " +
