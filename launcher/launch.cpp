@@ -315,10 +315,12 @@ asio::awaitable<void> head_session::start_workers() {
   const std::string head = fmt::format("{}:{}", job_.host, link_.port());
   if (job_.backend == "slurm") {
     try {
-      step_ = start_slurm_step(job_, self_, head, token_, worker_specs_);
+      // A resumed (or requeued) job's steps add to their output files, as to its run log.
+      step_ = start_slurm_step(job_, self_, head, token_, worker_specs_, options_.resume);
       processes_.adopt(step_->pid(), 0);
       if (job_.standby_head) {
-        standby_step_ = start_slurm_standby(job_, self_, standby_args(head), token_);
+        standby_step_ =
+            start_slurm_standby(job_, self_, standby_args(head), token_, options_.resume);
         processes_.adopt(standby_step_->pid(), transport::node_id(engine::standby_node(job_)));
       }
     } catch (const std::exception& e) {

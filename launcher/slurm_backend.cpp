@@ -345,9 +345,11 @@ int run_slurm_worker(int argc, char** argv, const engine::stage_registry& regist
 }
 
 slurm_step::slurm_step(std::vector<std::string> command, const std::string& token,
-                       std::string output_path, std::string step_name, bool outlive_head)
+                       std::string output_path, std::string step_name, bool outlive_head,
+                       bool append)
     : output_(std::move(output_path)), name_(std::move(step_name)) {
-  const int out = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int out =
+      ::open(output_.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   if (out < 0) {
     throw std::runtime_error(fmt::format("cannot create the Slurm step's output file {}: {}",
                                          output_, std::strerror(errno)));
@@ -461,7 +463,8 @@ std::string slurm_step::stop(int grace_ms) {
 // Backend slurm: starts the srun step of every worker and spare, and says where its output goes.
 std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, const std::string& self,
                                              const std::string& head, const std::string& token,
-                                             const std::vector<std::string>& injections) {
+                                             const std::vector<std::string>& injections,
+                                             bool append) {
   slurm_task_args a;
   a.head = head;
   a.injections = injections;
@@ -493,7 +496,8 @@ std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, cons
         "of several hosts set cluster.host to this machine's address (docs/slurm.md)\n",
         job.host);
   }
-  return std::make_unique<slurm_step>(std::move(command), token, output, name, job.standby_head);
+  return std::make_unique<slurm_step>(std::move(command), token, output, name, job.standby_head,
+                                      append);
 }
 
 std::string batch_script_with_standby(const std::string& head, const std::string& run_log) {
@@ -539,7 +543,7 @@ std::string slurm_standby_output_path(const std::string& run_log) {
 std::unique_ptr<slurm_step> start_slurm_standby(const engine::job_config& job,
                                                 const std::string& self,
                                                 const std::vector<std::string>& standby_args,
-                                                const std::string& token) {
+                                                const std::string& token, bool append) {
   std::random_device rd;
   const std::string name = fmt::format("moevement-{}-standby-{:06x}", ::getpid(), rd() & 0xffffff);
   const bool in_allocation = std::getenv("SLURM_JOB_ID") != nullptr;
@@ -556,7 +560,7 @@ std::unique_ptr<slurm_step> start_slurm_standby(const engine::job_config& job,
   const std::string output = slurm_standby_output_path(job.run_log);
   std::cout << fmt::format("Slurm step {}: the standby head; its output: {}\n", name, output)
             << std::flush;
-  return std::make_unique<slurm_step>(std::move(c), token, output, name, true);
+  return std::make_unique<slurm_step>(std::move(c), token, output, name, true, append);
 }
 
 std::string slurm_task_host(const std::string& job_host) {

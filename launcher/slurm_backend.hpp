@@ -107,9 +107,11 @@ class slurm_step;
 // and where its output goes), with the token in its environment.
 // injections: the phase=... specs every task carries out itself (launcher/inject.hpp).
 // With cluster.standby_head the step outlives the head (the standby takes its workers over).
+// append: the output file goes on (a resumed or requeued job's: each run's lines kept).
 std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, const std::string& self,
                                              const std::string& head, const std::string& token,
-                                             const std::vector<std::string>& injections = {});
+                                             const std::vector<std::string>& injections = {},
+                                             bool append = false);
 // The standby head (cluster.standby_head) as a step of its own, one task running `self` with
 // `standby_args` (launch CONFIG [--set ...] --standby-of HEAD --node N), outliving the head;
 // inside an allocation it overlaps the workers' step (it idles until it takes over). Its
@@ -118,7 +120,7 @@ std::unique_ptr<slurm_step> start_slurm_step(const engine::job_config& job, cons
 std::unique_ptr<slurm_step> start_slurm_standby(const engine::job_config& job,
                                                 const std::string& self,
                                                 const std::vector<std::string>& standby_args,
-                                                const std::string& token);
+                                                const std::string& token, bool append = false);
 std::string slurm_standby_output_path(const std::string& run_log);
 // The batch script's body after its comment, for a job with a standby head: the head `head`
 // (a quoted command line) as a child, whose signals it passes on, then a wait for the standby's
@@ -138,8 +140,9 @@ class slurm_step {
  public:
   // Starts srun (own process group, output to output_path, the token in its environment).
   // outlive_head: srun does not end with this process (a standby head takes the job over).
+  // append: output_path goes on rather than starting empty.
   slurm_step(std::vector<std::string> command, const std::string& token, std::string output_path,
-             std::string step_name, bool outlive_head = false);
+             std::string step_name, bool outlive_head = false, bool append = false);
   slurm_step(const slurm_step&) = delete;
   slurm_step& operator=(const slurm_step&) = delete;
   ~slurm_step();

@@ -513,8 +513,10 @@ TEST_F(slurm_launch, a_killed_head_is_replaced_by_its_standby_step_bit_exact) {
 
 // The same inside `--sbatch`: the head killed inside its batch job. The batch script's end
 // ends every step of the job, the standby's too (it exec'd the head: the standby that was to
-// take over died with it); the script now waits for the standby's step, and the batch job ends
-// COMPLETED with the uninterrupted run's hash in the standby's output.
+// take over died with it); the script now waits for the standby's step. Slurm's SIGUSR1 before
+// the time limit (here `scancel --batch --signal=USR1`), which only the batch shell gets, then
+// reaches the standby: it stops at its next window on disk and requeues the job, which resumes
+// on its own and ends COMPLETED with the uninterrupted run's hash.
 TEST_F(slurm_launch, a_head_killed_inside_its_batch_job_is_replaced_by_its_standby_step) {
   const std::string dir = cluster_->dir();
   const std::string run = "--set train.iterations=300 --set train.seq_len=16 ";
@@ -539,20 +541,28 @@ TEST_F(slurm_launch, a_head_killed_inside_its_batch_job_is_replaced_by_its_stand
           "{ [ \"$(cut -d' ' -f2 /proc/$p/stat 2>/dev/null)\" = '(moevement)' ] && "
           "tr '\\0' ' ' </proc/$p/cmdline | grep -q ' launch ' && kill -9 $p && "
           "echo killed the head $p; }; done\n"
-          "for i in $(seq 1200); do\n"
+          "for i in $(seq 900); do grep -q 'goes on from the running stages' " +
+          standby_log +
+          " 2>/dev/null && break; sleep 0.1; done\n"
+          "scancel --batch --signal=USR1 $id\n"
+          "for i in $(seq 1800); do\n"
           "  st=$(scontrol show job $id -o | grep -o 'JobState=[A-Z_]*')\n"
-          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING) ;; *) break ;; esac\n"
+          "  case $st in *=PENDING|*=RUNNING|*=CONFIGURING|*=COMPLETING|*=REQUEUED) ;; *) break ;; "
+          "esac\n"
           "  sleep 0.1\n"
           "done\n"
-          "echo $st",
-      240);
+          "echo $st; scontrol show job $id -o | grep -o 'Restarts=[0-9]*'",
+      300);
   ASSERT_FALSE(r.timed_out) << r.output;
+  const std::string standby = read_file(standby_log), head = read_file(dir + "/sb.sbatch.out");
   EXPECT_TRUE(contains(r.output, "killed the head")) << r.output;
-  EXPECT_TRUE(contains(r.output, "JobState=COMPLETED")) << r.output << read_file(standby_log);
-  const std::string out = read_file(standby_log);
-  EXPECT_TRUE(contains(out, "taking over")) << out;
-  EXPECT_EQ(hash_of(out), hash_of(local.output)) << out << "\nhead:\n"
-                                                 << read_file(dir + "/sb.sbatch.out");
+  EXPECT_TRUE(contains(standby, "taking over")) << standby;
+  EXPECT_TRUE(contains(standby, "SIGUSR1: stopping once the next durable window is on disk"))
+      << standby;
+  EXPECT_TRUE(contains(r.output, "JobState=COMPLETED")) << r.output << standby << head;
+  EXPECT_TRUE(contains(r.output, "Restarts=1")) << r.output << standby;
+  EXPECT_TRUE(contains(head, "requeued by Slurm: resuming from window")) << head;
+  EXPECT_EQ(hash_of(head), hash_of(local.output)) << head << "\nstandby:\n" << standby;
 }
 
 TEST_F(slurm_launch, a_wrong_partition_is_a_clear_error) {
