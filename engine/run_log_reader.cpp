@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -311,11 +312,17 @@ bool run_log_ended(const std::string& path, std::size_t tail) {
 }
 
 bool run_log_taken_over(const std::string& path, std::size_t tail) {
-  const auto records = tail_records(path, tail);
-  for (auto r = records.rbegin(); r != records.rend(); ++r) {
-    if (r->is("event", "job_start")) return r->has("takeover");
+  // Further back until a job_start (a standby that ran long after it took over logged more
+  // than `tail` since), the whole file at most.
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  for (std::size_t t = std::max<std::size_t>(tail, 1);; t *= 4) {
+    const auto records = tail_records(path, t);
+    for (auto r = records.rbegin(); r != records.rend(); ++r) {
+      if (r->is("event", "job_start")) return r->has("takeover");
+    }
+    if (ec || t >= size) return false;
   }
-  return false;
 }
 
 }  // namespace moevement::engine

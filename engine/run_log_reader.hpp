@@ -60,7 +60,7 @@ std::optional<std::int64_t> last_logged_iteration(const std::string& path,
 // `tail` bytes).
 bool run_log_ended(const std::string& path, std::size_t tail = std::size_t(1) << 20);
 // Whether the last run in the log is a standby head's that took the job over (its job_start
-// says `takeover`).
+// says `takeover`). Reads further back than `tail` bytes until it finds the run's job_start.
 bool run_log_taken_over(const std::string& path, std::size_t tail = std::size_t(1) << 20);
 
 }  // namespace moevement::engine

@@ -157,6 +157,14 @@ TEST(run_log_reader, the_last_run_is_a_takeover_where_its_job_start_says_so) {
   EXPECT_FALSE(run_log_taken_over(temp_file("head_only.jsonl", start + it)));
   EXPECT_FALSE(run_log_taken_over(temp_file("resumed.jsonl", takeover + it + start)));
   EXPECT_FALSE(run_log_taken_over("/nonexistent/run.jsonl"));
+  // A standby that logged long after its start: found further back than the tail first read.
+  std::string long_run = start + takeover;
+  for (int i = 0; i < 200; ++i) long_run += it;
+  EXPECT_TRUE(run_log_taken_over(temp_file("long.jsonl", long_run), 64));
+  EXPECT_FALSE(run_log_taken_over(
+      temp_file("long_head.jsonl",
+                takeover + start + long_run.substr(start.size() + takeover.size())),
+      64));
 }
 
 TEST(run_log_reader, what_is_not_a_run_log_is_an_error) {
