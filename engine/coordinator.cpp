@@ -95,8 +95,9 @@ awaitable<void> coordinator::on_start() {
     } else {
       const std::string why = system().why_lost(n);
       const std::string how = why.empty() ? std::string("was lost") : "was lost: " + why;
-      (void)system().post_call(self(), [this, n, how](actors::actor&) -> awaitable<void> {
-        co_await member_lost(n, how);
+      const auto at = sclock::now();  // (its turn may come later: a handler holds this actor)
+      (void)system().post_call(self(), [this, n, how, at](actors::actor&) -> awaitable<void> {
+        co_await member_lost(n, how, at);
       });
     }
   });
@@ -113,7 +114,8 @@ awaitable<void> coordinator::on_start() {
   co_return;
 }
 
-awaitable<void> coordinator::member_lost(transport::node_id n, std::string how) {
+awaitable<void> coordinator::member_lost(transport::node_id n, std::string how,
+                                         sclock::time_point declared_at) {
   const auto until = sclock::now() + exit_wait;
   while (callbacks_.exit_of && !finished_) {
     const worker_exit e = callbacks_.exit_of(n);
@@ -125,16 +127,19 @@ awaitable<void> coordinator::member_lost(transport::node_id n, std::string how) 
     if (sclock::now() >= until) break;  // running (hung, or cut off): the verdict stands
     co_await system().sleep_for(std::chrono::milliseconds(5));
   }
-  if (how.find("no heartbeat") != std::string::npos) silent_losses_[n] = sclock::now();
+  if (how.find("no heartbeat") != std::string::npos) silent_losses_[n] = declared_at;
   co_await worker_lost(n, how);
 }
 
 std::string coordinator::cut_off_hint() const {
-  // The most workers that fell silent within one failure timeout of each other.
-  std::vector<sclock::time_point> at;
-  for (const auto& [n, t] : silent_losses_) at.push_back(t);
-  std::sort(at.begin(), at.end());
+  // The most workers that fell silent within one failure timeout of each other, lately (not
+  // silences spares recovered from long before).
   const auto window = std::chrono::milliseconds(job_.failure_timeout_ms);
+  std::vector<sclock::time_point> at;
+  for (const auto& [n, t] : silent_losses_) {
+    if (sclock::now() - t < 3 * window) at.push_back(t);
+  }
+  std::sort(at.begin(), at.end());
   std::size_t most = 0;
   for (std::size_t first = 0, last = 0; last < at.size(); ++last) {
     while (at[last] - at[first] > window) ++first;
@@ -150,8 +155,8 @@ std::string coordinator::cut_off_hint() const {
       "(a host or a switch), or this head is the one cut off from them ({}with the durable tier, "
       "`moevement launch CONFIG --resume` goes on from disk)",
       most, all.size(),
-      // (A standby that took over is one already.)
-      taken_over_.empty() ? "a standby head, cluster.standby_head, takes over there; " : "");
+      // (Not where one is set: a standby that took over, or one cut off with this head.)
+      job_.standby_head ? "" : "a standby head, cluster.standby_head, takes over there; ");
 }
 
 void coordinator::lose_worker(transport::node_id n, const std::string& how) {

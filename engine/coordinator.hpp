@@ -277,7 +277,8 @@ class coordinator : public actors::actor, private head_control {
   asio::awaitable<void> worker_lost(transport::node_id node, std::string how);
   // The membership declared the worker lost (`how`: its verdict): how its process ended, where
   // the launcher watches it and hears of it within exit_wait, is said instead.
-  asio::awaitable<void> member_lost(transport::node_id node, std::string how);
+  asio::awaitable<void> member_lost(transport::node_id node, std::string how,
+                                    std::chrono::steady_clock::time_point declared_at);
   static constexpr std::chrono::milliseconds exit_wait{50};
   // Ends the stepping phase once every live stage has stepped.
   asio::awaitable<void> maybe_stepped_all();
