@@ -378,10 +378,21 @@ awaitable<void> region_recovery::restore_failed(transport::node_id n, const std:
   if (reg == nullptr) co_return;  // (the coordinator passes on current reports only)
   const std::uint64_t id = reg->id, generation = reg->generation;
   // A restore usually fails because a worker it pulled from died: the head learns of that
-  // within the failure timeout, and the region then grows (cascading) and restarts.
-  co_await job_.actor().system().sleep_for(
-      std::chrono::milliseconds(job_.job().failure_timeout_ms + 200));
-  co_await restore_failed_after_losses(id, generation, message, snapshot_lost);
+  // within the failure timeout and a heartbeat, and the region then grows (cascading) and
+  // restarts. Looked at again then, on a timer: a sleep here held the coordinator's every
+  // message (other regions' reports, their restarts) for as long.
+  const auto wait =
+      std::chrono::milliseconds(job_.job().failure_timeout_ms + job_.job().heartbeat_ms + 200);
+  actors::actor_system* sys = &job_.actor().system();  // the timer's: it lives while it can run
+  auto& time = sys->time();
+  (void)time.call_at(time.now() + wait, [sys, me = job_.actor().self(), this, id, generation,
+                                         message, snapshot_lost] {
+    (void)sys->post_call(
+        me, [this, id, generation, message, snapshot_lost](actors::actor&) -> awaitable<void> {
+          co_await restore_failed_after_losses(id, generation, message, snapshot_lost);
+        });
+  });
+  co_return;
 }
 
 awaitable<void> region_recovery::restore_failed_after_losses(std::uint64_t region,
