@@ -334,6 +334,18 @@ awaitable<bool> region_recovery::choose_durable_window(region& r) {
         why, rejected.size()));
     co_return false;
   }
+  if (clean_) {
+    // Past silent corruption: the journals after this window name the timeline left, whose
+    // step plans came of corrupted gradients. Gone before any stage restores (at the recovery's
+    // end was too late: a job killed during the rollback's replay resumed on that timeline).
+    try {
+      resume_journal(job_.job()).drop_after(window);
+    } catch (const std::exception& e) {
+      job_.fail(fmt::format("{}: the journals after window {} cannot be removed ({})", why, window,
+                            e.what()));
+      co_return false;
+    }
+  }
   state_->durable_window = window;
   state_->durable_first = windows_.durable_windows().at(window);
   for (const auto& [role, from] : state_->durable_from) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "tests/support/launch_job.hpp"
 #include "tests/support/run_moevement.hpp"
@@ -367,6 +368,47 @@ TEST(silent_corruption, a_job_resumed_after_a_rollback_goes_on_from_before_the_f
         << left << ")";
   }
   const auto resumed = launch("shadow_resumed", base + " --set train.iterations=48 --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto fault_free = run_moevement("train " + shape(1, 1, 1) + " --set train.iterations=48");
+  ASSERT_EQ(fault_free.exit_code, 0) << fault_free.output;
+  EXPECT_EQ(resumed.hash, hash_of(fault_free.output));
+  std::filesystem::remove_all(dir);
+}
+
+// The same job killed as soon as its rollback chose the window to go back to (its replay under
+// way): the journals of the timeline left are gone already, so the --resume goes on from
+// before the flip and ends with the fault-free hash. (They were dropped only at the recovery's
+// end: the resume went on along the timeline left, its plans of corrupted gradients.)
+TEST(silent_corruption, a_job_killed_during_its_rollback_resumes_from_before_the_flip) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("sdc_killed_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::string base = job(2, 1, 1,
+                               "--set checkpoint.shadow_every=4 --set checkpoint.w_sparse=8 "
+                               "--set checkpoint.dir=" +
+                                   dir.string());
+  double back = -1;
+  {
+    background_launch cut(
+        "shadow_killed",
+        base + " --set train.iterations=48 --inject flip:stage=0,replica=0,iter=41");
+    for (int i = 0; i < 12000 && back < 0; ++i) {
+      for (const auto& line : lines_of(cut.log)) {
+        if (line.find("\"event\":\"durable_rollback\"") != std::string::npos) {
+          back = number_field(line, "window");
+        }
+      }
+      if (back < 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ::kill(cut.pid, SIGKILL);  // its workers go with it
+    ASSERT_GE(back, 0) << cut.output();
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir / "head")) {
+    const double id = std::stod(e.path().filename().string().substr(std::string("window-").size()));
+    EXPECT_LE(id, back) << e.path() << ": a journal of the timeline the rollback left";
+  }
+  const auto resumed =
+      launch("shadow_killed_resumed", base + " --set train.iterations=48 --resume");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto fault_free = run_moevement("train " + shape(1, 1, 1) + " --set train.iterations=48");
   ASSERT_EQ(fault_free.exit_code, 0) << fault_free.output;
