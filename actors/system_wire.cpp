@@ -68,6 +68,11 @@ void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
     } catch (const kj::Exception& e) {
       ++stats_.malformed;
       reply_error(h, std::string("malformed system message: ") + e.getDescription().cStr());
+    } catch (const std::exception& e) {
+      // A payload that is not the struct its type names (payload<T>() an error, read with
+      // value()): counted, never fatal. (It left the event loop, ending the process.)
+      ++stats_.malformed;
+      reply_error(h, std::string("malformed system message: ") + e.what());
     }
     return;
   }

@@ -360,11 +360,26 @@ TEST(actors, malformed_wire_messages_get_an_error_reply_not_a_crash) {
       out.init_payload<msg::Add>();
       EXPECT_TRUE(probe_link->send(1, out.to_words()).ok());
     }
+    // 5. A system message (to actor 0) whose payload is a list, not the struct its type names:
+    // counted, never fatal (it threw out of the event loop, ending the process).
+    {
+      capnp::MallocMessageBuilder mb;
+      auto root = mb.initRoot<wire::Envelope>();
+      auto s = root.initSender();
+      s.setNode(9);
+      s.setIncarnation(1);
+      s.setActor(77);
+      root.initReceiver().setNode(e.ref.node);
+      root.setTypeId(capnp::typeId<proto::Down>());
+      root.getPayload().initAs<capnp::List<std::uint8_t>>(1);
+      auto words = capnp::messageToFlatArray(mb);
+      EXPECT_TRUE(probe_link->send(1, std::move(words)).ok());
+    }
     co_await sleep_for(5ms);
     EXPECT_EQ(c.link(1).stats().malformed, 1u);
     EXPECT_EQ(errors.size(), 3u);
     for (auto& m : errors) EXPECT_FALSE(m.empty());
-    EXPECT_EQ(n1.stats().malformed, 2u);
+    EXPECT_EQ(n1.stats().malformed, 3u);
     // The actor is unharmed.
     auto ok = co_await e.ask<msg::Add>(1s, [](msg::Add::Builder b) { b.setA(2); });
     CO_ASSERT(ok.ok());
