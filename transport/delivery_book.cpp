@@ -37,7 +37,14 @@ bool delivery_book::resend_requested(node_id peer, const header& h, clock::time_
   stream& s = it->second;
   drop_acked(s, h.ack_session, h.ack_seq);
   s.progress_at = now;
-  return !s.unacked.empty();
+  if (s.unacked.empty()) return false;
+  // Answered again only once the receiver got further, or resend_after later (its own pace
+  // for asking again): a peer repeating one request made each copy resend everything kept.
+  const bool further = s.answered_at == clock::time_point{} || h.ack_seq > s.answered_ack;
+  if (!further && now - s.answered_at < timing_.resend_after) return false;
+  s.answered_ack = h.ack_seq;
+  s.answered_at = now;
+  return true;
 }
 
 std::vector<std::pair<node_id, delivery_book::stamped>> delivery_book::probes_due(

@@ -132,6 +132,9 @@ class delivery_book {
     std::uint64_t next_seq = 1;
     std::deque<stamped> unacked;
     clock::time_point progress_at{};  // the oldest's last ack or probe; {}: not looked at yet
+    // The last resend request answered: its ack, and when ({}: none yet).
+    std::uint64_t answered_ack = 0;
+    clock::time_point answered_at{};
     // Receiving.
     std::uint64_t peer_session = 0;  // 0: not heard from yet
     std::uint64_t delivered = 0;     // the last seq handed on

@@ -114,6 +114,22 @@ TEST(delivery_book, one_request_per_gap_until_resend_after_has_passed) {
 
 // A lost last message shows no gap to the receiver: the sender finds it, its oldest kept
 // message waiting resend_after for an ack, and sends it again (a probe).
+// A peer repeating one resend request (a flood of them, or a bug): answered once, then again
+// only once it got further or resend_after later. (Each copy resent everything kept.)
+TEST(delivery_book, one_resend_request_repeated_is_answered_once_per_resend_after) {
+  pair_of_books b;
+  for (int i = 0; i < 3; ++i) b.send();
+  delivery_book::header ask{};
+  ask.ack_session = 0x5e;
+  ask.ack_seq = 0;
+  EXPECT_TRUE(b.sender.resend_requested(receiver_node, ask, b.now));
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(b.sender.resend_requested(receiver_node, ask, b.now));
+  ask.ack_seq = 1;  // further: answered at once
+  EXPECT_TRUE(b.sender.resend_requested(receiver_node, ask, b.now));
+  EXPECT_FALSE(b.sender.resend_requested(receiver_node, ask, b.now + 100ms));
+  EXPECT_TRUE(b.sender.resend_requested(receiver_node, ask, b.now + 501ms));
+}
+
 TEST(delivery_book, a_lost_last_message_goes_again_once_unacknowledged_for_resend_after) {
   pair_of_books b;
   const auto one = b.send();
