@@ -160,6 +160,12 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   } else if (t == capnp::typeId<proto::Join>()) {
     on_system_join(from, h, env.payload<proto::Join>().value());
   } else if (t == capnp::typeId<proto::MemberUp>()) {
+    // Only the head admits members (its join): from anyone else, a member's incarnation
+    // rewritten (its fence lifted, every message to it refused) on one member's word.
+    if (from != head_) {
+      ++stats_.malformed;
+      return;
+    }
     auto m = env.payload<proto::MemberUp>().value().getMember();
     if (m.getNode() != node_) add_member(m.getNode(), m.getIncarnation());
   } else if (t == capnp::typeId<proto::Unreachable>()) {

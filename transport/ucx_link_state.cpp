@@ -4,7 +4,7 @@
 namespace moevement::transport::detail {
 
 std::uint64_t new_session() {
-  std::random_device rd;
+  std::random_device rd;  // (the kernel's source: getrandom, or the CPU's)
   std::uint64_t v = (std::uint64_t{rd()} << 32) ^ rd() ^
                     static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
   return v == 0 ? 1 : v;

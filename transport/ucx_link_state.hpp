@@ -371,7 +371,10 @@ struct link_state : std::enable_shared_from_this<link_state> {
   std::map<std::uint64_t, std::unique_ptr<connection>> conns;
   std::unordered_map<ucp_ep_h, std::uint64_t> by_ep;
   std::unordered_map<std::uint64_t, std::uint64_t> by_key;  // recv_key -> serial
-  std::mt19937_64 keys{std::random_device{}()};
+  // A connection's key, each drawn afresh from the system's random source: a peer that knows
+  // one of this process's keys (its own connection's) must not predict the others, as it could
+  // from a generator seeded with 32 bits.
+  static std::uint64_t keys() { return new_session(); }
   std::unordered_map<ucp_ep_h, std::uint64_t> by_bulk_ep;
   std::map<node_id, peer_entry> peers;
   std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete

@@ -223,5 +223,29 @@ TEST(verdicts, a_verdict_that_does_not_come_from_the_head_is_refused) {
   });
 }
 
+// MemberUp comes from the head only (its join): one from another member would rewrite a
+// member's incarnation (its fence lifted, every message to it refused) on that member's word.
+TEST(verdicts, a_member_up_that_does_not_come_from_the_head_is_refused) {
+  four_nodes c;
+  c.d.run_body([&]() -> awaitable<void> {
+    co_await c.join();
+    const auto incarnation_of = [&](node_id at, node_id n) {
+      for (const auto& m : c.d[at].members())
+        if (m.node == n) return m.incarnation;
+      return std::uint32_t{0};
+    };
+    const std::uint32_t before = incarnation_of(1, 3);
+    transport::outgoing_envelope out({{}, {1, 0, 0}, capnp::typeId<proto::MemberUp>(), 0, 0});
+    auto who = out.init_payload<proto::MemberUp>().initMember();
+    who.setNode(3);
+    who.setIncarnation(before + 99);
+    const auto malformed = c.d[1].stats().malformed;
+    CO_ASSERT(c.d[2].send_envelope(1, out).ok());
+    co_await c.d[0].sleep_for(2s);
+    EXPECT_EQ(c.d[1].stats().malformed, malformed + 1);
+    EXPECT_EQ(incarnation_of(1, 3), before);
+  });
+}
+
 }  // namespace
 }  // namespace moevement::actors::testing
