@@ -13,6 +13,7 @@
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -226,6 +227,7 @@ class head_session {
   // The journal is written on a thread of its own, in order (its fsyncs must not hold the
   // head's actor thread and its heartbeats); a failure comes back as a notice.
   std::optional<recovery::durable_writer> journal_writer_;
+  std::atomic<bool> journal_fenced_{false};  // replaced(): no journal write from here on
 };
 
 }  // namespace moevement::launcher

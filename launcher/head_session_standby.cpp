@@ -141,6 +141,9 @@ void head_session::replaced() {
   if (replaced_) return;
   replaced_ = true;
   finished_ = true;
+  // Its journal writes still queued would go over the standby's (a window number it reuses,
+  // a drop of the newer ones): none is written from now on.
+  journal_fenced_ = true;
   // Its own reason (it stalled, or it is the one cut off), or the standby's verdict on it.
   const std::string why = sys_.why_lost(sys_.node());
   say("moevement launch: " +

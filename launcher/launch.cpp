@@ -118,6 +118,7 @@ void head_session::make_callbacks() {
   journal_writer_.emplace();
   cb_.on_durable_window = [this](const engine::resume_point& p) {
     journal_writer_->post([this, p] {
+      if (journal_fenced_) return;  // replaced: the journal is the standby's now
       try {
         journal_->write(p);
         asio::post(io_, [this, p] { window_on_disk(p); });
