@@ -257,6 +257,10 @@ setter_map make_setters(job_config& j) {
        [&](auto& k, auto& v) {
          j.head_exit_at = models::config_int(k, v, -1, std::int64_t(1) << 40);
        }},
+      {"engine.durable_fail_from",
+       [&](auto& k, auto& v) {
+         j.durable_fail_from = models::config_int(k, v, -1, std::int64_t{1} << 40);
+       }},
       {"engine.durable_write_delay_ms",
        [&](auto& k, auto& v) { j.durable_write_delay_ms = models::config_int(k, v, 0, 600000); }},
 

@@ -148,6 +148,9 @@ struct job_config {
   // engine.durable_write_delay_ms: every durable window write waits this long first (tests of
   // a rollback that must wait for a write in flight, as on a loaded host); 0: none.
   std::int64_t durable_write_delay_ms = 0;
+  // engine.durable_fail_from: the last stage's replica 0 fails its durable writes of this window
+  // and later (tests of a role whose disk fails); -1: never.
+  std::int64_t durable_fail_from = -1;
   std::int64_t start_timeout_ms = 30000;  // cluster.start_timeout_ms: workers must join by then
   // cluster.iteration_timeout_ms: an iteration some stage has not finished by then, its worker
   // alive (a hung kernel or collective, a deadlock: heartbeats flow, nothing moves): a stage

@@ -81,6 +81,7 @@ struct durable_target {
   std::filesystem::path dir;
   std::size_t keep = 2;
   std::chrono::milliseconds delay{0};  // engine.durable_write_delay_ms (tests)
+  std::int64_t fail_from = -1;         // engine.durable_fail_from, on its role only (tests)
 };
 
 class checkpoint_agent : public actors::actor {

@@ -365,6 +365,9 @@ std::unique_ptr<engine::stage_hooks> moevement_checkpoint::make_hooks(
     // written), and a corrupt newest common window must still have a good one behind it.
     durable.keep = std::size_t(job_.baseline.keep) + 1;
     durable.delay = std::chrono::milliseconds(job_.durable_write_delay_ms);
+    if (setup.stage == job_.pp - 1 && setup.replica == 0) {
+      durable.fail_from = job_.durable_fail_from;
+    }
     if (fresh_) {
       // A new job: windows an earlier job left there must never be loaded as this one's.
       durable_->post([dir = durable.dir] {

@@ -148,6 +148,7 @@ void window_book::recovered(std::int64_t target, bool layout_changed) {
     // this job reads again. Until the first window of this layout persists, a loss stops the
     // job (region_recovery says so); a new --resume brings it back.
     durable_windows_.clear();
+    newest_whole_.reset();
     persisted_.reset();
     persisted_first_ = 0;
   }
@@ -168,6 +169,9 @@ void window_book::recovered(std::int64_t target, bool layout_changed) {
 
 std::set<std::uint64_t> window_book::durable_kept() const {
   std::set<std::uint64_t> kept;
+  // The newest whole window: a stage whose writes keep failing must not leave the others to
+  // prune, by count, the last window the job can resume or roll back from.
+  if (newest_whole_ && durable_windows_.contains(*newest_whole_)) kept.insert(*newest_whole_);
   for (const std::int64_t from : shadow_.retained_firsts()) {
     std::optional<std::uint64_t> newest;
     for (const auto& [w, first] : durable_windows_) {
@@ -232,6 +236,7 @@ void window_book::go_on_from(const engine::resume_point& p) {
   steps_ = p.steps;
   scalers_ = {{p.target_iteration, p.scaler}};
   durable_windows_ = p.windows;
+  newest_whole_ = p.window;
   persisted_ = p.window;
   persisted_first_ = p.windows.at(p.window);
 }
@@ -425,6 +430,7 @@ void window_book::durable_written(engine::wire::DurableWritten::Reader m) {
   // slowest stage's seconds (they write in parallel). Written everywhere: a resume may start
   // from it, once the journal has what the windows do not.
   if (durable_errors_ == 0) {
+    newest_whole_ = *durable_inflight_;
     // The scaler is the one after the last planned step: training goes on right after it.
     job_.durable_window(journal_point(
         *durable_inflight_, steps_.empty() ? job_.iteration() : steps_.rbegin()->first + 1,
@@ -598,6 +604,7 @@ void window_book::rolled_back(std::uint64_t window, std::int64_t target,
   // job back to the durable tier again (its replicas' copies in memory are gone).
   persisted_ = window;
   persisted_first_ = durable_windows_.at(window);
+  newest_whole_ = window;
   on_disk_only_ = true;
   durable_inflight_.reset();
   durable_next_ = {};  // the new timeline's first window on disk soon

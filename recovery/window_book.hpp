@@ -158,6 +158,9 @@ class window_book {
   std::chrono::steady_clock::time_point durable_started_{}, durable_next_{};
   bool durable_soon_ = false;  // unpaced until a window is journaled (durable_soon)
   std::map<std::uint64_t, std::int64_t> durable_windows_;
+  // The newest durable window written whole by every stage (the journal's newest): kept on
+  // every stage's disk whatever checkpoint.keep says, while newer ones fail to write on some.
+  std::optional<std::uint64_t> newest_whole_;
   std::int64_t durable_from_ = 0;  // the first iteration a durable window may begin at
   std::optional<std::uint64_t> stall_reported_;  // the newest window reported as stalled
   std::uint64_t first_live_window_ = 0;          // older ones are of a timeline a rollback left

@@ -134,6 +134,8 @@ TEST(job_config, every_engine_key_overrides_its_default) {
           {"engine.head_exit_at", {std::int64_t(5), [](auto& j) { return j.head_exit_at == 5; }}},
           {"engine.durable_write_delay_ms",
            {std::int64_t(250), [](auto& j) { return j.durable_write_delay_ms == 250; }}},
+          {"engine.durable_fail_from",
+           {std::int64_t(3), [](auto& j) { return j.durable_fail_from == 3; }}},
       };
   std::set<std::string> covered;
   config_map all;
@@ -270,6 +272,7 @@ TEST(job_config, bad_values_name_the_key) {
       {"engine.abort_at", std::int64_t(-2)},
       {"engine.head_exit_at", std::int64_t(-2)},
       {"engine.durable_write_delay_ms", std::int64_t(-1)},
+      {"engine.durable_fail_from", std::int64_t(-2)},
       {"engine.durable_write_delay_ms", std::int64_t(600001)},
       {"engine.abort_at", std::string("3")},
       {"checkpoint.region_restarts", std::int64_t(-1)},

@@ -288,6 +288,28 @@ TEST(durable_fallback, a_region_restarting_past_its_intensity_escalates_to_the_d
 }
 
 // Turned on for a policy without a durable tier, or off for dense-disk: refused up front.
+// A role whose durable writes keep failing (engine.durable_fail_from: the last stage's, from
+// window 3): the other stages keep the newest window written whole, the journal's newest,
+// whatever checkpoint.keep says. (They pruned it by count, keeping only windows the failing
+// role never wrote: no window was whole on disk any more, nothing to resume or roll back to.)
+TEST(durable_fallback, a_role_whose_writes_fail_leaves_the_newest_whole_window_on_every_disk) {
+  const std::string dir = checkpoint_dir("failing_role");
+  const auto r = launch("failing_role", job(dir, "--set engine.durable_fail_from=3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stage 2 replica 0 did not write window"), std::string::npos) << r.output;
+  std::string newest;  // the journal's newest window
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "head")) {
+    newest = std::max(newest, e.path().filename().string());
+  }
+  ASSERT_FALSE(newest.empty()) << r.output;
+  for (int s = 0; s < 3; ++s) {
+    const fs::path manifest =
+        fs::path(dir) / fmt::format("stage-{}-replica-0", s) / newest / "MANIFEST";
+    EXPECT_TRUE(fs::exists(manifest)) << manifest << ": the journal's newest window is gone";
+  }
+  fs::remove_all(dir);
+}
+
 TEST(durable_fallback, the_key_is_refused_where_it_cannot_apply) {
   for (const std::string bad :
        {"--set checkpoint.policy=pec --set checkpoint.durable=true",
