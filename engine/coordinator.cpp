@@ -322,9 +322,7 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
 
 void coordinator::admitted() {
   if (phase_ != phase::admitting || int(workers_.size()) < expected_workers_) return;
-  if (job_.standby_head && taken_over_.empty() && !standby_.agent.valid() && !standby_gone_) {
-    return;
-  }
+  if (waits_for_standby_hello()) return;
   if (!taken_over_.empty() && !roles_complete()) return;
   phase_ = phase::starting;
   send_assigns();

@@ -359,41 +359,42 @@ void checkpoint_agent::write_durable(std::uint64_t window, std::int64_t first,
     return;
   }
   const durable_window_meta meta{stage_, replica_, window, first, int(slots.size())};
+  // engine.durable_fail_from (tests): this role's disk failing.
+  const bool fail = durable_.fail_from >= 0 && window >= std::uint64_t(durable_.fail_from);
   // The job holds the capture (its pinned buffers) until it unpinned them.
-  durable_.writer->post(
-      [shared = shared_, sys = &system(), me = self(), meta, slots = std::move(slots),
-       dir = durable_.dir, keep = durable_.keep, also = durable_kept_, delay = durable_.delay,
-       fail = durable_.fail_from >= 0 && window >= std::uint64_t(durable_.fail_from)]() mutable {
-        std::this_thread::sleep_for(delay);
-        const auto t0 = std::chrono::steady_clock::now();
-        const double cpu0 = engine::thread_cpu_seconds();
-        durable_result r;
-        try {
-          if (fail) throw std::runtime_error("engine.durable_fail_from: this role's writes fail");
-          durable_store store(dir);
-          r.bytes = write_durable_window(store, meta, slots);
-          store.prune(keep, also);
-        } catch (const std::exception& e) {
-          r.error = fmt::format("{} (check the disk and checkpoint.dir)", e.what());
-        }
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        r.cpu_s = engine::thread_cpu_seconds() - cpu0;
-        {
-          std::lock_guard lock(shared->mu);
-          shared->capture.unpin(meta.window);
-          shared->dropped.notify_all();
-        }
-        // `shared` is let go on the actor thread: if it is the last owner, its slot pool
-        // withdraws regions from the link, which only that thread may do.
-        asio::post(sys->io(), [sys, me, window = meta.window, r = std::move(r),
-                               shared = std::move(shared)]() mutable {
-          (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
-            static_cast<checkpoint_agent&>(a).durable_done(window, r);
-            co_return;
-          });
-          release_capture(shared, *sys);
-        });
+  durable_.writer->post([shared = shared_, sys = &system(), me = self(), meta,
+                         slots = std::move(slots), dir = durable_.dir, keep = durable_.keep,
+                         also = durable_kept_, delay = durable_.delay, fail]() mutable {
+    std::this_thread::sleep_for(delay);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = engine::thread_cpu_seconds();
+    durable_result r;
+    try {
+      if (fail) throw std::runtime_error("engine.durable_fail_from: this role's writes fail");
+      durable_store store(dir);
+      r.bytes = write_durable_window(store, meta, slots);
+      store.prune(keep, also);
+    } catch (const std::exception& e) {
+      r.error = fmt::format("{} (check the disk and checkpoint.dir)", e.what());
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.cpu_s = engine::thread_cpu_seconds() - cpu0;
+    {
+      std::lock_guard lock(shared->mu);
+      shared->capture.unpin(meta.window);
+      shared->dropped.notify_all();
+    }
+    // `shared` is let go on the actor thread: if it is the last owner, its slot pool
+    // withdraws regions from the link, which only that thread may do.
+    asio::post(sys->io(), [sys, me, window = meta.window, r = std::move(r),
+                           shared = std::move(shared)]() mutable {
+      (void)sys->post_call(me, [=](actors::actor& a) -> awaitable<void> {
+        static_cast<checkpoint_agent&>(a).durable_done(window, r);
+        co_return;
       });
+      release_capture(shared, *sys);
+    });
+  });
 }
 
 void checkpoint_agent::durable_done(std::uint64_t window, const durable_result& r) {

@@ -385,14 +385,26 @@ awaitable<void> region_recovery::restore_failed(transport::node_id n, const std:
       std::chrono::milliseconds(job_.job().failure_timeout_ms + job_.job().heartbeat_ms + 200);
   actors::actor_system* sys = &job_.actor().system();  // the timer's: it lives while it can run
   auto& time = sys->time();
-  (void)time.call_at(time.now() + wait, [sys, me = job_.actor().self(), this, id, generation,
+  (void)time.call_at(time.now() + wait, [sys, me = job_.actor().self(), self = this, id, generation,
                                          message, snapshot_lost] {
-    (void)sys->post_call(
-        me, [this, id, generation, message, snapshot_lost](actors::actor&) -> awaitable<void> {
-          co_await restore_failed_after_losses(id, generation, message, snapshot_lost);
-        });
+    look_again_at_failed_restore(*sys, me, self, id, generation, message, snapshot_lost);
   });
   co_return;
+}
+
+void region_recovery::look_again_at_failed_restore(actors::actor_system& sys,
+                                                   actors::actor_ref coordinator,
+                                                   region_recovery* self, std::uint64_t region,
+                                                   std::uint64_t generation, std::string message,
+                                                   bool snapshot_lost) {
+  // `self` is touched only in the coordinator's turn: post_call fails harmlessly once the
+  // coordinator, which owns this recovery, is gone (a timer may outlive both).
+  (void)sys.post_call(coordinator,
+                      [self, region, generation, message = std::move(message),
+                       snapshot_lost](actors::actor&) -> awaitable<void> {
+                        co_await self->restore_failed_after_losses(region, generation, message,
+                                                                   snapshot_lost);
+                      });
 }
 
 awaitable<void> region_recovery::restore_failed_after_losses(std::uint64_t region,
@@ -403,12 +415,8 @@ awaitable<void> region_recovery::restore_failed_after_losses(std::uint64_t regio
   if (job_.loss_pending()) {
     // Declared, its turn queued behind this one: look again after it. (Returning here left the
     // region waiting for ever where that loss was elsewhere: a disjoint region.)
-    auto& sys = job_.actor().system();
-    (void)sys.post_call(
-        job_.actor().self(),
-        [this, region, generation, message, snapshot_lost](actors::actor&) -> awaitable<void> {
-          co_await restore_failed_after_losses(region, generation, message, snapshot_lost);
-        });
+    look_again_at_failed_restore(job_.actor().system(), job_.actor().self(), this, region,
+                                 generation, std::move(message), snapshot_lost);
     co_return;
   }
   // Merged into another, restarted or grown since: its new generation is what counts now.

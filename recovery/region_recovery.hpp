@@ -237,6 +237,11 @@ class region_recovery : public engine::head_recovery {
   // of them restarted, grew or merged that region.
   asio::awaitable<void> restore_failed_after_losses(std::uint64_t region, std::uint64_t generation,
                                                     std::string message, bool snapshot_lost);
+  // Posts self->restore_failed_after_losses as a turn of the coordinator.
+  static void look_again_at_failed_restore(actors::actor_system& sys, actors::actor_ref coordinator,
+                                           region_recovery* self, std::uint64_t region,
+                                           std::uint64_t generation, std::string message,
+                                           bool snapshot_lost);
   // Asks every role of r for its verified durable windows and takes the newest common one;
   // false when none (the job failed, saying why). A role whose worker was lost meanwhile gets
   // a spare and everyone is asked again.

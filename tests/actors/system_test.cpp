@@ -336,8 +336,9 @@ TEST(actors, malformed_wire_messages_get_an_error_reply_not_a_crash) {
       out.init_payload<msg::Count>();
       EXPECT_TRUE(probe_link->send(1, out.to_words()).ok());
     }
-    // 3. An ask whose type id says Add but whose payload is a list, not a struct.
-    {
+    // An envelope from node 9 whose payload is a list, not the struct its type id names.
+    const auto send_list_payload = [&](std::uint32_t incarnation, std::uint64_t actor,
+                                       std::uint64_t type_id, std::uint64_t correlation_id) {
       capnp::MallocMessageBuilder mb;
       auto root = mb.initRoot<wire::Envelope>();
       auto s = root.initSender();
@@ -346,14 +347,15 @@ TEST(actors, malformed_wire_messages_get_an_error_reply_not_a_crash) {
       s.setActor(77);
       auto r = root.initReceiver();
       r.setNode(e.ref.node);
-      r.setIncarnation(e.ref.incarnation);
-      r.setActor(e.ref.actor);
-      root.setTypeId(capnp::typeId<msg::Add>());
-      root.setCorrelationId(2);
+      r.setIncarnation(incarnation);
+      r.setActor(actor);
+      root.setTypeId(type_id);
+      root.setCorrelationId(correlation_id);
       root.getPayload().initAs<capnp::List<std::uint64_t>>(3);
-      auto words = capnp::messageToFlatArray(mb);
-      EXPECT_TRUE(probe_link->send(1, std::move(words)).ok());
-    }
+      EXPECT_TRUE(probe_link->send(1, capnp::messageToFlatArray(mb)).ok());
+    };
+    // 3. An ask whose type id says Add but whose payload is a list.
+    send_list_payload(e.ref.incarnation, e.ref.actor, capnp::typeId<msg::Add>(), 2);
     // 4. An ask to an actor that does not exist.
     {
       transport::outgoing_envelope out({from, {1, 1, 999}, 0, 3, 0});
@@ -362,19 +364,7 @@ TEST(actors, malformed_wire_messages_get_an_error_reply_not_a_crash) {
     }
     // 5. A system message (to actor 0) whose payload is a list, not the struct its type names:
     // counted, never fatal (it threw out of the event loop, ending the process).
-    {
-      capnp::MallocMessageBuilder mb;
-      auto root = mb.initRoot<wire::Envelope>();
-      auto s = root.initSender();
-      s.setNode(9);
-      s.setIncarnation(1);
-      s.setActor(77);
-      root.initReceiver().setNode(e.ref.node);
-      root.setTypeId(capnp::typeId<proto::Down>());
-      root.getPayload().initAs<capnp::List<std::uint8_t>>(1);
-      auto words = capnp::messageToFlatArray(mb);
-      EXPECT_TRUE(probe_link->send(1, std::move(words)).ok());
-    }
+    send_list_payload(0, 0, capnp::typeId<proto::Down>(), 0);
     co_await sleep_for(5ms);
     EXPECT_EQ(c.link(1).stats().malformed, 1u);
     EXPECT_EQ(errors.size(), 3u);
