@@ -31,7 +31,10 @@ namespace moevement::transport {
 // Every tunable of the UCX link, with its one default.
 struct ucx_link_options {
   node_id self = 0;
-  std::string job_token;  // required; peers presenting another token are refused
+  // Required. Both ends of an admission prove that they hold it (HMAC over fresh nonces); it
+  // never goes on the wire. A dialler whose proof fails is refused; an acceptor whose proof
+  // fails is not connected to.
+  std::string job_token;
   // Where the admission socket binds. A loopback address also keeps UCX's network transports on
   // the loopback interface (ucx_context's loopback_only): nothing of the link listens elsewhere.
   std::string listen_host = "127.0.0.1";
@@ -47,6 +50,10 @@ struct ucx_link_options {
   // job's start makes legitimately (every process of a host dialling one peer at once: at most
   // 256 workers and their spares).
   std::size_t max_half_open_per_source = 512;
+  // Admission sockets open at once from all sources together, so that many sources cannot take
+  // every descriptor the process has (UCX needs its own): at most half the descriptor limit
+  // (RLIMIT_NOFILE) whatever this says. A job's start makes at most one per process, briefly.
+  std::size_t max_half_open = 4096;
   std::chrono::milliseconds close_timeout{1000};  // bound on the flush at destruction
   // A connection its peer closed (it said so first) keeps its endpoints this long before they
   // are closed by force, so that UCX sees the peer's end go first: UCX 1.13's TCP transport
@@ -77,20 +84,22 @@ struct ucx_link_options {
 
 // What the link counts besides link_stats.
 struct ucx_link_counters {
-  std::uint64_t refused_tokens = 0;     // admission requests with a wrong job token
-  std::uint64_t bad_hellos = 0;         // admission requests not ours; hellos malformed or twice
-  std::uint64_t hello_timeouts = 0;     // admission sockets closed for silence
-  std::uint64_t failed_accepts = 0;     // worker addresses UCX could not make an endpoint of
-  std::uint64_t half_open_refused = 0;  // admission sockets past max_half_open_per_source
-  std::uint64_t bulk_rejected = 0;      // pull requests we refused to serve (bad descriptor)
-  std::uint64_t bulk_served = 0;        // pull requests served
-  std::uint64_t pulls_ok = 0;           // our pulls that completed
-  std::uint64_t pulls_failed = 0;       // our pulls that completed with an error
-  std::uint64_t pulls_retried = 0;      // our pulls asked again on a new connection
-  std::uint64_t pulls_parked = 0;       // our pulls made while the peer had no connection
-  std::uint64_t pull_pieces = 0;        // pieces of long pulls asked after the first
-  std::uint64_t pulls_by_rma = 0;       // our pulls the exporter answered with an rkey
-  std::uint64_t pulls_by_lease = 0;     // our pulls read under a cached lease (no round trip)
+  std::uint64_t refused_tokens = 0;      // admission requests whose proof of the token failed
+  std::uint64_t unproven_acceptors = 0;  // our dials admitted by a process without the token
+  std::uint64_t bad_hellos = 0;          // admission requests not ours; hellos malformed or twice
+  std::uint64_t hello_timeouts = 0;      // admission sockets closed for silence
+  std::uint64_t failed_accepts = 0;      // worker addresses UCX could not make an endpoint of
+  std::uint64_t half_open_refused = 0;   // admission sockets past max_half_open_per_source
+  std::uint64_t too_many_open = 0;       // admission sockets past max_half_open
+  std::uint64_t bulk_rejected = 0;       // pull requests we refused to serve (bad descriptor)
+  std::uint64_t bulk_served = 0;         // pull requests served
+  std::uint64_t pulls_ok = 0;            // our pulls that completed
+  std::uint64_t pulls_failed = 0;        // our pulls that completed with an error
+  std::uint64_t pulls_retried = 0;       // our pulls asked again on a new connection
+  std::uint64_t pulls_parked = 0;        // our pulls made while the peer had no connection
+  std::uint64_t pull_pieces = 0;         // pieces of long pulls asked after the first
+  std::uint64_t pulls_by_rma = 0;        // our pulls the exporter answered with an rkey
+  std::uint64_t pulls_by_lease = 0;      // our pulls read under a cached lease (no round trip)
   std::uint64_t get_pieces = 0;      // gets issued under leases (a big one from this host: several)
   std::uint64_t leases_granted = 0;  // exporter: leases handed out (one per grant message)
   std::uint64_t leases_revoked = 0;  // exporter: revocations sent for withdrawn regions

@@ -31,12 +31,17 @@ void close_on_exec(int fd) {
   ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
 }
 
-result<void> check_common(const admission_head& h) {
-  if (h.magic != admission_magic) return error{"not a moevement link (bad magic)"};
-  if (h.version != admission_version) {
+result<void> check_version(std::uint32_t magic, std::uint32_t version) {
+  if (magic != admission_magic) return error{"not a moevement link (bad magic)"};
+  if (version != admission_version) {
     return error{fmt::format("admission protocol {} where this build speaks {} (mixed builds?)",
-                             h.version, admission_version)};
+                             version, admission_version)};
   }
+  return {};
+}
+
+result<void> check_common(const admission_head& h) {
+  if (auto ok = check_version(h.magic, h.version); !ok.ok()) return ok;
   if (h.message_bytes > admission_max_address || h.bulk_bytes > admission_max_address) {
     return error{"a worker address longer than any UCX makes"};
   }
@@ -50,8 +55,73 @@ std::vector<std::byte> slice(std::span<const std::byte> body, std::size_t& at, s
   return out;
 }
 
+// A frame's body ends with its proof.
+std::span<const std::byte> proof_of(std::span<const std::byte> body) {
+  return body.last(proof_bytes);
+}
+
+// Appends a frame (head and body but the proof) to the transcript.
+void take_in(std::vector<std::byte>& transcript, const admission_head& h,
+             std::span<const std::byte> body) {
+  append(transcript, &h, sizeof h);
+  append(transcript, body.data(), body.size() - proof_bytes);
+}
+
+// Appends `token`'s proof over the transcript (which the frame ends) to the frame and to the
+// transcript.
+void seal(std::vector<std::byte>& frame, std::vector<std::byte>& transcript,
+          const std::string& token, std::string_view label) {
+  const proof p = prove(token, label, transcript);
+  append(frame, p.data(), p.size());
+  append(transcript, p.data(), p.size());
+}
+
+// The dialler's side of the four frames (ucx_link_admission.hpp), after the connect: the
+// reply, or why not.
+asio::awaitable<result<admission_reply>> dial_frames(
+    tcp::socket& s, const std::string& token, const admission_request& request,
+    const std::function<error(const char*, std::error_code)>& fail) {
+  std::error_code ec;
+  auto on = asio::redirect_error(asio::use_awaitable, ec);
+  admission_greeting mine;
+  mine.node = request.node;
+  mine.fresh = fresh_nonce();
+  co_await asio::async_write(s, asio::buffer(&mine, sizeof mine), on);
+  if (ec) co_return fail("send", ec);
+  admission_greeting theirs{};
+  co_await asio::async_read(s, asio::buffer(&theirs, sizeof theirs), on);
+  if (ec) co_return fail("greeting", ec);
+  if (auto ok = check_greeting(theirs); !ok.ok()) co_return ok.err();
+  std::vector<std::byte> transcript;
+  append(transcript, &mine, sizeof mine);
+  append(transcript, &theirs, sizeof theirs);
+  auto frame = encode(request);
+  append(transcript, frame.data(), frame.size());
+  seal(frame, transcript, token, request_label);
+  co_await asio::async_write(s, asio::buffer(frame), on);
+  if (ec) co_return fail("send", ec);
+  admission_head h{};
+  co_await asio::async_read(s, asio::buffer(&h, sizeof h), on);
+  if (ec) co_return fail("reply", ec);
+  const auto body_bytes = reply_body_bytes(h);
+  if (!body_bytes.ok()) co_return body_bytes.err();
+  std::vector<std::byte> body(*body_bytes);
+  co_await asio::async_read(s, asio::buffer(body), on);
+  if (ec) co_return fail("reply", ec);
+  auto reply = decode_reply(h, body);
+  if (reply.verdict != admission_verdict::admitted) co_return reply;  // a refusal proves nothing
+  take_in(transcript, h, body);
+  if (!same_proof(proof_of(body), prove(token, reply_label, transcript))) {
+    co_return admission_reply{reply.node, admission_verdict::unproven, {}, {}, 0};
+  }
+  if (reply.node != theirs.node) {
+    co_return error{fmt::format("node {} greeted, node {} replied", theirs.node, reply.node)};
+  }
+  co_return reply;
+}
+
 asio::awaitable<void> dial_exchange(std::shared_ptr<tcp::socket> s, tcp::endpoint to,
-                                    std::vector<std::byte> request,
+                                    std::string token, admission_request request,
                                     std::chrono::milliseconds deadline,
                                     std::function<void(result<admission_reply>)> done) {
   const auto expires = clock::now() + deadline;
@@ -60,51 +130,33 @@ asio::awaitable<void> dial_exchange(std::shared_ptr<tcp::socket> s, tcp::endpoin
     std::error_code ignored;
     if (!ec) s->close(ignored);
   });
-  auto fail = [&](const char* step, std::error_code ec) {
+  const std::function<error(const char*, std::error_code)> fail = [&](const char* step,
+                                                                      std::error_code ec) {
     const std::string why = clock::now() >= expires
                                 ? fmt::format("no answer within {} ms", deadline.count())
                                 : ec.message();
-    return error{fmt::format("admission at {} failed ({}): {}", endpoint_text(to), step, why)};
+    return error{fmt::format("{} failed: {}", step, why)};
   };
   std::error_code ec;
   s->open(to.protocol(), ec);
+  result<admission_reply> got = error{""};
   if (ec) {
-    done(fail("socket", ec));
-    co_return;
+    got = fail("socket", ec);
+  } else {
+    close_on_exec(s->native_handle());
+    co_await s->async_connect(to, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      got = fail("connect", ec);
+    } else {
+      auto reply = co_await dial_frames(*s, token, request, fail);  // (g++ 12: not inside ?:)
+      got = std::move(reply);
+    }
   }
-  close_on_exec(s->native_handle());
-  co_await s->async_connect(to, asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) {
-    done(fail("connect", ec));
-    co_return;
-  }
-  co_await asio::async_write(*s, asio::buffer(request),
-                             asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) {
-    done(fail("send", ec));
-    co_return;
-  }
-  admission_head h{};
-  co_await asio::async_read(*s, asio::buffer(&h, sizeof h),
-                            asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) {
-    done(fail("reply", ec));
-    co_return;
-  }
-  const auto body_bytes = reply_body_bytes(h);
-  if (!body_bytes.ok()) {
-    done(error{fmt::format("admission at {}: {}", endpoint_text(to), body_bytes.err().message)});
-    co_return;
-  }
-  std::vector<std::byte> body(*body_bytes);
-  co_await asio::async_read(*s, asio::buffer(body), asio::redirect_error(asio::use_awaitable, ec));
   timer.cancel();
-  if (ec) {
-    done(fail("reply", ec));
-    co_return;
-  }
   s->close(ec);
-  done(decode_reply(h, body));
+  if (!got.ok())
+    got = error{fmt::format("admission at {}: {}", endpoint_text(to), got.err().message)};
+  done(std::move(got));
 }
 
 }  // namespace
@@ -117,19 +169,18 @@ std::string endpoint_text(const tcp::endpoint& e) {
 
 namespace {
 
-// A head (its sizes from the addresses), then `token` (empty in a reply) and the addresses.
-std::vector<std::byte> frame(std::uint32_t node, std::uint32_t token_or_verdict,
-                             std::string_view token, const std::vector<std::byte>& message,
+// A head (its sizes from the addresses), then the addresses; the proof is sealed on after.
+std::vector<std::byte> frame(std::uint32_t node, std::uint32_t verdict,
+                             const std::vector<std::byte>& message,
                              const std::vector<std::byte>& bulk, std::uint64_t key) {
   admission_head h;
   h.node = node;
-  h.token_or_verdict = token_or_verdict;
+  h.verdict = verdict;
   h.message_bytes = static_cast<std::uint32_t>(message.size());
   h.bulk_bytes = static_cast<std::uint32_t>(bulk.size());
   h.key = key;
   std::vector<std::byte> out;
   append(out, &h, sizeof h);
-  append(out, token.data(), token.size());
   append(out, message.data(), message.size());
   append(out, bulk.data(), bulk.size());
   return out;
@@ -137,33 +188,36 @@ std::vector<std::byte> frame(std::uint32_t node, std::uint32_t token_or_verdict,
 
 }  // namespace
 
+result<void> check_greeting(const admission_greeting& g) {
+  if (auto ok = check_version(g.magic, g.version); !ok.ok()) return ok;
+  if (g.reserved != 0) return error{"a greeting with its reserved field set"};
+  return {};
+}
+
 std::vector<std::byte> encode(const admission_request& r) {
-  return frame(r.node, static_cast<std::uint32_t>(r.token.size()), r.token, r.message_address,
-               r.bulk_address, r.key);
+  return frame(r.node, 0, r.message_address, r.bulk_address, r.key);
 }
 
 std::vector<std::byte> encode(const admission_reply& r) {
-  return frame(r.node, static_cast<std::uint32_t>(r.verdict), {}, r.message_address, r.bulk_address,
+  return frame(r.node, static_cast<std::uint32_t>(r.verdict), r.message_address, r.bulk_address,
                r.key);
 }
 
 result<std::size_t> request_body_bytes(const admission_head& h) {
   if (auto ok = check_common(h); !ok.ok()) return ok.err();
-  if (h.token_or_verdict == 0 || h.token_or_verdict > admission_max_token) {
-    return error{"a job token of no bytes or over 256"};
-  }
+  if (h.verdict != 0) return error{"a request with a verdict"};
   if (h.message_bytes == 0) return error{"no worker address"};
-  return std::size_t{h.token_or_verdict} + h.message_bytes + h.bulk_bytes;
+  return std::size_t{h.message_bytes} + h.bulk_bytes + proof_bytes;
 }
 
 result<std::size_t> reply_body_bytes(const admission_head& h) {
   if (auto ok = check_common(h); !ok.ok()) return ok.err();
-  if (h.token_or_verdict > static_cast<std::uint32_t>(admission_verdict::unusable)) {
-    return error{fmt::format("unknown verdict {}", h.token_or_verdict)};
+  if (h.verdict > static_cast<std::uint32_t>(admission_verdict::unusable)) {
+    return error{fmt::format("unknown verdict {}", h.verdict)};
   }
-  const bool admitted = h.token_or_verdict == 0;
+  const bool admitted = h.verdict == 0;
   if (admitted != (h.message_bytes != 0)) return error{"a verdict that does not fit its addresses"};
-  return std::size_t{h.message_bytes} + h.bulk_bytes;
+  return std::size_t{h.message_bytes} + h.bulk_bytes + proof_bytes;
 }
 
 admission_request decode_request(const admission_head& h, std::span<const std::byte> body) {
@@ -171,8 +225,6 @@ admission_request decode_request(const admission_head& h, std::span<const std::b
   r.node = h.node;
   r.key = h.key;
   std::size_t at = 0;
-  const auto token = slice(body, at, h.token_or_verdict);
-  r.token.assign(reinterpret_cast<const char*>(token.data()), token.size());
   r.message_address = slice(body, at, h.message_bytes);
   r.bulk_address = slice(body, at, h.bulk_bytes);
   return r;
@@ -181,7 +233,7 @@ admission_request decode_request(const admission_head& h, std::span<const std::b
 admission_reply decode_reply(const admission_head& h, std::span<const std::byte> body) {
   admission_reply r;
   r.node = h.node;
-  r.verdict = static_cast<admission_verdict>(h.token_or_verdict);
+  r.verdict = static_cast<admission_verdict>(h.verdict);
   r.key = h.key;
   std::size_t at = 0;
   r.message_address = slice(body, at, h.message_bytes);
@@ -254,6 +306,9 @@ void admission_listener::accept_next() {
     if (self->open_by_source_[source] >= self->settings_.max_per_source) {
       self->refuse_(admission_refusal::half_open, from);
       s.close(e);
+    } else if (self->open_.size() >= self->settings_.max_open) {
+      self->refuse_(admission_refusal::too_many, from);
+      s.close(e);
     } else {
       ++self->open_by_source_[source];
       auto socket = std::make_shared<tcp::socket>(std::move(s));
@@ -273,26 +328,33 @@ asio::awaitable<void> admission_listener::serve(std::shared_ptr<tcp::socket> s, 
     std::error_code ignored;
     if (!ec) s->close(ignored);
   });
+  const auto on_error = [&] {
+    return clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
+  };
   std::optional<admission_refusal> refusal;
   std::error_code ec;
-  admission_head h{};
-  co_await asio::async_read(*s, asio::buffer(&h, sizeof h),
+  admission_greeting theirs{};
+  co_await asio::async_read(*s, asio::buffer(&theirs, sizeof theirs),
                             asio::redirect_error(asio::use_awaitable, ec));
-  const auto body_bytes = ec ? result<std::size_t>(error{""}) : request_body_bytes(h);
-  std::vector<std::byte> body;
-  if (!ec && body_bytes.ok()) {
-    body.resize(*body_bytes);
-    co_await asio::async_read(*s, asio::buffer(body),
-                              asio::redirect_error(asio::use_awaitable, ec));
-  }
   if (ec) {
-    refusal = clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
-  } else if (!body_bytes.ok()) {
+    refusal = on_error();
+  } else if (!check_greeting(theirs).ok()) {
     refusal = admission_refusal::malformed;
-  } else if (!closed_) {
-    const auto reply = encode(decide_(decode_request(h, body), from));
-    co_await asio::async_write(*s, asio::buffer(reply),
+  } else {
+    admission_greeting mine;
+    mine.node = settings_.node;
+    mine.fresh = fresh_nonce();
+    std::vector<std::byte> transcript;
+    append(transcript, &theirs, sizeof theirs);
+    append(transcript, &mine, sizeof mine);
+    co_await asio::async_write(*s, asio::buffer(&mine, sizeof mine),
                                asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      refusal = on_error();
+    } else {
+      auto answered = co_await answer(*s, transcript, from, expires);  // (g++ 12: not inside ?:)
+      refusal = answered;
+    }
   }
   timer.cancel();
   s->close(ec);
@@ -301,14 +363,49 @@ asio::awaitable<void> admission_listener::serve(std::shared_ptr<tcp::socket> s, 
   if (refusal && !closed_) refuse_(*refusal, from);
 }
 
+asio::awaitable<std::optional<admission_refusal>> admission_listener::answer(
+    tcp::socket& s, std::vector<std::byte>& transcript, const std::string& from,
+    clock::time_point expires) {
+  std::error_code ec;
+  auto on = asio::redirect_error(asio::use_awaitable, ec);
+  const auto on_error = [&] {
+    return clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
+  };
+  admission_head h{};
+  co_await asio::async_read(s, asio::buffer(&h, sizeof h), on);
+  if (ec) co_return on_error();
+  const auto body_bytes = request_body_bytes(h);
+  if (!body_bytes.ok()) co_return admission_refusal::malformed;
+  std::vector<std::byte> body(*body_bytes);
+  co_await asio::async_read(s, asio::buffer(body), on);
+  if (ec) co_return on_error();
+  take_in(transcript, h, body);
+  const bool proven = same_proof(proof_of(body), prove(settings_.token, request_label, transcript));
+  append(transcript, proof_of(body).data(), proof_bytes);
+  if (!proven) {
+    // Told, so that a process of another job stops dialling; the reply proves nothing.
+    auto refusal =
+        encode(admission_reply{settings_.node, admission_verdict::wrong_token, {}, {}, 0});
+    refusal.resize(refusal.size() + proof_bytes);
+    co_await asio::async_write(s, asio::buffer(refusal), on);
+    co_return admission_refusal::wrong_token;
+  }
+  if (closed_) co_return std::nullopt;
+  auto reply = encode(decide_(decode_request(h, body), from));
+  append(transcript, reply.data(), reply.size());
+  seal(reply, transcript, settings_.token, reply_label);
+  co_await asio::async_write(s, asio::buffer(reply), on);
+  co_return std::nullopt;
+}
+
 // ---- dialling -------------------------------------------------------------------------------
 
 std::shared_ptr<tcp::socket> admission_dial(asio::io_context& io, const tcp::endpoint& to,
-                                            const admission_request& request,
+                                            std::string token, const admission_request& request,
                                             std::chrono::milliseconds deadline,
                                             std::function<void(result<admission_reply>)> done) {
   auto s = std::make_shared<tcp::socket>(io);
-  asio::co_spawn(io, dial_exchange(s, to, encode(request), deadline, std::move(done)),
+  asio::co_spawn(io, dial_exchange(s, to, std::move(token), request, deadline, std::move(done)),
                  asio::detached);
   return s;
 }

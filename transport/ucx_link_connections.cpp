@@ -81,14 +81,7 @@ admission_reply link_state::admit(const admission_request& request, const std::s
     reply.verdict = admission_verdict::leaving;
     return reply;
   }
-  if (!same_token(opt.job_token, request.token.data(), request.token.size())) {
-    ++counters.refused_tokens;
-    ++stats.malformed;
-    report_refusal(counters.refused_tokens, from, "wrong job token");
-    reply.verdict = admission_verdict::wrong_token;
-    return reply;
-  }
-  // Used only now that the token is right: a job member's own worker address.
+  // Used only now that the dialler proved it holds the token: a job member's own worker address.
   ucp_ep_h ep = ep_to(request.message_address);
   if (ep == nullptr) {
     ++counters.failed_accepts;
@@ -131,6 +124,17 @@ void link_state::refused_admission(admission_refusal why, const std::string& fro
                      fmt::format("{} connections from it not admitted yet (the limit)",
                                  opt.max_half_open_per_source));
       return;
+    case admission_refusal::too_many:
+      ++counters.too_many_open;
+      report_refusal(counters.too_many_open, from,
+                     fmt::format("{} connections from all sources not admitted yet (the limit)",
+                                 admission_cap(opt.max_half_open)));
+      return;
+    case admission_refusal::wrong_token:
+      ++counters.refused_tokens;
+      ++stats.malformed;
+      report_refusal(counters.refused_tokens, from, "wrong job token");
+      return;
   }
 }
 
@@ -149,6 +153,12 @@ void link_state::on_admission_reply(std::uint64_t serial, result<admission_reply
       return fail_connection(serial, "the peer is leaving");
     case admission_verdict::unusable:
       return fail_connection(serial, "the peer cannot reach this node's worker address");
+    case admission_verdict::unproven:
+      ++counters.unproven_acceptors;
+      return fail_connection(serial,
+                             "the process at its address admitted this node without proving "
+                             "that it holds the job token (a process of another job or user "
+                             "listening at the peer's old address?)");
   }
   if (reply->node != peer) {
     return fail_connection(serial, fmt::format("node {} answered at node {}'s address (is another "
@@ -194,8 +204,8 @@ result<connection*> link_state::connection_to(node_id peer) {
   connection& c = add_connection(nullptr, /*outgoing=*/true, peer);
   pe.send_conn = c.serial;
   LINK_TRACE("dialling node {} at {}:{} on conn {}", peer, pe.host, pe.port, c.serial);
-  admission_request request{opt.self, opt.job_token, message_address, bulk_address, c.recv_key};
-  c.dial = admission_dial(io, to, request, opt.hello_timeout,
+  admission_request request{opt.self, message_address, bulk_address, c.recv_key};
+  c.dial = admission_dial(io, to, opt.job_token, request, opt.hello_timeout,
                           [w = weak_from_this(), serial = c.serial](result<admission_reply> r) {
                             if (auto s = w.lock()) s->on_admission_reply(serial, std::move(r));
                           });

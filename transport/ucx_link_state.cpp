@@ -1,6 +1,8 @@
 // link_state: the UCX workers driven from Asio, UCX requests, and shutdown.
 #include "transport/ucx_link_state.hpp"
 
+#include <sys/resource.h>
+
 namespace moevement::transport::detail {
 
 std::uint64_t new_session() {
@@ -15,6 +17,14 @@ void check_status(ucs_status_t status, const std::string& what) {
     throw std::runtime_error(fmt::format("{} failed: {} (see docs/transport.md for UCX settings)",
                                          what, ucs_status_string(status)));
   }
+}
+
+std::size_t admission_cap(std::size_t max_half_open) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return max_half_open;
+  }
+  return std::max<std::size_t>(1, std::min<std::size_t>(max_half_open, limit.rlim_cur / 2));
 }
 
 sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t& len) {
@@ -73,7 +83,9 @@ void link_state::start() {
   }
   message_address = worker.address();
   admission = admission_listener::start(
-      io, opt.listen_host, opt.listen_port, {opt.hello_timeout, opt.max_half_open_per_source},
+      io, opt.listen_host, opt.listen_port,
+      {opt.hello_timeout, opt.max_half_open_per_source, admission_cap(opt.max_half_open), opt.self,
+       opt.job_token},
       [w = weak_from_this(), self = opt.self](const admission_request& r, const std::string& from) {
         if (auto s = w.lock()) return s->admit(r, from);
         return admission_reply{self, admission_verdict::leaving, {}, {}, 0};

@@ -1,6 +1,8 @@
 // The admission socket on its own, over loopback TCP in this process: the codec's bounds, a
-// dial that is admitted or refused, and what a hostile client gets (junk, a truncated request,
-// silence, a flood from one source): closed and reported, the listener listening on.
+// dial that is admitted or refused, the proofs both ways (the token never on the wire, a
+// replayed request and an acceptor without the token refused), and what a hostile client gets
+// (junk, a truncated request, silence, a flood from one source or from all): closed and
+// reported, the listener listening on.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/ucx_link_admission.hpp"
@@ -30,8 +33,8 @@ std::vector<std::byte> bytes(std::initializer_list<int> v) {
   return out;
 }
 
-admission_request request_of(std::uint32_t node, const std::string& token) {
-  return {node, token, bytes({1, 2, 3, 4}), bytes({9, 9}), 0x1122334455667788ull};
+admission_request request_of(std::uint32_t node) {
+  return {node, bytes({1, 2, 3, 4}), bytes({9, 9}), 0x1122334455667788ull};
 }
 
 admission_head head_of(const std::vector<std::byte>& wire) {
@@ -41,22 +44,24 @@ admission_head head_of(const std::vector<std::byte>& wire) {
 }
 
 TEST(admission_codec, a_request_and_a_reply_read_back_as_written) {
-  const auto r = request_of(7, "token");
-  const auto wire = encode(r);
+  const auto r = request_of(7);
+  auto wire = encode(r);
+  wire.resize(wire.size() + proof_bytes);  // the proof is sealed on after
   const auto h = head_of(wire);
   ASSERT_TRUE(request_body_bytes(h).ok());
   EXPECT_EQ(*request_body_bytes(h) + sizeof h, wire.size());
   const auto back = decode_request(h, std::span(wire).subspan(sizeof h));
   EXPECT_EQ(back.node, 7u);
-  EXPECT_EQ(back.token, "token");
   EXPECT_EQ(back.message_address, r.message_address);
   EXPECT_EQ(back.bulk_address, r.bulk_address);
   EXPECT_EQ(back.key, r.key);
 
   const admission_reply reply{3, admission_verdict::admitted, bytes({5}), bytes({6, 7}), 42};
-  const auto rw = encode(reply);
+  auto rw = encode(reply);
+  rw.resize(rw.size() + proof_bytes);
   const auto rh = head_of(rw);
   ASSERT_TRUE(reply_body_bytes(rh).ok());
+  EXPECT_EQ(*reply_body_bytes(rh) + sizeof rh, rw.size());
   const auto rb = decode_reply(rh, std::span(rw).subspan(sizeof rh));
   EXPECT_EQ(rb.node, 3u);
   EXPECT_EQ(rb.verdict, admission_verdict::admitted);
@@ -66,7 +71,7 @@ TEST(admission_codec, a_request_and_a_reply_read_back_as_written) {
 }
 
 TEST(admission_codec, heads_past_their_bounds_are_refused_before_anything_is_read) {
-  const auto good = head_of(encode(request_of(1, "t")));
+  const auto good = head_of(encode(request_of(1)));
   auto bad = [&](auto change) {
     admission_head h = good;
     change(h);
@@ -74,8 +79,7 @@ TEST(admission_codec, heads_past_their_bounds_are_refused_before_anything_is_rea
   };
   EXPECT_TRUE(bad([](admission_head& h) { h.magic = 0; }));
   EXPECT_TRUE(bad([](admission_head& h) { h.version = 99; }));
-  EXPECT_TRUE(bad([](admission_head& h) { h.token_or_verdict = 0; }));
-  EXPECT_TRUE(bad([](admission_head& h) { h.token_or_verdict = 257; }));
+  EXPECT_TRUE(bad([](admission_head& h) { h.verdict = 1; }));
   EXPECT_TRUE(bad([](admission_head& h) { h.message_bytes = 0; }));
   EXPECT_TRUE(bad([](admission_head& h) { h.message_bytes = 0xffffffffu; }));
   EXPECT_TRUE(bad([](admission_head& h) { h.bulk_bytes = 8193; }));
@@ -85,20 +89,121 @@ TEST(admission_codec, heads_past_their_bounds_are_refused_before_anything_is_rea
   EXPECT_FALSE(reply_body_bytes(h).ok());
   h = head_of(encode(admission_reply{1, admission_verdict::admitted, {}, {}, 0}));
   EXPECT_FALSE(reply_body_bytes(h).ok()) << "an admission without an address";
-  h.token_or_verdict = 4;
-  EXPECT_FALSE(reply_body_bytes(h).ok()) << "an unknown verdict";
+  h.verdict = static_cast<std::uint32_t>(admission_verdict::unproven);
+  h.message_bytes = 0;
+  EXPECT_FALSE(reply_body_bytes(h).ok()) << "a verdict never sent";
+  admission_greeting g;
+  EXPECT_TRUE(check_greeting(g).ok());
+  g.version = 1;  // the protocol that sent the token itself
+  EXPECT_FALSE(check_greeting(g).ok());
+  g.version = admission_version;
+  g.reserved = 1;
+  EXPECT_FALSE(check_greeting(g).ok());
 }
+
+TEST(admission_proof, a_proof_depends_on_the_token_the_label_and_every_byte) {
+  const auto t = bytes({1, 2, 3});
+  const proof p = prove("job", request_label, t);
+  EXPECT_TRUE(same_proof(p, prove("job", request_label, t)));
+  EXPECT_FALSE(same_proof(p, prove("jab", request_label, t)));
+  EXPECT_FALSE(same_proof(p, prove("job", reply_label, t))) << "a request's proof is no reply's";
+  EXPECT_FALSE(same_proof(p, prove("job", request_label, bytes({1, 2, 4}))));
+  EXPECT_FALSE(same_proof(std::span(p).first(31), p));
+  EXPECT_NE(fresh_nonce(), fresh_nonce());
+}
+
+// Blocking, whole reads and writes of a raw socket (run off the test's io thread).
+bool read_all(int fd, void* to, std::size_t n) {
+  auto* p = static_cast<char*>(to);
+  while (n > 0) {
+    const ssize_t got = ::recv(fd, p, n, 0);
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+bool write_all(int fd, const void* from, std::size_t n) {
+  return ::send(fd, from, n, MSG_NOSIGNAL) == ssize_t(n);
+}
+void add(std::vector<std::byte>& to, const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  to.insert(to.end(), b, b + n);
+}
+
+// A process at a peer's old address (a freed port another user took) that does not hold the
+// job token: it speaks the protocol, keeps every byte the dialler sends, and admits it with a
+// proof keyed by a token of its own.
+class impostor {
+ public:
+  impostor() {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::bind(listen_, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(listen_, 1), 0);
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~impostor() {
+    if (thread_.joinable()) thread_.join();
+    ::close(listen_);
+  }
+  std::uint16_t port() const { return port_; }
+  // Every byte the dialler sent, once the exchange is over.
+  const std::vector<std::byte>& heard() {
+    thread_.join();
+    return heard_;
+  }
+
+ private:
+  void serve() {
+    const int s = ::accept(listen_, nullptr, nullptr);
+    admission_greeting theirs;
+    admission_greeting mine;
+    mine.node = 3;
+    mine.fresh = fresh_nonce();
+    admission_head h;
+    if (s < 0 || !read_all(s, &theirs, sizeof theirs) || !write_all(s, &mine, sizeof mine) ||
+        !read_all(s, &h, sizeof h) || !request_body_bytes(h).ok()) {
+      ADD_FAILURE() << "the dialler did not speak the protocol";
+      if (s >= 0) ::close(s);
+      return;
+    }
+    std::vector<std::byte> body(*request_body_bytes(h));
+    EXPECT_TRUE(read_all(s, body.data(), body.size()));
+    add(heard_, &theirs, sizeof theirs);
+    add(heard_, &h, sizeof h);
+    add(heard_, body.data(), body.size());
+    std::vector<std::byte> transcript = heard_;
+    transcript.insert(transcript.begin() + sizeof theirs, reinterpret_cast<std::byte*>(&mine),
+                      reinterpret_cast<std::byte*>(&mine) + sizeof mine);
+    auto reply = encode(admission_reply{3, admission_verdict::admitted, bytes({8}), {}, 99});
+    add(transcript, reply.data(), reply.size());
+    const proof forged = prove("not the job token", reply_label, transcript);
+    add(reply, forged.data(), forged.size());
+    EXPECT_TRUE(write_all(s, reply.data(), reply.size()));
+    ::close(s);
+  }
+
+  int listen_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+  std::vector<std::byte> heard_;
+};
 
 class admission_test : public ::testing::Test {
  protected:
-  void listen(admission_listener::settings s = {2000ms, 8}) {
+  void listen(std::chrono::milliseconds deadline = 2000ms, std::size_t per_source = 8,
+              std::size_t all = 64) {
     listener_ = admission_listener::start(
-        io_, "127.0.0.1", 0, s,
+        io_, "127.0.0.1", 0, {deadline, per_source, all, 0, "job"},
         [this](const admission_request& r, const std::string&) {
           asked_.push_back(r);
-          admission_reply reply{0, admission_verdict::wrong_token, {}, {}, 0};
-          if (r.token == "job") reply = {0, admission_verdict::admitted, bytes({8}), {}, 99};
-          return reply;
+          return admission_reply{0, admission_verdict::admitted, bytes({8}), {}, 99};
         },
         [this](admission_refusal why, const std::string& from) {
           refused_.push_back(why);
@@ -129,10 +234,12 @@ class admission_test : public ::testing::Test {
     return s;
   }
   std::optional<result<admission_reply>> dial(const admission_request& r,
-                                              std::chrono::milliseconds deadline = 2000ms) {
+                                              const std::string& token = "job",
+                                              std::uint16_t port = 0) {
     std::optional<result<admission_reply>> got;
-    const asio::ip::tcp::endpoint to(asio::ip::make_address("127.0.0.1"), listener_->port());
-    admission_dial(io_, to, r, deadline, [&](result<admission_reply> reply) { got = reply; });
+    const asio::ip::tcp::endpoint to(asio::ip::make_address("127.0.0.1"),
+                                     port != 0 ? port : listener_->port());
+    admission_dial(io_, to, token, r, 2000ms, [&](result<admission_reply> reply) { got = reply; });
     run_until([&] { return got.has_value(); });
     return got;
   }
@@ -145,29 +252,78 @@ class admission_test : public ::testing::Test {
 
 TEST_F(admission_test, a_dial_is_answered_with_the_verdict_decide_gives) {
   listen();
-  auto got = dial(request_of(5, "job"));
+  auto got = dial(request_of(5));
   ASSERT_TRUE(got && got->ok()) << (got ? got->err().message : "no answer");
-  EXPECT_EQ((*got)->verdict, admission_verdict::admitted);
+  EXPECT_EQ((*got)->verdict, admission_verdict::admitted) << "both proofs held";
   EXPECT_EQ((*got)->key, 99u);
   EXPECT_EQ((*got)->message_address, bytes({8}));
   ASSERT_EQ(asked_.size(), 1u);
   EXPECT_EQ(asked_[0].node, 5u);
   EXPECT_EQ(asked_[0].key, 0x1122334455667788ull);
-  got = dial(request_of(6, "another job"));
+  got = dial(request_of(6), "another job");
   ASSERT_TRUE(got && got->ok());
   EXPECT_EQ((*got)->verdict, admission_verdict::wrong_token);
-  EXPECT_TRUE(refused_.empty()) << "a wrong token is decide's to count, not the listener's";
+  EXPECT_EQ(asked_.size(), 1u) << "decide() was asked about a dialler without the token";
+  ASSERT_TRUE(run_until([&] { return refused_.size() == 1; }));
+  EXPECT_EQ(refused_[0], admission_refusal::wrong_token);
+}
+
+TEST_F(admission_test, the_token_never_goes_on_the_wire_and_an_acceptor_without_it_is_not_trusted) {
+  impostor at_old_address;
+  const std::string token = "the job token, 0123456789abcdef";
+  const auto got = dial(request_of(5), token, at_old_address.port());
+  ASSERT_TRUE(got && got->ok()) << (got ? got->err().message : "no answer");
+  EXPECT_EQ((*got)->verdict, admission_verdict::unproven) << "an admission without a proof";
+  const auto& heard = at_old_address.heard();
+  EXPECT_GT(heard.size(), sizeof(admission_greeting) + sizeof(admission_head))
+      << "the impostor heard the whole request";
+  const auto* t = reinterpret_cast<const std::byte*>(token.data());
+  EXPECT_EQ(std::search(heard.begin(), heard.end(), t, t + token.size()), heard.end())
+      << "the job token went on the wire";
+}
+
+TEST_F(admission_test, a_request_proven_for_another_exchange_is_refused) {
+  listen();
+  // A request recorded from another exchange, played again: its proof covers that exchange's
+  // nonces, not this one's.
+  std::optional<admission_verdict> verdict;
+  std::thread replayer([&, fd = connect_raw()] {
+    admission_greeting mine;
+    mine.node = 5;
+    mine.fresh = fresh_nonce();
+    admission_greeting theirs;
+    admission_greeting old = theirs;
+    old.fresh = fresh_nonce();  // the acceptor's nonce of the exchange it was recorded in
+    std::vector<std::byte> transcript;
+    add(transcript, &mine, sizeof mine);
+    add(transcript, &old, sizeof old);
+    auto frame = encode(request_of(5));
+    add(transcript, frame.data(), frame.size());
+    const proof stale = prove("job", request_label, transcript);
+    add(frame, stale.data(), stale.size());
+    admission_head h;
+    if (write_all(fd, &mine, sizeof mine) && read_all(fd, &theirs, sizeof theirs) &&
+        write_all(fd, frame.data(), frame.size()) && read_all(fd, &h, sizeof h)) {
+      verdict = static_cast<admission_verdict>(h.verdict);
+    }
+    ::close(fd);
+  });
+  EXPECT_TRUE(run_until([&] { return refused_.size() == 1; }));
+  replayer.join();
+  EXPECT_EQ(verdict, admission_verdict::wrong_token);
+  EXPECT_TRUE(asked_.empty()) << "decide() was asked about a replayed request";
+  ASSERT_EQ(refused_.size(), 1u);
+  EXPECT_EQ(refused_[0], admission_refusal::wrong_token);
 }
 
 TEST_F(admission_test, junk_truncation_and_silence_are_closed_and_the_listener_listens_on) {
-  listen({300ms, 8});
+  listen(300ms);
   const int junk = connect_raw();
   const std::vector<char> zeros(64, 0);
   ASSERT_EQ(::send(junk, zeros.data(), zeros.size(), MSG_NOSIGNAL), 64);
   const int truncated = connect_raw();
-  const auto wire = encode(request_of(1, "job"));
-  ASSERT_EQ(::send(truncated, wire.data(), wire.size() - 1, MSG_NOSIGNAL),
-            ssize_t(wire.size() - 1));
+  const admission_greeting wire;
+  ASSERT_EQ(::send(truncated, &wire, sizeof wire - 1, MSG_NOSIGNAL), ssize_t(sizeof wire - 1));
   ::close(truncated);  // the last byte never comes
   const int silent = connect_raw();
   ASSERT_TRUE(run_until([&] { return refused_.size() == 3; }));
@@ -180,12 +336,12 @@ TEST_F(admission_test, junk_truncation_and_silence_are_closed_and_the_listener_l
   ::close(junk);
   ::close(silent);
   EXPECT_TRUE(asked_.empty());
-  const auto got = dial(request_of(5, "job"));
+  const auto got = dial(request_of(5));
   ASSERT_TRUE(got && got->ok()) << "the listener stopped listening";
 }
 
 TEST_F(admission_test, one_source_holds_only_so_many_sockets) {
-  listen({10s, 2});
+  listen(10s, 2);
   std::vector<int> open{connect_raw(), connect_raw()};
   run_until([] { return false; }, 50ms);
   const int third = connect_raw();
@@ -196,7 +352,24 @@ TEST_F(admission_test, one_source_holds_only_so_many_sockets) {
   ::close(third);
   ::close(open[0]);  // one closes: room for a real dialler
   run_until([] { return false; }, 50ms);
-  const auto got = dial(request_of(5, "job"));
+  const auto got = dial(request_of(5));
+  ASSERT_TRUE(got && got->ok()) << (got ? got->err().message : "no answer");
+  ::close(open[1]);
+}
+
+TEST_F(admission_test, all_sources_together_hold_only_so_many_sockets) {
+  listen(10s, 8, 2);
+  std::vector<int> open{connect_raw(), connect_raw()};
+  run_until([] { return false; }, 50ms);
+  const int third = connect_raw();
+  ASSERT_TRUE(run_until([&] { return refused_.size() == 1; }));
+  EXPECT_EQ(refused_[0], admission_refusal::too_many);
+  char c = 0;
+  EXPECT_EQ(::recv(third, &c, 1, 0), 0) << "the socket past the limit is closed at once";
+  ::close(third);
+  ::close(open[0]);
+  run_until([] { return false; }, 50ms);
+  const auto got = dial(request_of(5));
   ASSERT_TRUE(got && got->ok()) << (got ? got->err().message : "no answer");
   ::close(open[1]);
 }
@@ -208,7 +381,7 @@ TEST_F(admission_test, a_dial_to_nobody_fails_saying_where) {
   listener_.reset();
   std::optional<result<admission_reply>> got;
   const asio::ip::tcp::endpoint to(asio::ip::make_address("127.0.0.1"), port);
-  admission_dial(io_, to, request_of(1, "job"), 1000ms,
+  admission_dial(io_, to, "job", request_of(1), 1000ms,
                  [&](result<admission_reply> r) { got = r; });
   ASSERT_TRUE(run_until([&] { return got.has_value(); }));
   ASSERT_FALSE(got->ok());

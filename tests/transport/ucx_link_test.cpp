@@ -475,7 +475,10 @@ TEST_P(ucx_link_test, junk_connections_leave_the_listener_listening) {
   make_link();
   std::vector<std::vector<unsigned char>> junk(4, std::vector<unsigned char>(64, 0));
   std::fill(junk[1].begin(), junk[1].end(), 0xa5);
-  const std::uint32_t head[8] = {0x4d44414d, 1, 9, 16, 0xffffffffu, 0, 0, 0};  // "MADM", v1
+  // A greeting of ours ("MADM", v2, node 9, no nonce), then a head past every bound.
+  const std::uint32_t head[20] = {0x4d44414d, 2, 9,          0, 0, 0, 0,           0, 0, 0,
+                                  0,          0, 0x4d44414d, 2, 9, 0, 0xffffffffu, 0, 0, 0};
+  junk[2].resize(sizeof head);
   std::memcpy(junk[2].data(), head, sizeof head);
   junk[3].resize(5);  // a fragment, then the connection closes
   std::vector<int> open_junk;
