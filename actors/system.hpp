@@ -509,9 +509,9 @@ class actor_system {
 
   // wire
   void on_wire(node_id from, transport::incoming_envelope env);
-  void on_wire_reply(transport::incoming_envelope& env);
+  void on_wire_reply(node_id from, transport::incoming_envelope& env);
   void on_wire_system(node_id from, transport::incoming_envelope& env);
-  void on_system_down(proto::Down::Reader d);
+  void on_system_down(node_id from, proto::Down::Reader d);
   void on_system_watch(node_id from, proto::Watch::Reader w);
   void on_system_spawn(const transport::envelope_header& h, proto::Spawn::Reader s);
   void on_system_join(node_id from, const transport::envelope_header& h, proto::Join::Reader j);

@@ -58,6 +58,9 @@ struct system_stats {
   std::uint64_t suspicions = 0;    // members reported to the head as silent (non-head nodes)
   std::uint64_t verdicts = 0;      // members the head declared lost on others' reports
   std::uint64_t fenced = 0;        // messages dropped from a node declared lost
+  // Messages dropped because they spoke for another node than the one they came from (a
+  // sender, a reply to an ask made elsewhere, a Down or Unregister of another node's actor).
+  std::uint64_t wrong_sender = 0;
 };
 
 }  // namespace moevement::actors

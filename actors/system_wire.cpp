@@ -48,9 +48,17 @@ void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
     ++stats_.fenced;
     return;
   }
+  // A member speaks only for itself: the link's `from` is the node that proved the job token
+  // on this connection; a sender naming another node is refused (its replies would go there).
+  // A tell from outside an actor has no sender at all.
+  const bool anonymous = h.sender == transport::actor_address{} && h.correlation_id == 0;
+  if (!anonymous && h.sender.node != from) {
+    ++stats_.wrong_sender;
+    return;
+  }
   heard(from);
   if ((h.correlation_id & reply_bit) != 0) {
-    on_wire_reply(env);
+    on_wire_reply(from, env);
     return;
   }
   if (h.receiver.node != node_ || (h.receiver.incarnation != config_.incarnation &&
@@ -110,11 +118,15 @@ void actor_system::on_wire(node_id from, transport::incoming_envelope env) {
   enqueue(c, std::move(m));
 }
 
-void actor_system::on_wire_reply(transport::incoming_envelope& env) {
+void actor_system::on_wire_reply(node_id from, transport::incoming_envelope& env) {
   const auto& h = env.header();
   pending* p = pending_find(h.correlation_id);
   if (p == nullptr) {
     ++stats_.late_replies;
+    return;
+  }
+  if (p->target.node != from) {  // only the node asked answers an ask
+    ++stats_.wrong_sender;
     return;
   }
   const std::uint64_t corr = h.correlation_id & ~reply_bit;
@@ -148,7 +160,7 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   const std::uint64_t t = h.type_id;
   if (t == capnp::typeId<proto::Heartbeat>()) return;  // heard() already noted it
   if (t == capnp::typeId<proto::Down>()) {
-    on_system_down(env.payload<proto::Down>().value());
+    on_system_down(from, env.payload<proto::Down>().value());
   } else if (t == capnp::typeId<proto::Watch>()) {
     on_system_watch(from, env.payload<proto::Watch>().value());
   } else if (t == capnp::typeId<proto::Stop>()) {
@@ -178,6 +190,10 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
     on_system_register(from, h, env.payload<proto::Register>().value());
   } else if (t == capnp::typeId<proto::Unregister>()) {
     auto r = env.payload<proto::Unregister>().value();
+    if (read_ref(r.getActor()).node != from) {  // a node unregisters its own actors only
+      ++stats_.wrong_sender;
+      return;
+    }
     auto it = global_names_.find(r.getName());
     if (it != global_names_.end() && it->second == read_ref(r.getActor())) {
       global_names_.erase(it);
@@ -193,9 +209,13 @@ void actor_system::on_wire_system(node_id from, transport::incoming_envelope& en
   }
 }
 
-void actor_system::on_system_down(proto::Down::Reader d) {
+void actor_system::on_system_down(node_id from, proto::Down::Reader d) {
   const actor_ref watcher = read_ref(d.getWatcher());
   const actor_ref target = read_ref(d.getTarget());
+  if (target.node != from) {  // an actor's end is told by its own node (a loss: by this one)
+    ++stats_.wrong_sender;
+    return;
+  }
   const bool is_link = d.getIsLink();
   std::erase_if(remote_watches_, [&](const remote_watch& w) {
     return w.watcher == watcher && w.target == target && w.is_link == is_link;

@@ -283,7 +283,18 @@ job_lock job_lock::lock(const engine::job_config& job, bool journaled, bool must
     }
     const int err = errno;
     ::close(fd);
-    if (err == EWOULDBLOCK && must) {
+    if (err != EWOULDBLOCK) {
+      // No locks on this file system (ENOLCK: NFS without its lock service; EOPNOTSUPP,
+      // EINVAL): nobody can hold this one, so it is not waited for (a requeued job waited out
+      // its whole patience, a standby retried for good).
+      --held.wanted_;
+      std::cerr << fmt::format(
+          "moevement launch: {}: not locked ({}): its file system takes no locks, so a second "
+          "launch on the same files is not refused\n",
+          t.what, std::strerror(err));
+      return false;
+    }
+    if (must) {
       throw std::runtime_error(fmt::format(
           "{} is in use by another running `moevement launch` (it holds its lock): wait for "
           "that job to end or stop it, or give this one another {}",

@@ -10,6 +10,7 @@
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -48,6 +49,15 @@ struct worker_args {
   long failure_timeout_ms = engine::job_config{}.failure_timeout_ms;
   std::vector<injection> injections;  // phase=... and flip (launcher/inject.hpp)
 };
+
+// The policy's limits; a replicator takes a StoreSlot's flip only where the job injects one.
+recovery::policy_limits limits_of(const std::vector<injection>& injections) {
+  recovery::policy_limits limits;
+  limits.accept_copy_flips = std::any_of(injections.begin(), injections.end(), [](const auto& i) {
+    return i.what == injection::kind::flip && i.slot_copy;
+  });
+  return limits;
+}
 
 worker_args parse(int argc, char** argv) {
   worker_args a;
@@ -214,7 +224,7 @@ int run_worker(int argc, char** argv, const engine::stage_registry& registry) {
   });
   agent = sys.spawn<engine::worker_agent>(
       link, registry, [&](int s, const std::string& why) { stop(s, why); },
-      recovery::any_policy_factory(),
+      recovery::any_policy_factory(limits_of(args.injections)),
       worker_fault_factory(args.injections,
                            fmt::format("worker {}, pid {}", args.node, ::getpid())));
   // Before it joins, a worker is no member and cannot see the head die: bound the wait.

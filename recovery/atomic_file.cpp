@@ -76,6 +76,10 @@ void write_file_atomically(const std::filesystem::path& target, std::span<const 
     errno = saved;
     fail("cannot rename into place", target);
   }
+  sync_directory(dir);
+}
+
+void sync_directory(const std::filesystem::path& dir) {
   fd_guard dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0 || ::fsync(dfd.get()) != 0) fail("cannot fsync directory", dir);
 }

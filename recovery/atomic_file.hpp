@@ -15,6 +15,8 @@ namespace moevement::recovery {
 
 // Throws with the path and the reason if any step fails; the target is then untouched.
 void write_file_atomically(const std::filesystem::path& target, std::span<const std::byte> bytes);
+// Makes the entries of `dir` (renames, removals) durable. Throws naming it on an error.
+void sync_directory(const std::filesystem::path& dir);
 
 result<std::vector<std::byte>> read_whole_file(const std::filesystem::path& path);
 

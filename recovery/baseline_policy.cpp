@@ -459,7 +459,13 @@ void baseline_agent::found_on_disk(std::vector<found_checkpoint>& found,
     return;
   }
   durable_store store(dir);
-  const auto ids = store.windows();
+  std::vector<std::uint64_t> ids;
+  try {
+    ids = store.windows();
+  } catch (const std::runtime_error& e) {
+    rejected.push_back(e.what());
+    return;
+  }
   for (auto id = ids.rbegin(); id != ids.rend(); ++id) {
     const std::string origin = fmt::format("{} window {}", dir.string(), *id);
     auto w = store.load(*id);
@@ -763,8 +769,8 @@ awaitable<std::unique_ptr<engine::stage_model>> baseline_checkpoint::restore(
   co_return model;
 }
 
-engine::checkpoint_factory any_policy_factory() {
-  return [moe = policy_factory()](
+engine::checkpoint_factory any_policy_factory(policy_limits limits) {
+  return [moe = policy_factory(limits)](
              actors::actor_system& system, engine::bulk_io& io,
              const engine::job_config& job) -> std::unique_ptr<engine::worker_checkpoint> {
     if (engine::recovery_of(job.policy) == engine::recovery_kind::rollback) {

@@ -37,6 +37,7 @@
 #include "recovery/dense_capture.hpp"
 #include "recovery/pec_capture.hpp"
 #include "recovery/policy_config.hpp"
+#include "recovery/policy_limits.hpp"
 #include "recovery/slot_pool.hpp"
 
 namespace moevement::recovery {
@@ -205,6 +206,6 @@ class baseline_checkpoint : public engine::worker_checkpoint {
 
 // The worker-side factory of every policy on actors: moevement (moevement_policy.hpp), the
 // baselines (this file); none: nullptr.
-engine::checkpoint_factory any_policy_factory();
+engine::checkpoint_factory any_policy_factory(policy_limits limits = {});
 
 }  // namespace moevement::recovery

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 
@@ -16,6 +19,12 @@ namespace {
 
 constexpr const char* manifest_name = "MANIFEST";
 constexpr const char* window_prefix = "window-";
+// A window being rewritten is written whole here first (its name is no window's).
+constexpr const char* staging_suffix = ".new";
+
+bool is_staging(const std::string& name) {
+  return name.rfind(window_prefix, 0) == 0 && name.ends_with(staging_suffix);
+}
 // A manifest lists blobs; more lines than this is not a manifest we wrote.
 constexpr std::size_t max_manifest_bytes = 1u << 20;
 
@@ -122,9 +131,30 @@ void durable_store::write_window(std::uint64_t id, std::span<const blob_view> bl
   if (std::filesystem::is_symlink(std::filesystem::symlink_status(wdir, ec))) {
     std::filesystem::remove(wdir, ec);
   }
-  // Rewriting a window: drop its manifest first so it is never half old, half new.
-  std::filesystem::remove(wdir / manifest_name, ec);
-  const bool created = !std::filesystem::exists(wdir, ec);
+  if (!std::filesystem::exists(wdir, ec)) {
+    write_into(wdir, id, sorted);
+    return;
+  }
+  // Rewriting a window: the new one is written whole beside it, then the two directories are
+  // exchanged in one step, so that a failure or a kill at any moment leaves one of them whole
+  // under the window's name (dropping the old manifest first lost the window to a failed
+  // rewrite).
+  const auto staging = staging_dir(id);
+  std::filesystem::remove_all(staging, ec);
+  write_into(staging, id, sorted);
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, wdir.c_str(), RENAME_EXCHANGE) != 0) {
+    // A file system without the exchange: the old window goes first (not atomic there).
+    std::filesystem::remove(wdir / manifest_name, ec);
+    std::filesystem::remove_all(wdir, ec);
+    std::filesystem::rename(staging, wdir);
+  }
+  sync_directory(dir_);
+  std::filesystem::remove_all(staging, ec);  // the old window, once exchanged
+}
+
+void durable_store::write_into(const std::filesystem::path& wdir, std::uint64_t id,
+                               const std::vector<const blob_view*>& sorted) {
+  std::error_code ec;
   create_private_directories(wdir);
   try {
     std::string body = fmt::format("moevement-durable-window {}\nwindow {}\n", format_version, id);
@@ -136,9 +166,13 @@ void durable_store::write_window(std::uint64_t id, std::span<const blob_view> bl
     write_file_atomically(wdir / manifest_name, as_bytes(manifest));
   } catch (...) {
     // A failed write leaves no half window (and no empty directory) behind.
-    if (created) std::filesystem::remove_all(wdir, ec);
+    std::filesystem::remove_all(wdir, ec);
     throw;
   }
+}
+
+std::filesystem::path durable_store::staging_dir(std::uint64_t id) const {
+  return dir_ / fmt::format("{}{:020}{}", window_prefix, id, staging_suffix);
 }
 
 result<loaded_window> durable_store::load(std::uint64_t id) const {
@@ -181,7 +215,15 @@ result<loaded_window> durable_store::load(std::uint64_t id) const {
 std::vector<std::uint64_t> durable_store::windows() const {
   std::vector<std::uint64_t> ids;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+  std::filesystem::directory_iterator listing(dir_, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    // Not "no windows": a resume or requeue would start the job over and clear them.
+    throw std::runtime_error(fmt::format(
+        "cannot list the durable windows in {}: {} (check that it is a directory this user "
+        "can read, and that its file system is mounted)",
+        dir_.string(), ec.message()));
+  }
+  for (const auto& entry : listing) {
     const std::string name = entry.path().filename().string();
     std::uint64_t id = 0;
     if (name.rfind(window_prefix, 0) != 0 || !parse_int(name.substr(7), id)) continue;
@@ -206,7 +248,12 @@ result<loaded_window> durable_store::load_latest(std::vector<std::string>* rejec
 }
 
 void durable_store::prune(std::size_t keep, const std::set<std::uint64_t>& also) {
-  const auto ids = windows();
+  std::vector<std::uint64_t> ids;
+  try {
+    ids = windows();
+  } catch (const std::runtime_error&) {
+    return;  // nothing listed, nothing removed (the next write's prune tries again)
+  }
   if (ids.empty()) return;
   const std::size_t drop = ids.size() > keep ? ids.size() - keep : 0;
   for (std::size_t i = 0; i < drop; ++i) {
@@ -222,6 +269,10 @@ void durable_store::prune(std::size_t keep, const std::set<std::uint64_t>& also)
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     std::uint64_t id = 0;
+    if (is_staging(name)) {  // a rewrite cut short, or the old window it exchanged
+      std::filesystem::remove_all(entry.path(), ec);
+      continue;
+    }
     if (name.rfind(window_prefix, 0) != 0 || !parse_int(name.substr(7), id)) continue;
     if (id < newest && !std::filesystem::exists(entry.path() / manifest_name)) {
       std::filesystem::remove_all(entry.path());
@@ -247,7 +298,7 @@ void durable_store::clear() {
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     std::uint64_t w = 0;
-    if (name.rfind(window_prefix, 0) == 0 && parse_int(name.substr(7), w)) {
+    if ((name.rfind(window_prefix, 0) == 0 && parse_int(name.substr(7), w)) || is_staging(name)) {
       drop.push_back(entry.path());
     }
   }

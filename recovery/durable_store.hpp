@@ -44,7 +44,8 @@ class durable_store {
   explicit durable_store(std::filesystem::path dir);
 
   // Writes every blob, then the manifest. Throws (naming the file) on an I/O error; the
-  // store then still holds every window it held before.
+  // store then still holds every window it held before (a window rewritten included: the
+  // new one is written beside it and exchanged for it in one rename).
   void write_window(std::uint64_t id, std::span<const blob_view> blobs);
 
   // The newest window that verifies completely. Windows that fail are skipped; each reason
@@ -54,11 +55,13 @@ class durable_store {
   // Verifies and loads one window.
   result<loaded_window> load(std::uint64_t id) const;
 
-  // Window ids present on disk with a manifest, ascending (not verified).
+  // Window ids present on disk with a manifest, ascending (not verified). None where the
+  // directory does not exist; throws (naming it) where it exists but cannot be listed.
   std::vector<std::uint64_t> windows() const;
 
   // Deletes all but the newest `keep` windows that have a manifest (and those in `also`), and
-  // any window directory without a manifest older than the newest complete one (a torn write).
+  // any window directory without a manifest older than the newest complete one (a torn write),
+  // and what a rewrite left beside its window.
   void prune(std::size_t keep, const std::set<std::uint64_t>& also = {});
 
   // Deletes every window newer than `id`, complete or not (a global rollback to `id`
@@ -72,6 +75,10 @@ class durable_store {
 
  private:
   std::filesystem::path window_dir(std::uint64_t id) const;
+  std::filesystem::path staging_dir(std::uint64_t id) const;
+  // The blobs (sorted by name), then the manifest, into `wdir`; nothing left there on failure.
+  static void write_into(const std::filesystem::path& wdir, std::uint64_t id,
+                         const std::vector<const blob_view*>& sorted);
   std::filesystem::path dir_;
 };
 

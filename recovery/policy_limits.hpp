@@ -41,6 +41,10 @@ struct policy_limits {
   // newer generation, whose ReplayGeneration ends this wait); this only bounds a wait nothing
   // else ends.
   std::chrono::seconds group_wait{600};
+  // Whether a replicator flips the bit a StoreSlot names in its copy (`--inject
+  // flip:...,target=slot`). Off unless the job was launched with such a flip: from the wire
+  // alone, any member could otherwise corrupt another's copies.
+  bool accept_copy_flips = false;
 };
 
 }  // namespace moevement::recovery

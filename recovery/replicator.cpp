@@ -190,7 +190,8 @@ std::optional<replicator::store_answer> replicator::offer(wire::StoreSlot::Reade
   if (share_ && m.hasShare()) {
     if (auto a = store_mapped(id, from, m, d->length)) return a;
   }
-  if (m.getFlipBit() >= 0 && std::uint64_t(m.getFlipBit()) / 8 < d->length) {
+  if (limits_.accept_copy_flips && m.getFlipBit() >= 0 &&
+      std::uint64_t(m.getFlipBit()) / 8 < d->length) {
     flips_[id] = std::uint64_t(m.getFlipBit());
   }
   // The pull runs in an actor of its own: a peer that hangs mid-pull must not keep this

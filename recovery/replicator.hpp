@@ -40,6 +40,7 @@ class replicator : public actors::actor {
              std::shared_ptr<durable_writer> durable = nullptr, std::filesystem::path root = {},
              bool share = false, std::shared_ptr<replication_cpu> cpu = nullptr);
   std::size_t bytes_held() const;
+  std::size_t flips_pending() const { return flips_.size(); }  // injected, not yet applied
   using key = std::tuple<std::int32_t, std::int32_t, std::uint64_t, std::uint32_t>;
   // A slot_puller's result: keep the slot (unless the window went meanwhile, or the job
   // restarted from disk since the pull began: `timeline` is the one it began in) and answer.

@@ -240,7 +240,11 @@ void resume_journal::write(const engine::resume_point& point) const {
 }
 
 bool resume_journal::empty() const {
-  return !std::filesystem::is_directory(dir_) || durable_store(dir_).windows().empty();
+  // A journal directory that exists but cannot be listed (or is no directory) is no empty one:
+  // durable_store throws, naming it, rather than a requeued job starting over.
+  std::error_code ec;
+  if (!std::filesystem::exists(dir_, ec) && !ec) return true;
+  return durable_store(dir_).windows().empty();
 }
 
 result<engine::resume_point> resume_journal::load(std::vector<std::string>* rejected,

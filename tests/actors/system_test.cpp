@@ -377,6 +377,97 @@ TEST(actors, malformed_wire_messages_get_an_error_reply_not_a_crash) {
   });
 }
 
+// A member speaks only for itself (the link's `from` proved the job token on its connection):
+// a message naming another node as its sender, a reply from a node that was not asked, and a
+// Down or Unregister about another node's actor are dropped and counted, never acted on.
+TEST(actors, a_member_speaks_only_for_itself) {
+  cluster c;
+  auto& n1 = c.add(1);
+  c.add(2);
+  auto asked = c.hub().attach(9);  // a raw node that n1 asks
+  auto other = c.hub().attach(8);  // a raw node that answers for it
+  std::vector<transport::envelope_header> to_asked;
+  std::vector<transport::envelope_header> to_other;
+  transport::link_handlers h;
+  h.on_message = [&](node_id, transport::incoming_envelope env) {
+    to_asked.push_back(env.header());
+  };
+  asked->set_handlers(h);
+  h.on_message = [&](node_id, transport::incoming_envelope env) {
+    to_other.push_back(env.header());
+  };
+  other->set_handlers(h);
+  c.run([&]() -> awaitable<void> {
+    auto e = n1.spawn<echo>();
+    auto w = n1.spawn<watcher>(true);
+    auto* wa = n1.local_actor<watcher>(w);
+    co_await sleep_for(1ms);
+    // 1. An ask from node 8 in node 2's name: no reply goes to node 2 (or anywhere).
+    {
+      transport::outgoing_envelope out(
+          {{2, 1, 77}, e.ref.address(), capnp::typeId<msg::Add>(), 1, 0});
+      out.init_payload<msg::Add>();
+      EXPECT_TRUE(other->send(1, out.to_words()).ok());
+    }
+    // 2. A reply to n1's ask to node 9, from node 8.
+    std::optional<bool> answered;
+    asio::co_spawn(
+        c.io(),
+        [&]() -> awaitable<void> {
+          auto r = co_await n1.ask<msg::Add, msg::Sum>(actor_ref{9, 1, 5}, 2s);
+          answered = r.ok() && r->get().getValue() == 7;
+        },
+        asio::detached);
+    co_await sleep_for(5ms);
+    CO_ASSERT(to_asked.size() == 1u);
+    const auto ask = to_asked[0];
+    const auto reply_from = [&](transport::link& l, transport::actor_address sender, int value) {
+      transport::outgoing_envelope out({sender, ask.sender, capnp::typeId<msg::Sum>(),
+                                        ask.correlation_id | (std::uint64_t{1} << 63), 0});
+      out.init_payload<msg::Sum>().setValue(value);
+      EXPECT_TRUE(l.send(1, out.to_words()).ok());
+    };
+    reply_from(*other, {8, 1, 5}, 666);
+    co_await sleep_for(5ms);
+    EXPECT_FALSE(answered.has_value()) << "node 8 answered an ask made to node 9";
+    // 3. A Down telling n1's watcher that node 2's actor ended, from node 8.
+    {
+      transport::outgoing_envelope out({{}, {1, 0, 0}, capnp::typeId<proto::Down>(), 0, 0});
+      auto d = out.init_payload<proto::Down>();
+      auto watcher = d.initWatcher();
+      watcher.setNode(w.ref.node);
+      watcher.setIncarnation(w.ref.incarnation);
+      watcher.setActor(w.ref.actor);
+      auto target = d.initTarget();
+      target.setNode(2);
+      target.setIncarnation(1);
+      target.setActor(5);
+      d.setIsLink(true);
+      EXPECT_TRUE(other->send(1, out.to_words()).ok());
+    }
+    // 4. An Unregister of node 2's actor, from node 8.
+    {
+      transport::outgoing_envelope out({{}, {1, 0, 0}, capnp::typeId<proto::Unregister>(), 0, 0});
+      auto u = out.init_payload<proto::Unregister>();
+      u.setName("anything");
+      auto a = u.initActor();
+      a.setNode(2);
+      a.setIncarnation(1);
+      a.setActor(5);
+      EXPECT_TRUE(other->send(1, out.to_words()).ok());
+    }
+    co_await sleep_for(5ms);
+    EXPECT_EQ(n1.stats().wrong_sender, 4u);
+    EXPECT_TRUE(to_other.empty()) << "n1 answered node 8";
+    EXPECT_TRUE(wa->events.empty()) << "a Down from the wrong node acted on";
+    // The node asked answers, and that completes the ask.
+    reply_from(*asked, {9, 1, 5}, 7);
+    co_await sleep_for(5ms);
+    EXPECT_EQ(answered, std::optional(true));
+    EXPECT_EQ(n1.stats().wrong_sender, 4u);
+  });
+}
+
 TEST(actors, remote_monitor_and_link_fire_on_actor_stop_and_on_node_crash) {
   cluster c;
   auto& n1 = c.add(1);

@@ -255,5 +255,57 @@ TEST_F(durable_store_test, a_failed_write_leaves_no_directory_behind) {
   EXPECT_TRUE(s.load(1).ok());
 }
 
+// A window written again (the same id) that fails halfway leaves the window it had: the new
+// one is written beside it and exchanged. (The old manifest used to go first: the window was
+// lost to the failed rewrite.)
+TEST_F(durable_store_test, a_failed_rewrite_leaves_the_window_it_had) {
+  durable_store s(dir_);
+  write(s, 1);
+  write(s, 2);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 100;
+  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  EXPECT_THROW(write(s, 2, 8192), std::runtime_error);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{1, 2}));
+  auto w = s.load_latest();
+  ASSERT_TRUE(w.ok()) << w.err().message;
+  EXPECT_EQ(w->id, 2u);
+  EXPECT_EQ(w->blobs.at("stage-0.bin"), pattern(4096, 2)) << "not the window it had";
+  // A rewrite that succeeds replaces it, and leaves nothing beside it.
+  write(s, 2, 8192);
+  w = s.load(2);
+  ASSERT_TRUE(w.ok()) << w.err().message;
+  EXPECT_EQ(w->blobs.at("stage-0.bin"), pattern(8192, 2));
+  std::size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 2u) << "the old window or a staging directory was left behind";
+}
+
+// A store directory that exists but cannot be listed is an error naming it, never "no
+// windows" (a requeued job then started over and cleared them).
+TEST_F(durable_store_test, a_directory_that_cannot_be_listed_is_an_error_not_empty) {
+  durable_store s(dir_);
+  write(s, 1);
+  std::filesystem::remove_all(dir_);
+  { std::ofstream(dir_) << "not a directory"; }  // (chmod cannot stop root, who runs CI)
+  try {
+    (void)s.windows();
+    ADD_FAILURE() << "listed a file as an empty store";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir_.string()), std::string::npos) << e.what();
+  }
+  s.prune(1);  // a prune that cannot list removes nothing, and does not throw
+  std::filesystem::remove(dir_);
+  EXPECT_TRUE(s.windows().empty()) << "a store directory that does not exist holds none";
+}
+
 }  // namespace
 }  // namespace moevement::recovery

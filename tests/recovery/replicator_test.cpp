@@ -98,5 +98,34 @@ TEST(replicator, an_over_long_batch_is_dropped_and_bad_offers_are_refused_saying
   });
 }
 
+// A StoreSlot's flip bit (`--inject flip:...,target=slot`) is taken only where the job was
+// launched with such a flip: from the wire alone, any member could corrupt another's copies.
+TEST(replicator, a_flip_from_the_wire_is_taken_only_where_the_job_injects_one) {
+  for (const bool accept : {false, true}) {
+    asio::io_context bulk_io_context;  // the pull never runs
+    transport::ucx_link_options o;
+    o.self = 0;
+    o.job_token = "replicator-test";
+    transport::ucx_link link(bulk_io_context, o);
+    engine::bulk_io bulk(link);
+    policy_limits limits;
+    limits.accept_copy_flips = accept;
+    actors::deterministic d;
+    auto& sys = d.add(0);
+    d.run_body([&]() -> awaitable<void> {
+      auto rep = sys.spawn<replicator>(bulk, limits);
+      auto agent = sys.spawn<answers>();
+      EXPECT_TRUE(rep.tell<wire::StoreSlot>([&](wire::StoreSlot::Builder b) {
+                       offer(b, agent.ref, 1, 0, 4096);
+                       b.setFlipBit(9);
+                     })
+                      .ok());
+      co_await sys.sleep_for(1ms);
+      EXPECT_EQ(sys.local_actor<replicator>(rep.ref)->flips_pending(), accept ? 1u : 0u)
+          << (accept ? "an injected flip was dropped" : "a flip from the wire was taken");
+    });
+  }
+}
+
 }  // namespace
 }  // namespace moevement::recovery

@@ -182,6 +182,20 @@ TEST_F(resume_journal_test, nothing_to_resume_says_where_it_looked) {
   EXPECT_NE(r.err().message.find("0 journal(s)"), std::string::npos) << r.err().message;
 }
 
+// A journal directory that is there but cannot be read is no empty journal: a requeued job
+// asks empty() to choose between resuming and starting over (clearing every window).
+TEST_F(resume_journal_test, a_journal_that_cannot_be_listed_is_an_error_not_empty) {
+  const resume_journal j(job_in(dir_));
+  j.write(point(4));
+  EXPECT_FALSE(j.empty());
+  const auto head = resume_journal_dir(dir_);
+  std::filesystem::remove_all(head);
+  { std::ofstream(head) << "not a directory"; }  // (chmod cannot stop root, who runs CI)
+  EXPECT_THROW((void)j.empty(), std::runtime_error);
+  std::filesystem::remove(head);
+  EXPECT_TRUE(j.empty()) << "no journal directory at all is an empty journal";
+}
+
 TEST(resume_text, malformed_text_is_an_error_saying_what) {
   const auto ids = state_identity(engine::resolve_job({}));
   const std::string good = resume_text(point(4), ids);
