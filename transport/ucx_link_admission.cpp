@@ -5,6 +5,7 @@
 
 #include <asio/buffer.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/connect.hpp>
 #include <asio/detached.hpp>
 #include <asio/read.hpp>
 #include <asio/redirect_error.hpp>
@@ -120,42 +121,53 @@ asio::awaitable<result<admission_reply>> dial_frames(
   co_return reply;
 }
 
-asio::awaitable<void> dial_exchange(std::shared_ptr<tcp::socket> s, tcp::endpoint to,
-                                    std::string token, admission_request request,
-                                    std::chrono::milliseconds deadline,
+asio::awaitable<void> dial_exchange(std::shared_ptr<admission_dialing> d, std::string host,
+                                    std::uint16_t port, std::string token,
+                                    admission_request request, std::chrono::milliseconds deadline,
                                     std::function<void(result<admission_reply>)> done) {
   const auto expires = clock::now() + deadline;
-  asio::steady_timer timer(s->get_executor(), deadline);
-  timer.async_wait([s](std::error_code ec) {
+  asio::steady_timer timer(d->socket.get_executor(), deadline);
+  timer.async_wait([d](std::error_code ec) {
+    if (ec) return;
+    d->resolver.cancel();
     std::error_code ignored;
-    if (!ec) s->close(ignored);
+    d->socket.close(ignored);
   });
   const std::function<error(const char*, std::error_code)> fail = [&](const char* step,
                                                                       std::error_code ec) {
-    const std::string why = clock::now() >= expires
+    const std::string why = d->given_up ? std::string("given up")
+                            : clock::now() >= expires
                                 ? fmt::format("no answer within {} ms", deadline.count())
                                 : ec.message();
     return error{fmt::format("{} failed: {}", step, why)};
   };
-  std::error_code ec;
-  s->open(to.protocol(), ec);
+  std::string where = fmt::format("{}:{}", host, port);
   result<admission_reply> got = error{""};
-  if (ec) {
-    got = fail("socket", ec);
+  std::error_code ec;
+  const auto found = co_await d->resolver.async_resolve(
+      host, std::to_string(port), asio::redirect_error(asio::use_awaitable, ec));
+  if (ec || d->given_up || found.empty()) {
+    got = d->given_up || clock::now() >= expires
+              ? fail("resolving", ec)
+              : error{fmt::format("cannot resolve '{}': {} (give a host name or an IP address "
+                                  "this machine can reach)",
+                                  host, ec ? ec.message() : std::string("no address"))};
   } else {
-    close_on_exec(s->native_handle());
-    co_await s->async_connect(to, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) {
+    // Every address the name has, in turn (localhost may be ::1 first, the peer on 127.0.0.1).
+    const auto to = co_await asio::async_connect(d->socket, found,
+                                                 asio::redirect_error(asio::use_awaitable, ec));
+    if (ec || d->given_up) {
       got = fail("connect", ec);
     } else {
-      auto reply = co_await dial_frames(*s, token, request, fail);  // (g++ 12: not inside ?:)
+      where = endpoint_text(to);
+      close_on_exec(d->socket.native_handle());
+      auto reply = co_await dial_frames(d->socket, token, request, fail);  // (g++ 12: not in ?:)
       got = std::move(reply);
     }
   }
   timer.cancel();
-  s->close(ec);
-  if (!got.ok())
-    got = error{fmt::format("admission at {}: {}", endpoint_text(to), got.err().message)};
+  d->socket.close(ec);
+  if (!got.ok()) got = error{fmt::format("admission at {}: {}", where, got.err().message)};
   done(std::move(got));
 }
 
@@ -400,14 +412,23 @@ asio::awaitable<std::optional<admission_refusal>> admission_listener::answer(
 
 // ---- dialling -------------------------------------------------------------------------------
 
-std::shared_ptr<tcp::socket> admission_dial(asio::io_context& io, const tcp::endpoint& to,
-                                            std::string token, const admission_request& request,
-                                            std::chrono::milliseconds deadline,
-                                            std::function<void(result<admission_reply>)> done) {
-  auto s = std::make_shared<tcp::socket>(io);
-  asio::co_spawn(io, dial_exchange(s, to, std::move(token), request, deadline, std::move(done)),
-                 asio::detached);
-  return s;
+void admission_dialing::give_up() {
+  given_up = true;
+  resolver.cancel();
+  std::error_code ignored;
+  socket.close(ignored);
+}
+
+std::shared_ptr<admission_dialing> admission_dial(
+    asio::io_context& io, std::string host, std::uint16_t port, std::string token,
+    const admission_request& request, std::chrono::milliseconds deadline,
+    std::function<void(result<admission_reply>)> done) {
+  auto d = std::make_shared<admission_dialing>(io);
+  asio::co_spawn(
+      io,
+      dial_exchange(d, std::move(host), port, std::move(token), request, deadline, std::move(done)),
+      asio::detached);
+  return d;
 }
 
 }  // namespace moevement::transport::detail

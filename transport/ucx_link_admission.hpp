@@ -161,12 +161,24 @@ class admission_listener : public std::enable_shared_from_this<admission_listene
   bool closed_ = false;
 };
 
-// One dial: connect to `to`, greet, send the request with its proof, read the reply, all
-// within `deadline`. An admission whose proof fails is an error (the far end does not hold
-// `token`). `done` runs once, from `io`. The returned socket may be closed to give up early
-// (the dial then ends with an error).
-std::shared_ptr<asio::ip::tcp::socket> admission_dial(
-    asio::io_context& io, const asio::ip::tcp::endpoint& to, std::string token,
+// One dial under way (admission_dial).
+class admission_dialing {
+ public:
+  explicit admission_dialing(asio::io_context& io) : socket(io), resolver(io) {}
+  // Ends the dial early (with an error), wherever it is: resolving, connecting, exchanging.
+  void give_up();
+
+  asio::ip::tcp::socket socket;
+  asio::ip::tcp::resolver resolver;
+  bool given_up = false;
+};
+
+// One dial: resolve `host` (off the event loop: a slow name server must not hold the
+// heartbeats), connect, greet, send the request with its proof, read the reply, all within
+// `deadline`. An admission whose proof fails is the verdict `unproven` (the far end does not
+// hold `token`). `done` runs once, from `io`.
+std::shared_ptr<admission_dialing> admission_dial(
+    asio::io_context& io, std::string host, std::uint16_t port, std::string token,
     const admission_request& request, std::chrono::milliseconds deadline,
     std::function<void(result<admission_reply>)> done);
 

@@ -48,10 +48,7 @@ void link_state::drop_conn(std::uint64_t serial) {
   auto it = conns.find(serial);
   if (it == conns.end()) return;
   by_key.erase(it->second->recv_key);
-  if (it->second->dial) {
-    std::error_code ignored;
-    it->second->dial->close(ignored);  // gives the admission exchange up
-  }
+  if (it->second->dial) it->second->dial->give_up();
   conns.erase(it);
 }
 
@@ -192,20 +189,11 @@ result<connection*> link_state::connection_to(node_id peer) {
   if (auto* c = find_conn(pe.send_conn)) return c;
   if (!pe.addressed) return error{fmt::format("no address for node {}", peer)};
   if (said_goodbye) return error{fmt::format("not dialling node {}: this node is leaving", peer)};
-  asio::ip::tcp::endpoint to;
-  try {
-    socklen_t len = 0;
-    const sockaddr_storage ss = resolve(pe.host, pe.port, len);
-    std::memcpy(to.data(), &ss, len);
-    to.resize(len);
-  } catch (const std::exception& e) {
-    return error{e.what()};
-  }
   connection& c = add_connection(nullptr, /*outgoing=*/true, peer);
   pe.send_conn = c.serial;
   LINK_TRACE("dialling node {} at {}:{} on conn {}", peer, pe.host, pe.port, c.serial);
   admission_request request{opt.self, message_address, bulk_address, c.recv_key};
-  c.dial = admission_dial(io, to, opt.job_token, request, opt.hello_timeout,
+  c.dial = admission_dial(io, pe.host, pe.port, opt.job_token, request, opt.hello_timeout,
                           [w = weak_from_this(), serial = c.serial](result<admission_reply> r) {
                             if (auto s = w.lock()) s->on_admission_reply(serial, std::move(r));
                           });

@@ -505,7 +505,7 @@ void link_state::shutdown() {
   for (ucp_ep_h ep : lingering) close_ep(ep, /*force=*/true);  // their peers closed them
   lingering.clear();
   for (auto& [serial, c] : conns) {
-    if (c->dial) c->dial->close(ignored);
+    if (c->dial) c->dial->give_up();
     close_conn(*c, /*force=*/!c->welcomed);
   }
   conns.clear();

@@ -210,7 +210,7 @@ struct connection {
   ucp_ep_h ep = nullptr;
   std::uint64_t recv_key = 0;  // ours: the peer's messages on this connection start with it
   std::uint64_t send_key = 0;  // the peer's: ours start with it
-  std::shared_ptr<asio::ip::tcp::socket> dial;  // outgoing: the admission exchange under way
+  std::shared_ptr<admission_dialing> dial;  // outgoing: the admission exchange under way
   // RMA reads from the peer's bulk worker, created on first use from the address the peer
   // sent in its hello or welcome (known only once it is admitted).
   ucp_ep_h bulk_ep = nullptr;

@@ -237,9 +237,8 @@ class admission_test : public ::testing::Test {
                                               const std::string& token = "job",
                                               std::uint16_t port = 0) {
     std::optional<result<admission_reply>> got;
-    const asio::ip::tcp::endpoint to(asio::ip::make_address("127.0.0.1"),
-                                     port != 0 ? port : listener_->port());
-    admission_dial(io_, to, token, r, 2000ms, [&](result<admission_reply> reply) { got = reply; });
+    admission_dial(io_, "127.0.0.1", port != 0 ? port : listener_->port(), token, r, 2000ms,
+                   [&](result<admission_reply> reply) { got = reply; });
     run_until([&] { return got.has_value(); });
     return got;
   }
@@ -374,14 +373,34 @@ TEST_F(admission_test, all_sources_together_hold_only_so_many_sockets) {
   ::close(open[1]);
 }
 
+// Names are resolved off the event loop (a slow name server held the heartbeats): a dial to a
+// name (from /etc/hosts: no query leaves the machine) is admitted, and one given up while
+// resolving ends at once, never reaching the acceptor.
+TEST_F(admission_test, a_dial_by_name_resolves_off_the_loop_and_can_be_given_up) {
+  listen();
+  std::optional<result<admission_reply>> got;
+  admission_dial(io_, "localhost", listener_->port(), "job", request_of(1), 5000ms,
+                 [&](result<admission_reply> r) { got = r; });
+  ASSERT_TRUE(run_until([&] { return got.has_value(); }));
+  ASSERT_TRUE(got->ok()) << got->err().message;
+  EXPECT_EQ((*got)->verdict, admission_verdict::admitted);
+  got.reset();
+  auto d = admission_dial(io_, "localhost", listener_->port(), "job", request_of(2), 5000ms,
+                          [&](result<admission_reply> r) { got = r; });
+  d->give_up();
+  ASSERT_TRUE(run_until([&] { return got.has_value(); }));
+  ASSERT_FALSE(got->ok());
+  EXPECT_NE(got->err().message.find("given up"), std::string::npos) << got->err().message;
+  EXPECT_EQ(asked_.size(), 1u) << "a dial given up reached the acceptor";
+}
+
 TEST_F(admission_test, a_dial_to_nobody_fails_saying_where) {
   listen();
   const auto port = listener_->port();
   listener_->close();
   listener_.reset();
   std::optional<result<admission_reply>> got;
-  const asio::ip::tcp::endpoint to(asio::ip::make_address("127.0.0.1"), port);
-  admission_dial(io_, to, "job", request_of(1), 1000ms,
+  admission_dial(io_, "127.0.0.1", port, "job", request_of(1), 1000ms,
                  [&](result<admission_reply> r) { got = r; });
   ASSERT_TRUE(run_until([&] { return got.has_value(); }));
   ASSERT_FALSE(got->ok());
