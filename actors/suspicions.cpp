@@ -25,6 +25,7 @@ void suspicion_book::withdraw(node_id reporter, node_id suspect) {
 
 void suspicion_book::forget(node_id n) {
   std::erase_if(reports_, [n](const report_entry& r) { return r.reporter == n || r.suspect == n; });
+  cost_of_word_.erase(n);
 }
 
 std::optional<suspicion_book::clock::time_point> suspicion_book::next_due(
@@ -36,7 +37,8 @@ std::optional<suspicion_book::clock::time_point> suspicion_book::next_due(
 }
 
 std::vector<suspicion_book::verdict> suspicion_book::decide(
-    clock::time_point now, clock::duration window, const std::function<bool(node_id)>& hears) {
+    clock::time_point now, clock::duration window, clock::duration memory,
+    const std::function<bool(node_id)>& hears) {
   std::vector<verdict> out;
   auto heard = [&](node_id n) { return !hears || hears(n); };
   auto ripe = [&](const report_entry& r) { return r.at + window <= now && heard(r.suspect); };
@@ -61,9 +63,21 @@ std::vector<suspicion_book::verdict> suspicion_book::decide(
   while (true) {
     auto it = std::find_if(reports_.begin(), reports_.end(), ripe);
     if (it == reports_.end()) break;
-    out.push_back(
-        {it->suspect, fmt::format("unreachable from node {} ({})", it->reporter, it->detail)});
-    forget(it->suspect);
+    const node_id reporter = it->reporter;
+    const node_id suspect = it->suspect;
+    if (auto c = cost_of_word_.find(reporter);
+        c != cost_of_word_.end() && now - c->second.at <= memory) {
+      out.push_back(
+          {reporter, fmt::format("it cannot reach node {}, after node {} {:.1f} s ago "
+                                 "(the head hears both): it loses its peers one by one",
+                                 suspect, c->second.suspect,
+                                 std::chrono::duration<double>(now - c->second.at).count())});
+      forget(reporter);
+      continue;
+    }
+    out.push_back({suspect, fmt::format("unreachable from node {} ({})", reporter, it->detail)});
+    forget(suspect);
+    cost_of_word_[reporter] = {suspect, now};
   }
   return out;
 }

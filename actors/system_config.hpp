@@ -43,6 +43,9 @@ struct system_config {
   // How long the head collects members' reports of a silent peer before its verdict: every
   // report of one fault (a node cut off from all its peers reports them all in one tick).
   std::chrono::milliseconds suspicion_window{200};
+  // A member whose report alone cost another member its place is the one judged, not the
+  // peer, when it reports another within this long (a link of its own that flaps).
+  std::chrono::milliseconds suspicion_memory{60000};
   // Where the system reads the time and sets its timers; null: the steady clock (production).
   // Tests give a manual_time (actors/deterministic.hpp). Not owned; must outlive the system.
   time_source* time = nullptr;

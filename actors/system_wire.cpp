@@ -612,7 +612,8 @@ void actor_system::take_verdicts() {
     return it != members_.end() && !it->second.suspected &&
            now() - it->second.last_heard <= 2 * config_.heartbeat_interval;
   };
-  for (const auto& v : suspicions_.decide(now(), config_.suspicion_window, hears)) {
+  for (const auto& v :
+       suspicions_.decide(now(), config_.suspicion_window, config_.suspicion_memory, hears)) {
     if (!members_.contains(v.node)) continue;
     ++stats_.verdicts;
     declare_lost(v.node, false, v.why);

@@ -272,6 +272,7 @@ job_lock job_lock::lock(const engine::job_config& job, bool journaled, bool must
   if (journaled)
     targets.push_back({job.baseline.dir, "checkpoint.dir = " + job.baseline.dir, true});
   held.wanted_ = targets.size();
+  std::vector<std::string> unlockable;  // said once this lock is settled, not every retry
   // Ok, or refused (a must throws naming the key); a missing one is made only once every
   // existing one is held, so that a refused launch makes nothing.
   auto hold = [&](const target& t) {
@@ -283,18 +284,18 @@ job_lock job_lock::lock(const engine::job_config& job, bool journaled, bool must
     }
     const int err = errno;
     ::close(fd);
-    if (err != EWOULDBLOCK) {
-      // No locks on this file system (ENOLCK: NFS without its lock service; EOPNOTSUPP,
-      // EINVAL): nobody can hold this one, so it is not waited for (a requeued job waited out
-      // its whole patience, a standby retried for good).
+    if (err == ENOLCK || err == EOPNOTSUPP || err == EINVAL || err == ENOSYS) {
+      // No locks on this file system (ENOLCK: NFS without its lock service): nobody can hold
+      // this one, so it is not waited for (a requeued job waited out its whole patience, a
+      // standby retried for good).
       --held.wanted_;
-      std::cerr << fmt::format(
+      unlockable.push_back(fmt::format(
           "moevement launch: {}: not locked ({}): its file system takes no locks, so a second "
           "launch on the same files is not refused\n",
-          t.what, std::strerror(err));
+          t.what, std::strerror(err)));
       return false;
     }
-    if (must) {
+    if (err == EWOULDBLOCK && must) {
       throw std::runtime_error(fmt::format(
           "{} is in use by another running `moevement launch` (it holds its lock): wait for "
           "that job to end or stop it, or give this one another {}",
@@ -318,6 +319,9 @@ job_lock job_lock::lock(const engine::job_config& job, bool journaled, bool must
       continue;
     }
     (void)hold(*t);
+  }
+  if (must || held.holds_all()) {
+    for (const auto& line : unlockable) std::cerr << line;
   }
   return held;
 }

@@ -5,8 +5,10 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 
@@ -21,9 +23,13 @@ constexpr const char* manifest_name = "MANIFEST";
 constexpr const char* window_prefix = "window-";
 // A window being rewritten is written whole here first (its name is no window's).
 constexpr const char* staging_suffix = ".new";
+// ... and where the old one steps aside, on a file system without RENAME_EXCHANGE.
+constexpr const char* aside_suffix = ".old";
 
+// What a rewrite leaves beside a window (no window's name).
 bool is_staging(const std::string& name) {
-  return name.rfind(window_prefix, 0) == 0 && name.ends_with(staging_suffix);
+  return name.rfind(window_prefix, 0) == 0 &&
+         (name.ends_with(staging_suffix) || name.ends_with(aside_suffix));
 }
 // A manifest lists blobs; more lines than this is not a manifest we wrote.
 constexpr std::size_t max_manifest_bytes = 1u << 20;
@@ -142,14 +148,46 @@ void durable_store::write_window(std::uint64_t id, std::span<const blob_view> bl
   const auto staging = staging_dir(id);
   std::filesystem::remove_all(staging, ec);
   write_into(staging, id, sorted);
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, wdir.c_str(), RENAME_EXCHANGE) != 0) {
-    // A file system without the exchange: the old window goes first (not atomic there).
-    std::filesystem::remove(wdir / manifest_name, ec);
-    std::filesystem::remove_all(wdir, ec);
-    std::filesystem::rename(staging, wdir);
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, wdir.c_str(), RENAME_EXCHANGE) == 0) {
+    sync_directory(dir_);
+    std::filesystem::remove_all(staging, ec);  // the old window, once exchanged
+    return;
   }
+  const int err = errno;
+  if (err != EINVAL && err != ENOSYS && err != EOPNOTSUPP) {
+    std::filesystem::remove_all(staging, ec);
+    throw std::runtime_error(fmt::format("cannot put the rewritten window {} in place: {}",
+                                         wdir.string(), std::strerror(err)));
+  }
+  // No exchange on this file system (NFS): the old window steps aside, the new one takes its
+  // name, then the old one goes. A kill between the two renames leaves both whole beside an
+  // empty name, and the next prune() puts the new one back (settle_rewrites).
+  const auto aside = aside_dir(id);
+  std::filesystem::remove_all(aside, ec);
+  std::filesystem::rename(wdir, aside);
+  std::filesystem::rename(staging, wdir);
   sync_directory(dir_);
-  std::filesystem::remove_all(staging, ec);  // the old window, once exchanged
+  std::filesystem::remove_all(aside, ec);
+}
+
+void durable_store::settle_rewrites() {
+  std::error_code ec;
+  std::vector<std::filesystem::path> leftovers;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    if (is_staging(entry.path().filename().string())) leftovers.push_back(entry.path());
+  }
+  // The newer first: a new window still beside an empty name goes back before an old one.
+  std::sort(leftovers.begin(), leftovers.end(), [](const auto& a, const auto& b) {
+    return a.extension() == staging_suffix && b.extension() != staging_suffix;
+  });
+  for (const auto& p : leftovers) {
+    const auto name = p.parent_path() / p.stem();  // window-<id>
+    if (!std::filesystem::exists(name, ec) && std::filesystem::exists(p / manifest_name, ec)) {
+      std::filesystem::rename(p, name, ec);
+      if (!ec) continue;
+    }
+    std::filesystem::remove_all(p, ec);
+  }
 }
 
 void durable_store::write_into(const std::filesystem::path& wdir, std::uint64_t id,
@@ -173,6 +211,10 @@ void durable_store::write_into(const std::filesystem::path& wdir, std::uint64_t 
 
 std::filesystem::path durable_store::staging_dir(std::uint64_t id) const {
   return dir_ / fmt::format("{}{:020}{}", window_prefix, id, staging_suffix);
+}
+
+std::filesystem::path durable_store::aside_dir(std::uint64_t id) const {
+  return dir_ / fmt::format("{}{:020}{}", window_prefix, id, aside_suffix);
 }
 
 result<loaded_window> durable_store::load(std::uint64_t id) const {
@@ -248,6 +290,7 @@ result<loaded_window> durable_store::load_latest(std::vector<std::string>* rejec
 }
 
 void durable_store::prune(std::size_t keep, const std::set<std::uint64_t>& also) {
+  settle_rewrites();
   std::vector<std::uint64_t> ids;
   try {
     ids = windows();
@@ -269,10 +312,6 @@ void durable_store::prune(std::size_t keep, const std::set<std::uint64_t>& also)
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     std::uint64_t id = 0;
-    if (is_staging(name)) {  // a rewrite cut short, or the old window it exchanged
-      std::filesystem::remove_all(entry.path(), ec);
-      continue;
-    }
     if (name.rfind(window_prefix, 0) != 0 || !parse_int(name.substr(7), id)) continue;
     if (id < newest && !std::filesystem::exists(entry.path() / manifest_name)) {
       std::filesystem::remove_all(entry.path());

@@ -60,8 +60,8 @@ class durable_store {
   std::vector<std::uint64_t> windows() const;
 
   // Deletes all but the newest `keep` windows that have a manifest (and those in `also`), and
-  // any window directory without a manifest older than the newest complete one (a torn write),
-  // and what a rewrite left beside its window.
+  // any window directory without a manifest older than the newest complete one (a torn write).
+  // First, what a rewrite cut short left beside its window is settled (settle_rewrites).
   void prune(std::size_t keep, const std::set<std::uint64_t>& also = {});
 
   // Deletes every window newer than `id`, complete or not (a global rollback to `id`
@@ -76,6 +76,10 @@ class durable_store {
  private:
   std::filesystem::path window_dir(std::uint64_t id) const;
   std::filesystem::path staging_dir(std::uint64_t id) const;
+  std::filesystem::path aside_dir(std::uint64_t id) const;
+  // What rewrites left beside their windows: a whole one whose window name is empty goes back
+  // under it (the new before the old), the rest is removed.
+  void settle_rewrites();
   // The blobs (sorted by name), then the manifest, into `wdir`; nothing left there on failure.
   static void write_into(const std::filesystem::path& wdir, std::uint64_t id,
                          const std::vector<const blob_view*>& sorted);

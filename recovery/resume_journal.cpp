@@ -260,7 +260,12 @@ result<engine::resume_point> resume_journal::load(std::vector<std::string>* reje
         dir_.string(), std::filesystem::exists(dir_) ? "is not a directory" : "does not exist")};
   }
   const durable_store store(dir_);
-  const auto ids = store.windows();
+  std::vector<std::uint64_t> ids;
+  try {
+    ids = store.windows();
+  } catch (const std::runtime_error& e) {
+    return error{e.what()};
+  }
   for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
     if (before && *it >= *before) continue;
     auto loaded = store.load(*it);

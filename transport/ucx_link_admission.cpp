@@ -80,19 +80,26 @@ void seal(std::vector<std::byte>& frame, std::vector<std::byte>& transcript,
 // The dialler's side of the four frames (ucx_link_admission.hpp), after the connect: the
 // reply, or why not.
 asio::awaitable<result<admission_reply>> dial_frames(
-    tcp::socket& s, const std::string& token, const admission_request& request,
+    tcp::socket& s, std::uint32_t peer, const std::string& token, const admission_request& request,
     const std::function<error(const char*, std::error_code)>& fail) {
   std::error_code ec;
   auto on = asio::redirect_error(asio::use_awaitable, ec);
   admission_greeting mine;
   mine.node = request.node;
+  mine.peer = peer;
   mine.fresh = fresh_nonce();
   co_await asio::async_write(s, asio::buffer(&mine, sizeof mine), on);
   if (ec) co_return fail("send", ec);
   admission_greeting theirs{};
   co_await asio::async_read(s, asio::buffer(&theirs, sizeof theirs), on);
   if (ec) co_return fail("greeting", ec);
-  if (auto ok = check_greeting(theirs); !ok.ok()) co_return ok.err();
+  if (auto ok = check_greeting(theirs, request.node); !ok.ok()) co_return ok.err();
+  if (theirs.node != peer) {  // before any proof is sent
+    co_return error{
+        fmt::format("node {} answered at node {}'s address (is another job listening "
+                    "there?)",
+                    theirs.node, peer)};
+  }
   std::vector<std::byte> transcript;
   append(transcript, &mine, sizeof mine);
   append(transcript, &theirs, sizeof theirs);
@@ -121,8 +128,8 @@ asio::awaitable<result<admission_reply>> dial_frames(
   co_return reply;
 }
 
-asio::awaitable<void> dial_exchange(std::shared_ptr<admission_dialing> d, std::string host,
-                                    std::uint16_t port, std::string token,
+asio::awaitable<void> dial_exchange(std::shared_ptr<admission_dialing> d, std::uint32_t peer,
+                                    std::string host, std::uint16_t port, std::string token,
                                     admission_request request, std::chrono::milliseconds deadline,
                                     std::function<void(result<admission_reply>)> done) {
   const auto expires = clock::now() + deadline;
@@ -161,7 +168,8 @@ asio::awaitable<void> dial_exchange(std::shared_ptr<admission_dialing> d, std::s
     } else {
       where = endpoint_text(to);
       close_on_exec(d->socket.native_handle());
-      auto reply = co_await dial_frames(d->socket, token, request, fail);  // (g++ 12: not in ?:)
+      auto reply =
+          co_await dial_frames(d->socket, peer, token, request, fail);  // (g++ 12: not in ?:)
       got = std::move(reply);
     }
   }
@@ -200,9 +208,13 @@ std::vector<std::byte> frame(std::uint32_t node, std::uint32_t verdict,
 
 }  // namespace
 
-result<void> check_greeting(const admission_greeting& g) {
+result<void> check_greeting(const admission_greeting& g, std::uint32_t self) {
   if (auto ok = check_version(g.magic, g.version); !ok.ok()) return ok;
-  if (g.reserved != 0) return error{"a greeting with its reserved field set"};
+  if (g.node == self) return error{"a greeting from this node itself (a dial reflected)"};
+  if (g.peer != self) {
+    return error{fmt::format("a greeting meant for node {}, not this node {} (a dial relayed?)",
+                             g.peer, self)};
+  }
   return {};
 }
 
@@ -315,10 +327,11 @@ void admission_listener::accept_next() {
     const tcp::endpoint remote = s.remote_endpoint(e);
     const std::string from = e ? std::string("?") : endpoint_text(remote);
     const std::string source = e ? std::string("?") : remote.address().to_string();
-    if (self->open_by_source_[source] >= self->settings_.max_per_source) {
+    const auto held = self->open_by_source_.find(source);
+    if (held != self->open_by_source_.end() && held->second >= self->settings_.max_per_source) {
       self->refuse_(admission_refusal::half_open, from);
       s.close(e);
-    } else if (self->open_.size() >= self->settings_.max_open) {
+    } else if (self->open_.size() >= self->settings_.max_open) {  // (no entry made above)
       self->refuse_(admission_refusal::too_many, from);
       s.close(e);
     } else {
@@ -340,44 +353,53 @@ asio::awaitable<void> admission_listener::serve(std::shared_ptr<tcp::socket> s, 
     std::error_code ignored;
     if (!ec) s->close(ignored);
   });
+  std::optional<admission_refusal> refusal;
+  try {
+    auto refused = co_await greet(*s, from, expires);  // (g++ 12: bound before use)
+    refusal = refused;
+  } catch (const std::exception&) {
+    // Ours, not the client's (no nonce, decide() failed): the socket is closed, never leaked.
+    refusal = admission_refusal::malformed;
+  }
+  timer.cancel();
+  std::error_code ec;
+  s->close(ec);
+  open_.erase(s);
+  if (auto it = open_by_source_.find(source); it != open_by_source_.end() && --it->second == 0) {
+    open_by_source_.erase(it);
+  }
+  if (refusal && !closed_) refuse_(*refusal, from);
+}
+
+asio::awaitable<std::optional<admission_refusal>> admission_listener::greet(
+    tcp::socket& s, const std::string& from, clock::time_point expires) {
+  std::error_code ec;
+  auto on = asio::redirect_error(asio::use_awaitable, ec);
   const auto on_error = [&] {
     return clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
   };
-  std::optional<admission_refusal> refusal;
-  std::error_code ec;
   admission_greeting theirs{};
-  co_await asio::async_read(*s, asio::buffer(&theirs, sizeof theirs),
-                            asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) {
-    refusal = on_error();
-  } else if (!check_greeting(theirs).ok()) {
-    refusal = admission_refusal::malformed;
-  } else {
-    admission_greeting mine;
-    mine.node = settings_.node;
-    mine.fresh = fresh_nonce();
-    std::vector<std::byte> transcript;
-    append(transcript, &theirs, sizeof theirs);
-    append(transcript, &mine, sizeof mine);
-    co_await asio::async_write(*s, asio::buffer(&mine, sizeof mine),
-                               asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) {
-      refusal = on_error();
-    } else {
-      auto answered = co_await answer(*s, transcript, from, expires);  // (g++ 12: not inside ?:)
-      refusal = answered;
-    }
-  }
-  timer.cancel();
-  s->close(ec);
-  open_.erase(s);
-  if (--open_by_source_[source] == 0) open_by_source_.erase(source);
-  if (refusal && !closed_) refuse_(*refusal, from);
+  co_await asio::async_read(s, asio::buffer(&theirs, sizeof theirs), on);
+  if (ec) co_return on_error();
+  // Not ours, or meant for another node (relayed), or from this node itself (reflected): closed
+  // before anything is proven.
+  if (!check_greeting(theirs, settings_.node).ok()) co_return admission_refusal::malformed;
+  admission_greeting mine;
+  mine.node = settings_.node;
+  mine.peer = theirs.node;
+  mine.fresh = fresh_nonce();
+  std::vector<std::byte> transcript;
+  append(transcript, &theirs, sizeof theirs);
+  append(transcript, &mine, sizeof mine);
+  co_await asio::async_write(s, asio::buffer(&mine, sizeof mine), on);
+  if (ec) co_return on_error();
+  auto answered = co_await answer(s, transcript, from, expires, theirs.node);
+  co_return answered;
 }
 
 asio::awaitable<std::optional<admission_refusal>> admission_listener::answer(
     tcp::socket& s, std::vector<std::byte>& transcript, const std::string& from,
-    clock::time_point expires) {
+    clock::time_point expires, std::uint32_t dialler) {
   std::error_code ec;
   auto on = asio::redirect_error(asio::use_awaitable, ec);
   const auto on_error = [&] {
@@ -387,7 +409,7 @@ asio::awaitable<std::optional<admission_refusal>> admission_listener::answer(
   co_await asio::async_read(s, asio::buffer(&h, sizeof h), on);
   if (ec) co_return on_error();
   const auto body_bytes = request_body_bytes(h);
-  if (!body_bytes.ok()) co_return admission_refusal::malformed;
+  if (!body_bytes.ok() || h.node != dialler) co_return admission_refusal::malformed;
   std::vector<std::byte> body(*body_bytes);
   co_await asio::async_read(s, asio::buffer(body), on);
   if (ec) co_return on_error();
@@ -420,14 +442,14 @@ void admission_dialing::give_up() {
 }
 
 std::shared_ptr<admission_dialing> admission_dial(
-    asio::io_context& io, std::string host, std::uint16_t port, std::string token,
-    const admission_request& request, std::chrono::milliseconds deadline,
+    asio::io_context& io, std::uint32_t peer, std::string host, std::uint16_t port,
+    std::string token, const admission_request& request, std::chrono::milliseconds deadline,
     std::function<void(result<admission_reply>)> done) {
   auto d = std::make_shared<admission_dialing>(io);
-  asio::co_spawn(
-      io,
-      dial_exchange(d, std::move(host), port, std::move(token), request, deadline, std::move(done)),
-      asio::detached);
+  asio::co_spawn(io,
+                 dial_exchange(d, peer, std::move(host), port, std::move(token), request, deadline,
+                               std::move(done)),
+                 asio::detached);
   return d;
 }
 

@@ -3,8 +3,10 @@
 //
 // Four frames, each end proving that it holds the job token without sending it
 // (admission_proof.hpp):
-//   1. dialler -> acceptor: greeting (its node, a fresh nonce);
-//   2. acceptor -> dialler: greeting (its node, a fresh nonce);
+//   1. dialler -> acceptor: greeting (its node, the node it means to reach, a fresh nonce);
+//   2. acceptor -> dialler: greeting (its node, the dialler's, a fresh nonce), or the socket
+//      closes where the dialler meant another node (a dial relayed, or reflected back to the
+//      dialler's own listener);
 //   3. dialler -> acceptor: request: the UCX addresses of its two workers, the key the
 //      acceptor puts in front of every active message it sends on the connection, and its
 //      proof over frames 1-3;
@@ -53,8 +55,8 @@ constexpr std::size_t admission_max_address = 8192;  // a UCX worker address is 
 struct admission_greeting {
   std::uint32_t magic = admission_magic;
   std::uint32_t version = admission_version;
-  std::uint32_t node = 0;
-  std::uint32_t reserved = 0;
+  std::uint32_t node = 0;  // the sender's
+  std::uint32_t peer = 0;  // the node it speaks to (both proofs cover it)
   nonce fresh{};
 };
 static_assert(sizeof(admission_greeting) == 48);
@@ -100,8 +102,9 @@ struct admission_reply {
 constexpr std::string_view request_label = "moevement admission request";
 constexpr std::string_view reply_label = "moevement admission reply";
 
-// Whether a greeting is one of ours (magic, version).
-result<void> check_greeting(const admission_greeting& g);
+// Whether a greeting is one of ours (magic, version) from another node than `self`, meant for
+// `self`.
+result<void> check_greeting(const admission_greeting& g, std::uint32_t self);
 // A frame without its proof: the head and the addresses.
 std::vector<std::byte> encode(const admission_request& r);
 std::vector<std::byte> encode(const admission_reply& r);
@@ -151,10 +154,14 @@ class admission_listener : public std::enable_shared_from_this<admission_listene
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_;  // after an accept error (out of descriptors): try again soon
   std::uint16_t port_ = 0;
-  // One socket's exchange, after the greetings: the request read, proven, answered.
+  // One socket's exchange: the greetings, then answer().
+  asio::awaitable<std::optional<admission_refusal>> greet(
+      asio::ip::tcp::socket& s, const std::string& from,
+      std::chrono::steady_clock::time_point expires);
+  // After the greetings: the request of node `dialler` read, proven, answered.
   asio::awaitable<std::optional<admission_refusal>> answer(
       asio::ip::tcp::socket& s, std::vector<std::byte>& transcript, const std::string& from,
-      std::chrono::steady_clock::time_point expires);
+      std::chrono::steady_clock::time_point expires, std::uint32_t dialler);
 
   std::map<std::string, std::size_t> open_by_source_;
   std::set<std::shared_ptr<asio::ip::tcp::socket>> open_;
@@ -173,13 +180,13 @@ class admission_dialing {
   bool given_up = false;
 };
 
-// One dial: resolve `host` (off the event loop: a slow name server must not hold the
+// One dial of node `peer`: resolve `host` (off the event loop: a slow name server must not hold the
 // heartbeats), connect, greet, send the request with its proof, read the reply, all within
 // `deadline`. An admission whose proof fails is the verdict `unproven` (the far end does not
 // hold `token`). `done` runs once, from `io`.
 std::shared_ptr<admission_dialing> admission_dial(
-    asio::io_context& io, std::string host, std::uint16_t port, std::string token,
-    const admission_request& request, std::chrono::milliseconds deadline,
+    asio::io_context& io, std::uint32_t peer, std::string host, std::uint16_t port,
+    std::string token, const admission_request& request, std::chrono::milliseconds deadline,
     std::function<void(result<admission_reply>)> done);
 
 // "host:port" (or "[v6]:port") of an endpoint, for reports.

@@ -144,8 +144,8 @@ void link_state::on_admission_reply(std::uint64_t serial, result<admission_reply
   switch (reply->verdict) {
     case admission_verdict::admitted:
       break;
-    case admission_verdict::wrong_token:
-      return lose_peer(peer, peer_loss::refused, "refused by the peer: wrong job token");
+    case admission_verdict::wrong_token:  // (unproven: where another connection works, kept)
+      return fail_connection(serial, "refused by the peer: wrong job token");
     case admission_verdict::leaving:
       return fail_connection(serial, "the peer is leaving");
     case admission_verdict::unusable:
@@ -193,7 +193,7 @@ result<connection*> link_state::connection_to(node_id peer) {
   pe.send_conn = c.serial;
   LINK_TRACE("dialling node {} at {}:{} on conn {}", peer, pe.host, pe.port, c.serial);
   admission_request request{opt.self, message_address, bulk_address, c.recv_key};
-  c.dial = admission_dial(io, pe.host, pe.port, opt.job_token, request, opt.hello_timeout,
+  c.dial = admission_dial(io, peer, pe.host, pe.port, opt.job_token, request, opt.hello_timeout,
                           [w = weak_from_this(), serial = c.serial](result<admission_reply> r) {
                             if (auto s = w.lock()) s->on_admission_reply(serial, std::move(r));
                           });

@@ -16,9 +16,9 @@ TEST(suspicion_book, of_two_nodes_that_cannot_hear_each_other_one_is_declared) {
   const auto t = book_clock::time_point{} + 10s;
   b.report(1, 2, t, "x");
   b.report(2, 1, t + 10ms, "y");
-  EXPECT_TRUE(b.decide(t + 100ms, 200ms).empty());  // the window is not over yet
+  EXPECT_TRUE(b.decide(t + 100ms, 200ms, 60s).empty());  // the window is not over yet
   EXPECT_EQ(*b.next_due(200ms), t + 200ms);
-  const auto v = b.decide(t + 210ms, 200ms);
+  const auto v = b.decide(t + 210ms, 200ms, 60s);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].node, 2u);  // the first report's far end; its own report falls with it
   EXPECT_NE(v[0].why.find("unreachable from node 1"), std::string::npos) << v[0].why;
@@ -32,7 +32,7 @@ TEST(suspicion_book, a_reporter_that_hears_nobody_is_the_one_cut_off) {
   b.report(1, 3, t, "x");
   b.report(2, 1, t, "x");
   b.report(3, 1, t, "x");
-  const auto v = b.decide(t + 200ms, 200ms);
+  const auto v = b.decide(t + 200ms, 200ms, 60s);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].node, 1u);
   EXPECT_TRUE(b.empty());
@@ -44,7 +44,8 @@ TEST(suspicion_book, reports_about_a_node_the_judge_does_not_hear_wait) {
   b.report(1, 2, t, "x");
   b.report(1, 3, t, "x");
   const auto deaf_to_2_and_3 = [](suspicion_book::node_id n) { return n != 2 && n != 3; };
-  EXPECT_TRUE(b.decide(t + 1s, 200ms, deaf_to_2_and_3).empty());  // not node 1: it may be right
+  EXPECT_TRUE(
+      b.decide(t + 1s, 200ms, 60s, deaf_to_2_and_3).empty());  // not node 1: it may be right
   EXPECT_FALSE(b.empty());
 }
 
@@ -58,7 +59,29 @@ TEST(suspicion_book, a_withdrawn_or_forgotten_report_takes_no_verdict) {
   b.forget(4);
   EXPECT_TRUE(b.empty());
   EXPECT_FALSE(b.next_due(200ms).has_value());
-  EXPECT_TRUE(b.decide(t + 1s, 200ms).empty());
+  EXPECT_TRUE(b.decide(t + 1s, 200ms, 60s).empty());
+}
+
+TEST(suspicion_book, a_reporter_whose_word_already_cost_a_member_is_the_one_judged_next) {
+  suspicion_book b;
+  const auto t = book_clock::time_point{} + 10s;
+  b.report(1, 2, t, "x");
+  auto v = b.decide(t + 200ms, 200ms, 60s);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].node, 2u);
+  b.report(1, 3, t + 10s, "x");  // another peer, one at a time: node 1's own link
+  v = b.decide(t + 10s + 200ms, 200ms, 60s);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].node, 1u);
+  EXPECT_NE(v[0].why.find("after node 2"), std::string::npos) << v[0].why;
+  EXPECT_TRUE(b.empty());
+  // Past the memory, a report is judged on its own again.
+  b.report(4, 5, t, "x");
+  ASSERT_EQ(b.decide(t + 200ms, 200ms, 60s).size(), 1u);
+  b.report(4, 6, t + 61s, "x");
+  v = b.decide(t + 61s + 200ms, 200ms, 60s);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].node, 6u);
 }
 
 // A head and three workers, heartbeats every 100 ms, lost after 1 s of silence.
@@ -185,6 +208,25 @@ TEST(verdicts, a_worker_cut_off_from_every_peer_is_the_one_declared) {
     EXPECT_TRUE(c.member(0, 2));
     EXPECT_TRUE(c.member(0, 3));
     EXPECT_TRUE(c.member(2, 3));
+  });
+}
+
+// Worker 1 loses its peers one at a time (a link of its own that flaps): its first report
+// costs worker 2 its place (the far end: the head cannot tell), its next one costs worker 1
+// its own, and worker 3 stays. (Worker 3 was declared, and then any next peer of worker 1.)
+TEST(verdicts, a_worker_that_loses_its_peers_one_by_one_is_the_one_declared_next) {
+  four_nodes c(200ms, 400ms);  // worker 1 reports first
+  c.d.run_body([&]() -> awaitable<void> {
+    co_await c.join();
+    c.d.hub().cut(1, 2);
+    co_await c.d[0].sleep_for(3s);
+    CO_ASSERT(c.seen[0].size() == 1u);
+    EXPECT_EQ(c.seen[0][0].first, 2u);
+    c.d.hub().cut(1, 3);
+    co_await c.d[0].sleep_for(3s);
+    CO_ASSERT(c.seen[0].size() == 2u);
+    EXPECT_EQ(c.seen[0][1].first, 1u) << "worker 3, which the head and worker 2 hear, declared";
+    EXPECT_TRUE(c.member(0, 3));
   });
 }
 

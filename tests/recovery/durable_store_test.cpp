@@ -289,6 +289,26 @@ TEST_F(durable_store_test, a_failed_rewrite_leaves_the_window_it_had) {
   EXPECT_EQ(entries, 2u) << "the old window or a staging directory was left behind";
 }
 
+// On a file system without RENAME_EXCHANGE a rewrite renames twice; killed between the two, it
+// leaves the old window and the new one beside an empty name. The next prune puts the new one
+// back, and removes the old.
+TEST_F(durable_store_test, a_rewrite_killed_between_its_renames_is_put_back_by_the_next_prune) {
+  durable_store s(dir_);
+  write(s, 1);
+  write(s, 2);
+  const auto old_copy = dir_ / "window-00000000000000000002.old";
+  std::filesystem::copy(window_path(2), old_copy);
+  write(s, 2, 8192);
+  std::filesystem::rename(window_path(2), dir_ / "window-00000000000000000002.new");
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{1}));
+  s.prune(5);
+  EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{1, 2}));
+  auto w = s.load(2);
+  ASSERT_TRUE(w.ok()) << w.err().message;
+  EXPECT_EQ(w->blobs.at("stage-0.bin"), pattern(8192, 2)) << "the old window was put back";
+  EXPECT_FALSE(std::filesystem::exists(old_copy));
+}
+
 // A store directory that exists but cannot be listed is an error naming it, never "no
 // windows" (a requeued job then started over and cleared them).
 TEST_F(durable_store_test, a_directory_that_cannot_be_listed_is_an_error_not_empty) {

@@ -93,12 +93,15 @@ TEST(admission_codec, heads_past_their_bounds_are_refused_before_anything_is_rea
   h.message_bytes = 0;
   EXPECT_FALSE(reply_body_bytes(h).ok()) << "a verdict never sent";
   admission_greeting g;
-  EXPECT_TRUE(check_greeting(g).ok());
+  g.node = 5;
+  g.peer = 0;
+  EXPECT_TRUE(check_greeting(g, 0).ok());
   g.version = 1;  // the protocol that sent the token itself
-  EXPECT_FALSE(check_greeting(g).ok());
+  EXPECT_FALSE(check_greeting(g, 0).ok());
   g.version = admission_version;
-  g.reserved = 1;
-  EXPECT_FALSE(check_greeting(g).ok());
+  EXPECT_FALSE(check_greeting(g, 3).ok()) << "meant for node 0: a dial relayed to node 3";
+  g.node = 0;
+  EXPECT_FALSE(check_greeting(g, 0).ok()) << "from node 0 itself: a dial reflected";
 }
 
 TEST(admission_proof, a_proof_depends_on_the_token_the_label_and_every_byte) {
@@ -132,11 +135,12 @@ void add(std::vector<std::byte>& to, const void* p, std::size_t n) {
 }
 
 // A process at a peer's old address (a freed port another user took) that does not hold the
-// job token: it speaks the protocol, keeps every byte the dialler sends, and admits it with a
-// proof keyed by a token of its own.
+// job token: it speaks the protocol, greets as the node the dialler means (node 0), keeps
+// every byte the dialler sends, and admits it with a proof keyed by a token of its own.
 class impostor {
  public:
-  impostor() {
+  // greet_as: the node it says it is (-1: the one the dialler means).
+  explicit impostor(std::int64_t greet_as = -1) : greet_as_(greet_as) {
     listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -164,11 +168,21 @@ class impostor {
     const int s = ::accept(listen_, nullptr, nullptr);
     admission_greeting theirs;
     admission_greeting mine;
-    mine.node = 3;
-    mine.fresh = fresh_nonce();
     admission_head h;
-    if (s < 0 || !read_all(s, &theirs, sizeof theirs) || !write_all(s, &mine, sizeof mine) ||
-        !read_all(s, &h, sizeof h) || !request_body_bytes(h).ok()) {
+    if (s >= 0 && read_all(s, &theirs, sizeof theirs)) {
+      mine.node = greet_as_ < 0 ? theirs.peer : std::uint32_t(greet_as_);
+      mine.peer = theirs.node;
+      mine.fresh = fresh_nonce();
+    }
+    if (s >= 0 && greet_as_ >= 0) {  // the dialler closes: it heard another node than it dials
+      add(heard_, &theirs, sizeof theirs);
+      char c = 0;
+      EXPECT_TRUE(write_all(s, &mine, sizeof mine) && ::recv(s, &c, 1, 0) <= 0);
+      ::close(s);
+      return;
+    }
+    if (s < 0 || !write_all(s, &mine, sizeof mine) || !read_all(s, &h, sizeof h) ||
+        !request_body_bytes(h).ok()) {
       ADD_FAILURE() << "the dialler did not speak the protocol";
       if (s >= 0) ::close(s);
       return;
@@ -181,7 +195,7 @@ class impostor {
     std::vector<std::byte> transcript = heard_;
     transcript.insert(transcript.begin() + sizeof theirs, reinterpret_cast<std::byte*>(&mine),
                       reinterpret_cast<std::byte*>(&mine) + sizeof mine);
-    auto reply = encode(admission_reply{3, admission_verdict::admitted, bytes({8}), {}, 99});
+    auto reply = encode(admission_reply{0, admission_verdict::admitted, bytes({8}), {}, 99});
     add(transcript, reply.data(), reply.size());
     const proof forged = prove("not the job token", reply_label, transcript);
     add(reply, forged.data(), forged.size());
@@ -189,6 +203,7 @@ class impostor {
     ::close(s);
   }
 
+  std::int64_t greet_as_;
   int listen_ = -1;
   std::uint16_t port_ = 0;
   std::thread thread_;
@@ -237,7 +252,7 @@ class admission_test : public ::testing::Test {
                                               const std::string& token = "job",
                                               std::uint16_t port = 0) {
     std::optional<result<admission_reply>> got;
-    admission_dial(io_, "127.0.0.1", port != 0 ? port : listener_->port(), token, r, 2000ms,
+    admission_dial(io_, 0, "127.0.0.1", port != 0 ? port : listener_->port(), token, r, 2000ms,
                    [&](result<admission_reply> reply) { got = reply; });
     run_until([&] { return got.has_value(); });
     return got;
@@ -315,6 +330,41 @@ TEST_F(admission_test, a_request_proven_for_another_exchange_is_refused) {
   EXPECT_EQ(refused_[0], admission_refusal::wrong_token);
 }
 
+// A dial is for one node: the greeting names it, and both proofs cover it. A greeting meant
+// for another node (a dial relayed here) or from this node itself (reflected back to its own
+// listener) is closed before anything is proven; and a dialler that is greeted by another node
+// than the one it dials stops before it sends its proof.
+TEST_F(admission_test, a_dial_relayed_or_reflected_is_closed_unproven) {
+  listen();
+  for (const std::uint32_t peer : {7u, 0u}) {
+    std::optional<bool> closed;
+    std::thread dialler([&, fd = connect_raw()] {
+      admission_greeting g;
+      g.node = peer == 0 ? 0 : 5;  // reflected: from the listener's own node
+      g.peer = peer;               // relayed: meant for node 7
+      g.fresh = fresh_nonce();
+      char c = 0;
+      closed = write_all(fd, &g, sizeof g) && ::recv(fd, &c, 1, 0) <= 0;
+      ::close(fd);
+    });
+    EXPECT_TRUE(run_until([&] { return closed.has_value(); }));
+    dialler.join();
+    EXPECT_EQ(closed, std::optional(true)) << "greeted back, peer " << peer;
+  }
+  EXPECT_TRUE(run_until([&] { return refused_.size() == 2; }));
+  EXPECT_EQ(std::count(refused_.begin(), refused_.end(), admission_refusal::malformed), 2);
+  EXPECT_TRUE(asked_.empty());
+  // A dialler greeted by another node than it dials (node 3 where it means node 0) closes
+  // before it sends anything more.
+  impostor other_node(3);
+  const auto got = dial(request_of(5), "job", other_node.port());
+  ASSERT_TRUE(got && !got->ok());
+  EXPECT_NE(got->err().message.find("node 3 answered at node 0's address"), std::string::npos)
+      << got->err().message;
+  EXPECT_EQ(other_node.heard().size(), sizeof(admission_greeting));
+  EXPECT_TRUE(asked_.empty());
+}
+
 TEST_F(admission_test, junk_truncation_and_silence_are_closed_and_the_listener_listens_on) {
   listen(300ms);
   const int junk = connect_raw();
@@ -379,13 +429,13 @@ TEST_F(admission_test, all_sources_together_hold_only_so_many_sockets) {
 TEST_F(admission_test, a_dial_by_name_resolves_off_the_loop_and_can_be_given_up) {
   listen();
   std::optional<result<admission_reply>> got;
-  admission_dial(io_, "localhost", listener_->port(), "job", request_of(1), 5000ms,
+  admission_dial(io_, 0, "localhost", listener_->port(), "job", request_of(1), 5000ms,
                  [&](result<admission_reply> r) { got = r; });
   ASSERT_TRUE(run_until([&] { return got.has_value(); }));
   ASSERT_TRUE(got->ok()) << got->err().message;
   EXPECT_EQ((*got)->verdict, admission_verdict::admitted);
   got.reset();
-  auto d = admission_dial(io_, "localhost", listener_->port(), "job", request_of(2), 5000ms,
+  auto d = admission_dial(io_, 0, "localhost", listener_->port(), "job", request_of(2), 5000ms,
                           [&](result<admission_reply> r) { got = r; });
   d->give_up();
   ASSERT_TRUE(run_until([&] { return got.has_value(); }));
@@ -400,7 +450,7 @@ TEST_F(admission_test, a_dial_to_nobody_fails_saying_where) {
   listener_->close();
   listener_.reset();
   std::optional<result<admission_reply>> got;
-  admission_dial(io_, "127.0.0.1", port, "job", request_of(1), 1000ms,
+  admission_dial(io_, 0, "127.0.0.1", port, "job", request_of(1), 1000ms,
                  [&](result<admission_reply> r) { got = r; });
   ASSERT_TRUE(run_until([&] { return got.has_value(); }));
   ASSERT_FALSE(got->ok());
