@@ -10,11 +10,16 @@
 //             theirs: the same UCP operation in ucx_perftest: -t ucp_get on shared memory,
 //             -t ucp_am_bw on TCP
 // and prints `<metric>: ours=<v> theirs=<v> ratio=<r>` (better-is-higher: theirs/ours for
-// latency). Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] [--no-lease]
-// [--no-yield] [--spin US] [--ours-only] [--repeat N]. --no-lease: every pull asks the exporter
-// first (ucx_link_options::lease_regions off, the behaviour before leases); --no-yield: the spin
-// does not yield the core (spin_yield off, as before); --spin US: the spin window's bound
-// (ucx_link_options::spin) in both processes; --ours-only: skip ucx_perftest (and
+// latency). With --admission it times instead one admission dial over loopback TCP in this
+// process (ours: ucx_link_admission's four frames, two HMAC-SHA256 proofs, the name resolved
+// off the loop; theirs: the one round trip every admission costs at least: connect, 64 bytes
+// each way, close; the exchange protocol 1 made, which sent the token itself) and prints
+// `admission_dial_us: ours=<median> theirs=<median> ratio=theirs/ours`.
+// Usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] [--no-lease]
+// [--no-yield] [--spin US] [--ours-only] [--repeat N] [--admission]. --no-lease: every pull asks
+// the exporter first (ucx_link_options::lease_regions off, the behaviour before leases);
+// --no-yield: the spin does not yield the core (spin_yield off, as before); --spin US: the spin
+// window's bound (ucx_link_options::spin) in both processes; --ours-only: skip ucx_perftest (and
 // print the median time of one pull too, which preemption spells do not move);
 // --repeat N: N alternating runs of ours and theirs, each figure the median of its N.
 #include <fmt/format.h>
@@ -23,13 +28,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -39,6 +49,7 @@
 #include "bench/transport_bench.capnp.h"
 #include "bench/ucx_perftest.hpp"
 #include "transport/ucx_link.hpp"
+#include "transport/ucx_link_admission.hpp"
 
 extern char** environ;
 
@@ -313,6 +324,83 @@ std::string size_name(std::size_t s) {
 
 }  // namespace
 
+// ---- admission: one dial, ours against one plain round trip ------------------------------------
+
+// The median of `dials` dials, in microseconds, each run to its end by `dial_once` on `io`.
+template <class Dial>
+double median_dial_us(asio::io_context& io, int dials, Dial dial_once) {
+  std::vector<double> us;
+  for (int i = 0; i < dials; ++i) {
+    bool done = false;
+    const auto t0 = clock_type::now();
+    dial_once([&] { done = true; });
+    while (!done) io.run_one();
+    us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+  }
+  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+  return us[us.size() / 2];
+}
+
+int run_admission(int rounds) {
+  using asio::ip::tcp;
+  asio::io_context io;
+  const std::vector<std::byte> address(300, std::byte{7});  // a UCX worker address's size
+  auto listener = detail::admission_listener::start(
+      io, "127.0.0.1", 0, {std::chrono::seconds(5), 64, 64, 0, token},
+      [&](const detail::admission_request&, const std::string&) {
+        return detail::admission_reply{0, detail::admission_verdict::admitted, address, address, 1};
+      },
+      [](detail::admission_refusal, const std::string&) {});
+  // Theirs: a server that reads 64 bytes and answers 64.
+  tcp::acceptor plain(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  std::function<void()> serve_plain = [&] {
+    plain.async_accept([&](std::error_code ec, tcp::socket s) {
+      if (ec) return;
+      auto sock = std::make_shared<tcp::socket>(std::move(s));
+      auto buf = std::make_shared<std::array<char, 64>>();
+      asio::async_read(*sock, asio::buffer(*buf), [sock, buf](std::error_code e, std::size_t) {
+        if (!e) asio::async_write(*sock, asio::buffer(*buf), [sock, buf](auto, auto) {});
+      });
+      serve_plain();
+    });
+  };
+  serve_plain();
+  const auto plain_port = plain.local_endpoint().port();
+  const auto ours_once = [&](auto done) {
+    detail::admission_dial(io, 0, "127.0.0.1", listener->port(), token, {1, address, address, 2},
+                           std::chrono::seconds(5), [done](result<detail::admission_reply> r) {
+                             if (!r.ok()) throw std::runtime_error(r.err().message);
+                             done();
+                           });
+  };
+  const auto theirs_once = [&](auto done) {
+    auto s = std::make_shared<tcp::socket>(io);
+    auto buf = std::make_shared<std::array<char, 64>>();
+    s->async_connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), plain_port),
+                     [s, buf, done](std::error_code ec) {
+                       if (ec) throw std::runtime_error("plain connect: " + ec.message());
+                       asio::async_write(*s, asio::buffer(*buf), [s, buf, done](auto, auto) {
+                         asio::async_read(*s, asio::buffer(*buf), [s, buf, done](auto, auto) {
+                           std::error_code ignored;
+                           s->close(ignored);
+                           done();
+                         });
+                       });
+                     });
+  };
+  std::vector<double> ours, theirs;
+  for (int r = 0; r < rounds; ++r) {  // alternating blocks: both see the same load
+    ours.push_back(median_dial_us(io, 100, ours_once));
+    theirs.push_back(median_dial_us(io, 100, theirs_once));
+  }
+  std::sort(ours.begin(), ours.end());
+  std::sort(theirs.begin(), theirs.end());
+  const double o = ours[ours.size() / 2], t = theirs[theirs.size() / 2];
+  std::printf("admission_dial_us: ours=%.1f theirs=%.1f ratio=%.3f\n", o, t, t / o);
+  listener->close();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   try {
     if (argc >= 5 && std::string(argv[1]) == "--peer") {
@@ -322,7 +410,7 @@ int main(int argc, char** argv) {
       return run_peer(static_cast<std::uint16_t>(std::stoi(argv[2])), set);
     }
     our_settings set;
-    bool quick = false, with_1g = true, ours_only = false;
+    bool quick = false, with_1g = true, ours_only = false, admission = false;
     int repeat = 1;
     std::vector<std::string> transports{"shm", "tcp"};
     for (int i = 1; i < argc; ++i) {
@@ -340,6 +428,8 @@ int main(int argc, char** argv) {
         set.lease = false;
       } else if (a == "--ours-only") {
         ours_only = true;
+      } else if (a == "--admission") {
+        admission = true;
       } else if (a == "--repeat" && i + 1 < argc) {
         const std::string v = argv[++i];
         if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 6 ||
@@ -356,10 +446,12 @@ int main(int argc, char** argv) {
       } else {
         std::fprintf(stderr,
                      "usage: bench_transport [--quick] [--no-1g] [--transport shm|tcp] "
-                     "[--no-lease] [--no-yield] [--spin US] [--ours-only] [--repeat N]\n");
+                     "[--no-lease] [--no-yield] [--spin US] [--ours-only] [--repeat N] "
+                     "[--admission]\n");
         return 2;
       }
     }
+    if (admission) return run_admission(quick ? 3 : 5 * repeat);
     std::vector<std::size_t> sizes{4u << 20, 64u << 20};
     if (with_1g) sizes.push_back(1u << 30);
     for (const auto& t : transports) {

@@ -264,12 +264,11 @@ asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
   const std::uint64_t generation = m.getGeneration();
   if (stage < 0 || stage >= job_->pp || replica < 0 || replica >= job_->dp) co_return;
   if (stage_index_ >= 0) {
-    // A rollback to the durable tier, and a recovery group replaying in parallel, restore
-    // survivors too: a stage given its role at the start takes one (its running stage is
-    // dropped; the coordinator aborted the iteration and no longer counts on it).
-    const bool survivors_too = m.getDurable() || m.getGroup().size() > 0;
-    if ((!restored_ && !survivors_too) || generation <= generation_ || stage != stage_index_ ||
-        replica != replica_) {
+    // A rollback to the durable tier, a recovery group replaying in parallel, and a region
+    // that grew around a survivor restore survivors too: a stage given its role at the start
+    // takes one (its running stage is dropped; the coordinator aborted the iteration and no
+    // longer counts on it).
+    if (!takes_restore(stage_index_, replica_, generation_, stage, replica, generation)) {
       co_return;
     }
     if (stage_.valid()) system().stop(stage_);      // never wired, or the survivor's old stage

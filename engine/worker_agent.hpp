@@ -46,6 +46,17 @@ class worker_agent : public actors::actor {
                  const std::string& domain = "");
   bool assigned() const { return assigned_; }
 
+  // Whether a worker holding role (held_stage, held_replica), last restored at
+  // held_generation (0: never), takes a Restore of (stage, replica, generation): its own role
+  // under a newer generation. The head sends Restores only to a region's members and counts
+  // on every one it sends; a worker that held its role since the start takes one too, plain or
+  // not (a survivor whose region grew, under ep > 1 and no pipelined replay, before its first
+  // Restore went out: it dropped the plain one, and the recovery waited for ever).
+  static bool takes_restore(int held_stage, int held_replica, std::uint64_t held_generation,
+                            int stage, int replica, std::uint64_t generation) {
+    return generation > held_generation && stage == held_stage && replica == held_replica;
+  }
+
  private:
   asio::awaitable<void> assign(wire::Assign::Reader m);
   // A second Assign: from a standby head that took over (say_hello again first).

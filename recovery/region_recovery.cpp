@@ -141,6 +141,16 @@ void region_recovery::place_losses() {
   }
   state_->pending.clear();
   auto& regions = state_->regions;
+  // A region whose supervisor gave up (gone, its RegionEscalated still to come) or is about to
+  // (restarting past the limit) is escalating: a merge keeps it and its id, so that the
+  // escalation covers the merged region (it was stopped or erased, the escalation dropped as
+  // stale, and the merged region restarted past the limit on a fresh budget).
+  auto& sys = job_.actor().system();
+  const int limit = job_.job().region_restarts;
+  const auto escalating = [&](const region& r) {
+    return r.supervisor.valid() &&
+           (!sys.alive(r.supervisor) || (r.restarting && r.restarts >= limit));
+  };
   for (bool merged = true; merged;) {
     merged = false;
     for (std::size_t i = 0; i < regions.size() && !merged; ++i) {
@@ -148,8 +158,11 @@ void region_recovery::place_losses() {
         region& a = regions[i];
         region& b = regions[j];
         if (std::max(a.first, b.first) > std::min(a.last, b.last) + 1) continue;
-        // The supervised one absorbs the other (whose supervisor, if any, stops).
-        if (!a.supervisor.valid() && b.supervisor.valid()) std::swap(a, b);
+        // The escalating one absorbs the other, else the supervised one (the other's
+        // supervisor, if any, stops).
+        if (escalating(b) ? !escalating(a) : (!a.supervisor.valid() && b.supervisor.valid())) {
+          std::swap(a, b);
+        }
         tree_.stop_region(b.supervisor);
         a.first = std::min(a.first, b.first);
         a.last = std::max(a.last, b.last);

@@ -102,6 +102,8 @@ TEST(replicator, an_over_long_batch_is_dropped_and_bad_offers_are_refused_saying
 // launched with such a flip: from the wire alone, any member could corrupt another's copies.
 TEST(replicator, a_flip_from_the_wire_is_taken_only_where_the_job_injects_one) {
   for (const bool accept : {false, true}) {
+    // (First, so that it goes last: the pull left waiting on the link's io_context ends there.)
+    actors::deterministic d;
     asio::io_context bulk_io_context;  // the pull never runs
     transport::ucx_link_options o;
     o.self = 0;
@@ -110,7 +112,6 @@ TEST(replicator, a_flip_from_the_wire_is_taken_only_where_the_job_injects_one) {
     engine::bulk_io bulk(link);
     policy_limits limits;
     limits.accept_copy_flips = accept;
-    actors::deterministic d;
     auto& sys = d.add(0);
     d.run_body([&]() -> awaitable<void> {
       auto rep = sys.spawn<replicator>(bulk, limits);
