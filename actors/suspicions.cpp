@@ -65,8 +65,13 @@ std::vector<suspicion_book::verdict> suspicion_book::decide(
     if (it == reports_.end()) break;
     const node_id reporter = it->reporter;
     const node_id suspect = it->suspect;
+    // On one member's word alone? (Others that cannot hear the suspect either back it up: no
+    // mark against any of them.)
+    const bool alone = std::count_if(reports_.begin(), reports_.end(), [&](const report_entry& r) {
+                         return r.suspect == suspect;
+                       }) == 1;
     if (auto c = cost_of_word_.find(reporter);
-        c != cost_of_word_.end() && now - c->second.at <= memory) {
+        alone && c != cost_of_word_.end() && now - c->second.at <= memory) {
       out.push_back(
           {reporter, fmt::format("it cannot reach node {}, after node {} {:.1f} s ago "
                                  "(the head hears both): it loses its peers one by one",
@@ -77,7 +82,7 @@ std::vector<suspicion_book::verdict> suspicion_book::decide(
     }
     out.push_back({suspect, fmt::format("unreachable from node {} ({})", reporter, it->detail)});
     forget(suspect);
-    cost_of_word_[reporter] = {suspect, now};
+    if (alone) cost_of_word_[reporter] = {suspect, now};
   }
   return out;
 }

@@ -7,8 +7,9 @@
 //   - otherwise each suspect of a standing report is (the link's far end), in report order,
 //     and a declared node's own reports fall with it (of two nodes that cannot hear each other,
 //     one is replaced, not both);
-//   - but a reporter whose word alone cost another member within `memory` is the one cut off
-//     (it loses its peers one at a time: a flapping link of its own, not theirs).
+//   - but a reporter whose word alone cost another member within `memory`, reporting another
+//     alone, is the one cut off (it loses its peers one at a time: a flapping link of its own,
+//     not theirs). A suspect reported by several members is theirs to lose.
 // Pure bookkeeping: the actor system feeds it and acts on its verdicts.
 #pragma once
 

@@ -257,8 +257,8 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
 }
 
 asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
-  // Only a spare that joined, from the coordinator that assigned it; again only for the same
-  // role under a newer generation (its region grew while it was being restored).
+  // Only a worker that joined; one holding a role, only for that role under a newer
+  // generation (takes_restore).
   if (!job_ || !checkpoint_) co_return;
   const int stage = m.getStage(), replica = m.getReplica();
   const std::uint64_t generation = m.getGeneration();

@@ -98,6 +98,10 @@ awaitable<void> region_recovery::recover() {
     co_return;
   }
   if (state_->pending.empty()) co_return;
+  // Every loss already declared is placed at once, after its own turn: a merge then sees each
+  // region as it is (a region's member lost too is restarting; placed first, its merge kept
+  // the other region and stopped this one's supervisor, its escalation lost).
+  if (job_.loss_pending()) co_return;
   place_losses();
   // No window of this head's has persisted since a standby took over: the journal's durable
   // window is the newest whole one (the stages' copies and logs in memory are older or
@@ -147,9 +151,12 @@ void region_recovery::place_losses() {
   // stale, and the merged region restarted past the limit on a fresh budget).
   auto& sys = job_.actor().system();
   const int limit = job_.job().region_restarts;
+  // 2: its supervisor gave up (its RegionEscalated on the way); 1: it will (restarting past
+  // the limit); 0: neither.
   const auto escalating = [&](const region& r) {
-    return r.supervisor.valid() &&
-           (!sys.alive(r.supervisor) || (r.restarting && r.restarts >= limit));
+    if (!r.supervisor.valid()) return 0;
+    if (!sys.alive(r.supervisor)) return 2;
+    return r.restarting && r.restarts >= limit ? 1 : 0;
   };
   for (bool merged = true; merged;) {
     merged = false;
@@ -160,9 +167,8 @@ void region_recovery::place_losses() {
         if (std::max(a.first, b.first) > std::min(a.last, b.last) + 1) continue;
         // The escalating one absorbs the other, else the supervised one (the other's
         // supervisor, if any, stops).
-        if (escalating(b) ? !escalating(a) : (!a.supervisor.valid() && b.supervisor.valid())) {
-          std::swap(a, b);
-        }
+        const int ea = escalating(a), eb = escalating(b);
+        if (ea != eb ? eb > ea : (!a.supervisor.valid() && b.supervisor.valid())) std::swap(a, b);
         tree_.stop_region(b.supervisor);
         a.first = std::min(a.first, b.first);
         a.last = std::max(a.last, b.last);

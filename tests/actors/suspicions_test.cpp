@@ -84,6 +84,27 @@ TEST(suspicion_book, a_reporter_whose_word_already_cost_a_member_is_the_one_judg
   EXPECT_EQ(v[0].node, 6u);
 }
 
+// A verdict that others' reports backed up marks nobody, and a suspect others report too is
+// theirs to lose: neither case is one member losing its peers alone.
+TEST(suspicion_book, a_verdict_others_back_up_counts_against_no_reporter) {
+  suspicion_book b;
+  const auto t = book_clock::time_point{} + 10s;
+  b.report(1, 2, t, "x");
+  b.report(3, 2, t, "x");  // node 2 cut off from both
+  auto v = b.decide(t + 200ms, 200ms, 60s);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].node, 2u);
+  b.report(1, 4, t + 10s, "x");  // node 1's next report, alone: judged on its own
+  v = b.decide(t + 10s + 200ms, 200ms, 60s);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].node, 4u);
+  b.report(1, 5, t + 20s, "x");  // node 1's word alone cost node 4: but node 3 reports 5 too
+  b.report(3, 5, t + 20s, "x");
+  v = b.decide(t + 20s + 200ms, 200ms, 60s);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].node, 5u);
+}
+
 // A head and three workers, heartbeats every 100 ms, lost after 1 s of silence.
 struct four_nodes {
   deterministic d;

@@ -508,29 +508,34 @@ TEST(region_recovery, a_region_past_its_restart_intensity_stops_the_job_saying_s
 
 // A region that gives up while a loss merges it into its neighbour: the merged region keeps
 // its escalation (it was erased with the absorbed region, the escalation dropped as stale,
-// and the merged region restarted past the limit until the spares ran out).
+// and the merged region restarted past the limit until the spares ran out). Either loss may
+// be handled first (declared in one heartbeat tick, in node order).
 TEST(region_recovery, a_merge_keeps_the_escalation_of_the_region_it_absorbs) {
-  cluster c;
-  c.d.run_body([&]() -> awaitable<void> {
-    fake_head* h = co_await c.start(1);
-    c.d.hub().crash(1);  // region 1: stage 0 on spare 5
-    co_await c.head.sleep_for(100ms);
-    c.d.hub().crash(3);  // region 2: stage 2 on spare 6
-    co_await c.head.sleep_for(100ms);
-    c.d.hub().crash(6);  // region 2 restarts on spare 7 (1 restart of 1)
-    co_await c.head.sleep_for(100ms);
-    EXPECT_EQ(c.restores(7).size(), 1u);
-    c.d.hub().crash(7);  // region 2 gives up...
-    c.d.hub().crash(2);  // ...as stage 1's loss merges stages 0..2, ahead of its escalation
-    co_await c.head.sleep_for(200ms);
-    if (h->failures.size() != 1) {
-      ADD_FAILURE() << h->failures.size() << " failures";
-      co_return;
-    }
-    EXPECT_NE(h->failures[0].find("past checkpoint.region_restarts = 1"), std::string::npos)
-        << h->failures[0];
-    EXPECT_TRUE(c.restores(8).empty()) << "no generation after the escalation";
-  });
+  for (const bool member_first : {true, false}) {
+    SCOPED_TRACE(member_first ? "the member's loss first" : "the neighbour's loss first");
+    cluster c;
+    c.d.run_body([&]() -> awaitable<void> {
+      fake_head* h = co_await c.start(1);
+      c.d.hub().crash(1);  // region 1: stage 0 on spare 5
+      co_await c.head.sleep_for(100ms);
+      c.d.hub().crash(3);  // region 2: stage 2 on spare 6
+      co_await c.head.sleep_for(100ms);
+      c.d.hub().crash(6);  // region 2 restarts on spare 7 (1 restart of 1)
+      co_await c.head.sleep_for(100ms);
+      EXPECT_EQ(c.restores(7).size(), 1u);
+      // Region 2 gives up as stage 1's loss merges stages 0..2.
+      c.d.hub().crash(member_first ? 7 : 2);
+      c.d.hub().crash(member_first ? 2 : 7);
+      co_await c.head.sleep_for(200ms);
+      if (h->failures.size() != 1) {
+        ADD_FAILURE() << h->failures.size() << " failures";
+        co_return;
+      }
+      EXPECT_NE(h->failures[0].find("past checkpoint.region_restarts = 1"), std::string::npos)
+          << h->failures[0];
+      EXPECT_TRUE(c.restores(8).empty()) << "no generation after the escalation";
+    });
+  }
 }
 
 TEST(region_recovery, a_window_a_stage_never_replicates_is_reported_once_naming_it) {
