@@ -56,6 +56,11 @@ std::vector<std::byte> slice(std::span<const std::byte> body, std::size_t& at, s
   return out;
 }
 
+// Why a socket's read or write failed: silence past its deadline, else not one of ours.
+admission_refusal read_failed(clock::time_point expires) {
+  return clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
+}
+
 // A frame's body ends with its proof.
 std::span<const std::byte> proof_of(std::span<const std::byte> body) {
   return body.last(proof_bytes);
@@ -375,9 +380,7 @@ asio::awaitable<std::optional<admission_refusal>> admission_listener::greet(
     tcp::socket& s, const std::string& from, clock::time_point expires) {
   std::error_code ec;
   auto on = asio::redirect_error(asio::use_awaitable, ec);
-  const auto on_error = [&] {
-    return clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
-  };
+  const auto on_error = [expires] { return read_failed(expires); };
   admission_greeting theirs{};
   co_await asio::async_read(s, asio::buffer(&theirs, sizeof theirs), on);
   if (ec) co_return on_error();
@@ -402,9 +405,7 @@ asio::awaitable<std::optional<admission_refusal>> admission_listener::answer(
     clock::time_point expires, std::uint32_t dialler) {
   std::error_code ec;
   auto on = asio::redirect_error(asio::use_awaitable, ec);
-  const auto on_error = [&] {
-    return clock::now() >= expires ? admission_refusal::timeout : admission_refusal::malformed;
-  };
+  const auto on_error = [expires] { return read_failed(expires); };
   admission_head h{};
   co_await asio::async_read(s, asio::buffer(&h, sizeof h), on);
   if (ec) co_return on_error();

@@ -34,6 +34,19 @@ class durable_store_test : public ::testing::Test {
     const std::vector<blob_view> blobs{{"stage-0.bin", a}, {"stage-1.bin", b}};
     s.write_window(id, blobs);
   }
+  // Runs `fn` while files over 100 bytes fail to write (EFBIG; the signal ignored meanwhile).
+  template <class Fn>
+  static void with_small_files(Fn fn) {
+    rlimit old{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    rlimit small = old;
+    small.rlim_cur = 100;
+    auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    fn();
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+    std::signal(SIGXFSZ, previous);
+  }
   std::filesystem::path window_path(std::uint64_t id) const {
     char buf[32];
     std::snprintf(buf, sizeof buf, "window-%020llu", static_cast<unsigned long long>(id));
@@ -240,16 +253,7 @@ TEST_F(durable_store_test, a_symlinked_window_is_never_written_or_read_through) 
 TEST_F(durable_store_test, a_failed_write_leaves_no_directory_behind) {
   durable_store s(dir_);
   write(s, 1);
-  // Files over 100 bytes fail to write (EFBIG; the signal is ignored meanwhile).
-  rlimit old{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
-  rlimit small = old;
-  small.rlim_cur = 100;
-  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  EXPECT_THROW(write(s, 2), std::runtime_error);
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
-  std::signal(SIGXFSZ, previous);
+  with_small_files([&] { EXPECT_THROW(write(s, 2), std::runtime_error); });
   EXPECT_FALSE(std::filesystem::exists(window_path(2)));
   EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{1}));
   EXPECT_TRUE(s.load(1).ok());
@@ -262,15 +266,7 @@ TEST_F(durable_store_test, a_failed_rewrite_leaves_the_window_it_had) {
   durable_store s(dir_);
   write(s, 1);
   write(s, 2);
-  rlimit old{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
-  rlimit small = old;
-  small.rlim_cur = 100;
-  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  EXPECT_THROW(write(s, 2, 8192), std::runtime_error);
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
-  std::signal(SIGXFSZ, previous);
+  with_small_files([&] { EXPECT_THROW(write(s, 2, 8192), std::runtime_error); });
   EXPECT_EQ(s.windows(), (std::vector<std::uint64_t>{1, 2}));
   auto w = s.load_latest();
   ASSERT_TRUE(w.ok()) << w.err().message;

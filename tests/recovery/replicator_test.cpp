@@ -52,18 +52,28 @@ void offer(wire::StoreSlot::Builder b, actors::actor_ref from, std::uint32_t slo
   transport::write_descriptor(b.initTensor(), {node, 1, 0, length});
 }
 
+// A replicator's node 0 on the deterministic scheduler, with a real link for its bulk path
+// (whose io_context nothing runs: no pull gets anywhere). Declared in this order, a pull left
+// waiting on the link's io_context ends before the scheduler it returns to.
+struct one_node {
+  actors::deterministic d;
+  asio::io_context bulk_io_context;
+  transport::ucx_link link{bulk_io_context, [] {
+                             transport::ucx_link_options o;
+                             o.self = 0;
+                             o.job_token = "replicator-test";
+                             return o;
+                           }()};
+  engine::bulk_io bulk{link};
+};
+
 TEST(replicator, an_over_long_batch_is_dropped_and_bad_offers_are_refused_saying_why) {
-  asio::io_context bulk_io_context;  // the bulk path is never reached here
-  transport::ucx_link_options o;
-  o.self = 0;
-  o.job_token = "replicator-test";
-  transport::ucx_link link(bulk_io_context, o);
-  engine::bulk_io bulk(link);
+  one_node n;
+  auto& d = n.d;
+  auto& bulk = n.bulk;
   policy_limits limits;
   limits.max_store_batch = 2;
   limits.max_slot_bytes = 1 << 20;
-
-  actors::deterministic d;
   auto& sys = d.add(0);
   d.run_body([&]() -> awaitable<void> {
     auto rep = sys.spawn<replicator>(bulk, limits);
@@ -102,14 +112,9 @@ TEST(replicator, an_over_long_batch_is_dropped_and_bad_offers_are_refused_saying
 // launched with such a flip: from the wire alone, any member could corrupt another's copies.
 TEST(replicator, a_flip_from_the_wire_is_taken_only_where_the_job_injects_one) {
   for (const bool accept : {false, true}) {
-    // (First, so that it goes last: the pull left waiting on the link's io_context ends there.)
-    actors::deterministic d;
-    asio::io_context bulk_io_context;  // the pull never runs
-    transport::ucx_link_options o;
-    o.self = 0;
-    o.job_token = "replicator-test";
-    transport::ucx_link link(bulk_io_context, o);
-    engine::bulk_io bulk(link);
+    one_node n;
+    auto& d = n.d;
+    auto& bulk = n.bulk;
     policy_limits limits;
     limits.accept_copy_flips = accept;
     auto& sys = d.add(0);
