@@ -459,13 +459,12 @@ void baseline_agent::found_on_disk(std::vector<found_checkpoint>& found,
     return;
   }
   durable_store store(dir);
-  std::vector<std::uint64_t> ids;
-  try {
-    ids = store.windows();
-  } catch (const std::runtime_error& e) {
-    rejected.push_back(e.what());
+  const auto listed = store.listed_windows();
+  if (!listed.ok()) {
+    rejected.push_back(listed.err().message);
     return;
   }
+  const auto& ids = *listed;
   for (auto id = ids.rbegin(); id != ids.rend(); ++id) {
     const std::string origin = fmt::format("{} window {}", dir.string(), *id);
     auto w = store.load(*id);

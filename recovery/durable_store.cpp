@@ -255,15 +255,21 @@ result<loaded_window> durable_store::load(std::uint64_t id) const {
 }
 
 std::vector<std::uint64_t> durable_store::windows() const {
+  auto ids = listed_windows();
+  if (!ids.ok()) throw std::runtime_error(ids.err().message);
+  return std::move(*ids);
+}
+
+result<std::vector<std::uint64_t>> durable_store::listed_windows() const {
   std::vector<std::uint64_t> ids;
   std::error_code ec;
   std::filesystem::directory_iterator listing(dir_, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) {
     // Not "no windows": a resume or requeue would start the job over and clear them.
-    throw std::runtime_error(fmt::format(
+    return error{fmt::format(
         "cannot list the durable windows in {}: {} (check that it is a directory this user "
         "can read, and that its file system is mounted)",
-        dir_.string(), ec.message()));
+        dir_.string(), ec.message())};
   }
   for (const auto& entry : listing) {
     const std::string name = entry.path().filename().string();
@@ -291,13 +297,10 @@ result<loaded_window> durable_store::load_latest(std::vector<std::string>* rejec
 
 void durable_store::prune(std::size_t keep, const std::set<std::uint64_t>& also) {
   settle_rewrites();
-  std::vector<std::uint64_t> ids;
-  try {
-    ids = windows();
-  } catch (const std::runtime_error&) {
-    return;  // nothing listed, nothing removed (the next write's prune tries again)
-  }
-  if (ids.empty()) return;
+  const auto listed = listed_windows();
+  // (Nothing listed, nothing removed: the next write's prune tries again.)
+  if (!listed.ok() || listed->empty()) return;
+  const auto& ids = *listed;
   const std::size_t drop = ids.size() > keep ? ids.size() - keep : 0;
   for (std::size_t i = 0; i < drop; ++i) {
     if (also.contains(ids[i])) continue;

@@ -58,6 +58,8 @@ class durable_store {
   // Window ids present on disk with a manifest, ascending (not verified). None where the
   // directory does not exist; throws (naming it) where it exists but cannot be listed.
   std::vector<std::uint64_t> windows() const;
+  // The same, or why the directory cannot be listed.
+  result<std::vector<std::uint64_t>> listed_windows() const;
 
   // Deletes all but the newest `keep` windows that have a manifest (and those in `also`), and
   // any window directory without a manifest older than the newest complete one (a torn write).

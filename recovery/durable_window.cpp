@@ -122,14 +122,12 @@ std::vector<std::uint64_t> verified_durable_windows(const durable_store& store, 
                                                     int replica,
                                                     std::vector<std::string>* rejected) {
   std::vector<std::uint64_t> ok;
-  std::vector<std::uint64_t> ids;
-  try {
-    ids = store.windows();
-  } catch (const std::runtime_error& e) {  // unlistable: none verified, and said why
-    if (rejected != nullptr) rejected->push_back(e.what());
+  const auto ids = store.listed_windows();
+  if (!ids.ok()) {  // unlistable: none verified, and said why
+    if (rejected != nullptr) rejected->push_back(ids.err().message);
     return ok;
   }
-  for (const std::uint64_t id : ids) {
+  for (const std::uint64_t id : *ids) {
     auto w = load_durable_window(store, id, stage, replica);
     if (w.ok()) {
       ok.push_back(id);

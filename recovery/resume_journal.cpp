@@ -260,12 +260,9 @@ result<engine::resume_point> resume_journal::load(std::vector<std::string>* reje
         dir_.string(), std::filesystem::exists(dir_) ? "is not a directory" : "does not exist")};
   }
   const durable_store store(dir_);
-  std::vector<std::uint64_t> ids;
-  try {
-    ids = store.windows();
-  } catch (const std::runtime_error& e) {
-    return error{e.what()};
-  }
+  const auto listed = store.listed_windows();
+  if (!listed.ok()) return listed.err();
+  const auto& ids = *listed;
   for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
     if (before && *it >= *before) continue;
     auto loaded = store.load(*it);

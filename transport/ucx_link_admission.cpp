@@ -380,10 +380,9 @@ asio::awaitable<std::optional<admission_refusal>> admission_listener::greet(
     tcp::socket& s, const std::string& from, clock::time_point expires) {
   std::error_code ec;
   auto on = asio::redirect_error(asio::use_awaitable, ec);
-  const auto on_error = [expires] { return read_failed(expires); };
   admission_greeting theirs{};
   co_await asio::async_read(s, asio::buffer(&theirs, sizeof theirs), on);
-  if (ec) co_return on_error();
+  if (ec) co_return read_failed(expires);
   // Not ours, or meant for another node (relayed), or from this node itself (reflected): closed
   // before anything is proven.
   if (!check_greeting(theirs, settings_.node).ok()) co_return admission_refusal::malformed;
@@ -395,7 +394,7 @@ asio::awaitable<std::optional<admission_refusal>> admission_listener::greet(
   append(transcript, &theirs, sizeof theirs);
   append(transcript, &mine, sizeof mine);
   co_await asio::async_write(s, asio::buffer(&mine, sizeof mine), on);
-  if (ec) co_return on_error();
+  if (ec) co_return read_failed(expires);
   auto answered = co_await answer(s, transcript, from, expires, theirs.node);
   co_return answered;
 }
@@ -405,15 +404,14 @@ asio::awaitable<std::optional<admission_refusal>> admission_listener::answer(
     clock::time_point expires, std::uint32_t dialler) {
   std::error_code ec;
   auto on = asio::redirect_error(asio::use_awaitable, ec);
-  const auto on_error = [expires] { return read_failed(expires); };
   admission_head h{};
   co_await asio::async_read(s, asio::buffer(&h, sizeof h), on);
-  if (ec) co_return on_error();
+  if (ec) co_return read_failed(expires);
   const auto body_bytes = request_body_bytes(h);
   if (!body_bytes.ok() || h.node != dialler) co_return admission_refusal::malformed;
   std::vector<std::byte> body(*body_bytes);
   co_await asio::async_read(s, asio::buffer(body), on);
-  if (ec) co_return on_error();
+  if (ec) co_return read_failed(expires);
   take_in(transcript, h, body);
   const bool proven = same_proof(proof_of(body), prove(settings_.token, request_label, transcript));
   append(transcript, proof_of(body).data(), proof_bytes);

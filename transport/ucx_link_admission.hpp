@@ -183,7 +183,8 @@ class admission_dialing {
 // One dial of node `peer`: resolve `host` (off the event loop: a slow name server must not hold the
 // heartbeats), connect, greet, send the request with its proof, read the reply, all within
 // `deadline`. An admission whose proof fails is the verdict `unproven` (the far end does not
-// hold `token`). `done` runs once, from `io`.
+// hold `token`); an admission comes only from node `peer` (another node's greeting ends the
+// dial with an error). `done` runs once, from `io`.
 std::shared_ptr<admission_dialing> admission_dial(
     asio::io_context& io, std::uint32_t peer, std::string host, std::uint16_t port,
     std::string token, const admission_request& request, std::chrono::milliseconds deadline,

@@ -157,11 +157,7 @@ void link_state::on_admission_reply(std::uint64_t serial, result<admission_reply
                              "that it holds the job token (a process of another job or user "
                              "listening at the peer's old address?)");
   }
-  if (reply->node != peer) {
-    return fail_connection(serial, fmt::format("node {} answered at node {}'s address (is another "
-                                               "job listening there?)",
-                                               reply->node, peer));
-  }
+  // (An admitted reply comes from the node dialled: admission_dial checked its greeting.)
   ucp_ep_h ep = ep_to(reply->message_address);
   if (ep == nullptr) return fail_connection(serial, "UCX cannot reach the peer's worker address");
   c->ep = ep;
