@@ -12,6 +12,7 @@
 #include "actors/gather.hpp"
 #include "base/hash.hpp"
 #include "engine/snapshot_placement.hpp"
+#include "engine/spare_choice.hpp"
 #include "engine/stage_model.hpp"
 #include "engine/window_budget.hpp"
 
@@ -267,7 +268,8 @@ void coordinator::finish_with(job_outcome outcome) {
 awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
   const transport::node_id n = m.getNode();
   const actor_ref agent = read_ref(m.getAgent());
-  const bool ours = taken_over_.empty() ? n >= 1 && int(n) <= expected_workers_
+  const bool ours = taken_over_.empty() ? n >= 1 && int(n) <= job_.workers() + job_.spares &&
+                                              !lost_before_start_.contains(n)
                                         : taken_over_.contains(n) && m.getTaken();
   const bool standby = m.getStandby() && job_.standby_head && taken_over_.empty() &&
                        n == standby_node(job_) && !standby_.agent.valid();
@@ -323,7 +325,7 @@ awaitable<void> coordinator::hello(wire::WorkerHello::Reader m) {
 void coordinator::admitted() {
   if (phase_ != phase::admitting || int(workers_.size()) < expected_workers_) return;
   if (waits_for_standby_hello()) return;
-  if (!taken_over_.empty() && !roles_complete()) return;
+  if (!roles_complete()) return;
   phase_ = phase::starting;
   send_assigns();
 }
@@ -350,27 +352,30 @@ void coordinator::standby_ended(const std::string& how) {
 
 void coordinator::send_assigns() {
   // Everyone is here: every worker learns every address, the config and its role.
+  for (const auto& [node, info] : workers_) send_assign(info);
+  if (standby_.agent.valid()) send_assign(standby_);
+  if (callbacks_.on_assigned) callbacks_.on_assigned();
+}
+
+void coordinator::send_assign(const worker_info& to) {
   std::vector<const worker_info*> all;
   for (const auto& [node, info] : workers_) all.push_back(&info);
   if (standby_.agent.valid()) all.push_back(&standby_);
-  for (const worker_info* to : all) {
-    const worker_info& me = *to;
-    (void)tell<wire::Assign>(me.agent, [&](wire::Assign::Builder b) {
-      auto peers = b.initPeers(static_cast<unsigned>(all.size()));
-      unsigned i = 0;
-      for (const worker_info* p : all) {
-        peers[i].setNode(p->node);
-        peers[i].setHost(p->host);
-        peers[i].setPort(p->port);
-        ++i;
-      }
-      write_config(b.initConfig(), raw_);
-      b.setStage(me.stage);
-      b.setReplica(me.replica);
-      write_ref(b.initCoordinator(), self());
-      b.setResume(resume_.has_value());
-    });
-  }
+  (void)tell<wire::Assign>(to.agent, [&](wire::Assign::Builder b) {
+    auto peers = b.initPeers(static_cast<unsigned>(all.size()));
+    unsigned i = 0;
+    for (const worker_info* p : all) {
+      peers[i].setNode(p->node);
+      peers[i].setHost(p->host);
+      peers[i].setPort(p->port);
+      ++i;
+    }
+    write_config(b.initConfig(), raw_);
+    b.setStage(to.stage);
+    b.setReplica(to.replica);
+    write_ref(b.initCoordinator(), self());
+    b.setResume(resume_.has_value());
+  });
 }
 
 bool coordinator::roles_complete() {
@@ -379,16 +384,24 @@ bool coordinator::roles_complete() {
     if (w.stage >= 0) ++held[std::size_t(w.replica * job_.pp + w.stage)];
   }
   for (int i = 0; i < job_.workers(); ++i) {
-    if (held[std::size_t(i)] == 0) {  // its worker was lost during the takeover: a spare's now
-      const auto spare = std::find_if(workers_.begin(), workers_.end(),
-                                      [](const auto& kv) { return kv.second.stage < 0; });
-      if (spare != workers_.end()) {
-        spare->second.stage = i % job_.pp;
-        spare->second.replica = i / job_.pp;
+    if (held[std::size_t(i)] == 0) {  // its worker was lost during admission: a spare's now
+      const transport::node_id spare =
+          choose_spare(workers_, lost_roles_[i].domain, [](transport::node_id) { return true; });
+      if (spare != 0) {
+        workers_.at(spare).stage = i % job_.pp;
+        workers_.at(spare).replica = i / job_.pp;
         continue;
       }
     }
     if (held[std::size_t(i)] == 1) continue;
+    if (taken_over_.empty()) {
+      const std::string& what = lost_roles_[i].what;
+      fail(fmt::format(
+          "stage {} replica {} has no worker: {} before training started and no spare is left "
+          "to take its role (raise cluster.spares)",
+          i % job_.pp, i / job_.pp, what.empty() ? std::string("its worker was lost") : what));
+      return false;
+    }
     fail(
         fmt::format("the standby head cannot take over: stage {} replica {} is held by {} "
                     "workers (the head was lost during a recovery, or the role's worker with it "
@@ -410,6 +423,8 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   if (phase_ != phase::starting && !replacement) co_return;
   // An older generation's report, or one of a region about to restart.
   if (replacement && !recovery_->current(w.node, m.getGeneration())) co_return;
+  // A spare's report sent before it was given a lost worker's role (lost_before_training).
+  if (!replacement && m.getStage() != w.stage) co_return;
   if (m.getError().size() > 0) {
     std::string message =
         fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError()));
@@ -480,7 +495,14 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     co_await recovery_->restored(w.node, m);
     co_return;
   }
-  if (++ready_count_ < expected_workers_) co_return;
+  ready_.insert(w.node);
+  co_await start_when_ready();
+}
+
+awaitable<void> coordinator::start_when_ready() {
+  // (A start cut short by a loss, its wiring failed, is taken up again by the report of the
+  // spare given the lost role.)
+  if (finished_ || phase_ != phase::starting || int(ready_.size()) < expected_workers_) co_return;
   if (standby_.agent.valid() && !standby_joined_) {
     held_start_ = true;  // release_start() when the standby joined
     co_return;
@@ -507,7 +529,7 @@ awaitable<void> coordinator::standby_joined(wire::StandbyJoined::Reader m) {
 void coordinator::release_start() {
   if (!std::exchange(held_start_, false) || finished_) return;
   (void)system().post_call(self(), [](actors::actor& a) -> awaitable<void> {
-    co_await static_cast<coordinator&>(a).start_training();
+    co_await static_cast<coordinator&>(a).start_when_ready();
   });
 }
 
@@ -637,14 +659,15 @@ awaitable<bool> coordinator::wire_all() {
     // A stage lost since the wiring began (its actor is gone from stages_ already, or its loss
     // is still on the way), during a recovery or not (a standby head's first wiring after it
     // took over): its loss's turn (posted) recovers it, and rewires.
-    const bool lost = recovery_ && co_await loss_follows();
+    // (Before training starts any policy's loss is recovered: a spare takes the role.)
+    const bool lost = (recovery_ || !started()) && co_await loss_follows();
     if (finished_ || lost) co_return false;
     fail(fmt::format("wiring stage {} replica {} failed: {}", int(i) % job_.pp, int(i) / job_.pp,
                      replies[i].err().message));
     co_return false;
   }
   // A loss while the asks were out: the recovery it posted wires again.
-  if (recovering() && loss_pending()) co_return false;
+  if ((recovering() || !started()) && loss_pending()) co_return false;
   co_return true;
 }
 

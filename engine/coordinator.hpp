@@ -119,6 +119,8 @@ struct coordinator_callbacks {
   // A recovery began ("recovery_start") or every region of it ended ("recovery_end"); the
   // launcher uses it to inject failures during a recovery.
   std::function<void(const std::string& event, std::int64_t target_iteration)> on_recovery;
+  // Admission is complete and every worker was sent its role: the stages are being built.
+  std::function<void()> on_assigned;
   std::function<void(std::int64_t iteration, double val_loss)> on_validation;
   std::function<void(const job_outcome&)> on_finished;  // exactly once
   // A durable window is on disk on every stage replica (policy moevement, checkpoint.durable):
@@ -200,6 +202,15 @@ class coordinator : public actors::actor, private head_control {
   // The workers whose hello admission waits for (a standby that took over: those it kept).
   int expected_workers() const { return expected_workers_; }
   bool took_over() const { return !taken_over_.empty(); }
+  // Said hello: a worker of the job, or one lost since before training started.
+  bool said_hello(transport::node_id n) const {
+    return workers_.contains(n) || lost_before_start_.contains(n);
+  }
+  // Admission waits for `n`'s hello: one of a fresh start's workers, not yet lost.
+  bool awaits_hello(transport::node_id n) const {
+    return phase_ == phase::admitting && taken_over_.empty() && n >= 1 &&
+           int(n) <= job_.workers() + job_.spares && !said_hello(n);
+  }
 
  protected:
   asio::awaitable<void> on_start() override;
@@ -275,6 +286,17 @@ class coordinator : public actors::actor, private head_control {
   // A worker's loss, as a turn of this actor (lose_worker posts it): a spare is dropped, a
   // stage's worker goes to the recovery (or the job stops, saying why).
   asio::awaitable<void> worker_lost(transport::node_id node, std::string how);
+  // A worker lost before training started (admission, or its stage being built): nothing is
+  // trained yet, so a spare takes its role as it is (the spare builds the stage the role starts
+  // from, or restores it from disk with the others on a resume or takeover); a lost spare is
+  // one fewer. false: no spare is left for the role (the caller ends the job saying so).
+  asio::awaitable<bool> lost_before_training(transport::node_id node, const std::string& how);
+  // Its worker_lost event (during: "admission", "takeover" or "start"; spare: who takes its
+  // role, 0 none).
+  void log_loss_before_training(transport::node_id node, const std::string& how, const char* during,
+                                transport::node_id spare);
+  // Training starts once every worker reported its stage (and a standby head joined).
+  asio::awaitable<void> start_when_ready();
   // The membership declared the worker lost (`how`: its verdict): how its process ended, where
   // the launcher watches it and hears of it within exit_wait, is said instead.
   asio::awaitable<void> member_lost(transport::node_id node, std::string how,
@@ -391,18 +413,28 @@ class coordinator : public actors::actor, private head_control {
   // A standby that took over sent the lost head's last Step to the stages that lacked it:
   // once they stepped, training goes on (nothing of that iteration is logged again).
   bool completing_takeover_ = false;
-  // A standby that took over: every (stage, replica) held by exactly one worker; else the job
-  // fails saying why (false).
-  // A standby that took over: every role held by exactly one worker (a role whose worker was
-  // lost meanwhile given to a spare); false (the job failed) otherwise.
+  // Every role held by exactly one worker (a role whose worker was lost during admission given
+  // to a spare); false (the job failed) otherwise.
   bool roles_complete();
   // Every expected worker said hello (and the roles are complete): the Assigns go out.
   void admitted();
   // Admission is complete: every worker (and the standby head) gets its Assign.
   void send_assigns();
+  // `to`'s Assign: its role, the config and every member's address.
+  void send_assign(const worker_info& to);
   std::map<transport::node_id, worker_info> workers_;
   std::vector<actors::actor_ref> stages_;  // [dp * pp], index d * pp + s
-  int ready_count_ = 0;
+  // The workers whose stage (or, a spare's, none) is reported for the role they hold now.
+  std::set<transport::node_id> ready_;
+  // Lost before training started: never admitted again (a hello already on its way).
+  std::set<transport::node_id> lost_before_start_;
+  // A role's worker lost during admission (index d * pp + s): its failure domain (its spare is
+  // chosen from another, choose_spare) and what became of it (for the job's end without one).
+  struct lost_role {
+    std::string domain;
+    std::string what;  // "worker 2 (pid 4711) exited with status 1"
+  };
+  std::map<int, lost_role> lost_roles_;
 
   phase phase_ = phase::admitting;
   models::loss_scaler scaler_;

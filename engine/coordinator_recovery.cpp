@@ -8,6 +8,7 @@
 #include "actors/gather.hpp"
 #include "engine/coordinator.hpp"
 #include "engine/run_log_reader.hpp"
+#include "engine/spare_choice.hpp"
 #include "engine/takeover.hpp"
 
 namespace moevement::engine {
@@ -28,11 +29,13 @@ void note_aborts(const std::vector<result<actors::reply<wire::AbortAck>>>& acks,
 }  // namespace
 
 bool coordinator::loss_pending() const {
-  if (!started()) return false;  // workers join the membership while they are admitted
+  if (phase_ == phase::admitting) return false;  // workers join the membership with their role
   // A lost spare that no recovery counts on changes nothing a recovery does (its turn only
   // drops it): waiting for it would leave the recovery held with no loss to go on from (a
   // host lost with a stage's worker and a spare on it).
   return std::any_of(workers_.begin(), workers_.end(), [&](const auto& kv) {
+    // (Before training, only those that reported their stage have joined.)
+    if (!started() && !ready_.contains(kv.first)) return false;
     const bool counts = kv.second.stage >= 0 || (recovery_ && recovery_->involves(kv.first));
     return counts && !system().last_heard(kv.first).has_value();
   });
@@ -40,36 +43,9 @@ bool coordinator::loss_pending() const {
 
 awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) {
   if (finished_) co_return;
-  if (phase_ == phase::admitting && taken_over_.size() > 1 && taken_over_.contains(n)) {
-    // Lost while the standby takes over: every stage restores from disk then, so a spare
-    // takes the role it held (roles_complete), as a rollback's would.
-    // Its role is known once it said hello (else the others' hellos leave it without one).
-    const auto said = workers_.find(n);
-    const std::string then = said == workers_.end() ? std::string("a spare takes its role")
-                             : said->second.stage >= 0
-                                 ? fmt::format("a spare takes its role (stage {}, replica {})",
-                                               said->second.stage, said->second.replica)
-                                 : std::string("one spare fewer");
-    // Ended by the pid its hello carried, as any loss under this head: a worker cut off, not
-    // dead, must not run on beside the spare that takes its role.
-    if (said != workers_.end() && callbacks_.on_worker_lost) {
-      callbacks_.on_worker_lost(n, said->second.pid);
-    }
-    taken_over_.erase(n);
-    workers_.erase(n);
-    --expected_workers_;
-    notice(fmt::format("worker {} {} while the standby head took over; {}", n, how, then));
-    if (log_ != nullptr) {
-      log_->write(json_record{}
-                      .add("kind", "event")
-                      .add("event", "worker_lost")
-                      .add("node", std::int64_t{n})
-                      .add("how", how)
-                      .add("during", "takeover")
-                      .add("time_s", log_->seconds()));
-    }
-    admitted();
-    co_return;
+  if (!started()) {
+    const bool placed = co_await lost_before_training(n, how);
+    if (placed || finished_) co_return;
   }
   auto it = workers_.find(n);
   if (it == workers_.end()) co_return;
@@ -117,12 +93,14 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
       why = fmt::format("checkpoint.policy = {} cannot recover a lost worker",
                         policy_name(job_.policy));
     } else if (!started() && !taken_over_.empty()) {
-      // (Its role's spare would restore from disk as every stage: a resume does just that.)
       why =
-          "it was lost while the standby head took over, before every stage reported; "
-          "`moevement launch CONFIG --resume` goes on from the newest window on disk";
+          "it was lost while the standby head took over, before every stage reported, and no "
+          "spare is left to take its role; `moevement launch CONFIG --resume` goes on from the "
+          "newest window on disk";
     } else if (!started()) {
-      why = "the job had not started training yet";
+      why =
+          "it was lost before training started and no spare is left to take its role (raise "
+          "cluster.spares)";
     } else {
       why = "no spare worker is left (raise cluster.spares)";
     }
@@ -139,6 +117,100 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
   workers_.erase(it);
   drop_stage(w.stage, w.replica);
   co_await recovery_->lost(w);
+}
+
+awaitable<bool> coordinator::lost_before_training(transport::node_id n, const std::string& how) {
+  const auto it = workers_.find(n);
+  if (phase_ == phase::admitting) {
+    // Not yet anyone's peer: admission goes on without it, and roles_complete() gives its role
+    // to a spare (a fresh start's roles go by node: one that never said hello held the role of
+    // its number; under a standby that took over, an unheard one's role is the one nobody
+    // claims).
+    if (it == workers_.end() && !taken_over_.contains(n) && !awaits_hello(n)) co_return true;
+    const bool takeover = !taken_over_.empty();
+    if (takeover && taken_over_.size() == 1) co_return false;  // (nobody left to take over)
+    // (Unheard: a fresh start's role by its number; a takeover's, unknown.)
+    const bool had_a_role =
+        it != workers_.end() ? it->second.stage >= 0 : takeover || int(n) <= job_.workers();
+    const int role =
+        it != workers_.end() ? it->second.replica * job_.pp + it->second.stage : int(n) - 1;
+    if (had_a_role && (it != workers_.end() || !takeover)) {
+      lost_roles_[role] = {it != workers_.end() ? it->second.domain : std::string(),
+                           it != workers_.end()
+                               ? fmt::format("worker {} (pid {}) {}", n, it->second.pid, how)
+                               : fmt::format("worker {} {}", n, how)};
+    }
+    std::string then = had_a_role ? "a spare takes its role" : "one spare fewer";
+    if (it != workers_.end() && had_a_role) {
+      then += fmt::format(" (stage {}, replica {})", it->second.stage, it->second.replica);
+    }
+    // Ended by the pid its hello carried, as any loss under this head: a worker cut off, not
+    // dead, must not run on beside the spare that takes its role.
+    if (it != workers_.end() && callbacks_.on_worker_lost) {
+      callbacks_.on_worker_lost(n, it->second.pid);
+    }
+    if (it != workers_.end()) workers_.erase(it);
+    taken_over_.erase(n);
+    lost_before_start_.insert(n);
+    --expected_workers_;
+    notice(fmt::format("worker {} {} {}; {}", n, how,
+                       takeover ? "while the standby head took over" : "before training started",
+                       then));
+    log_loss_before_training(n, how, takeover ? "takeover" : "admission", 0);
+    admitted();
+    co_return true;
+  }
+  if (it == workers_.end()) co_return true;
+  const worker_info w = it->second;
+  transport::node_id spare = 0;
+  if (w.stage >= 0) {
+    spare = choose_spare(workers_, w.domain, [&](transport::node_id s) { return s != n; });
+    if (spare == 0) co_return false;  // the caller ends the job, saying so
+  }
+  if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
+  workers_.erase(it);
+  taken_over_.erase(n);
+  lost_before_start_.insert(n);
+  ready_.erase(n);
+  --expected_workers_;
+  log_loss_before_training(n, how, "start", spare);
+  if (w.stage < 0) {
+    notice(fmt::format("spare worker {} (pid {}) {} before training started; {} spare(s) left", n,
+                       w.pid, how,
+                       std::count_if(workers_.begin(), workers_.end(),
+                                     [](const auto& kv) { return kv.second.stage < 0; })));
+    co_await start_when_ready();  // (it may have been the last to report)
+    co_return true;
+  }
+  // Nothing is trained yet: the spare starts the role as the lost worker would have (the
+  // initial state, or the durable Restore a resume sends every stage). The stages it will be
+  // wired to are wired once it reported.
+  worker_info& sw = workers_.at(spare);
+  sw.stage = w.stage;
+  sw.replica = w.replica;
+  sw.stage_actor = actor_ref{};
+  ready_.erase(spare);
+  drop_stage(w.stage, w.replica);
+  held_start_ = false;  // (its report starts training, or holds it for the standby again)
+  send_assign(sw);
+  notice(fmt::format(
+      "worker {} (stage {}, replica {}, pid {}) {} before training started; spare worker {} "
+      "takes its role",
+      n, w.stage, w.replica, w.pid, how, spare));
+  co_return true;
+}
+
+void coordinator::log_loss_before_training(transport::node_id n, const std::string& how,
+                                           const char* during, transport::node_id spare) {
+  if (log_ == nullptr) return;
+  json_record r;
+  r.add("kind", "event")
+      .add("event", "worker_lost")
+      .add("node", std::int64_t{n})
+      .add("how", how)
+      .add("during", during);
+  if (spare != 0) r.add("spare", std::int64_t{spare});
+  log_->write(r.add("time_s", log_->seconds()));
 }
 
 void coordinator::notice(const std::string& line) {

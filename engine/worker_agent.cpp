@@ -198,6 +198,17 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
     job_ = resolve_job(std::move(*cfg));
     bulk_ = std::make_unique<bulk_io>(link_);
     if (checkpoints_) checkpoint_ = checkpoints_(system(), *bulk_, *job_);
+  } catch (const std::exception& e) {
+    report({}, e.what());
+    co_return;
+  }
+  co_await take_role(stage, replica, m.getResume());
+}
+
+asio::awaitable<void> worker_agent::take_role(int stage, int replica, bool resume) {
+  stage_index_ = stage;
+  replica_ = replica;
+  try {
     if (stage < 0) {  // a spare: idle until recovery needs it
       if (job_->train.device == models::device::cuda) {
         // meanwhile the GPU's context, off the actor thread (heartbeats go on)
@@ -211,7 +222,7 @@ asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
                              job_->pp, job_->dp));
       co_return;
     }
-    if (m.getResume()) {  // its stage comes from the durable tier (a durable Restore)
+    if (resume) {  // its stage comes from the durable tier (a durable Restore)
       report({}, "");
       co_return;
     }
@@ -233,17 +244,31 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
   // Only from a new head (a standby that took over), for the role this worker holds, with a
   // resume: the stage goes on from the durable tier (its durable Restore drops the running
   // one), under the new head's generations.
-  // A spare may be given the role of a worker lost during the takeover: it stays a spare until
-  // that role's durable Restore.
+  // A spare may be given the role of a worker lost during the takeover: it holds that role
+  // from now on (its reports say so), and its stage comes with the role's durable Restore.
   const actors::actor_ref from = read_ref(m.getCoordinator());
   const bool spare_given_a_role = stage_index_ < 0 && m.getStage() >= 0;
+  if (job_ && takes_role_before_training(from == coordinator_, stage_index_, stage_.valid(),
+                                         restored_, m.getStage())) {
+    // The role of a worker lost before training started: this spare starts it instead (from
+    // the initial state, or from disk with the others on a resume).
+    if (m.getStage() >= job_->pp || m.getReplica() < 0 || m.getReplica() >= job_->dp) co_return;
+    co_await take_role(m.getStage(), m.getReplica(), m.getResume());
+    co_return;
+  }
   if (!job_ || from == coordinator_ || from.node != system().head() || !m.getResume() ||
+      m.getStage() >= job_->pp || m.getReplica() >= job_->dp ||
+      (spare_given_a_role && m.getReplica() < 0) ||
       (!spare_given_a_role &&
        (m.getStage() != stage_index_ || (stage_index_ >= 0 && m.getReplica() != replica_)))) {
     co_return;
   }
   coordinator_ = from;
   generation_ = 0;
+  if (spare_given_a_role) {  // (its reports say the role it now holds)
+    stage_index_ = m.getStage();
+    replica_ = m.getReplica();
+  }
   add_assigned_peers(link_, system(), m.getPeers());
   // The stage runs on: the new head asks it where it is and goes on from there when every
   // stage agrees (engine/takeover.hpp), else its durable Restore replaces it.

@@ -56,10 +56,21 @@ class worker_agent : public actors::actor {
                             int stage, int replica, std::uint64_t generation) {
     return generation > held_generation && stage == held_stage && replica == held_replica;
   }
+  // A second Assign from its own head, with a role, to a spare that holds none and was never
+  // restored: the role of a worker lost before training started
+  // (coordinator::lost_before_training).
+  static bool takes_role_before_training(bool from_its_head, int held_stage, bool has_stage,
+                                         bool restored, int stage) {
+    return from_its_head && held_stage < 0 && !has_stage && !restored && stage >= 0;
+  }
 
  private:
   asio::awaitable<void> assign(wire::Assign::Reader m);
-  // A second Assign: from a standby head that took over (say_hello again first).
+  // What the Assign said, once the job is known: a spare idles; a role's stage is built from
+  // the initial state, or waits for its durable Restore (resume).
+  asio::awaitable<void> take_role(int stage, int replica, bool resume);
+  // A second Assign: from a standby head that took over (say_hello again first), or from its
+  // own head giving this spare the role of a worker lost before training started.
   asio::awaitable<void> taken_over(wire::Assign::Reader m);
   asio::awaitable<void> restore(wire::Restore::Reader m);
   asio::awaitable<void> shutdown(wire::Shutdown::Reader m);

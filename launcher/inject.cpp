@@ -25,7 +25,8 @@ namespace {
 
 constexpr const char* inject_usage =
     "expected kill|hang:stage=S,replica=D,iter=T[,phase=forward|backward|step|snapshot], "
-    "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M] (either with "
+    "kill|hang:stage=S,replica=D,during=recovery[,nth=K][,delay_ms=M], "
+    "kill|hang:stage=S,replica=D,during=start[,delay_ms=M] (each with "
     "[,scope=host]), stall:stage=S,replica=D,iter=T,phase=P, "
     "mtbf:SECONDS[,seed=N][,max=K], trace:FILE or "
     "flip:stage=S,replica=D,iter=T[,operator=NAME][,word=I][,bit=K][,target=weight], "
@@ -33,7 +34,8 @@ constexpr const char* inject_usage =
     "flip:stage=S,replica=D,iter=T,target=activation[,word=I][,bit=K] (docs/recovery.md)";
 constexpr const char* table_usage =
     "expected kind = \"kill\"|\"hang\" with stage, replica and iter (phase) or "
-    "during = \"recovery\" (nth, delay_ms); kind = \"stall\" with stage, replica, iter "
+    "during = \"recovery\" (nth, delay_ms) or \"start\" (delay_ms); kind = \"stall\" with "
+    "stage, replica, iter "
     "and phase; kind = \"mtbf\" with seconds (seed, max); "
     "kind = \"trace\" with file; or kind = \"flip\" with stage, replica and iter "
     "(operator, word, bit, target) (docs/configuration.md)";
@@ -211,6 +213,8 @@ std::string injection::text() const {
   std::string s = fmt::format("{}:stage={},replica={}", name, stage, replica);
   if (during_recovery) {
     s += fmt::format(",during=recovery,nth={},delay_ms={}", nth, delay_ms);
+  } else if (during_start) {
+    s += fmt::format(",during=start,delay_ms={}", delay_ms);
   } else {
     s += fmt::format(",iter={}", iteration);
     if (phase) s += fmt::format(",phase={}", phase_name(*phase));
@@ -292,8 +296,11 @@ injection parse_injection(const std::string& spec, const std::string& source) {
       }
       inj.whole_host = v == "host";
     } else if (k == "during") {
-      if (v != "recovery") bad(where, fmt::format("during must be recovery, got '{}'", v));
-      inj.during_recovery = true;
+      if (v != "recovery" && v != "start") {
+        bad(where, fmt::format("during must be recovery or start, got '{}'", v));
+      }
+      inj.during_recovery = v == "recovery";
+      inj.during_start = v == "start";
     } else if (k == "nth") {
       inj.nth = int(integer(where, k, v, 1, 1 << 20));
       have_nth = true;
@@ -305,18 +312,24 @@ injection parse_injection(const std::string& spec, const std::string& source) {
     }
   }
   if (!seen.stage || !seen.replica) bad(where, "stage and replica are both needed");
-  if (seen.iter == inj.during_recovery) {
-    bad(where, "give either iter=T or during=recovery (one of them)");
+  if (seen.iter == (inj.during_recovery || inj.during_start)) {
+    bad(where, "give either iter=T or during=recovery|start (one of them)");
   }
-  if (inj.phase && !seen.iter) bad(where, "phase goes with iter=T, not during=recovery");
+  if (inj.phase && !seen.iter) bad(where, "phase goes with iter=T, not during=...");
   if (inj.what == injection::kind::stall && !inj.phase) {
     bad(where, "stall needs iter=T and phase=P: the worker's own compute thread stalls there");
   }
   if (inj.phase && inj.whole_host) {
     bad(where, "scope=host is the head's: it does not go with phase (a worker's own failure)");
   }
-  if ((have_nth || have_delay) && !inj.during_recovery) {
-    bad(where, "nth and delay_ms go with during=recovery");
+  if (inj.during_start && inj.what != injection::kind::kill) {
+    bad(where,
+        "during=start goes with kill: a worker stopped before it joined the cluster is found "
+        "only by cluster.start_timeout_ms, which ends the start");
+  }
+  if (have_nth && !inj.during_recovery) bad(where, "nth goes with during=recovery");
+  if (have_delay && !inj.during_recovery && !inj.during_start) {
+    bad(where, "delay_ms goes with during=recovery or during=start");
   }
   return inj;
 }
@@ -658,7 +671,7 @@ std::vector<scheduled_failure> check_injection(const injection& inj,
   }
   check_role(inj.stage, inj.replica, "");
   if (inj.what == injection::kind::flip) check_flip(inj, job);
-  if (!inj.during_recovery && inj.iteration >= job.train.iterations) {
+  if (!inj.during_recovery && !inj.during_start && inj.iteration >= job.train.iterations) {
     // (A flip may strike after iteration 0's step; a failure from 1 on.)
     const int first = inj.what == injection::kind::flip ? 0 : 1;
     fail(

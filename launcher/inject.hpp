@@ -59,8 +59,11 @@ struct injection {
   std::optional<engine::fault_point> phase;
   bool whole_host = false;  // scope=host: every process in the failure domain of (stage, replica)
   bool during_recovery = false;
+  // during=start: as every worker was given its role, before training starts (its stage is
+  // being built)
+  bool during_start = false;
   int nth = 1;                // during=recovery: the nth recovery to start (1-based)
-  std::int64_t delay_ms = 0;  // during=recovery: after it started
+  std::int64_t delay_ms = 0;  // during=recovery|start: after it started
   // mtbf
   double mtbf_s = 0.0;
   std::uint64_t seed = 1;

@@ -139,7 +139,8 @@ void failure_injector::inject_due(std::int64_t next_iteration) {
   const worker_table* workers = workers_();
   if (workers == nullptr) return;
   for (auto& inj : injections_) {
-    if (inj.done || inj.phase || inj.during_recovery || inj.iteration != next_iteration ||
+    if (inj.done || inj.phase || inj.during_recovery || inj.during_start ||
+        inj.iteration != next_iteration ||
         (inj.what != injection::kind::kill && inj.what != injection::kind::hang)) {
       continue;
     }
@@ -204,26 +205,40 @@ void failure_injector::recovery_event(const std::string& event) {
   for (std::size_t i = 0; i < injections_.size(); ++i) {
     auto& inj = injections_[i];
     if (inj.done || !inj.during_recovery || inj.nth != k) continue;
-    inj.done = true;
-    auto fire = [this, i, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica,
-                 k, host = inj.whole_host] {
-      armed_.erase(i);
-      strike(what, s, d, text,
-             fmt::format("recovery {} {}", k,
-                         recovering_ && recoveries_started_ == k ? "in progress" : "ended"),
-             host);
-    };
-    if (inj.delay_ms == 0) {
-      fire();
-      continue;
-    }
-    armed_.insert(i);
-    delayed_.push_back(std::make_unique<asio::steady_timer>(io_));
-    delayed_.back()->expires_after(std::chrono::milliseconds(inj.delay_ms));
-    delayed_.back()->async_wait([fire](const std::error_code& ec) {
-      if (!ec) fire();
+    fire_after_delay(i, [this, k] {
+      return fmt::format("recovery {} {}", k,
+                         recovering_ && recoveries_started_ == k ? "in progress" : "ended");
     });
   }
+}
+
+// during=start: as the roles go out (a resumed or requeued job's too), at whichever worker
+// holds (stage, replica).
+void failure_injector::job_assigned() {
+  for (std::size_t i = 0; i < injections_.size(); ++i) {
+    if (injections_[i].done || !injections_[i].during_start) continue;
+    fire_after_delay(i, [] { return std::string("before training started"); });
+  }
+}
+
+void failure_injector::fire_after_delay(std::size_t i, std::function<std::string()> note) {
+  auto& inj = injections_[i];
+  inj.done = true;
+  auto fire = [this, i, text = inj.text(), what = inj.failure(), s = inj.stage, d = inj.replica,
+               host = inj.whole_host, note = std::move(note)] {
+    armed_.erase(i);
+    strike(what, s, d, text, note(), host);
+  };
+  if (inj.delay_ms == 0) {
+    fire();
+    return;
+  }
+  armed_.insert(i);
+  delayed_.push_back(std::make_unique<asio::steady_timer>(io_));
+  delayed_.back()->expires_after(std::chrono::milliseconds(inj.delay_ms));
+  delayed_.back()->async_wait([fire](const std::error_code& ec) {
+    if (!ec) fire();
+  });
 }
 
 void failure_injector::stop() {
@@ -241,8 +256,8 @@ void failure_injector::report_unfired(std::ostream& out) const {
     }
   }
   for (const std::size_t i : armed_) {
-    out << "inject: " << injections_[i].text() << " did not fire before the job ended (its "
-        << "recovery started, and the job ended within its delay_ms)\n";
+    out << "inject: " << injections_[i].text() << " did not fire before the job ended (it was "
+        << "armed, and the job ended within its delay_ms)\n";
   }
   if (schedule_next_ < schedule_.size()) {
     out << fmt::format(

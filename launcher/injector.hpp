@@ -50,6 +50,8 @@ class failure_injector {
   void iteration_ended(std::int64_t iteration);
   // A recovery started or ended (coordinator_callbacks::on_recovery).
   void recovery_event(const std::string& event);
+  // Every worker was sent its role (coordinator_callbacks::on_assigned): during=start fires.
+  void job_assigned();
   // The job ended: nothing fires any more.
   void stop();
   // What was to fire and did not (the run ended first, or the nth recovery never started).
@@ -60,6 +62,8 @@ class failure_injector {
   bool strike(failure_kind what, int stage, int replica, const std::string& label,
               const std::string& note, bool whole_host = false);
   void inject_due(std::int64_t next_iteration);
+  // Injection i strikes now, or delay_ms from now (note: when it fires, for the progress line).
+  void fire_after_delay(std::size_t i, std::function<std::string()> note);
   void schedule_due();
   void log_injection(const std::string& spec, transport::node_id n, int stage, int replica);
   static bool ended(int pid);

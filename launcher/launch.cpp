@@ -90,6 +90,7 @@ void head_session::make_callbacks() {
   cb_.on_recovery = [this](const std::string& event, std::int64_t) {
     injector_.recovery_event(event);
   };
+  cb_.on_assigned = [this] { injector_.job_assigned(); };
   cb_.on_worker_lost = [this](transport::node_id n, int pid) {
     // A standby that took over started no worker: the process (on this host) goes by its pid,
     // once its command line shows it is that worker.
@@ -210,7 +211,7 @@ void head_session::child_exited(transport::node_id n, pid_t pid, int status) {
     if (c != nullptr && !finished_) c->standby_ended(exit_text(status));
     return;
   }
-  const bool known = c != nullptr && c->workers().contains(n);
+  const bool known = c != nullptr && c->said_hello(n);
   // The coordinator decides (a lost spare: it says so): recover the stage on a spare, or end the
   // job saying so.
   if (!finished_ && c != nullptr && known) {
@@ -218,6 +219,9 @@ void head_session::child_exited(transport::node_id n, pid_t pid, int status) {
     // One truth about who is alive: the exit reaches the membership at once (asks to the
     // worker fail now, not at the heartbeat timeout or after a refused redial).
     sys_.lose_member(n, "its process " + exit_text(status));
+  } else if (!finished_ && c != nullptr && c->awaits_hello(n)) {
+    // Ended before its hello: admission goes on without it, a spare taking its role.
+    c->lose_worker(n, exit_text(status));
   } else if (!finished_ && (c == nullptr || !c->started())) {  // never said hello
     fail(fmt::format("worker {} (pid {}) {}", n, pid, exit_text(status)));
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/spare_choice.hpp"
 #include "recovery/region_supervisor.hpp"
 
 namespace moevement::recovery {
@@ -309,15 +310,14 @@ bool region_recovery::assign_spares(region& r) {
   auto& workers = job_.worker_roles();
   for (member& m : r.members) {
     if (m.spare == 0) {
-      for (auto& [n, w] : workers) {
-        // (Not one declared lost whose turn is still queued: its Restore would fail, a
-        // restart spent on nothing.)
-        if (w.stage < 0 && job_.actor().system().last_heard(n).has_value()) {
-          m.spare = n;
-          w.stage = m.lost.stage;
-          w.replica = m.lost.replica;
-          break;
-        }
+      // (Not one declared lost whose turn is still queued: its Restore would fail, a restart
+      // spent on nothing.)
+      m.spare = choose_spare(workers, m.lost.domain, [&](transport::node_id n) {
+        return job_.actor().system().last_heard(n).has_value();
+      });
+      if (m.spare != 0) {
+        workers.at(m.spare).stage = m.lost.stage;
+        workers.at(m.spare).replica = m.lost.replica;
       }
     }
     if (m.spare == 0) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "actors/gather.hpp"
+#include "engine/spare_choice.hpp"
 #include "recovery/dense_capture.hpp"
 #include "recovery/policy_config.hpp"
 #include "recovery/region_recovery.hpp"
@@ -230,13 +231,9 @@ bool rollback_recovery::give_spares() {
       state_->replaced.insert(r.worker);
       r.lost.node = r.worker;  // the worker that died, for the notice
     }
-    transport::node_id spare = 0;
-    for (const auto& [n, sw] : job_.workers()) {
-      if (sw.stage < 0 && job_.actor().system().last_heard(n).has_value()) {
-        spare = n;
-        break;
-      }
-    }
+    const transport::node_id spare = engine::choose_spare(
+        job_.workers(), r.lost.domain,
+        [&](transport::node_id n) { return job_.actor().system().last_heard(n).has_value(); });
     if (spare == 0) {
       job_.fail(
           fmt::format("stage {} replica {} was lost and no spare worker is left (raise "

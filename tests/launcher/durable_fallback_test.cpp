@@ -446,10 +446,16 @@ TEST(resume, a_killed_job_resumes_from_disk_bit_exact) {
   EXPECT_NE(o.output.find(" (this run's)\n"), std::string::npos) << o.output;
 
   // A resume of the job, now finished, goes on from its last window on disk to its end again:
-  // the same hash.
-  const auto again = launch("again", job(dir, "--set cluster.spares=0" + longer) + " --resume");
+  // the same hash. Its stage 1 worker killed before training started there: the spare takes
+  // its role and restores it from disk with the others.
+  const auto again = launch("again", job(dir, "--set cluster.spares=1" + longer +
+                                                  " --inject kill:stage=1,replica=0,during=start") +
+                                         " --resume");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(again.hash, reference(its));
+  EXPECT_NE(again.output.find("before training started; spare worker 4 takes its role"),
+            std::string::npos)
+      << again.output;
 
   // Nor does one with fewer iterations than the journal's point: refused, saying which.
   const auto fewer =

@@ -53,6 +53,8 @@ TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
         "kill:stage=2,replica=1,iter=9,phase=snapshot",
         "stall:stage=1,replica=0,iter=4,phase=backward",
         "kill:stage=1,replica=0,during=recovery,nth=2,delay_ms=50",
+        "kill:stage=2,replica=1,during=start,delay_ms=0",
+        "kill:stage=0,replica=0,during=start,delay_ms=30,scope=host",
         "kill:stage=1,replica=0,iter=7,scope=host",
         "hang:stage=0,replica=1,during=recovery,nth=1,delay_ms=0,scope=host", "mtbf:2.5,seed=7",
         "mtbf:30,seed=1,max=4", "trace:some/file.txt",
@@ -93,6 +95,10 @@ TEST(inject_spec, malformed_specs_say_what_is_expected) {
                                  "kill:stage=0,replica=0,during=recovery,phase=step",
                                  "kill:stage=0,replica=0,iter=2,nth=1",
                                  "kill:stage=0,replica=0,during=recovery,nth=0",
+                                 "kill:stage=0,replica=0,iter=2,during=start",
+                                 "kill:stage=0,replica=0,during=start,nth=1",
+                                 "hang:stage=0,replica=0,during=start",
+                                 "kill:stage=0,replica=0,iter=2,delay_ms=5",
                                  "kill:stage=0,replica=0,iter=2,colour=red",
                                  "kill:stage=0,replica=0,iter=2,scope=rack",
                                  "kill:stage=0,replica=0,iter=2,phase=step,scope=host",
@@ -579,9 +585,37 @@ TEST(inject_launch, a_delayed_failure_the_job_outlives_is_said_not_to_have_fired
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_EQ(o.hash, reference());
   EXPECT_NE(o.output.find("inject: kill:stage=2,replica=0,during=recovery,nth=1,delay_ms=600000 "
-                          "did not fire before the job ended (its recovery started"),
+                          "did not fire before the job ended (it was armed"),
             std::string::npos)
       << o.output;
+}
+
+// A worker killed as the roles go out, before training starts (its stage being built): a spare
+// takes its role from the initial state, under any policy (nothing is trained yet), and the
+// job ends with the fault-free hash. Without a spare the job stops at once, saying why.
+TEST(inject_launch, a_worker_lost_before_training_starts_is_replaced_by_a_spare) {
+  for (const std::string policy : {"moevement", "none"}) {
+    const auto o = launch("before_start_" + policy,
+                          job(1, "--set checkpoint.policy=" + policy +
+                                     " --inject kill:stage=1,replica=0,during=start"));
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    EXPECT_EQ(o.hash, reference()) << policy;
+    const std::string* lost = o.first("worker_lost");
+    ASSERT_NE(lost, nullptr) << o.output;
+    EXPECT_NE(lost->find("\"during\":\"start\""), std::string::npos) << *lost;
+    EXPECT_EQ(number_field(*lost, "spare"), 4) << "the one spare: " << *lost;
+    EXPECT_EQ(o.count("recovery_start"), 0) << "no recovery: nothing was trained yet";
+    EXPECT_NE(o.output.find("before training started; spare worker 4 takes its role"),
+              std::string::npos)
+        << o.output;
+  }
+  const auto none_left =
+      launch("before_start_no_spare", job(0, "--inject kill:stage=1,replica=0,during=start"));
+  EXPECT_EQ(none_left.exit_code, 1) << none_left.output;
+  EXPECT_NE(none_left.output.find("before training started and no spare is left to take its "
+                                  "role (raise cluster.spares)"),
+            std::string::npos)
+      << none_left.output;
 }
 
 TEST(inject_launch, bad_injections_are_refused_before_anything_starts) {
