@@ -176,6 +176,7 @@ awaitable<void> actor_system::run_cell(std::shared_ptr<cell> c, std::shared_ptr<
 
 awaitable<void> actor_system::dispatch(cell& c, mail& m) {
   actor* a = c.impl.get();
+  a->sender_ = m.what == mail::kind::user ? actor_ref::from(m.header.sender) : actor_ref{};
   if (m.what == mail::kind::down) return a->on_down(m.about, m.reason);
   if (m.what == mail::kind::exit) return a->on_exit(m.about, m.reason);
   if (m.what == mail::kind::call) return m.call(*a);

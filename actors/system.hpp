@@ -230,6 +230,13 @@ class actor {
   template <class Req, class Resp, class Self>
   void on(awaitable<void> (Self::*fn)(typename Req::Reader, typename Resp::Builder));
 
+  // The sender of the message being handled, for the whole handler (an actor handles one
+  // message at a time): empty from outside an actor and in on_start, on_down, on_exit and
+  // posted calls. From another node, the actor layer checked that its node is the one that
+  // proved the job's token on that connection (stats().wrong_sender), so a handler may trust
+  // sender().node; nothing else in a message says who sent it.
+  actor_ref sender() const { return sender_; }
+
   // Runs as the actor's first turn, before any message.
   virtual awaitable<void> on_start() { co_return; }
   // A monitored actor stopped.
@@ -258,6 +265,7 @@ class actor {
 
   std::vector<handler_entry> handlers_;
   actor_ref self_;
+  actor_ref sender_;  // of the message being handled (sender())
   actor_system* system_ = nullptr;
   bool trap_exit_ = false;
 };

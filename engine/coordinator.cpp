@@ -423,8 +423,6 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
   if (phase_ != phase::starting && !replacement) co_return;
   // An older generation's report, or one of a region about to restart.
   if (replacement && !recovery_->current(w.node, m.getGeneration())) co_return;
-  // A spare's report sent before it was given a lost worker's role (lost_before_training).
-  if (!replacement && m.getStage() != w.stage) co_return;
   if (m.getError().size() > 0) {
     std::string message =
         fmt::format("worker {} could not start its stage: {}", w.node, std::string(m.getError()));
@@ -452,6 +450,9 @@ awaitable<void> coordinator::ready(wire::StageReady::Reader m) {
     }
     co_return;
   }
+  // A spare's report sent before it was given a lost worker's role (lost_before_training; an
+  // error in it still ends the start, above).
+  if (!replacement && m.getStage() != w.stage) co_return;
   const actor_ref ckpt = read_ref(m.getCheckpoint()), repl = read_ref(m.getReplicator());
   const actor_ref exchange = read_ref(m.getGroupExchange());
   const actor_ref experts = read_ref(m.getExperts());
@@ -720,7 +721,7 @@ awaitable<void> coordinator::on_down(actor_ref who, actors::exit_reason why) {
   // goodbye is a loss like any other (a spare takes the stage), not the end of the job. Its
   // node leaving the membership (within the failure timeout) says it was; its loss, queued
   // behind this turn, decides.
-  if (why.kind == actors::exit_kind::shutdown && started()) {
+  if (why.kind == actors::exit_kind::shutdown && assigned()) {
     const auto until = sclock::now() + std::chrono::milliseconds(job_.failure_timeout_ms + 200);
     while (!finished_ && system().last_heard(n).has_value() && sclock::now() < until) {
       co_await system().sleep_for(std::chrono::milliseconds(20));

@@ -189,6 +189,8 @@ class coordinator : public actors::actor, private head_control {
   bool finished() const override { return finished_; }
   // Past admission and wiring: iterations have begun.
   bool started() const { return phase_ != phase::admitting && phase_ != phase::starting; }
+  // Admission is complete: every worker was sent its role.
+  bool assigned() const { return phase_ != phase::admitting; }
   // Every stage is ready and training waits for the standby head to join (StandbyJoined).
   bool waits_for_standby() const { return held_start_; }
   // Every worker said hello and admission waits for the standby head's hello.
@@ -206,6 +208,12 @@ class coordinator : public actors::actor, private head_control {
   bool said_hello(transport::node_id n) const {
     return workers_.contains(n) || lost_before_start_.contains(n);
   }
+  // The workers the start still waits for: those unheard during admission, then those whose
+  // stage (or, a spare's, readiness) is not reported.
+  std::vector<transport::node_id> late_at_start() const;
+  // Every one of `late` whose role a spare must take can have one (the spares on time): the
+  // launcher then declares them lost rather than failing the start.
+  bool spares_cover(const std::vector<transport::node_id>& late) const;
   // Admission waits for `n`'s hello: one of a fresh start's workers, not yet lost.
   bool awaits_hello(transport::node_id n) const {
     return phase_ == phase::admitting && taken_over_.empty() && n >= 1 &&

@@ -89,10 +89,7 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
   });
   if (!recovery_ || !started() || !spare_left) {
     std::string why;
-    if (!recovery_) {
-      why = fmt::format("checkpoint.policy = {} cannot recover a lost worker",
-                        policy_name(job_.policy));
-    } else if (!started() && !taken_over_.empty()) {
+    if (!started() && !taken_over_.empty()) {
       why =
           "it was lost while the standby head took over, before every stage reported, and no "
           "spare is left to take its role; `moevement launch CONFIG --resume` goes on from the "
@@ -101,6 +98,9 @@ awaitable<void> coordinator::worker_lost(transport::node_id n, std::string how) 
       why =
           "it was lost before training started and no spare is left to take its role (raise "
           "cluster.spares)";
+    } else if (!recovery_) {
+      why = fmt::format("checkpoint.policy = {} cannot recover a lost worker",
+                        policy_name(job_.policy));
     } else {
       why = "no spare worker is left (raise cluster.spares)";
     }
@@ -140,9 +140,12 @@ awaitable<bool> coordinator::lost_before_training(transport::node_id n, const st
                                ? fmt::format("worker {} (pid {}) {}", n, it->second.pid, how)
                                : fmt::format("worker {} {}", n, how)};
     }
-    std::string then = had_a_role ? "a spare takes its role" : "one spare fewer";
-    if (it != workers_.end() && had_a_role) {
-      then += fmt::format(" (stage {}, replica {})", it->second.stage, it->second.replica);
+    std::string then = "one spare fewer";
+    if (had_a_role) {
+      then = fmt::format("its role{} goes to a spare, if one is left",
+                         it == workers_.end() ? std::string()
+                                              : fmt::format(" (stage {}, replica {})",
+                                                            it->second.stage, it->second.replica));
     }
     // Ended by the pid its hello carried, as any loss under this head: a worker cut off, not
     // dead, must not run on beside the spare that takes its role.
@@ -164,7 +167,10 @@ awaitable<bool> coordinator::lost_before_training(transport::node_id n, const st
   const worker_info w = it->second;
   transport::node_id spare = 0;
   if (w.stage >= 0) {
-    spare = choose_spare(workers_, w.domain, [&](transport::node_id s) { return s != n; });
+    // (Not one that reported and has been declared lost since, its turn still queued.)
+    spare = choose_spare(workers_, w.domain, [&](transport::node_id s) {
+      return s != n && (!ready_.contains(s) || system().last_heard(s).has_value());
+    });
     if (spare == 0) co_return false;  // the caller ends the job, saying so
   }
   if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
@@ -198,6 +204,38 @@ awaitable<bool> coordinator::lost_before_training(transport::node_id n, const st
       "takes its role",
       n, w.stage, w.replica, w.pid, how, spare));
   co_return true;
+}
+
+std::vector<transport::node_id> coordinator::late_at_start() const {
+  std::vector<transport::node_id> late;
+  if (phase_ == phase::admitting && taken_over_.empty()) {
+    for (transport::node_id n = 1; int(n) <= job_.workers() + job_.spares; ++n) {
+      if (awaits_hello(n)) late.push_back(n);
+    }
+  } else if (phase_ == phase::admitting) {
+    for (const transport::node_id n : taken_over_) {
+      if (!workers_.contains(n)) late.push_back(n);
+    }
+  } else if (phase_ == phase::starting) {
+    for (const auto& [n, w] : workers_) {
+      if (!ready_.contains(n)) late.push_back(n);
+    }
+  }
+  return late;
+}
+
+bool coordinator::spares_cover(const std::vector<transport::node_id>& late) const {
+  std::size_t roles = 0;
+  for (const transport::node_id n : late) {
+    const auto it = workers_.find(n);
+    // (Unheard: a fresh start's role by its number; a takeover's, unknown: counted as one.)
+    roles += it != workers_.end() ? it->second.stage >= 0
+                                  : !taken_over_.empty() || int(n) <= job_.workers();
+  }
+  const auto on_time = std::count_if(workers_.begin(), workers_.end(), [&](const auto& kv) {
+    return kv.second.stage < 0 && std::find(late.begin(), late.end(), kv.first) == late.end();
+  });
+  return !late.empty() && roles <= std::size_t(on_time);
 }
 
 void coordinator::log_loss_before_training(transport::node_id n, const std::string& how,

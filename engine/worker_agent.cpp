@@ -173,6 +173,10 @@ void worker_agent::start_stage(stage_setup setup, std::unique_ptr<stage_model> m
 }
 
 asio::awaitable<void> worker_agent::assign(wire::Assign::Reader m) {
+  // Only from the coordinator the message names, on the head (the sender's node is the one
+  // that proved the job's token on its connection; the message's fields prove nothing).
+  const actors::actor_ref from = read_ref(m.getCoordinator());
+  if (!sender().valid() || sender() != from || from.node != system().head()) co_return;
   if (assigned_) {
     co_await taken_over(m);
     co_return;
@@ -246,7 +250,7 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
   // one), under the new head's generations.
   // A spare may be given the role of a worker lost during the takeover: it holds that role
   // from now on (its reports say so), and its stage comes with the role's durable Restore.
-  const actors::actor_ref from = read_ref(m.getCoordinator());
+  const actors::actor_ref from = read_ref(m.getCoordinator());  // (the sender: assign())
   const bool spare_given_a_role = stage_index_ < 0 && m.getStage() >= 0;
   if (job_ && takes_role_before_training(from == coordinator_, stage_index_, stage_.valid(),
                                          restored_, m.getStage())) {
@@ -282,9 +286,9 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
 }
 
 asio::awaitable<void> worker_agent::restore(wire::Restore::Reader m) {
-  // Only a worker that joined; one holding a role, only for that role under a newer
-  // generation (takes_restore).
-  if (!job_ || !checkpoint_) co_return;
+  // Only from its own head's coordinator, to a worker that joined; one holding a role, only
+  // for that role under a newer generation (takes_restore).
+  if (!job_ || !checkpoint_ || sender() != coordinator_) co_return;
   const int stage = m.getStage(), replica = m.getReplica();
   const std::uint64_t generation = m.getGeneration();
   if (stage < 0 || stage >= job_->pp || replica < 0 || replica >= job_->dp) co_return;
@@ -372,6 +376,7 @@ asio::awaitable<void> worker_agent::judge(wire::Judge::Reader m, wire::Judged::B
 }
 
 asio::awaitable<void> worker_agent::shutdown(wire::Shutdown::Reader) {
+  if (!sender().valid() || sender().node != system().head()) co_return;  // only the head's
   system().wind_down();  // the job is over: peers closing their connections is no fault
   if (on_exit_) on_exit_(0, "shutdown requested by the coordinator");
   co_return;

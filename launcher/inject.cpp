@@ -322,11 +322,6 @@ injection parse_injection(const std::string& spec, const std::string& source) {
   if (inj.phase && inj.whole_host) {
     bad(where, "scope=host is the head's: it does not go with phase (a worker's own failure)");
   }
-  if (inj.during_start && inj.what != injection::kind::kill) {
-    bad(where,
-        "during=start goes with kill: a worker stopped before it joined the cluster is found "
-        "only by cluster.start_timeout_ms, which ends the start");
-  }
   if (have_nth && !inj.during_recovery) bad(where, "nth goes with during=recovery");
   if (have_delay && !inj.during_recovery && !inj.during_start) {
     bad(where, "delay_ms goes with during=recovery or during=start");

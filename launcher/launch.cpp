@@ -301,6 +301,19 @@ void head_session::arm_start_timeout() {
                         : std::string()));
       return;
     }
+    // A few late ones (hung as they started, say) are replaced by spares, which get as long.
+    const auto late = c->late_at_start();
+    if (!c->took_over() && c->spares_cover(late)) {
+      const bool admitting = !c->assigned();
+      for (const transport::node_id n : late) {
+        if (!c->said_hello(n)) processes_.kill_child_of(n);  // (hung: it must not wake later)
+        c->lose_worker(
+            n, fmt::format("did not {} within cluster.start_timeout_ms = {} ms",
+                           admitting ? "say hello" : "report its stage", job_.start_timeout_ms));
+      }
+      arm_start_timeout();
+      return;
+    }
     fail(fmt::format(
         "the workers did not all {} within cluster.start_timeout_ms = {} ms ({} of {} said "
         "hello){}",

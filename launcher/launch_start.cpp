@@ -176,17 +176,21 @@ std::string injected_beyond_recovery(const std::vector<injection>& injections,
                                      const engine::job_config& job) {
   // Each kill, hang or stall loses a worker (scope=host maybe more), which a spare replaces;
   // an mtbf spec loses up to its max= (cluster.spares where not given), a trace its lines.
-  std::size_t losses = 0;
+  // One before training starts (during=start) costs no recovery, under any policy.
+  std::size_t losses = 0, in_training = 0;
   for (const injection& i : injections) {
     using k = injection::kind;
-    if (i.what == k::kill || i.what == k::hang || i.what == k::stall) ++losses;
-    if (i.what == k::mtbf) losses += std::size_t(i.max_failures >= 0 ? i.max_failures : job.spares);
-    if (i.what == k::trace) losses += read_trace(i.file).size();
+    std::size_t n = 0;
+    if (i.what == k::kill || i.what == k::hang || i.what == k::stall) n = 1;
+    if (i.what == k::mtbf) n = std::size_t(i.max_failures >= 0 ? i.max_failures : job.spares);
+    if (i.what == k::trace) n = read_trace(i.file).size();
+    losses += n;
+    if (!i.during_start) in_training += n;
   }
   if (losses == 0) return "";
-  if (job.policy == engine::policy_kind::none) {
+  if (job.policy == engine::policy_kind::none && in_training > 0) {
     return "checkpoint.policy = \"none\" recovers from nothing: the first injected failure "
-           "ends the job";
+           "in training ends the job";
   }
   if (losses > std::size_t(job.spares)) {
     return fmt::format(

@@ -100,6 +100,12 @@ void worker_processes::kill_node(transport::node_id node, int pid) {
   }
 }
 
+void worker_processes::kill_child_of(transport::node_id node) {
+  for (const auto& [p, n] : children_) {
+    if (n == node) kill_node(node, p);
+  }
+}
+
 void worker_processes::kill_worker(transport::node_id node, int pid, const std::string& head) {
   if (pid <= 1) return;
   std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);

@@ -59,6 +59,8 @@ class worker_processes {
   // SIGKILL to node's process if it is still `pid` (a hung worker must not wake up later and
   // talk as if nothing happened).
   void kill_node(transport::node_id node, int pid);
+  // SIGKILL to node's process, whatever its pid (one that never said hello, hung as it started).
+  void kill_child_of(transport::node_id node);
   // The same for a process this one did not start (a standby head that took over): only if
   // `pid` runs `moevement worker --head HEAD ... --node NODE` (the pid came over the wire, and
   // another job's worker of that node may have been given it since).

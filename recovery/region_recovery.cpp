@@ -312,12 +312,14 @@ bool region_recovery::assign_spares(region& r) {
     if (m.spare == 0) {
       // (Not one declared lost whose turn is still queued: its Restore would fail, a restart
       // spent on nothing.)
-      m.spare = choose_spare(workers, m.lost.domain, [&](transport::node_id n) {
+      const std::string& avoid = m.spare_domain.empty() ? m.lost.domain : m.spare_domain;
+      m.spare = choose_spare(workers, avoid, [&](transport::node_id n) {
         return job_.actor().system().last_heard(n).has_value();
       });
       if (m.spare != 0) {
         workers.at(m.spare).stage = m.lost.stage;
         workers.at(m.spare).replica = m.lost.replica;
+        m.spare_domain = workers.at(m.spare).domain;
       }
     }
     if (m.spare == 0) {

@@ -107,6 +107,7 @@ class region_recovery : public engine::head_recovery {
   struct member {
     worker_info lost;              // the role (stage, replica) and the worker that had it
     transport::node_id spare = 0;  // the worker rebuilding it (0: none yet)
+    std::string spare_domain{};    // its failure domain: a spare after it if it died avoids it
     bool ready = false;            // answered the region's current generation
     double pull_s = 0.0, replay_s = 0.0;
     int replay_threads = 0;

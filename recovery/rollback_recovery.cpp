@@ -230,6 +230,7 @@ bool rollback_recovery::give_spares() {
       }
       state_->replaced.insert(r.worker);
       r.lost.node = r.worker;  // the worker that died, for the notice
+      if (!r.worker_domain.empty()) r.lost.domain = r.worker_domain;
     }
     const transport::node_id spare = engine::choose_spare(
         job_.workers(), r.lost.domain,
@@ -245,6 +246,7 @@ bool rollback_recovery::give_spares() {
     sw.stage = r.lost.stage;
     sw.replica = r.lost.replica;
     r.worker = spare;
+    r.worker_domain = sw.domain;
     r.fresh = true;
     r.ready = false;
     r.generation = state_->attempt;

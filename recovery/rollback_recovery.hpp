@@ -57,6 +57,7 @@ class rollback_recovery : public engine::head_recovery {
   struct role {
     engine::worker_info lost;       // the role (stage, replica); node: the worker that died
     transport::node_id worker = 0;  // where it runs now (0: lost, a spare to be given)
+    std::string worker_domain{};    // a spare's failure domain (the next spare avoids it)
     bool fresh = false;             // rebuilt afresh on a spare (a Restore)
     std::uint64_t generation = 0;   // the attempt whose Restore built it
     bool ready = false;             // that stage reported

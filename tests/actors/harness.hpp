@@ -94,10 +94,12 @@ class echo : public actor {
     on<msg::Relay, msg::Sum>(&echo::relay);
   }
   std::vector<std::uint64_t> log;  // handler start/end events (tag*10+0 start, +1 end)
+  std::vector<actor_ref> senders;  // of each Ping (sender())
 
  private:
   awaitable<void> ping(msg::Ping::Reader m) {
     log.push_back(m.getSeq());
+    senders.push_back(sender());
     co_return;
   }
   awaitable<void> add(msg::Add::Reader m, msg::Sum::Builder out) {

@@ -380,6 +380,35 @@ TEST(actors, malformed_wire_messages_get_an_error_reply_not_a_crash) {
 // A member speaks only for itself (the link's `from` proved the job token on its connection):
 // a message naming another node as its sender, a reply from a node that was not asked, and a
 // Down or Unregister about another node's actor are dropped and counted, never acted on.
+// A handler reads who sent its message (sender()): the sending actor, from another node too;
+// nobody for a tell from outside an actor. Production handlers check it (the worker agent takes
+// roles, Restores and Shutdowns only from its head).
+TEST(actors, a_handler_knows_who_sent_its_message) {
+  cluster c;
+  auto& n1 = c.add(1);
+  auto& n2 = c.add(2);
+  c.run([&]() -> awaitable<void> {
+    auto e = n2.spawn<echo>();
+    auto from = n1.spawn<echo>();
+    co_await sleep_for(1ms);
+    EXPECT_TRUE(n1.tell<msg::Ping>(
+                      e.ref, [](msg::Ping::Builder b) { b.setSeq(1); }, from.ref)
+                    .ok());
+    EXPECT_TRUE(n1.tell<msg::Ping>(e.ref, [](msg::Ping::Builder b) { b.setSeq(2); }).ok());
+    EXPECT_TRUE(n2.tell<msg::Ping>(
+                      e.ref, [](msg::Ping::Builder b) { b.setSeq(3); }, e.ref)
+                    .ok());
+    co_await sleep_for(5ms);
+    const auto* echoed = n2.local_actor<echo>(e);
+    CO_ASSERT(echoed->senders.size() == 3u);
+    std::map<std::uint64_t, actor_ref> got;  // by Ping (the local one arrives first)
+    for (std::size_t i = 0; i < 3; ++i) got[echoed->log[i]] = echoed->senders[i];
+    EXPECT_EQ(got[1], from.ref);
+    EXPECT_FALSE(got[2].valid()) << "a tell from outside an actor has no sender";
+    EXPECT_EQ(got[3], e.ref);
+  });
+}
+
 TEST(actors, a_member_speaks_only_for_itself) {
   cluster c;
   auto& n1 = c.add(1);

@@ -239,8 +239,8 @@ TEST(coordinator, a_worker_that_ended_before_its_hello_has_its_role_taken_by_a_s
     EXPECT_TRUE(j.head_coordinator().started());
     EXPECT_FALSE(j.outcome.has_value()) << j.outcome->message;
     EXPECT_TRUE(
-        j.said("worker 2 exited with status 1 before training started; a spare takes "
-               "its role"));
+        j.said("worker 2 exited with status 1 before training started; its role goes to a "
+               "spare, if one is left"));
     j.head.stop(j.coordinator_ref, actors::exit_reason::shutdown("the test ends"));
     co_await j.head.sleep_for(10ms);
   });

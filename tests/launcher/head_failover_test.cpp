@@ -270,7 +270,8 @@ TEST(head_failover, a_worker_lost_with_the_head_is_replaced_by_the_spare) {
   const std::string hash = wait_for_hash(j);
   const std::string out = j.output();
   EXPECT_EQ(hash, reference()) << out;
-  EXPECT_NE(out.find("while the standby head took over; a spare takes its role"), std::string::npos)
+  EXPECT_NE(out.find("while the standby head took over; its role goes to a spare"),
+            std::string::npos)
       << out;
   EXPECT_NE(out.find("cannot go on from the running stages (a role's worker was lost"),
             std::string::npos)

@@ -47,17 +47,22 @@ spares = 2
 
 TEST(inject_spec, every_form_parses_and_prints_back_the_same) {
   for (const std::string spec :
-       {"kill:stage=1,replica=0,iter=7", "hang:stage=0,replica=1,iter=3",
+       {"kill:stage=1,replica=0,iter=7",
+        "hang:stage=0,replica=1,iter=3",
         "kill:stage=1,replica=0,iter=7,phase=forward",
-        "kill:stage=1,replica=0,iter=7,phase=backward", "hang:stage=2,replica=0,iter=2,phase=step",
+        "kill:stage=1,replica=0,iter=7,phase=backward",
+        "hang:stage=2,replica=0,iter=2,phase=step",
         "kill:stage=2,replica=1,iter=9,phase=snapshot",
         "stall:stage=1,replica=0,iter=4,phase=backward",
         "kill:stage=1,replica=0,during=recovery,nth=2,delay_ms=50",
         "kill:stage=2,replica=1,during=start,delay_ms=0",
         "kill:stage=0,replica=0,during=start,delay_ms=30,scope=host",
+        "hang:stage=1,replica=0,during=start,delay_ms=0",
         "kill:stage=1,replica=0,iter=7,scope=host",
-        "hang:stage=0,replica=1,during=recovery,nth=1,delay_ms=0,scope=host", "mtbf:2.5,seed=7",
-        "mtbf:30,seed=1,max=4", "trace:some/file.txt",
+        "hang:stage=0,replica=1,during=recovery,nth=1,delay_ms=0,scope=host",
+        "mtbf:2.5,seed=7",
+        "mtbf:30,seed=1,max=4",
+        "trace:some/file.txt",
         "flip:stage=1,replica=0,iter=0,word=0,bit=22",
         "flip:stage=0,replica=2,iter=5,operator=layer0.attention,word=17,bit=3",
         "flip:stage=1,replica=1,iter=4,target=slot,bit=5",
@@ -97,7 +102,6 @@ TEST(inject_spec, malformed_specs_say_what_is_expected) {
                                  "kill:stage=0,replica=0,during=recovery,nth=0",
                                  "kill:stage=0,replica=0,iter=2,during=start",
                                  "kill:stage=0,replica=0,during=start,nth=1",
-                                 "hang:stage=0,replica=0,during=start",
                                  "kill:stage=0,replica=0,iter=2,delay_ms=5",
                                  "kill:stage=0,replica=0,iter=2,colour=red",
                                  "kill:stage=0,replica=0,iter=2,scope=rack",
@@ -616,6 +620,20 @@ TEST(inject_launch, a_worker_lost_before_training_starts_is_replaced_by_a_spare)
                                   "role (raise cluster.spares)"),
             std::string::npos)
       << none_left.output;
+}
+
+// A worker hung as the roles go out (SIGSTOP before it joined: no heartbeat to miss) is found
+// by cluster.start_timeout_ms, killed, and replaced by the spare, which gets as long again.
+TEST(inject_launch, a_worker_hung_before_training_starts_is_replaced_at_the_start_timeout) {
+  const auto o = launch("hung_at_start", job(1,
+                                             "--set cluster.start_timeout_ms=5000 "
+                                             "--inject hang:stage=1,replica=0,during=start"));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(o.hash, reference());
+  EXPECT_NE(o.output.find("did not report its stage within cluster.start_timeout_ms = 5000 ms "
+                          "before training started; spare worker 4 takes its role"),
+            std::string::npos)
+      << o.output;
 }
 
 TEST(inject_launch, bad_injections_are_refused_before_anything_starts) {
