@@ -394,6 +394,10 @@ class actor_system {
   // declared lost now, on the head with the verdict sent to every member. (A failed connection
   // alone is redialled first: see on_peer_lost.)
   void lose_member(node_id peer, const std::string& detail);
+  // `peer`, whose process has incarnation `incarnation` (from a ref it sent), is no longer of
+  // this job: a member is declared lost (lose_member); one that has not joined yet is fenced
+  // now, so that its Join is refused when it comes (a process hung as it started, that wakes).
+  void fence(node_id peer, std::uint32_t incarnation, const std::string& detail);
   // The job is over: members are about to leave, and a failed connection to one is taken as
   // its leaving (declared at once), never redialled.
   void wind_down();

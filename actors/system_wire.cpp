@@ -352,6 +352,18 @@ void actor_system::lose_member(node_id peer, const std::string& detail) {
   declare_lost(peer, false, detail);
 }
 
+void actor_system::fence(node_id peer, std::uint32_t incarnation, const std::string& detail) {
+  if (peer == node_) return;
+  if (members_.contains(peer)) {
+    lose_member(peer, detail);
+    return;
+  }
+  auto& fenced_at = lost_[peer];
+  fenced_at = std::max(fenced_at, incarnation);
+  lost_why_[peer] = detail.substr(0, 300);
+  fenced_.insert(peer);
+}
+
 void actor_system::add_peer_address(node_id peer, const std::string& host, std::uint16_t port) {
   if (peer != node_ && !host.empty() && port != 0) link_.add_peer(peer, host, port);
 }

@@ -60,6 +60,7 @@ coordinator::coordinator(job_config job, models::config_map raw, coordinator_cal
 }
 
 awaitable<void> coordinator::on_start() {
+  start_began_ = system().now();  // (the start's deadlines: check_start)
   trap_exit(true);  // the recovery tree's root is linked: its end comes as a message (on_exit)
   system().on_membership([this](transport::node_id n, actors::member_event e) {
     if (e == actors::member_event::up || e == actors::member_event::head_changed) return;
@@ -390,6 +391,7 @@ bool coordinator::roles_complete() {
       if (spare != 0) {
         workers_.at(spare).stage = i % job_.pp;
         workers_.at(spare).replica = i / job_.pp;
+        role_given_at_[spare] = system().now();  // (its start deadline counts from now)
         continue;
       }
     }

@@ -208,12 +208,19 @@ class coordinator : public actors::actor, private head_control {
   bool said_hello(transport::node_id n) const {
     return workers_.contains(n) || lost_before_start_.contains(n);
   }
-  // The workers the start still waits for: those unheard during admission, then those whose
-  // stage (or, a spare's, readiness) is not reported.
-  std::vector<transport::node_id> late_at_start() const;
-  // Every one of `late` whose role a spare must take can have one (the spares on time): the
-  // launcher then declares them lost rather than failing the start.
-  bool spares_cover(const std::vector<transport::node_id>& late) const;
+  // What check_start found.
+  struct start_check {
+    bool started = false;          // training started (or the job ended): nothing to do
+    bool short_of_spares = false;  // late workers the spares on time cannot replace
+    // Replaced, and never said hello: the launcher ends their processes (hung as they started).
+    std::vector<transport::node_id> unheard;
+    std::chrono::milliseconds next{0};  // when the next worker's deadline passes
+  };
+  // cluster.start_timeout_ms (the launcher's timer), in this actor's turn: each worker has that
+  // long from the start, or from when it was given its role (a spare given a lost worker's);
+  // those past it are declared lost and their roles given to spares, when the spares on time
+  // cover them all. `then` runs with what was found (short_of_spares: the start fails).
+  void check_start(std::function<void(const start_check&)> then);
   // Admission waits for `n`'s hello: one of a fresh start's workers, not yet lost.
   bool awaits_hello(transport::node_id n) const {
     return phase_ == phase::admitting && taken_over_.empty() && n >= 1 &&
@@ -303,6 +310,13 @@ class coordinator : public actors::actor, private head_control {
   // role, 0 none).
   void log_loss_before_training(transport::node_id node, const std::string& how, const char* during,
                                 transport::node_id spare);
+  // The workers past their start deadline (check_start) at `now`, and the earliest deadline
+  // of the others still unreported.
+  std::vector<transport::node_id> late_at_start(
+      actors::clock::time_point now, std::optional<actors::clock::time_point>& next) const;
+  // Every one of `late` whose role a spare must take can have one: the spares on time, less
+  // the roles already owed to spares (lost during admission).
+  bool spares_cover(const std::vector<transport::node_id>& late) const;
   // Training starts once every worker reported its stage (and a standby head joined).
   asio::awaitable<void> start_when_ready();
   // The membership declared the worker lost (`how`: its verdict): how its process ended, where
@@ -443,6 +457,10 @@ class coordinator : public actors::actor, private head_control {
     std::string what;  // "worker 2 (pid 4711) exited with status 1"
   };
   std::map<int, lost_role> lost_roles_;
+  // The start's deadlines (check_start): from the head's start, and for a spare given a role
+  // before training, from then.
+  actors::clock::time_point start_began_{};
+  std::map<transport::node_id, actors::clock::time_point> role_given_at_;
 
   phase phase_ = phase::admitting;
   models::loss_scaler scaler_;

@@ -152,6 +152,7 @@ awaitable<bool> coordinator::lost_before_training(transport::node_id n, const st
     if (it != workers_.end() && callbacks_.on_worker_lost) {
       callbacks_.on_worker_lost(n, it->second.pid);
     }
+    if (it != workers_.end()) system().fence(n, it->second.agent.incarnation, how);
     if (it != workers_.end()) workers_.erase(it);
     taken_over_.erase(n);
     lost_before_start_.insert(n);
@@ -167,13 +168,21 @@ awaitable<bool> coordinator::lost_before_training(transport::node_id n, const st
   const worker_info w = it->second;
   transport::node_id spare = 0;
   if (w.stage >= 0) {
-    // (Not one that reported and has been declared lost since, its turn still queued.)
+    // A spare that reported and is heard first (not one declared lost since, its turn still
+    // queued), else one still starting.
     spare = choose_spare(workers_, w.domain, [&](transport::node_id s) {
-      return s != n && (!ready_.contains(s) || system().last_heard(s).has_value());
+      return s != n && ready_.contains(s) && system().last_heard(s).has_value();
     });
+    if (spare == 0) {
+      spare = choose_spare(workers_, w.domain,
+                           [&](transport::node_id s) { return s != n && !ready_.contains(s); });
+    }
     if (spare == 0) co_return false;  // the caller ends the job, saying so
   }
   if (callbacks_.on_worker_lost) callbacks_.on_worker_lost(n, w.pid);
+  // Late, not dead maybe (a slow build, a hang on another host): a member is told it is lost
+  // and stops; one not joined yet is refused when it comes (never beside the spare).
+  system().fence(n, w.agent.incarnation, how);
   workers_.erase(it);
   taken_over_.erase(n);
   lost_before_start_.insert(n);
@@ -196,6 +205,7 @@ awaitable<bool> coordinator::lost_before_training(transport::node_id n, const st
   sw.replica = w.replica;
   sw.stage_actor = actor_ref{};
   ready_.erase(spare);
+  role_given_at_[spare] = system().now();  // (its start deadline counts from now)
   drop_stage(w.stage, w.replica);
   held_start_ = false;  // (its report starts training, or holds it for the standby again)
   send_assign(sw);
@@ -206,26 +216,43 @@ awaitable<bool> coordinator::lost_before_training(transport::node_id n, const st
   co_return true;
 }
 
-std::vector<transport::node_id> coordinator::late_at_start() const {
+std::vector<transport::node_id> coordinator::late_at_start(
+    actors::clock::time_point now, std::optional<actors::clock::time_point>& next) const {
+  const auto timeout = std::chrono::milliseconds(job_.start_timeout_ms);
   std::vector<transport::node_id> late;
+  const auto judge = [&](transport::node_id n) {
+    auto deadline = start_began_ + timeout;
+    if (const auto it = role_given_at_.find(n); it != role_given_at_.end()) {
+      deadline = std::max(deadline, it->second + timeout);
+    }
+    if (now >= deadline) {
+      late.push_back(n);
+    } else if (!next || deadline < *next) {
+      next = deadline;
+    }
+  };
   if (phase_ == phase::admitting && taken_over_.empty()) {
     for (transport::node_id n = 1; int(n) <= job_.workers() + job_.spares; ++n) {
-      if (awaits_hello(n)) late.push_back(n);
+      if (awaits_hello(n)) judge(n);
     }
   } else if (phase_ == phase::admitting) {
     for (const transport::node_id n : taken_over_) {
-      if (!workers_.contains(n)) late.push_back(n);
+      if (!workers_.contains(n)) judge(n);
     }
   } else if (phase_ == phase::starting) {
     for (const auto& [n, w] : workers_) {
-      if (!ready_.contains(n)) late.push_back(n);
+      if (!ready_.contains(n)) judge(n);
     }
   }
   return late;
 }
 
 bool coordinator::spares_cover(const std::vector<transport::node_id>& late) const {
-  std::size_t roles = 0;
+  const auto is_late = [&](transport::node_id n) {
+    return std::find(late.begin(), late.end(), n) != late.end();
+  };
+  // Roles whose worker was lost during admission: roles_complete() gives them spares first.
+  std::size_t roles = phase_ == phase::admitting ? lost_roles_.size() : 0;
   for (const transport::node_id n : late) {
     const auto it = workers_.find(n);
     // (Unheard: a fresh start's role by its number; a takeover's, unknown: counted as one.)
@@ -233,9 +260,48 @@ bool coordinator::spares_cover(const std::vector<transport::node_id>& late) cons
                                   : !taken_over_.empty() || int(n) <= job_.workers();
   }
   const auto on_time = std::count_if(workers_.begin(), workers_.end(), [&](const auto& kv) {
-    return kv.second.stage < 0 && std::find(late.begin(), late.end(), kv.first) == late.end();
+    return kv.second.stage < 0 && !is_late(kv.first) &&
+           (phase_ == phase::admitting || ready_.contains(kv.first));
   });
   return !late.empty() && roles <= std::size_t(on_time);
+}
+
+void coordinator::check_start(std::function<void(const start_check&)> then) {
+  (void)system().post_call(
+      self(), [this, then = std::move(then)](actors::actor&) -> awaitable<void> {
+        start_check out;
+        if (finished_ || started()) {
+          out.started = true;
+          then(out);
+          co_return;
+        }
+        const auto now = system().now();
+        std::optional<actors::clock::time_point> next;
+        const auto late = late_at_start(now, next);
+        if (!late.empty() && (!taken_over_.empty() || !spares_cover(late))) {
+          out.short_of_spares = true;
+          then(out);
+          co_return;
+        }
+        const bool admitting = phase_ == phase::admitting;
+        for (const transport::node_id n : late) {
+          if (!said_hello(n)) out.unheard.push_back(n);
+          const std::string how =
+              fmt::format("did not {} within cluster.start_timeout_ms = {} ms",
+                          admitting ? "say hello" : "report its stage", job_.start_timeout_ms);
+          co_await lost_before_training(n, how);
+          if (finished_) break;
+        }
+        // (A spare given a role just now has its own deadline, from now.)
+        std::optional<actors::clock::time_point> after;
+        (void)late_at_start(system().now(), after);
+        const auto wait =
+            after ? *after - system().now() : std::chrono::milliseconds(job_.start_timeout_ms);
+        out.next = std::max(std::chrono::milliseconds(1),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(wait));
+        out.started = finished_ || started();
+        then(out);
+      });
 }
 
 void coordinator::log_loss_before_training(transport::node_id n, const std::string& how,

@@ -160,7 +160,10 @@ class head_session {
   void request_stop();
   void window_on_disk(const engine::resume_point& p);
   void child_exited(transport::node_id n, pid_t pid, int status);
-  void arm_start_timeout();
+  // At cluster.start_timeout_ms (or `after`): late workers replaced by spares where they cover
+  // them (coordinator::check_start), else the start fails (start_failed).
+  void arm_start_timeout(std::chrono::milliseconds after = {});
+  void start_failed();
   asio::awaitable<void> start_workers();
   void start_standby(const std::string& head);
   // `launch CONFIG [--set ...] --standby-of HEAD --node N`: the standby head's command line.

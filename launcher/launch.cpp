@@ -287,8 +287,9 @@ void head_session::window_on_disk(const engine::resume_point& p) {
         p.target_iteration);
 }
 
-void head_session::arm_start_timeout() {
-  start_timer_.expires_after(std::chrono::milliseconds(job_.start_timeout_ms));
+void head_session::arm_start_timeout(std::chrono::milliseconds after) {
+  start_timer_.expires_after(after.count() > 0 ? after
+                                               : std::chrono::milliseconds(job_.start_timeout_ms));
   start_timer_.async_wait([this](const std::error_code& ec) {
     auto* c = coordinator();
     if (ec || finished_ || c == nullptr || c->started()) return;
@@ -301,26 +302,33 @@ void head_session::arm_start_timeout() {
                         : std::string()));
       return;
     }
-    // A few late ones (hung as they started, say) are replaced by spares, which get as long.
-    const auto late = c->late_at_start();
-    if (!c->took_over() && c->spares_cover(late)) {
-      const bool admitting = !c->assigned();
-      for (const transport::node_id n : late) {
-        if (!c->said_hello(n)) processes_.kill_child_of(n);  // (hung: it must not wake later)
-        c->lose_worker(
-            n, fmt::format("did not {} within cluster.start_timeout_ms = {} ms",
-                           admitting ? "say hello" : "report its stage", job_.start_timeout_ms));
-      }
-      arm_start_timeout();
+    // A few late ones (hung as they started, say) are replaced by spares, which get as long;
+    // decided in the coordinator's turn (a report queued there counts).
+    if (!c->took_over()) {
+      c->check_start([this](const engine::coordinator::start_check& r) {
+        if (finished_ || r.started) return;
+        if (!r.short_of_spares) {
+          for (const transport::node_id n : r.unheard) processes_.kill_child_of(n);
+          arm_start_timeout(r.next);
+          return;
+        }
+        start_failed();
+      });
       return;
     }
-    fail(fmt::format(
-        "the workers did not all {} within cluster.start_timeout_ms = {} ms ({} of {} said "
-        "hello){}",
-        c->took_over() ? "come back to the standby head that took over" : "start",
-        job_.start_timeout_ms, c->workers().size(), c->expected_workers(),
-        step_ ? "; the Slurm step's last lines:\n" + step_->output_tail() : ""));
+    start_failed();
   });
+}
+
+void head_session::start_failed() {
+  auto* c = coordinator();
+  if (c == nullptr || finished_) return;
+  fail(fmt::format(
+      "the workers did not all {} within cluster.start_timeout_ms = {} ms ({} of {} said "
+      "hello){}",
+      c->took_over() ? "come back to the standby head that took over" : "start",
+      job_.start_timeout_ms, c->workers().size(), c->expected_workers(),
+      step_ ? "; the Slurm step's last lines:\n" + step_->output_tail() : ""));
 }
 
 asio::awaitable<void> head_session::start_workers() {

@@ -185,7 +185,7 @@ std::string injected_beyond_recovery(const std::vector<injection>& injections,
     if (i.what == k::mtbf) n = std::size_t(i.max_failures >= 0 ? i.max_failures : job.spares);
     if (i.what == k::trace) n = read_trace(i.file).size();
     losses += n;
-    if (!i.during_start) in_training += n;
+    if (!i.during_start || i.delay_ms > 0) in_training += n;  // (delayed: maybe in training)
   }
   if (losses == 0) return "";
   if (job.policy == engine::policy_kind::none && in_training > 0) {

@@ -26,7 +26,11 @@ void standby_agent::say_hello(actors::actor_ref coordinator, const std::string& 
 }
 
 actors::awaitable<void> standby_agent::assign(engine::wire::Assign::Reader m) {
-  if (assigned_ || m.getCoordinator().getNode() != system().head()) co_return;
+  // Only from the coordinator it names, on the head (sender(): the node that proved the token).
+  if (assigned_ || !sender().valid() || sender() != actors::read_ref(m.getCoordinator()) ||
+      sender().node != system().head()) {
+    co_return;
+  }
   assigned_ = true;
   engine::add_assigned_peers(link_, system(), m.getPeers());
   const actors::actor_ref coordinator = actors::read_ref(m.getCoordinator());
@@ -41,6 +45,7 @@ actors::awaitable<void> standby_agent::assign(engine::wire::Assign::Reader m) {
 }
 
 actors::awaitable<void> standby_agent::shutdown(engine::wire::Shutdown::Reader) {
+  if (!sender().valid() || sender().node != system().head()) co_return;  // only the head's
   system().wind_down();
   if (on_end_) on_end_(0, "the job ended under its head");
   co_return;

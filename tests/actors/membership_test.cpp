@@ -49,6 +49,25 @@ TEST(membership, nodes_join_through_the_head_and_see_each_other) {
 }
 
 // Detection of a hung node: no transport signal at all, only missing heartbeats.
+// fence(): a node that has not joined yet (a worker hung as it started, replaced before it
+// joined) is refused when it comes, that incarnation; a member is declared lost at once.
+TEST(membership, a_fenced_node_cannot_join_and_a_fenced_member_is_lost) {
+  cluster c;
+  auto& head = c.add(0, fast());
+  auto& n1 = c.add(1, fast(7));
+  auto& n2 = c.add(2, fast());
+  c.run([&]() -> awaitable<void> {
+    CO_ASSERT((co_await n2.join(1s)).ok());
+    head.fence(1, 7, "did not report its stage within cluster.start_timeout_ms");
+    EXPECT_FALSE((co_await n1.join(300ms)).ok()) << "that incarnation joins no more";
+    head.fence(2, 1, "late");
+    co_await sleep_for(5ms);
+    EXPECT_TRUE(head.members().empty());
+    EXPECT_FALSE(head.last_heard(2).has_value());
+    EXPECT_GE(head.stats().fenced, 1u);
+  });
+}
+
 TEST(membership, a_hung_node_is_detected_by_heartbeat_timeout_and_its_monitors_fire) {
   cluster c;
   auto& head = c.add(0, fast());

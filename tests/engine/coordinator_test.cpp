@@ -162,6 +162,7 @@ struct starting_job {
     job.dp = 1;
     job.spares = 1;
     job.train.iterations = 4;
+    job.start_timeout_ms = 1000;
     coordinator_callbacks cb;
     cb.on_finished = [this](const job_outcome& o) { outcome = o; };
     cb.on_notice = [this](const std::string& line) { notices.push_back(line); };
@@ -258,6 +259,63 @@ TEST(coordinator, a_spare_lost_before_training_starts_is_one_fewer) {
     EXPECT_TRUE(j.head_coordinator().started());
     EXPECT_FALSE(j.outcome.has_value()) << j.outcome->message;
     EXPECT_TRUE(j.said("before training started; 0 spare(s) left"));
+    j.head.stop(j.coordinator_ref, actors::exit_reason::shutdown("the test ends"));
+    co_await j.head.sleep_for(10ms);
+  });
+}
+
+// cluster.start_timeout_ms: worker 2, silent (hung as it built its stage), is past its deadline
+// and declared lost; the spare, on time, takes its role and gets a deadline of its own, and
+// training starts once it reports. Before the deadline nothing is late, and the launcher is
+// told when to look again.
+TEST(coordinator, a_worker_late_at_the_start_deadline_is_replaced_by_a_spare_on_time) {
+  starting_job j(false);
+  std::vector<coordinator::start_check> checks;
+  const auto check = [&] {
+    j.head_coordinator().check_start(
+        [&](const coordinator::start_check& r) { checks.push_back(r); });
+  };
+  j.d.run_body([&]() -> actors::awaitable<void> {
+    co_await j.head.sleep_for(400ms);
+    check();
+    co_await j.head.sleep_for(10ms);
+    CO_ASSERT(checks.size() == 1u);
+    EXPECT_FALSE(checks[0].started);
+    EXPECT_FALSE(checks[0].short_of_spares);
+    EXPECT_EQ(j.assigns(3).size(), 1u) << "nobody is late yet";
+    EXPECT_GE(checks[0].next, 500ms) << "worker 2's deadline, 1 s from the start";
+    co_await j.head.sleep_for(700ms);
+    check();
+    co_await j.head.sleep_for(10ms);
+    CO_ASSERT(checks.size() == 2u);
+    EXPECT_FALSE(checks[1].short_of_spares);
+    EXPECT_TRUE(checks[1].unheard.empty()) << "worker 2 said hello";
+    CO_ASSERT(j.assigns(3).size() == 2u);
+    EXPECT_EQ(j.assigns(3)[1].stage, 1);
+    EXPECT_TRUE(
+        j.said("did not report its stage within cluster.start_timeout_ms = 1000 ms "
+               "before training started; spare worker 3 takes its role"));
+    EXPECT_TRUE(j.head_coordinator().started());
+    j.head.stop(j.coordinator_ref, actors::exit_reason::shutdown("the test ends"));
+    co_await j.head.sleep_for(10ms);
+  });
+}
+
+// Late workers the spares on time cannot all replace: the start fails (the launcher says how
+// many said hello), and nobody is declared lost for it.
+TEST(coordinator, late_workers_beyond_the_spares_fail_the_start) {
+  starting_job j(false, /*silent=*/2, /*says_hello=*/false);
+  std::optional<coordinator::start_check> got;
+  j.d.run_body([&]() -> actors::awaitable<void> {
+    co_await j.head.sleep_for(1100ms);
+    j.d.hub().crash(3);  // the one spare, lost: nobody on time to take worker 2's role
+    j.head_coordinator().lose_worker(3, "was killed by signal 9 (Killed)");
+    co_await j.head.sleep_for(10ms);
+    j.head_coordinator().check_start([&](const coordinator::start_check& r) { got = r; });
+    co_await j.head.sleep_for(10ms);
+    CO_ASSERT(got.has_value());
+    EXPECT_TRUE(got->short_of_spares);
+    EXPECT_TRUE(j.head_coordinator().awaits_hello(2)) << "not declared lost";
     j.head.stop(j.coordinator_ref, actors::exit_reason::shutdown("the test ends"));
     co_await j.head.sleep_for(10ms);
   });
