@@ -15,16 +15,8 @@
 
 #include "actors/system.hpp"
 #include "tests/actors/test_messages.capnp.h"
+#include "tests/support/co_assert.hpp"
 #include "transport/loopback_link.hpp"
-
-// ASSERT_* returns, which a coroutine cannot: this one co_returns.
-#define CO_ASSERT(cond)                               \
-  do {                                                \
-    if (!(cond)) {                                    \
-      ADD_FAILURE() << "assertion failed: " << #cond; \
-      co_return;                                      \
-    }                                                 \
-  } while (0)
 
 namespace moevement::actors::testing {
 

@@ -15,20 +15,12 @@
 #include <vector>
 
 #include "actors/deterministic.hpp"
+#include "tests/support/co_assert.hpp"
 
 namespace moevement::engine {
 namespace {
 
 using namespace std::chrono_literals;
-
-// ASSERT_* returns, which a coroutine cannot: this one co_returns.
-#define CO_ASSERT(cond)                               \
-  do {                                                \
-    if (!(cond)) {                                    \
-      ADD_FAILURE() << "assertion failed: " << #cond; \
-      co_return;                                      \
-    }                                                 \
-  } while (0)
 
 std::string file_text(const std::filesystem::path& p) {
   std::ifstream in(p);
