@@ -230,11 +230,8 @@ class actor {
   template <class Req, class Resp, class Self>
   void on(awaitable<void> (Self::*fn)(typename Req::Reader, typename Resp::Builder));
 
-  // The sender of the message being handled, for the whole handler (an actor handles one
-  // message at a time): empty from outside an actor and in on_start, on_down, on_exit and
-  // posted calls. From another node, the actor layer checked that its node is the one that
-  // proved the job's token on that connection (stats().wrong_sender), so a handler may trust
-  // sender().node; nothing else in a message says who sent it.
+  // The sender of the message being handled (empty from outside an actor, and in on_start,
+  // on_down, on_exit, posted calls): its node proved the job's token (stats().wrong_sender).
   actor_ref sender() const { return sender_; }
 
   // Runs as the actor's first turn, before any message.
@@ -394,9 +391,8 @@ class actor_system {
   // declared lost now, on the head with the verdict sent to every member. (A failed connection
   // alone is redialled first: see on_peer_lost.)
   void lose_member(node_id peer, const std::string& detail);
-  // `peer`, whose process has incarnation `incarnation` (from a ref it sent), is no longer of
-  // this job: a member is declared lost (lose_member); one that has not joined yet is fenced
-  // now, so that its Join is refused when it comes (a process hung as it started, that wakes).
+  // `peer` (process incarnation `incarnation`) leaves the job: a member is declared lost; one
+  // not joined yet has its Join refused when it comes (hung as it started, then woken).
   void fence(node_id peer, std::uint32_t incarnation, const std::string& detail);
   // The job is over: members are about to leave, and a failed connection to one is taken as
   // its leaving (declared at once), never redialled.

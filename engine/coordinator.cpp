@@ -384,10 +384,14 @@ bool coordinator::roles_complete() {
   for (const auto& [n, w] : workers_) {
     if (w.stage >= 0) ++held[std::size_t(w.replica * job_.pp + w.stage)];
   }
+  const auto lost_role_of = [this](int i) {
+    const auto it = lost_roles_.find(i);
+    return it == lost_roles_.end() ? lost_role{} : it->second;
+  };
   for (int i = 0; i < job_.workers(); ++i) {
     if (held[std::size_t(i)] == 0) {  // its worker was lost during admission: a spare's now
       const transport::node_id spare =
-          choose_spare(workers_, lost_roles_[i].domain, [](transport::node_id) { return true; });
+          choose_spare(workers_, lost_role_of(i).domain, [](transport::node_id) { return true; });
       if (spare != 0) {
         workers_.at(spare).stage = i % job_.pp;
         workers_.at(spare).replica = i / job_.pp;
@@ -397,7 +401,7 @@ bool coordinator::roles_complete() {
     }
     if (held[std::size_t(i)] == 1) continue;
     if (taken_over_.empty()) {
-      const std::string& what = lost_roles_[i].what;
+      const std::string what = lost_role_of(i).what;
       fail(fmt::format(
           "stage {} replica {} has no worker: {} before training started and no spare is left "
           "to take its role (raise cluster.spares)",

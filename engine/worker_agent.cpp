@@ -255,8 +255,7 @@ asio::awaitable<void> worker_agent::taken_over(wire::Assign::Reader m) {
   if (job_ && takes_role_before_training(from == coordinator_, stage_index_, stage_.valid(),
                                          restored_, m.getStage())) {
     // The role of a worker lost before training started: this spare starts it instead (from
-    // the initial state, or from disk with the others on a resume).
-    if (m.getStage() >= job_->pp || m.getReplica() < 0 || m.getReplica() >= job_->dp) co_return;
+    // the initial state, or from disk with the others on a resume; take_role checks the role).
     co_await take_role(m.getStage(), m.getReplica(), m.getResume());
     co_return;
   }
